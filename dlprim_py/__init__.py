@@ -1,0 +1,21 @@
+"""dlprim_py: deep-learning primitives on OpenCL.
+
+    import dlprim_py as dp
+    ctx = dp.Context()                       # DLPRIM_DEVICE, else first GPU, else first CPU
+    x = dp.Tensor.from_numpy(ctx, array)     # float32 numpy in
+    y = (x * 2.0 + x).numpy()                # numpy out
+"""
+from .autograd import enable_grad, no_grad
+from .context import Context, DeviceInfo, default_context, devices
+from .dtypes import float16, float32, int32, int64
+from .errors import (DeviceError, DlprimError, DTypeError, KernelBuildError, ShapeError,
+                     UnsupportedError)
+from .tensor import Tensor, TensorDesc
+from .version import __version__
+
+__all__ = [
+    "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",
+    "no_grad", "enable_grad", "float16", "float32", "int32", "int64",
+    "DlprimError", "ShapeError", "DTypeError", "DeviceError", "UnsupportedError",
+    "KernelBuildError", "__version__",
+]

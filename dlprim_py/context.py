@@ -1,0 +1,232 @@
+"""OpenCL device choice, the device facts kernels are specialised on, and the command queue.
+
+``Context`` is the handle every tensor and operator carries. It either owns its pyopencl context
+and queue, or wraps a host application's own ``pyopencl.CommandQueue`` so that all work is
+enqueued there (the embedding use case).
+"""
+import re
+
+import pyopencl as cl
+
+from . import config
+from .errors import DeviceError, DlprimError
+
+_VENDORS = (
+    ("nvidia", "nvidia"),
+    ("advanced micro devices", "amd"),
+    ("amd", "amd"),
+    ("intel", "intel"),
+    ("apple", "apple"),
+    ("arm", "arm"),
+    ("portable computing language", "pocl"),
+    ("pocl", "pocl"),
+)
+
+
+def normalise_vendor(platform_name, device_vendor):
+    """Map OpenCL vendor strings to nvidia/amd/intel/apple/arm/pocl/other."""
+    text = f"{platform_name} {device_vendor}".lower()
+    # PoCL reports the CPU's vendor as the device vendor; the platform says PoCL.
+    if "portable computing language" in platform_name.lower() or "pocl" in platform_name.lower():
+        return "pocl"
+    for needle, name in _VENDORS:
+        if needle in text:
+            return name
+    return "other"
+
+
+def devices():
+    """Every OpenCL device as a list of ``(index, platform name, device name, device type)``.
+
+    ``index`` is the "P:D" string that ``Context`` and ``DLPRIM_DEVICE`` accept.
+    """
+    found = []
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        return found
+    for p, platform in enumerate(platforms):
+        try:
+            platform_devices = platform.get_devices()
+        except cl.Error:
+            continue
+        for d, device in enumerate(platform_devices):
+            found.append((f"{p}:{d}", platform.name.strip(), device.name.strip(),
+                          cl.device_type.to_string(device.type)))
+    return found
+
+
+def _all_devices():
+    result = []
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        platforms = []
+    for p, platform in enumerate(platforms):
+        try:
+            platform_devices = platform.get_devices()
+        except cl.Error:
+            continue
+        for d, device in enumerate(platform_devices):
+            result.append((p, d, device))
+    return result
+
+
+def find_device(spec=None):
+    """The ``pyopencl.Device`` for a "P:D" index or a piece of the device name.
+
+    With no spec: ``DLPRIM_DEVICE`` if set, else the first GPU, else the first CPU, else the
+    first device of any kind.
+    """
+    if spec is None:
+        spec = config.device_spec()
+    candidates = _all_devices()
+    if not candidates:
+        raise DeviceError("no OpenCL device found: install a driver, or `pip install "
+                          "pocl-binary-distribution` for a CPU device")
+    listing = "; ".join(f"{p}:{d} {dev.name.strip()}" for p, d, dev in candidates)
+    if spec is not None:
+        spec = str(spec).strip()
+        match = re.fullmatch(r"(\d+):(\d+)", spec)
+        if match:
+            p, d = int(match.group(1)), int(match.group(2))
+            for cp, cd, device in candidates:
+                if (cp, cd) == (p, d):
+                    return device
+            raise DeviceError(f"no OpenCL device at index {spec!r}; devices: {listing}")
+        for _, _, device in candidates:
+            if spec.lower() in device.name.lower() or spec.lower() in device.platform.name.lower():
+                return device
+        raise DeviceError(f"no OpenCL device whose name contains {spec!r}; devices: {listing}")
+    for wanted in (cl.device_type.GPU, cl.device_type.CPU):
+        for _, _, device in candidates:
+            if device.type & wanted:
+                return device
+    return candidates[0][2]
+
+
+class DeviceInfo:
+    """The facts about one device that kernels and algorithm choice depend on."""
+
+    def __init__(self, device):
+        platform = device.platform
+        self.name = device.name.strip()
+        self.platform_name = platform.name.strip()
+        self.platform_version = platform.version.strip()
+        self.version = device.version.strip()
+        self.driver_version = device.driver_version.strip()
+        self.vendor = normalise_vendor(self.platform_name, device.vendor)
+        self.is_gpu = bool(device.type & cl.device_type.GPU)
+        self.is_cpu = bool(device.type & cl.device_type.CPU)
+        self.local_mem_size = int(device.local_mem_size)
+        self.max_work_group_size = int(device.max_work_group_size)
+        self.max_work_item_sizes = tuple(int(s) for s in device.max_work_item_sizes)
+        self.compute_units = int(device.max_compute_units)
+        self.global_mem_size = int(device.global_mem_size)
+        self.max_alloc_size = int(device.max_mem_alloc_size)
+        self.base_addr_align_bytes = int(device.mem_base_addr_align) // 8
+        extensions = set(device.extensions.split())
+        self.extensions = frozenset(extensions)
+        self.has_fp16 = "cl_khr_fp16" in extensions
+        self.has_fp64 = "cl_khr_fp64" in extensions or _has_double_config(device)
+        self.has_subgroups = bool(extensions & {"cl_khr_subgroups", "cl_intel_subgroups"})
+        self.has_intel_subgroups = "cl_intel_subgroups" in extensions
+        # The SIMD width the hardware executes in lockstep: warps on NVIDIA, wavefronts on AMD.
+        if self.vendor == "nvidia":
+            self.simd_width = 32
+        elif self.vendor == "amd":
+            self.simd_width = 64 if "gfx9" in self.name.lower() else 32
+        elif self.vendor == "intel" and self.is_gpu:
+            self.simd_width = 16
+        else:
+            self.simd_width = 1
+
+    def key(self):
+        """A string that names this device and driver, for caches and tuning databases."""
+        return f"{self.platform_name}|{self.platform_version}|{self.name}|{self.version}|{self.driver_version}"
+
+    def __repr__(self):
+        return (f"DeviceInfo({self.name!r}, vendor={self.vendor!r}, cu={self.compute_units}, "
+                f"local_mem={self.local_mem_size}, wg={self.max_work_group_size}, "
+                f"fp16={self.has_fp16}, fp64={self.has_fp64}, subgroups={self.has_subgroups})")
+
+
+def _has_double_config(device):
+    try:
+        return int(device.double_fp_config) != 0
+    except (cl.Error, AttributeError):
+        return False
+
+
+class Context:
+    """An OpenCL device, its context and the queue all work is enqueued on.
+
+    ``Context()`` picks the device from ``DLPRIM_DEVICE``, else the first GPU, else the first
+    CPU. ``Context("0:1")`` or ``Context("H200")`` picks one by index or name.
+    ``Context(queue=q)`` wraps a host application's ``pyopencl.CommandQueue``: its context and
+    device are used and every kernel is enqueued on ``q``.
+    """
+
+    def __init__(self, device=None, *, queue=None, profiling=True):
+        if queue is not None:
+            if device is not None:
+                raise DeviceError("give either a device or a queue, not both")
+            if not isinstance(queue, cl.CommandQueue):
+                raise DeviceError(f"queue must be a pyopencl.CommandQueue, got {type(queue).__name__}")
+            self.queue = queue
+            self.cl_context = queue.context
+            self.device = queue.device
+            self.owns_queue = False
+        else:
+            if isinstance(device, cl.Device):
+                self.device = device
+            else:
+                self.device = find_device(device)
+            self.cl_context = cl.Context([self.device])
+            props = cl.command_queue_properties.PROFILING_ENABLE if profiling else 0
+            self.queue = cl.CommandQueue(self.cl_context, self.device, properties=props)
+            self.owns_queue = True
+        self.info = DeviceInfo(self.device)
+        self.profiling = bool(self.queue.properties & cl.command_queue_properties.PROFILING_ENABLE)
+        # Per-context memo of built programs: (template, params, options) -> cl.Program.
+        self.programs = {}
+        # Per-context memo of anything an operator builds once (kernels, plans, tuned choices).
+        self.memo = {}
+
+    @property
+    def vendor(self):
+        return self.info.vendor
+
+    def synchronize(self):
+        """Wait until everything enqueued on the queue has finished."""
+        self.queue.finish()
+
+    def __repr__(self):
+        return f"dlprim_py.Context({self.info.name!r} on {self.info.platform_name!r})"
+
+
+_default = None
+
+
+def default_context():
+    """A process-wide context made on first use (``DLPRIM_DEVICE`` or the first GPU/CPU)."""
+    global _default
+    if _default is None:
+        _default = Context()
+    return _default
+
+
+def check_same_context(*tensors):
+    """Raise DeviceError unless every tensor (None is skipped) lives in one OpenCL context."""
+    present = [t for t in tensors if t is not None]
+    if not present:
+        return None
+    ctx = present[0].ctx
+    for t in present[1:]:
+        if t.ctx.cl_context != ctx.cl_context:
+            raise DeviceError(f"tensors live in different OpenCL contexts: {ctx!r} and {t.ctx!r}")
+    return ctx
+
+
+__all__ = ["Context", "DeviceInfo", "devices", "find_device", "default_context",
+           "check_same_context", "normalise_vendor", "DlprimError"]

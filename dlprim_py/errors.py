@@ -1,0 +1,43 @@
+"""One exception hierarchy for the whole library.
+
+Every public entry validates its inputs and raises one of these with a message that says what
+was expected and what came, so that callers can catch ``DlprimError`` alone.
+"""
+
+
+class DlprimError(Exception):
+    """Base class of every error the library raises on purpose."""
+
+
+class ShapeError(DlprimError, ValueError):
+    """A shape, size, offset or index does not fit what the operation needs."""
+
+
+class DTypeError(DlprimError, TypeError):
+    """A tensor has a dtype the operation does not accept."""
+
+
+class DeviceError(DlprimError, RuntimeError):
+    """No such OpenCL device, or tensors that live in different contexts."""
+
+
+class UnsupportedError(DlprimError, NotImplementedError):
+    """A valid request that this library (or this device, or this algorithm) does not do."""
+
+
+class KernelBuildError(DlprimError, RuntimeError):
+    """The OpenCL compiler rejected a rendered kernel.
+
+    The message holds the compiler log and the rendered source lines around the first error.
+    """
+
+    def __init__(self, message, log="", source=""):
+        super().__init__(message)
+        self.log = log
+        self.source = source
+
+
+def check(condition, error_class, message):
+    """Raise ``error_class(message)`` unless ``condition`` holds."""
+    if not condition:
+        raise error_class(message)

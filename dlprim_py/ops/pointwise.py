@@ -1,0 +1,241 @@
+"""The pointwise / broadcast kernel generator and the arithmetic operators built on it.
+
+``PointwiseKernel`` turns a C statement over named inputs, outputs and scalars into a kernel
+(``kernels/pointwise.cl.mako``) that walks the output index space with numpy broadcasting.
+Sizes and strides are run-time arguments: one compile serves every shape of the same rank
+(after merging contiguous dimensions) and the same index width.
+"""
+import math
+
+import numpy as np
+
+from .. import autograd, program
+from ..context import check_same_context
+from ..dtypes import as_dtype, cl_name
+from ..errors import DTypeError, ShapeError
+from ..tensor import Tensor
+
+_INT32_LIMIT = 2 ** 31 - 1
+
+
+def broadcast_shapes(*shapes):
+    """numpy's broadcast of ``shapes``; ShapeError when they do not broadcast."""
+    ndim = max((len(s) for s in shapes), default=0)
+    result = []
+    for k in range(ndim):
+        size = 1
+        for s in shapes:
+            dim = s[k - ndim + len(s)] if k - ndim + len(s) >= 0 else 1
+            if dim != 1:
+                if size not in (1, dim):
+                    raise ShapeError(f"shapes {' and '.join(str(tuple(x)) for x in shapes)} "
+                                     f"do not broadcast (dimension {k}: {size} vs {dim})")
+                size = dim
+        result.append(size)
+    return tuple(result)
+
+
+def broadcast_strides(shape, out_shape):
+    """Element strides of a dense ``shape`` seen through ``out_shape`` (0 where broadcast)."""
+    strides = [0] * len(out_shape)
+    step = 1
+    for k in range(1, len(shape) + 1):
+        size = shape[-k]
+        if size != 1:
+            strides[-k] = step
+        step *= size
+    return strides
+
+
+def merge_dimensions(out_shape, operand_strides):
+    """Drop size-1 dimensions and merge neighbours that are contiguous for every operand.
+
+    Returns ``(sizes, strides_per_operand)`` with at least one dimension.
+    """
+    keep = [k for k, s in enumerate(out_shape) if s != 1]
+    sizes = [out_shape[k] for k in keep]
+    strides = [[st[k] for k in keep] for st in operand_strides]
+    k = len(sizes) - 2
+    while k >= 0:
+        if all(st[k] == st[k + 1] * sizes[k + 1] for st in strides):
+            sizes[k] *= sizes[k + 1]
+            del sizes[k + 1]
+            for st in strides:
+                st[k] = st[k + 1]
+                del st[k + 1]
+        k -= 1
+    if not sizes:
+        return [1], [[0] for _ in strides]
+    return sizes, strides
+
+
+def launch_size(ctx, total, group=256):
+    """(global, local) sizes for a grid-stride loop over ``total`` items."""
+    group = min(group, ctx.info.max_work_group_size)
+    groups = max(1, math.ceil(total / group))
+    cap = ctx.info.compute_units * (4 if ctx.info.is_cpu else 64)
+    return (min(groups, cap) * group,), (group,)
+
+
+class PointwiseKernel:
+    """A generated pointwise kernel: ``outputs = f(inputs, scalars)`` with broadcasting.
+
+    ``inputs``/``outputs``/``scalars``: sequences of (name, dtype); ``statement``: C code that
+    assigns every output, e.g. ``"y = max(x, (float)0);"``.
+    """
+
+    def __init__(self, name, inputs, outputs, statement, scalars=(), preamble=""):
+        self.name = name
+        self.inputs = [(n, as_dtype(t)) for n, t in inputs]
+        self.outputs = [(n, as_dtype(t)) for n, t in outputs]
+        self.scalars = [(n, np.dtype(t)) for n, t in scalars]
+        self.statement = statement
+        self.preamble = preamble
+
+    def _kernel(self, ctx, ndim, index_t):
+        params = dict(
+            name=self.name, ndim=ndim, index_t=index_t, statement=self.statement,
+            preamble=self.preamble,
+            inputs=[(n, cl_name(t)) for n, t in self.inputs],
+            outputs=[(n, cl_name(t)) for n, t in self.outputs],
+            scalars=[(n, _scalar_cl_name(t)) for n, t in self.scalars],
+        )
+        return program.kernel(ctx, "pointwise", self.name, params)
+
+    def __call__(self, inputs, outputs, scalars=()):
+        """Enqueue over ``outputs`` (dense, all one shape), broadcasting ``inputs`` to it."""
+        if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
+            raise ShapeError(f"{self.name}: expected {len(self.inputs)} inputs and "
+                             f"{len(self.outputs)} outputs")
+        ctx = check_same_context(*inputs, *outputs)
+        out_shape = outputs[0].shape
+        for (n, dt), t in zip(self.inputs + self.outputs, list(inputs) + list(outputs)):
+            if t.dtype != dt:
+                raise DTypeError(f"{self.name}: {n} must be {dt}, got {t.dtype}")
+        for t in outputs:
+            if t.shape != out_shape:
+                raise ShapeError(f"{self.name}: outputs must share one shape, got {t.shape} and {out_shape}")
+        if broadcast_shapes(out_shape, *(t.shape for t in inputs)) != out_shape:
+            raise ShapeError(f"{self.name}: inputs {[t.shape for t in inputs]} do not broadcast "
+                             f"to the output shape {out_shape}")
+        total = math.prod(out_shape)
+        if total == 0:
+            return
+        in_strides = [broadcast_strides(t.shape, out_shape) for t in inputs]
+        sizes, strides = merge_dimensions(out_shape, in_strides + [broadcast_strides(out_shape, out_shape)])
+        largest = max([total] + [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
+        index_t = "int" if largest < _INT32_LIMIT else "long"
+        index_np = np.int32 if index_t == "int" else np.int64
+        kernel = self._kernel(ctx, len(sizes), index_t)
+        args = [index_np(total)] + [index_np(s) for s in sizes]
+        for t, st in zip(inputs, strides):
+            args += [t.buffer, index_np(t.offset_elements)] + [index_np(s) for s in st]
+        for t in outputs:
+            args += [t.buffer, index_np(t.offset_elements)]
+        for (n, dt), value in zip(self.scalars, scalars):
+            args.append(dt.type(value))
+        gsize, lsize = launch_size(ctx, total)
+        kernel(ctx.queue, gsize, lsize, *args)
+
+
+def _scalar_cl_name(dtype):
+    return {np.dtype(np.float32): "float", np.dtype(np.int32): "int", np.dtype(np.int64): "long",
+            np.dtype(np.uint32): "uint"}[np.dtype(dtype)]
+
+
+# ---- arithmetic with broadcasting --------------------------------------------------------
+
+_BINARY = {
+    "add": "y = a + b;",
+    "sub": "y = a - b;",
+    "mul": "y = a * b;",
+    "div": "y = a / b;",
+    "maximum": "y = (a != a || b != b) ? (a + b) : max(a, b);",
+    "minimum": "y = (a != a || b != b) ? (a + b) : min(a, b);",
+}
+
+
+def _binary_kernel(op, dtype, a_scalar, b_scalar):
+    cache_key = (op, dtype, a_scalar, b_scalar)
+    k = _binary_kernels.get(cache_key)
+    if k is None:
+        inputs = [(n, dtype) for n, is_scalar in (("a", a_scalar), ("b", b_scalar)) if not is_scalar]
+        scalars = [(n, dtype) for n, is_scalar in (("a", a_scalar), ("b", b_scalar)) if is_scalar]
+        k = _binary_kernels[cache_key] = PointwiseKernel(
+            f"{op}_{'s' if a_scalar else 't'}{'s' if b_scalar else 't'}", inputs, [("y", dtype)],
+            _BINARY[op], scalars=scalars)
+    return k
+
+
+_binary_kernels = {}
+
+
+def binary(op, a, b):
+    """``op`` ("add", "sub", "mul", "div", "maximum", "minimum") of two tensors (numpy
+    broadcasting) or a tensor and a Python number. No gradient is recorded."""
+    a_scalar = not isinstance(a, Tensor)
+    b_scalar = not isinstance(b, Tensor)
+    if a_scalar and b_scalar:
+        raise DTypeError(f"{op}: at least one operand must be a Tensor")
+    ref = b if a_scalar else a
+    if not (a_scalar or b_scalar) and a.dtype != b.dtype:
+        raise DTypeError(f"{op}: operands have different dtypes {a.dtype} and {b.dtype}")
+    for x in (a, b):
+        if not isinstance(x, Tensor) and not isinstance(x, (int, float, np.number)):
+            raise DTypeError(f"{op}: operands must be Tensors or numbers, got {type(x).__name__}")
+    if ref.dtype.kind != "f":
+        raise DTypeError(f"{op}: only floating point tensors are supported, got {ref.dtype}")
+    shapes = [x.shape for x in (a, b) if isinstance(x, Tensor)]
+    check_same_context(*(x for x in (a, b) if isinstance(x, Tensor)))
+    out = Tensor.empty(ref.ctx, broadcast_shapes(*shapes), ref.dtype)
+    kernel = _binary_kernel(op, ref.dtype, a_scalar, b_scalar)
+    kernel([x for x in (a, b) if isinstance(x, Tensor)], [out],
+           [x for x in (a, b) if not isinstance(x, Tensor)])
+    return out
+
+
+def reduce_to_shape(grad, shape):
+    """Sum ``grad`` over the dimensions that broadcasting expanded, back to ``shape``."""
+    if grad.shape == tuple(shape):
+        return grad
+    from . import reduce
+    return reduce.sum_to_shape(grad, shape)
+
+
+def _is_tensor(x):
+    return isinstance(x, Tensor)
+
+
+def add(a, b):
+    out = binary("add", a, b)
+    return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], lambda g: (
+        reduce_to_shape(g, a.shape) if _is_tensor(a) else None,
+        reduce_to_shape(g, b.shape) if _is_tensor(b) else None), "add")
+
+
+def sub(a, b):
+    out = binary("sub", a, b)
+    return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], lambda g: (
+        reduce_to_shape(g, a.shape) if _is_tensor(a) else None,
+        reduce_to_shape(binary("mul", g, -1.0), b.shape) if _is_tensor(b) else None), "sub")
+
+
+def mul(a, b):
+    out = binary("mul", a, b)
+    return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], lambda g: (
+        reduce_to_shape(binary("mul", g, b), a.shape) if _is_tensor(a) else None,
+        reduce_to_shape(binary("mul", g, a), b.shape) if _is_tensor(b) else None), "mul")
+
+
+def div(a, b):
+    out = binary("div", a, b)
+
+    def backward(g):
+        ga = reduce_to_shape(binary("div", g, b), a.shape) if _is_tensor(a) else None
+        gb = None
+        if _is_tensor(b):
+            # d(a/b)/db = -(a/b)/b
+            gb = reduce_to_shape(binary("mul", binary("div", out.detach(), b), binary("mul", g, -1.0)), b.shape)
+        return ga, gb
+
+    return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], backward, "div")

@@ -1,0 +1,212 @@
+"""Render a Mako kernel template, build it for a context, and cache the result.
+
+This is the only place that builds OpenCL programs. Two caches sit in front of the compiler:
+
+* in memory, per context: (template, parameters, options) -> built program and its kernels;
+* on disk: program binaries keyed by the rendered source, the build options, the platform,
+  device and driver versions and the library version. Entries are written to a temporary file
+  and renamed into place, so concurrent processes never see half a file; a file that fails to
+  load is rebuilt from source. ``DLPRIM_CACHE_DIR`` moves it, ``DLPRIM_NO_CACHE=1`` disables it.
+"""
+import hashlib
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyopencl as cl
+from mako.exceptions import MakoException, text_error_template
+from mako.lookup import TemplateLookup
+
+from . import config
+from .errors import KernelBuildError
+from .version import __version__
+
+_SOURCE_KERNELS = Path(__file__).resolve().parent.parent / "kernels"
+_INSTALLED_KERNELS = Path(__file__).resolve().parent / "kernels"
+
+
+def kernels_dir():
+    """Where the ``*.cl.mako`` templates are: the source tree's ``kernels/`` when running from a
+    checkout, else the ``dlprim_py/kernels`` that the wheel installs."""
+    for path in (_INSTALLED_KERNELS, _SOURCE_KERNELS):
+        if path.is_dir() and any(path.glob("*.cl.mako")):
+            return path
+    raise KernelBuildError(f"kernel templates not found in {_INSTALLED_KERNELS} or {_SOURCE_KERNELS}")
+
+
+_lookup = None
+
+
+def _template_lookup():
+    global _lookup
+    if _lookup is None:
+        _lookup = TemplateLookup(directories=[str(kernels_dir())], strict_undefined=True,
+                                 input_encoding="utf-8")
+    return _lookup
+
+
+def render(template, **params):
+    """The OpenCL C source of ``kernels/<template>.cl.mako`` with ``params`` substituted.
+
+    Undefined names in the template are errors (Mako's strict_undefined).
+    """
+    name = template if template.endswith(".cl.mako") else f"{template}.cl.mako"
+    try:
+        tmpl = _template_lookup().get_template(name)
+        return tmpl.render(**params)
+    except MakoException as e:
+        raise KernelBuildError(f"cannot render {name}: {e}") from e
+    except NameError as e:
+        raise KernelBuildError(f"cannot render {name}: {e} (pass it as a template parameter)") from e
+    except Exception as e:
+        if type(e).__module__.startswith("mako"):
+            raise KernelBuildError(f"cannot render {name}:\n{text_error_template().render()}") from e
+        raise
+
+
+def _freeze(value):
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+class BuiltProgram:
+    """A built ``cl.Program`` and a memo of its kernels by name."""
+
+    def __init__(self, program, source, options, from_cache):
+        self.program = program
+        self.source = source
+        self.options = options
+        self.from_cache = from_cache
+        self._kernels = {}
+
+    def kernel(self, name, fresh=False):
+        """The kernel ``name``. ``fresh=True`` gives a new ``cl.Kernel`` object, for callers that
+        bind arguments once with ``set_args`` and must not share it."""
+        if fresh:
+            return cl.Kernel(self.program, name)
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            kernel = self._kernels[name] = cl.Kernel(self.program, name)
+        return kernel
+
+
+def build(ctx, template, params=None, options=()):
+    """Render ``template`` with ``params``, build it for ``ctx`` and return a ``BuiltProgram``.
+
+    Memoized per context on (template, params, options); program binaries are cached on disk.
+    """
+    params = dict(params or {})
+    options = tuple(options)
+    key = (template, _freeze(params), options)
+    built = ctx.programs.get(key)
+    if built is None:
+        source = render(template, **params)
+        built = ctx.programs[key] = build_source(ctx, source, options, label=template)
+    return built
+
+
+def kernel(ctx, template, name, params=None, options=(), fresh=False):
+    """Shortcut: the kernel ``name`` of ``build(ctx, template, params, options)``."""
+    return build(ctx, template, params, options).kernel(name, fresh=fresh)
+
+
+def _disk_key(ctx, source, options):
+    digest = hashlib.sha256()
+    for part in (__version__, ctx.info.key(), " ".join(options), source):
+        digest.update(part.encode("utf-8"))
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _cache_path(ctx, source, options):
+    return Path(config.cache_dir()) / "programs" / f"{_disk_key(ctx, source, options)}.bin"
+
+
+def build_source(ctx, source, options=(), label="<source>"):
+    """Build OpenCL C ``source`` for ``ctx`` through the on-disk binary cache."""
+    options = tuple(options)
+    use_disk = not config.no_cache()
+    path = _cache_path(ctx, source, options) if use_disk else None
+    started = time.perf_counter()
+    if path is not None and path.is_file():
+        try:
+            binary = path.read_bytes()
+            program = cl.Program(ctx.cl_context, [ctx.device], [binary]).build(options=list(options))
+            if config.debug():
+                print(f"dlprim: {label}: binary cache hit {path.name[:12]} "
+                      f"({time.perf_counter() - started:.3f} s)", file=sys.stderr)
+            return BuiltProgram(program, source, options, from_cache=True)
+        except (cl.Error, OSError):
+            # A binary the driver no longer accepts (or a damaged file): rebuild from source.
+            try:
+                path.unlink()
+            except OSError:
+                pass
+    program = _build_from_source(ctx, source, options, label)
+    if config.debug():
+        print(f"dlprim: {label}: built from source ({time.perf_counter() - started:.3f} s)",
+              file=sys.stderr)
+    if path is not None:
+        _store_binary(program, ctx, path)
+    return BuiltProgram(program, source, options, from_cache=False)
+
+
+def _build_from_source(ctx, source, options, label):
+    # The raw program type bypasses pyopencl's own source cache: this module keeps the cache.
+    raw = cl._cl._Program(ctx.cl_context, source)
+    try:
+        raw.build(" ".join(options).encode("utf-8"), [ctx.device])
+    except cl.Error as e:
+        try:
+            log = raw.get_build_info(ctx.device, cl.program_build_info.LOG)
+        except cl.Error:
+            log = ""
+        raise KernelBuildError(_build_error_message(label, source, options, log, e),
+                               log=log, source=source) from None
+    return cl.Program(raw)
+
+
+_ERROR_LINE = re.compile(r":(\d+):(?:\d+:)?\s*(?:fatal )?error", re.IGNORECASE)
+
+
+def _build_error_message(label, source, options, log, error):
+    lines = source.splitlines()
+    message = [f"OpenCL build of {label} failed ({error.code if hasattr(error, 'code') else error})",
+               f"options: {' '.join(options) or '(none)'}", "compiler log:", (log or str(error)).strip()]
+    match = _ERROR_LINE.search(log or "")
+    if match:
+        line = int(match.group(1))
+        lo, hi = max(1, line - 4), min(len(lines), line + 4)
+        message.append(f"rendered source around line {line}:")
+        for n in range(lo, hi + 1):
+            marker = ">>" if n == line else "  "
+            message.append(f"{marker}{n:5d} | {lines[n - 1]}")
+    return "\n".join(message)
+
+
+def _store_binary(program, ctx, path):
+    try:
+        binaries = program.get_info(cl.program_info.BINARIES)
+        if not binaries or not binaries[0]:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".bin")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(binaries[0])
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except (cl.Error, OSError):
+        # The cache is an optimisation: a read-only or full disk must not fail the build.
+        pass

@@ -1,0 +1,323 @@
+"""``Tensor``: an OpenCL buffer, a byte offset into it, a shape and a dtype.
+
+Tensors are dense and C-contiguous. Views (``reshape``) share the buffer. A tensor can wrap
+memory it does not own (``from_buffer``, ``from_array``) without copying, which is how a host
+application hands its own ``cl.Buffer`` (at any offset) to the library.
+"""
+import math
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cl_array
+
+from . import autograd
+from .context import Context, default_context
+from .dtypes import as_dtype
+from .errors import DeviceError, DTypeError, ShapeError
+
+
+def normalise_shape(shape):
+    """A tuple of non-negative ints from an int or a sequence of ints."""
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise ShapeError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
+    for s in shape:
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+            raise ShapeError(f"shape entries must be ints, got {shape!r}")
+        if s < 0:
+            raise ShapeError(f"shape entries must be >= 0, got {shape!r}")
+    return tuple(int(s) for s in shape)
+
+
+def _check_context(ctx):
+    if ctx is None:
+        return default_context()
+    if not isinstance(ctx, Context):
+        raise DeviceError(f"expected a dlprim_py.Context, got {type(ctx).__name__}")
+    return ctx
+
+
+class TensorDesc:
+    """The shape and dtype of a tensor, without memory (the fusion API describes with it)."""
+
+    def __init__(self, shape, dtype=np.float32):
+        self.shape = normalise_shape(shape)
+        self.dtype = as_dtype(dtype)
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def __eq__(self, other):
+        return isinstance(other, TensorDesc) and (self.shape, self.dtype) == (other.shape, other.dtype)
+
+    def __hash__(self):
+        return hash((self.shape, self.dtype))
+
+    def __repr__(self):
+        return f"TensorDesc({self.shape}, {self.dtype})"
+
+
+class Tensor:
+    """A dense C-contiguous tensor in an OpenCL buffer.
+
+    ``buffer``: the ``cl.Buffer`` (or pooled buffer) holding the data; ``offset``: byte offset of
+    element 0 in it; ``shape``, ``dtype``. ``requires_grad``, ``grad`` and ``grad_fn`` belong to
+    the autograd tape.
+    """
+
+    def __init__(self, ctx, buffer, shape, dtype=np.float32, offset=0, requires_grad=False):
+        self.ctx = ctx
+        self.buffer = buffer
+        self.shape = normalise_shape(shape)
+        self.dtype = as_dtype(dtype)
+        if offset < 0 or offset % self.dtype.itemsize:
+            raise ShapeError(f"byte offset must be a non-negative multiple of {self.dtype.itemsize} "
+                             f"for {self.dtype}, got {offset}")
+        self.offset = int(offset)
+        self.grad = None
+        self.grad_fn = None
+        self.requires_grad = False
+        if requires_grad:
+            self.requires_grad_(True)
+
+    # ---- construction -------------------------------------------------------------------
+
+    @classmethod
+    def empty(cls, ctx, shape, dtype=np.float32, requires_grad=False):
+        """An uninitialised tensor (its memory comes from the context's pool)."""
+        ctx = _check_context(ctx)
+        shape = normalise_shape(shape)
+        dtype = as_dtype(dtype)
+        nbytes = max(math.prod(shape) * dtype.itemsize, dtype.itemsize)
+        return cls(ctx, allocate(ctx, nbytes), shape, dtype, requires_grad=requires_grad)
+
+    @classmethod
+    def zeros(cls, ctx, shape, dtype=np.float32, requires_grad=False):
+        return cls.full(ctx, shape, 0, dtype, requires_grad=requires_grad)
+
+    @classmethod
+    def full(cls, ctx, shape, value, dtype=np.float32, requires_grad=False):
+        t = cls.empty(ctx, shape, dtype, requires_grad=requires_grad)
+        t.fill_(value)
+        return t
+
+    @classmethod
+    def from_numpy(cls, ctx, array, requires_grad=False):
+        """A copy of the numpy array ``array`` on the device (same dtype; C order)."""
+        ctx = _check_context(ctx)
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array)
+        if array.dtype == np.float64:
+            raise DTypeError("float64 arrays are not supported; convert with .astype(np.float32)")
+        dtype = as_dtype(array.dtype)
+        array = np.ascontiguousarray(array, dtype=dtype)
+        t = cls.empty(ctx, array.shape, dtype, requires_grad=requires_grad)
+        if array.size:
+            cl.enqueue_copy(ctx.queue, t.buffer, array, dst_offset=t.offset, is_blocking=True)
+        return t
+
+    @classmethod
+    def from_buffer(cls, ctx, buffer, shape, dtype=np.float32, offset=0, requires_grad=False):
+        """Wrap an existing ``cl.Buffer`` without copying. ``offset`` is in bytes.
+
+        Raises ShapeError if the buffer is too small for ``offset`` + the tensor's bytes.
+        """
+        ctx = _check_context(ctx)
+        if not isinstance(buffer, cl.MemoryObjectHolder):
+            raise DeviceError(f"expected a pyopencl Buffer, got {type(buffer).__name__}")
+        if buffer.context != ctx.cl_context:
+            raise DeviceError("the buffer belongs to another OpenCL context than the Context given")
+        shape = normalise_shape(shape)
+        dtype = as_dtype(dtype)
+        if not isinstance(offset, (int, np.integer)) or offset < 0:
+            raise ShapeError(f"offset must be a non-negative int (bytes), got {offset!r}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if offset + nbytes > buffer.size:
+            raise ShapeError(f"buffer of {buffer.size} bytes is too small for a {shape} {dtype} "
+                             f"tensor at byte offset {offset} (needs {offset + nbytes})")
+        return cls(ctx, buffer, shape, dtype, offset=int(offset), requires_grad=requires_grad)
+
+    @classmethod
+    def from_array(cls, ctx, array, requires_grad=False):
+        """Wrap a contiguous ``pyopencl.array.Array`` without copying."""
+        ctx = _check_context(ctx)
+        if not isinstance(array, cl_array.Array):
+            raise DeviceError(f"expected a pyopencl.array.Array, got {type(array).__name__}")
+        if not array.flags.c_contiguous:
+            raise ShapeError("only C-contiguous pyopencl arrays can be wrapped without a copy")
+        if array.context != ctx.cl_context:
+            raise DeviceError("the array belongs to another OpenCL context than the Context given")
+        return cls.from_buffer(ctx, array.base_data, array.shape, array.dtype, offset=array.offset,
+                               requires_grad=requires_grad)
+
+    def to_array(self):
+        """A ``pyopencl.array.Array`` over the same memory (no copy)."""
+        return cl_array.Array(self.ctx.queue, self.shape, self.dtype, data=self.buffer,
+                              offset=self.offset)
+
+    # ---- facts --------------------------------------------------------------------------
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def nbytes(self):
+        return self.size * self.dtype.itemsize
+
+    @property
+    def offset_elements(self):
+        """Offset of element 0 in elements of ``dtype`` (what kernels take)."""
+        return self.offset // self.dtype.itemsize
+
+    @property
+    def desc(self):
+        return TensorDesc(self.shape, self.dtype)
+
+    @property
+    def is_leaf(self):
+        return self.grad_fn is None
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self):
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}{grad})"
+
+    # ---- data movement ------------------------------------------------------------------
+
+    def numpy(self):
+        """A numpy copy of the data (waits for queued work)."""
+        out = np.empty(self.shape, self.dtype)
+        if out.size:
+            cl.enqueue_copy(self.ctx.queue, out, self.buffer, src_offset=self.offset, is_blocking=True)
+        return out
+
+    def fill_(self, value):
+        """Set every element to ``value`` in place."""
+        if self.size:
+            pattern = np.array([value], dtype=self.dtype)
+            cl.enqueue_fill_buffer(self.ctx.queue, self.buffer, pattern, self.offset, self.nbytes)
+        return self
+
+    def copy_(self, source):
+        """Copy ``source`` (same shape and dtype, same context) into this tensor in place."""
+        if not isinstance(source, Tensor):
+            raise DTypeError(f"copy_ expects a Tensor, got {type(source).__name__}")
+        if source.shape != self.shape or source.dtype != self.dtype:
+            raise ShapeError(f"copy_ needs the same shape and dtype: {self.shape} {self.dtype} "
+                             f"<- {source.shape} {source.dtype}")
+        if source.ctx.cl_context != self.ctx.cl_context:
+            raise DeviceError("copy_ between tensors of different OpenCL contexts")
+        if self.size:
+            cl.enqueue_copy(self.ctx.queue, self.buffer, source.buffer, byte_count=self.nbytes,
+                            src_offset=source.offset, dst_offset=self.offset)
+        return self
+
+    def clone(self):
+        """A new tensor with a copy of the data (not part of the autograd graph)."""
+        return Tensor.empty(self.ctx, self.shape, self.dtype).copy_(self)
+
+    def detach(self):
+        """The same memory, cut off from the autograd graph."""
+        return Tensor(self.ctx, self.buffer, self.shape, self.dtype, offset=self.offset)
+
+    # ---- views --------------------------------------------------------------------------
+
+    def reshape(self, *shape):
+        """A view with another shape of the same size; one entry may be -1."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = tuple(shape[0])
+        shape = list(shape)
+        if shape.count(-1) > 1:
+            raise ShapeError(f"only one dimension can be -1, got {tuple(shape)}")
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            if known == 0 or self.size % known:
+                raise ShapeError(f"cannot reshape {self.shape} to {tuple(shape)}")
+            shape[shape.index(-1)] = self.size // known
+        shape = normalise_shape(shape)
+        if math.prod(shape) != self.size:
+            raise ShapeError(f"cannot reshape {self.shape} ({self.size} elements) to {shape}")
+        out = Tensor(self.ctx, self.buffer, shape, self.dtype, offset=self.offset)
+        source_shape = self.shape
+        autograd.record(out, (self,), lambda g: (g.reshape(source_shape),), "reshape")
+        return out
+
+    view = reshape
+
+    # ---- autograd -----------------------------------------------------------------------
+
+    def requires_grad_(self, flag=True):
+        if flag and self.dtype.kind != "f":
+            raise DTypeError(f"only floating point tensors can require gradients, got {self.dtype}")
+        self.requires_grad = bool(flag)
+        return self
+
+    def backward(self, grad=None):
+        """Accumulate d(self)/d(leaf) * grad into ``.grad`` of every leaf that requires it.
+
+        ``grad`` defaults to ones for a one-element tensor and is required otherwise.
+        """
+        autograd.backward(self, grad)
+
+    def zero_grad(self):
+        self.grad = None
+
+    # ---- arithmetic (the pointwise family) ----------------------------------------------
+
+    def __add__(self, other):
+        from .ops import pointwise
+        return pointwise.add(self, other)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        from .ops import pointwise
+        return pointwise.sub(self, other)
+
+    def __rsub__(self, other):
+        from .ops import pointwise
+        return pointwise.sub(other, self)
+
+    def __mul__(self, other):
+        from .ops import pointwise
+        return pointwise.mul(self, other)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        from .ops import pointwise
+        return pointwise.div(self, other)
+
+    def __rtruediv__(self, other):
+        from .ops import pointwise
+        return pointwise.div(other, self)
+
+    def __neg__(self):
+        from .ops import pointwise
+        return pointwise.mul(self, -1.0)
+
+
+def allocate(ctx, nbytes):
+    """A device buffer of at least ``nbytes`` bytes from the context's memory pool."""
+    pool = ctx.memo.get("memory_pool")
+    if pool is None:
+        import pyopencl.tools as cl_tools
+        pool = ctx.memo["memory_pool"] = cl_tools.MemoryPool(cl_tools.ImmediateAllocator(ctx.queue))
+    return pool.allocate(nbytes)

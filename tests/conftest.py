@@ -1,0 +1,66 @@
+"""Shared fixtures and checks: one context for the session, seeded data, the error metric."""
+import os
+
+import numpy as np
+import pytest
+
+import dlprim_py as dp
+
+# float32 results land far below this for most operators (MIOpen's metric, see error_metric).
+TOLERANCE = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2e-3}
+
+
+@pytest.fixture(scope="session")
+def ctx():
+    """The device of DLPRIM_DEVICE, else the first GPU, else the first CPU (PoCL in CI)."""
+    return dp.Context()
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's name: the same data on every run and device."""
+    seed = abs(hash(request.node.nodeid)) % (2 ** 32) if os.environ.get("PYTHONHASHSEED") else \
+        int.from_bytes(request.node.nodeid.encode()[-8:].rjust(8, b"\0"), "little") % (2 ** 32)
+    return np.random.default_rng(seed)
+
+
+def random(rng, shape, low=-1.0, high=1.0, dtype=np.float32):
+    """Uniform random data, never all zeros."""
+    return rng.uniform(low, high, size=shape).astype(dtype)
+
+
+def error_metric(out, ref):
+    """MIOpen's metric: ||out - ref|| / (sqrt(n) * max|ref|), in float64."""
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if out.shape != ref.shape:
+        raise AssertionError(f"shape {out.shape} != reference shape {ref.shape}")
+    if out.size == 0:
+        return 0.0
+    scale = max(np.abs(ref).max(), 1e-30)
+    return float(np.linalg.norm((out - ref).ravel()) / (np.sqrt(out.size) * scale))
+
+
+def assert_close(out, ref, tol=None, dtype=np.float32):
+    """Fail on any NaN/Inf where the reference is finite, or an error metric above ``tol``."""
+    out = np.asarray(out)
+    ref = np.asarray(ref)
+    finite = np.isfinite(ref)
+    bad = finite & ~np.isfinite(out.astype(np.float64))
+    if bad.any():
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"{bad.sum()} non-finite outputs where the reference is finite, "
+                             f"first at {index}: {out[index]} vs {ref[index]}")
+    if not finite.all():
+        assert np.array_equal(np.isnan(out), np.isnan(ref)), "NaN positions differ"
+        out, ref = np.where(finite, out, 0), np.where(finite, ref, 0)
+    tol = TOLERANCE[np.dtype(dtype)] if tol is None else tol
+    err = error_metric(out, ref)
+    assert err <= tol, f"error metric {err:.3e} > {tol:.1e}"
+
+
+def poisoned(ctx, shape, dtype=np.float32):
+    """An output tensor filled with NaN, so that any element a kernel does not write fails."""
+    t = dp.Tensor.empty(ctx, shape, dtype)
+    t.fill_(np.nan if np.dtype(dtype).kind == "f" else -1)
+    return t
