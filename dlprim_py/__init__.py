@@ -12,6 +12,7 @@ from .errors import (DeviceError, DlprimError, DTypeError, KernelBuildError, Sha
                      UnsupportedError)
 from .tensor import Tensor, TensorDesc
 from .version import __version__
+from . import functional  # noqa: E402
 
 __all__ = [
     "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",

@@ -1,5 +1,5 @@
 """Shared fixtures and checks: one context for the session, seeded data, the error metric."""
-import os
+import zlib
 
 import numpy as np
 import pytest
@@ -19,9 +19,7 @@ def ctx():
 @pytest.fixture
 def rng(request):
     """A generator seeded from the test's name: the same data on every run and device."""
-    seed = abs(hash(request.node.nodeid)) % (2 ** 32) if os.environ.get("PYTHONHASHSEED") else \
-        int.from_bytes(request.node.nodeid.encode()[-8:].rjust(8, b"\0"), "little") % (2 ** 32)
-    return np.random.default_rng(seed)
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 def random(rng, shape, low=-1.0, high=1.0, dtype=np.float32):
