@@ -1,0 +1,52 @@
+"""Timing enqueued work with OpenCL profiling events.
+
+``time_enqueued(ctx, run)`` calls ``run()`` (which enqueues work on ``ctx.queue``) after a
+warm-up and reports the device time between the first and last event each call produced.
+"""
+import time
+
+import numpy as np
+import pyopencl as cl
+
+
+class Timing:
+    """Median and 20th/80th percentiles of repeated runs, in seconds."""
+
+    def __init__(self, samples):
+        self.samples = np.asarray(samples, dtype=np.float64)
+        self.median = float(np.median(self.samples))
+        self.p20 = float(np.percentile(self.samples, 20))
+        self.p80 = float(np.percentile(self.samples, 80))
+
+    def __repr__(self):
+        return f"Timing(median={self.median * 1e3:.4f} ms, p20={self.p20 * 1e3:.4f}, p80={self.p80 * 1e3:.4f})"
+
+
+def time_enqueued(ctx, run, warmup=3, repeat=20, min_time=0.0):
+    """Time ``run()`` on ``ctx.queue``: device time from a marker before to a marker after.
+
+    Markers bracket everything ``run`` enqueues, so several kernels per call are timed as one.
+    Falls back to host wall-clock around ``queue.finish()`` when the queue has no profiling.
+    ``min_time``: keep repeating until this many seconds of samples were taken.
+    """
+    queue = ctx.queue
+    for _ in range(warmup):
+        run()
+    queue.finish()
+    samples = []
+    started = time.perf_counter()
+    while len(samples) < repeat or sum(samples) < min_time:
+        if ctx.profiling:
+            begin = cl.enqueue_marker(queue)
+            run()
+            end = cl.enqueue_marker(queue)
+            end.wait()
+            samples.append((end.profile.end - begin.profile.start) * 1e-9)
+        else:
+            t0 = time.perf_counter()
+            run()
+            queue.finish()
+            samples.append(time.perf_counter() - t0)
+        if time.perf_counter() - started > 60:
+            break
+    return Timing(samples)
