@@ -5,6 +5,7 @@
     x = dp.Tensor.from_numpy(ctx, array)     # float32 numpy in
     y = (x * 2.0 + x).numpy()                # numpy out
 """
+from .activation import Activation, ActivationDesc
 from .autograd import enable_grad, no_grad
 from .context import Context, DeviceInfo, default_context, devices
 from .dtypes import float16, float32, int32, int64
@@ -15,7 +16,7 @@ from .version import __version__
 from . import functional  # noqa: E402
 
 __all__ = [
-    "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",
+    "Activation", "ActivationDesc", "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",
     "no_grad", "enable_grad", "float16", "float32", "int32", "int64",
     "DlprimError", "ShapeError", "DTypeError", "DeviceError", "UnsupportedError",
     "KernelBuildError", "__version__",
