@@ -172,16 +172,26 @@ def _build_from_source(ctx, source, options, label):
     return cl.Program(raw)
 
 
-_ERROR_LINE = re.compile(r":(\d+):(?:\d+:)?\s*(?:fatal )?error", re.IGNORECASE)
+# Compilers write "<file>:LINE:COL: error: ..." (clang, NVIDIA) or "error: <file>:LINE:COL: ..."
+# (PoCL): take the first line that says error and the first LINE:COL on it.
+_LINE_COLUMN = re.compile(r":(\d+):\d+:")
+
+
+def _first_error_line(log):
+    for text in log.splitlines():
+        if "error" in text.lower():
+            match = _LINE_COLUMN.search(text)
+            if match:
+                return int(match.group(1))
+    return None
 
 
 def _build_error_message(label, source, options, log, error):
     lines = source.splitlines()
     message = [f"OpenCL build of {label} failed ({error.code if hasattr(error, 'code') else error})",
                f"options: {' '.join(options) or '(none)'}", "compiler log:", (log or str(error)).strip()]
-    match = _ERROR_LINE.search(log or "")
-    if match:
-        line = int(match.group(1))
+    line = _first_error_line(log or "")
+    if line is not None and 1 <= line <= len(lines):
         lo, hi = max(1, line - 4), min(len(lines), line + 4)
         message.append(f"rendered source around line {line}:")
         for n in range(lo, hi + 1):

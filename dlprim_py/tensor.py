@@ -118,7 +118,7 @@ class Tensor:
         if array.dtype == np.float64:
             raise DTypeError("float64 arrays are not supported; convert with .astype(np.float32)")
         dtype = as_dtype(array.dtype)
-        array = np.ascontiguousarray(array, dtype=dtype)
+        array = np.asarray(array, dtype=dtype, order="C")
         t = cls.empty(ctx, array.shape, dtype, requires_grad=requires_grad)
         if array.size:
             cl.enqueue_copy(ctx.queue, t.buffer, array, dst_offset=t.offset, is_blocking=True)

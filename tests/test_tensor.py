@@ -1,0 +1,158 @@
+"""Tensors: numpy round trips, wrapping host buffers at offsets, views, bad input."""
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cl_array
+import pytest
+
+import dlprim_py as dp
+from conftest import assert_close, random
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int64])
+def test_numpy_round_trip(ctx, rng, dtype):
+    a = (rng.standard_normal((3, 5, 7)) * 100).astype(dtype)
+    t = dp.Tensor.from_numpy(ctx, a)
+    assert t.shape == (3, 5, 7) and t.dtype == np.dtype(dtype) and t.size == 105
+    assert np.array_equal(t.numpy(), a)
+
+
+def test_empty_zeros_full(ctx):
+    assert np.all(dp.Tensor.zeros(ctx, (4, 3)).numpy() == 0)
+    assert np.all(dp.Tensor.full(ctx, (5,), 2.5).numpy() == 2.5)
+    assert dp.Tensor.full(ctx, (2, 2), 7, dtype=np.int64).numpy().dtype == np.int64
+    assert dp.Tensor.empty(ctx, (0, 3)).numpy().shape == (0, 3)
+    assert dp.Tensor.from_numpy(ctx, np.float32(3.0)).shape == ()
+
+
+def test_rejects_unsupported_dtypes(ctx):
+    with pytest.raises(dp.DTypeError, match="float64"):
+        dp.Tensor.from_numpy(ctx, np.zeros(3))
+    with pytest.raises(dp.DTypeError, match="not supported"):
+        dp.Tensor.empty(ctx, (3,), np.complex64)
+    with pytest.raises(dp.DTypeError):
+        dp.Tensor.empty(ctx, (3,), "not a dtype")
+
+
+@pytest.mark.parametrize("shape", [(-1, 2), (2.5,), "ab"])
+def test_rejects_bad_shapes(ctx, shape):
+    with pytest.raises(dp.ShapeError):
+        dp.Tensor.empty(ctx, shape)
+
+
+def test_reshape_is_a_view(ctx, rng):
+    a = random(rng, (4, 6))
+    t = dp.Tensor.from_numpy(ctx, a)
+    v = t.reshape(3, -1)
+    assert v.shape == (3, 8) and v.buffer is t.buffer
+    assert np.array_equal(v.numpy(), a.reshape(3, 8))
+    assert t.view((24,)).shape == (24,)
+    with pytest.raises(dp.ShapeError):
+        t.reshape(5, 5)
+    with pytest.raises(dp.ShapeError):
+        t.reshape(-1, -1)
+
+
+def test_host_buffer_at_offset_on_host_queue(rng):
+    """A host application's cl.Buffer at a non-zero offset, on its own queue, read and written."""
+    device = dp.context.find_device()
+    host_ctx = cl.Context([device])
+    host_queue = cl.CommandQueue(host_ctx)
+    ctx = dp.Context(queue=host_queue)
+    # The buffer holds [guard | x | guard | y | guard]; x and y live at non-zero offsets.
+    n, guard = 37, 5
+    host = random(rng, 3 * guard + 2 * n)
+    buf = cl.Buffer(host_ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    x = dp.Tensor.from_buffer(ctx, buf, (n,), np.float32, offset=guard * 4)
+    y = dp.Tensor.from_buffer(ctx, buf, (n,), np.float32, offset=(2 * guard + n) * 4)
+    assert np.array_equal(x.numpy(), host[guard:guard + n])
+    result = x * 3.0 + x
+    y.copy_(result)
+    host_queue.finish()
+    after = np.empty_like(host)
+    cl.enqueue_copy(host_queue, after, buf)
+    expected = host.copy()
+    expected[2 * guard + n:2 * guard + 2 * n] = host[guard:guard + n] * 4
+    assert np.array_equal(after, expected)
+
+
+def test_from_buffer_checks_size_and_offset(ctx):
+    buf = cl.Buffer(ctx.cl_context, cl.mem_flags.READ_WRITE, 64)
+    dp.Tensor.from_buffer(ctx, buf, (16,))
+    with pytest.raises(dp.ShapeError, match="too small"):
+        dp.Tensor.from_buffer(ctx, buf, (16,), offset=4)
+    with pytest.raises(dp.ShapeError, match="too small"):
+        dp.Tensor.from_buffer(ctx, buf, (17,))
+    with pytest.raises(dp.ShapeError):
+        dp.Tensor.from_buffer(ctx, buf, (4,), offset=-4)
+    with pytest.raises(dp.ShapeError, match="multiple"):
+        dp.Tensor.from_buffer(ctx, buf, (4,), offset=2)
+    with pytest.raises(dp.DeviceError):
+        dp.Tensor.from_buffer(ctx, np.zeros(4), (4,))
+
+
+def test_from_buffer_of_another_context_raises(ctx):
+    other = cl.Context([ctx.device])
+    buf = cl.Buffer(other, cl.mem_flags.READ_WRITE, 64)
+    with pytest.raises(dp.DeviceError, match="another OpenCL context"):
+        dp.Tensor.from_buffer(ctx, buf, (4,))
+
+
+def test_pyopencl_array_without_copy(ctx, rng):
+    a = random(rng, (10, 3))
+    prefix = random(rng, 6)
+    big = cl_array.to_device(ctx.queue, np.concatenate([prefix, a.ravel()]))
+    view = big[6:].reshape(10, 3)
+    t = dp.Tensor.from_array(ctx, view)
+    assert t.buffer is view.base_data and t.offset == 24
+    assert np.array_equal(t.numpy(), a)
+    doubled = t * 2.0
+    arr = doubled.to_array()
+    assert arr.base_data is doubled.buffer
+    assert np.array_equal(arr.get(), a * 2)
+    # Writing through the wrapped tensor changes the pyopencl array.
+    t.fill_(1.5)
+    assert np.all(big.get()[6:] == 1.5) and np.array_equal(big.get()[:6], prefix)
+
+
+def test_non_contiguous_array_refused(ctx, rng):
+    arr = cl_array.to_device(ctx.queue, random(rng, (4, 4)))
+    with pytest.raises(dp.ShapeError, match="contiguous"):
+        dp.Tensor.from_array(ctx, arr[:, 1:])
+    with pytest.raises(dp.DeviceError):
+        dp.Tensor.from_array(ctx, random(rng, 3))
+
+
+def test_copy_and_clone(ctx, rng):
+    a = random(rng, (3, 4))
+    t = dp.Tensor.from_numpy(ctx, a)
+    c = t.clone()
+    t.fill_(0)
+    assert np.array_equal(c.numpy(), a)
+    with pytest.raises(dp.ShapeError):
+        t.copy_(dp.Tensor.zeros(ctx, (4, 3)))
+
+
+def test_tensor_desc():
+    d = dp.TensorDesc((2, 3, 4))
+    assert d.shape == (2, 3, 4) and d.dtype == np.float32 and d.size == 24 and d.ndim == 3
+    assert d == dp.TensorDesc([2, 3, 4], "float32")
+    with pytest.raises(dp.DTypeError):
+        dp.TensorDesc((2,), np.float64)
+    with pytest.raises(dp.ShapeError):
+        dp.TensorDesc((2, -3))
+
+
+def test_tensors_of_different_contexts_do_not_mix(ctx, rng):
+    other = dp.Context(dp.devices()[0][0])
+    a = dp.Tensor.from_numpy(ctx, random(rng, 4))
+    b = dp.Tensor.from_numpy(other, random(rng, 4))
+    with pytest.raises(dp.DeviceError, match="different OpenCL contexts"):
+        a + b
+
+
+def test_arithmetic_matches_numpy(ctx, rng):
+    a, b = random(rng, (2, 3, 5)), random(rng, (3, 1), low=0.5, high=2.0)
+    ta, tb = dp.Tensor.from_numpy(ctx, a), dp.Tensor.from_numpy(ctx, b)
+    for out, ref in [(ta + tb, a + b), (ta - tb, a - b), (ta * tb, a * b), (ta / tb, a / b),
+                     (2.0 - ta, 2.0 - a), (1.0 / tb, 1.0 / b), (-ta, -a)]:
+        assert_close(out.numpy(), ref.astype(np.float64))
