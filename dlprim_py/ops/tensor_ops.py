@@ -1,0 +1,317 @@
+"""Tensor operations that move data: cat, split, narrow, permute, transpose, pad, and the shape
+views flatten, squeeze, unsqueeze, reshape.
+
+Tensors are dense, so a slice or a permutation is a copy made by one strided-copy kernel
+(``kernels/tensor_ops.cl.mako``) whose sizes and strides are run-time arguments: one compile per
+dtype and rank serves every shape. Views that keep the element order (reshape, flatten,
+squeeze, unsqueeze) share the buffer. Every function records its backward on the autograd tape.
+"""
+import math
+
+import numpy as np
+
+from .. import autograd, program
+from ..context import check_same_context
+from ..dtypes import cl_name
+from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..tensor import Tensor
+from .pointwise import launch_size, merge_dimensions
+
+_INT32_LIMIT = 2 ** 31 - 1
+PAD_MODES = ("constant", "reflect", "replicate")
+
+
+def dense_strides(shape):
+    """Element strides of a C-contiguous tensor of ``shape``."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
+
+
+def _check_tensor(x, what):
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"{what}: expected a Tensor, got {type(x).__name__}")
+
+
+def normalise_dim(dim, ndim, what):
+    """``dim`` in [-ndim, ndim) as a non-negative int; ShapeError otherwise."""
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise ShapeError(f"{what}: dim must be an int, got {dim!r}")
+    if not -max(ndim, 1) <= dim < max(ndim, 1):
+        raise ShapeError(f"{what}: dim {dim} is out of range for a {ndim}-d tensor "
+                         f"(expected [{-max(ndim, 1)}, {max(ndim, 1) - 1}])")
+    return int(dim) % max(ndim, 1)
+
+
+def _index_type(*extents):
+    return ("int", np.int32) if max(extents) < _INT32_LIMIT else ("long", np.int64)
+
+
+def _kernel(ctx, name, dtype, ndim, index_t, mode="constant"):
+    params = dict(dtype=cl_name(dtype), ndim=ndim, index_t=index_t, mode=mode)
+    return program.kernel(ctx, "tensor_ops", name, params)
+
+
+def strided_copy(ctx, shape, dtype, src_buffer, src_offset, src_strides, dst_buffer, dst_offset,
+                 dst_strides):
+    """Enqueue dst[dst_offset + sum c_k dst_strides_k] = src[src_offset + sum c_k src_strides_k]
+    for every coordinate c of ``shape``; offsets and strides in elements."""
+    total = math.prod(shape)
+    if total == 0:
+        return
+    sizes, (src_st, dst_st) = merge_dimensions(tuple(shape), [list(src_strides), list(dst_strides)])
+    extent = total + src_offset + dst_offset + sum((s - 1) * (abs(a) + abs(b)) for s, a, b in
+                                                   zip(shape, src_strides, dst_strides))
+    index_t, index_np = _index_type(extent)
+    kernel = _kernel(ctx, "strided_copy", dtype, len(sizes), index_t)
+    args = [index_np(total)] + [index_np(s) for s in sizes]
+    args += [src_buffer, index_np(src_offset)] + [index_np(s) for s in src_st]
+    args += [dst_buffer, index_np(dst_offset)] + [index_np(s) for s in dst_st]
+    gsize, lsize = launch_size(ctx, total)
+    kernel(ctx.queue, gsize, lsize, *args)
+
+
+def _narrow_copy(x, dim, start, length):
+    shape = list(x.shape)
+    shape[dim] = length
+    out = Tensor.empty(x.ctx, shape, x.dtype)
+    strides = dense_strides(x.shape)
+    strided_copy(x.ctx, shape, x.dtype, x.buffer, x.offset_elements + start * strides[dim], strides,
+                 out.buffer, out.offset_elements, dense_strides(shape))
+    return out
+
+
+def _embed(grad, shape, dim, start):
+    """A zero tensor of ``shape`` with ``grad`` copied in at ``start`` along ``dim``."""
+    full = Tensor.zeros(grad.ctx, shape, grad.dtype)
+    strides = dense_strides(shape)
+    strided_copy(grad.ctx, grad.shape, grad.dtype, grad.buffer, grad.offset_elements,
+                 dense_strides(grad.shape), full.buffer,
+                 full.offset_elements + start * strides[dim], strides)
+    return full
+
+
+def narrow(x, dim, start, length):
+    """``x`` restricted to [start, start + length) along ``dim`` (a copy; torch.narrow)."""
+    _check_tensor(x, "narrow")
+    if x.ndim == 0:
+        raise ShapeError("narrow: cannot narrow a 0-d tensor")
+    dim = normalise_dim(dim, x.ndim, "narrow")
+    size = x.shape[dim]
+    if not isinstance(start, (int, np.integer)) or not isinstance(length, (int, np.integer)):
+        raise ShapeError(f"narrow: start and length must be ints, got {start!r}, {length!r}")
+    if start < 0:
+        start += size
+    if not (0 <= start <= size) or length < 0 or start + length > size:
+        raise ShapeError(f"narrow: [start, start + length) = [{start}, {start + length}) is not "
+                         f"inside dimension {dim} of size {size}")
+    out = _narrow_copy(x, dim, int(start), int(length))
+    shape = x.shape
+    return autograd.record(out, (x,), lambda g: (_embed(g, shape, dim, start),), "narrow")
+
+
+def split(x, split_size_or_sections, dim=0):
+    """torch.split: pieces of ``split_size_or_sections`` (the last may be smaller) or of the
+    listed sizes along ``dim``; a tuple of tensors (copies)."""
+    _check_tensor(x, "split")
+    dim = normalise_dim(dim, x.ndim, "split")
+    size = x.shape[dim]
+    if isinstance(split_size_or_sections, (int, np.integer)):
+        step = int(split_size_or_sections)
+        if step <= 0 and size > 0:
+            raise ShapeError(f"split: split_size must be positive, got {step}")
+        sections = [min(step, size - s) for s in range(0, size, step)] if size else [0]
+    else:
+        sections = [int(s) for s in split_size_or_sections]
+        if any(s < 0 for s in sections) or sum(sections) != size:
+            raise ShapeError(f"split: sections {sections} must be non-negative and sum to the "
+                             f"size {size} of dimension {dim}")
+    pieces, start = [], 0
+    for length in sections:
+        pieces.append(narrow(x, dim, start, length))
+        start += length
+    return tuple(pieces)
+
+
+def cat(tensors, dim=0):
+    """Concatenate ``tensors`` (same dtype, same shape except along ``dim``) along ``dim``."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ShapeError("cat: expected a non-empty sequence of tensors")
+    for t in tensors:
+        _check_tensor(t, "cat")
+    ctx = check_same_context(*tensors)
+    first = tensors[0]
+    if first.ndim == 0:
+        raise ShapeError("cat: 0-d tensors cannot be concatenated")
+    dim = normalise_dim(dim, first.ndim, "cat")
+    for t in tensors[1:]:
+        if t.dtype != first.dtype:
+            raise DTypeError(f"cat: tensors must share one dtype, got {first.dtype} and {t.dtype}")
+        if t.ndim != first.ndim or any(a != b for k, (a, b) in enumerate(zip(t.shape, first.shape))
+                                       if k != dim):
+            raise ShapeError(f"cat: shapes {first.shape} and {t.shape} differ outside dimension {dim}")
+    shape = list(first.shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    out = Tensor.empty(ctx, shape, first.dtype)
+    out_strides = dense_strides(shape)
+    starts, start = [], 0
+    for t in tensors:
+        strided_copy(ctx, t.shape, t.dtype, t.buffer, t.offset_elements, dense_strides(t.shape),
+                     out.buffer, out.offset_elements + start * out_strides[dim], out_strides)
+        starts.append(start)
+        start += t.shape[dim]
+
+    def backward(g):
+        return tuple(_narrow_copy(g, dim, s, t.shape[dim]) if t.requires_grad else None
+                     for s, t in zip(starts, tensors))
+
+    return autograd.record(out, tensors, backward, "cat")
+
+
+def permute(x, dims):
+    """The tensor with its dimensions reordered: out.shape[k] = x.shape[dims[k]] (a copy)."""
+    _check_tensor(x, "permute")
+    dims = tuple(normalise_dim(d, x.ndim, "permute") for d in dims)
+    if sorted(dims) != list(range(x.ndim)):
+        raise ShapeError(f"permute: dims {dims} are not a permutation of range({x.ndim})")
+    shape = tuple(x.shape[d] for d in dims)
+    out = Tensor.empty(x.ctx, shape, x.dtype)
+    src = dense_strides(x.shape)
+    strided_copy(x.ctx, shape, x.dtype, x.buffer, x.offset_elements, [src[d] for d in dims],
+                 out.buffer, out.offset_elements, dense_strides(shape))
+    inverse = tuple(np.argsort(dims))
+    return autograd.record(out, (x,), lambda g: (permute(g, inverse),), "permute")
+
+
+def transpose(x, dim0, dim1):
+    """``x`` with dimensions ``dim0`` and ``dim1`` swapped (a copy)."""
+    _check_tensor(x, "transpose")
+    if x.ndim == 0:
+        return reshape(x, ())
+    d0 = normalise_dim(dim0, x.ndim, "transpose")
+    d1 = normalise_dim(dim1, x.ndim, "transpose")
+    dims = list(range(x.ndim))
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return permute(x, dims)
+
+
+def reshape(x, shape):
+    """A view of ``x`` with ``shape`` (one entry may be -1)."""
+    _check_tensor(x, "reshape")
+    return x.reshape(shape)
+
+
+def flatten(x, start_dim=0, end_dim=-1):
+    """A view with dimensions start_dim..end_dim merged into one."""
+    _check_tensor(x, "flatten")
+    if x.ndim == 0:
+        return x.reshape((1,))
+    start = normalise_dim(start_dim, x.ndim, "flatten")
+    end = normalise_dim(end_dim, x.ndim, "flatten")
+    if start > end:
+        raise ShapeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+    shape = x.shape[:start] + (math.prod(x.shape[start:end + 1]),) + x.shape[end + 1:]
+    return x.reshape(shape)
+
+
+def squeeze(x, dim=None):
+    """A view without size-1 dimensions: all of them, or those of ``dim`` (an int or a tuple;
+    a listed dimension whose size is not 1 is kept, as in torch)."""
+    _check_tensor(x, "squeeze")
+    if dim is None:
+        drop = {k for k, s in enumerate(x.shape) if s == 1}
+    else:
+        dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+        drop = {k for k in (normalise_dim(d, x.ndim, "squeeze") for d in dims)
+                if x.ndim and x.shape[k] == 1}
+    return x.reshape(tuple(s for k, s in enumerate(x.shape) if k not in drop))
+
+
+def unsqueeze(x, dim):
+    """A view with a size-1 dimension inserted at ``dim`` (in [-ndim-1, ndim])."""
+    _check_tensor(x, "unsqueeze")
+    dim = normalise_dim(dim, x.ndim + 1, "unsqueeze")
+    return x.reshape(x.shape[:dim] + (1,) + x.shape[dim:])
+
+
+def _pad_pairs(pad, ndim, mode):
+    if not isinstance(pad, (tuple, list)) or len(pad) % 2:
+        raise ShapeError(f"pad: expected a sequence of (before, after) pairs from the last "
+                         f"dimension backwards, got {pad!r}")
+    pad = [int(p) for p in pad]
+    count = len(pad) // 2
+    if count > ndim:
+        raise ShapeError(f"pad: {count} padded dimensions for a {ndim}-d tensor")
+    if mode != "constant":
+        if count > 3 or ndim < count + 1:
+            raise UnsupportedError(f"pad: mode {mode!r} pads the last 1 to 3 dimensions of a "
+                                   f"tensor with at least one more dimension; got {count} padded "
+                                   f"dimensions on a {ndim}-d tensor")
+        if any(p < 0 for p in pad):
+            raise ShapeError(f"pad: mode {mode!r} needs non-negative padding, got {pad}")
+    befores, afters = [0] * ndim, [0] * ndim
+    for k in range(count):
+        befores[ndim - 1 - k], afters[ndim - 1 - k] = pad[2 * k], pad[2 * k + 1]
+    return befores, afters
+
+
+def pad(x, pad, mode="constant", value=0.0):
+    """torch.nn.functional.pad: ``pad`` = (left, right, top, bottom, ...) from the last dimension
+    backwards. ``mode``: "constant" (``value``; negative pads crop), "reflect" (mirror without
+    repeating the edge; each pad must be smaller than its dimension) or "replicate" (repeat the
+    edge; the dimension must not be empty)."""
+    _check_tensor(x, "pad")
+    if mode not in PAD_MODES:
+        raise UnsupportedError(f"pad: mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
+    befores, afters = _pad_pairs(pad, x.ndim, mode)
+    shape = tuple(s + b + a for s, b, a in zip(x.shape, befores, afters))
+    if any(s < 0 for s in shape):
+        raise ShapeError(f"pad: padding {tuple(pad)} gives a negative size {shape} for input {x.shape}")
+    for k, (s, b, a) in enumerate(zip(x.shape, befores, afters)):
+        if mode == "reflect" and (b or a) and (b >= s or a >= s):
+            raise ShapeError(f"pad: reflect padding ({b}, {a}) must be smaller than dimension {k} "
+                             f"of size {s}")
+        if mode == "replicate" and (b or a) and s == 0:
+            raise ShapeError(f"pad: replicate padding of the empty dimension {k}")
+    out = Tensor.empty(x.ctx, shape, x.dtype)
+    total = math.prod(shape)
+    if total:
+        index_t, index_np = _index_type(total, x.size + x.offset_elements, out.offset_elements + total)
+        ndim = max(x.ndim, 1)
+        kernel = _kernel(x.ctx, "pad", x.dtype, ndim, index_t, mode)
+        args = [index_np(total)]
+        for o, s, b in zip(shape or (1,), x.shape or (1,), befores or (0,)):
+            args += [index_np(o), index_np(s), index_np(b)]
+        args += [x.buffer, index_np(x.offset_elements), out.buffer, index_np(out.offset_elements),
+                 x.dtype.type(value)]
+        gsize, lsize = launch_size(x.ctx, total)
+        kernel(x.ctx.queue, gsize, lsize, *args)
+    in_shape = x.shape
+
+    def backward(g):
+        # Padding is separable: undo it one dimension at a time, from the last.
+        for k in reversed(range(len(in_shape))):
+            if befores[k] or afters[k]:
+                g = _pad_backward_1d(g, k, in_shape[k], befores[k], afters[k], mode)
+        return (g,)
+
+    return autograd.record(out, (x,), backward, "pad")
+
+
+def _pad_backward_1d(grad, dim, in_len, before, after, mode):
+    shape = list(grad.shape)
+    shape[dim] = in_len
+    out = Tensor.empty(grad.ctx, shape, grad.dtype)
+    total = math.prod(shape)
+    if total:
+        inner = math.prod(shape[dim + 1:])
+        index_t, index_np = _index_type(grad.size + grad.offset_elements, total + out.offset_elements)
+        kernel = _kernel(grad.ctx, "pad_backward_1d", grad.dtype, 1, index_t, mode)
+        gsize, lsize = launch_size(grad.ctx, total)
+        kernel(grad.ctx.queue, gsize, lsize, index_np(total), index_np(in_len),
+               index_np(grad.shape[dim]), index_np(inner), index_np(before), index_np(after),
+               grad.buffer, index_np(grad.offset_elements), out.buffer, index_np(out.offset_elements))
+    return out

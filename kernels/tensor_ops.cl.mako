@@ -1,0 +1,135 @@
+## Data movement between dense tensors: strided copies (narrow, split, cat, permute) and padding
+## (constant, reflect, replicate) with its backward.
+##
+## strided_copy walks an index space of NDIM dimensions (the caller merges dimensions that are
+## contiguous in both source and destination) and copies src[src_off + sum c_k*src_stride_k] to
+## dst[dst_off + sum c_k*dst_stride_k]. Strides are in elements and may be anything, so one compile
+## serves every slice, concatenation and permutation of the same rank.
+##
+## pad writes a dense output of NDIM dimensions; along dimension k output coordinate o reads input
+## coordinate o - before_k, resolved by MODE when it falls outside [0, in_size_k).
+## pad_backward_1d works on one padded dimension at a time, seen as (outer, length, inner): each
+## input element sums the output positions that read it (gather, so no atomics and a fixed order).
+##
+## Template parameters:
+##   dtype     OpenCL C element type ("float", "half", "int", "long")
+##   ndim      number of dimensions of strided_copy and pad (>= 1)
+##   index_t   "int" when every index fits in 31 bits, else "long"
+##   mode      padding mode: "constant", "reflect" or "replicate"
+<%
+    dims = range(ndim)
+%>
+#if defined(cl_khr_fp16)
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#endif
+#define T ${dtype}
+#define I ${index_t}
+
+__kernel void strided_copy(I total
+% for k in dims:
+    , I size${k}
+% endfor
+    , __global const T* restrict src, I src_off
+% for k in dims:
+    , I src_stride${k}
+% endfor
+    , __global T* restrict dst, I dst_off
+% for k in dims:
+    , I dst_stride${k}
+% endfor
+    )
+{
+    for (I i = get_global_id(0); i < total; i += get_global_size(0)) {
+        I rest = i;
+        I s = src_off;
+        I d = dst_off;
+% for k in reversed(list(dims)):
+        {
+    % if k > 0:
+            I coord = rest % size${k};
+            rest /= size${k};
+    % else:
+            I coord = rest;
+    % endif
+            s += coord * src_stride${k};
+            d += coord * dst_stride${k};
+        }
+% endfor
+        dst[d] = src[s];
+    }
+}
+
+__kernel void pad(I total
+% for k in dims:
+    , I out_size${k}, I in_size${k}, I before${k}
+% endfor
+    , __global const T* restrict src, I src_off
+    , __global T* restrict dst, I dst_off
+    , T value)
+{
+    for (I i = get_global_id(0); i < total; i += get_global_size(0)) {
+        I rest = i;
+        I s = 0;
+        I in_stride = 1;
+        int outside = 0;
+% for k in reversed(list(dims)):
+        {
+    % if k > 0:
+            I coord = rest % out_size${k};
+            rest /= out_size${k};
+    % else:
+            I coord = rest;
+    % endif
+            I j = coord - before${k};
+    % if mode == "constant":
+            outside |= (j < 0) | (j >= in_size${k});
+    % elif mode == "reflect":
+            j = j < 0 ? -j : j;
+            j = j >= in_size${k} ? 2 * (in_size${k} - 1) - j : j;
+    % else:
+            j = clamp(j, (I)0, in_size${k} - 1);
+    % endif
+            s += j * in_stride;
+            in_stride *= in_size${k};
+        }
+% endfor
+% if mode == "constant":
+        dst[dst_off + i] = outside ? value : src[src_off + s];
+% else:
+        dst[dst_off + i] = src[src_off + s];
+% endif
+    }
+}
+
+// grad_out is (outer, out_len, inner), grad_in is (outer, in_len, inner); out_len = before +
+// in_len + after (before or after may be negative for constant padding, which crops).
+__kernel void pad_backward_1d(I total, I in_len, I out_len, I inner, I before, I after
+    , __global const T* restrict grad_out, I grad_out_off
+    , __global T* restrict grad_in, I grad_in_off)
+{
+    for (I i = get_global_id(0); i < total; i += get_global_size(0)) {
+        I b = i % inner;
+        I r = i / inner;
+        I c = r % in_len;
+        I a = r / in_len;
+        __global const T* row = grad_out + grad_out_off + a * out_len * inner + b;
+        T sum = 0;
+% if mode == "constant":
+        I o = c + before;
+        if (o >= 0 && o < out_len)
+            sum = row[o * inner];
+% elif mode == "reflect":
+        sum = row[(c + before) * inner];
+        if (c >= 1 && c <= before)
+            sum += row[(before - c) * inner];
+        if (c >= in_len - 1 - after && c <= in_len - 2)
+            sum += row[(before + 2 * (in_len - 1) - c) * inner];
+% else:
+        I lo = c == 0 ? 0 : c + before;
+        I hi = c == in_len - 1 ? out_len - 1 : c + before;
+        for (I o = lo; o <= hi; ++o)
+            sum += row[o * inner];
+% endif
+        grad_in[grad_in_off + i] = sum;
+    }
+}

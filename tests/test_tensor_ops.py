@@ -1,0 +1,155 @@
+"""cat, split, narrow, permute, transpose, pad and the shape views, against torch (float64),
+forward and gradients."""
+import numpy as np
+import pytest
+import torch
+
+import dlprim_py as dp
+import dlprim_py.functional as F
+from conftest import assert_close, random
+
+
+def _pair(ctx, rng, shape, offset_elements=0):
+    """A dp tensor at a non-zero buffer offset (kernels must honour it) and a float64 torch leaf."""
+    data = random(rng, shape)
+    if offset_elements:
+        backing = dp.Tensor.from_numpy(ctx, np.concatenate([random(rng, offset_elements), data.ravel()]))
+        x = dp.Tensor(ctx, backing.buffer, shape, np.float32, offset=offset_elements * 4)
+        x.requires_grad_(True)
+    else:
+        x = dp.Tensor.from_numpy(ctx, data, requires_grad=True)
+    return x, torch.tensor(data, dtype=torch.float64, requires_grad=True)
+
+
+def _check_grad(rng, out, ref, pairs):
+    grad = random(rng, ref.shape)
+    out.backward(dp.Tensor.from_numpy(out.ctx, grad))
+    ref.backward(torch.tensor(grad, dtype=torch.float64))
+    for x, t in pairs:
+        assert_close(x.grad.numpy(), t.grad.numpy())
+
+
+@pytest.mark.parametrize("shape,dim,start,length", [((5, 7, 3), 1, 2, 4), ((9,), 0, 8, 1),
+                                                    ((4, 6), -1, 0, 6), ((3, 4), 0, 1, 0)])
+def test_narrow(ctx, rng, shape, dim, start, length):
+    x, t = _pair(ctx, rng, shape, offset_elements=3)
+    out = F.narrow(x, dim, start, length)
+    ref = t.narrow(dim, start, length)
+    assert out.shape == tuple(ref.shape)
+    assert_close(out.numpy(), ref.detach().numpy())
+    if out.size:
+        _check_grad(rng, out, ref, [(x, t)])
+
+
+@pytest.mark.parametrize("sections", [2, [1, 4, 2], 7])
+def test_split(ctx, rng, sections):
+    x, t = _pair(ctx, rng, (3, 7, 2))
+    outs = F.split(x, sections, dim=1)
+    refs = torch.split(t, sections, dim=1)
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        assert_close(o.numpy(), r.detach().numpy())
+    # Each piece's backward embeds its gradient in a full-size zero tensor; the tape sums them.
+    joined = F.cat([o * float(k + 1) for k, o in enumerate(outs)], 1)
+    ref_joined = torch.cat([r * float(k + 1) for k, r in enumerate(refs)], 1)
+    _check_grad(rng, joined, ref_joined, [(x, t)])
+
+
+@pytest.mark.parametrize("shapes,dim", [([(2, 3, 5), (2, 1, 5), (2, 4, 5)], 1),
+                                        ([(3, 2), (3, 2)], -1), ([(1,), (5,)], 0),
+                                        ([(2, 3), (1, 3)], 0)])
+def test_cat(ctx, rng, shapes, dim):
+    pairs = [_pair(ctx, rng, s, offset_elements=k) for k, s in enumerate(shapes)]
+    out = F.cat([p[0] for p in pairs], dim)
+    ref = torch.cat([p[1] for p in pairs], dim)
+    assert_close(out.numpy(), ref.detach().numpy())
+    _check_grad(rng, out, ref, pairs)
+
+
+@pytest.mark.parametrize("shape,dims", [((2, 3, 4), (2, 0, 1)), ((5, 1, 3, 2), (3, 1, 0, 2)),
+                                        ((7,), (0,)), ((33, 17), (1, 0))])
+def test_permute(ctx, rng, shape, dims):
+    x, t = _pair(ctx, rng, shape, offset_elements=5)
+    out = F.permute(x, dims)
+    ref = t.permute(dims)
+    assert_close(out.numpy(), ref.detach().numpy())
+    _check_grad(rng, out, ref, [(x, t)])
+
+
+def test_transpose(ctx, rng):
+    x, t = _pair(ctx, rng, (3, 4, 5))
+    out = F.transpose(x, 0, -1)
+    ref = t.transpose(0, -1)
+    assert_close(out.numpy(), ref.detach().numpy())
+    _check_grad(rng, out, ref, [(x, t)])
+
+
+def test_views(ctx, rng):
+    x, t = _pair(ctx, rng, (2, 1, 3, 1, 4))
+    for out, ref in [(F.flatten(x, 1, 3), t.flatten(1, 3)), (F.flatten(x), t.flatten()),
+                     (F.squeeze(x), t.squeeze()), (F.squeeze(x, 1), t.squeeze(1)),
+                     (F.squeeze(x, 0), t.squeeze(0)), (F.squeeze(x, (1, 3)), t.squeeze((1, 3))),
+                     (F.unsqueeze(x, -1), t.unsqueeze(-1)), (F.unsqueeze(x, 0), t.unsqueeze(0)),
+                     (F.reshape(x, (4, -1)), t.reshape(4, -1))]:
+        assert out.shape == tuple(ref.shape)
+        assert_close(out.numpy(), ref.detach().numpy())
+    out = F.flatten(F.unsqueeze(x, 2), 0, 2) * 2.0
+    ref = t.unsqueeze(2).flatten(0, 2) * 2.0
+    _check_grad(rng, out, ref, [(x, t)])
+
+
+@pytest.mark.parametrize("mode,shape,pads", [
+    ("constant", (2, 3, 5, 4), (1, 2, 0, 3)),
+    ("constant", (2, 3, 5, 4), (-1, 2, 1, -2, 1, 0)),
+    ("constant", (1,), (2, 3)),
+    ("reflect", (2, 3, 5, 4), (3, 1, 2, 4)),
+    ("reflect", (2, 6), (5, 5)),
+    ("replicate", (2, 3, 5, 4), (1, 3, 2, 0)),
+    ("replicate", (1, 2, 1, 1, 3), (2, 1, 3, 0, 1, 2)),
+])
+def test_pad(ctx, rng, mode, shape, pads):
+    x, t = _pair(ctx, rng, shape, offset_elements=2)
+    kwargs = {"value": 0.75} if mode == "constant" else {}
+    out = F.pad(x, pads, mode=mode, **kwargs)
+    ref = torch.nn.functional.pad(t, pads, mode=mode, **kwargs)
+    assert out.shape == tuple(ref.shape)
+    assert_close(out.numpy(), ref.detach().numpy())
+    _check_grad(rng, out, ref, [(x, t)])
+
+
+def test_int64_cat_and_permute(ctx, rng):
+    a = rng.integers(-2**40, 2**40, size=(3, 4))
+    b = rng.integers(-2**40, 2**40, size=(3, 2))
+    out = F.cat([dp.Tensor.from_numpy(ctx, a), dp.Tensor.from_numpy(ctx, b)], 1)
+    np.testing.assert_array_equal(out.numpy(), np.concatenate([a, b], 1))
+    np.testing.assert_array_equal(F.permute(out, (1, 0)).numpy(), np.concatenate([a, b], 1).T)
+
+
+def test_bad_input(ctx, rng):
+    x = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 4)))
+    with pytest.raises(dp.ShapeError, match="out of range"):
+        F.narrow(x, 3, 0, 1)
+    with pytest.raises(dp.ShapeError, match="inside dimension"):
+        F.narrow(x, 1, 2, 2)
+    with pytest.raises(dp.ShapeError, match="sum to"):
+        F.split(x, [1, 1], dim=1)
+    with pytest.raises(dp.ShapeError, match="differ outside"):
+        F.cat([x, dp.Tensor.from_numpy(ctx, random(rng, (2, 4, 4)))], 2)
+    with pytest.raises(dp.DTypeError, match="one dtype"):
+        F.cat([x, dp.Tensor.from_numpy(ctx, np.zeros((2, 3, 4), np.int32))], 0)
+    with pytest.raises(dp.ShapeError, match="non-empty"):
+        F.cat([], 0)
+    with pytest.raises(dp.ShapeError, match="not a permutation"):
+        F.permute(x, (0, 0, 1))
+    with pytest.raises(dp.ShapeError, match="smaller than dimension"):
+        F.pad(x, (4, 0), mode="reflect")
+    with pytest.raises(dp.UnsupportedError, match="mode"):
+        F.pad(x, (1, 1), mode="circular")
+    with pytest.raises(dp.ShapeError, match="pairs"):
+        F.pad(x, (1, 1, 1))
+    with pytest.raises(dp.ShapeError, match="negative size"):
+        F.pad(x, (-3, -2))
+    with pytest.raises(dp.ShapeError, match="comes after"):
+        F.flatten(x, 2, 1)
+    with pytest.raises(dp.DTypeError, match="Tensor"):
+        F.permute(np.zeros(3), (0,))
