@@ -1,0 +1,46 @@
+"""`pip install .` ships kernels/ inside the wheel and the installed package finds it."""
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                    "-q", "-w", str(out), str(ROOT)], check=True, cwd=out)
+    (path,) = out.glob("dlprim_py-*.whl")
+    return path
+
+
+def test_wheel_holds_every_kernel_template(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {Path(n).name for n in names if n.startswith("dlprim_py/kernels/")}
+    in_tree = {p.name for p in (ROOT / "kernels").glob("*.cl.mako")}
+    assert in_tree and in_tree <= shipped
+
+
+def test_installed_package_builds_a_kernel_outside_the_source_tree(wheel, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(target), str(wheel)], check=True)
+    code = (
+        "import numpy as np, dlprim_py as dp\n"
+        "from dlprim_py.program import kernels_dir\n"
+        "print(kernels_dir())\n"
+        "ctx = dp.Context()\n"
+        "x = dp.Tensor.from_numpy(ctx, np.arange(5, dtype=np.float32))\n"
+        "print((x * 2.0).numpy().tolist())\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(target), DLPRIM_NO_CACHE="1")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, check=True)
+    kernels, values = result.stdout.strip().splitlines()
+    assert Path(kernels).is_relative_to(target)
+    assert values == "[0.0, 2.0, 4.0, 6.0, 8.0]"
