@@ -6,3 +6,5 @@ per operator family.
 from .ops.pointwise import add, div, mul, sub  # noqa: F401
 from .ops.tensor_ops import (cat, flatten, narrow, pad, permute, reshape, split, squeeze,  # noqa: F401
                              transpose, unsqueeze)
+from .ops.pool import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d,  # noqa: F401
+                       max_pool2d)

@@ -1,0 +1,262 @@
+"""2-D pooling: max_pool2d, avg_pool2d, adaptive_avg_pool2d, adaptive_max_pool2d.
+
+``Pool2d`` is the operator: built once for a pooling description, it validates shapes, compiles
+its kernels (``kernels/pool.cl.mako``) in its setup and then only enqueues, forward and backward,
+on caller-owned tensors (MIOpen's pooling descriptor in spirit). The functional names below
+allocate outputs and record the backward on the autograd tape, with torch's semantics.
+
+Layout: NCHW (or CHW, taken as N = 1), float32. Sizes are run-time kernel arguments, so one
+compile serves every shape of a (method, window kind) pair.
+"""
+import math
+
+import numpy as np
+
+from .. import autograd, program
+from ..context import check_same_context
+from ..dtypes import float32, int64
+from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..tensor import Tensor
+from .pointwise import launch_size
+
+_INT32_LIMIT = 2 ** 31 - 1
+
+
+def _pair(value, what):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value), int(value)
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ShapeError(f"{what} must be an int or a pair of ints, got {value!r}") from None
+    if len(items) == 1:
+        items = items * 2
+    if len(items) != 2 or not all(isinstance(v, (int, np.integer)) for v in items):
+        raise ShapeError(f"{what} must be an int or a pair of ints, got {value!r}")
+    return int(items[0]), int(items[1])
+
+
+def pooled_size(size, kernel, stride, pad, dilation, ceil_mode):
+    """torch's output length of one pooled dimension."""
+    span = size + 2 * pad - dilation * (kernel - 1) - 1
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    # With ceil_mode the last window must start inside the input or its left padding.
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+class Pool2d:
+    """A 2-D pooling operator on NCHW float32 tensors.
+
+    ``method``: "max" or "avg". Fixed windows: ``kernel_size``, ``stride`` (default: the kernel),
+    ``padding``, ``dilation`` (max only), ``ceil_mode``, ``count_include_pad`` and
+    ``divisor_override`` (avg only). Adaptive windows: ``output_size`` instead (an int or a pair;
+    None in a pair keeps that input size).
+    """
+
+    def __init__(self, ctx, method, kernel_size=None, stride=None, padding=0, dilation=1,
+                 ceil_mode=False, count_include_pad=True, divisor_override=None, output_size=None):
+        if method not in ("max", "avg"):
+            raise UnsupportedError(f"pooling method must be 'max' or 'avg', got {method!r}")
+        self.ctx = ctx
+        self.method = method
+        self.adaptive = output_size is not None
+        if self.adaptive:
+            if kernel_size is not None:
+                raise ShapeError("adaptive pooling takes output_size, not kernel_size")
+            if isinstance(output_size, (int, np.integer)):
+                output_size = (int(output_size), int(output_size))
+            output_size = tuple(output_size)
+            if len(output_size) == 1:
+                output_size = output_size * 2
+            if len(output_size) != 2 or any(s is not None and (not isinstance(s, (int, np.integer))
+                                                               or s <= 0) for s in output_size):
+                raise ShapeError(f"output_size must be a positive int or a pair of positive ints "
+                                 f"(or None), got {output_size!r}")
+            self.output_size = output_size
+            self.kernel = self.stride = (1, 1)
+            self.padding, self.dilation = (0, 0), (1, 1)
+        else:
+            if kernel_size is None:
+                raise ShapeError("pooling needs kernel_size (or output_size for adaptive pooling)")
+            self.kernel = _pair(kernel_size, "kernel_size")
+            self.stride = self.kernel if stride is None or stride == () or stride == [] else _pair(stride, "stride")
+            self.padding = _pair(padding, "padding")
+            self.dilation = _pair(dilation, "dilation")
+            if min(self.kernel) <= 0 or min(self.stride) <= 0 or min(self.dilation) <= 0:
+                raise ShapeError(f"kernel_size {self.kernel}, stride {self.stride} and dilation "
+                                 f"{self.dilation} must be positive")
+            if method == "avg" and self.dilation != (1, 1):
+                raise UnsupportedError("avg_pool2d has no dilation")
+            for k, p, d in zip(self.kernel, self.padding, self.dilation):
+                limit = ((k - 1) * d + 1) // 2 if method == "max" else k // 2
+                if p < 0 or p > limit:
+                    raise ShapeError(f"padding {self.padding} must be >= 0 and at most half the "
+                                     f"{'effective ' if method == 'max' else ''}kernel size "
+                                     f"{self.kernel}")
+        if divisor_override is not None and (not isinstance(divisor_override, (int, np.integer))
+                                             or divisor_override <= 0):
+            raise ShapeError(f"divisor_override must be a positive int, got {divisor_override!r}")
+        self.ceil_mode = bool(ceil_mode)
+        self.count_include_pad = bool(count_include_pad)
+        self.divisor_override = int(divisor_override or 0)
+        self._window = "adaptive" if self.adaptive else "regular"
+
+    def output_shape(self, input_shape):
+        """The output shape for an (N, C, H, W) or (C, H, W) input; ShapeError if it is empty."""
+        input_shape = tuple(input_shape)
+        if len(input_shape) not in (3, 4):
+            raise ShapeError(f"{self.method} pooling expects a (N, C, H, W) or (C, H, W) input, "
+                             f"got shape {input_shape}")
+        H, W = input_shape[-2:]
+        if self.adaptive:
+            if H == 0 or W == 0:
+                raise ShapeError(f"adaptive pooling of an empty plane {input_shape}")
+            OH = H if self.output_size[0] is None else self.output_size[0]
+            OW = W if self.output_size[1] is None else self.output_size[1]
+        else:
+            OH = pooled_size(H, self.kernel[0], self.stride[0], self.padding[0], self.dilation[0],
+                             self.ceil_mode)
+            OW = pooled_size(W, self.kernel[1], self.stride[1], self.padding[1], self.dilation[1],
+                             self.ceil_mode)
+            if OH <= 0 or OW <= 0:
+                raise ShapeError(f"{self.method} pooling with kernel {self.kernel}, stride "
+                                 f"{self.stride}, padding {self.padding}, dilation {self.dilation} "
+                                 f"gives an empty output for input {input_shape}")
+        return input_shape[:-2] + (OH, OW)
+
+    def _kernel(self, name, index_t, save_indices):
+        params = dict(method=self.method, window=self._window, save_indices=save_indices,
+                      index_t=index_t)
+        return program.kernel(self.ctx, "pool", name, params)
+
+    def _common_args(self, total, in_shape, out_shape, index_np):
+        H, W = in_shape[-2:]
+        OH, OW = out_shape[-2:]
+        i32 = np.int32
+        return [index_np(total), i32(H), i32(W), i32(OH), i32(OW), i32(self.kernel[0]),
+                i32(self.kernel[1]), i32(self.stride[0]), i32(self.stride[1]), i32(self.padding[0]),
+                i32(self.padding[1]), i32(self.dilation[0]), i32(self.dilation[1]),
+                i32(self.count_include_pad), i32(self.divisor_override)]
+
+    def _check(self, x, y, indices, x_what, y_what):
+        for t, what in ((x, x_what), (y, y_what)):
+            if not isinstance(t, Tensor):
+                raise DTypeError(f"{what} must be a Tensor, got {type(t).__name__}")
+            if t.dtype != float32:
+                raise DTypeError(f"{what} must be float32, got {t.dtype}")
+        check_same_context(x, y, indices)
+        expected = self.output_shape(x.shape)
+        if y.shape != expected:
+            raise ShapeError(f"{y_what} must have shape {expected} for input {x.shape}, got {y.shape}")
+        if indices is not None:
+            if self.method != "max":
+                raise UnsupportedError("only max pooling has indices")
+            if indices.dtype != int64 or indices.shape != expected:
+                raise ShapeError(f"indices must be int64 of shape {expected}, got {indices.dtype} "
+                                 f"{indices.shape}")
+        largest = max(t.offset_elements + t.size for t in (x, y, indices) if t is not None)
+        return ("int", np.int32) if largest < _INT32_LIMIT else ("long", np.int64)
+
+    def forward(self, x, y, indices=None):
+        """Enqueue y = pool(x). ``indices`` (max only, int64, y's shape) receives each window's
+        argmax as a flat position h*W + w in its input plane; backward of max needs it."""
+        index_t, index_np = self._check(x, y, indices, "x", "y")
+        if y.size == 0:
+            return
+        kernel = self._kernel("pool_forward", index_t, indices is not None)
+        args = self._common_args(y.size, x.shape, y.shape, index_np)
+        args += [x.buffer, index_np(x.offset_elements), y.buffer, index_np(y.offset_elements)]
+        if indices is not None:
+            args += [indices.buffer, index_np(indices.offset_elements)]
+        gsize, lsize = launch_size(self.ctx, y.size)
+        kernel(self.ctx.queue, gsize, lsize, *args)
+
+    def backward(self, dy, dx, indices=None):
+        """Enqueue dx = d pool / dx applied to dy (dx is overwritten, not accumulated).
+        Max pooling needs the ``indices`` its forward wrote."""
+        index_t, index_np = self._check(dx, dy, indices, "dx", "dy")
+        if self.method == "max" and indices is None:
+            raise ShapeError("max pooling backward needs the indices written by forward")
+        if dx.size == 0:
+            return
+        kernel = self._kernel("pool_backward", index_t, False)
+        args = self._common_args(dx.size, dx.shape, dy.shape, index_np)
+        args += [dy.buffer, index_np(dy.offset_elements), dx.buffer, index_np(dx.offset_elements)]
+        if indices is not None:
+            args += [indices.buffer, index_np(indices.offset_elements)]
+        gsize, lsize = launch_size(self.ctx, dx.size)
+        kernel(self.ctx.queue, gsize, lsize, *args)
+
+
+def _operator(ctx, *key, **kwargs):
+    memo = ctx.memo.setdefault("pool2d", {})
+    op = memo.get(key)
+    if op is None:
+        op = memo[key] = Pool2d(ctx, **kwargs)
+    return op
+
+
+def _run(op, x, return_indices=False):
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"pooling expects a Tensor, got {type(x).__name__}")
+    y = Tensor.empty(x.ctx, op.output_shape(x.shape), x.dtype)
+    indices = None
+    if op.method == "max" and (return_indices or autograd.needs_grad(x)):
+        indices = Tensor.empty(x.ctx, y.shape, int64)
+    op.forward(x, y, indices)
+
+    def backward(g):
+        dx = Tensor.empty(x.ctx, x.shape, x.dtype)
+        op.backward(g, dx, indices)
+        return (dx,)
+
+    autograd.record(y, (x,), backward, f"{op.method}_pool2d")
+    return (y, indices) if return_indices else y
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    """torch.nn.functional.max_pool2d on (N, C, H, W) or (C, H, W) float32. With
+    ``return_indices`` also returns int64 flat positions h*W + w of each maximum."""
+    kwargs = dict(method="max", kernel_size=kernel_size, stride=stride, padding=padding,
+                  dilation=dilation, ceil_mode=ceil_mode)
+    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    return _run(op, input, return_indices)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """torch.nn.functional.avg_pool2d on (N, C, H, W) or (C, H, W) float32."""
+    kwargs = dict(method="avg", kernel_size=kernel_size, stride=stride, padding=padding,
+                  ceil_mode=ceil_mode, count_include_pad=count_include_pad,
+                  divisor_override=divisor_override)
+    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    return _run(op, input)
+
+
+def adaptive_avg_pool2d(input, output_size):
+    """torch.nn.functional.adaptive_avg_pool2d: any output size (windows may overlap)."""
+    kwargs = dict(method="avg", output_size=output_size)
+    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    return _run(op, input)
+
+
+def adaptive_max_pool2d(input, output_size, return_indices=False):
+    """torch.nn.functional.adaptive_max_pool2d: any output size (windows may overlap)."""
+    kwargs = dict(method="max", output_size=output_size)
+    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    return _run(op, input, return_indices)
+
+
+def _ctx_of(x):
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"pooling expects a Tensor, got {type(x).__name__}")
+    return x.ctx
+
+
+def _key(kwargs):
+    def freeze(v):
+        return tuple(v) if isinstance(v, list) else v
+    return tuple(sorted((k, freeze(v)) for k, v in kwargs.items()))

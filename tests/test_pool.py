@@ -1,0 +1,118 @@
+"""2-D pooling against torch (float64): forward, indices and gradients; the operator API on
+poisoned outputs; bad input."""
+import numpy as np
+import pytest
+import torch
+
+import dlprim_py as dp
+import dlprim_py.functional as F
+from dlprim_py.ops.pool import Pool2d
+from conftest import assert_close, poisoned, random
+
+TF = torch.nn.functional
+
+
+def _run(ctx, rng, shape, ours, theirs):
+    data = random(rng, shape)
+    x = dp.Tensor.from_numpy(ctx, data, requires_grad=True)
+    t = torch.tensor(data, dtype=torch.float64, requires_grad=True)
+    y, ref = ours(x), theirs(t)
+    assert y.shape == tuple(ref.shape)
+    assert_close(y.numpy(), ref.detach().numpy())
+    grad = random(rng, ref.shape)
+    y.backward(dp.Tensor.from_numpy(ctx, grad))
+    ref.backward(torch.tensor(grad, dtype=torch.float64))
+    assert_close(x.grad.numpy(), t.grad.numpy())
+
+
+@pytest.mark.parametrize("shape,kwargs", [
+    ((2, 3, 9, 11), dict(kernel_size=3, stride=2, padding=1)),
+    ((1, 2, 8, 8), dict(kernel_size=2)),
+    ((2, 1, 10, 7), dict(kernel_size=(3, 2), stride=(2, 1), padding=(1, 0), dilation=(2, 3))),
+    ((1, 3, 7, 6), dict(kernel_size=3, stride=2, ceil_mode=True)),
+    ((3, 5, 5), dict(kernel_size=3, stride=1, padding=1)),
+    ((1, 1, 1, 1), dict(kernel_size=1)),
+])
+def test_max_pool2d(ctx, rng, shape, kwargs):
+    _run(ctx, rng, shape, lambda x: F.max_pool2d(x, **kwargs), lambda t: TF.max_pool2d(t, **kwargs))
+
+
+def test_max_pool2d_indices_and_ties(ctx, rng):
+    # Ties: torch keeps the first maximum of each window; its indices are h*W + w.
+    data = rng.integers(0, 3, size=(2, 2, 7, 9)).astype(np.float32)
+    x = dp.Tensor.from_numpy(ctx, data)
+    y, idx = F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True)
+    ref, ref_idx = TF.max_pool2d(torch.tensor(data), 3, stride=2, padding=1, return_indices=True)
+    np.testing.assert_array_equal(y.numpy(), ref.numpy())
+    assert idx.dtype == np.int64
+    np.testing.assert_array_equal(idx.numpy(), ref_idx.numpy())
+
+
+@pytest.mark.parametrize("shape,kwargs", [
+    ((2, 3, 9, 11), dict(kernel_size=3, stride=2, padding=1)),
+    ((2, 3, 9, 11), dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
+    ((1, 2, 7, 6), dict(kernel_size=(3, 2), stride=2, padding=(1, 1), ceil_mode=True)),
+    ((1, 2, 7, 6), dict(kernel_size=(3, 2), stride=2, padding=(1, 1), ceil_mode=True,
+                        count_include_pad=False)),
+    ((1, 2, 6, 6), dict(kernel_size=2, divisor_override=3)),
+    ((4, 5, 5), dict(kernel_size=5)),
+])
+def test_avg_pool2d(ctx, rng, shape, kwargs):
+    _run(ctx, rng, shape, lambda x: F.avg_pool2d(x, **kwargs), lambda t: TF.avg_pool2d(t, **kwargs))
+
+
+@pytest.mark.parametrize("shape,size", [((2, 3, 8, 12), 1), ((2, 3, 8, 12), (4, 3)),
+                                        ((1, 2, 7, 10), (3, 4)), ((1, 2, 3, 5), (7, 6)),
+                                        ((2, 3, 9, 4), (None, 2))])
+@pytest.mark.parametrize("method", ["avg", "max"])
+def test_adaptive(ctx, rng, method, shape, size):
+    ours = F.adaptive_avg_pool2d if method == "avg" else F.adaptive_max_pool2d
+    theirs = TF.adaptive_avg_pool2d if method == "avg" else TF.adaptive_max_pool2d
+    _run(ctx, rng, shape, lambda x: ours(x, size), lambda t: theirs(t, size))
+
+
+def test_adaptive_max_indices(ctx, rng):
+    data = random(rng, (2, 3, 7, 10))
+    y, idx = F.adaptive_max_pool2d(dp.Tensor.from_numpy(ctx, data), (3, 4), return_indices=True)
+    _, ref_idx = TF.adaptive_max_pool2d(torch.tensor(data), (3, 4), return_indices=True)
+    np.testing.assert_array_equal(idx.numpy(), ref_idx.numpy())
+
+
+@pytest.mark.parametrize("method", ["max", "avg"])
+def test_operator_on_poisoned_outputs_at_offsets(ctx, rng, method):
+    op = Pool2d(ctx, method, kernel_size=3, stride=2, padding=1)
+    data = random(rng, (2, 3, 9, 8))
+    backing = dp.Tensor.from_numpy(ctx, np.concatenate([random(rng, 7), data.ravel()]))
+    x = dp.Tensor(ctx, backing.buffer, data.shape, offset=7 * 4)
+    y = poisoned(ctx, op.output_shape(x.shape))
+    indices = dp.Tensor.empty(ctx, y.shape, np.int64) if method == "max" else None
+    op.forward(x, y, indices)
+    t = torch.tensor(data, dtype=torch.float64, requires_grad=True)
+    ref = (TF.max_pool2d if method == "max" else TF.avg_pool2d)(t, 3, 2, 1)
+    assert_close(y.numpy(), ref.detach().numpy())
+    grad = random(rng, y.shape)
+    dx = poisoned(ctx, x.shape)
+    op.backward(dp.Tensor.from_numpy(ctx, grad), dx, indices)
+    ref.backward(torch.tensor(grad, dtype=torch.float64))
+    assert_close(dx.numpy(), t.grad.numpy())
+
+
+def test_bad_input(ctx, rng):
+    x = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 5, 5)))
+    with pytest.raises(dp.ShapeError, match="at most half"):
+        F.max_pool2d(x, 3, padding=2)
+    with pytest.raises(dp.ShapeError, match=r"\(N, C, H, W\)"):
+        F.avg_pool2d(dp.Tensor.from_numpy(ctx, random(rng, (5, 5))), 2)
+    with pytest.raises(dp.ShapeError, match="empty output"):
+        F.max_pool2d(x, 7)
+    with pytest.raises(dp.ShapeError, match="positive"):
+        F.max_pool2d(x, 2, stride=0)
+    with pytest.raises(dp.ShapeError, match="output_size"):
+        F.adaptive_avg_pool2d(x, (0, 2))
+    with pytest.raises(dp.DTypeError, match="float32"):
+        F.avg_pool2d(dp.Tensor.from_numpy(ctx, np.ones((1, 1, 4, 4), np.int32)), 2)
+    op = Pool2d(ctx, "max", kernel_size=2)
+    with pytest.raises(dp.ShapeError, match="must have shape"):
+        op.forward(x, dp.Tensor.empty(ctx, (2, 3, 3, 3)))
+    with pytest.raises(dp.ShapeError, match="needs the indices"):
+        op.backward(dp.Tensor.empty(ctx, (2, 3, 2, 2)), dp.Tensor.empty(ctx, x.shape))
