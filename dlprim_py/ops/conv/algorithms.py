@@ -1,0 +1,309 @@
+"""The convolution algorithms. Each answers MIOpen's three questions for a problem and a
+direction ("forward", "backward_data", "backward_filter"): does it apply (``applies``), how
+much workspace it needs (``workspace_size``, bytes), and how to run it (``run``).
+
+``run`` takes, per direction:
+  forward          src=x,  other=w, dst=y
+  backward_data    src=dy, other=w, dst=dx
+  backward_filter  src=dy, other=x, dst=dw
+as Tensors, with ``dst = alpha * result + beta * dst`` and, for forward, the fused epilogue.
+Kernels are built on first use per (context, configuration) and memoized by ``program.build``.
+"""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ... import program
+from ...errors import ShapeError, UnsupportedError
+from ..pointwise import launch_size
+
+_F32 = np.float32
+_I32 = np.int32
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """Compile-time shape of the forward epilogue (conv_common.cl.mako)."""
+    has_scale: bool = False
+    has_shift: bool = False
+    has_residual: bool = False
+    activation: object = None   # an ActivationDesc or None
+
+    def params(self):
+        act = self.activation
+        return dict(has_scale=self.has_scale, has_shift=self.has_shift,
+                    has_residual=self.has_residual,
+                    activation="(v)" if act is None else act.forward_code("v"))
+
+
+NO_EPILOGUE = Epilogue()
+
+
+@dataclass
+class EpilogueArgs:
+    """The run-time operands of the epilogue: tensors (or None) and scalars."""
+    scale: object = None
+    shift: object = None
+    residual: object = None
+    alpha: float = 1.0
+    beta: float = 0.0
+    residual_alpha: float = 1.0
+
+    def kernel_args(self, dummy):
+        args = []
+        for t in (self.scale, self.shift, self.residual):
+            if t is None:
+                args += [dummy.buffer, _I32(0)]
+            else:
+                args += [t.buffer, _I32(t.offset_elements)]
+        return args + [_F32(self.alpha), _F32(self.beta), _F32(self.residual_alpha)]
+
+
+def _buf(t):
+    return [t.buffer, _I32(t.offset_elements)]
+
+
+class Algorithm:
+    name = "?"
+    directions = ("forward", "backward_data", "backward_filter")
+
+    def applies(self, ctx, problem, direction):
+        raise NotImplementedError
+
+    def workspace_size(self, ctx, problem, direction):
+        return 0
+
+    def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
+        """Build the kernels this algorithm needs for the problem (no enqueue)."""
+        raise NotImplementedError
+
+    def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
+            workspace=None):
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"<conv algorithm {self.name}>"
+
+
+# ---- direct -------------------------------------------------------------------------------
+
+class Direct(Algorithm):
+    """One work item per output element (kernels/conv_direct.cl.mako). Always applies."""
+    name = "direct"
+
+    def applies(self, ctx, problem, direction):
+        return True
+
+    def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
+        params = (epilogue if direction == "forward" else NO_EPILOGUE).params()
+        return program.build(ctx, "conv_direct", params)
+
+    def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
+            workspace=None):
+        built = self.prepare(ctx, problem, direction, epilogue)
+        geometry = problem.geometry_args()
+        total = math.prod(dst.shape)
+        gsize, lsize = launch_size(ctx, total)
+        if direction == "forward":
+            built.kernel("conv_direct_forward")(
+                ctx.queue, gsize, lsize, *geometry, *_buf(src), *_buf(other), *_buf(dst),
+                *ep.kernel_args(dst))
+        else:
+            name = f"conv_direct_{direction}"
+            built.kernel(name)(ctx.queue, gsize, lsize, *geometry, *_buf(src), *_buf(other),
+                               *_buf(dst), _F32(ep.alpha), _F32(ep.beta))
+
+
+def backward_bias(ctx, problem, dy, db, alpha=1.0, beta=0.0):
+    """db[k] = alpha * sum over (n, oh, ow) of dy[n, k, oh, ow] + beta * db[k]."""
+    built = program.build(ctx, "conv_direct", NO_EPILOGUE.params())
+    group = 256
+    built.kernel("conv_direct_backward_bias")(
+        ctx.queue, (problem.k * group,), (group,), *problem.geometry_args(), *_buf(dy), *_buf(db),
+        _F32(alpha), _F32(beta))
+
+
+# ---- implicit GEMM ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GemmTile:
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    thread_m: int
+    thread_n: int
+
+    @property
+    def threads(self):
+        return (self.tile_m // self.thread_m) * (self.tile_n // self.thread_n)
+
+
+TILE_LARGE = GemmTile(128, 128, 8, 8, 8)
+TILE_MEDIUM = GemmTile(64, 64, 8, 4, 4)
+TILE_SMALL = GemmTile(32, 32, 8, 4, 4)
+
+
+def _gemm_dims(problem, direction):
+    p = problem
+    if direction == "forward":
+        return p.kg, p.n * p.ho * p.wo, p.cg * p.r * p.s
+    if direction == "backward_data":
+        return p.cg, p.n * p.h * p.w, p.kg * p.r * p.s
+    return p.kg, p.cg * p.r * p.s, p.n * p.ho * p.wo
+
+
+class ImplicitGemm(Algorithm):
+    """Implicit GEMM in local-memory tiles (kernels/conv_implicit_gemm.cl.mako).
+
+    ``tile``: a fixed GemmTile, or None for the per-device rule. 1x1 convolutions take the same
+    kernel: with R = S = 1 and no padding the gather is a plain strided load, no im2col buffer.
+    """
+
+    def __init__(self, tile=None, name="implicit_gemm"):
+        self.tile = tile
+        self.name = name
+
+    def applies(self, ctx, problem, direction):
+        tile = self.choose_tile(ctx, problem, direction)
+        return tile.threads <= ctx.info.max_work_group_size
+
+    def choose_tile(self, ctx, problem, direction):
+        if self.tile is not None:
+            return self.tile
+        if not ctx.info.is_gpu:
+            return TILE_SMALL
+        gm, gn, gk = _gemm_dims(problem, direction)
+        if gm >= 128 and gn >= 128 and gm * gn >= 128 * 128 * ctx.info.compute_units // 2:
+            return TILE_LARGE
+        if gm <= 32 or gn <= 32:
+            return TILE_SMALL
+        return TILE_MEDIUM
+
+    def splits(self, ctx, problem, direction, tile):
+        """kk split factor and the kk range per split (a multiple of tile_k)."""
+        gm, gn, gk = _gemm_dims(problem, direction)
+        if direction != "backward_filter":
+            return 1, gk
+        blocks = math.ceil(gm / tile.tile_m) * math.ceil(gn / tile.tile_n) * problem.groups
+        target = 4 * ctx.info.compute_units if ctx.info.is_gpu else ctx.info.compute_units
+        # Keep each split long enough that the partial-sum traffic stays small.
+        splits = max(1, min(target // max(blocks, 1), gk // (16 * tile.tile_k)))
+        per_split = math.ceil(math.ceil(gk / splits) / tile.tile_k) * tile.tile_k
+        splits = math.ceil(gk / per_split)
+        return splits, per_split
+
+    def workspace_size(self, ctx, problem, direction):
+        tile = self.choose_tile(ctx, problem, direction)
+        splits, _ = self.splits(ctx, problem, direction, tile)
+        if splits == 1:
+            return 0
+        return splits * problem.k * problem.cg * problem.r * problem.s * 4
+
+    def _params(self, problem, direction, tile, split_k, epilogue):
+        params = (epilogue if direction == "forward" else NO_EPILOGUE).params()
+        params.update(direction=direction, tile_m=tile.tile_m, tile_n=tile.tile_n,
+                      tile_k=tile.tile_k, thread_m=tile.thread_m, thread_n=tile.thread_n,
+                      channel_last=problem.layout == "NHWC", split_k=split_k)
+        return params
+
+    def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
+        tile = self.choose_tile(ctx, problem, direction)
+        splits, per_split = self.splits(ctx, problem, direction, tile)
+        built = program.build(ctx, "conv_implicit_gemm",
+                              self._params(problem, direction, tile, splits > 1, epilogue))
+        return built, tile, splits, per_split
+
+    def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
+            workspace=None):
+        built, tile, splits, per_split = self.prepare(ctx, problem, direction, epilogue)
+        gm, gn, gk = _gemm_dims(problem, direction)
+        gsize = (math.ceil(gn / tile.tile_n) * tile.threads, math.ceil(gm / tile.tile_m),
+                 problem.groups * splits)
+        lsize = (tile.threads, 1, 1)
+        if direction == "forward":
+            a, b = other, src          # A = w, B = x
+        elif direction == "backward_data":
+            a, b = other, src          # A = w, B = dy
+        else:
+            a, b = src, other          # A = dy, B = x
+        kernel = built.kernel(f"conv_igemm_{direction}")
+        geometry = problem.geometry_args()
+        if splits == 1:
+            kernel(ctx.queue, gsize, lsize, *geometry, *_buf(a), *_buf(b), *_buf(dst),
+                   _I32(per_split), *ep.kernel_args(dst))
+            return
+        need = self.workspace_size(ctx, problem, direction)
+        if workspace is None or workspace.nbytes < need:
+            raise ShapeError(f"{self.name} {direction} needs a workspace of {need} bytes, got "
+                             f"{0 if workspace is None else workspace.nbytes}")
+        partial_args = EpilogueArgs(alpha=1.0, beta=0.0)
+        kernel(ctx.queue, gsize, lsize, *geometry, *_buf(a), *_buf(b), *_buf(workspace),
+               _I32(per_split), *partial_args.kernel_args(dst))
+        count = problem.k * problem.cg * problem.r * problem.s
+        rgs, rls = launch_size(ctx, count)
+        built.kernel("conv_igemm_reduce")(ctx.queue, rgs, rls, _I32(count), _I32(splits),
+                                          *_buf(workspace), *_buf(dst), _F32(ep.alpha),
+                                          _F32(ep.beta))
+
+
+# ---- depthwise ----------------------------------------------------------------------------
+
+class Depthwise(Algorithm):
+    """Direct depthwise kernels (kernels/conv_depthwise.cl.mako): groups == C, K = C * m."""
+    name = "depthwise"
+
+    def applies(self, ctx, problem, direction):
+        return problem.is_depthwise and problem.k % problem.c == 0 and problem.r * problem.s <= 49
+
+    def _reduce_group(self, ctx, problem):
+        group = 256 if problem.r * problem.s <= 25 else 128
+        return min(group, 1 << (ctx.info.max_work_group_size.bit_length() - 1))
+
+    def splits(self, ctx, problem):
+        target = 4 * ctx.info.compute_units if ctx.info.is_gpu else ctx.info.compute_units
+        splits = max(1, min(problem.n, math.ceil(target / problem.k)))
+        per_split = math.ceil(problem.n / splits)
+        return math.ceil(problem.n / per_split), per_split
+
+    def workspace_size(self, ctx, problem, direction):
+        if direction != "backward_filter":
+            return 0
+        splits, _ = self.splits(ctx, problem)
+        return splits * problem.k * problem.r * problem.s * 4
+
+    def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
+        params = (epilogue if direction == "forward" else NO_EPILOGUE).params()
+        params.update(kernel_r=problem.r, kernel_s=problem.s,
+                      channel_last=problem.layout == "NHWC",
+                      reduce_group=self._reduce_group(ctx, problem))
+        return program.build(ctx, "conv_depthwise", params)
+
+    def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
+            workspace=None):
+        built = self.prepare(ctx, problem, direction, epilogue)
+        geometry = problem.geometry_args()
+        if direction == "forward":
+            gsize, lsize = launch_size(ctx, math.prod(dst.shape))
+            built.kernel("conv_dw_forward")(ctx.queue, gsize, lsize, *geometry, *_buf(src),
+                                            *_buf(other), *_buf(dst), *ep.kernel_args(dst))
+        elif direction == "backward_data":
+            gsize, lsize = launch_size(ctx, math.prod(dst.shape))
+            built.kernel("conv_dw_backward_data")(ctx.queue, gsize, lsize, *geometry, *_buf(src),
+                                                  *_buf(other), *_buf(dst), _F32(ep.alpha),
+                                                  _F32(ep.beta))
+        else:
+            need = self.workspace_size(ctx, problem, direction)
+            if workspace is None or workspace.nbytes < need:
+                raise ShapeError(f"depthwise backward_filter needs a workspace of {need} bytes, "
+                                 f"got {0 if workspace is None else workspace.nbytes}")
+            splits, per_split = self.splits(ctx, problem)
+            group = self._reduce_group(ctx, problem)
+            built.kernel("conv_dw_backward_filter")(
+                ctx.queue, (problem.k * group, splits), (group, 1), *geometry, *_buf(src),
+                *_buf(other), *_buf(workspace), _I32(per_split))
+            count = problem.k * problem.r * problem.s
+            rgs, rls = launch_size(ctx, count)
+            built.kernel("conv_dw_reduce")(ctx.queue, rgs, rls, *geometry, _I32(splits),
+                                           *_buf(workspace), *_buf(dst), _F32(ep.alpha),
+                                           _F32(ep.beta))

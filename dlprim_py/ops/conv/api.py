@@ -1,0 +1,281 @@
+"""The convolution operator (MIOpen-style, caller-managed memory) and the functional API
+(torch semantics, autograd)."""
+import numpy as np
+
+from ... import autograd, logcmd
+from ...activation import as_activation
+from ...context import check_same_context
+from ...errors import DTypeError, ShapeError, UnsupportedError
+from ...tensor import Tensor, TensorDesc
+from .algorithms import Epilogue, EpilogueArgs, backward_bias
+from .problem import DIRECTIONS, ConvolutionDesc, ConvProblem, make_problem, pair
+from . import selection
+
+
+def _check_tensor(t, shape, what):
+    if not isinstance(t, Tensor):
+        raise DTypeError(f"{what} must be a dlprim_py.Tensor, got {type(t).__name__}")
+    if t.dtype != np.float32:
+        raise DTypeError(f"{what} must be float32, got {t.dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise ShapeError(f"{what} must have shape {tuple(shape)}, got {t.shape}")
+
+
+class Convolution:
+    """A 2-D convolution for one problem, after MIOpen: built from descriptors, run on tensors
+    the caller owns.
+
+    ``input_desc``: (N, C, H, W) for layout "NCHW", (N, H, W, C) for "NHWC";
+    ``weight_desc``: (K, C/groups, R, S) for "NCHW", (K, R, S, C/groups) for "NHWC";
+    ``output_desc``: (N, K, Ho, Wo) or (N, Ho, Wo, K). float32. Every method writes
+    ``dst = alpha * result + beta * dst`` (``dst`` is not read when beta is 0).
+    Algorithms: "winograd", "depthwise", "implicit_gemm", "direct" (see ``algorithms()``);
+    ``algo=None`` takes DLPRIM_CONV_ALGO, else the find/immediate choice (DLPRIM_FIND_MODE).
+    """
+
+    def __init__(self, ctx, input_desc, weight_desc, conv_desc, layout="NCHW"):
+        if not isinstance(conv_desc, ConvolutionDesc):
+            raise ShapeError(f"conv_desc must be a ConvolutionDesc, got {type(conv_desc).__name__}")
+        for d, what in ((input_desc, "input_desc"), (weight_desc, "weight_desc")):
+            if not isinstance(d, TensorDesc):
+                raise ShapeError(f"{what} must be a TensorDesc, got {type(d).__name__}")
+        if input_desc.dtype != weight_desc.dtype:
+            raise DTypeError(f"input is {input_desc.dtype} but weights are {weight_desc.dtype}")
+        self.ctx = ctx
+        self.conv_desc = conv_desc
+        self.layout = layout
+        self.problem = make_problem(input_desc.shape, weight_desc.shape, conv_desc, layout,
+                                    input_desc.dtype)
+        self.input_desc = input_desc
+        self.weight_desc = weight_desc
+        self.output_desc = TensorDesc(self.problem.y_shape, input_desc.dtype)
+        self._chosen = {}
+        # Build the forward kernels now so that a call only enqueues.
+        name = self._choose("forward")
+        selection.algorithm(name).prepare(ctx, self.problem, "forward")
+
+    def algorithms(self, direction="forward"):
+        """Names of the algorithms that apply to this problem, in priority order."""
+        self._check_direction(direction)
+        return selection.applicable(self.ctx, self.problem, direction)
+
+    def workspace_size(self, algo, direction="forward"):
+        """Bytes of workspace ``algo`` needs for ``direction`` (0 for none)."""
+        self._check_direction(direction)
+        return self._algorithm(algo, direction).workspace_size(self.ctx, self.problem, direction)
+
+    def _check_direction(self, direction):
+        if direction not in DIRECTIONS:
+            raise UnsupportedError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+
+    def _choose(self, direction):
+        name = self._chosen.get(direction)
+        if name is None:
+            name = self._chosen[direction] = selection.choose(self.ctx, self.problem, direction)
+        return name
+
+    def _algorithm(self, algo, direction):
+        algorithm = selection.algorithm(algo)
+        if not algorithm.applies(self.ctx, self.problem, direction):
+            raise UnsupportedError(f"algorithm {algo!r} does not apply to "
+                                   f"{self.problem.key(direction)}; applicable: "
+                                   f"{', '.join(self.algorithms(direction))}")
+        return algorithm
+
+    def _run(self, direction, algo, src, other, dst, ep, epilogue=Epilogue(), workspace=None):
+        check_same_context(src, other, dst, ep.scale, ep.shift, ep.residual, workspace)
+        logcmd.log_command("conv", self.problem.driver_flags(direction))
+        name = algo or self._choose(direction)
+        algorithm = self._algorithm(name, direction)
+        need = algorithm.workspace_size(self.ctx, self.problem, direction)
+        if need and (workspace is None or workspace.nbytes < need):
+            if workspace is not None:
+                raise ShapeError(f"{name} {direction} needs a workspace of {need} bytes, "
+                                 f"got {workspace.nbytes}")
+            workspace = Tensor.empty(self.ctx, (need // 4,))
+        algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep, epilogue, workspace)
+        return dst
+
+    def forward(self, x, w, y, bias=None, alpha=1.0, beta=0.0, activation=None, algo=None,
+                workspace=None, *, scale=None, shift=None, residual=None, residual_alpha=1.0):
+        """y = act(alpha * conv(x, w) * scale[k] + shift[k] + residual_alpha * residual)
+        + beta * y. ``bias`` (K,) is ``shift`` under another name; ``scale``/``shift`` (K,);
+        ``residual`` shaped like y; ``activation``: an ActivationDesc, a name, or None."""
+        p = self.problem
+        _check_tensor(x, p.x_shape, "x")
+        _check_tensor(w, p.w_shape, "w")
+        _check_tensor(y, p.y_shape, "y")
+        if bias is not None and shift is not None:
+            raise ShapeError("give either bias or shift, not both (bias is the shift)")
+        if bias is not None:
+            shift = bias
+        for t, what in ((scale, "scale"), (shift, "bias/shift")):
+            if t is not None:
+                _check_tensor(t, (p.k,), what)
+        if residual is not None:
+            _check_tensor(residual, p.y_shape, "residual")
+        act = as_activation(activation)
+        if act is not None and act.is_identity:
+            act = None
+        epilogue = Epilogue(scale is not None, shift is not None, residual is not None, act)
+        ep = EpilogueArgs(scale, shift, residual, alpha, beta, residual_alpha)
+        return self._run("forward", algo, x, w, y, ep, epilogue, workspace)
+
+    def backward_data(self, dy, w, dx, alpha=1.0, beta=0.0, algo=None, workspace=None):
+        """dx = alpha * dL/dx + beta * dx, from dy (shaped like y) and w."""
+        p = self.problem
+        _check_tensor(dy, p.y_shape, "dy")
+        _check_tensor(w, p.w_shape, "w")
+        _check_tensor(dx, p.x_shape, "dx")
+        return self._run("backward_data", algo, dy, w, dx, EpilogueArgs(alpha=alpha, beta=beta),
+                         workspace=workspace)
+
+    def backward_filter(self, dy, x, dw, alpha=1.0, beta=0.0, algo=None, workspace=None):
+        """dw = alpha * dL/dw + beta * dw, from dy and x."""
+        p = self.problem
+        _check_tensor(dy, p.y_shape, "dy")
+        _check_tensor(x, p.x_shape, "x")
+        _check_tensor(dw, p.w_shape, "dw")
+        return self._run("backward_filter", algo, dy, x, dw,
+                         EpilogueArgs(alpha=alpha, beta=beta), workspace=workspace)
+
+    def backward_bias(self, dy, db, alpha=1.0, beta=0.0):
+        """db[k] = alpha * sum_{n, oh, ow} dy + beta * db[k]; db has shape (K,)."""
+        p = self.problem
+        _check_tensor(dy, p.y_shape, "dy")
+        _check_tensor(db, (p.k,), "db")
+        check_same_context(dy, db)
+        backward_bias(self.ctx, p, dy, db, alpha, beta)
+        return db
+
+
+def _plan(ctx, input_shape, weight_shape, conv_desc):
+    key = ("conv2d", tuple(input_shape), tuple(weight_shape), conv_desc.padding,
+           conv_desc.stride, conv_desc.dilation, conv_desc.groups)
+    plans = ctx.memo.setdefault("conv_plans", {})
+    conv = plans.get(key)
+    if conv is None:
+        conv = plans[key] = Convolution(ctx, TensorDesc(input_shape), TensorDesc(weight_shape),
+                                        conv_desc)
+    return conv
+
+
+def _padding(padding, weight_shape, stride, dilation):
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0)
+        if padding == "same":
+            if pair(stride, "stride") != (1, 1):
+                raise UnsupportedError("padding='same' needs stride 1 (torch's rule)")
+            dh, dw = pair(dilation, "dilation")
+            total = (dh * (weight_shape[2] - 1), dw * (weight_shape[3] - 1))
+            if total[0] % 2 or total[1] % 2:
+                raise UnsupportedError("padding='same' with an even kernel needs asymmetric "
+                                       "padding, which is not supported")
+            return (total[0] // 2, total[1] // 2)
+        raise ShapeError(f"padding must be an int, a pair, 'same' or 'valid', got {padding!r}")
+    return padding
+
+
+def _check_input(x, what):
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"{what} must be a dlprim_py.Tensor, got {type(x).__name__}")
+
+
+def _bias_grad(ctx, g, channels):
+    """Sum of g (N, C, H, W) over N, H, W as a (C,) tensor."""
+    n, c, h, w = g.shape
+    problem = ConvProblem(n, c, h, w, c, 1, 1, 0, 0, 1, 1, 1, 1, 1)
+    db = Tensor.empty(ctx, (channels,))
+    backward_bias(ctx, problem, g, db)
+    return db
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv2d: x (N, C, H, W), weight (K, C/groups, R, S), bias (K,) or
+    None; float32 NCHW. Returns (N, K, Ho, Wo); gradients flow to x, weight and bias."""
+    _check_input(x, "input")
+    _check_input(weight, "weight")
+    if weight.ndim != 4:
+        raise ShapeError(f"conv2d weight must have rank 4 (K, C/groups, R, S), got {weight.shape}")
+    if x.ndim != 4:
+        raise ShapeError(f"conv2d input must have rank 4 (N, C, H, W), got {x.shape}")
+    ctx = check_same_context(x, weight, bias)
+    desc = ConvolutionDesc(_padding(padding, weight.shape, stride, dilation), stride, dilation,
+                           groups)
+    conv = _plan(ctx, x.shape, weight.shape, desc)
+    y = Tensor.empty(ctx, conv.output_desc.shape)
+    conv.forward(x, weight, y, bias=bias)
+
+    def backward(g):
+        gx = gw = gb = None
+        if x.requires_grad:
+            gx = Tensor.empty(ctx, x.shape)
+            conv.backward_data(g, weight, gx)
+        if weight.requires_grad:
+            gw = Tensor.empty(ctx, weight.shape)
+            conv.backward_filter(g, x, gw)
+        if bias is not None and bias.requires_grad:
+            gb = Tensor.empty(ctx, bias.shape)
+            conv.backward_bias(g, gb)
+        return gx, gw, gb
+
+    return autograd.record(y, (x, weight, bias), backward, "conv2d")
+
+
+def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
+                     dilation=1):
+    """torch.nn.functional.conv_transpose2d: x (N, Cin, H, W), weight (Cin, Cout/groups, R, S),
+    bias (Cout,) or None; float32 NCHW. Returns (N, Cout, Ho, Wo) with
+    Ho = (H - 1) * stride - 2 * padding + dilation * (R - 1) + output_padding + 1.
+    Computed as the data gradient of the convolution that maps the output back to x."""
+    _check_input(x, "input")
+    _check_input(weight, "weight")
+    if weight.ndim != 4:
+        raise ShapeError(f"conv_transpose2d weight must have rank 4 (Cin, Cout/groups, R, S), "
+                         f"got {weight.shape}")
+    if x.ndim != 4:
+        raise ShapeError(f"conv_transpose2d input must have rank 4 (N, C, H, W), got {x.shape}")
+    ctx = check_same_context(x, weight, bias)
+    desc = ConvolutionDesc(padding, stride, dilation, groups)
+    oph, opw = pair(output_padding, "output_padding")
+    (sh, sw), (dh, dw), (ph, pw) = desc.stride, desc.dilation, desc.padding
+    if not (0 <= oph < max(sh, dh) and 0 <= opw < max(sw, dw)):
+        raise ShapeError(f"output_padding {(oph, opw)} must be >= 0 and smaller than stride or "
+                         f"dilation ({desc.stride}, {desc.dilation})")
+    n, cin, h, w = x.shape
+    if weight.shape[0] != cin:
+        raise ShapeError(f"conv_transpose2d weight has {weight.shape[0]} input channels, the "
+                         f"input has {cin}")
+    cout = weight.shape[1] * groups
+    r, s = weight.shape[2], weight.shape[3]
+    ho = (h - 1) * sh - 2 * ph + dh * (r - 1) + oph + 1
+    wo = (w - 1) * sw - 2 * pw + dw * (s - 1) + opw + 1
+    if ho <= 0 or wo <= 0:
+        raise ShapeError(f"conv_transpose2d output would be {ho}x{wo}: padding too large")
+    if bias is not None:
+        _check_tensor(bias, (cout,), "bias")
+    # The convolution whose input is our output and whose output is our input.
+    conv = _plan(ctx, (n, cout, ho, wo), weight.shape, desc)
+    if conv.output_desc.shape != x.shape:
+        raise ShapeError(f"conv_transpose2d: inconsistent geometry {conv.output_desc.shape} vs "
+                         f"{x.shape}")
+    y = Tensor.empty(ctx, (n, cout, ho, wo))
+    conv.backward_data(x, weight, y)
+    if bias is not None:
+        from ..pointwise import binary
+        y = binary("add", y, bias.detach().reshape(1, cout, 1, 1))
+
+    def backward(g):
+        gx = gw = gb = None
+        if x.requires_grad:
+            gx = Tensor.empty(ctx, x.shape)
+            conv.forward(g, weight, gx)
+        if weight.requires_grad:
+            gw = Tensor.empty(ctx, weight.shape)
+            conv.backward_filter(x, g, gw)
+        if bias is not None and bias.requires_grad:
+            gb = _bias_grad(ctx, g, cout)
+        return gx, gw, gb
+
+    return autograd.record(y, (x, weight, bias), backward, "conv_transpose2d")

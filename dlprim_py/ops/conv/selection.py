@@ -1,0 +1,101 @@
+"""Choosing a convolution algorithm, after MIOpen.
+
+* immediate mode (``DLPRIM_FIND_MODE=immediate``, the default): a per-device rule orders the
+  applicable algorithms by the problem's shape; nothing runs.
+* find mode (``DLPRIM_FIND_MODE=find``): every applicable algorithm runs once per problem on
+  scratch tensors after a warm-up, the fastest is stored in the device's find-db
+  (``dlprim_py.finddb``) under the problem's canonical key and reused by later processes.
+* ``DLPRIM_CONV_ALGO=<name>`` forces one algorithm (an error if it does not apply).
+"""
+import numpy as np
+
+from ... import config, finddb
+from ...errors import UnsupportedError
+from ...timing import time_enqueued
+from .algorithms import Depthwise, Direct, EpilogueArgs, ImplicitGemm
+
+# Every algorithm by name; the order is the tie-break order of find mode.
+ALGORITHMS = {a.name: a for a in (Depthwise(), ImplicitGemm(), Direct())}
+
+
+def algorithm(name):
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise UnsupportedError(f"unknown convolution algorithm {name!r}; known: "
+                               f"{', '.join(ALGORITHMS)}") from None
+
+
+def applicable(ctx, problem, direction):
+    """Names of the algorithms that apply, in the immediate rule's order of preference."""
+    names = [n for n, a in ALGORITHMS.items() if a.applies(ctx, problem, direction)]
+    return sorted(names, key=lambda n: _rank(ctx, problem, direction, n))
+
+
+def _rank(ctx, problem, direction, name):
+    if name == "direct":
+        return 100
+    if name == "depthwise":
+        return 0
+    if name == "winograd":
+        # Winograd's transforms pay off when the channel GEMMs are big enough.
+        big = problem.cg >= 64 and problem.kg >= 64 and ctx.info.is_gpu
+        return 1 if big else 50
+    return 10
+
+
+def immediate(ctx, problem, direction):
+    return applicable(ctx, problem, direction)[0]
+
+
+def choose(ctx, problem, direction):
+    """The algorithm name for a problem and direction, by DLPRIM_CONV_ALGO, else the mode."""
+    forced = config.forced_algorithm("conv")
+    if forced:
+        if not algorithm(forced).applies(ctx, problem, direction):
+            raise UnsupportedError(f"DLPRIM_CONV_ALGO={forced} does not apply to "
+                                   f"{problem.key(direction)}")
+        return forced
+    if config.find_mode() == "find":
+        return find(ctx, problem, direction)
+    return immediate(ctx, problem, direction)
+
+
+def find(ctx, problem, direction, repeat=3):
+    """Benchmark the applicable algorithms once per problem; the winner's name (memoized in the
+    context and stored in the find-db)."""
+    key = problem.key(direction)
+    memo = ctx.memo.setdefault("conv_find", {})
+    if key in memo:
+        return memo[key]
+    db = finddb.for_context(ctx)
+    name = db.lookup(key)
+    if name in ALGORITHMS and ALGORITHMS[name].applies(ctx, problem, direction):
+        memo[key] = name
+        return name
+    candidates = applicable(ctx, problem, direction)
+    if len(candidates) == 1:
+        memo[key] = candidates[0]
+        return candidates[0]
+    from ...tensor import Tensor
+    rng = np.random.default_rng(0)
+    x = Tensor.from_numpy(ctx, rng.uniform(-1, 1, problem.x_shape).astype(np.float32))
+    w = Tensor.from_numpy(ctx, rng.uniform(-1, 1, problem.w_shape).astype(np.float32))
+    y = Tensor.from_numpy(ctx, rng.uniform(-1, 1, problem.y_shape).astype(np.float32))
+    operands = {"forward": (x, w, y), "backward_data": (y, w, x), "backward_filter": (y, x, w)}
+    src, other, dst = operands[direction]
+    times = {}
+    for candidate in candidates:
+        algo = ALGORITHMS[candidate]
+        size = algo.workspace_size(ctx, problem, direction)
+        workspace = Tensor.empty(ctx, (max(size // 4, 1),)) if size else None
+        algo.prepare(ctx, problem, direction)
+        # The direct kernel is far slower on large problems; one timed run says enough.
+        timing = time_enqueued(ctx, lambda: algo.run(ctx, problem, direction, src, other, dst,
+                                                     EpilogueArgs(), workspace=workspace),
+                               warmup=1, repeat=1 if candidate == "direct" else repeat)
+        times[candidate] = timing.median
+    best = min(times, key=times.get)
+    db.store(key, best, times[best] * 1e3)
+    memo[key] = best
+    return best

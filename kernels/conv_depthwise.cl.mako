@@ -1,0 +1,165 @@
+## Direct depthwise convolution (groups == C, K = C * multiplier), any stride, padding and
+## dilation (MobileNet's stride-1 and stride-2 layers). The kernel size is compile-time so the
+## R x S window unrolls; the rest of the geometry is run-time.
+##
+## Template parameters:
+##   kernel_r, kernel_s  the kernel size R x S
+##   channel_last        bool: enumerate outputs channel-fastest (NHWC) for coalesced access
+##   reduce_group        work items per group in backward_filter (a power of two)
+##   has_scale, has_shift, has_residual, activation   the forward epilogue (conv_common)
+##
+## Kernels:
+##   conv_dw_forward          y[n,k,oh,ow] = epilogue(sum_{r,s} x[n,k/mult,ih,iw] w[k,0,r,s])
+##   conv_dw_backward_data    dx[n,c,h,w]  = alpha * sum_{m,r,s} dy[n,c*mult+m,oh,ow] w[..] + beta dx
+##   conv_dw_backward_filter  partial[split][k][r*S+s] = sum over the split's images; one work
+##                            group per (k, split)
+##   conv_dw_reduce           dw = alpha * sum_split partial + beta * dw
+<%namespace name="common" file="conv_common.cl.mako"/>
+#define KR ${kernel_r}
+#define KS ${kernel_s}
+#define REDUCE_GROUP ${reduce_group}
+
+__kernel void conv_dw_forward(${common.geometry_params()},
+    __global const float *x, int x_off, __global const float *w, int w_off,
+    __global float *y, int y_off, ${common.epilogue_params()})
+{
+    const int mult = K / C;
+    const int total = N * K * Ho * Wo;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+% if channel_last:
+        int k = i % K, t = i / K;
+        int ow = t % Wo; t /= Wo;
+        int oh = t % Ho, n = t / Ho;
+% else:
+        int ow = i % Wo, t = i / Wo;
+        int oh = t % Ho; t /= Ho;
+        int k = t % K, n = t / K;
+% endif
+        __global const float *xc = x + x_off + n * xsN + (k / mult) * xsC;
+        __global const float *wk = w + w_off + k * wsK;
+        const int ih0 = oh * stride_h - pad_h, iw0 = ow * stride_w - pad_w;
+        float acc = 0.0f;
+#pragma unroll
+        for (int r = 0; r < KR; ++r) {
+            int ih = ih0 + r * dil_h;
+            if (ih < 0 || ih >= H)
+                continue;
+#pragma unroll
+            for (int s = 0; s < KS; ++s) {
+                int iw = iw0 + s * dil_w;
+                if (iw >= 0 && iw < W)
+                    acc = mad(xc[ih * xsH + iw * xsW], wk[r * wsR + s * wsS], acc);
+            }
+        }
+${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "acc")}
+    }
+}
+
+__kernel void conv_dw_backward_data(${common.geometry_params()},
+    __global const float *dy, int dy_off, __global const float *w, int w_off,
+    __global float *dx, int dx_off, float alpha, float beta)
+{
+    const int mult = K / C;
+    const int total = N * C * H * W;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+% if channel_last:
+        int c = i % C, t = i / C;
+        int iw = t % W; t /= W;
+        int ih = t % H, n = t / H;
+% else:
+        int iw = i % W, t = i / W;
+        int ih = t % H; t /= H;
+        int c = t % C, n = t / C;
+% endif
+        float acc = 0.0f;
+        for (int m = 0; m < mult; ++m) {
+            int k = c * mult + m;
+            __global const float *dyk = dy + dy_off + n * ysN + k * ysC;
+            __global const float *wk = w + w_off + k * wsK;
+#pragma unroll
+            for (int r = 0; r < KR; ++r) {
+                int th = ih + pad_h - r * dil_h;
+                if (th < 0)
+                    continue;
+                int oh = th / stride_h;
+                if (oh * stride_h != th || oh >= Ho)
+                    continue;
+#pragma unroll
+                for (int s = 0; s < KS; ++s) {
+                    int tw = iw + pad_w - s * dil_w;
+                    if (tw < 0)
+                        continue;
+                    int ow = tw / stride_w;
+                    if (ow * stride_w == tw && ow < Wo)
+                        acc = mad(dyk[oh * ysH + ow * ysW], wk[r * wsR + s * wsS], acc);
+                }
+            }
+        }
+${common.store_scaled("dx", "dx_off", "n * xsN + c * xsC + ih * xsH + iw * xsW", "acc")}
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(REDUCE_GROUP, 1, 1)))
+void conv_dw_backward_filter(${common.geometry_params()},
+    __global const float *dy, int dy_off, __global const float *x, int x_off,
+    __global float *partial, int partial_off, int images_per_split)
+{
+    __local float sums[KR * KS][REDUCE_GROUP];
+    const int mult = K / C;
+    const int k = get_group_id(0), split = get_group_id(1);
+    const int lid = get_local_id(0);
+    const int c = k / mult;
+    const int n_begin = split * images_per_split;
+    const int n_end = min(N, n_begin + images_per_split);
+    const int pixels = Ho * Wo;
+    float acc[KR * KS];
+    for (int q = 0; q < KR * KS; ++q)
+        acc[q] = 0.0f;
+    for (int n = n_begin; n < n_end; ++n) {
+        __global const float *dyk = dy + dy_off + n * ysN + k * ysC;
+        __global const float *xc = x + x_off + n * xsN + c * xsC;
+        for (int p = lid; p < pixels; p += REDUCE_GROUP) {
+            int oh = p / Wo, ow = p - oh * Wo;
+            float g = dyk[oh * ysH + ow * ysW];
+            int ih0 = oh * stride_h - pad_h, iw0 = ow * stride_w - pad_w;
+#pragma unroll
+            for (int r = 0; r < KR; ++r) {
+                int ih = ih0 + r * dil_h;
+                bool row_in = ih >= 0 && ih < H;
+#pragma unroll
+                for (int s = 0; s < KS; ++s) {
+                    int iw = iw0 + s * dil_w;
+                    if (row_in && iw >= 0 && iw < W)
+                        acc[r * KS + s] = mad(g, xc[ih * xsH + iw * xsW], acc[r * KS + s]);
+                }
+            }
+        }
+    }
+    for (int q = 0; q < KR * KS; ++q)
+        sums[q][lid] = acc[q];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int step = REDUCE_GROUP / 2; step > 0; step >>= 1) {
+        if (lid < step)
+            for (int q = 0; q < KR * KS; ++q)
+                sums[q][lid] += sums[q][lid + step];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid < KR * KS)
+        partial[partial_off + (split * K + k) * (KR * KS) + lid] = sums[lid][0];
+}
+
+// dw[k, 0, r, s] = alpha * sum_split partial[split][k][r*S+s] + beta * dw.
+__kernel void conv_dw_reduce(${common.geometry_params()}, int splits,
+    __global const float *partial, int partial_off, __global float *dw, int dw_off, float alpha,
+    float beta)
+{
+    const int count = K * KR * KS;
+    for (int i = get_global_id(0); i < count; i += get_global_size(0)) {
+        int k = i / (KR * KS), rs = i - k * (KR * KS);
+        int r = rs / KS, s = rs - r * KS;
+        float acc = 0.0f;
+        for (int q = 0; q < splits; ++q)
+            acc += partial[partial_off + q * count + i];
+${common.store_scaled("dw", "dw_off", "k * wsK + r * wsR + s * wsS", "acc")}
+    }
+}

@@ -1,0 +1,274 @@
+## Implicit-GEMM convolution: the im2col gather is folded into the tile loads (no column buffer).
+##
+## Per group g, every direction is one GEMM  out[m, n] = sum_kk A[m, kk] * B[kk, n]:
+##   forward          m = k (K/g)   n = (img, oh, ow)   kk = (c, r, s)      A = w    B = x gather
+##   backward_data    m = c (C/g)   n = (img, ih, iw)   kk = (k, r, s)      A = w    B = dy gather
+##   backward_filter  m = k (K/g)   n = (c, r, s)       kk = (img, oh, ow)  A = dy   B = x gather
+## (c, r, s) is enumerated channel-first for NCHW and channel-last (r, s, c) for NHWC, so that
+## kk walks the weights in memory order. Work group (n tile, m tile, g * splits + split):
+## a TILE_M x TILE_N block of out, THREAD_M x THREAD_N per work item (strided by the thread
+## grid, which keeps local-memory reads conflict-free), kk in steps of TILE_K through local
+## memory with the next step's global loads issued before the current step's arithmetic.
+## backward_filter may split kk over `splits` work groups, each writing its partial block to a
+## workspace [splits][K][C/g*R*S] that conv_igemm_reduce sums with alpha/beta.
+##
+## Template parameters:
+##   direction       "forward", "backward_data" or "backward_filter"
+##   tile_m, tile_n  block of out per work group
+##   tile_k          kk step (local memory holds TILE_K x (TILE_M + TILE_N) floats)
+##   thread_m, thread_n  block of out per work item (tile_m / thread_m * tile_n / thread_n items)
+##   channel_last    bool: (r, s, c) enumeration (NHWC) instead of (c, r, s)
+##   split_k         bool: write raw partial sums to the workspace (backward_filter only)
+##   has_scale, has_shift, has_residual, activation   the forward epilogue (conv_common)
+<%namespace name="common" file="conv_common.cl.mako"/>
+<%
+    threads_m = tile_m // thread_m
+    threads_n = tile_n // thread_n
+    threads = threads_m * threads_n
+    a_per_thread = tile_m * tile_k // threads
+    b_per_thread = tile_k * tile_n // threads
+    assert a_per_thread * threads == tile_m * tile_k and b_per_thread * threads == tile_k * tile_n
+    # How the work items of a group cover a tile when loading: the fast index follows memory.
+    a_fast_m = direction == "backward_data"
+    b_fast_n = direction != "backward_filter"
+    assert threads % (tile_m if a_fast_m else tile_k) == 0
+    assert threads % (tile_n if b_fast_n else tile_k) == 0
+%>
+#define TILE_M ${tile_m}
+#define TILE_N ${tile_n}
+#define TILE_K ${tile_k}
+#define THREAD_M ${thread_m}
+#define THREAD_N ${thread_n}
+#define THREADS_M ${threads_m}
+#define THREADS_N ${threads_n}
+#define THREADS ${threads}
+#define A_PER_THREAD ${a_per_thread}
+#define B_PER_THREAD ${b_per_thread}
+
+__kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
+void conv_igemm_${direction}(${common.geometry_params()},
+    __global const float *a_src, int a_off, __global const float *b_src, int b_off,
+    __global float *out, int out_off, int k_per_split, ${common.epilogue_params()})
+{
+    __local float a_tile[TILE_K][TILE_M + 1];
+    __local float b_tile[TILE_K][TILE_N];
+
+    const int Cg = C / groups, Kg = K / groups, RS = R * S;
+    const int HoWo = Ho * Wo, HW = H * W;
+% if direction == "forward":
+    const int GM = Kg, GN = N * HoWo, GK = Cg * RS;
+% elif direction == "backward_data":
+    const int GM = Cg, GN = N * HW, GK = Kg * RS;
+% else:
+    const int GM = Kg, GN = Cg * RS, GK = N * HoWo;
+% endif
+    const int splits = get_num_groups(2) / groups;
+    const int g = get_group_id(2) / splits;
+    const int split = get_group_id(2) - g * splits;
+    const int kk_begin = split * k_per_split;
+    const int kk_end = min(GK, kk_begin + k_per_split);
+    const int m0 = get_group_id(1) * TILE_M;
+    const int n0 = get_group_id(0) * TILE_N;
+    const int tid = get_local_id(0);
+
+    // Where this work item loads: element i of its A share is (a_m[i], kk + a_k[i]).
+    int a_m[A_PER_THREAD], a_k[A_PER_THREAD];
+    for (int i = 0; i < A_PER_THREAD; ++i) {
+        int e = tid + i * THREADS;
+% if a_fast_m:
+        a_m[i] = e % TILE_M; a_k[i] = e / TILE_M;
+% else:
+        a_m[i] = e / TILE_K; a_k[i] = e % TILE_K;
+% endif
+    }
+    int b_n[B_PER_THREAD], b_k[B_PER_THREAD];
+    // Column facts that stay fixed over the kk loop.
+    int col_base[B_PER_THREAD], col_h[B_PER_THREAD], col_w[B_PER_THREAD];
+    for (int i = 0; i < B_PER_THREAD; ++i) {
+        int e = tid + i * THREADS;
+% if b_fast_n:
+        b_n[i] = e % TILE_N; b_k[i] = e / TILE_N;
+% else:
+        b_n[i] = e / TILE_K; b_k[i] = e % TILE_K;
+% endif
+        int n = n0 + b_n[i];
+        col_base[i] = -1;
+        col_h[i] = 0;
+        col_w[i] = 0;
+        if (n < GN) {
+% if direction == "forward":
+            int img = n / HoWo, p = n - img * HoWo;
+            int oh = p / Wo, ow = p - oh * Wo;
+            col_base[i] = b_off + img * xsN + g * Cg * xsC;
+            col_h[i] = oh * stride_h - pad_h;
+            col_w[i] = ow * stride_w - pad_w;
+% elif direction == "backward_data":
+            int img = n / HW, p = n - img * HW;
+            int ih = p / W, iw = p - ih * W;
+            col_base[i] = b_off + img * ysN + g * Kg * ysC;
+            col_h[i] = ih + pad_h;
+            col_w[i] = iw + pad_w;
+% else:
+%   if channel_last:
+            int rs = n / Cg, c = n - rs * Cg;
+%   else:
+            int c = n / RS, rs = n - c * RS;
+%   endif
+            int r = rs / S, s = rs - r * S;
+            col_base[i] = b_off + (g * Cg + c) * xsC;
+            col_h[i] = r * dil_h - pad_h;
+            col_w[i] = s * dil_w - pad_w;
+% endif
+        }
+    }
+
+    float a_next[A_PER_THREAD], b_next[B_PER_THREAD];
+    float acc[THREAD_M][THREAD_N];
+    for (int i = 0; i < THREAD_M; ++i)
+        for (int j = 0; j < THREAD_N; ++j)
+            acc[i][j] = 0.0f;
+
+## Global loads of the kk step starting at `kk0` into a_next / b_next (zero outside the problem).
+<%def name="load_step(kk0)">
+        for (int i = 0; i < A_PER_THREAD; ++i) {
+            int m = m0 + a_m[i], kk = ${kk0} + a_k[i];
+            float v = 0.0f;
+            if (m < GM && kk < kk_end) {
+% if direction == "forward":
+                v = a_src[a_off + (g * Kg + m) * wsK + kk];
+% elif direction == "backward_data":
+%   if channel_last:
+                int rs = kk / Kg, k = kk - rs * Kg;
+%   else:
+                int k = kk / RS, rs = kk - k * RS;
+%   endif
+                int r = rs / S, s = rs - r * S;
+                v = a_src[a_off + (g * Kg + k) * wsK + m * wsC + r * wsR + s * wsS];
+% else:
+                int img = kk / HoWo, p = kk - img * HoWo;
+                int oh = p / Wo, ow = p - oh * Wo;
+                v = a_src[a_off + img * ysN + (g * Kg + m) * ysC + oh * ysH + ow * ysW];
+% endif
+            }
+            a_next[i] = v;
+        }
+        for (int i = 0; i < B_PER_THREAD; ++i) {
+            int kk = ${kk0} + b_k[i];
+            float v = 0.0f;
+            if (col_base[i] >= 0 && kk < kk_end) {
+% if direction == "forward":
+%   if channel_last:
+                int rs = kk / Cg, c = kk - rs * Cg;
+%   else:
+                int c = kk / RS, rs = kk - c * RS;
+%   endif
+                int r = rs / S, s = rs - r * S;
+                int ih = col_h[i] + r * dil_h, iw = col_w[i] + s * dil_w;
+                if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                    v = b_src[col_base[i] + c * xsC + ih * xsH + iw * xsW];
+% elif direction == "backward_data":
+%   if channel_last:
+                int rs = kk / Kg, k = kk - rs * Kg;
+%   else:
+                int k = kk / RS, rs = kk - k * RS;
+%   endif
+                int r = rs / S, s = rs - r * S;
+                int th = col_h[i] - r * dil_h, tw = col_w[i] - s * dil_w;
+                if (th >= 0 && tw >= 0) {
+                    int oh = th / stride_h, ow = tw / stride_w;
+                    if (oh * stride_h == th && ow * stride_w == tw && oh < Ho && ow < Wo)
+                        v = b_src[col_base[i] + k * ysC + oh * ysH + ow * ysW];
+                }
+% else:
+                int img = kk / HoWo, p = kk - img * HoWo;
+                int oh = p / Wo, ow = p - oh * Wo;
+                int ih = col_h[i] + oh * stride_h, iw = col_w[i] + ow * stride_w;
+                if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                    v = b_src[col_base[i] + img * xsN + ih * xsH + iw * xsW];
+% endif
+            }
+            b_next[i] = v;
+        }
+</%def>
+
+${load_step("kk_begin")}
+    const int tm = tid / THREADS_N, tn = tid - tm * THREADS_N;
+    for (int kk0 = kk_begin; kk0 < kk_end; kk0 += TILE_K) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int i = 0; i < A_PER_THREAD; ++i)
+            a_tile[a_k[i]][a_m[i]] = a_next[i];
+        for (int i = 0; i < B_PER_THREAD; ++i)
+            b_tile[b_k[i]][b_n[i]] = b_next[i];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (kk0 + TILE_K < kk_end) {
+${load_step("kk0 + TILE_K")}
+        }
+#pragma unroll
+        for (int q = 0; q < TILE_K; ++q) {
+            float a_reg[THREAD_M], b_reg[THREAD_N];
+#pragma unroll
+            for (int i = 0; i < THREAD_M; ++i)
+                a_reg[i] = a_tile[q][tm + i * THREADS_M];
+#pragma unroll
+            for (int j = 0; j < THREAD_N; ++j)
+                b_reg[j] = b_tile[q][tn + j * THREADS_N];
+#pragma unroll
+            for (int i = 0; i < THREAD_M; ++i)
+#pragma unroll
+                for (int j = 0; j < THREAD_N; ++j)
+                    acc[i][j] = mad(a_reg[i], b_reg[j], acc[i][j]);
+        }
+    }
+
+    for (int j = 0; j < THREAD_N; ++j) {
+        int n = n0 + tn + j * THREADS_N;
+        if (n >= GN)
+            continue;
+% if direction == "forward":
+        int img = n / HoWo, p = n - img * HoWo;
+        int oh = p / Wo, ow = p - oh * Wo;
+        int col_index = img * ysN + oh * ysH + ow * ysW;
+% elif direction == "backward_data":
+        int img = n / HW, p = n - img * HW;
+        int ih = p / W, iw = p - ih * W;
+        int col_index = img * xsN + ih * xsH + iw * xsW;
+% else:
+%   if channel_last:
+        int rs = n / Cg, c = n - rs * Cg;
+%   else:
+        int c = n / RS, rs = n - c * RS;
+%   endif
+        int r = rs / S, s = rs - r * S;
+        int col_index = c * wsC + r * wsR + s * wsS;
+% endif
+        for (int i = 0; i < THREAD_M; ++i) {
+            int m = m0 + tm + i * THREADS_M;
+            if (m >= GM)
+                continue;
+% if direction == "forward":
+            int channel = g * Kg + m;
+${common.store("out", "out_off", "col_index + channel * ysC", "channel", "acc[i][j]")}
+% elif direction == "backward_data":
+${common.store_scaled("out", "out_off", "col_index + (g * Cg + m) * xsC", "acc[i][j]")}
+% elif split_k:
+            out[out_off + split * (K * wsK) + col_index + (g * Kg + m) * wsK] = acc[i][j];
+% else:
+${common.store_scaled("out", "out_off", "col_index + (g * Kg + m) * wsK", "acc[i][j]")}
+% endif
+        }
+    }
+}
+
+% if direction == "backward_filter":
+// out[i] = alpha * sum_s partial[s][i] + beta * out[i] over the `count` weights.
+__kernel void conv_igemm_reduce(int count, int splits, __global const float *partial, int partial_off,
+    __global float *out, int out_off, float alpha, float beta)
+{
+    for (int i = get_global_id(0); i < count; i += get_global_size(0)) {
+        float acc = 0.0f;
+        for (int s = 0; s < splits; ++s)
+            acc += partial[partial_off + s * count + i];
+${common.store_scaled("out", "out_off", "i", "acc")}
+    }
+}
+% endif
