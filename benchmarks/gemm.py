@@ -1,0 +1,246 @@
+"""SGEMM benchmark: dlprim_py against the vendor library, measured in the same run.
+
+    python benchmarks/gemm.py [--sizes ...] [--batch 32] [--output benchmarks/results/gemm-X.json]
+
+Shapes: square 1024..8192 and the GEMMs of ResNet-50's convolutions at ``--batch`` images
+(M = output channels, N = batch * output pixels, K = input channels * kernel area, as an
+im2col convolution multiplies them) plus its classifier. Every result is checked against a
+float64 reference on sampled rows before it is timed.
+
+Baseline: with a CUDA device in PyTorch, cuBLAS SGEMM through ``torch.mm`` with TF32 off, timed
+with CUDA events (median after a warm-up). Otherwise numpy's matmul (host BLAS), timed with the
+host clock. Ours: OpenCL profiling markers around the enqueued plan (median after a warm-up).
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyopencl as cl
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import dlprim_py as dp  # noqa: E402
+from dlprim_py.ops.gemm import GemmPlan  # noqa: E402
+from dlprim_py.timing import time_enqueued  # noqa: E402
+
+SQUARE = [1024, 2048, 4096, 8192]
+# ResNet-50 (torchvision, stride in the 3x3): (name, Cout, Cin * kh * kw, output pixels).
+RESNET50_CONVS = [
+    ("conv1 7x7 s2", 64, 3 * 49, 112 * 112),
+    ("l1 1x1 64->64", 64, 64, 56 * 56),
+    ("l1 3x3 64", 64, 576, 56 * 56),
+    ("l1 1x1 64->256", 256, 64, 56 * 56),
+    ("l1 1x1 256->64", 64, 256, 56 * 56),
+    ("l2 1x1 256->128", 128, 256, 56 * 56),
+    ("l2 3x3 128 s2", 128, 1152, 28 * 28),
+    ("l2 1x1 128->512", 512, 128, 28 * 28),
+    ("l2 1x1 512->128", 128, 512, 28 * 28),
+    ("l2 down 256->512 s2", 512, 256, 28 * 28),
+    ("l3 1x1 512->256", 256, 512, 28 * 28),
+    ("l3 3x3 256 s2", 256, 2304, 14 * 14),
+    ("l3 1x1 256->1024", 1024, 256, 14 * 14),
+    ("l3 1x1 1024->256", 256, 1024, 14 * 14),
+    ("l3 down 512->1024 s2", 1024, 512, 14 * 14),
+    ("l4 1x1 1024->512", 512, 1024, 14 * 14),
+    ("l4 3x3 512 s2", 512, 4608, 7 * 7),
+    ("l4 1x1 512->2048", 2048, 512, 7 * 7),
+    ("l4 1x1 2048->512", 512, 2048, 7 * 7),
+    ("l4 down 1024->2048 s2", 2048, 1024, 7 * 7),
+]
+
+
+def shapes(batch):
+    out = [(f"square {s}", s, s, s, "square") for s in SQUARE]
+    for name, cout, k, pixels in RESNET50_CONVS:
+        out.append((name, cout, batch * pixels, k, "resnet50-conv"))
+    out.append(("fc 2048->1000", batch, 1000, 2048, "resnet50-fc"))
+    return out
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+class Baseline:
+    """cuBLAS through PyTorch (TF32 off) when CUDA is there, else numpy's matmul."""
+
+    def __init__(self):
+        self.torch = None
+        try:
+            import torch
+            if torch.cuda.is_available():
+                torch.backends.cuda.matmul.allow_tf32 = False
+                torch.backends.cudnn.allow_tf32 = False
+                self.torch = torch
+        except ImportError:
+            pass
+        if self.torch is not None:
+            self.name = f"cuBLAS (torch {self.torch.__version__}, TF32 off)"
+            self.device = self.torch.cuda.get_device_name(0)
+        else:
+            self.name = f"numpy {np.__version__} matmul"
+            self.device = platform.processor() or platform.machine()
+
+    def time(self, a, b, repeat):
+        """Median seconds of a @ b (float32)."""
+        if self.torch is None:
+            a @ b
+            samples = []
+            for _ in range(max(3, repeat // 4)):
+                t0 = time.perf_counter()
+                a @ b
+                samples.append(time.perf_counter() - t0)
+            return float(np.median(samples)), None
+        torch = self.torch
+        ta = torch.from_numpy(a).cuda()
+        tb = torch.from_numpy(b).cuda()
+        out = torch.mm(ta, tb)
+        for _ in range(3):
+            torch.mm(ta, tb, out=out)
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(repeat):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.mm(ta, tb, out=out)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e-3)
+        ref = out.cpu().numpy()
+        del ta, tb, out
+        return float(np.median(samples)), ref
+
+
+def run(args):
+    ctx = dp.Context(args.device)
+    baseline = Baseline()
+    rng = np.random.default_rng(7)
+    rows = []
+    print(f"device: {ctx.info.name} | {ctx.info.platform_name} | driver {ctx.info.driver_version}")
+    print(f"baseline: {baseline.name} on {baseline.device}")
+    header = f"{'shape':24s} {'M':>6s} {'N':>7s} {'K':>6s} {'ours ms':>9s} {'TFLOP/s':>8s} " \
+             f"{'base ms':>9s} {'TFLOP/s':>8s} {'ratio':>6s}  algorithm"
+    print(header)
+    selected = [s for s in shapes(args.batch) if args.only is None or args.only in s[0]]
+    for name, M, N, K, group in selected:
+        flops = 2.0 * M * N * K
+        a = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+        b = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+        mf = cl.mem_flags
+        a_buf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+        b_buf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b)
+        c_buf = cl.Buffer(ctx.cl_context, mf.READ_WRITE, M * N * 4)
+        cl.enqueue_fill_buffer(ctx.queue, c_buf, np.float32(np.nan), 0, M * N * 4)
+        plan = GemmPlan(ctx, M, N, K, a_buf, 0, K, b_buf, 0, N, c_buf, 0, N)
+        plan.enqueue()
+        out = np.empty((M, N), np.float32)
+        cl.enqueue_copy(ctx.queue, out, c_buf, is_blocking=True)
+        sample = np.unique(np.concatenate([[0, M - 1], rng.integers(0, M, 32)]))
+        ref = a[sample].astype(np.float64) @ b.astype(np.float64)
+        got = out[sample].astype(np.float64)
+        error = float(np.linalg.norm(got - ref) / (math.sqrt(got.size) * np.abs(ref).max())) \
+            if np.isfinite(got).all() else math.inf
+        repeat = max(10, min(100, int(1.0 / max(flops / 4e13, 1e-5))))
+        if ctx.info.is_cpu:
+            repeat = max(3, min(repeat, 10))
+        ours = time_enqueued(ctx, plan.enqueue, warmup=5, repeat=repeat)
+        # The same plan timed by the kernel's own event, a check on the marker method.
+        events = [plan.enqueue() for _ in range(min(repeat, 10))]
+        events[-1].wait()
+        kernel_only = float(np.median([(e.profile.end - e.profile.start) * 1e-9 for e in events])) \
+            if plan.algorithm != "splitk" else None
+        base_s, base_out = baseline.time(a, b, repeat)
+        base_error = None
+        if base_out is not None:
+            base_error = float(np.linalg.norm(base_out[sample].astype(np.float64) - ref)
+                               / (math.sqrt(got.size) * np.abs(ref).max()))
+        for buf in (a_buf, b_buf, c_buf):
+            buf.release()
+        row = {"name": name, "group": group, "m": M, "n": N, "k": K,
+               "ours_ms": ours.median * 1e3, "ours_p20_ms": ours.p20 * 1e3,
+               "ours_p80_ms": ours.p80 * 1e3,
+               "ours_kernel_event_ms": kernel_only * 1e3 if kernel_only else None,
+               "ours_tflops": flops / ours.median / 1e12,
+               "baseline_ms": base_s * 1e3, "baseline_tflops": flops / base_s / 1e12,
+               "ratio": base_s / ours.median, "error": error, "baseline_error": base_error,
+               "algorithm": plan.algorithm, "params": plan.params, "splits": plan.splits
+               if plan.algorithm != "small" else 1}
+        rows.append(row)
+        ok = "" if error <= 1e-5 else f"  WRONG (error {error:.1e})"
+        print(f"{name:24s} {M:6d} {N:7d} {K:6d} {row['ours_ms']:9.4f} {row['ours_tflops']:8.2f} "
+              f"{row['baseline_ms']:9.4f} {row['baseline_tflops']:8.2f} {row['ratio']:6.3f}  "
+              f"{_short(plan)}{ok}")
+    if args.build_log and ctx.info.vendor == "nvidia":
+        print_build_log(ctx, 4096, 4096, 4096)
+    conv = [r["ratio"] for r in rows if r["group"] == "resnet50-conv"]
+    summary = {}
+    if conv:
+        summary["resnet50_conv_ratio_geomean"] = float(np.exp(np.mean(np.log(conv))))
+        summary["resnet50_conv_ratio_min"] = float(min(conv))
+        total_ours = sum(r["ours_ms"] for r in rows if r["group"] == "resnet50-conv")
+        total_base = sum(r["baseline_ms"] for r in rows if r["group"] == "resnet50-conv")
+        summary["resnet50_conv_total_ratio"] = total_base / total_ours
+    for r in rows:
+        if r["name"] == "square 4096":
+            summary["square_4096_ratio"] = r["ratio"]
+    print("summary:", json.dumps(summary))
+    result = {"benchmark": "gemm", "device": ctx.info.name, "platform": ctx.info.platform_name,
+              "driver": ctx.info.driver_version, "opencl_version": ctx.info.version,
+              "baseline": baseline.name, "baseline_device": baseline.device,
+              "commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "batch": args.batch, "timing": "median of OpenCL profiling markers after warm-up",
+              "summary": summary, "rows": rows}
+    if args.output:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(args.output, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.output}")
+    return result
+
+
+def print_build_log(ctx, M, N, K):
+    """NVIDIA's resource report (registers, spills, local memory) for the kernel of M x N x K."""
+    from dlprim_py import program
+    from dlprim_py.ops.gemm import _render_params, select_params
+    params = select_params(ctx, M, N, K)
+    built = program.build(ctx, "gemm", _render_params(params, False, False, None, "", False),
+                          options=("-cl-nv-verbose",))
+    log = built.program.get_build_info(ctx.device, cl.program_build_info.LOG)
+    print(f"build log of {params}:\n{log.strip()}")
+
+
+def _short(plan):
+    p = plan.params
+    if p["kernel"] == "small":
+        return "small"
+    text = f"{p['tile_m']}x{p['tile_n']}x{p['tile_k']} w{p['wpt_m']}x{p['wpt_n']} v{p['vec']} " \
+           f"p{p['pad']} db{p['double_buffer']}"
+    if plan.algorithm == "splitk":
+        text += f" split{plan.splits}"
+    return text
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=32, help="images for the ResNet-50 shapes")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--only", default=None, help="only shapes whose name contains this")
+    parser.add_argument("--output", default=None, help="JSON result file")
+    parser.add_argument("--build-log", action="store_true",
+                        help="print NVIDIA's register report of the 4096^3 kernel")
+    run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

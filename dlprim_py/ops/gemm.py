@@ -1,0 +1,411 @@
+"""General matrix multiply: C = act(alpha * op(A) @ op(B) + beta * C + bias), float32.
+
+Row-major throughout: op(A) is M x K, op(B) is K x N, C is M x N, each stored in a buffer at an
+element offset with a leading dimension (elements between rows). ``trans_a`` means A is stored
+K x M, ``trans_b`` that B is stored N x K. A batch adds one element stride per operand; a
+stride of 0 shares one matrix across the batch.
+
+Three entries, lowest first:
+
+* ``GemmPlan(ctx, M, N, K, a_buf, a_off, lda, ...)``: validates once, picks the kernel from the
+  tuning database, builds it, binds its arguments, allocates the split-K workspace;
+  ``.enqueue()`` then only enqueues (the cheap path for networks).
+* ``enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, ...)``: plan and enqueue in one call, for
+  convolution, linear layers and other operators that run GEMM on sub-buffers.
+* ``gemm(a, b, c=None, ...)`` and ``gemm_batched(...)`` on tensors.
+
+Kernels (``kernels/gemm.cl.mako``): "tiled" (local-memory tiles with a register block per
+work-item, optionally split along K with a reduction kernel) and "small" (one work-item per
+element, for problems too small to fill the device). ``DLPRIM_GEMM_ALGO`` forces "tiled",
+"splitk" or "small".
+"""
+import math
+
+import numpy as np
+import pyopencl as cl
+
+from .. import config, program, tuning
+from ..activation import as_activation
+from ..dtypes import as_dtype, check_dtype
+from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError
+from ..tensor import Tensor, allocate
+
+ALGORITHMS = ("tiled", "splitk", "small")
+_INT32_MAX = 2 ** 31 - 1
+_TILED_KEYS = ("tile_m", "tile_n", "tile_k", "wpt_m", "wpt_n", "vec", "pad", "double_buffer")
+_SMALL_KEYS = ("small_m", "small_n")
+
+
+# ---- kernel parameters --------------------------------------------------------------------
+
+def tiled_threads(params):
+    return (params["tile_m"] // params["wpt_m"]) * (params["tile_n"] // params["wpt_n"])
+
+
+def tiled_local_bytes(params):
+    stages = 2 if params["double_buffer"] else 1
+    pad = params["pad"]
+    return 4 * stages * params["tile_k"] * (params["tile_m"] + params["tile_n"] + 2 * pad)
+
+
+def params_problem(params, info):
+    """Why ``params`` cannot run on the device ``info`` (a DeviceInfo), or None if they can."""
+    kernel = params.get("kernel")
+    if kernel == "small":
+        missing = [k for k in _SMALL_KEYS if k not in params]
+        if missing:
+            return f"small kernel parameters lack {missing}"
+        if params["small_m"] * params["small_n"] > info.max_work_group_size:
+            return f"work-group of {params['small_m'] * params['small_n']} > device maximum"
+        return None
+    if kernel != "tiled":
+        return f"unknown kernel {kernel!r}"
+    missing = [k for k in _TILED_KEYS if k not in params]
+    if missing:
+        return f"tiled kernel parameters lack {missing}"
+    tm, tn, tk = params["tile_m"], params["tile_n"], params["tile_k"]
+    wm, wn, vec, pad = params["wpt_m"], params["wpt_n"], params["vec"], params["pad"]
+    if min(tm, tn, tk, wm, wn, vec) < 1 or pad < 0:
+        return "tile sizes must be positive"
+    if vec not in (1, 2, 4):
+        return f"vec must be 1, 2 or 4, got {vec}"
+    if tm % wm or tn % wn:
+        return f"tile {tm}x{tn} is not a multiple of the work per item {wm}x{wn}"
+    if wm % vec or wn % vec or pad % vec:
+        return f"work per item {wm}x{wn} and pad {pad} must be multiples of vec {vec}"
+    threads = tiled_threads(params)
+    if (tm * tk) % threads or (tn * tk) % threads:
+        return f"{threads} work-items cannot share the {tm}x{tk} and {tk}x{tn} tile loads evenly"
+    if threads > info.max_work_group_size:
+        return f"{threads} work-items > device maximum {info.max_work_group_size}"
+    if tiled_local_bytes(params) > info.local_mem_size:
+        return f"{tiled_local_bytes(params)} bytes of local memory > device {info.local_mem_size}"
+    return None
+
+
+def features(M, N, K, batch=1):
+    """The shape features tuning rules are written in."""
+    return {"m": M, "n": N, "k": K, "mn": M * N, "mnk": M * N * K, "batch": batch}
+
+
+def select_params(ctx, M, N, K, batch=1, algorithm=None):
+    """Kernel parameters for a problem: the tuning database's rule for this device, adjusted by
+    a forced algorithm (argument, else ``DLPRIM_GEMM_ALGO``). Memoized per context."""
+    algorithm = algorithm or config.forced_algorithm("gemm")
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise UnsupportedError(f"GEMM algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    key = ("gemm.select", M, N, K, batch, algorithm)
+    found = ctx.memo.get(key)
+    if found is not None:
+        return dict(found)
+    info = ctx.info
+    usable = lambda p: params_problem(p, info) is None  # noqa: E731
+    feats = features(M, N, K, batch)
+    if algorithm is None:
+        params, _ = tuning.lookup(info, "gemm", feats, usable)
+    elif algorithm == "small":
+        params, _ = tuning.lookup(info, "gemm", feats,
+                                  lambda p: usable(p) and p["kernel"] == "small")
+    else:
+        params, _ = tuning.lookup(info, "gemm", feats,
+                                  lambda p: usable(p) and p["kernel"] == "tiled")
+        if algorithm == "tiled":
+            params["split_k"] = 1
+        elif params.get("split_k", 1) < 2:
+            params["split_k"] = 4
+    ctx.memo[key] = params
+    return dict(params)
+
+
+def _render_params(params, trans_a, trans_b, bias_per, activation_code, split):
+    base = {"KERNEL": params["kernel"], "TRANS_A": int(trans_a), "TRANS_B": int(trans_b),
+            "BIAS": {None: 0, "n": 1, "m": 2}[bias_per], "ACTIVATION": activation_code}
+    # The template names every parameter of both kernels; the other kernel's are 0.
+    base.update(SMALL_M=0, SMALL_N=0, TILE_M=0, TILE_N=0, TILE_K=0, WPT_M=0, WPT_N=0, VEC=0,
+                PAD=0, DOUBLE_BUFFER=0, SPLIT_K=0)
+    if params["kernel"] == "small":
+        base.update(SMALL_M=params["small_m"], SMALL_N=params["small_n"])
+    else:
+        base.update(TILE_M=params["tile_m"], TILE_N=params["tile_n"], TILE_K=params["tile_k"],
+                    WPT_M=params["wpt_m"], WPT_N=params["wpt_n"], VEC=params["vec"],
+                    PAD=params["pad"], DOUBLE_BUFFER=int(params["double_buffer"]),
+                    SPLIT_K=int(split))
+    return base
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+def _positive_int(value, name):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ShapeError(f"{name} must be an int >= 1, got {value!r}")
+    if value > _INT32_MAX:
+        raise UnsupportedError(f"{name} = {value} exceeds the 32-bit index range of the kernels")
+    return int(value)
+
+
+def _non_negative_int(value, name):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise ShapeError(f"{name} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
+def _check_buffer(ctx, buf, name):
+    if not isinstance(buf, cl.MemoryObjectHolder):
+        raise DeviceError(f"{name} must be a pyopencl Buffer, got {type(buf).__name__}")
+    if buf.context != ctx.cl_context:
+        raise DeviceError(f"{name} belongs to another OpenCL context than {ctx!r}")
+
+
+def _check_operand(ctx, name, buf, off, ld, rows, cols, batch, stride, itemsize):
+    """A rows x cols row-major matrix (times batch) at element offset ``off`` in ``buf``."""
+    _check_buffer(ctx, buf, f"{name} buffer")
+    off = _non_negative_int(off, f"{name} offset")
+    stride = _non_negative_int(stride, f"{name} batch stride")
+    if not isinstance(ld, (int, np.integer)) or isinstance(ld, bool) or ld < cols:
+        raise ShapeError(f"leading dimension of {name} must be an int >= {cols} (its stored "
+                         f"{rows}x{cols} row length), got {ld!r}")
+    if ld * 256 > _INT32_MAX:
+        raise UnsupportedError(f"leading dimension of {name} ({ld}) is too large for the kernels")
+    needed = off + (batch - 1) * stride + (rows - 1) * ld + cols
+    have = buf.size // itemsize
+    if needed > have:
+        raise ShapeError(f"{name} buffer holds {have} elements but a {'%d x ' % batch if batch > 1 else ''}"
+                         f"{rows}x{cols} matrix with leading dimension {ld}, offset {off}"
+                         f"{f' and batch stride {stride}' if batch > 1 else ''} needs {needed}")
+    return off, int(ld), stride
+
+
+# ---- the plan -----------------------------------------------------------------------------
+
+class GemmPlan:
+    """One GEMM on fixed buffers: validated, kernel chosen and built, arguments bound once.
+
+    Arguments as ``enqueue_gemm``; keyword-only extras: ``algorithm`` ("tiled", "splitk",
+    "small") and ``params`` (a full kernel parameter dict, as the tuner uses) override the
+    database's choice; ``dtype`` must be float32.
+    """
+
+    def __init__(self, ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc, *,
+                 trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias_buf=None, bias_off=0,
+                 bias_per="n", activation=None, batch=1, stride_a=0, stride_b=0, stride_c=0,
+                 dtype=np.float32, algorithm=None, params=None):
+        dtype = as_dtype(dtype)
+        if dtype != np.float32:
+            raise DTypeError(f"GEMM supports float32 only, got {dtype}")
+        itemsize = dtype.itemsize
+        self.ctx = ctx
+        M = _positive_int(M, "M")
+        N = _positive_int(N, "N")
+        K = _positive_int(K, "K")
+        batch = _positive_int(batch, "batch")
+        self.shape = (M, N, K)
+        self.batch = batch
+        a_rows, a_cols = (K, M) if trans_a else (M, K)
+        b_rows, b_cols = (N, K) if trans_b else (K, N)
+        a_off, lda, stride_a = _check_operand(ctx, "A", a_buf, a_off, lda, a_rows, a_cols, batch,
+                                              stride_a, itemsize)
+        b_off, ldb, stride_b = _check_operand(ctx, "B", b_buf, b_off, ldb, b_rows, b_cols, batch,
+                                              stride_b, itemsize)
+        c_off, ldc, stride_c = _check_operand(ctx, "C", c_buf, c_off, ldc, M, N, batch, stride_c,
+                                              itemsize)
+        if batch > 1 and stride_c < M * ldc - (ldc - N):
+            raise ShapeError(f"C batch stride {stride_c} makes the {M}x{N} outputs of a batch "
+                             f"overlap (needs >= {(M - 1) * ldc + N})")
+        if bias_buf is not None:
+            if bias_per not in ("n", "m"):
+                raise ShapeError(f"bias_per must be 'n' (bias[N] per row) or 'm' (bias[M] per "
+                                 f"column), got {bias_per!r}")
+            length = N if bias_per == "n" else M
+            _check_buffer(ctx, bias_buf, "bias buffer")
+            bias_off = _non_negative_int(bias_off, "bias offset")
+            if bias_off + length > bias_buf.size // itemsize:
+                raise ShapeError(f"bias buffer holds {bias_buf.size // itemsize} elements but "
+                                 f"bias[{length}] at offset {bias_off} needs {bias_off + length}")
+            bias_kind = bias_per
+        else:
+            bias_kind = None
+            bias_off = 0
+        act = as_activation(activation)
+        act_code = act.forward_code("x") if act is not None else ""
+
+        if params is None:
+            params = select_params(ctx, M, N, K, batch, algorithm)
+        else:
+            params = dict(params)
+        problem = params_problem(params, ctx.info)
+        if problem is not None:
+            raise UnsupportedError(f"GEMM kernel parameters {params} do not run here: {problem}")
+        self.params = params
+
+        queue = ctx.queue
+        f32 = np.float32
+        i32 = np.int32
+        i64 = np.int64
+        bias_arg = bias_buf if bias_buf is not None else c_buf
+        self._launches = []
+        if params["kernel"] == "small":
+            built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
+                                                              act_code, False))
+            kernel = built.kernel("gemm_small", fresh=True)
+            kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
+                            b_buf, i64(b_off), i32(ldb), i64(stride_b),
+                            c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
+                            bias_arg, i64(bias_off))
+            sm, sn = params["small_m"], params["small_n"]
+            self._launches.append((kernel, (_round_up(N, sn), _round_up(M, sm), batch), (sn, sm, 1)))
+            self.algorithm = "small"
+            self.workspace = None
+            return
+
+        tile_k = params["tile_k"]
+        split = max(1, int(params.get("split_k", 1)))
+        k_chunk = _round_up(math.ceil(K / split), tile_k)
+        splits = math.ceil(K / k_chunk)
+        use_split = splits > 1
+        built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
+                                                          act_code, use_split))
+        kernel = built.kernel("gemm_tiled", fresh=True)
+        threads = tiled_threads(params)
+        grid = (math.ceil(N / params["tile_n"]) * threads, math.ceil(M / params["tile_m"]),
+                batch * splits)
+        if use_split:
+            self.workspace = allocate(ctx, batch * splits * M * N * itemsize)
+            kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
+                            b_buf, i64(b_off), i32(ldb), i64(stride_b),
+                            self.workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0),
+                            bias_arg, i64(bias_off), i32(splits), i32(k_chunk))
+            reduce = built.kernel("gemm_splitk_reduce", fresh=True)
+            reduce.set_args(i32(M), i32(N), i32(splits), self.workspace,
+                            c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
+                            bias_arg, i64(bias_off))
+            group = min(64, ctx.info.max_work_group_size)
+            self._launches.append((kernel, grid, (threads, 1, 1)))
+            self._launches.append((reduce, (_round_up(N, group), M, batch), (group, 1, 1)))
+            self.algorithm = "splitk"
+        else:
+            self.workspace = None
+            kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
+                            b_buf, i64(b_off), i32(ldb), i64(stride_b),
+                            c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
+                            bias_arg, i64(bias_off), i32(1), i32(K))
+            self._launches.append((kernel, grid, (threads, 1, 1)))
+            self.algorithm = "tiled"
+        self.splits = splits
+
+    def enqueue(self, wait_for=None):
+        """Enqueue the GEMM on the context's queue; returns the last kernel's event."""
+        queue = self.ctx.queue
+        event = None
+        for kernel, global_size, local_size in self._launches:
+            event = cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size,
+                                               wait_for=wait_for)
+            wait_for = None
+        return event
+
+    def __repr__(self):
+        M, N, K = self.shape
+        return f"GemmPlan({M}x{N}x{K}, batch={self.batch}, {self.algorithm}, {self.params})"
+
+
+def _round_up(value, multiple):
+    return (value + multiple - 1) // multiple * multiple
+
+
+def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc, *,
+                 trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias_buf=None, bias_off=0,
+                 bias_per="n", activation=None, batch=1, stride_a=0, stride_b=0, stride_c=0,
+                 **extra):
+    """Enqueue C = act(alpha * op(A) @ op(B) + beta * C + bias) on ``ctx.queue``.
+
+    Row-major float32; offsets, leading dimensions and batch strides in elements. op(A) is
+    M x K (A stored K x M when ``trans_a``), op(B) is K x N (B stored N x K when ``trans_b``),
+    C is M x N. ``bias_per="n"``: bias[N] added to every row (linear layers); ``"m"``: bias[M]
+    added to every column (convolution, M = output channels). ``activation``: None, a name or
+    an ``ActivationDesc``. beta == 0 never reads C. Keyword-only extras as ``GemmPlan``.
+    Returns the event of the last kernel enqueued.
+    """
+    plan = GemmPlan(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc,
+                    trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, bias_buf=bias_buf,
+                    bias_off=bias_off, bias_per=bias_per, activation=activation, batch=batch,
+                    stride_a=stride_a, stride_b=stride_b, stride_c=stride_c, **extra)
+    return plan.enqueue()
+
+
+# ---- tensor API ---------------------------------------------------------------------------
+
+def _check_tensor(t, name, ndim):
+    if not isinstance(t, Tensor):
+        raise DTypeError(f"{name} must be a dlprim_py.Tensor, got {type(t).__name__}")
+    check_dtype(t, (np.float32,), name)
+    if t.ndim != ndim:
+        raise ShapeError(f"{name} must be {ndim}-d, got shape {t.shape}")
+
+
+def _gemm_tensors(a, b, c, alpha, beta, trans_a, trans_b, bias, activation, bias_per, batched,
+                  algorithm):
+    ndim = 3 if batched else 2
+    _check_tensor(a, "a", ndim)
+    _check_tensor(b, "b", ndim)
+    ctx = a.ctx
+    for t, name in ((b, "b"), (c, "c"), (bias, "bias")):
+        if t is not None and isinstance(t, Tensor) and t.ctx.cl_context != ctx.cl_context:
+            raise DeviceError(f"{name} lives in another OpenCL context than a")
+    a_batch, a_rows, a_cols = (a.shape if batched else (1,) + a.shape)
+    b_batch, b_rows, b_cols = (b.shape if batched else (1,) + b.shape)
+    M, K = (a_cols, a_rows) if trans_a else (a_rows, a_cols)
+    Kb, N = (b_cols, b_rows) if trans_b else (b_rows, b_cols)
+    if K != Kb:
+        raise ShapeError(f"inner dimensions differ: op(a) is {M}x{K} and op(b) is {Kb}x{N} "
+                         f"(a {a.shape}, trans_a={trans_a}; b {b.shape}, trans_b={trans_b})")
+    if a_batch != b_batch and 1 not in (a_batch, b_batch):
+        raise ShapeError(f"batch sizes of a ({a_batch}) and b ({b_batch}) differ and neither is 1")
+    batch = max(a_batch, b_batch)
+    out_shape = (batch, M, N) if batched else (M, N)
+    if c is None:
+        if beta != 0:
+            raise ShapeError(f"beta = {beta} needs c")
+        c = Tensor.empty(ctx, out_shape)
+    else:
+        _check_tensor(c, "c", ndim)
+        if c.shape != out_shape:
+            raise ShapeError(f"c must have shape {out_shape}, got {c.shape}")
+    bias_buf, bias_off = None, 0
+    if bias is not None:
+        _check_tensor(bias, "bias", 1)
+        length = N if bias_per == "n" else M
+        if bias.shape != (length,):
+            raise ShapeError(f"bias must have shape ({length},) for bias_per={bias_per!r}, "
+                             f"got {bias.shape}")
+        bias_buf, bias_off = bias.buffer, bias.offset_elements
+    if min(M, N, K, batch) == 0:
+        raise ShapeError(f"GEMM needs M, N, K and batch >= 1, got M={M} N={N} K={K} batch={batch}")
+    enqueue_gemm(ctx, M, N, K, a.buffer, a.offset_elements, a_cols,
+                 b.buffer, b.offset_elements, b_cols, c.buffer, c.offset_elements, N,
+                 trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, bias_buf=bias_buf,
+                 bias_off=bias_off, bias_per=bias_per, activation=activation, batch=batch,
+                 stride_a=a_rows * a_cols if a_batch > 1 else 0,
+                 stride_b=b_rows * b_cols if b_batch > 1 else 0,
+                 stride_c=M * N, algorithm=algorithm)
+    return c
+
+
+def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, bias=None,
+         activation=None, *, bias_per="n", algorithm=None):
+    """``act(alpha * op(a) @ op(b) + beta * c + bias)``, written into ``c`` when given.
+
+    a: (M, K) float32, or (K, M) with ``trans_a``; b: (K, N), or (N, K) with ``trans_b``;
+    c: (M, N) (needed when beta != 0). bias: (N,) added to every row (``bias_per="n"``) or
+    (M,) added to every column (``bias_per="m"``). activation: None, a name ("relu", ...) or an
+    ``ActivationDesc``. Returns the (M, N) result tensor.
+    """
+    return _gemm_tensors(a, b, c, alpha, beta, trans_a, trans_b, bias, activation, bias_per,
+                         False, algorithm)
+
+
+def gemm_batched(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, bias=None,
+                 activation=None, *, bias_per="n", algorithm=None):
+    """Strided-batched ``gemm``: a (B, M, K), b (B, K, N) (transposed per matrix as in
+    ``gemm``), c (B, M, N). A batch size of 1 in a or b shares that matrix across the batch.
+    The bias is the same for every batch entry."""
+    return _gemm_tensors(a, b, c, alpha, beta, trans_a, trans_b, bias, activation, bias_per,
+                         True, algorithm)

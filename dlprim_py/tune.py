@@ -1,0 +1,272 @@
+"""``dlprim-tune``: search kernel parameters on the current device and store the winners.
+
+    dlprim-tune gemm [--sizes 1024,4096,256x3136x576] [--budget SECONDS] [--output PATH]
+                     [--device SPEC] [--space quick|full]
+
+For each problem size every candidate parameter set is built, run on seeded random data and
+compared with a float64 reference (on a small odd-sized problem in full, and on sampled rows of
+the real one); a candidate whose result differs is rejected and never timed. The others are
+timed with OpenCL profiling (median after a warm-up) and the fastest becomes a measured rule
+of this device's entry in the tuning database (``dlprim_py.tuning``). Without ``--output``
+the database under the cache directory is written, which lookups read before the shipped one.
+Progress goes to stderr as a plain text bar.
+"""
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+
+import numpy as np
+import pyopencl as cl
+
+from . import tuning
+from .context import Context
+from .errors import DlprimError
+from .ops import gemm as gemm_ops
+from .timing import time_enqueued
+
+# Sizes whose classes the shipped databases cover: square, the GEMMs of convolution layers
+# (M = output channels, N = batch * output pixels, K = input channels * kernel area), tall-K
+# and small problems.
+DEFAULT_SIZES = ["64", "256", "512", "1024", "2048", "4096",
+                 "64x100352x64", "64x25088x576", "256x25088x64", "128x6272x1152",
+                 "512x6272x128", "256x1568x2304", "1024x1568x256", "512x392x4608",
+                 "2048x392x512", "64x64x16384", "32x1000x2048"]
+VERIFY_SHAPE = (67, 45, 35)  # odd sizes: every tile has edges
+TOLERANCE = 1e-5
+
+
+class ProgressBar:
+    """A one-line text progress bar on stderr."""
+
+    def __init__(self, total, label, width=30, stream=sys.stderr):
+        self.total = max(total, 1)
+        self.label = label
+        self.width = width
+        self.stream = stream
+        self.done = 0
+        self.started = time.perf_counter()
+
+    def update(self, done, note=""):
+        self.done = done
+        filled = int(self.width * min(done, self.total) / self.total)
+        elapsed = time.perf_counter() - self.started
+        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
+                          f"{done}/{self.total} {elapsed:5.0f}s {note[:60]:<60}")
+        self.stream.flush()
+
+    def close(self):
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def parse_size(text):
+    """"1024" -> (1024, 1024, 1024); "MxNxK" -> (M, N, K)."""
+    parts = text.lower().split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise DlprimError(f"size {text!r} must be N or MxNxK") from None
+    if len(values) == 1:
+        values *= 3
+    if len(values) != 3 or min(values) < 1:
+        raise DlprimError(f"size {text!r} must be N or MxNxK with positive entries")
+    return tuple(values)
+
+
+def _tiled(tm, tn, tk, wm, wn, vec, pad, db, split=1):
+    return {"kernel": "tiled", "tile_m": tm, "tile_n": tn, "tile_k": tk, "wpt_m": wm,
+            "wpt_n": wn, "vec": vec, "pad": pad, "double_buffer": db, "split_k": split}
+
+
+def gemm_candidates(info, space="quick"):
+    """Parameter sets to try on a device, the likeliest first. "quick" is a focused set per
+    vendor; "full" the product of every tunable's values."""
+    found = []
+    if space == "full":
+        for tm, tn, tk, wm, wn, vec, pad, db in itertools.product(
+                (32, 64, 128), (32, 64, 128), (8, 16, 32), (2, 4, 8), (2, 4, 8), (1, 2, 4),
+                (0, 4), (0, 1)):
+            found.append(_tiled(tm, tn, tk, wm, wn, vec, pad, db))
+    elif info.is_gpu:
+        for tm, tn, tk, wm, wn in ((128, 128, 16, 8, 8), (128, 128, 8, 8, 8), (128, 64, 16, 8, 4),
+                                   (64, 128, 16, 4, 8), (128, 64, 16, 8, 8), (64, 64, 16, 4, 4),
+                                   (64, 64, 16, 8, 4), (64, 64, 32, 4, 4), (32, 64, 16, 4, 4),
+                                   (128, 128, 32, 8, 8), (64, 128, 16, 8, 8)):
+            for pad in (4, 0):
+                found.append(_tiled(tm, tn, tk, wm, wn, 4, pad, 1))
+        found.append(_tiled(128, 128, 16, 8, 8, 4, 4, 0))
+        found.append(_tiled(128, 128, 16, 8, 8, 2, 2, 1))
+    else:
+        for tm, tn, tk, wm, wn, vec in ((64, 64, 16, 8, 8, 4), (32, 32, 16, 4, 4, 4),
+                                        (64, 64, 16, 4, 4, 4), (32, 64, 16, 4, 8, 4),
+                                        (64, 32, 8, 8, 4, 4), (16, 16, 16, 4, 4, 4),
+                                        (32, 32, 32, 8, 8, 4), (64, 64, 32, 8, 8, 4)):
+            for db in (0, 1):
+                found.append(_tiled(tm, tn, tk, wm, wn, vec, 0, db))
+    found.append({"kernel": "small", "small_m": 8, "small_n": 16})
+    found.append({"kernel": "small", "small_m": 16, "small_n": 16})
+    return [p for p in found if gemm_ops.params_problem(p, info) is None]
+
+
+def _with_splits(candidates, M, N, K):
+    """Split-K versions of the tiled candidates for problems with few output tiles and long K."""
+    if M * N > 512 * 512 or K < 1024:
+        return candidates
+    extra = []
+    for p in candidates:
+        if p["kernel"] == "tiled":
+            for split in (4, 16):
+                if K // split >= 2 * p["tile_k"]:
+                    extra.append(dict(p, split_k=split))
+    return candidates + extra
+
+
+class _Problem:
+    """Seeded random operands on the device and a float64 reference on sampled rows."""
+
+    def __init__(self, ctx, M, N, K, rng, sample_rows=48):
+        self.ctx = ctx
+        self.shape = (M, N, K)
+        self.a = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+        self.b = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+        mf = cl.mem_flags
+        self.a_buf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=self.a)
+        self.b_buf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=self.b)
+        self.c_buf = cl.Buffer(ctx.cl_context, mf.READ_WRITE, M * N * 4)
+        rows = {0, M - 1}
+        rows.update(rng.integers(0, M, size=min(M, sample_rows)).tolist())
+        self.rows = np.array(sorted(rows))
+        self.reference = self.a[self.rows].astype(np.float64) @ self.b.astype(np.float64)
+
+    def plan(self, params):
+        M, N, K = self.shape
+        return gemm_ops.GemmPlan(self.ctx, M, N, K, self.a_buf, 0, K, self.b_buf, 0, N,
+                                 self.c_buf, 0, N, params=params)
+
+    def error(self, plan):
+        """MIOpen's error metric of the plan's result on the sampled rows (inf for NaN)."""
+        M, N, _ = self.shape
+        cl.enqueue_fill_buffer(self.ctx.queue, self.c_buf, np.float32(np.nan), 0, M * N * 4)
+        plan.enqueue()
+        out = np.empty((M, N), np.float32)
+        cl.enqueue_copy(self.ctx.queue, out, self.c_buf, is_blocking=True)
+        got = out[self.rows].astype(np.float64)
+        if not np.isfinite(got).all():
+            return math.inf
+        scale = max(np.abs(self.reference).max(), 1e-30)
+        return float(np.linalg.norm(got - self.reference) / (math.sqrt(got.size) * scale))
+
+    def release(self):
+        for buf in (self.a_buf, self.b_buf, self.c_buf):
+            buf.release()
+
+
+def tune_gemm(ctx, sizes, budget, space="quick", log=print, seed=1234):
+    """Tune every size in ``sizes`` within about ``budget`` seconds in all; returns the list of
+    measured rules (one per size) and a report of every candidate tried."""
+    rng = np.random.default_rng(seed)
+    base = gemm_candidates(ctx.info, space)
+    verified = {}
+    verify_problem = _Problem(ctx, *VERIFY_SHAPE, rng, sample_rows=VERIFY_SHAPE[0])
+    rules, report = [], []
+    # Build and verify every candidate first, so that compile time does not eat the budgets of
+    # the first sizes.
+    bar = ProgressBar(len(base), "build+verify")
+    for done, params in enumerate(base):
+        try:
+            verified[json.dumps(params, sort_keys=True)] = \
+                verify_problem.error(verify_problem.plan(params))
+        except (DlprimError, cl.Error):
+            pass  # rejected again, with its message, in the timed loop below
+        bar.update(done + 1)
+    bar.close()
+    started = time.perf_counter()
+    for index, (M, N, K) in enumerate(sizes):
+        size_budget = (budget - (time.perf_counter() - started)) / (len(sizes) - index)
+        size_started = time.perf_counter()
+        candidates = _with_splits(base, M, N, K)
+        problem = _Problem(ctx, M, N, K, rng)
+        flops = 2.0 * M * N * K
+        best = None
+        bar = ProgressBar(len(candidates), f"gemm {M}x{N}x{K}")
+        for done, params in enumerate(candidates):
+            if time.perf_counter() - size_started > size_budget and best is not None:
+                break
+            entry = {"shape": [M, N, K], "params": params}
+            try:
+                key = json.dumps(params, sort_keys=True)
+                if key not in verified:
+                    verified[key] = verify_problem.error(verify_problem.plan(params))
+                entry["verify_error"] = verified[key]
+                plan = problem.plan(params)
+                entry["error"] = problem.error(plan) if verified[key] <= TOLERANCE else math.inf
+            except (DlprimError, cl.Error) as e:
+                entry["rejected"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                report.append(entry)
+                bar.update(done + 1, "build failed")
+                continue
+            if max(entry["error"], entry["verify_error"]) > TOLERANCE:
+                entry["rejected"] = f"result differs from the reference (error {entry['error']:.2e})"
+                report.append(entry)
+                bar.update(done + 1, "rejected: wrong result")
+                continue
+            repeat = max(3, min(20, int(0.2 / max(flops / 1e13, 1e-5))))
+            timing = time_enqueued(ctx, plan.enqueue, warmup=2, repeat=repeat)
+            entry["ms"] = timing.median * 1e3
+            entry["gflops"] = flops / timing.median / 1e9
+            report.append(entry)
+            if best is None or entry["ms"] < best["ms"]:
+                best = entry
+            bar.update(done + 1, f"best {best['gflops']:.0f} GFLOP/s")
+        bar.close()
+        problem.release()
+        if best is None:
+            log(f"gemm {M}x{N}x{K}: no candidate passed; no rule written")
+            continue
+        log(f"gemm {M}x{N}x{K}: {best['gflops']:.1f} GFLOP/s with {best['params']}")
+        rules.append({"shape": {"m": M, "n": N, "k": K}, "params": best["params"],
+                      "ms": round(best["ms"], 5), "gflops": round(best["gflops"], 1)})
+    verify_problem.release()
+    return rules, report
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="dlprim-tune", description=__doc__.split("\n\n")[0])
+    parser.add_argument("family", choices=["gemm"], help="kernel family to tune")
+    parser.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
+                        help="comma-separated sizes: N (N^3) or MxNxK")
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds for the search")
+    parser.add_argument("--space", choices=["quick", "full"], default="quick",
+                        help="focused candidate set or the full product of tunables")
+    parser.add_argument("--output", default=None,
+                        help="database file to write (default: the user database)")
+    parser.add_argument("--report", default=None, help="write every candidate's result here")
+    parser.add_argument("--device", default=None, help="device: P:D index or part of its name")
+    args = parser.parse_args(argv)
+
+    try:
+        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+        ctx = Context(args.device)
+        print(f"tuning gemm on {ctx.info.name} ({ctx.info.platform_name}, driver "
+              f"{ctx.info.driver_version}), {len(sizes)} sizes, budget {args.budget:.0f} s",
+              file=sys.stderr)
+        rules, report = tune_gemm(ctx, sizes, args.budget, args.space,
+                                  log=lambda s: print(s, file=sys.stderr))
+        path = args.output or tuning.user_path("gemm")
+        tuning.store_device_entry(path, "gemm", ctx.info, rules)
+        print(f"wrote {len(rules)} rules for {ctx.info.name!r} to {path}", file=sys.stderr)
+        if args.report:
+            with open(args.report, "w", encoding="utf-8") as f:
+                json.dump({"device": ctx.info.name, "driver": ctx.info.driver_version,
+                           "candidates": report}, f, indent=1)
+    except DlprimError as e:
+        print(f"dlprim-tune: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

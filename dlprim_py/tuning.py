@@ -1,0 +1,179 @@
+"""Per-device parameter databases for tuned kernel families.
+
+A family ("gemm", later "conv", ...) has one JSON file shipped in ``dlprim_py/tuning_db/`` and
+optionally one written by ``dlprim-tune`` under the cache directory (``DLPRIM_CACHE_DIR``), which
+takes precedence. Each file looks like::
+
+    {"family": "gemm", "format": 1,
+     "devices": {"<device name>": {"vendor": "nvidia", "driver": "...", "rules": [...]}},
+     "vendors": {"nvidia": {"rules": [...]}, "amd": {...}, ...},
+     "default": {"rules": [...]}}
+
+Lookup goes device name (exact) -> vendor -> "default", so a new device always gets parameters
+that work. An entry's ``rules`` is an ordered list; each rule is either a *condition rule*
+``{"when": {"max_mnk": 262144, "min_k": 8}, "params": {...}}`` (every ``min_X``/``max_X`` bound is
+inclusive on the feature ``X``), or a *measured rule* ``{"shape": {"m": 4096, "n": 4096,
+"k": 4096}, "params": {...}}``. The first condition rule that holds wins; otherwise the measured
+rule nearest to the problem (distance in log2 of each shape feature) wins. Choosing is a few
+comparisons over a short list: no search and no timing on the hot path.
+"""
+import json
+import math
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from . import config
+from .errors import DlprimError
+
+FORMAT = 1
+_loaded = {}
+
+
+def shipped_path(family):
+    """The database file that ships with the library for ``family``."""
+    return Path(str(resources.files("dlprim_py.tuning_db").joinpath(f"{family}.json")))
+
+
+def user_path(family):
+    """The database file ``dlprim-tune`` writes for ``family`` (under the cache directory)."""
+    return Path(config.cache_dir()) / "tuning" / f"{family}.json"
+
+
+def empty_db(family):
+    return {"family": family, "format": FORMAT, "devices": {}, "vendors": {}, "default": {"rules": []}}
+
+
+def read_db(path, family):
+    """The database at ``path``, or an empty one when the file does not exist."""
+    path = Path(path)
+    if not path.is_file():
+        return empty_db(family)
+    try:
+        with open(path, encoding="utf-8") as f:
+            db = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DlprimError(f"tuning database {path} cannot be read: {e}") from e
+    if db.get("family") != family or db.get("format") != FORMAT:
+        raise DlprimError(f"tuning database {path} is not a format-{FORMAT} {family!r} database "
+                          f"(family={db.get('family')!r}, format={db.get('format')!r})")
+    for key in ("devices", "vendors"):
+        db.setdefault(key, {})
+    db.setdefault("default", {"rules": []})
+    return db
+
+
+def write_db(path, db):
+    """Write ``db`` to ``path`` atomically (temporary file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(db, f, indent=1, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def databases(family):
+    """The databases consulted for ``family``, most specific first: the user's, then shipped."""
+    dbs = _loaded.get(family)
+    if dbs is None:
+        dbs = [read_db(user_path(family), family), read_db(shipped_path(family), family)]
+        _loaded[family] = dbs
+    return dbs
+
+
+def forget(family=None):
+    """Drop the in-memory copies so that the next lookup rereads the files."""
+    if family is None:
+        _loaded.clear()
+    else:
+        _loaded.pop(family, None)
+
+
+def entries(info, family):
+    """The entries that apply to a device, in lookup order: (where, entry) pairs, where is
+    "device", "vendor" or "default"."""
+    found = []
+    for db in databases(family):
+        entry = db["devices"].get(info.name)
+        if entry is not None:
+            found.append(("device", entry))
+    for db in databases(family):
+        entry = db["vendors"].get(info.vendor)
+        if entry is not None:
+            found.append(("vendor", entry))
+    for db in databases(family):
+        if db["default"].get("rules"):
+            found.append(("default", db["default"]))
+    return found
+
+
+def _condition_holds(when, features):
+    for key, bound in when.items():
+        kind, _, name = key.partition("_")
+        if name not in features:
+            raise DlprimError(f"tuning rule condition {key!r}: unknown feature {name!r}")
+        value = features[name]
+        if kind == "min" and value < bound:
+            return False
+        if kind == "max" and value > bound:
+            return False
+        if kind not in ("min", "max"):
+            raise DlprimError(f"tuning rule condition {key!r} must start with min_ or max_")
+    return True
+
+
+def _distance(shape, features):
+    total = 0.0
+    for name, value in shape.items():
+        if name in features:
+            total += (math.log2(max(features[name], 1)) - math.log2(max(value, 1))) ** 2
+    return total
+
+
+def choose(rules, features, usable=lambda params: True):
+    """The params of the rule that applies to ``features`` (a dict of numbers), or None.
+
+    ``usable(params)`` filters out parameter sets the caller cannot run (say, on a device with
+    less local memory than the one measured).
+    """
+    for rule in rules:
+        if "when" in rule and _condition_holds(rule["when"], features) and usable(rule["params"]):
+            return dict(rule["params"])
+    measured = [r for r in rules if "shape" in r and usable(r["params"])]
+    if measured:
+        best = min(measured, key=lambda r: _distance(r["shape"], features))
+        return dict(best["params"])
+    return None
+
+
+def lookup(info, family, features, usable=lambda params: True):
+    """Parameters for a problem with ``features`` on the device ``info`` (a DeviceInfo):
+    device entry, else vendor entry, else default. Returns ``(params, where)``."""
+    for where, entry in entries(info, family):
+        params = choose(entry.get("rules", ()), features, usable)
+        if params is not None:
+            return params, where
+    raise DlprimError(f"no {family} tuning rule applies to {features} on {info.name!r}; "
+                      f"the shipped database {shipped_path(family)} needs a default rule")
+
+
+def store_device_entry(path, family, info, rules, extra=None):
+    """Put ``rules`` as the entry of device ``info`` into the database at ``path``."""
+    db = read_db(path, family)
+    entry = {"vendor": info.vendor, "platform": info.platform_name, "driver": info.driver_version,
+             "rules": rules}
+    entry.update(extra or {})
+    db["devices"][info.name] = entry
+    write_db(path, db)
+    forget(family)
+    return db
