@@ -14,6 +14,7 @@ from .errors import (DeviceError, DlprimError, DTypeError, KernelBuildError, Sha
 from .tensor import Tensor, TensorDesc
 from .version import __version__
 from . import functional  # noqa: E402
+from . import fusion  # noqa: E402
 
 __all__ = [
     "Activation", "ActivationDesc", "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",

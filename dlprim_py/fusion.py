@@ -1,0 +1,962 @@
+"""Fusion plans after MIOpen's fusion API: several operators, one kernel.
+
+A MIOpen user transliterates one to one::
+
+    miopenCreateFusionPlan(&plan, miopenVerticalFusion, xDesc)   plan = fusion.FusionPlan(ctx, fusion.VERTICAL, x_desc)
+    miopenCreateOpConvForward(plan, &conv, convDesc, wDesc)      conv = plan.create_op_conv_forward(conv_desc, w_desc)
+    miopenCreateOpBiasForward(plan, &bias, bDesc)                bias = plan.create_op_bias_forward(b_desc)
+    miopenCreateOpBatchNormInference(plan, &bn, mode, bnDesc)    bn = plan.create_op_batchnorm_inference(fusion.BN_SPATIAL, bn_desc)
+    miopenCreateOpActivationForward(plan, &act, mode)            act = plan.create_op_activation_forward(fusion.ACTIVATION_RELU)
+    miopenCompileFusionPlan(handle, plan)                        plan.compile()
+    miopenFusionPlanGetOp(plan, i, &op)                          plan.get_op(i)
+    miopenFusionPlanGetWorkSpaceSize(handle, plan, &size, algo)  plan.workspace_size(algo)
+    miopenFusionPlanConvolutionGetAlgo(plan, n, &count, algos)   plan.conv_algorithms(n)
+    miopenCreateOperatorArgs(&args)                              args = fusion.OperatorArgs()
+    miopenSetOpArgsConvForward(args, conv, &a, &b, w)            args.set_conv_forward(conv, a, b, w)
+    miopenSetOpArgsBiasForward(args, bias, &a, &b, bias)         args.set_bias_forward(bias, a, b, bias_tensor)
+    miopenSetOpArgsBatchNormInference(args, bn, &a, &b, ...)     args.set_batchnorm_inference(bn, a, b, scale, bias, mean, var, eps)
+    miopenSetOpArgsActivForward(args, act, &a, &b, aa, ab, ag)   args.set_activation_forward(act, a, b, aa, ab, ag)
+    miopenExecuteFusionPlan(handle, plan, xDesc, x, yDesc, y, a) plan.execute(x_desc, x, y_desc, y, args)
+
+and MIOpen's training-side fused paths: ``create_op_batchnorm_forward`` (+ activation) and
+``create_op_batchnorm_backward`` with ``create_op_activation_backward``.
+
+What fuses (``compile`` raises UnsupportedError for anything else, naming the op that breaks
+the chain):
+
+* ``conv [bias | batchnorm_inference]* [activation]``: the convolution's own kernel applies the
+  epilogue ``act(alpha * acc * scale[k] + shift[k]) + beta * y_old`` for every algorithm,
+  grouped and depthwise included. Bias and BN inference fold into (scale, shift); with a batch
+  norm in the chain a kernel over the K per-channel parameters computes the fold before the
+  convolution, since MIOpen's arguments give mean and variance, not the folded vectors.
+* ``[bias | batchnorm_inference | activation]+`` without a convolution: one pointwise kernel.
+* ``batchnorm_forward [activation]``: batch norm in training mode (statistics, saved mean and
+  inverse std, running averages) and the activation, one kernel.
+* ``batchnorm_backward [activation_backward]`` (either order): the backward of
+  act(batchnorm_train(x)) through the activation's derivative, one kernel.
+
+Tensors are NCHW float32. Bias and spatial batch-norm parameters have shape (1, C, 1, 1) (or
+(C,)); per-activation batch-norm parameters (1, C, H, W). Activation parameters (alpha, beta,
+gamma) are compile-time constants of the kernels: ``compile`` builds with the mode's defaults,
+and ``execute`` builds, once per plan and parameter set, a variant for other values.
+"""
+import math
+
+import numpy as np
+
+from . import autograd, program
+from .activation import Activation, ActivationDesc
+from .context import Context, check_same_context
+from .dtypes import float32
+from .errors import DeviceError, DlprimError, DTypeError, ShapeError, UnsupportedError
+from .logcmd import log_command
+from .tensor import Tensor, TensorDesc, allocate
+
+VERTICAL = "vertical"
+HORIZONTAL = "horizontal"
+
+BN_SPATIAL = "spatial"
+BN_PER_ACTIVATION = "per_activation"
+
+# MIOpen's miopenActivationMode_t, then the torch activations MIOpen lacks.
+ACTIVATION_PASTHRU = Activation.PASTHRU
+ACTIVATION_LOGISTIC = Activation.LOGISTIC
+ACTIVATION_TANH = Activation.TANH
+ACTIVATION_RELU = Activation.RELU
+ACTIVATION_SOFTRELU = Activation.SOFTRELU
+ACTIVATION_ABS = Activation.ABS
+ACTIVATION_POWER = Activation.POWER
+ACTIVATION_CLIPPEDRELU = Activation.CLIPPEDRELU
+ACTIVATION_LEAKYRELU = Activation.LEAKYRELU
+ACTIVATION_ELU = Activation.ELU
+ACTIVATION_HARDTANH = Activation.HARDTANH
+ACTIVATION_GELU = Activation.GELU
+ACTIVATION_GELU_TANH = Activation.GELU_TANH
+ACTIVATION_SILU = Activation.SILU
+ACTIVATION_HARDSWISH = Activation.HARDSWISH
+ACTIVATION_HARDSIGMOID = Activation.HARDSIGMOID
+
+SUPPORTED_CHAINS = (
+    "conv [bias | batchnorm_inference]* [activation]",
+    "[bias | batchnorm_inference | activation]+ (no convolution)",
+    "batchnorm_forward [activation]",
+    "batchnorm_backward [activation_backward] (either order)",
+)
+
+# Which activation parameters each mode reads; the others are normalised away so that modes
+# without parameters compile once whatever values the caller passes.
+_USES = {
+    Activation.TANH: (True, True, False),
+    Activation.POWER: (True, True, True),
+    Activation.CLIPPEDRELU: (True, False, False),
+    Activation.LEAKYRELU: (True, False, False),
+    Activation.ELU: (True, False, False),
+    Activation.HARDTANH: (True, True, False),
+}
+
+
+def activation_desc(mode, alpha=None, beta=None, gamma=None):
+    """The ActivationDesc of ``mode`` with the parameters it uses (defaults where None)."""
+    desc = ActivationDesc(mode)
+    uses = _USES.get(desc.mode, (False, False, False))
+    values = [v if used and v is not None else None for v, used in zip((alpha, beta, gamma), uses)]
+    return ActivationDesc(desc.mode, *values)
+
+
+def _chain_message():
+    return "supported chains: " + "; ".join(SUPPORTED_CHAINS)
+
+
+def _as_desc(desc, what):
+    if isinstance(desc, TensorDesc):
+        return desc
+    if isinstance(desc, Tensor):
+        return desc.desc
+    raise DTypeError(f"{what} must be a dp.TensorDesc, got {type(desc).__name__}")
+
+
+def _as_bn_mode(mode):
+    if mode in (BN_SPATIAL, BN_PER_ACTIVATION):
+        return mode
+    raise UnsupportedError(f"batch-norm mode must be fusion.BN_SPATIAL or fusion.BN_PER_ACTIVATION, "
+                           f"got {mode!r}")
+
+
+# ---- operators -------------------------------------------------------------------------------
+
+class FusionOp:
+    """One operator of a plan; ``index`` is its position (``plan.get_op(index)``)."""
+
+    name = "op"
+
+    def __init__(self, plan, index):
+        self.plan = plan
+        self.index = index
+
+    def __repr__(self):
+        return f"<fusion op {self.index}: {self.describe()}>"
+
+    def describe(self):
+        return self.name
+
+
+class ConvForwardOp(FusionOp):
+    name = "conv"
+
+    def __init__(self, plan, index, conv_desc, weight_desc):
+        super().__init__(plan, index)
+        from .ops.conv.problem import ConvolutionDesc
+        if not isinstance(conv_desc, ConvolutionDesc):
+            raise DTypeError(f"conv_desc must be a dp.ConvolutionDesc, got {type(conv_desc).__name__}")
+        self.conv_desc = conv_desc
+        self.weight_desc = _as_desc(weight_desc, "weight descriptor")
+
+    def describe(self):
+        d = self.conv_desc
+        return (f"conv(weight {self.weight_desc.shape}, padding {d.padding}, stride {d.stride}, "
+                f"dilation {d.dilation}, groups {d.groups})")
+
+
+class BiasForwardOp(FusionOp):
+    name = "bias"
+
+    def __init__(self, plan, index, bias_desc):
+        super().__init__(plan, index)
+        self.bias_desc = _as_desc(bias_desc, "bias descriptor")
+
+    def describe(self):
+        return f"bias({self.bias_desc.shape})"
+
+
+class BatchNormInferenceOp(FusionOp):
+    name = "batchnorm_inference"
+
+    def __init__(self, plan, index, mode, bn_desc):
+        super().__init__(plan, index)
+        self.mode = _as_bn_mode(mode)
+        self.bn_desc = _as_desc(bn_desc, "batch-norm descriptor")
+
+    def describe(self):
+        return f"batchnorm_inference({self.mode}, {self.bn_desc.shape})"
+
+
+class ActivationForwardOp(FusionOp):
+    name = "activation"
+
+    def __init__(self, plan, index, mode):
+        super().__init__(plan, index)
+        self.mode = ActivationDesc(mode).mode
+
+    def describe(self):
+        return f"activation({self.mode.name})"
+
+
+class BatchNormForwardOp(FusionOp):
+    """Batch norm in training mode (MIOpen's miopenCreateOpBatchNormForward)."""
+
+    name = "batchnorm_forward"
+
+    def __init__(self, plan, index, mode, running_mean_variance=True):
+        super().__init__(plan, index)
+        self.mode = _as_bn_mode(mode)
+        self.running_mean_variance = bool(running_mean_variance)
+
+    def describe(self):
+        return f"batchnorm_forward({self.mode})"
+
+
+class BatchNormBackwardOp(FusionOp):
+    name = "batchnorm_backward"
+
+    def __init__(self, plan, index, mode):
+        super().__init__(plan, index)
+        self.mode = _as_bn_mode(mode)
+
+    def describe(self):
+        return f"batchnorm_backward({self.mode})"
+
+
+class ActivationBackwardOp(FusionOp):
+    name = "activation_backward"
+
+    def __init__(self, plan, index, mode):
+        super().__init__(plan, index)
+        self.mode = ActivationDesc(mode).mode
+
+    def describe(self):
+        return f"activation_backward({self.mode.name})"
+
+
+# ---- operator arguments ----------------------------------------------------------------------
+
+def _check_tensor(value, what, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, Tensor):
+        raise DTypeError(f"{what} must be a dp.Tensor, got {type(value).__name__}")
+    if value.dtype != float32:
+        raise DTypeError(f"{what} must be float32, got {value.dtype}")
+    return value
+
+
+def _scaling(alpha, beta, what, beta_allowed=False):
+    alpha, beta = float(alpha), float(beta)
+    if alpha != 1.0 or (beta != 0.0 and not beta_allowed):
+        # MIOpen's fused kernels ignore these; refusing is better than ignoring silently.
+        raise UnsupportedError(f"{what}: alpha must be 1{'' if beta_allowed else ' and beta 0'} "
+                               f"in a fusion plan, got alpha={alpha}, beta={beta}")
+    return alpha, beta
+
+
+class OperatorArgs:
+    """The run-time arguments of a plan's operators (MIOpen's miopenOperatorArgs_t).
+
+    Tensors are held by reference: their contents are read when the plan executes.
+    """
+
+    def __init__(self):
+        self.values = {}
+
+    def _set(self, op, kind, values):
+        if not isinstance(op, kind):
+            raise DlprimError(f"expected a {kind.name} op, got {op!r}")
+        self.values[op] = values
+
+    def get(self, op):
+        try:
+            return self.values[op]
+        except KeyError:
+            raise DlprimError(f"no arguments were set for {op!r}") from None
+
+    def set_conv_forward(self, op, alpha, beta, w):
+        """``y = alpha * conv(x, w) (... rest of the chain) + beta * y_old``."""
+        self._set(op, ConvForwardOp, dict(alpha=float(alpha), beta=float(beta),
+                                          w=_check_tensor(w, "conv weights")))
+
+    def set_bias_forward(self, op, alpha, beta, bias):
+        _scaling(alpha, beta, "bias")
+        self._set(op, BiasForwardOp, dict(bias=_check_tensor(bias, "bias")))
+
+    def set_batchnorm_inference(self, op, alpha, beta, scale, bias, mean, variance, epsilon):
+        """``(x - mean) / sqrt(variance + epsilon) * scale + bias`` (estimated statistics)."""
+        _scaling(alpha, beta, "batchnorm_inference")
+        self._set(op, BatchNormInferenceOp, dict(
+            scale=_check_tensor(scale, "bn scale"), bias=_check_tensor(bias, "bn bias"),
+            mean=_check_tensor(mean, "estimated mean"),
+            variance=_check_tensor(variance, "estimated variance"), epsilon=float(epsilon)))
+
+    def set_activation_forward(self, op, alpha, beta, activ_alpha, activ_beta, activ_gamma):
+        _scaling(alpha, beta, "activation")
+        self._set(op, ActivationForwardOp, dict(
+            activation=activation_desc(op.mode, activ_alpha, activ_beta, activ_gamma)))
+
+    def set_batchnorm_forward(self, op, alpha, beta, scale, bias, saved_mean=None,
+                              saved_inv_variance=None, running_mean=None, running_variance=None,
+                              exp_avg_factor=0.1, epsilon=1e-5):
+        """Training batch norm. ``saved_mean``/``saved_inv_variance`` receive the batch mean and
+        1/sqrt(var + eps) (both or neither); ``running_mean``/``running_variance`` are updated
+        as ``(1 - exp_avg_factor) * running + exp_avg_factor * batch`` (unbiased variance)."""
+        _scaling(alpha, beta, "batchnorm_forward")
+        if (saved_mean is None) != (saved_inv_variance is None):
+            raise DlprimError("give both saved_mean and saved_inv_variance, or neither")
+        if (running_mean is None) != (running_variance is None):
+            raise DlprimError("give both running_mean and running_variance, or neither")
+        if getattr(op, "running_mean_variance", False) and running_mean is None:
+            raise DlprimError("the batchnorm_forward op was created with running_mean_variance=True: "
+                              "give running_mean and running_variance")
+        self._set(op, BatchNormForwardOp, dict(
+            scale=_check_tensor(scale, "bn scale"), bias=_check_tensor(bias, "bn bias"),
+            saved_mean=_check_tensor(saved_mean, "saved mean", True),
+            saved_inv_variance=_check_tensor(saved_inv_variance, "saved inverse variance", True),
+            running_mean=_check_tensor(running_mean, "running mean", True),
+            running_variance=_check_tensor(running_variance, "running variance", True),
+            exp_avg_factor=float(exp_avg_factor), epsilon=float(epsilon)))
+
+    def set_batchnorm_backward(self, op, alpha, beta, x, scale, bias, result_scale_diff,
+                               result_bias_diff, saved_mean, saved_inv_variance):
+        """Backward of training batch norm: x is the forward input, the saved statistics come
+        from the forward pass; dscale and dbias are written to ``result_*_diff``."""
+        _scaling(alpha, beta, "batchnorm_backward")
+        self._set(op, BatchNormBackwardOp, dict(
+            x=_check_tensor(x, "x"), scale=_check_tensor(scale, "bn scale"),
+            bias=_check_tensor(bias, "bn bias"),
+            scale_diff=_check_tensor(result_scale_diff, "result scale diff"),
+            bias_diff=_check_tensor(result_bias_diff, "result bias diff"),
+            saved_mean=_check_tensor(saved_mean, "saved mean"),
+            saved_inv_variance=_check_tensor(saved_inv_variance, "saved inverse variance")))
+
+    def set_activation_backward(self, op, alpha, beta, y, reserved, activ_alpha, activ_beta,
+                                activ_gamma):
+        """``y`` (the forward output) and ``reserved`` may be None: the fused kernel recomputes
+        the activation's input from x and the saved statistics."""
+        _scaling(alpha, beta, "activation_backward")
+        _check_tensor(y, "y", True)
+        self._set(op, ActivationBackwardOp, dict(
+            activation=activation_desc(op.mode, activ_alpha, activ_beta, activ_gamma)))
+
+
+# ---- the plan --------------------------------------------------------------------------------
+
+class FusionPlan:
+    """A chain of operators on one input, compiled into one kernel (MIOpen's fusion plan).
+
+    ``direction``: ``fusion.VERTICAL`` (each op consumes the previous op's output).
+    ``fusion.HORIZONTAL`` is refused at ``compile`` as in MIOpen. ``input_desc``: the NCHW
+    float32 input (``dp.TensorDesc``).
+    """
+
+    def __init__(self, ctx, direction, input_desc):
+        if not isinstance(ctx, Context):
+            raise DeviceError(f"expected a dlprim_py.Context, got {type(ctx).__name__}")
+        if direction not in (VERTICAL, HORIZONTAL):
+            raise UnsupportedError(f"direction must be fusion.VERTICAL or fusion.HORIZONTAL, "
+                                   f"got {direction!r}")
+        self.ctx = ctx
+        self.direction = direction
+        self.input_desc = _as_desc(input_desc, "input descriptor")
+        if self.input_desc.dtype != float32:
+            raise DTypeError(f"fusion plans take float32 tensors, got {self.input_desc.dtype}")
+        self.ops = []
+        self.output_desc = None
+        self.runner = None
+        self.conv_algorithm = None
+
+    # ---- building the chain --------------------------------------------------------------
+
+    def _add(self, cls, *args):
+        if self.runner is not None:
+            raise DlprimError("the plan is compiled: create a new plan to add operators")
+        op = cls(self, len(self.ops), *args)
+        self.ops.append(op)
+        return op
+
+    def create_op_conv_forward(self, conv_desc, w_desc):
+        return self._add(ConvForwardOp, conv_desc, w_desc)
+
+    def create_op_bias_forward(self, b_desc):
+        return self._add(BiasForwardOp, b_desc)
+
+    def create_op_batchnorm_inference(self, mode, bn_desc):
+        return self._add(BatchNormInferenceOp, mode, bn_desc)
+
+    def create_op_activation_forward(self, mode):
+        return self._add(ActivationForwardOp, mode)
+
+    def create_op_batchnorm_forward(self, mode, running_mean_variance=True):
+        return self._add(BatchNormForwardOp, mode, running_mean_variance)
+
+    def create_op_batchnorm_backward(self, mode):
+        return self._add(BatchNormBackwardOp, mode)
+
+    def create_op_activation_backward(self, mode):
+        return self._add(ActivationBackwardOp, mode)
+
+    def get_op(self, index):
+        """The op at ``index`` in insertion order; DlprimError when out of range."""
+        if not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.ops):
+            raise DlprimError(f"op index {index!r} out of range: the plan has {len(self.ops)} ops")
+        return self.ops[index]
+
+    # ---- compiling -----------------------------------------------------------------------
+
+    def describe(self):
+        return " -> ".join(op.describe() for op in self.ops) or "(empty)"
+
+    def compile(self):
+        """Check the chain and the descriptors, build the kernels. Raises UnsupportedError for
+        a chain that does not fuse (naming the op that breaks it), ShapeError for descriptors
+        that disagree."""
+        if self.direction == HORIZONTAL:
+            raise UnsupportedError("horizontal fusion is not supported (as in MIOpen); use "
+                                   "fusion.VERTICAL")
+        if not self.ops:
+            raise UnsupportedError(f"the plan has no operators; {_chain_message()}")
+        first = self.ops[0]
+        if isinstance(first, ConvForwardOp):
+            runner = _ConvChain(self)
+        elif isinstance(first, BatchNormForwardOp):
+            runner = _BatchNormTrainForward(self)
+        elif isinstance(first, (BatchNormBackwardOp, ActivationBackwardOp)):
+            runner = _BatchNormTrainBackward(self)
+        else:
+            runner = _PointwiseChain(self)
+        self.output_desc = runner.output_desc
+        self.runner = runner
+        return self
+
+    def _compiled(self):
+        if self.runner is None:
+            raise DlprimError("compile() the plan before this call")
+        return self.runner
+
+    def conv_algorithms(self, request_count=None):
+        """The convolution algorithms that run this plan's chain in one kernel, by priority
+        (the first is used unless ``set_conv_algorithm`` picks another)."""
+        runner = self._compiled()
+        if not isinstance(runner, _ConvChain):
+            raise UnsupportedError("the plan has no convolution")
+        names = runner.algorithm_names()
+        return names if request_count is None else names[:int(request_count)]
+
+    def set_conv_algorithm(self, algo):
+        runner = self._compiled()
+        if not isinstance(runner, _ConvChain):
+            raise UnsupportedError("the plan has no convolution")
+        runner.set_algorithm(algo)
+
+    def workspace_size(self, algo=None):
+        """Bytes of workspace the plan uses (the plan allocates it itself)."""
+        runner = self._compiled()
+        return runner.workspace_size(algo) if isinstance(runner, _ConvChain) else 0
+
+    # ---- running -------------------------------------------------------------------------
+
+    def execute(self, input_desc, x, output_desc, y, args):
+        """Enqueue the fused kernel(s): ``x`` (``input_desc``) in, ``y`` (``output_desc``) out.
+
+        For a backward plan ``x`` is dy and ``y`` is dx (MIOpen's convention).
+        """
+        runner = self._compiled()
+        input_desc = _as_desc(input_desc, "input descriptor")
+        output_desc = _as_desc(output_desc, "output descriptor")
+        if input_desc != self.input_desc:
+            raise ShapeError(f"execute: input descriptor {input_desc} differs from the plan's "
+                             f"{self.input_desc}")
+        if output_desc != self.output_desc:
+            raise ShapeError(f"execute: output descriptor {output_desc} differs from the plan's "
+                             f"{self.output_desc}")
+        _check_tensor(x, "x")
+        _check_tensor(y, "y")
+        if x.shape != input_desc.shape:
+            raise ShapeError(f"execute: x has shape {x.shape}, the descriptor says {input_desc.shape}")
+        if y.shape != output_desc.shape:
+            raise ShapeError(f"execute: y has shape {y.shape}, the descriptor says {output_desc.shape}")
+        if not isinstance(args, OperatorArgs):
+            raise DTypeError(f"args must be a fusion.OperatorArgs, got {type(args).__name__}")
+        check_same_context(x, y)
+        if x.ctx.cl_context != self.ctx.cl_context:
+            raise DeviceError("x lives in another OpenCL context than the plan")
+        log_command("CBAInfer", {"plan": f"'{self.describe()}'", "n": self.input_desc.shape[0],
+                                 "c": self.input_desc.shape[1],
+                                 "H": self.input_desc.shape[2] if self.input_desc.ndim > 2 else 1,
+                                 "W": self.input_desc.shape[3] if self.input_desc.ndim > 3 else 1})
+        with autograd.no_grad():
+            runner.run(x, y, args)
+
+
+# ---- parameter shapes ------------------------------------------------------------------------
+
+def _channel_shape(shape):
+    """(C, S) of an (N, C, *spatial) shape."""
+    return shape[1], math.prod(shape[2:])
+
+
+def _check_param_desc(op, desc, what, channels, spatial_shape, per_activation):
+    """Raise ShapeError unless ``desc`` fits the tensor it applies to ((1, C, 1, 1), (C,) or,
+    per activation, (1, C, H, W))."""
+    shape = tuple(desc.shape)
+    if per_activation:
+        expected = [(1, channels) + tuple(spatial_shape), (channels,) + tuple(spatial_shape)]
+    else:
+        expected = [(1, channels) + (1,) * len(spatial_shape), (channels,)]
+    if shape not in expected:
+        raise ShapeError(f"op {op.index} ({op.describe()}): {what} descriptor has shape {shape}, "
+                         f"expected {' or '.join(str(e) for e in expected)} for a tensor with "
+                         f"{channels} channels and spatial shape {tuple(spatial_shape)}")
+    if desc.dtype != float32:
+        raise DTypeError(f"op {op.index}: {what} must be float32, got {desc.dtype}")
+
+
+def _check_param_tensor(op, tensor, what, desc_shape):
+    if tensor.size != math.prod(desc_shape):
+        raise ShapeError(f"op {op.index} ({op.describe()}): {what} has shape {tensor.shape}, the "
+                         f"descriptor says {tuple(desc_shape)}")
+
+
+def _param_view(tensor, shape):
+    """``tensor`` seen with ``shape`` (same memory); its size was checked against ``shape``."""
+    return Tensor(tensor.ctx, tensor.buffer, shape, tensor.dtype, offset=tensor.offset)
+
+
+# ---- chain runners ---------------------------------------------------------------------------
+
+def _affine_statement(ops, args, value="v"):
+    """C statements applying bias / BN-inference / activation ops to the float ``value``, and
+    the (name, op, field) list of the per-channel inputs they read, and scalar names."""
+    lines, inputs, scalars = [], [], []
+    for op in ops:
+        i = op.index
+        if isinstance(op, BiasForwardOp):
+            lines.append(f"{value} += b{i};")
+            inputs.append((f"b{i}", op, "bias"))
+        elif isinstance(op, BatchNormInferenceOp):
+            lines.append(f"{value} = ({value} - m{i}) * (s{i} / sqrt(v{i} + eps{i})) + t{i};")
+            inputs += [(f"m{i}", op, "mean"), (f"v{i}", op, "variance"), (f"s{i}", op, "scale"),
+                       (f"t{i}", op, "bias")]
+            scalars.append((f"eps{i}", op, "epsilon"))
+        elif isinstance(op, ActivationForwardOp):
+            desc = args[op]["activation"] if args is not None else activation_desc(op.mode)
+            lines.append(f"{{ float a_in = {value}; {value} = {desc.forward_code('a_in')}; }}")
+    return " ".join(lines), inputs, scalars
+
+
+class _PointwiseChain:
+    """bias / BN inference / activation ops without a convolution: one pointwise kernel."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        shape = plan.input_desc.shape
+        if len(shape) < 2:
+            raise ShapeError(f"the input must be (N, C, ...), got shape {shape}")
+        channels = shape[1]
+        self.param_shapes = {}
+        for op in plan.ops:
+            if isinstance(op, (BiasForwardOp, BatchNormInferenceOp, ActivationForwardOp)):
+                if isinstance(op, BiasForwardOp):
+                    _check_param_desc(op, op.bias_desc, "bias", channels, shape[2:], False)
+                    self.param_shapes[op] = (1, channels) + (1,) * (len(shape) - 2)
+                elif isinstance(op, BatchNormInferenceOp):
+                    per_activation = op.mode == BN_PER_ACTIVATION
+                    _check_param_desc(op, op.bn_desc, "batch-norm", channels, shape[2:], per_activation)
+                    self.param_shapes[op] = ((1,) + tuple(shape[1:]) if per_activation else
+                                             (1, channels) + (1,) * (len(shape) - 2))
+                continue
+            raise UnsupportedError(f"op {op.index} ({op.describe()}) cannot follow "
+                                   f"{plan.ops[0].describe()} in one kernel; {_chain_message()}")
+        self.output_desc = TensorDesc(shape, float32)
+        self.kernels = {}
+        self._kernel(None)  # build the default-parameter variant now
+
+    def _activation_key(self, args):
+        return tuple(args.get(op)["activation"].key if args is not None else None
+                     for op in self.plan.ops if isinstance(op, ActivationForwardOp))
+
+    def _kernel(self, args):
+        from .ops.pointwise import PointwiseKernel
+        key = self._activation_key(args)
+        kernel = self.kernels.get(key)
+        if kernel is None:
+            statement, inputs, scalars = _affine_statement(
+                self.plan.ops, None if args is None else {op: args.get(op) for op in self.plan.ops
+                                                           if isinstance(op, ActivationForwardOp)})
+            kernel = PointwiseKernel(
+                "fused_affine_activation", [("x", float32)] + [(n, float32) for n, _, _ in inputs],
+                [("y", float32)], f"float v = x; {statement} y = v;",
+                scalars=[(n, np.float32) for n, _, _ in scalars])
+            kernel.layout = (inputs, scalars)
+            self.kernels[key] = kernel
+            _prebuild_pointwise(self.plan.ctx, kernel, self.plan.input_desc.shape,
+                                [self.param_shapes[op] for _, op, _ in inputs])
+        return kernel
+
+    def run(self, x, y, args):
+        kernel = self._kernel(args)
+        inputs, scalars = kernel.layout
+        tensors = []
+        for name, op, field in inputs:
+            value = args.get(op)[field]
+            _check_param_tensor(op, value, field, self.param_shapes[op])
+            tensors.append(_param_view(value, self.param_shapes[op]))
+        kernel([x] + tensors, [y], [args.get(op)[field] for _, op, field in scalars])
+
+
+def _prebuild_pointwise(ctx, kernel, out_shape, input_shapes):
+    """Build ``kernel`` for these shapes now, so that running it only enqueues."""
+    from .ops.pointwise import broadcast_strides, merge_dimensions
+    strides = [broadcast_strides(s, out_shape) for s in [out_shape] + list(input_shapes)]
+    sizes, _ = merge_dimensions(out_shape, strides + [broadcast_strides(out_shape, out_shape)])
+    kernel._kernel(ctx, len(sizes), "int" if math.prod(out_shape) < 2 ** 31 - 1 else "long")
+
+
+def _bn_group_size(ctx):
+    size = 256
+    while size > ctx.info.max_work_group_size:
+        size //= 2
+    return size
+
+
+def _bn_train_kernel(ctx, name, activation, index_t):
+    params = dict(group_size=_bn_group_size(ctx), index_t=index_t,
+                  act_forward=activation.forward_code("z"),
+                  act_derivative=activation.derivative_code("z", "a"))
+    return program.kernel(ctx, "fusion_bn", name, params)
+
+
+def _bn_layout(shape, mode):
+    """(N, C, S) as the fusion_bn kernels see the tensor in ``mode``."""
+    channels, spatial = _channel_shape(shape)
+    if mode == BN_PER_ACTIVATION:
+        return shape[0], channels * spatial, 1
+    return shape[0], channels, spatial
+
+
+def _index_type(*tensors):
+    largest = max(t.offset_elements + t.size for t in tensors if t is not None)
+    return ("int", np.int32) if largest < 2 ** 31 - 1 else ("long", np.int64)
+
+
+class _BatchNormTrainForward:
+    """batchnorm_forward [activation]: statistics, normalisation and activation in one kernel."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        ops = plan.ops
+        self.bn = ops[0]
+        self.activation = None
+        for op in ops[1:]:
+            if isinstance(op, ActivationForwardOp) and self.activation is None:
+                self.activation = op
+                continue
+            raise UnsupportedError(f"op {op.index} ({op.describe()}) cannot follow "
+                                   f"{ops[op.index - 1].describe()} in a training batch-norm plan; "
+                                   f"{_chain_message()}")
+        shape = plan.input_desc.shape
+        if len(shape) < 2:
+            raise ShapeError(f"the input must be (N, C, ...), got shape {shape}")
+        self.layout = _bn_layout(shape, self.bn.mode)
+        self.param_size = self.layout[1]
+        self.output_desc = TensorDesc(shape, float32)
+        self.dummy = Tensor.zeros(plan.ctx, (1,))
+        self._kernel(activation_desc(self.activation.mode) if self.activation else
+                     ActivationDesc(Activation.PASTHRU), "int")
+
+    def _kernel(self, activation, index_t):
+        return _bn_train_kernel(self.plan.ctx, "bn_train_forward_activation", activation, index_t)
+
+    def run(self, x, y, args):
+        values = args.get(self.bn)
+        activation = (args.get(self.activation)["activation"] if self.activation
+                      else ActivationDesc(Activation.PASTHRU))
+        params = [values[k] for k in ("scale", "bias", "saved_mean", "saved_inv_variance",
+                                      "running_mean", "running_variance")]
+        for name, t in zip(("scale", "bias", "saved_mean", "saved_inv_variance", "running_mean",
+                            "running_variance"), params):
+            if t is not None and t.size != self.param_size:
+                raise ShapeError(f"batchnorm_forward: {name} has {t.size} elements, expected "
+                                 f"{self.param_size} ({self.bn.mode})")
+        check_same_context(x, y, *params)
+        index_t, index_np = _index_type(x, y, *params)
+        kernel = self._kernel(activation, index_t)
+        save = values["saved_mean"] is not None
+        update = values["running_mean"] is not None
+        call_args = [index_np(v) for v in self.layout] + [x.buffer, index_np(x.offset_elements),
+                                                          y.buffer, index_np(y.offset_elements)]
+        for t in params:
+            t = t if t is not None else self.dummy
+            call_args += [t.buffer, index_np(t.offset_elements)]
+        call_args += [np.float32(values["exp_avg_factor"]), np.float32(values["epsilon"]),
+                      np.int32(save), np.int32(update)]
+        group = _bn_group_size(self.plan.ctx)
+        kernel(self.plan.ctx.queue, (self.layout[1] * group,), (group,), *call_args)
+
+
+class _BatchNormTrainBackward:
+    """batchnorm_backward with activation_backward: dx, dscale, dbias of act(bn_train(x))."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.bn = None
+        self.activation = None
+        for op in plan.ops:
+            if isinstance(op, BatchNormBackwardOp) and self.bn is None:
+                self.bn = op
+            elif isinstance(op, ActivationBackwardOp) and self.activation is None:
+                self.activation = op
+            else:
+                raise UnsupportedError(f"op {op.index} ({op.describe()}) cannot be fused into a "
+                                       f"batch-norm backward plan; {_chain_message()}")
+        if self.bn is None:
+            raise UnsupportedError(f"activation_backward alone is not a fusion; add a "
+                                   f"batchnorm_backward op; {_chain_message()}")
+        shape = plan.input_desc.shape
+        if len(shape) < 2:
+            raise ShapeError(f"the input must be (N, C, ...), got shape {shape}")
+        self.layout = _bn_layout(shape, self.bn.mode)
+        self.param_size = self.layout[1]
+        self.output_desc = TensorDesc(shape, float32)
+        self._kernel(activation_desc(self.activation.mode) if self.activation else
+                     ActivationDesc(Activation.PASTHRU), "int")
+
+    def _kernel(self, activation, index_t):
+        return _bn_train_kernel(self.plan.ctx, "bn_train_backward_activation", activation, index_t)
+
+    def run(self, dy, dx, args):
+        values = args.get(self.bn)
+        activation = (args.get(self.activation)["activation"] if self.activation
+                      else ActivationDesc(Activation.PASTHRU))
+        x = values["x"]
+        if x.shape != dy.shape:
+            raise ShapeError(f"batchnorm_backward: x has shape {x.shape}, dy has {dy.shape}")
+        names = ("scale", "bias", "saved_mean", "saved_inv_variance", "scale_diff", "bias_diff")
+        params = [values[k] for k in names]
+        for name, t in zip(names, params):
+            if t.size != self.param_size:
+                raise ShapeError(f"batchnorm_backward: {name} has {t.size} elements, expected "
+                                 f"{self.param_size} ({self.bn.mode})")
+        check_same_context(dy, dx, x, *params)
+        index_t, index_np = _index_type(dy, dx, x, *params)
+        kernel = self._kernel(activation, index_t)
+        call_args = [index_np(v) for v in self.layout]
+        for t in [x, dy, dx] + params:
+            call_args += [t.buffer, index_np(t.offset_elements)]
+        group = _bn_group_size(self.plan.ctx)
+        kernel(self.plan.ctx.queue, (self.layout[1] * group,), (group,), *call_args)
+
+
+class _ConvChain:
+    """conv [bias | BN inference]* [activation]: the convolution kernel's own epilogue."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        ops = plan.ops
+        self.conv_op = ops[0]
+        self.affine_ops = []
+        self.activation = None
+        for op in ops[1:]:
+            if self.activation is not None:
+                raise UnsupportedError(
+                    f"op {op.index} ({op.describe()}) follows the activation "
+                    f"(op {self.activation.index}); the convolution's epilogue ends with the "
+                    f"activation; {_chain_message()}")
+            if isinstance(op, (BiasForwardOp, BatchNormInferenceOp)):
+                self.affine_ops.append(op)
+            elif isinstance(op, ActivationForwardOp):
+                self.activation = op
+            else:
+                raise UnsupportedError(f"op {op.index} ({op.describe()}) cannot follow a "
+                                       f"convolution in one kernel; {_chain_message()}")
+        x_shape = plan.input_desc.shape
+        w_desc = self.conv_op.weight_desc
+        if len(x_shape) != 4:
+            raise ShapeError(f"a convolution plan takes an NCHW input, got shape {x_shape}")
+        if w_desc.dtype != float32:
+            raise DTypeError(f"op 0: weights must be float32, got {w_desc.dtype}")
+        if len(w_desc.shape) != 4:
+            raise ShapeError(f"op 0 ({self.conv_op.describe()}): weights must be (K, C/groups, R, S), "
+                             f"got shape {w_desc.shape}")
+        groups = self.conv_op.conv_desc.groups
+        channels = x_shape[1]
+        if channels % groups or w_desc.shape[1] * groups != channels:
+            raise ShapeError(f"op 0 ({self.conv_op.describe()}): weights take {w_desc.shape[1]} "
+                             f"channels per group x {groups} groups = {w_desc.shape[1] * groups}, "
+                             f"the input has {channels} channels")
+        if w_desc.shape[0] % groups:
+            raise ShapeError(f"op 0 ({self.conv_op.describe()}): {w_desc.shape[0]} output channels "
+                             f"are not divisible by {groups} groups")
+        from .ops.conv import Convolution
+        self.convolution = Convolution(plan.ctx, plan.input_desc, w_desc, self.conv_op.conv_desc)
+        y_shape = tuple(self.convolution.output_desc.shape)
+        self.output_desc = TensorDesc(y_shape, float32)
+        k = y_shape[1]
+        self.per_activation = False
+        self.param_shapes = {}
+        for op in self.affine_ops:
+            if isinstance(op, BiasForwardOp):
+                _check_param_desc(op, op.bias_desc, "bias", k, y_shape[2:], False)
+                self.param_shapes[op] = (k,)
+            else:
+                per_activation = op.mode == BN_PER_ACTIVATION
+                _check_param_desc(op, op.bn_desc, "batch-norm", k, y_shape[2:], per_activation)
+                self.param_shapes[op] = (k,) + (tuple(y_shape[2:]) if per_activation else ())
+                self.per_activation |= per_activation
+        if self.per_activation:
+            self._check_per_activation_support()
+        self.fold_shape = (k,) + (tuple(y_shape[2:]) if self.per_activation else ())
+        has_bn = any(isinstance(op, BatchNormInferenceOp) for op in self.affine_ops)
+        biases = [op for op in self.affine_ops if isinstance(op, BiasForwardOp)]
+        # One bias alone is the epilogue's shift as it is; anything else folds first.
+        self.needs_fold = has_bn or len(biases) > 1
+        if self.needs_fold:
+            self.scale = Tensor.empty(plan.ctx, self.fold_shape)
+            self.shift = Tensor.empty(plan.ctx, self.fold_shape)
+            self.fold_kernel = self._fold_kernel()
+        self.algorithms = list(self.convolution.algorithms("forward"))
+        if not self.algorithms:
+            raise UnsupportedError(f"no convolution algorithm applies to {self.conv_op.describe()}")
+        self.algorithm = self.algorithms[0]
+        self.workspace = None
+        self._allocate_workspace()
+
+    def _check_per_activation_support(self):
+        if not getattr(self.convolution, "supports_per_element_affine", False):
+            raise UnsupportedError(
+                "batchnorm_inference in BN_PER_ACTIVATION mode after a convolution needs a "
+                "per-element epilogue that this convolution does not offer; use BN_SPATIAL, or a "
+                "separate plan for the batch norm")
+
+    def _fold_kernel(self):
+        """A pointwise kernel turning the chain's parameters into the epilogue's (scale, shift):
+        y = acc * scale + shift reproduces every bias and BN op in order."""
+        from .ops.pointwise import PointwiseKernel
+        lines, inputs, scalars = ["float scale = 1.0f, shift = 0.0f;"], [], []
+        for op in self.affine_ops:
+            i = op.index
+            if isinstance(op, BiasForwardOp):
+                lines.append(f"shift += b{i};")
+                inputs.append((f"b{i}", op, "bias"))
+            else:
+                lines.append(f"{{ float g = s{i} / sqrt(v{i} + eps{i}); scale *= g; "
+                             f"shift = (shift - m{i}) * g + t{i}; }}")
+                inputs += [(f"m{i}", op, "mean"), (f"v{i}", op, "variance"),
+                           (f"s{i}", op, "scale"), (f"t{i}", op, "bias")]
+                scalars.append((f"eps{i}", op, "epsilon"))
+        lines.append("scale_out = scale; shift_out = shift;")
+        kernel = PointwiseKernel("fusion_fold_affine", [(n, float32) for n, _, _ in inputs],
+                                 [("scale_out", float32), ("shift_out", float32)], " ".join(lines),
+                                 scalars=[(n, np.float32) for n, _, _ in scalars])
+        kernel.layout = (inputs, scalars)
+        _prebuild_pointwise(self.plan.ctx, kernel, self.fold_shape,
+                            [self.param_shapes[op] for _, op, _ in inputs])
+        return kernel
+
+    def algorithm_names(self):
+        return [_algorithm_name(a) for a in self.algorithms]
+
+    def _find_algorithm(self, algo):
+        for a in self.algorithms:
+            if a is algo or _algorithm_name(a) == algo or _algorithm_name(a) == _algorithm_name(algo):
+                return a
+        raise UnsupportedError(f"convolution algorithm {algo!r} does not apply to this plan; "
+                               f"applicable: {', '.join(self.algorithm_names())}")
+
+    def set_algorithm(self, algo):
+        self.algorithm = self._find_algorithm(algo)
+        self._allocate_workspace()
+
+    def workspace_size(self, algo=None):
+        algorithm = self.algorithm if algo is None else self._find_algorithm(algo)
+        return int(self.convolution.workspace_size(algorithm, "forward"))
+
+    def _allocate_workspace(self):
+        size = self.workspace_size()
+        self.workspace = Tensor(self.plan.ctx, allocate(self.plan.ctx, size), (size // 4,)) if size else None
+
+    def run(self, x, y, args):
+        conv_args = args.get(self.conv_op)
+        w = conv_args["w"]
+        if w.shape != self.conv_op.weight_desc.shape:
+            raise ShapeError(f"conv weights have shape {w.shape}, the descriptor says "
+                             f"{self.conv_op.weight_desc.shape}")
+        scale = shift = None
+        if self.needs_fold:
+            inputs, scalars = self.fold_kernel.layout
+            tensors = []
+            for name, op, field in inputs:
+                value = args.get(op)[field]
+                _check_param_tensor(op, value, field, self.param_shapes[op])
+                tensors.append(_param_view(value, self.param_shapes[op]))
+            self.fold_kernel(tensors, [self.scale, self.shift],
+                             [args.get(op)[field] for _, op, field in scalars])
+            scale, shift = self.scale, self.shift
+        elif self.affine_ops:
+            op = self.affine_ops[0]
+            bias = args.get(op)["bias"]
+            _check_param_tensor(op, bias, "bias", self.param_shapes[op])
+            shift = _param_view(bias, self.param_shapes[op])
+        activation = args.get(self.activation)["activation"] if self.activation else None
+        self.convolution.forward(x, w, y, alpha=conv_args["alpha"], beta=conv_args["beta"],
+                                 activation=activation, algo=self.algorithm,
+                                 workspace=self.workspace, scale=scale, shift=shift)
+
+
+def _algorithm_name(algo):
+    return algo if isinstance(algo, str) else getattr(algo, "name", str(algo))
+
+
+# ---- MIOpen's one-call fused forward ---------------------------------------------------------
+
+def conv_bias_activation(x, w, bias=None, z=None, alpha1=1.0, alpha2=0.0, activation="relu", *,
+                         stride=1, padding=0, dilation=1, groups=1, conv_desc=None, out=None,
+                         algo=None):
+    """``act(alpha1 * conv2d(x, w) + alpha2 * z + bias)`` in one kernel, like MIOpen's
+    miopenConvolutionBiasActivationForward (the residual add of ResNet when z is given).
+
+    x: (N, C, H, W); w: (K, C/groups, R, S); bias: (K,) or None; z: (N, K, Ho, Wo) or None;
+    all float32 NCHW. ``activation``: None, a name (torch's or MIOpen's) or an ActivationDesc.
+    ``conv_desc`` (a dp.ConvolutionDesc) replaces stride/padding/dilation/groups.
+    Returns ``out`` (allocated when None), shape (N, K, Ho, Wo).
+    """
+    from .activation import as_activation
+    from .ops.conv import Convolution
+    from .ops.conv.problem import ConvolutionDesc
+    for name, t, optional in (("x", x, False), ("w", w, False), ("bias", bias, True),
+                              ("z", z, True), ("out", out, True)):
+        _check_tensor(t, name, optional)
+    ctx = check_same_context(x, w, bias, z, out)
+    if conv_desc is None:
+        conv_desc = ConvolutionDesc(padding=padding, stride=stride, dilation=dilation, groups=groups)
+    act = as_activation(activation)
+    memo_key = ("fusion.conv_bias_activation", x.shape, w.shape, conv_desc.padding,
+                conv_desc.stride, conv_desc.dilation, conv_desc.groups)
+    convolution = ctx.memo.get(memo_key)
+    if convolution is None:
+        convolution = ctx.memo[memo_key] = Convolution(ctx, x.desc, w.desc, conv_desc)
+    y_shape = tuple(convolution.output_desc.shape)
+    k = y_shape[1]
+    if bias is not None and bias.size != k:
+        raise ShapeError(f"bias has shape {bias.shape}, expected ({k},) for {k} output channels")
+    if z is not None and z.shape != y_shape:
+        raise ShapeError(f"z has shape {z.shape}, expected the output shape {y_shape}")
+    if out is None:
+        out = Tensor.empty(ctx, y_shape)
+    elif out.shape != y_shape:
+        raise ShapeError(f"out has shape {out.shape}, expected {y_shape}")
+    log_command("CBAInfer", {"n": x.shape[0], "c": x.shape[1], "H": x.shape[2], "W": x.shape[3],
+                             "k": k, "y": w.shape[2], "x": w.shape[3],
+                             "p": conv_desc.padding[0], "q": conv_desc.padding[1],
+                             "u": conv_desc.stride[0], "v": conv_desc.stride[1],
+                             "l": conv_desc.dilation[0], "j": conv_desc.dilation[1],
+                             "g": conv_desc.groups, "b": int(bias is not None),
+                             "z": int(z is not None),
+                             "activation": act.mode.name if act is not None else "none"})
+    with autograd.no_grad():
+        convolution.forward(x, w, out, alpha=float(alpha1), beta=0.0, activation=act, algo=algo,
+                            shift=None if bias is None else _param_view(bias, (k,)),
+                            residual=z, residual_alpha=float(alpha2))
+    return out
+
+
+__all__ = [
+    "FusionPlan", "OperatorArgs", "VERTICAL", "HORIZONTAL", "BN_SPATIAL", "BN_PER_ACTIVATION",
+    "SUPPORTED_CHAINS", "conv_bias_activation", "activation_desc",
+] + [name for name in dir() if name.startswith("ACTIVATION_")]

@@ -1,0 +1,162 @@
+## Batch normalisation in training mode fused with an activation, forward and backward
+## (MIOpen's BnFwdTrgActivationFused / BnBwdTrgActivationFused).
+##
+## Layout: the input is viewed as (N, C, S): element (n, c, s) lies at off + (n * C + c) * S + s.
+## Spatial batch norm of an NCHW tensor is (N, C, H*W); per-activation batch norm is
+## (N, C*H*W, 1), so one kernel serves both modes. One work-group owns one channel c: it reduces
+## the channel's N*S elements in local memory and then writes them, so statistics, normalisation
+## and activation (or the whole backward) take one launch and no global scratch memory.
+##
+## Forward, per channel:  mean, var = biased statistics of x over (N, S)
+##                        y = act((x - mean) / sqrt(var + eps) * scale + bias)
+##                        saved_mean = mean, saved_inv_variance = 1 / sqrt(var + eps)
+##                        running = (1 - factor) * running + factor * (mean, unbiased var)
+## Backward, per channel: z = x_hat * scale + bias (recomputed from the saved statistics),
+##                        dz = dy * act'(z); dbias = sum dz; dscale = sum dz * x_hat
+##                        dx = scale * inv_std / M * (M * dz - dbias - x_hat * dscale), M = N*S
+##
+## Template parameters:
+##   group_size     work-items per work-group (a power of two); one work-group per channel
+##   index_t        "int" when every element index fits in 31 bits, else "long"
+##   act_forward    OpenCL C expression of act(z) over the variable `z`
+##   act_derivative OpenCL C expression of act'(z) over the variables `z` and `a` (a = act(z))
+#define GROUP_SIZE ${group_size}
+typedef ${index_t} index_t;
+
+// Tree reduction of two float arrays of GROUP_SIZE in local memory at once; the sums end in [0].
+inline void reduce_sum2(__local float* first, __local float* second, int lid)
+{
+    for (int step = GROUP_SIZE / 2; step > 0; step >>= 1) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid < step) {
+            first[lid] += first[lid + step];
+            second[lid] += second[lid + step];
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+inline index_t element_index(index_t i, index_t C, index_t S, index_t c)
+{
+    // i runs over the channel's N*S elements: i = n * S + s.
+    index_t n = i / S;
+    index_t s = i - n * S;
+    return (n * C + c) * S + s;
+}
+
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void bn_train_forward_activation(
+    index_t N, index_t C, index_t S,
+    __global const float* restrict x, index_t x_off,
+    __global float* restrict y, index_t y_off,
+    __global const float* restrict scale, index_t scale_off,
+    __global const float* restrict bias, index_t bias_off,
+    __global float* restrict saved_mean, index_t saved_mean_off,
+    __global float* restrict saved_inv_variance, index_t saved_inv_variance_off,
+    __global float* restrict running_mean, index_t running_mean_off,
+    __global float* restrict running_variance, index_t running_variance_off,
+    float exp_avg_factor, float epsilon, int save_statistics, int update_running)
+{
+    __local float first[GROUP_SIZE];
+    __local float second[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    const index_t c = get_group_id(0);
+    const index_t M = N * S;
+
+    float sum = 0.0f;
+    for (index_t i = lid; i < M; i += GROUP_SIZE)
+        sum += x[x_off + element_index(i, C, S, c)];
+    first[lid] = sum;
+    second[lid] = 0.0f;
+    reduce_sum2(first, second, lid);
+    const float mean = first[0] / (float)M;
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    // A second pass around the mean: sum(x^2) - M*mean^2 cancels badly in float32.
+    float squares = 0.0f;
+    for (index_t i = lid; i < M; i += GROUP_SIZE) {
+        float d = x[x_off + element_index(i, C, S, c)] - mean;
+        squares += d * d;
+    }
+    first[lid] = squares;
+    second[lid] = 0.0f;
+    reduce_sum2(first, second, lid);
+    const float variance = first[0] / (float)M;
+    const float inv_std = 1.0f / sqrt(variance + epsilon);
+    const float gain = scale[scale_off + c] * inv_std;
+    const float shift = bias[bias_off + c] - mean * gain;
+
+    for (index_t i = lid; i < M; i += GROUP_SIZE) {
+        index_t e = element_index(i, C, S, c);
+        float z = x[x_off + e] * gain + shift;
+        y[y_off + e] = ${act_forward};
+    }
+    if (lid == 0) {
+        if (save_statistics) {
+            saved_mean[saved_mean_off + c] = mean;
+            saved_inv_variance[saved_inv_variance_off + c] = inv_std;
+        }
+        if (update_running) {
+            float unbiased = M > 1 ? variance * (float)M / (float)(M - 1) : variance;
+            running_mean[running_mean_off + c] =
+                (1.0f - exp_avg_factor) * running_mean[running_mean_off + c] + exp_avg_factor * mean;
+            running_variance[running_variance_off + c] =
+                (1.0f - exp_avg_factor) * running_variance[running_variance_off + c]
+                + exp_avg_factor * unbiased;
+        }
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void bn_train_backward_activation(
+    index_t N, index_t C, index_t S,
+    __global const float* restrict x, index_t x_off,
+    __global const float* restrict dy, index_t dy_off,
+    __global float* restrict dx, index_t dx_off,
+    __global const float* restrict scale, index_t scale_off,
+    __global const float* restrict bias, index_t bias_off,
+    __global const float* restrict saved_mean, index_t saved_mean_off,
+    __global const float* restrict saved_inv_variance, index_t saved_inv_variance_off,
+    __global float* restrict scale_diff, index_t scale_diff_off,
+    __global float* restrict bias_diff, index_t bias_diff_off)
+{
+    __local float first[GROUP_SIZE];
+    __local float second[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    const index_t c = get_group_id(0);
+    const index_t M = N * S;
+    const float mean = saved_mean[saved_mean_off + c];
+    const float inv_std = saved_inv_variance[saved_inv_variance_off + c];
+    const float gamma = scale[scale_off + c];
+    const float beta = bias[bias_off + c];
+
+    float sum_dz = 0.0f, sum_dz_xhat = 0.0f;
+    for (index_t i = lid; i < M; i += GROUP_SIZE) {
+        index_t e = element_index(i, C, S, c);
+        float x_hat = (x[x_off + e] - mean) * inv_std;
+        float z = x_hat * gamma + beta;
+        float a = ${act_forward};
+        float dz = dy[dy_off + e] * (${act_derivative});
+        sum_dz += dz;
+        sum_dz_xhat += dz * x_hat;
+    }
+    first[lid] = sum_dz;
+    second[lid] = sum_dz_xhat;
+    reduce_sum2(first, second, lid);
+    const float total_dz = first[0];
+    const float total_dz_xhat = second[0];
+
+    const float factor = gamma * inv_std / (float)M;
+    for (index_t i = lid; i < M; i += GROUP_SIZE) {
+        index_t e = element_index(i, C, S, c);
+        float x_hat = (x[x_off + e] - mean) * inv_std;
+        float z = x_hat * gamma + beta;
+        float a = ${act_forward};
+        float dz = dy[dy_off + e] * (${act_derivative});
+        dx[dx_off + e] = factor * ((float)M * dz - total_dz - x_hat * total_dz_xhat);
+    }
+    if (lid == 0) {
+        scale_diff[scale_diff_off + c] = total_dz_xhat;
+        bias_diff[bias_diff_off + c] = total_dz;
+    }
+}

@@ -1,0 +1,354 @@
+"""Fusion plans (MIOpen's fusion API): every chain and activation mode against PyTorch (float64)
+and against the library's unfused sequence, and every refusal."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dlprim_py as dp
+from conftest import assert_close, poisoned, random
+from dlprim_py import fusion
+
+MIOPEN_MODES = [
+    # (mode, activ_alpha, activ_beta, activ_gamma): parameters that change the result.
+    (fusion.ACTIVATION_PASTHRU, 0.0, 0.0, 0.0),
+    (fusion.ACTIVATION_LOGISTIC, 0.0, 0.0, 0.0),
+    (fusion.ACTIVATION_TANH, 0.7, 1.3, 0.0),
+    (fusion.ACTIVATION_RELU, 0.0, 0.0, 0.0),
+    (fusion.ACTIVATION_SOFTRELU, 0.0, 0.0, 0.0),
+    (fusion.ACTIVATION_ABS, 0.0, 0.0, 0.0),
+    (fusion.ACTIVATION_POWER, 0.5, 1.5, 2.0),
+    (fusion.ACTIVATION_CLIPPEDRELU, 0.8, 0.0, 0.0),
+    (fusion.ACTIVATION_LEAKYRELU, 0.1, 0.0, 0.0),
+    (fusion.ACTIVATION_ELU, 0.7, 0.0, 0.0),
+]
+
+
+def act_ref(mode, a, b, g, t):
+    """MIOpen's definition of each mode, on a float64 torch tensor."""
+    A = dp.Activation
+    return {
+        A.PASTHRU: lambda: t,
+        A.LOGISTIC: lambda: torch.sigmoid(t),
+        A.TANH: lambda: b * torch.tanh(a * t),
+        A.RELU: lambda: torch.relu(t),
+        A.SOFTRELU: lambda: F.softplus(t),
+        A.ABS: lambda: t.abs(),
+        A.POWER: lambda: (a + b * t) ** g,
+        A.CLIPPEDRELU: lambda: t.clamp(0.0, a),
+        A.LEAKYRELU: lambda: F.leaky_relu(t, a),
+        A.ELU: lambda: F.elu(t, a),
+    }[mode]()
+
+
+def t64(array):
+    return torch.from_numpy(np.asarray(array, dtype=np.float64))
+
+
+def bn_params(rng, shape):
+    """scale, bias, mean, variance (positive) of ``shape``."""
+    return (random(rng, shape, 0.5, 1.5), random(rng, shape), random(rng, shape),
+            random(rng, shape, 0.2, 2.0))
+
+
+def bn_inference_ref(x, scale, bias, mean, variance, eps):
+    x, scale, bias, mean, variance = map(t64, (x, scale, bias, mean, variance))
+    return (x - mean) / torch.sqrt(variance + eps) * scale + bias
+
+
+def dev(ctx, *arrays):
+    return [dp.Tensor.from_numpy(ctx, a) for a in arrays]
+
+
+# ---- BN inference + activation without a convolution: one pointwise kernel -----------------
+
+@pytest.mark.parametrize("mode, a, b, g", MIOPEN_MODES, ids=lambda v: getattr(v, "name", None))
+def test_batchnorm_inference_activation_every_mode(ctx, rng, mode, a, b, g):
+    shape = (2, 3, 5, 4)
+    x = random(rng, shape, -2, 2)
+    params = bn_params(rng, (1, 3, 1, 1))
+    eps = 1e-3
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(shape))
+    bn = plan.create_op_batchnorm_inference(fusion.BN_SPATIAL, dp.TensorDesc((1, 3, 1, 1)))
+    act = plan.create_op_activation_forward(mode)
+    plan.compile()
+    args = fusion.OperatorArgs()
+    scale, bias, mean, variance = dev(ctx, *params)
+    args.set_batchnorm_inference(bn, 1.0, 0.0, scale, bias, mean, variance, eps)
+    args.set_activation_forward(act, 1.0, 0.0, a, b, g)
+    y = poisoned(ctx, shape)
+    plan.execute(plan.input_desc, dp.Tensor.from_numpy(ctx, x), plan.output_desc, y, args)
+    ref = act_ref(mode, a, b, g, bn_inference_ref(x, *params, eps))
+    assert_close(y.numpy(), ref.numpy())
+    torch_ref = act_ref(mode, a, b, g, F.batch_norm(
+        t64(x), t64(params[2]).flatten(), t64(params[3]).flatten(), t64(params[0]).flatten(),
+        t64(params[1]).flatten(), training=False, eps=eps))
+    assert_close(y.numpy(), torch_ref.numpy())
+
+
+def test_batchnorm_per_activation_bias_chain(ctx, rng):
+    """bias -> BN (per activation) -> ELU -> bias: any order of pointwise ops is one kernel."""
+    shape = (3, 2, 3, 4)
+    x = random(rng, shape)
+    b0, b3 = random(rng, (1, 2, 1, 1)), random(rng, (2,))
+    params = bn_params(rng, (1, 2, 3, 4))
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(shape))
+    ops = [plan.create_op_bias_forward(dp.TensorDesc((1, 2, 1, 1))),
+           plan.create_op_batchnorm_inference(fusion.BN_PER_ACTIVATION, dp.TensorDesc((1, 2, 3, 4))),
+           plan.create_op_activation_forward(fusion.ACTIVATION_ELU),
+           plan.create_op_bias_forward(dp.TensorDesc((2,)))]
+    plan.compile()
+    assert [plan.get_op(i) for i in range(4)] == ops
+    args = fusion.OperatorArgs()
+    args.set_bias_forward(ops[0], 1.0, 0.0, *dev(ctx, b0))
+    args.set_batchnorm_inference(ops[1], 1.0, 0.0, *dev(ctx, *params), 1e-5)
+    args.set_activation_forward(ops[2], 1.0, 0.0, 0.5, 0.0, 0.0)
+    args.set_bias_forward(ops[3], 1.0, 0.0, *dev(ctx, b3))
+    y = poisoned(ctx, shape)
+    plan.execute(plan.input_desc, *dev(ctx, x), plan.output_desc, y, args)
+    z = bn_inference_ref(x + b0, *params, 1e-5)
+    ref = F.elu(z, 0.5) + t64(b3).reshape(1, 2, 1, 1)
+    assert_close(y.numpy(), ref.numpy())
+
+
+def test_activation_parameters_change_between_runs(ctx, rng):
+    """Activation parameters are compile-time constants: a new value builds a variant once."""
+    shape = (2, 2, 3, 3)
+    x = random(rng, shape, -2, 2)
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(shape))
+    act = plan.create_op_activation_forward(fusion.ACTIVATION_LEAKYRELU)
+    plan.compile()
+    xt = dp.Tensor.from_numpy(ctx, x)
+    for slope in (0.01, 0.3):
+        args = fusion.OperatorArgs()
+        args.set_activation_forward(act, 1.0, 0.0, slope, 0.0, 0.0)
+        y = poisoned(ctx, shape)
+        plan.execute(plan.input_desc, xt, plan.output_desc, y, args)
+        assert_close(y.numpy(), F.leaky_relu(t64(x), slope).numpy())
+
+
+def test_tensors_at_offsets(ctx, rng):
+    """Every tensor may start anywhere in its buffer."""
+    shape = (2, 3, 2, 2)
+    x = random(rng, shape)
+    params = bn_params(rng, (3,))
+    pool = dp.Tensor.from_numpy(ctx, random(rng, (200,)))
+
+    def at(offset, array):
+        t = dp.Tensor.from_buffer(ctx, pool.buffer, array.shape, offset=4 * offset)
+        t.copy_(dp.Tensor.from_numpy(ctx, array))
+        return t
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(shape))
+    bn = plan.create_op_batchnorm_inference(fusion.BN_SPATIAL, dp.TensorDesc((1, 3, 1, 1)))
+    act = plan.create_op_activation_forward(fusion.ACTIVATION_RELU)
+    plan.compile()
+    args = fusion.OperatorArgs()
+    args.set_batchnorm_inference(bn, 1, 0, at(3, params[0]), at(7, params[1]), at(11, params[2]),
+                                 at(17, params[3]), 1e-5)
+    args.set_activation_forward(act, 1, 0, 0, 0, 0)
+    y = dp.Tensor.from_buffer(ctx, pool.buffer, shape, offset=4 * 101)
+    y.fill_(np.nan)
+    plan.execute(plan.input_desc, at(23, x), plan.output_desc, y, args)
+    assert_close(y.numpy(), torch.relu(bn_inference_ref(x, *[p.reshape(1, 3, 1, 1) for p in params],
+                                                        1e-5)).numpy())
+
+
+# ---- BN training forward + activation and its backward ---------------------------------------
+
+def bn_train_torch(x, scale, bias, mode, activation, eps):
+    """act(batch_norm_train(x)) in float64 with autograd, and the batch statistics."""
+    n, c = x.shape[:2]
+    xt = t64(x).requires_grad_(True)
+    st, bt = t64(scale).requires_grad_(True), t64(bias).requires_grad_(True)
+    if mode == fusion.BN_SPATIAL:
+        dims = [0] + list(range(2, x.ndim))
+        view = (1, c) + (1,) * (x.ndim - 2)
+    else:
+        dims = [0]
+        view = (1,) + x.shape[1:]
+    mean = xt.mean(dim=dims, keepdim=True)
+    var = xt.var(dim=dims, unbiased=False, keepdim=True)
+    z = (xt - mean) / torch.sqrt(var + eps) * st.reshape(view) + bt.reshape(view)
+    y = activation(z)
+    count = x.size // (c if mode == fusion.BN_SPATIAL else x[0].size)
+    return xt, st, bt, y, mean.flatten(), var.flatten(), count
+
+
+@pytest.mark.parametrize("mode, activation, reference", [
+    (fusion.BN_SPATIAL, fusion.ACTIVATION_RELU, torch.relu),
+    (fusion.BN_PER_ACTIVATION, fusion.ACTIVATION_LOGISTIC, torch.sigmoid),
+], ids=["spatial-relu", "per_activation-logistic"])
+def test_batchnorm_train_forward_and_backward_activation(ctx, rng, mode, activation, reference):
+    shape = (4, 3, 5, 6)
+    x = random(rng, shape, -1, 3)
+    param_shape = (1, 3, 1, 1) if mode == fusion.BN_SPATIAL else (1, 3, 5, 6)
+    scale, bias = random(rng, param_shape, 0.5, 1.5), random(rng, param_shape)
+    running_mean, running_var = random(rng, param_shape), random(rng, param_shape, 0.5, 1.5)
+    eps, factor = 1e-4, 0.2
+
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(shape))
+    bn = plan.create_op_batchnorm_forward(mode, True)
+    act = plan.create_op_activation_forward(activation)
+    plan.compile()
+    args = fusion.OperatorArgs()
+    scale_d, bias_d, xd = dev(ctx, scale, bias, x)
+    saved_mean, saved_inv = poisoned(ctx, param_shape), poisoned(ctx, param_shape)
+    run_mean, run_var = dev(ctx, running_mean, running_var)
+    args.set_batchnorm_forward(bn, 1.0, 0.0, scale_d, bias_d, saved_mean, saved_inv, run_mean,
+                               run_var, factor, eps)
+    args.set_activation_forward(act, 1.0, 0.0, 0.0, 0.0, 0.0)
+    y = poisoned(ctx, shape)
+    plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+
+    xt, st, bt, y_ref, mean, var, count = bn_train_torch(x, scale, bias, mode, reference, eps)
+    assert_close(y.numpy(), y_ref.detach().numpy())
+    assert_close(saved_mean.numpy().ravel(), mean.detach().numpy())
+    assert_close(saved_inv.numpy().ravel(), (1 / torch.sqrt(var + eps)).detach().numpy())
+    unbiased = var * count / (count - 1)
+    assert_close(run_mean.numpy().ravel(),
+                 ((1 - factor) * t64(running_mean).flatten() + factor * mean).detach().numpy())
+    assert_close(run_var.numpy().ravel(),
+                 ((1 - factor) * t64(running_var).flatten() + factor * unbiased).detach().numpy())
+
+    # Backward, in MIOpen's op order (batch norm, then activation).
+    dy = random(rng, shape)
+    y_ref.backward(t64(dy))
+    back = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(shape))
+    bn_back = back.create_op_batchnorm_backward(mode)
+    act_back = back.create_op_activation_backward(activation)
+    back.compile()
+    bargs = fusion.OperatorArgs()
+    dscale, dbias = poisoned(ctx, param_shape), poisoned(ctx, param_shape)
+    bargs.set_batchnorm_backward(bn_back, 1.0, 0.0, xd, scale_d, bias_d, dscale, dbias,
+                                 saved_mean, saved_inv)
+    bargs.set_activation_backward(act_back, 1.0, 0.0, y, None, 0.0, 0.0, 0.0)
+    dx = poisoned(ctx, shape)
+    back.execute(back.input_desc, *dev(ctx, dy), back.output_desc, dx, bargs)
+    assert_close(dx.numpy(), xt.grad.numpy())
+    assert_close(dscale.numpy().ravel(), st.grad.numpy().ravel())
+    assert_close(dbias.numpy().ravel(), bt.grad.numpy().ravel())
+
+
+def test_batchnorm_train_without_activation_or_running_statistics(ctx, rng):
+    """Plain training batch norm (no activation, nothing saved) on an (N, C) input, and the
+    backward plan without activation in data-flow order."""
+    shape = (16, 5)
+    x = random(rng, shape, -3, 1)
+    scale, bias = random(rng, (5,), 0.5, 1.5), random(rng, (5,))
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(shape))
+    bn = plan.create_op_batchnorm_forward(fusion.BN_SPATIAL, running_mean_variance=False)
+    plan.compile()
+    args = fusion.OperatorArgs()
+    scale_d, bias_d, xd = dev(ctx, scale, bias, x)
+    args.set_batchnorm_forward(bn, 1, 0, scale_d, bias_d, epsilon=1e-5)
+    y = poisoned(ctx, shape)
+    plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+    xt, st, bt, y_ref, mean, var, _ = bn_train_torch(x, scale, bias, fusion.BN_SPATIAL,
+                                                     lambda z: z, 1e-5)
+    assert_close(y.numpy(), y_ref.detach().numpy())
+    torch_ref = F.batch_norm(t64(x), None, None, t64(scale), t64(bias), training=True, eps=1e-5)
+    assert_close(y.numpy(), torch_ref.numpy())
+
+    dy = random(rng, shape)
+    y_ref.backward(t64(dy))
+    back = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(shape))
+    bn_back = back.create_op_batchnorm_backward(fusion.BN_SPATIAL)
+    back.compile()
+    bargs = fusion.OperatorArgs()
+    dscale, dbias = poisoned(ctx, (5,)), poisoned(ctx, (5,))
+    saved_mean = dp.Tensor.from_numpy(ctx, mean.detach().numpy().astype(np.float32))
+    saved_inv = dp.Tensor.from_numpy(ctx, (1 / torch.sqrt(var + 1e-5)).detach().numpy().astype(np.float32))
+    bargs.set_batchnorm_backward(bn_back, 1, 0, xd, scale_d, bias_d, dscale, dbias, saved_mean,
+                                 saved_inv)
+    dx = poisoned(ctx, shape)
+    back.execute(back.input_desc, *dev(ctx, dy), back.output_desc, dx, bargs)
+    assert_close(dx.numpy(), xt.grad.numpy())
+    assert_close(dscale.numpy(), st.grad.numpy())
+    assert_close(dbias.numpy(), bt.grad.numpy())
+
+
+# ---- refusals --------------------------------------------------------------------------------
+
+def test_horizontal_is_refused(ctx):
+    plan = fusion.FusionPlan(ctx, fusion.HORIZONTAL, dp.TensorDesc((1, 2, 3, 3)))
+    plan.create_op_activation_forward(fusion.ACTIVATION_RELU)
+    with pytest.raises(dp.UnsupportedError, match="horizontal"):
+        plan.compile()
+
+
+def test_empty_plan_is_refused(ctx):
+    with pytest.raises(dp.UnsupportedError, match="supported chains"):
+        fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc((1, 2, 3, 3))).compile()
+
+
+def test_convolution_after_pointwise_ops_is_refused(ctx):
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc((1, 2, 5, 5)))
+    plan.create_op_bias_forward(dp.TensorDesc((1, 2, 1, 1)))
+    plan.create_op_conv_forward(dp.ConvolutionDesc(), dp.TensorDesc((4, 2, 3, 3)))
+    with pytest.raises(dp.UnsupportedError, match=r"op 1 \(conv.*supported chains: conv"):
+        plan.compile()
+
+
+def test_op_after_activation_in_conv_chain_is_refused(ctx):
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc((1, 2, 5, 5)))
+    plan.create_op_conv_forward(dp.ConvolutionDesc(), dp.TensorDesc((4, 2, 3, 3)))
+    plan.create_op_activation_forward(fusion.ACTIVATION_RELU)
+    plan.create_op_bias_forward(dp.TensorDesc((1, 4, 1, 1)))
+    with pytest.raises(dp.UnsupportedError, match=r"op 2 \(bias.*follows the activation.*supported chains"):
+        plan.compile()
+
+
+def test_training_ops_mixed_with_inference_are_refused(ctx):
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc((2, 2, 3, 3)))
+    plan.create_op_batchnorm_forward(fusion.BN_SPATIAL)
+    plan.create_op_bias_forward(dp.TensorDesc((1, 2, 1, 1)))
+    with pytest.raises(dp.UnsupportedError, match=r"op 1 \(bias"):
+        plan.compile()
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc((2, 2, 3, 3)))
+    plan.create_op_activation_backward(fusion.ACTIVATION_RELU)
+    with pytest.raises(dp.UnsupportedError, match="batchnorm_backward"):
+        plan.compile()
+
+
+def test_weight_channels_that_disagree_with_the_input_raise_at_compile(ctx):
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc((1, 3, 5, 5)))
+    plan.create_op_conv_forward(dp.ConvolutionDesc(), dp.TensorDesc((4, 2, 3, 3)))
+    with pytest.raises(dp.ShapeError, match="2 channels per group.*input has 3 channels"):
+        plan.compile()
+
+
+def test_parameter_descriptor_that_disagrees_raises_at_compile(ctx):
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc((1, 3, 5, 5)))
+    plan.create_op_batchnorm_inference(fusion.BN_SPATIAL, dp.TensorDesc((1, 4, 1, 1)))
+    with pytest.raises(dp.ShapeError, match=r"shape \(1, 4, 1, 1\), expected \(1, 3, 1, 1\)"):
+        plan.compile()
+
+
+def test_bad_calls(ctx, rng):
+    shape = (1, 2, 2, 2)
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(shape))
+    act = plan.create_op_activation_forward(fusion.ACTIVATION_RELU)
+    with pytest.raises(dp.DlprimError, match="out of range"):
+        plan.get_op(1)
+    x, y = dev(ctx, random(rng, shape), random(rng, shape))
+    args = fusion.OperatorArgs()
+    args.set_activation_forward(act, 1, 0, 0, 0, 0)
+    with pytest.raises(dp.DlprimError, match="compile"):
+        plan.execute(plan.input_desc, x, plan.input_desc, y, args)
+    plan.compile()
+    with pytest.raises(dp.ShapeError, match="input descriptor"):
+        plan.execute(dp.TensorDesc((1, 2, 2, 3)), x, plan.output_desc, y, args)
+    with pytest.raises(dp.ShapeError, match="x has shape"):
+        plan.execute(plan.input_desc, dp.Tensor.empty(ctx, (8,)), plan.output_desc, y, args)
+    with pytest.raises(dp.UnsupportedError, match="alpha must be 1"):
+        args.set_activation_forward(act, 0.5, 0, 0, 0, 0)
+    with pytest.raises(dp.DlprimError, match="no arguments"):
+        plan.execute(plan.input_desc, x, plan.output_desc, y, fusion.OperatorArgs())
+    with pytest.raises(dp.DlprimError, match="compiled"):
+        plan.create_op_bias_forward(dp.TensorDesc((1, 2, 1, 1)))
+    with pytest.raises(dp.UnsupportedError, match="BN_SPATIAL"):
+        fusion.FusionPlan(ctx, fusion.VERTICAL, plan.input_desc).create_op_batchnorm_inference(
+            "bogus", dp.TensorDesc((1, 2, 1, 1)))
+    with pytest.raises(dp.UnsupportedError, match="has no convolution"):
+        plan.conv_algorithms(1)
+    assert plan.workspace_size() == 0
