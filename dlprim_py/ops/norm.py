@@ -1,0 +1,396 @@
+"""Normalization: batch norm (training and inference, spatial and per-activation, with the
+running-statistics update), layer norm, group norm and local response norm, forward and backward.
+
+Two layers, as elsewhere in the library:
+
+* MIOpen-style functions on caller-owned tensors, which the fusion plans reuse:
+  ``batch_norm_forward_training``, ``batch_norm_forward_inference``, ``batch_norm_backward``.
+* torch.nn.functional names (``batch_norm``, ``layer_norm``, ``group_norm``,
+  ``local_response_norm``) that allocate outputs and record the backward on the autograd tape.
+
+Kernels: ``kernels/norm.cl.mako``. Statistics are reduced by work-group trees over chunks of each
+channel, so a channel of 10^7 elements never accumulates in one running float sum; sizes are
+run-time arguments, so a compile serves every shape. Layout: NC* (channels second), float32.
+"""
+import math
+
+import numpy as np
+
+from .. import autograd, program
+from ..activation import as_activation
+from ..context import check_same_context
+from ..dtypes import float32
+from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..tensor import Tensor
+from .pointwise import PointwiseKernel
+
+BN_MODES = ("spatial", "per_activation")
+_INT32_LIMIT = 2 ** 31 - 1
+
+
+def _group_size(ctx):
+    size = 1
+    while size * 2 <= min(256, ctx.info.max_work_group_size):
+        size *= 2
+    return size
+
+
+def _program(ctx, mode="stats", activation=None):
+    desc = as_activation(activation)
+    code = "v_act" if desc is None or desc.is_identity else desc.forward_code("v_act")
+    return program.build(ctx, "norm", dict(group_size=_group_size(ctx), mode=mode, activation=code))
+
+
+def _buf(t):
+    """(buffer, element offset) of an optional tensor; (None, 0) passes a NULL pointer."""
+    return (None, np.int64(0)) if t is None else (t.buffer, np.int64(t.offset_elements))
+
+
+def _check_float(what, t, required=True):
+    if t is None:
+        if required:
+            raise ShapeError(f"{what} is required")
+        return
+    if not isinstance(t, Tensor):
+        raise DTypeError(f"{what} must be a Tensor, got {type(t).__name__}")
+    if t.dtype != float32:
+        raise DTypeError(f"{what} must be float32, got {t.dtype}")
+
+
+def _check_size(what, t, size):
+    if t is not None and t.size != size:
+        raise ShapeError(f"{what} must have {size} elements (one per channel), got shape {t.shape}")
+
+
+def _bn_view(x, mode):
+    """(N, C, S) of batch norm on ``x`` in ``mode``."""
+    if mode not in BN_MODES:
+        raise UnsupportedError(f"batch norm mode must be one of {', '.join(BN_MODES)}, got {mode!r}")
+    if x.ndim < 2:
+        raise ShapeError(f"batch norm expects an (N, C, ...) input, got shape {x.shape}")
+    N, C = x.shape[0], x.shape[1]
+    S = math.prod(x.shape[2:])
+    if mode == "per_activation":
+        C, S = C * S, 1
+    if max(N * C * S + x.offset_elements, C * S) >= _INT32_LIMIT // 2 or N * S >= _INT32_LIMIT:
+        raise UnsupportedError(f"batch norm of {x.shape}: more than 2^30 elements")
+    return N, C, S
+
+
+# ---- channel statistics (batch norm, and the weight gradients of layer/group norm) --------
+
+def _chunks(ctx, C, M, forced=None):
+    """How many work groups share one channel's M elements: enough groups to fill the device,
+    never fewer than four elements per work item."""
+    group = _group_size(ctx)
+    if forced is not None:
+        chunks = forced
+    else:
+        target = 8 * ctx.info.compute_units
+        chunks = min(-(-target // C), -(-M // (4 * group)))
+    chunks = max(1, min(chunks, M))
+    per_chunk = -(-M // chunks)
+    return -(-M // per_chunk), per_chunk
+
+
+def channel_partial_sums(ctx, mode, N, C, S, x, dy=None, mean=None, row_mean=None, row_rstd=None,
+                         G=1, Cg=1, chunks=None):
+    """Per-channel partial sums of x seen as (N, C, S); see ``kernels/norm.cl.mako``.
+    Returns (partials, chunks) with partials a (chunks, C, 2) float32 tensor. ``chunks`` forces
+    the split of each channel (None: chosen for the device)."""
+    chunks, per_chunk = _chunks(ctx, C, N * S, chunks)
+    partials = Tensor.empty(ctx, (chunks, C, 2), float32)
+    kernel = _program(ctx, mode).kernel("channel_partial_sums")
+    i32 = np.int32
+    args = [i32(N), i32(C), i32(S), i32(per_chunk), x.buffer, np.int64(x.offset_elements)]
+    if mode != "stats":
+        args += [dy.buffer, np.int64(dy.offset_elements)]
+    if mode == "grad":
+        args += [mean.buffer, np.int64(mean.offset_elements)]
+    elif mode == "grad_affine":
+        args += [row_mean.buffer, row_rstd.buffer, i32(G), i32(Cg)]
+    args.append(partials.buffer)
+    group = _group_size(ctx)
+    kernel(ctx.queue, (group * chunks, C), (group, 1), *args)
+    return partials, chunks
+
+
+def _per_channel_launch(ctx, kernel, C, *args):
+    group = min(64, ctx.info.max_work_group_size)
+    kernel(ctx.queue, (-(-C // group) * group,), (group,), *args)
+
+
+def _apply(ctx, N, C, S, coef, u, v, out, activation=None):
+    rows = N * C
+    if rows == 0 or S == 0:
+        return
+    limit = min(256, ctx.info.max_work_group_size)
+    local0 = 1
+    while local0 < min(S, limit):
+        local0 *= 2
+    local0 = min(local0, limit)
+    local1 = max(1, limit // local0)
+    kernel = _program(ctx, "stats", activation).kernel("channel_apply")
+    gsize = (-(-S // local0) * local0, -(-rows // local1) * local1)
+    kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(S),
+           coef.buffer, u.buffer, np.int64(u.offset_elements), *_buf(v), out.buffer,
+           np.int64(out.offset_elements))
+
+
+# ---- batch norm, MIOpen style -------------------------------------------------------------
+
+def _check_bn(x, y, mode, named):
+    _check_float("x", x)
+    _check_float("y", y)
+    N, C, S = _bn_view(x, mode)
+    if y.shape != x.shape:
+        raise ShapeError(f"y must have x's shape {x.shape}, got {y.shape}")
+    for what, t in named.items():
+        _check_float(what, t, required=False)
+        _check_size(what, t, C)
+    check_same_context(x, y, *named.values())
+    return N, C, S
+
+
+def batch_norm_forward_training(x, y, weight=None, bias=None, running_mean=None, running_var=None,
+                                save_mean=None, save_invstd=None, momentum=0.1, eps=1e-5,
+                                mode="spatial", activation=None, chunks=None):
+    """Batch norm with batch statistics: y = act((x - mean) / sqrt(var + eps) * weight + bias).
+
+    x, y: (N, C, ...) float32. mode "spatial": statistics per channel over N and every spatial
+    position; "per_activation": per element of x[0] over N (weight etc. then have x[0].size
+    elements). weight, bias: per-channel or None (1 and 0). running_mean/running_var (both or
+    neither) are updated in place with ``momentum`` (running_var with the unbiased variance).
+    save_mean/save_invstd (both or neither) receive the batch mean and 1/sqrt(var + eps), which
+    ``batch_norm_backward`` takes. ``activation``: an optional fused activation (descriptor or
+    name). ``chunks`` forces how many work groups reduce one channel.
+    """
+    N, C, S = _check_bn(x, y, mode, dict(weight=weight, bias=bias, running_mean=running_mean,
+                                         running_var=running_var, save_mean=save_mean,
+                                         save_invstd=save_invstd))
+    if (running_mean is None) != (running_var is None) or (save_mean is None) != (save_invstd is None):
+        raise ShapeError("give running_mean with running_var, and save_mean with save_invstd")
+    if N * S <= 1:
+        raise ShapeError(f"batch norm training needs more than one value per channel, got input "
+                         f"shape {x.shape} in {mode} mode")
+    ctx = x.ctx
+    partials, chunks = channel_partial_sums(ctx, "stats", N, C, S, x, chunks=chunks)
+    coef = Tensor.empty(ctx, (C, 5), float32)
+    kernel = _program(ctx).kernel("channel_finalize_stats")
+    _per_channel_launch(ctx, kernel, C, np.int32(N), np.int32(C), np.int32(S), np.int32(chunks),
+                        np.float32(eps), np.float32(momentum), x.buffer, np.int64(x.offset_elements),
+                        partials.buffer, *_buf(weight), *_buf(bias), *_buf(running_mean),
+                        *_buf(running_var), *_buf(save_mean), *_buf(save_invstd), coef.buffer)
+    _apply(ctx, N, C, S, coef, x, None, y, activation)
+
+
+def batch_norm_forward_inference(x, y, weight=None, bias=None, running_mean=None, running_var=None,
+                                 eps=1e-5, mode="spatial", activation=None):
+    """Batch norm with given statistics: y = act((x - running_mean) / sqrt(running_var + eps)
+    * weight + bias). Shapes as in ``batch_norm_forward_training``; the statistics are required."""
+    N, C, S = _check_bn(x, y, mode, dict(weight=weight, bias=bias, running_mean=running_mean,
+                                         running_var=running_var))
+    if running_mean is None or running_var is None:
+        raise ShapeError("batch norm inference needs running_mean and running_var")
+    ctx = x.ctx
+    coef = Tensor.empty(ctx, (C, 5), float32)
+    kernel = _program(ctx).kernel("channel_coef_inference")
+    _per_channel_launch(ctx, kernel, C, np.int32(C), np.float32(eps), *_buf(running_mean),
+                        *_buf(running_var), *_buf(weight), *_buf(bias), coef.buffer)
+    _apply(ctx, N, C, S, coef, x, None, y, activation)
+
+
+def batch_norm_backward(x, dy, dx, weight=None, mean=None, invstd=None, dweight=None, dbias=None,
+                        mode="spatial", training=True, chunks=None):
+    """Gradients of batch norm (without a fused activation).
+
+    ``mean``/``invstd``: the statistics the forward used: save_mean/save_invstd of a training
+    forward (``training=True``: the statistics depend on x, which the gradient includes), or the
+    running mean and 1/sqrt(running_var + eps) of inference (``training=False``). Writes dx
+    (may be None), and dweight/dbias when given (per channel). x, dy, dx: (N, C, ...) float32.
+    """
+    _check_float("dy", dy)
+    N, C, S = _check_bn(x, dy, mode, dict(weight=weight, mean=mean, invstd=invstd,
+                                          dweight=dweight, dbias=dbias))
+    if mean is None or invstd is None:
+        raise ShapeError("batch norm backward needs the mean and invstd its forward used")
+    if dx is not None:
+        _check_float("dx", dx)
+        if dx.shape != x.shape:
+            raise ShapeError(f"dx must have x's shape {x.shape}, got {dx.shape}")
+        check_same_context(x, dx)
+    ctx = x.ctx
+    partials, chunks = channel_partial_sums(ctx, "grad", N, C, S, x, dy=dy, mean=mean, chunks=chunks)
+    coef = Tensor.empty(ctx, (C, 5), float32)
+    kernel = _program(ctx).kernel("channel_finalize_grad")
+    _per_channel_launch(ctx, kernel, C, np.int32(N), np.int32(C), np.int32(S), np.int32(chunks),
+                        np.int32(bool(training)), partials.buffer, *_buf(mean), *_buf(invstd),
+                        *_buf(weight), *_buf(dweight), *_buf(dbias), coef.buffer)
+    if dx is not None:
+        _apply(ctx, N, C, S, coef, dy, x, dx)
+
+
+_invstd_kernel = PointwiseKernel("bn_invstd", [("var", float32)], [("invstd", float32)],
+                                 "invstd = rsqrt(var + eps);", scalars=[("eps", np.float32)])
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    """torch.nn.functional.batch_norm on (N, C, ...) float32 (statistics per channel C).
+
+    training=True normalizes with the batch statistics and updates running_mean/running_var in
+    place (when given); training=False uses them. Gradients flow to input, weight and bias.
+    """
+    _check_float("input", input)
+    if momentum is None:
+        raise UnsupportedError("momentum=None (cumulative average) belongs to the module's "
+                               "batch counter; pass a float")
+    y = Tensor.empty(input.ctx, input.shape, input.dtype)
+    if training:
+        C = _bn_view(input, "spatial")[1]
+        mean = Tensor.empty(input.ctx, (C,), float32)
+        invstd = Tensor.empty(input.ctx, (C,), float32)
+        batch_norm_forward_training(input, y, weight, bias, running_mean, running_var, mean, invstd,
+                                    momentum, eps)
+    else:
+        batch_norm_forward_inference(input, y, weight, bias, running_mean, running_var, eps)
+        mean, invstd = running_mean, None
+
+    def backward(g):
+        stats_invstd = invstd
+        if not training:
+            stats_invstd = Tensor.empty(input.ctx, running_var.shape, float32)
+            _invstd_kernel([running_var], [stats_invstd], [eps])
+        dx = Tensor.empty(input.ctx, input.shape, float32)
+        dweight = Tensor.empty(input.ctx, weight.shape, float32) if weight is not None else None
+        dbias = Tensor.empty(input.ctx, bias.shape, float32) if bias is not None else None
+        batch_norm_backward(input, g, dx, weight, mean, stats_invstd, dweight, dbias,
+                            training=training)
+        return dx, dweight, dbias
+
+    return autograd.record(y, (input, weight, bias), backward, "batch_norm")
+
+
+# ---- layer norm and group norm --------------------------------------------------------------
+
+def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name):
+    """Normalize ``rows`` rows of D elements; the affine weight of element d of row r is
+    w[(r % G) * Cg + d // S]. ``grad_view`` = (N, C, S) for the weight gradients."""
+    ctx = x.ctx
+    y = Tensor.empty(ctx, x.shape, float32)
+    save_mean = Tensor.empty(ctx, (max(rows, 1),), float32)
+    save_rstd = Tensor.empty(ctx, (max(rows, 1),), float32)
+    prog = _program(ctx)
+    group = _group_size(ctx)
+    i32 = np.int32
+    if rows and D:
+        prog.kernel("row_norm_forward")(
+            ctx.queue, (group * rows,), (group,), i32(D), i32(G), i32(Cg), i32(S), np.float32(eps),
+            x.buffer, np.int64(x.offset_elements), *_buf(weight), *_buf(bias), y.buffer,
+            np.int64(y.offset_elements), save_mean.buffer, save_rstd.buffer)
+
+    def backward(g):
+        dx = Tensor.empty(ctx, x.shape, float32)
+        if rows and D:
+            prog.kernel("row_norm_backward")(
+                ctx.queue, (group * rows,), (group,), i32(D), i32(G), i32(Cg), i32(S),
+                x.buffer, np.int64(x.offset_elements), g.buffer, np.int64(g.offset_elements),
+                *_buf(weight), save_mean.buffer, save_rstd.buffer, dx.buffer,
+                np.int64(dx.offset_elements))
+        dweight = dbias = None
+        if weight is not None or bias is not None:
+            N, C, S_ = grad_view
+            dweight = Tensor.empty(ctx, weight.shape, float32) if weight is not None else None
+            dbias = Tensor.empty(ctx, bias.shape, float32) if bias is not None else None
+            if N * S_:
+                partials, chunks = channel_partial_sums(ctx, "grad_affine", N, C, S_, x, dy=g,
+                                                        row_mean=save_mean, row_rstd=save_rstd,
+                                                        G=G, Cg=Cg)
+                _per_channel_launch(ctx, prog.kernel("channel_finalize_sums"), C, i32(C),
+                                    i32(chunks), partials.buffer, *_buf(dweight), *_buf(dbias))
+            else:
+                for t in (dweight, dbias):
+                    if t is not None:
+                        t.fill_(0.0)
+        return dx, dweight, dbias
+
+    return autograd.record(y, (x, weight, bias), backward, name)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """torch.nn.functional.layer_norm: normalize over the trailing ``normalized_shape``
+    dimensions; weight and bias (optional) have that shape."""
+    _check_float("input", input)
+    if isinstance(normalized_shape, (int, np.integer)):
+        normalized_shape = (int(normalized_shape),)
+    normalized_shape = tuple(normalized_shape)
+    k = len(normalized_shape)
+    if k == 0 or k > input.ndim or input.shape[input.ndim - k:] != normalized_shape:
+        raise ShapeError(f"layer_norm: normalized_shape {normalized_shape} must be the trailing "
+                         f"dimensions of the input shape {input.shape}")
+    for what, t in (("weight", weight), ("bias", bias)):
+        _check_float(what, t, required=False)
+        if t is not None and t.shape != normalized_shape:
+            raise ShapeError(f"layer_norm: {what} must have shape {normalized_shape}, got {t.shape}")
+    check_same_context(input, weight, bias)
+    D = math.prod(normalized_shape)
+    rows = input.size // D if D else 0
+    return _row_norm(input, rows, D, 1, D, 1, weight, bias, eps, (rows, D, 1), "layer_norm")
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """torch.nn.functional.group_norm on (N, C, ...): statistics per sample and group of
+    C / num_groups channels; weight and bias (optional) are per channel."""
+    _check_float("input", input)
+    if input.ndim < 2:
+        raise ShapeError(f"group_norm expects an (N, C, ...) input, got shape {input.shape}")
+    N, C = input.shape[:2]
+    if not isinstance(num_groups, (int, np.integer)) or num_groups <= 0 or C % num_groups:
+        raise ShapeError(f"group_norm: {C} channels do not split into {num_groups} groups")
+    for what, t in (("weight", weight), ("bias", bias)):
+        _check_float(what, t, required=False)
+        _check_size(what, t, C)
+    check_same_context(input, weight, bias)
+    S = math.prod(input.shape[2:])
+    G, Cg = int(num_groups), C // num_groups
+    return _row_norm(input, N * G, Cg * S, G, Cg, S, weight, bias, eps, (N, C, S), "group_norm")
+
+
+# ---- local response norm --------------------------------------------------------------------
+
+def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
+    """torch.nn.functional.local_response_norm across channels of (N, C, ...) (3-d or more):
+    y = x / (k + alpha / size * sum of x^2 over the ``size`` neighbouring channels) ** beta."""
+    _check_float("input", input)
+    if input.ndim < 3:
+        raise ShapeError(f"local_response_norm expects a 3-d or higher (N, C, ...) input, got "
+                         f"shape {input.shape}")
+    if not isinstance(size, (int, np.integer)) or size <= 0:
+        raise ShapeError(f"local_response_norm: size must be a positive int, got {size!r}")
+    ctx = input.ctx
+    C = input.shape[1]
+    S = math.prod(input.shape[2:])
+    total = input.size
+    y = Tensor.empty(ctx, input.shape, float32)
+    needs_grad = autograd.needs_grad(input)
+    scale = Tensor.empty(ctx, input.shape, float32) if needs_grad else None
+    prog = _program(ctx)
+    from .pointwise import launch_size
+    params = (np.int32(C), np.int32(S), np.int32(size), np.float32(alpha), np.float32(beta))
+    if total:
+        gsize, lsize = launch_size(ctx, total)
+        prog.kernel("lrn_forward")(ctx.queue, gsize, lsize, np.int64(total), *params, np.float32(k),
+                                   input.buffer, np.int64(input.offset_elements), y.buffer,
+                                   np.int64(y.offset_elements), scale.buffer if scale else None)
+
+    def backward(g):
+        dx = Tensor.empty(ctx, input.shape, float32)
+        if total:
+            prog.kernel("lrn_backward")(ctx.queue, gsize, lsize, np.int64(total), *params,
+                                        input.buffer, np.int64(input.offset_elements), y.buffer,
+                                        np.int64(y.offset_elements), g.buffer,
+                                        np.int64(g.offset_elements), scale.buffer, dx.buffer,
+                                        np.int64(dx.offset_elements))
+        return (dx,)
+
+    return autograd.record(y, (input,), backward, "local_response_norm")

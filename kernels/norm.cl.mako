@@ -1,0 +1,377 @@
+## Normalization: batch norm (per-channel statistics over (N, S)), layer norm and group norm
+## (per-row statistics), and local response norm across channels.
+##
+## Batch norm sees x as (N, C, S): spatial mode has S = H*W..., per-activation mode folds every
+## non-batch position into C and has S = 1. It runs in three steps, all sizes at run time:
+##   channel_partial_sums   grid (GROUP_SIZE * chunks, C): work group (chunk j, channel c) reduces
+##                          its slice of the N*S elements of channel c to two sums (tree in local
+##                          memory), written to partials[(j*C + c)*2 + {0, 1}]:
+##                            "stats":       sum(x - K), sum((x - K)^2) with K = x[0, c, 0], a
+##                                           shift that keeps the variance free of cancellation;
+##                            "grad":        sum(dy), sum(dy * (x - mean[c]));
+##                            "grad_affine": sum(dy), sum(dy * xhat) with xhat from per-row
+##                                           statistics (row = n*G + c / Cg): the weight and bias
+##                                           gradients of layer norm and group norm.
+##   channel_finalize_*     one work item per channel: mean, invstd, running-stat update and the
+##                          coefficients of the elementwise step, or the weight/bias gradients.
+##   channel_apply          out = act((u - coef0) * coef1 + (v - coef2) * coef3 + coef4) per
+##                          channel, v optional; grid (tile, rows) with row = n*C + c, so no
+##                          per-element integer division.
+## Layer norm and group norm see x as rows of D contiguous elements: one work group per row
+## computes the statistics and writes the normalized row (row_norm_forward), or the gradient
+## (row_norm_backward). The affine weight of element d of row r is w[(r % G) * Cg + d / S]
+## (layer norm: G = 1, Cg = D, S = 1), tracked incrementally without per-element division.
+## Local response norm (lrn_*): one work item per element, the window runs over channels.
+##
+## Template parameters:
+##   group_size   work-group size of the reduction kernels (a power of two)
+##   mode         channel_partial_sums flavour: "stats", "grad" or "grad_affine"
+##   activation   OpenCL C expression of the activation applied by channel_apply to a float
+##                variable named v_act ("v_act" for none)
+#define GROUP_SIZE ${group_size}
+
+// Sums two values over the work group; every work item returns the totals.
+inline float2 group_sum2(float2 value, __local float2* scratch)
+{
+    const int lid = get_local_id(0);
+    scratch[lid] = value;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int width = GROUP_SIZE / 2; width > 0; width >>= 1) {
+        if (lid < width)
+            scratch[lid] += scratch[lid + width];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    float2 total = scratch[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void channel_partial_sums(int N, int C, int S, int per_chunk
+    , __global const float* restrict x, long x_off
+% if mode != "stats":
+    , __global const float* restrict dy, long dy_off
+% endif
+% if mode == "grad":
+    , __global const float* restrict mean, long mean_off
+% elif mode == "grad_affine":
+    , __global const float* restrict row_mean, __global const float* restrict row_rstd
+    , int G, int Cg
+% endif
+    , __global float* restrict partials)
+{
+    __local float2 scratch[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    const int chunk = get_group_id(0);
+    const int c = get_global_id(1);
+    const long M = (long)N * S;
+    const long begin = (long)chunk * per_chunk;
+    const long end = min(begin + per_chunk, M);
+    const long plane = (long)C * S;
+% if mode == "stats":
+    const float shift = x[x_off + (long)c * S];
+% elif mode == "grad":
+    const float shift = mean[mean_off + c];
+% endif
+    float2 acc = (float2)(0.0f, 0.0f);
+    // (n, s) of element r = n*S + s, advanced by GROUP_SIZE without dividing in the loop.
+    long r = begin + lid;
+    int n = (int)(r / S);
+    int s = (int)(r - (long)n * S);
+    const int step_n = GROUP_SIZE / S;
+    const int step_s = GROUP_SIZE - step_n * S;
+    for (; r < end; r += GROUP_SIZE) {
+        const long at = (long)n * plane + (long)c * S + s;
+% if mode == "stats":
+        const float v = x[x_off + at] - shift;
+        acc += (float2)(v, v * v);
+% elif mode == "grad":
+        const float g = dy[dy_off + at];
+        acc += (float2)(g, g * (x[x_off + at] - shift));
+% else:
+        const int row = n * G + c / Cg;
+        const float g = dy[dy_off + at];
+        acc += (float2)(g, g * (x[x_off + at] - row_mean[row]) * row_rstd[row]);
+% endif
+        n += step_n;
+        s += step_s;
+        if (s >= S) {
+            s -= S;
+            ++n;
+        }
+    }
+    const float2 total = group_sum2(acc, scratch);
+    if (lid == 0)
+        vstore2(total, (long)chunk * C + c, partials);
+}
+
+// coef[c*5 + k] of channel_apply: y = (x - mean) * (gamma * invstd) + beta.
+__kernel void channel_finalize_stats(int N, int C, int S, int chunks, float eps, float momentum
+    , __global const float* restrict x, long x_off, __global const float* restrict partials
+    , __global const float* restrict weight, long weight_off
+    , __global const float* restrict bias, long bias_off
+    , __global float* restrict running_mean, long running_mean_off
+    , __global float* restrict running_var, long running_var_off
+    , __global float* restrict save_mean, long save_mean_off
+    , __global float* restrict save_invstd, long save_invstd_off
+    , __global float* restrict coef)
+{
+    const int c = get_global_id(0);
+    if (c >= C)
+        return;
+    float2 total = (float2)(0.0f, 0.0f);
+    for (int j = 0; j < chunks; ++j)
+        total += vload2((long)j * C + c, partials);
+    const float count = (float)((long)N * S);
+    const float shifted_mean = total.x / count;
+    const float mean = x[x_off + (long)c * S] + shifted_mean;
+    const float var = fmax(total.y / count - shifted_mean * shifted_mean, 0.0f);
+    const float invstd = rsqrt(var + eps);
+    if (running_mean) {
+        running_mean[running_mean_off + c] = (1.0f - momentum) * running_mean[running_mean_off + c]
+                                             + momentum * mean;
+        // The running variance is the unbiased estimate, as in torch.
+        running_var[running_var_off + c] = (1.0f - momentum) * running_var[running_var_off + c]
+                                           + momentum * var * count / (count - 1.0f);
+    }
+    if (save_mean) {
+        save_mean[save_mean_off + c] = mean;
+        save_invstd[save_invstd_off + c] = invstd;
+    }
+    const float gamma = weight ? weight[weight_off + c] : 1.0f;
+    coef[c * 5 + 0] = mean;
+    coef[c * 5 + 1] = gamma * invstd;
+    coef[c * 5 + 2] = 0.0f;
+    coef[c * 5 + 3] = 0.0f;
+    coef[c * 5 + 4] = bias ? bias[bias_off + c] : 0.0f;
+}
+
+// Inference: y = (x - running_mean) * gamma / sqrt(running_var + eps) + beta.
+__kernel void channel_coef_inference(int C, float eps
+    , __global const float* restrict running_mean, long running_mean_off
+    , __global const float* restrict running_var, long running_var_off
+    , __global const float* restrict weight, long weight_off
+    , __global const float* restrict bias, long bias_off
+    , __global float* restrict coef)
+{
+    const int c = get_global_id(0);
+    if (c >= C)
+        return;
+    const float gamma = weight ? weight[weight_off + c] : 1.0f;
+    coef[c * 5 + 0] = running_mean[running_mean_off + c];
+    coef[c * 5 + 1] = gamma * rsqrt(running_var[running_var_off + c] + eps);
+    coef[c * 5 + 2] = 0.0f;
+    coef[c * 5 + 3] = 0.0f;
+    coef[c * 5 + 4] = bias ? bias[bias_off + c] : 0.0f;
+}
+
+// From sum(dy) and sum(dy * (x - mean)): dgamma, dbeta and dx's coefficients. With batch
+// statistics (training) dx = gamma*invstd * (dy - mean(dy) - (x - mean) * invstd^2 *
+// mean(dy * (x - mean))); with fixed statistics dx = gamma * invstd * dy.
+__kernel void channel_finalize_grad(int N, int C, int S, int chunks, int training
+    , __global const float* restrict partials
+    , __global const float* restrict mean, long mean_off
+    , __global const float* restrict invstd, long invstd_off
+    , __global const float* restrict weight, long weight_off
+    , __global float* restrict dweight, long dweight_off
+    , __global float* restrict dbias, long dbias_off
+    , __global float* restrict coef)
+{
+    const int c = get_global_id(0);
+    if (c >= C)
+        return;
+    float2 total = (float2)(0.0f, 0.0f);
+    for (int j = 0; j < chunks; ++j)
+        total += vload2((long)j * C + c, partials);
+    const float count = (float)((long)N * S);
+    const float istd = invstd[invstd_off + c];
+    const float gamma = weight ? weight[weight_off + c] : 1.0f;
+    if (dweight)
+        dweight[dweight_off + c] = total.y * istd;
+    if (dbias)
+        dbias[dbias_off + c] = total.x;
+    const float k1 = gamma * istd;
+    coef[c * 5 + 0] = training ? total.x / count : 0.0f;
+    coef[c * 5 + 1] = k1;
+    coef[c * 5 + 2] = mean[mean_off + c];
+    coef[c * 5 + 3] = training ? -k1 * istd * istd * total.y / count : 0.0f;
+    coef[c * 5 + 4] = 0.0f;
+}
+
+// Sums the chunk partials of "grad_affine": dweight = sum(dy * xhat), dbias = sum(dy).
+__kernel void channel_finalize_sums(int C, int chunks, __global const float* restrict partials
+    , __global float* restrict dweight, long dweight_off
+    , __global float* restrict dbias, long dbias_off)
+{
+    const int c = get_global_id(0);
+    if (c >= C)
+        return;
+    float2 total = (float2)(0.0f, 0.0f);
+    for (int j = 0; j < chunks; ++j)
+        total += vload2((long)j * C + c, partials);
+    if (dweight)
+        dweight[dweight_off + c] = total.y;
+    if (dbias)
+        dbias[dbias_off + c] = total.x;
+}
+
+__kernel void channel_apply(int rows, int C, int S, __global const float* restrict coef
+    , __global const float* restrict u, long u_off
+    , __global const float* restrict v, long v_off
+    , __global float* restrict out, long out_off)
+{
+    const int row = get_global_id(1);
+    if (row >= rows)
+        return;
+    const int c = row % C;
+    const float c0 = coef[c * 5 + 0], c1 = coef[c * 5 + 1], c2 = coef[c * 5 + 2];
+    const float c3 = coef[c * 5 + 3], c4 = coef[c * 5 + 4];
+    const long base = (long)row * S;
+    for (int s = get_global_id(0); s < S; s += get_global_size(0)) {
+        float v_act = (u[u_off + base + s] - c0) * c1 + c4;
+        if (v)
+            v_act += (v[v_off + base + s] - c2) * c3;
+        out[out_off + base + s] = ${activation};
+    }
+}
+
+// ---- layer norm and group norm: one work group per row of D elements ----
+
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void row_norm_forward(int D, int G, int Cg, int S, float eps
+    , __global const float* restrict x, long x_off
+    , __global const float* restrict weight, long weight_off
+    , __global const float* restrict bias, long bias_off
+    , __global float* restrict y, long y_off
+    , __global float* restrict save_mean, __global float* restrict save_rstd)
+{
+    __local float2 scratch[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    const int row = get_group_id(0);
+    __global const float* src = x + x_off + (long)row * D;
+    __global float* dst = y + y_off + (long)row * D;
+    const float shift = src[0];
+    float2 acc = (float2)(0.0f, 0.0f);
+    for (int d = lid; d < D; d += GROUP_SIZE) {
+        const float v = src[d] - shift;
+        acc += (float2)(v, v * v);
+    }
+    const float2 total = group_sum2(acc, scratch);
+    const float shifted_mean = total.x / D;
+    const float mean = shift + shifted_mean;
+    const float rstd = rsqrt(fmax(total.y / D - shifted_mean * shifted_mean, 0.0f) + eps);
+    if (lid == 0) {
+        save_mean[row] = mean;
+        save_rstd[row] = rstd;
+    }
+    const int w_base = (row % G) * Cg;
+    int cg = lid / S, s = lid % S;
+    const int step_c = GROUP_SIZE / S, step_s = GROUP_SIZE % S;
+    for (int d = lid; d < D; d += GROUP_SIZE) {
+        float value = (src[d] - mean) * rstd;
+        if (weight)
+            value *= weight[weight_off + w_base + cg];
+        if (bias)
+            value += bias[bias_off + w_base + cg];
+        dst[d] = value;
+        cg += step_c;
+        s += step_s;
+        if (s >= S) {
+            s -= S;
+            ++cg;
+        }
+    }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, xhat = (x - mean) * rstd.
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void row_norm_backward(int D, int G, int Cg, int S
+    , __global const float* restrict x, long x_off
+    , __global const float* restrict dy, long dy_off
+    , __global const float* restrict weight, long weight_off
+    , __global const float* restrict save_mean, __global const float* restrict save_rstd
+    , __global float* restrict dx, long dx_off)
+{
+    __local float2 scratch[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    const int row = get_group_id(0);
+    const long base = (long)row * D;
+    const float mean = save_mean[row], rstd = save_rstd[row];
+    const int w_base = (row % G) * Cg;
+    const int step_c = GROUP_SIZE / S, step_s = GROUP_SIZE % S;
+    float2 acc = (float2)(0.0f, 0.0f);
+    int cg = lid / S, s = lid % S;
+    for (int d = lid; d < D; d += GROUP_SIZE) {
+        float g = dy[dy_off + base + d];
+        if (weight)
+            g *= weight[weight_off + w_base + cg];
+        acc += (float2)(g, g * (x[x_off + base + d] - mean) * rstd);
+        cg += step_c;
+        s += step_s;
+        if (s >= S) {
+            s -= S;
+            ++cg;
+        }
+    }
+    const float2 total = group_sum2(acc, scratch);
+    const float mean_g = total.x / D, mean_gx = total.y / D;
+    cg = lid / S;
+    s = lid % S;
+    for (int d = lid; d < D; d += GROUP_SIZE) {
+        float g = dy[dy_off + base + d];
+        if (weight)
+            g *= weight[weight_off + w_base + cg];
+        const float xhat = (x[x_off + base + d] - mean) * rstd;
+        dx[dx_off + base + d] = rstd * (g - mean_g - xhat * mean_gx);
+        cg += step_c;
+        s += step_s;
+        if (s >= S) {
+            s -= S;
+            ++cg;
+        }
+    }
+}
+
+// ---- local response norm across channels (torch's local_response_norm) ----
+// scale = k + alpha / size * sum of x^2 over channels [c - size/2, c + (size-1)/2]; y = x * scale^-beta
+
+__kernel void lrn_forward(long total, int C, int S, int size, float alpha, float beta, float k
+    , __global const float* restrict x, long x_off, __global float* restrict y, long y_off
+    , __global float* restrict scale)
+{
+    for (long i = get_global_id(0); i < total; i += get_global_size(0)) {
+        const int c = (int)((i / S) % C);
+        const long channel0 = i - (long)c * S;
+        const int lo = max(c - size / 2, 0), hi = min(c + (size - 1) / 2, C - 1);
+        float sum = 0.0f;
+        for (int j = lo; j <= hi; ++j) {
+            const float v = x[x_off + channel0 + (long)j * S];
+            sum += v * v;
+        }
+        const float d = k + alpha / size * sum;
+        y[y_off + i] = x[x_off + i] * pow(d, -beta);
+        if (scale)
+            scale[i] = d;
+    }
+}
+
+// dx_j = dy_j * scale_j^-beta - 2 alpha beta / size * x_j * sum over the channels c whose
+// window holds j of dy_c * y_c / scale_c.
+__kernel void lrn_backward(long total, int C, int S, int size, float alpha, float beta
+    , __global const float* restrict x, long x_off, __global const float* restrict y, long y_off
+    , __global const float* restrict dy, long dy_off, __global const float* restrict scale
+    , __global float* restrict dx, long dx_off)
+{
+    for (long i = get_global_id(0); i < total; i += get_global_size(0)) {
+        const int c = (int)((i / S) % C);
+        const long channel0 = i - (long)c * S;
+        const int lo = max(c - (size - 1) / 2, 0), hi = min(c + size / 2, C - 1);
+        float sum = 0.0f;
+        for (int j = lo; j <= hi; ++j) {
+            const long at = channel0 + (long)j * S;
+            sum += dy[dy_off + at] * y[y_off + at] / scale[at];
+        }
+        dx[dx_off + i] = dy[dy_off + i] * pow(scale[i], -beta)
+                         - 2.0f * alpha * beta / size * x[x_off + i] * sum;
+    }
+}

@@ -1,0 +1,237 @@
+"""Normalization against torch (float64): batch norm (training with the running-statistics
+update, inference, spatial and per-activation, forced reduction splits, a fused activation, a
+10^7-element channel), layer norm, group norm, local response norm; forward and gradients."""
+import numpy as np
+import pytest
+import torch
+
+import dlprim_py as dp
+import dlprim_py.functional as F
+from dlprim_py.ops import norm
+from conftest import assert_close, poisoned, random
+
+TF = torch.nn.functional
+
+
+def _t(a, grad=False):
+    return torch.tensor(a, dtype=torch.float64, requires_grad=grad)
+
+
+def _close_or_zero(out, ref):
+    """A gradient that is zero analytically (one element per normalized set) comes back from
+    float64 as roundoff: compare absolutely there."""
+    if np.abs(ref).max() < 1e-10:
+        assert np.abs(out).max() < 1e-6
+    else:
+        assert_close(out, ref)
+
+
+def _d(ctx, a, grad=False):
+    return None if a is None else dp.Tensor.from_numpy(ctx, a, requires_grad=grad)
+
+
+@pytest.mark.parametrize("shape,affine", [((4, 3, 5, 7), True), ((2, 5, 33), False),
+                                          ((7, 4), True), ((3, 1, 1, 1), True)])
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm(ctx, rng, shape, affine, training):
+    C = shape[1]
+    x = random(rng, shape, -2, 3)
+    w = random(rng, (C,), 0.5, 1.5) if affine else None
+    b = random(rng, (C,)) if affine else None
+    rm, rv = random(rng, (C,)), random(rng, (C,), 0.5, 2.0)
+    dx, dw, db = _d(ctx, x, True), _d(ctx, w, True), _d(ctx, b, True)
+    drm, drv = _d(ctx, rm), _d(ctx, rv)
+    tx, tw, tb = _t(x, True), (_t(w, True) if affine else None), (_t(b, True) if affine else None)
+    trm, trv = _t(rm), _t(rv)
+    y = F.batch_norm(dx, drm, drv, dw, db, training=training, momentum=0.3, eps=1e-4)
+    ref = TF.batch_norm(tx, trm, trv, tw, tb, training=training, momentum=0.3, eps=1e-4)
+    assert_close(y.numpy(), ref.detach().numpy())
+    assert_close(drm.numpy(), trm.numpy())
+    assert_close(drv.numpy(), trv.numpy())
+    grad = random(rng, shape)
+    y.backward(dp.Tensor.from_numpy(ctx, grad))
+    ref.backward(_t(grad))
+    assert_close(dx.grad.numpy(), tx.grad.numpy())
+    if affine:
+        assert_close(dw.grad.numpy(), tw.grad.numpy())
+        assert_close(db.grad.numpy(), tb.grad.numpy())
+
+
+def test_batch_norm_one_element_inference(ctx, rng):
+    x, rm, rv, w, b = (random(rng, (1,)).reshape(1, 1), random(rng, (1,)), random(rng, (1,), 0.5, 2),
+                       random(rng, (1,)), random(rng, (1,)))
+    dx, dw = _d(ctx, x, True), _d(ctx, w, True)
+    tx, tw = _t(x, True), _t(w, True)
+    y = F.batch_norm(dx, _d(ctx, rm), _d(ctx, rv), dw, _d(ctx, b))
+    ref = TF.batch_norm(tx, _t(rm), _t(rv), tw, _t(b))
+    assert_close(y.numpy(), ref.detach().numpy())
+    y.backward()
+    ref.backward(torch.ones_like(ref))
+    assert_close(dx.grad.numpy(), tx.grad.numpy())
+    assert_close(dw.grad.numpy(), tw.grad.numpy())
+
+
+@pytest.mark.parametrize("chunks", [1, 3, 40])
+def test_batch_norm_training_api_forced_chunks(ctx, rng, chunks):
+    """The MIOpen-style calls on poisoned outputs, with the per-channel split forced."""
+    shape = (3, 4, 6, 5)
+    x, w, b = random(rng, shape, 1, 4), random(rng, (4,)), random(rng, (4,))
+    tx, tw, tb = _t(x, True), _t(w, True), _t(b, True)
+    y, mean, invstd = poisoned(ctx, shape), poisoned(ctx, (4,)), poisoned(ctx, (4,))
+    dx_, dxw, dxb = _d(ctx, x), _d(ctx, w), _d(ctx, b)
+    norm.batch_norm_forward_training(dx_, y, dxw, dxb, None, None, mean, invstd, eps=1e-5,
+                                     chunks=chunks)
+    ref = TF.batch_norm(tx, None, None, tw, tb, training=True, eps=1e-5)
+    assert_close(y.numpy(), ref.detach().numpy())
+    assert_close(mean.numpy(), x.astype(np.float64).mean(axis=(0, 2, 3)))
+    assert_close(invstd.numpy(), 1 / np.sqrt(x.astype(np.float64).var(axis=(0, 2, 3)) + 1e-5))
+    grad = random(rng, shape)
+    ref.backward(_t(grad))
+    gx, gw, gb = poisoned(ctx, shape), poisoned(ctx, (4,)), poisoned(ctx, (4,))
+    norm.batch_norm_backward(dx_, _d(ctx, grad), gx, dxw, mean, invstd, gw, gb, chunks=chunks)
+    assert_close(gx.numpy(), tx.grad.numpy())
+    assert_close(gw.numpy(), tw.grad.numpy())
+    assert_close(gb.numpy(), tb.grad.numpy())
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_per_activation(ctx, rng, training):
+    shape = (5, 3, 2, 4)
+    n_act = 3 * 2 * 4
+    x, w, b = random(rng, shape), random(rng, (1, 3, 2, 4)), random(rng, (1, 3, 2, 4))
+    rm, rv = random(rng, (n_act,)), random(rng, (n_act,), 0.5, 2)
+    y = poisoned(ctx, shape)
+    drm, drv = _d(ctx, rm), _d(ctx, rv)
+    tx = _t(x.reshape(5, n_act), True)
+    tw, tb = _t(w.ravel(), True), _t(b.ravel(), True)
+    trm, trv = _t(rm), _t(rv)
+    ref = TF.batch_norm(tx, trm, trv, tw, tb, training=training, momentum=0.2)
+    if training:
+        mean, invstd = poisoned(ctx, (n_act,)), poisoned(ctx, (n_act,))
+        norm.batch_norm_forward_training(_d(ctx, x), y, _d(ctx, w), _d(ctx, b), drm, drv, mean,
+                                         invstd, momentum=0.2, mode="per_activation")
+    else:
+        norm.batch_norm_forward_inference(_d(ctx, x), y, _d(ctx, w), _d(ctx, b), drm, drv,
+                                          mode="per_activation")
+        mean = drm
+        invstd = dp.Tensor.from_numpy(ctx, (1 / np.sqrt(rv.astype(np.float64) + 1e-5)).astype(np.float32))
+    assert_close(y.numpy().reshape(5, n_act), ref.detach().numpy())
+    assert_close(drm.numpy(), trm.numpy())
+    assert_close(drv.numpy(), trv.numpy())
+    grad = random(rng, shape)
+    ref.backward(_t(grad.reshape(5, n_act)))
+    gx, gw, gb = poisoned(ctx, shape), poisoned(ctx, w.shape), poisoned(ctx, b.shape)
+    norm.batch_norm_backward(_d(ctx, x), _d(ctx, grad), gx, _d(ctx, w), mean, invstd, gw, gb,
+                             mode="per_activation", training=training)
+    assert_close(gx.numpy().reshape(5, n_act), tx.grad.numpy())
+    assert_close(gw.numpy().ravel(), tw.grad.numpy())
+    assert_close(gb.numpy().ravel(), tb.grad.numpy())
+
+
+def test_batch_norm_fused_activation(ctx, rng):
+    shape = (2, 3, 4, 5)
+    x, w, b = random(rng, shape), random(rng, (3,)), random(rng, (3,))
+    rm, rv = random(rng, (3,)), random(rng, (3,), 0.5, 2)
+    y = poisoned(ctx, shape)
+    norm.batch_norm_forward_inference(_d(ctx, x), y, _d(ctx, w), _d(ctx, b), _d(ctx, rm),
+                                      _d(ctx, rv), activation=dp.ActivationDesc("clippedrelu", alpha=0.5))
+    ref = TF.hardtanh(TF.batch_norm(_t(x), _t(rm), _t(rv), _t(w), _t(b)), 0, 0.5)
+    assert_close(y.numpy(), ref.numpy())
+
+
+def test_batch_norm_large_channel(ctx, rng):
+    """Two channels of 5 * 10^6 elements each, with a mean far from zero."""
+    shape = (5, 2, 1000, 1000)
+    x = (100.0 + rng.standard_normal(shape) * np.array([1.0, 0.01]).reshape(1, 2, 1, 1)).astype(np.float32)
+    y, mean, invstd = dp.Tensor.empty(ctx, shape), poisoned(ctx, (2,)), poisoned(ctx, (2,))
+    norm.batch_norm_forward_training(_d(ctx, x), y, None, None, None, None, mean, invstd)
+    x64 = x.astype(np.float64)
+    assert_close(mean.numpy(), x64.mean(axis=(0, 2, 3)), tol=1e-7)
+    assert_close(invstd.numpy(), 1 / np.sqrt(x64.var(axis=(0, 2, 3)) + 1e-5), tol=1e-5)
+    ref = (x64 - x64.mean(axis=(0, 2, 3), keepdims=True)) / np.sqrt(x64.var(axis=(0, 2, 3), keepdims=True) + 1e-5)
+    assert_close(y.numpy(), ref, tol=2e-5)
+
+
+@pytest.mark.parametrize("shape,normalized,affine", [((3, 5, 7), (5, 7), True), ((4, 9), (9,), False),
+                                                     ((2, 3, 300), (300,), True), ((5, 1), (1,), True),
+                                                     ((1,), (1,), False)])
+def test_layer_norm(ctx, rng, shape, normalized, affine):
+    x = random(rng, shape, -1, 2)
+    w = random(rng, normalized, 0.5, 1.5) if affine else None
+    b = random(rng, normalized) if affine else None
+    dx, dw, db = _d(ctx, x, True), _d(ctx, w, True), _d(ctx, b, True)
+    tx = _t(x, True)
+    tw, tb = (_t(w, True), _t(b, True)) if affine else (None, None)
+    y = F.layer_norm(dx, normalized, dw, db, eps=1e-5)
+    ref = TF.layer_norm(tx, normalized, tw, tb, eps=1e-5)
+    assert_close(y.numpy(), ref.detach().numpy())
+    grad = random(rng, shape)
+    y.backward(_d(ctx, grad))
+    ref.backward(_t(grad))
+    _close_or_zero(dx.grad.numpy(), tx.grad.numpy())
+    if affine:
+        _close_or_zero(dw.grad.numpy(), tw.grad.numpy())
+        assert_close(db.grad.numpy(), tb.grad.numpy())
+
+
+@pytest.mark.parametrize("shape,groups,affine", [((2, 6, 5, 3), 3, True), ((3, 6), 2, True),
+                                                 ((2, 4, 7), 1, False), ((1, 5, 2, 2), 5, True),
+                                                 ((2, 8, 300), 2, True)])
+def test_group_norm(ctx, rng, shape, groups, affine):
+    C = shape[1]
+    x = random(rng, shape, -1, 2)
+    w = random(rng, (C,), 0.5, 1.5) if affine else None
+    b = random(rng, (C,)) if affine else None
+    dx, dw, db = _d(ctx, x, True), _d(ctx, w, True), _d(ctx, b, True)
+    tx = _t(x, True)
+    tw, tb = (_t(w, True), _t(b, True)) if affine else (None, None)
+    y = F.group_norm(dx, groups, dw, db)
+    ref = TF.group_norm(tx, groups, tw, tb)
+    assert_close(y.numpy(), ref.detach().numpy())
+    grad = random(rng, shape)
+    y.backward(_d(ctx, grad))
+    ref.backward(_t(grad))
+    assert_close(dx.grad.numpy(), tx.grad.numpy())
+    if affine:
+        assert_close(dw.grad.numpy(), tw.grad.numpy())
+        assert_close(db.grad.numpy(), tb.grad.numpy())
+
+
+@pytest.mark.parametrize("shape,size,params", [((2, 7, 3, 4), 3, {}), ((2, 7, 3, 4), 4, dict(alpha=0.1, beta=0.5, k=2.0)),
+                                               ((2, 5, 6), 5, dict(alpha=0.5)), ((1, 1, 1), 2, {})])
+def test_local_response_norm(ctx, rng, shape, size, params):
+    x = random(rng, shape, -2, 2)
+    dx, tx = _d(ctx, x, True), _t(x, True)
+    y = F.local_response_norm(dx, size, **params)
+    ref = TF.local_response_norm(tx, size, **params)
+    assert_close(y.numpy(), ref.detach().numpy())
+    grad = random(rng, shape)
+    y.backward(_d(ctx, grad))
+    ref.backward(_t(grad))
+    assert_close(dx.grad.numpy(), tx.grad.numpy())
+
+
+def test_bad_input(ctx, rng):
+    x = _d(ctx, random(rng, (2, 3, 4)))
+    c3 = _d(ctx, random(rng, (3,)))
+    with pytest.raises(dp.ShapeError, match="3 elements"):
+        F.batch_norm(x, _d(ctx, random(rng, (4,))), c3, training=False)
+    with pytest.raises(dp.ShapeError, match="needs running_mean"):
+        F.batch_norm(x, None, None, training=False)
+    with pytest.raises(dp.ShapeError, match="more than one value"):
+        F.batch_norm(_d(ctx, random(rng, (1, 3))), None, None, training=True)
+    with pytest.raises(dp.UnsupportedError, match="mode"):
+        norm.batch_norm_forward_inference(x, dp.Tensor.empty(ctx, x.shape), None, None, c3, c3,
+                                          mode="channels")
+    with pytest.raises(dp.ShapeError, match="x's shape"):
+        norm.batch_norm_forward_training(x, dp.Tensor.empty(ctx, (2, 3)))
+    with pytest.raises(dp.DTypeError, match="float32"):
+        F.batch_norm(_d(ctx, np.ones((2, 3), np.int32)), c3, c3)
+    with pytest.raises(dp.ShapeError, match="trailing"):
+        F.layer_norm(x, (3,))
+    with pytest.raises(dp.ShapeError, match="weight must have shape"):
+        F.layer_norm(x, (4,), c3)
+    with pytest.raises(dp.ShapeError, match="groups"):
+        F.group_norm(x, 2)
+    with pytest.raises(dp.ShapeError, match="3-d"):
+        F.local_response_norm(_d(ctx, random(rng, (2, 3))), 2)
