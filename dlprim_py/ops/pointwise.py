@@ -239,3 +239,48 @@ def div(a, b):
         return ga, gb
 
     return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], backward, "div")
+
+
+# torch's rule for maximum/minimum: the gradient goes to the chosen operand, half to each on a
+# tie, and to both where a NaN makes neither comparison true.
+_EXTREMUM_GRADIENT = {
+    "maximum": ("da = (a == b) ? 0.5f * g : ((a < b) ? 0.0f : g);",
+                "db = (a == b) ? 0.5f * g : ((a > b) ? 0.0f : g);"),
+    "minimum": ("da = (a == b) ? 0.5f * g : ((a > b) ? 0.0f : g);",
+                "db = (a == b) ? 0.5f * g : ((a < b) ? 0.0f : g);"),
+}
+_extremum_gradient_kernels = {}
+
+
+def _extremum(op, a, b):
+    out = binary(op, a, b)
+    ref = a if _is_tensor(a) else b
+    # A number operand becomes a 0-d tensor for the backward's broadcast.
+    ta = a if _is_tensor(a) else Tensor.full(ref.ctx, (), a, ref.dtype)
+    tb = b if _is_tensor(b) else Tensor.full(ref.ctx, (), b, ref.dtype)
+    ta_source, tb_source = ta.detach(), tb.detach()
+
+    def backward(g):
+        k = _extremum_gradient_kernels.get(op)
+        if k is None:
+            stmt_a, stmt_b = _EXTREMUM_GRADIENT[op]
+            k = _extremum_gradient_kernels[op] = PointwiseKernel(
+                f"{op}_backward", [("g", g.dtype), ("a", g.dtype), ("b", g.dtype)],
+                [("da", g.dtype), ("db", g.dtype)], stmt_a + stmt_b)
+        da = Tensor.empty(g.ctx, g.shape, g.dtype)
+        db = Tensor.empty(g.ctx, g.shape, g.dtype)
+        k([g, ta_source, tb_source], [da, db])
+        return (reduce_to_shape(da, a.shape) if _is_tensor(a) else None,
+                reduce_to_shape(db, b.shape) if _is_tensor(b) else None)
+
+    return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], backward, op)
+
+
+def maximum(a, b):
+    """torch.maximum with numpy broadcasting (a number is allowed for one side); NaN propagates."""
+    return _extremum("maximum", a, b)
+
+
+def minimum(a, b):
+    """torch.minimum with numpy broadcasting (a number is allowed for one side); NaN propagates."""
+    return _extremum("minimum", a, b)

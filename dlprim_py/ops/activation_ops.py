@@ -1,0 +1,215 @@
+"""Activations: torch.nn.functional's names with backward, and MIOpen's activation API.
+
+Every activation is one ``ActivationDesc`` (``dlprim_py.activation``) rendered into a pointwise
+kernel, so the same C expressions serve these operators, GEMM and convolution epilogues and the
+fusion plans. One forward and one backward kernel per descriptor, whatever the shape.
+
+MIOpen's scaling: ``activation_forward(desc, x, y, alpha, beta)`` computes
+``y = alpha * act(x) + beta * y`` and ``activation_backward(desc, y, dy, x, dx, alpha, beta)``
+computes ``dx = alpha * dy * act'(x) + beta * dx``; with beta == 0 the old contents of the output
+are never read (they may be garbage or NaN), as in MIOpen.
+"""
+import numpy as np
+
+from .. import autograd
+from ..activation import ActivationDesc, as_activation, from_torch_name
+from ..context import check_same_context
+from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..tensor import Tensor
+from .pointwise import PointwiseKernel
+
+_f32 = np.float32
+_kernels = {}
+
+
+def _memo(key, factory):
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = factory()
+    return k
+
+
+def _ident(desc):
+    """A C identifier naming a descriptor (its parameters are baked into the kernel)."""
+    digits = "_".join(repr(v).replace("-", "m").replace(".", "p") for v in (desc.alpha, desc.beta, desc.gamma))
+    return f"{desc.mode.value}_{digits}"
+
+
+def forward_kernel(desc, accumulate):
+    """y = scale_alpha * act(x) [+ scale_beta * y]: the pointwise kernel for ``desc``."""
+    def make():
+        # The pointwise template keeps outputs in `<name>_buf` at `<name>_off + i` (dense), so the
+        # old value of y is read from there when beta != 0.
+        old = " + scale_beta * y_buf[y_off + i]" if accumulate else ""
+        return PointwiseKernel(f"act_fwd_{_ident(desc)}{'_acc' if accumulate else ''}",
+                               [("x", _f32)], [("y", _f32)],
+                               f"y = scale_alpha * {desc.forward_code('x')}{old};",
+                               scalars=[("scale_alpha", _f32), ("scale_beta", _f32)])
+    return _memo(("fwd", desc.key, accumulate), make)
+
+
+def backward_kernel(desc, accumulate):
+    """dx = scale_alpha * dy * act'(x) [+ scale_beta * dx] for ``desc``."""
+    def make():
+        old = " + scale_beta * dx_buf[dx_off + i]" if accumulate else ""
+        return PointwiseKernel(f"act_bwd_{_ident(desc)}{'_acc' if accumulate else ''}",
+                               [("x", _f32), ("y", _f32), ("dy", _f32)], [("dx", _f32)],
+                               f"dx = scale_alpha * dy * {desc.derivative_code('x', 'y')}{old};",
+                               scalars=[("scale_alpha", _f32), ("scale_beta", _f32)])
+    return _memo(("bwd", desc.key, accumulate), make)
+
+
+def _check(t, what, shape=None):
+    if not isinstance(t, Tensor):
+        raise DTypeError(f"{what} must be a Tensor, got {type(t).__name__}")
+    if t.dtype != np.float32:
+        raise DTypeError(f"{what} must be float32, got {t.dtype}")
+    if shape is not None and t.shape != shape:
+        raise ShapeError(f"{what} must have shape {shape}, got {t.shape}")
+
+
+def activation_forward(desc, x, y, alpha=1.0, beta=0.0):
+    """MIOpen's miopenActivationForward: ``y = alpha * act(x) + beta * y``, elementwise.
+
+    ``desc``: an ActivationDesc, Activation or name; ``x``, ``y``: float32 tensors of one shape
+    (any layout, as the operation is elementwise). Enqueues and returns ``y``.
+    """
+    desc = _desc(desc)
+    _check(x, "x")
+    _check(y, "y", x.shape)
+    check_same_context(x, y)
+    forward_kernel(desc, beta != 0)([x], [y], [alpha, beta])
+    return y
+
+
+def activation_backward(desc, y, dy, x, dx, alpha=1.0, beta=0.0):
+    """MIOpen's miopenActivationBackward: ``dx = alpha * dy * act'(x) + beta * dx``.
+
+    ``y`` = act(x) as the forward produced it, ``dy`` the gradient of y; all float32 of one shape.
+    Enqueues and returns ``dx``.
+    """
+    desc = _desc(desc)
+    _check(x, "x")
+    for t, what in ((y, "y"), (dy, "dy"), (dx, "dx")):
+        _check(t, what, x.shape)
+    check_same_context(x, y, dy, dx)
+    backward_kernel(desc, beta != 0)([x, y, dy], [dx], [alpha, beta])
+    return dx
+
+
+def _desc(desc):
+    desc = as_activation(desc)
+    if desc is None:
+        raise UnsupportedError("an activation descriptor is required, got None")
+    return desc
+
+
+def apply(desc, x, inplace=False, name=None):
+    """``act(x)`` for a descriptor, with its backward on the tape. ``inplace`` writes the result
+    into ``x`` and returns ``x`` (not allowed when x takes part in autograd)."""
+    name = name or desc.mode.value
+    _check(x, f"{name}: input")
+    if inplace and autograd.needs_grad(x):
+        raise UnsupportedError(f"{name}: inplace=True on a tensor that requires grad; "
+                               f"use inplace=False")
+    y = Tensor.empty(x.ctx, x.shape)
+    forward_kernel(desc, False)([x], [y], [1.0, 0.0])
+    if inplace:
+        return x.copy_(y)
+    source = x.detach()
+
+    def backward(g):
+        dx = Tensor.empty(g.ctx, g.shape)
+        backward_kernel(desc, False)([source, y.detach(), g], [dx], [1.0, 0.0])
+        return (dx,)
+
+    return autograd.record(y, (x,), backward, name)
+
+
+def relu(x, inplace=False):
+    return apply(from_torch_name("relu"), x, inplace, "relu")
+
+
+def relu6(x, inplace=False):
+    return apply(from_torch_name("relu6"), x, inplace, "relu6")
+
+
+def leaky_relu(x, negative_slope=0.01, inplace=False):
+    return apply(from_torch_name("leaky_relu", negative_slope=negative_slope), x, inplace, "leaky_relu")
+
+
+def elu(x, alpha=1.0, inplace=False):
+    return apply(from_torch_name("elu", alpha=alpha), x, inplace, "elu")
+
+
+def hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
+    if min_val > max_val:
+        raise ShapeError(f"hardtanh: min_val ({min_val}) must not exceed max_val ({max_val})")
+    return apply(from_torch_name("hardtanh", min_val=min_val, max_val=max_val), x, inplace, "hardtanh")
+
+
+def sigmoid(x):
+    return apply(from_torch_name("sigmoid"), x, False, "sigmoid")
+
+
+def tanh(x):
+    return apply(from_torch_name("tanh"), x, False, "tanh")
+
+
+def softplus(x, beta=1.0, threshold=20.0):
+    """torch's softplus: log(1 + exp(beta x)) / beta, and x where beta x > threshold."""
+    if beta == 1.0 and threshold == 20.0:
+        return apply(from_torch_name("softplus"), x, False, "softplus")
+    _check(x, "softplus: input")
+    if beta == 0:
+        raise ShapeError("softplus: beta must be non-zero")
+    fwd = _memo("softplus_fwd", lambda: PointwiseKernel(
+        "softplus_fwd", [("x", _f32)], [("y", _f32)],
+        "y = (x * beta > threshold) ? x : log1p(exp(x * beta)) / beta;",
+        scalars=[("beta", _f32), ("threshold", _f32)]))
+    bwd = _memo("softplus_bwd", lambda: PointwiseKernel(
+        "softplus_bwd", [("x", _f32), ("dy", _f32)], [("dx", _f32)],
+        "dx = (x * beta > threshold) ? dy : dy / (1.0f + exp(-x * beta));",
+        scalars=[("beta", _f32), ("threshold", _f32)]))
+    y = Tensor.empty(x.ctx, x.shape)
+    fwd([x], [y], [beta, threshold])
+    source = x.detach()
+
+    def backward(g):
+        dx = Tensor.empty(g.ctx, g.shape)
+        bwd([source, g], [dx], [beta, threshold])
+        return (dx,)
+
+    return autograd.record(y, (x,), backward, "softplus")
+
+
+def gelu(x, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        raise UnsupportedError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return apply(from_torch_name("gelu", approximate=approximate), x, False, "gelu")
+
+
+def silu(x, inplace=False):
+    return apply(from_torch_name("silu"), x, inplace, "silu")
+
+
+def hardswish(x, inplace=False):
+    return apply(from_torch_name("hardswish"), x, inplace, "hardswish")
+
+
+def hardsigmoid(x, inplace=False):
+    return apply(from_torch_name("hardsigmoid"), x, inplace, "hardsigmoid")
+
+
+def abs(x):  # noqa: A001 - torch's name
+    return apply(from_torch_name("abs"), x, False, "abs")
+
+
+def activation(x, desc, inplace=False):
+    """Any descriptor (MIOpen mode with its parameters, or a torch name) as an operator."""
+    return apply(_desc(desc), x, inplace)
+
+
+__all__ = ["ActivationDesc", "activation", "activation_forward", "activation_backward", "relu",
+           "relu6", "leaky_relu", "elu", "hardtanh", "sigmoid", "tanh", "softplus", "gelu", "silu",
+           "hardswish", "hardsigmoid", "abs"]

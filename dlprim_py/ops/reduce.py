@@ -1,0 +1,550 @@
+"""The broadcast + reduce kernel generator and the reductions built on it.
+
+``ReduceKernel`` turns C statements into a kernel (``kernels/reduce.cl.mako``) that broadcasts
+its inputs to one index space, maps every element to one value per accumulator, and folds those
+values over the reduced dimensions: ``y = sum(x * x)`` over some axes is one kernel, with no
+temporary. Sizes and strides are run-time arguments, so one compile serves every shape with the
+same number of (merged) kept and reduced dimensions, variant and index width.
+
+Accuracy: no sequential float sum is longer than ``ITEM_CHUNK`` (or ``GROUP_CHUNK`` per work
+item); longer reductions are cut into chunks whose partial results are reduced again, as a tree.
+
+The functional reductions (``sum``, ``mean``, ``amax``, ``amin``, ``argmax``, ``argmin``,
+``norm``) take torch's arguments (``dim`` an int, a sequence of ints or None; ``keepdim``) and
+record their backward on the tape. ``sum_to_shape`` folds a broadcast gradient back to the shape
+of an operand.
+"""
+import math
+
+import numpy as np
+
+from .. import autograd, config, program
+from ..context import check_same_context
+from ..dtypes import as_dtype, cl_name
+from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..tensor import Tensor
+from .pointwise import PointwiseKernel, _scalar_cl_name, broadcast_shapes, broadcast_strides
+
+_INT32_LIMIT = 2 ** 31 - 1
+
+VARIANTS = ("group", "item")
+GROUP_SIZE = 256
+# Longest sequential fold per work item: elements per item of a "group" chunk, elements of an
+# "item" chunk. Both bound float rounding; the partials then combine as a tree.
+GROUP_CHUNK = 64
+ITEM_CHUNK = 128
+
+_PRESETS = {
+    "sum": ("acc_{n} += {n};", {np.dtype(np.float32): "0.0f", np.dtype(np.int64): "0", np.dtype(np.int32): "0"}),
+    # NaN wins, as in torch.amax.
+    "max": ("acc_{n} = (acc_{n} != acc_{n} || {n} <= acc_{n}) ? acc_{n} : {n};",
+            {np.dtype(np.float32): "-INFINITY"}),
+    "min": ("acc_{n} = (acc_{n} != acc_{n} || {n} >= acc_{n}) ? acc_{n} : {n};",
+            {np.dtype(np.float32): "INFINITY"}),
+}
+
+
+class ReduceKernel:
+    """A generated broadcast + reduce kernel.
+
+    ``inputs``, ``outputs``, ``scalars``: sequences of (name, dtype). Each output is an
+    accumulator of its dtype. ``map_statement``: C code that assigns every output name from the
+    inputs (and may read ``ridx``, the flat index over the reduced dimensions, and ``oidx``, the
+    output's flat index). ``combine``: "sum", "max" or "min" for every output, or C code that
+    folds the values ``<name>`` into ``acc_<name>``, associative and commutative, with
+    ``identity`` a dict name -> C expression. ``finalize``: C code run on ``acc_<name>`` once,
+    with ``reduce_size`` (the number of elements reduced per output) and the scalars in scope.
+    """
+
+    def __init__(self, name, inputs, outputs, map_statement, combine="sum", identity=None,
+                 finalize="", scalars=(), preamble=""):
+        self.name = name
+        self.inputs = [(n, as_dtype(t)) for n, t in inputs]
+        self.outputs = [(n, as_dtype(t)) for n, t in outputs]
+        self.scalars = [(n, np.dtype(t)) for n, t in scalars]
+        names = [n for n, _ in self.inputs + self.outputs + self.scalars]
+        if len(set(names)) != len(names):
+            raise ShapeError(f"{name}: input, output and scalar names must differ, got {names}")
+        if combine in _PRESETS:
+            statement, identities = _PRESETS[combine]
+            self.combine = " ".join(statement.format(n=n) for n, _ in self.outputs)
+            self.identity = {}
+            for n, t in self.outputs:
+                if t not in identities:
+                    raise DTypeError(f"{name}: no {combine} identity for a {t} output")
+                self.identity[n] = identities[t]
+        else:
+            self.combine = combine
+            self.identity = dict(identity or {})
+            missing = [n for n, _ in self.outputs if n not in self.identity]
+            if missing:
+                raise ShapeError(f"{name}: a custom combine needs an identity for {missing}")
+        self.map_statement = map_statement
+        self.finalize = finalize
+        self.preamble = preamble
+        self._partials_kernel = None
+
+    def _accumulators(self):
+        return [(n, cl_name(t), self.identity[n]) for n, t in self.outputs]
+
+    def _kernel(self, ctx, variant, group_size, kept_ndim, red_ndim, index_t, apply_finalize):
+        params = dict(
+            name=self.name, variant=variant, group_size=group_size, kept_ndim=kept_ndim,
+            red_ndim=red_ndim, index_t=index_t, inputs=[(n, cl_name(t)) for n, t in self.inputs],
+            accumulators=self._accumulators(),
+            scalars=[(n, _scalar_cl_name(t)) for n, t in self.scalars],
+            map_statement=self.map_statement, combine=self.combine, finalize=self.finalize,
+            apply_finalize=apply_finalize, preamble=self.preamble)
+        return program.kernel(ctx, "reduce", self.name, params)
+
+    def partials_kernel(self):
+        """The kernel that reduces this kernel's partial results (same combine and finalize)."""
+        if self._partials_kernel is None:
+            inputs = [(f"partial_{n}", t) for n, t in self.outputs]
+            self._partials_kernel = ReduceKernel(
+                f"{self.name}_partials", inputs, self.outputs,
+                " ".join(f"{n} = partial_{n};" for n, _ in self.outputs),
+                self.combine, self.identity, self.finalize, self.scalars, self.preamble)
+        return self._partials_kernel
+
+    def __call__(self, inputs, outputs, scalars=(), axes=None, variant=None):
+        """Enqueue: reduce ``inputs`` (broadcast together to a full shape) into ``outputs``.
+
+        The reduced axes are ``axes`` of the full shape (ints, negative allowed) when given; the
+        outputs' shape is then the full shape with those axes removed or set to 1. Without
+        ``axes`` the outputs' shape, aligned to the right of the full shape, says it: every
+        dimension where it is 1 and the full shape is not is reduced. All outputs share one
+        shape and are dense. ``variant``: force "group" or "item" (else ``DLPRIM_REDUCE_ALGO``,
+        else a heuristic).
+        """
+        if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
+            raise ShapeError(f"{self.name}: expected {len(self.inputs)} inputs and "
+                             f"{len(self.outputs)} outputs, got {len(inputs)} and {len(outputs)}")
+        if len(scalars) != len(self.scalars):
+            raise ShapeError(f"{self.name}: expected {len(self.scalars)} scalars, got {len(scalars)}")
+        for (n, dt), t in zip(self.inputs + self.outputs, list(inputs) + list(outputs)):
+            if not isinstance(t, Tensor):
+                raise DTypeError(f"{self.name}: {n} must be a Tensor, got {type(t).__name__}")
+            if t.dtype != dt:
+                raise DTypeError(f"{self.name}: {n} must be {dt}, got {t.dtype}")
+        ctx = check_same_context(*inputs, *outputs)
+        out_shape = outputs[0].shape
+        for t in outputs:
+            if t.shape != out_shape:
+                raise ShapeError(f"{self.name}: outputs must share one shape, got {t.shape} and {out_shape}")
+        full = broadcast_shapes(*(t.shape for t in inputs))
+        reduced = _reduced_mask(self.name, full, out_shape, axes)
+        plan = _plan(ctx, full, reduced, [broadcast_strides(t.shape, full) for t in inputs], variant)
+        if plan is None:
+            return
+        self._enqueue(ctx, plan, inputs, outputs, scalars, math.prod(s for s, r in zip(full, reduced) if r))
+
+    def _enqueue(self, ctx, plan, inputs, outputs, scalars, reduce_size):
+        kept_sizes, red_sizes, strides, variant, chunks, chunk_len = plan
+        kept_total, red_total = math.prod(kept_sizes), math.prod(red_sizes)
+        units = kept_total * chunks
+        largest = max([units * (ctx.info.max_work_group_size if variant == "group" else 1),
+                       red_total + chunk_len, reduce_size]
+                      + [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
+        index_t = "int" if largest < _INT32_LIMIT else "long"
+        index_np = np.int32 if index_t == "int" else np.int64
+        group_size = min(GROUP_SIZE, _pow2_floor(ctx.info.max_work_group_size))
+        final = chunks == 1
+        if final:
+            targets = outputs
+        else:
+            targets = [Tensor.empty(ctx, (chunks, kept_total), dt) for _, dt in self.outputs]
+        kernel = self._kernel(ctx, variant, group_size, len(kept_sizes), len(red_sizes), index_t, final)
+        args = [index_np(v) for v in (kept_total, red_total, chunk_len, chunks, reduce_size)]
+        args += [index_np(s) for s in kept_sizes] + [index_np(s) for s in red_sizes]
+        for t, (kept_st, red_st) in zip(inputs, strides):
+            args += [t.buffer, index_np(t.offset_elements)]
+            args += [index_np(s) for s in kept_st] + [index_np(s) for s in red_st]
+        for t in targets:
+            args += [t.buffer, index_np(t.offset_elements)]
+        for (n, dt), value in zip(self.scalars, scalars):
+            args.append(dt.type(value))
+        if variant == "group":
+            groups = min(units, ctx.info.compute_units * (4 if ctx.info.is_cpu else 64))
+            kernel(ctx.queue, (groups * group_size,), (group_size,), *args)
+        else:
+            local = min(GROUP_SIZE, _pow2_floor(ctx.info.max_work_group_size))
+            groups = min(math.ceil(units / local), ctx.info.compute_units * (4 if ctx.info.is_cpu else 64))
+            kernel(ctx.queue, (groups * local,), (local,), *args)
+        if not final:
+            partials = self.partials_kernel()
+            sub_plan = _plan(ctx, (chunks, kept_total), (True, False),
+                             [[kept_total, 1]] * len(targets), None)
+            partials._enqueue(ctx, sub_plan, targets, outputs, scalars, reduce_size)
+
+
+def _pow2_floor(n):
+    return 1 << (int(n).bit_length() - 1)
+
+
+def _reduced_mask(name, full, out_shape, axes):
+    """Which dimensions of ``full`` are reduced, checking ``out_shape`` against them."""
+    ndim = len(full)
+    if axes is not None:
+        axes = normalize_dims(axes, ndim, name)
+        reduced = tuple(k in axes for k in range(ndim))
+        keep = tuple(full[k] for k in range(ndim) if not reduced[k])
+        keep_dims = tuple(1 if reduced[k] else full[k] for k in range(ndim))
+        if tuple(out_shape) not in (keep, keep_dims):
+            raise ShapeError(f"{name}: reducing axes {sorted(axes)} of {full} gives {keep} or "
+                             f"{keep_dims}, but the output has shape {tuple(out_shape)}")
+        return reduced
+    if len(out_shape) > ndim:
+        raise ShapeError(f"{name}: output shape {tuple(out_shape)} has more dimensions than the "
+                         f"inputs' broadcast shape {full}")
+    aligned = (1,) * (ndim - len(out_shape)) + tuple(out_shape)
+    for k in range(ndim):
+        if aligned[k] not in (1, full[k]):
+            raise ShapeError(f"{name}: output shape {tuple(out_shape)} does not fit the inputs' "
+                             f"broadcast shape {full} (dimension {k}: {aligned[k]} vs {full[k]})")
+    return tuple(aligned[k] == 1 and full[k] != 1 for k in range(ndim))
+
+
+def _merge(sizes, strides):
+    """Merge neighbouring dimensions that are contiguous for every operand."""
+    sizes = list(sizes)
+    strides = [list(s) for s in strides]
+    k = len(sizes) - 2
+    while k >= 0:
+        if all(st[k] == st[k + 1] * sizes[k + 1] for st in strides):
+            sizes[k] *= sizes[k + 1]
+            del sizes[k + 1]
+            for st in strides:
+                st[k] = st[k + 1]
+                del st[k + 1]
+        k -= 1
+    if not sizes:
+        return [1], [[0] for _ in strides]
+    return sizes, strides
+
+
+def _plan(ctx, full, reduced, operand_strides, variant):
+    """(kept sizes, reduced sizes, per-operand (kept strides, reduced strides), variant, chunks,
+    chunk length), or None when the output is empty."""
+    kept = [k for k in range(len(full)) if not reduced[k] and full[k] != 1]
+    red = [k for k in range(len(full)) if reduced[k] and full[k] != 1]
+    if math.prod(full[k] for k in kept) == 0:
+        return None
+    kept_sizes, kept_strides = _merge([full[k] for k in kept], [[st[k] for k in kept] for st in operand_strides])
+    red_sizes, red_strides = _merge([full[k] for k in red], [[st[k] for k in red] for st in operand_strides])
+    kept_total, red_total = math.prod(kept_sizes), math.prod(red_sizes)
+    variant = variant or config.forced_algorithm("reduce")
+    if variant is None:
+        # Coalesced reads decide: items of a group walk the reduced dimension, items of a
+        # launch walk the kept one. Short contiguous rows still go one per item.
+        inner_reduced_contiguous = red_strides[0][-1] == 1 if red_strides else False
+        variant = "group" if inner_reduced_contiguous and red_total >= 32 else "item"
+    if variant not in VARIANTS:
+        raise UnsupportedError(f"reduce variant must be one of {VARIANTS}, got {variant!r}")
+    group_size = min(GROUP_SIZE, _pow2_floor(ctx.info.max_work_group_size))
+    parallel_target = ctx.info.compute_units * (4 if ctx.info.is_cpu else 16)
+    if variant == "group":
+        per_chunk = group_size * GROUP_CHUNK
+        chunks = math.ceil(red_total / per_chunk)
+        if kept_total * chunks < parallel_target:
+            # Few outputs: cut their reductions finer so that every compute unit has a group,
+            # while each item still folds at least a few elements.
+            chunks = max(chunks, min(math.ceil(parallel_target / kept_total),
+                                     math.ceil(red_total / (group_size * 4))))
+    else:
+        chunks = math.ceil(red_total / ITEM_CHUNK)
+        if kept_total * chunks < parallel_target * group_size:
+            chunks = max(chunks, min(math.ceil(parallel_target * group_size / kept_total),
+                                     math.ceil(red_total / 16)))
+    chunks = max(1, chunks)
+    chunk_len = math.ceil(red_total / chunks)
+    chunks = math.ceil(red_total / chunk_len)
+    strides = list(zip(kept_strides, red_strides))
+    return kept_sizes, red_sizes, strides, variant, chunks, chunk_len
+
+
+def normalize_dims(dim, ndim, name="reduce"):
+    """A sorted tuple of distinct non-negative axes from an int, a sequence or None (= all)."""
+    if dim is None:
+        return tuple(range(ndim))
+    if isinstance(dim, (int, np.integer)) and not isinstance(dim, bool):
+        dim = (int(dim),)
+    try:
+        dims = tuple(dim)
+    except TypeError:
+        raise ShapeError(f"{name}: dim must be an int, a sequence of ints or None, got {dim!r}") from None
+    result = []
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool):
+            raise ShapeError(f"{name}: dim entries must be ints, got {dim!r}")
+        lo = -max(ndim, 1)
+        if not lo <= d < max(ndim, 1):
+            raise ShapeError(f"{name}: dim {d} is out of range for a {ndim}-d tensor "
+                             f"(expected {lo}..{max(ndim, 1) - 1})")
+        d = int(d) % max(ndim, 1)
+        if d in result:
+            raise ShapeError(f"{name}: dim {d} appears more than once in {dim!r}")
+        result.append(d)
+    if ndim == 0:
+        return ()
+    return tuple(sorted(result))
+
+
+# ---- the reductions ----------------------------------------------------------------------
+
+_kernels = {}
+
+
+def _kernel(key, factory):
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = factory()
+    return k
+
+
+def _sum_kernel():
+    return _kernel("sum", lambda: ReduceKernel("reduce_sum", [("x", np.float32)], [("y", np.float32)],
+                                               "y = x;", "sum"))
+
+
+def _view(t, shape):
+    """The same memory with another shape, off the tape."""
+    return Tensor(t.ctx, t.buffer, shape, t.dtype, offset=t.offset)
+
+
+def _check_float(x, name):
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"{name}: expected a Tensor, got {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise DTypeError(f"{name}: only float32 tensors are supported, got {x.dtype}")
+
+
+def _shapes(x, dim, keepdim, name):
+    """(axes, kept-dims shape, result shape) of reducing ``x`` over ``dim``."""
+    axes = normalize_dims(dim, x.ndim, name)
+    keep_dims = tuple(1 if k in axes else s for k, s in enumerate(x.shape))
+    result = keep_dims if keepdim else tuple(s for k, s in enumerate(x.shape) if k not in axes)
+    return axes, keep_dims, result
+
+
+def _reduce(kernel, x, dim, keepdim, name, extra_inputs=(), scalars=()):
+    axes, keep_dims, result = _shapes(x, dim, keepdim, name)
+    if x.size == 0 and math.prod(keep_dims) != 0 and name not in ("sum", "norm"):
+        raise ShapeError(f"{name}: cannot reduce an empty dimension of a {x.shape} tensor")
+    out = Tensor.empty(x.ctx, result, kernel.outputs[0][1])
+    if x.size == 0:
+        out.fill_(0)
+        return out, keep_dims
+    kernel([x, *extra_inputs], [_view(out, keep_dims)], scalars)
+    return out, keep_dims
+
+
+_expand_kernel = None
+
+
+def expand(g, shape):
+    """``g`` broadcast to ``shape`` (a new dense tensor), off the tape."""
+    global _expand_kernel
+    if _expand_kernel is None:
+        _expand_kernel = PointwiseKernel("expand", [("g", np.float32)], [("y", np.float32)], "y = g;")
+    out = Tensor.empty(g.ctx, shape, g.dtype)
+    _expand_kernel([g], [out])
+    return out
+
+
+def sum_to_shape(grad, shape):
+    """Sum ``grad`` over the dimensions that broadcasting expanded to reach ``grad.shape``,
+    giving a dense tensor of ``shape`` (which must broadcast to ``grad.shape``)."""
+    shape = tuple(shape)
+    if broadcast_shapes(shape, grad.shape) != grad.shape:
+        raise ShapeError(f"sum_to_shape: {shape} does not broadcast to {grad.shape}")
+    out = Tensor.empty(grad.ctx, shape, grad.dtype)
+    if grad.size == 0:
+        out.fill_(0)
+        return out
+    if out.size:
+        _sum_kernel()([grad], [out])
+    return out
+
+
+def sum(x, dim=None, keepdim=False):  # noqa: A001 - torch's name
+    """torch.sum: float32 ``x`` summed over ``dim`` (int, ints, or None for all)."""
+    _check_float(x, "sum")
+    out, keep_dims = _reduce(_sum_kernel(), x, dim, keepdim, "sum")
+    shape = x.shape
+    return autograd.record(out, (x,), lambda g: (expand(_view(g, keep_dims), shape),), "sum")
+
+
+def mean(x, dim=None, keepdim=False):
+    """torch.mean over ``dim``; NaN for an empty reduction."""
+    _check_float(x, "mean")
+    kernel = _kernel("mean", lambda: ReduceKernel(
+        "reduce_mean", [("x", np.float32)], [("y", np.float32)], "y = x;", "sum",
+        finalize="acc_y = acc_y / (float)reduce_size;"))
+    axes, keep_dims, _ = _shapes(x, dim, keepdim, "mean")
+    count = math.prod(x.shape[k] for k in axes)
+    if count == 0:
+        out = Tensor.full(x.ctx, _shapes(x, dim, keepdim, "mean")[2], np.nan)
+    else:
+        out, keep_dims = _reduce(kernel, x, dim, keepdim, "mean")
+    shape = x.shape
+
+    def backward(g):
+        from .pointwise import binary
+        return (expand(_view(binary("mul", g, 1.0 / max(count, 1)), keep_dims), shape),)
+
+    return autograd.record(out, (x,), backward, "mean")
+
+
+def _extremum_kernel(kind):
+    return _kernel(kind, lambda: ReduceKernel(f"reduce_{kind}", [("x", np.float32)], [("y", np.float32)],
+                                              "y = x;", kind))
+
+
+def _extremum_backward(x, out, keep_dims, g):
+    """torch's gradient of amax/amin: shared evenly among the elements equal to the result."""
+    count_kernel = _kernel("count_equal", lambda: ReduceKernel(
+        "reduce_count_equal", [("x", np.float32), ("m", np.float32)], [("n", np.float32)],
+        "n = (x == m) ? 1.0f : 0.0f;", "sum"))
+    spread_kernel = _kernel("spread_equal", lambda: PointwiseKernel(
+        "spread_equal", [("x", np.float32), ("m", np.float32), ("g", np.float32), ("n", np.float32)],
+        [("dx", np.float32)], "dx = (x == m) ? g / n : 0.0f;"))
+    m = _view(out, keep_dims)
+    n = Tensor.empty(x.ctx, keep_dims)
+    count_kernel([x, m], [n])
+    dx = Tensor.empty(x.ctx, x.shape)
+    spread_kernel([x, m, _view(g, keep_dims), n], [dx])
+    return dx
+
+
+def amax(x, dim=None, keepdim=False):
+    """torch.amax over ``dim`` (None or () for all); NaN propagates."""
+    return _extremum(x, dim, keepdim, "max")
+
+
+def amin(x, dim=None, keepdim=False):
+    """torch.amin over ``dim`` (None or () for all); NaN propagates."""
+    return _extremum(x, dim, keepdim, "min")
+
+
+def _extremum(x, dim, keepdim, kind):
+    name = "a" + kind
+    _check_float(x, name)
+    if isinstance(dim, (tuple, list)) and len(dim) == 0:
+        dim = None
+    out, keep_dims = _reduce(_extremum_kernel(kind), x, dim, keepdim, name)
+    source = x.detach()
+    return autograd.record(out, (x,), lambda g: (_extremum_backward(source, out, keep_dims, g),), name)
+
+
+# Ties go to the lowest index and NaN counts as the extreme (torch's rule); `take` decides
+# whether the value v at index i replaces the accumulated (acc_v, acc_i).
+_ARG_COMBINE = """
+    bool take = (v != v) ? (acc_v == acc_v || i < acc_i)
+                         : (acc_v == acc_v && (v {cmp} acc_v || (v == acc_v && i < acc_i)));
+    if (take) {{ acc_v = v; acc_i = i; }}
+"""
+
+
+def _arg_kernel(kind):
+    cmp, ident = (">", "-INFINITY") if kind == "argmax" else ("<", "INFINITY")
+    return _kernel(kind, lambda: ReduceKernel(
+        f"reduce_{kind}", [("x", np.float32)], [("v", np.float32), ("i", np.int64)],
+        "v = x; i = ridx;", _ARG_COMBINE.format(cmp=cmp), {"v": ident, "i": "LONG_MAX"}))
+
+
+def argmax(x, dim=None, keepdim=False):
+    """torch.argmax: int64 index of the largest element along ``dim`` (an int), or of the
+    flattened tensor when ``dim`` is None (then keepdim gives all-ones dims)."""
+    return _arg(x, dim, keepdim, "argmax")
+
+
+def argmin(x, dim=None, keepdim=False):
+    """torch.argmin, like ``argmax``."""
+    return _arg(x, dim, keepdim, "argmin")
+
+
+def _arg(x, dim, keepdim, name):
+    _check_float(x, name)
+    if dim is not None and not (isinstance(dim, (int, np.integer)) and not isinstance(dim, bool)):
+        raise ShapeError(f"{name}: dim must be an int or None, got {dim!r}")
+    axes, keep_dims, result = _shapes(x, dim, keepdim, name)
+    if x.size == 0:
+        raise ShapeError(f"{name}: cannot take {name} of an empty {x.shape} tensor")
+    values = Tensor.empty(x.ctx, keep_dims)
+    index = Tensor.empty(x.ctx, result, np.int64)
+    _arg_kernel(name)([x], [values, _view(index, keep_dims)])
+    return index
+
+
+def norm(x, p="fro", dim=None, keepdim=False):
+    """torch.norm / torch.linalg.vector_norm: the p-norm over ``dim`` for p in "fro" (= 2), any
+    finite p > 0, inf, -inf or 0 (the count of non-zeros)."""
+    _check_float(x, "norm")
+    if p == "fro":
+        p = 2.0
+    if isinstance(p, str) or not isinstance(p, (int, float, np.number)) or isinstance(p, bool):
+        raise UnsupportedError(f"norm: p must be 'fro' or a number, got {p!r}")
+    p = float(p)
+    if math.isnan(p) or (p < 0 and p != -math.inf):
+        raise UnsupportedError(f"norm: p must be >= 0, inf or -inf, got {p}")
+    if p == math.inf or p == -math.inf:
+        kind = "max" if p > 0 else "min"
+        kernel = _kernel(f"norm_{kind}", lambda: ReduceKernel(
+            f"reduce_norm_{kind}", [("x", np.float32)], [("y", np.float32)], "y = fabs(x);", kind))
+        scalars = ()
+    elif p == 2.0:
+        kernel = _kernel("norm2", lambda: ReduceKernel(
+            "reduce_norm2", [("x", np.float32)], [("y", np.float32)], "y = x * x;", "sum",
+            finalize="acc_y = sqrt(acc_y);"))
+        scalars = ()
+    elif p == 1.0:
+        kernel = _kernel("norm1", lambda: ReduceKernel(
+            "reduce_norm1", [("x", np.float32)], [("y", np.float32)], "y = fabs(x);", "sum"))
+        scalars = ()
+    elif p == 0.0:
+        kernel = _kernel("norm0", lambda: ReduceKernel(
+            "reduce_norm0", [("x", np.float32)], [("y", np.float32)], "y = (x != 0.0f) ? 1.0f : 0.0f;", "sum"))
+        scalars = ()
+    else:
+        kernel = _kernel("normp", lambda: ReduceKernel(
+            "reduce_normp", [("x", np.float32)], [("y", np.float32)], "y = pow(fabs(x), p);", "sum",
+            finalize="acc_y = pow(acc_y, 1.0f / p);", scalars=[("p", np.float32)]))
+        scalars = (p,)
+    if x.size == 0 and p == -math.inf:
+        raise ShapeError(f"norm: -inf norm of an empty {x.shape} tensor")
+    out, keep_dims = _reduce(kernel, x, dim, keepdim, "norm", scalars=scalars)
+    source = x.detach()
+
+    def backward(g):
+        if p == 0.0:
+            return (Tensor.zeros(g.ctx, source.shape),)
+        if p in (math.inf, -math.inf):
+            # Like amax of |x|: the gradient is shared among the extreme elements, signed.
+            absx = Tensor.empty(source.ctx, source.shape)
+            _abs_kernel()([source], [absx])
+            spread = _extremum_backward(absx, out, keep_dims, g)
+            dx = Tensor.empty(source.ctx, source.shape)
+            _kernel("sign_mul", lambda: PointwiseKernel(
+                "sign_mul", [("x", np.float32), ("s", np.float32)], [("dx", np.float32)],
+                "dx = (x > 0.0f) ? s : ((x < 0.0f) ? -s : 0.0f);"))([source, spread], [dx])
+            return (dx,)
+        dx = Tensor.empty(source.ctx, source.shape)
+        # d||x||_p / dx = sign(x) |x|^(p-1) / ||x||^(p-1); 0 where the norm is 0 (torch's choice).
+        _kernel("normp_backward", lambda: PointwiseKernel(
+            "normp_backward", [("x", np.float32), ("n", np.float32), ("g", np.float32)],
+            [("dx", np.float32)],
+            "float s = (x > 0.0f) ? 1.0f : ((x < 0.0f) ? -1.0f : 0.0f);"
+            "if (p == 1.0f) dx = s * g;"
+            "else if (n == 0.0f) dx = 0.0f;"
+            "else if (p == 2.0f) dx = x / n * g;"
+            "else dx = s * pow(fabs(x) / n, p - 1.0f) * g;",
+            scalars=[("p", np.float32)]))([source, _view(out, keep_dims), _view(g, keep_dims)], [dx], [p])
+        return (dx,)
+
+    return autograd.record(out, (x,), backward, "norm")
+
+
+def _abs_kernel():
+    return _kernel("abs", lambda: PointwiseKernel("abs_value", [("x", np.float32)], [("y", np.float32)],
+                                                  "y = fabs(x);"))

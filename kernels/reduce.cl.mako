@@ -1,0 +1,198 @@
+## Broadcast + reduce kernels generated from C statements.
+##
+## The problem: inputs broadcast to one full index space; that space splits into kept
+## dimensions (KEPT_NDIM after merging, flat index `oidx`) and reduced dimensions (RED_NDIM
+## after merging, flat index `ridx` in row-major order of the reduced dimensions). For every
+## element the map statement computes one value per accumulator; the combine statement folds
+## values into accumulators; after the last value the finalize statement turns accumulators
+## into results. Sizes and strides are run-time arguments.
+##
+## Work is cut into units u = chunk * kept_total + oidx: unit u folds the reduced indices
+## [chunk * chunk_len, min((chunk + 1) * chunk_len, red_total)) of output oidx and writes its
+## accumulators to out[u]. With one chunk that is the result (finalized); with several the caller
+## reduces the [chunks, kept_total] partials again. Bounding chunk_len bounds the length of every
+## sequential float sum, so long reductions stay accurate (partials combine as a tree).
+##
+## Template parameters:
+##   name          kernel name
+##   variant       "group": one work-group per unit, its items stride over the chunk and fold
+##                 their accumulators as a tree in local memory (coalesced when the innermost
+##                 reduced dimension is contiguous);
+##                 "item": one work item per unit, folding its chunk sequentially (coalesced
+##                 when the innermost kept dimension is contiguous)
+##   group_size    work-group size, a power of two (the tree's width for "group")
+##   kept_ndim     number of kept dimensions (>= 1)
+##   red_ndim      number of reduced dimensions (>= 1)
+##   index_t       "int" when every index fits in 31 bits, else "long"
+##   inputs        list of (name, OpenCL C type), loaded per element before the map statement
+##   accumulators  list of (name, OpenCL C type, identity C expression); each is also an output
+##   scalars       list of (name, OpenCL C type) passed by value
+##   map_statement C code assigning every accumulator's name from the inputs, `ridx`, `oidx`
+##   combine       C code folding the values `<name>` into `acc_<name>` (for every accumulator)
+##   finalize      C code run on `acc_<name>` before the final write, may use `reduce_size`
+##                 (the size of the whole reduction), may be ""
+##   apply_finalize  True for a launch whose results are final, False for partials
+##   preamble      extra C code before the kernel (helper functions), may be ""
+<%
+    kdims = range(kept_ndim)
+    rdims = range(red_ndim)
+%>
+#if defined(cl_khr_fp16)
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#endif
+${preamble}
+
+<%def name="fold_element()">\
+            {
+% if red_ndim == 1:
+    % for nm, ty in inputs:
+                ${ty} ${nm} = ${nm}_buf[${nm}_base + ridx * ${nm}_rstride0];
+    % endfor
+% else:
+                ${index_t} rest = ridx;
+    % for nm, ty in inputs:
+                ${index_t} ${nm}_index = ${nm}_base;
+    % endfor
+    % for k in reversed(list(rdims)):
+                {
+        % if k > 0:
+                    ${index_t} coord = rest % rsize${k};
+                    rest /= rsize${k};
+        % else:
+                    ${index_t} coord = rest;
+        % endif
+        % for nm, ty in inputs:
+                    ${nm}_index += coord * ${nm}_rstride${k};
+        % endfor
+                }
+    % endfor
+    % for nm, ty in inputs:
+                ${ty} ${nm} = ${nm}_buf[${nm}_index];
+    % endfor
+% endif
+% for nm, ty, ident in accumulators:
+                ${ty} ${nm};
+% endfor
+                { ${map_statement} }
+                { ${combine} }
+            }
+</%def>
+
+<%def name="unit_setup()">\
+        const ${index_t} oidx = u % kept_total;
+        const ${index_t} chunk = u / kept_total;
+% if kept_ndim == 1:
+    % for nm, ty in inputs:
+        const ${index_t} ${nm}_base = ${nm}_off + oidx * ${nm}_kstride0;
+    % endfor
+% else:
+    % for nm, ty in inputs:
+        ${index_t} ${nm}_base = ${nm}_off;
+    % endfor
+        {
+            ${index_t} rest = oidx;
+    % for k in reversed(list(kdims)):
+            {
+        % if k > 0:
+                ${index_t} coord = rest % ksize${k};
+                rest /= ksize${k};
+        % else:
+                ${index_t} coord = rest;
+        % endif
+        % for nm, ty in inputs:
+                ${nm}_base += coord * ${nm}_kstride${k};
+        % endfor
+            }
+    % endfor
+        }
+% endif
+        const ${index_t} chunk_begin = chunk * chunk_len;
+        const ${index_t} chunk_end = min(chunk_begin + chunk_len, red_total);
+% for nm, ty, ident in accumulators:
+        ${ty} acc_${nm} = ${ident};
+% endfor
+</%def>
+
+<%def name="write_unit()">\
+% if apply_finalize:
+        { ${finalize} }
+% endif
+% for nm, ty, ident in accumulators:
+        ${nm}_out[${nm}_out_off + u] = acc_${nm};
+% endfor
+</%def>
+
+__kernel
+% if variant == "group":
+__attribute__((reqd_work_group_size(${group_size}, 1, 1)))
+% endif
+void ${name}(
+    ${index_t} kept_total, ${index_t} red_total, ${index_t} chunk_len, ${index_t} chunks,
+    ${index_t} reduce_size
+% for k in kdims:
+    , ${index_t} ksize${k}
+% endfor
+% for k in rdims:
+    , ${index_t} rsize${k}
+% endfor
+% for nm, ty in inputs:
+    , __global const ${ty}* restrict ${nm}_buf, ${index_t} ${nm}_off
+  % for k in kdims:
+    , ${index_t} ${nm}_kstride${k}
+  % endfor
+  % for k in rdims:
+    , ${index_t} ${nm}_rstride${k}
+  % endfor
+% endfor
+% for nm, ty, ident in accumulators:
+    , __global ${ty}* restrict ${nm}_out, ${index_t} ${nm}_out_off
+% endfor
+% for nm, ty in scalars:
+    , ${ty} ${nm}
+% endfor
+    )
+{
+    const ${index_t} units = kept_total * chunks;
+% if variant == "group":
+% for nm, ty, ident in accumulators:
+    __local ${ty} tree_${nm}[${group_size}];
+% endfor
+    const int lid = get_local_id(0);
+    // The unit loop's bounds depend on the group only, so every item meets every barrier.
+    for (${index_t} u = get_group_id(0); u < units; u += get_num_groups(0)) {
+${unit_setup()}
+        for (${index_t} ridx = chunk_begin + lid; ridx < chunk_end; ridx += ${group_size}) {
+${fold_element()}
+        }
+% for nm, ty, ident in accumulators:
+        tree_${nm}[lid] = acc_${nm};
+% endfor
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int width = ${group_size // 2}; width > 0; width >>= 1) {
+            if (lid < width) {
+% for nm, ty, ident in accumulators:
+                ${ty} ${nm} = tree_${nm}[lid + width];
+% endfor
+                { ${combine} }
+% for nm, ty, ident in accumulators:
+                tree_${nm}[lid] = acc_${nm};
+% endfor
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        if (lid == 0) {
+${write_unit()}
+        }
+        // The next unit overwrites the tree only after item 0 has read it.
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+% else:
+    for (${index_t} u = get_global_id(0); u < units; u += get_global_size(0)) {
+${unit_setup()}
+        for (${index_t} ridx = chunk_begin; ridx < chunk_end; ++ridx) {
+${fold_element()}
+        }
+${write_unit()}
+    }
+% endif
+}

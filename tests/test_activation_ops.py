@@ -1,0 +1,157 @@
+"""Activations: torch names forward and backward against torch CPU float64; MIOpen's API."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import dlprim_py as dp
+from dlprim_py import Activation, ActivationDesc
+
+from conftest import assert_close, poisoned, random
+
+F = dp.functional
+
+# (our call, torch's call): every torch name, with a non-default parameter where it has one.
+TORCH_NAMES = {
+    "relu": (F.relu, TF.relu),
+    "relu6": (F.relu6, TF.relu6),
+    "leaky_relu": (lambda x: F.leaky_relu(x, 0.2), lambda t: TF.leaky_relu(t, 0.2)),
+    "elu": (lambda x: F.elu(x, 0.7), lambda t: TF.elu(t, 0.7)),
+    "hardtanh": (lambda x: F.hardtanh(x, -0.5, 2.0), lambda t: TF.hardtanh(t, -0.5, 2.0)),
+    "sigmoid": (F.sigmoid, torch.sigmoid),
+    "tanh": (F.tanh, torch.tanh),
+    "softplus": (F.softplus, TF.softplus),
+    "softplus_beta": (lambda x: F.softplus(x, 2.0, 3.0), lambda t: TF.softplus(t, 2.0, 3.0)),
+    "gelu": (F.gelu, TF.gelu),
+    "gelu_tanh": (lambda x: F.gelu(x, "tanh"), lambda t: TF.gelu(t, approximate="tanh")),
+    "silu": (F.silu, TF.silu),
+    "hardswish": (F.hardswish, TF.hardswish),
+    "hardsigmoid": (F.hardsigmoid, TF.hardsigmoid),
+    "abs": (F.abs, torch.abs),
+}
+
+
+@pytest.mark.parametrize("name", list(TORCH_NAMES))
+def test_torch_name_forward_and_gradient(ctx, rng, name):
+    ours, theirs = TORCH_NAMES[name]
+    # Odd sizes, a range that crosses every kink (hardswish's +-3, relu6's 6, softplus' threshold).
+    a = random(rng, (3, 37, 5), -8.0, 8.0)
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    y = ours(x)
+    t = torch.tensor(a.astype(np.float64), requires_grad=True)
+    ref = theirs(t)
+    assert_close(y.numpy(), ref.detach().numpy())
+    g = random(rng, a.shape)
+    y.backward(dp.Tensor.from_numpy(ctx, g))
+    ref.backward(torch.tensor(g.astype(np.float64)))
+    assert_close(x.grad.numpy(), t.grad.numpy())
+
+
+def test_one_element_and_offset(ctx):
+    base = dp.Tensor.from_numpy(ctx, np.array([5.0, -2.0, 3.0], np.float32))
+    x = dp.Tensor(ctx, base.buffer, (1,), offset=4)
+    assert F.relu(x).numpy().tolist() == [0.0]
+    assert F.abs(x).numpy().tolist() == [2.0]
+
+
+def test_inplace(ctx, rng):
+    a = random(rng, (4, 9))
+    x = dp.Tensor.from_numpy(ctx, a)
+    assert F.relu(x, inplace=True) is x
+    assert np.array_equal(x.numpy(), np.maximum(a, 0))
+    leaf = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    with pytest.raises(dp.UnsupportedError, match="inplace"):
+        F.relu(leaf, inplace=True)
+
+
+# ---- MIOpen's modes and scaling ------------------------------------------------------------
+
+def _numpy_mode(mode, x, a, b, g):
+    A = Activation
+    return {
+        A.PASTHRU: lambda: x,
+        A.LOGISTIC: lambda: 1 / (1 + np.exp(-x)),
+        A.TANH: lambda: b * np.tanh(a * x),
+        A.RELU: lambda: np.maximum(x, 0),
+        A.SOFTRELU: lambda: np.log1p(np.exp(x)),
+        A.ABS: lambda: np.abs(x),
+        A.POWER: lambda: (a + b * x) ** g,
+        A.CLIPPEDRELU: lambda: np.minimum(np.maximum(x, 0), a),
+        A.LEAKYRELU: lambda: np.where(x > 0, x, a * x),
+        A.ELU: lambda: np.where(x > 0, x, a * (np.exp(x) - 1)),
+    }[mode]()
+
+
+MIOPEN_MODES = [
+    (Activation.PASTHRU, None, None, None),
+    (Activation.LOGISTIC, None, None, None),
+    (Activation.TANH, 0.5, 2.0, None),
+    (Activation.RELU, None, None, None),
+    (Activation.SOFTRELU, None, None, None),
+    (Activation.ABS, None, None, None),
+    (Activation.POWER, 3.0, 0.5, 1.5),      # base stays positive on [-4, 4]
+    (Activation.CLIPPEDRELU, 1.5, None, None),
+    (Activation.LEAKYRELU, 0.3, None, None),
+    (Activation.ELU, 1.3, None, None),
+]
+
+
+@pytest.mark.parametrize("mode, alpha, beta, gamma", MIOPEN_MODES, ids=[m[0].name for m in MIOPEN_MODES])
+def test_miopen_mode_forward_and_backward(ctx, rng, mode, alpha, beta, gamma):
+    desc = ActivationDesc(mode, alpha, beta, gamma)
+    a = random(rng, (5, 23), -4.0, 4.0)
+    x = dp.Tensor.from_numpy(ctx, a)
+    y = F.activation_forward(desc, x, poisoned(ctx, a.shape))
+    x64 = a.astype(np.float64)
+    ref = _numpy_mode(mode, x64, desc.alpha, desc.beta, desc.gamma)
+    assert_close(y.numpy(), ref)
+    # Backward against a central difference of the float64 formula.
+    dy = random(rng, a.shape)
+    dx = F.activation_backward(desc, y, dp.Tensor.from_numpy(ctx, dy), x, poisoned(ctx, a.shape))
+    h = 1e-6
+    slope = (_numpy_mode(mode, x64 + h, desc.alpha, desc.beta, desc.gamma)
+             - _numpy_mode(mode, x64 - h, desc.alpha, desc.beta, desc.gamma)) / (2 * h)
+    assert_close(dx.numpy(), dy * slope, tol=1e-5)
+
+
+def test_miopen_alpha_beta_scaling(ctx, rng):
+    """y = alpha act(x) + beta y and dx = alpha dy act'(x) + beta dx; beta = 0 never reads."""
+    desc = ActivationDesc("leakyrelu", alpha=0.1)
+    a, y0, dy, dx0 = (random(rng, (7, 11)) for _ in range(4))
+    x = dp.Tensor.from_numpy(ctx, a)
+    y = dp.Tensor.from_numpy(ctx, y0)
+    F.activation_forward(desc, x, y, alpha=2.0, beta=-0.5)
+    act = np.where(a > 0, a, 0.1 * a).astype(np.float64)
+    assert_close(y.numpy(), 2.0 * act - 0.5 * y0)
+    dx = dp.Tensor.from_numpy(ctx, dx0)
+    F.activation_backward(desc, y, dp.Tensor.from_numpy(ctx, dy), x, dx, alpha=3.0, beta=0.25)
+    assert_close(dx.numpy(), 3.0 * dy * np.where(a > 0, 1.0, 0.1) + 0.25 * dx0)
+    fresh = F.activation_forward(desc, x, poisoned(ctx, a.shape), alpha=2.0)
+    assert_close(fresh.numpy(), 2.0 * act)
+
+
+def test_activation_by_descriptor(ctx, rng):
+    a = random(rng, (9,))
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    y = F.activation(x, ActivationDesc(Activation.CLIPPEDRELU, alpha=0.5))
+    assert_close(y.numpy(), np.clip(a, 0, 0.5))
+    y.backward(dp.Tensor.full(ctx, a.shape, 1.0))
+    assert_close(x.grad.numpy(), ((a > 0) & (a < 0.5)).astype(np.float64))
+
+
+def test_bad_input(ctx):
+    x = dp.Tensor.zeros(ctx, (3, 4))
+    with pytest.raises(dp.DTypeError, match="float32"):
+        F.relu(dp.Tensor.zeros(ctx, (3,), np.int32))
+    with pytest.raises(dp.DTypeError, match="Tensor"):
+        F.sigmoid(np.zeros(3, np.float32))
+    with pytest.raises(dp.ShapeError, match="shape"):
+        F.activation_forward("relu", x, dp.Tensor.empty(ctx, (4, 3)))
+    with pytest.raises(dp.ShapeError, match="shape"):
+        F.activation_backward("relu", x, x, x, dp.Tensor.empty(ctx, (12,)))
+    with pytest.raises(dp.UnsupportedError, match="unknown activation"):
+        F.activation(x, "swishy")
+    with pytest.raises(dp.UnsupportedError, match="approximate"):
+        F.gelu(x, "erf")
+    with pytest.raises(dp.ShapeError, match="min_val"):
+        F.hardtanh(x, 1.0, -1.0)

@@ -1,0 +1,251 @@
+"""The broadcast + reduce generator and the reductions, against torch CPU float64."""
+import numpy as np
+import pytest
+import torch
+
+import dlprim_py as dp
+from dlprim_py.ops import reduce as R
+from dlprim_py.ops.reduce import ReduceKernel
+
+from conftest import assert_close, poisoned, random
+
+F = dp.functional
+
+
+def _torch(a, requires_grad=False):
+    return torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=requires_grad)
+
+
+# ---- the generator -----------------------------------------------------------------------
+
+WEIGHTED = ReduceKernel("test_weighted_sum_sq", [("x", np.float32), ("w", np.float32)],
+                        [("y", np.float32)], "float d = x * w; y = d * d;", "sum",
+                        finalize="acc_y = acc_y * scale;", scalars=[("scale", np.float32)])
+
+
+@pytest.mark.parametrize("variant", ["group", "item"])
+@pytest.mark.parametrize("x_shape, w_shape, out_shape", [
+    ((5, 7, 9), (7, 1), (1, 7, 1)),          # reduce outer and inner, weight broadcast
+    ((5, 7, 9), (9,), (5, 7, 1)),            # innermost
+    ((33, 3), (1, 3), (3,)),                 # outermost, output aligned to the right
+    ((2, 3, 4, 5), (3, 1, 5), (2, 1, 4, 1)), # alternating kept and reduced
+    ((1,), (1,), (1,)),                      # one element
+    ((6, 1, 5), (1, 4, 1), (1,)),            # everything, broadcast on both sides
+    ((300, 257), (257,), (1, 257)),          # several chunks of partials
+])
+def test_generator_against_numpy(ctx, rng, variant, x_shape, w_shape, out_shape):
+    x, w = random(rng, x_shape), random(rng, w_shape)
+    out = poisoned(ctx, out_shape)
+    WEIGHTED([dp.Tensor.from_numpy(ctx, x), dp.Tensor.from_numpy(ctx, w)], [out], [0.5],
+             variant=variant)
+    full = np.broadcast_shapes(x_shape, w_shape)
+    aligned = (1,) * (len(full) - len(out_shape)) + out_shape
+    axes = tuple(k for k in range(len(full)) if aligned[k] == 1)
+    d = x.astype(np.float64) * w
+    ref = 0.5 * (d * d).sum(axis=axes, keepdims=True).reshape(out_shape)
+    assert_close(out.numpy(), ref)
+
+
+def test_generator_axes_and_offsets(ctx, rng):
+    """Reduced axes given explicitly; operands at non-zero offsets inside larger buffers."""
+    x = random(rng, (4, 6, 5))
+    big = dp.Tensor.from_numpy(ctx, random(rng, 4 * 6 * 5 + 7))
+    xt = dp.Tensor(ctx, big.buffer, x.shape, offset=7 * 4)
+    xt.copy_(dp.Tensor.from_numpy(ctx, x))
+    w = dp.Tensor.full(ctx, (1,), 2.0)
+    out_big = poisoned(ctx, (4 * 5 + 3,))
+    out = dp.Tensor(ctx, out_big.buffer, (4, 5), offset=3 * 4)
+    WEIGHTED([xt, w], [out], [1.0], axes=(1,))
+    assert_close(out.numpy(), ((2 * x.astype(np.float64)) ** 2).sum(axis=1))
+    assert np.isnan(out_big.numpy()[:3]).all(), "wrote before the output's offset"
+
+
+def test_generator_bad_input(ctx):
+    x = dp.Tensor.zeros(ctx, (4, 5))
+    w = dp.Tensor.zeros(ctx, (5,))
+    with pytest.raises(dp.ShapeError, match="does not fit"):
+        WEIGHTED([x, w], [dp.Tensor.empty(ctx, (3,))], [1.0])
+    with pytest.raises(dp.ShapeError, match="broadcast"):
+        WEIGHTED([x, dp.Tensor.zeros(ctx, (3,))], [dp.Tensor.empty(ctx, (1,))], [1.0])
+    with pytest.raises(dp.DTypeError, match="float32"):
+        WEIGHTED([x, dp.Tensor.zeros(ctx, (5,), np.int32)], [dp.Tensor.empty(ctx, (1,))], [1.0])
+    with pytest.raises(dp.ShapeError, match="axes"):
+        WEIGHTED([x, w], [dp.Tensor.empty(ctx, (4, 5))], [1.0], axes=(1,))
+    with pytest.raises(dp.ShapeError, match="scalars"):
+        WEIGHTED([x, w], [dp.Tensor.empty(ctx, (1,))], [])
+    with pytest.raises(dp.UnsupportedError, match="variant"):
+        WEIGHTED([x, w], [dp.Tensor.empty(ctx, (1,))], [1.0], variant="warp")
+    with pytest.raises(dp.ShapeError, match="identity"):
+        ReduceKernel("bad", [("x", np.float32)], [("y", np.float32)], "y = x;", "acc_y *= y;")
+
+
+# ---- sum, mean, amax, amin, norm with gradients ---------------------------------------------
+
+CASES = [((5, 7, 9), 1, False), ((5, 7, 9), (0, 2), True), ((3, 65), None, False),
+         ((65, 3), 0, True), ((1,), 0, False), ((), None, False), ((2, 3, 4, 5), (1, -1), False),
+         ((4, 5), (), False)]
+
+REDUCTIONS = {
+    "sum": (lambda x, d, k: F.sum(x, d, k), lambda t, d, k: t.sum(dim=d, keepdim=k) if d is not None else t.sum()),
+    "mean": (lambda x, d, k: F.mean(x, d, k), lambda t, d, k: t.mean(dim=d, keepdim=k) if d is not None else t.mean()),
+    "amax": (lambda x, d, k: F.amax(x, d, k), lambda t, d, k: t.amax(dim=() if d is None else d, keepdim=k)),
+    "amin": (lambda x, d, k: F.amin(x, d, k), lambda t, d, k: t.amin(dim=() if d is None else d, keepdim=k)),
+    "norm2": (lambda x, d, k: F.norm(x, 2, d, k), lambda t, d, k: torch.linalg.vector_norm(t, 2, d, k)),
+    "norm1": (lambda x, d, k: F.norm(x, 1, d, k), lambda t, d, k: torch.linalg.vector_norm(t, 1, d, k)),
+    "norm3": (lambda x, d, k: F.norm(x, 3, d, k), lambda t, d, k: torch.linalg.vector_norm(t, 3, d, k)),
+    "norminf": (lambda x, d, k: F.norm(x, float("inf"), d, k), lambda t, d, k: torch.linalg.vector_norm(t, float("inf"), d, k)),
+}
+
+
+# Every case for sum and amax; two for the others, whose kernels differ only in the map and
+# finalize code (each case costs a compile per kernel on PoCL).
+PAIRS = ([("sum", *case) for case in CASES] + [("amax", *case) for case in CASES[:5]]
+         + [(op, *case) for op in REDUCTIONS if op not in ("sum", "amax") for case in (CASES[0], CASES[3])])
+
+
+@pytest.mark.parametrize("op, shape, dim, keepdim", PAIRS)
+def test_reduction_forward_and_gradient(ctx, rng, op, shape, dim, keepdim):
+    ours, theirs = REDUCTIONS[op]
+    if op == "sum" and dim == ():
+        dim = None  # torch's sum reads () as "no dims" in some versions
+    if op == "mean" and dim == ():
+        dim = None
+    if op.startswith("norm") and dim == ():
+        dim = None
+    a = random(rng, shape)
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    y = ours(x, dim, keepdim)
+    t = _torch(a, True)
+    ref = theirs(t, dim, keepdim)
+    assert y.shape == tuple(ref.shape), f"{y.shape} vs {tuple(ref.shape)}"
+    assert_close(y.numpy(), ref.detach().numpy())
+    g = random(rng, y.shape)
+    y.backward(dp.Tensor.from_numpy(ctx, g))
+    ref.backward(torch.tensor(g.astype(np.float64)))
+    assert_close(x.grad.numpy(), t.grad.numpy())
+
+
+@pytest.mark.parametrize("variant", ["group", "item"])
+def test_each_variant_with_partials(ctx, rng, variant, monkeypatch):
+    """Both variants forced, with enough elements that partial results are reduced again."""
+    monkeypatch.setenv("DLPRIM_REDUCE_ALGO", variant)
+    a = random(rng, (40, 1100))
+    x = dp.Tensor.from_numpy(ctx, a)
+    for dim in (0, None):
+        assert_close(F.sum(x, dim).numpy(), a.astype(np.float64).sum(axis=dim))
+    assert np.array_equal(F.argmax(x, 1).numpy(), a.argmax(axis=1))
+
+
+def test_amax_gradient_is_shared_among_ties(ctx):
+    a = np.array([[1, 3, 3], [2, 2, 0]], np.float32)
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    F.amax(x, 1).backward(dp.Tensor.from_numpy(ctx, np.array([1, 4], np.float32)))
+    t = _torch(a, True)
+    t.amax(1).backward(torch.tensor([1.0, 4.0], dtype=torch.float64))
+    assert np.array_equal(x.grad.numpy(), t.grad.numpy())
+
+
+def test_nan_propagates_through_amax_amin(ctx):
+    a = np.array([[1, np.nan, 3], [2, 5, 0]], np.float32)
+    x = dp.Tensor.from_numpy(ctx, a)
+    assert np.array_equal(F.amax(x, 1).numpy(), [np.nan, 5], equal_nan=True)
+    assert np.array_equal(F.amin(x, 1).numpy(), [np.nan, 0], equal_nan=True)
+
+
+# ---- argmax / argmin ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape, dim, keepdim", [((5, 7, 9), 1, False), ((5, 7, 9), -1, True),
+                                                 ((4, 33), None, False), ((1,), 0, False)])
+def test_argmax_argmin(ctx, rng, shape, dim, keepdim):
+    # Few distinct values, so ties are frequent: the lowest index wins, as in torch.
+    a = rng.integers(0, 4, size=shape).astype(np.float32)
+    x = dp.Tensor.from_numpy(ctx, a)
+    t = torch.tensor(a)
+    for ours, theirs in ((F.argmax, torch.argmax), (F.argmin, torch.argmin)):
+        out = ours(x, dim, keepdim)
+        ref = theirs(t, dim=dim, keepdim=keepdim)
+        assert out.dtype == np.int64
+        assert np.array_equal(out.numpy(), ref.numpy())
+
+
+def test_argmax_nan_counts_as_largest(ctx):
+    a = np.array([[1, np.nan, 3, np.nan], [2, 5, 0, 5]], np.float32)
+    out = F.argmax(dp.Tensor.from_numpy(ctx, a), 1).numpy()
+    assert np.array_equal(out, torch.argmax(torch.tensor(a), 1).numpy())
+
+
+# ---- large reductions stay accurate ------------------------------------------------------
+
+def test_large_sum_and_norm_are_accurate(ctx):
+    """10^7 elements: a running float sum would be off by ~1e-4 relative; partials keep it to
+    float32 rounding of the result."""
+    n = 10_000_000
+    a = np.random.default_rng(7).uniform(0.0, 1.0, n).astype(np.float32)
+    x = dp.Tensor.from_numpy(ctx, a)
+    ref = a.astype(np.float64).sum()
+    assert abs(float(F.sum(x).numpy()) - ref) / ref < 2e-7
+    ref_mean = ref / n
+    assert abs(float(F.mean(x).numpy()) - ref_mean) / ref_mean < 2e-7
+    ref_norm = np.sqrt((a.astype(np.float64) ** 2).sum())
+    assert abs(float(F.norm(x).numpy()) - ref_norm) / ref_norm < 2e-7
+
+
+# ---- sum_to_shape, maximum, minimum ------------------------------------------------------
+
+@pytest.mark.parametrize("grad_shape, shape", [((4, 5, 6), (5, 1)), ((4, 5, 6), (4, 1, 6)),
+                                               ((3, 4), ()), ((3, 4), (3, 4)), ((7,), (1,))])
+def test_sum_to_shape(ctx, rng, grad_shape, shape):
+    g = random(rng, grad_shape)
+    out = R.sum_to_shape(dp.Tensor.from_numpy(ctx, g), shape)
+    lead = len(grad_shape) - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + k for k, s in enumerate(shape) if s == 1 and grad_shape[lead + k] != 1)
+    ref = g.astype(np.float64).sum(axis=axes, keepdims=True).reshape(shape)
+    assert out.shape == tuple(shape)
+    assert_close(out.numpy(), ref)
+    with pytest.raises(dp.ShapeError):
+        R.sum_to_shape(dp.Tensor.from_numpy(ctx, g), (2,) + tuple(grad_shape))
+
+
+@pytest.mark.parametrize("op", ["maximum", "minimum"])
+@pytest.mark.parametrize("a_shape, b_shape", [((3, 1, 2), (1, 4, 1)), ((1,), (6,)), ((5,), None)])
+def test_maximum_minimum(ctx, rng, op, a_shape, b_shape):
+    # Values on a coarse grid so that ties (gradient split in half) occur.
+    a = rng.integers(-2, 3, size=a_shape).astype(np.float32)
+    b = rng.integers(-2, 3, size=b_shape).astype(np.float32) if b_shape else 0.5
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    y = dp.Tensor.from_numpy(ctx, b, requires_grad=True) if b_shape else b
+    out = getattr(F, op)(x, y)
+    ta = _torch(a, True)
+    tb = _torch(b, True) if b_shape else torch.tensor(b, dtype=torch.float64)
+    ref = getattr(torch, op)(ta, tb)
+    assert_close(out.numpy(), ref.detach().numpy())
+    g = random(rng, out.shape)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    ref.backward(torch.tensor(g.astype(np.float64)))
+    assert_close(x.grad.numpy(), ta.grad.numpy())
+    if b_shape:
+        assert_close(y.grad.numpy(), tb.grad.numpy())
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+def test_reductions_bad_input(ctx):
+    x = dp.Tensor.zeros(ctx, (3, 4))
+    with pytest.raises(dp.ShapeError, match="out of range"):
+        F.sum(x, 2)
+    with pytest.raises(dp.ShapeError, match="more than once"):
+        F.mean(x, (1, -1))
+    with pytest.raises(dp.DTypeError, match="float32"):
+        F.sum(dp.Tensor.zeros(ctx, (3,), np.int32))
+    with pytest.raises(dp.DTypeError, match="Tensor"):
+        F.amax(np.zeros(3, np.float32))
+    with pytest.raises(dp.ShapeError, match="dim must be an int"):
+        F.argmax(x, (0, 1))
+    with pytest.raises(dp.ShapeError, match="empty"):
+        F.amax(dp.Tensor.zeros(ctx, (0, 3)), 0)
+    with pytest.raises(dp.UnsupportedError, match="p must"):
+        F.norm(x, -2)
+    with pytest.raises(dp.UnsupportedError, match="p must"):
+        F.norm(x, "nuc")
+    with pytest.raises(dp.ShapeError, match="broadcast"):
+        F.maximum(x, dp.Tensor.zeros(ctx, (5,)))
