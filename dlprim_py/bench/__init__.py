@@ -1,0 +1,193 @@
+"""``dlprim-bench`` (``python -m dlprim_py.bench``): how fast is this on my device, against what
+I already have.
+
+Suites: ``peak`` (FP32 multiply-add rate, copy bandwidth, launch cost), ``gemm``, ``conv``
+(ResNet-50, VGG-16 and MobileNetV2 layers; forward, backward-data, backward-filter), ``ops``
+(pooling, batch norm, activations, softmax, reductions) and ``fusion``. Every case is checked
+against a float64 reference before it is timed; times are the median (and 20th/80th
+percentiles) of OpenCL profiling-event times after a warm-up; rates are compared with the
+measured device peak, and the same work in PyTorch (CUDA with TF32 off on NVIDIA, else CPU) is
+timed in the same run.
+
+    dlprim-bench --quick                      # a few minutes on a 2-core CPU (PoCL)
+    dlprim-bench --json out.json --plot out.png
+    dlprim-bench --suite conv --nets resnet50 --batch 32
+"""
+import argparse
+import importlib
+import sys
+import time
+
+SUITES = ("peak", "gemm", "conv", "ops", "fusion")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="dlprim-bench",
+        description="Benchmark dlprim_py on an OpenCL device against its measured peak and "
+                    "against PyTorch.")
+    parser.add_argument("--suite", action="append", choices=SUITES, metavar="SUITE",
+                        help=f"suite to run, repeatable (default: all of {', '.join(SUITES)})")
+    parser.add_argument("--quick", action="store_true",
+                        help="small batch, a few layers, few repeats (minutes on a 2-core CPU)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="batch size for conv/ops/fusion (default: 32 on a GPU, 1 with --quick)")
+    parser.add_argument("--nets", default="resnet50,vgg16,mobilenet_v2",
+                        help="conv layer sets, comma-separated (resnet50, vgg16, mobilenet_v2)")
+    parser.add_argument("--directions", default="fwd,bwd-data,bwd-filter",
+                        help="conv directions, comma-separated (fwd, bwd-data, bwd-filter)")
+    parser.add_argument("--device", default=None,
+                        help='OpenCL device: "P:D" index or a piece of its name (default: '
+                             'DLPRIM_DEVICE, else the first GPU, else the first CPU)')
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up runs per case")
+    parser.add_argument("--repeat", type=int, default=None, help="most timed runs per case")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds of timed runs per case (fewer repeats for slow cases)")
+    parser.add_argument("--no-torch", action="store_true",
+                        help="do not time PyTorch (it still serves as the reference)")
+    parser.add_argument("--json", metavar="FILE", help="write every figure to FILE as JSON")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="draw the speed relative to PyTorch per case (needs matplotlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    args = parser.parse_args(argv)
+    if args.batch is not None and args.batch < 1:
+        parser.error(f"--batch must be >= 1, got {args.batch}")
+    for name in ("warmup", "repeat"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "warmup" else 1):
+            parser.error(f"--{name} must be >= {0 if name == 'warmup' else 1}, got {value}")
+    if args.budget is not None and args.budget <= 0:
+        parser.error(f"--budget must be > 0, got {args.budget}")
+    from .layers import NETS
+    nets = [n.strip() for n in args.nets.split(",") if n.strip()]
+    unknown = [n for n in nets if n not in NETS]
+    if unknown or not nets:
+        parser.error(f"--nets: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(NETS)}")
+    args.nets = nets
+    directions = [d.strip() for d in args.directions.split(",") if d.strip()]
+    bad = [d for d in directions if d not in ("fwd", "bwd-data", "bwd-filter")]
+    if bad or not directions:
+        parser.error(f"--directions: unknown {', '.join(bad) or '(none given)'}; known: "
+                     f"fwd, bwd-data, bwd-filter")
+    args.directions = directions
+    args.suites = list(dict.fromkeys(args.suite or SUITES))
+    return args
+
+
+def measurement_for(args):
+    from .harness import Measurement
+    if args.quick:
+        m = Measurement(warmup=1, repeat=5, min_repeat=2, budget_s=0.25)
+    else:
+        m = Measurement(warmup=3, repeat=20, min_repeat=5, budget_s=0.25)
+    if args.warmup is not None:
+        m.warmup = args.warmup
+    if args.repeat is not None:
+        m.repeat = args.repeat
+        m.min_repeat = min(m.min_repeat, args.repeat)
+    if args.budget is not None:
+        m.budget_s = args.budget
+    return m
+
+
+def suite_cases(bench, name):
+    """The CaseSpecs of suite ``name``, or one skipped Row when the suite cannot run here."""
+    from .harness import Row, Skip
+    module = importlib.import_module(f".{name}", __name__)
+    try:
+        return module.cases(bench), None
+    except Skip as e:
+        row = Row(name, "(suite)")
+        row.status = f"skipped: {e}"
+        return [], row
+
+
+def measure_peaks(bench):
+    """Fill ``bench.peaks`` from a short peak probe (when the peak suite is not selected)."""
+    from . import peak
+    from .harness import CaseSpec, Measurement, measure
+    saved, saved_torch = bench.measurement, bench.torch
+    bench.measurement, bench.torch = Measurement(warmup=1, repeat=5, min_repeat=3, budget_s=0.2), None
+    try:
+        for spec in (CaseSpec("peak", "fp32", lambda: peak.fma_case(bench)),
+                     CaseSpec("peak", "copy", lambda: peak.copy_case(bench))):
+            row = measure(bench, spec)
+            if row.ok and row.rate:
+                bench.peaks[row.params["peak_of"]] = row.rate
+    finally:
+        bench.measurement, bench.torch = saved, saved_torch
+
+
+def run(args, out=None):
+    """Run the selected suites; returns (bench, rows, record)."""
+    from ..context import Context
+    from . import record, torch_baseline
+    from .harness import Bench, measure
+    from .progress import Progress
+    from .report import format_table, summary
+
+    out = sys.stdout if out is None else out
+    started = time.perf_counter()
+    ctx = Context(args.device)
+    baseline, reference, torch_note = torch_baseline.make(ctx, use_baseline=not args.no_torch)
+    bench = Bench(ctx, quick=args.quick, batch=args.batch, measurement=measurement_for(args),
+                  torch=baseline)
+    bench.reference = reference
+    bench.nets = args.nets
+    bench.directions = args.directions
+    info = ctx.info
+    print(f"dlprim_py bench on {info.name} ({info.platform_name}, driver {info.driver_version}); "
+          f"baseline: {('torch ' + baseline.device) if baseline else 'none'}"
+          f"{' (' + torch_note + ')' if torch_note else ''}", file=out, flush=True)
+
+    specs, rows = [], []
+    for name in args.suites:
+        found, skipped = suite_cases(bench, name)
+        specs += found
+        if skipped is not None:
+            rows.append(skipped)
+    if "peak" not in args.suites:
+        measure_peaks(bench)
+    progress = Progress(len(specs), enabled=not args.no_progress)
+    for spec in specs:
+        progress.step(f"{spec.suite}: {spec.name}")
+        row = measure(bench, spec)
+        peak_of = row.params.get("peak_of") if row.ok else None
+        if peak_of and row.rate:
+            bench.peaks[peak_of] = row.rate
+            row.peak_percent = 100.0
+        rows.append(row)
+    progress.close()
+
+    for name in args.suites:
+        suite_rows = [r for r in rows if r.suite == name]
+        if suite_rows:
+            print("", file=out)
+            print(format_table(suite_rows, title=f"== {name}"), file=out)
+    print("", file=out)
+    print(summary(rows), file=out)
+    elapsed = time.perf_counter() - started
+    options = {"suites": args.suites, "quick": args.quick, "batch": args.batch,
+               "nets": args.nets, "directions": args.directions,
+               "warmup": bench.measurement.warmup, "repeat": bench.measurement.repeat,
+               "budget_s": bench.measurement.budget_s}
+    torch_info = baseline.describe() if baseline else {"note": torch_note or "not timed"}
+    rec = record.build_record(bench, rows, options, torch_info, elapsed)
+    print(f"elapsed {elapsed:.1f} s", file=out)
+    return bench, rows, rec
+
+
+def main(argv=None):
+    from . import record
+    from .plot import plot_ratios
+    args = parse_args(argv)
+    _, rows, rec = run(args)
+    if args.json:
+        record.write_json(args.json, rec)
+        print(f"wrote {args.json}")
+    if args.plot:
+        reason = plot_ratios(rows, args.plot, title=f"dlprim_py vs PyTorch on {rec['device']['name']}")
+        print(f"wrote {args.plot}" if reason is None else f"no plot: {reason}",
+              file=sys.stdout if reason is None else sys.stderr)
+    failed = [r for r in rows if r.status.startswith("failed")]
+    return 1 if failed else 0

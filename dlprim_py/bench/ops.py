@@ -1,0 +1,128 @@
+"""Suite ``ops``: memory-bound operators (pooling, batch norm, activations, softmax, reductions)
+through ``dlprim_py.functional``, whose names and semantics are torch.nn.functional's; so the
+same call with the same arguments is the PyTorch baseline and, in float64, the reference.
+
+Rates are in GB/s of the bytes an operator must read and write at least once.
+"""
+import numpy as np
+
+from .harness import Case, CaseSpec, Skip, error_metric
+
+
+class OpSpec:
+    """``fn`` (a name in dlprim_py.functional and in torch.nn.functional or torch) applied to
+    random inputs of ``shapes``, with keyword arguments ``kwargs``; ``positive`` lists inputs
+    that must be > 0 (variances)."""
+
+    def __init__(self, label, fn, shapes, kwargs=None, positive=(), torch_namespace="F"):
+        self.label = label
+        self.fn = fn
+        self.shapes = [tuple(s) for s in shapes]
+        self.kwargs = dict(kwargs or {})
+        self.positive = tuple(positive)
+        self.torch_namespace = torch_namespace
+
+    def torch_fn(self, torch):
+        space = torch.nn.functional if self.torch_namespace == "F" else torch
+        return getattr(space, self.fn)
+
+    @property
+    def name(self):
+        shape = "x".join(str(d) for d in self.shapes[0])
+        return f"{self.label} {shape}"
+
+
+def functional():
+    try:
+        from .. import functional as dp_functional
+    except ImportError as e:
+        raise Skip(f"dlprim_py.functional not importable ({e})") from None
+    return dp_functional
+
+
+def _poison_pool(ctx, nbytes):
+    """Leave NaN-filled buffers of ``nbytes`` in the context's memory pool, so that an output the
+    operator allocates from it starts as NaN and an element it never writes fails the check."""
+    from ..tensor import Tensor
+    held = [Tensor.empty(ctx, (max(1, nbytes // 4),)).fill_(np.nan) for _ in range(2)]
+    ctx.queue.finish()
+    del held
+
+
+def op_case(bench, spec):
+    dp_functional = functional()
+    fn = getattr(dp_functional, spec.fn, None)
+    if fn is None:
+        raise Skip(f"dlprim_py.functional.{spec.fn} not there yet")
+    from ..autograd import no_grad
+    from ..tensor import Tensor
+    ctx = bench.ctx
+    hosts = []
+    for i, shape in enumerate(spec.shapes):
+        low, high = (0.5, 1.5) if i in spec.positive else (-2.0, 2.0)
+        hosts.append(bench.random(shape, low, high))
+    tensors = [Tensor.from_numpy(ctx, h) for h in hosts]
+
+    def call():
+        with no_grad():
+            return fn(*tensors, **spec.kwargs)
+
+    def torch_call(torch, *args):
+        return spec.torch_fn(torch)(*args, **spec.kwargs)
+
+    ref = bench.reference.compute(torch_call, *hosts)
+    out_bytes = ref.size * 4
+
+    def run():
+        call()
+
+    def verify():
+        _poison_pool(ctx, out_bytes)
+        out = call()
+        if not isinstance(out, Tensor):
+            raise Skip(f"dlprim_py.functional.{spec.fn} returned {type(out).__name__}, not a Tensor")
+        return error_metric(out.numpy(), ref)
+
+    moved = sum(h.nbytes for h in hosts) + out_bytes
+    torch_run = None
+    if bench.torch is not None:
+        tb = bench.torch
+        targs = [tb.tensor(h) for h in hosts]
+        tfn = spec.torch_fn(tb.torch)
+        torch_run = lambda: tfn(*targs, **spec.kwargs)  # noqa: E731
+    return Case(run, verify, moved, "GB/s", algorithm=spec.fn, torch_run=torch_run,
+                params={"fn": spec.fn, "shapes": spec.shapes, "kwargs": spec.kwargs,
+                        "bytes": moved})
+
+
+def specs(bench):
+    n = bench.default_batch(gpu=32, quick=1, cpu=4)
+    c = 256
+    feature = (n, c, 56, 56)
+    stats = (c,)
+    rows = max(1, n) * 64
+    return [
+        OpSpec("max_pool2d 3x3 s2", "max_pool2d", [(n, 64, 112, 112)],
+               dict(kernel_size=3, stride=2, padding=1)),
+        OpSpec("avg_pool2d 2x2 s2", "avg_pool2d", [feature], dict(kernel_size=2, stride=2)),
+        OpSpec("avg_pool2d global 7x7", "avg_pool2d", [(n, 2048, 7, 7)], dict(kernel_size=7)),
+        OpSpec("batch_norm inference", "batch_norm", [feature, stats, stats, stats, stats],
+               dict(training=False, eps=1e-5), positive=(2,)),
+        OpSpec("batch_norm training", "batch_norm", [feature, stats, stats, stats, stats],
+               dict(training=True, momentum=0.1, eps=1e-5), positive=(2,)),
+        OpSpec("relu", "relu", [feature]),
+        OpSpec("gelu", "gelu", [feature]),
+        OpSpec("silu", "silu", [feature]),
+        OpSpec("hardswish", "hardswish", [feature]),
+        OpSpec("softmax rows", "softmax", [(rows, 1000)], dict(dim=-1)),
+        OpSpec("log_softmax rows", "log_softmax", [(rows, 1000)], dict(dim=-1)),
+        OpSpec("softmax channels", "softmax", [(n, 21, 64, 64)], dict(dim=1)),
+        OpSpec("sum rows", "sum", [(rows, 4096)], dict(dim=-1), torch_namespace="torch"),
+        OpSpec("sum spatial", "sum", [(n, 2048, 7, 7)], dict(dim=(2, 3)), torch_namespace="torch"),
+    ]
+
+
+def cases(bench):
+    functional()
+    return [CaseSpec("ops", s.name, lambda s=s: op_case(bench, s)) for s in specs(bench)]
+

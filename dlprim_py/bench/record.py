@@ -1,0 +1,87 @@
+"""``--json FILE``: the device, driver, library version and commit, and every figure."""
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from ..version import __version__
+
+SCHEMA = 1
+
+
+def source_commit():
+    """(commit hash, dirty flag) of the checkout the library runs from, or (None, None)."""
+    root = Path(__file__).resolve().parent.parent.parent
+    if not (root / ".git").exists():
+        return None, None
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--",
+                                 "dlprim_py", "kernels"], capture_output=True, text=True,
+                                timeout=10).stdout
+        return commit, bool(status.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def device_record(ctx):
+    info = ctx.info
+    return {
+        "name": info.name, "vendor": info.vendor, "platform": info.platform_name,
+        "platform_version": info.platform_version, "version": info.version,
+        "driver_version": info.driver_version, "is_gpu": info.is_gpu,
+        "compute_units": info.compute_units, "global_mem_bytes": info.global_mem_size,
+        "local_mem_bytes": info.local_mem_size, "max_work_group_size": info.max_work_group_size,
+        "profiling": ctx.profiling,
+    }
+
+
+def host_record():
+    import numpy
+    import pyopencl
+    return {
+        "machine": platform.machine(), "system": platform.system(), "cpus": os.cpu_count(),
+        "python": sys.version.split()[0], "numpy": numpy.__version__,
+        "pyopencl": pyopencl.VERSION_TEXT,
+    }
+
+
+def build_record(bench, rows, options, torch_info, elapsed_s):
+    commit, dirty = source_commit()
+    return {
+        "schema": SCHEMA,
+        "library": {"name": "dlprim_py", "version": __version__, "commit": commit, "dirty": dirty},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device_record(bench.ctx),
+        "host": host_record(),
+        "torch": torch_info,
+        "options": options,
+        "peaks": dict(bench.peaks),
+        "elapsed_s": round(elapsed_s, 2),
+        "rows": [r.as_dict() for r in rows],
+    }
+
+
+def write_json(path, record):
+    """Write ``record`` to ``path`` (atomically: a temporary file renamed into place)."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=_plain) + "\n")
+    os.replace(tmp, path)
+
+
+def _plain(value):
+    """JSON for numpy scalars and anything else a params dict may hold."""
+    try:
+        import numpy as np
+        if isinstance(value, np.generic):
+            return value.item()
+    except ImportError:
+        pass
+    return str(value)

@@ -1,0 +1,56 @@
+"""The text table of results: one row per case, grouped by suite."""
+
+
+def _num(value, fmt):
+    return "-" if value is None else format(value, fmt)
+
+
+COLUMNS = ("case", "algorithm", "median ms", "p20-p80 ms", "rate", "% peak", "torch ms",
+           "x torch", "error")
+
+
+def format_row(row):
+    """The table cells of a Row (strings)."""
+    if not row.ok:
+        return [row.name, row.algorithm or "-", row.status, "", "", "", "", "", ""]
+    spread = f"{_num(row.p20_ms, '.4g')}-{_num(row.p80_ms, '.4g')}"
+    rate = "-" if row.rate is None else f"{row.rate:.4g} {row.unit}"
+    return [row.name, row.algorithm or "-", _num(row.median_ms, ".4g"), spread, rate,
+            _num(row.peak_percent, ".1f"), _num(row.torch_median_ms, ".4g"),
+            _num(row.speedup_vs_torch, ".2f"), _num(row.error, ".1e")]
+
+
+def format_table(rows, title=None):
+    """A fixed-width table of ``rows``; a failed or skipped row spans the columns after the
+    algorithm with its status."""
+    cells = [format_row(r) for r in rows]
+    widths = [len(c) for c in COLUMNS]
+    for line, row in zip(cells, rows):
+        limit = len(COLUMNS) if row.ok else 2
+        for k in range(limit):
+            widths[k] = max(widths[k], len(line[k]))
+    out = []
+    if title:
+        out.append(title)
+    out.append("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths)).rstrip())
+    out.append("  ".join("-" * w for w in widths))
+    for line, row in zip(cells, rows):
+        if row.ok:
+            out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+        else:
+            out.append("  ".join(c.ljust(w) for c, w in zip(line[:2], widths[:2])) + "  " + line[2])
+    return "\n".join(out)
+
+
+def summary(rows):
+    """One line: counts of ok / failed / skipped rows, and the geometric mean of x torch."""
+    ok = [r for r in rows if r.ok]
+    failed = [r for r in rows if r.status.startswith("failed")]
+    skipped = [r for r in rows if r.status.startswith("skipped")]
+    ratios = [r.speedup_vs_torch for r in ok if r.speedup_vs_torch]
+    text = f"{len(ok)} measured, {len(failed)} failed, {len(skipped)} skipped"
+    if ratios:
+        import math
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        text += f"; geometric mean speed vs torch {geo:.2f}x over {len(ratios)} cases"
+    return text
