@@ -1,0 +1,137 @@
+"""softmax and log_softmax over any dimension, forward and backward (kernels/softmax.cl.mako).
+
+The input is seen as (outer, size, inner) around the softmax dimension. Variants:
+
+* ``row``: a work-group per row, items striding along it; rows up to ``group_size * 32`` keep
+  their elements in registers between the max and the sum (one read of the input), longer ones
+  stream twice with an online (max, sum) pass. Chosen when the dimension is the innermost.
+* ``column``: a work item per row, coalesced across neighbouring rows when inner > 1.
+
+``DLPRIM_SOFTMAX_ALGO`` or ``variant=`` forces one; ``cached=0`` forces streaming.
+"""
+import math
+
+import numpy as np
+
+from .. import autograd, config, program
+from ..context import check_same_context
+from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..tensor import Tensor
+
+VARIANTS = ("row", "column")
+_CACHE_STEPS = (1, 2, 4, 8, 16, 32)
+
+
+class SoftmaxPlan:
+    """The kernels for one (variant, log, group size, cached, index width): both directions."""
+
+    def __init__(self, ctx, log, size, inner, total, variant=None, cached=None):
+        variant = variant or config.forced_algorithm("softmax") or ("row" if inner == 1 else "column")
+        if variant not in VARIANTS:
+            raise UnsupportedError(f"softmax variant must be one of {VARIANTS}, got {variant!r}")
+        limit = ctx.info.max_work_group_size
+        group_size = 1024 if size >= 4096 and limit >= 1024 and not ctx.info.is_cpu else 256
+        group_size = min(group_size, 1 << (limit.bit_length() - 1))
+        if variant == "column":
+            cached = 0
+        elif cached is None:
+            need = math.ceil(size / group_size)
+            cached = next((c for c in _CACHE_STEPS if c >= need), 0)
+        elif cached not in (0,) + _CACHE_STEPS or cached * group_size < size and cached:
+            raise UnsupportedError(f"softmax: cached={cached} cannot hold a row of {size} "
+                                   f"with {group_size} items")
+        self.variant, self.group_size, self.cached = variant, group_size, cached
+        self.index_t = "int" if total + group_size * max(cached, 1) * max(inner, 1) < 2 ** 31 - 1 else "long"
+        params = dict(variant=variant, log=bool(log), group_size=group_size, cached=cached,
+                      index_t=self.index_t)
+        built = program.build(ctx, "softmax", params)
+        self.forward_kernel = built.kernel("softmax_forward")
+        self.backward_kernel = built.kernel("softmax_backward")
+        self.ctx = ctx
+
+    def _launch(self, kernel, rows, size, inner, *buffers):
+        index = np.int32 if self.index_t == "int" else np.int64
+        args = [index(rows), index(size), index(inner)]
+        for t in buffers:
+            args += [t.buffer, index(t.offset_elements)]
+        info = self.ctx.info
+        cap = info.compute_units * (4 if info.is_cpu else 64)
+        if self.variant == "row":
+            groups = min(rows, cap)
+        else:
+            groups = min(math.ceil(rows / self.group_size), cap)
+        kernel(self.ctx.queue, (groups * self.group_size,), (self.group_size,), *args)
+
+    def forward(self, x, y, outer, size, inner):
+        self._launch(self.forward_kernel, outer * inner, size, inner, x, y)
+
+    def backward(self, y, dy, dx, outer, size, inner):
+        self._launch(self.backward_kernel, outer * inner, size, inner, y, dy, dx)
+
+
+def _geometry(x, dim, name):
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"{name}: expected a Tensor, got {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise DTypeError(f"{name}: only float32 is supported, got {x.dtype}")
+    if dim is None:
+        raise ShapeError(f"{name}: dim is required (an int)")
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise ShapeError(f"{name}: dim must be an int, got {dim!r}")
+    ndim = max(x.ndim, 1)
+    if not -ndim <= dim < ndim:
+        raise ShapeError(f"{name}: dim {dim} is out of range for a {x.ndim}-d tensor "
+                         f"(expected {-ndim}..{ndim - 1})")
+    shape = x.shape or (1,)
+    dim %= ndim
+    return math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+
+
+def _plan(ctx, log, size, inner, total, variant, cached):
+    key = ("softmax_plan", log, variant, cached, size, inner, total >= 2 ** 30)
+    plan = ctx.memo.get(key)
+    if plan is None:
+        plan = ctx.memo[key] = SoftmaxPlan(ctx, log, size, inner, total, variant, cached)
+    return plan
+
+
+def _softmax(x, dim, log, variant, cached, name):
+    outer, size, inner = _geometry(x, dim, name)
+    y = Tensor.empty(x.ctx, x.shape)
+    if x.size == 0:
+        return y
+    plan = _plan(x.ctx, log, size, inner, x.size, variant, cached)
+    plan.forward(x, y, outer, size, inner)
+    saved = y.detach()
+
+    def backward(g):
+        dx = Tensor.empty(g.ctx, g.shape)
+        plan.backward(saved, g, dx, outer, size, inner)
+        return (dx,)
+
+    return autograd.record(y, (x,), backward, name)
+
+
+def softmax(x, dim=None, *, variant=None, cached=None):
+    """torch.nn.functional.softmax over ``dim``: float32 in, same shape out, max-subtracted."""
+    return _softmax(x, dim, False, variant, cached, "softmax")
+
+
+def log_softmax(x, dim=None, *, variant=None, cached=None):
+    """torch.nn.functional.log_softmax over ``dim``: x - max - log(sum(exp(x - max)))."""
+    return _softmax(x, dim, True, variant, cached, "log_softmax")
+
+
+def softmax_backward(y, dy, dim, log=False, dx=None):
+    """The backward on given tensors: dx from the forward's output ``y`` and its gradient ``dy``
+    (float32, one shape); writes into ``dx`` when given. Returns dx."""
+    outer, size, inner = _geometry(y, dim, "softmax_backward")
+    check_same_context(y, dy, dx)
+    for t, what in ((dy, "dy"), (dx, "dx")):
+        if t is not None and (t.shape != y.shape or t.dtype != np.float32):
+            raise ShapeError(f"softmax_backward: {what} must be float32 of shape {y.shape}, "
+                             f"got {t.dtype} {t.shape}")
+    dx = dx if dx is not None else Tensor.empty(y.ctx, y.shape)
+    if y.size:
+        _plan(y.ctx, log, size, inner, y.size, None, None).backward(y, dy, dx, outer, size, inner)
+    return dx

@@ -1,0 +1,232 @@
+## Softmax and log-softmax over one dimension, forward and backward, max-subtracted.
+##
+## The tensor is seen as (outer, size, inner), C-contiguous: element k of row (o, i) is at
+## off + (o * size + k) * inner + i. Each program holds two kernels:
+##   softmax_forward(rows, size, inner, x, x_off, y, y_off)
+##       y = exp(x - max) / sum(exp(x - max))       (log: y = x - max - log(sum(...)))
+##   softmax_backward(rows, size, inner, y, y_off, dy, dy_off, dx, dx_off)
+##       dx = y * (dy - sum(dy * y))                  (log: dx = dy - exp(y) * sum(dy))
+## rows = outer * inner.
+##
+## Template parameters:
+##   variant     "row": one work-group per row, its items stride along the row and combine
+##               their partial (max, sum) pairs as a tree in local memory (coalesced when
+##               inner == 1); "column": one work item per row, walking it sequentially
+##               (coalesced across items when inner > 1)
+##   log         True for log_softmax, False for softmax
+##   group_size  work-group size, a power of two
+##   cached      "row" only: elements per item kept in registers between the passes, so the
+##               input is read once (rows up to group_size * cached long); 0 streams the row
+##               twice with an online (max, sum) first pass
+##   index_t     "int" when every index fits in 31 bits, else "long"
+<%
+    row = variant == "row"
+%>
+#define GROUP_SIZE ${group_size}
+#define CACHED ${cached}
+
+// Fold value x into the running (m, s) = (max, sum of exp(. - max)) with one exp.
+void online_add(float *m, float *s, float x)
+{
+    if (x > *m) {
+        *s = *s * exp(*m - x) + 1.0f;
+        *m = x;
+    } else {
+        *s += exp(x - *m);
+    }
+}
+
+// Merge two (max, sum) pairs; an empty side has m == -INFINITY and s == 0.
+void online_merge(float *m, float *s, float m2, float s2)
+{
+    if (m2 == -INFINITY) return;
+    if (*m == -INFINITY) { *m = m2; *s = s2; return; }
+    float mm = fmax(*m, m2);
+    *s = *s * exp(*m - mm) + s2 * exp(m2 - mm);
+    *m = mm;
+}
+
+% if row:
+// Tree over the group: sum (op_max false) or max (op_max true) of v; every item gets the result.
+float group_fold(__local float *tree, float v, bool op_max)
+{
+    const int lid = get_local_id(0);
+    tree[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int width = GROUP_SIZE / 2; width > 0; width >>= 1) {
+        if (lid < width) {
+            float other = tree[lid + width];
+            tree[lid] = op_max ? fmax(tree[lid], other) : tree[lid] + other;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    float result = tree[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return result;
+}
+% endif
+
+__kernel
+% if row:
+__attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+% endif
+void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
+                     __global const float* restrict x, ${index_t} x_off,
+                     __global float* restrict y, ${index_t} y_off)
+{
+% if row:
+    __local float tree_m[GROUP_SIZE];
+    __local float tree_s[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    for (${index_t} r = get_group_id(0); r < rows; r += get_num_groups(0)) {
+        const ${index_t} o = r / inner;
+        const ${index_t} base = o * size * inner + (r - o * inner);
+        __global const float *xr = x + x_off + base;
+        __global float *yr = y + y_off + base;
+    % if cached:
+        float v[CACHED];
+        float m = -INFINITY;
+        #pragma unroll
+        for (int j = 0; j < CACHED; ++j) {
+            ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
+            v[j] = k < size ? xr[k * inner] : -INFINITY;
+            m = fmax(m, v[j]);
+        }
+        m = group_fold(tree_m, m, true);
+        float s = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < CACHED; ++j) {
+            s += (v[j] == -INFINITY) ? 0.0f : exp(v[j] - m);
+        }
+        s = group_fold(tree_s, s, false);
+        #pragma unroll
+        for (int j = 0; j < CACHED; ++j) {
+            ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
+            if (k < size) {
+        % if log:
+                yr[k * inner] = v[j] - m - log(s);
+        % else:
+                yr[k * inner] = exp(v[j] - m) / s;
+        % endif
+            }
+        }
+    % else:
+        float m = -INFINITY, s = 0.0f;
+        for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
+            online_add(&m, &s, xr[k * inner]);
+        }
+        tree_m[lid] = m;
+        tree_s[lid] = s;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int width = GROUP_SIZE / 2; width > 0; width >>= 1) {
+            if (lid < width) {
+                float mm = tree_m[lid], ss = tree_s[lid];
+                online_merge(&mm, &ss, tree_m[lid + width], tree_s[lid + width]);
+                tree_m[lid] = mm;
+                tree_s[lid] = ss;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        m = tree_m[0];
+        s = tree_s[0];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        % if log:
+        const float shift = m + log(s);
+        for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
+            yr[k * inner] = xr[k * inner] - shift;
+        }
+        % else:
+        const float scale = 1.0f / s;
+        for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
+            yr[k * inner] = exp(xr[k * inner] - m) * scale;
+        }
+        % endif
+    % endif
+    }
+% else:
+    for (${index_t} r = get_global_id(0); r < rows; r += get_global_size(0)) {
+        const ${index_t} o = r / inner;
+        const ${index_t} base = o * size * inner + (r - o * inner);
+        __global const float *xr = x + x_off + base;
+        __global float *yr = y + y_off + base;
+        float m = -INFINITY, s = 0.0f;
+        for (${index_t} k = 0; k < size; ++k) {
+            online_add(&m, &s, xr[k * inner]);
+        }
+    % if log:
+        const float shift = m + log(s);
+        for (${index_t} k = 0; k < size; ++k) {
+            yr[k * inner] = xr[k * inner] - shift;
+        }
+    % else:
+        const float scale = 1.0f / s;
+        for (${index_t} k = 0; k < size; ++k) {
+            yr[k * inner] = exp(xr[k * inner] - m) * scale;
+        }
+    % endif
+    }
+% endif
+}
+
+<%def name="backward_term(yv, dyv)">${dyv if log else f"{dyv} * {yv}"}</%def>
+<%def name="backward_value(yv, dyv)">${f"{dyv} - exp({yv}) * total" if log else f"{yv} * ({dyv} - total)"}</%def>
+
+__kernel
+% if row:
+__attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+% endif
+void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
+                      __global const float* restrict y, ${index_t} y_off,
+                      __global const float* restrict dy, ${index_t} dy_off,
+                      __global float* restrict dx, ${index_t} dx_off)
+{
+% if row:
+    __local float tree_s[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    for (${index_t} r = get_group_id(0); r < rows; r += get_num_groups(0)) {
+% else:
+    for (${index_t} r = get_global_id(0); r < rows; r += get_global_size(0)) {
+% endif
+        const ${index_t} o = r / inner;
+        const ${index_t} base = o * size * inner + (r - o * inner);
+        __global const float *yr = y + y_off + base;
+        __global const float *dyr = dy + dy_off + base;
+        __global float *dxr = dx + dx_off + base;
+% if row:
+    % if cached:
+        float yv[CACHED], dyv[CACHED];
+        float total = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < CACHED; ++j) {
+            ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
+            yv[j] = k < size ? yr[k * inner] : 0.0f;
+            dyv[j] = k < size ? dyr[k * inner] : 0.0f;
+            total += ${backward_term("yv[j]", "dyv[j]")};
+        }
+        total = group_fold(tree_s, total, false);
+        #pragma unroll
+        for (int j = 0; j < CACHED; ++j) {
+            ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
+            if (k < size) dxr[k * inner] = ${backward_value("yv[j]", "dyv[j]")};
+        }
+    % else:
+        float total = 0.0f;
+        for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
+            total += ${backward_term("yr[k * inner]", "dyr[k * inner]")};
+        }
+        total = group_fold(tree_s, total, false);
+        for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
+            dxr[k * inner] = ${backward_value("yr[k * inner]", "dyr[k * inner]")};
+        }
+    % endif
+% else:
+        float total = 0.0f;
+        for (${index_t} k = 0; k < size; ++k) {
+            total += ${backward_term("yr[k * inner]", "dyr[k * inner]")};
+        }
+        for (${index_t} k = 0; k < size; ++k) {
+            dxr[k * inner] = ${backward_value("yr[k * inner]", "dyr[k * inner]")};
+        }
+% endif
+    }
+}

@@ -1,0 +1,61 @@
+"""softmax / log_softmax over any dim, every variant forced, against torch CPU float64."""
+import numpy as np
+import pytest
+import torch
+
+import dlprim_py as dp
+from dlprim_py.ops.softmax import softmax_backward
+
+from conftest import assert_close, random
+
+F = dp.functional
+
+VARIANTS = [("row", None), ("row", 0), ("column", None)]   # registers, streaming, per-item
+
+
+@pytest.mark.parametrize("variant, cached", VARIANTS, ids=["row-registers", "row-streaming", "column"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape, dim", [((4, 37), 1), ((3, 5, 7), 1), ((3, 5, 7), 0), ((2, 1100), -1),
+                                        ((1,), 0), ((6, 1), 1)])
+def test_forward_and_gradient(ctx, rng, variant, cached, log, shape, dim):
+    # Large logits: without max subtraction exp would overflow.
+    a = random(rng, shape, -60.0, 60.0)
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    ours = F.log_softmax if log else F.softmax
+    y = ours(x, dim, variant=variant, cached=cached)
+    t = torch.tensor(a.astype(np.float64), requires_grad=True)
+    ref = (torch.log_softmax if log else torch.softmax)(t, dim)
+    assert_close(y.numpy(), ref.detach().numpy())
+    g = random(rng, shape)
+    y.backward(dp.Tensor.from_numpy(ctx, g))
+    ref.backward(torch.tensor(g.astype(np.float64)))
+    assert_close(x.grad.numpy(), t.grad.numpy())
+
+
+def test_default_choice_and_backward_api(ctx, rng):
+    a = random(rng, (3, 300), -5, 5)
+    x = dp.Tensor.from_numpy(ctx, a)
+    y = F.softmax(x, 1)
+    ref = torch.softmax(torch.tensor(a, dtype=torch.float64), 1)
+    assert_close(y.numpy(), ref.numpy())
+    g = random(rng, a.shape)
+    dx = softmax_backward(y, dp.Tensor.from_numpy(ctx, g), 1)
+    t = torch.tensor(a.astype(np.float64), requires_grad=True)
+    torch.softmax(t, 1).backward(torch.tensor(g.astype(np.float64)))
+    assert_close(dx.numpy(), t.grad.numpy())
+
+
+def test_bad_input(ctx):
+    x = dp.Tensor.zeros(ctx, (3, 4))
+    with pytest.raises(dp.ShapeError, match="dim is required"):
+        F.softmax(x)
+    with pytest.raises(dp.ShapeError, match="out of range"):
+        F.log_softmax(x, 2)
+    with pytest.raises(dp.DTypeError, match="float32"):
+        F.softmax(dp.Tensor.zeros(ctx, (3,), np.int32), 0)
+    with pytest.raises(dp.UnsupportedError, match="variant"):
+        F.softmax(x, 1, variant="warp")
+    with pytest.raises(dp.UnsupportedError, match="cannot hold"):
+        F.softmax(dp.Tensor.zeros(ctx, (2, 5000)), 1, cached=2)
+    with pytest.raises(dp.ShapeError, match="dy"):
+        softmax_backward(x, dp.Tensor.zeros(ctx, (4, 3)), 1)
