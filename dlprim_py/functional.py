@@ -9,10 +9,6 @@ from .ops.activation_ops import (abs, activation, activation_backward, activatio
                                  elu, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu, relu,
                                  relu6, sigmoid, silu, softplus, tanh)
 from .ops.softmax import log_softmax, softmax  # noqa: F401
-from .ops.reduce import amax, amin, argmax, argmin, mean, norm, sum  # noqa: F401,A004
-from .ops.activation_ops import (abs, activation, activation_backward, activation_forward,  # noqa: F401,A004
-                                 elu, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu, relu,
-                                 relu6, sigmoid, silu, softplus, tanh)
 from .ops.tensor_ops import (cat, flatten, narrow, pad, permute, reshape, split, squeeze,  # noqa: F401
                              transpose, unsqueeze)
 from .ops.pool import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d,  # noqa: F401
