@@ -15,3 +15,4 @@ from .ops.pool import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d,  # 
                        max_pool2d)
 from .ops.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401
 from .ops.interpolate import interpolate  # noqa: F401
+from .ops.linear import linear  # noqa: F401

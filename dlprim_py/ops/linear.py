@@ -1,0 +1,95 @@
+"""torch.nn.functional.linear through the GEMM engine: y = x @ weight^T + bias, with the bias
+added in the GEMM's epilogue (no separate pass), and its backward as three more GEMMs:
+dx = dy @ weight, dweight = dy^T @ x, dbias = dy^T @ ones.
+
+x: (..., in_features), weight: (out_features, in_features), bias: (out_features,) or None;
+float32, dense row-major; every operand may sit at any element offset in its buffer.
+"""
+import math
+
+from .. import autograd
+from ..context import check_same_context
+from ..dtypes import float32
+from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..tensor import Tensor
+from .gemm import enqueue_gemm
+
+
+def _ones(ctx, length):
+    """A device vector of ``length`` ones, kept per context (the bias gradient's GEMM operand)."""
+    ones = ctx.memo.get("linear.ones")
+    if ones is None or ones.size < length:
+        ones = ctx.memo["linear.ones"] = Tensor.full(ctx, (max(length, 1024),), 1.0, float32)
+    return ones
+
+
+def _check(input, weight, bias):
+    for what, t in (("input", input), ("weight", weight), ("bias", bias)):
+        if t is None and what == "bias":
+            continue
+        if not isinstance(t, Tensor):
+            raise DTypeError(f"linear: {what} must be a Tensor, got {type(t).__name__}")
+        if t.dtype != float32:
+            raise DTypeError(f"linear: {what} must be float32, got {t.dtype}")
+    check_same_context(input, weight, bias)
+    if weight.ndim != 2:
+        raise ShapeError(f"linear: weight must be (out_features, in_features), got {weight.shape}")
+    out_features, in_features = weight.shape
+    if input.ndim == 0 or input.shape[-1] != in_features:
+        raise ShapeError(f"linear: input's last dimension must be in_features = {in_features}, "
+                         f"got input shape {input.shape}")
+    if bias is not None and bias.shape != (out_features,):
+        raise ShapeError(f"linear: bias must have shape ({out_features},), got {bias.shape}")
+    if in_features == 0 or out_features == 0:
+        raise UnsupportedError(f"linear: empty weight {weight.shape}")
+    return out_features, in_features
+
+
+def linear(input, weight, bias=None):
+    """y = input @ weight^T + bias over the last dimension of ``input`` (any leading shape)."""
+    out_features, in_features = _check(input, weight, bias)
+    ctx = input.ctx
+    rows = math.prod(input.shape[:-1])
+    out = Tensor.empty(ctx, input.shape[:-1] + (out_features,), float32)
+    if rows:
+        enqueue_gemm(ctx, rows, out_features, in_features,
+                     input.buffer, input.offset_elements, in_features,
+                     weight.buffer, weight.offset_elements, in_features,
+                     out.buffer, out.offset_elements, out_features, trans_b=True,
+                     bias_buf=None if bias is None else bias.buffer,
+                     bias_off=0 if bias is None else bias.offset_elements, bias_per="n")
+
+    def backward(g):
+        dx = dweight = dbias = None
+        if input.requires_grad:
+            dx = Tensor.empty(ctx, input.shape, float32)
+            if rows:
+                enqueue_gemm(ctx, rows, in_features, out_features,
+                             g.buffer, g.offset_elements, out_features,
+                             weight.buffer, weight.offset_elements, in_features,
+                             dx.buffer, dx.offset_elements, in_features)
+        if weight.requires_grad:
+            dweight = Tensor.empty(ctx, weight.shape, float32)
+            if rows:
+                enqueue_gemm(ctx, out_features, in_features, rows,
+                             g.buffer, g.offset_elements, out_features,
+                             input.buffer, input.offset_elements, in_features,
+                             dweight.buffer, dweight.offset_elements, in_features, trans_a=True)
+            else:
+                dweight.fill_(0.0)
+        if bias is not None and bias.requires_grad:
+            dbias = Tensor.empty(ctx, bias.shape, float32)
+            if rows:
+                ones = _ones(ctx, rows)
+                enqueue_gemm(ctx, out_features, 1, rows,
+                             g.buffer, g.offset_elements, out_features,
+                             ones.buffer, ones.offset_elements, 1,
+                             dbias.buffer, dbias.offset_elements, 1, trans_a=True)
+            else:
+                dbias.fill_(0.0)
+        return dx, dweight, dbias
+
+    return autograd.record(out, (input, weight, bias), backward, "linear")
+
+
+__all__ = ["linear"]

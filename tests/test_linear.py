@@ -1,0 +1,52 @@
+"""linear against torch (float64): leading shapes, odd sizes, one element, with and without
+bias, operands at buffer offsets; forward and gradients; bad input."""
+import numpy as np
+import pytest
+import torch
+
+import dlprim_py as dp
+import dlprim_py.functional as F
+from conftest import assert_close, random
+
+
+def _at_offset(ctx, rng, data, offset):
+    backing = dp.Tensor.from_numpy(ctx, np.concatenate([random(rng, offset), data.ravel()]))
+    return dp.Tensor(ctx, backing.buffer, data.shape, offset=offset * 4).requires_grad_(True)
+
+
+@pytest.mark.parametrize("x_shape,out_features,with_bias", [
+    ((7, 13), 5, True), ((2, 3, 17), 33, True), ((1, 1), 1, True), ((9,), 4, False),
+    ((65, 130), 67, True)])
+def test_linear(ctx, rng, x_shape, out_features, with_bias):
+    in_features = x_shape[-1]
+    x_data, w_data = random(rng, x_shape), random(rng, (out_features, in_features))
+    b_data = random(rng, (out_features,)) if with_bias else None
+    x = _at_offset(ctx, rng, x_data, 3)
+    w = _at_offset(ctx, rng, w_data, 5)
+    b = _at_offset(ctx, rng, b_data, 1) if with_bias else None
+    tx, tw = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x_data, w_data))
+    tb = torch.tensor(b_data, dtype=torch.float64, requires_grad=True) if with_bias else None
+    y = F.linear(x, w, b)
+    ref = torch.nn.functional.linear(tx, tw, tb)
+    assert y.shape == tuple(ref.shape)
+    assert_close(y.numpy(), ref.detach().numpy())
+    grad = random(rng, ref.shape)
+    y.backward(dp.Tensor.from_numpy(ctx, grad))
+    ref.backward(torch.tensor(grad, dtype=torch.float64))
+    assert_close(x.grad.numpy(), tx.grad.numpy())
+    assert_close(w.grad.numpy(), tw.grad.numpy())
+    if with_bias:
+        assert_close(b.grad.numpy(), tb.grad.numpy())
+
+
+def test_bad_input(ctx, rng):
+    x = dp.Tensor.from_numpy(ctx, random(rng, (4, 6)))
+    w = dp.Tensor.from_numpy(ctx, random(rng, (3, 6)))
+    with pytest.raises(dp.ShapeError, match="in_features = 6"):
+        F.linear(dp.Tensor.from_numpy(ctx, random(rng, (4, 5))), w)
+    with pytest.raises(dp.ShapeError, match=r"bias must have shape \(3,\)"):
+        F.linear(x, w, dp.Tensor.from_numpy(ctx, random(rng, (4,))))
+    with pytest.raises(dp.ShapeError, match="out_features, in_features"):
+        F.linear(x, dp.Tensor.from_numpy(ctx, random(rng, (6,))))
+    with pytest.raises(dp.DTypeError, match="float32"):
+        F.linear(dp.Tensor.from_numpy(ctx, np.ones((4, 6), np.int32)), w)
