@@ -64,11 +64,16 @@ def shapes(batch):
 
 
 def git_commit():
+    """The commit measured: ``git rev-parse HEAD``, else ``DLPRIM_COMMIT`` (for copies of the
+    tree without .git), else "unknown"."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     except OSError:
-        return "unknown"
+        out = ""
+    if len(out) == 40:
+        return out
+    return os.environ.get("DLPRIM_COMMIT", "unknown")
 
 
 class Baseline:

@@ -76,9 +76,13 @@ def parse_size(text):
     return tuple(values)
 
 
-def _tiled(tm, tn, tk, wm, wn, vec, pad, db, split=1):
-    return {"kernel": "tiled", "tile_m": tm, "tile_n": tn, "tile_k": tk, "wpt_m": wm,
-            "wpt_n": wn, "vec": vec, "pad": pad, "double_buffer": db, "split_k": split}
+def _tiled(tm, tn, tk, wm, wn, vec, pad, db, split=1, gvec=1, max_registers=None):
+    params = {"kernel": "tiled", "tile_m": tm, "tile_n": tn, "tile_k": tk, "wpt_m": wm,
+              "wpt_n": wn, "vec": vec, "pad": pad, "double_buffer": db, "split_k": split,
+              "global_vec": gvec}
+    if max_registers:
+        params["max_registers"] = max_registers
+    return params
 
 
 def gemm_candidates(info, space="quick"):
@@ -86,26 +90,29 @@ def gemm_candidates(info, space="quick"):
     vendor; "full" the product of every tunable's values."""
     found = []
     if space == "full":
-        for tm, tn, tk, wm, wn, vec, pad, db in itertools.product(
+        for tm, tn, tk, wm, wn, vec, pad, db, gvec in itertools.product(
                 (32, 64, 128), (32, 64, 128), (8, 16, 32), (2, 4, 8), (2, 4, 8), (1, 2, 4),
-                (0, 4), (0, 1)):
-            found.append(_tiled(tm, tn, tk, wm, wn, vec, pad, db))
+                (0, 4), (0, 1), (1, 4)):
+            found.append(_tiled(tm, tn, tk, wm, wn, vec, pad, db, gvec=gvec))
     elif info.is_gpu:
-        for tm, tn, tk, wm, wn in ((128, 128, 16, 8, 8), (128, 128, 8, 8, 8), (128, 64, 16, 8, 4),
-                                   (64, 128, 16, 4, 8), (128, 64, 16, 8, 8), (64, 64, 16, 4, 4),
-                                   (64, 64, 16, 8, 4), (64, 64, 32, 4, 4), (32, 64, 16, 4, 4),
-                                   (128, 128, 32, 8, 8), (64, 128, 16, 8, 8)):
-            for pad in (4, 0):
-                found.append(_tiled(tm, tn, tk, wm, wn, 4, pad, 1))
-        found.append(_tiled(128, 128, 16, 8, 8, 4, 4, 0))
-        found.append(_tiled(128, 128, 16, 8, 8, 2, 2, 1))
+        for tm, tn, tk, wm, wn in ((128, 128, 16, 8, 8), (128, 128, 8, 8, 8), (128, 64, 16, 8, 8),
+                                   (64, 128, 16, 8, 8), (128, 64, 16, 8, 4), (64, 128, 16, 4, 8),
+                                   (64, 64, 16, 8, 4), (64, 64, 16, 4, 8), (64, 64, 16, 4, 4),
+                                   (32, 64, 16, 4, 4), (64, 64, 32, 8, 4), (64, 256, 16, 8, 8),
+                                   (256, 64, 16, 8, 8)):
+            for gvec in (4, 1):
+                found.append(_tiled(tm, tn, tk, wm, wn, 4, 4, 1, gvec=gvec))
+        for tm, tn, tk, wm, wn in ((128, 128, 16, 8, 8), (128, 64, 16, 8, 8), (64, 128, 16, 8, 8)):
+            found.append(_tiled(tm, tn, tk, wm, wn, 4, 4, 0, gvec=4))
+            found.append(_tiled(tm, tn, tk, wm, wn, 4, 4, 1, gvec=4, max_registers=128))
+        found.append(_tiled(128, 128, 16, 8, 8, 2, 4, 1, gvec=4))
     else:
         for tm, tn, tk, wm, wn, vec in ((64, 64, 16, 8, 8, 4), (32, 32, 16, 4, 4, 4),
                                         (64, 64, 16, 4, 4, 4), (32, 64, 16, 4, 8, 4),
                                         (64, 32, 8, 8, 4, 4), (16, 16, 16, 4, 4, 4),
                                         (32, 32, 32, 8, 8, 4), (64, 64, 32, 8, 8, 4)):
-            for db in (0, 1):
-                found.append(_tiled(tm, tn, tk, wm, wn, vec, 0, db))
+            for db, gvec in ((0, 1), (1, 1), (0, 4), (1, 4)):
+                found.append(_tiled(tm, tn, tk, wm, wn, vec, 4 if gvec == 4 else 0, db, gvec=gvec))
     found.append({"kernel": "small", "small_m": 8, "small_n": 16})
     found.append({"kernel": "small", "small_m": 16, "small_n": 16})
     return [p for p in found if gemm_ops.params_problem(p, info) is None]
@@ -113,12 +120,13 @@ def gemm_candidates(info, space="quick"):
 
 def _with_splits(candidates, M, N, K):
     """Split-K versions of the tiled candidates for problems with few output tiles and long K."""
-    if M * N > 512 * 512 or K < 1024:
+    if M * N > 1024 * 1024 or K < 1024:
         return candidates
+    splits = (4, 16) if M * N <= 512 * 512 else (2, 4)
     extra = []
     for p in candidates:
         if p["kernel"] == "tiled":
-            for split in (4, 16):
+            for split in splits:
                 if K // split >= 2 * p["tile_k"]:
                     extra.append(dict(p, split_k=split))
     return candidates + extra

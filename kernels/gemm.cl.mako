@@ -19,15 +19,34 @@
 //   VEC           width of local-memory reads of A and B fragments (1, 2 or 4); a work-item
 //                 owns VEC consecutive rows (columns) every TILE_M/WPT_M*VEC rows (columns),
 //                 so that neighbouring work-items read neighbouring words (no bank conflicts)
-//   PAD           floats added to each local-memory row (a multiple of VEC) against bank
+//   GVEC          width of global loads (1, 2 or 4); > 1 needs leading dimensions, offsets
+//                 and batch strides of A and B that are multiples of it (the host checks)
+//   PAD           floats added to each local-memory row (a multiple of VEC and GVEC) against bank
 //                 conflicts when the global tile is written transposed into local memory
 //   DOUBLE_BUFFER 1: two local-memory stages, one barrier per step, the next slice is loaded
 //                 from global memory while the current one is multiplied; 0: one stage
+//   CVEC          1, or VEC when C's leading dimension, offset and batch stride are multiples
+//                 of VEC (the host checks): work-groups inside C store VEC columns at once
 //   SPLIT_K       1: each work-group sums only its K chunk (group id 2 = batch * splits +
 //                 split) and writes the raw sum to a workspace; gemm_splitk_reduce adds the
 //                 chunks and applies the epilogue. 0: the epilogue is applied directly.
 // "small" only:
 //   SMALL_M, SMALL_N  work-group shape; one work-item per C element, K walked from global memory
+<%!
+def load_slots(contig, total, threads, gvec):
+    """(contiguous, strided) coordinate expressions of each GVEC-wide load of a work-item
+    that walks a tile of ``total`` elements, ``contig`` of them contiguous, with ``threads``
+    work-items. Both extents are powers of two, so one divides the other."""
+    per_row = contig // gvec
+    slots = []
+    for r in range(total // (threads * gvec)):
+        if threads % per_row == 0:
+            slots.append((f"(lid % {per_row}) * {gvec}", f"(lid / {per_row} + {r * threads // per_row})"))
+        else:
+            wrap = per_row // threads
+            slots.append((f"(lid + {(r % wrap) * threads}) * {gvec}", f"{r // wrap}"))
+    return slots
+%>
 <%
     tiled = KERNEL == "tiled"
 %>
@@ -48,11 +67,9 @@
 #define STAGES ${2 if DOUBLE_BUFFER else 1}
 <%
     nthreads = (TILE_M // WPT_M) * (TILE_N // WPT_N)
-    a_loads = TILE_M * TILE_K // nthreads
-    b_loads = TILE_N * TILE_K // nthreads
-    # The contiguous extent of each operand's tile in global memory: loads walk it fastest.
-    a_contig = TILE_M if TRANS_A else TILE_K
-    b_contig = TILE_K if TRANS_B else TILE_N
+    a_slots = load_slots(TILE_M if TRANS_A else TILE_K, TILE_M * TILE_K, nthreads, GVEC)
+    b_slots = load_slots(TILE_K if TRANS_B else TILE_N, TILE_N * TILE_K, nthreads, GVEC)
+    gtype = "float" if GVEC == 1 else f"float{GVEC}"
     vtype = "float" if VEC == 1 else f"float{VEC}"
     comps = ["x", "y", "z", "w"] if VEC > 1 else [""]
     def comp(v):
@@ -105,30 +122,26 @@ void gemm_tiled(int M, int N, int K,
     A += a_off + batch * stride_a;
     B += b_off + batch * stride_b;
 
-    // Global -> local staging: load number r of this work-item covers linear element
-    // lid + r * NTHREADS of the tile, walking the operand's contiguous dimension fastest.
-% for r in range(a_loads):
-<%
-    l = f"(lid + {r * nthreads})"
-%>
+    // Global -> local staging: load slot r of this work-item covers the GVEC consecutive
+    // elements at linear vector index lid + r * NTHREADS of the tile, walking the operand's
+    // contiguous dimension fastest (coalesced). Coordinates are lid-dependent bases plus
+    // compile-time constants, so they cost no registers per slot.
+% for r, (c, s_) in enumerate(a_slots):
 %   if TRANS_A:
-    const int a_m${r} = ${l} % TILE_M, a_k${r} = ${l} / TILE_M;
+    const int a_m${r} = ${c}, a_k${r} = ${s_};
 %   else:
-    const int a_k${r} = ${l} % TILE_K, a_m${r} = ${l} / TILE_K;
+    const int a_k${r} = ${c}, a_m${r} = ${s_};
 %   endif
-    const bool a_in${r} = m0 + a_m${r} < M;
 % endfor
-% for r in range(b_loads):
-<%
-    l = f"(lid + {r * nthreads})"
-%>
+% for r, (c, s_) in enumerate(b_slots):
 %   if TRANS_B:
-    const int b_k${r} = ${l} % TILE_K, b_n${r} = ${l} / TILE_K;
+    const int b_k${r} = ${c}, b_n${r} = ${s_};
 %   else:
-    const int b_n${r} = ${l} % TILE_N, b_k${r} = ${l} / TILE_N;
+    const int b_n${r} = ${c}, b_k${r} = ${s_};
 %   endif
-    const bool b_in${r} = n0 + b_n${r} < N;
 % endfor
+    // Work-groups whose whole tile is inside C load without bounds checks (but for K's end).
+    const bool inside = m0 + TILE_M <= M && n0 + TILE_N <= N;
 % if TRANS_A:
     __global const float *a_tile = A + (long)k_begin * lda + m0;
     const long a_step = (long)TILE_K * lda;
@@ -144,35 +157,66 @@ void gemm_tiled(int M, int N, int K,
     const long b_step = (long)TILE_K * ldb;
 % endif
 
-% for r in range(a_loads):
-    float a_next${r};
+% for r in range(len(a_slots)):
+    ${gtype} a_next${r};
 % endfor
-% for r in range(b_loads):
-    float b_next${r};
+% for r in range(len(b_slots)):
+    ${gtype} b_next${r};
 % endfor
 
-<%def name="load_global(k, a_loads, b_loads)">
-% for r in range(a_loads):
-%   if TRANS_A:
-        a_next${r} = (a_in${r} && ${k} + a_k${r} < k_end) ? a_tile[a_k${r} * lda + a_m${r}] : 0.0f;
-%   else:
-        a_next${r} = (a_in${r} && ${k} + a_k${r} < k_end) ? a_tile[a_m${r} * lda + a_k${r}] : 0.0f;
-%   endif
+<%def name="load_global(k, na, nb)">
+<%
+    gtype = "float" if GVEC == 1 else f"float{GVEC}"
+    def part(name, v):
+        return name if GVEC == 1 else f"{name}.s{v}"
+    a_addr = (lambda r, v: f"a_k{r} * lda + a_m{r} + {v}") if TRANS_A else (lambda r, v: f"a_m{r} * lda + a_k{r} + {v}")
+    b_addr = (lambda r, v: f"b_n{r} * ldb + b_k{r} + {v}") if TRANS_B else (lambda r, v: f"b_k{r} * ldb + b_n{r} + {v}")
+    a_ok = (lambda r, v: f"m0 + a_m{r} + {v} < M && {k} + a_k{r} < k_end") if TRANS_A else (lambda r, v: f"m0 + a_m{r} < M && {k} + a_k{r} + {v} < k_end")
+    b_ok = (lambda r, v: f"n0 + b_n{r} < N && {k} + b_k{r} + {v} < k_end") if TRANS_B else (lambda r, v: f"n0 + b_n{r} + {v} < N && {k} + b_k{r} < k_end")
+%>
+        if (inside && ${k} + TILE_K <= k_end) {
+% for r in range(na):
+            a_next${r} = *(__global const ${gtype} *)(a_tile + ${a_addr(r, 0)});
 % endfor
-% for r in range(b_loads):
-%   if TRANS_B:
-        b_next${r} = (b_in${r} && ${k} + b_k${r} < k_end) ? b_tile[b_n${r} * ldb + b_k${r}] : 0.0f;
-%   else:
-        b_next${r} = (b_in${r} && ${k} + b_k${r} < k_end) ? b_tile[b_k${r} * ldb + b_n${r}] : 0.0f;
-%   endif
+% for r in range(nb):
+            b_next${r} = *(__global const ${gtype} *)(b_tile + ${b_addr(r, 0)});
 % endfor
+        } else {
+% for r in range(na):
+%   for v in range(GVEC):
+            ${part(f"a_next{r}", v)} = (${a_ok(r, v)}) ? a_tile[${a_addr(r, v)}] : 0.0f;
+%   endfor
+% endfor
+% for r in range(nb):
+%   for v in range(GVEC):
+            ${part(f"b_next{r}", v)} = (${b_ok(r, v)}) ? b_tile[${b_addr(r, v)}] : 0.0f;
+%   endfor
+% endfor
+        }
 </%def>
-<%def name="store_local(stage, a_loads, b_loads)">
-% for r in range(a_loads):
-        a_stage[${stage} * STAGE_A + a_k${r} * LDS_A + a_m${r}] = a_next${r};
+<%def name="store_local(stage, na, nb)">
+<%
+    gtype = "float" if GVEC == 1 else f"float{GVEC}"
+    def part(name, v):
+        return name if GVEC == 1 else f"{name}.s{v}"
+%>
+% for r in range(na):
+%   if TRANS_A:
+        *(__local ${gtype} *)(a_stage + ${stage} * STAGE_A + a_k${r} * LDS_A + a_m${r}) = a_next${r};
+%   else:
+%     for v in range(GVEC):
+        a_stage[${stage} * STAGE_A + (a_k${r} + ${v}) * LDS_A + a_m${r}] = ${part(f"a_next{r}", v)};
+%     endfor
+%   endif
 % endfor
-% for r in range(b_loads):
-        b_stage[${stage} * STAGE_B + b_k${r} * LDS_B + b_n${r}] = b_next${r};
+% for r in range(nb):
+%   if TRANS_B:
+%     for v in range(GVEC):
+        b_stage[${stage} * STAGE_B + (b_k${r} + ${v}) * LDS_B + b_n${r}] = ${part(f"b_next{r}", v)};
+%     endfor
+%   else:
+        *(__local ${gtype} *)(b_stage + ${stage} * STAGE_B + b_k${r} * LDS_B + b_n${r}) = b_next${r};
+%   endif
 % endfor
 </%def>
 
@@ -184,8 +228,8 @@ void gemm_tiled(int M, int N, int K,
 % endfor
 
     int k = k_begin;
-    ${load_global("k", a_loads, b_loads)}
-    ${store_local(0, a_loads, b_loads)}
+    ${load_global("k", len(a_slots), len(b_slots))}
+    ${store_local(0, len(a_slots), len(b_slots))}
     barrier(CLK_LOCAL_MEM_FENCE);
 
     int stage = 0;
@@ -195,7 +239,7 @@ void gemm_tiled(int M, int N, int K,
         if (k_next < k_end) {
             a_tile += a_step;
             b_tile += b_step;
-            ${load_global("k_next", a_loads, b_loads)}
+            ${load_global("k_next", len(a_slots), len(b_slots))}
         }
 % endif
         __local const float *a_local = a_stage + stage * STAGE_A + tm * VEC;
@@ -216,7 +260,7 @@ void gemm_tiled(int M, int N, int K,
         }
 % if DOUBLE_BUFFER:
         if (k_next < k_end) {
-            ${store_local("(stage ^ 1)", a_loads, b_loads)}
+            ${store_local("(stage ^ 1)", len(a_slots), len(b_slots))}
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         stage ^= 1;
@@ -226,11 +270,11 @@ void gemm_tiled(int M, int N, int K,
         if (k < k_end) {
             a_tile += a_step;
             b_tile += b_step;
-            ${load_global("k", a_loads, b_loads)}
+            ${load_global("k", len(a_slots), len(b_slots))}
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         if (k < k_end) {
-            ${store_local(0, a_loads, b_loads)}
+            ${store_local(0, len(a_slots), len(b_slots))}
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 % endif
@@ -241,6 +285,37 @@ void gemm_tiled(int M, int N, int K,
     C += (long)get_group_id(2) * M * N;
 % else:
     C += c_off + batch * stride_c;
+% endif
+% if CVEC > 1 and not SPLIT_K:
+    if (inside) {
+        // Whole tile inside C, rows aligned: VEC consecutive columns per store.
+%   for i in range(WPT_M):
+        {
+            const int row = m0 + (${i // VEC} * TM_THREADS + tm) * VEC + ${i % VEC};
+%     for jc in range(WPT_N // VEC):
+            {
+                const int col = n0 + (${jc} * TN_THREADS + tn) * VEC;
+                __global ${vtype} *target = (__global ${vtype} *)(C + (long)row * ldc + col);
+                ${vtype} value = alpha * (${vtype})(${", ".join(f"acc[{i}][{jc * VEC + v}]" for v in range(VEC))});
+                if (beta != 0.0f)
+                    value += beta * *target;
+%       if BIAS == 1:
+                value += vload${VEC}(0, bias + bias_off + col);
+%       elif BIAS == 2:
+                value += bias[bias_off + row];
+%       endif
+%       if ACTIVATION:
+%         for v in range(VEC):
+                { float x = value.s${v}; value.s${v} = ${ACTIVATION}; }
+%         endfor
+%       endif
+                *target = value;
+            }
+%     endfor
+        }
+%   endfor
+        return;
+    }
 % endif
 % for i in range(WPT_M):
     {

@@ -73,8 +73,15 @@ def params_problem(params, info):
         return f"tile {tm}x{tn} is not a multiple of the work per item {wm}x{wn}"
     if wm % vec or wn % vec or pad % vec:
         return f"work per item {wm}x{wn} and pad {pad} must be multiples of vec {vec}"
+    gvec = params.get("global_vec", 1)
+    if gvec not in (1, 2, 4) or tm % gvec or tn % gvec or tk % gvec or pad % gvec:
+        return f"global_vec {gvec} must be 1, 2 or 4 and divide the tiles and the pad"
+    if any(x & (x - 1) for x in (tm, tn, tk)):
+        return f"tile sizes {tm}x{tn}x{tk} must be powers of two"
     threads = tiled_threads(params)
-    if (tm * tk) % threads or (tn * tk) % threads:
+    if threads & (threads - 1):
+        return f"{threads} work-items per group is not a power of two"
+    if (tm * tk) % (threads * gvec) or (tn * tk) % (threads * gvec):
         return f"{threads} work-items cannot share the {tm}x{tk} and {tk}x{tn} tile loads evenly"
     if threads > info.max_work_group_size:
         return f"{threads} work-items > device maximum {info.max_work_group_size}"
@@ -122,14 +129,15 @@ def _render_params(params, trans_a, trans_b, bias_per, activation_code, split):
             "BIAS": {None: 0, "n": 1, "m": 2}[bias_per], "ACTIVATION": activation_code}
     # The template names every parameter of both kernels; the other kernel's are 0.
     base.update(SMALL_M=0, SMALL_N=0, TILE_M=0, TILE_N=0, TILE_K=0, WPT_M=0, WPT_N=0, VEC=0,
-                PAD=0, DOUBLE_BUFFER=0, SPLIT_K=0)
+                PAD=0, DOUBLE_BUFFER=0, SPLIT_K=0, GVEC=0, CVEC=0)
     if params["kernel"] == "small":
         base.update(SMALL_M=params["small_m"], SMALL_N=params["small_n"])
     else:
         base.update(TILE_M=params["tile_m"], TILE_N=params["tile_n"], TILE_K=params["tile_k"],
                     WPT_M=params["wpt_m"], WPT_N=params["wpt_n"], VEC=params["vec"],
                     PAD=params["pad"], DOUBLE_BUFFER=int(params["double_buffer"]),
-                    SPLIT_K=int(split))
+                    SPLIT_K=int(split), GVEC=params.get("global_vec", 1),
+                    CVEC=params.get("c_vec", 1))
     return base
 
 
@@ -257,13 +265,24 @@ class GemmPlan:
             self.workspace = None
             return
 
+        gvec = params.get("global_vec", 1)
+        if gvec > 1 and any(x % gvec for x in (lda, ldb, a_off, b_off, stride_a, stride_b)):
+            # Vector loads need every row of A and B to start on a vector boundary.
+            params = dict(params, global_vec=1)
+        # Vector stores of C need every row of C to start on a vector boundary (internal
+        # parameter, derived here rather than tuned).
+        c_aligned = params["vec"] > 1 and not any(x % params["vec"] for x in (ldc, c_off, stride_c))
+        params["c_vec"] = params["vec"] if c_aligned else 1
+        options = ()
+        if params.get("max_registers") and ctx.info.vendor == "nvidia":
+            options = (f"-cl-nv-maxrregcount={int(params['max_registers'])}",)
         tile_k = params["tile_k"]
         split = max(1, int(params.get("split_k", 1)))
         k_chunk = _round_up(math.ceil(K / split), tile_k)
         splits = math.ceil(K / k_chunk)
         use_split = splits > 1
         built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
-                                                          act_code, use_split))
+                                                          act_code, use_split), options)
         kernel = built.kernel("gemm_tiled", fresh=True)
         threads = tiled_threads(params)
         grid = (math.ceil(N / params["tile_n"]) * threads, math.ceil(M / params["tile_m"]),
