@@ -28,7 +28,17 @@
 ##   mode         channel_partial_sums flavour: "stats", "grad" or "grad_affine"
 ##   activation   OpenCL C expression of the activation applied by channel_apply to a float
 ##                variable named v_act ("v_act" for none)
+##   vector       floats per load in channel_partial_sums and channel_apply: 4 (float4, needs
+##                S % 4 == 0 and every offset a multiple of 4) or 1
 #define GROUP_SIZE ${group_size}
+#define VECTOR ${vector}
+% if vector == 4:
+typedef float4 floatv;
+#define HSUM(a) ((a).x + (a).y + (a).z + (a).w)
+% else:
+typedef float floatv;
+#define HSUM(a) (a)
+% endif
 
 // Sums two values over the work group; every work item returns the totals.
 inline float2 group_sum2(float2 value, __local float2* scratch)
@@ -47,7 +57,7 @@ inline float2 group_sum2(float2 value, __local float2* scratch)
 }
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
-void channel_partial_sums(int N, int C, int S, int per_chunk
+void channel_partial_sums(int N, int C, int SV, int per_chunk
     , __global const float* restrict x, long x_off
 % if mode != "stats":
     , __global const float* restrict dy, long dy_off
@@ -64,40 +74,49 @@ void channel_partial_sums(int N, int C, int S, int per_chunk
     const int lid = get_local_id(0);
     const int chunk = get_group_id(0);
     const int c = get_global_id(1);
-    const long M = (long)N * S;
+    // Positions below count vectors of VECTOR floats: SV = S / VECTOR per (n, c).
+    const long M = (long)N * SV;
     const long begin = (long)chunk * per_chunk;
     const long end = min(begin + per_chunk, M);
-    const long plane = (long)C * S;
+    const long plane = (long)C * SV;
+    __global const floatv* xv = (__global const floatv*)(x + x_off);
+% if mode != "stats":
+    __global const floatv* dyv = (__global const floatv*)(dy + dy_off);
+% endif
 % if mode == "stats":
-    const float shift = x[x_off + (long)c * S];
+    const float shift = x[x_off + (long)c * SV * VECTOR];
 % elif mode == "grad":
     const float shift = mean[mean_off + c];
 % endif
     float2 acc = (float2)(0.0f, 0.0f);
-    // (n, s) of element r = n*S + s, advanced by GROUP_SIZE without dividing in the loop.
+    // (n, s) of position r = n*SV + s and its address, advanced by GROUP_SIZE positions with
+    // additions only.
     long r = begin + lid;
-    int n = (int)(r / S);
-    int s = (int)(r - (long)n * S);
-    const int step_n = GROUP_SIZE / S;
-    const int step_s = GROUP_SIZE - step_n * S;
+    int n = (int)(r / SV);
+    int s = (int)(r - (long)n * SV);
+    long at = (long)n * plane + (long)c * SV + s;
+    const int step_n = GROUP_SIZE / SV;
+    const int step_s = GROUP_SIZE - step_n * SV;
+    const long step_at = (long)step_n * plane + step_s;
     for (; r < end; r += GROUP_SIZE) {
-        const long at = (long)n * plane + (long)c * S + s;
 % if mode == "stats":
-        const float v = x[x_off + at] - shift;
-        acc += (float2)(v, v * v);
+        const floatv v = xv[at] - shift;
+        acc += (float2)(HSUM(v), HSUM(v * v));
 % elif mode == "grad":
-        const float g = dy[dy_off + at];
-        acc += (float2)(g, g * (x[x_off + at] - shift));
+        const floatv g = dyv[at];
+        acc += (float2)(HSUM(g), HSUM(g * (xv[at] - shift)));
 % else:
         const int row = n * G + c / Cg;
-        const float g = dy[dy_off + at];
-        acc += (float2)(g, g * (x[x_off + at] - row_mean[row]) * row_rstd[row]);
+        const floatv g = dyv[at];
+        acc += (float2)(HSUM(g), HSUM(g * (xv[at] - row_mean[row])) * row_rstd[row]);
 % endif
         n += step_n;
         s += step_s;
-        if (s >= S) {
-            s -= S;
+        at += step_at;
+        if (s >= SV) {
+            s -= SV;
             ++n;
+            at += plane - SV;
         }
     }
     const float2 total = group_sum2(acc, scratch);
@@ -215,7 +234,13 @@ __kernel void channel_finalize_sums(int C, int chunks, __global const float* res
         dbias[dbias_off + c] = total.x;
 }
 
-__kernel void channel_apply(int rows, int C, int S, __global const float* restrict coef
+inline float activate(float v_act)
+{
+    return ${activation};
+}
+
+// Grid (positions of a row, rows); SV = S / VECTOR vectors per row.
+__kernel void channel_apply(int rows, int C, int SV, __global const float* restrict coef
     , __global const float* restrict u, long u_off
     , __global const float* restrict v, long v_off
     , __global float* restrict out, long out_off)
@@ -226,12 +251,22 @@ __kernel void channel_apply(int rows, int C, int S, __global const float* restri
     const int c = row % C;
     const float c0 = coef[c * 5 + 0], c1 = coef[c * 5 + 1], c2 = coef[c * 5 + 2];
     const float c3 = coef[c * 5 + 3], c4 = coef[c * 5 + 4];
-    const long base = (long)row * S;
-    for (int s = get_global_id(0); s < S; s += get_global_size(0)) {
-        float v_act = (u[u_off + base + s] - c0) * c1 + c4;
-        if (v)
-            v_act += (v[v_off + base + s] - c2) * c3;
-        out[out_off + base + s] = ${activation};
+    const long base = (long)row * SV;
+    __global const floatv* uv = (__global const floatv*)(u + u_off) + base;
+    __global const floatv* vv = v ? (__global const floatv*)(v + v_off) + base : 0;
+    __global floatv* outv = (__global floatv*)(out + out_off) + base;
+    for (int s = get_global_id(0); s < SV; s += get_global_size(0)) {
+        floatv value = (uv[s] - c0) * c1 + c4;
+        if (vv)
+            value += (vv[s] - c2) * c3;
+% if activation != "v_act":
+    % if vector == 1:
+        value = activate(value);
+    % else:
+        value = (floatv)(activate(value.x), activate(value.y), activate(value.z), activate(value.w));
+    % endif
+% endif
+        outv[s] = value;
     }
 }
 

@@ -72,9 +72,13 @@ def test_batch_norm_one_element_inference(ctx, rng):
 
 
 @pytest.mark.parametrize("chunks", [1, 3, 40])
-def test_batch_norm_training_api_forced_chunks(ctx, rng, chunks):
-    """The MIOpen-style calls on poisoned outputs, with the per-channel split forced."""
-    shape = (3, 4, 6, 5)
+@pytest.mark.parametrize("algo", ["auto", "scalar"])
+def test_batch_norm_training_api_forced_chunks(ctx, rng, monkeypatch, chunks, algo):
+    """The MIOpen-style calls on poisoned outputs, with the per-channel split forced, with float4
+    loads (S % 4 == 0) and with scalar loads forced."""
+    if algo == "scalar":
+        monkeypatch.setenv("DLPRIM_NORM_ALGO", "scalar")
+    shape = (3, 4, 6, 4)
     x, w, b = random(rng, shape, 1, 4), random(rng, (4,)), random(rng, (4,))
     tx, tw, tb = _t(x, True), _t(w, True), _t(b, True)
     y, mean, invstd = poisoned(ctx, shape), poisoned(ctx, (4,)), poisoned(ctx, (4,))
@@ -126,6 +130,24 @@ def test_batch_norm_per_activation(ctx, rng, training):
     assert_close(gx.numpy().reshape(5, n_act), tx.grad.numpy())
     assert_close(gw.numpy().ravel(), tw.grad.numpy())
     assert_close(gb.numpy().ravel(), tb.grad.numpy())
+
+
+def test_batch_norm_unaligned_offset(ctx, rng):
+    """S % 4 == 0 but x at an odd offset: the scalar kernels take over."""
+    shape = (2, 3, 4, 4)
+    x = random(rng, shape)
+    backing = dp.Tensor.from_numpy(ctx, np.concatenate([random(rng, 3), x.ravel()]))
+    dx = dp.Tensor(ctx, backing.buffer, shape, offset=3 * 4)
+    y, mean, invstd = poisoned(ctx, shape), poisoned(ctx, (3,)), poisoned(ctx, (3,))
+    norm.batch_norm_forward_training(dx, y, None, None, None, None, mean, invstd)
+    tx = _t(x, True)
+    ref = TF.batch_norm(tx, None, None, training=True)
+    assert_close(y.numpy(), ref.detach().numpy())
+    grad = random(rng, shape)
+    ref.backward(_t(grad))
+    gx = poisoned(ctx, shape)
+    norm.batch_norm_backward(dx, _d(ctx, grad), gx, None, mean, invstd)
+    assert_close(gx.numpy(), tx.grad.numpy())
 
 
 def test_batch_norm_fused_activation(ctx, rng):

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from .. import autograd, program
+from .. import autograd, config, program
 from ..activation import as_activation
 from ..context import check_same_context
 from ..dtypes import float32
@@ -35,10 +35,21 @@ def _group_size(ctx):
     return size
 
 
-def _program(ctx, mode="stats", activation=None):
+def _program(ctx, mode="stats", activation=None, vector=1):
     desc = as_activation(activation)
     code = "v_act" if desc is None or desc.is_identity else desc.forward_code("v_act")
-    return program.build(ctx, "norm", dict(group_size=_group_size(ctx), mode=mode, activation=code))
+    return program.build(ctx, "norm", dict(group_size=_group_size(ctx), mode=mode, activation=code,
+                                           vector=vector))
+
+
+def vector_width(S, *tensors):
+    """4 (float4 loads) when rows of S elements and every tensor's offset allow it, else 1.
+    ``DLPRIM_NORM_ALGO=scalar`` forces 1."""
+    if config.forced_algorithm("norm") == "scalar":
+        return 1
+    if S % 4 == 0 and all(t is None or t.offset_elements % 4 == 0 for t in tensors):
+        return 4
+    return 1
 
 
 def _buf(t):
@@ -98,11 +109,12 @@ def channel_partial_sums(ctx, mode, N, C, S, x, dy=None, mean=None, row_mean=Non
     """Per-channel partial sums of x seen as (N, C, S); see ``kernels/norm.cl.mako``.
     Returns (partials, chunks) with partials a (chunks, C, 2) float32 tensor. ``chunks`` forces
     the split of each channel (None: chosen for the device)."""
-    chunks, per_chunk = _chunks(ctx, C, N * S, chunks)
+    vector = vector_width(S, x, dy)
+    chunks, per_chunk = _chunks(ctx, C, N * (S // vector), chunks)
     partials = Tensor.empty(ctx, (chunks, C, 2), float32)
-    kernel = _program(ctx, mode).kernel("channel_partial_sums")
+    kernel = _program(ctx, mode, vector=vector).kernel("channel_partial_sums")
     i32 = np.int32
-    args = [i32(N), i32(C), i32(S), i32(per_chunk), x.buffer, np.int64(x.offset_elements)]
+    args = [i32(N), i32(C), i32(S // vector), i32(per_chunk), x.buffer, np.int64(x.offset_elements)]
     if mode != "stats":
         args += [dy.buffer, np.int64(dy.offset_elements)]
     if mode == "grad":
@@ -124,15 +136,17 @@ def _apply(ctx, N, C, S, coef, u, v, out, activation=None):
     rows = N * C
     if rows == 0 or S == 0:
         return
+    vector = vector_width(S, u, v, out)
+    positions = S // vector
     limit = min(256, ctx.info.max_work_group_size)
     local0 = 1
-    while local0 < min(S, limit):
+    while local0 < min(positions, limit):
         local0 *= 2
     local0 = min(local0, limit)
     local1 = max(1, limit // local0)
-    kernel = _program(ctx, "stats", activation).kernel("channel_apply")
-    gsize = (-(-S // local0) * local0, -(-rows // local1) * local1)
-    kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(S),
+    kernel = _program(ctx, "stats", activation, vector).kernel("channel_apply")
+    gsize = (-(-positions // local0) * local0, -(-rows // local1) * local1)
+    kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
            coef.buffer, u.buffer, np.int64(u.offset_elements), *_buf(v), out.buffer,
            np.int64(out.offset_elements))
 
