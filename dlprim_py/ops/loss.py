@@ -1,0 +1,273 @@
+"""Losses with torch.nn.functional's names and semantics, forward and backward.
+
+* ``nll_loss`` and ``cross_entropy`` with int64 class targets (N) or (N, d1, ...), optional
+  per-class ``weight``, ``ignore_index``; ``cross_entropy`` also takes class probabilities
+  (a float target shaped like the input). A target outside [0, C) other than ignore_index
+  raises ShapeError and is never used as an index: the check reads one flag back from the
+  device, so these two losses wait for the queue.
+* ``mse_loss`` and ``binary_cross_entropy_with_logits`` (``weight``, ``pos_weight``), with
+  broadcasting; their mean/sum reductions are one fused map+reduce kernel, no temporary.
+
+``reduction`` is "none", "mean" or "sum" everywhere.
+"""
+import math
+
+import numpy as np
+
+from .. import autograd, program
+from ..context import check_same_context
+from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..tensor import Tensor
+from .pointwise import PointwiseKernel, broadcast_shapes, launch_size, reduce_to_shape
+from .reduce import ReduceKernel
+
+_f32 = np.float32
+_REDUCTIONS = ("none", "mean", "sum")
+_kernels = {}
+
+
+def _memo(key, factory):
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = factory()
+    return k
+
+
+def _check_reduction(reduction, name):
+    if reduction not in _REDUCTIONS:
+        raise UnsupportedError(f"{name}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+def _check_float(t, what):
+    if not isinstance(t, Tensor):
+        raise DTypeError(f"{what} must be a Tensor, got {type(t).__name__}")
+    if t.dtype != np.float32:
+        raise DTypeError(f"{what} must be float32, got {t.dtype}")
+
+
+def _view(t, shape):
+    return Tensor(t.ctx, t.buffer, shape, t.dtype, offset=t.offset)
+
+
+# ---- nll_loss / cross_entropy --------------------------------------------------------------
+
+def _nll_geometry(x, target):
+    _check_float(x, "nll_loss: input")
+    if not isinstance(target, Tensor):
+        raise DTypeError(f"nll_loss: target must be a Tensor, got {type(target).__name__}")
+    if target.dtype != np.int64:
+        raise DTypeError(f"nll_loss: class targets must be int64, got {target.dtype}")
+    if x.ndim == 1:
+        expected, n, c, s = (), 1, x.shape[0], 1
+    elif x.ndim >= 2:
+        n, c, s = x.shape[0], x.shape[1], math.prod(x.shape[2:])
+        expected = (x.shape[0],) + x.shape[2:]
+    else:
+        raise ShapeError(f"nll_loss: input must be (C), (N, C) or (N, C, d1, ...), got {x.shape}")
+    if target.shape != expected:
+        raise ShapeError(f"nll_loss: input {x.shape} needs a target of shape {expected}, got {target.shape}")
+    return n, c, s
+
+
+def _nll_program(ctx, weighted, divide, index_t):
+    return program.build(ctx, "loss", dict(weighted=weighted, divide=divide, index_t=index_t))
+
+
+def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
+    """torch.nn.functional.nll_loss: input float32 log-probabilities (N, C, ...), target int64.
+
+    "mean" divides by the sum of the weights of the non-ignored targets (torch's rule; NaN when
+    every target is ignored).
+    """
+    _check_reduction(reduction, "nll_loss")
+    n, c, s = _nll_geometry(input, target)
+    if weight is not None:
+        _check_float(weight, "nll_loss: weight")
+        if weight.shape != (c,):
+            raise ShapeError(f"nll_loss: weight must have shape ({c},) for {c} classes, got {weight.shape}")
+    ctx = check_same_context(input, target, weight)
+    total = n * s
+    largest = max(input.offset_elements + input.size, total, target.offset_elements + target.size)
+    index_t = "int" if largest < 2 ** 31 - 1 else "long"
+    index = np.int32 if index_t == "int" else np.int64
+    built = _nll_program(ctx, weight is not None, reduction == "mean", index_t)
+    loss = Tensor.empty(ctx, target.shape)
+    picked = Tensor.empty(ctx, target.shape)
+    bad = Tensor.zeros(ctx, (2,), np.int64)
+    w = weight if weight is not None else input
+    gsize, lsize = launch_size(ctx, max(total, 1))
+    if total:
+        built.kernel("nll_gather")(ctx.queue, gsize, lsize, index(total), index(c), index(s),
+                                   np.int64(ignore_index), input.buffer, index(input.offset_elements),
+                                   target.buffer, index(target.offset_elements), w.buffer,
+                                   index(w.offset_elements), loss.buffer, index(0), picked.buffer,
+                                   index(0), bad.buffer)
+    flag = bad.numpy()
+    if flag[0]:
+        raise ShapeError(f"nll_loss: target {int(flag[1])} is out of range for {c} classes "
+                         f"(expected 0..{c - 1} or ignore_index={ignore_index})")
+    if reduction == "none":
+        out, divisor = loss, None
+    else:
+        sums = Tensor.empty(ctx, ())
+        divisor = Tensor.empty(ctx, ())
+        kernel = _memo(("nll_reduce", reduction), lambda: ReduceKernel(
+            f"nll_reduce_{reduction}", [("l", _f32), ("w", _f32)], [("y", _f32), ("wsum", _f32)],
+            "y = l; wsum = w;", "sum",
+            finalize="acc_y = acc_y / acc_wsum;" if reduction == "mean" else ""))
+        if total:
+            kernel([loss, picked], [sums, divisor])
+        else:
+            sums.fill_(np.nan if reduction == "mean" else 0.0)
+            divisor.fill_(0.0)
+        out = sums
+    source_shape = input.shape
+
+    def backward(g):
+        dx = Tensor.zeros(ctx, source_shape)
+        if total:
+            d = divisor if divisor is not None else g
+            built.kernel("nll_scatter")(ctx.queue, gsize, lsize, index(total), index(c), index(s),
+                                        np.int64(ignore_index), target.buffer,
+                                        index(target.offset_elements), w.buffer, index(w.offset_elements),
+                                        g.buffer, index(g.offset_elements),
+                                        index(1 if reduction == "none" else 0), d.buffer,
+                                        index(d.offset_elements), dx.buffer, index(0))
+        return (dx, None, None)
+
+    return autograd.record(out, (input, None, None), backward, "nll_loss")
+
+
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean",
+                  label_smoothing=0.0):
+    """torch.nn.functional.cross_entropy: log_softmax over dim 1 (dim 0 for a (C) input), then
+    nll_loss for int64 class targets, or -sum(weight * target * log p) over the classes for a
+    float32 probability target shaped like the input (mean averages over all positions)."""
+    from . import reduce as R
+    from .pointwise import mul
+    from .softmax import log_softmax
+    _check_reduction(reduction, "cross_entropy")
+    _check_float(input, "cross_entropy: input")
+    if label_smoothing != 0.0:
+        raise UnsupportedError(f"cross_entropy: label_smoothing is not supported, got {label_smoothing}")
+    if input.ndim == 0:
+        raise ShapeError(f"cross_entropy: input must be (C), (N, C) or (N, C, d1, ...), got {input.shape}")
+    class_dim = 0 if input.ndim == 1 else 1
+    if isinstance(target, Tensor) and target.dtype == np.int64:
+        _nll_geometry(input, target)
+        return nll_loss(log_softmax(input, class_dim), target, weight, ignore_index, reduction)
+    if not isinstance(target, Tensor) or target.dtype != np.float32:
+        raise DTypeError(f"cross_entropy: target must be int64 class indices or float32 "
+                         f"probabilities, got {getattr(target, 'dtype', type(target).__name__)}")
+    if target.shape != input.shape:
+        raise ShapeError(f"cross_entropy: a probability target must have the input's shape "
+                         f"{input.shape}, got {target.shape}")
+    logp = log_softmax(input, class_dim)
+    product = mul(logp, target)
+    if weight is not None:
+        _check_float(weight, "cross_entropy: weight")
+        c = input.shape[class_dim]
+        if weight.shape != (c,):
+            raise ShapeError(f"cross_entropy: weight must have shape ({c},), got {weight.shape}")
+        product = mul(product, weight.reshape((c,) + (1,) * (input.ndim - class_dim - 1)))
+    per_sample = mul(R.sum(product, class_dim), -1.0)
+    if reduction == "none":
+        return per_sample
+    if reduction == "sum":
+        return R.sum(per_sample)
+    return R.mean(per_sample)
+
+
+# ---- mse_loss / binary_cross_entropy_with_logits -------------------------------------------
+
+def _fused_loss(name, operands, map_statement, reduction, backward_kernel, backward_inputs,
+                grads_for):
+    """Shared body: elementwise loss (none) or fused map+reduce (mean/sum), and the backward.
+
+    ``operands``: the tensors broadcast together; ``map_statement`` assigns ``y`` from them;
+    ``backward_kernel`` computes one gradient per entry of ``grads_for`` from
+    ``backward_inputs + [g]`` with scalar ``scale``.
+    """
+    ctx = check_same_context(*operands)
+    shape = broadcast_shapes(*(t.shape for t in operands))
+    names = [f"in{k}" for k in range(len(operands))]
+    count = math.prod(shape)
+    if reduction == "none":
+        kernel = _memo((name, "none"), lambda: PointwiseKernel(
+            f"{name}_none", [(n, _f32) for n in names], [("y", _f32)], map_statement))
+        out = Tensor.empty(ctx, shape)
+        kernel(list(operands), [out])
+        scale = 1.0
+    else:
+        kernel = _memo((name, "reduce"), lambda: ReduceKernel(
+            f"{name}_reduce", [(n, _f32) for n in names], [("y", _f32)], map_statement, "sum",
+            finalize="acc_y = acc_y * scale;", scalars=[("scale", _f32)]))
+        out = Tensor.empty(ctx, ())
+        scale = (1.0 / count if count else math.nan) if reduction == "mean" else 1.0
+        if count:
+            kernel(list(operands), [out], [scale])
+        else:
+            out.fill_(scale if reduction == "mean" else 0.0)
+    sources = [t.detach() for t in backward_inputs]
+
+    def backward(g):
+        grads = [Tensor.empty(ctx, shape) for _ in grads_for]
+        if count:
+            backward_kernel([*sources, g], grads, [scale])
+        return tuple(reduce_to_shape(gr, t.shape) if t is not None else None
+                     for gr, t in zip(grads, grads_for))
+
+    return autograd.record(out, grads_for, backward, name)
+
+
+def mse_loss(input, target, reduction="mean"):
+    """torch.nn.functional.mse_loss: (input - target)^2, broadcast, reduced; gradients to both."""
+    _check_reduction(reduction, "mse_loss")
+    _check_float(input, "mse_loss: input")
+    _check_float(target, "mse_loss: target")
+    backward = _memo("mse_backward", lambda: PointwiseKernel(
+        "mse_backward", [("a", _f32), ("b", _f32), ("g", _f32)], [("da", _f32), ("db", _f32)],
+        "da = 2.0f * (a - b) * g * scale; db = -da;", scalars=[("scale", _f32)]))
+    return _fused_loss("mse_loss", [input, target], "float d = in0 - in1; y = d * d;", reduction,
+                       backward, [input, target], (input, target))
+
+
+# torch's stable form: (1 - t) x + (1 + (pw - 1) t) (log1p(exp(-|x|)) + max(-x, 0)), times w.
+_BCE = ("float lw = 1.0f + (in3 - 1.0f) * in1;"
+        "float sp = log1p(exp(-fabs(in0))) + fmax(-in0, 0.0f);"
+        "y = in2 * ((1.0f - in1) * in0 + lw * sp);")
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean", pos_weight=None):
+    """torch.nn.functional.binary_cross_entropy_with_logits, numerically stable; ``weight``
+    broadcasts to the input, ``pos_weight`` along the last (class) dimension. Gradients flow to
+    input and target."""
+    _check_reduction(reduction, "binary_cross_entropy_with_logits")
+    _check_float(input, "binary_cross_entropy_with_logits: input")
+    _check_float(target, "binary_cross_entropy_with_logits: target")
+    if target.shape != input.shape:
+        raise ShapeError(f"binary_cross_entropy_with_logits: target shape {target.shape} must "
+                         f"equal the input shape {input.shape}")
+    ones = None
+    if weight is None or pos_weight is None:
+        ones = Tensor.full(input.ctx, (), 1.0)
+    if weight is not None:
+        _check_float(weight, "binary_cross_entropy_with_logits: weight")
+    if pos_weight is not None:
+        _check_float(pos_weight, "binary_cross_entropy_with_logits: pos_weight")
+    w = weight if weight is not None else ones
+    pw = pos_weight if pos_weight is not None else ones
+    if broadcast_shapes(input.shape, w.shape, pw.shape) != input.shape:
+        raise ShapeError(f"binary_cross_entropy_with_logits: weight {w.shape} and pos_weight "
+                         f"{pw.shape} must broadcast to the input shape {input.shape}")
+    backward = _memo("bce_backward", lambda: PointwiseKernel(
+        "bce_logits_backward", [("x", _f32), ("t", _f32), ("w", _f32), ("pw", _f32), ("g", _f32)],
+        [("dx", _f32), ("dt", _f32)],
+        "float lw = 1.0f + (pw - 1.0f) * t;"
+        "float sig_neg = 1.0f / (1.0f + exp(x));"     # sigmoid(-x)
+        "float sp = log1p(exp(-fabs(x))) + fmax(-x, 0.0f);"
+        "float gs = g * w * scale;"
+        "dx = gs * ((1.0f - t) - lw * sig_neg);"
+        "dt = gs * (-x + (pw - 1.0f) * sp);", scalars=[("scale", _f32)]))
+    return _fused_loss("bce_with_logits", [input, target, w, pw], _BCE, reduction, backward,
+                       [input, target, w, pw], (input, target))
