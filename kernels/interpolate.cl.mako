@@ -11,18 +11,21 @@
 ## their weights (gather: no atomics, fixed order).
 ##
 ## Template parameters:
-##   mode   "nearest" (one source per axis) or "linear" (two sources, weights 1 - lambda, lambda)
+##   mode     "nearest" (one source per axis) or "linear" (two sources, weights 1 - lambda, lambda)
+##   index_t  "int" when every element index fits in 31 bits, else "long" (64-bit division is
+##            many times slower on GPUs)
+#define I ${index_t}
 
 #define AXIS_ARGS(name) __global const int* restrict name##_index, __global const float* restrict name##_lambda
 
-__kernel void interpolate_forward(long total, int H, int W, int OH, int OW, AXIS_ARGS(h), AXIS_ARGS(w),
-    __global const float* restrict x, long x_off, __global float* restrict y, long y_off)
+__kernel void interpolate_forward(I total, int H, int W, int OH, int OW, AXIS_ARGS(h), AXIS_ARGS(w),
+    __global const float* restrict x, I x_off, __global float* restrict y, I y_off)
 {
-    for (long i = get_global_id(0); i < total; i += get_global_size(0)) {
+    for (I i = get_global_id(0); i < total; i += get_global_size(0)) {
         const int ow = (int)(i % OW);
-        const long r = i / OW;
+        const I r = i / OW;
         const int oh = (int)(r % OH);
-        const long plane = r / OH;
+        const I plane = r / OH;
         __global const float* src = x + x_off + plane * H * W;
         const int h0 = h_index[oh], w0 = w_index[ow];
 % if mode == "nearest":
@@ -44,14 +47,14 @@ __kernel void interpolate_forward(long total, int H, int W, int OH, int OW, AXIS
      + (name##_index[(out_size) + (o)] == (in_index) ? name##_lambda[o] : 0.0f))
 % endif
 
-__kernel void interpolate_backward(long total, int H, int W, int OH, int OW, AXIS_ARGS(h), AXIS_ARGS(w),
-    __global const float* restrict dy, long dy_off, __global float* restrict dx, long dx_off)
+__kernel void interpolate_backward(I total, int H, int W, int OH, int OW, AXIS_ARGS(h), AXIS_ARGS(w),
+    __global const float* restrict dy, I dy_off, __global float* restrict dx, I dx_off)
 {
-    for (long i = get_global_id(0); i < total; i += get_global_size(0)) {
+    for (I i = get_global_id(0); i < total; i += get_global_size(0)) {
         const int iw = (int)(i % W);
-        const long r = i / W;
+        const I r = i / W;
         const int ih = (int)(r % H);
-        const long plane = r / H;
+        const I plane = r / H;
         __global const float* grad = dy + dy_off + plane * OH * OW;
         const int oh_lo = h_index[2 * OH + ih], oh_hi = h_index[2 * OH + H + ih];
         const int ow_lo = w_index[2 * OW + iw], ow_hi = w_index[2 * OW + W + iw];

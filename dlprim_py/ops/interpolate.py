@@ -17,6 +17,7 @@ from ..tensor import Tensor
 from .pointwise import launch_size
 
 MODES = ("nearest", "linear", "bilinear", "area")
+_INT32_LIMIT = 2 ** 31 - 1
 
 
 def axis_table(in_size, out_size, mode, align_corners=False, scale_factor=None):
@@ -87,6 +88,14 @@ def _normalise_sizes(input, size, scale_factor, spatial):
     return sizes, tuple(float(f) for f in factors)
 
 
+def _kernel(ctx, kind, name, *tensors):
+    """The kernel ``name`` for ``kind`` with 32-bit indices where the tensors allow them
+    (64-bit division is many times slower on GPUs)."""
+    largest = max(t.offset_elements + t.size for t in tensors)
+    index_t, index_np = ("int", np.int32) if largest < _INT32_LIMIT else ("long", np.int64)
+    return program.kernel(ctx, "interpolate", name, dict(mode=kind, index_t=index_t)), index_np
+
+
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                 recompute_scale_factor=None, antialias=False):
     """torch.nn.functional.interpolate on (N, C, W) or (N, C, H, W) float32 tensors.
@@ -128,22 +137,21 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     h_table = _device_table(ctx, H, OH, kind, align, factor_h)
     w_table = _device_table(ctx, W, OW, kind, align, factor_w)
     out = Tensor.empty(ctx, input.shape[:2] + tuple(sizes), float32)
-    prog = program.build(ctx, "interpolate", dict(mode=kind))
     sizes_args = (np.int32(H), np.int32(W), np.int32(OH), np.int32(OW),
                   h_table[0].buffer, h_table[1].buffer, w_table[0].buffer, w_table[1].buffer)
     if out.size and H * W:
+        kernel, index_np = _kernel(ctx, kind, "interpolate_forward", input, out)
         gsize, lsize = launch_size(ctx, out.size)
-        prog.kernel("interpolate_forward")(ctx.queue, gsize, lsize, np.int64(out.size), *sizes_args,
-                                           input.buffer, np.int64(input.offset_elements),
-                                           out.buffer, np.int64(out.offset_elements))
+        kernel(ctx.queue, gsize, lsize, index_np(out.size), *sizes_args, input.buffer,
+               index_np(input.offset_elements), out.buffer, index_np(out.offset_elements))
 
     def backward(g):
         dx = Tensor.empty(ctx, input.shape, float32)
         if dx.size:
+            kernel, index_np = _kernel(ctx, kind, "interpolate_backward", g, dx)
             gsize, lsize = launch_size(ctx, dx.size)
-            prog.kernel("interpolate_backward")(ctx.queue, gsize, lsize, np.int64(dx.size),
-                                                *sizes_args, g.buffer, np.int64(g.offset_elements),
-                                                dx.buffer, np.int64(dx.offset_elements))
+            kernel(ctx.queue, gsize, lsize, index_np(dx.size), *sizes_args, g.buffer,
+                   index_np(g.offset_elements), dx.buffer, index_np(dx.offset_elements))
         return (dx,)
 
     return autograd.record(out, (input,), backward, f"interpolate_{mode}")

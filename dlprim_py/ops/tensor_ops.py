@@ -258,15 +258,16 @@ def _pad_pairs(pad, ndim, mode):
     return befores, afters
 
 
-def pad(x, pad, mode="constant", value=0.0):
+def pad(x, pad, mode="constant", value=None):
     """torch.nn.functional.pad: ``pad`` = (left, right, top, bottom, ...) from the last dimension
-    backwards. ``mode``: "constant" (``value``; negative pads crop), "reflect" (mirror without
+    backwards. ``mode``: "constant" (``value``, default 0; negative pads crop), "reflect" (mirror without
     repeating the edge; each pad must be smaller than its dimension) or "replicate" (repeat the
     edge; the dimension must not be empty)."""
     _check_tensor(x, "pad")
     if mode not in PAD_MODES:
         raise UnsupportedError(f"pad: mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
     befores, afters = _pad_pairs(pad, x.ndim, mode)
+    value = 0.0 if value is None else value
     shape = tuple(s + b + a for s, b, a in zip(x.shape, befores, afters))
     if any(s < 0 for s in shape):
         raise ShapeError(f"pad: padding {tuple(pad)} gives a negative size {shape} for input {x.shape}")
