@@ -11,6 +11,7 @@ from .ops.activation_ops import (abs, activation, activation_backward, activatio
 from .ops.softmax import log_softmax, softmax  # noqa: F401
 from .ops.loss import (binary_cross_entropy_with_logits, cross_entropy, mse_loss,  # noqa: F401
                        nll_loss)
+from .ops.dropout import dropout  # noqa: F401
 from .ops.tensor_ops import (cat, flatten, narrow, pad, permute, reshape, split, squeeze,  # noqa: F401
                              transpose, unsqueeze)
 from .ops.pool import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d,  # noqa: F401

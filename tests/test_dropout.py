@@ -1,0 +1,86 @@
+"""Dropout: the mask is Philox4x32-10 of (seed, stream, index), bit for bit as in numpy."""
+import numpy as np
+import pytest
+
+import dlprim_py as dp
+from dlprim_py.ops import dropout as D
+
+from conftest import assert_close, random
+
+F = dp.functional
+
+
+def test_philox_known_answers():
+    """Random123's known-answer vectors for philox4x32-10."""
+    cases = [
+        ((0, 0, 0, 0), (0, 0), (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
+        ((0xffffffff,) * 4, (0xffffffff, 0xffffffff), (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
+        ((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0),
+         (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1)),
+    ]
+    for counter, key, expected in cases:
+        assert tuple(int(v) for v in D.philox4x32_10(np.array([counter]), key)[0]) == expected
+
+
+@pytest.mark.parametrize("shape, p, seed, stream", [((3, 37, 5), 0.5, 1234, 0), ((1,), 0.3, 7, 2),
+                                                   ((1001,), 0.9, 2 ** 63 + 5, 2 ** 40 + 1)])
+def test_forward_and_backward_match_the_reference_mask(ctx, rng, shape, p, seed, stream):
+    a = random(rng, shape)
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    y = F.dropout(x, p, seed=seed, stream=stream)
+    keep = D.reference_mask(a.size, p, seed, stream).reshape(shape)
+    expected = np.where(keep, a.astype(np.float64) / (1 - p), 0.0)
+    assert_close(y.numpy(), expected, tol=1e-7)
+    assert np.array_equal(y.numpy() != 0, keep), "the mask differs from the reference"
+    g = random(rng, shape)
+    y.backward(dp.Tensor.from_numpy(ctx, g))
+    assert_close(x.grad.numpy(), np.where(keep, g.astype(np.float64) / (1 - p), 0.0), tol=1e-7)
+
+
+def test_keep_rate_and_offset_inputs(ctx):
+    n = 200_003
+    base = dp.Tensor.from_numpy(ctx, np.ones(n + 3, np.float32))
+    x = dp.Tensor(ctx, base.buffer, (n,), offset=12)
+    y = F.dropout(x, 0.25, seed=99).numpy()
+    kept = (y != 0).mean()
+    assert abs(kept - 0.75) < 0.005
+    assert np.allclose(y[y != 0], 1 / 0.75)
+    assert np.array_equal(y != 0, D.reference_mask(n, 0.25, 99))
+
+
+def test_generator_streams(ctx, rng):
+    x = dp.Tensor.from_numpy(ctx, random(rng, (64,), 0.5, 1.0))
+    D.manual_seed(5)
+    first, second = F.dropout(x).numpy(), F.dropout(x).numpy()
+    D.manual_seed(5)
+    assert np.array_equal(F.dropout(x).numpy(), first)
+    assert not np.array_equal(first, second)
+    assert np.array_equal(first != 0, D.reference_mask(64, 0.5, 5, 0))
+    assert np.array_equal(second != 0, D.reference_mask(64, 0.5, 5, 1))
+
+
+def test_identity_cases_and_inplace(ctx, rng):
+    a = random(rng, (5, 6))
+    x = dp.Tensor.from_numpy(ctx, a)
+    assert F.dropout(x, 0.5, training=False) is x
+    assert F.dropout(x, 0.0) is x
+    assert np.array_equal(F.dropout(x, 1.0, seed=3).numpy(), np.zeros_like(a))
+    same = F.dropout(x, 0.5, inplace=True, seed=11)
+    assert same is x
+    assert np.array_equal(x.numpy() != 0, D.reference_mask(a.size, 0.5, 11).reshape(a.shape))
+
+
+def test_bad_input(ctx):
+    x = dp.Tensor.zeros(ctx, (4,))
+    with pytest.raises(dp.ShapeError, match="probability"):
+        F.dropout(x, 1.5)
+    with pytest.raises(dp.DTypeError, match="float32"):
+        F.dropout(dp.Tensor.zeros(ctx, (4,), np.int32))
+    with pytest.raises(dp.ShapeError, match="seed"):
+        F.dropout(x, seed=-1)
+    with pytest.raises(dp.ShapeError, match="stream"):
+        F.dropout(x, stream=3)
+    with pytest.raises(dp.UnsupportedError, match="inplace"):
+        F.dropout(dp.Tensor.zeros(ctx, (4,), requires_grad=True), inplace=True)
+    with pytest.raises(dp.ShapeError, match="seed"):
+        D.manual_seed(2 ** 64)
