@@ -813,9 +813,19 @@ class _ConvChain:
         self.algorithms = list(self.convolution.algorithms("forward"))
         if not self.algorithms:
             raise UnsupportedError(f"no convolution algorithm applies to {self.conv_op.describe()}")
-        self.algorithm = self.algorithms[0]
-        self.workspace = None
-        self._allocate_workspace()
+        self.set_algorithm(self.algorithms[0])
+
+    def _epilogue(self, activation):
+        from .ops.conv.algorithms import Epilogue
+        if activation is not None and activation.is_identity:
+            activation = None
+        return Epilogue(self.needs_fold, bool(self.affine_ops), False, activation)
+
+    def _prepare(self, activation):
+        """Build the convolution kernel with this chain's epilogue (what forward will ask for)."""
+        from .ops.conv.selection import algorithm
+        algorithm(self.algorithm).prepare(self.plan.ctx, self.convolution.problem, "forward",
+                                          self._epilogue(activation))
 
     def _check_per_activation_support(self):
         if not getattr(self.convolution, "supports_per_element_affine", False):
@@ -862,6 +872,7 @@ class _ConvChain:
     def set_algorithm(self, algo):
         self.algorithm = self._find_algorithm(algo)
         self._allocate_workspace()
+        self._prepare(activation_desc(self.activation.mode) if self.activation else None)
 
     def workspace_size(self, algo=None):
         algorithm = self.algorithm if algo is None else self._find_algorithm(algo)

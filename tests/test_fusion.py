@@ -352,3 +352,188 @@ def test_bad_calls(ctx, rng):
     with pytest.raises(dp.UnsupportedError, match="has no convolution"):
         plan.conv_algorithms(1)
     assert plan.workspace_size() == 0
+
+
+# ---- convolution chains: the convolution kernel's epilogue ------------------------------------
+
+def conv_ref(x, w, conv_desc):
+    return F.conv2d(t64(x), t64(w), padding=conv_desc.padding, stride=conv_desc.stride,
+                    dilation=conv_desc.dilation, groups=conv_desc.groups)
+
+
+def build_conv_plan(ctx, x_shape, w_shape, conv_desc, chain, k, bn_mode=fusion.BN_SPATIAL):
+    """A compiled plan conv -> chain ("bias", "bn", or an activation mode)."""
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(x_shape))
+    ops = [plan.create_op_conv_forward(conv_desc, dp.TensorDesc(w_shape))]
+    for step in chain:
+        if step == "bias":
+            ops.append(plan.create_op_bias_forward(dp.TensorDesc((1, k, 1, 1))))
+        elif step == "bn":
+            ops.append(plan.create_op_batchnorm_inference(bn_mode, dp.TensorDesc((1, k, 1, 1))))
+        else:
+            ops.append(plan.create_op_activation_forward(step))
+    return plan.compile(), ops
+
+
+def run_conv_chain(ctx, rng, x_shape, w_shape, conv_desc, chain, act_params=(0.0, 0.0, 0.0),
+                   algorithms=None, alpha=1.0, beta=0.0, unfused=True):
+    """Run the fused plan with each algorithm and compare with PyTorch and with the library's
+    unfused sequence (the convolution alone, then the same chain as a pointwise plan)."""
+    k = w_shape[0]
+    plan, ops = build_conv_plan(ctx, x_shape, w_shape, conv_desc, chain, k)
+    x, w = random(rng, x_shape), random(rng, w_shape)
+    xd, wd = dev(ctx, x, w)
+    args = fusion.OperatorArgs()
+    args.set_conv_forward(ops[0], alpha, beta, wd)
+    ref = alpha * conv_ref(x, w, conv_desc)
+    y_shape = tuple(ref.shape)
+    for op in ops[1:]:
+        if isinstance(op, fusion.BiasForwardOp):
+            b = random(rng, (1, k, 1, 1))
+            args.set_bias_forward(op, 1, 0, *dev(ctx, b))
+            ref = ref + t64(b)
+        elif isinstance(op, fusion.BatchNormInferenceOp):
+            params = bn_params(rng, (1, k, 1, 1))
+            args.set_batchnorm_inference(op, 1, 0, *dev(ctx, *params), 1e-5)
+            ref = bn_inference_ref(ref, *params, 1e-5)
+        else:
+            args.set_activation_forward(op, 1, 0, *act_params)
+            ref = act_ref(op.mode, *act_params, ref)
+    y_old = random(rng, y_shape)
+    ref = ref + beta * t64(y_old)
+    names = plan.conv_algorithms(10)
+    assert names, "no algorithm"
+    for name in (algorithms or names):
+        plan.set_conv_algorithm(name)
+        y = dp.Tensor.from_numpy(ctx, y_old) if beta else poisoned(ctx, y_shape)
+        plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+        assert_close(y.numpy(), ref.numpy())
+    if not unfused:
+        return plan
+
+    # The unfused sequence: the convolution alone, then the rest as a separate plan.
+    conv = dp.Convolution(ctx, dp.TensorDesc(x_shape), dp.TensorDesc(w_shape), conv_desc)
+    y_conv = poisoned(ctx, y_shape)
+    conv.forward(xd, wd, y_conv, alpha=alpha)
+    unfused = y_conv
+    if len(ops) > 1:
+        rest = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(y_shape))
+        mirror = {}
+        for op in ops[1:]:
+            if isinstance(op, fusion.BiasForwardOp):
+                mirror[op] = rest.create_op_bias_forward(op.bias_desc)
+            elif isinstance(op, fusion.BatchNormInferenceOp):
+                mirror[op] = rest.create_op_batchnorm_inference(op.mode, op.bn_desc)
+            else:
+                mirror[op] = rest.create_op_activation_forward(op.mode)
+        rest.compile()
+        rest_args = fusion.OperatorArgs()
+        for op, twin in mirror.items():
+            rest_args.values[twin] = args.get(op)
+        unfused = poisoned(ctx, y_shape)
+        rest.execute(rest.input_desc, y_conv, rest.output_desc, unfused, rest_args)
+    expected = unfused.numpy().astype(np.float64) + beta * y_old
+    y = dp.Tensor.from_numpy(ctx, y_old) if beta else poisoned(ctx, y_shape)
+    plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+    assert_close(y.numpy(), expected, tol=1e-6)
+    return plan
+
+
+CONV = dict(x_shape=(2, 4, 7, 6), w_shape=(6, 4, 3, 3), conv_desc=dp.ConvolutionDesc(padding=1))
+
+
+@pytest.mark.parametrize("chain", [
+    ["bias", fusion.ACTIVATION_RELU],          # MIOpen's CBA
+    ["bias", "bn", fusion.ACTIVATION_RELU],    # conv + bias + BN + activation
+    ["bn", fusion.ACTIVATION_RELU],            # the ResNet layer
+    [fusion.ACTIVATION_LEAKYRELU],
+    ["bias"],
+    ["bn"],
+    [],
+], ids=["cba", "cbna", "cna", "ca", "cb", "cn", "c"])
+def test_conv_chains_every_algorithm(ctx, rng, chain):
+    run_conv_chain(ctx, rng, chain=chain, act_params=(0.2, 0.0, 0.0), **CONV)
+
+
+@pytest.mark.parametrize("mode, a, b, g", MIOPEN_MODES, ids=lambda v: getattr(v, "name", None))
+def test_conv_bn_every_activation_mode(ctx, rng, mode, a, b, g):
+    """Each mode in a depthwise convolution's epilogue (the pointwise tests above compare the
+    same modes with the unfused sequence)."""
+    plan = run_conv_chain(ctx, rng, (1, 3, 5, 5), (3, 1, 3, 3), dp.ConvolutionDesc(1, groups=3),
+                          ["bn", mode], act_params=(a, b, g), algorithms=["depthwise"],
+                          unfused=False)
+    assert plan.conv_algorithms(1) == ["depthwise"]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, conv_desc", [
+    ((2, 6, 9, 8), (4, 3, 3, 3), dp.ConvolutionDesc(padding=1, stride=2, groups=2)),       # grouped
+    ((2, 4, 9, 9), (4, 1, 3, 3), dp.ConvolutionDesc(padding=1, stride=1, groups=4)),       # depthwise
+    ((1, 4, 11, 10), (8, 1, 5, 5), dp.ConvolutionDesc(padding=2, stride=2, groups=4)),     # depthwise x2
+    ((2, 5, 6, 7), (3, 5, 1, 1), dp.ConvolutionDesc()),                                    # 1x1
+    ((1, 3, 12, 11), (5, 3, 5, 3), dp.ConvolutionDesc(padding=(2, 0), stride=(1, 2), dilation=(2, 1))),
+    ((1, 2, 9, 9), (4, 2, 7, 7), dp.ConvolutionDesc(padding=3, stride=3)),
+], ids=["grouped-s2", "depthwise", "depthwise-mult2-5x5-s2", "1x1", "5x3-dil-asym", "7x7-s3"])
+def test_conv_bias_bn_relu_geometries(ctx, rng, x_shape, w_shape, conv_desc):
+    """Every algorithm that applies, against PyTorch (the chains test above compares with the
+    unfused sequence; kernels are specialised per kernel size, so each extra run costs a build)."""
+    run_conv_chain(ctx, rng, x_shape, w_shape, conv_desc, ["bias", "bn", fusion.ACTIVATION_RELU],
+                   unfused=False)
+
+
+def test_conv_alpha_beta(ctx, rng):
+    """alpha scales the convolution before the chain; beta blends the old output after it."""
+    run_conv_chain(ctx, rng, chain=["bn", fusion.ACTIVATION_ELU], act_params=(0.5, 0, 0),
+                   alpha=0.5, beta=0.75, **CONV)
+
+
+def test_conv_plan_facts(ctx):
+    plan, ops = build_conv_plan(ctx, CONV["x_shape"], CONV["w_shape"], CONV["conv_desc"],
+                                ["bn", fusion.ACTIVATION_RELU], 6)
+    assert plan.output_desc == dp.TensorDesc((2, 6, 7, 6))
+    names = plan.conv_algorithms(10)
+    assert plan.conv_algorithms(1) == names[:1]
+    assert all(plan.workspace_size(n) >= 0 for n in names)
+    assert plan.get_op(2) is ops[2]
+    with pytest.raises(dp.UnsupportedError, match="does not apply"):
+        plan.set_conv_algorithm("no_such_algorithm")
+
+
+def test_conv_bn_descriptor_that_disagrees_with_conv_output_raises(ctx):
+    with pytest.raises(dp.ShapeError, match=r"op 1 .*\(1, 5, 1, 1\), expected \(1, 6, 1, 1\)"):
+        plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(CONV["x_shape"]))
+        plan.create_op_conv_forward(CONV["conv_desc"], dp.TensorDesc(CONV["w_shape"]))
+        plan.create_op_batchnorm_inference(fusion.BN_SPATIAL, dp.TensorDesc((1, 5, 1, 1)))
+        plan.compile()
+
+
+# ---- conv_bias_activation: act(alpha1 * conv(x) + alpha2 * z + bias) --------------------------
+
+@pytest.mark.parametrize("with_z", [True, False], ids=["residual", "no-residual"])
+def test_conv_bias_activation(ctx, rng, with_z):
+    x, w, bias = random(rng, (2, 4, 6, 6)), random(rng, (5, 4, 3, 3)), random(rng, (5,))
+    z = random(rng, (2, 5, 3, 3))
+    xd, wd, bd, zd = dev(ctx, x, w, bias, z)
+    out = poisoned(ctx, (2, 5, 3, 3))
+    fusion.conv_bias_activation(xd, wd, bd, zd if with_z else None, alpha1=0.5,
+                                alpha2=1.5 if with_z else 0.0, activation="relu", stride=2,
+                                padding=1, out=out)
+    ref = 0.5 * F.conv2d(t64(x), t64(w), stride=2, padding=1) + t64(bias).reshape(1, 5, 1, 1)
+    if with_z:
+        ref = ref + 1.5 * t64(z)
+    assert_close(out.numpy(), torch.relu(ref).numpy())
+    # The unfused sequence: the library's conv2d, then the additions and ReLU on the host.
+    unfused = dp.functional.conv2d(xd, wd, bd, stride=2, padding=1).numpy().astype(np.float64)
+    unfused = 0.5 * (unfused - bias.reshape(1, 5, 1, 1)) + bias.reshape(1, 5, 1, 1)
+    if with_z:
+        unfused = unfused + 1.5 * z
+    assert_close(out.numpy(), np.maximum(unfused, 0), tol=1e-6)
+
+
+def test_conv_bias_activation_bad_input(ctx, rng):
+    xd, wd = dev(ctx, random(rng, (1, 4, 5, 5)), random(rng, (3, 4, 3, 3)))
+    with pytest.raises(dp.ShapeError, match="bias has shape"):
+        fusion.conv_bias_activation(xd, wd, *dev(ctx, random(rng, (4,))))
+    with pytest.raises(dp.ShapeError, match="z has shape"):
+        fusion.conv_bias_activation(xd, wd, None, *dev(ctx, random(rng, (1, 3, 5, 5))))
+    with pytest.raises(dp.ShapeError, match="channels"):
+        fusion.conv_bias_activation(xd, *dev(ctx, random(rng, (3, 2, 3, 3))))
