@@ -92,9 +92,19 @@ def chosen_algorithm(conv, direction):
     return choose(conv.ctx, conv.problem, API_DIRECTION[direction])
 
 
-def conv_case(bench, shape, direction, algo=None):
+def _to_layout(array, layout):
+    """An NCHW (or KCRS) array as stored in ``layout``."""
+    return np.ascontiguousarray(array.transpose(0, 2, 3, 1)) if layout == "NHWC" else array
+
+
+def _from_layout(array, layout):
+    return np.ascontiguousarray(array.transpose(0, 3, 1, 2)) if layout == "NHWC" else array
+
+
+def conv_case(bench, shape, direction, algo=None, bias=False, layout="NCHW"):
     """A Case for one convolution problem and direction ("fwd", "bwd-data", "bwd-filter");
-    ``algo`` forces an algorithm (name or index)."""
+    ``algo`` forces an algorithm (name or index); ``bias`` adds a per-channel bias to the
+    forward; ``layout`` "NCHW" or "NHWC" (the data is checked in NCHW either way)."""
     Convolution, ConvolutionDesc = conv_api()
     from ..tensor import Tensor, TensorDesc
     ctx = bench.ctx
@@ -103,34 +113,43 @@ def conv_case(bench, shape, direction, algo=None):
     fan_in = (shape.c // shape.groups) * shape.r * shape.s
     w_host = bench.random(shape.weight_shape, -1.0 / np.sqrt(fan_in), 1.0 / np.sqrt(fan_in))
     dy_host = bench.random(shape.output_shape)
-    conv = Convolution(ctx, TensorDesc(shape.input_shape), TensorDesc(shape.weight_shape),
+    stored = lambda s: (s[0], s[2], s[3], s[1]) if layout == "NHWC" else tuple(s)  # noqa: E731
+    conv = Convolution(ctx, TensorDesc(stored(shape.input_shape)),
+                       TensorDesc(stored(shape.weight_shape)),
                        ConvolutionDesc(padding=shape.pad, stride=shape.stride,
-                                       dilation=shape.dilation, groups=shape.groups))
-    if tuple(conv.output_desc.shape) != shape.output_shape:
-        raise Skip(f"library output shape {conv.output_desc.shape} != {shape.output_shape}")
+                                       dilation=shape.dilation, groups=shape.groups),
+                       layout=layout)
+    if tuple(conv.output_desc.shape) != stored(shape.output_shape):
+        raise Skip(f"library output shape {conv.output_desc.shape} != "
+                   f"{stored(shape.output_shape)}")
     algorithm = (resolve_algorithm(conv, direction, algo) if algo is not None
                  else chosen_algorithm(conv, direction))
     size = int(conv.workspace_size(algorithm, api) or 0)
     workspace = Tensor.empty(ctx, ((size + 3) // 4,)) if size else None
-    x = Tensor.from_numpy(ctx, x_host)
-    w = Tensor.from_numpy(ctx, w_host)
+    x = Tensor.from_numpy(ctx, _to_layout(x_host, layout))
+    w = Tensor.from_numpy(ctx, _to_layout(w_host, layout))
+    bias_host = bench.random((shape.k,)) if bias and direction == "fwd" else None
+    b = Tensor.from_numpy(ctx, bias_host) if bias_host is not None else None
     stride, pad, dil, groups = shape.stride, shape.pad, shape.dilation, shape.groups
     ref = bench.reference
     # The algorithm and its workspace are passed explicitly: run() then only enqueues.
     kwargs = {"algo": algorithm, "workspace": workspace}
 
     if direction == "fwd":
-        out = Tensor.empty(ctx, shape.output_shape)
+        out = Tensor.empty(ctx, stored(shape.output_shape))
 
         def run():
-            conv.forward(x, w, out, **kwargs)
+            conv.forward(x, w, out, bias=b, **kwargs)
 
         def reference():
-            return ref.compute(lambda t, a, b: t.nn.functional.conv2d(a, b, None, stride, pad, dil,
-                                                                       groups), x_host, w_host)
+            if bias_host is None:
+                return ref.compute(lambda t, a, f: t.nn.functional.conv2d(
+                    a, f, None, stride, pad, dil, groups), x_host, w_host)
+            return ref.compute(lambda t, a, f, c: t.nn.functional.conv2d(
+                a, f, c, stride, pad, dil, groups), x_host, w_host, bias_host)
     elif direction == "bwd-data":
-        dy = Tensor.from_numpy(ctx, dy_host)
-        out = Tensor.empty(ctx, shape.input_shape)
+        dy = Tensor.from_numpy(ctx, _to_layout(dy_host, layout))
+        out = Tensor.empty(ctx, stored(shape.input_shape))
 
         def run():
             conv.backward_data(dy, w, out, 1.0, 0.0, **kwargs)
@@ -139,8 +158,8 @@ def conv_case(bench, shape, direction, algo=None):
             return ref.compute(lambda t, b, g: t.nn.grad.conv2d_input(
                 shape.input_shape, b, g, stride, pad, dil, groups), w_host, dy_host)
     else:
-        dy = Tensor.from_numpy(ctx, dy_host)
-        out = Tensor.empty(ctx, shape.weight_shape)
+        dy = Tensor.from_numpy(ctx, _to_layout(dy_host, layout))
+        out = Tensor.empty(ctx, stored(shape.weight_shape))
 
         def run():
             conv.backward_filter(dy, x, out, 1.0, 0.0, **kwargs)
@@ -153,7 +172,7 @@ def conv_case(bench, shape, direction, algo=None):
         from .harness import error_metric
         out.fill_(np.nan)
         run()
-        return error_metric(out.numpy(), reference())
+        return error_metric(_from_layout(out.numpy(), layout), reference())
 
     torch_run = None
     if bench.torch is not None:
@@ -170,7 +189,8 @@ def conv_case(bench, shape, direction, algo=None):
             tdy = tb.tensor(dy_host)
             torch_run = lambda: tb.torch.nn.grad.conv2d_weight(  # noqa: E731
                 tx, shape.weight_shape, tdy, stride, pad, dil, groups)
-    params = dict(shape.describe(), direction=direction, flops=shape.flops())
+    params = dict(shape.describe(), direction=direction, flops=shape.flops(), layout=layout,
+                  bias=bias_host is not None)
     return Case(run, verify, shape.flops(), "GFLOP/s", algorithm=algorithm, torch_run=torch_run,
                 tolerance=TOLERANCE[direction], params=params)
 

@@ -249,3 +249,64 @@ def cases(bench):
     specs.append(CaseSpec("fusion", "bn train + relu " + "x".join(map(str, bn_shape)),
                           lambda: bn_train_case(bench, bn_shape)))
     return specs
+
+
+def conv_bias_activation_case(bench, shape, activation=None, bias=True, residual=False,
+                              algo=None):
+    """``fusion.conv_bias_activation``: act(conv(x, w) + z + bias) in one kernel (MIOpen's
+    miopenConvolutionBiasActivationForward; z is ResNet's residual). ``activation`` None means
+    no activation."""
+    fusion = fusion_api()
+    from ..tensor import Tensor
+    from ..ops.conv import ConvolutionDesc
+    ctx = bench.ctx
+    x_host = bench.random(shape.input_shape)
+    fan_in = (shape.c // shape.groups) * shape.r * shape.s
+    w_host = bench.random(shape.weight_shape, -1 / np.sqrt(fan_in), 1 / np.sqrt(fan_in))
+    bias_host = bench.random((shape.k,))
+    z_host = bench.random(shape.output_shape)
+    conv_desc = ConvolutionDesc(padding=shape.pad, stride=shape.stride, dilation=shape.dilation,
+                                groups=shape.groups)
+    x, w = Tensor.from_numpy(ctx, x_host), Tensor.from_numpy(ctx, w_host)
+    b = Tensor.from_numpy(ctx, bias_host) if bias else None
+    z = Tensor.from_numpy(ctx, z_host) if residual else None
+    out = Tensor.empty(ctx, shape.output_shape)
+    activation_name = activation if activation is not None else None
+
+    def run():
+        fusion.conv_bias_activation(x, w, b, z, 1.0, 1.0 if residual else 0.0, activation_name,
+                                    conv_desc=conv_desc, out=out, algo=algo)
+
+    def chain(t, xt, wt, bt, zt):
+        y = t.nn.functional.conv2d(xt, wt, bt if bias else None, shape.stride, shape.pad,
+                                   shape.dilation, shape.groups)
+        if residual:
+            y = y + zt
+        return activation_reference(t, activation, y) if activation is not None else y
+
+    hosts = (x_host, w_host, bias_host, z_host)
+
+    def verify():
+        out.fill_(np.nan)
+        run()
+        return error_metric(out.numpy(), bench.reference.compute(chain, *hosts))
+
+    torch_run = None
+    if bench.torch is not None:
+        tb = bench.torch
+        targs = [tb.tensor(h) for h in hosts]
+        torch_run = lambda: chain(tb.torch, *targs)  # noqa: E731
+    from ..ops.conv import choose
+    conv = ctx.memo.get(("fusion.conv_bias_activation", x.shape, w.shape, conv_desc.padding,
+                         conv_desc.stride, conv_desc.dilation, conv_desc.groups))
+    params = dict(shape.describe(), bias=bias, residual=residual,
+                  activation=activation.mode.name if activation is not None else None)
+    case = Case(run, verify, shape.flops(), "GFLOP/s", algorithm=str(algo or ""),
+                torch_run=torch_run, params=params)
+    if not case.algorithm:
+        run()  # builds the convolution the call memoizes, so its choice can be named
+        conv = ctx.memo.get(("fusion.conv_bias_activation", x.shape, w.shape, conv_desc.padding,
+                             conv_desc.stride, conv_desc.dilation, conv_desc.groups))
+        if conv is not None:
+            case.algorithm = choose(ctx, conv.problem, "forward")
+    return case
