@@ -17,6 +17,9 @@
 ##   tile_m, tile_n  block of out per work group
 ##   tile_k          kk step (local memory holds TILE_K x (TILE_M + TILE_N) floats)
 ##   thread_m, thread_n  block of out per work item (tile_m / thread_m * tile_n / thread_n items)
+##   kernel_r, kernel_s  the kernel size R x S as compile-time constants, so that the (c, r, s)
+##                   split of kk divides by constants (and vanishes for 1x1, which becomes a
+##                   plain GEMM over strided loads); 0 reads R and S at run time
 ##   channel_last    bool: (r, s, c) enumeration (NHWC) instead of (c, r, s)
 ##   split_k         bool: write raw partial sums to the workspace (backward_filter only)
 ##   has_scale, has_shift, has_residual, activation   the forward epilogue (conv_common)
@@ -44,6 +47,13 @@
 #define THREADS ${threads}
 #define A_PER_THREAD ${a_per_thread}
 #define B_PER_THREAD ${b_per_thread}
+% if kernel_r:
+#define KR ${kernel_r}
+#define KS ${kernel_s}
+% else:
+#define KR R
+#define KS S
+% endif
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void conv_igemm_${direction}(${common.geometry_params()},
@@ -53,7 +63,7 @@ void conv_igemm_${direction}(${common.geometry_params()},
     __local float a_tile[TILE_K][TILE_M + 1];
     __local float b_tile[TILE_K][TILE_N];
 
-    const int Cg = C / groups, Kg = K / groups, RS = R * S;
+    const int Cg = C / groups, Kg = K / groups, RS = KR * KS;
     const int HoWo = Ho * Wo, HW = H * W;
 % if direction == "forward":
     const int GM = Kg, GN = N * HoWo, GK = Cg * RS;
@@ -114,7 +124,7 @@ void conv_igemm_${direction}(${common.geometry_params()},
 %   else:
             int c = n / RS, rs = n - c * RS;
 %   endif
-            int r = rs / S, s = rs - r * S;
+            int r = rs / KS, s = rs - r * KS;
             col_base[i] = b_off + (g * Cg + c) * xsC;
             col_h[i] = r * dil_h - pad_h;
             col_w[i] = s * dil_w - pad_w;
@@ -142,7 +152,7 @@ void conv_igemm_${direction}(${common.geometry_params()},
 %   else:
                 int k = kk / RS, rs = kk - k * RS;
 %   endif
-                int r = rs / S, s = rs - r * S;
+                int r = rs / KS, s = rs - r * KS;
                 v = a_src[a_off + (g * Kg + k) * wsK + m * wsC + r * wsR + s * wsS];
 % else:
                 int img = kk / HoWo, p = kk - img * HoWo;
@@ -162,7 +172,7 @@ void conv_igemm_${direction}(${common.geometry_params()},
 %   else:
                 int c = kk / RS, rs = kk - c * RS;
 %   endif
-                int r = rs / S, s = rs - r * S;
+                int r = rs / KS, s = rs - r * KS;
                 int ih = col_h[i] + r * dil_h, iw = col_w[i] + s * dil_w;
                 if (ih >= 0 && ih < H && iw >= 0 && iw < W)
                     v = b_src[col_base[i] + c * xsC + ih * xsH + iw * xsW];
@@ -172,7 +182,7 @@ void conv_igemm_${direction}(${common.geometry_params()},
 %   else:
                 int k = kk / RS, rs = kk - k * RS;
 %   endif
-                int r = rs / S, s = rs - r * S;
+                int r = rs / KS, s = rs - r * KS;
                 int th = col_h[i] - r * dil_h, tw = col_w[i] - s * dil_w;
                 if (th >= 0 && tw >= 0) {
                     int oh = th / stride_h, ow = tw / stride_w;
@@ -238,7 +248,7 @@ ${load_step("kk0 + TILE_K")}
 %   else:
         int c = n / RS, rs = n - c * RS;
 %   endif
-        int r = rs / S, s = rs - r * S;
+        int r = rs / KS, s = rs - r * KS;
         int col_index = c * wsC + r * wsR + s * wsS;
 % endif
         for (int i = 0; i < THREAD_M; ++i) {

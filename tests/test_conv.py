@@ -79,8 +79,11 @@ def run_direction(ctx, conv, direction, algo, x, w, dy):
 REF_NAME = {"forward": "y", "backward_data": "dx", "backward_filter": "dw"}
 
 
-@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("name", list(CONFIGS))
+# NHWC on a subset: each layout is its own compile, and these cover its index paths.
+CASES = [(name, "NCHW") for name in CONFIGS] + [(name, "NHWC") for name in ("3x3", "asym", "dw3x3s2")]
+
+
+@pytest.mark.parametrize("name,layout", CASES)
 def test_every_algorithm_every_direction(ctx, rng, name, layout):
     cfg = CONFIGS[name]
     x, w, dy, ref = make_case(rng, cfg, layout)
@@ -103,7 +106,7 @@ def test_implicit_gemm_tiles(ctx, rng):
     cfg = (2, 8, 9, 9, 70, 3, 3, (1, 1), (1, 1), (1, 1), 1)
     x, w, dy, ref = make_case(rng, cfg, "NCHW")
     problem = make_problem(x.shape, w.shape, dp.ConvolutionDesc(1, 1, 1, 1))
-    for tile in (algorithms.TILE_LARGE, algorithms.TILE_MEDIUM):
+    for tile in (algorithms.TILE_LARGE,):
         if tile.threads > ctx.info.max_work_group_size:
             continue
         algo = algorithms.ImplicitGemm(tile)
@@ -323,3 +326,39 @@ def test_bad_input(ctx):
                                        output_padding=2)
     with pytest.raises(dp.DTypeError):
         dp.functional.conv2d(np.zeros((1, 6, 5, 5)), dp.Tensor.zeros(ctx, (4, 6, 3, 3)))
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def conv_configs(draw):
+    groups = draw(st.integers(1, 3))
+    depthwise = draw(st.booleans())
+    cg = 1 if depthwise else draw(st.integers(1, 3))
+    kg = draw(st.integers(1, 2)) if depthwise else draw(st.integers(1, 3))
+    r, s = draw(st.sampled_from([1, 2, 3])), draw(st.sampled_from([1, 3]))
+    pad = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    h = draw(st.integers(max(1, dil[0] * (r - 1) + 1 - 2 * pad[0]), 9))
+    w = draw(st.integers(max(1, dil[1] * (s - 1) + 1 - 2 * pad[1]), 9))
+    n = draw(st.integers(1, 2))
+    if depthwise and groups == 1:
+        groups = 2
+    return (n, cg * groups, h, w, kg * groups, r, s, pad, stride, dil, groups)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cfg=conv_configs(), seed=st.integers(0, 2 ** 16))
+def test_drawn_configurations(ctx, cfg, seed):
+    rng = np.random.default_rng(seed)
+    x, w, dy, ref = make_case(rng, cfg, "NCHW")
+    conv = make_conv(ctx, cfg, "NCHW")
+    for direction in DIRECTIONS:
+        for algo in conv.algorithms(direction):
+            out = run_direction(ctx, conv, direction, algo, x, w, dy)
+            try:
+                assert_close(out, ref[REF_NAME[direction]])
+            except AssertionError as e:
+                raise AssertionError(f"{cfg} {direction} {algo}: {e}") from None

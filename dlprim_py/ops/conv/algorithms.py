@@ -143,6 +143,9 @@ TILE_LARGE = GemmTile(128, 128, 8, 8, 8)
 TILE_MEDIUM = GemmTile(64, 64, 8, 4, 4)
 TILE_SMALL = GemmTile(32, 32, 8, 4, 4)
 
+# Kernel sizes compiled with R and S as constants (the common ones); others read them at run time.
+_FIXED_KERNELS = ((1, 1), (3, 3))
+
 
 def _gemm_dims(problem, direction):
     p = problem
@@ -204,7 +207,9 @@ class ImplicitGemm(Algorithm):
         params = (epilogue if direction == "forward" else NO_EPILOGUE).params()
         params.update(direction=direction, tile_m=tile.tile_m, tile_n=tile.tile_n,
                       tile_k=tile.tile_k, thread_m=tile.thread_m, thread_n=tile.thread_n,
-                      channel_last=problem.layout == "NHWC", split_k=split_k)
+                      channel_last=problem.layout == "NHWC", split_k=split_k,
+                      kernel_r=problem.r if (problem.r, problem.s) in _FIXED_KERNELS else 0,
+                      kernel_s=problem.s if (problem.r, problem.s) in _FIXED_KERNELS else 0)
         return params
 
     def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):

@@ -73,10 +73,9 @@ def find(ctx, problem, direction, repeat=3):
     if name in ALGORITHMS and ALGORITHMS[name].applies(ctx, problem, direction):
         memo[key] = name
         return name
-    candidates = applicable(ctx, problem, direction)
-    if len(candidates) == 1:
-        memo[key] = candidates[0]
-        return candidates[0]
+    # The direct kernel is the fallback and the reference (as MIOpen's naive solvers): find
+    # times it only when nothing else applies.
+    candidates = [n for n in applicable(ctx, problem, direction) if n != "direct"] or ["direct"]
     from ...tensor import Tensor
     rng = np.random.default_rng(0)
     x = Tensor.from_numpy(ctx, rng.uniform(-1, 1, problem.x_shape).astype(np.float32))
@@ -90,10 +89,9 @@ def find(ctx, problem, direction, repeat=3):
         size = algo.workspace_size(ctx, problem, direction)
         workspace = Tensor.empty(ctx, (max(size // 4, 1),)) if size else None
         algo.prepare(ctx, problem, direction)
-        # The direct kernel is far slower on large problems; one timed run says enough.
         timing = time_enqueued(ctx, lambda: algo.run(ctx, problem, direction, src, other, dst,
                                                      EpilogueArgs(), workspace=workspace),
-                               warmup=1, repeat=1 if candidate == "direct" else repeat)
+                               warmup=1, repeat=repeat)
         times[candidate] = timing.median
     best = min(times, key=times.get)
     db.store(key, best, times[best] * 1e3)
