@@ -12,6 +12,7 @@ from .dtypes import float16, float32, int32, int64
 from .errors import (DeviceError, DlprimError, DTypeError, KernelBuildError, ShapeError,
                      UnsupportedError)
 from .tensor import Tensor, TensorDesc
+from .ops.gemm import gemm, gemm_batched
 from .version import __version__
 from . import functional  # noqa: E402
 from . import fusion  # noqa: E402
@@ -22,3 +23,4 @@ __all__ = [
     "DlprimError", "ShapeError", "DTypeError", "DeviceError", "UnsupportedError",
     "KernelBuildError", "__version__",
 ]
+__all__ += ["gemm", "gemm_batched"]

@@ -107,11 +107,10 @@ def gemm_candidates(info, space="quick"):
             found.append(_tiled(tm, tn, tk, wm, wn, 4, 4, 1, gvec=4, max_registers=128))
         found.append(_tiled(128, 128, 16, 8, 8, 2, 4, 1, gvec=4))
     else:
-        for tm, tn, tk, wm, wn, vec in ((64, 64, 16, 8, 8, 4), (32, 32, 16, 4, 4, 4),
+        for tm, tn, tk, wm, wn, vec in ((32, 32, 16, 4, 4, 4), (64, 64, 16, 8, 8, 4),
                                         (64, 64, 16, 4, 4, 4), (32, 64, 16, 4, 8, 4),
-                                        (64, 32, 8, 8, 4, 4), (16, 16, 16, 4, 4, 4),
-                                        (32, 32, 32, 8, 8, 4), (64, 64, 32, 8, 8, 4)):
-            for db, gvec in ((0, 1), (1, 1), (0, 4), (1, 4)):
+                                        (16, 16, 16, 4, 4, 4), (32, 32, 32, 8, 8, 4)):
+            for db, gvec in ((0, 1), (1, 4)):
                 found.append(_tiled(tm, tn, tk, wm, wn, vec, 4 if gvec == 4 else 0, db, gvec=gvec))
     found.append({"kernel": "small", "small_m": 8, "small_n": 16})
     found.append({"kernel": "small", "small_m": 16, "small_n": 16})
@@ -221,8 +220,10 @@ def tune_gemm(ctx, sizes, budget, space="quick", log=print, seed=1234):
                 report.append(entry)
                 bar.update(done + 1, "rejected: wrong result")
                 continue
-            repeat = max(3, min(20, int(0.2 / max(flops / 1e13, 1e-5))))
-            timing = time_enqueued(ctx, plan.enqueue, warmup=2, repeat=repeat)
+            # About 0.3 s of samples per candidate, from one timed run.
+            first = time_enqueued(ctx, plan.enqueue, warmup=1, repeat=1).median
+            repeat = max(3, min(20, int(0.3 / max(first, 1e-6))))
+            timing = time_enqueued(ctx, plan.enqueue, warmup=1, repeat=repeat)
             entry["ms"] = timing.median * 1e3
             entry["gflops"] = flops / timing.median / 1e9
             report.append(entry)
