@@ -12,6 +12,8 @@
 ##                            "grad_affine": sum(dy), sum(dy * xhat) with xhat from per-row
 ##                                           statistics (row = n*G + c / Cg): the weight and bias
 ##                                           gradients of layer norm and group norm.
+##   channel_column_sums    the same sums for S == 1 with one work item per (channel, chunk of
+##                          rows): coalesced where the channels are the fastest dimension.
 ##   channel_finalize_*     one work item per channel: mean, invstd, running-stat update and the
 ##                          coefficients of the elementwise step, or the weight/bias gradients.
 ##   channel_apply          out = act((u - coef0) * coef1 + (v - coef2) * coef3 + coef4) per
@@ -122,6 +124,52 @@ void channel_partial_sums(int N, int C, int SV, int per_chunk
     const float2 total = group_sum2(acc, scratch);
     if (lid == 0)
         vstore2(total, (long)chunk * C + c, partials);
+}
+
+// The same sums for S == 1 ((N, C) inputs: per-activation mode, BatchNorm1d, layer norm's weight
+// gradient): work item (c, chunk) walks rows [chunk*per_chunk, ...) of column c, so a warp reads
+// consecutive channels of one row (coalesced) where a work group per channel would read a
+// column with stride C.
+__kernel void channel_column_sums(int N, int C, int per_chunk
+    , __global const float* restrict x, long x_off
+% if mode != "stats":
+    , __global const float* restrict dy, long dy_off
+% endif
+% if mode == "grad":
+    , __global const float* restrict mean, long mean_off
+% elif mode == "grad_affine":
+    , __global const float* restrict row_mean, __global const float* restrict row_rstd
+    , int G, int Cg
+% endif
+    , __global float* restrict partials)
+{
+    const int c = get_global_id(0);
+    const int chunk = get_global_id(1);
+    if (c >= C)
+        return;
+    const int begin = chunk * per_chunk;
+    const int end = min(begin + per_chunk, N);
+% if mode == "stats":
+    const float shift = x[x_off + c];
+% elif mode == "grad":
+    const float shift = mean[mean_off + c];
+% endif
+    float2 acc = (float2)(0.0f, 0.0f);
+    long at = (long)begin * C + c;
+    for (int n = begin; n < end; ++n, at += C) {
+% if mode == "stats":
+        const float v = x[x_off + at] - shift;
+        acc += (float2)(v, v * v);
+% elif mode == "grad":
+        const float g = dy[dy_off + at];
+        acc += (float2)(g, g * (x[x_off + at] - shift));
+% else:
+        const int row = n * G + c / Cg;
+        const float g = dy[dy_off + at];
+        acc += (float2)(g, g * (x[x_off + at] - row_mean[row]) * row_rstd[row]);
+% endif
+    }
+    vstore2(acc, (long)chunk * C + c, partials);
 }
 
 // coef[c*5 + k] of channel_apply: y = (x - mean) * (gamma * invstd) + beta.

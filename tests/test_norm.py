@@ -72,12 +72,11 @@ def test_batch_norm_one_element_inference(ctx, rng):
 
 
 @pytest.mark.parametrize("chunks", [1, 3, 40])
-@pytest.mark.parametrize("algo", ["auto", "scalar"])
+@pytest.mark.parametrize("algo", ["groups", "groups_scalar"])
 def test_batch_norm_training_api_forced_chunks(ctx, rng, monkeypatch, chunks, algo):
     """The MIOpen-style calls on poisoned outputs, with the per-channel split forced, with float4
     loads (S % 4 == 0) and with scalar loads forced."""
-    if algo == "scalar":
-        monkeypatch.setenv("DLPRIM_NORM_ALGO", "scalar")
+    monkeypatch.setenv("DLPRIM_NORM_ALGO", algo)
     shape = (3, 4, 6, 4)
     x, w, b = random(rng, shape, 1, 4), random(rng, (4,)), random(rng, (4,))
     tx, tw, tb = _t(x, True), _t(w, True), _t(b, True)
@@ -98,8 +97,10 @@ def test_batch_norm_training_api_forced_chunks(ctx, rng, monkeypatch, chunks, al
     assert_close(gb.numpy(), tb.grad.numpy())
 
 
+@pytest.mark.parametrize("algo", ["groups", "columns"])
 @pytest.mark.parametrize("training", [True, False])
-def test_batch_norm_per_activation(ctx, rng, training):
+def test_batch_norm_per_activation(ctx, rng, monkeypatch, training, algo):
+    monkeypatch.setenv("DLPRIM_NORM_ALGO", algo)
     shape = (5, 3, 2, 4)
     n_act = 3 * 2 * 4
     x, w, b = random(rng, shape), random(rng, (1, 3, 2, 4)), random(rng, (1, 3, 2, 4))
@@ -249,6 +250,8 @@ def test_bad_input(ctx, rng):
         norm.batch_norm_forward_training(x, dp.Tensor.empty(ctx, (2, 3)))
     with pytest.raises(dp.DTypeError, match="float32"):
         F.batch_norm(_d(ctx, np.ones((2, 3), np.int32)), c3, c3)
+    with pytest.raises(dp.UnsupportedError, match="algorithm"):
+        norm.channel_partial_sums(ctx, "stats", 2, 3, 4, x, algorithm="rows")
     with pytest.raises(dp.ShapeError, match="trailing"):
         F.layer_norm(x, (3,))
     with pytest.raises(dp.ShapeError, match="weight must have shape"):

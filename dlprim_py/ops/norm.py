@@ -42,10 +42,10 @@ def _program(ctx, mode="stats", activation=None, vector=1):
                                            vector=vector))
 
 
-def vector_width(S, *tensors):
+def vector_width(S, *tensors, algorithm=None):
     """4 (float4 loads) when rows of S elements and every tensor's offset allow it, else 1.
-    ``DLPRIM_NORM_ALGO=scalar`` forces 1."""
-    if config.forced_algorithm("norm") == "scalar":
+    The algorithm "groups_scalar" forces 1."""
+    if algorithm == "groups_scalar":
         return 1
     if S % 4 == 0 and all(t is None or t.offset_elements % 4 == 0 for t in tensors):
         return 4
@@ -90,40 +90,69 @@ def _bn_view(x, mode):
 
 # ---- channel statistics (batch norm, and the weight gradients of layer/group norm) --------
 
-def _chunks(ctx, C, M, forced=None):
-    """How many work groups share one channel's M elements: enough groups to fill the device,
-    never fewer than four elements per work item."""
-    group = _group_size(ctx)
+# "groups": a work group per (channel, chunk), float4 loads where they apply; "groups_scalar":
+# the same with scalar loads; "columns": a work item per (channel, chunk of rows), for S == 1.
+ALGORITHMS = ("groups", "groups_scalar", "columns")
+
+
+def select_algorithm(C, S, forced=None):
+    """The channel-reduction algorithm: ``forced`` (else ``DLPRIM_NORM_ALGO``) when it applies,
+    else columns for wide (N, C) inputs and groups otherwise."""
+    forced = forced or config.forced_algorithm("norm")
+    if forced is not None:
+        if forced not in ALGORITHMS:
+            raise UnsupportedError(f"normalization algorithm must be one of {', '.join(ALGORITHMS)}, "
+                                   f"got {forced!r}")
+        if forced != "columns" or S == 1:
+            return forced
+    return "columns" if S == 1 and C >= 32 else "groups"
+
+
+def _chunks(ctx, C, M, forced=None, algorithm="groups"):
+    """How many pieces one channel's M positions are cut into: enough work groups (or work items
+    for "columns") to fill the device, never fewer than four positions per work item."""
     if forced is not None:
         chunks = forced
+    elif algorithm == "columns":
+        # Few enough chunks that the finalize kernel's sequential sum over them stays short.
+        chunks = min(64, -(-ctx.info.compute_units * 2048 // C), -(-M // 16))
     else:
         target = 8 * ctx.info.compute_units
-        chunks = min(-(-target // C), -(-M // (4 * group)))
+        chunks = min(-(-target // C), -(-M // (4 * _group_size(ctx))))
     chunks = max(1, min(chunks, M))
     per_chunk = -(-M // chunks)
     return -(-M // per_chunk), per_chunk
 
 
 def channel_partial_sums(ctx, mode, N, C, S, x, dy=None, mean=None, row_mean=None, row_rstd=None,
-                         G=1, Cg=1, chunks=None):
+                         G=1, Cg=1, chunks=None, algorithm=None):
     """Per-channel partial sums of x seen as (N, C, S); see ``kernels/norm.cl.mako``.
     Returns (partials, chunks) with partials a (chunks, C, 2) float32 tensor. ``chunks`` forces
-    the split of each channel (None: chosen for the device)."""
-    vector = vector_width(S, x, dy)
-    chunks, per_chunk = _chunks(ctx, C, N * (S // vector), chunks)
+    the split of each channel (None: chosen for the device); ``algorithm`` one of ALGORITHMS."""
+    algorithm = select_algorithm(C, S, algorithm)
+    i32 = np.int32
+    extra = []
+    if mode != "stats":
+        extra += [dy.buffer, np.int64(dy.offset_elements)]
+    if mode == "grad":
+        extra += [mean.buffer, np.int64(mean.offset_elements)]
+    elif mode == "grad_affine":
+        extra += [row_mean.buffer, row_rstd.buffer, i32(G), i32(Cg)]
+    if algorithm == "columns":
+        chunks, per_chunk = _chunks(ctx, C, N, chunks, algorithm)
+        partials = Tensor.empty(ctx, (chunks, C, 2), float32)
+        kernel = _program(ctx, mode).kernel("channel_column_sums")
+        local = min(64, ctx.info.max_work_group_size)
+        kernel(ctx.queue, (-(-C // local) * local, chunks), (local, 1), i32(N), i32(C),
+               i32(per_chunk), x.buffer, np.int64(x.offset_elements), *extra, partials.buffer)
+        return partials, chunks
+    vector = vector_width(S, x, dy, algorithm=algorithm)
+    chunks, per_chunk = _chunks(ctx, C, N * (S // vector), chunks, algorithm)
     partials = Tensor.empty(ctx, (chunks, C, 2), float32)
     kernel = _program(ctx, mode, vector=vector).kernel("channel_partial_sums")
-    i32 = np.int32
-    args = [i32(N), i32(C), i32(S // vector), i32(per_chunk), x.buffer, np.int64(x.offset_elements)]
-    if mode != "stats":
-        args += [dy.buffer, np.int64(dy.offset_elements)]
-    if mode == "grad":
-        args += [mean.buffer, np.int64(mean.offset_elements)]
-    elif mode == "grad_affine":
-        args += [row_mean.buffer, row_rstd.buffer, i32(G), i32(Cg)]
-    args.append(partials.buffer)
     group = _group_size(ctx)
-    kernel(ctx.queue, (group * chunks, C), (group, 1), *args)
+    kernel(ctx.queue, (group * chunks, C), (group, 1), i32(N), i32(C), i32(S // vector),
+           i32(per_chunk), x.buffer, np.int64(x.offset_elements), *extra, partials.buffer)
     return partials, chunks
 
 
@@ -136,7 +165,7 @@ def _apply(ctx, N, C, S, coef, u, v, out, activation=None):
     rows = N * C
     if rows == 0 or S == 0:
         return
-    vector = vector_width(S, u, v, out)
+    vector = vector_width(S, u, v, out, algorithm=config.forced_algorithm("norm"))
     positions = S // vector
     limit = min(256, ctx.info.max_work_group_size)
     local0 = 1
