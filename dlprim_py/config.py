@@ -8,6 +8,7 @@ DLPRIM_LOG_CMD     "1": log every operator call as an equivalent dlprim-driver c
 DLPRIM_FIND_MODE   "immediate" (default) or "find" for algorithm selection
 DLPRIM_CONV_ALGO   force one convolution algorithm by name
 DLPRIM_GEMM_ALGO   force one GEMM kernel variant by name
+DLPRIM_NORM_ALGO   force one batch-norm reduction algorithm: groups, groups_scalar, columns
 """
 import os
 
