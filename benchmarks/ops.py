@@ -1,0 +1,392 @@
+"""Memory-bound operators: dlprim_py against PyTorch on the same machine, in the same run.
+
+    python benchmarks/ops.py [--quick] [--suites copy,pointwise,reductions,softmax,bn]
+                             [--output benchmarks/results/ops-X.json]
+
+Each suite is a function ``suite(ctx, baseline, quick) -> list of rows``; a row holds the
+operator, its shape, the bytes it must move at least (each input read once, each output written
+once, unless the row says otherwise), our median time, PyTorch's median time, the error metric of
+our result and whether it passed. Every result is checked before it is timed: against PyTorch in
+float64 on the baseline device (MIOpen's metric, 1e-5), or exactly for indices.
+
+Full size: every large tensor is 2^26 float32 = 256 MiB, so caches do not hold it. ``--quick``
+shrinks everything to a few hundred KiB for a smoke run on a CPU device (PoCL) with PyTorch CPU
+as the baseline.
+
+Timing. Ours: OpenCL profiling markers around ``REPEAT_IN_SPAN`` back-to-back calls (so Python's
+enqueue time overlaps the device's work), median of the spans divided by that count. PyTorch:
+CUDA events the same way on a CUDA device, else the host clock. Baseline device: CUDA when the
+OpenCL device is NVIDIA's and torch sees CUDA, else the CPU. The copy suite measures the device's
+copy bandwidth (clEnqueueCopyBuffer and a generated copy kernel) as the ceiling for the others.
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import dlprim_py as dp  # noqa: E402
+from dlprim_py import functional as F  # noqa: E402
+from dlprim_py.ops.pointwise import PointwiseKernel  # noqa: E402
+from dlprim_py.ops.dropout import reference_mask  # noqa: E402
+from dlprim_py.ops.softmax import softmax_backward  # noqa: E402
+from dlprim_py.timing import time_enqueued  # noqa: E402
+
+TOLERANCE = 1e-5
+REPEAT_IN_SPAN = 10
+LARGE = 1 << 26          # elements: 256 MiB of float32
+QUICK = 1 << 16
+
+
+# ---- baseline and measurement --------------------------------------------------------------
+
+class Baseline:
+    """PyTorch on the device that matches ``ctx``: timing and the float64 reference."""
+
+    def __init__(self, ctx, quick):
+        import torch
+        self.torch = torch
+        self.device = "cuda" if ctx.info.vendor == "nvidia" and torch.cuda.is_available() else "cpu"
+        if self.device == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        self.quick = quick
+
+    def tensor(self, array, dtype=None):
+        t = self.torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        return t if dtype is None else t.to(dtype)
+
+    def time(self, run):
+        """Median seconds of one ``run()`` (REPEAT_IN_SPAN calls per timed span)."""
+        torch = self.torch
+        repeat = 3 if self.quick else 15
+        with torch.no_grad():
+            for _ in range(2):
+                run()
+            samples = []
+            for _ in range(repeat):
+                if self.device == "cuda":
+                    torch.cuda.synchronize()
+                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    begin.record()
+                    for _ in range(REPEAT_IN_SPAN):
+                        run()
+                    end.record()
+                    end.synchronize()
+                    samples.append(begin.elapsed_time(end) * 1e-3 / REPEAT_IN_SPAN)
+                else:
+                    t0 = time.perf_counter()
+                    for _ in range(REPEAT_IN_SPAN):
+                        run()
+                    samples.append((time.perf_counter() - t0) / REPEAT_IN_SPAN)
+        return float(np.median(samples))
+
+    def describe(self):
+        info = {"torch": self.torch.__version__, "device": self.device}
+        if self.device == "cuda":
+            info["cuda_device"] = self.torch.cuda.get_device_name(0)
+        return info
+
+
+def time_ours(ctx, run, quick):
+    """Median seconds of one ``run()`` on ctx.queue (REPEAT_IN_SPAN calls per marker span)."""
+    def span():
+        for _ in range(REPEAT_IN_SPAN):
+            run()
+    with dp.no_grad():
+        timing = time_enqueued(ctx, span, warmup=1 if quick else 2, repeat=3 if quick else 15)
+    return timing.median / REPEAT_IN_SPAN
+
+
+def error_metric(out, ref):
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if out.shape != ref.shape:
+        return math.inf
+    if not np.isfinite(out[np.isfinite(ref)]).all():
+        return math.inf
+    scale = max(float(np.abs(ref).max()) if ref.size else 0.0, 1e-30)
+    return float(np.linalg.norm((out - ref).ravel()) / (math.sqrt(max(out.size, 1)) * scale))
+
+
+def row(ctx, baseline, op, shape, nbytes, ours, theirs, check, quick, note=""):
+    """Check ``ours`` first (``check()`` -> error), then time both; one result row."""
+    error = check()
+    ok = error <= TOLERANCE
+    ours_s = time_ours(ctx, ours, quick) if ok else math.nan
+    theirs_s = baseline.time(theirs) if theirs is not None else math.nan
+    return {
+        "op": op, "shape": list(shape), "bytes": int(nbytes), "ours_ms": ours_s * 1e3,
+        "torch_ms": theirs_s * 1e3, "ours_GBps": nbytes / ours_s / 1e9 if ok else math.nan,
+        "torch_GBps": nbytes / theirs_s / 1e9, "speedup_vs_torch": theirs_s / ours_s if ok else math.nan,
+        "error": error, "ok": ok, "note": note,
+    }
+
+
+def _data(rng, shape, low=-2.0, high=2.0):
+    return rng.uniform(low, high, size=shape).astype(np.float32)
+
+
+def _n(quick):
+    return QUICK if quick else LARGE
+
+
+# ---- suites --------------------------------------------------------------------------------
+
+def copy(ctx, baseline, quick=False):
+    """Device copy bandwidth: clEnqueueCopyBuffer and a generated copy kernel (read + write)."""
+    n = _n(quick)
+    a = _data(np.random.default_rng(0), (n,))
+    x = dp.Tensor.from_numpy(ctx, a)
+    y = dp.Tensor.empty(ctx, (n,))
+    kernel = PointwiseKernel("bench_copy", [("x", np.float32)], [("y", np.float32)], "y = x;")
+    tx, ty = baseline.tensor(a), baseline.tensor(a)
+
+    def check(run):
+        def inner():
+            y.fill_(np.nan)
+            run()
+            return error_metric(y.numpy(), a)
+        return inner
+
+    return [
+        row(ctx, baseline, "copy (enqueue_copy)", (n,), 8 * n, lambda: y.copy_(x),
+            lambda: ty.copy_(tx), check(lambda: y.copy_(x)), quick),
+        row(ctx, baseline, "copy (pointwise kernel)", (n,), 8 * n, lambda: kernel([x], [y]),
+            lambda: ty.copy_(tx), check(lambda: kernel([x], [y])), quick),
+    ]
+
+
+def pointwise(ctx, baseline, quick=False):
+    """Activations, broadcasting arithmetic and dropout on 2^26 elements."""
+    torch = baseline.torch
+    tf = torch.nn.functional
+    n = _n(quick)
+    cols = 1024
+    shape = (n // cols, cols)
+    rng = np.random.default_rng(1)
+    a, b, bias = _data(rng, shape), _data(rng, shape), _data(rng, (cols,))
+    x, y, bb = (dp.Tensor.from_numpy(ctx, v) for v in (a, b, bias))
+    tx, ty, tb = baseline.tensor(a), baseline.tensor(b), baseline.tensor(bias)
+    dx, dy, db = (baseline.tensor(v, torch.float64) for v in (a, b, bias))
+    rows = []
+    unary = [("relu", F.relu, tf.relu), ("gelu", F.gelu, tf.gelu), ("silu", F.silu, tf.silu),
+             ("sigmoid", F.sigmoid, torch.sigmoid), ("hardswish", F.hardswish, tf.hardswish)]
+    for name, ours, theirs in unary:
+        rows.append(row(ctx, baseline, name, shape, 8 * n, lambda o=ours: o(x), lambda t=theirs: t(tx),
+                        lambda o=ours, t=theirs: error_metric(o(x).numpy(), t(dx).cpu().numpy()), quick))
+    binary = [("add", F.add, torch.add, (x, y), (tx, ty), (dx, dy), 12 * n),
+              ("mul bias broadcast", F.mul, torch.mul, (x, bb), (tx, tb), (dx, db), 8 * n + 4 * cols),
+              ("maximum", F.maximum, torch.maximum, (x, y), (tx, ty), (dx, dy), 12 * n)]
+    for name, ours, theirs, args, targs, dargs, nbytes in binary:
+        rows.append(row(ctx, baseline, name, shape, nbytes, lambda o=ours, v=args: o(*v),
+                        lambda t=theirs, v=targs: t(*v),
+                        lambda o=ours, t=theirs, v=args, d=dargs: error_metric(o(*v).numpy(), t(*d).cpu().numpy()),
+                        quick))
+
+    def dropout_check():
+        keep = reference_mask(a.size, 0.5, 1).reshape(shape)
+        return error_metric(F.dropout(x, 0.5, seed=1).numpy(), np.where(keep, 2.0 * a.astype(np.float64), 0.0))
+    rows.append(row(ctx, baseline, "dropout p=0.5", shape, 8 * n, lambda: F.dropout(x, 0.5, seed=1),
+                    lambda: tf.dropout(tx, 0.5, training=True), dropout_check, quick,
+                    note="torch also writes its mask; its figure counts the same 8 bytes/element"))
+    return rows
+
+
+def reductions(ctx, baseline, quick=False):
+    """sum, mean, amax, argmax and norm: over everything, along rows, along columns."""
+    torch = baseline.torch
+    n = _n(quick)
+    rng = np.random.default_rng(2)
+    wide = (n // 4096, 4096)
+    a = _data(rng, wide)
+    x = dp.Tensor.from_numpy(ctx, a)
+    tx, dx = baseline.tensor(a), baseline.tensor(a, torch.float64)
+    cases = [
+        ("sum all", lambda: F.sum(x), lambda t: torch.sum(t), 4 * n),
+        ("mean all", lambda: F.mean(x), lambda t: torch.mean(t), 4 * n),
+        ("norm all", lambda: F.norm(x), lambda t: torch.linalg.vector_norm(t), 4 * n),
+        ("sum rows (dim=-1)", lambda: F.sum(x, -1), lambda t: torch.sum(t, -1), 4 * n + 4 * wide[0]),
+        ("amax rows (dim=-1)", lambda: F.amax(x, -1), lambda t: torch.amax(t, -1), 4 * n + 4 * wide[0]),
+        ("sum columns (dim=0)", lambda: F.sum(x, 0), lambda t: torch.sum(t, 0), 4 * n + 4 * wide[1]),
+    ]
+    rows = []
+    for name, ours, theirs, nbytes in cases:
+        rows.append(row(ctx, baseline, name, wide, nbytes, ours, lambda t=theirs: t(tx),
+                        lambda o=ours, t=theirs: error_metric(o().numpy(), t(dx).cpu().numpy()), quick))
+
+    def argmax_check():
+        mismatch = np.count_nonzero(F.argmax(x, -1).numpy() != torch.argmax(tx, -1).cpu().numpy())
+        return 0.0 if mismatch == 0 else math.inf
+    rows.append(row(ctx, baseline, "argmax rows (dim=-1)", wide, 4 * n + 8 * wide[0],
+                    lambda: F.argmax(x, -1), lambda: torch.argmax(tx, -1), argmax_check, quick))
+    return rows
+
+
+def softmax(ctx, baseline, quick=False):
+    """softmax / log_softmax over (batch, 32000) rows, forward and backward; cross_entropy."""
+    torch = baseline.torch
+    vocab = 3200 if quick else 32000
+    batch = max(1, _n(quick) // vocab)
+    shape = (batch, vocab)
+    rng = np.random.default_rng(3)
+    a, g = _data(rng, shape, -8, 8), _data(rng, shape)
+    x, gx = dp.Tensor.from_numpy(ctx, a), dp.Tensor.from_numpy(ctx, g)
+    tx, tg = baseline.tensor(a), baseline.tensor(g)
+    dx = baseline.tensor(a, torch.float64)
+    nbytes = 8 * a.size
+    rows = [
+        row(ctx, baseline, "softmax rows", shape, nbytes, lambda: F.softmax(x, -1),
+            lambda: torch.softmax(tx, -1),
+            lambda: error_metric(F.softmax(x, -1).numpy(), torch.softmax(dx, -1).cpu().numpy()), quick),
+        row(ctx, baseline, "log_softmax rows", shape, nbytes, lambda: F.log_softmax(x, -1),
+            lambda: torch.log_softmax(tx, -1),
+            lambda: error_metric(F.log_softmax(x, -1).numpy(), torch.log_softmax(dx, -1).cpu().numpy()), quick),
+    ]
+    with dp.no_grad():
+        y = F.softmax(x, -1)
+    ty = torch.softmax(tx, -1)
+    dy64 = torch.softmax(dx, -1)
+    ref_grad = (dy64 * (baseline.tensor(g, torch.float64) - (baseline.tensor(g, torch.float64) * dy64).sum(-1, keepdim=True))).cpu().numpy()
+    rows.append(row(ctx, baseline, "softmax backward", shape, 12 * a.size,
+                    lambda: softmax_backward(y, gx, -1),
+                    lambda: torch._softmax_backward_data(tg, ty, -1, torch.float32),
+                    lambda: error_metric(softmax_backward(y, gx, -1).numpy(), ref_grad), quick))
+    target = rng.integers(0, vocab, size=batch).astype(np.int64)
+    t_ours, t_torch = dp.Tensor.from_numpy(ctx, target), baseline.tensor(target)
+    rows.append(row(ctx, baseline, "cross_entropy", shape, 4 * a.size + 8 * batch,
+                    lambda: F.cross_entropy(x, t_ours), lambda: torch.nn.functional.cross_entropy(tx, t_torch),
+                    lambda: error_metric(F.cross_entropy(x, t_ours).numpy(),
+                                         torch.nn.functional.cross_entropy(dx, t_torch).cpu().numpy()), quick,
+                    note="bytes: one read of the logits; both sides write log-probabilities too"))
+    return rows
+
+
+def bn(ctx, baseline, quick=False):
+    """batch_norm training: forward with the running-stat update, then backward to input,
+    weight and bias, as one step. Bytes: forward reads x twice (statistics, normalize) and
+    writes y; backward reads x and dy twice (sums, then dx) and writes dx: 8 tensor passes."""
+    torch = baseline.torch
+    shape = (4, 16, 32, 32) if quick else (64, 256, 64, 64)
+    c = shape[1]
+    rng = np.random.default_rng(4)
+    a, g = _data(rng, shape), _data(rng, shape)
+    w, b = _data(rng, (c,), 0.5, 1.5), _data(rng, (c,))
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    gx = dp.Tensor.from_numpy(ctx, g)
+    weight = dp.Tensor.from_numpy(ctx, w, requires_grad=True)
+    bias = dp.Tensor.from_numpy(ctx, b, requires_grad=True)
+    rm, rv = dp.Tensor.zeros(ctx, (c,)), dp.Tensor.full(ctx, (c,), 1.0)
+
+    def ours():
+        with dp.enable_grad():
+            x.grad = weight.grad = bias.grad = None
+            out = F.batch_norm(x, rm, rv, weight, bias, training=True, momentum=0.1, eps=1e-5)
+            out.backward(gx)
+        return out
+
+    tx = baseline.tensor(a).requires_grad_(True)
+    tw, tb = baseline.tensor(w).requires_grad_(True), baseline.tensor(b).requires_grad_(True)
+    tg = baseline.tensor(g)
+    trm, trv = baseline.tensor(np.zeros(c, np.float32)), baseline.tensor(np.ones(c, np.float32))
+
+    def theirs():
+        with torch.enable_grad():
+            out = torch.nn.functional.batch_norm(tx, trm, trv, tw, tb, training=True, momentum=0.1, eps=1e-5)
+            out.backward(tg)
+
+    def check():
+        out = ours()
+        dx64 = baseline.tensor(a, torch.float64).requires_grad_(True)
+        dw64 = baseline.tensor(w, torch.float64).requires_grad_(True)
+        db64 = baseline.tensor(b, torch.float64).requires_grad_(True)
+        ref = torch.nn.functional.batch_norm(dx64, None, None, dw64, db64, training=True, eps=1e-5)
+        ref.backward(baseline.tensor(g, torch.float64))
+        return max(error_metric(out.numpy(), ref.detach().cpu().numpy()),
+                   error_metric(x.grad.numpy(), dx64.grad.cpu().numpy()),
+                   error_metric(weight.grad.numpy(), dw64.grad.cpu().numpy()),
+                   error_metric(bias.grad.numpy(), db64.grad.cpu().numpy()))
+
+    def ours_timed():
+        ours()
+
+    n = math.prod(shape)
+    result = row(ctx, baseline, "batch_norm training fwd+bwd", shape, 8 * 4 * n, ours_timed, theirs,
+                 check, quick)
+    return [result]
+
+
+SUITES = {"copy": copy, "pointwise": pointwise, "reductions": reductions, "softmax": softmax, "bn": bn}
+
+
+def run(ctx, suites=tuple(SUITES), quick=False, log=print):
+    """All rows of the chosen suites; a suite that fails to run becomes an error row."""
+    baseline = Baseline(ctx, quick)
+    rows = []
+    for name in suites:
+        try:
+            got = SUITES[name](ctx, baseline, quick)
+        except Exception as e:  # a broken operator must not hide the other suites' figures
+            got = [{"op": f"{name} suite", "ok": False, "error": math.inf, "note": f"{type(e).__name__}: {e}"}]
+        for r in got:
+            r["suite"] = name
+            log(format_row(r))
+        rows += got
+    copy_rate = max((r["ours_GBps"] for r in rows if r.get("suite") == "copy" and r.get("ok")), default=None)
+    if copy_rate:
+        for r in rows:
+            if r.get("ok"):
+                r["copy_percent"] = 100.0 * r["ours_GBps"] / copy_rate
+    return rows, baseline
+
+
+def format_row(r):
+    if "ours_ms" not in r:
+        return f"{r['op']:<30} FAILED {r.get('note', '')}"
+    status = "ok" if r["ok"] else f"WRONG (error {r['error']:.2e})"
+    return (f"{r['op']:<30} {str(tuple(r['shape'])):<20} ours {r['ours_ms']:9.4f} ms "
+            f"{r['ours_GBps']:8.1f} GB/s | torch {r['torch_ms']:9.4f} ms {r['torch_GBps']:8.1f} GB/s | "
+            f"x{r['speedup_vs_torch']:.2f} {status}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run on a CPU device")
+    parser.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated of {','.join(SUITES)}")
+    parser.add_argument("--device", default=None, help="OpenCL device (P:D or a piece of its name)")
+    parser.add_argument("--output", default=None, help="write the rows and the machine facts as JSON")
+    args = parser.parse_args(argv)
+    suites = [s for s in args.suites.split(",") if s]
+    unknown = [s for s in suites if s not in SUITES]
+    if unknown:
+        parser.error(f"unknown suites {unknown}; known: {list(SUITES)}")
+    ctx = dp.Context(args.device)
+    print(f"device: {ctx.info.name} ({ctx.info.platform_name}, driver {ctx.info.driver_version})")
+    rows, baseline = run(ctx, suites, args.quick)
+    copy_rate = max((r["ours_GBps"] for r in rows if r.get("suite") == "copy" and r.get("ok")), default=None)
+    if copy_rate:
+        print(f"\nmeasured copy bandwidth: {copy_rate:.1f} GB/s; % of it per operator:")
+        for r in rows:
+            if "copy_percent" in r and r["suite"] != "copy":
+                print(f"  {r['op']:<30} {r['copy_percent']:6.1f} %   x{r['speedup_vs_torch']:.2f} vs torch")
+    if args.output:
+        facts = {"device": ctx.info.name, "platform": ctx.info.platform_name,
+                 "driver": ctx.info.driver_version, "host": platform.node(), "quick": args.quick,
+                 "baseline": baseline.describe(), "rows": rows}
+        with open(args.output, "w") as f:
+            json.dump(facts, f, indent=1, default=float)
+    failed = [r["op"] for r in rows if not r.get("ok")]
+    if failed:
+        print(f"\nFAILED checks: {failed}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
