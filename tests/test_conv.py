@@ -15,6 +15,7 @@ from conftest import assert_close, poisoned, random
 # (N, C, H, W, K, R, S, padding, stride, dilation, groups)
 CONFIGS = {
     "3x3": (2, 4, 7, 6, 5, 3, 3, (1, 1), (1, 1), (1, 1), 1),
+    "3x3pads": (2, 3, 7, 5, 4, 3, 3, (0, 2), (1, 1), (1, 1), 1),   # Winograd's padding cases
     "asym": (2, 6, 9, 11, 8, 3, 2, (1, 2), (2, 1), (1, 2), 2),
     "1x1": (2, 8, 5, 4, 6, 1, 1, (0, 0), (1, 1), (1, 1), 1),
     "1x1s2": (2, 8, 7, 6, 4, 1, 1, (0, 0), (2, 2), (1, 1), 1),
@@ -93,6 +94,8 @@ def test_every_algorithm_every_direction(ctx, rng, name, layout):
         assert algos[-1] == "direct"
         if name.startswith("dw"):
             assert "depthwise" in algos
+        if name.startswith("3x3") and direction != "backward_filter":
+            assert "winograd" in algos
         for algo in algos:
             out = run_direction(ctx, conv, direction, algo, x, w, dy)
             try:

@@ -13,9 +13,10 @@ from ... import config, finddb
 from ...errors import UnsupportedError
 from ...timing import time_enqueued
 from .algorithms import Depthwise, Direct, EpilogueArgs, ImplicitGemm
+from .winograd import Winograd
 
 # Every algorithm by name; the order is the tie-break order of find mode.
-ALGORITHMS = {a.name: a for a in (Depthwise(), ImplicitGemm(), Direct())}
+ALGORITHMS = {a.name: a for a in (Winograd(), Depthwise(), ImplicitGemm(), Direct())}
 
 
 def algorithm(name):

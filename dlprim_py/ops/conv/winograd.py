@@ -1,0 +1,93 @@
+"""Winograd F(2x2, 3x3) (kernels/conv_winograd.cl.mako): forward and backward data for 3x3,
+stride 1, dilation 1, groups 1. The transforms run in their own kernels and the 16 channel
+GEMMs run as one 16-group 1x1 convolution of the implicit-GEMM kernel, so the epilogue is
+applied in the output transform. Workspace: U (16 x GM x GK), V (16 x GK x T), M (16 x GM x T)
+floats with T = N * ceil(Ho/2) * ceil(Wo/2) tiles."""
+import math
+
+import numpy as np
+
+from ... import program
+from ...errors import ShapeError
+from ...tensor import Tensor
+from ..pointwise import launch_size
+from .algorithms import NO_EPILOGUE, Algorithm, EpilogueArgs, ImplicitGemm, _buf
+from .problem import ConvProblem
+
+_I32 = np.int32
+
+
+def _shape(problem, direction):
+    """(GM, GK, output height, output width, input channels/height/width, pads) of the pass."""
+    p = problem
+    if direction == "forward":
+        return p.k, p.c, p.ho, p.wo, p.h, p.w, p.pad_h, p.pad_w
+    return p.c, p.k, p.h, p.w, p.ho, p.wo, 2 - p.pad_h, 2 - p.pad_w
+
+
+class Winograd(Algorithm):
+    name = "winograd"
+    directions = ("forward", "backward_data")
+
+    def __init__(self):
+        self.gemm = ImplicitGemm()
+
+    def applies(self, ctx, problem, direction):
+        p = problem
+        return (direction in self.directions and p.r == 3 and p.s == 3 and p.groups == 1
+                and p.stride_h == p.stride_w == 1 and p.dil_h == p.dil_w == 1
+                and p.pad_h <= 2 and p.pad_w <= 2
+                and self._sizes(p, direction)[-1] * 4 < 2 ** 31)
+
+    def _sizes(self, problem, direction):
+        gm, gk, ho, wo = _shape(problem, direction)[:4]
+        tiles = problem.n * math.ceil(ho / 2) * math.ceil(wo / 2)
+        u, v, m = 16 * gm * gk, 16 * gk * tiles, 16 * gm * tiles
+        return tiles, u, v, m, u + v + m
+
+    def _gemm_problem(self, problem, direction):
+        gm, gk = _shape(problem, direction)[:2]
+        tiles = self._sizes(problem, direction)[0]
+        return ConvProblem(1, 16 * gk, 1, tiles, 16 * gm, 1, 1, 0, 0, 1, 1, 1, 1, 16)
+
+    def workspace_size(self, ctx, problem, direction):
+        return self._sizes(problem, direction)[-1] * 4
+
+    def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
+        params = (epilogue if direction == "forward" else NO_EPILOGUE).params()
+        built = program.build(ctx, "conv_winograd", params)
+        gemm_problem = self._gemm_problem(problem, direction)
+        self.gemm.prepare(ctx, gemm_problem, "forward")
+        return built, gemm_problem
+
+    def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
+            workspace=None):
+        built, gemm_problem = self.prepare(ctx, problem, direction, epilogue)
+        tiles, u_size, v_size, m_size, total = self._sizes(problem, direction)
+        if workspace is None or workspace.nbytes < total * 4:
+            raise ShapeError(f"winograd {direction} needs a workspace of {total * 4} bytes, got "
+                             f"{0 if workspace is None else workspace.nbytes}")
+        gm, gk, ho, wo, hi, wi, pad_h, pad_w = _shape(problem, direction)
+        th, tw = math.ceil(ho / 2), math.ceil(wo / 2)
+        base = workspace.offset_elements
+        U = Tensor(ctx, workspace.buffer, (16 * gm, gk, 1, 1), offset=base * 4)
+        V = Tensor(ctx, workspace.buffer, (1, 16 * gk, 1, tiles), offset=(base + u_size) * 4)
+        M = Tensor(ctx, workspace.buffer, (1, 16 * gm, 1, tiles),
+                   offset=(base + u_size + v_size) * 4)
+        q = ctx.queue
+        ws = problem.w_strides()
+        gsize, lsize = launch_size(ctx, gm * gk)
+        built.kernel("winograd_weight_transform")(
+            q, gsize, lsize, _I32(gm), _I32(gk), _I32(direction != "forward"), *_buf(other),
+            *(_I32(s) for s in ws), *_buf(U))
+        in_strides = problem.x_strides() if direction == "forward" else problem.y_strides()
+        out_strides = problem.y_strides() if direction == "forward" else problem.x_strides()
+        gsize, lsize = launch_size(ctx, gk * tiles)
+        built.kernel("winograd_input_transform")(
+            q, gsize, lsize, _I32(problem.n), _I32(gk), _I32(hi), _I32(wi), _I32(pad_h),
+            _I32(pad_w), _I32(th), _I32(tw), *_buf(src), *(_I32(s) for s in in_strides), *_buf(V))
+        self.gemm.run(ctx, gemm_problem, "forward", V, U, M, EpilogueArgs())
+        gsize, lsize = launch_size(ctx, gm * tiles)
+        built.kernel("winograd_output_transform")(
+            q, gsize, lsize, _I32(problem.n), _I32(gm), _I32(ho), _I32(wo), _I32(th), _I32(tw),
+            *_buf(M), *_buf(dst), *(_I32(s) for s in out_strides), *ep.kernel_args(dst))

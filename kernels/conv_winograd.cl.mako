@@ -1,0 +1,122 @@
+## Winograd F(2x2, 3x3) convolution for 3x3, stride 1, dilation 1, groups 1, in three passes
+## around a batched GEMM (conv_implicit_gemm, as a 16-group 1x1 convolution):
+##   U[e][m][kk] = (G g G^T)[e]          weights, e = 4x4 transform element
+##   V[e][kk][t] = (B^T d B)[e]          4x4 input tiles d at 2x2 output steps, t = (n, th, tw)
+##   M[e][m][t]  = sum_kk U[e][m][kk] V[e][kk][t]                     (the GEMM)
+##   out         = epilogue(A^T M A)     each tile gives a 2x2 block of the output
+## Forward: m = k, kk = c, input x, output y. Backward data is the forward convolution of dy
+## with the filter rotated by 180 degrees and transposed (m = c, kk = k) and padding 2 - pad.
+## Tensors are addressed through (n, channel, h, w) element strides given at run time.
+##
+## Template parameters:
+##   has_scale, has_shift, has_residual, activation   the forward epilogue (conv_common)
+<%namespace name="common" file="conv_common.cl.mako"/>
+
+// g -> G g G^T for GM x GK 3x3 filters. `rotate`: read w[kk][m][2-r][2-s] (backward data).
+__kernel void winograd_weight_transform(int GM, int GK, int rotate,
+    __global const float *w, int w_off, int wsK, int wsC, int wsR, int wsS,
+    __global float *U, int U_off)
+{
+    const int total = GM * GK;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+        int m = i / GK, kk = i - m * GK;
+        float g[3][3];
+        for (int r = 0; r < 3; ++r)
+            for (int s = 0; s < 3; ++s)
+                g[r][s] = rotate ? w[w_off + kk * wsK + m * wsC + (2 - r) * wsR + (2 - s) * wsS]
+                                 : w[w_off + m * wsK + kk * wsC + r * wsR + s * wsS];
+        float t[4][3];   // G g
+        for (int s = 0; s < 3; ++s) {
+            t[0][s] = g[0][s];
+            t[1][s] = 0.5f * (g[0][s] + g[1][s] + g[2][s]);
+            t[2][s] = 0.5f * (g[0][s] - g[1][s] + g[2][s]);
+            t[3][s] = g[2][s];
+        }
+        for (int a = 0; a < 4; ++a) {   // (G g) G^T
+            float u0 = t[a][0];
+            float u1 = 0.5f * (t[a][0] + t[a][1] + t[a][2]);
+            float u2 = 0.5f * (t[a][0] - t[a][1] + t[a][2]);
+            float u3 = t[a][2];
+            __global float *dst = U + U_off + (a * 4) * total + i;
+            dst[0] = u0;
+            dst[total] = u1;
+            dst[2 * total] = u2;
+            dst[3 * total] = u3;
+        }
+    }
+}
+
+// d (4x4 input tile, zero outside the image) -> B^T d B, into V[e][c][t].
+__kernel void winograd_input_transform(int N, int CH, int H, int W, int pad_h, int pad_w,
+    int TH, int TW, __global const float *x, int x_off, int sN, int sC, int sH, int sW,
+    __global float *V, int V_off)
+{
+    const int T = N * TH * TW;
+    const int total = CH * T;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+        int c = i / T, t = i - c * T;
+        int n = t / (TH * TW), p = t - n * (TH * TW);
+        int th = p / TW, tw = p - th * TW;
+        int h0 = th * 2 - pad_h, w0 = tw * 2 - pad_w;
+        __global const float *src = x + x_off + n * sN + c * sC;
+        float d[4][4];
+        for (int a = 0; a < 4; ++a) {
+            int ih = h0 + a;
+            for (int b = 0; b < 4; ++b) {
+                int iw = w0 + b;
+                d[a][b] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? src[ih * sH + iw * sW] : 0.0f;
+            }
+        }
+        float q[4][4];   // B^T d
+        for (int b = 0; b < 4; ++b) {
+            q[0][b] = d[0][b] - d[2][b];
+            q[1][b] = d[1][b] + d[2][b];
+            q[2][b] = d[2][b] - d[1][b];
+            q[3][b] = d[1][b] - d[3][b];
+        }
+        __global float *dst = V + V_off + i;
+        for (int a = 0; a < 4; ++a) {   // (B^T d) B
+            dst[(a * 4 + 0) * total] = q[a][0] - q[a][2];
+            dst[(a * 4 + 1) * total] = q[a][1] + q[a][2];
+            dst[(a * 4 + 2) * total] = q[a][2] - q[a][1];
+            dst[(a * 4 + 3) * total] = q[a][1] - q[a][3];
+        }
+    }
+}
+
+// M[e][k][t] -> A^T M A, a 2x2 output block per tile, through the epilogue.
+__kernel void winograd_output_transform(int N, int CH, int Ho, int Wo, int TH, int TW,
+    __global const float *M, int M_off, __global float *y, int y_off,
+    int ysN, int ysC, int ysH, int ysW, ${common.epilogue_params()})
+{
+    const int T = N * TH * TW;
+    const int total = CH * T;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+        int k = i / T, t = i - k * T;
+        int n = t / (TH * TW), p = t - n * (TH * TW);
+        int th = p / TW, tw = p - th * TW;
+        __global const float *src = M + M_off + i;
+        float m[4][4];
+        for (int e = 0; e < 16; ++e)
+            m[e / 4][e % 4] = src[e * total];
+        float q[2][4];   // A^T m
+        for (int b = 0; b < 4; ++b) {
+            q[0][b] = m[0][b] + m[1][b] + m[2][b];
+            q[1][b] = m[1][b] - m[2][b] - m[3][b];
+        }
+        for (int a = 0; a < 2; ++a) {
+            int oh = th * 2 + a;
+            if (oh >= Ho)
+                continue;
+            float out[2];
+            out[0] = q[a][0] + q[a][1] + q[a][2];
+            out[1] = q[a][1] - q[a][2] - q[a][3];
+            for (int b = 0; b < 2; ++b) {
+                int ow = tw * 2 + b;
+                if (ow >= Wo)
+                    continue;
+${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "out[b]")}
+            }
+        }
+    }
+}
