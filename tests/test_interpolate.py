@@ -58,3 +58,20 @@ def test_bad_input(ctx, rng):
         F.interpolate(x, scale_factor=0.1)
     with pytest.raises(dp.DTypeError, match="float32"):
         F.interpolate(dp.Tensor.from_numpy(ctx, np.ones((1, 1, 2, 2), np.int32)), size=3)
+
+
+def test_random_sizes(ctx, rng):
+    """Seeded random input and output sizes in both directions, each mode, with gradients."""
+    for mode, align in [("nearest", None), ("bilinear", False), ("bilinear", True)] * 3:
+        shape = (1, int(rng.integers(1, 3)), int(rng.integers(1, 9)), int(rng.integers(1, 9)))
+        size = (int(rng.integers(1, 13)), int(rng.integers(1, 13)))
+        data = random(rng, shape)
+        x = dp.Tensor.from_numpy(ctx, data, requires_grad=True)
+        t = torch.tensor(data, dtype=torch.float64, requires_grad=True)
+        y = F.interpolate(x, size=size, mode=mode, align_corners=align)
+        ref = TF.interpolate(t, size=size, mode=mode, align_corners=align)
+        assert_close(y.numpy(), ref.detach().numpy())
+        grad = random(rng, ref.shape)
+        y.backward(dp.Tensor.from_numpy(ctx, grad))
+        ref.backward(torch.tensor(grad, dtype=torch.float64))
+        assert_close(x.grad.numpy(), t.grad.numpy())

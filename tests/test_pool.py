@@ -116,3 +116,22 @@ def test_bad_input(ctx, rng):
         op.forward(x, dp.Tensor.empty(ctx, (2, 3, 3, 3)))
     with pytest.raises(dp.ShapeError, match="needs the indices"):
         op.backward(dp.Tensor.empty(ctx, (2, 3, 2, 2)), dp.Tensor.empty(ctx, x.shape))
+
+
+def test_random_configurations(ctx, rng):
+    """Seeded random shapes and window settings, forward and gradient, max and avg."""
+    for _ in range(12):
+        kh, kw = (int(k) for k in rng.integers(1, 5, size=2))
+        sh, sw = (int(s) for s in rng.integers(1, 4, size=2))
+        dh, dw = (int(d) for d in rng.integers(1, 3, size=2))
+        ph, pw = int(rng.integers(0, kh // 2 + 1)), int(rng.integers(0, kw // 2 + 1))
+        H = int(rng.integers((kh - 1) * dh + 1, 14))
+        W = int(rng.integers((kw - 1) * dw + 1, 14))
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 4)), H, W)
+        ceil_mode = bool(rng.integers(0, 2))
+        kwargs = dict(kernel_size=(kh, kw), stride=(sh, sw), padding=(ph, pw), ceil_mode=ceil_mode)
+        _run(ctx, rng, shape, lambda x: F.max_pool2d(x, dilation=(dh, dw), **kwargs),
+             lambda t: TF.max_pool2d(t, dilation=(dh, dw), **kwargs))
+        include = bool(rng.integers(0, 2))
+        _run(ctx, rng, shape, lambda x: F.avg_pool2d(x, count_include_pad=include, **kwargs),
+             lambda t: TF.avg_pool2d(t, count_include_pad=include, **kwargs))

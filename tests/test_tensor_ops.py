@@ -153,3 +153,21 @@ def test_bad_input(ctx, rng):
         F.flatten(x, 2, 1)
     with pytest.raises(dp.DTypeError, match="Tensor"):
         F.permute(np.zeros(3), (0,))
+
+
+def test_random_shapes(ctx, rng):
+    """Seeded random ranks and shapes through narrow, cat, permute and pad, with gradients."""
+    for _ in range(8):
+        ndim = int(rng.integers(1, 5))
+        shape = tuple(int(s) for s in rng.integers(1, 6, size=ndim))
+        x, t = _pair(ctx, rng, shape, offset_elements=int(rng.integers(0, 4)))
+        dim = int(rng.integers(0, ndim))
+        start = int(rng.integers(0, shape[dim]))
+        length = int(rng.integers(1, shape[dim] - start + 1))
+        dims = tuple(int(d) for d in rng.permutation(ndim))
+        count = int(rng.integers(1, min(ndim, 3) + 1))
+        pads = tuple(int(p) for p in rng.integers(0, 3, size=2 * count))
+        out = F.pad(F.permute(F.cat([F.narrow(x, dim, start, length), x], dim), dims), pads)
+        ref = torch.nn.functional.pad(torch.cat([t.narrow(dim, start, length), t], dim).permute(dims), pads)
+        assert_close(out.numpy(), ref.detach().numpy())
+        _check_grad(rng, out, ref, [(x, t)])

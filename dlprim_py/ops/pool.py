@@ -89,12 +89,11 @@ class Pool2d:
                                  f"{self.dilation} must be positive")
             if method == "avg" and self.dilation != (1, 1):
                 raise UnsupportedError("avg_pool2d has no dilation")
-            for k, p, d in zip(self.kernel, self.padding, self.dilation):
-                limit = ((k - 1) * d + 1) // 2 if method == "max" else k // 2
-                if p < 0 or p > limit:
+            for k, p in zip(self.kernel, self.padding):
+                # torch's limit, the same with dilation.
+                if p < 0 or p > k // 2:
                     raise ShapeError(f"padding {self.padding} must be >= 0 and at most half the "
-                                     f"{'effective ' if method == 'max' else ''}kernel size "
-                                     f"{self.kernel}")
+                                     f"kernel size {self.kernel}")
         if divisor_override is not None and (not isinstance(divisor_override, (int, np.integer))
                                              or divisor_override <= 0):
             raise ShapeError(f"divisor_override must be a positive int, got {divisor_override!r}")
