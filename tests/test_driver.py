@@ -1,0 +1,159 @@
+"""dlprim-driver: MIOpenDriver's flag syntax, a tiny verified run of every command, the
+DLPRIM_LOG_CMD round trip, and a wrong result reported as a failed verification."""
+import numpy as np
+import pytest
+
+import dlprim_py as dp
+from dlprim_py import driver
+from dlprim_py.driver import UsageError, main, parse_flags, parse_plan, split_logged
+
+ISSUE_EXAMPLE = ("conv -n 64 -c 64 -H 56 -W 56 -k 64 -y 3 -x 3 -p 1 -q 1 -u 1 -v 1 -l 1 -j 1 "
+                 "-g 1 -F 1 -t 1 -V 1").split()
+
+
+def test_parse_flags_of_the_issue_example():
+    flags = parse_flags("conv", ISSUE_EXAMPLE[1:])
+    assert (flags["batchsize"], flags["in_channels"], flags["in_h"], flags["in_w"]) == (64, 64, 56, 56)
+    assert (flags["out_channels"], flags["fil_h"], flags["fil_w"]) == (64, 3, 3)
+    assert (flags["pad_h"], flags["pad_w"], flags["conv_stride_h"], flags["conv_stride_w"]) == (1, 1, 1, 1)
+    assert (flags["dilation_h"], flags["dilation_w"], flags["group_count"]) == (1, 1, 1)
+    assert (flags["forw"], flags["time"], flags["verify"]) == (1, 1, 1)
+    assert flags["iter"] == 10 and flags["solution"] == "-1" and flags["search"] == 0
+    shape = driver._conv_shape(flags)
+    assert shape.output_shape == (64, 64, 56, 56)
+
+
+def test_parse_flags_long_names_and_defaults():
+    flags = parse_flags("gemm", ["--a_h", "7", "--b_w=9", "-k", "5", "--transA", "1", "-A", "0.5"])
+    assert (flags["a_h"], flags["b_w"], flags["a_w"]) == (7, 9, 5)
+    assert flags["transA"] == 1 and flags["alpha"] == 0.5 and flags["beta"] == 0.0
+    assert flags["_given"] == ["a_h", "b_w", "a_w", "transA", "alpha"]
+    bnorm = parse_flags("bnorm", [])
+    assert (bnorm["batchsize"], bnorm["mode"], bnorm["forw"], bnorm["back"]) == (32, 0, 0, 0)
+
+
+@pytest.mark.parametrize("command, argv, message", [
+    ("conv", ["-Q", "1"], "unknown flag '-Q'"),
+    ("conv", ["-n"], "needs a value"),
+    ("conv", ["-n", "two"], "takes int"),
+    ("conv", ["64"], "expected a flag"),
+    ("pool", ["--nope", "1"], "unknown flag"),
+])
+def test_parse_flags_rejects_bad_command_lines(command, argv, message):
+    with pytest.raises(UsageError, match=message):
+        parse_flags(command, argv)
+
+
+def test_fixed_flags_accept_only_their_default():
+    assert parse_flags("conv", ["-m", "conv", "-_", "2"])["mode"] == "conv"
+    with pytest.raises(dp.UnsupportedError, match="trans is not supported"):
+        parse_flags("conv", ["-m", "trans"])
+    with pytest.raises(dp.UnsupportedError, match="beta"):
+        parse_flags("softmax", ["-B", "1"])
+
+
+def test_main_usage_and_unknown_command(capsys):
+    assert main([]) == 2
+    assert "commands: conv, pool, bnorm, activ, softmax, gemm, CBAInfer" in capsys.readouterr().out
+    assert main(["convolution"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+    assert main(["conv", "-h"]) == 0
+    assert "-n, --batchsize" in capsys.readouterr().out
+    assert main(["conv", "-Q", "1"]) == 2
+    assert main(["conv", "-m", "trans"]) == 1
+
+
+def _run(capsys, argv):
+    rc = main(argv)
+    out = capsys.readouterr().out
+    return rc, out
+
+
+@pytest.mark.parametrize("argv, labels", [
+    ("conv -n 2 -c 4 -H 7 -W 7 -k 6 -y 3 -x 3 -p 1 -q 1 -u 2 -v 2 -F 0 -t 1 -i 2",
+     ["Forward Conv", "Backward Data Conv", "Backward Weights Conv"]),
+    ("conv -n 1 -c 6 -H 6 -W 6 -k 6 -y 3 -x 3 -p 1 -q 1 -g 6 -F 1 -S depthwise -b 1 -I NHWC",
+     ["Forward Conv"]),
+    ("pool -n 2 -c 3 -H 9 -W 9 -y 3 -x 3 -p 1 -q 1 -u 2 -v 2 -m max -t 1 -i 2",
+     ["Forward Pooling", "Backward Pooling"]),
+    ("pool -W 1x2x6x6,NCHW -y 2 -x 2 -u 2 -v 2 -m avg -F 1", ["Forward Pooling"]),
+    ("bnorm -n 3 -c 4 -H 5 -W 5 -m 1 -F 1 -b 1 -s 1 -r 1 -t 1 -i 2",
+     ["Forward Train Batch Norm", "Backward Batch Norm"]),
+    ("bnorm -n 3 -c 2 -H 3 -W 3 -m 0 -F 2", ["Forward Inference Batch Norm"]),
+    ("activ -n 2 -c 3 -H 4 -W 4 -m 8 -A 0.2 -t 1 -i 2", ["Forward Activation", "Backward Activation"]),
+    ("activ -n 1 -c 2 -H 3 -W 3 -m silu -F 1", ["Forward Activation"]),
+    ("softmax -n 3 -c 10 -H 2 -W 2 -a 2 -m 0 -t 1 -i 2", ["Forward Softmax", "Backward Softmax"]),
+    ("softmax -n 3 -c 10 -H 2 -W 2 -a 1 -m 1 -F 1", ["Forward Softmax"]),
+    ("gemm -m 20 -n 12 -k 9 -u 1 -A 2 -B 0.5 -t 1 -i 2", ["Gemm"]),
+    ("gemm -m 20 -n 12 -k 9 -C 1 -b 2 -S small", ["Gemm"]),
+    ("CBAInfer -n 1 -c 4 -H 6 -W 6 -k 8 -y 3 -x 3 -p 1 -q 1 -F 0 -m 3 -t 1 -i 2", ["Fused cbna"]),
+    ("CBAInfer -n 1 -c 4 -H 6 -W 6 -F 2 -m 7", ["Fused na"]),
+])
+def test_every_command_runs_verified(capsys, argv, labels):
+    rc, out = _run(capsys, argv.split())
+    assert rc == 0, out
+    for label in labels:
+        assert f"{label}: verifies OK" in out, out
+        assert f"{label}: algorithm " in out
+    if " -t 1" in argv:
+        assert out.count("kernel time") == len(labels)
+
+
+def test_find_mode_flag_sets_find_mode(capsys, monkeypatch):
+    monkeypatch.delenv("DLPRIM_FIND_MODE", raising=False)
+    rc, out = _run(capsys, "conv -n 1 -c 3 -H 5 -W 5 -k 4 -y 3 -x 3 -F 1 -s 1".split())
+    assert rc == 0 and "verifies OK" in out
+    import os
+    assert os.environ["DLPRIM_FIND_MODE"] == "find"
+    monkeypatch.delenv("DLPRIM_FIND_MODE")
+
+
+def test_a_wrong_result_fails_verification(capsys, monkeypatch):
+    from dlprim_py.ops import gemm
+    monkeypatch.setattr(gemm.GemmPlan, "enqueue", lambda self, wait_for=None: None)
+    rc, out = _run(capsys, "gemm -m 8 -n 8 -k 8".split())
+    assert rc == 1 and "Gemm: verification FAILED" in out
+
+
+def test_unknown_algorithm_is_a_library_error(capsys):
+    assert main("conv -n 1 -c 3 -H 5 -W 5 -k 4 -F 1 -S winograd_xl".split()) == 1
+    assert "does not apply" in capsys.readouterr().err
+
+
+def test_parse_plan_reads_a_logged_description():
+    ops = parse_plan("conv(weight (8, 4, 3, 3), padding (1, 1), stride (1, 1), dilation (1, 1), "
+                     "groups 1) -> bias((1, 8, 1, 1)) -> activation(RELU)")
+    assert [name for name, _ in ops] == ["conv", "bias", "activation"]
+    with pytest.raises(UsageError):
+        parse_plan("conv weight")
+
+
+def test_logged_commands_reproduce_the_call(ctx, rng, capsys, monkeypatch):
+    """DLPRIM_LOG_CMD=1: each operator call prints a dlprim-driver line that runs on its own."""
+    from dlprim_py import fusion
+    monkeypatch.setenv("DLPRIM_LOG_CMD", "1")
+    x = dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, (1, 4, 6, 6)).astype(np.float32))
+    w = dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, (8, 4, 3, 3)).astype(np.float32))
+    b = dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, (8,)).astype(np.float32))
+    dp.functional.conv2d(x, w, padding=1, stride=2)
+    fusion.conv_bias_activation(x, w, b, padding=1)
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, x.desc)
+    conv_op = plan.create_op_conv_forward(dp.ConvolutionDesc(1, 1, 1, 1), w.desc)
+    bias_op = plan.create_op_bias_forward(dp.TensorDesc((1, 8, 1, 1)))
+    act_op = plan.create_op_activation_forward(fusion.ACTIVATION_RELU)
+    plan.compile()
+    args = fusion.OperatorArgs()
+    args.set_conv_forward(conv_op, 1, 0, w)
+    args.set_bias_forward(bias_op, 1, 0, b.reshape(1, 8, 1, 1))
+    args.set_activation_forward(act_op, 1, 0, 0, 0, 0)
+    plan.execute(plan.input_desc, x, plan.output_desc, dp.Tensor.empty(ctx, (1, 8, 6, 6)), args)
+    logged = [line for line in capsys.readouterr().err.splitlines()
+              if line.startswith("DLPRIM_LOG_CMD: ")]
+    commands = {split_logged(line)[0] for line in logged}
+    assert {"conv", "CBAInfer"} <= commands
+    monkeypatch.delenv("DLPRIM_LOG_CMD")
+    for line in dict.fromkeys(logged):
+        argv = split_logged(line)
+        rc, out = _run(capsys, argv)
+        assert rc == 0, f"{line}\n{out}"
+        assert "verifies OK" in out, out
