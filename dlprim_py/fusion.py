@@ -810,9 +810,14 @@ class _ConvChain:
             self.scale = Tensor.empty(plan.ctx, self.fold_shape)
             self.shift = Tensor.empty(plan.ctx, self.fold_shape)
             self.fold_kernel = self._fold_kernel()
-        self.algorithms = list(self.convolution.algorithms("forward"))
-        if not self.algorithms:
+        # The selector's choice (DLPRIM_CONV_ALGO, find-db or the immediate rule) first, then
+        # the other applicable algorithms in the immediate rule's order.
+        from .ops.conv.selection import choose
+        names = list(self.convolution.algorithms("forward"))
+        if not names:
             raise UnsupportedError(f"no convolution algorithm applies to {self.conv_op.describe()}")
+        chosen = choose(plan.ctx, self.convolution.problem, "forward")
+        self.algorithms = [chosen] + [n for n in names if n != chosen]
         self.set_algorithm(self.algorithms[0])
 
     def _epilogue(self, activation):
@@ -835,29 +840,40 @@ class _ConvChain:
                 "separate plan for the batch norm")
 
     def _fold_kernel(self):
-        """A pointwise kernel turning the chain's parameters into the epilogue's (scale, shift):
-        y = acc * scale + shift reproduces every bias and BN op in order."""
-        from .ops.pointwise import PointwiseKernel
-        lines, inputs, scalars = ["float scale = 1.0f, shift = 0.0f;"], [], []
-        for op in self.affine_ops:
-            i = op.index
-            if isinstance(op, BiasForwardOp):
-                lines.append(f"shift += b{i};")
-                inputs.append((f"b{i}", op, "bias"))
-            else:
-                lines.append(f"{{ float g = s{i} / sqrt(v{i} + eps{i}); scale *= g; "
-                             f"shift = (shift - m{i}) * g + t{i}; }}")
-                inputs += [(f"m{i}", op, "mean"), (f"v{i}", op, "variance"),
-                           (f"s{i}", op, "scale"), (f"t{i}", op, "bias")]
-                scalars.append((f"eps{i}", op, "epsilon"))
-        lines.append("scale_out = scale; shift_out = shift;")
-        kernel = PointwiseKernel("fusion_fold_affine", [(n, float32) for n, _, _ in inputs],
-                                 [("scale_out", float32), ("shift_out", float32)], " ".join(lines),
-                                 scalars=[(n, np.float32) for n, _, _ in scalars])
-        kernel.layout = (inputs, scalars)
-        _prebuild_pointwise(self.plan.ctx, kernel, self.fold_shape,
-                            [self.param_shapes[op] for _, op, _ in inputs])
+        """The kernel (kernels/fusion_fold.cl.mako) that turns the chain's parameters into the
+        epilogue's (scale, shift): acc * scale + shift reproduces every bias and BN op in order.
+        It is enqueued with arguments set directly: it runs before the convolution on every
+        call, so its host cost delays the convolution's start."""
+        chain = [("bias" if isinstance(op, BiasForwardOp) else "bn",
+                  len(self.param_shapes[op]) > 1) for op in self.affine_ops]
+        kernel = program.kernel(self.plan.ctx, "fusion_fold", "fold_affine", dict(chain=chain),
+                                fresh=True)
+        count = math.prod(self.fold_shape)
+        group = min(64, self.plan.ctx.info.max_work_group_size)
+        self.fold_launch = ((-(-count // group) * group,), (group,))
+        self.fold_sizes = [np.int32(count), np.int32(count // self.fold_shape[0])]
+        self.fold_outputs = [self.scale.buffer, np.int32(self.scale.offset_elements),
+                             self.shift.buffer, np.int32(self.shift.offset_elements)]
         return kernel
+
+    def _fold(self, args):
+        """Enqueue the fold of this call's parameters into self.scale, self.shift."""
+        import pyopencl as cl
+        kernel_args = list(self.fold_sizes)
+        for op in self.affine_ops:
+            values = args.get(op)
+            fields = ("bias",) if isinstance(op, BiasForwardOp) else ("mean", "variance", "scale", "bias")
+            for field in fields:
+                t = values[field]
+                _check_param_tensor(op, t, field, self.param_shapes[op])
+                if t.ctx.cl_context != self.plan.ctx.cl_context:
+                    raise DeviceError(f"op {op.index}: {field} lives in another OpenCL context "
+                                      f"than the plan")
+                kernel_args += [t.buffer, np.int32(t.offset_elements)]
+            if not isinstance(op, BiasForwardOp):
+                kernel_args.append(np.float32(values["epsilon"]))
+        self.fold_kernel.set_args(*kernel_args, *self.fold_outputs)
+        cl.enqueue_nd_range_kernel(self.plan.ctx.queue, self.fold_kernel, *self.fold_launch)
 
     def algorithm_names(self):
         return [_algorithm_name(a) for a in self.algorithms]
@@ -890,14 +906,7 @@ class _ConvChain:
                              f"{self.conv_op.weight_desc.shape}")
         scale = shift = None
         if self.needs_fold:
-            inputs, scalars = self.fold_kernel.layout
-            tensors = []
-            for name, op, field in inputs:
-                value = args.get(op)[field]
-                _check_param_tensor(op, value, field, self.param_shapes[op])
-                tensors.append(_param_view(value, self.param_shapes[op]))
-            self.fold_kernel(tensors, [self.scale, self.shift],
-                             [args.get(op)[field] for _, op, field in scalars])
+            self._fold(args)
             scale, shift = self.scale, self.shift
         elif self.affine_ops:
             op = self.affine_ops[0]
