@@ -622,6 +622,27 @@ def _bn_train_kernel(ctx, name, activation, index_t):
     return program.kernel(ctx, "fusion_bn", name, params)
 
 
+def _bn_chunks(ctx, layout):
+    """Work-groups per channel so that the device has enough of them (at least 8 * group
+    elements each)."""
+    _, channels, _ = layout
+    per_channel = layout[0] * layout[2]
+    group = _bn_group_size(ctx)
+    wanted = ctx.info.compute_units * (8 if ctx.info.is_gpu else 1)
+    chunks = min(-(-wanted // max(channels, 1)), per_channel // (8 * group), 256)
+    return max(1, chunks)
+
+
+def _bn_partials(ctx, layout, chunks):
+    """(chunks, chunk_len, partials tensor or None) for splitting each channel in ``chunks``."""
+    per_channel = layout[0] * layout[2]
+    chunks = max(1, min(int(chunks), per_channel))
+    chunk_len = -(-per_channel // chunks)
+    chunks = -(-per_channel // chunk_len)
+    partials = Tensor.empty(ctx, (layout[1] * chunks * 2,)) if chunks > 1 else None
+    return chunks, chunk_len, partials
+
+
 def _bn_layout(shape, mode):
     """(N, C, S) as the fusion_bn kernels see the tensor in ``mode``."""
     channels, spatial = _channel_shape(shape)
@@ -657,11 +678,17 @@ class _BatchNormTrainForward:
         self.param_size = self.layout[1]
         self.output_desc = TensorDesc(shape, float32)
         self.dummy = Tensor.zeros(plan.ctx, (1,))
+        self.set_chunks(_bn_chunks(plan.ctx, self.layout))
         self._kernel(activation_desc(self.activation.mode) if self.activation else
-                     ActivationDesc(Activation.PASTHRU), "int")
+                     ActivationDesc(Activation.PASTHRU), "int", "activation")
 
-    def _kernel(self, activation, index_t):
-        return _bn_train_kernel(self.plan.ctx, "bn_train_forward_activation", activation, index_t)
+    def set_chunks(self, chunks):
+        """Split each channel into ``chunks`` work-groups (1: one kernel per call; more: two
+        kernels, for channels too few to fill the device). Chosen at compile; for tests."""
+        self.chunks, self.chunk_len, self.partials = _bn_partials(self.plan.ctx, self.layout, chunks)
+
+    def _kernel(self, activation, index_t, step):
+        return _bn_train_kernel(self.plan.ctx, f"bn_train_forward_{step}", activation, index_t)
 
     def run(self, x, y, args):
         values = args.get(self.bn)
@@ -676,18 +703,27 @@ class _BatchNormTrainForward:
                                  f"{self.param_size} ({self.bn.mode})")
         check_same_context(x, y, *params)
         index_t, index_np = _index_type(x, y, *params)
-        kernel = self._kernel(activation, index_t)
         save = values["saved_mean"] is not None
         update = values["running_mean"] is not None
-        call_args = [index_np(v) for v in self.layout] + [x.buffer, index_np(x.offset_elements),
-                                                          y.buffer, index_np(y.offset_elements)]
+        sizes = [index_np(v) for v in self.layout]
+        x_args = [x.buffer, index_np(x.offset_elements)]
+        call_args = x_args + [y.buffer, index_np(y.offset_elements)]
         for t in params:
             t = t if t is not None else self.dummy
             call_args += [t.buffer, index_np(t.offset_elements)]
         call_args += [np.float32(values["exp_avg_factor"]), np.float32(values["epsilon"]),
                       np.int32(save), np.int32(update)]
-        group = _bn_group_size(self.plan.ctx)
-        kernel(self.plan.ctx.queue, (self.layout[1] * group,), (group,), *call_args)
+        queue, group = self.plan.ctx.queue, _bn_group_size(self.plan.ctx)
+        if self.chunks == 1:
+            self._kernel(activation, index_t, "activation")(
+                queue, (self.layout[1] * group,), (group,), *sizes, *call_args)
+            return
+        grid, local = (self.chunks * group, self.layout[1]), (group, 1)
+        sizes.append(index_np(self.chunk_len))
+        self._kernel(activation, index_t, "partial")(queue, grid, local, *sizes, *x_args,
+                                                      self.partials.buffer)
+        self._kernel(activation, index_t, "apply")(queue, grid, local, *sizes, *call_args,
+                                                    self.partials.buffer)
 
 
 class _BatchNormTrainBackward:
@@ -714,11 +750,14 @@ class _BatchNormTrainBackward:
         self.layout = _bn_layout(shape, self.bn.mode)
         self.param_size = self.layout[1]
         self.output_desc = TensorDesc(shape, float32)
+        self.set_chunks(_bn_chunks(plan.ctx, self.layout))
         self._kernel(activation_desc(self.activation.mode) if self.activation else
-                     ActivationDesc(Activation.PASTHRU), "int")
+                     ActivationDesc(Activation.PASTHRU), "int", "activation")
 
-    def _kernel(self, activation, index_t):
-        return _bn_train_kernel(self.plan.ctx, "bn_train_backward_activation", activation, index_t)
+    set_chunks = _BatchNormTrainForward.set_chunks
+
+    def _kernel(self, activation, index_t, step):
+        return _bn_train_kernel(self.plan.ctx, f"bn_train_backward_{step}", activation, index_t)
 
     def run(self, dy, dx, args):
         values = args.get(self.bn)
@@ -735,12 +774,23 @@ class _BatchNormTrainBackward:
                                  f"{self.param_size} ({self.bn.mode})")
         check_same_context(dy, dx, x, *params)
         index_t, index_np = _index_type(dy, dx, x, *params)
-        kernel = self._kernel(activation, index_t)
-        call_args = [index_np(v) for v in self.layout]
-        for t in [x, dy, dx] + params:
-            call_args += [t.buffer, index_np(t.offset_elements)]
-        group = _bn_group_size(self.plan.ctx)
-        kernel(self.plan.ctx.queue, (self.layout[1] * group,), (group,), *call_args)
+        sizes = [index_np(v) for v in self.layout]
+        buffers = {}
+        for name, t in zip(("x", "dy", "dx") + names, [x, dy, dx] + params):
+            buffers[name] = [t.buffer, index_np(t.offset_elements)]
+        queue, group = self.plan.ctx.queue, _bn_group_size(self.plan.ctx)
+        apply_args = [a for name in ("x", "dy", "dx") + names for a in buffers[name]]
+        if self.chunks == 1:
+            self._kernel(activation, index_t, "activation")(
+                queue, (self.layout[1] * group,), (group,), *sizes, *apply_args)
+            return
+        grid, local = (self.chunks * group, self.layout[1]), (group, 1)
+        sizes.append(index_np(self.chunk_len))
+        partial_args = [a for name in ("x", "dy") + names[:4] for a in buffers[name]]
+        self._kernel(activation, index_t, "partial")(queue, grid, local, *sizes, *partial_args,
+                                                      self.partials.buffer)
+        self._kernel(activation, index_t, "apply")(queue, grid, local, *sizes, *apply_args,
+                                                    self.partials.buffer)
 
 
 class _ConvChain:

@@ -15,6 +15,15 @@
 ##                        dz = dy * act'(z); dbias = sum dz; dscale = sum dz * x_hat
 ##                        dx = scale * inv_std / M * (M * dz - dbias - x_hat * dscale), M = N*S
 ##
+## Large channels are split into chunks so that the whole device works (one work-group per
+## channel leaves most of a GPU idle when C is small and N*S large): with chunks > 1,
+##   *_partial   work-group (j, c) reduces chunk j of channel c into partials[(c * chunks + j) * 2]
+##               (forward: sums of d and d^2 with d = x - x[c, first element], a shift that keeps
+##               the variance free of cancellation; backward: sums of dz and dz * x_hat);
+##   *_apply     work-group (j, c) adds the channel's partials up again (chunks values, cheap),
+##               writes its chunk of the output, and chunk 0 writes the per-channel results.
+## Chunk j covers the channel's elements [j * chunk_len, min(M, (j + 1) * chunk_len)).
+##
 ## Template parameters:
 ##   group_size     work-items per work-group (a power of two); one work-group per channel
 ##   index_t        "int" when every element index fits in 31 bits, else "long"
@@ -156,6 +165,190 @@ void bn_train_backward_activation(
         dx[dx_off + e] = factor * ((float)M * dz - total_dz - x_hat * total_dz_xhat);
     }
     if (lid == 0) {
+        scale_diff[scale_diff_off + c] = total_dz_xhat;
+        bias_diff[bias_diff_off + c] = total_dz;
+    }
+}
+
+// ---- chunked variants -------------------------------------------------------------------------
+
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void bn_train_forward_partial(
+    index_t N, index_t C, index_t S, index_t chunk_len,
+    __global const float* restrict x, index_t x_off,
+    __global float* restrict partials)
+{
+    __local float first[GROUP_SIZE];
+    __local float second[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    const index_t j = get_group_id(0);
+    const index_t c = get_group_id(1);
+    const index_t chunks = get_num_groups(0);
+    const index_t M = N * S;
+    const float origin = x[x_off + element_index(0, C, S, c)];
+    const index_t end = min(M, (j + 1) * chunk_len);
+    float sum = 0.0f, squares = 0.0f;
+    for (index_t i = j * chunk_len + lid; i < end; i += GROUP_SIZE) {
+        float d = x[x_off + element_index(i, C, S, c)] - origin;
+        sum += d;
+        squares += d * d;
+    }
+    first[lid] = sum;
+    second[lid] = squares;
+    reduce_sum2(first, second, lid);
+    if (lid == 0) {
+        partials[(c * chunks + j) * 2] = first[0];
+        partials[(c * chunks + j) * 2 + 1] = second[0];
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void bn_train_forward_apply(
+    index_t N, index_t C, index_t S, index_t chunk_len,
+    __global const float* restrict x, index_t x_off,
+    __global float* restrict y, index_t y_off,
+    __global const float* restrict scale, index_t scale_off,
+    __global const float* restrict bias, index_t bias_off,
+    __global float* restrict saved_mean, index_t saved_mean_off,
+    __global float* restrict saved_inv_variance, index_t saved_inv_variance_off,
+    __global float* restrict running_mean, index_t running_mean_off,
+    __global float* restrict running_variance, index_t running_variance_off,
+    float exp_avg_factor, float epsilon, int save_statistics, int update_running,
+    __global const float* restrict partials)
+{
+    __local float first[GROUP_SIZE];
+    __local float second[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    const index_t j = get_group_id(0);
+    const index_t c = get_group_id(1);
+    const index_t chunks = get_num_groups(0);
+    const index_t M = N * S;
+    float sum = 0.0f, squares = 0.0f;
+    for (index_t k = lid; k < chunks; k += GROUP_SIZE) {
+        sum += partials[(c * chunks + k) * 2];
+        squares += partials[(c * chunks + k) * 2 + 1];
+    }
+    first[lid] = sum;
+    second[lid] = squares;
+    reduce_sum2(first, second, lid);
+    const float origin = x[x_off + element_index(0, C, S, c)];
+    const float shifted_mean = first[0] / (float)M;
+    const float mean = origin + shifted_mean;
+    const float variance = fmax(second[0] / (float)M - shifted_mean * shifted_mean, 0.0f);
+    const float inv_std = 1.0f / sqrt(variance + epsilon);
+    const float gain = scale[scale_off + c] * inv_std;
+    const float shift = bias[bias_off + c] - mean * gain;
+
+    const index_t end = min(M, (j + 1) * chunk_len);
+    for (index_t i = j * chunk_len + lid; i < end; i += GROUP_SIZE) {
+        index_t e = element_index(i, C, S, c);
+        float z = x[x_off + e] * gain + shift;
+        y[y_off + e] = ${act_forward};
+    }
+    if (j == 0 && lid == 0) {
+        if (save_statistics) {
+            saved_mean[saved_mean_off + c] = mean;
+            saved_inv_variance[saved_inv_variance_off + c] = inv_std;
+        }
+        if (update_running) {
+            float unbiased = M > 1 ? variance * (float)M / (float)(M - 1) : variance;
+            running_mean[running_mean_off + c] =
+                (1.0f - exp_avg_factor) * running_mean[running_mean_off + c] + exp_avg_factor * mean;
+            running_variance[running_variance_off + c] =
+                (1.0f - exp_avg_factor) * running_variance[running_variance_off + c]
+                + exp_avg_factor * unbiased;
+        }
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void bn_train_backward_partial(
+    index_t N, index_t C, index_t S, index_t chunk_len,
+    __global const float* restrict x, index_t x_off,
+    __global const float* restrict dy, index_t dy_off,
+    __global const float* restrict scale, index_t scale_off,
+    __global const float* restrict bias, index_t bias_off,
+    __global const float* restrict saved_mean, index_t saved_mean_off,
+    __global const float* restrict saved_inv_variance, index_t saved_inv_variance_off,
+    __global float* restrict partials)
+{
+    __local float first[GROUP_SIZE];
+    __local float second[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    const index_t j = get_group_id(0);
+    const index_t c = get_group_id(1);
+    const index_t chunks = get_num_groups(0);
+    const index_t M = N * S;
+    const float mean = saved_mean[saved_mean_off + c];
+    const float inv_std = saved_inv_variance[saved_inv_variance_off + c];
+    const float gamma = scale[scale_off + c];
+    const float beta = bias[bias_off + c];
+    const index_t end = min(M, (j + 1) * chunk_len);
+    float sum_dz = 0.0f, sum_dz_xhat = 0.0f;
+    for (index_t i = j * chunk_len + lid; i < end; i += GROUP_SIZE) {
+        index_t e = element_index(i, C, S, c);
+        float x_hat = (x[x_off + e] - mean) * inv_std;
+        float z = x_hat * gamma + beta;
+        float a = ${act_forward};
+        float dz = dy[dy_off + e] * (${act_derivative});
+        sum_dz += dz;
+        sum_dz_xhat += dz * x_hat;
+    }
+    first[lid] = sum_dz;
+    second[lid] = sum_dz_xhat;
+    reduce_sum2(first, second, lid);
+    if (lid == 0) {
+        partials[(c * chunks + j) * 2] = first[0];
+        partials[(c * chunks + j) * 2 + 1] = second[0];
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void bn_train_backward_apply(
+    index_t N, index_t C, index_t S, index_t chunk_len,
+    __global const float* restrict x, index_t x_off,
+    __global const float* restrict dy, index_t dy_off,
+    __global float* restrict dx, index_t dx_off,
+    __global const float* restrict scale, index_t scale_off,
+    __global const float* restrict bias, index_t bias_off,
+    __global const float* restrict saved_mean, index_t saved_mean_off,
+    __global const float* restrict saved_inv_variance, index_t saved_inv_variance_off,
+    __global float* restrict scale_diff, index_t scale_diff_off,
+    __global float* restrict bias_diff, index_t bias_diff_off,
+    __global const float* restrict partials)
+{
+    __local float first[GROUP_SIZE];
+    __local float second[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    const index_t j = get_group_id(0);
+    const index_t c = get_group_id(1);
+    const index_t chunks = get_num_groups(0);
+    const index_t M = N * S;
+    float sum_dz = 0.0f, sum_dz_xhat = 0.0f;
+    for (index_t k = lid; k < chunks; k += GROUP_SIZE) {
+        sum_dz += partials[(c * chunks + k) * 2];
+        sum_dz_xhat += partials[(c * chunks + k) * 2 + 1];
+    }
+    first[lid] = sum_dz;
+    second[lid] = sum_dz_xhat;
+    reduce_sum2(first, second, lid);
+    const float total_dz = first[0];
+    const float total_dz_xhat = second[0];
+    const float mean = saved_mean[saved_mean_off + c];
+    const float inv_std = saved_inv_variance[saved_inv_variance_off + c];
+    const float gamma = scale[scale_off + c];
+    const float beta = bias[bias_off + c];
+    const float factor = gamma * inv_std / (float)M;
+    const index_t end = min(M, (j + 1) * chunk_len);
+    for (index_t i = j * chunk_len + lid; i < end; i += GROUP_SIZE) {
+        index_t e = element_index(i, C, S, c);
+        float x_hat = (x[x_off + e] - mean) * inv_std;
+        float z = x_hat * gamma + beta;
+        float a = ${act_forward};
+        float dz = dy[dy_off + e] * (${act_derivative});
+        dx[dx_off + e] = factor * ((float)M * dz - total_dz - x_hat * total_dz_xhat);
+    }
+    if (j == 0 && lid == 0) {
         scale_diff[scale_diff_off + c] = total_dz_xhat;
         bias_diff[bias_diff_off + c] = total_dz;
     }

@@ -174,11 +174,16 @@ def bn_train_torch(x, scale, bias, mode, activation, eps):
     return xt, st, bt, y, mean.flatten(), var.flatten(), count
 
 
-@pytest.mark.parametrize("mode, activation, reference", [
-    (fusion.BN_SPATIAL, fusion.ACTIVATION_RELU, torch.relu),
-    (fusion.BN_PER_ACTIVATION, fusion.ACTIVATION_LOGISTIC, torch.sigmoid),
-], ids=["spatial-relu", "per_activation-logistic"])
-def test_batchnorm_train_forward_and_backward_activation(ctx, rng, mode, activation, reference):
+@pytest.mark.parametrize("mode, activation, reference, chunks", [
+    (fusion.BN_SPATIAL, fusion.ACTIVATION_RELU, torch.relu, 1),
+    (fusion.BN_SPATIAL, fusion.ACTIVATION_RELU, torch.relu, 3),
+    (fusion.BN_PER_ACTIVATION, fusion.ACTIVATION_LOGISTIC, torch.sigmoid, 1),
+    (fusion.BN_PER_ACTIVATION, fusion.ACTIVATION_LOGISTIC, torch.sigmoid, 2),
+], ids=["spatial-relu", "spatial-relu-3-chunks", "per_activation-logistic",
+        "per_activation-logistic-2-chunks"])
+def test_batchnorm_train_forward_and_backward_activation(ctx, rng, mode, activation, reference,
+                                                         chunks):
+    """One kernel per channel (chunks=1), or each channel split over work-groups (two kernels)."""
     shape = (4, 3, 5, 6)
     x = random(rng, shape, -1, 3)
     param_shape = (1, 3, 1, 1) if mode == fusion.BN_SPATIAL else (1, 3, 5, 6)
@@ -190,6 +195,8 @@ def test_batchnorm_train_forward_and_backward_activation(ctx, rng, mode, activat
     bn = plan.create_op_batchnorm_forward(mode, True)
     act = plan.create_op_activation_forward(activation)
     plan.compile()
+    plan.runner.set_chunks(chunks)
+    assert plan.runner.chunks == chunks
     args = fusion.OperatorArgs()
     scale_d, bias_d, xd = dev(ctx, scale, bias, x)
     saved_mean, saved_inv = poisoned(ctx, param_shape), poisoned(ctx, param_shape)
@@ -217,6 +224,7 @@ def test_batchnorm_train_forward_and_backward_activation(ctx, rng, mode, activat
     bn_back = back.create_op_batchnorm_backward(mode)
     act_back = back.create_op_activation_backward(activation)
     back.compile()
+    back.runner.set_chunks(chunks)
     bargs = fusion.OperatorArgs()
     dscale, dbias = poisoned(ctx, param_shape), poisoned(ctx, param_shape)
     bargs.set_batchnorm_backward(bn_back, 1.0, 0.0, xd, scale_d, bias_d, dscale, dbias,
