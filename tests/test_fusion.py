@@ -8,6 +8,8 @@ import torch.nn.functional as F
 import dlprim_py as dp
 from conftest import assert_close, poisoned, random
 from dlprim_py import fusion
+from dlprim_py.ops import norm
+from dlprim_py.ops.activation_ops import activation_backward, activation_forward
 
 MIOPEN_MODES = [
     # (mode, activ_alpha, activ_beta, activ_gamma): parameters that change the result.
@@ -80,6 +82,12 @@ def test_batchnorm_inference_activation_every_mode(ctx, rng, mode, a, b, g):
     plan.execute(plan.input_desc, dp.Tensor.from_numpy(ctx, x), plan.output_desc, y, args)
     ref = act_ref(mode, a, b, g, bn_inference_ref(x, *params, eps))
     assert_close(y.numpy(), ref.numpy())
+    # The unfused sequence: the library's batch norm, then its activation.
+    normalised, unfused = poisoned(ctx, shape), poisoned(ctx, shape)
+    norm.batch_norm_forward_inference(dp.Tensor.from_numpy(ctx, x), normalised, scale, bias, mean,
+                                      variance, eps=eps)
+    activation_forward(fusion.activation_desc(mode, a, b, g), normalised, unfused)
+    assert_close(y.numpy(), unfused.numpy(), tol=1e-6)
     torch_ref = act_ref(mode, a, b, g, F.batch_norm(
         t64(x), t64(params[2]).flatten(), t64(params[3]).flatten(), t64(params[0]).flatten(),
         t64(params[1]).flatten(), training=False, eps=eps))
@@ -217,6 +225,16 @@ def test_batchnorm_train_forward_and_backward_activation(ctx, rng, mode, activat
     assert_close(run_var.numpy().ravel(),
                  ((1 - factor) * t64(running_var).flatten() + factor * unbiased).detach().numpy())
 
+    # The unfused sequence: the library's training batch norm, then its activation.
+    desc = fusion.activation_desc(activation)
+    normalised, unfused = poisoned(ctx, shape), poisoned(ctx, shape)
+    mean_u, invstd_u = poisoned(ctx, param_shape), poisoned(ctx, param_shape)
+    norm.batch_norm_forward_training(xd, normalised, scale_d, bias_d, save_mean=mean_u,
+                                     save_invstd=invstd_u, eps=eps, mode=mode)
+    activation_forward(desc, normalised, unfused)
+    assert_close(y.numpy(), unfused.numpy(), tol=1e-6)
+    assert_close(saved_inv.numpy(), invstd_u.numpy(), tol=1e-6)
+
     # Backward, in MIOpen's op order (batch norm, then activation).
     dy = random(rng, shape)
     y_ref.backward(t64(dy))
@@ -235,6 +253,14 @@ def test_batchnorm_train_forward_and_backward_activation(ctx, rng, mode, activat
     assert_close(dx.numpy(), xt.grad.numpy())
     assert_close(dscale.numpy().ravel(), st.grad.numpy().ravel())
     assert_close(dbias.numpy().ravel(), bt.grad.numpy().ravel())
+    # Unfused: the activation's backward, then batch norm's.
+    dyd, dz, dx_u = dev(ctx, dy)[0], poisoned(ctx, shape), poisoned(ctx, shape)
+    dscale_u, dbias_u = poisoned(ctx, param_shape), poisoned(ctx, param_shape)
+    activation_backward(desc, unfused, dyd, normalised, dz)
+    norm.batch_norm_backward(xd, dz, dx_u, scale_d, mean_u, invstd_u, dscale_u, dbias_u, mode=mode)
+    assert_close(dx.numpy(), dx_u.numpy(), tol=1e-6)
+    assert_close(dscale.numpy(), dscale_u.numpy(), tol=1e-6)
+    assert_close(dbias.numpy(), dbias_u.numpy(), tol=1e-6)
 
 
 def test_batchnorm_train_without_activation_or_running_statistics(ctx, rng):
