@@ -81,7 +81,7 @@ REF_NAME = {"forward": "y", "backward_data": "dx", "backward_filter": "dw"}
 
 
 # NHWC on a subset: each layout is its own compile, and these cover its index paths.
-CASES = [(name, "NCHW") for name in CONFIGS] + [(name, "NHWC") for name in ("3x3", "asym", "dw3x3s2")]
+CASES = [(name, "NCHW") for name in CONFIGS] + [(name, "NHWC") for name in ("3x3", "asym", "1x1", "dw3x3s2")]
 
 
 @pytest.mark.parametrize("name,layout", CASES)
@@ -96,6 +96,8 @@ def test_every_algorithm_every_direction(ctx, rng, name, layout):
             assert "depthwise" in algos
         if name.startswith("3x3") and direction != "backward_filter":
             assert "winograd" in algos
+        if name == "1x1" and (direction != "backward_filter" or layout == "NHWC"):
+            assert algos[0] == "gemm"
         for algo in algos:
             out = run_direction(ctx, conv, direction, algo, x, w, dy)
             try:
@@ -145,7 +147,7 @@ def test_split_k_backward_filter(ctx, rng):
     assert_close(out.numpy(), ref["dw"])
 
 
-@pytest.mark.parametrize("name", ["3x3", "dw3x3s2"])
+@pytest.mark.parametrize("name", ["3x3", "1x1", "dw3x3s2"])
 def test_fused_epilogue(ctx, rng, name):
     """y = act(alpha * conv * scale + shift + residual_alpha * z) + beta * y_old, each algorithm."""
     cfg = CONFIGS[name]

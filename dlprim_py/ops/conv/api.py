@@ -50,6 +50,7 @@ class Convolution:
         self.weight_desc = weight_desc
         self.output_desc = TensorDesc(self.problem.y_shape, input_desc.dtype)
         self._chosen = {}
+        self._workspaces = {}
         # Build the forward kernels now so that a call only enqueues.
         name = self._choose("forward")
         selection.algorithm(name).prepare(ctx, self.problem, "forward")
@@ -92,7 +93,11 @@ class Convolution:
             if workspace is not None:
                 raise ShapeError(f"{name} {direction} needs a workspace of {need} bytes, "
                                  f"got {workspace.nbytes}")
-            workspace = Tensor.empty(self.ctx, (need // 4,))
+            # Kept for the next call: algorithms bind plans to their workspace.
+            workspace = self._workspaces.get((name, direction))
+            if workspace is None:
+                workspace = Tensor.empty(self.ctx, (need // 4,))
+                self._workspaces[(name, direction)] = workspace
         algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep, epilogue, workspace)
         return dst
 

@@ -13,10 +13,11 @@ from ... import config, finddb
 from ...errors import UnsupportedError
 from ...timing import time_enqueued
 from .algorithms import Depthwise, Direct, EpilogueArgs, ImplicitGemm
+from .gemm1x1 import Gemm1x1
 from .winograd import Winograd
 
 # Every algorithm by name; the order is the tie-break order of find mode.
-ALGORITHMS = {a.name: a for a in (Winograd(), Depthwise(), ImplicitGemm(), Direct())}
+ALGORITHMS = {a.name: a for a in (Gemm1x1(), Winograd(), Depthwise(), ImplicitGemm(), Direct())}
 
 
 def algorithm(name):
@@ -36,7 +37,7 @@ def applicable(ctx, problem, direction):
 def _rank(ctx, problem, direction, name):
     if name == "direct":
         return 100
-    if name == "depthwise":
+    if name in ("depthwise", "gemm"):
         return 0
     if name == "winograd":
         # Winograd's transforms pay off when the channel GEMMs are big enough.

@@ -1,9 +1,10 @@
 """Winograd F(2x2, 3x3) (kernels/conv_winograd.cl.mako): forward and backward data for 3x3,
 stride 1, dilation 1, groups 1. The transforms run in their own kernels and the 16 channel
-GEMMs run as one 16-group 1x1 convolution of the implicit-GEMM kernel, so the epilogue is
-applied in the output transform. Workspace: U (16 x GM x GK), V (16 x GK x T), M (16 x GM x T)
+GEMMs run as one batched GEMM of the tuned GEMM engine (``dlprim_py.ops.gemm``); the epilogue
+is applied in the output transform. Workspace: U (16 x GM x GK), V (16 x GK x T), M (16 x GM x T)
 floats with T = N * ceil(Ho/2) * ceil(Wo/2) tiles."""
 import math
+from collections import OrderedDict
 
 import numpy as np
 
@@ -11,8 +12,7 @@ from ... import program
 from ...errors import ShapeError
 from ...tensor import Tensor
 from ..pointwise import launch_size
-from .algorithms import NO_EPILOGUE, Algorithm, EpilogueArgs, ImplicitGemm, _buf
-from .problem import ConvProblem
+from .algorithms import NO_EPILOGUE, Algorithm, _buf
 
 _I32 = np.int32
 
@@ -29,8 +29,10 @@ class Winograd(Algorithm):
     name = "winograd"
     directions = ("forward", "backward_data")
 
+    _PLANS = 64   # GEMM plans bind the workspace; keep the most recent ones
+
     def __init__(self):
-        self.gemm = ImplicitGemm()
+        self.plans = OrderedDict()
 
     def applies(self, ctx, problem, direction):
         p = problem
@@ -45,24 +47,35 @@ class Winograd(Algorithm):
         u, v, m = 16 * gm * gk, 16 * gk * tiles, 16 * gm * tiles
         return tiles, u, v, m, u + v + m
 
-    def _gemm_problem(self, problem, direction):
+    def _gemm_plan(self, ctx, problem, direction, workspace):
+        from ..gemm import GemmPlan
+        tiles, u_size, v_size, m_size, _ = self._sizes(problem, direction)
         gm, gk = _shape(problem, direction)[:2]
-        tiles = self._sizes(problem, direction)[0]
-        return ConvProblem(1, 16 * gk, 1, tiles, 16 * gm, 1, 1, 0, 0, 1, 1, 1, 1, 16)
+        base = workspace.offset_elements
+        key = (ctx.cl_context.int_ptr, problem, direction, workspace.buffer.int_ptr, base)
+        plan = self.plans.get(key)
+        if plan is None:
+            buf = workspace.buffer
+            plan = self.plans[key] = GemmPlan(
+                ctx, gm, tiles, gk, buf, base, gk, buf, base + u_size, tiles,
+                buf, base + u_size + v_size, tiles, batch=16, stride_a=gm * gk,
+                stride_b=gk * tiles, stride_c=gm * tiles)
+            while len(self.plans) > self._PLANS:
+                self.plans.popitem(last=False)
+        else:
+            self.plans.move_to_end(key)
+        return plan
 
     def workspace_size(self, ctx, problem, direction):
         return self._sizes(problem, direction)[-1] * 4
 
     def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
         params = (epilogue if direction == "forward" else NO_EPILOGUE).params()
-        built = program.build(ctx, "conv_winograd", params)
-        gemm_problem = self._gemm_problem(problem, direction)
-        self.gemm.prepare(ctx, gemm_problem, "forward")
-        return built, gemm_problem
+        return program.build(ctx, "conv_winograd", params)
 
     def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
             workspace=None):
-        built, gemm_problem = self.prepare(ctx, problem, direction, epilogue)
+        built = self.prepare(ctx, problem, direction, epilogue)
         tiles, u_size, v_size, m_size, total = self._sizes(problem, direction)
         if workspace is None or workspace.nbytes < total * 4:
             raise ShapeError(f"winograd {direction} needs a workspace of {total * 4} bytes, got "
@@ -86,7 +99,7 @@ class Winograd(Algorithm):
         built.kernel("winograd_input_transform")(
             q, gsize, lsize, _I32(problem.n), _I32(gk), _I32(hi), _I32(wi), _I32(pad_h),
             _I32(pad_w), _I32(th), _I32(tw), *_buf(src), *(_I32(s) for s in in_strides), *_buf(V))
-        self.gemm.run(ctx, gemm_problem, "forward", V, U, M, EpilogueArgs())
+        self._gemm_plan(ctx, problem, direction, workspace).enqueue()
         gsize, lsize = launch_size(ctx, gm * tiles)
         built.kernel("winograd_output_transform")(
             q, gsize, lsize, _I32(problem.n), _I32(gm), _I32(ho), _I32(wo), _I32(th), _I32(tw),
