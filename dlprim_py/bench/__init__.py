@@ -118,6 +118,14 @@ def measure_peaks(bench):
         bench.measurement, bench.torch = saved, saved_torch
 
 
+def _release_memory(ctx):
+    """Hand the blocks a finished case freed back to the driver: the memory pool keeps them
+    otherwise, and a full run's many sizes would add up on the device."""
+    pool = ctx.memo.get("memory_pool")
+    if pool is not None:
+        pool.free_held()
+
+
 def run(args, out=None):
     """Run the selected suites; returns (bench, rows, record)."""
     from ..context import Context
@@ -157,6 +165,7 @@ def run(args, out=None):
             bench.peaks[peak_of] = row.rate
             row.peak_percent = 100.0
         rows.append(row)
+        _release_memory(ctx)
     progress.close()
 
     for name in args.suites:

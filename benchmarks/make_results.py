@@ -1,0 +1,186 @@
+"""Write benchmarks/results/RESULTS.md from the JSON results next to it.
+
+    python benchmarks/make_results.py [--results benchmarks/results] [--output .../RESULTS.md]
+
+``dlprim-bench --json`` records (one per device) give the headline table and a table per suite;
+the per-family benchmark scripts' records (``"benchmark": "gemm"`` and the like) are listed
+with their rows. Numbers are copied, not recomputed: the JSON files are the source of truth.
+"""
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _fmt(value, spec):
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def _geomean(values):
+    values = [v for v in values if v and v > 0]
+    if not values:
+        return None
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _row_by_name(record, suite, name):
+    for row in record["rows"]:
+        if row["suite"] == suite and row["name"] == name and row["status"] == "ok":
+            return row
+    return None
+
+
+def _device_label(record):
+    device = record["device"]
+    return f"{device['name']} ({device['platform']}, driver {device['driver_version']})"
+
+
+def headline(records):
+    """One line per dlprim-bench record: peaks, best GEMM rate, speed vs torch per suite."""
+    suites = ("gemm", "conv", "ops", "fusion")
+    lines = ["| device | mode | FP32 peak GFLOP/s | copy GB/s | launch us | best GEMM GFLOP/s | "
+             + " | ".join(f"{s} x torch" for s in suites) + " | baseline |",
+             "|---|---|---|---|---|---|" + "---|" * len(suites) + "---|"]
+    for name, rec in records:
+        fma = _row_by_name(rec, "peak", "fp32 multiply-add")
+        copy = _row_by_name(rec, "peak", "copy bandwidth")
+        launch = _row_by_name(rec, "peak", "kernel launch")
+        gemm_rates = [r["rate"] for r in rec["rows"] if r["suite"] == "gemm" and r["status"] == "ok"
+                      and r["rate"]]
+        ratios = []
+        for suite in suites:
+            geo = _geomean([r["speedup_vs_torch"] for r in rec["rows"]
+                            if r["suite"] == suite and r["status"] == "ok"])
+            ratios.append(_fmt(geo, ".2f"))
+        torch = rec.get("torch") or {}
+        baseline = (f"torch {torch.get('version', '?')} {torch.get('device', '')}"
+                    if "version" in torch else torch.get("note", "none"))
+        mode = "quick" if rec["options"].get("quick") else "full"
+        lines.append(
+            f"| {rec['device']['name']} | {mode} | {_fmt(fma and fma['rate'], '.4g')} | "
+            f"{_fmt(copy and copy['rate'], '.4g')} | "
+            f"{_fmt(launch and launch['median_ms'] * 1e3, '.3g')} | "
+            f"{_fmt(max(gemm_rates) if gemm_rates else None, '.4g')} | " + " | ".join(ratios)
+            + f" | {baseline} |")
+    return lines
+
+
+def suite_table(rec, suite):
+    rows = [r for r in rec["rows"] if r["suite"] == suite]
+    if not rows:
+        return []
+    lines = [f"#### {suite}", "",
+             "| case | algorithm | median ms | p20-p80 ms | rate | % peak | torch ms | x torch |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['name']} | {r['algorithm'] or '-'} | {r['status']} | | | | | |")
+            continue
+        rate = f"{_fmt(r['rate'], '.4g')} {r['unit']}" if r["rate"] else "-"
+        lines.append(f"| {r['name']} | {r['algorithm'] or '-'} | {_fmt(r['median_ms'], '.4g')} | "
+                     f"{_fmt(r['p20_ms'], '.4g')}-{_fmt(r['p80_ms'], '.4g')} | {rate} | "
+                     f"{_fmt(r['peak_percent'], '.1f')} | {_fmt(r['torch_median_ms'], '.4g')} | "
+                     f"{_fmt(r['speedup_vs_torch'], '.2f')} |")
+    return lines + [""]
+
+
+def bench_section(name, rec):
+    lib = rec["library"]
+    torch = rec.get("torch") or {}
+    options = rec["options"]
+    lines = [f"### {_device_label(rec)}: `{name}`", "",
+             f"- library {lib['version']}, commit {lib.get('commit') or 'unknown'}"
+             f"{' (with local changes)' if lib.get('dirty') else ''}; {rec['date']}",
+             f"- host: {rec['host']['cpus']} CPUs, Python {rec['host']['python']}, pyopencl "
+             f"{rec['host']['pyopencl']}",
+             f"- baseline: " + (f"torch {torch['version']} on {torch['device']}"
+                                f"{', ' + torch['cuda_device'] if 'cuda_device' in torch else ''}"
+                                f"{', TF32 off' if torch.get('device') == 'cuda' else ''}"
+                                if "version" in torch else torch.get("note", "none")),
+             f"- options: suites {', '.join(options['suites'])}; "
+             f"{'--quick' if options.get('quick') else 'full'}; batch "
+             f"{options.get('batch') or 'default'}; {options.get('repeat')} repeats at most, "
+             f"{options.get('budget_s')} s per case; elapsed {rec['elapsed_s']} s",
+             "- x torch = PyTorch time / dlprim_py time (above 1: faster than PyTorch); % peak is "
+             "of the FP32 rate or copy bandwidth measured in the same run", ""]
+    for suite in ("peak", "gemm", "conv", "ops", "fusion"):
+        lines += suite_table(rec, suite)
+    return lines
+
+
+def other_section(name, rec):
+    """A per-family benchmark script's record: its rows with whichever time fields it has."""
+    lines = [f"### {rec.get('benchmark', name)} on {rec.get('device', '?')}: `{name}`", ""]
+    facts = [f"{k} {rec[k]}" for k in ("platform", "driver", "baseline", "commit", "date", "batch")
+             if k in rec]
+    if facts:
+        lines += ["- " + "; ".join(str(f) for f in facts), ""]
+    summary = rec.get("summary")
+    if isinstance(summary, dict) and summary:
+        lines += ["- summary: " + ", ".join(f"{k} {_fmt(v, '.3g') if isinstance(v, float) else v}"
+                                             for k, v in summary.items()), ""]
+    rows = rec.get("rows") or []
+    if rows and isinstance(rows[0], dict):
+        keys = [k for k in ("ours_ms", "baseline_ms", "ratio", "ours_tflops", "ours_gbs",
+                            "algorithm") if any(k in r for r in rows)]
+        lines += ["| case | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+        for r in rows:
+            cells = [(_fmt(r.get(k), ".4g") if isinstance(r.get(k), (int, float)) else
+                      str(r.get(k, "-"))) for k in keys]
+            lines.append(f"| {r.get('name', '?')} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def load(results_dir):
+    bench_records, others = [], []
+    for path in sorted(Path(results_dir).glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            print(f"skipping {path.name}: {e}", file=sys.stderr)
+            continue
+        if isinstance(rec, dict) and "schema" in rec and "rows" in rec and "device" in rec:
+            bench_records.append((path.name, rec))
+        elif isinstance(rec, dict):
+            others.append((path.name, rec))
+    return bench_records, others
+
+
+def render(bench_records, others):
+    lines = ["# Benchmark results", "",
+             "Generated by `python benchmarks/make_results.py` from the JSON files in this folder; "
+             "do not edit by hand. Reproduce a record with `dlprim-bench --json FILE` (add "
+             "`--quick` on a CPU device), then rerun the generator.", ""]
+    if bench_records:
+        lines += ["## Headline (dlprim-bench)", ""] + headline(bench_records) + [""]
+        lines += ["Speed vs torch is the geometric mean over a suite's measured cases.", ""]
+        lines += ["## dlprim-bench records", ""]
+        for name, rec in bench_records:
+            lines += bench_section(name, rec)
+    if others:
+        lines += ["## Per-family benchmark scripts", ""]
+        for name, rec in others:
+            lines += other_section(name, rec)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default=str(HERE / "results"))
+    parser.add_argument("--output", default=None, help="default: RESULTS.md in --results")
+    args = parser.parse_args(argv)
+    bench_records, others = load(args.results)
+    output = Path(args.output or Path(args.results) / "RESULTS.md")
+    output.write_text(render(bench_records, others))
+    print(f"wrote {output} ({len(bench_records)} dlprim-bench records, {len(others)} others)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
