@@ -334,3 +334,19 @@ def test_main_writes_json(tmp_path, capsys):
     assert all(r["status"] == "ok" for r in rec["rows"])
     assert rec["peaks"]["GFLOP/s"] > 0 and rec["peaks"]["GB/s"] > 0
     assert rec["options"]["quick"] is True
+
+
+def test_a_suite_without_its_operator_says_skipped(ctx, monkeypatch):
+    def missing():
+        raise Skip("dlprim_py.ops.conv not importable (test)")
+    monkeypatch.setattr(conv_suite, "conv_api", missing)
+    specs, row = bench.suite_cases(Bench(ctx, quick=True), "conv")
+    assert specs == [] and row.suite == "conv"
+    assert row.status == "skipped: dlprim_py.ops.conv not importable (test)"
+
+
+def test_peaks_are_measured_when_the_peak_suite_is_not_run(small_bench, monkeypatch):
+    monkeypatch.setattr(peak, "sizes", lambda b: (64, 1e-3, 4096, 5))
+    bench.measure_peaks(small_bench)
+    assert small_bench.peaks["GFLOP/s"] > 0 and small_bench.peaks["GB/s"] > 0
+    assert small_bench.torch is not None  # restored after the probe
