@@ -90,9 +90,21 @@ def op_case(bench, spec):
         targs = [tb.tensor(h) for h in hosts]
         tfn = spec.torch_fn(tb.torch)
         torch_run = lambda: tfn(*targs, **spec.kwargs)  # noqa: E731
-    return Case(run, verify, moved, "GB/s", algorithm=spec.fn, torch_run=torch_run,
+    return Case(run, verify, moved, "GB/s", algorithm=_algorithm(spec), torch_run=torch_run,
                 params={"fn": spec.fn, "shapes": spec.shapes, "kwargs": spec.kwargs,
                         "bytes": moved})
+
+
+def _algorithm(spec):
+    """What the library runs for ``spec``: softmax's row or column kernel, else the function."""
+    if spec.fn in ("softmax", "log_softmax"):
+        from .. import config
+        shape = spec.shapes[0]
+        dim = spec.kwargs.get("dim", -1) % len(shape)
+        inner = int(np.prod(shape[dim + 1:]))
+        variant = config.forced_algorithm("softmax") or ("row" if inner == 1 else "column")
+        return f"{spec.fn} {variant}"
+    return spec.fn
 
 
 def specs(bench):
