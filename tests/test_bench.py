@@ -350,3 +350,34 @@ def test_peaks_are_measured_when_the_peak_suite_is_not_run(small_bench, monkeypa
     bench.measure_peaks(small_bench)
     assert small_bench.peaks["GFLOP/s"] > 0 and small_bench.peaks["GB/s"] > 0
     assert small_bench.torch is not None  # restored after the probe
+
+
+def test_list_names_the_cases_without_running(capsys):
+    assert bench.main(["--list", "--quick", "--suite", "conv", "--suite", "gemm"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "conv: resnet50 2048->512 1x1 @7 n1 fwd" in lines
+    assert sum(line.startswith("gemm: ") for line in lines) == len(gemm_suite.shapes(Bench(None, quick=True)))
+
+
+def test_make_results_renders_bench_and_script_records(ctx, tmp_path):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "make_results.py"
+    spec = importlib.util.spec_from_file_location("make_results", path)
+    make_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_results)
+    b = Bench(ctx)
+    fma = Row("peak", "fp32 multiply-add")
+    fma.median_ms, fma.p20_ms, fma.p80_ms, fma.rate, fma.unit = 1.0, 0.9, 1.1, 123.0, "GFLOP/s"
+    rec = record.build_record(b, [fma] + _rows(), {"suites": ["peak", "gemm"], "quick": True},
+                              {"version": "2.x", "device": "cpu"}, 2.0)
+    record.write_json(tmp_path / "dlprim-bench-test.json", rec)
+    (tmp_path / "gemm-other.json").write_text(json.dumps(
+        {"benchmark": "gemm", "device": "X", "rows": [{"name": "square 64", "ours_ms": 1.5,
+                                                        "baseline_ms": 3.0, "ratio": 2.0}]}))
+    assert make_results.main(["--results", str(tmp_path)]) == 0
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert f"| {ctx.info.name} | quick | 123 |" in text
+    assert "| 256 NN | tiled | 2 | 1.5-2.5 | 16.8 GFLOP/s | 42.0 | 4 | 2.00 |" in text
+    assert "| 512 NN | - | failed: error 0.1 > 1e-05 |" in text
+    assert "| square 64 | 1.5 | 3 | 2 |" in text

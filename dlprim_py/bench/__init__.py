@@ -49,6 +49,8 @@ def parse_args(argv=None):
     parser.add_argument("--plot", metavar="FILE.png",
                         help="draw the speed relative to PyTorch per case (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--list", action="store_true",
+                        help="list the cases the selected suites would run, and stop")
     args = parser.parse_args(argv)
     if args.batch is not None and args.batch < 1:
         parser.error(f"--batch must be >= 1, got {args.batch}")
@@ -154,6 +156,12 @@ def run(args, out=None):
         specs += found
         if skipped is not None:
             rows.append(skipped)
+    if args.list:
+        for row in rows:
+            print(f"{row.suite}: {row.status}", file=out)
+        for spec in specs:
+            print(f"{spec.suite}: {spec.name}", file=out)
+        return bench, [], None
     if "peak" not in args.suites:
         measure_peaks(bench)
     progress = Progress(len(specs), enabled=not args.no_progress)
@@ -191,6 +199,8 @@ def main(argv=None):
     from .plot import plot_ratios
     args = parse_args(argv)
     _, rows, rec = run(args)
+    if rec is None:
+        return 0
     if args.json:
         record.write_json(args.json, rec)
         print(f"wrote {args.json}")
