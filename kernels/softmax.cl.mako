@@ -18,12 +18,15 @@
 ##   cached      "row" only: elements per item kept in registers between the passes, so the
 ##               input is read once (rows up to group_size * cached long); 0 streams the row
 ##               twice with an online (max, sum) first pass
+##   cached_backward  the same for the backward, which holds two values per element (y, dy);
+##               0 or cached
 ##   index_t     "int" when every index fits in 31 bits, else "long"
 <%
     row = variant == "row"
 %>
 #define GROUP_SIZE ${group_size}
 #define CACHED ${cached}
+#define CACHED_BACKWARD ${cached_backward}
 
 // Fold value x into the running (m, s) = (max, sum of exp(. - max)) with one exp.
 void online_add(float *m, float *s, float x)
@@ -193,11 +196,11 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
         __global const float *dyr = dy + dy_off + base;
         __global float *dxr = dx + dx_off + base;
 % if row:
-    % if cached:
-        float yv[CACHED], dyv[CACHED];
+    % if cached_backward:
+        float yv[CACHED_BACKWARD], dyv[CACHED_BACKWARD];
         float total = 0.0f;
         #pragma unroll
-        for (int j = 0; j < CACHED; ++j) {
+        for (int j = 0; j < CACHED_BACKWARD; ++j) {
             ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
             yv[j] = k < size ? yr[k * inner] : 0.0f;
             dyv[j] = k < size ? dyr[k * inner] : 0.0f;
@@ -205,7 +208,7 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
         }
         total = group_fold(tree_s, total, false);
         #pragma unroll
-        for (int j = 0; j < CACHED; ++j) {
+        for (int j = 0; j < CACHED_BACKWARD; ++j) {
             ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
             if (k < size) dxr[k * inner] = ${backward_value("yv[j]", "dyv[j]")};
         }

@@ -68,7 +68,7 @@ def test_nll_ignore_index_and_all_ignored(ctx):
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-@pytest.mark.parametrize("a_shape, b_shape", [((4, 7), (4, 7)), ((3, 1, 5), (4, 1)), ((1,), (1,))])
+@pytest.mark.parametrize("a_shape, b_shape", [((3, 1, 5), (4, 1)), ((1,), (1,))])
 def test_mse_loss(ctx, rng, reduction, a_shape, b_shape):
     _check(ctx, rng, lambda a, b: F.mse_loss(a, b, reduction=reduction),
            lambda a, b: TF.mse_loss(a, b, reduction=reduction) if a.shape == b.shape else

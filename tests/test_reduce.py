@@ -26,7 +26,6 @@ WEIGHTED = ReduceKernel("test_weighted_sum_sq", [("x", np.float32), ("w", np.flo
 @pytest.mark.parametrize("variant", ["group", "item"])
 @pytest.mark.parametrize("x_shape, w_shape, out_shape", [
     ((5, 7, 9), (7, 1), (1, 7, 1)),          # reduce outer and inner, weight broadcast
-    ((5, 7, 9), (9,), (5, 7, 1)),            # innermost
     ((33, 3), (1, 3), (3,)),                 # outermost, output aligned to the right
     ((2, 3, 4, 5), (3, 1, 5), (2, 1, 4, 1)), # alternating kept and reduced
     ((1,), (1,), (1,)),                      # one element
@@ -86,8 +85,8 @@ CASES = [((5, 7, 9), 1, False), ((5, 7, 9), (0, 2), True), ((3, 65), None, False
          ((4, 5), (), False)]
 
 REDUCTIONS = {
-    "sum": (lambda x, d, k: F.sum(x, d, k), lambda t, d, k: t.sum(dim=d, keepdim=k) if d is not None else t.sum()),
-    "mean": (lambda x, d, k: F.mean(x, d, k), lambda t, d, k: t.mean(dim=d, keepdim=k) if d is not None else t.mean()),
+    "sum": (lambda x, d, k: F.sum(x, d, k), lambda t, d, k: t.sum(dim=d, keepdim=k)),
+    "mean": (lambda x, d, k: F.mean(x, d, k), lambda t, d, k: t.mean(dim=d, keepdim=k)),
     "amax": (lambda x, d, k: F.amax(x, d, k), lambda t, d, k: t.amax(dim=() if d is None else d, keepdim=k)),
     "amin": (lambda x, d, k: F.amin(x, d, k), lambda t, d, k: t.amin(dim=() if d is None else d, keepdim=k)),
     "norm2": (lambda x, d, k: F.norm(x, 2, d, k), lambda t, d, k: torch.linalg.vector_norm(t, 2, d, k)),
@@ -106,12 +105,6 @@ PAIRS = ([("sum", *case) for case in CASES] + [("amax", *case) for case in CASES
 @pytest.mark.parametrize("op, shape, dim, keepdim", PAIRS)
 def test_reduction_forward_and_gradient(ctx, rng, op, shape, dim, keepdim):
     ours, theirs = REDUCTIONS[op]
-    if op == "sum" and dim == ():
-        dim = None  # torch's sum reads () as "no dims" in some versions
-    if op == "mean" and dim == ():
-        dim = None
-    if op.startswith("norm") and dim == ():
-        dim = None
     a = random(rng, shape)
     x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
     y = ours(x, dim, keepdim)

@@ -32,6 +32,20 @@ def test_forward_and_gradient(ctx, rng, variant, cached, log, shape, dim):
     assert_close(x.grad.numpy(), t.grad.numpy())
 
 
+def test_long_rows_cached_forward_streaming_backward(ctx, rng):
+    """Rows long enough for the most registers per item: the backward streams instead."""
+    a = random(rng, (2, 5000), -30, 30)
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    y = F.log_softmax(x, 1)
+    t = torch.tensor(a.astype(np.float64), requires_grad=True)
+    ref = torch.log_softmax(t, 1)
+    assert_close(y.numpy(), ref.detach().numpy())
+    g = random(rng, a.shape)
+    y.backward(dp.Tensor.from_numpy(ctx, g))
+    ref.backward(torch.tensor(g.astype(np.float64)))
+    assert_close(x.grad.numpy(), t.grad.numpy())
+
+
 def test_default_choice_and_backward_api(ctx, rng):
     a = random(rng, (3, 300), -5, 5)
     x = dp.Tensor.from_numpy(ctx, a)

@@ -320,7 +320,10 @@ def _check_float(x, name):
 
 
 def _shapes(x, dim, keepdim, name):
-    """(axes, kept-dims shape, result shape) of reducing ``x`` over ``dim``."""
+    """(axes, kept-dims shape, result shape) of reducing ``x`` over ``dim``; an empty ``dim``
+    means every dimension, as in torch."""
+    if isinstance(dim, (tuple, list)) and len(dim) == 0:
+        dim = None
     axes = normalize_dims(dim, x.ndim, name)
     keep_dims = tuple(1 if k in axes else s for k, s in enumerate(x.shape))
     result = keep_dims if keepdim else tuple(s for k, s in enumerate(x.shape) if k not in axes)

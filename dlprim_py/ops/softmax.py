@@ -40,10 +40,13 @@ class SoftmaxPlan:
         elif cached not in (0,) + _CACHE_STEPS or cached * group_size < size and cached:
             raise UnsupportedError(f"softmax: cached={cached} cannot hold a row of {size} "
                                    f"with {group_size} items")
+        # The backward keeps two values per element: beyond 16 of each, registers would spill
+        # (a 1024-item group leaves 64 registers per item on NVIDIA), so it streams instead.
+        cached_backward = cached if cached <= 16 else 0
         self.variant, self.group_size, self.cached = variant, group_size, cached
         self.index_t = "int" if total + group_size * max(cached, 1) * max(inner, 1) < 2 ** 31 - 1 else "long"
         params = dict(variant=variant, log=bool(log), group_size=group_size, cached=cached,
-                      index_t=self.index_t)
+                      cached_backward=cached_backward, index_t=self.index_t)
         built = program.build(ctx, "softmax", params)
         self.forward_kernel = built.kernel("softmax_forward")
         self.backward_kernel = built.kernel("softmax_backward")
