@@ -6,9 +6,10 @@
 ##   backward_filter  m = k (K/g)   n = (c, r, s)       kk = (img, oh, ow)  A = dy   B = x gather
 ## (c, r, s) is enumerated channel-first for NCHW and channel-last (r, s, c) for NHWC, so that
 ## kk walks the weights in memory order. Work group (n tile, m tile, g * splits + split):
-## a TILE_M x TILE_N block of out, THREAD_M x THREAD_N per work item (strided by the thread
-## grid, which keeps local-memory reads conflict-free), kk in steps of TILE_K through local
-## memory with the next step's global loads issued before the current step's arithmetic.
+## a TILE_M x TILE_N block of out, THREAD_M x THREAD_N per work item (in runs of 4 rows and 4
+## columns strided by the thread grid, read from local memory as float4 without bank
+## conflicts), kk in steps of TILE_K through local memory with the next step's global loads
+## issued before the current step's arithmetic.
 ## backward_filter may split kk over `splits` work groups, each writing its partial block to a
 ## workspace [splits][K][C/g*R*S] that conv_igemm_reduce sums with alpha/beta.
 ##
@@ -16,7 +17,8 @@
 ##   direction       "forward", "backward_data" or "backward_filter"
 ##   tile_m, tile_n  block of out per work group
 ##   tile_k          kk step (local memory holds TILE_K x (TILE_M + TILE_N) floats)
-##   thread_m, thread_n  block of out per work item (tile_m / thread_m * tile_n / thread_n items)
+##   thread_m, thread_n  block of out per work item, multiples of 4
+##                   (tile_m / thread_m * tile_n / thread_n work items)
 ##   kernel_r, kernel_s  the kernel size R x S as compile-time constants, so that the (c, r, s)
 ##                   split of kk divides by constants (and vanishes for 1x1, which becomes a
 ##                   plain GEMM over strided loads); 0 reads R and S at run time
@@ -31,6 +33,7 @@
     a_per_thread = tile_m * tile_k // threads
     b_per_thread = tile_k * tile_n // threads
     assert a_per_thread * threads == tile_m * tile_k and b_per_thread * threads == tile_k * tile_n
+    assert thread_m % 4 == 0 and thread_n % 4 == 0
     # How the work items of a group cover a tile when loading: the fast index follows memory.
     a_fast_m = direction == "backward_data"
     b_fast_n = direction != "backward_filter"
@@ -60,8 +63,10 @@ void conv_igemm_${direction}(${common.geometry_params()},
     __global const float *a_src, int a_off, __global const float *b_src, int b_off,
     __global float *out, int out_off, int k_per_split, ${common.epilogue_params()})
 {
-    __local float a_tile[TILE_K][TILE_M + 1];
-    __local float b_tile[TILE_K][TILE_N];
+    // Rows padded by 4 floats: the transposed scalar stores spread over the banks and the
+    // float4 reads stay aligned.
+    __local float4 a_tile[TILE_K][(TILE_M + 4) / 4];
+    __local float4 b_tile[TILE_K][(TILE_N + 4) / 4];
 
     const int Cg = C / groups, Kg = K / groups, RS = KR * KS;
     const int HoWo = Ho * Wo, HW = H * W;
@@ -201,37 +206,52 @@ void conv_igemm_${direction}(${common.geometry_params()},
         }
 </%def>
 
-${load_step("kk_begin")}
     const int tm = tid / THREADS_N, tn = tid - tm * THREADS_N;
-    for (int kk0 = kk_begin; kk0 < kk_end; kk0 += TILE_K) {
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int i = 0; i < A_PER_THREAD; ++i)
-            a_tile[a_k[i]][a_m[i]] = a_next[i];
-        for (int i = 0; i < B_PER_THREAD; ++i)
-            b_tile[b_k[i]][b_n[i]] = b_next[i];
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (kk0 + TILE_K < kk_end) {
+    __local float *a_flat = (__local float *)a_tile;
+    __local float *b_flat = (__local float *)b_tile;
+    // Iteration kk0 multiplies the step in local memory while the global loads of the next
+    // step are in flight; the first iteration only loads.
+    for (int kk0 = kk_begin - TILE_K; kk0 < kk_end; kk0 += TILE_K) {
+        const bool more = kk0 + TILE_K < kk_end;
+        if (more) {
 ${load_step("kk0 + TILE_K")}
         }
+        if (kk0 >= kk_begin) {
 #pragma unroll
-        for (int q = 0; q < TILE_K; ++q) {
-            float a_reg[THREAD_M], b_reg[THREAD_N];
+            for (int q = 0; q < TILE_K; ++q) {
+                float a_reg[THREAD_M], b_reg[THREAD_N];
 #pragma unroll
-            for (int i = 0; i < THREAD_M; ++i)
-                a_reg[i] = a_tile[q][tm + i * THREADS_M];
+                for (int i4 = 0; i4 < THREAD_M / 4; ++i4) {
+                    float4 v = a_tile[q][i4 * THREADS_M + tm];
+                    a_reg[i4 * 4] = v.s0; a_reg[i4 * 4 + 1] = v.s1;
+                    a_reg[i4 * 4 + 2] = v.s2; a_reg[i4 * 4 + 3] = v.s3;
+                }
 #pragma unroll
-            for (int j = 0; j < THREAD_N; ++j)
-                b_reg[j] = b_tile[q][tn + j * THREADS_N];
+                for (int j4 = 0; j4 < THREAD_N / 4; ++j4) {
+                    float4 v = b_tile[q][j4 * THREADS_N + tn];
+                    b_reg[j4 * 4] = v.s0; b_reg[j4 * 4 + 1] = v.s1;
+                    b_reg[j4 * 4 + 2] = v.s2; b_reg[j4 * 4 + 3] = v.s3;
+                }
 #pragma unroll
-            for (int i = 0; i < THREAD_M; ++i)
+                for (int i = 0; i < THREAD_M; ++i)
 #pragma unroll
-                for (int j = 0; j < THREAD_N; ++j)
-                    acc[i][j] = mad(a_reg[i], b_reg[j], acc[i][j]);
+                    for (int j = 0; j < THREAD_N; ++j)
+                        acc[i][j] = mad(a_reg[i], b_reg[j], acc[i][j]);
+            }
         }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (more) {
+            for (int i = 0; i < A_PER_THREAD; ++i)
+                a_flat[a_k[i] * (TILE_M + 4) + a_m[i]] = a_next[i];
+            for (int i = 0; i < B_PER_THREAD; ++i)
+                b_flat[b_k[i] * (TILE_N + 4) + b_n[i]] = b_next[i];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
     }
 
+    // Work item (tm, tn) holds rows (i4 * THREADS_M + tm) * 4 + v, columns likewise.
     for (int j = 0; j < THREAD_N; ++j) {
-        int n = n0 + tn + j * THREADS_N;
+        int n = n0 + ((j / 4) * THREADS_N + tn) * 4 + (j % 4);
         if (n >= GN)
             continue;
 % if direction == "forward":
@@ -252,7 +272,7 @@ ${load_step("kk0 + TILE_K")}
         int col_index = c * wsC + r * wsR + s * wsS;
 % endif
         for (int i = 0; i < THREAD_M; ++i) {
-            int m = m0 + tm + i * THREADS_M;
+            int m = m0 + ((i / 4) * THREADS_M + tm) * 4 + (i % 4);
             if (m >= GM)
                 continue;
 % if direction == "forward":
