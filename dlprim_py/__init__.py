@@ -13,6 +13,7 @@ from .errors import (DeviceError, DlprimError, DTypeError, KernelBuildError, Sha
                      UnsupportedError)
 from .tensor import Tensor, TensorDesc
 from .ops.gemm import gemm, gemm_batched
+from .ops.conv import Convolution, ConvolutionDesc
 from .version import __version__
 from . import functional  # noqa: E402
 from . import fusion  # noqa: E402
@@ -21,6 +22,6 @@ __all__ = [
     "Activation", "ActivationDesc", "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",
     "no_grad", "enable_grad", "float16", "float32", "int32", "int64",
     "DlprimError", "ShapeError", "DTypeError", "DeviceError", "UnsupportedError",
-    "KernelBuildError", "__version__",
+    "KernelBuildError", "__version__", "Convolution", "ConvolutionDesc",
 ]
 __all__ += ["gemm", "gemm_batched"]
