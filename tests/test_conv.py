@@ -367,3 +367,20 @@ def test_drawn_configurations(ctx, cfg, seed):
                 assert_close(out, ref[REF_NAME[direction]])
             except AssertionError as e:
                 raise AssertionError(f"{cfg} {direction} {algo}: {e}") from None
+
+
+def test_repeated_calls_on_the_same_tensors(ctx, rng):
+    """A second call on the same tensors replays the recorded launches: new data, right result."""
+    cfg = CONFIGS["3x3"]
+    conv = make_conv(ctx, cfg, "NCHW")
+    X = dp.Tensor.empty(ctx, (2, 4, 7, 6))
+    W = dp.Tensor.empty(ctx, (5, 4, 3, 3))
+    Y = dp.Tensor.empty(ctx, conv.output_desc.shape)
+    for algo in conv.algorithms():
+        for _ in range(2):
+            x, w = random(rng, X.shape), random(rng, W.shape)
+            X.copy_(dp.Tensor.from_numpy(ctx, x))
+            W.copy_(dp.Tensor.from_numpy(ctx, w))
+            Y.fill_(np.nan)
+            conv.forward(X, W, Y, algo=algo)
+            assert_close(Y.numpy(), torch_reference(x, w, None, cfg)[3].detach().numpy())

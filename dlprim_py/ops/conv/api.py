@@ -7,7 +7,9 @@ from ...activation import as_activation
 from ...context import check_same_context
 from ...errors import DTypeError, ShapeError, UnsupportedError
 from ...tensor import Tensor, TensorDesc
-from .algorithms import Epilogue, EpilogueArgs, backward_bias
+from collections import OrderedDict
+
+from .algorithms import Epilogue, EpilogueArgs, Recording, backward_bias
 from .problem import DIRECTIONS, ConvolutionDesc, ConvProblem, make_problem, pair
 from . import selection
 
@@ -51,6 +53,10 @@ class Convolution:
         self.output_desc = TensorDesc(self.problem.y_shape, input_desc.dtype)
         self._chosen = {}
         self._workspaces = {}
+        # Calls on the same tensors replay their recorded launches; the recordings keep their
+        # tensors' buffers alive, so only the most recent few are kept (0: never record).
+        self.replay_cache = 8
+        self._recordings = OrderedDict()
         # Build the forward kernels now so that a call only enqueues.
         name = self._choose("forward")
         selection.algorithm(name).prepare(ctx, self.problem, "forward")
@@ -98,7 +104,24 @@ class Convolution:
             if workspace is None:
                 workspace = Tensor.empty(self.ctx, (need // 4,))
                 self._workspaces[(name, direction)] = workspace
-        algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep, epilogue, workspace)
+        if not self.replay_cache:
+            algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep, epilogue,
+                          workspace)
+            return dst
+        key = (direction, name, epilogue, ep.alpha, ep.beta, ep.residual_alpha,
+               *((t.buffer.int_ptr, t.offset_elements) if t is not None else None
+                 for t in (src, other, dst, ep.scale, ep.shift, ep.residual, workspace)))
+        recording = self._recordings.get(key)
+        if recording is not None:
+            self._recordings.move_to_end(key)
+            recording.replay()
+            return dst
+        with Recording() as recording:
+            algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep, epilogue,
+                          workspace)
+        self._recordings[key] = recording
+        while len(self._recordings) > self.replay_cache:
+            self._recordings.popitem(last=False)
         return dst
 
     def forward(self, x, w, y, bias=None, alpha=1.0, beta=0.0, activation=None, algo=None,
@@ -162,6 +185,8 @@ def _plan(ctx, input_shape, weight_shape, conv_desc):
     if conv is None:
         conv = plans[key] = Convolution(ctx, TensorDesc(input_shape), TensorDesc(weight_shape),
                                         conv_desc)
+        # Functional calls get fresh tensors each time: recordings would only pin memory.
+        conv.replay_cache = 0
     return conv
 
 

@@ -13,7 +13,7 @@ NCHW backward filter sums over images, which is not one GEMM: the implicit GEMM 
 """
 from collections import OrderedDict
 
-from .algorithms import NO_EPILOGUE, Algorithm, ImplicitGemm
+from .algorithms import NO_EPILOGUE, Algorithm, ImplicitGemm, enqueue
 
 
 class Gemm1x1(Algorithm):
@@ -55,7 +55,7 @@ class Gemm1x1(Algorithm):
                 self.plans.popitem(last=False)
         else:
             self.plans.move_to_end(key)
-        plan.enqueue()
+        enqueue(plan.enqueue)
 
     def _plan(self, ctx, p, direction, src, other, dst, ep, epilogue):
         from ..gemm import GemmPlan

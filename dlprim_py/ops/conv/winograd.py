@@ -12,7 +12,7 @@ from ... import program
 from ...errors import ShapeError
 from ...tensor import Tensor
 from ..pointwise import launch_size
-from .algorithms import NO_EPILOGUE, Algorithm, _buf
+from .algorithms import NO_EPILOGUE, Algorithm, _buf, enqueue, launch
 
 _I32 = np.int32
 
@@ -87,20 +87,19 @@ class Winograd(Algorithm):
         V = Tensor(ctx, workspace.buffer, (1, 16 * gk, 1, tiles), offset=(base + u_size) * 4)
         M = Tensor(ctx, workspace.buffer, (1, 16 * gm, 1, tiles),
                    offset=(base + u_size + v_size) * 4)
-        q = ctx.queue
         ws = problem.w_strides()
         gsize, lsize = launch_size(ctx, gm * gk)
-        built.kernel("winograd_weight_transform")(
-            q, gsize, lsize, _I32(gm), _I32(gk), _I32(direction != "forward"), *_buf(other),
-            *(_I32(s) for s in ws), *_buf(U))
+        launch(ctx, built, "winograd_weight_transform", gsize, lsize,
+               [_I32(gm), _I32(gk), _I32(direction != "forward"), *_buf(other),
+                *(_I32(s) for s in ws), *_buf(U)])
         in_strides = problem.x_strides() if direction == "forward" else problem.y_strides()
         out_strides = problem.y_strides() if direction == "forward" else problem.x_strides()
         gsize, lsize = launch_size(ctx, gk * tiles)
-        built.kernel("winograd_input_transform")(
-            q, gsize, lsize, _I32(problem.n), _I32(gk), _I32(hi), _I32(wi), _I32(pad_h),
-            _I32(pad_w), _I32(th), _I32(tw), *_buf(src), *(_I32(s) for s in in_strides), *_buf(V))
-        self._gemm_plan(ctx, problem, direction, workspace).enqueue()
+        launch(ctx, built, "winograd_input_transform", gsize, lsize,
+               [_I32(problem.n), _I32(gk), _I32(hi), _I32(wi), _I32(pad_h), _I32(pad_w),
+                _I32(th), _I32(tw), *_buf(src), *(_I32(s) for s in in_strides), *_buf(V)])
+        enqueue(self._gemm_plan(ctx, problem, direction, workspace).enqueue)
         gsize, lsize = launch_size(ctx, gm * tiles)
-        built.kernel("winograd_output_transform")(
-            q, gsize, lsize, _I32(problem.n), _I32(gm), _I32(ho), _I32(wo), _I32(th), _I32(tw),
-            *_buf(M), *_buf(dst), *(_I32(s) for s in out_strides), *ep.kernel_args(dst))
+        launch(ctx, built, "winograd_output_transform", gsize, lsize,
+               [_I32(problem.n), _I32(gm), _I32(ho), _I32(wo), _I32(th), _I32(tw), *_buf(M),
+                *_buf(dst), *(_I32(s) for s in out_strides), *ep.kernel_args(dst)])
