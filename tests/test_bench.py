@@ -381,3 +381,12 @@ def test_make_results_renders_bench_and_script_records(ctx, tmp_path):
     assert "| 256 NN | tiled | 2 | 1.5-2.5 | 16.8 GFLOP/s | 42.0 | 4 | 2.00 |" in text
     assert "| 512 NN | - | failed: error 0.1 > 1e-05 |" in text
     assert "| square 64 | 1.5 | 3 | 2 |" in text
+
+
+def test_time_limit_reports_the_rest_as_skipped(tmp_path, capsys):
+    out = tmp_path / "limited.json"
+    assert bench.main(["--suite", "peak", "--quick", "--no-torch", "--no-progress",
+                       "--time-limit", "1e-6", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 3
+    assert all(r["status"].startswith("skipped: time limit") and r["median_ms"] is None for r in rows)

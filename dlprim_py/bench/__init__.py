@@ -43,6 +43,9 @@ def parse_args(argv=None):
     parser.add_argument("--repeat", type=int, default=None, help="most timed runs per case")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds of timed runs per case (fewer repeats for slow cases)")
+    parser.add_argument("--time-limit", type=float, default=480.0,
+                        help="seconds after which the remaining cases are reported as skipped "
+                             "(default 480; 0: no limit)")
     parser.add_argument("--no-torch", action="store_true",
                         help="do not time PyTorch (it still serves as the reference)")
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE as JSON")
@@ -58,6 +61,8 @@ def parse_args(argv=None):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "warmup" else 1):
             parser.error(f"--{name} must be >= {0 if name == 'warmup' else 1}, got {value}")
+    if args.time_limit < 0:
+        parser.error(f"--time-limit must be >= 0, got {args.time_limit}")
     if args.budget is not None and args.budget <= 0:
         parser.error(f"--budget must be > 0, got {args.budget}")
     from .layers import NETS
@@ -81,7 +86,7 @@ def measurement_for(args):
     if args.quick:
         m = Measurement(warmup=1, repeat=5, min_repeat=2, budget_s=0.25)
     else:
-        m = Measurement(warmup=3, repeat=20, min_repeat=5, budget_s=0.25)
+        m = Measurement(warmup=3, repeat=20, min_repeat=3, budget_s=0.25)
     if args.warmup is not None:
         m.warmup = args.warmup
     if args.repeat is not None:
@@ -132,7 +137,7 @@ def run(args, out=None):
     """Run the selected suites; returns (bench, rows, record)."""
     from ..context import Context
     from . import record, torch_baseline
-    from .harness import Bench, measure
+    from .harness import Bench, Row, measure
     from .progress import Progress
     from .report import format_table, summary
 
@@ -151,7 +156,8 @@ def run(args, out=None):
           f"{' (' + torch_note + ')' if torch_note else ''}", file=out, flush=True)
 
     specs, rows = [], []
-    for name in args.suites:
+    # conv runs last: it has the most cases, so a time limit cuts into its tail only.
+    for name in sorted(args.suites, key=lambda n: n == "conv"):
         found, skipped = suite_cases(bench, name)
         specs += found
         if skipped is not None:
@@ -167,6 +173,11 @@ def run(args, out=None):
     progress = Progress(len(specs), enabled=not args.no_progress)
     for spec in specs:
         progress.step(f"{spec.suite}: {spec.name}")
+        if args.time_limit and time.perf_counter() - started > args.time_limit:
+            row = Row(spec.suite, spec.name, spec.group)
+            row.status = f"skipped: time limit of {args.time_limit:g} s reached (--time-limit)"
+            rows.append(row)
+            continue
         row = measure(bench, spec)
         peak_of = row.params.get("peak_of") if row.ok else None
         if peak_of and row.rate:
@@ -187,7 +198,7 @@ def run(args, out=None):
     options = {"suites": args.suites, "quick": args.quick, "batch": args.batch,
                "nets": args.nets, "directions": args.directions,
                "warmup": bench.measurement.warmup, "repeat": bench.measurement.repeat,
-               "budget_s": bench.measurement.budget_s}
+               "budget_s": bench.measurement.budget_s, "time_limit_s": args.time_limit}
     torch_info = baseline.describe() if baseline else {"note": torch_note or "not timed"}
     rec = record.build_record(bench, rows, options, torch_info, elapsed)
     print(f"elapsed {elapsed:.1f} s", file=out)
