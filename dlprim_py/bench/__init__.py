@@ -86,7 +86,7 @@ def measurement_for(args):
     if args.quick:
         m = Measurement(warmup=1, repeat=5, min_repeat=2, budget_s=0.25)
     else:
-        m = Measurement(warmup=3, repeat=20, min_repeat=3, budget_s=0.25)
+        m = Measurement(warmup=3, repeat=20, min_repeat=3, budget_s=0.2)
     if args.warmup is not None:
         m.warmup = args.warmup
     if args.repeat is not None:
