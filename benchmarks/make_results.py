@@ -98,7 +98,7 @@ def bench_section(name, rec):
              f"{' (with local changes)' if lib.get('dirty') else ''}; {rec['date']}",
              f"- host: {rec['host']['cpus']} CPUs, Python {rec['host']['python']}, pyopencl "
              f"{rec['host']['pyopencl']}",
-             f"- baseline: " + (f"torch {torch['version']} on {torch['device']}"
+             "- baseline: " + (f"torch {torch['version']} on {torch['device']}"
                                 f"{', ' + torch['cuda_device'] if 'cuda_device' in torch else ''}"
                                 f"{', TF32 off' if torch.get('device') == 'cuda' else ''}"
                                 if "version" in torch else torch.get("note", "none")),

@@ -404,7 +404,7 @@ def bnorm_jobs(bench, flags):
     if flags["mode"] not in (0, 1):
         raise UsageError(f"bnorm -m must be 0 (per-activation) or 1 (spatial), got {flags['mode']}")
     mode = "spatial" if flags["mode"] == 1 else "per_activation"
-    n, c = shape[0], shape[1]
+    c = shape[1]
     param_shape = (c,) if mode == "spatial" else (int(np.prod(shape[1:])),)
     eps, momentum = 1e-5, 0.1
     x_host = bench.random(shape)
