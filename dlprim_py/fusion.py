@@ -25,10 +25,14 @@ What fuses (``compile`` raises UnsupportedError for anything else, naming the op
 the chain):
 
 * ``conv [bias | batchnorm_inference]* [activation]``: the convolution's own kernel applies the
-  epilogue ``act(alpha * acc * scale[k] + shift[k]) + beta * y_old`` for every algorithm,
-  grouped and depthwise included. Bias and BN inference fold into (scale, shift); with a batch
-  norm in the chain a kernel over the K per-channel parameters computes the fold before the
-  convolution, since MIOpen's arguments give mean and variance, not the folded vectors.
+  epilogue ``act(alpha * acc + shift[k]) + beta * y_old`` for every algorithm (the GEMM of 1x1
+  convolutions, Winograd's output transform, implicit GEMM, depthwise, direct), grouped and
+  depthwise convolutions included. A bias alone is the shift. A batch norm (after or before a
+  bias) folds into the convolution: conv(x, w) * scale[k] + shift[k] = conv(x, w * scale[k]) +
+  shift[k], so a kernel over the weights writes the scaled weights and the shift before the
+  convolution runs (MIOpen's arguments give mean and variance, not folded vectors, and may
+  change between calls). Per-activation batch norm after a convolution is refused: its scale
+  varies over (k, h, w) and folds into neither the weights nor a per-channel shift.
 * ``[bias | batchnorm_inference | activation]+`` without a convolution: one pointwise kernel.
 * ``batchnorm_forward [activation]``: batch norm in training mode (statistics, saved mean and
   inverse std, running averages) and the activation, one kernel.
@@ -851,14 +855,14 @@ class _ConvChain:
                 self.per_activation |= per_activation
         if self.per_activation:
             self._check_per_activation_support()
-        self.fold_shape = (k,) + (tuple(y_shape[2:]) if self.per_activation else ())
         has_bn = any(isinstance(op, BatchNormInferenceOp) for op in self.affine_ops)
         biases = [op for op in self.affine_ops if isinstance(op, BiasForwardOp)]
-        # One bias alone is the epilogue's shift as it is; anything else folds first.
+        # One bias alone is the epilogue's shift as it is; a batch norm (or several biases)
+        # folds into scaled weights and a shift first.
         self.needs_fold = has_bn or len(biases) > 1
         if self.needs_fold:
-            self.scale = Tensor.empty(plan.ctx, self.fold_shape)
-            self.shift = Tensor.empty(plan.ctx, self.fold_shape)
+            self.folded_weights = Tensor.empty(plan.ctx, w_desc.shape)
+            self.shift = Tensor.empty(plan.ctx, (k,))
             self.fold_kernel = self._fold_kernel()
         # The selector's choice (DLPRIM_CONV_ALGO, find-db or the immediate rule) first, then
         # the other applicable algorithms in the immediate rule's order.
@@ -874,7 +878,7 @@ class _ConvChain:
         from .ops.conv.algorithms import Epilogue
         if activation is not None and activation.is_identity:
             activation = None
-        return Epilogue(self.needs_fold, bool(self.affine_ops), False, activation)
+        return Epilogue(False, bool(self.affine_ops), False, activation)
 
     def _prepare(self, activation):
         """Build the convolution kernel with this chain's epilogue (what forward will ask for)."""
@@ -890,24 +894,26 @@ class _ConvChain:
                 "separate plan for the batch norm")
 
     def _fold_kernel(self):
-        """The kernel (kernels/fusion_fold.cl.mako) that turns the chain's parameters into the
-        epilogue's (scale, shift): acc * scale + shift reproduces every bias and BN op in order.
-        It is enqueued with arguments set directly: it runs before the convolution on every
-        call, so its host cost delays the convolution's start."""
-        chain = [("bias" if isinstance(op, BiasForwardOp) else "bn",
-                  len(self.param_shapes[op]) > 1) for op in self.affine_ops]
-        kernel = program.kernel(self.plan.ctx, "fusion_fold", "fold_affine", dict(chain=chain),
-                                fresh=True)
-        count = math.prod(self.fold_shape)
-        group = min(64, self.plan.ctx.info.max_work_group_size)
-        self.fold_launch = ((-(-count // group) * group,), (group,))
-        self.fold_sizes = [np.int32(count), np.int32(count // self.fold_shape[0])]
-        self.fold_outputs = [self.scale.buffer, np.int32(self.scale.offset_elements),
+        """The kernel (kernels/fusion_fold.cl.mako) that folds the chain's bias and batch-norm
+        parameters into scaled weights and a shift: conv(x, w * scale[k]) + shift[k] reproduces
+        every op in order. It is enqueued with arguments set directly: it runs before the
+        convolution on every call, so its host cost delays the convolution's start."""
+        chain = ["bias" if isinstance(op, BiasForwardOp) else "bn" for op in self.affine_ops]
+        kernel = program.kernel(self.plan.ctx, "fusion_fold", "fold_affine_into_weights",
+                                dict(chain=chain), fresh=True)
+        w_shape = self.folded_weights.shape
+        count = math.prod(w_shape)
+        group = min(256, self.plan.ctx.info.max_work_group_size)
+        groups = min(-(-count // group), self.plan.ctx.info.compute_units * 8)
+        self.fold_launch = ((groups * group,), (group,))
+        self.fold_sizes = [np.int32(count), np.int32(count // w_shape[0])]
+        self.fold_outputs = [self.folded_weights.buffer, np.int32(self.folded_weights.offset_elements),
                              self.shift.buffer, np.int32(self.shift.offset_elements)]
         return kernel
 
-    def _fold(self, args):
-        """Enqueue the fold of this call's parameters into self.scale, self.shift."""
+    def _fold(self, args, w):
+        """Enqueue the fold of this call's parameters and weights ``w`` into
+        self.folded_weights and self.shift."""
         import pyopencl as cl
         kernel_args = list(self.fold_sizes)
         for op in self.affine_ops:
@@ -922,6 +928,7 @@ class _ConvChain:
                 kernel_args += [t.buffer, np.int32(t.offset_elements)]
             if not isinstance(op, BiasForwardOp):
                 kernel_args.append(np.float32(values["epsilon"]))
+        kernel_args += [w.buffer, np.int32(w.offset_elements)]
         self.fold_kernel.set_args(*kernel_args, *self.fold_outputs)
         cl.enqueue_nd_range_kernel(self.plan.ctx.queue, self.fold_kernel, *self.fold_launch)
 
@@ -954,10 +961,12 @@ class _ConvChain:
         if w.shape != self.conv_op.weight_desc.shape:
             raise ShapeError(f"conv weights have shape {w.shape}, the descriptor says "
                              f"{self.conv_op.weight_desc.shape}")
-        scale = shift = None
+        shift = None
+        if w.ctx.cl_context != self.plan.ctx.cl_context:
+            raise DeviceError("the conv weights live in another OpenCL context than the plan")
         if self.needs_fold:
-            self._fold(args)
-            scale, shift = self.scale, self.shift
+            self._fold(args, w)
+            w, shift = self.folded_weights, self.shift
         elif self.affine_ops:
             op = self.affine_ops[0]
             bias = args.get(op)["bias"]
@@ -966,7 +975,7 @@ class _ConvChain:
         activation = args.get(self.activation)["activation"] if self.activation else None
         self.convolution.forward(x, w, y, alpha=conv_args["alpha"], beta=conv_args["beta"],
                                  activation=activation, algo=self.algorithm,
-                                 workspace=self.workspace, scale=scale, shift=shift)
+                                 workspace=self.workspace, shift=shift)
 
 
 def _algorithm_name(algo):

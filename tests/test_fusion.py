@@ -541,6 +541,14 @@ def test_conv_bn_descriptor_that_disagrees_with_conv_output_raises(ctx):
         plan.compile()
 
 
+def test_conv_then_per_activation_batchnorm_is_refused(ctx):
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(CONV["x_shape"]))
+    plan.create_op_conv_forward(CONV["conv_desc"], dp.TensorDesc(CONV["w_shape"]))
+    plan.create_op_batchnorm_inference(fusion.BN_PER_ACTIVATION, dp.TensorDesc((1, 6, 7, 6)))
+    with pytest.raises(dp.UnsupportedError, match="BN_PER_ACTIVATION.*after a convolution"):
+        plan.compile()
+
+
 # ---- conv_bias_activation: act(alpha1 * conv(x) + alpha2 * z + bias) --------------------------
 
 @pytest.mark.parametrize("with_z", [True, False], ids=["residual", "no-residual"])
