@@ -26,6 +26,9 @@
 ## Local response norm (lrn_*): one work item per element, the window runs over channels.
 ##
 ## Template parameters:
+##   part         which kernels to render, so that a build holds only what its variant needs:
+##                "sums" (channel_partial_sums, channel_column_sums: mode, vector), "apply"
+##                (channel_apply: vector, activation) or "other" (the rest)
 ##   group_size   work-group size of the reduction kernels (a power of two)
 ##   mode         channel_partial_sums flavour: "stats", "grad" or "grad_affine"
 ##   activation   OpenCL C expression of the activation applied by channel_apply to a float
@@ -58,6 +61,7 @@ inline float2 group_sum2(float2 value, __local float2* scratch)
     return total;
 }
 
+% if part == "sums":
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 void channel_partial_sums(int N, int C, int SV, int per_chunk
     , __global const float* restrict x, long x_off
@@ -172,6 +176,44 @@ __kernel void channel_column_sums(int N, int C, int per_chunk
     vstore2(acc, (long)chunk * C + c, partials);
 }
 
+% elif part == "apply":
+inline float activate(float v_act)
+{
+    return ${activation};
+}
+
+// Grid (positions of a row, rows); SV = S / VECTOR vectors per row.
+__kernel void channel_apply(int rows, int C, int SV, __global const float* restrict coef
+    , __global const float* restrict u, long u_off
+    , __global const float* restrict v, long v_off
+    , __global float* restrict out, long out_off)
+{
+    const int row = get_global_id(1);
+    if (row >= rows)
+        return;
+    const int c = row % C;
+    const float c0 = coef[c * 5 + 0], c1 = coef[c * 5 + 1], c2 = coef[c * 5 + 2];
+    const float c3 = coef[c * 5 + 3], c4 = coef[c * 5 + 4];
+    const long base = (long)row * SV;
+    __global const floatv* uv = (__global const floatv*)(u + u_off) + base;
+    __global const floatv* vv = v ? (__global const floatv*)(v + v_off) + base : 0;
+    __global floatv* outv = (__global floatv*)(out + out_off) + base;
+    for (int s = get_global_id(0); s < SV; s += get_global_size(0)) {
+        floatv value = (uv[s] - c0) * c1 + c4;
+        if (vv)
+            value += (vv[s] - c2) * c3;
+% if activation != "v_act":
+    % if vector == 1:
+        value = activate(value);
+    % else:
+        value = (floatv)(activate(value.x), activate(value.y), activate(value.z), activate(value.w));
+    % endif
+% endif
+        outv[s] = value;
+    }
+}
+
+% else:
 // coef[c*5 + k] of channel_apply: y = (x - mean) * (gamma * invstd) + beta.
 __kernel void channel_finalize_stats(int N, int C, int S, int chunks, float eps, float momentum
     , __global const float* restrict x, long x_off, __global const float* restrict partials
@@ -280,42 +322,6 @@ __kernel void channel_finalize_sums(int C, int chunks, __global const float* res
         dweight[dweight_off + c] = total.y;
     if (dbias)
         dbias[dbias_off + c] = total.x;
-}
-
-inline float activate(float v_act)
-{
-    return ${activation};
-}
-
-// Grid (positions of a row, rows); SV = S / VECTOR vectors per row.
-__kernel void channel_apply(int rows, int C, int SV, __global const float* restrict coef
-    , __global const float* restrict u, long u_off
-    , __global const float* restrict v, long v_off
-    , __global float* restrict out, long out_off)
-{
-    const int row = get_global_id(1);
-    if (row >= rows)
-        return;
-    const int c = row % C;
-    const float c0 = coef[c * 5 + 0], c1 = coef[c * 5 + 1], c2 = coef[c * 5 + 2];
-    const float c3 = coef[c * 5 + 3], c4 = coef[c * 5 + 4];
-    const long base = (long)row * SV;
-    __global const floatv* uv = (__global const floatv*)(u + u_off) + base;
-    __global const floatv* vv = v ? (__global const floatv*)(v + v_off) + base : 0;
-    __global floatv* outv = (__global floatv*)(out + out_off) + base;
-    for (int s = get_global_id(0); s < SV; s += get_global_size(0)) {
-        floatv value = (uv[s] - c0) * c1 + c4;
-        if (vv)
-            value += (vv[s] - c2) * c3;
-% if activation != "v_act":
-    % if vector == 1:
-        value = activate(value);
-    % else:
-        value = (floatv)(activate(value.x), activate(value.y), activate(value.z), activate(value.w));
-    % endif
-% endif
-        outv[s] = value;
-    }
 }
 
 // ---- layer norm and group norm: one work group per row of D elements ----
@@ -458,3 +464,4 @@ __kernel void lrn_backward(long total, int C, int S, int size, float alpha, floa
                          - 2.0f * alpha * beta / size * x[x_off + i] * sum;
     }
 }
+% endif

@@ -35,11 +35,19 @@ def _group_size(ctx):
     return size
 
 
-def _program(ctx, mode="stats", activation=None, vector=1):
+def _program(ctx, part="other", mode="stats", activation=None, vector=1):
+    """The built ``part`` of norm.cl.mako; parameters a part does not use are left at their
+    defaults, so that they do not multiply its builds."""
     desc = as_activation(activation)
     code = "v_act" if desc is None or desc.is_identity else desc.forward_code("v_act")
-    return program.build(ctx, "norm", dict(group_size=_group_size(ctx), mode=mode, activation=code,
-                                           vector=vector))
+    if part != "sums":
+        mode = "stats"
+    if part != "apply":
+        code = "v_act"
+    if part == "other":
+        vector = 1
+    return program.build(ctx, "norm", dict(part=part, group_size=_group_size(ctx), mode=mode,
+                                           activation=code, vector=vector))
 
 
 def vector_width(S, *tensors, algorithm=None):
@@ -141,7 +149,7 @@ def channel_partial_sums(ctx, mode, N, C, S, x, dy=None, mean=None, row_mean=Non
     if algorithm == "columns":
         chunks, per_chunk = _chunks(ctx, C, N, chunks, algorithm)
         partials = Tensor.empty(ctx, (chunks, C, 2), float32)
-        kernel = _program(ctx, mode).kernel("channel_column_sums")
+        kernel = _program(ctx, "sums", mode).kernel("channel_column_sums")
         local = min(64, ctx.info.max_work_group_size)
         kernel(ctx.queue, (-(-C // local) * local, chunks), (local, 1), i32(N), i32(C),
                i32(per_chunk), x.buffer, np.int64(x.offset_elements), *extra, partials.buffer)
@@ -149,7 +157,7 @@ def channel_partial_sums(ctx, mode, N, C, S, x, dy=None, mean=None, row_mean=Non
     vector = vector_width(S, x, dy, algorithm=algorithm)
     chunks, per_chunk = _chunks(ctx, C, N * (S // vector), chunks, algorithm)
     partials = Tensor.empty(ctx, (chunks, C, 2), float32)
-    kernel = _program(ctx, mode, vector=vector).kernel("channel_partial_sums")
+    kernel = _program(ctx, "sums", mode, vector=vector).kernel("channel_partial_sums")
     group = _group_size(ctx)
     kernel(ctx.queue, (group * chunks, C), (group, 1), i32(N), i32(C), i32(S // vector),
            i32(per_chunk), x.buffer, np.int64(x.offset_elements), *extra, partials.buffer)
@@ -173,7 +181,7 @@ def _apply(ctx, N, C, S, coef, u, v, out, activation=None):
         local0 *= 2
     local0 = min(local0, limit)
     local1 = max(1, limit // local0)
-    kernel = _program(ctx, "stats", activation, vector).kernel("channel_apply")
+    kernel = _program(ctx, "apply", activation=activation, vector=vector).kernel("channel_apply")
     gsize = (-(-positions // local0) * local0, -(-rows // local1) * local1)
     kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
            coef.buffer, u.buffer, np.int64(u.offset_elements), *_buf(v), out.buffer,
@@ -182,12 +190,12 @@ def _apply(ctx, N, C, S, coef, u, v, out, activation=None):
 
 # ---- batch norm, MIOpen style -------------------------------------------------------------
 
-def _check_bn(x, y, mode, named):
+def _check_bn(x, y, mode, named, y_name="y"):
     _check_float("x", x)
-    _check_float("y", y)
+    _check_float(y_name, y)
     N, C, S = _bn_view(x, mode)
     if y.shape != x.shape:
-        raise ShapeError(f"y must have x's shape {x.shape}, got {y.shape}")
+        raise ShapeError(f"{y_name} must have x's shape {x.shape}, got {y.shape}")
     for what, t in named.items():
         _check_float(what, t, required=False)
         _check_size(what, t, C)
@@ -252,9 +260,8 @@ def batch_norm_backward(x, dy, dx, weight=None, mean=None, invstd=None, dweight=
     running mean and 1/sqrt(running_var + eps) of inference (``training=False``). Writes dx
     (may be None), and dweight/dbias when given (per channel). x, dy, dx: (N, C, ...) float32.
     """
-    _check_float("dy", dy)
     N, C, S = _check_bn(x, dy, mode, dict(weight=weight, mean=mean, invstd=invstd,
-                                          dweight=dweight, dbias=dbias))
+                                          dweight=dweight, dbias=dbias), y_name="dy")
     if mean is None or invstd is None:
         raise ShapeError("batch norm backward needs the mean and invstd its forward used")
     if dx is not None:
