@@ -111,6 +111,11 @@ FLAGS = {
         Flag("q", "pad_w", "0", int, "zero padding, width"),
         Flag("m", "mode", "max", str, "max, avg (padding not counted) or avg_in (counted)"),
         Flag("F", "forw", "0", int, "1 forward only; 0 forward and backward"),
+        Flag(None, "dilation_h", "1", int, "window dilation, height (max only)"),
+        Flag(None, "dilation_w", "1", int, "window dilation, width (max only)"),
+        Flag(None, "ceil_mode", "0", int, "round the output size up (1)"),
+        Flag(None, "divisor", "0", int, "avg: divide by this instead of the window size (0: off)"),
+        Flag(None, "adaptive", "", str, "adaptive pooling to an output of OHxOW (no window flags)"),
         Flag("M", "index_position", "0", int, "index kind of MIOpen's mask (no effect here)"),
         Flag("I", "index_type", "miopenIndexUint8", str, "MIOpen's mask type (no effect here)"),
         Flag("P", "print", "1", int, "print the pooling dimensions (1)"),
@@ -129,6 +134,7 @@ FLAGS = {
         Flag("B", "beta", "0.", float, "beta (only 0)", fixed=True),
         Flag("L", "layout", "NCHW", str, "layout (only NCHW)", fixed=True),
         Flag("P", "printconv", "1", int, "print the dimensions (1)"),
+        Flag(None, "activation", "", str, "forward: apply an activation after the batch norm"),
     ],
     "activ": [
         Flag("n", "batchsize", "100", int, "batch size"),
@@ -164,6 +170,9 @@ FLAGS = {
         Flag("C", "isColMajor", "0", int, "matrices are column-major (1)"),
         Flag("F", "forw", "1", int, "forward (the only direction)"),
         Flag("S", "solution", "-1", str, "force a kernel: tiled, splitk or small (-1: choose)"),
+        Flag(None, "bias", "", str, "add a bias: n (bias[N] to every row) or m (bias[M] to "
+                                    "every column)"),
+        Flag(None, "activation", "", str, "apply an activation last (a name, e.g. relu)"),
     ],
     "CBAInfer": _CONV_GEOMETRY + [
         Flag("F", "fusion_mode", "0", int, "0 cbna, 1 cna, 2 na, 3 cn, 4 cba, 5 ca, 6 cb"),
@@ -344,11 +353,27 @@ def pool_jobs(bench, flags):
     kernel = (flags["win_h"], flags["win_w"])
     stride = (flags["pool_stride_h"], flags["pool_stride_w"])
     pad = (flags["pad_h"], flags["pad_w"])
+    dilation = (flags["dilation_h"], flags["dilation_w"])
+    ceil_mode = bool(flags["ceil_mode"])
     include_pad = mode == "avg_in"
-    kwargs = dict(kernel_size=kernel, stride=stride, padding=pad)
-    if method == "avg":
-        kwargs["count_include_pad"] = include_pad
-    op = Pool2d(ctx, method, **kwargs)
+    divisor = flags["divisor"] or None
+    adaptive = None
+    if flags.get("adaptive"):
+        try:
+            adaptive = tuple(int(v) for v in flags["adaptive"].lower().split("x"))
+        except ValueError:
+            raise UsageError(f"--adaptive must look like OHxOW, got {flags['adaptive']!r}") from None
+        if len(adaptive) != 2:
+            raise UsageError(f"--adaptive must look like OHxOW, got {flags['adaptive']!r}")
+        op = Pool2d(ctx, method, output_size=adaptive)
+    elif method == "max":
+        op = Pool2d(ctx, method, kernel_size=kernel, stride=stride, padding=pad,
+                    dilation=dilation, ceil_mode=ceil_mode)
+    else:
+        if dilation != (1, 1):
+            raise UnsupportedError("average pooling has no dilation")
+        op = Pool2d(ctx, method, kernel_size=kernel, stride=stride, padding=pad,
+                    ceil_mode=ceil_mode, count_include_pad=include_pad, divisor_override=divisor)
     out_shape = op.output_shape(shape)
     x_host = bench.random(shape)
     dy_host = bench.random(out_shape)
@@ -359,9 +384,12 @@ def pool_jobs(bench, flags):
 
     def torch_pool(t, a):
         F = t.nn.functional
+        if adaptive is not None:
+            pool = F.adaptive_max_pool2d if method == "max" else F.adaptive_avg_pool2d
+            return pool(a, adaptive)
         if method == "max":
-            return F.max_pool2d(a, kernel, stride, pad)
-        return F.avg_pool2d(a, kernel, stride, pad, count_include_pad=include_pad)
+            return F.max_pool2d(a, kernel, stride, pad, dilation, ceil_mode)
+        return F.avg_pool2d(a, kernel, stride, pad, ceil_mode, include_pad, divisor)
 
     def forward_case():
         def run():
@@ -392,11 +420,14 @@ def pool_jobs(bench, flags):
     jobs = [("Forward Pooling", forward_case)]
     if flags["forw"] == 0:
         jobs.append(("Backward Pooling", backward_case))
-    return jobs, {"input": shape, "window": kernel, "stride": stride, "pad": pad, "mode": mode}
+    problem = ({"input": shape, "adaptive output": adaptive, "mode": mode} if adaptive else
+               {"input": shape, "window": kernel, "stride": stride, "pad": pad, "mode": mode})
+    return jobs, problem
 
 
 def bnorm_jobs(bench, flags):
     from .bench.harness import Case, error_metric
+    from .bench.torch_baseline import activation_reference
     from .ops import norm
     from .tensor import Tensor
     ctx = bench.ctx
@@ -413,6 +444,9 @@ def bnorm_jobs(bench, flags):
     mean_host = bench.random(param_shape, -0.2, 0.2)
     var_host = bench.random(param_shape, 0.5, 1.5)
     dy_host = bench.random(shape)
+    activation = None
+    if flags.get("activation"):
+        activation = activation_from_flags({"mode": flags["activation"]}, "mode")
     x, w, b = (Tensor.from_numpy(ctx, h) for h in (x_host, w_host, b_host))
     y = Tensor.empty(ctx, shape)
     moved = 4.0 * 2 * x_host.size
@@ -421,13 +455,20 @@ def bnorm_jobs(bench, flags):
         """The torch view in which batch_norm's channels are bnorm's statistics groups."""
         return a if mode == "spatial" else a.reshape(a.shape[0], -1)
 
+    def activate(t, y):
+        return activation_reference(t, activation, y) if activation is not None else y
+
     def reference_train(t, a, ww, bb):
+        return activate(t, t.nn.functional.batch_norm(flat(t, a), None, None, ww, bb, True,
+                                                      momentum, eps).reshape(a.shape))
+
+    def reference_grad(t, a, ww, bb):
         return t.nn.functional.batch_norm(flat(t, a), None, None, ww, bb, True, momentum,
                                           eps).reshape(a.shape)
 
     def reference_infer(t, a, ww, bb, mm, vv):
-        return t.nn.functional.batch_norm(flat(t, a), mm, vv, ww, bb, False, 0.0,
-                                          eps).reshape(a.shape)
+        return activate(t, t.nn.functional.batch_norm(flat(t, a), mm, vv, ww, bb, False, 0.0,
+                                                      eps).reshape(a.shape))
 
     def train_case():
         save = bool(flags["save"])
@@ -438,7 +479,8 @@ def bnorm_jobs(bench, flags):
 
         def run():
             norm.batch_norm_forward_training(x, y, w, b, running[0], running[1], saved[0],
-                                             saved[1], momentum, eps, mode=mode)
+                                             saved[1], momentum, eps, mode=mode,
+                                             activation=activation)
 
         def verify():
             y.fill_(np.nan)
@@ -451,7 +493,8 @@ def bnorm_jobs(bench, flags):
         mean, var = Tensor.from_numpy(ctx, mean_host), Tensor.from_numpy(ctx, var_host)
 
         def run():
-            norm.batch_norm_forward_inference(x, y, w, b, mean, var, eps, mode=mode)
+            norm.batch_norm_forward_inference(x, y, w, b, mean, var, eps, mode=mode,
+                                              activation=activation)
 
         def verify():
             y.fill_(np.nan)
@@ -476,7 +519,7 @@ def bnorm_jobs(bench, flags):
             for t in (dx, dw, db):
                 t.fill_(np.nan)
             run()
-            refs = bench.reference.compute_with_grad(reference_train,
+            refs = bench.reference.compute_with_grad(reference_grad,
                                                      [x_host, w_host, b_host, dy_host], [0, 1, 2])
             return max(error_metric(o.numpy(), r) for o, r in zip((dx, dw, db), refs))
         return Case(run, verify, 4.0 * 3 * x_host.size, "GB/s", algorithm=f"{mode} backward")
@@ -491,7 +534,7 @@ def bnorm_jobs(bench, flags):
         jobs.append(("Forward Inference Batch Norm", infer_case))
     if flags["back"]:
         jobs.append(("Backward Batch Norm", backward_case))
-    return jobs, {"input": shape, "mode": mode}
+    return jobs, {"input": shape, "mode": mode, "activation": activation}
 
 
 # MIOpen's miopenActivationMode_t numbers.
@@ -622,8 +665,16 @@ def gemm_jobs(bench, flags):
     if flags["isColMajor"]:
         # Column-major C = op(A) op(B) is row-major C^T = op(B)^T op(A)^T: swap the operands.
         m, n, ta, tb = n, m, tb, ta
+    bias = flags.get("bias") or None
+    if bias not in (None, "n", "m"):
+        raise UsageError(f"gemm --bias must be n or m, got {bias!r}")
+    if flags["isColMajor"] and bias:
+        bias = {"n": "m", "m": "n"}[bias]
+    activation = None
+    if flags.get("activation"):
+        activation = activation_from_flags({"mode": flags["activation"]}, "mode")
     shape = GemmShape(m, n, k, trans_a=ta, trans_b=tb, batch=flags["batch_count"],
-                      alpha=flags["alpha"], beta=flags["beta"])
+                      alpha=flags["alpha"], beta=flags["beta"], bias=bias, activation=activation)
     algo = _solution(flags)
     return [("Gemm", lambda: gemm_case(bench, shape, algorithm=algo))], shape.describe()
 

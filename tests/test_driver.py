@@ -86,6 +86,11 @@ def _run(capsys, argv):
     ("softmax -n 3 -c 10 -H 2 -W 2 -a 1 -m 1 -F 1", ["Forward Softmax"]),
     ("gemm -m 20 -n 12 -k 9 -u 1 -A 2 -B 0.5 -t 1 -i 2", ["Gemm"]),
     ("gemm -m 20 -n 12 -k 9 -C 1 -b 2 -S small", ["Gemm"]),
+    ("gemm -m 20 -n 12 -k 9 --bias m --activation gelu -A 0.5 -B 2", ["Gemm"]),
+    ("pool -n 1 -c 2 -H 9 -W 9 -y 3 -x 3 -u 2 -v 2 --dilation_h 2 --dilation_w 2 --ceil_mode 1",
+     ["Forward Pooling", "Backward Pooling"]),
+    ("pool -n 1 -c 2 -H 9 -W 7 --adaptive 4x3 -m avg -F 1", ["Forward Pooling"]),
+    ("bnorm -n 3 -c 4 -H 5 -W 5 -m 1 -F 2 --activation relu", ["Forward Inference Batch Norm"]),
     ("CBAInfer -n 1 -c 4 -H 6 -W 6 -k 8 -y 3 -x 3 -p 1 -q 1 -F 0 -m 3 -t 1 -i 2", ["Fused cbna"]),
     ("CBAInfer -n 1 -c 4 -H 6 -W 6 -F 2 -m 7", ["Fused na"]),
 ])
