@@ -6,6 +6,7 @@ Sizes and strides are run-time arguments: one compile serves every shape of the 
 (after merging contiguous dimensions) and the same index width.
 """
 import math
+import weakref
 
 import numpy as np
 
@@ -91,8 +92,20 @@ class PointwiseKernel:
         self.scalars = [(n, np.dtype(t)) for n, t in scalars]
         self.statement = statement
         self.preamble = preamble
+        # ctx -> {(ndim, index_t): kernel}: a call looks its kernel up without re-keying the
+        # program cache (whose key freezes every template parameter).
+        self._built = weakref.WeakKeyDictionary()
 
     def _kernel(self, ctx, ndim, index_t):
+        per_ctx = self._built.get(ctx)
+        if per_ctx is None:
+            per_ctx = self._built[ctx] = {}
+        kernel = per_ctx.get((ndim, index_t))
+        if kernel is None:
+            kernel = per_ctx[(ndim, index_t)] = self._build(ctx, ndim, index_t)
+        return kernel
+
+    def _build(self, ctx, ndim, index_t):
         params = dict(
             name=self.name, ndim=ndim, index_t=index_t, statement=self.statement,
             preamble=self.preamble,

@@ -15,6 +15,7 @@ record their backward on the tape. ``sum_to_shape`` folds a broadcast gradient b
 of an operand.
 """
 import math
+import weakref
 
 import numpy as np
 
@@ -83,11 +84,22 @@ class ReduceKernel:
         self.finalize = finalize
         self.preamble = preamble
         self._partials_kernel = None
+        # ctx -> {compile-time key: kernel}, so that a call does not re-key the program cache.
+        self._built = weakref.WeakKeyDictionary()
 
     def _accumulators(self):
         return [(n, cl_name(t), self.identity[n]) for n, t in self.outputs]
 
-    def _kernel(self, ctx, variant, group_size, kept_ndim, red_ndim, index_t, apply_finalize):
+    def _kernel(self, ctx, *key):
+        per_ctx = self._built.get(ctx)
+        if per_ctx is None:
+            per_ctx = self._built[ctx] = {}
+        kernel = per_ctx.get(key)
+        if kernel is None:
+            kernel = per_ctx[key] = self._build(ctx, *key)
+        return kernel
+
+    def _build(self, ctx, variant, group_size, kept_ndim, red_ndim, index_t, apply_finalize):
         params = dict(
             name=self.name, variant=variant, group_size=group_size, kept_ndim=kept_ndim,
             red_ndim=red_ndim, index_t=index_t, inputs=[(n, cl_name(t)) for n, t in self.inputs],
@@ -225,7 +237,16 @@ def _merge(sizes, strides):
 
 def _plan(ctx, full, reduced, operand_strides, variant):
     """(kept sizes, reduced sizes, per-operand (kept strides, reduced strides), variant, chunks,
-    chunk length), or None when the output is empty."""
+    chunk length), or None when the output is empty. Memoized per context."""
+    variant = variant or config.forced_algorithm("reduce")
+    key = ("reduce_plan", tuple(full), tuple(reduced), tuple(tuple(s) for s in operand_strides), variant)
+    plans = ctx.memo
+    if key not in plans:
+        plans[key] = _make_plan(ctx, full, reduced, operand_strides, variant)
+    return plans[key]
+
+
+def _make_plan(ctx, full, reduced, operand_strides, variant):
     kept = [k for k in range(len(full)) if not reduced[k] and full[k] != 1]
     red = [k for k in range(len(full)) if reduced[k] and full[k] != 1]
     if math.prod(full[k] for k in kept) == 0:
@@ -233,7 +254,6 @@ def _plan(ctx, full, reduced, operand_strides, variant):
     kept_sizes, kept_strides = _merge([full[k] for k in kept], [[st[k] for k in kept] for st in operand_strides])
     red_sizes, red_strides = _merge([full[k] for k in red], [[st[k] for k in red] for st in operand_strides])
     kept_total, red_total = math.prod(kept_sizes), math.prod(red_sizes)
-    variant = variant or config.forced_algorithm("reduce")
     if variant is None:
         # Coalesced reads decide: items of a group walk the reduced dimension, items of a
         # launch walk the kept one. Short contiguous rows still go one per item.
@@ -246,14 +266,15 @@ def _plan(ctx, full, reduced, operand_strides, variant):
     if variant == "group":
         per_chunk = group_size * GROUP_CHUNK
         chunks = math.ceil(red_total / per_chunk)
-        if kept_total * chunks < parallel_target:
-            # Few outputs: cut their reductions finer so that every compute unit has a group,
-            # while each item still folds at least a few elements.
+        if kept_total * chunks < parallel_target and red_total >= 4 * per_chunk:
+            # Few outputs of long reductions: cut finer so that every compute unit has a group,
+            # while each item still folds at least a few elements. (Short ones are not worth
+            # another launch.)
             chunks = max(chunks, min(math.ceil(parallel_target / kept_total),
                                      math.ceil(red_total / (group_size * 4))))
     else:
         chunks = math.ceil(red_total / ITEM_CHUNK)
-        if kept_total * chunks < parallel_target * group_size:
+        if kept_total * chunks < parallel_target * group_size and red_total >= 4 * ITEM_CHUNK:
             chunks = max(chunks, min(math.ceil(parallel_target * group_size / kept_total),
                                      math.ceil(red_total / 16)))
     chunks = max(1, chunks)
