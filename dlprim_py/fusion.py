@@ -35,9 +35,14 @@ the chain):
   varies over (k, h, w) and folds into neither the weights nor a per-channel shift.
 * ``[bias | batchnorm_inference | activation]+`` without a convolution: one pointwise kernel.
 * ``batchnorm_forward [activation]``: batch norm in training mode (statistics, saved mean and
-  inverse std, running averages) and the activation, one kernel.
+  inverse std, running averages) and the activation: one kernel, or two (partial sums, then
+  normalise and activate) when few channels are split over work-groups to fill the device.
 * ``batchnorm_backward [activation_backward]`` (either order): the backward of
-  act(batchnorm_train(x)) through the activation's derivative, one kernel.
+  act(batchnorm_train(x)) through the activation's derivative: one kernel, or two likewise.
+* ``fusion.HORIZONTAL`` (beyond MIOpen, which refuses it): sibling convolutions of one input
+  with the same kernel size and geometry, each optionally followed by its bias, optionally one
+  activation last; one convolution over their concatenated weights, whose output is theirs
+  concatenated along channels in op order.
 
 Tensors are NCHW float32. Bias and spatial batch-norm parameters have shape (1, C, 1, 1) (or
 (C,)); per-activation batch-norm parameters (1, C, H, W). Activation parameters (alpha, beta,
@@ -85,6 +90,7 @@ SUPPORTED_CHAINS = (
     "[bias | batchnorm_inference | activation]+ (no convolution)",
     "batchnorm_forward [activation]",
     "batchnorm_backward [activation_backward] (either order)",
+    "HORIZONTAL: (conv [bias])+ [activation], sibling convolutions concatenated along channels",
 )
 
 # Which activation parameters each mode reads; the others are normalised away so that modes
@@ -345,8 +351,10 @@ class FusionPlan:
     """A chain of operators on one input, compiled into one kernel (MIOpen's fusion plan).
 
     ``direction``: ``fusion.VERTICAL`` (each op consumes the previous op's output).
-    ``fusion.HORIZONTAL`` is refused at ``compile`` as in MIOpen. ``input_desc``: the NCHW
-    float32 input (``dp.TensorDesc``).
+    ``fusion.HORIZONTAL``: sibling convolutions of the input (each optionally followed by its
+    bias, optionally one activation last), output concatenated along channels, which MIOpen
+    refuses; other horizontal plans raise UnsupportedError at ``compile``. ``input_desc``: the
+    NCHW float32 input (``dp.TensorDesc``).
     """
 
     def __init__(self, ctx, direction, input_desc):
@@ -410,13 +418,12 @@ class FusionPlan:
         """Check the chain and the descriptors, build the kernels. Raises UnsupportedError for
         a chain that does not fuse (naming the op that breaks it), ShapeError for descriptors
         that disagree."""
-        if self.direction == HORIZONTAL:
-            raise UnsupportedError("horizontal fusion is not supported (as in MIOpen); use "
-                                   "fusion.VERTICAL")
         if not self.ops:
             raise UnsupportedError(f"the plan has no operators; {_chain_message()}")
         first = self.ops[0]
-        if isinstance(first, ConvForwardOp):
+        if self.direction == HORIZONTAL:
+            runner = _HorizontalConvs(self)
+        elif isinstance(first, ConvForwardOp):
             runner = _ConvChain(self)
         elif isinstance(first, BatchNormForwardOp):
             runner = _BatchNormTrainForward(self)
@@ -433,25 +440,29 @@ class FusionPlan:
             raise DlprimError("compile() the plan before this call")
         return self.runner
 
+    def _conv_runner(self):
+        runner = self._compiled()
+        if isinstance(runner, _HorizontalConvs):
+            runner = runner.inner.runner
+        if not isinstance(runner, _ConvChain):
+            raise UnsupportedError("the plan has no convolution")
+        return runner
+
     def conv_algorithms(self, request_count=None):
         """The convolution algorithms that run this plan's chain in one kernel, by priority
         (the first is used unless ``set_conv_algorithm`` picks another)."""
-        runner = self._compiled()
-        if not isinstance(runner, _ConvChain):
-            raise UnsupportedError("the plan has no convolution")
-        names = runner.algorithm_names()
+        names = self._conv_runner().algorithm_names()
         return names if request_count is None else names[:int(request_count)]
 
     def set_conv_algorithm(self, algo):
-        runner = self._compiled()
-        if not isinstance(runner, _ConvChain):
-            raise UnsupportedError("the plan has no convolution")
-        runner.set_algorithm(algo)
+        self._conv_runner().set_algorithm(algo)
 
     def workspace_size(self, algo=None):
         """Bytes of workspace the plan uses (the plan allocates it itself)."""
         runner = self._compiled()
-        return runner.workspace_size(algo) if isinstance(runner, _ConvChain) else 0
+        if isinstance(runner, (_ConvChain, _HorizontalConvs)):
+            return self._conv_runner().workspace_size(algo)
+        return 0
 
     # ---- running -------------------------------------------------------------------------
 
@@ -976,6 +987,105 @@ class _ConvChain:
         self.convolution.forward(x, w, y, alpha=conv_args["alpha"], beta=conv_args["beta"],
                                  activation=activation, algo=self.algorithm,
                                  workspace=self.workspace, shift=shift)
+
+
+class _HorizontalConvs:
+    """Sibling convolutions of one input (HORIZONTAL; MIOpen refuses these plans): each conv
+    may be followed by its own bias, one activation may end the plan and applies to every
+    branch. The output is the branches' outputs concatenated along channels, in op order,
+    computed as one convolution over the concatenated weights (and biases), i.e. a vertical
+    conv [bias] [activation] plan whose weights this runner assembles before each call."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.branches = []          # [conv op, bias op or None]
+        self.activation = None
+        for op in plan.ops:
+            if self.activation is not None:
+                raise UnsupportedError(f"op {op.index} ({op.describe()}) follows the activation "
+                                       f"that ends a horizontal plan; {_HORIZONTAL_MESSAGE}")
+            if isinstance(op, ConvForwardOp):
+                self.branches.append([op, None])
+            elif isinstance(op, BiasForwardOp) and self.branches and self.branches[-1][1] is None:
+                self.branches[-1][1] = op
+            elif isinstance(op, ActivationForwardOp) and self.branches:
+                self.activation = op
+            else:
+                raise UnsupportedError(f"op {op.index} ({op.describe()}) cannot be fused "
+                                       f"horizontally; {_HORIZONTAL_MESSAGE}")
+        first = self.branches[0][0]
+        geometry = _conv_geometry(first)
+        for conv, _ in self.branches[1:]:
+            if _conv_geometry(conv) != geometry:
+                raise UnsupportedError(
+                    f"op {conv.index} ({conv.describe()}) differs from op {first.index} "
+                    f"({first.describe()}) in kernel size, channels or geometry: horizontal "
+                    f"branches must share all but their output channels")
+        if first.conv_desc.groups != 1:
+            raise UnsupportedError(f"op {first.index}: horizontal fusion takes ungrouped "
+                                   f"convolutions, got groups={first.conv_desc.groups}")
+        self.channels = [conv.weight_desc.shape[0] for conv, _ in self.branches]
+        total = sum(self.channels)
+        w_shape = (total,) + tuple(first.weight_desc.shape[1:])
+        self.inner = FusionPlan(plan.ctx, VERTICAL, plan.input_desc)
+        self.inner_conv = self.inner.create_op_conv_forward(first.conv_desc, TensorDesc(w_shape))
+        self.has_bias = any(bias is not None for _, bias in self.branches)
+        for conv, bias in self.branches:
+            if bias is not None:
+                k = conv.weight_desc.shape[0]
+                _check_param_desc(bias, bias.bias_desc, "bias", k, (1, 1), False)
+        self.inner_bias = (self.inner.create_op_bias_forward(TensorDesc((1, total, 1, 1)))
+                           if self.has_bias else None)
+        self.inner_activation = (self.inner.create_op_activation_forward(self.activation.mode)
+                                 if self.activation else None)
+        self.inner.compile()
+        self.output_desc = self.inner.output_desc
+        self.weights = Tensor.empty(plan.ctx, w_shape)
+        # Branches without a bias contribute zeros, written once.
+        self.bias = Tensor.zeros(plan.ctx, (total,)) if self.has_bias else None
+
+    def run(self, x, y, args):
+        import pyopencl as cl
+        queue = self.plan.ctx.queue
+        inner_args = OperatorArgs()
+        row = 0
+        per_k = math.prod(self.weights.shape[1:])
+        alphas = set()
+        for (conv, bias), k in zip(self.branches, self.channels):
+            values = args.get(conv)
+            w = values["w"]
+            if w.shape != conv.weight_desc.shape:
+                raise ShapeError(f"op {conv.index}: weights have shape {w.shape}, the descriptor "
+                                 f"says {conv.weight_desc.shape}")
+            alphas.add((values["alpha"], values["beta"]))
+            cl.enqueue_copy(queue, self.weights.buffer, w.buffer, byte_count=w.nbytes,
+                            src_offset=w.offset, dst_offset=self.weights.offset + row * per_k * 4)
+            if bias is not None:
+                b = args.get(bias)["bias"]
+                _check_param_tensor(bias, b, "bias", (k,))
+                cl.enqueue_copy(queue, self.bias.buffer, b.buffer, byte_count=b.nbytes,
+                                src_offset=b.offset, dst_offset=self.bias.offset + row * 4)
+            row += k
+        if len(alphas) != 1:
+            raise UnsupportedError(f"horizontal branches must share alpha and beta, got {alphas}")
+        alpha, beta = alphas.pop()
+        inner_args.set_conv_forward(self.inner_conv, alpha, beta, self.weights)
+        if self.inner_bias is not None:
+            inner_args.set_bias_forward(self.inner_bias, 1.0, 0.0, self.bias)
+        if self.inner_activation is not None:
+            act = args.get(self.activation)["activation"]
+            inner_args.set_activation_forward(self.inner_activation, 1.0, 0.0, act.alpha,
+                                              act.beta, act.gamma)
+        self.inner.runner.run(x, y, inner_args)
+
+
+_HORIZONTAL_MESSAGE = ("a horizontal plan is sibling convolutions of one input, each optionally "
+                       "followed by its bias, and optionally one activation last")
+
+
+def _conv_geometry(conv):
+    d = conv.conv_desc
+    return (tuple(conv.weight_desc.shape[1:]), d.padding, d.stride, d.dilation, d.groups)
 
 
 def _algorithm_name(algo):

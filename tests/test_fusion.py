@@ -303,10 +303,10 @@ def test_batchnorm_train_without_activation_or_running_statistics(ctx, rng):
 
 # ---- refusals --------------------------------------------------------------------------------
 
-def test_horizontal_is_refused(ctx):
+def test_horizontal_plan_without_convolutions_is_refused(ctx):
     plan = fusion.FusionPlan(ctx, fusion.HORIZONTAL, dp.TensorDesc((1, 2, 3, 3)))
     plan.create_op_activation_forward(fusion.ACTIVATION_RELU)
-    with pytest.raises(dp.UnsupportedError, match="horizontal"):
+    with pytest.raises(dp.UnsupportedError, match=r"op 0 \(activation.*fused horizontally"):
         plan.compile()
 
 
@@ -580,3 +580,46 @@ def test_conv_bias_activation_bad_input(ctx, rng):
         fusion.conv_bias_activation(xd, wd, None, *dev(ctx, random(rng, (1, 3, 5, 5))))
     with pytest.raises(dp.ShapeError, match="channels"):
         fusion.conv_bias_activation(xd, *dev(ctx, random(rng, (3, 2, 3, 3))))
+
+
+# ---- HORIZONTAL: sibling convolutions of one input, beyond MIOpen -----------------------------
+
+def test_horizontal_sibling_convolutions(ctx, rng):
+    """Two 1x1 convolutions of one input (the second without a bias) and a shared ReLU, as one
+    convolution whose output is theirs concatenated along channels."""
+    x_shape = (2, 4, 5, 6)
+    x, w1, w2, b1 = (random(rng, x_shape), random(rng, (3, 4, 1, 1)), random(rng, (5, 4, 1, 1)),
+                     random(rng, (3,)))
+    plan = fusion.FusionPlan(ctx, fusion.HORIZONTAL, dp.TensorDesc(x_shape))
+    conv1 = plan.create_op_conv_forward(dp.ConvolutionDesc(), dp.TensorDesc(w1.shape))
+    bias1 = plan.create_op_bias_forward(dp.TensorDesc((1, 3, 1, 1)))
+    conv2 = plan.create_op_conv_forward(dp.ConvolutionDesc(), dp.TensorDesc(w2.shape))
+    act = plan.create_op_activation_forward(fusion.ACTIVATION_RELU)
+    plan.compile()
+    assert plan.output_desc == dp.TensorDesc((2, 8, 5, 6))
+    args = fusion.OperatorArgs()
+    w1d, w2d, b1d = dev(ctx, w1, w2, b1)
+    args.set_conv_forward(conv1, 1, 0, w1d)
+    args.set_bias_forward(bias1, 1, 0, b1d)
+    args.set_conv_forward(conv2, 1, 0, w2d)
+    args.set_activation_forward(act, 1, 0, 0, 0, 0)
+    ref = torch.relu(torch.cat([F.conv2d(t64(x), t64(w1), t64(b1)), F.conv2d(t64(x), t64(w2))], 1))
+    for name in plan.conv_algorithms():
+        plan.set_conv_algorithm(name)
+        y = poisoned(ctx, (2, 8, 5, 6))
+        plan.execute(plan.input_desc, *dev(ctx, x), plan.output_desc, y, args)
+        assert_close(y.numpy(), ref.numpy())
+
+
+def test_horizontal_refusals(ctx):
+    x_desc = dp.TensorDesc((1, 4, 5, 5))
+    plan = fusion.FusionPlan(ctx, fusion.HORIZONTAL, x_desc)
+    plan.create_op_conv_forward(dp.ConvolutionDesc(), dp.TensorDesc((3, 4, 1, 1)))
+    plan.create_op_conv_forward(dp.ConvolutionDesc(padding=1), dp.TensorDesc((3, 4, 3, 3)))
+    with pytest.raises(dp.UnsupportedError, match=r"op 1 \(conv.*differs from op 0"):
+        plan.compile()
+    plan = fusion.FusionPlan(ctx, fusion.HORIZONTAL, x_desc)
+    plan.create_op_conv_forward(dp.ConvolutionDesc(), dp.TensorDesc((3, 4, 1, 1)))
+    plan.create_op_batchnorm_inference(fusion.BN_SPATIAL, dp.TensorDesc((1, 3, 1, 1)))
+    with pytest.raises(dp.UnsupportedError, match=r"op 1 \(batchnorm_inference.*horizontal"):
+        plan.compile()
