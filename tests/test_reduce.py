@@ -242,3 +242,20 @@ def test_reductions_bad_input(ctx):
         F.norm(x, "nuc")
     with pytest.raises(dp.ShapeError, match="broadcast"):
         F.maximum(x, dp.Tensor.zeros(ctx, (5,)))
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_broadcast_arithmetic_gradients_fold_through_sum_to_shape(ctx, rng, op):
+    """The arithmetic operators' backward sums broadcast gradients back with sum_to_shape."""
+    a, b = random(rng, (3, 1, 5)), random(rng, (4, 1), 0.5, 1.5)
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    y = dp.Tensor.from_numpy(ctx, b, requires_grad=True)
+    out = getattr(F, op)(x, y)
+    ta, tb = _torch(a, True), _torch(b, True)
+    ref = getattr(torch, op)(ta, tb)
+    assert_close(out.numpy(), ref.detach().numpy())
+    g = random(rng, out.shape)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    ref.backward(torch.tensor(g.astype(np.float64)))
+    assert_close(x.grad.numpy(), ta.grad.numpy())
+    assert_close(y.grad.numpy(), tb.grad.numpy())
