@@ -59,6 +59,12 @@ def test_generator_axes_and_offsets(ctx, rng):
     assert np.isnan(out_big.numpy()[:3]).all(), "wrote before the output's offset"
 
 
+def test_generator_empty_reduction_gives_the_identity(ctx):
+    out = poisoned(ctx, (3,))
+    WEIGHTED([dp.Tensor.empty(ctx, (0, 3)), dp.Tensor.zeros(ctx, (3,))], [out], [1.0])
+    assert out.numpy().tolist() == [0.0, 0.0, 0.0]
+
+
 def test_generator_bad_input(ctx):
     x = dp.Tensor.zeros(ctx, (4, 5))
     w = dp.Tensor.zeros(ctx, (5,))

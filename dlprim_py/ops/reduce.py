@@ -278,8 +278,9 @@ def _make_plan(ctx, full, reduced, operand_strides, variant):
             chunks = max(chunks, min(math.ceil(parallel_target * group_size / kept_total),
                                      math.ceil(red_total / 16)))
     chunks = max(1, chunks)
-    chunk_len = math.ceil(red_total / chunks)
-    chunks = math.ceil(red_total / chunk_len)
+    # An empty reduction is one chunk that folds nothing: the outputs get the identity.
+    chunk_len = max(1, math.ceil(red_total / chunks))
+    chunks = max(1, math.ceil(red_total / chunk_len))
     strides = list(zip(kept_strides, red_strides))
     return kept_sizes, red_sizes, strides, variant, chunks, chunk_len
 
