@@ -14,6 +14,7 @@ from .errors import (DeviceError, DlprimError, DTypeError, KernelBuildError, Sha
 from .tensor import Tensor, TensorDesc
 from .ops.gemm import gemm, gemm_batched
 from .ops.conv import Convolution, ConvolutionDesc
+from .ops.dropout import manual_seed
 from .version import __version__
 from . import functional  # noqa: E402
 from . import fusion  # noqa: E402
@@ -25,3 +26,4 @@ __all__ = [
     "KernelBuildError", "__version__", "Convolution", "ConvolutionDesc",
 ]
 __all__ += ["gemm", "gemm_batched"]
+__all__ += ["manual_seed"]
