@@ -43,7 +43,8 @@ def _device_label(record):
 def headline(records):
     """One line per dlprim-bench record: peaks, best GEMM rate, speed vs torch per suite."""
     suites = ("gemm", "conv", "ops", "fusion")
-    lines = ["| device | mode | FP32 peak GFLOP/s | copy GB/s | launch us | best GEMM GFLOP/s | "
+    lines = ["| device | mode | FP32 peak GFLOP/s | copy GB/s | launch us (back to back / "
+             "queued to start) | best GEMM GFLOP/s | "
              + " | ".join(f"{s} x torch" for s in suites) + " | baseline |",
              "|---|---|---|---|---|---|" + "---|" * len(suites) + "---|"]
     for name, rec in records:
@@ -64,7 +65,8 @@ def headline(records):
         lines.append(
             f"| {rec['device']['name']} | {mode} | {_fmt(fma and fma['rate'], '.4g')} | "
             f"{_fmt(copy and copy['rate'], '.4g')} | "
-            f"{_fmt(launch and launch['median_ms'] * 1e3, '.3g')} | "
+            f"{_fmt(launch and launch['median_ms'] * 1e3, '.3g')} / "
+            f"{_fmt(launch and launch['params'].get('queued_to_start_us'), '.3g')} | "
             f"{_fmt(max(gemm_rates) if gemm_rates else None, '.4g')} | " + " | ".join(ratios)
             + f" | {baseline} |")
     return lines

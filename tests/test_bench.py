@@ -250,6 +250,7 @@ def test_peak_cases_on_tiny_sizes(small_bench):
         assert row.ok, row.status
         assert row.median_ms > 0
     assert row.params["launches"] == 5 and row.params["host_enqueue_us"] > 0
+    assert row.params["queued_to_start_us"] >= 0
 
 
 def test_launch_probe_counts_every_launch(small_bench):

@@ -4,7 +4,8 @@
   sized by a calibration run so that one run takes a few milliseconds;
 * copy bandwidth: a float4 copy kernel, bytes read + bytes written per second;
 * kernel-launch cost: back-to-back launches of a one-work-item kernel with arguments bound once,
-  device time per launch (and host enqueue time per launch, in the row's params).
+  device time per launch; the row's params add the host enqueue time per launch and clpeak's
+  latency (queued to start of a single launch on an idle queue).
 
 The FP32 and copy rates become the "% of peak" denominators of every other suite.
 """
@@ -167,6 +168,18 @@ class LaunchProbe:
         count = int(self.counter.numpy()[0])
         return 0.0 if count == self.launches else math.inf
 
+    def latency_us(self, samples=20):
+        """clpeak's launch latency: median of (start - queued) profiling times of single
+        launches on an idle queue, in microseconds (None without profiling)."""
+        if not self.ctx.profiling:
+            return None
+        delays = []
+        for _ in range(samples):
+            event = cl.enqueue_nd_range_kernel(self.ctx.queue, self.kernel, (1,), None)
+            event.wait()
+            delays.append((event.profile.start - event.profile.queued) * 1e-3)
+        return float(np.median(delays))
+
 
 def sizes(bench):
     """(FMA work items, FMA target seconds, copy floats, launches) for the device and mode."""
@@ -210,6 +223,9 @@ def launch_case(bench, launches=None):
     def verify():
         error = probe.verify()
         case.params["host_enqueue_us"] = round(probe.host_enqueue_us, 3)
+        latency = probe.latency_us()
+        if latency is not None:
+            case.params["queued_to_start_us"] = round(latency, 3)
         return error
 
     case = Case(probe.run, verify, 0.0, "us", algorithm="1 work item",
