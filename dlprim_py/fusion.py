@@ -823,6 +823,12 @@ class _ConvChain:
                     f"op {op.index} ({op.describe()}) follows the activation "
                     f"(op {self.activation.index}); the convolution's epilogue ends with the "
                     f"activation; {_chain_message()}")
+            if isinstance(op, BatchNormInferenceOp) and op.mode == BN_PER_ACTIVATION:
+                raise UnsupportedError(
+                    f"op {op.index} ({op.describe()}): BN_PER_ACTIVATION after a convolution "
+                    f"does not fuse (its scale varies over (k, h, w), so it folds into neither "
+                    f"the weights nor the epilogue's per-channel shift); use BN_SPATIAL, or run "
+                    f"the batch norm as a plan of its own; {_chain_message()}")
             if isinstance(op, (BiasForwardOp, BatchNormInferenceOp)):
                 self.affine_ops.append(op)
             elif isinstance(op, ActivationForwardOp):
@@ -853,19 +859,13 @@ class _ConvChain:
         y_shape = tuple(self.convolution.output_desc.shape)
         self.output_desc = TensorDesc(y_shape, float32)
         k = y_shape[1]
-        self.per_activation = False
         self.param_shapes = {}
         for op in self.affine_ops:
             if isinstance(op, BiasForwardOp):
                 _check_param_desc(op, op.bias_desc, "bias", k, y_shape[2:], False)
-                self.param_shapes[op] = (k,)
             else:
-                per_activation = op.mode == BN_PER_ACTIVATION
-                _check_param_desc(op, op.bn_desc, "batch-norm", k, y_shape[2:], per_activation)
-                self.param_shapes[op] = (k,) + (tuple(y_shape[2:]) if per_activation else ())
-                self.per_activation |= per_activation
-        if self.per_activation:
-            self._check_per_activation_support()
+                _check_param_desc(op, op.bn_desc, "batch-norm", k, y_shape[2:], False)
+            self.param_shapes[op] = (k,)
         has_bn = any(isinstance(op, BatchNormInferenceOp) for op in self.affine_ops)
         biases = [op for op in self.affine_ops if isinstance(op, BiasForwardOp)]
         # One bias alone is the epilogue's shift as it is; a batch norm (or several biases)
@@ -897,13 +897,6 @@ class _ConvChain:
         algorithm(self.algorithm).prepare(self.plan.ctx, self.convolution.problem, "forward",
                                           self._epilogue(activation))
 
-    def _check_per_activation_support(self):
-        if not getattr(self.convolution, "supports_per_element_affine", False):
-            raise UnsupportedError(
-                "batchnorm_inference in BN_PER_ACTIVATION mode after a convolution needs a "
-                "per-element epilogue that this convolution does not offer; use BN_SPATIAL, or a "
-                "separate plan for the batch norm")
-
     def _fold_kernel(self):
         """The kernel (kernels/fusion_fold.cl.mako) that folds the chain's bias and batch-norm
         parameters into scaled weights and a shift: conv(x, w * scale[k]) + shift[k] reproduces
@@ -929,7 +922,8 @@ class _ConvChain:
         kernel_args = list(self.fold_sizes)
         for op in self.affine_ops:
             values = args.get(op)
-            fields = ("bias",) if isinstance(op, BiasForwardOp) else ("mean", "variance", "scale", "bias")
+            fields = (("bias",) if isinstance(op, BiasForwardOp)
+                      else ("mean", "variance", "scale", "bias"))
             for field in fields:
                 t = values[field]
                 _check_param_tensor(op, t, field, self.param_shapes[op])
@@ -964,7 +958,8 @@ class _ConvChain:
 
     def _allocate_workspace(self):
         size = self.workspace_size()
-        self.workspace = Tensor(self.plan.ctx, allocate(self.plan.ctx, size), (size // 4,)) if size else None
+        self.workspace = (Tensor(self.plan.ctx, allocate(self.plan.ctx, size), (size // 4,))
+                          if size else None)
 
     def run(self, x, y, args):
         conv_args = args.get(self.conv_op)
@@ -1020,10 +1015,11 @@ class _HorizontalConvs:
                 raise UnsupportedError(
                     f"op {conv.index} ({conv.describe()}) differs from op {first.index} "
                     f"({first.describe()}) in kernel size, channels or geometry: horizontal "
-                    f"branches must share all but their output channels")
+                    f"branches must share all but their output channels; {_HORIZONTAL_MESSAGE}")
         if first.conv_desc.groups != 1:
             raise UnsupportedError(f"op {first.index}: horizontal fusion takes ungrouped "
-                                   f"convolutions, got groups={first.conv_desc.groups}")
+                                   f"convolutions, got groups={first.conv_desc.groups}; "
+                                   f"{_HORIZONTAL_MESSAGE}")
         self.channels = [conv.weight_desc.shape[0] for conv, _ in self.branches]
         total = sum(self.channels)
         w_shape = (total,) + tuple(first.weight_desc.shape[1:])
@@ -1080,7 +1076,8 @@ class _HorizontalConvs:
 
 
 _HORIZONTAL_MESSAGE = ("a horizontal plan is sibling convolutions of one input, each optionally "
-                       "followed by its bias, and optionally one activation last")
+                       "followed by its bias, and optionally one activation last; "
+                       + _chain_message())
 
 
 def _conv_geometry(conv):

@@ -42,7 +42,8 @@ __kernel void fold_affine_into_weights(
         shift += b${n}[b${n}_off + k];
   % else:
         {
-            const float g = scale${n}[scale${n}_off + k] / sqrt(variance${n}[variance${n}_off + k] + epsilon${n});
+            const float g = scale${n}[scale${n}_off + k]
+                            / sqrt(variance${n}[variance${n}_off + k] + epsilon${n});
             scale *= g;
             shift = (shift - mean${n}[mean${n}_off + k]) * g + bias${n}[bias${n}_off + k];
         }
