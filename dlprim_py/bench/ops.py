@@ -1,4 +1,4 @@
-"""Suite ``ops``: memory-bound operators (pooling, batch norm, activations, softmax, reductions)
+"""Suite ``ops``: memory-bound operators (pooling, normalization, activations, softmax, reductions)
 through ``dlprim_py.functional``, whose names and semantics are torch.nn.functional's; so the
 same call with the same arguments is the PyTorch baseline and, in float64, the reference.
 
@@ -12,15 +12,24 @@ from .harness import Case, CaseSpec, Skip, error_metric
 class OpSpec:
     """``fn`` (a name in dlprim_py.functional and in torch.nn.functional or torch) applied to
     random inputs of ``shapes``, with keyword arguments ``kwargs``; ``positive`` lists inputs
-    that must be > 0 (variances)."""
+    that must be > 0 (variances); the last ``len(keyword_tensors)`` inputs are passed as those
+    keywords (layer_norm's weight and bias) instead of by position."""
 
-    def __init__(self, label, fn, shapes, kwargs=None, positive=(), torch_namespace="F"):
+    def __init__(self, label, fn, shapes, kwargs=None, positive=(), torch_namespace="F",
+                 keyword_tensors=()):
         self.label = label
         self.fn = fn
         self.shapes = [tuple(s) for s in shapes]
         self.kwargs = dict(kwargs or {})
         self.positive = tuple(positive)
         self.torch_namespace = torch_namespace
+        self.keyword_tensors = tuple(keyword_tensors)
+
+    def arguments(self, tensors):
+        """(positional, keyword) arguments of the call on ``tensors`` (one per shape)."""
+        split = len(tensors) - len(self.keyword_tensors)
+        keywords = dict(zip(self.keyword_tensors, tensors[split:]), **self.kwargs)
+        return list(tensors[:split]), keywords
 
     def torch_fn(self, torch):
         space = torch.nn.functional if self.torch_namespace == "F" else torch
@@ -63,12 +72,15 @@ def op_case(bench, spec):
         hosts.append(bench.random(shape, low, high))
     tensors = [Tensor.from_numpy(ctx, h) for h in hosts]
 
+    args, kwargs = spec.arguments(tensors)
+
     def call():
         with no_grad():
-            return fn(*tensors, **spec.kwargs)
+            return fn(*args, **kwargs)
 
-    def torch_call(torch, *args):
-        return spec.torch_fn(torch)(*args, **spec.kwargs)
+    def torch_call(torch, *arrays):
+        t_args, t_kwargs = spec.arguments(arrays)
+        return spec.torch_fn(torch)(*t_args, **t_kwargs)
 
     ref = bench.reference.compute(torch_call, *hosts)
     out_bytes = ref.size * 4
@@ -87,9 +99,9 @@ def op_case(bench, spec):
     torch_run = None
     if bench.torch is not None:
         tb = bench.torch
-        targs = [tb.tensor(h) for h in hosts]
+        t_args, t_kwargs = spec.arguments([tb.tensor(h) for h in hosts])
         tfn = spec.torch_fn(tb.torch)
-        torch_run = lambda: tfn(*targs, **spec.kwargs)  # noqa: E731
+        torch_run = lambda: tfn(*t_args, **t_kwargs)  # noqa: E731
     return Case(run, verify, moved, "GB/s", algorithm=_algorithm(spec), torch_run=torch_run,
                 params={"fn": spec.fn, "shapes": spec.shapes, "kwargs": spec.kwargs,
                         "bytes": moved})
@@ -122,6 +134,12 @@ def specs(bench):
                dict(training=False, eps=1e-5), positive=(2,)),
         OpSpec("batch_norm training", "batch_norm", [feature, stats, stats, stats, stats],
                dict(training=True, momentum=0.1, eps=1e-5), positive=(2,)),
+        OpSpec("adaptive_avg_pool2d 1x1", "adaptive_avg_pool2d", [(n, 2048, 7, 7)],
+               dict(output_size=1)),
+        OpSpec("group_norm 32 groups", "group_norm", [feature, stats, stats],
+               dict(num_groups=32, eps=1e-5), keyword_tensors=("weight", "bias")),
+        OpSpec("layer_norm rows", "layer_norm", [(rows, 768), (768,), (768,)],
+               dict(normalized_shape=(768,), eps=1e-5), keyword_tensors=("weight", "bias")),
         OpSpec("relu", "relu", [feature]),
         OpSpec("gelu", "gelu", [feature]),
         OpSpec("silu", "silu", [feature]),
@@ -131,6 +149,8 @@ def specs(bench):
         OpSpec("softmax channels", "softmax", [(n, 21, 64, 64)], dict(dim=1)),
         OpSpec("sum rows", "sum", [(rows, 4096)], dict(dim=-1), torch_namespace="torch"),
         OpSpec("sum spatial", "sum", [(n, 2048, 7, 7)], dict(dim=(2, 3)), torch_namespace="torch"),
+        OpSpec("mean channels", "mean", [feature], dict(dim=1), torch_namespace="torch"),
+        OpSpec("amax rows", "amax", [(rows, 4096)], dict(dim=-1), torch_namespace="torch"),
     ]
 
 
