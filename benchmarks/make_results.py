@@ -99,7 +99,8 @@ def bench_section(name, rec):
              f"- library {lib['version']}, commit {lib.get('commit') or 'unknown'}"
              f"{' (with local changes)' if lib.get('dirty') else ''}; {rec['date']}",
              f"- host: {rec['host']['cpus']} CPUs, Python {rec['host']['python']}, pyopencl "
-             f"{rec['host']['pyopencl']}",
+             f"{rec['host']['pyopencl']}, load average {rec['host'].get('load_average_1min', '?')} "
+             f"at the end of the run",
              "- baseline: " + (f"torch {torch['version']} on {torch['device']}"
                                 f"{', ' + torch['cuda_device'] if 'cuda_device' in torch else ''}"
                                 f"{', TF32 off' if torch.get('device') == 'cuda' else ''}"

@@ -47,6 +47,8 @@ def host_record():
         "machine": platform.machine(), "system": platform.system(), "cpus": os.cpu_count(),
         "python": sys.version.split()[0], "numpy": numpy.__version__,
         "pyopencl": pyopencl.VERSION_TEXT,
+        # Other work on the host skews CPU-device and CPU-baseline times: say how busy it was.
+        "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
 
 
