@@ -260,3 +260,15 @@ def test_bad_input(ctx, rng):
         F.group_norm(x, 2)
     with pytest.raises(dp.ShapeError, match="3-d"):
         F.local_response_norm(_d(ctx, random(rng, (2, 3))), 2)
+
+
+def test_command_log(ctx, rng, monkeypatch, capsys):
+    """DLPRIM_LOG_CMD=1 prints the dlprim-driver bnorm command that reproduces the call."""
+    monkeypatch.setenv("DLPRIM_LOG_CMD", "1")
+    x = _d(ctx, random(rng, (2, 3, 5)))
+    stats = _d(ctx, random(rng, (3,), 0.5, 1.5))
+    norm.batch_norm_forward_training(x, dp.Tensor.empty(ctx, x.shape), running_mean=stats,
+                                     running_var=stats, activation="relu")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("DLPRIM_LOG_CMD")]
+    assert lines == ["DLPRIM_LOG_CMD: dlprim-driver bnorm -n 2 -c 3 -H 5 -W 1 -m 1 -F 1 -b 0 -s 0 "
+                     "-r 1 --activation relu"]

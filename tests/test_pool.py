@@ -135,3 +135,16 @@ def test_random_configurations(ctx, rng):
         include = bool(rng.integers(0, 2))
         _run(ctx, rng, shape, lambda x: F.avg_pool2d(x, count_include_pad=include, **kwargs),
              lambda t: TF.avg_pool2d(t, count_include_pad=include, **kwargs))
+
+
+def test_command_log(ctx, rng, monkeypatch, capsys):
+    """DLPRIM_LOG_CMD=1 prints the dlprim-driver command that reproduces the call."""
+    monkeypatch.setenv("DLPRIM_LOG_CMD", "1")
+    x = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 9, 8)))
+    F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False)
+    F.adaptive_max_pool2d(x, (2, None))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("DLPRIM_LOG_CMD")]
+    assert lines == [
+        "DLPRIM_LOG_CMD: dlprim-driver pool -n 2 -c 3 -H 9 -W 8 -y 3 -x 3 -u 2 -v 2 -p 1 -q 1 "
+        "--dilation_h 1 --dilation_w 1 --ceil_mode 0 --divisor 0 -m avg -F 1",
+        "DLPRIM_LOG_CMD: dlprim-driver pool -n 2 -c 3 -H 9 -W 8 --adaptive 2x8 -m max -F 1"]

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from .. import autograd, config, program
+from .. import autograd, config, logcmd, program
 from ..activation import as_activation
 from ..context import check_same_context
 from ..dtypes import float32
@@ -190,6 +190,21 @@ def _apply(ctx, N, C, S, coef, u, v, out, activation=None):
 
 # ---- batch norm, MIOpen style -------------------------------------------------------------
 
+def _log_bnorm(x, mode, forw, back=0, save=0, run=0, activation=None):
+    """The ``dlprim-driver bnorm`` command of this call (DLPRIM_LOG_CMD=1); an input of another
+    rank than 4 is logged as (N, C, prod(spatial), 1), which has the same statistics."""
+    if not config.log_cmd():
+        return
+    n, c = x.shape[:2]
+    h, w = (x.shape[2], x.shape[3]) if x.ndim == 4 else (math.prod(x.shape[2:]), 1)
+    flags = {"n": n, "c": c, "H": h, "W": w, "m": int(mode == "spatial"), "F": forw, "b": back,
+             "s": save, "r": run}
+    desc = as_activation(activation)
+    if desc is not None and not desc.is_identity:
+        flags["activation"] = desc.mode.value
+    logcmd.log_command("bnorm", flags)
+
+
 def _check_bn(x, y, mode, named, y_name="y"):
     _check_float("x", x)
     _check_float(y_name, y)
@@ -224,6 +239,8 @@ def batch_norm_forward_training(x, y, weight=None, bias=None, running_mean=None,
     if N * S <= 1:
         raise ShapeError(f"batch norm training needs more than one value per channel, got input "
                          f"shape {x.shape} in {mode} mode")
+    _log_bnorm(x, mode, 1, save=int(save_mean is not None), run=int(running_mean is not None),
+               activation=activation)
     ctx = x.ctx
     partials, chunks = channel_partial_sums(ctx, "stats", N, C, S, x, chunks=chunks)
     coef = Tensor.empty(ctx, (C, 5), float32)
@@ -243,6 +260,7 @@ def batch_norm_forward_inference(x, y, weight=None, bias=None, running_mean=None
                                          running_var=running_var))
     if running_mean is None or running_var is None:
         raise ShapeError("batch norm inference needs running_mean and running_var")
+    _log_bnorm(x, mode, 2, activation=activation)
     ctx = x.ctx
     coef = Tensor.empty(ctx, (C, 5), float32)
     kernel = _program(ctx).kernel("channel_coef_inference")
@@ -264,6 +282,7 @@ def batch_norm_backward(x, dy, dx, weight=None, mean=None, invstd=None, dweight=
                                           dweight=dweight, dbias=dbias), y_name="dy")
     if mean is None or invstd is None:
         raise ShapeError("batch norm backward needs the mean and invstd its forward used")
+    _log_bnorm(x, mode, 0, back=1)
     if dx is not None:
         _check_float("dx", dx)
         if dx.shape != x.shape:

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .. import autograd, program
+from .. import autograd, logcmd, program
 from ..context import check_same_context
 from ..dtypes import float32, int64
 from ..errors import DTypeError, ShapeError, UnsupportedError
@@ -125,6 +125,22 @@ class Pool2d:
                                  f"gives an empty output for input {input_shape}")
         return input_shape[:-2] + (OH, OW)
 
+    def _log(self, x_shape, y_shape, forward_only):
+        """The ``dlprim-driver pool`` command of this call (DLPRIM_LOG_CMD=1)."""
+        n, c, h, w = (1,) * (4 - len(x_shape)) + tuple(x_shape)
+        flags = {"n": n, "c": c, "H": h, "W": w}
+        if self.adaptive:
+            flags["adaptive"] = f"{y_shape[-2]}x{y_shape[-1]}"
+        else:
+            flags.update({"y": self.kernel[0], "x": self.kernel[1], "u": self.stride[0],
+                          "v": self.stride[1], "p": self.padding[0], "q": self.padding[1],
+                          "dilation_h": self.dilation[0], "dilation_w": self.dilation[1],
+                          "ceil_mode": int(self.ceil_mode), "divisor": self.divisor_override})
+        flags["m"] = ("max" if self.method == "max" else
+                      "avg_in" if self.count_include_pad and not self.adaptive else "avg")
+        flags["F"] = int(forward_only)
+        logcmd.log_command("pool", flags)
+
     def _kernel(self, name, index_t, save_indices):
         params = dict(method=self.method, window=self._window, save_indices=save_indices,
                       index_t=index_t)
@@ -162,6 +178,7 @@ class Pool2d:
         """Enqueue y = pool(x). ``indices`` (max only, int64, y's shape) receives each window's
         argmax as a flat position h*W + w in its input plane; backward of max needs it."""
         index_t, index_np = self._check(x, y, indices, "x", "y")
+        self._log(x.shape, y.shape, True)
         if y.size == 0:
             return
         kernel = self._kernel("pool_forward", index_t, indices is not None)
@@ -178,6 +195,7 @@ class Pool2d:
         index_t, index_np = self._check(dx, dy, indices, "dx", "dy")
         if self.method == "max" and indices is None:
             raise ShapeError("max pooling backward needs the indices written by forward")
+        self._log(dx.shape, dy.shape, False)
         if dx.size == 0:
             return
         kernel = self._kernel("pool_backward", index_t, False)
