@@ -249,13 +249,14 @@ def _check_tensor(value, what, allow_none=False):
     return value
 
 
-def _scaling(alpha, beta, what, beta_allowed=False):
+def _scaling(alpha, beta, what):
+    """Refuse alpha != 1 or beta != 0 for an op after the first: MIOpen's fused kernels ignore
+    them, and refusing is better than ignoring silently (the convolution's own alpha and beta
+    scale the whole chain's result)."""
     alpha, beta = float(alpha), float(beta)
-    if alpha != 1.0 or (beta != 0.0 and not beta_allowed):
-        # MIOpen's fused kernels ignore these; refusing is better than ignoring silently.
-        raise UnsupportedError(f"{what}: alpha must be 1{'' if beta_allowed else ' and beta 0'} "
-                               f"in a fusion plan, got alpha={alpha}, beta={beta}")
-    return alpha, beta
+    if alpha != 1.0 or beta != 0.0:
+        raise UnsupportedError(f"{what}: alpha must be 1 and beta 0 in a fusion plan, got "
+                               f"alpha={alpha}, beta={beta}")
 
 
 class OperatorArgs:
