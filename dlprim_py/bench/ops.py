@@ -49,7 +49,7 @@ def functional():
     return dp_functional
 
 
-def _poison_pool(ctx, nbytes):
+def poison_pool(ctx, nbytes):
     """Leave NaN-filled buffers of ``nbytes`` in the context's memory pool, so that an output the
     operator allocates from it starts as NaN and an element it never writes fails the check."""
     from ..tensor import Tensor
@@ -89,7 +89,7 @@ def op_case(bench, spec):
         call()
 
     def verify():
-        _poison_pool(ctx, out_bytes)
+        poison_pool(ctx, out_bytes)
         out = call()
         if not isinstance(out, Tensor):
             raise Skip(f"dlprim_py.functional.{spec.fn} returned {type(out).__name__}, not a Tensor")
