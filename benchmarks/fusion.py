@@ -18,7 +18,8 @@ under 1e-5):
 * torch:   ``F.conv2d`` (cuDNN on a CUDA device, cudnn.benchmark on, TF32 off), then
            ``F.batch_norm(training=False)``, then ``F.relu``: eager PyTorch.
 
-Ours are timed with OpenCL profiling markers around everything one call enqueues (device time,
+The convolutions alone (ours with the same algorithm, and cuDNN's) are timed too, to show how
+much of each total the batch norm and ReLU cost. Ours are timed with OpenCL profiling markers around everything one call enqueues (device time,
 including the gaps between its kernels), torch with CUDA events (host clock on a CPU), median
 after a warm-up. ``--quick`` (batch 1, two small layers, few repeats) runs on PoCL in seconds.
 Targets: fused >= 1.3x unfused and >= 1.0x torch on every layer.
@@ -186,6 +187,12 @@ def bench_layer(ctx, spec, batch, device, rng, repeat, algo):
     row["fused_ms"] = time_enqueued(ctx, run_fused, warmup=3, repeat=repeat).median * 1e3
     row["unfused_ms"] = time_enqueued(ctx, run_unfused, warmup=3, repeat=repeat).median * 1e3
     row["torch_ms"] = torch_time(run_torch, device, repeat=repeat) * 1e3
+    # The convolutions alone say how much of each total the batch norm and ReLU cost.
+    row["conv_only_ms"] = time_enqueued(
+        ctx, lambda: convolution.forward(layer.x, layer.w, y_conv, algo=algorithm),
+        warmup=3, repeat=repeat).median * 1e3
+    row["torch_conv_only_ms"] = torch_time(
+        lambda: F.conv2d(layer.tx, layer.tw, padding=layer.pad), device, repeat=repeat) * 1e3
     row["fused_vs_unfused"] = row["unfused_ms"] / row["fused_ms"]
     row["fused_vs_torch"] = row["torch_ms"] / row["fused_ms"]
     flops = 2.0 * batch * k * h * h * c * r * r
@@ -193,6 +200,7 @@ def bench_layer(ctx, spec, batch, device, rng, repeat, algo):
     print(f"{name:18s} {algorithm:14s} fused {row['fused_ms']:8.3f} ms  unfused "
           f"{row['unfused_ms']:8.3f} ms  torch {row['torch_ms']:8.3f} ms  "
           f"x{row['fused_vs_unfused']:5.2f} vs unfused  x{row['fused_vs_torch']:5.2f} vs torch  "
+          f"(conv alone {row['conv_only_ms']:.3f} ms, torch's {row['torch_conv_only_ms']:.3f} ms)  "
           f"err {row['fused_error']:.1e}", flush=True)
     return row
 
@@ -270,11 +278,12 @@ def main():
         seconds=time.perf_counter() - started, summary=summary, targets=targets, results=results)
 
     print(f"\n{'layer':18s} {'algorithm':14s} {'fused ms':>9s} {'unfused ms':>11s} {'torch ms':>9s} "
-          f"{'vs unfused':>10s} {'vs torch':>9s}")
+          f"{'vs unfused':>10s} {'vs torch':>9s} {'our conv':>9s} {'torch conv':>10s}")
     for r in results:
         if "fused_ms" in r:
             print(f"{r['layer']:18s} {r['algorithm']:14s} {r['fused_ms']:9.3f} {r['unfused_ms']:11.3f} "
-                  f"{r['torch_ms']:9.3f} {r['fused_vs_unfused']:9.2f}x {r['fused_vs_torch']:8.2f}x")
+                  f"{r['torch_ms']:9.3f} {r['fused_vs_unfused']:9.2f}x {r['fused_vs_torch']:8.2f}x "
+                  f"{r['conv_only_ms']:9.3f} {r['torch_conv_only_ms']:10.3f}")
         else:
             print(f"{r['layer']:18s} {r.get('failed') or 'wrong result, not timed'}")
     for kind, s in summary.items():
