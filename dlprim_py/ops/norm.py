@@ -169,18 +169,29 @@ def _per_channel_launch(ctx, kernel, C, *args):
     kernel(ctx.queue, (-(-C // group) * group,), (group,), *args)
 
 
+def _apply_local_size(positions, limit):
+    """(local0, local1) for channel_apply: local0 work items along a row of ``positions``, the
+    largest power of two that leaves at most 1/8 of them idle past the row's end (rows of 784
+    float4s take 4 x 64-wide groups, not 4 x 256 with a quarter idle), local1 rows."""
+    local0 = 1
+    while local0 < min(positions, limit):
+        local0 *= 2
+    local0 = min(local0, limit)
+    while local0 > 32:
+        padded = -(-positions // local0) * local0
+        if (padded - positions) * 8 <= padded:
+            break
+        local0 //= 2
+    return local0, max(1, limit // local0)
+
+
 def _apply(ctx, N, C, S, coef, u, v, out, activation=None):
     rows = N * C
     if rows == 0 or S == 0:
         return
     vector = vector_width(S, u, v, out, algorithm=config.forced_algorithm("norm"))
     positions = S // vector
-    limit = min(256, ctx.info.max_work_group_size)
-    local0 = 1
-    while local0 < min(positions, limit):
-        local0 *= 2
-    local0 = min(local0, limit)
-    local1 = max(1, limit // local0)
+    local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
     kernel = _program(ctx, "apply", activation=activation, vector=vector).kernel("channel_apply")
     gsize = (-(-positions // local0) * local0, -(-rows // local1) * local1)
     kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
