@@ -391,3 +391,11 @@ def test_time_limit_reports_the_rest_as_skipped(tmp_path, capsys):
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 3
     assert all(r["status"].startswith("skipped: time limit") and r["median_ms"] is None for r in rows)
+
+
+def test_ops_verification_catches_an_output_never_written(small_bench, monkeypatch):
+    from dlprim_py import functional
+    monkeypatch.setattr(functional, "relu", lambda x: dp.Tensor.empty(x.ctx, x.shape))
+    spec = ops_suite.OpSpec("relu", "relu", [(4, 300)])
+    row = measure(small_bench, CaseSpec("ops", spec.name, lambda: ops_suite.op_case(small_bench, spec)))
+    assert row.status == "failed: error inf > 1e-05" and row.median_ms is None
