@@ -111,6 +111,17 @@ def bench_section(name, rec):
              f"{options.get('budget_s')} s per case; elapsed {rec['elapsed_s']} s",
              "- x torch = PyTorch time / dlprim_py time (above 1: faster than PyTorch); % peak is "
              "of the FP32 rate or copy bandwidth measured in the same run", ""]
+    totals = rec.get("conv_totals") or []
+    if totals:
+        lines += ["#### conv totals per network", "",
+                  "Sum over the measured layers of median time x the layer's count in the network.",
+                  "", "| net | direction | layers | convolutions | ms | torch ms | x torch |",
+                  "|---|---|---|---|---|---|---|"]
+        for t in totals:
+            lines.append(f"| {t['net']} | {t['direction']} | {t['layers']} | {t['convolutions']} | "
+                         f"{_fmt(t['ms'], '.4g')} | {_fmt(t['torch_ms'], '.4g')} | "
+                         f"{_fmt(t['speedup_vs_torch'], '.2f')} |")
+        lines.append("")
     for suite in ("peak", "gemm", "conv", "ops", "fusion"):
         lines += suite_table(rec, suite)
     return lines

@@ -399,3 +399,19 @@ def test_ops_verification_catches_an_output_never_written(small_bench, monkeypat
     spec = ops_suite.OpSpec("relu", "relu", [(4, 300)])
     row = measure(small_bench, CaseSpec("ops", spec.name, lambda: ops_suite.op_case(small_bench, spec)))
     assert row.status == "failed: error inf > 1e-05" and row.median_ms is None
+
+
+def test_network_totals_weight_layers_by_count():
+    rows = []
+    for name, count, ours, theirs in (("a", 3, 1.0, 2.0), ("b", 1, 4.0, 2.0)):
+        r = Row("conv", f"resnet50 {name} fwd", group="resnet50")
+        r.median_ms, r.torch_median_ms = ours, theirs
+        r.params = {"direction": "fwd", "count_in_net": count}
+        rows.append(r)
+    bad = Row("conv", "vgg16 c fwd", group="vgg16")
+    bad.status = "failed: error 1 > 1e-05"
+    bad.params = {"direction": "fwd"}
+    totals = report.network_totals(rows + [bad])
+    assert totals == [{"net": "resnet50", "direction": "fwd", "layers": 2, "convolutions": 4,
+                       "ms": 7.0, "torch_ms": 8.0, "speedup_vs_torch": 8.0 / 7.0}]
+    assert "resnet50" in report.format_totals(totals)

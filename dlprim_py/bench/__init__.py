@@ -139,7 +139,7 @@ def run(args, out=None):
     from . import record, torch_baseline
     from .harness import Bench, Row, measure
     from .progress import Progress
-    from .report import format_table, summary
+    from .report import format_table, format_totals, network_totals, summary
 
     out = sys.stdout if out is None else out
     started = time.perf_counter()
@@ -192,6 +192,10 @@ def run(args, out=None):
         if suite_rows:
             print("", file=out)
             print(format_table(suite_rows, title=f"== {name}"), file=out)
+    totals = network_totals(rows)
+    if totals:
+        print("", file=out)
+        print(format_totals(totals), file=out)
     print("", file=out)
     print(summary(rows), file=out)
     elapsed = time.perf_counter() - started
@@ -201,6 +205,7 @@ def run(args, out=None):
                "budget_s": bench.measurement.budget_s, "time_limit_s": args.time_limit}
     torch_info = baseline.describe() if baseline else {"note": torch_note or "not timed"}
     rec = record.build_record(bench, rows, options, torch_info, elapsed)
+    rec["conv_totals"] = totals
     print(f"elapsed {elapsed:.1f} s", file=out)
     return bench, rows, rec
 

@@ -54,3 +54,41 @@ def summary(rows):
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         text += f"; geometric mean speed vs torch {geo:.2f}x over {len(ratios)} cases"
     return text
+
+
+def network_totals(rows):
+    """Per (network, direction): the sum over the network's convolutions of count x median
+    time, ours and PyTorch's, when every layer of that direction was measured. A list of
+    dicts (net, direction, layers, convolutions, ms, torch_ms, speedup_vs_torch)."""
+    groups = {}
+    for r in rows:
+        if r.suite != "conv" or not r.group:
+            continue
+        direction = r.params.get("direction") or r.name.rsplit(" ", 1)[-1]
+        groups.setdefault((r.group, direction), []).append(r)
+    totals = []
+    for (net, direction), members in groups.items():
+        if not all(m.ok for m in members):
+            continue
+        count = [m.params.get("count_in_net", 1) for m in members]
+        ours = sum(c * m.median_ms for c, m in zip(count, members))
+        theirs = None
+        if all(m.torch_median_ms for m in members):
+            theirs = sum(c * m.torch_median_ms for c, m in zip(count, members))
+        totals.append({"net": net, "direction": direction, "layers": len(members),
+                       "convolutions": sum(count), "ms": ours, "torch_ms": theirs,
+                       "speedup_vs_torch": theirs / ours if theirs else None})
+    return totals
+
+
+def format_totals(totals):
+    """Text table of ``network_totals``."""
+    if not totals:
+        return ""
+    lines = ["== conv totals per network (measured layers, each median x its count in the net)",
+             "net           direction   layers  convs  ms         torch ms   x torch"]
+    for t in totals:
+        lines.append(f"{t['net']:<13} {t['direction']:<11} {t['layers']:<7} {t['convolutions']:<6} "
+                     f"{t['ms']:<10.4g} {_num(t['torch_ms'], '<10.4g')} "
+                     f"{_num(t['speedup_vs_torch'], '.2f')}")
+    return "\n".join(lines)
