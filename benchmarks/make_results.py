@@ -45,8 +45,9 @@ def headline(records):
     suites = ("gemm", "conv", "ops", "fusion")
     lines = ["| device | mode | FP32 peak GFLOP/s | copy GB/s | launch us (back to back / "
              "queued to start) | best GEMM GFLOP/s | "
-             + " | ".join(f"{s} x torch" for s in suites) + " | baseline |",
-             "|---|---|---|---|---|---|" + "---|" * len(suites) + "---|"]
+             + " | ".join(f"{s} x torch" for s in suites)
+             + " | ResNet-50 conv fwd total ms (x torch) | baseline |",
+             "|---|---|---|---|---|---|" + "---|" * len(suites) + "---|---|"]
     for name, rec in records:
         fma = _row_by_name(rec, "peak", "fp32 multiply-add")
         copy = _row_by_name(rec, "peak", "copy bandwidth")
@@ -62,13 +63,19 @@ def headline(records):
         baseline = (f"torch {torch.get('version', '?')} {torch.get('device', '')}"
                     if "version" in torch else torch.get("note", "none"))
         mode = "quick" if rec["options"].get("quick") else "full"
+        resnet = [t for t in rec.get("conv_totals") or []
+                  if t["net"] == "resnet50" and t["direction"] == "fwd"]
+        resnet_cell = "-"
+        if resnet and not rec["options"].get("quick"):
+            resnet_cell = (f"{_fmt(resnet[0]['ms'], '.4g')} "
+                           f"({_fmt(resnet[0]['speedup_vs_torch'], '.2f')})")
         lines.append(
             f"| {rec['device']['name']} | {mode} | {_fmt(fma and fma['rate'], '.4g')} | "
             f"{_fmt(copy and copy['rate'], '.4g')} | "
             f"{_fmt(launch and launch['median_ms'] * 1e3, '.3g')} / "
             f"{_fmt(launch and launch['params'].get('queued_to_start_us'), '.3g')} | "
             f"{_fmt(max(gemm_rates) if gemm_rates else None, '.4g')} | " + " | ".join(ratios)
-            + f" | {baseline} |")
+            + f" | {resnet_cell} | {baseline} |")
     return lines
 
 
