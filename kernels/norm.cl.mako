@@ -214,6 +214,20 @@ __kernel void channel_apply(int rows, int C, int SV, __global const float* restr
 }
 
 % else:
+// The chunk partials of channel c, with compensated (Kahan) summation: a long channel is cut
+// into up to a few thousand chunks, and their sum must not lose what the trees kept.
+inline float2 sum_chunks(__global const float* partials, int chunks, int C, int c)
+{
+    float2 total = (float2)(0.0f, 0.0f), lost = (float2)(0.0f, 0.0f);
+    for (int j = 0; j < chunks; ++j) {
+        const float2 term = vload2((long)j * C + c, partials) - lost;
+        const float2 next = total + term;
+        lost = (next - total) - term;
+        total = next;
+    }
+    return total;
+}
+
 // coef[c*5 + k] of channel_apply: y = (x - mean) * (gamma * invstd) + beta.
 __kernel void channel_finalize_stats(int N, int C, int S, int chunks, float eps, float momentum
     , __global const float* restrict x, long x_off, __global const float* restrict partials
@@ -228,9 +242,7 @@ __kernel void channel_finalize_stats(int N, int C, int S, int chunks, float eps,
     const int c = get_global_id(0);
     if (c >= C)
         return;
-    float2 total = (float2)(0.0f, 0.0f);
-    for (int j = 0; j < chunks; ++j)
-        total += vload2((long)j * C + c, partials);
+    const float2 total = sum_chunks(partials, chunks, C, c);
     const float count = (float)((long)N * S);
     const float shifted_mean = total.x / count;
     const float mean = x[x_off + (long)c * S] + shifted_mean;
@@ -289,9 +301,7 @@ __kernel void channel_finalize_grad(int N, int C, int S, int chunks, int trainin
     const int c = get_global_id(0);
     if (c >= C)
         return;
-    float2 total = (float2)(0.0f, 0.0f);
-    for (int j = 0; j < chunks; ++j)
-        total += vload2((long)j * C + c, partials);
+    const float2 total = sum_chunks(partials, chunks, C, c);
     const float count = (float)((long)N * S);
     const float istd = invstd[invstd_off + c];
     const float gamma = weight ? weight[weight_off + c] : 1.0f;
@@ -315,9 +325,7 @@ __kernel void channel_finalize_sums(int C, int chunks, __global const float* res
     const int c = get_global_id(0);
     if (c >= C)
         return;
-    float2 total = (float2)(0.0f, 0.0f);
-    for (int j = 0; j < chunks; ++j)
-        total += vload2((long)j * C + c, partials);
+    const float2 total = sum_chunks(partials, chunks, C, c);
     if (dweight)
         dweight[dweight_off + c] = total.y;
     if (dbias)

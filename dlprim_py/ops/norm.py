@@ -117,16 +117,18 @@ def select_algorithm(C, S, forced=None):
 
 
 def _chunks(ctx, C, M, forced=None, algorithm="groups"):
-    """How many pieces one channel's M positions are cut into: enough work groups (or work items
-    for "columns") to fill the device, never fewer than four positions per work item."""
+    """How many pieces one channel's M positions are cut into, and the positions per piece."""
     if forced is not None:
         chunks = forced
     elif algorithm == "columns":
         # Few enough chunks that the finalize kernel's sequential sum over them stays short.
         chunks = min(64, -(-ctx.info.compute_units * 2048 // C), -(-M // 16))
     else:
-        target = 8 * ctx.info.compute_units
-        chunks = min(-(-target // C), -(-M // (4 * _group_size(ctx))))
+        # About eight positions per work item: many short work groups, so the last partial
+        # wave of groups on the device costs little; at least eight groups per compute unit.
+        group = _group_size(ctx)
+        chunks = max(-(-8 * ctx.info.compute_units // C), -(-M // (8 * group)))
+        chunks = min(chunks, -(-M // group), 4096)
     chunks = max(1, min(chunks, M))
     per_chunk = -(-M // chunks)
     return -(-M // per_chunk), per_chunk
