@@ -35,6 +35,7 @@ from dlprim_py.ops.conv import selection  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
+CHECKED_MARKERS = []
 
 
 def resnet50_layers():
@@ -150,6 +151,17 @@ def bench_layer(ctx, layer, batch, directions, device, rng, repeat):
         run()
         err = error_metric(out.numpy(), ref().cpu().numpy())
         ours = time_enqueued(ctx, run, warmup=2, repeat=repeat).median
+        if not CHECKED_MARKERS:
+            # Profiling markers against the host clock once: the two must roughly agree.
+            ctx.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(repeat):
+                run()
+            ctx.synchronize()
+            wall = (time.perf_counter() - t0) / repeat
+            print(f"timing check: markers {ours * 1e3:.3f} ms, host clock {wall * 1e3:.3f} ms "
+                  f"per call", flush=True)
+            CHECKED_MARKERS.append((ours, wall))
         theirs = torch_time(base, device, repeat=repeat)
         flops = 2.0 * batch * k * yshape[2] * yshape[3] * (c // groups) * r * r
         results.append(dict(layer=name, C=c, K=k, H=h, R=r, stride=stride, pad=pad, groups=groups,
@@ -166,40 +178,8 @@ def geomean(values):
     return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v2"])
-    parser.add_argument("--directions", nargs="+", default=list(DIRECTIONS))
-    parser.add_argument("--find", action="store_true", help="find mode (benchmark algorithms)")
-    parser.add_argument("--limit", type=int, default=0, help="first N layers per model (0: all)")
-    parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--output", default=None)
-    args = parser.parse_args()
-    if args.find:
-        os.environ["DLPRIM_FIND_MODE"] = "find"
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    ctx = dp.Context()
-    rng = np.random.default_rng(0)
-    layers = {"resnet50": resnet50_layers, "mobilenet_v2": mobilenet_v2_layers}
-    results = []
-    started = time.perf_counter()
-    for model in args.models:
-        todo = distinct(layers[model]())
-        if args.limit:
-            todo = todo[:args.limit]
-        for layer in todo:
-            try:
-                for row in bench_layer(ctx, layer, args.batch, args.directions, device, rng,
-                                       args.repeat):
-                    row["model"] = model
-                    results.append(row)
-            except Exception as e:  # keep the rest of the run; the failure is recorded
-                print(f"{layer[0]}: FAILED {type(e).__name__}: {e}", flush=True)
-                results.append(dict(model=model, layer=layer[0], failed=f"{type(e).__name__}: {e}"))
+def make_report(args, ctx, device, results, started):
+    """The JSON report (written to ``args.output`` when given): rows and geomean speed-ups."""
     summary = {}
     good = [r for r in results if r.get("ok")]
     for direction in args.directions:
@@ -225,15 +205,65 @@ def main():
         f"torch {torch.__version__} CPU float32 ({platform.processor() or platform.machine()})",
         baseline_device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         all_checked=all(r.get("ok") for r in results), seconds=time.perf_counter() - started,
-        geomean_speed_vs_baseline=summary, results=results)
-    print("\ngeomean speed vs baseline (>1: faster):")
-    for key, value in summary.items():
-        print(f"  {key:36s} {value:6.3f}")
-    print(f"checked: {sum(1 for r in results if r.get('ok'))}/{len(results)} ok")
+        marker_vs_host_clock_s=CHECKED_MARKERS[:1], geomean_speed_vs_baseline=summary,
+        results=results)
     if args.output:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w") as f:
             json.dump(report, f, indent=1)
+    return report
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v2"])
+    parser.add_argument("--directions", nargs="+", default=list(DIRECTIONS))
+    parser.add_argument("--find", action="store_true", help="find mode (benchmark algorithms)")
+    parser.add_argument("--limit", type=int, default=0, help="first N layers per model (0: all)")
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--output", default=None)
+    parser.add_argument("--time-limit", type=float, default=0,
+                        help="start no new layer after this many seconds (0: no limit)")
+    args = parser.parse_args()
+    if args.find:
+        os.environ["DLPRIM_FIND_MODE"] = "find"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ctx = dp.Context()
+    rng = np.random.default_rng(0)
+    layers = {"resnet50": resnet50_layers, "mobilenet_v2": mobilenet_v2_layers}
+    results = []
+    started = time.perf_counter()
+    for model in args.models:
+        todo = distinct(layers[model]())
+        if args.limit:
+            todo = todo[:args.limit]
+        for layer in todo:
+            try:
+                for row in bench_layer(ctx, layer, args.batch, args.directions, device, rng,
+                                       args.repeat):
+                    row["model"] = model
+                    results.append(row)
+            except Exception as e:  # keep the rest of the run; the failure is recorded
+                print(f"{layer[0]}: FAILED {type(e).__name__}: {e}", flush=True)
+                results.append(dict(model=model, layer=layer[0], failed=f"{type(e).__name__}: {e}"))
+            if args.output:   # after every layer, so that a run cut short keeps what it measured
+                make_report(args, ctx, device, results, started)
+            if args.time_limit and time.perf_counter() - started > args.time_limit:
+                print(f"time limit of {args.time_limit} s reached: stopping", flush=True)
+                break
+        else:
+            continue
+        break
+    report = make_report(args, ctx, device, results, started)
+    summary = report["geomean_speed_vs_baseline"]
+    print("\ngeomean speed vs baseline (>1: faster):")
+    for key, value in summary.items():
+        print(f"  {key:36s} {value:6.3f}")
+    print(f"checked: {sum(1 for r in results if r.get('ok'))}/{len(results)} ok")
 
 
 if __name__ == "__main__":
