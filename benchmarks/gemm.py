@@ -1,6 +1,7 @@
 """SGEMM benchmark: dlprim_py against the vendor library, measured in the same run.
 
-    python benchmarks/gemm.py [--sizes ...] [--batch 32] [--output benchmarks/results/gemm-X.json]
+    python benchmarks/gemm.py [--squares 1024,2048] [--batch 32] [--only TEXT]
+                              [--output benchmarks/results/gemm-X.json]
 
 Shapes: square 1024..8192 and the GEMMs of ResNet-50's convolutions at ``--batch`` images
 (M = output channels, N = batch * output pixels, K = input channels * kernel area, as an
@@ -55,8 +56,8 @@ RESNET50_CONVS = [
 ]
 
 
-def shapes(batch):
-    out = [(f"square {s}", s, s, s, "square") for s in SQUARE]
+def shapes(batch, squares=SQUARE):
+    out = [(f"square {s}", s, s, s, "square") for s in squares]
     for name, cout, k, pixels in RESNET50_CONVS:
         out.append((name, cout, batch * pixels, k, "resnet50-conv"))
     out.append(("fc 2048->1000", batch, 1000, 2048, "resnet50-fc"))
@@ -137,7 +138,8 @@ def run(args):
     header = f"{'shape':24s} {'M':>6s} {'N':>7s} {'K':>6s} {'ours ms':>9s} {'TFLOP/s':>8s} " \
              f"{'base ms':>9s} {'TFLOP/s':>8s} {'ratio':>6s}  algorithm"
     print(header)
-    selected = [s for s in shapes(args.batch) if args.only is None or args.only in s[0]]
+    squares = [int(x) for x in args.squares.split(",") if x.strip()]
+    selected = [s for s in shapes(args.batch, squares) if args.only is None or args.only in s[0]]
     for name, M, N, K, group in selected:
         flops = 2.0 * M * N * K
         a = rng.uniform(-1, 1, (M, K)).astype(np.float32)
@@ -158,13 +160,15 @@ def run(args):
             if np.isfinite(got).all() else math.inf
         repeat = max(10, min(100, int(1.0 / max(flops / 4e13, 1e-5))))
         if ctx.info.is_cpu:
-            repeat = max(3, min(repeat, 10))
-        ours = time_enqueued(ctx, plan.enqueue, warmup=5, repeat=repeat)
+            repeat = 3
+        ours = time_enqueued(ctx, plan.enqueue, warmup=1 if ctx.info.is_cpu else 5, repeat=repeat)
         # The same plan timed by the kernel's own event, a check on the marker method.
-        events = [plan.enqueue() for _ in range(min(repeat, 10))]
-        events[-1].wait()
-        kernel_only = float(np.median([(e.profile.end - e.profile.start) * 1e-9 for e in events])) \
-            if plan.algorithm != "splitk" else None
+        kernel_only = None
+        if plan.algorithm != "splitk" and not ctx.info.is_cpu:
+            events = [plan.enqueue() for _ in range(min(repeat, 10))]
+            events[-1].wait()
+            kernel_only = float(np.median([(e.profile.end - e.profile.start) * 1e-9
+                                           for e in events]))
         base_s, base_out = baseline.time(a, b, repeat)
         base_error = None
         if base_out is not None:
@@ -239,6 +243,8 @@ def _short(plan):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=32, help="images for the ResNet-50 shapes")
+    parser.add_argument("--squares", default=",".join(str(s) for s in SQUARE),
+                        help="comma-separated sizes of the square problems")
     parser.add_argument("--device", default=None)
     parser.add_argument("--only", default=None, help="only shapes whose name contains this")
     parser.add_argument("--output", default=None, help="JSON result file")

@@ -27,13 +27,18 @@ import pyopencl as cl
 from .. import config, program, tuning
 from ..activation import as_activation
 from ..dtypes import as_dtype, check_dtype
-from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError
+from ..errors import DeviceError, DlprimError, DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor, allocate
 
 ALGORITHMS = ("tiled", "splitk", "small")
 _INT32_MAX = 2 ** 31 - 1
 _TILED_KEYS = ("tile_m", "tile_n", "tile_k", "wpt_m", "wpt_n", "vec", "pad", "double_buffer")
 _SMALL_KEYS = ("small_m", "small_n")
+# Parameters that run on any OpenCL device, for forced kernels no database rule names.
+DEFAULT_SMALL = {"kernel": "small", "small_m": 8, "small_n": 16}
+DEFAULT_TILED = {"kernel": "tiled", "tile_m": 32, "tile_n": 32, "tile_k": 16, "wpt_m": 4,
+                 "wpt_n": 4, "vec": 4, "pad": 4, "double_buffer": 1, "split_k": 1,
+                 "global_vec": 1}
 
 
 # ---- kernel parameters --------------------------------------------------------------------
@@ -110,12 +115,14 @@ def select_params(ctx, M, N, K, batch=1, algorithm=None):
     feats = features(M, N, K, batch)
     if algorithm is None:
         params, _ = tuning.lookup(info, "gemm", feats, usable)
-    elif algorithm == "small":
-        params, _ = tuning.lookup(info, "gemm", feats,
-                                  lambda p: usable(p) and p["kernel"] == "small")
     else:
-        params, _ = tuning.lookup(info, "gemm", feats,
-                                  lambda p: usable(p) and p["kernel"] == "tiled")
+        kind = "small" if algorithm == "small" else "tiled"
+        try:
+            params, _ = tuning.lookup(info, "gemm", feats,
+                                      lambda p: usable(p) and p["kernel"] == kind)
+        except DlprimError:
+            # No rule of this device names the forced kernel: its portable defaults.
+            params = dict(DEFAULT_SMALL if kind == "small" else DEFAULT_TILED)
         if algorithm == "tiled":
             params["split_k"] = 1
         elif params.get("split_k", 1) < 2:
@@ -276,6 +283,7 @@ class GemmPlan:
         options = ()
         if params.get("max_registers") and ctx.info.vendor == "nvidia":
             options = (f"-cl-nv-maxrregcount={int(params['max_registers'])}",)
+        self.params = params
         tile_k = params["tile_k"]
         split = max(1, int(params.get("split_k", 1)))
         k_chunk = _round_up(math.ceil(K / split), tile_k)
