@@ -415,3 +415,14 @@ def test_network_totals_weight_layers_by_count():
     assert totals == [{"net": "resnet50", "direction": "fwd", "layers": 2, "convolutions": 4,
                        "ms": 7.0, "torch_ms": 8.0, "speedup_vs_torch": 8.0 / 7.0}]
     assert "resnet50" in report.format_totals(totals)
+
+
+def test_all_algorithms_lists_forced_cases_and_skips_those_that_do_not_apply(small_bench, capsys):
+    assert bench.main(["--list", "--quick", "--suite", "conv", "--all-algorithms", "--nets",
+                       "mobilenet_v2", "--directions", "fwd"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "conv: mobilenet_v2 576->96 1x1 @14 n1 fwd [depthwise]" in lines
+    shape = conv_suite.ConvShape(1, 3, 5, 5, 4, 3, 3)
+    row = measure(small_bench, CaseSpec("conv", "x", lambda: conv_suite._forced_case(
+        small_bench, shape, "fwd", "depthwise")))
+    assert row.status.startswith("skipped: algorithm 'depthwise' does not apply")

@@ -36,6 +36,9 @@ def parse_args(argv=None):
                         help="conv layer sets, comma-separated (resnet50, vgg16, mobilenet_v2)")
     parser.add_argument("--directions", default="fwd,bwd-data,bwd-filter",
                         help="conv directions, comma-separated (fwd, bwd-data, bwd-filter)")
+    parser.add_argument("--all-algorithms", action="store_true",
+                        help="conv: time every algorithm on every layer (forced), not only the "
+                             "one the library picks")
     parser.add_argument("--device", default=None,
                         help='OpenCL device: "P:D" index or a piece of its name (default: '
                              'DLPRIM_DEVICE, else the first GPU, else the first CPU)')
@@ -150,6 +153,7 @@ def run(args, out=None):
     bench.reference = reference
     bench.nets = args.nets
     bench.directions = args.directions
+    bench.all_algorithms = args.all_algorithms
     info = ctx.info
     print(f"dlprim_py bench on {info.name} ({info.platform_name}, driver {info.driver_version}); "
           f"baseline: {('torch ' + baseline.device) if baseline else 'none'}"
@@ -201,6 +205,7 @@ def run(args, out=None):
     elapsed = time.perf_counter() - started
     options = {"suites": args.suites, "quick": args.quick, "batch": args.batch,
                "nets": args.nets, "directions": args.directions,
+               "all_algorithms": args.all_algorithms,
                "warmup": bench.measurement.warmup, "repeat": bench.measurement.repeat,
                "budget_s": bench.measurement.budget_s, "time_limit_s": args.time_limit}
     torch_info = baseline.describe() if baseline else {"note": torch_note or "not timed"}

@@ -199,6 +199,10 @@ def cases(bench):
     conv_api()
     batch = bench.default_batch(gpu=32, quick=1, cpu=4)
     directions = getattr(bench, "directions", DIRECTIONS)
+    algorithms = [None]
+    if getattr(bench, "all_algorithms", False):
+        from ..ops.conv import ALGORITHMS
+        algorithms = list(ALGORITHMS)
     specs = []
     for net in getattr(bench, "nets", ("resnet50", "vgg16", "mobilenet_v2")):
         for layer in layers_of(net, quick=bench.quick):
@@ -207,10 +211,25 @@ def cases(bench):
             if bench.quick:
                 wanted = [d for d in directions if d in QUICK_DIRECTIONS.get(net, DIRECTIONS)]
             for direction in wanted:
-                def prepare(shape=shape, direction=direction, count=layer.count):
-                    case = conv_case(bench, shape, direction)
-                    case.params["count_in_net"] = count
-                    return case
-                specs.append(CaseSpec("conv", f"{net} {layer.name} n{batch} {direction}", prepare,
-                                      group=net))
+                for algo in algorithms:
+                    def prepare(shape=shape, direction=direction, count=layer.count, algo=algo):
+                        case = _forced_case(bench, shape, direction, algo)
+                        case.params["count_in_net"] = count
+                        return case
+                    label = f"{net} {layer.name} n{batch} {direction}"
+                    specs.append(CaseSpec("conv", label + (f" [{algo}]" if algo else ""), prepare,
+                                          group=net if algo is None else f"{net} [{algo}]"))
     return specs
+
+
+def _forced_case(bench, shape, direction, algo):
+    """conv_case; a forced algorithm that does not apply to the layer is a skip, not a failure."""
+    from ..errors import UnsupportedError
+    if algo is None:
+        return conv_case(bench, shape, direction)
+    try:
+        return conv_case(bench, shape, direction, algo=algo)
+    except UnsupportedError as e:
+        if "does not apply" in str(e):
+            raise Skip(str(e).split(";")[0]) from None
+        raise

@@ -62,9 +62,11 @@ def network_totals(rows):
     dicts (net, direction, layers, convolutions, ms, torch_ms, speedup_vs_torch)."""
     groups = {}
     for r in rows:
-        if r.suite != "conv" or not r.group:
+        # Forced-algorithm rows (group "net [algo]") cover only the layers the algorithm fits.
+        if r.suite != "conv" or not r.group or "[" in r.group:
             continue
-        direction = r.params.get("direction") or r.name.rsplit(" ", 1)[-1]
+        direction = next((w for w in r.name.split() if w in ("fwd", "bwd-data", "bwd-filter")),
+                         None)
         groups.setdefault((r.group, direction), []).append(r)
     totals = []
     for (net, direction), members in groups.items():
