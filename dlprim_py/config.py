@@ -9,6 +9,7 @@ DLPRIM_FIND_MODE   "immediate" (default) or "find" for algorithm selection
 DLPRIM_CONV_ALGO   force one convolution algorithm by name
 DLPRIM_GEMM_ALGO   force one GEMM kernel variant by name
 DLPRIM_NORM_ALGO   force one batch-norm reduction algorithm: groups, groups_scalar, columns
+DLPRIM_COPY_ALGO   force one strided-copy algorithm (permute, cat, narrow): gather, tiles
 """
 import os
 

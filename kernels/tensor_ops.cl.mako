@@ -11,13 +11,20 @@
 ## pad_backward_1d works on one padded dimension at a time, seen as (outer, length, inner): each
 ## input element sums the output positions that read it (gather, so no atomics and a fixed order).
 ##
+## transpose_tiles is the strided copy of a transposition: dimension p is contiguous in the source
+## (stride 1) and dimension q in the destination. A 32 x 32 tile goes through local memory so that
+## both the reads and the writes are contiguous; BATCH_DIMS further dimensions come from the
+## third grid dimension.
+##
 ## Template parameters:
-##   dtype     OpenCL C element type ("float", "half", "int", "long")
-##   ndim      number of dimensions of strided_copy and pad (>= 1)
+##   dtype       OpenCL C element type ("float", "half", "int", "long")
+##   ndim        number of dimensions of strided_copy and pad (>= 1)
+##   batch_dims  number of batch dimensions of transpose_tiles (>= 0)
 ##   index_t   "int" when every index fits in 31 bits, else "long"
 ##   mode      padding mode: "constant", "reflect" or "replicate"
 <%
     dims = range(ndim)
+    batch = range(batch_dims)
 %>
 #if defined(cl_khr_fp16)
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
@@ -131,5 +138,49 @@ __kernel void pad_backward_1d(I total, I in_len, I out_len, I inner, I before, I
             sum += row[o * inner];
 % endif
         grad_in[grad_in_off + i] = sum;
+    }
+}
+
+#define TILE 32
+#define TILE_ROWS 8
+
+// src[p + q*src_q_stride + batch], dst[p*dst_p_stride + q + batch] for p < P, q < Q.
+__kernel __attribute__((reqd_work_group_size(TILE, TILE_ROWS, 1)))
+void transpose_tiles(I P, I Q
+% for k in batch:
+    , I batch_size${k}, I src_batch_stride${k}, I dst_batch_stride${k}
+% endfor
+    , __global const T* restrict src, I src_off, I src_q_stride
+    , __global T* restrict dst, I dst_off, I dst_p_stride)
+{
+    __local T tile[TILE][TILE + 1];
+    const int lx = get_local_id(0), ly = get_local_id(1);
+    const I p0 = (I)get_group_id(0) * TILE, q0 = (I)get_group_id(1) * TILE;
+    I s = src_off, d = dst_off;
+% if batch_dims:
+    I rest = get_global_id(2);
+% endif
+% for k in reversed(list(batch)):
+    {
+    % if k > 0:
+        const I coord = rest % batch_size${k};
+        rest /= batch_size${k};
+    % else:
+        const I coord = rest;
+    % endif
+        s += coord * src_batch_stride${k};
+        d += coord * dst_batch_stride${k};
+    }
+% endfor
+    for (int r = ly; r < TILE; r += TILE_ROWS) {
+        const I p = p0 + lx, q = q0 + r;
+        if (p < P && q < Q)
+            tile[r][lx] = src[s + p + q * src_q_stride];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int r = ly; r < TILE; r += TILE_ROWS) {
+        const I q = q0 + lx, p = p0 + r;
+        if (p < P && q < Q)
+            dst[d + p * dst_p_stride + q] = tile[lx][r];
     }
 }

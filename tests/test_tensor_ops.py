@@ -171,3 +171,25 @@ def test_random_shapes(ctx, rng):
         ref = torch.nn.functional.pad(torch.cat([t.narrow(dim, start, length), t], dim).permute(dims), pads)
         assert_close(out.numpy(), ref.detach().numpy())
         _check_grad(rng, out, ref, [(x, t)])
+
+
+@pytest.mark.parametrize("algo", ["gather", "tiles"])
+@pytest.mark.parametrize("shape,dims", [((3, 37, 45), (0, 2, 1)), ((2, 5, 33, 9), (0, 2, 3, 1)),
+                                        ((40, 70), (1, 0)), ((2, 3, 4, 35), (3, 1, 0, 2))])
+def test_permute_forced_copy_algorithm(ctx, rng, monkeypatch, algo, shape, dims):
+    """Each copy algorithm on its own, across tile edges (sizes not multiples of 32) and batches."""
+    monkeypatch.setenv("DLPRIM_COPY_ALGO", algo)
+    x, t = _pair(ctx, rng, shape, offset_elements=1)
+    out = F.permute(x, dims)
+    ref = t.permute(dims)
+    assert_close(out.numpy(), ref.detach().numpy())
+    _check_grad(rng, out, ref, [(x, t)])
+    a = rng.integers(-2**40, 2**40, size=shape)
+    np.testing.assert_array_equal(F.permute(dp.Tensor.from_numpy(ctx, a), dims).numpy(),
+                                  a.transpose(dims))
+
+
+def test_unknown_copy_algorithm(ctx, rng, monkeypatch):
+    monkeypatch.setenv("DLPRIM_COPY_ALGO", "dma")
+    with pytest.raises(dp.UnsupportedError, match="copy algorithm"):
+        F.permute(dp.Tensor.from_numpy(ctx, random(rng, (3, 4))), (1, 0))

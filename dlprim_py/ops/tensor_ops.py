@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .. import autograd, program
+from .. import autograd, config, program
 from ..context import check_same_context
 from ..dtypes import cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
@@ -49,15 +49,34 @@ def _index_type(*extents):
     return ("int", np.int32) if max(extents) < _INT32_LIMIT else ("long", np.int64)
 
 
-def _kernel(ctx, name, dtype, ndim, index_t, mode="constant"):
-    params = dict(dtype=cl_name(dtype), ndim=ndim, index_t=index_t, mode=mode)
+def _kernel(ctx, name, dtype, ndim, index_t, mode="constant", batch_dims=0):
+    params = dict(dtype=cl_name(dtype), ndim=ndim, index_t=index_t, mode=mode,
+                  batch_dims=batch_dims)
     return program.kernel(ctx, "tensor_ops", name, params)
 
 
+# "gather" walks the destination in order; "tiles" moves 32 x 32 tiles through local memory
+# when a transposition makes the gather's reads strided (used from this size of both sides).
+COPY_ALGORITHMS = ("gather", "tiles")
+_TILE_MIN_SIDE = 8
+
+
+def _transposition(sizes, src_st, dst_st):
+    """(p, q) when dimension p is contiguous in the source and q (the last) in the destination,
+    else None."""
+    if len(sizes) < 2 or dst_st[-1] != 1 or src_st[-1] == 1:
+        return None
+    for p in range(len(sizes) - 1):
+        if src_st[p] == 1 and dst_st[p] != 1:
+            return p, len(sizes) - 1
+    return None
+
+
 def strided_copy(ctx, shape, dtype, src_buffer, src_offset, src_strides, dst_buffer, dst_offset,
-                 dst_strides):
+                 dst_strides, algorithm=None):
     """Enqueue dst[dst_offset + sum c_k dst_strides_k] = src[src_offset + sum c_k src_strides_k]
-    for every coordinate c of ``shape``; offsets and strides in elements."""
+    for every coordinate c of ``shape``; offsets and strides in elements. ``algorithm`` (else
+    ``DLPRIM_COPY_ALGO``) forces one of COPY_ALGORITHMS where it applies."""
     total = math.prod(shape)
     if total == 0:
         return
@@ -65,12 +84,37 @@ def strided_copy(ctx, shape, dtype, src_buffer, src_offset, src_strides, dst_buf
     extent = total + src_offset + dst_offset + sum((s - 1) * (abs(a) + abs(b)) for s, a, b in
                                                    zip(shape, src_strides, dst_strides))
     index_t, index_np = _index_type(extent)
+    algorithm = algorithm or config.forced_algorithm("copy")
+    if algorithm is not None and algorithm not in COPY_ALGORITHMS:
+        raise UnsupportedError(f"copy algorithm must be one of {', '.join(COPY_ALGORITHMS)}, "
+                               f"got {algorithm!r}")
+    pair = _transposition(sizes, src_st, dst_st)
+    if pair is not None and algorithm != "gather" and (
+            algorithm == "tiles" or min(sizes[pair[0]], sizes[pair[1]]) >= _TILE_MIN_SIDE):
+        _transpose_tiles(ctx, dtype, index_t, index_np, sizes, src_st, dst_st, pair, src_buffer,
+                         src_offset, dst_buffer, dst_offset)
+        return
     kernel = _kernel(ctx, "strided_copy", dtype, len(sizes), index_t)
     args = [index_np(total)] + [index_np(s) for s in sizes]
     args += [src_buffer, index_np(src_offset)] + [index_np(s) for s in src_st]
     args += [dst_buffer, index_np(dst_offset)] + [index_np(s) for s in dst_st]
     gsize, lsize = launch_size(ctx, total)
     kernel(ctx.queue, gsize, lsize, *args)
+
+
+def _transpose_tiles(ctx, dtype, index_t, index_np, sizes, src_st, dst_st, pair, src_buffer,
+                     src_offset, dst_buffer, dst_offset):
+    p, q = pair
+    batch = [k for k in range(len(sizes)) if k not in pair]
+    kernel = _kernel(ctx, "transpose_tiles", dtype, 1, index_t, batch_dims=len(batch))
+    args = [index_np(sizes[p]), index_np(sizes[q])]
+    for k in batch:
+        args += [index_np(sizes[k]), index_np(src_st[k]), index_np(dst_st[k])]
+    args += [src_buffer, index_np(src_offset), index_np(src_st[q]), dst_buffer,
+             index_np(dst_offset), index_np(dst_st[p])]
+    count = math.prod(sizes[k] for k in batch)
+    gsize = (-(-sizes[p] // 32) * 32, -(-sizes[q] // 32) * 8, count)
+    kernel(ctx.queue, gsize, (32, 8, 1), *args)
 
 
 def _narrow_copy(x, dim, start, length):
