@@ -699,7 +699,7 @@ def parse_plan(description):
 def _plan_jobs(bench, flags, description):
     from .activation import ActivationDesc
     from .bench.conv import ConvShape
-    from .bench.fusion import bn_train_case, plan_case
+    from .bench.fusion import bn_train_backward_case, bn_train_case, plan_case
     ops = parse_plan(description)
     names = [name for name, _ in ops]
     shape_in = _input_shape(flags)
@@ -710,11 +710,15 @@ def _plan_jobs(bench, flags, description):
     if names[:1] == ["batchnorm_forward"] and set(names[1:]) <= {"activation"}:
         return [("Fused BN training forward",
                  lambda: bn_train_case(bench, shape_in, activation))], {"plan": description}
+    if sorted(names) == ["activation_backward", "batchnorm_backward"]:
+        return [("Fused BN training backward",
+                 lambda: bn_train_backward_case(bench, shape_in, activation))], {"plan": description}
     letters = {"conv": "c", "bias": "b", "batchnorm_inference": "n", "activation": "a"}
     if any(n not in letters for n in names):
         raise UnsupportedError(f"--plan: the driver runs forward inference plans (conv, bias, "
-                               f"batchnorm_inference, activation) and batchnorm_forward + "
-                               f"activation; got {' -> '.join(names)}")
+                               f"batchnorm_inference, activation), batchnorm_forward + "
+                               f"activation and batchnorm_backward + activation_backward; got "
+                               f"{' -> '.join(names)}")
     for name, text in ops:
         if name == "batchnorm_inference" and "per_activation" in text:
             raise UnsupportedError("--plan: the driver runs spatial batch norm only")

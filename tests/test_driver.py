@@ -93,9 +93,13 @@ def _run(capsys, argv):
     ("bnorm -n 3 -c 4 -H 5 -W 5 -m 1 -F 2 --activation relu", ["Forward Inference Batch Norm"]),
     ("CBAInfer -n 1 -c 4 -H 6 -W 6 -k 8 -y 3 -x 3 -p 1 -q 1 -F 0 -m 3 -t 1 -i 2", ["Fused cbna"]),
     ("CBAInfer -n 1 -c 4 -H 6 -W 6 -F 2 -m 7", ["Fused na"]),
+    ("CBAInfer --plan batchnorm_forward(spatial)_->_activation(SILU) -n 2 -c 3 -H 4 -W 4",
+     ["Fused BN training forward"]),
+    ("CBAInfer --plan batchnorm_backward(spatial)_->_activation_backward(RELU) -n 2 -c 3 -H 4 -W 4",
+     ["Fused BN training backward"]),
 ])
 def test_every_command_runs_verified(capsys, argv, labels):
-    rc, out = _run(capsys, argv.split())
+    rc, out = _run(capsys, [a.replace("_->_", " -> ") for a in argv.split()])
     assert rc == 0, out
     for label in labels:
         assert f"{label}: verifies OK" in out, out

@@ -248,6 +248,8 @@ def cases(bench):
                           lambda: plan_case(bench, na, "na")))
     specs.append(CaseSpec("fusion", "bn train + relu " + "x".join(map(str, bn_shape)),
                           lambda: bn_train_case(bench, bn_shape)))
+    specs.append(CaseSpec("fusion", "bn train + relu backward " + "x".join(map(str, bn_shape)),
+                          lambda: bn_train_backward_case(bench, bn_shape)))
     return specs
 
 
@@ -310,3 +312,74 @@ def conv_bias_activation_case(bench, shape, activation=None, bias=True, residual
         if conv is not None:
             case.algorithm = choose(ctx, conv.problem, "forward")
     return case
+
+
+def bn_train_backward_case(bench, input_shape, activation=None):
+    """The backward of act(batch_norm(x)) in training mode as one plan (MIOpen's
+    batchnorm_backward + activation_backward): dx, dscale and dbias, against torch's autograd
+    backward of the same two operators."""
+    fusion = fusion_api()
+    from ..tensor import Tensor, TensorDesc
+    ctx = bench.ctx
+    act = activation or ActivationDesc("relu")
+    channels = input_shape[1]
+    x_host = bench.random(input_shape)
+    dy_host = bench.random(input_shape)
+    scale_host = bench.random((channels,), 0.5, 1.5)
+    shift_host = bench.random((channels,))
+    p_shape = (1, channels, 1, 1)
+    x, dy = Tensor.from_numpy(ctx, x_host), Tensor.from_numpy(ctx, dy_host)
+    scale = Tensor.from_numpy(ctx, scale_host.reshape(p_shape))
+    shift = Tensor.from_numpy(ctx, shift_host.reshape(p_shape))
+    saved_mean, saved_inv = Tensor.empty(ctx, p_shape), Tensor.empty(ctx, p_shape)
+    y = Tensor.empty(ctx, input_shape)
+    forward = fusion.FusionPlan(ctx, fusion.VERTICAL, TensorDesc(input_shape))
+    bn = forward.create_op_batchnorm_forward(fusion.BN_SPATIAL, running_mean_variance=False)
+    act_op = forward.create_op_activation_forward(act.mode)
+    forward.compile()
+    fargs = fusion.OperatorArgs()
+    fargs.set_batchnorm_forward(bn, 1.0, 0.0, scale, shift, saved_mean, saved_inv,
+                                epsilon=BN_EPSILON)
+    fargs.set_activation_forward(act_op, 1.0, 0.0, act.alpha, act.beta, act.gamma)
+    forward.execute(forward.input_desc, x, forward.output_desc, y, fargs)
+
+    backward = fusion.FusionPlan(ctx, fusion.VERTICAL, TensorDesc(input_shape))
+    bn_back = backward.create_op_batchnorm_backward(fusion.BN_SPATIAL)
+    act_back = backward.create_op_activation_backward(act.mode)
+    backward.compile()
+    dx = Tensor.empty(ctx, input_shape)
+    dscale, dshift = Tensor.empty(ctx, p_shape), Tensor.empty(ctx, p_shape)
+    bargs = fusion.OperatorArgs()
+    bargs.set_batchnorm_backward(bn_back, 1.0, 0.0, x, scale, shift, dscale, dshift, saved_mean,
+                                 saved_inv)
+    bargs.set_activation_backward(act_back, 1.0, 0.0, y, None, act.alpha, act.beta, act.gamma)
+
+    def run():
+        backward.execute(backward.input_desc, dy, backward.output_desc, dx, bargs)
+
+    def chain(t, xt, s, b):
+        out = t.nn.functional.batch_norm(xt, None, None, s, b, True, 0.1, BN_EPSILON)
+        return activation_reference(t, act, out)
+
+    def verify():
+        for t in (dx, dscale, dshift):
+            t.fill_(np.nan)
+        run()
+        refs = bench.reference.compute_with_grad(chain, [x_host, scale_host, shift_host, dy_host],
+                                                 [0, 1, 2])
+        outs = (dx.numpy(), dscale.numpy().reshape(-1), dshift.numpy().reshape(-1))
+        return max(error_metric(o, r) for o, r in zip(outs, refs))
+
+    torch_run = None
+    if bench.torch is not None:
+        tb = bench.torch
+        torch = tb.torch
+        tx, ts, tsh = (tb.tensor(h).requires_grad_(True) for h in (x_host, scale_host, shift_host))
+        tdy = tb.tensor(dy_host)
+        with torch.enable_grad():
+            ty = chain(torch, tx, ts, tsh)
+        torch_run = lambda: torch.autograd.grad(ty, (tx, ts, tsh), tdy,  # noqa: E731
+                                                retain_graph=True)
+    moved = 3.0 * 4 * x_host.size
+    return Case(run, verify, moved, "GB/s", algorithm="bn + act backward, 1 plan",
+                torch_run=torch_run, params={"input": input_shape, "chain": backward.describe()})
