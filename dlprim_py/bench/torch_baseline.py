@@ -109,7 +109,7 @@ class Reference:
         if self.torch is None:
             raise Skip(f"no reference: {self.reason}")
         torch = self.torch
-        with torch.no_grad():
+        with torch.no_grad(), _no_cudnn_benchmark(torch):
             tensors = [torch.from_numpy(np.asarray(a, dtype=np.float64)).to(self.device)
                        for a in arrays]
             out = fn(torch, *tensors)
@@ -127,9 +127,25 @@ class Reference:
                    for a in arrays]
         for i in grad_of:
             tensors[i].requires_grad_(True)
-        out = fn(torch, *tensors[:-1])
-        grads = torch.autograd.grad(out, [tensors[i] for i in grad_of], grad_outputs=tensors[-1])
+        with _no_cudnn_benchmark(torch):
+            out = fn(torch, *tensors[:-1])
+            grads = torch.autograd.grad(out, [tensors[i] for i in grad_of],
+                                        grad_outputs=tensors[-1])
         return tuple(g.detach().cpu().numpy() for g in grads)
+
+
+class _no_cudnn_benchmark:
+    """A float64 reference runs once per shape: cuDNN's algorithm search would only cost time."""
+
+    def __init__(self, torch):
+        self.backends = torch.backends.cudnn
+
+    def __enter__(self):
+        self.saved = self.backends.benchmark
+        self.backends.benchmark = False
+
+    def __exit__(self, *exc):
+        self.backends.benchmark = self.saved
 
 
 def make(ctx, use_baseline=True):
