@@ -155,8 +155,9 @@ class ReduceKernel:
         kept_sizes, red_sizes, strides, variant, chunks, chunk_len = plan
         kept_total, red_total = math.prod(kept_sizes), math.prod(red_sizes)
         units = kept_total * chunks
-        largest = max([units * (ctx.info.max_work_group_size if variant == "group" else 1),
-                       red_total + chunk_len, reduce_size]
+        # Indices the kernel forms: units, reduced indices up to a chunk past the end, element
+        # offsets inside each buffer.
+        largest = max([units, red_total + chunk_len + GROUP_SIZE, reduce_size]
                       + [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
         index_t = "int" if largest < _INT32_LIMIT else "long"
         index_np = np.int32 if index_t == "int" else np.int64
