@@ -31,7 +31,8 @@ def _memo(key, factory):
 
 def _ident(desc):
     """A C identifier naming a descriptor (its parameters are baked into the kernel)."""
-    digits = "_".join(repr(v).replace("-", "m").replace(".", "p") for v in (desc.alpha, desc.beta, desc.gamma))
+    digits = "_".join(repr(v).replace("-", "m").replace(".", "p").replace("+", "")
+                      for v in (desc.alpha, desc.beta, desc.gamma))
     return f"{desc.mode.value}_{digits}"
 
 
