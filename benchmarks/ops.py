@@ -297,6 +297,8 @@ def bn(ctx, baseline, quick=False):
     trm, trv = baseline.tensor(np.zeros(c, np.float32)), baseline.tensor(np.ones(c, np.float32))
 
     def theirs():
+        # Fresh gradients each step, as ours: accumulating would add a pass over dx.
+        tx.grad = tw.grad = tb.grad = None
         with torch.enable_grad():
             out = torch.nn.functional.batch_norm(tx, trm, trv, tw, tb, training=True, momentum=0.1, eps=1e-5)
             out.backward(tg)
