@@ -135,8 +135,8 @@ def run(args):
     rows = []
     print(f"device: {ctx.info.name} | {ctx.info.platform_name} | driver {ctx.info.driver_version}")
     print(f"baseline: {baseline.name} on {baseline.device}")
-    header = f"{'shape':24s} {'M':>6s} {'N':>7s} {'K':>6s} {'ours ms':>9s} {'TFLOP/s':>8s} " \
-             f"{'base ms':>9s} {'TFLOP/s':>8s} {'ratio':>6s}  algorithm"
+    header = f"{'shape':24s} {'M':>6s} {'N':>7s} {'K':>6s} {'ours ms':>9s} {'GFLOP/s':>8s} " \
+             f"{'base ms':>9s} {'GFLOP/s':>8s} {'ratio':>6s}  algorithm"
     print(header)
     squares = [int(x) for x in args.squares.split(",") if x.strip()]
     selected = [s for s in shapes(args.batch, squares) if args.only is None or args.only in s[0]]
@@ -187,8 +187,8 @@ def run(args):
                if plan.algorithm != "small" else 1}
         rows.append(row)
         ok = "" if error <= 1e-5 else f"  WRONG (error {error:.1e})"
-        print(f"{name:24s} {M:6d} {N:7d} {K:6d} {row['ours_ms']:9.4f} {row['ours_tflops']:8.2f} "
-              f"{row['baseline_ms']:9.4f} {row['baseline_tflops']:8.2f} {row['ratio']:6.3f}  "
+        print(f"{name:24s} {M:6d} {N:7d} {K:6d} {row['ours_ms']:9.4f} {row['ours_tflops'] * 1e3:8.1f} "
+              f"{row['baseline_ms']:9.4f} {row['baseline_tflops'] * 1e3:8.1f} {row['ratio']:6.3f}  "
               f"{_short(plan)}{ok}")
     if args.build_log and ctx.info.vendor == "nvidia":
         print_build_log(ctx, 4096, 4096, 4096)
