@@ -115,10 +115,13 @@ void conv_dw_backward_filter(${common.geometry_params()},
     float acc[KR * KS];
     for (int q = 0; q < KR * KS; ++q)
         acc[q] = 0.0f;
-    for (int n = n_begin; n < n_end; ++n) {
+    // (image, pixel) pairs are flattened so that small images still occupy the whole group.
+    const int count = (n_end - n_begin) * pixels;
+    for (int e = lid; e < count; e += REDUCE_GROUP) {
+        int n = n_begin + e / pixels, p = e - (e / pixels) * pixels;
         __global const float *dyk = dy + dy_off + n * ysN + k * ysC;
         __global const float *xc = x + x_off + n * xsN + c * xsC;
-        for (int p = lid; p < pixels; p += REDUCE_GROUP) {
+        {
             int oh = p / Wo, ow = p - oh * Wo;
             float g = dyk[oh * ysH + ow * ysW];
             int ih0 = oh * stride_h - pad_h, iw0 = ow * stride_w - pad_w;

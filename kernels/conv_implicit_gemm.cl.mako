@@ -145,6 +145,12 @@ void conv_igemm_${direction}(${common.geometry_params()},
 
 ## Global loads of the kk step starting at `kk0` into a_next / b_next (zero outside the problem).
 <%def name="load_step(kk0)">
+% if direction == "backward_filter":
+        // Every A and B element this work item loads shares one kk (one pixel): split it once.
+        const int step_kk = ${kk0} + tid % TILE_K;
+        const int step_img = step_kk / HoWo, step_p = step_kk - step_img * HoWo;
+        const int step_oh = step_p / Wo, step_ow = step_p - step_oh * Wo;
+% endif
         for (int i = 0; i < A_PER_THREAD; ++i) {
             int m = m0 + a_m[i], kk = ${kk0} + a_k[i];
             float v = 0.0f;
@@ -160,9 +166,7 @@ void conv_igemm_${direction}(${common.geometry_params()},
                 int r = rs / KS, s = rs - r * KS;
                 v = a_src[a_off + (g * Kg + k) * wsK + m * wsC + r * wsR + s * wsS];
 % else:
-                int img = kk / HoWo, p = kk - img * HoWo;
-                int oh = p / Wo, ow = p - oh * Wo;
-                v = a_src[a_off + img * ysN + (g * Kg + m) * ysC + oh * ysH + ow * ysW];
+                v = a_src[a_off + step_img * ysN + (g * Kg + m) * ysC + step_oh * ysH + step_ow * ysW];
 % endif
             }
             a_next[i] = v;
@@ -195,11 +199,9 @@ void conv_igemm_${direction}(${common.geometry_params()},
                         v = b_src[col_base[i] + k * ysC + oh * ysH + ow * ysW];
                 }
 % else:
-                int img = kk / HoWo, p = kk - img * HoWo;
-                int oh = p / Wo, ow = p - oh * Wo;
-                int ih = col_h[i] + oh * stride_h, iw = col_w[i] + ow * stride_w;
+                int ih = col_h[i] + step_oh * stride_h, iw = col_w[i] + step_ow * stride_w;
                 if (ih >= 0 && ih < H && iw >= 0 && iw < W)
-                    v = b_src[col_base[i] + img * xsN + ih * xsH + iw * xsW];
+                    v = b_src[col_base[i] + step_img * xsN + ih * xsH + iw * xsW];
 % endif
             }
             b_next[i] = v;
