@@ -225,7 +225,7 @@ def cases(bench):
     fusion_api()
     batch = bench.default_batch(gpu=32, quick=1, cpu=4)
     if bench.quick:
-        layers = [ConvShape(batch, 128, 14, 14, 128, 3, 3, (1, 1)),
+        layers = [ConvShape(batch, 64, 14, 14, 64, 3, 3, (1, 1)),
                   ConvShape(batch, 576, 14, 14, 96, 1, 1)]
         bn_shape = (batch, 64, 56, 56)
     else:

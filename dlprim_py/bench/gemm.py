@@ -165,10 +165,10 @@ def gemm_case(bench, shape, algorithm=None):
 
 def shapes(bench):
     if bench.quick:
-        return [GemmShape(256, 256, 256), GemmShape(256, 256, 256, trans_a=True),
-                GemmShape(256, 256, 256, trans_b=True), GemmShape(255, 257, 253),
-                GemmShape(256, 256, 256, bias="n", activation="relu"),
-                GemmShape(96, 96, 64, batch=8, trans_b=True)]
+        return [GemmShape(192, 192, 192), GemmShape(192, 192, 192, trans_a=True),
+                GemmShape(192, 192, 192, trans_b=True), GemmShape(191, 193, 189),
+                GemmShape(192, 192, 192, bias="n", activation="relu"),
+                GemmShape(64, 64, 64, batch=8, trans_b=True)]
     if bench.ctx.info.is_gpu:
         return [GemmShape(1024, 1024, 1024), GemmShape(2048, 2048, 2048),
                 GemmShape(4096, 4096, 4096), GemmShape(8192, 8192, 8192),

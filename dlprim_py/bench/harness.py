@@ -77,7 +77,7 @@ class Row:
 
     FIELDS = ("suite", "group", "name", "status", "algorithm", "median_ms", "p20_ms", "p80_ms",
               "unit", "work", "rate", "peak_percent", "torch_median_ms", "torch_p20_ms",
-              "torch_p80_ms", "speedup_vs_torch", "error", "tolerance", "params")
+              "torch_p80_ms", "speedup_vs_torch", "error", "tolerance", "wall_s", "params")
 
     def __init__(self, suite, name, group=""):
         self.suite = suite
@@ -94,6 +94,7 @@ class Row:
         self.speedup_vs_torch = None
         self.error = None
         self.tolerance = None
+        self.wall_s = None
         self.params = {}
 
     @property
@@ -140,14 +141,27 @@ def time_case(ctx, case, measurement):
     probe = time_enqueued(ctx, case.run, warmup=0, repeat=1)
     repeat = measurement.repeats_for(probe.median)
     warmup = max(0, min(measurement.warmup - 1, repeat // 2))
-    timing = time_enqueued(ctx, case.run, warmup=warmup, repeat=repeat)
+    if warmup == 0:
+        # Nothing more to warm up: the probe is the first timed run.
+        timing = time_enqueued(ctx, case.run, warmup=0, repeat=max(1, repeat - 1))
+        timing = Timing(np.concatenate([probe.samples, timing.samples]))
+    else:
+        timing = time_enqueued(ctx, case.run, warmup=warmup, repeat=repeat)
     if case.per_call != 1:
         timing = Timing(timing.samples / case.per_call)
     return timing
 
 
 def measure(bench, spec):
-    """Build, verify, time and compare one case; never raises for a failing case."""
+    """Build, verify, time and compare one case; never raises for a failing case.
+    ``row.wall_s`` is the host time the whole case took (builds, references, both timings)."""
+    started = time.perf_counter()
+    row = _measure(bench, spec)
+    row.wall_s = round(time.perf_counter() - started, 3)
+    return row
+
+
+def _measure(bench, spec):
     row = Row(spec.suite, spec.name, spec.group)
     try:
         case = spec.prepare()

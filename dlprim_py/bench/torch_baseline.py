@@ -75,10 +75,13 @@ class TorchBaseline:
             self.synchronize()
             probe = self._once(run)
             repeat = measurement.repeats_for(probe)
-            for _ in range(max(0, min(measurement.warmup - 1, repeat // 2))):
+            warmup = max(0, min(measurement.warmup - 1, repeat // 2))
+            for _ in range(warmup):
                 run()
             self.synchronize()
-            samples = [self._once(run) for _ in range(repeat)]
+            # As for the library: without further warm-up the probe is the first sample.
+            samples = [probe] if warmup == 0 else []
+            samples += [self._once(run) for _ in range(repeat - len(samples))]
         return Timing(samples)
 
     def _once(self, run):
