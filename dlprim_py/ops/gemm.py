@@ -270,6 +270,7 @@ class GemmPlan:
             self._launches.append((kernel, (_round_up(N, sn), _round_up(M, sm), batch), (sn, sm, 1)))
             self.algorithm = "small"
             self.workspace = None
+            self.splits = 1
             return
 
         gvec = params.get("global_vec", 1)
