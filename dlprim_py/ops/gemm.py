@@ -252,7 +252,6 @@ class GemmPlan:
             raise UnsupportedError(f"GEMM kernel parameters {params} do not run here: {problem}")
         self.params = params
 
-        queue = ctx.queue
         f32 = np.float32
         i32 = np.int32
         i64 = np.int64
