@@ -15,6 +15,7 @@
 ##   has_residual  bool: add residual_alpha * z, z laid out exactly like y
 ##   activation    OpenCL C expression of act(v) over the float variable `v` ("(v)" for none)
 ## y_old is read only when beta != 0 (MIOpen's rule), so an uninitialised y is fine with beta = 0.
+## The stores declare a float `v` in their own block: the accumulator expression must not be `v`.
 
 <%def name="geometry_params()">
     int N, int C, int H, int W, int K, int R, int S, int Ho, int Wo,

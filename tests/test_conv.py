@@ -81,7 +81,7 @@ REF_NAME = {"forward": "y", "backward_data": "dx", "backward_filter": "dw"}
 
 
 # NHWC on a subset: each layout is its own compile, and these cover its index paths.
-CASES = [(name, "NCHW") for name in CONFIGS] + [(name, "NHWC") for name in ("3x3", "asym", "1x1", "dw3x3s2")]
+CASES = [(name, "NCHW") for name in CONFIGS] + [(name, "NHWC") for name in ("3x3", "asym", "1x1", "1x1s2", "dw3x3s2")]
 
 
 @pytest.mark.parametrize("name,layout", CASES)
@@ -97,6 +97,8 @@ def test_every_algorithm_every_direction(ctx, rng, name, layout):
         if name.startswith("3x3") and direction != "backward_filter":
             assert "winograd" in algos
         if name == "1x1" and (direction != "backward_filter" or layout == "NHWC"):
+            assert algos[0] == "gemm"
+        if name == "1x1s2" and direction != "backward_filter":
             assert algos[0] == "gemm"
         for algo in algos:
             out = run_direction(ctx, conv, direction, algo, x, w, dy)

@@ -119,6 +119,9 @@ class Convolution:
         with Recording() as recording:
             algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep, epilogue,
                           workspace)
+        # The bound kernels hold raw handles: keep the buffers alive (and out of the pool).
+        recording.buffers = [t.buffer for t in (src, other, dst, ep.scale, ep.shift, ep.residual,
+                                                workspace) if t is not None]
         self._recordings[key] = recording
         while len(self._recordings) > self.replay_cache:
             self._recordings.popitem(last=False)

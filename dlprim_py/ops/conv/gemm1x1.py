@@ -1,4 +1,4 @@
-"""1x1 convolutions (stride 1, no padding, groups 1) as plain GEMMs on the tuned GEMM engine
+"""1x1 convolutions (no padding, groups 1) as plain GEMMs on the tuned GEMM engine
 (``dlprim_py.ops.gemm``), without any im2col: the tensors already are the GEMM operands.
 
   NCHW forward        y[n] (K x HW)  = w (K x C) @ x[n] (C x HW)        batch over n
@@ -10,15 +10,29 @@
 The GEMM's epilogue carries alpha, beta, the bias (shift) and the activation; a forward call
 with a scale or a residual runs the implicit-GEMM kernel instead, which has the full epilogue.
 NCHW backward filter sums over images, which is not one GEMM: the implicit GEMM does it.
+
+With stride > 1 only every stride-th pixel takes part: forward gathers those pixels of x into
+a dense workspace (N, C, Ho, Wo) and multiplies it; backward data multiplies into the workspace
+and scatters it into dx with zeros between (kernels/conv_gemm.cl.mako), instead of multiplying
+the zeros as the implicit GEMM's backward data does.
 """
+import dataclasses
+import math
 from collections import OrderedDict
 
-from .algorithms import NO_EPILOGUE, Algorithm, ImplicitGemm, enqueue
+from ... import program
+from ...tensor import Tensor
+from ..pointwise import launch_size
+
+import numpy as np
+
+np_i32, np_f32 = np.int32, np.float32
+from .algorithms import NO_EPILOGUE, Algorithm, EpilogueArgs, ImplicitGemm, _buf, enqueue, launch
 
 
 class Gemm1x1(Algorithm):
     name = "gemm"
-    _PLANS = 64   # plans bind their buffers; keep the most recent ones
+    _PLANS = 8   # plans bind their buffers (and keep them alive): only the most recent ones
 
     def __init__(self):
         self.fallback = ImplicitGemm()
@@ -26,11 +40,26 @@ class Gemm1x1(Algorithm):
 
     def applies(self, ctx, problem, direction):
         p = problem
-        if not (p.is_1x1 and p.groups == 1):
+        if not (p.r == p.s == 1 and p.pad_h == p.pad_w == 0 and p.groups == 1):
             return False
-        if direction == "backward_filter" and p.layout == "NCHW":
-            return False
+        if direction == "backward_filter":
+            return p.layout == "NHWC" and self._unit_stride(p)
         return True
+
+    @staticmethod
+    def _unit_stride(problem):
+        return problem.stride_h == problem.stride_w == 1
+
+    def workspace_size(self, ctx, problem, direction):
+        if self._unit_stride(problem) or direction == "backward_filter":
+            return 0
+        p = problem
+        return p.n * p.c * p.ho * p.wo * 4
+
+    @staticmethod
+    def _dense(problem):
+        """The stride-1 problem over the subsampled pixels."""
+        return dataclasses.replace(problem, h=problem.ho, w=problem.wo, stride_h=1, stride_w=1)
 
     def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
         from .. import gemm   # the GEMM engine builds its kernels per plan
@@ -44,12 +73,38 @@ class Gemm1x1(Algorithm):
         if direction == "forward" and self._needs_fallback(epilogue):
             self.fallback.run(ctx, problem, direction, src, other, dst, ep, epilogue, workspace)
             return
+        if not self._unit_stride(problem):
+            self._run_strided(ctx, problem, direction, src, other, dst, ep, epilogue, workspace)
+            return
+        self._run_dense(ctx, problem, direction, src, other, dst, ep, epilogue)
+
+    def _run_strided(self, ctx, problem, direction, src, other, dst, ep, epilogue, workspace):
+        dense = self._dense(problem)
+        sub = Tensor(ctx, workspace.buffer, dense.x_shape, offset=workspace.offset)
+        built = program.build(ctx, "conv_gemm")
+        geometry = problem.geometry_args()
+        sub_strides = [dense.x_strides()[i] for i in range(4)]
+        if direction == "forward":
+            gsize, lsize = launch_size(ctx, sub.size)
+            launch(ctx, built, "conv_gemm_gather", gsize, lsize,
+                   [*geometry, *_buf(src), *_buf(sub), *(np_i32(v) for v in sub_strides)])
+            self._run_dense(ctx, dense, direction, sub, other, dst, ep, epilogue)
+            return
+        self._run_dense(ctx, dense, direction, src, other, sub, EpilogueArgs(), NO_EPILOGUE)
+        gsize, lsize = launch_size(ctx, math.prod(dst.shape))
+        launch(ctx, built, "conv_gemm_scatter", gsize, lsize,
+               [*geometry, *_buf(sub), *(np_i32(v) for v in sub_strides), *_buf(dst),
+                np_f32(ep.alpha), np_f32(ep.beta)])
+
+    def _run_dense(self, ctx, problem, direction, src, other, dst, ep, epilogue):
         key = (ctx.cl_context.int_ptr, problem, direction, epilogue,
                *((t.buffer.int_ptr, t.offset_elements) if t is not None else None
                  for t in (src, other, dst, ep.shift)), ep.alpha, ep.beta)
         plan = self.plans.get(key)
         if plan is None:
             plan = self._plan(ctx, problem, direction, src, other, dst, ep, epilogue)
+            # The plan binds raw handles: keep the buffers alive while it is cached.
+            plan.buffers = [t.buffer for t in (src, other, dst, ep.shift) if t is not None]
             self.plans[key] = plan
             while len(self.plans) > self._PLANS:
                 self.plans.popitem(last=False)

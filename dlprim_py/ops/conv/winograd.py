@@ -29,7 +29,7 @@ class Winograd(Algorithm):
     name = "winograd"
     directions = ("forward", "backward_data")
 
-    _PLANS = 64   # GEMM plans bind the workspace; keep the most recent ones
+    _PLANS = 8   # GEMM plans bind the workspace (and keep it alive): only the most recent ones
 
     def __init__(self):
         self.plans = OrderedDict()
@@ -60,6 +60,7 @@ class Winograd(Algorithm):
                 ctx, gm, tiles, gk, buf, base, gk, buf, base + u_size, tiles,
                 buf, base + u_size + v_size, tiles, batch=16, stride_a=gm * gk,
                 stride_b=gk * tiles, stride_c=gm * tiles)
+            plan.buffers = [buf]   # the plan binds the raw handle: keep the workspace alive
             while len(self.plans) > self._PLANS:
                 self.plans.popitem(last=False)
         else:
