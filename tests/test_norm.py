@@ -133,20 +133,26 @@ def test_batch_norm_per_activation(ctx, rng, monkeypatch, training, algo):
     assert_close(gb.numpy().ravel(), tb.grad.numpy())
 
 
+def _poisoned_at(ctx, shape, offset_elements):
+    """A NaN-filled output that starts ``offset_elements`` into its buffer."""
+    backing = poisoned(ctx, (offset_elements + int(np.prod(shape)),))
+    return dp.Tensor(ctx, backing.buffer, shape, offset=offset_elements * 4)
+
+
 def test_batch_norm_unaligned_offset(ctx, rng):
-    """S % 4 == 0 but x at an odd offset: the scalar kernels take over."""
+    """S % 4 == 0 but x and the outputs at odd offsets: the scalar kernels take over."""
     shape = (2, 3, 4, 4)
     x = random(rng, shape)
     backing = dp.Tensor.from_numpy(ctx, np.concatenate([random(rng, 3), x.ravel()]))
     dx = dp.Tensor(ctx, backing.buffer, shape, offset=3 * 4)
-    y, mean, invstd = poisoned(ctx, shape), poisoned(ctx, (3,)), poisoned(ctx, (3,))
+    y, mean, invstd = _poisoned_at(ctx, shape, 1), _poisoned_at(ctx, (3,), 2), poisoned(ctx, (3,))
     norm.batch_norm_forward_training(dx, y, None, None, None, None, mean, invstd)
     tx = _t(x, True)
     ref = TF.batch_norm(tx, None, None, training=True)
     assert_close(y.numpy(), ref.detach().numpy())
     grad = random(rng, shape)
     ref.backward(_t(grad))
-    gx = poisoned(ctx, shape)
+    gx = _poisoned_at(ctx, shape, 5)
     norm.batch_norm_backward(dx, _d(ctx, grad), gx, None, mean, invstd)
     assert_close(gx.numpy(), tx.grad.numpy())
 

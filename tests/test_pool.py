@@ -78,20 +78,26 @@ def test_adaptive_max_indices(ctx, rng):
     np.testing.assert_array_equal(idx.numpy(), ref_idx.numpy())
 
 
+def _poisoned_at(ctx, shape, offset_elements):
+    """A NaN-filled output that starts ``offset_elements`` into its buffer."""
+    backing = poisoned(ctx, (offset_elements + int(np.prod(shape)),))
+    return dp.Tensor(ctx, backing.buffer, shape, offset=offset_elements * 4)
+
+
 @pytest.mark.parametrize("method", ["max", "avg"])
 def test_operator_on_poisoned_outputs_at_offsets(ctx, rng, method):
     op = Pool2d(ctx, method, kernel_size=3, stride=2, padding=1)
     data = random(rng, (2, 3, 9, 8))
     backing = dp.Tensor.from_numpy(ctx, np.concatenate([random(rng, 7), data.ravel()]))
     x = dp.Tensor(ctx, backing.buffer, data.shape, offset=7 * 4)
-    y = poisoned(ctx, op.output_shape(x.shape))
+    y = _poisoned_at(ctx, op.output_shape(x.shape), 5)
     indices = dp.Tensor.empty(ctx, y.shape, np.int64) if method == "max" else None
     op.forward(x, y, indices)
     t = torch.tensor(data, dtype=torch.float64, requires_grad=True)
     ref = (TF.max_pool2d if method == "max" else TF.avg_pool2d)(t, 3, 2, 1)
     assert_close(y.numpy(), ref.detach().numpy())
     grad = random(rng, y.shape)
-    dx = poisoned(ctx, x.shape)
+    dx = _poisoned_at(ctx, x.shape, 3)
     op.backward(dp.Tensor.from_numpy(ctx, grad), dx, indices)
     ref.backward(torch.tensor(grad, dtype=torch.float64))
     assert_close(dx.numpy(), t.grad.numpy())
