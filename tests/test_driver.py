@@ -156,10 +156,17 @@ def test_logged_commands_reproduce_the_call(ctx, rng, capsys, monkeypatch):
     args.set_bias_forward(bias_op, 1, 0, b.reshape(1, 8, 1, 1))
     args.set_activation_forward(act_op, 1, 0, 0, 0, 0)
     plan.execute(plan.input_desc, x, plan.output_desc, dp.Tensor.empty(ctx, (1, 8, 6, 6)), args)
+    F = dp.functional
+    stats = [dp.Tensor.from_numpy(ctx, v) for v in (np.zeros(4, np.float32), np.ones(4, np.float32))]
+    xg = dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, (2, 4, 6, 6)).astype(np.float32),
+                              requires_grad=True)
+    y = F.max_pool2d(F.batch_norm(xg, *stats, training=True), 3, 2, 1)
+    y.backward(dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, y.shape).astype(np.float32)))
+    F.adaptive_avg_pool2d(xg.detach(), (2, 3))
     logged = [line for line in capsys.readouterr().err.splitlines()
               if line.startswith("DLPRIM_LOG_CMD: ")]
     commands = {split_logged(line)[0] for line in logged}
-    assert {"conv", "CBAInfer"} <= commands
+    assert {"conv", "CBAInfer", "pool", "bnorm"} <= commands
     monkeypatch.delenv("DLPRIM_LOG_CMD")
     for line in dict.fromkeys(logged):
         argv = split_logged(line)
