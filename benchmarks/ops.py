@@ -264,7 +264,8 @@ def softmax(ctx, baseline, quick=False):
                     lambda: F.cross_entropy(x, t_ours), lambda: torch.nn.functional.cross_entropy(tx, t_torch),
                     lambda: error_metric(F.cross_entropy(x, t_ours).numpy(),
                                          torch.nn.functional.cross_entropy(dx, t_torch).cpu().numpy()), quick,
-                    note="bytes: one read of the logits; both sides write log-probabilities too"))
+                    note="bytes: one read of the logits; both sides write log-probabilities too; "
+                         "ours waits for the target-range check's read-back each call"))
     return rows
 
 

@@ -265,3 +265,30 @@ def test_broadcast_arithmetic_gradients_fold_through_sum_to_shape(ctx, rng, op):
     ref.backward(torch.tensor(g.astype(np.float64)))
     assert_close(x.grad.numpy(), ta.grad.numpy())
     assert_close(y.grad.numpy(), tb.grad.numpy())
+
+
+# ---- random shapes and dims ----------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def shape_and_dims(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 9), min_size=1, max_size=3)))
+    dims = draw(st.lists(st.integers(0, len(shape) - 1), unique=True, max_size=len(shape)))
+    return shape, tuple(dims) if dims else None, draw(st.booleans())
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=shape_and_dims())
+def test_random_shapes_sum_and_amax(ctx, case):
+    shape, dims, keepdim = case
+    a = np.random.default_rng(hash((shape, dims)) % 2 ** 32).uniform(-1, 1, shape).astype(np.float32)
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    t = _torch(a, True)
+    torch_dims = dims if dims is not None else tuple(range(len(shape)))
+    for ours, ref in ((F.sum(x, dims, keepdim), t.sum(dim=torch_dims, keepdim=keepdim)),
+                      (F.amax(x, dims, keepdim), t.amax(dim=torch_dims, keepdim=keepdim))):
+        assert ours.shape == tuple(ref.shape)
+        assert_close(ours.numpy(), ref.detach().numpy())
