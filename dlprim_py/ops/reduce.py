@@ -537,8 +537,8 @@ def norm(x, p="fro", dim=None, keepdim=False):
             "reduce_normp", [("x", np.float32)], [("y", np.float32)], "y = pow(fabs(x), p);", "sum",
             finalize="acc_y = pow(acc_y, 1.0f / p);", scalars=[("p", np.float32)]))
         scalars = (p,)
-    if x.size == 0 and p == -math.inf:
-        raise ShapeError(f"norm: -inf norm of an empty {x.shape} tensor")
+    if x.size == 0 and p in (math.inf, -math.inf):
+        raise ShapeError(f"norm: the {p} norm of an empty {x.shape} tensor has no identity")
     out, keep_dims = _reduce(kernel, x, dim, keepdim, "norm", scalars=scalars)
     source = x.detach()
 
