@@ -246,14 +246,57 @@ class ImplicitGemm(Algorithm):
             return 0
         return splits * problem.k * problem.cg * problem.r * problem.s * 4
 
+    @staticmethod
+    def _by_phase(problem, direction):
+        """Backward data with stride > 1 runs once per output phase (see _run_phases)."""
+        p = problem
+        return (direction == "backward_data" and (p.stride_h > 1 or p.stride_w > 1)
+                and p.dil_h == p.dil_w == 1)
+
     def _params(self, problem, direction, tile, split_k, epilogue):
         params = (epilogue if direction == "forward" else NO_EPILOGUE).params()
+        fixed = (problem.r, problem.s) in _FIXED_KERNELS and not self._by_phase(problem, direction)
         params.update(direction=direction, tile_m=tile.tile_m, tile_n=tile.tile_n,
                       tile_k=tile.tile_k, thread_m=tile.thread_m, thread_n=tile.thread_n,
                       channel_last=problem.layout == "NHWC", split_k=split_k,
-                      kernel_r=problem.r if (problem.r, problem.s) in _FIXED_KERNELS else 0,
-                      kernel_s=problem.s if (problem.r, problem.s) in _FIXED_KERNELS else 0)
+                      kernel_r=problem.r if fixed else 0, kernel_s=problem.s if fixed else 0)
         return params
+
+    def _run_phases(self, ctx, problem, built, tile, src, other, dst, ep):
+        """Backward data for stride (sh, sw): dx rows h = a + sh * q of one phase a take only the
+        taps r = r0 + sh * j with r0 = (a + pad) mod sh, and read dy row q + (a + pad - r0) / sh - j.
+        Each of the sh * sw phases is thus a stride-1 backward data over a (ceil((H - a) / sh) x
+        ceil((W - b) / sw)) view of dx with an (Rj x Sj) view of w and padding (a + pad - r0) / sh,
+        run by the same kernel with those views' strides and offsets; no zero of the strided
+        problem is multiplied."""
+        p = problem
+        xs, ws, ys = p.x_strides(), p.w_strides(), p.y_strides()
+        kernel_name = "conv_igemm_backward_data"
+        for a in range(p.stride_h):
+            hq = -(-(p.h - a) // p.stride_h)
+            r0 = (a + p.pad_h) % p.stride_h
+            rj = max(0, -(-(p.r - r0) // p.stride_h))
+            pad_q = (a + p.pad_h - r0) // p.stride_h
+            for b in range(p.stride_w):
+                wq = -(-(p.w - b) // p.stride_w)
+                s0 = (b + p.pad_w) % p.stride_w
+                sj = max(0, -(-(p.s - s0) // p.stride_w))
+                pad_wq = (b + p.pad_w - s0) // p.stride_w
+                if hq <= 0 or wq <= 0:
+                    continue
+                geometry = [p.n, p.c, hq, wq, p.k, rj, sj, p.ho, p.wo, pad_q, pad_wq, 1, 1, 1, 1,
+                            p.groups,
+                            xs[0], xs[1], xs[2] * p.stride_h, xs[3] * p.stride_w,
+                            ws[0], ws[1], ws[2] * p.stride_h, ws[3] * p.stride_w, *ys]
+                gm, gn = p.cg, p.n * hq * wq
+                gsize = (math.ceil(gn / tile.tile_n) * tile.threads, math.ceil(gm / tile.tile_m),
+                         p.groups)
+                launch(ctx, built, kernel_name, gsize, (tile.threads, 1, 1),
+                       [*(_I32(v) for v in geometry),
+                        other.buffer, _I32(other.offset_elements + r0 * ws[2] + s0 * ws[3]),
+                        *_buf(src),
+                        dst.buffer, _I32(dst.offset_elements + a * xs[2] + b * xs[3]),
+                        _I32(max(p.kg * rj * sj, 1)), *ep.kernel_args(dst)])
 
     def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
         tile = self.choose_tile(ctx, problem, direction)
@@ -269,6 +312,9 @@ class ImplicitGemm(Algorithm):
         gsize = (math.ceil(gn / tile.tile_n) * tile.threads, math.ceil(gm / tile.tile_m),
                  problem.groups * splits)
         lsize = (tile.threads, 1, 1)
+        if self._by_phase(problem, direction):
+            self._run_phases(ctx, problem, built, tile, src, other, dst, ep)
+            return
         if direction == "forward":
             a, b = other, src          # A = w, B = x
         elif direction == "backward_data":
