@@ -145,15 +145,20 @@ def other_section(name, rec):
     if isinstance(summary, dict) and summary:
         lines += ["- summary: " + ", ".join(f"{k} {_fmt(v, '.3g') if isinstance(v, float) else v}"
                                              for k, v in summary.items()), ""]
-    rows = rec.get("rows") or []
+    rows = rec.get("rows") or rec.get("results") or []
     if rows and isinstance(rows[0], dict):
-        keys = [k for k in ("ours_ms", "baseline_ms", "ratio", "ours_tflops", "ours_gbs",
-                            "algorithm") if any(k in r for r in rows)]
+        label_keys = [k for k in ("model", "group", "name", "layer", "direction", "shape")
+                      if any(k in r for r in rows)]
+        keys = [k for k in ("algorithm", "algo", "ours_ms", "baseline_ms", "ratio",
+                            "speed_vs_baseline", "ours_tflops", "ours_gbs", "error")
+                if any(k in r for r in rows)]
         lines += ["| case | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
         for r in rows:
-            cells = [(_fmt(r.get(k), ".4g") if isinstance(r.get(k), (int, float)) else
-                      str(r.get(k, "-"))) for k in keys]
-            lines.append(f"| {r.get('name', '?')} | " + " | ".join(cells) + " |")
+            label = " ".join(str(r[k]) for k in label_keys if k in r) or "?"
+            cells = [(_fmt(r.get(k), ".3g" if k == "error" else ".4g")
+                      if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
+                      else str(r.get(k, "-"))) for k in keys]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
 
