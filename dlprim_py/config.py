@@ -10,6 +10,7 @@ DLPRIM_CONV_ALGO   force one convolution algorithm by name
 DLPRIM_GEMM_ALGO   force one GEMM kernel variant by name
 DLPRIM_NORM_ALGO   force one batch-norm reduction algorithm: groups, groups_scalar, columns
 DLPRIM_COPY_ALGO   force one strided-copy algorithm (permute, cat, narrow): gather, tiles
+DLPRIM_POOL_ALGO   force one pooling algorithm: window, plane (global windows)
 """
 import os
 

@@ -6,6 +6,11 @@
 ## pool_backward: one work item per input element; it gathers the gradients of every window that
 ## holds it (for max: the windows whose saved argmax is this element), so no atomics are needed
 ## and the summation order is fixed.
+## pool_plane_forward (windows that cover the whole plane: global pooling): PLANE_THREADS work
+## items share one plane, read it contiguously and combine their results in local memory; a work
+## group of GROUP_SIZE holds GROUP_SIZE / PLANE_THREADS planes. Max keeps torch's choice without
+## depending on the order of combination: the largest value, the first position among equals,
+## and a NaN over any number (the last NaN, as torch's scan keeps replacing).
 ## Indices (max only) are flat positions h*W + w inside the input plane, as torch returns them.
 ##
 ## Template parameters:
@@ -13,7 +18,9 @@
 ##   window        "regular" (kernel/stride/padding/dilation) or "adaptive"
 ##   save_indices  max only: write the argmax of each window (needed for backward)
 ##   index_t       "int" when every element index fits in 31 bits, else "long"
+##   group_size    work-group size of pool_plane_forward (a power of two)
 #define I ${index_t}
+#define GROUP_SIZE ${group_size}
 
 <%def name="window_h(o)">
 % if window == "regular":
@@ -175,3 +182,84 @@ __kernel void pool_backward(POOL_ARGS,
         dx[dx_off + i] = sum;
     }
 }
+
+% if window == "adaptive":
+% if method == "max":
+// Does (v, i) win over the current (best, best_i)?
+inline int wins(float v, int i, float best, int best_i)
+{
+    if (best_i < 0)
+        return i >= 0;
+    if (i < 0)
+        return 0;
+    if (isnan(v) || isnan(best))
+        return isnan(v) && (!isnan(best) || i > best_i);
+    return v > best || (v == best && i < best_i);
+}
+% endif
+
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void pool_plane_forward(I planes, int plane_size, int plane_threads, float divisor,
+    __global const float* restrict x, I x_off, __global float* restrict y, I y_off
+% if save_indices:
+    , __global long* restrict indices, I indices_off
+% endif
+    )
+{
+    __local float values[GROUP_SIZE];
+% if method == "max":
+    __local int where[GROUP_SIZE];
+% endif
+    const int lid = get_local_id(0);
+    const int lane = lid % plane_threads;
+    const I plane = (I)get_group_id(0) * (GROUP_SIZE / plane_threads) + lid / plane_threads;
+% if method == "max":
+    float acc = -INFINITY;
+    int acc_i = -1;
+% else:
+    float acc = 0.0f;
+% endif
+    if (plane < planes) {
+        __global const float* src = x + x_off + plane * plane_size;
+        for (int e = lane; e < plane_size; e += plane_threads) {
+% if method == "max":
+            const float v = src[e];
+            if (wins(v, e, acc, acc_i)) {
+                acc = v;
+                acc_i = e;
+            }
+% else:
+            acc += src[e];
+% endif
+        }
+    }
+    values[lid] = acc;
+% if method == "max":
+    where[lid] = acc_i;
+% endif
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int width = plane_threads / 2; width > 0; width >>= 1) {
+        if (lane < width) {
+% if method == "max":
+            if (wins(values[lid + width], where[lid + width], values[lid], where[lid])) {
+                values[lid] = values[lid + width];
+                where[lid] = where[lid + width];
+            }
+% else:
+            values[lid] += values[lid + width];
+% endif
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lane == 0 && plane < planes) {
+% if method == "max":
+        y[y_off + plane] = values[lid];
+    % if save_indices:
+        indices[indices_off + plane] = where[lid];
+    % endif
+% else:
+        y[y_off + plane] = values[lid] / divisor;
+% endif
+    }
+}
+% endif

@@ -154,3 +154,25 @@ def test_command_log(ctx, rng, monkeypatch, capsys):
         "DLPRIM_LOG_CMD: dlprim-driver pool -n 2 -c 3 -H 9 -W 8 -y 3 -x 3 -u 2 -v 2 -p 1 -q 1 "
         "--dilation_h 1 --dilation_w 1 --ceil_mode 0 --divisor 0 -m avg -F 1",
         "DLPRIM_LOG_CMD: dlprim-driver pool -n 2 -c 3 -H 9 -W 8 --adaptive 2x8 -m max -F 1"]
+
+
+@pytest.mark.parametrize("algo", ["window", "plane"])
+@pytest.mark.parametrize("shape", [(3, 5, 7, 7), (1, 3, 40, 31), (2, 1, 1, 1), (37, 2, 3)])
+def test_global_pooling_forced_algorithm(ctx, rng, monkeypatch, algo, shape):
+    """Windows covering the whole plane, each algorithm on its own: avg (and with a divisor),
+    max with its indices, adaptive to 1x1; plane counts that do not fill the last work group."""
+    monkeypatch.setenv("DLPRIM_POOL_ALGO", algo)
+    H, W = shape[-2:]
+    _run(ctx, rng, shape, lambda x: F.avg_pool2d(x, (H, W)), lambda t: TF.avg_pool2d(t, (H, W)))
+    _run(ctx, rng, shape, lambda x: F.avg_pool2d(x, (H, W), divisor_override=3),
+         lambda t: TF.avg_pool2d(t, (H, W), divisor_override=3))
+    _run(ctx, rng, shape, lambda x: F.max_pool2d(x, (H, W)), lambda t: TF.max_pool2d(t, (H, W)))
+    _run(ctx, rng, shape, lambda x: F.adaptive_avg_pool2d(x, 1), lambda t: TF.adaptive_avg_pool2d(t, 1))
+    # Ties and NaN: torch keeps the first maximum, and the last NaN over any number.
+    data = rng.integers(0, 3, size=shape).astype(np.float32)
+    data.reshape(-1, H * W)[::3, 0] = np.nan
+    data.reshape(-1, H * W)[::3, -1] = np.nan
+    y, idx = F.adaptive_max_pool2d(dp.Tensor.from_numpy(ctx, data), 1, return_indices=True)
+    ref, ref_idx = TF.adaptive_max_pool2d(torch.tensor(data), 1, return_indices=True)
+    np.testing.assert_array_equal(y.numpy(), ref.numpy())
+    np.testing.assert_array_equal(idx.numpy(), ref_idx.numpy())

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .. import autograd, logcmd, program
+from .. import autograd, config, logcmd, program
 from ..context import check_same_context
 from ..dtypes import float32, int64
 from ..errors import DTypeError, ShapeError, UnsupportedError
@@ -34,6 +34,18 @@ def _pair(value, what):
     if len(items) != 2 or not all(isinstance(v, (int, np.integer)) for v in items):
         raise ShapeError(f"{what} must be an int or a pair of ints, got {value!r}")
     return int(items[0]), int(items[1])
+
+
+# "window": a work item per output walks its window; "plane": work items share a plane whose
+# window is the whole plane (global pooling), reading it contiguously.
+ALGORITHMS = ("window", "plane")
+
+
+def _group_size(ctx):
+    size = 1
+    while size * 2 <= min(256, ctx.info.max_work_group_size):
+        size *= 2
+    return size
 
 
 def pooled_size(size, kernel, stride, pad, dilation, ceil_mode):
@@ -141,10 +153,41 @@ class Pool2d:
         flags["F"] = int(forward_only)
         logcmd.log_command("pool", flags)
 
-    def _kernel(self, name, index_t, save_indices):
-        params = dict(method=self.method, window=self._window, save_indices=save_indices,
-                      index_t=index_t)
+    def _kernel(self, name, index_t, save_indices, window=None):
+        params = dict(method=self.method, window=window or self._window, save_indices=save_indices,
+                      index_t=index_t, group_size=_group_size(self.ctx))
         return program.kernel(self.ctx, "pool", name, params)
+
+    def algorithm(self, input_shape):
+        """"plane" (work items share a plane) when the window is the whole plane, else
+        "window" (a work item per output); ``DLPRIM_POOL_ALGO`` forces one where it applies."""
+        forced = config.forced_algorithm("pool")
+        if forced is not None and forced not in ALGORITHMS:
+            raise UnsupportedError(f"pooling algorithm must be one of {', '.join(ALGORITHMS)}, "
+                                   f"got {forced!r}")
+        H, W = input_shape[-2:]
+        if self.adaptive:
+            whole = self.output_shape(input_shape)[-2:] == (1, 1)
+        else:
+            whole = (self.kernel == (H, W) and self.padding == (0, 0) and self.dilation == (1, 1))
+        return "plane" if whole and forced != "window" else "window"
+
+    def _forward_plane(self, x, y, indices, index_t, index_np):
+        H, W = x.shape[-2:]
+        planes = y.size
+        group = _group_size(self.ctx)
+        plane_threads = 1
+        while plane_threads * 2 <= min(H * W, group):
+            plane_threads *= 2
+        divisor = float(self.divisor_override or H * W)
+        # The plane kernel lives in the adaptive build, whatever the window kind.
+        kernel = self._kernel("pool_plane_forward", index_t, indices is not None, "adaptive")
+        args = [index_np(planes), np.int32(H * W), np.int32(plane_threads), np.float32(divisor),
+                x.buffer, index_np(x.offset_elements), y.buffer, index_np(y.offset_elements)]
+        if indices is not None:
+            args += [indices.buffer, index_np(indices.offset_elements)]
+        per_group = group // plane_threads
+        kernel(self.ctx.queue, (-(-planes // per_group) * group,), (group,), *args)
 
     def _common_args(self, total, in_shape, out_shape, index_np):
         H, W = in_shape[-2:]
@@ -180,6 +223,9 @@ class Pool2d:
         index_t, index_np = self._check(x, y, indices, "x", "y")
         self._log(x.shape, y.shape, True)
         if y.size == 0:
+            return
+        if self.algorithm(x.shape) == "plane":
+            self._forward_plane(x, y, indices, index_t, index_np)
             return
         kernel = self._kernel("pool_forward", index_t, indices is not None)
         args = self._common_args(y.size, x.shape, y.shape, index_np)
