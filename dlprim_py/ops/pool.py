@@ -6,7 +6,9 @@ on caller-owned tensors (MIOpen's pooling descriptor in spirit). The functional 
 allocate outputs and record the backward on the autograd tape, with torch's semantics.
 
 Layout: NCHW (or CHW, taken as N = 1), float32. Sizes are run-time kernel arguments, so one
-compile serves every shape of a (method, window kind) pair.
+compile serves every shape of a (method, window kind) pair. Two forward algorithms: a work item
+per output ("window"), and for windows covering the whole plane (global pooling) work items
+sharing a plane ("plane"); backward gathers per input element.
 """
 import math
 
