@@ -3,7 +3,8 @@ views flatten, squeeze, unsqueeze, reshape.
 
 Tensors are dense, so a slice or a permutation is a copy made by one strided-copy kernel
 (``kernels/tensor_ops.cl.mako``) whose sizes and strides are run-time arguments: one compile per
-dtype and rank serves every shape. Views that keep the element order (reshape, flatten,
+dtype and rank serves every shape. A transposition (a permutation that moves the contiguous
+dimension) goes through local-memory tiles instead, so that reads and writes both stay contiguous. Views that keep the element order (reshape, flatten,
 squeeze, unsqueeze) share the buffer. Every function records its backward on the autograd tape.
 """
 import math
@@ -89,6 +90,8 @@ def strided_copy(ctx, shape, dtype, src_buffer, src_offset, src_strides, dst_buf
         raise UnsupportedError(f"copy algorithm must be one of {', '.join(COPY_ALGORITHMS)}, "
                                f"got {algorithm!r}")
     pair = _transposition(sizes, src_st, dst_st)
+    if ctx.info.max_work_group_size < 256:
+        pair = None
     if pair is not None and algorithm != "gather" and (
             algorithm == "tiles" or min(sizes[pair[0]], sizes[pair[1]]) >= _TILE_MIN_SIDE):
         _transpose_tiles(ctx, dtype, index_t, index_np, sizes, src_st, dst_st, pair, src_buffer,
