@@ -11,6 +11,9 @@
 ## Kernels:
 ##   conv_dw_forward          y[n,k,oh,ow] = epilogue(sum_{r,s} x[n,k/mult,ih,iw] w[k,0,r,s])
 ##   conv_dw_backward_data    dx[n,c,h,w]  = alpha * sum_{m,r,s} dy[n,c*mult+m,oh,ow] w[..] + beta dx
+##                            both one work item per output element on a 3-D grid: (pixel,
+##                            channel, image), or (channel, pixel, image) with channel_last, so
+##                            that neighbouring work items touch neighbouring addresses
 ##   conv_dw_backward_filter  partial[split][k][r*S+s] = sum over the split's images; one work
 ##                            group per (k, split)
 ##   conv_dw_reduce           dw = alpha * sum_split partial + beta * dw
@@ -24,17 +27,15 @@ __kernel void conv_dw_forward(${common.geometry_params()},
     __global float *y, int y_off, ${common.epilogue_params()})
 {
     const int mult = K / C;
-    const int total = N * K * Ho * Wo;
-    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
 % if channel_last:
-        int k = i % K, t = i / K;
-        int ow = t % Wo; t /= Wo;
-        int oh = t % Ho, n = t / Ho;
+    const int k = get_global_id(0), p = get_global_id(1), n = get_global_id(2);
 % else:
-        int ow = i % Wo, t = i / Wo;
-        int oh = t % Ho; t /= Ho;
-        int k = t % K, n = t / K;
+    const int p = get_global_id(0), k = get_global_id(1), n = get_global_id(2);
 % endif
+    if (p >= Ho * Wo || k >= K)
+        return;
+    {
+        const int oh = p / Wo, ow = p - oh * Wo;
         __global const float *xc = x + x_off + n * xsN + (k / mult) * xsC;
         __global const float *wk = w + w_off + k * wsK;
         const int ih0 = oh * stride_h - pad_h, iw0 = ow * stride_w - pad_w;
@@ -60,17 +61,15 @@ __kernel void conv_dw_backward_data(${common.geometry_params()},
     __global float *dx, int dx_off, float alpha, float beta)
 {
     const int mult = K / C;
-    const int total = N * C * H * W;
-    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
 % if channel_last:
-        int c = i % C, t = i / C;
-        int iw = t % W; t /= W;
-        int ih = t % H, n = t / H;
+    const int c = get_global_id(0), p = get_global_id(1), n = get_global_id(2);
 % else:
-        int iw = i % W, t = i / W;
-        int ih = t % H; t /= H;
-        int c = t % C, n = t / C;
+    const int p = get_global_id(0), c = get_global_id(1), n = get_global_id(2);
 % endif
+    if (p >= H * W || c >= C)
+        return;
+    {
+        const int ih = p / W, iw = p - ih * W;
         float acc = 0.0f;
         for (int m = 0; m < mult; ++m) {
             int k = c * mult + m;

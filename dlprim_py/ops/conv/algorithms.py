@@ -360,6 +360,16 @@ class Depthwise(Algorithm):
         per_split = math.ceil(problem.n / splits)
         return math.ceil(problem.n / per_split), per_split
 
+    @staticmethod
+    def _grid(ctx, problem, pixels, channels):
+        """3-D (global, local) sizes over (pixel, channel, image), channel first for NHWC."""
+        fast, slow = (channels, pixels) if problem.layout == "NHWC" else (pixels, channels)
+        group = min(256, ctx.info.max_work_group_size, ctx.info.max_work_item_sizes[0])
+        local0 = min(group, 1 << max(0, (fast - 1).bit_length()))
+        local1 = min(max(1, group // local0), ctx.info.max_work_item_sizes[1])
+        gsize = (math.ceil(fast / local0) * local0, math.ceil(slow / local1) * local1, problem.n)
+        return gsize, (local0, local1, 1)
+
     def workspace_size(self, ctx, problem, direction):
         if direction != "backward_filter":
             return 0
@@ -378,11 +388,11 @@ class Depthwise(Algorithm):
         built = self.prepare(ctx, problem, direction, epilogue)
         geometry = problem.geometry_args()
         if direction == "forward":
-            gsize, lsize = launch_size(ctx, math.prod(dst.shape))
+            gsize, lsize = self._grid(ctx, problem, problem.ho * problem.wo, problem.k)
             launch(ctx, built, "conv_dw_forward", gsize, lsize,
                    [*geometry, *_buf(src), *_buf(other), *_buf(dst), *ep.kernel_args(dst)])
         elif direction == "backward_data":
-            gsize, lsize = launch_size(ctx, math.prod(dst.shape))
+            gsize, lsize = self._grid(ctx, problem, problem.h * problem.w, problem.c)
             launch(ctx, built, "conv_dw_backward_data", gsize, lsize,
                    [*geometry, *_buf(src), *_buf(other), *_buf(dst), _F32(ep.alpha),
                     _F32(ep.beta)])
