@@ -92,7 +92,7 @@ def test_every_algorithm_every_direction(ctx, rng, name, layout):
     conv = make_conv(ctx, cfg, layout)
     for direction in DIRECTIONS:
         algos = conv.algorithms(direction)
-        assert algos[-1] == "direct"
+        assert "direct" in algos
         if name.startswith("dw"):
             assert "depthwise" in algos
         if name.startswith("3x3") and direction != "backward_filter":

@@ -12,7 +12,7 @@ import numpy as np
 from ... import config, finddb
 from ...errors import UnsupportedError
 from ...timing import time_enqueued
-from .algorithms import Depthwise, Direct, EpilogueArgs, ImplicitGemm
+from .algorithms import Depthwise, Direct, EpilogueArgs, ImplicitGemm, _gemm_dims
 from .gemm1x1 import Gemm1x1
 from .winograd import Winograd
 
@@ -34,9 +34,15 @@ def applicable(ctx, problem, direction):
     return sorted(names, key=lambda n: _rank(ctx, problem, direction, n))
 
 
+def _tiny_gemm(problem, direction):
+    """True when the direction's GEMM has fewer than 8 rows (e.g. the data gradient of an RGB
+    input layer): GEMM tiles would waste most of their work there, the direct kernel does not."""
+    return _gemm_dims(problem, direction)[0] < 8
+
+
 def _rank(ctx, problem, direction, name):
     if name == "direct":
-        return 100
+        return 5 if _tiny_gemm(problem, direction) else 100
     if name in ("depthwise", "gemm"):
         return 0
     if name == "winograd":
@@ -76,8 +82,9 @@ def find(ctx, problem, direction, repeat=3):
         memo[key] = name
         return name
     # The direct kernel is the fallback and the reference (as MIOpen's naive solvers): find
-    # times it only when nothing else applies.
-    candidates = [n for n in applicable(ctx, problem, direction) if n != "direct"] or ["direct"]
+    # times it only when nothing else applies or the GEMM is too thin for tiles.
+    candidates = [n for n in applicable(ctx, problem, direction)
+                  if n != "direct" or _tiny_gemm(problem, direction)] or ["direct"]
     from ...tensor import Tensor
     rng = np.random.default_rng(0)
     x = Tensor.from_numpy(ctx, rng.uniform(-1, 1, problem.x_shape).astype(np.float32))
