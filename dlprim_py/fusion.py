@@ -912,15 +912,19 @@ class _ConvChain:
         groups = min(-(-count // group), self.plan.ctx.info.compute_units * 8)
         self.fold_launch = ((groups * group,), (group,))
         self.fold_sizes = [np.int32(count), np.int32(count // w_shape[0])]
-        self.fold_outputs = [self.folded_weights.buffer, np.int32(self.folded_weights.offset_elements),
+        self.fold_outputs = [self.folded_weights.buffer,
+                             np.int32(self.folded_weights.offset_elements),
                              self.shift.buffer, np.int32(self.shift.offset_elements)]
+        self.fold_bound = None    # the operands the kernel's arguments are set for
         return kernel
 
     def _fold(self, args, w):
         """Enqueue the fold of this call's parameters and weights ``w`` into
-        self.folded_weights and self.shift."""
+        self.folded_weights and self.shift. The kernel's arguments are set again only when the
+        tensors (buffers, offsets) or epsilons differ from the previous call's: the contents are
+        read on every run, which is what MIOpen's arguments promise."""
         import pyopencl as cl
-        kernel_args = list(self.fold_sizes)
+        operands, scalars = [], []
         for op in self.affine_ops:
             values = args.get(op)
             fields = (("bias",) if isinstance(op, BiasForwardOp)
@@ -931,11 +935,23 @@ class _ConvChain:
                 if t.ctx.cl_context != self.plan.ctx.cl_context:
                     raise DeviceError(f"op {op.index}: {field} lives in another OpenCL context "
                                       f"than the plan")
-                kernel_args += [t.buffer, np.int32(t.offset_elements)]
-            if not isinstance(op, BiasForwardOp):
-                kernel_args.append(np.float32(values["epsilon"]))
-        kernel_args += [w.buffer, np.int32(w.offset_elements)]
-        self.fold_kernel.set_args(*kernel_args, *self.fold_outputs)
+                operands.append(t)
+            scalars.append(None if isinstance(op, BiasForwardOp) else values["epsilon"])
+        operands.append(w)
+        key = tuple((t.buffer.int_ptr, t.offset_elements) for t in operands) + tuple(scalars)
+        if key != self.fold_bound:
+            kernel_args = list(self.fold_sizes)
+            position = 0
+            for op, epsilon in zip(self.affine_ops, scalars):
+                count = 1 if epsilon is None else 4
+                for t in operands[position:position + count]:
+                    kernel_args += [t.buffer, np.int32(t.offset_elements)]
+                position += count
+                if epsilon is not None:
+                    kernel_args.append(np.float32(epsilon))
+            kernel_args += [w.buffer, np.int32(w.offset_elements)]
+            self.fold_kernel.set_args(*kernel_args, *self.fold_outputs)
+            self.fold_bound = key
         cl.enqueue_nd_range_kernel(self.plan.ctx.queue, self.fold_kernel, *self.fold_launch)
 
     def algorithm_names(self):

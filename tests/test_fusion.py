@@ -533,6 +533,31 @@ def test_conv_alpha_beta(ctx, rng):
     run_conv_chain(ctx, rng, chain=["bn", fusion.ACTIVATION_RELU], alpha=0.5, beta=0.75, **CONV)
 
 
+def test_conv_plan_reads_arguments_on_every_call(ctx, rng):
+    """New tensors, a new epsilon, and new contents of the same tensors all take effect."""
+    plan, ops = build_conv_plan(ctx, CONV["x_shape"], CONV["w_shape"], CONV["conv_desc"],
+                                ["bn", fusion.ACTIVATION_RELU], 6)
+    x, w = random(rng, CONV["x_shape"]), random(rng, CONV["w_shape"])
+    xd, wd = dev(ctx, x, w)
+    conv = conv_ref(x, w, CONV["conv_desc"])
+    first, second = bn_params(rng, (1, 6, 1, 1)), bn_params(rng, (1, 6, 1, 1))
+    second_d = dev(ctx, *second)
+    for params, tensors, eps in ((first, dev(ctx, *first), 1e-5), (second, second_d, 1e-5),
+                                 (second, second_d, 0.5)):
+        args = fusion.OperatorArgs()
+        args.set_conv_forward(ops[0], 1, 0, wd)
+        args.set_batchnorm_inference(ops[1], 1, 0, *tensors, eps)
+        args.set_activation_forward(ops[2], 1, 0, 0, 0, 0)
+        y = poisoned(ctx, (2, 6, 7, 6))
+        plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+        assert_close(y.numpy(), torch.relu(bn_inference_ref(conv, *params, eps)).numpy())
+    third = bn_params(rng, (1, 6, 1, 1))
+    for t, values in zip(second_d, third):
+        t.copy_(dp.Tensor.from_numpy(ctx, values))
+    plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+    assert_close(y.numpy(), torch.relu(bn_inference_ref(conv, *third, 0.5)).numpy())
+
+
 def test_conv_plan_facts(ctx):
     plan, ops = build_conv_plan(ctx, CONV["x_shape"], CONV["w_shape"], CONV["conv_desc"],
                                 ["bn", fusion.ACTIVATION_RELU], 6)
