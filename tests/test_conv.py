@@ -114,7 +114,7 @@ def test_implicit_gemm_tiles(ctx, rng):
     cfg = (2, 8, 9, 9, 70, 3, 3, (1, 1), (1, 1), (1, 1), 1)
     x, w, dy, ref = make_case(rng, cfg, "NCHW")
     problem = make_problem(x.shape, w.shape, dp.ConvolutionDesc(1, 1, 1, 1))
-    for tile in (algorithms.TILE_LARGE,):
+    for tile in (algorithms.TILE_LARGE, algorithms.TILE_WIDE):
         if tile.threads > ctx.info.max_work_group_size:
             continue
         algo = algorithms.ImplicitGemm(tile)

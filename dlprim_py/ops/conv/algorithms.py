@@ -183,6 +183,7 @@ class GemmTile:
 
 
 TILE_LARGE = GemmTile(128, 128, 8, 8, 8)
+TILE_WIDE = GemmTile(64, 128, 8, 8, 4)
 TILE_MEDIUM = GemmTile(64, 64, 8, 4, 4)
 TILE_SMALL = GemmTile(32, 32, 8, 4, 4)
 
@@ -220,10 +221,15 @@ class ImplicitGemm(Algorithm):
         if not ctx.info.is_gpu:
             return TILE_SMALL
         gm, gn, gk = _gemm_dims(problem, direction)
-        if gm >= 128 and gn >= 128 and gm * gn >= 128 * 128 * ctx.info.compute_units // 2:
+        # backward_filter fills the device by splitting kk, so it can afford large tiles.
+        fills = (direction == "backward_filter"
+                 or gm * gn >= 128 * 128 * ctx.info.compute_units // 2)
+        if gm >= 128 and gn >= 128 and fills:
             return TILE_LARGE
         if gm <= 32 or gn <= 32:
             return TILE_SMALL
+        if gn >= 128 and (fills or gm * gn >= 64 * 128 * ctx.info.compute_units // 2):
+            return TILE_WIDE
         return TILE_MEDIUM
 
     def splits(self, ctx, problem, direction, tile):
