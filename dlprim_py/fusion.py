@@ -537,8 +537,10 @@ def _param_view(tensor, shape):
 # ---- chain runners ---------------------------------------------------------------------------
 
 def _affine_statement(ops, args, value="v"):
-    """C statements applying bias / BN-inference / activation ops to the float ``value``, and
-    the (name, op, field) list of the per-channel inputs they read, and scalar names."""
+    """C statements applying bias / BN-inference / activation ops to the float ``value``, the
+    (name, op, field) list of the parameter tensors they read, and the (name, op, field) list
+    of their scalars. ``args``: op -> its arguments, for the activation parameters (None: the
+    modes' defaults)."""
     lines, inputs, scalars = [], [], []
     for op in ops:
         i = op.index
@@ -573,7 +575,8 @@ class _PointwiseChain:
                     self.param_shapes[op] = (1, channels) + (1,) * (len(shape) - 2)
                 elif isinstance(op, BatchNormInferenceOp):
                     per_activation = op.mode == BN_PER_ACTIVATION
-                    _check_param_desc(op, op.bn_desc, "batch-norm", channels, shape[2:], per_activation)
+                    _check_param_desc(op, op.bn_desc, "batch-norm", channels, shape[2:],
+                                      per_activation)
                     self.param_shapes[op] = ((1,) + tuple(shape[1:]) if per_activation else
                                              (1, channels) + (1,) * (len(shape) - 2))
                 continue
@@ -588,10 +591,12 @@ class _PointwiseChain:
                      for op in self.plan.ops if isinstance(op, ActivationForwardOp))
 
     def _kernel(self, args):
+        """(kernel, inputs, scalars) for the activation parameters of ``args`` (None: the
+        defaults), built once per parameter set."""
         from .ops.pointwise import PointwiseKernel
         key = self._activation_key(args)
-        kernel = self.kernels.get(key)
-        if kernel is None:
+        entry = self.kernels.get(key)
+        if entry is None:
             statement, inputs, scalars = _affine_statement(
                 self.plan.ops, None if args is None else {op: args.get(op) for op in self.plan.ops
                                                            if isinstance(op, ActivationForwardOp)})
@@ -599,15 +604,13 @@ class _PointwiseChain:
                 "fused_affine_activation", [("x", float32)] + [(n, float32) for n, _, _ in inputs],
                 [("y", float32)], f"float v = x; {statement} y = v;",
                 scalars=[(n, np.float32) for n, _, _ in scalars])
-            kernel.layout = (inputs, scalars)
-            self.kernels[key] = kernel
+            entry = self.kernels[key] = (kernel, inputs, scalars)
             _prebuild_pointwise(self.plan.ctx, kernel, self.plan.input_desc.shape,
                                 [self.param_shapes[op] for _, op, _ in inputs])
-        return kernel
+        return entry
 
     def run(self, x, y, args):
-        kernel = self._kernel(args)
-        inputs, scalars = kernel.layout
+        kernel, inputs, scalars = self._kernel(args)
         tensors = []
         for name, op, field in inputs:
             value = args.get(op)[field]
