@@ -11,6 +11,7 @@ DLPRIM_GEMM_ALGO   force one GEMM kernel variant by name
 DLPRIM_NORM_ALGO   force one batch-norm reduction algorithm: groups, groups_scalar, columns
 DLPRIM_COPY_ALGO   force one strided-copy algorithm (permute, cat, narrow): gather, tiles
 DLPRIM_POOL_ALGO   force one pooling algorithm: window, plane (global windows)
+DLPRIM_ROWNORM_ALGO force one layer/group norm algorithm: rows, split (group norm)
 """
 import os
 

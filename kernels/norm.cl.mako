@@ -21,7 +21,8 @@
 ##                          per-element integer division.
 ## Layer norm and group norm see x as rows of D contiguous elements: one work group per row
 ## computes the statistics and writes the normalized row (row_norm_forward), or the gradient
-## (row_norm_backward). The affine weight of element d of row r is w[(r % G) * Cg + d / S]
+## (row_norm_backward). Group norm with few long rows runs instead through the batch-norm
+## kernels on the view (1, rows, D) (channels = rows), with group_norm_coef for the affine step. The affine weight of element d of row r is w[(r % G) * Cg + d / S]
 ## (layer norm: G = 1, Cg = D, S = 1), tracked incrementally without per-element division.
 ## Local response norm (lrn_*): one work item per element, the window runs over channels.
 ##
@@ -330,6 +331,27 @@ __kernel void channel_finalize_sums(int C, int chunks, __global const float* res
         dweight[dweight_off + c] = total.y;
     if (dbias)
         dbias[dbias_off + c] = total.x;
+}
+
+// Group norm through the batch-norm kernels ("split"): coefficients of channel_apply for each
+// (n, c) of an (N, C, S) input from the statistics of row n*G + c / Cg.
+__kernel void group_norm_coef(int N, int C, int G
+    , __global const float* restrict row_mean, __global const float* restrict row_rstd
+    , __global const float* restrict weight, long weight_off
+    , __global const float* restrict bias, long bias_off
+    , __global float* restrict coef)
+{
+    const int i = get_global_id(0);
+    if (i >= N * C)
+        return;
+    const int n = i / C, c = i % C;
+    const int row = n * G + c / (C / G);
+    const float gamma = weight ? weight[weight_off + c] : 1.0f;
+    coef[i * 5 + 0] = row_mean[row];
+    coef[i * 5 + 1] = row_rstd[row] * gamma;
+    coef[i * 5 + 2] = 0.0f;
+    coef[i * 5 + 3] = 0.0f;
+    coef[i * 5 + 4] = bias ? bias[bias_off + c] : 0.0f;
 }
 
 // ---- layer norm and group norm: one work group per row of D elements ----

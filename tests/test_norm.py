@@ -203,10 +203,12 @@ def test_layer_norm(ctx, rng, shape, normalized, affine):
         assert_close(db.grad.numpy(), tb.grad.numpy())
 
 
+@pytest.mark.parametrize("algo", ["rows", "split"])
 @pytest.mark.parametrize("shape,groups,affine", [((2, 6, 5, 3), 3, True), ((3, 6), 2, True),
                                                  ((2, 4, 7), 1, False), ((1, 5, 2, 2), 5, True),
                                                  ((2, 8, 300), 2, True)])
-def test_group_norm(ctx, rng, shape, groups, affine):
+def test_group_norm(ctx, rng, monkeypatch, shape, groups, affine, algo):
+    monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", algo)
     C = shape[1]
     x = random(rng, shape, -1, 2)
     w = random(rng, (C,), 0.5, 1.5) if affine else None

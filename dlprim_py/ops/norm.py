@@ -355,9 +355,65 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 
 # ---- layer norm and group norm --------------------------------------------------------------
 
-def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name):
+# Layer and group norm: "rows" runs a work group per row; "split" (group norm) cuts each row
+# over many work groups through the batch-norm kernels, for few long rows.
+ROW_ALGORITHMS = ("rows", "split")
+
+
+def row_algorithm(ctx, rows, D, splittable):
+    """``DLPRIM_ROWNORM_ALGO`` where it applies, else "split" for group norm with too few rows to
+    fill the device and rows long enough to share, else "rows"."""
+    forced = config.forced_algorithm("rownorm")
+    if forced is not None and forced not in ROW_ALGORITHMS:
+        raise UnsupportedError(f"layer/group norm algorithm must be one of "
+                               f"{', '.join(ROW_ALGORITHMS)}, got {forced!r}")
+    if not splittable or forced == "rows":
+        return "rows"
+    if forced == "split" or (rows < 4 * ctx.info.compute_units and D >= 1024):
+        return "split"
+    return "rows"
+
+
+def _split_forward(x, rows, D, G, weight, bias, eps, y, save_mean, save_rstd):
+    """Group norm forward on the view (1, rows, D) with the batch-norm kernels."""
+    ctx = x.ctx
+    N, C = x.shape[:2]
+    S = D * G // C
+    i32 = np.int32
+    partials, chunks = channel_partial_sums(ctx, "stats", 1, rows, D, x)
+    prog = _program(ctx)
+    row_coef = Tensor.empty(ctx, (rows, 5), float32)
+    _per_channel_launch(ctx, prog.kernel("channel_finalize_stats"), rows, i32(1), i32(rows), i32(D),
+                        i32(chunks), np.float32(eps), np.float32(0.0), x.buffer,
+                        np.int64(x.offset_elements), partials.buffer, *_buf(None), *_buf(None),
+                        *_buf(None), *_buf(None), *_buf(save_mean), *_buf(save_rstd),
+                        row_coef.buffer)
+    coef = Tensor.empty(ctx, (N * C, 5), float32)
+    _per_channel_launch(ctx, prog.kernel("group_norm_coef"), N * C, i32(N), i32(C), i32(G),
+                        save_mean.buffer, save_rstd.buffer, *_buf(weight), *_buf(bias), coef.buffer)
+    _apply(ctx, 1, N * C, S, coef, x, None, y)
+
+
+def _split_backward(x, g, dx, rows, D, weight, save_mean, save_rstd):
+    """Group norm's dx on the view (1, rows, D): with g = dy * weight, dx = rstd * (g - mean(g))
+    - (x - mean) * rstd^3 * mean(g * (x - mean)), batch norm's training backward per row."""
+    ctx = x.ctx
+    i32 = np.int32
+    if weight is not None:
+        from .pointwise import binary
+        g = binary("mul", g, weight.reshape((weight.size,) + (1,) * (x.ndim - 2)))
+    partials, chunks = channel_partial_sums(ctx, "grad", 1, rows, D, x, dy=g, mean=save_mean)
+    coef = Tensor.empty(ctx, (rows, 5), float32)
+    _per_channel_launch(ctx, _program(ctx).kernel("channel_finalize_grad"), rows, i32(1), i32(rows),
+                        i32(D), i32(chunks), i32(1), partials.buffer, *_buf(save_mean),
+                        *_buf(save_rstd), *_buf(None), *_buf(None), *_buf(None), coef.buffer)
+    _apply(ctx, 1, rows, D, coef, g, x, dx)
+
+
+def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittable=False):
     """Normalize ``rows`` rows of D elements; the affine weight of element d of row r is
-    w[(r % G) * Cg + d // S]. ``grad_view`` = (N, C, S) for the weight gradients."""
+    w[(r % G) * Cg + d // S]. ``grad_view`` = (N, C, S) for the weight gradients.
+    ``splittable``: the input is group norm's (N, C, ...), which the "split" algorithm takes."""
     ctx = x.ctx
     y = Tensor.empty(ctx, x.shape, float32)
     save_mean = Tensor.empty(ctx, (max(rows, 1),), float32)
@@ -365,7 +421,10 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name):
     prog = _program(ctx)
     group = _group_size(ctx)
     i32 = np.int32
-    if rows and D:
+    algorithm = row_algorithm(ctx, rows, D, splittable)
+    if rows and D and algorithm == "split":
+        _split_forward(x, rows, D, G, weight, bias, eps, y, save_mean, save_rstd)
+    elif rows and D:
         prog.kernel("row_norm_forward")(
             ctx.queue, (group * rows,), (group,), i32(D), i32(G), i32(Cg), i32(S), np.float32(eps),
             x.buffer, np.int64(x.offset_elements), *_buf(weight), *_buf(bias), y.buffer,
@@ -373,7 +432,9 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name):
 
     def backward(g):
         dx = Tensor.empty(ctx, x.shape, float32)
-        if rows and D:
+        if rows and D and algorithm == "split":
+            _split_backward(x, g, dx, rows, D, weight, save_mean, save_rstd)
+        elif rows and D:
             prog.kernel("row_norm_backward")(
                 ctx.queue, (group * rows,), (group,), i32(D), i32(G), i32(Cg), i32(S),
                 x.buffer, np.int64(x.offset_elements), g.buffer, np.int64(g.offset_elements),
@@ -435,7 +496,8 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     check_same_context(input, weight, bias)
     S = math.prod(input.shape[2:])
     G, Cg = int(num_groups), C // num_groups
-    return _row_norm(input, N * G, Cg * S, G, Cg, S, weight, bias, eps, (N, C, S), "group_norm")
+    return _row_norm(input, N * G, Cg * S, G, Cg, S, weight, bias, eps, (N, C, S), "group_norm",
+                     splittable=True)
 
 
 # ---- local response norm --------------------------------------------------------------------
