@@ -11,6 +11,12 @@ Two layers, as elsewhere in the library:
 Kernels: ``kernels/norm.cl.mako``. Statistics are reduced by work-group trees over chunks of each
 channel, so a channel of 10^7 elements never accumulates in one running float sum; sizes are
 run-time arguments, so a compile serves every shape. Layout: NC* (channels second), float32.
+
+Algorithms, each forced by an environment variable (``config``): the channel reductions run as
+work groups per chunk of a channel with float4 or scalar loads, or as a work item per channel
+for (N, C) inputs (DLPRIM_NORM_ALGO = groups, groups_scalar, columns); layer and group norm run
+a work group per row, or, for group norm with few long rows, the batch-norm kernels on the rows
+(DLPRIM_ROWNORM_ALGO = rows, split).
 """
 import math
 
