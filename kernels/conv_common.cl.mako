@@ -14,6 +14,9 @@
 ##   has_shift     bool: add the per-output-channel vector `shift` (the bias)
 ##   has_residual  bool: add residual_alpha * z, z laid out exactly like y
 ##   activation    OpenCL C expression of act(v) over the float variable `v` ("(v)" for none)
+##   affine_per_position  optional bool (default False): `scale` and `shift` hold one value per
+##                 output position (k, oh, ow) of an NCHW y instead of one per channel, read at
+##                 index % ysN (per-activation batch norm folded into the epilogue)
 ## y_old is read only when beta != 0 (MIOpen's rule), so an uninitialised y is fine with beta = 0.
 ## The stores declare a float `v` in their own block: the accumulator expression must not be `v`.
 
@@ -31,13 +34,16 @@
     float alpha, float beta, float residual_alpha</%def>
 
 <%def name="store(out, out_off, index, channel, acc)">
+<%
+    affine = f"({index}) % ysN" if context.get("affine_per_position", False) else channel
+%>
         {
             float v = alpha * (${acc});
 % if has_scale:
-            v *= scale[scale_off + (${channel})];
+            v *= scale[scale_off + (${affine})];
 % endif
 % if has_shift:
-            v += shift[shift_off + (${channel})];
+            v += shift[shift_off + (${affine})];
 % endif
 % if has_residual:
             v += residual_alpha * residual[residual_off + (${index})];

@@ -32,12 +32,14 @@ class Epilogue:
     has_shift: bool = False
     has_residual: bool = False
     activation: object = None   # an ActivationDesc or None
+    affine_per_position: bool = False   # scale/shift per (k, oh, ow) of an NCHW y
 
     def params(self):
         act = self.activation
         return dict(has_scale=self.has_scale, has_shift=self.has_shift,
                     has_residual=self.has_residual,
-                    activation="(v)" if act is None else act.forward_code("v"))
+                    activation="(v)" if act is None else act.forward_code("v"),
+                    affine_per_position=self.affine_per_position)
 
 
 NO_EPILOGUE = Epilogue()

@@ -130,8 +130,10 @@ class Convolution:
     def forward(self, x, w, y, bias=None, alpha=1.0, beta=0.0, activation=None, algo=None,
                 workspace=None, *, scale=None, shift=None, residual=None, residual_alpha=1.0):
         """y = act(alpha * conv(x, w) * scale[k] + shift[k] + residual_alpha * residual)
-        + beta * y. ``bias`` (K,) is ``shift`` under another name; ``scale``/``shift`` (K,);
-        ``residual`` shaped like y; ``activation``: an ActivationDesc, a name, or None."""
+        + beta * y. ``bias`` (K,) is ``shift`` under another name; ``scale``/``shift`` (K,), or
+        both (K, Ho, Wo) with layout NCHW for one value per output position (per-activation
+        batch norm); ``residual`` shaped like y; ``activation``: an ActivationDesc, a name, or
+        None."""
         p = self.problem
         _check_tensor(x, p.x_shape, "x")
         _check_tensor(w, p.w_shape, "w")
@@ -140,15 +142,20 @@ class Convolution:
             raise ShapeError("give either bias or shift, not both (bias is the shift)")
         if bias is not None:
             shift = bias
+        per_position = any(t is not None and t.ndim == 3 for t in (scale, shift))
+        affine_shape = (p.k, p.ho, p.wo) if per_position else (p.k,)
+        if per_position and p.layout != "NCHW":
+            raise UnsupportedError("scale/shift per output position need layout NCHW")
         for t, what in ((scale, "scale"), (shift, "bias/shift")):
             if t is not None:
-                _check_tensor(t, (p.k,), what)
+                _check_tensor(t, affine_shape, what)
         if residual is not None:
             _check_tensor(residual, p.y_shape, "residual")
         act = as_activation(activation)
         if act is not None and act.is_identity:
             act = None
-        epilogue = Epilogue(scale is not None, shift is not None, residual is not None, act)
+        epilogue = Epilogue(scale is not None, shift is not None, residual is not None, act,
+                            per_position)
         ep = EpilogueArgs(scale, shift, residual, alpha, beta, residual_alpha)
         return self._run("forward", algo, x, w, y, ep, epilogue, workspace)
 

@@ -66,7 +66,7 @@ class Gemm1x1(Algorithm):
         return gemm
 
     def _needs_fallback(self, epilogue):
-        return epilogue.has_scale or epilogue.has_residual
+        return epilogue.has_scale or epilogue.has_residual or epilogue.affine_per_position
 
     def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
             workspace=None):
