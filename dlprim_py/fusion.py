@@ -25,14 +25,15 @@ What fuses (``compile`` raises UnsupportedError for anything else, naming the op
 the chain):
 
 * ``conv [bias | batchnorm_inference]* [activation]``: the convolution's own kernel applies the
-  epilogue ``act(alpha * acc + shift[k]) + beta * y_old`` for every algorithm (the GEMM of 1x1
+  epilogue ``act(alpha * acc * scale + shift) + beta * y_old`` for every algorithm (the GEMM of 1x1
   convolutions, Winograd's output transform, implicit GEMM, depthwise, direct), grouped and
   depthwise convolutions included. A bias alone is the shift. A batch norm (after or before a
   bias) folds into the convolution: conv(x, w) * scale[k] + shift[k] = conv(x, w * scale[k]) +
   shift[k], so a kernel over the weights writes the scaled weights and the shift before the
   convolution runs (MIOpen's arguments give mean and variance, not folded vectors, and may
-  change between calls). Per-activation batch norm after a convolution is refused: its scale
-  varies over (k, h, w) and folds into neither the weights nor a per-channel shift.
+  change between calls). A per-activation batch norm varies over (k, h, w): it folds into a
+  scale and a shift per output position, which the epilogue reads instead of per channel (the
+  1x1 GEMM then hands over to the implicit GEMM kernel, whose epilogue has them).
 * ``[bias | batchnorm_inference | activation]+`` without a convolution: one pointwise kernel.
 * ``batchnorm_forward [activation]``: batch norm in training mode (statistics, saved mean and
   inverse std, running averages) and the activation: one kernel, or two (partial sums, then
@@ -827,12 +828,6 @@ class _ConvChain:
                     f"op {op.index} ({op.describe()}) follows the activation "
                     f"(op {self.activation.index}); the convolution's epilogue ends with the "
                     f"activation; {_chain_message()}")
-            if isinstance(op, BatchNormInferenceOp) and op.mode == BN_PER_ACTIVATION:
-                raise UnsupportedError(
-                    f"op {op.index} ({op.describe()}): BN_PER_ACTIVATION after a convolution "
-                    f"does not fuse (its scale varies over (k, h, w), so it folds into neither "
-                    f"the weights nor the epilogue's per-channel shift); use BN_SPATIAL, or run "
-                    f"the batch norm as a plan of its own; {_chain_message()}")
             if isinstance(op, (BiasForwardOp, BatchNormInferenceOp)):
                 self.affine_ops.append(op)
             elif isinstance(op, ActivationForwardOp):
@@ -864,18 +859,28 @@ class _ConvChain:
         self.output_desc = TensorDesc(y_shape, float32)
         k = y_shape[1]
         self.param_shapes = {}
+        # A per-activation batch norm varies over (k, oh, ow): it folds into neither the weights
+        # nor a per-channel shift, so the epilogue reads scale and shift per output position.
+        self.per_position = False
         for op in self.affine_ops:
             if isinstance(op, BiasForwardOp):
                 _check_param_desc(op, op.bias_desc, "bias", k, y_shape[2:], False)
+                self.param_shapes[op] = (k,)
             else:
-                _check_param_desc(op, op.bn_desc, "batch-norm", k, y_shape[2:], False)
-            self.param_shapes[op] = (k,)
+                per_activation = op.mode == BN_PER_ACTIVATION
+                _check_param_desc(op, op.bn_desc, "batch-norm", k, y_shape[2:], per_activation)
+                self.param_shapes[op] = (k,) + (tuple(y_shape[2:]) if per_activation else ())
+                self.per_position |= per_activation
         has_bn = any(isinstance(op, BatchNormInferenceOp) for op in self.affine_ops)
         biases = [op for op in self.affine_ops if isinstance(op, BiasForwardOp)]
         # One bias alone is the epilogue's shift as it is; a batch norm (or several biases)
-        # folds into scaled weights and a shift first.
+        # folds first: into scaled weights and a shift, or into per-position scale and shift.
         self.needs_fold = has_bn or len(biases) > 1
-        if self.needs_fold:
+        if self.per_position:
+            self.scale = Tensor.empty(plan.ctx, (k,) + tuple(y_shape[2:]))
+            self.shift = Tensor.empty(plan.ctx, (k,) + tuple(y_shape[2:]))
+            self.fold_kernel = self._fold_kernel()
+        elif self.needs_fold:
             self.folded_weights = Tensor.empty(plan.ctx, w_desc.shape)
             self.shift = Tensor.empty(plan.ctx, (k,))
             self.fold_kernel = self._fold_kernel()
@@ -893,7 +898,8 @@ class _ConvChain:
         from .ops.conv.algorithms import Epilogue
         if activation is not None and activation.is_identity:
             activation = None
-        return Epilogue(False, bool(self.affine_ops), False, activation)
+        return Epilogue(self.per_position, bool(self.affine_ops), False, activation,
+                        self.per_position)
 
     def _prepare(self, activation):
         """Build the convolution kernel with this chain's epilogue (what forward will ask for)."""
@@ -903,21 +909,27 @@ class _ConvChain:
 
     def _fold_kernel(self):
         """The kernel (kernels/fusion_fold.cl.mako) that folds the chain's bias and batch-norm
-        parameters into scaled weights and a shift: conv(x, w * scale[k]) + shift[k] reproduces
-        every op in order. It is enqueued with arguments set directly: it runs before the
-        convolution on every call, so its host cost delays the convolution's start."""
-        chain = ["bias" if isinstance(op, BiasForwardOp) else "bn" for op in self.affine_ops]
-        kernel = program.kernel(self.plan.ctx, "fusion_fold", "fold_affine_into_weights",
-                                dict(chain=chain), fresh=True)
-        w_shape = self.folded_weights.shape
-        count = math.prod(w_shape)
+        parameters into what the convolution's epilogue applies: scaled weights and a shift
+        (conv(x, w * scale[k]) + shift[k] reproduces every op in order), or a scale and a shift
+        per output position when a batch norm is per activation. It is enqueued with arguments
+        set directly: it runs before the convolution on every call, so its host cost delays the
+        convolution's start."""
+        chain = [("bias" if isinstance(op, BiasForwardOp) else "bn",
+                  len(self.param_shapes[op]) > 1) for op in self.affine_ops]
+        name = "fold_affine_per_position" if self.per_position else "fold_affine_into_weights"
+        kernel = program.kernel(self.plan.ctx, "fusion_fold", name, dict(chain=chain), fresh=True)
+        if self.per_position:
+            count = self.scale.size
+            self.fold_sizes = [np.int32(count), np.int32(count // self.scale.shape[0])]
+            outputs = (self.scale, self.shift)
+        else:
+            count = self.folded_weights.size
+            self.fold_sizes = [np.int32(count), np.int32(count // self.folded_weights.shape[0])]
+            outputs = (self.folded_weights, self.shift)
         group = min(256, self.plan.ctx.info.max_work_group_size)
         groups = min(-(-count // group), self.plan.ctx.info.compute_units * 8)
         self.fold_launch = ((groups * group,), (group,))
-        self.fold_sizes = [np.int32(count), np.int32(count // w_shape[0])]
-        self.fold_outputs = [self.folded_weights.buffer,
-                             np.int32(self.folded_weights.offset_elements),
-                             self.shift.buffer, np.int32(self.shift.offset_elements)]
+        self.fold_outputs = [a for t in outputs for a in (t.buffer, np.int32(t.offset_elements))]
         self.fold_bound = None    # the operands the kernel's arguments are set for
         return kernel
 
@@ -940,7 +952,8 @@ class _ConvChain:
                                       f"than the plan")
                 operands.append(t)
             scalars.append(None if isinstance(op, BiasForwardOp) else values["epsilon"])
-        operands.append(w)
+        if w is not None:
+            operands.append(w)
         key = tuple((t.buffer.int_ptr, t.offset_elements) for t in operands) + tuple(scalars)
         if key != self.fold_bound:
             kernel_args = list(self.fold_sizes)
@@ -952,7 +965,8 @@ class _ConvChain:
                 position += count
                 if epsilon is not None:
                     kernel_args.append(np.float32(epsilon))
-            kernel_args += [w.buffer, np.int32(w.offset_elements)]
+            if w is not None:
+                kernel_args += [w.buffer, np.int32(w.offset_elements)]
             self.fold_kernel.set_args(*kernel_args, *self.fold_outputs)
             self.fold_bound = key
         cl.enqueue_nd_range_kernel(self.plan.ctx.queue, self.fold_kernel, *self.fold_launch)
@@ -987,10 +1001,13 @@ class _ConvChain:
         if w.shape != self.conv_op.weight_desc.shape:
             raise ShapeError(f"conv weights have shape {w.shape}, the descriptor says "
                              f"{self.conv_op.weight_desc.shape}")
-        shift = None
+        scale = shift = None
         if w.ctx.cl_context != self.plan.ctx.cl_context:
             raise DeviceError("the conv weights live in another OpenCL context than the plan")
-        if self.needs_fold:
+        if self.per_position:
+            self._fold(args, None)
+            scale, shift = self.scale, self.shift
+        elif self.needs_fold:
             self._fold(args, w)
             w, shift = self.folded_weights, self.shift
         elif self.affine_ops:
@@ -1001,7 +1018,7 @@ class _ConvChain:
         activation = args.get(self.activation)["activation"] if self.activation else None
         self.convolution.forward(x, w, y, alpha=conv_args["alpha"], beta=conv_args["beta"],
                                  activation=activation, algo=self.algorithm,
-                                 workspace=self.workspace, shift=shift)
+                                 workspace=self.workspace, scale=scale, shift=shift)
 
 
 class _HorizontalConvs:

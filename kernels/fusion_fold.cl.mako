@@ -1,25 +1,33 @@
-## Folding a chain of bias and batch-norm-inference ops that follows a convolution into the
-## convolution itself: act(conv(x, w) * scale[k] + shift[k]) = act(conv(x, w * scale[k]) + shift[k]),
-## so the convolution runs on scaled weights with only a bias in its epilogue, which every
-## convolution algorithm (GEMM, Winograd, implicit GEMM, depthwise, direct) applies in its own
-## kernel.
+## Folding a chain of bias and batch-norm-inference ops that follows a convolution into what the
+## convolution's own epilogue applies, so that the whole chain runs in the convolution kernel.
 ##
-## Per output channel k, the chain applied in order to the map v -> v * 1 + 0 gives (scale, shift):
-##   bias b:                  shift += b[k]
-##   batch norm (m, v, s, t): g = s[k] / sqrt(v[k] + eps); scale *= g; shift = (shift - m[k]) * g + t[k]
-## Work item e (a weight element; k = e / per_channel with per_channel = C/groups * R * S)
-## writes w_out[e] = w[e] * scale, and the first element of each channel writes shift_out[k].
+## The chain, applied in order to the map v -> v * 1 + 0, gives (scale, shift):
+##   bias b:                  shift += b[p]
+##   batch norm (m, v, s, t): g = s[p] / sqrt(v[p] + eps); scale *= g; shift = (shift - m[p]) * g + t[p]
+## where p is the output channel k, or for a per-activation batch norm the output position
+## (k, oh, ow).
+##
+## fold_affine_into_weights (every op per channel):
+##   act(conv(x, w) * scale[k] + shift[k]) = act(conv(x, w * scale[k]) + shift[k]), so work item e
+##   (a weight element, k = e / per_channel with per_channel = C/groups * R * S) writes
+##   w_out[e] = w[e] * scale and the first element of each channel writes shift_out[k]. The
+##   convolution then runs on the scaled weights with only a bias in its epilogue, which every
+##   algorithm (GEMM, Winograd, implicit GEMM, depthwise, direct) applies in its own kernel.
+## fold_affine_per_position (some op per activation):
+##   work item i (an output position (k, oh, ow), k = i / spatial with spatial = Ho * Wo) writes
+##   scale_out[i] and shift_out[i], which the epilogue reads per position.
 ##
 ## Template parameters:
-##   chain   list of "bias" / "bn" in chain order
+##   chain   list of (kind, per_position) in chain order: kind "bias" or "bn"; per_position True
+##           when the op's parameters have one value per output position, False when one per
+##           channel (fold_affine_into_weights needs every per_position False)
 ##
-## Run-time arguments: weight_count (K * per_channel), per_channel, then per op its parameter
-## buffers with element offsets (bias: b; bn: mean, variance, scale, bias) and, for a batch
-## norm, its epsilon; then w, w_out and shift_out with element offsets.
+## Run-time arguments: the sizes (weight_count, per_channel or count, spatial), then per op its
+## parameter buffers with element offsets (bias: b; bn: mean, variance, scale, bias) and, for a
+## batch norm, its epsilon; then the inputs and outputs named in each kernel, with offsets.
 
-__kernel void fold_affine_into_weights(
-    int weight_count, int per_channel
-% for n, kind in enumerate(chain):
+<%def name="chain_params()">
+% for n, (kind, per_position) in enumerate(chain):
   % if kind == "bias":
     , __global const float* restrict b${n}, int b${n}_off
   % else:
@@ -30,27 +38,51 @@ __kernel void fold_affine_into_weights(
     , float epsilon${n}
   % endif
 % endfor
+</%def>
+
+<%def name="apply_chain(channel, position)">
+        float scale = 1.0f, shift = 0.0f;
+% for n, (kind, per_position) in enumerate(chain):
+        {
+            const int p = ${position if per_position else channel};
+  % if kind == "bias":
+            shift += b${n}[b${n}_off + p];
+  % else:
+            const float g = scale${n}[scale${n}_off + p]
+                            / sqrt(variance${n}[variance${n}_off + p] + epsilon${n});
+            scale *= g;
+            shift = (shift - mean${n}[mean${n}_off + p]) * g + bias${n}[bias${n}_off + p];
+  % endif
+        }
+% endfor
+</%def>
+
+__kernel void fold_affine_into_weights(
+    int weight_count, int per_channel
+    ${chain_params()}
     , __global const float* restrict w, int w_off
     , __global float* restrict w_out, int w_out_off
     , __global float* restrict shift_out, int shift_out_off)
 {
     for (int e = get_global_id(0); e < weight_count; e += get_global_size(0)) {
         const int k = e / per_channel;
-        float scale = 1.0f, shift = 0.0f;
-% for n, kind in enumerate(chain):
-  % if kind == "bias":
-        shift += b${n}[b${n}_off + k];
-  % else:
-        {
-            const float g = scale${n}[scale${n}_off + k]
-                            / sqrt(variance${n}[variance${n}_off + k] + epsilon${n});
-            scale *= g;
-            shift = (shift - mean${n}[mean${n}_off + k]) * g + bias${n}[bias${n}_off + k];
-        }
-  % endif
-% endfor
+        ${apply_chain("k", "k")}
         w_out[w_out_off + e] = w[w_off + e] * scale;
         if (e == k * per_channel)
             shift_out[shift_out_off + k] = shift;
+    }
+}
+
+__kernel void fold_affine_per_position(
+    int count, int spatial
+    ${chain_params()}
+    , __global float* restrict scale_out, int scale_out_off
+    , __global float* restrict shift_out, int shift_out_off)
+{
+    for (int i = get_global_id(0); i < count; i += get_global_size(0)) {
+        const int k = i / spatial;
+        ${apply_chain("k", "i")}
+        scale_out[scale_out_off + i] = scale;
+        shift_out[shift_out_off + i] = shift;
     }
 }

@@ -397,15 +397,20 @@ def conv_ref(x, w, conv_desc):
                     dilation=conv_desc.dilation, groups=conv_desc.groups)
 
 
-def build_conv_plan(ctx, x_shape, w_shape, conv_desc, chain, k, bn_mode=fusion.BN_SPATIAL):
-    """A compiled plan conv -> chain ("bias", "bn", or an activation mode)."""
+def build_conv_plan(ctx, x_shape, w_shape, conv_desc, chain, k, y_spatial=None):
+    """A compiled plan conv -> chain ("bias", "bn", "bn_per_activation" (needs the output's
+    spatial shape ``y_spatial``), or an activation mode)."""
     plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(x_shape))
     ops = [plan.create_op_conv_forward(conv_desc, dp.TensorDesc(w_shape))]
     for step in chain:
         if step == "bias":
             ops.append(plan.create_op_bias_forward(dp.TensorDesc((1, k, 1, 1))))
         elif step == "bn":
-            ops.append(plan.create_op_batchnorm_inference(bn_mode, dp.TensorDesc((1, k, 1, 1))))
+            ops.append(plan.create_op_batchnorm_inference(fusion.BN_SPATIAL,
+                                                          dp.TensorDesc((1, k, 1, 1))))
+        elif step == "bn_per_activation":
+            ops.append(plan.create_op_batchnorm_inference(fusion.BN_PER_ACTIVATION,
+                                                          dp.TensorDesc((1, k) + y_spatial)))
         else:
             ops.append(plan.create_op_activation_forward(step))
     return plan.compile(), ops
@@ -417,20 +422,20 @@ def run_conv_chain(ctx, rng, x_shape, w_shape, conv_desc, chain, act_params=(0.0
     choice, or a list of names) and compare with PyTorch and with the library's unfused sequence
     (the convolution alone, then the same chain as a pointwise plan)."""
     k = w_shape[0]
-    plan, ops = build_conv_plan(ctx, x_shape, w_shape, conv_desc, chain, k)
     x, w = random(rng, x_shape), random(rng, w_shape)
     xd, wd = dev(ctx, x, w)
-    args = fusion.OperatorArgs()
-    args.set_conv_forward(ops[0], alpha, beta, wd)
     ref = alpha * conv_ref(x, w, conv_desc)
     y_shape = tuple(ref.shape)
+    plan, ops = build_conv_plan(ctx, x_shape, w_shape, conv_desc, chain, k, y_shape[2:])
+    args = fusion.OperatorArgs()
+    args.set_conv_forward(ops[0], alpha, beta, wd)
     for op in ops[1:]:
         if isinstance(op, fusion.BiasForwardOp):
             b = random(rng, (1, k, 1, 1))
             args.set_bias_forward(op, 1, 0, *dev(ctx, b))
             ref = ref + t64(b)
         elif isinstance(op, fusion.BatchNormInferenceOp):
-            params = bn_params(rng, (1, k, 1, 1))
+            params = bn_params(rng, op.bn_desc.shape)
             args.set_batchnorm_inference(op, 1, 0, *dev(ctx, *params), 1e-5)
             ref = bn_inference_ref(ref, *params, 1e-5)
         else:
@@ -578,13 +583,15 @@ def test_conv_bn_descriptor_that_disagrees_with_conv_output_raises(ctx):
         plan.compile()
 
 
-def test_conv_then_per_activation_batchnorm_is_refused(ctx):
-    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(CONV["x_shape"]))
-    plan.create_op_conv_forward(CONV["conv_desc"], dp.TensorDesc(CONV["w_shape"]))
-    plan.create_op_batchnorm_inference(fusion.BN_PER_ACTIVATION, dp.TensorDesc((1, 6, 7, 6)))
-    with pytest.raises(dp.UnsupportedError, match=r"op 1 \(batchnorm_inference.*BN_PER_ACTIVATION "
-                                                  r"after a convolution.*supported chains"):
-        plan.compile()
+@pytest.mark.parametrize("x_shape, w_shape, conv_desc", [
+    CONV.values(),
+    ((2, 5, 6, 7), (3, 5, 1, 1), dp.ConvolutionDesc()),
+], ids=["3x3", "1x1"])
+def test_conv_bias_per_activation_batchnorm_relu(ctx, rng, x_shape, w_shape, conv_desc):
+    """Per-activation batch norm after a convolution: the epilogue reads a scale and a shift
+    per output position, with every algorithm (the 1x1 GEMM hands over to implicit GEMM)."""
+    run_conv_chain(ctx, rng, x_shape, w_shape, conv_desc,
+                   ["bias", "bn_per_activation", fusion.ACTIVATION_RELU])
 
 
 # ---- conv_bias_activation: act(alpha1 * conv(x) + alpha2 * z + bias) --------------------------
