@@ -174,6 +174,10 @@ def test_fused_epilogue(ctx, rng, name):
                      algo=algo)
         pre = ref["y"] + shift[None, :, None, None]
         assert_close(y.numpy(), np.where(pre > 0, pre, 0.1 * pre))
+        # bias, activation and beta: beta * y_old is added after the activation.
+        y = T(y_old)
+        conv.forward(T(x), T(w), y, bias=T(shift), beta=0.5, activation="relu", algo=algo)
+        assert_close(y.numpy(), np.maximum(pre, 0) + 0.5 * y_old)
 
 
 def test_alpha_beta_accumulate_and_offsets(ctx, rng):

@@ -8,7 +8,9 @@
   NHWC backward filt. dw (K x C)     = dy^T (K x NHW) @ x (NHW x C)
 
 The GEMM's epilogue carries alpha, beta, the bias (shift) and the activation; a forward call
-with a scale or a residual runs the implicit-GEMM kernel instead, which has the full epilogue.
+with a scale, a residual, or an activation together with beta != 0 (the GEMM engine activates
+after adding beta * C, the convolution before) runs the implicit-GEMM kernel instead, which
+has the full epilogue.
 NCHW backward filter sums over images, which is not one GEMM: the implicit GEMM does it.
 
 With stride > 1 only every stride-th pixel takes part: forward gathers those pixels of x into
@@ -65,12 +67,14 @@ class Gemm1x1(Algorithm):
         from .. import gemm   # the GEMM engine builds its kernels per plan
         return gemm
 
-    def _needs_fallback(self, epilogue):
-        return epilogue.has_scale or epilogue.has_residual or epilogue.affine_per_position
+    def _needs_fallback(self, epilogue, ep):
+        # The GEMM engine applies its activation after adding beta * C; ours adds it after.
+        return (epilogue.has_scale or epilogue.has_residual or epilogue.affine_per_position
+                or (epilogue.activation is not None and ep.beta != 0))
 
     def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
             workspace=None):
-        if direction == "forward" and self._needs_fallback(epilogue):
+        if direction == "forward" and self._needs_fallback(epilogue, ep):
             self.fallback.run(ctx, problem, direction, src, other, dst, ep, epilogue, workspace)
             return
         if not self._unit_stride(problem):
