@@ -10,8 +10,8 @@ reference of the same inputs before it is timed (error metric ||out - ref|| / (s
 under 1e-5):
 
 * fused:   ``fusion.FusionPlan`` conv -> batchnorm_inference -> activation(RELU): a kernel over
-           the K per-channel parameters folds the batch norm into (scale, shift), then the
-           convolution kernel applies act(acc * scale + shift) in its epilogue;
+           the weights folds the batch norm into scaled weights and a shift, then the
+           convolution kernel (GEMM, Winograd, ...) applies act(acc + shift) in its epilogue;
 * unfused: the same library, one call per operator: ``Convolution.forward``, then
            ``norm.batch_norm_forward_inference``, then ``activation_forward(relu)``, with the
            same convolution algorithm as the fused plan;
@@ -19,9 +19,9 @@ under 1e-5):
            ``F.batch_norm(training=False)``, then ``F.relu``: eager PyTorch.
 
 The convolutions alone (ours with the same algorithm, and cuDNN's) are timed too, to show how
-much of each total the batch norm and ReLU cost. Ours are timed with OpenCL profiling markers around everything one call enqueues (device time,
-including the gaps between its kernels), torch with CUDA events (host clock on a CPU), median
-after a warm-up. ``--quick`` (batch 1, two small layers, few repeats) runs on PoCL in seconds.
+much of each total the batch norm and ReLU cost. Ours are timed with OpenCL profiling markers
+around everything one call enqueues (device time, including the gaps between its kernels),
+torch with CUDA events (host clock on a CPU), median after a warm-up. ``--quick`` (batch 1, two small layers, few repeats) runs on PoCL in seconds.
 Targets: fused >= 1.3x unfused and >= 1.0x torch on every layer.
 """
 import argparse
