@@ -533,9 +533,15 @@ def test_conv_bias_bn_relu_geometries(ctx, rng, x_shape, w_shape, conv_desc, alg
                    algorithms=algorithms, unfused=False)
 
 
-def test_conv_alpha_beta(ctx, rng):
-    """alpha scales the convolution before the chain; beta blends the old output after it."""
-    run_conv_chain(ctx, rng, chain=["bn", fusion.ACTIVATION_RELU], alpha=0.5, beta=0.75, **CONV)
+@pytest.mark.parametrize("x_shape, w_shape, conv_desc", [
+    CONV.values(),
+    ((2, 5, 6, 7), (3, 5, 1, 1), dp.ConvolutionDesc()),
+], ids=["3x3", "1x1"])
+def test_conv_alpha_beta(ctx, rng, x_shape, w_shape, conv_desc):
+    """alpha scales the convolution before the chain; beta blends the old output after it
+    (after the activation), with every algorithm."""
+    run_conv_chain(ctx, rng, x_shape, w_shape, conv_desc, ["bn", fusion.ACTIVATION_RELU],
+                   alpha=0.5, beta=0.75)
 
 
 def test_conv_plan_reads_arguments_on_every_call(ctx, rng):
