@@ -313,9 +313,11 @@ class OperatorArgs:
             raise DlprimError("give both saved_mean and saved_inv_variance, or neither")
         if (running_mean is None) != (running_variance is None):
             raise DlprimError("give both running_mean and running_variance, or neither")
-        if getattr(op, "running_mean_variance", False) and running_mean is None:
-            raise DlprimError("the batchnorm_forward op was created with running_mean_variance=True: "
-                              "give running_mean and running_variance")
+        has_running = running_mean is not None
+        if isinstance(op, BatchNormForwardOp) and op.running_mean_variance != has_running:
+            raise DlprimError(f"the batchnorm_forward op was created with running_mean_variance="
+                              f"{op.running_mean_variance}: give running_mean and running_variance "
+                              f"{'' if op.running_mean_variance else 'as None'}".rstrip())
         self._set(op, BatchNormForwardOp, dict(
             scale=_check_tensor(scale, "bn scale"), bias=_check_tensor(bias, "bn bias"),
             saved_mean=_check_tensor(saved_mean, "saved mean", True),

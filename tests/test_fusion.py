@@ -387,6 +387,15 @@ def test_bad_calls(ctx, rng):
             "bogus", dp.TensorDesc((1, 2, 1, 1)))
     with pytest.raises(dp.UnsupportedError, match="has no convolution"):
         plan.conv_algorithms(1)
+    train = fusion.FusionPlan(ctx, fusion.VERTICAL, plan.input_desc)
+    with_running = train.create_op_batchnorm_forward(fusion.BN_SPATIAL, True)
+    without_running = train.create_op_batchnorm_forward(fusion.BN_SPATIAL, False)
+    params = dev(ctx, *bn_params(rng, (2,)))
+    with pytest.raises(dp.DlprimError, match="running_mean_variance=True"):
+        args.set_batchnorm_forward(with_running, 1, 0, params[0], params[1])
+    with pytest.raises(dp.DlprimError, match="running_mean_variance=False.*as None"):
+        args.set_batchnorm_forward(without_running, 1, 0, params[0], params[1],
+                                   running_mean=params[2], running_variance=params[3])
     assert plan.workspace_size() == 0
 
 
