@@ -120,3 +120,71 @@ ${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "ou
         }
     }
 }
+
+// Backward filter as F(3x3, 2x2): each 2x2 tile g of dy (zero outside Ho x Wo) meets the 4x4
+// input tile d under it, dW += A'^T [(G' g G'^T) . (B^T d B)] A' with the same B^T as above,
+// G' = [1 0; 1 1; 1 -1; 0 -1] and A'^T = [1 .5 .5 0; 0 .5 -.5 0; 0 .5 .5 1]. The sum over tiles
+// and images is the batched GEMM  M[e][k][c] = sum_t D[e][k][t] V[e][c][t].
+// dy 2x2 tiles -> G' g G'^T, into D[e][k][t].
+__kernel void winograd_grad_transform(int N, int CH, int Ho, int Wo, int TH, int TW,
+    __global const float *dy, int dy_off, int sN, int sC, int sH, int sW,
+    __global float *D, int D_off)
+{
+    const int T = N * TH * TW;
+    const int total = CH * T;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+        int k = i / T, t = i - k * T;
+        int n = t / (TH * TW), p = t - n * (TH * TW);
+        int th = p / TW, tw = p - th * TW;
+        __global const float *src = dy + dy_off + n * sN + k * sC;
+        float g[2][2];
+        for (int a = 0; a < 2; ++a)
+            for (int b = 0; b < 2; ++b) {
+                int oh = th * 2 + a, ow = tw * 2 + b;
+                g[a][b] = (oh < Ho && ow < Wo) ? src[oh * sH + ow * sW] : 0.0f;
+            }
+        float q[4][2];   // G' g
+        for (int b = 0; b < 2; ++b) {
+            q[0][b] = g[0][b];
+            q[1][b] = g[0][b] + g[1][b];
+            q[2][b] = g[0][b] - g[1][b];
+            q[3][b] = -g[1][b];
+        }
+        __global float *dst = D + D_off + i;
+        for (int a = 0; a < 4; ++a) {   // (G' g) G'^T
+            dst[(a * 4 + 0) * total] = q[a][0];
+            dst[(a * 4 + 1) * total] = q[a][0] + q[a][1];
+            dst[(a * 4 + 2) * total] = q[a][0] - q[a][1];
+            dst[(a * 4 + 3) * total] = -q[a][1];
+        }
+    }
+}
+
+// M[e][k][c] -> A'^T M A' (3x3): dw[k, c] = alpha * that + beta * dw.
+__kernel void winograd_filter_output_transform(int K, int C,
+    __global const float *M, int M_off, __global float *dw, int dw_off,
+    int wsK, int wsC, int wsR, int wsS, float alpha, float beta)
+{
+    const int total = K * C;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+        int k = i / C, c = i - k * C;
+        float m[4][4];
+        for (int e = 0; e < 16; ++e)
+            m[e / 4][e % 4] = M[M_off + e * total + i];
+        float q[3][4];   // A'^T m
+        for (int b = 0; b < 4; ++b) {
+            q[0][b] = m[0][b] + 0.5f * (m[1][b] + m[2][b]);
+            q[1][b] = 0.5f * (m[1][b] - m[2][b]);
+            q[2][b] = 0.5f * (m[1][b] + m[2][b]) + m[3][b];
+        }
+        for (int r = 0; r < 3; ++r) {
+            float row[3];
+            row[0] = q[r][0] + 0.5f * (q[r][1] + q[r][2]);
+            row[1] = 0.5f * (q[r][1] - q[r][2]);
+            row[2] = 0.5f * (q[r][1] + q[r][2]) + q[r][3];
+            for (int s = 0; s < 3; ++s) {
+${common.store_scaled("dw", "dw_off", "k * wsK + c * wsC + r * wsR + s * wsS", "row[s]")}
+            }
+        }
+    }
+}

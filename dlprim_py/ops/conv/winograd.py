@@ -1,5 +1,5 @@
-"""Winograd F(2x2, 3x3) (kernels/conv_winograd.cl.mako): forward and backward data for 3x3,
-stride 1, dilation 1, groups 1. The transforms run in their own kernels and the 16 channel
+"""Winograd (kernels/conv_winograd.cl.mako) for 3x3, stride 1, dilation 1, groups 1:
+F(2x2, 3x3) for forward and backward data, F(3x3, 2x2) for backward filter. The transforms run in their own kernels and the 16 channel
 GEMMs run as one batched GEMM of the tuned GEMM engine (``dlprim_py.ops.gemm``); the epilogue
 is applied in the output transform. Workspace: U (16 x GM x GK), V (16 x GK x T), M (16 x GM x T)
 floats with T = N * ceil(Ho/2) * ceil(Wo/2) tiles."""
@@ -15,6 +15,7 @@ from ..pointwise import launch_size
 from .algorithms import NO_EPILOGUE, Algorithm, _buf, enqueue, launch
 
 _I32 = np.int32
+_F32 = np.float32
 
 
 def _shape(problem, direction):
@@ -27,7 +28,7 @@ def _shape(problem, direction):
 
 class Winograd(Algorithm):
     name = "winograd"
-    directions = ("forward", "backward_data")
+    directions = ("forward", "backward_data", "backward_filter")
 
     _PLANS = 8   # GEMM plans bind the workspace (and keep it alive): only the most recent ones
 
@@ -42,6 +43,12 @@ class Winograd(Algorithm):
                 and self._sizes(p, direction)[-1] * 4 < 2 ** 31)
 
     def _sizes(self, problem, direction):
+        """Tiles and the float counts of the three workspace parts and their sum."""
+        p = problem
+        if direction == "backward_filter":
+            tiles = p.n * math.ceil(p.ho / 2) * math.ceil(p.wo / 2)
+            v, d, m = 16 * p.c * tiles, 16 * p.k * tiles, 16 * p.k * p.c
+            return tiles, v, d, m, v + d + m
         gm, gk, ho, wo = _shape(problem, direction)[:4]
         tiles = problem.n * math.ceil(ho / 2) * math.ceil(wo / 2)
         u, v, m = 16 * gm * gk, 16 * gk * tiles, 16 * gm * tiles
@@ -50,16 +57,24 @@ class Winograd(Algorithm):
     def _gemm_plan(self, ctx, problem, direction, workspace):
         from ..gemm import GemmPlan
         tiles, u_size, v_size, m_size, _ = self._sizes(problem, direction)
-        gm, gk = _shape(problem, direction)[:2]
         base = workspace.offset_elements
         key = (ctx.cl_context.int_ptr, problem, direction, workspace.buffer.int_ptr, base)
         plan = self.plans.get(key)
         if plan is None:
             buf = workspace.buffer
-            plan = self.plans[key] = GemmPlan(
-                ctx, gm, tiles, gk, buf, base, gk, buf, base + u_size, tiles,
-                buf, base + u_size + v_size, tiles, batch=16, stride_a=gm * gk,
-                stride_b=gk * tiles, stride_c=gm * tiles)
+            if direction == "backward_filter":
+                # M[e] (K x C) = D[e] (K x T) @ V[e]^T (T x C); V at base, D after it.
+                k, c = problem.k, problem.c
+                plan = self.plans[key] = GemmPlan(
+                    ctx, k, c, tiles, buf, base + u_size, tiles, buf, base, tiles,
+                    buf, base + u_size + v_size, c, trans_b=True, batch=16,
+                    stride_a=k * tiles, stride_b=c * tiles, stride_c=k * c)
+            else:
+                gm, gk = _shape(problem, direction)[:2]
+                plan = self.plans[key] = GemmPlan(
+                    ctx, gm, tiles, gk, buf, base, gk, buf, base + u_size, tiles,
+                    buf, base + u_size + v_size, tiles, batch=16, stride_a=gm * gk,
+                    stride_b=gk * tiles, stride_c=gm * tiles)
             plan.buffers = [buf]   # the plan binds the raw handle: keep the workspace alive
             while len(self.plans) > self._PLANS:
                 self.plans.popitem(last=False)
@@ -81,6 +96,10 @@ class Winograd(Algorithm):
         if workspace is None or workspace.nbytes < total * 4:
             raise ShapeError(f"winograd {direction} needs a workspace of {total * 4} bytes, got "
                              f"{0 if workspace is None else workspace.nbytes}")
+        if direction == "backward_filter":
+            self._run_filter(ctx, problem, built, src, other, dst, ep, workspace, tiles, u_size,
+                             v_size)
+            return
         gm, gk, ho, wo, hi, wi, pad_h, pad_w = _shape(problem, direction)
         th, tw = math.ceil(ho / 2), math.ceil(wo / 2)
         base = workspace.offset_elements
@@ -104,3 +123,22 @@ class Winograd(Algorithm):
         launch(ctx, built, "winograd_output_transform", gsize, lsize,
                [_I32(problem.n), _I32(gm), _I32(ho), _I32(wo), _I32(th), _I32(tw), *_buf(M),
                 *_buf(dst), *(_I32(s) for s in out_strides), *ep.kernel_args(dst)])
+
+    def _run_filter(self, ctx, p, built, dy, x, dw, ep, workspace, tiles, v_size, d_size):
+        th, tw = math.ceil(p.ho / 2), math.ceil(p.wo / 2)
+        base = workspace.offset_elements
+        buf = workspace.buffer
+        gsize, lsize = launch_size(ctx, p.c * tiles)
+        launch(ctx, built, "winograd_input_transform", gsize, lsize,
+               [_I32(p.n), _I32(p.c), _I32(p.h), _I32(p.w), _I32(p.pad_h), _I32(p.pad_w),
+                _I32(th), _I32(tw), *_buf(x), *(_I32(s) for s in p.x_strides()), buf,
+                _I32(base)])
+        gsize, lsize = launch_size(ctx, p.k * tiles)
+        launch(ctx, built, "winograd_grad_transform", gsize, lsize,
+               [_I32(p.n), _I32(p.k), _I32(p.ho), _I32(p.wo), _I32(th), _I32(tw), *_buf(dy),
+                *(_I32(s) for s in p.y_strides()), buf, _I32(base + v_size)])
+        enqueue(self._gemm_plan(ctx, p, "backward_filter", workspace).enqueue)
+        gsize, lsize = launch_size(ctx, p.k * p.c)
+        launch(ctx, built, "winograd_filter_output_transform", gsize, lsize,
+               [_I32(p.k), _I32(p.c), buf, _I32(base + v_size + d_size), *_buf(dw),
+                *(_I32(s) for s in p.w_strides()), _F32(ep.alpha), _F32(ep.beta)])
