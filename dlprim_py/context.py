@@ -40,20 +40,8 @@ def devices():
 
     ``index`` is the "P:D" string that ``Context`` and ``DLPRIM_DEVICE`` accept.
     """
-    found = []
-    try:
-        platforms = cl.get_platforms()
-    except cl.Error:
-        return found
-    for p, platform in enumerate(platforms):
-        try:
-            platform_devices = platform.get_devices()
-        except cl.Error:
-            continue
-        for d, device in enumerate(platform_devices):
-            found.append((f"{p}:{d}", platform.name.strip(), device.name.strip(),
-                          cl.device_type.to_string(device.type)))
-    return found
+    return [(f"{p}:{d}", device.platform.name.strip(), device.name.strip(),
+             cl.device_type.to_string(device.type)) for p, d, device in _all_devices()]
 
 
 def _all_devices():

@@ -9,11 +9,10 @@ drop each other's entries; readers take no lock.
 import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from . import config
+from .files import atomic_write
 
 try:
     import fcntl
@@ -86,16 +85,8 @@ class FindDb:
                 data = _read(self.path)
                 records = data.get("records", {})
                 records[key] = {"algo": algo, "time_ms": float(time_ms)}
-                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".json")
-                try:
-                    with os.fdopen(fd, "w", encoding="utf-8") as f:
-                        json.dump({"device": self.device, "records": records}, f, indent=1,
-                                  sort_keys=True)
-                    os.replace(tmp, self.path)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
+                atomic_write(self.path, json.dumps({"device": self.device, "records": records},
+                                                   indent=1, sort_keys=True))
         except OSError:
             # A read-only cache directory costs a re-find next time, never a failure.
             pass

@@ -9,10 +9,8 @@ This is the only place that builds OpenCL programs. Two caches sit in front of t
   load is rebuilt from source. ``DLPRIM_CACHE_DIR`` moves it, ``DLPRIM_NO_CACHE=1`` disables it.
 """
 import hashlib
-import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from mako.lookup import TemplateLookup
 
 from . import config
 from .errors import KernelBuildError
+from .files import atomic_write
 from .version import __version__
 
 _SOURCE_KERNELS = Path(__file__).resolve().parent.parent / "kernels"
@@ -203,20 +202,8 @@ def _build_error_message(label, source, options, log, error):
 def _store_binary(program, ctx, path):
     try:
         binaries = program.get_info(cl.program_info.BINARIES)
-        if not binaries or not binaries[0]:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".bin")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(binaries[0])
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        if binaries and binaries[0]:
+            atomic_write(path, binaries[0])
     except (cl.Error, OSError):
         # The cache is an optimisation: a read-only or full disk must not fail the build.
         pass

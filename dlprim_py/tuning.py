@@ -19,13 +19,12 @@ comparisons over a short list: no search and no timing on the hot path.
 """
 import json
 import math
-import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 
 from . import config
 from .errors import DlprimError
+from .files import atomic_write
 
 FORMAT = 1
 _loaded = {}
@@ -66,20 +65,7 @@ def read_db(path, family):
 
 def write_db(path, db):
     """Write ``db`` to ``path`` atomically (temporary file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(db, f, indent=1, sort_keys=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(path, json.dumps(db, indent=1, sort_keys=False) + "\n")
 
 
 def databases(family):
