@@ -54,8 +54,16 @@ def merge_dimensions(out_shape, operand_strides):
     Returns ``(sizes, strides_per_operand)`` with at least one dimension.
     """
     keep = [k for k, s in enumerate(out_shape) if s != 1]
-    sizes = [out_shape[k] for k in keep]
-    strides = [[st[k] for k in keep] for st in operand_strides]
+    return merge_contiguous([out_shape[k] for k in keep], [[st[k] for k in keep] for st in operand_strides])
+
+
+def merge_contiguous(sizes, operand_strides):
+    """Merge neighbouring dimensions that are contiguous for every operand.
+
+    Returns ``(sizes, strides_per_operand)`` with at least one dimension.
+    """
+    sizes = list(sizes)
+    strides = [list(st) for st in operand_strides]
     k = len(sizes) - 2
     while k >= 0:
         if all(st[k] == st[k + 1] * sizes[k + 1] for st in strides):

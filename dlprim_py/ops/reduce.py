@@ -24,7 +24,8 @@ from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .pointwise import PointwiseKernel, _scalar_cl_name, broadcast_shapes, broadcast_strides
+from .pointwise import (PointwiseKernel, _scalar_cl_name, broadcast_shapes, broadcast_strides,
+                        merge_contiguous)
 
 _INT32_LIMIT = 2 ** 31 - 1
 
@@ -218,24 +219,6 @@ def _reduced_mask(name, full, out_shape, axes):
     return tuple(aligned[k] == 1 and full[k] != 1 for k in range(ndim))
 
 
-def _merge(sizes, strides):
-    """Merge neighbouring dimensions that are contiguous for every operand."""
-    sizes = list(sizes)
-    strides = [list(s) for s in strides]
-    k = len(sizes) - 2
-    while k >= 0:
-        if all(st[k] == st[k + 1] * sizes[k + 1] for st in strides):
-            sizes[k] *= sizes[k + 1]
-            del sizes[k + 1]
-            for st in strides:
-                st[k] = st[k + 1]
-                del st[k + 1]
-        k -= 1
-    if not sizes:
-        return [1], [[0] for _ in strides]
-    return sizes, strides
-
-
 def _plan(ctx, full, reduced, operand_strides, variant):
     """(kept sizes, reduced sizes, per-operand (kept strides, reduced strides), variant, chunks,
     chunk length), or None when the output is empty. Memoized per context."""
@@ -252,8 +235,8 @@ def _make_plan(ctx, full, reduced, operand_strides, variant):
     red = [k for k in range(len(full)) if reduced[k] and full[k] != 1]
     if math.prod(full[k] for k in kept) == 0:
         return None
-    kept_sizes, kept_strides = _merge([full[k] for k in kept], [[st[k] for k in kept] for st in operand_strides])
-    red_sizes, red_strides = _merge([full[k] for k in red], [[st[k] for k in red] for st in operand_strides])
+    kept_sizes, kept_strides = merge_contiguous([full[k] for k in kept], [[st[k] for k in kept] for st in operand_strides])
+    red_sizes, red_strides = merge_contiguous([full[k] for k in red], [[st[k] for k in red] for st in operand_strides])
     kept_total, red_total = math.prod(kept_sizes), math.prod(red_sizes)
     if variant is None:
         # Coalesced reads decide: items of a group walk the reduced dimension, items of a
