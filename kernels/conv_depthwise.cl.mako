@@ -7,6 +7,12 @@
 ##   channel_last        bool: enumerate outputs channel-fastest (NHWC) for coalesced access
 ##   reduce_group        work items per group in backward_filter (a power of two)
 ##   has_scale, has_shift, has_residual, activation   the forward epilogue (conv_common)
+##   tile                None, or a dict selecting the tiled forward kernel conv_dw_forward_tiled
+##                       (NCHW planes, dilation 1) with the keys
+##                         stride  the convolution stride, both axes
+##                         gx, gy  work-group size along W and H
+##                         tw, th  outputs per work item along W and H
+##                         planes  (image, channel) planes per work group (third local axis)
 ##
 ## Kernels:
 ##   conv_dw_forward          y[n,k,oh,ow] = epilogue(sum_{r,s} x[n,k/mult,ih,iw] w[k,0,r,s])
@@ -17,6 +23,13 @@
 ##   conv_dw_backward_filter  partial[split][k][r*S+s] = sum over the split's images; one work
 ##                            group per (k, split)
 ##   conv_dw_reduce           dw = alpha * sum_split partial + beta * dw
+##   conv_dw_forward_tiled    the forward of one (tw * gx) x (th * gy) output block of `planes`
+##                            (n, k) planes per work group: the input block with its halo is
+##                            staged in local memory by coalesced row loads, then each work item
+##                            keeps th x tw outputs in registers. Its columns are interleaved
+##                            (item x has columns x, x + gx, ...) so that neighbouring items read
+##                            neighbouring local words and write neighbouring addresses; rows are
+##                            adjacent so that each staged row read serves several outputs.
 <%namespace name="common" file="conv_common.cl.mako"/>
 #define KR ${kernel_r}
 #define KS ${kernel_s}
@@ -165,3 +178,89 @@ __kernel void conv_dw_reduce(${common.geometry_params()}, int splits,
 ${common.store_scaled("dw", "dw_off", "k * wsK + r * wsR + s * wsS", "acc")}
     }
 }
+
+% if tile:
+<%
+    st, gx, gy, tw, th, planes = (tile[k] for k in ("stride", "gx", "gy", "tw", "th", "planes"))
+    block_w, block_h = gx * tw, gy * th
+    in_w, in_h = (block_w - 1) * st + kernel_s, (block_h - 1) * st + kernel_r
+    item_rows = (th - 1) * st + kernel_r
+%>
+#define TILE_IN_W ${in_w}
+#define TILE_IN_H ${in_h}
+
+// Grid: (ceil(N * K / planes) * tiles_h * tiles_w * gx, gy, planes): the work groups along
+// axis 0 enumerate (plane group, output block), blocks fastest; tiles_w blocks per output row.
+// Axis 0 alone carries the count, whose limit (2^32 groups) the other axes lack.
+__kernel __attribute__((reqd_work_group_size(${gx}, ${gy}, ${planes})))
+void conv_dw_forward_tiled(${common.geometry_params()},
+    __global const float *x, int x_off, __global const float *w, int w_off,
+    __global float *y, int y_off, ${common.epilogue_params()}, int tiles_w, int tiles)
+{
+    __local float staged[${planes}][TILE_IN_H][TILE_IN_W];
+    const int lx = get_local_id(0), ly = get_local_id(1), lp = get_local_id(2);
+    const int group = get_group_id(0);
+    const int block = group % tiles;
+    const int plane = (group / tiles) * ${planes} + lp;
+    const bool plane_in = plane < N * K;
+    const int n = plane_in ? plane / K : 0, k = plane_in ? plane - n * K : 0;
+    const int mult = K / C;
+    const int oh0 = (block / tiles_w) * ${block_h}, ow0 = (block % tiles_w) * ${block_w};
+    const int ih0 = oh0 * ${st} - pad_h, iw0 = ow0 * ${st} - pad_w;
+    {
+        __global const float *xc = x + x_off + n * xsN + (k / mult) * xsC;
+        __local float *dst = &staged[lp][0][0];
+        for (int i = ly * ${gx} + lx; i < TILE_IN_H * TILE_IN_W; i += ${gx * gy}) {
+            int r = i / TILE_IN_W, c = i - r * TILE_IN_W;
+            int ih = ih0 + r, iw = iw0 + c;
+            bool inside = plane_in && ih >= 0 && ih < H && iw >= 0 && iw < W;
+            dst[i] = inside ? xc[ih * xsH + iw * xsW] : 0.0f;
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!plane_in)
+        return;
+    __global const float *wk = w + w_off + k * wsK;
+    float wr[KR * KS];
+% for r in range(kernel_r):
+% for s in range(kernel_s):
+    wr[${r * kernel_s + s}] = wk[${r} * wsR + ${s} * wsS];
+% endfor
+% endfor
+    const int row0 = ly * ${th * st};
+% for j in range(tw):
+    {
+        const int col = (lx + ${j * gx}) * ${st};
+        const int ow = ow0 + lx + ${j * gx};
+% for t in range(th):
+        float acc${t} = 0.0f;
+% endfor
+% for q in range(item_rows):
+        {
+            __local const float *row = &staged[lp][row0 + ${q}][col];
+% for s in range(kernel_s):
+            const float v${s} = row[${s}];
+% endfor
+% for t in range(th):
+<% r = q - t * st %>\
+% if 0 <= r < kernel_r:
+% for s in range(kernel_s):
+            acc${t} = mad(v${s}, wr[${r * kernel_s + s}], acc${t});
+% endfor
+% endif
+% endfor
+        }
+% endfor
+        if (ow < Wo) {
+% for t in range(th):
+            {
+                const int oh = oh0 + ly * ${th} + ${t};
+                if (oh < Ho)
+${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "acc%d" % t)}
+            }
+% endfor
+        }
+    }
+% endfor
+}
+% endif

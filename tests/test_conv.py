@@ -391,3 +391,81 @@ def test_repeated_calls_on_the_same_tensors(ctx, rng):
             Y.fill_(np.nan)
             conv.forward(X, W, Y, algo=algo)
             assert_close(Y.numpy(), torch_reference(x, w, None, cfg)[3].detach().numpy())
+
+
+@pytest.mark.parametrize("shape, mult, r, stride, pad, tile", [
+    # partial blocks in both axes, several planes per group, the last plane group half empty
+    ((3, 3, 13, 11), 1, 3, 1, 1, algorithms.DepthwiseTile(4, 2, 3, 2, 3)),
+    # stride 2, multiplier 2, 5x5 with asymmetric coverage of the last block
+    ((2, 2, 12, 17), 2, 5, 2, 2, algorithms.DepthwiseTile(8, 2, 2, 4, 2)),
+])
+def test_depthwise_tiled_forced_tiles(ctx, rng, shape, mult, r, stride, pad, tile):
+    """conv_dw_forward_tiled with fixed tiles against torch float64, on tensors at a non-zero
+    offset, with the bias, activation and beta of the epilogue."""
+    n, c, h, wd = shape
+    x, w = random(rng, shape), random(rng, (c * mult, 1, r, r))
+    bias = random(rng, (c * mult,))
+    ref = F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(bias), stride=stride,
+                   padding=pad, groups=c).numpy()
+    y_old = random(rng, ref.shape)
+    conv = dp.Convolution(ctx, dp.TensorDesc(shape), dp.TensorDesc(w.shape),
+                          dp.ConvolutionDesc(pad, stride, 1, c))
+    algo = algorithms.DepthwiseTiled(tile, name="depthwise_tiled_test")
+    assert algo.applies(ctx, conv.problem, "forward")
+    assert not algo.applies(ctx, conv.problem, "backward_data")
+
+    def at_offset(a):
+        padded = np.concatenate([np.full(5, np.nan), a.ravel()]).astype(np.float32)
+        t = dp.Tensor.from_numpy(ctx, padded)
+        return dp.Tensor(ctx, t.buffer, a.shape, offset=t.offset + 5 * 4)
+
+    X, W, B, Y = at_offset(x), at_offset(w), at_offset(bias), at_offset(y_old)
+    algo.run(ctx, conv.problem, "forward", X, W, Y,
+             algorithms.EpilogueArgs(shift=B, alpha=1.0, beta=0.5),
+             algorithms.Epilogue(has_shift=True, activation=dp.ActivationDesc("relu")))
+    assert_close(Y.numpy(), np.maximum(ref, 0) + 0.5 * y_old)
+    Y = poisoned(ctx, ref.shape)
+    algo.run(ctx, conv.problem, "forward", X, W, Y, algorithms.EpilogueArgs(shift=B))
+    # A shift that the compiled epilogue lacks is not applied.
+    assert_close(Y.numpy(), ref - bias[None, :, None, None])
+
+
+def test_depthwise_tiled_applies_and_ranks(ctx):
+    """Forward only, NCHW, dilation 1, equal strides; ranked first on GPUs only."""
+    dw = lambda layout="NCHW", stride=1, dil=1: make_problem(  # noqa: E731
+        (2, 4, 9, 9) if layout == "NCHW" else (2, 9, 9, 4),
+        (4, 1, 3, 3) if layout == "NCHW" else (4, 3, 3, 1),
+        dp.ConvolutionDesc(1, stride, dil, 4), layout)
+    algo = selection.algorithm("depthwise_tiled")
+    assert algo.applies(ctx, dw(), "forward")
+    assert algo.applies(ctx, dw(stride=2), "forward")
+    assert not algo.applies(ctx, dw(), "backward_filter")
+    assert not algo.applies(ctx, dw(layout="NHWC"), "forward")
+    assert not algo.applies(ctx, dw(dil=2), "forward")
+    assert not algo.applies(ctx, dw(stride=(1, 2)), "forward")
+    first = selection.immediate(ctx, dw(), "forward")
+    assert first == ("depthwise_tiled" if ctx.info.is_gpu else "depthwise")
+
+
+@pytest.mark.parametrize("name", ["1x1", "1x1s2"])
+def test_gemm_1x1_epilogue_pass(ctx, rng, monkeypatch, name):
+    """Epilogues the GEMM engine lacks (scale, residual, activation before beta) run as the GEMM
+    plus conv_gemm_epilogue, in place (beta == 0) or from scratch (beta != 0): "gemm" is what
+    runs, never another algorithm behind its name."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the implicit GEMM ran under the name gemm")
+    monkeypatch.setattr(algorithms.ImplicitGemm, "run", refuse)
+    cfg = CONFIGS[name]
+    x, w, _, ref = make_case(rng, cfg, "NCHW")
+    k = cfg[4]
+    scale, shift = random(rng, (k,), 0.5, 1.5), random(rng, (k,))
+    z, y_old = random(rng, ref["y"].shape), random(rng, ref["y"].shape)
+    conv = make_conv(ctx, cfg, "NCHW")
+    assert conv.algorithms()[0] == "gemm"
+    T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
+    pre = 0.7 * ref["y"] * scale[None, :, None, None] + shift[None, :, None, None] - 1.3 * z
+    for beta in (0.0, 0.4):
+        y = T(y_old) if beta else poisoned(ctx, ref["y"].shape)
+        conv.forward(T(x), T(w), y, alpha=0.7, beta=beta, activation="relu", algo="gemm",
+                     scale=T(scale), shift=T(shift), residual=T(z), residual_alpha=-1.3)
+        assert_close(y.numpy(), np.maximum(pre, 0) + beta * y_old)

@@ -388,7 +388,7 @@ class Depthwise(Algorithm):
         params = (epilogue if direction == "forward" else NO_EPILOGUE).params()
         params.update(kernel_r=problem.r, kernel_s=problem.s,
                       channel_last=problem.layout == "NHWC",
-                      reduce_group=self._reduce_group(ctx, problem))
+                      reduce_group=self._reduce_group(ctx, problem), tile=None)
         return program.build(ctx, "conv_depthwise", params)
 
     def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
@@ -418,3 +418,109 @@ class Depthwise(Algorithm):
             launch(ctx, built, "conv_dw_reduce", rgs, rls,
                    [*geometry, _I32(splits), *_buf(workspace), *_buf(dst), _F32(ep.alpha),
                     _F32(ep.beta)])
+
+
+@dataclass(frozen=True)
+class DepthwiseTile:
+    """Geometry of conv_dw_forward_tiled: work group gx x gy x planes, tw x th outputs per item."""
+    gx: int
+    gy: int
+    tw: int
+    th: int
+    planes: int
+
+    def input_block(self, problem):
+        """(rows, columns) of the staged input block, halo included."""
+        st = problem.stride_h
+        return ((self.gy * self.th - 1) * st + problem.r, (self.gx * self.tw - 1) * st + problem.s)
+
+
+class DepthwiseTiled(Algorithm):
+    """Depthwise forward that stages each output block's input (with its halo) in local memory
+    and keeps several outputs per work item in registers (conv_dw_forward_tiled in
+    kernels/conv_depthwise.cl.mako). NCHW, dilation 1, equal strides; any multiplier, padding
+    and the full epilogue.
+
+    ``tile``: a fixed DepthwiseTile, or None to choose one per problem (``choose_tile``)."""
+    directions = ("forward",)
+    _MAX_GROUP = 256
+
+    def __init__(self, tile=None, name="depthwise_tiled"):
+        self.tile = tile
+        self.name = name
+
+    def applies(self, ctx, problem, direction):
+        p = problem
+        if not (direction == "forward" and p.is_depthwise and p.k % p.c == 0
+                and p.layout == "NCHW" and p.dil_h == p.dil_w == 1 and p.stride_h == p.stride_w
+                and p.r * p.s <= 49 and p.stride_h <= 4):
+            return False
+        tile = self.choose_tile(ctx, p)
+        return tile is not None and self._fits(ctx, p, tile)
+
+    @staticmethod
+    def _fits(ctx, problem, tile):
+        rows, cols = tile.input_block(problem)
+        threads = tile.gx * tile.gy * tile.planes
+        sizes = ctx.info.max_work_item_sizes
+        return (threads <= ctx.info.max_work_group_size and tile.gx <= sizes[0]
+                and tile.gy <= sizes[1] and tile.planes <= sizes[2]
+                and tile.planes * rows * cols * 4 <= ctx.info.local_mem_size // 2)
+
+    def choose_tile(self, ctx, problem):
+        if self.tile is not None:
+            return self.tile
+        return _choose_dw_tile(ctx, problem)
+
+    def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
+        tile = self.choose_tile(ctx, problem)
+        params = epilogue.params()
+        params.update(kernel_r=problem.r, kernel_s=problem.s, channel_last=False,
+                      reduce_group=1,
+                      tile=dict(stride=problem.stride_h, gx=tile.gx, gy=tile.gy, tw=tile.tw,
+                                th=tile.th, planes=tile.planes))
+        return program.build(ctx, "conv_depthwise", params), tile
+
+    def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
+            workspace=None):
+        built, tile = self.prepare(ctx, problem, direction, epilogue)
+        p = problem
+        tiles_w = math.ceil(p.wo / (tile.gx * tile.tw))
+        tiles = math.ceil(p.ho / (tile.gy * tile.th)) * tiles_w
+        plane_groups = math.ceil(p.n * p.k / tile.planes)
+        gsize = (plane_groups * tiles * tile.gx, tile.gy, tile.planes)
+        launch(ctx, built, "conv_dw_forward_tiled", gsize, (tile.gx, tile.gy, tile.planes),
+               [*p.geometry_args(), *_buf(src), *_buf(other), *_buf(dst), *ep.kernel_args(dst),
+                _I32(tiles_w), _I32(tiles)])
+
+
+def _choose_dw_tile(ctx, problem):
+    """The tile with the least global traffic per plane (staged input words, halo included, plus
+    padded output words), ties to more rows per item (more reuse of each staged row)."""
+    key = (problem.ho, problem.wo, problem.r, problem.s, problem.stride_h)
+    memo = ctx.memo.setdefault("conv_dw_tile", {})
+    if key in memo:
+        return memo[key]
+    best, best_cost = None, None
+    # At least 8 work items along a row (32-byte runs of stores) unless the row is shorter.
+    for gx in (4, 8, 16, 32) if problem.wo < 8 else (8, 16, 32):
+        tw = min(8, math.ceil(problem.wo / gx))
+        for gy in (1, 2, 4, 8, 16):
+            if not 8 <= gx * gy <= DepthwiseTiled._MAX_GROUP:
+                continue
+            for th in (4, 2, 1):
+                planes = max(1, 128 // (gx * gy))
+                tile = DepthwiseTile(gx, gy, tw, th, planes)
+                while planes > 1 and not DepthwiseTiled._fits(ctx, problem, tile):
+                    planes //= 2
+                    tile = DepthwiseTile(gx, gy, tw, th, planes)
+                if not DepthwiseTiled._fits(ctx, problem, tile):
+                    continue
+                rows, cols = tile.input_block(problem)
+                bh, bw = gy * th, gx * tw
+                tiles = math.ceil(problem.ho / bh) * math.ceil(problem.wo / bw)
+                cost = (tiles * (rows * cols + bh * bw), -th)
+                if best_cost is None or cost < best_cost:
+                    best, best_cost = tile, cost
+    memo[key] = best
+    return best

@@ -7,10 +7,12 @@
   NHWC backward data  dx (NHW x C)   = dy (NHW x K) @ w (K x C)
   NHWC backward filt. dw (K x C)     = dy^T (K x NHW) @ x (NHW x C)
 
-The GEMM's epilogue carries alpha, beta, the bias (shift) and the activation; a forward call
+The GEMM's epilogue carries alpha, beta, the bias (shift) and the activation. A forward call
 with a scale, a residual, or an activation together with beta != 0 (the GEMM engine activates
-after adding beta * C, the convolution before) runs the implicit-GEMM kernel instead, which
-has the full epilogue.
+after adding beta * C, the convolution before) runs the GEMM raw and then a pointwise pass
+(conv_gemm_epilogue in kernels/conv_gemm.cl.mako) with the full epilogue: in place in y when
+beta == 0, else from a scratch tensor the algorithm keeps per output shape (y_old must survive
+until the pass reads it). The algorithm reported is thus always the one that runs.
 NCHW backward filter sums over images, which is not one GEMM: the implicit GEMM does it.
 
 With stride > 1 only every stride-th pixel takes part: forward gathers those pixels of x into
@@ -29,7 +31,7 @@ from ..pointwise import launch_size
 import numpy as np
 
 np_i32, np_f32 = np.int32, np.float32
-from .algorithms import NO_EPILOGUE, Algorithm, EpilogueArgs, ImplicitGemm, _buf, enqueue, launch
+from .algorithms import NO_EPILOGUE, Algorithm, EpilogueArgs, _buf, enqueue, launch
 
 
 class Gemm1x1(Algorithm):
@@ -37,8 +39,8 @@ class Gemm1x1(Algorithm):
     _PLANS = 8   # plans bind their buffers (and keep them alive): only the most recent ones
 
     def __init__(self):
-        self.fallback = ImplicitGemm()
         self.plans = OrderedDict()
+        self.scratch = {}   # (context, y shape) -> Tensor for the raw GEMM result
 
     def applies(self, ctx, problem, direction):
         p = problem
@@ -65,27 +67,49 @@ class Gemm1x1(Algorithm):
 
     def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
         from .. import gemm   # the GEMM engine builds its kernels per plan
+        if direction == "forward" and epilogue != NO_EPILOGUE:
+            program.build(ctx, "conv_gemm", epilogue.params())
         return gemm
 
-    def _needs_fallback(self, epilogue, ep):
+    @staticmethod
+    def _needs_epilogue_pass(epilogue, ep):
         # The GEMM engine applies its activation after adding beta * C; ours adds it after.
         return (epilogue.has_scale or epilogue.has_residual or epilogue.affine_per_position
                 or (epilogue.activation is not None and ep.beta != 0))
 
     def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
             workspace=None):
-        if direction == "forward" and self._needs_fallback(epilogue, ep):
-            self.fallback.run(ctx, problem, direction, src, other, dst, ep, epilogue, workspace)
+        if direction == "forward" and self._needs_epilogue_pass(epilogue, ep):
+            self._run_with_epilogue_pass(ctx, problem, src, other, dst, ep, epilogue, workspace)
             return
         if not self._unit_stride(problem):
             self._run_strided(ctx, problem, direction, src, other, dst, ep, epilogue, workspace)
             return
         self._run_dense(ctx, problem, direction, src, other, dst, ep, epilogue)
 
+    def _run_with_epilogue_pass(self, ctx, problem, src, other, dst, ep, epilogue, workspace):
+        if ep.beta == 0:
+            raw = dst
+        else:
+            key = (ctx.cl_context.int_ptr, tuple(dst.shape))
+            raw = self.scratch.get(key)
+            if raw is None:
+                raw = self.scratch[key] = Tensor.empty(ctx, dst.shape)
+        plain = EpilogueArgs()
+        if self._unit_stride(problem):
+            self._run_dense(ctx, problem, "forward", src, other, raw, plain, NO_EPILOGUE)
+        else:
+            self._run_strided(ctx, problem, "forward", src, other, raw, plain, NO_EPILOGUE,
+                              workspace)
+        built = program.build(ctx, "conv_gemm", epilogue.params())
+        gsize, lsize = launch_size(ctx, math.prod(dst.shape))
+        launch(ctx, built, "conv_gemm_epilogue", gsize, lsize,
+               [*problem.geometry_args(), *_buf(raw), *_buf(dst), *ep.kernel_args(dst)])
+
     def _run_strided(self, ctx, problem, direction, src, other, dst, ep, epilogue, workspace):
         dense = self._dense(problem)
         sub = Tensor(ctx, workspace.buffer, dense.x_shape, offset=workspace.offset)
-        built = program.build(ctx, "conv_gemm")
+        built = program.build(ctx, "conv_gemm", NO_EPILOGUE.params())
         geometry = problem.geometry_args()
         sub_strides = [dense.x_strides()[i] for i in range(4)]
         if direction == "forward":

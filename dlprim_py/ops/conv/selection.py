@@ -12,12 +12,14 @@ import numpy as np
 from ... import config, finddb
 from ...errors import UnsupportedError
 from ...timing import time_enqueued
-from .algorithms import Depthwise, Direct, EpilogueArgs, ImplicitGemm, Recording, _gemm_dims
+from .algorithms import (Depthwise, DepthwiseTiled, Direct, EpilogueArgs, ImplicitGemm, Recording,
+                         _gemm_dims)
 from .gemm1x1 import Gemm1x1
 from .winograd import Winograd
 
 # Every algorithm by name; the order is the tie-break order of find mode.
-ALGORITHMS = {a.name: a for a in (Gemm1x1(), Winograd(), Depthwise(), ImplicitGemm(), Direct())}
+ALGORITHMS = {a.name: a for a in (Gemm1x1(), Winograd(), DepthwiseTiled(), Depthwise(),
+                                  ImplicitGemm(), Direct())}
 
 
 def algorithm(name):
@@ -43,6 +45,9 @@ def _tiny_gemm(problem, direction):
 def _rank(ctx, problem, direction, name):
     if name == "direct":
         return 5 if _tiny_gemm(problem, direction) else 100
+    if name == "depthwise_tiled":
+        # Local-memory staging pays on GPUs; a CPU's caches serve the plain kernel as well.
+        return -1 if ctx.info.is_gpu else 1
     if name in ("depthwise", "gemm"):
         return 0
     if name == "winograd":
