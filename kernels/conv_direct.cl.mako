@@ -8,11 +8,20 @@
 ## Kernels:
 ##   conv_direct_forward          y[n,k,oh,ow]  = epilogue(sum_{c,r,s} x[n,g*Cg+c,ih,iw] w[k,c,r,s])
 ##   conv_direct_backward_data    dx[n,c,h,w]   = alpha * sum_{k,r,s} dy[n,k,oh,ow] w[k,c',r,s] + beta dx
+##   conv_direct_backward_data_phased  the same dx, with PHASED_C channels per work item and
+##                                the work items ordered by stride phase: item i covers
+##                                (n, channel block, phase a, phase b, qh, qw), qw fastest, and
+##                                dx[n, c, a + qh * stride_h, b + qw * stride_w]. Within a phase
+##                                every item takes the same (r, s) taps, so a warp does not
+##                                diverge on the stride test and reads each weight at one address
+##                                (a broadcast); neighbouring items read neighbouring dy. For
+##                                layers with few input channels (an RGB stem's data gradient).
 ##   conv_direct_backward_filter  dw[k,c,r,s]   = alpha * sum_{n,oh,ow} dy[n,k,oh,ow] x[..] + beta dw
 ##   conv_direct_backward_bias    db[k]         = alpha * sum_{n,oh,ow} dy[n,k,oh,ow] + beta db
 ##                                (one work group of BIAS_GROUP items per channel)
 <%namespace name="common" file="conv_common.cl.mako"/>
 #define BIAS_GROUP 256
+#define PHASED_C 4
 
 __kernel void conv_direct_forward(${common.geometry_params()},
     __global const float *x, int x_off, __global const float *w, int w_off,
@@ -79,6 +88,65 @@ __kernel void conv_direct_backward_data(${common.geometry_params()},
             }
         }
 ${common.store_scaled("dx", "dx_off", "n * xsN + c * xsC + ih * xsH + iw * xsW", "acc")}
+    }
+}
+
+__kernel void conv_direct_backward_data_phased(${common.geometry_params()},
+    __global const float *dy, int dy_off, __global const float *w, int w_off,
+    __global float *dx, int dx_off, float alpha, float beta)
+{
+    const int Cg = C / groups, Kg = K / groups;
+    const int c_blocks = (Cg + PHASED_C - 1) / PHASED_C;
+    const int Hq = (H + stride_h - 1) / stride_h, Wq = (W + stride_w - 1) / stride_w;
+    const int total = N * groups * c_blocks * stride_h * stride_w * Hq * Wq;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+        int qw = i % Wq, t = i / Wq;
+        int qh = t % Hq; t /= Hq;
+        int b = t % stride_w; t /= stride_w;
+        int a = t % stride_h; t /= stride_h;
+        int cb = t % c_blocks; t /= c_blocks;
+        int g = t % groups, n = t / groups;
+        int ih = a + qh * stride_h, iw = b + qw * stride_w;
+        if (ih >= H || iw >= W)
+            continue;
+        int c0 = cb * PHASED_C;
+        float acc[PHASED_C];
+#pragma unroll
+        for (int j = 0; j < PHASED_C; ++j)
+            acc[j] = 0.0f;
+        for (int kl = 0; kl < Kg; ++kl) {
+            int k = g * Kg + kl;
+            __global const float *dyk = dy + dy_off + n * ysN + k * ysC;
+            __global const float *wk = w + w_off + k * wsK + c0 * wsC;
+            for (int r = 0; r < R; ++r) {
+                int th = ih + pad_h - r * dil_h;
+                if (th < 0 || th % stride_h)
+                    continue;
+                int oh = th / stride_h;
+                if (oh >= Ho)
+                    continue;
+                for (int s = 0; s < S; ++s) {
+                    int tw = iw + pad_w - s * dil_w;
+                    if (tw < 0 || tw % stride_w)
+                        continue;
+                    int ow = tw / stride_w;
+                    if (ow >= Wo)
+                        continue;
+                    float v = dyk[oh * ysH + ow * ysW];
+#pragma unroll
+                    for (int j = 0; j < PHASED_C; ++j)
+                        if (c0 + j < Cg)
+                            acc[j] = mad(v, wk[j * wsC + r * wsR + s * wsS], acc[j]);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < PHASED_C; ++j) {
+            if (c0 + j >= Cg)
+                break;
+            int c = g * Cg + c0 + j;
+${common.store_scaled("dx", "dx_off", "n * xsN + c * xsC + ih * xsH + iw * xsW", "acc[j]")}
+        }
     }
 }
 

@@ -469,3 +469,24 @@ def test_gemm_1x1_epilogue_pass(ctx, rng, monkeypatch, name):
         conv.forward(T(x), T(w), y, alpha=0.7, beta=beta, activation="relu", algo="gemm",
                      scale=T(scale), shift=T(shift), residual=T(z), residual_alpha=-1.3)
         assert_close(y.numpy(), np.maximum(pre, 0) + beta * y_old)
+
+
+def test_direct_phased_backward_data(ctx, rng):
+    """conv_direct_backward_data_phased on a stem-like layer (5 input channels: one full and one
+    partial channel block, 7x7 stride 2, odd sizes so that phases differ in extent), at offsets,
+    with alpha and beta; the immediate rule takes it for such a thin data gradient."""
+    cfg = (2, 5, 13, 11, 6, 7, 7, (3, 3), (2, 2), (1, 1), 1)
+    x, w, dy, ref = make_case(rng, cfg, "NCHW")
+    conv = make_conv(ctx, cfg, "NCHW")
+    assert selection.immediate(ctx, conv.problem, "backward_data") == "direct_phased"
+
+    def at_offset(a, pad):
+        big = dp.Tensor.from_numpy(ctx, np.concatenate([np.full(pad, np.nan, np.float32),
+                                                        a.ravel().astype(np.float32)]))
+        return dp.Tensor.from_buffer(ctx, big.buffer, a.shape, offset=pad * 4)
+
+    old = random(rng, x.shape)
+    dx = at_offset(old, 3)
+    conv.backward_data(at_offset(dy, 5), at_offset(w, 1), dx, alpha=-0.5, beta=1.0,
+                       algo="direct_phased")
+    assert_close(dx.numpy(), old - 0.5 * ref["dx"])

@@ -161,6 +161,33 @@ class Direct(Algorithm):
                                                     *_buf(dst), _F32(ep.alpha), _F32(ep.beta)])
 
 
+class DirectPhased(Algorithm):
+    """Backward data by conv_direct_backward_data_phased (kernels/conv_direct.cl.mako): a few
+    input channels per work item, work items grouped by stride phase. Applies to every
+    backward data problem; it is meant for few input channels, where GEMM tiles sit mostly
+    empty (an RGB stem's 7x7 stride-2 data gradient)."""
+    name = "direct_phased"
+    directions = ("backward_data",)
+
+    def applies(self, ctx, problem, direction):
+        return direction == "backward_data"
+
+    def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
+        return program.build(ctx, "conv_direct", NO_EPILOGUE.params())
+
+    def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
+            workspace=None):
+        built = self.prepare(ctx, problem, direction)
+        p = problem
+        c_blocks = -(-p.cg // 4)   # PHASED_C in the kernel
+        items = (p.n * p.groups * c_blocks * p.stride_h * p.stride_w
+                 * -(-p.h // p.stride_h) * -(-p.w // p.stride_w))
+        gsize, lsize = launch_size(ctx, items)
+        launch(ctx, built, "conv_direct_backward_data_phased", gsize, lsize,
+               [*p.geometry_args(), *_buf(src), *_buf(other), *_buf(dst), _F32(ep.alpha),
+                _F32(ep.beta)])
+
+
 def backward_bias(ctx, problem, dy, db, alpha=1.0, beta=0.0):
     """db[k] = alpha * sum over (n, oh, ow) of dy[n, k, oh, ow] + beta * db[k]."""
     built = program.build(ctx, "conv_direct", NO_EPILOGUE.params())

@@ -12,14 +12,14 @@ import numpy as np
 from ... import config, finddb
 from ...errors import UnsupportedError
 from ...timing import time_enqueued
-from .algorithms import (Depthwise, DepthwiseTiled, Direct, EpilogueArgs, ImplicitGemm, Recording,
-                         _gemm_dims)
+from .algorithms import (Depthwise, DepthwiseTiled, Direct, DirectPhased, EpilogueArgs,
+                         ImplicitGemm, Recording, _gemm_dims)
 from .gemm1x1 import Gemm1x1
 from .winograd import Winograd
 
 # Every algorithm by name; the order is the tie-break order of find mode.
 ALGORITHMS = {a.name: a for a in (Gemm1x1(), Winograd(), DepthwiseTiled(), Depthwise(),
-                                  ImplicitGemm(), Direct())}
+                                  ImplicitGemm(), DirectPhased(), Direct())}
 
 
 def algorithm(name):
@@ -45,6 +45,9 @@ def _tiny_gemm(problem, direction):
 def _rank(ctx, problem, direction, name):
     if name == "direct":
         return 5 if _tiny_gemm(problem, direction) else 100
+    if name == "direct_phased":
+        # Same sums as the direct kernel, without its per-item divergence on the stride test.
+        return 4 if _tiny_gemm(problem, direction) else 99
     if name == "depthwise_tiled":
         # Local-memory staging pays on GPUs; a CPU's caches serve the plain kernel as well.
         return -1 if ctx.info.is_gpu else 1
@@ -91,7 +94,8 @@ def find(ctx, problem, direction, repeat=3):
     # The direct kernel is the fallback and the reference (as MIOpen's naive solvers): find
     # times it only when nothing else applies or the GEMM is too thin for tiles.
     candidates = [n for n in applicable(ctx, problem, direction)
-                  if n != "direct" or _tiny_gemm(problem, direction)] or ["direct"]
+                  if n not in ("direct", "direct_phased") or _tiny_gemm(problem, direction)]
+    candidates = candidates or ["direct"]
     from ...tensor import Tensor
     rng = np.random.default_rng(0)
     # Random, not constant, data: some devices run faster on zeros. float32 draws keep the
