@@ -521,9 +521,15 @@ class DepthwiseTiled(Algorithm):
                 _I32(tiles_w), _I32(tiles)])
 
 
+# Staged bytes per work item at most: a memory-bound kernel needs many resident work items,
+# and local memory is what limits them (an H200 SM holds 228 KiB for up to 2048 items).
+_DW_LOCAL_BYTES_PER_ITEM = 160
+
+
 def _choose_dw_tile(ctx, problem):
     """The tile with the least global traffic per plane (staged input words, halo included, plus
-    padded output words), ties to more rows per item (more reuse of each staged row)."""
+    padded output words), ties to more rows per item (more reuse of each staged row), among
+    those within _DW_LOCAL_BYTES_PER_ITEM if any is."""
     key = (problem.ho, problem.wo, problem.r, problem.s, problem.stride_h)
     memo = ctx.memo.setdefault("conv_dw_tile", {})
     if key in memo:
@@ -544,9 +550,10 @@ def _choose_dw_tile(ctx, problem):
                 if not DepthwiseTiled._fits(ctx, problem, tile):
                     continue
                 rows, cols = tile.input_block(problem)
+                crowded = rows * cols * 4 > _DW_LOCAL_BYTES_PER_ITEM * gx * gy   # per plane
                 bh, bw = gy * th, gx * tw
                 tiles = math.ceil(problem.ho / bh) * math.ceil(problem.wo / bw)
-                cost = (tiles * (rows * cols + bh * bw), -th)
+                cost = (crowded, tiles * (rows * cols + bh * bw), -th)
                 if best_cost is None or cost < best_cost:
                     best, best_cost = tile, cost
     memo[key] = best
