@@ -279,6 +279,7 @@ def test_selection_forced_and_immediate(ctx, monkeypatch):
 def test_find_mode_and_find_db(ctx, rng, monkeypatch, tmp_path):
     path = tmp_path / "finddb.json"
     monkeypatch.setattr(finddb, "path_for", lambda c: path)
+    monkeypatch.delenv("DLPRIM_NO_CACHE", raising=False)   # which turns the find-db off
     ctx.memo.pop("conv_finddb", None)
     ctx.memo.pop("conv_find", None)
     monkeypatch.setenv("DLPRIM_FIND_MODE", "find")
