@@ -8,7 +8,7 @@ import pytest
 import dlprim_py as dp
 from dlprim_py import program
 
-PARAMS = dict(name="scale_copy", ndim=1, index_t="int", inputs=[("x", "float")],
+PARAMS = dict(name="scale_copy", ndim=1, unroll=2, index_t="int", inputs=[("x", "float")],
               outputs=[("y", "float")], scalars=[("s", "float")], statement="y = s * x;",
               preamble="")
 

@@ -78,10 +78,11 @@ def merge_contiguous(sizes, operand_strides):
     return sizes, strides
 
 
-def launch_size(ctx, total, group=256):
-    """(global, local) sizes for a grid-stride loop over ``total`` items."""
+def launch_size(ctx, total, group=256, per_item=1):
+    """(global, local) sizes for a grid-stride loop over ``total`` items, ``per_item`` of them
+    per work item and loop step."""
     group = min(group, ctx.info.max_work_group_size)
-    groups = max(1, math.ceil(total / group))
+    groups = max(1, math.ceil(total / (group * per_item)))
     cap = ctx.info.compute_units * (4 if ctx.info.is_cpu else 64)
     return (min(groups, cap) * group,), (group,)
 
@@ -92,6 +93,10 @@ class PointwiseKernel:
     ``inputs``/``outputs``/``scalars``: sequences of (name, dtype); ``statement``: C code that
     assigns every output, e.g. ``"y = max(x, (float)0);"``.
     """
+
+    # Elements per work item and loop step: enough independent loads in flight per item to keep
+    # a GPU's memory busy (1 reached about 70% of the copy bandwidth on an H200).
+    UNROLL = 4
 
     def __init__(self, name, inputs, outputs, statement, scalars=(), preamble=""):
         self.name = name
@@ -115,8 +120,8 @@ class PointwiseKernel:
 
     def _build(self, ctx, ndim, index_t):
         params = dict(
-            name=self.name, ndim=ndim, index_t=index_t, statement=self.statement,
-            preamble=self.preamble,
+            name=self.name, ndim=ndim, unroll=self.UNROLL, index_t=index_t,
+            statement=self.statement, preamble=self.preamble,
             inputs=[(n, cl_name(t)) for n, t in self.inputs],
             outputs=[(n, cl_name(t)) for n, t in self.outputs],
             scalars=[(n, _scalar_cl_name(t)) for n, t in self.scalars],
@@ -144,7 +149,10 @@ class PointwiseKernel:
             return
         in_strides = [broadcast_strides(t.shape, out_shape) for t in inputs]
         sizes, strides = merge_dimensions(out_shape, in_strides + [broadcast_strides(out_shape, out_shape)])
-        largest = max([total] + [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
+        gsize, lsize = launch_size(ctx, total, per_item=self.UNROLL)
+        # The loop forms base + UNROLL * global size before comparing it with total.
+        largest = max([total + self.UNROLL * gsize[0]] +
+                      [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
         index_t = "int" if largest < _INT32_LIMIT else "long"
         index_np = np.int32 if index_t == "int" else np.int64
         kernel = self._kernel(ctx, len(sizes), index_t)
@@ -155,7 +163,6 @@ class PointwiseKernel:
             args += [t.buffer, index_np(t.offset_elements)]
         for (n, dt), value in zip(self.scalars, scalars):
             args.append(dt.type(value))
-        gsize, lsize = launch_size(ctx, total)
         kernel(ctx.queue, gsize, lsize, *args)
 
 
