@@ -21,6 +21,13 @@ def _fmt(value, spec):
     return format(value, spec)
 
 
+def _rate(value):
+    """A rate or time: thousands separated when large, four significant digits otherwise."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 1e4 else format(value, ".4g")
+
+
 def _geomean(values):
     values = [v for v in values if v and v > 0]
     if not values:
@@ -70,11 +77,11 @@ def headline(records):
             resnet_cell = (f"{_fmt(resnet[0]['ms'], '.4g')} "
                            f"({_fmt(resnet[0]['speedup_vs_torch'], '.2f')})")
         lines.append(
-            f"| {rec['device']['name']} | {mode} | {_fmt(fma and fma['rate'], '.4g')} | "
-            f"{_fmt(copy and copy['rate'], '.4g')} | "
+            f"| {rec['device']['name']} | {mode} | {_rate(fma and fma['rate'])} | "
+            f"{_rate(copy and copy['rate'])} | "
             f"{_fmt(launch and launch['median_ms'] * 1e3, '.3g')} / "
             f"{_fmt(launch and launch['params'].get('queued_to_start_us'), '.3g')} | "
-            f"{_fmt(max(gemm_rates) if gemm_rates else None, '.4g')} | " + " | ".join(ratios)
+            f"{_rate(max(gemm_rates) if gemm_rates else None)} | " + " | ".join(ratios)
             + f" | {resnet_cell} | {baseline} |")
     return lines
 
@@ -90,7 +97,7 @@ def suite_table(rec, suite):
         if r["status"] != "ok":
             lines.append(f"| {r['name']} | {r['algorithm'] or '-'} | {r['status']} | | | | | |")
             continue
-        rate = f"{_fmt(r['rate'], '.4g')} {r['unit']}" if r["rate"] else "-"
+        rate = f"{_rate(r['rate'])} {r['unit']}" if r["rate"] else "-"
         lines.append(f"| {r['name']} | {r['algorithm'] or '-'} | {_fmt(r['median_ms'], '.4g')} | "
                      f"{_fmt(r['p20_ms'], '.4g')}-{_fmt(r['p80_ms'], '.4g')} | {rate} | "
                      f"{_fmt(r['peak_percent'], '.1f')} | {_fmt(r['torch_median_ms'], '.4g')} | "

@@ -178,6 +178,10 @@ def test_record_holds_device_version_commit_and_rows(ctx, tmp_path):
     assert loaded["peaks"] == {"GFLOP/s": 100.0}
     assert [r["name"] for r in loaded["rows"]] == ["256 NN", "512 NN", "softmax"]
     assert loaded["rows"][0]["speedup_vs_torch"] == 2.0
+    named = record.build_record(b, [], {}, {}, 0.0, commit="0123abc")
+    assert named["library"]["commit"] == "0123abc"
+    found, _ = record.source_commit()
+    assert found is None or len(found) == 40
 
 
 def test_plot_needs_a_torch_ratio(tmp_path):

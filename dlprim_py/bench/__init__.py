@@ -52,6 +52,9 @@ def parse_args(argv=None):
     parser.add_argument("--no-torch", action="store_true",
                         help="do not time PyTorch (it still serves as the reference)")
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE as JSON")
+    parser.add_argument("--commit", default=None,
+                        help="the commit the measured tree is, for the JSON record, when it has "
+                             "no git history (a copy of a checkout)")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="draw the speed relative to PyTorch per case (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -209,7 +212,8 @@ def run(args, out=None):
                "warmup": bench.measurement.warmup, "repeat": bench.measurement.repeat,
                "budget_s": bench.measurement.budget_s, "time_limit_s": args.time_limit}
     torch_info = baseline.describe() if baseline else {"note": torch_note or "not timed"}
-    rec = record.build_record(bench, rows, options, torch_info, elapsed)
+    rec = record.build_record(bench, rows, options, torch_info, elapsed,
+                              commit=getattr(args, "commit", None))
     rec["conv_totals"] = totals
     print(f"elapsed {elapsed:.1f} s", file=out)
     return bench, rows, rec

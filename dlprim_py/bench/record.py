@@ -3,6 +3,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,12 @@ def source_commit():
     if not (root / ".git").exists():
         return None, None
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        commit = head.stdout.strip()
+        # A copy of a working tree without its history answers "HEAD" and fails.
+        if head.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40}", commit):
+            return None, None
         status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--",
                                  "dlprim_py", "kernels"], capture_output=True, text=True,
                                 timeout=10).stdout
@@ -52,8 +57,14 @@ def host_record():
     }
 
 
-def build_record(bench, rows, options, torch_info, elapsed_s):
-    commit, dirty = source_commit()
+def build_record(bench, rows, options, torch_info, elapsed_s, commit=None):
+    """The JSON record of a run; ``commit`` names the source when the tree has no git history
+    (else it is read from git)."""
+    found, dirty = source_commit()
+    if commit is None:
+        commit = found
+    elif found is not None and found != commit:
+        dirty = True
     return {
         "schema": SCHEMA,
         "library": {"name": "dlprim_py", "version": __version__, "commit": commit, "dirty": dirty},
