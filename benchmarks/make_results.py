@@ -69,7 +69,14 @@ def headline(records):
         torch = rec.get("torch") or {}
         baseline = (f"torch {torch.get('version', '?')} {torch.get('device', '')}"
                     if "version" in torch else torch.get("note", "none"))
-        mode = "quick" if rec["options"].get("quick") else "full"
+        options = rec["options"]
+        mode = "quick" if options.get("quick") else "full"
+        if options.get("batch"):
+            mode += f", batch {options['batch']}"
+        if "conv" in options.get("suites", ()):
+            nets, directions = options.get("nets") or [], options.get("directions") or []
+            if len(nets) < 3 or len(directions) < 3:
+                mode += f", conv {'+'.join(nets)} {'+'.join(directions)}"
         resnet = [t for t in rec.get("conv_totals") or []
                   if t["net"] == "resnet50" and t["direction"] == "fwd"]
         resnet_cell = "-"
