@@ -21,6 +21,11 @@
 ##                 "item": one work item per unit, folding its chunk sequentially (coalesced
 ##                 when the innermost kept dimension is contiguous)
 ##   group_size    work-group size, a power of two (the tree's width for "group")
+##   unroll        independent accumulator sets per work item (>= 1): each step loads `unroll`
+##                 elements ("group": at step + j * group_size, "item": at step + j), then
+##                 folds element j into set j; the sets combine at the end of the unit. More
+##                 loads in flight per item, and each set's sequential sum is `unroll` times
+##                 shorter than the item's share of the chunk
 ##   kept_ndim     number of kept dimensions (>= 1)
 ##   red_ndim      number of reduced dimensions (>= 1)
 ##   index_t       "int" when every index fits in 31 bits, else "long"
@@ -42,40 +47,80 @@
 #endif
 ${preamble}
 
-<%def name="fold_element()">\
-            {
+<%def name="load_element(j, ridx_expr)">\
+            const ${index_t} ridx${j} = ${ridx_expr};
+            const bool valid${j} = ridx${j} < chunk_end;
 % if red_ndim == 1:
     % for nm, ty in inputs:
-                ${ty} ${nm} = ${nm}_buf[${nm}_base + ridx * ${nm}_rstride0];
+            const ${ty} ${nm}${j} = valid${j} ? ${nm}_buf[${nm}_base + ridx${j} * ${nm}_rstride0] : (${ty})0;
     % endfor
 % else:
-                ${index_t} rest = ridx;
+            ${index_t} rest${j} = ridx${j};
     % for nm, ty in inputs:
-                ${index_t} ${nm}_index = ${nm}_base;
+            ${index_t} ${nm}_index${j} = ${nm}_base;
     % endfor
     % for k in reversed(list(rdims)):
-                {
+            {
         % if k > 0:
-                    ${index_t} coord = rest % rsize${k};
-                    rest /= rsize${k};
+                ${index_t} coord = rest${j} % rsize${k};
+                rest${j} /= rsize${k};
         % else:
-                    ${index_t} coord = rest;
+                ${index_t} coord = rest${j};
         % endif
         % for nm, ty in inputs:
-                    ${nm}_index += coord * ${nm}_rstride${k};
+                ${nm}_index${j} += coord * ${nm}_rstride${k};
         % endfor
-                }
+            }
     % endfor
     % for nm, ty in inputs:
-                ${ty} ${nm} = ${nm}_buf[${nm}_index];
+            const ${ty} ${nm}${j} = valid${j} ? ${nm}_buf[${nm}_index${j}] : (${ty})0;
     % endfor
 % endif
+</%def>
+
+## Folds the loaded element j into accumulator set j. The inner names shadow the loop's, so the
+## caller's map and combine statements see plain `ridx`, `<input>`, `<name>` and `acc_<name>`.
+<%def name="fold_element(j)">\
+            if (valid${j}) {
+                const ${index_t} ridx = ridx${j};
+% for nm, ty in inputs:
+                ${ty} ${nm} = ${nm}${j};
+% endfor
 % for nm, ty, ident in accumulators:
+                ${ty} acc_${nm} = acc${j}_${nm};
                 ${ty} ${nm};
 % endfor
                 { ${map_statement} }
                 { ${combine} }
+% for nm, ty, ident in accumulators:
+                acc${j}_${nm} = acc_${nm};
+% endfor
             }
+</%def>
+
+## Loads first, folds after: `unroll` independent loads are in flight before any is used.
+<%def name="fold_step(stride)">\
+% for j in range(unroll):
+${load_element(j, "step + %d" % (j * stride))}\
+% endfor
+% for j in range(unroll):
+${fold_element(j)}\
+% endfor
+</%def>
+
+## The accumulator sets, combined into acc_<name> (set 0 first, then the others in order).
+<%def name="merge_sets()">\
+% for nm, ty, ident in accumulators:
+        ${ty} acc_${nm} = acc0_${nm};
+% endfor
+% for j in range(1, unroll):
+        {
+    % for nm, ty, ident in accumulators:
+            ${ty} ${nm} = acc${j}_${nm};
+    % endfor
+            { ${combine} }
+        }
+% endfor
 </%def>
 
 <%def name="unit_setup()">\
@@ -108,8 +153,10 @@ ${preamble}
 % endif
         const ${index_t} chunk_begin = chunk * chunk_len;
         const ${index_t} chunk_end = min(chunk_begin + chunk_len, red_total);
-% for nm, ty, ident in accumulators:
-        ${ty} acc_${nm} = ${ident};
+% for j in range(unroll):
+    % for nm, ty, ident in accumulators:
+        ${ty} acc${j}_${nm} = ${ident};
+    % endfor
 % endfor
 </%def>
 
@@ -161,9 +208,10 @@ void ${name}(
     // The unit loop's bounds depend on the group only, so every item meets every barrier.
     for (${index_t} u = get_group_id(0); u < units; u += get_num_groups(0)) {
 ${unit_setup()}
-        for (${index_t} ridx = chunk_begin + lid; ridx < chunk_end; ridx += ${group_size}) {
-${fold_element()}
+        for (${index_t} step = chunk_begin + lid; step < chunk_end; step += ${group_size * unroll}) {
+${fold_step(group_size)}\
         }
+${merge_sets()}\
 % for nm, ty, ident in accumulators:
         tree_${nm}[lid] = acc_${nm};
 % endfor
@@ -189,9 +237,10 @@ ${write_unit()}
 % else:
     for (${index_t} u = get_global_id(0); u < units; u += get_global_size(0)) {
 ${unit_setup()}
-        for (${index_t} ridx = chunk_begin; ridx < chunk_end; ++ridx) {
-${fold_element()}
+        for (${index_t} step = chunk_begin; step < chunk_end; step += ${unroll}) {
+${fold_step(1)}\
         }
+${merge_sets()}\
 ${write_unit()}
     }
 % endif

@@ -124,15 +124,24 @@ def test_reduction_forward_and_gradient(ctx, rng, op, shape, dim, keepdim):
     assert_close(x.grad.numpy(), t.grad.numpy())
 
 
+@pytest.mark.parametrize("unroll", [1, 3, 8])
 @pytest.mark.parametrize("variant", ["group", "item"])
-def test_each_variant_with_partials(ctx, rng, variant, monkeypatch):
-    """Both variants forced, with enough elements that partial results are reduced again."""
+def test_each_variant_with_partials(ctx, rng, variant, unroll, monkeypatch):
+    """Both variants forced, each with one, three (chunks not a multiple of it) and eight
+    accumulator sets, with enough elements that partial results are reduced again."""
     monkeypatch.setenv("DLPRIM_REDUCE_ALGO", variant)
+    monkeypatch.setattr(R, "UNROLL", unroll)
+    monkeypatch.setattr(R, "SET_CHUNK", 4)
     a = random(rng, (40, 1100))
     x = dp.Tensor.from_numpy(ctx, a)
     for dim in (0, None):
         assert_close(F.sum(x, dim).numpy(), a.astype(np.float64).sum(axis=dim))
     assert np.array_equal(F.argmax(x, 1).numpy(), a.argmax(axis=1))
+    # Two reduced dimensions that do not merge: the index walks both.
+    b = random(rng, (6, 40, 50))
+    assert_close(F.sum(dp.Tensor.from_numpy(ctx, b), (0, 2)).numpy(), b.astype(np.float64).sum(axis=(0, 2)))
+    ties = rng.integers(0, 3, size=(7, 300)).astype(np.float32)
+    assert np.array_equal(F.argmin(dp.Tensor.from_numpy(ctx, ties), 1).numpy(), ties.argmin(axis=1))
 
 
 def test_amax_gradient_is_shared_among_ties(ctx):

@@ -6,8 +6,12 @@ values over the reduced dimensions: ``y = sum(x * x)`` over some axes is one ker
 temporary. Sizes and strides are run-time arguments, so one compile serves every shape with the
 same number of (merged) kept and reduced dimensions, variant and index width.
 
-Accuracy: no sequential float sum is longer than ``ITEM_CHUNK`` (or ``GROUP_CHUNK`` per work
-item); longer reductions are cut into chunks whose partial results are reduced again, as a tree.
+Each work item keeps ``UNROLL`` independent accumulator sets and loads that many elements before
+folding any, so several loads per item are in flight (the kernels are bound by memory latency
+otherwise).
+
+Accuracy: no sequential float sum is longer than ``SET_CHUNK`` (per accumulator set); longer
+reductions are cut into chunks whose partial results are reduced again, as a tree.
 
 The functional reductions (``sum``, ``mean``, ``amax``, ``amin``, ``argmax``, ``argmin``,
 ``norm``) take torch's arguments (``dim`` an int, a sequence of ints or None; ``keepdim``) and
@@ -31,10 +35,11 @@ _INT32_LIMIT = 2 ** 31 - 1
 
 VARIANTS = ("group", "item")
 GROUP_SIZE = 256
-# Longest sequential fold per work item: elements per item of a "group" chunk, elements of an
-# "item" chunk. Both bound float rounding; the partials then combine as a tree.
-GROUP_CHUNK = 64
-ITEM_CHUNK = 128
+# Independent accumulator sets per work item (loads in flight per item).
+UNROLL = 8
+# Longest sequential fold per accumulator set; it bounds float rounding, the sets and then the
+# partials combine as a tree. A chunk is at most SET_CHUNK * UNROLL elements per work item.
+SET_CHUNK = 64
 
 _PRESETS = {
     "sum": ("acc_{n} += {n};", {np.dtype(np.float32): "0.0f", np.dtype(np.int64): "0", np.dtype(np.int32): "0"}),
@@ -100,9 +105,9 @@ class ReduceKernel:
             kernel = per_ctx[key] = self._build(ctx, *key)
         return kernel
 
-    def _build(self, ctx, variant, group_size, kept_ndim, red_ndim, index_t, apply_finalize):
+    def _build(self, ctx, variant, group_size, unroll, kept_ndim, red_ndim, index_t, apply_finalize):
         params = dict(
-            name=self.name, variant=variant, group_size=group_size, kept_ndim=kept_ndim,
+            name=self.name, variant=variant, group_size=group_size, unroll=unroll, kept_ndim=kept_ndim,
             red_ndim=red_ndim, index_t=index_t, inputs=[(n, cl_name(t)) for n, t in self.inputs],
             accumulators=self._accumulators(),
             scalars=[(n, _scalar_cl_name(t)) for n, t in self.scalars],
@@ -153,12 +158,12 @@ class ReduceKernel:
         self._enqueue(ctx, plan, inputs, outputs, scalars, math.prod(s for s, r in zip(full, reduced) if r))
 
     def _enqueue(self, ctx, plan, inputs, outputs, scalars, reduce_size):
-        kept_sizes, red_sizes, strides, variant, chunks, chunk_len = plan
+        kept_sizes, red_sizes, strides, variant, chunks, chunk_len, unroll = plan
         kept_total, red_total = math.prod(kept_sizes), math.prod(red_sizes)
         units = kept_total * chunks
         # Indices the kernel forms: units, reduced indices up to a chunk past the end, element
         # offsets inside each buffer.
-        largest = max([units, red_total + chunk_len + GROUP_SIZE, reduce_size]
+        largest = max([units, red_total + chunk_len + GROUP_SIZE * unroll, reduce_size]
                       + [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
         index_t = "int" if largest < _INT32_LIMIT else "long"
         index_np = np.int32 if index_t == "int" else np.int64
@@ -168,7 +173,7 @@ class ReduceKernel:
             targets = outputs
         else:
             targets = [Tensor.empty(ctx, (chunks, kept_total), dt) for _, dt in self.outputs]
-        kernel = self._kernel(ctx, variant, group_size, len(kept_sizes), len(red_sizes), index_t, final)
+        kernel = self._kernel(ctx, variant, group_size, unroll, len(kept_sizes), len(red_sizes), index_t, final)
         args = [index_np(v) for v in (kept_total, red_total, chunk_len, chunks, reduce_size)]
         args += [index_np(s) for s in kept_sizes] + [index_np(s) for s in red_sizes]
         for t, (kept_st, red_st) in zip(inputs, strides):
@@ -221,9 +226,10 @@ def _reduced_mask(name, full, out_shape, axes):
 
 def _plan(ctx, full, reduced, operand_strides, variant):
     """(kept sizes, reduced sizes, per-operand (kept strides, reduced strides), variant, chunks,
-    chunk length), or None when the output is empty. Memoized per context."""
+    chunk length, unroll), or None when the output is empty. Memoized per context."""
     variant = variant or config.forced_algorithm("reduce")
-    key = ("reduce_plan", tuple(full), tuple(reduced), tuple(tuple(s) for s in operand_strides), variant)
+    key = ("reduce_plan", tuple(full), tuple(reduced), tuple(tuple(s) for s in operand_strides), variant,
+           UNROLL, SET_CHUNK)
     plans = ctx.memo
     if key not in plans:
         plans[key] = _make_plan(ctx, full, reduced, operand_strides, variant)
@@ -247,8 +253,9 @@ def _make_plan(ctx, full, reduced, operand_strides, variant):
         raise UnsupportedError(f"reduce variant must be one of {VARIANTS}, got {variant!r}")
     group_size = min(GROUP_SIZE, _pow2_floor(ctx.info.max_work_group_size))
     parallel_target = ctx.info.compute_units * (4 if ctx.info.is_cpu else 16)
+    unroll = UNROLL
     if variant == "group":
-        per_chunk = group_size * GROUP_CHUNK
+        per_chunk = group_size * SET_CHUNK * unroll
         chunks = math.ceil(red_total / per_chunk)
         if kept_total * chunks < parallel_target and red_total >= 4 * per_chunk:
             # Few outputs of long reductions: cut finer so that every compute unit has a group,
@@ -257,8 +264,9 @@ def _make_plan(ctx, full, reduced, operand_strides, variant):
             chunks = max(chunks, min(math.ceil(parallel_target / kept_total),
                                      math.ceil(red_total / (group_size * 4))))
     else:
-        chunks = math.ceil(red_total / ITEM_CHUNK)
-        if kept_total * chunks < parallel_target * group_size and red_total >= 4 * ITEM_CHUNK:
+        item_chunk = SET_CHUNK * unroll
+        chunks = math.ceil(red_total / item_chunk)
+        if kept_total * chunks < parallel_target * group_size and red_total >= 4 * item_chunk:
             chunks = max(chunks, min(math.ceil(parallel_target * group_size / kept_total),
                                      math.ceil(red_total / 16)))
     chunks = max(1, chunks)
@@ -266,7 +274,7 @@ def _make_plan(ctx, full, reduced, operand_strides, variant):
     chunk_len = max(1, math.ceil(red_total / chunks))
     chunks = max(1, math.ceil(red_total / chunk_len))
     strides = list(zip(kept_strides, red_strides))
-    return kept_sizes, red_sizes, strides, variant, chunks, chunk_len
+    return kept_sizes, red_sizes, strides, variant, chunks, chunk_len, unroll
 
 
 def normalize_dims(dim, ndim, name="reduce"):
