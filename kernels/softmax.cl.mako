@@ -31,6 +31,9 @@
 // Fold value x into the running (m, s) = (max, sum of exp(. - max)) with one exp.
 void online_add(float *m, float *s, float x)
 {
+    // A -inf element adds exp(-inf) = 0; skipping it also avoids exp(-inf - -inf) = NaN while
+    // every element so far is -inf.
+    if (x == -INFINITY) return;
     if (x > *m) {
         *s = *s * exp(*m - x) + 1.0f;
         *m = x;
@@ -87,29 +90,59 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         __global const float *xr = x + x_off + base;
         __global float *yr = y + y_off + base;
     % if cached:
+        // All loads are issued before any is used; then one exp per element: the item's own
+        // (max, sum) with exp(v - m_item) kept in place of v (softmax), one tree merging the
+        // pairs, and y = e * exp(m_item - m) / s.
         float v[CACHED];
         float m = -INFINITY;
         #pragma unroll
         for (int j = 0; j < CACHED; ++j) {
             ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
             v[j] = k < size ? xr[k * inner] : -INFINITY;
+        }
+        #pragma unroll
+        for (int j = 0; j < CACHED; ++j) {
             m = fmax(m, v[j]);
         }
-        m = group_fold(tree_m, m, true);
         float s = 0.0f;
         #pragma unroll
         for (int j = 0; j < CACHED; ++j) {
-            s += (v[j] == -INFINITY) ? 0.0f : exp(v[j] - m);
+            const float e = (v[j] == -INFINITY) ? 0.0f : exp(v[j] - m);
+            s += e;
+        % if not log:
+            v[j] = e;
+        % endif
         }
-        s = group_fold(tree_s, s, false);
+        const float m_item = m;
+        tree_m[lid] = m;
+        tree_s[lid] = s;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int width = GROUP_SIZE / 2; width > 0; width >>= 1) {
+            if (lid < width) {
+                online_merge(&m, &s, tree_m[lid + width], tree_s[lid + width]);
+                tree_m[lid] = m;
+                tree_s[lid] = s;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        m = tree_m[0];
+        s = tree_s[0];
+        // The next row overwrites the tree only after every item has read it.
+        barrier(CLK_LOCAL_MEM_FENCE);
+        % if log:
+        const float shift = m + log(s);
+        % else:
+        // An item that holds only padding (or -inf) has m_item = -inf: its e are 0, scale 0.
+        const float scale = (m_item == -INFINITY ? 0.0f : exp(m_item - m)) / s;
+        % endif
         #pragma unroll
         for (int j = 0; j < CACHED; ++j) {
             ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
             if (k < size) {
         % if log:
-                yr[k * inner] = v[j] - m - log(s);
+                yr[k * inner] = v[j] - shift;
         % else:
-                yr[k * inner] = exp(v[j] - m) / s;
+                yr[k * inner] = v[j] * scale;
         % endif
             }
         }

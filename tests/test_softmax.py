@@ -73,3 +73,22 @@ def test_bad_input(ctx):
         F.softmax(dp.Tensor.zeros(ctx, (2, 5000)), 1, cached=2)
     with pytest.raises(dp.ShapeError, match="dy"):
         softmax_backward(x, dp.Tensor.zeros(ctx, (4, 3)), 1)
+
+
+@pytest.mark.parametrize("variant, cached", VARIANTS, ids=["row-registers", "row-streaming", "column"])
+def test_masked_rows(ctx, rng, variant, cached):
+    """-inf entries (masks) give 0 (softmax) and -inf (log_softmax); an item of the group may
+    hold nothing but -inf, and a row of only -inf is NaN, as in torch."""
+    a = random(rng, (3, 600), -5, 5)
+    a[0, 100:] = -np.inf
+    a[1, ::3] = -np.inf
+    a[2, :] = -np.inf
+    x = dp.Tensor.from_numpy(ctx, a)
+    t = torch.tensor(a.astype(np.float64))
+    for ours, theirs in ((F.softmax, torch.softmax), (F.log_softmax, torch.log_softmax)):
+        out = ours(x, 1, variant=variant, cached=cached).numpy()
+        ref = theirs(t, 1).numpy()
+        assert np.isnan(out[2]).all() and np.isnan(ref[2]).all()
+        assert np.array_equal(np.isneginf(out[:2]), np.isneginf(ref[:2]))
+        finite = np.isfinite(ref[:2])
+        assert_close(out[:2][finite], ref[:2][finite])
