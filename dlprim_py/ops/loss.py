@@ -13,6 +13,7 @@
 import math
 
 import numpy as np
+import pyopencl as cl
 
 from .. import autograd, program
 from ..context import check_same_context
@@ -102,10 +103,10 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
                                    target.buffer, index(target.offset_elements), w.buffer,
                                    index(w.offset_elements), loss.buffer, index(0), picked.buffer,
                                    index(0), bad.buffer)
-    flag = bad.numpy()
-    if flag[0]:
-        raise ShapeError(f"nll_loss: target {int(flag[1])} is out of range for {c} classes "
-                         f"(expected 0..{c - 1} or ignore_index={ignore_index})")
+    # The range check needs the flag on the host. Its read is enqueued now and waited for only
+    # after the reduction is enqueued, so the device is not left idle while the host looks.
+    flag = np.empty(2, np.int64)
+    flag_read = cl.enqueue_copy(ctx.queue, flag, bad.buffer, src_offset=bad.offset, is_blocking=False)
     if reduction == "none":
         out, divisor = loss, None
     else:
@@ -121,6 +122,10 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
             sums.fill_(np.nan if reduction == "mean" else 0.0)
             divisor.fill_(0.0)
         out = sums
+    flag_read.wait()
+    if flag[0]:
+        raise ShapeError(f"nll_loss: target {int(flag[1])} is out of range for {c} classes "
+                         f"(expected 0..{c - 1} or ignore_index={ignore_index})")
     source_shape = input.shape
 
     def backward(g):
