@@ -266,8 +266,12 @@ def _make_plan(ctx, full, reduced, operand_strides, variant):
     else:
         item_chunk = SET_CHUNK * unroll
         chunks = math.ceil(red_total / item_chunk)
-        if kept_total * chunks < parallel_target * group_size and red_total >= 4 * item_chunk:
-            chunks = max(chunks, min(math.ceil(parallel_target * group_size / kept_total),
+        # About one wave of resident items (2048 per GPU compute unit): with UNROLL loads each in
+        # flight that saturates memory, and the partials pass after it stays short (it walks
+        # `chunks` rows per item).
+        items_target = ctx.info.compute_units * (4 * group_size if ctx.info.is_cpu else 2048)
+        if kept_total * chunks < items_target and red_total >= 4 * item_chunk:
+            chunks = max(chunks, min(math.ceil(items_target / kept_total),
                                      math.ceil(red_total / 16)))
     chunks = max(1, chunks)
     # An empty reduction is one chunk that folds nothing: the outputs get the identity.
