@@ -117,3 +117,19 @@ def test_bad_input(ctx):
         F.cross_entropy(x, dp.Tensor.zeros(ctx, (3,), np.int64), label_smoothing=0.1)
     with pytest.raises(dp.ShapeError, match="probability target"):
         F.cross_entropy(x, dp.Tensor.zeros(ctx, (3, 5)))
+
+
+@pytest.mark.parametrize("variant", ["group", "item"])
+def test_cross_entropy_long_masked_rows_with_partials(ctx, rng, variant, monkeypatch):
+    """The log-sum-exp over the classes merges (max, sum) pairs across partial results; masked
+    (-inf) logits add nothing. Each reduce variant forced, chunks cut short."""
+    from dlprim_py.ops import reduce as R
+    monkeypatch.setenv("DLPRIM_REDUCE_ALGO", variant)
+    monkeypatch.setattr(R, "UNROLL", 2)
+    monkeypatch.setattr(R, "SET_CHUNK", 4)
+    logits = random(rng, (3, 3000), -20, 20)
+    logits[0, 1000:] = -np.inf
+    logits[2, ::2] = -np.inf
+    target = np.array([5, 17, 1], np.int64)
+    _check(ctx, rng, lambda x, t: F.cross_entropy(x, t), lambda x, t: TF.cross_entropy(x, t),
+           [logits], [target])

@@ -70,8 +70,9 @@ def _nll_geometry(x, target):
     return n, c, s
 
 
-def _nll_program(ctx, weighted, divide, index_t):
-    return program.build(ctx, "loss", dict(weighted=weighted, divide=divide, index_t=index_t))
+def _nll_program(ctx, weighted, divide, index_t, shifted):
+    return program.build(ctx, "loss", dict(weighted=weighted, divide=divide, index_t=index_t,
+                                           shifted=shifted))
 
 
 def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
@@ -81,6 +82,14 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     every target is ignored).
     """
     _check_reduction(reduction, "nll_loss")
+    out, grad_of_input = _nll(input, target, weight, ignore_index, reduction)
+    return autograd.record(out, (input, None, None), lambda g: (grad_of_input(g), None, None), "nll_loss")
+
+
+def _nll(input, target, weight, ignore_index, reduction, shift=None):
+    """The nll_loss forward, enqueued; returns (loss, g -> gradient wrt the log-probabilities).
+    With ``shift`` (float32, one value per target element, dense) the log-probabilities are
+    ``input - shift`` along the classes, never materialized."""
     n, c, s = _nll_geometry(input, target)
     if weight is not None:
         _check_float(weight, "nll_loss: weight")
@@ -91,7 +100,7 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     largest = max(input.offset_elements + input.size, total, target.offset_elements + target.size)
     index_t = "int" if largest < 2 ** 31 - 1 else "long"
     index = np.int32 if index_t == "int" else np.int64
-    built = _nll_program(ctx, weight is not None, reduction == "mean", index_t)
+    built = _nll_program(ctx, weight is not None, reduction == "mean", index_t, shift is not None)
     loss = Tensor.empty(ctx, target.shape)
     picked = Tensor.empty(ctx, target.shape)
     bad = Tensor.zeros(ctx, (2,), np.int64)
@@ -100,6 +109,7 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     if total:
         built.kernel("nll_gather")(ctx.queue, gsize, lsize, index(total), index(c), index(s),
                                    np.int64(ignore_index), input.buffer, index(input.offset_elements),
+                                   *(() if shift is None else (shift.buffer, index(shift.offset_elements))),
                                    target.buffer, index(target.offset_elements), w.buffer,
                                    index(w.offset_elements), loss.buffer, index(0), picked.buffer,
                                    index(0), bad.buffer)
@@ -138,9 +148,18 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
                                         g.buffer, index(g.offset_elements),
                                         index(1 if reduction == "none" else 0), d.buffer,
                                         index(d.offset_elements), dx.buffer, index(0))
-        return (dx, None, None)
+        return dx
 
-    return autograd.record(out, (input, None, None), backward, "nll_loss")
+    return out, backward
+
+
+def _logsumexp_kernel():
+    # (m, s) = (max, sum of exp(. - max)), merged online; -inf elements add nothing.
+    return _memo("logsumexp", lambda: ReduceKernel(
+        "reduce_logsumexp", [("x", _f32)], [("m", _f32), ("s", _f32)], "m = x; s = 1.0f;",
+        "if (m > acc_m) { acc_s = acc_s * exp(acc_m - m) + s; acc_m = m; }"
+        " else if (m != -INFINITY) { acc_s += s * exp(m - acc_m); }",
+        {"m": "-INFINITY", "s": "0.0f"}, finalize="acc_m = acc_m + log(acc_s);"))
 
 
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean",
@@ -159,8 +178,23 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         raise ShapeError(f"cross_entropy: input must be (C), (N, C) or (N, C, d1, ...), got {input.shape}")
     class_dim = 0 if input.ndim == 1 else 1
     if isinstance(target, Tensor) and target.dtype == np.int64:
+        # One read of the logits: their log-sum-exp over the classes, then the picked logit
+        # minus it. The backward forms log_softmax then.
         _nll_geometry(input, target)
-        return nll_loss(log_softmax(input, class_dim), target, weight, ignore_index, reduction)
+        keep_dims = tuple(1 if k == class_dim else d for k, d in enumerate(input.shape))
+        lse = Tensor.empty(input.ctx, keep_dims)
+        sums = Tensor.empty(input.ctx, keep_dims)
+        if input.size:
+            _logsumexp_kernel()([input], [lse, sums], axes=(class_dim,))
+        out, grad_of_logp = _nll(input, target, weight, ignore_index, reduction, shift=lse)
+        source = input.detach()
+
+        def backward(g):
+            from .softmax import softmax_backward
+            logp = log_softmax(source, class_dim)
+            return (softmax_backward(logp, grad_of_logp(g), class_dim, log=True), None, None)
+
+        return autograd.record(out, (input, None, None), backward, "cross_entropy")
     if not isinstance(target, Tensor) or target.dtype != np.float32:
         raise DTypeError(f"cross_entropy: target must be int64 class indices or float32 "
                          f"probabilities, got {getattr(target, 'dtype', type(target).__name__)}")
