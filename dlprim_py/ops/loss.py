@@ -4,7 +4,8 @@
   per-class ``weight``, ``ignore_index``; ``cross_entropy`` also takes class probabilities
   (a float target shaped like the input). A target outside [0, C) other than ignore_index
   raises ShapeError and is never used as an index: the check reads one flag back from the
-  device, so these two losses wait for the queue.
+  device, so these two losses wait for the queue. ``cross_entropy`` with class targets reads
+  the logits once (their log-sum-exp over the classes, then the picked logit minus it).
 * ``mse_loss`` and ``binary_cross_entropy_with_logits`` (``weight``, ``pos_weight``), with
   broadcasting; their mean/sum reductions are one fused map+reduce kernel, no temporary.
 
