@@ -163,10 +163,14 @@ def test_logged_commands_reproduce_the_call(ctx, rng, capsys, monkeypatch):
     y = F.max_pool2d(F.batch_norm(xg, *stats, training=True), 3, 2, 1)
     y.backward(dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, y.shape).astype(np.float32)))
     F.adaptive_avg_pool2d(xg.detach(), (2, 3))
+    z = F.log_softmax(F.leaky_relu(xg, 0.2), dim=1)
+    z.backward(dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, z.shape).astype(np.float32)))
+    from dlprim_py.ops.gemm import gemm
+    gemm(x.reshape(4, 36), w.reshape(8, 36), trans_b=True, bias=b, activation="relu")
     logged = [line for line in capsys.readouterr().err.splitlines()
               if line.startswith("DLPRIM_LOG_CMD: ")]
     commands = {split_logged(line)[0] for line in logged}
-    assert {"conv", "CBAInfer", "pool", "bnorm"} <= commands
+    assert commands == {"conv", "CBAInfer", "pool", "bnorm", "activ", "softmax", "gemm"}
     monkeypatch.delenv("DLPRIM_LOG_CMD")
     for line in dict.fromkeys(logged):
         argv = split_logged(line)

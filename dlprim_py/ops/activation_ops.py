@@ -9,10 +9,12 @@ MIOpen's scaling: ``activation_forward(desc, x, y, alpha, beta)`` computes
 computes ``dx = alpha * dy * act'(x) + beta * dx``; with beta == 0 the old contents of the output
 are never read (they may be garbage or NaN), as in MIOpen.
 """
+import math
+
 import numpy as np
 
-from .. import autograd
-from ..activation import ActivationDesc, as_activation, from_torch_name
+from .. import autograd, config, logcmd
+from ..activation import Activation, ActivationDesc, as_activation, from_torch_name
 from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
@@ -69,6 +71,22 @@ def _check(t, what, shape=None):
         raise ShapeError(f"{what} must have shape {shape}, got {t.shape}")
 
 
+def _log_activ(desc, shape, forward):
+    """The ``dlprim-driver activ`` command of this call (DLPRIM_LOG_CMD=1): the shape as
+    (N, C, H, W) (leading ones added, leading dimensions merged), MIOpen's mode number for
+    its modes and the name for the others."""
+    if not config.log_cmd():
+        return
+    shape = tuple(shape)
+    if len(shape) > 4:
+        shape = (math.prod(shape[:-3]),) + shape[-3:]
+    n, c, h, w = (1,) * (4 - len(shape)) + shape
+    modes = list(Activation)
+    mode = modes.index(desc.mode) if modes.index(desc.mode) < 10 else desc.mode.value
+    logcmd.log_command("activ", {"n": n, "c": c, "H": h, "W": w, "m": mode, "A": desc.alpha,
+                                 "B": desc.beta, "G": desc.gamma, "F": int(forward)})
+
+
 def activation_forward(desc, x, y, alpha=1.0, beta=0.0):
     """MIOpen's miopenActivationForward: ``y = alpha * act(x) + beta * y``, elementwise.
 
@@ -79,6 +97,7 @@ def activation_forward(desc, x, y, alpha=1.0, beta=0.0):
     _check(x, "x")
     _check(y, "y", x.shape)
     check_same_context(x, y)
+    _log_activ(desc, x.shape, True)
     forward_kernel(desc, beta != 0)([x], [y], [alpha, beta])
     return y
 
@@ -94,6 +113,7 @@ def activation_backward(desc, y, dy, x, dx, alpha=1.0, beta=0.0):
     for t, what in ((y, "y"), (dy, "dy"), (dx, "dx")):
         _check(t, what, x.shape)
     check_same_context(x, y, dy, dx)
+    _log_activ(desc, x.shape, False)
     backward_kernel(desc, beta != 0)([x, y, dy], [dx], [alpha, beta])
     return dx
 
@@ -114,6 +134,7 @@ def apply(desc, x, inplace=False, name=None):
         raise UnsupportedError(f"{name}: inplace=True on a tensor that requires grad; "
                                f"use inplace=False")
     y = Tensor.empty(x.ctx, x.shape)
+    _log_activ(desc, x.shape, True)
     forward_kernel(desc, False)([x], [y], [1.0, 0.0])
     if inplace:
         return x.copy_(y)
@@ -121,6 +142,7 @@ def apply(desc, x, inplace=False, name=None):
 
     def backward(g):
         dx = Tensor.empty(g.ctx, g.shape)
+        _log_activ(desc, g.shape, False)
         backward_kernel(desc, False)([source, y.detach(), g], [dx], [1.0, 0.0])
         return (dx,)
 

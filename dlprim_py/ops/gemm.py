@@ -24,7 +24,7 @@ import math
 import numpy as np
 import pyopencl as cl
 
-from .. import config, program, tuning
+from .. import config, logcmd, program, tuning
 from ..activation import as_activation
 from ..dtypes import as_dtype, check_dtype
 from ..errors import DeviceError, DlprimError, DTypeError, ShapeError, UnsupportedError
@@ -355,6 +355,14 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
                     trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, bias_buf=bias_buf,
                     bias_off=bias_off, bias_per=bias_per, activation=activation, batch=batch,
                     stride_a=stride_a, stride_b=stride_b, stride_c=stride_c, **extra)
+    if config.log_cmd():
+        flags = {"m": M, "n": N, "k": K, "u": int(bool(trans_a)), "v": int(bool(trans_b)),
+                 "A": alpha, "B": beta, "b": batch}
+        if bias_buf is not None:
+            flags["bias"] = bias_per
+        if as_activation(activation) is not None:
+            flags["activation"] = as_activation(activation).mode.value
+        logcmd.log_command("gemm", flags)
     return plan.enqueue()
 
 

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .. import autograd, config, program
+from .. import autograd, config, logcmd, program
 from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
@@ -98,17 +98,28 @@ def _plan(ctx, log, size, inner, total, variant, cached):
     return plan
 
 
+def _log_softmax_call(outer, size, inner, log, forward):
+    """The ``dlprim-driver softmax`` command of this call (DLPRIM_LOG_CMD=1): (outer, size,
+    inner) as N, C, H of MIOpen's channel mode, which reduces over C for each (n, h)."""
+    if not config.log_cmd():
+        return
+    logcmd.log_command("softmax", {"n": outer, "c": size, "H": inner, "W": 1,
+                                   "a": 2 if log else 1, "m": 1, "F": int(forward)})
+
+
 def _softmax(x, dim, log, variant, cached, name):
     outer, size, inner = _geometry(x, dim, name)
     y = Tensor.empty(x.ctx, x.shape)
     if x.size == 0:
         return y
     plan = _plan(x.ctx, log, size, inner, x.size, variant, cached)
+    _log_softmax_call(outer, size, inner, log, True)
     plan.forward(x, y, outer, size, inner)
     saved = y.detach()
 
     def backward(g):
         dx = Tensor.empty(g.ctx, g.shape)
+        _log_softmax_call(outer, size, inner, log, False)
         plan.backward(saved, g, dx, outer, size, inner)
         return (dx,)
 
@@ -135,6 +146,7 @@ def softmax_backward(y, dy, dim, log=False, dx=None):
             raise ShapeError(f"softmax_backward: {what} must be float32 of shape {y.shape}, "
                              f"got {t.dtype} {t.shape}")
     dx = dx if dx is not None else Tensor.empty(y.ctx, y.shape)
+    _log_softmax_call(outer, size, inner, log, False)
     if y.size:
         _plan(y.ctx, log, size, inner, y.size, None, None).backward(y, dy, dx, outer, size, inner)
     return dx
