@@ -16,7 +16,6 @@ warm-up; the algorithm is the find-mode winner with ``--find``, else the immedia
 """
 import argparse
 import json
-import math
 import os
 import platform
 import subprocess
@@ -24,7 +23,6 @@ import sys
 import time
 
 import numpy as np
-import pyopencl as cl
 import torch
 import torch.nn.functional as F
 
@@ -32,6 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import dlprim_py as dp  # noqa: E402
 from dlprim_py.ops.conv import selection  # noqa: E402
+from dlprim_py.bench.harness import error_metric  # noqa: E402
+from dlprim_py.bench.torch_baseline import TorchBaseline  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
@@ -85,34 +85,6 @@ def distinct(layers):
     return out
 
 
-def error_metric(out, ref):
-    out = np.asarray(out, np.float64)
-    ref = np.asarray(ref, np.float64)
-    return float(np.linalg.norm((out - ref).ravel()) / (math.sqrt(out.size) * max(np.abs(ref).max(), 1e-30)))
-
-
-def torch_time(fn, device, warmup=3, repeat=10):
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(repeat):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e-3)
-        return float(np.median(samples))
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return float(np.median(samples))
-
-
 def bench_layer(ctx, layer, batch, directions, device, rng, repeat):
     name, c, k, h, r, stride, pad, groups = layer
     x = rng.uniform(-1, 1, (batch, c, h, h)).astype(np.float32)
@@ -162,7 +134,7 @@ def bench_layer(ctx, layer, batch, directions, device, rng, repeat):
             print(f"timing check: markers {ours * 1e3:.3f} ms, host clock {wall * 1e3:.3f} ms "
                   f"per call", flush=True)
             CHECKED_MARKERS.append((ours, wall))
-        theirs = torch_time(base, device, repeat=repeat)
+        theirs = TorchBaseline(torch, device.type).median(base, repeat=repeat)
         flops = 2.0 * batch * k * yshape[2] * yshape[3] * (c // groups) * r * r
         results.append(dict(layer=name, C=c, K=k, H=h, R=r, stride=stride, pad=pad, groups=groups,
                             direction=direction, algo=algo, error=err, ok=err < 1e-5,

@@ -43,6 +43,8 @@ import dlprim_py as dp  # noqa: E402
 from dlprim_py import fusion  # noqa: E402
 from dlprim_py.ops import norm  # noqa: E402
 from dlprim_py.ops.activation_ops import activation_forward  # noqa: E402
+from dlprim_py.bench.harness import error_metric  # noqa: E402
+from dlprim_py.bench.torch_baseline import TorchBaseline  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
 EPSILON = 1e-5
@@ -67,35 +69,6 @@ def resnet50_layers():
 
 def quick_layers():
     return [("3x3 64@14", 64, 64, 14, 3), ("1x1 256->64@14", 256, 64, 14, 1)]
-
-
-def error_metric(out, ref):
-    out = np.asarray(out, np.float64)
-    ref = np.asarray(ref, np.float64)
-    return float(np.linalg.norm((out - ref).ravel())
-                 / (math.sqrt(out.size) * max(np.abs(ref).max(), 1e-30)))
-
-
-def torch_time(fn, device, warmup=3, repeat=20):
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(repeat):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e-3)
-        return float(np.median(samples))
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return float(np.median(samples))
 
 
 class Layer:
@@ -186,13 +159,13 @@ def bench_layer(ctx, spec, batch, device, rng, repeat, algo):
 
     row["fused_ms"] = time_enqueued(ctx, run_fused, warmup=3, repeat=repeat).median * 1e3
     row["unfused_ms"] = time_enqueued(ctx, run_unfused, warmup=3, repeat=repeat).median * 1e3
-    row["torch_ms"] = torch_time(run_torch, device, repeat=repeat) * 1e3
+    row["torch_ms"] = TorchBaseline(torch, device.type).median(run_torch, repeat=repeat) * 1e3
     # The convolutions alone say how much of each total the batch norm and ReLU cost.
     row["conv_only_ms"] = time_enqueued(
         ctx, lambda: convolution.forward(layer.x, layer.w, y_conv, algo=algorithm),
         warmup=3, repeat=repeat).median * 1e3
-    row["torch_conv_only_ms"] = torch_time(
-        lambda: F.conv2d(layer.tx, layer.tw, padding=layer.pad), device, repeat=repeat) * 1e3
+    row["torch_conv_only_ms"] = TorchBaseline(torch, device.type).median(
+        lambda: F.conv2d(layer.tx, layer.tw, padding=layer.pad), repeat=repeat) * 1e3
     row["fused_vs_unfused"] = row["unfused_ms"] / row["fused_ms"]
     row["fused_vs_torch"] = row["torch_ms"] / row["fused_ms"]
     flops = 2.0 * batch * k * h * h * c * r * r

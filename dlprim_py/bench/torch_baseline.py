@@ -84,6 +84,13 @@ class TorchBaseline:
             samples += [self._once(run) for _ in range(repeat - len(samples))]
         return Timing(samples)
 
+    def median(self, run, warmup=3, repeat=10):
+        """Median seconds of ``repeat`` timed runs of ``run()`` after ``warmup`` untimed ones."""
+        for _ in range(warmup):
+            run()
+        self.synchronize()
+        return float(np.median([self._once(run) for _ in range(repeat)]))
+
     def _once(self, run):
         if self.device == "cuda":
             start = self.torch.cuda.Event(enable_timing=True)
