@@ -12,6 +12,8 @@ DLPRIM_NORM_ALGO   force one batch-norm reduction algorithm: groups, groups_scal
 DLPRIM_COPY_ALGO   force one strided-copy algorithm (permute, cat, narrow): gather, tiles
 DLPRIM_POOL_ALGO   force one pooling algorithm: window, plane (global windows)
 DLPRIM_ROWNORM_ALGO force one layer/group norm algorithm: rows, split (group norm)
+DLPRIM_REDUCE_ALGO force one reduction variant: group, item
+DLPRIM_SOFTMAX_ALGO force one softmax variant: row, column
 """
 import os
 

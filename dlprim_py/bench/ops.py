@@ -110,12 +110,10 @@ def op_case(bench, spec):
 def _algorithm(spec):
     """What the library runs for ``spec``: softmax's row or column kernel, else the function."""
     if spec.fn in ("softmax", "log_softmax"):
-        from .. import config
+        from ..ops.softmax import choose_variant
         shape = spec.shapes[0]
         dim = spec.kwargs.get("dim", -1) % len(shape)
-        inner = int(np.prod(shape[dim + 1:]))
-        variant = config.forced_algorithm("softmax") or ("row" if inner == 1 else "column")
-        return f"{spec.fn} {variant}"
+        return f"{spec.fn} {choose_variant(int(np.prod(shape[dim + 1:])))}"
     return spec.fn
 
 

@@ -22,11 +22,17 @@ VARIANTS = ("row", "column")
 _CACHE_STEPS = (1, 2, 4, 8, 16, 32)
 
 
+def choose_variant(inner, variant=None):
+    """The kernel variant for a softmax whose reduced dim has ``inner`` elements after it:
+    ``variant`` if given, else DLPRIM_SOFTMAX_ALGO, else "row" for the last dim, "column" otherwise."""
+    return variant or config.forced_algorithm("softmax") or ("row" if inner == 1 else "column")
+
+
 class SoftmaxPlan:
     """The kernels for one (variant, log, group size, cached, index width): both directions."""
 
     def __init__(self, ctx, log, size, inner, total, variant=None, cached=None):
-        variant = variant or config.forced_algorithm("softmax") or ("row" if inner == 1 else "column")
+        variant = choose_variant(inner, variant)
         if variant not in VARIANTS:
             raise UnsupportedError(f"softmax variant must be one of {VARIANTS}, got {variant!r}")
         limit = ctx.info.max_work_group_size
