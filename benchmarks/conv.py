@@ -169,6 +169,7 @@ def make_report(args, ctx, device, results, started):
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     except OSError:
         commit = ""
+    commit = args.commit or commit
     report = dict(
         benchmark="conv", batch=args.batch, find_mode=args.find, commit=commit,
         device=ctx.info.name, platform=ctx.info.platform_name, driver=ctx.info.driver_version,
@@ -195,6 +196,10 @@ def main():
     parser.add_argument("--limit", type=int, default=0, help="first N layers per model (0: all)")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--output", default=None)
+    parser.add_argument("--only", nargs="+", default=None,
+                        help="only layers whose name contains one of these pieces")
+    parser.add_argument("--commit", default=None,
+                        help="commit to record (where the copy has no git metadata)")
     parser.add_argument("--time-limit", type=float, default=0,
                         help="start no new layer after this many seconds (0: no limit)")
     args = parser.parse_args()
@@ -211,6 +216,8 @@ def main():
     started = time.perf_counter()
     for model in args.models:
         todo = distinct(layers[model]())
+        if args.only:
+            todo = [layer for layer in todo if any(piece in layer[0] for piece in args.only)]
         if args.limit:
             todo = todo[:args.limit]
         for layer in todo:
