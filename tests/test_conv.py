@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import dlprim_py as dp
 from dlprim_py import finddb
-from dlprim_py.ops.conv import algorithms, selection
+from dlprim_py.ops.conv import algorithms, depthwise, selection
 from dlprim_py.ops.conv.problem import make_problem
 from conftest import assert_close, poisoned, random
 
@@ -396,9 +396,9 @@ def test_repeated_calls_on_the_same_tensors(ctx, rng):
 
 @pytest.mark.parametrize("shape, mult, r, stride, pad, tile", [
     # partial blocks in both axes, several planes per group, the last plane group half empty
-    ((3, 3, 13, 11), 1, 3, 1, 1, algorithms.DepthwiseTile(4, 2, 3, 2, 3)),
+    ((3, 3, 13, 11), 1, 3, 1, 1, depthwise.DepthwiseTile(4, 2, 3, 2, 3)),
     # stride 2, multiplier 2, 5x5 with asymmetric coverage of the last block
-    ((2, 2, 12, 17), 2, 5, 2, 2, algorithms.DepthwiseTile(8, 2, 2, 4, 2)),
+    ((2, 2, 12, 17), 2, 5, 2, 2, depthwise.DepthwiseTile(8, 2, 2, 4, 2)),
 ])
 def test_depthwise_tiled_forced_tiles(ctx, rng, shape, mult, r, stride, pad, tile):
     """conv_dw_forward_tiled with fixed tiles against torch float64, on tensors at a non-zero
@@ -411,7 +411,7 @@ def test_depthwise_tiled_forced_tiles(ctx, rng, shape, mult, r, stride, pad, til
     y_old = random(rng, ref.shape)
     conv = dp.Convolution(ctx, dp.TensorDesc(shape), dp.TensorDesc(w.shape),
                           dp.ConvolutionDesc(pad, stride, 1, c))
-    algo = algorithms.DepthwiseTiled(tile, name="depthwise_tiled_test")
+    algo = depthwise.DepthwiseTiled(tile, name="depthwise_tiled_test")
     assert algo.applies(ctx, conv.problem, "forward")
     assert not algo.applies(ctx, conv.problem, "backward_data")
 

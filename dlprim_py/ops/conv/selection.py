@@ -12,8 +12,8 @@ import numpy as np
 from ... import config, finddb
 from ...errors import UnsupportedError
 from ...timing import time_enqueued
-from .algorithms import (Depthwise, DepthwiseTiled, Direct, DirectPhased, EpilogueArgs,
-                         ImplicitGemm, Recording, _gemm_dims)
+from .algorithms import Direct, DirectPhased, EpilogueArgs, ImplicitGemm, Recording, _gemm_dims
+from .depthwise import Depthwise, DepthwiseTiled
 from .gemm1x1 import Gemm1x1
 from .winograd import Winograd
 
