@@ -9,9 +9,7 @@ much workspace it needs (``workspace_size``, bytes), and how to run it (``run``)
 as Tensors, with ``dst = alpha * result + beta * dst`` and, for forward, the fused epilogue.
 Kernels are built on first use per (context, configuration) and memoized by ``program.build``.
 """
-import functools
 import math
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,46 +67,9 @@ def _buf(t):
     return [t.buffer, _I32(t.offset_elements)]
 
 
-# ---- launches and their recording ---------------------------------------------------------
+# ---- launches and their recording (dlprim_py/recording.py) -------------------------------
 
-_state = threading.local()
-
-
-class Recording:
-    """The enqueues of one algorithm run, with their arguments bound, so that a later call on
-    the same tensors replays them without rebuilding argument lists (about 6 us of host time per
-    kernel instead of 20 or more)."""
-
-    def __init__(self):
-        self.steps = []
-
-    def __enter__(self):
-        self._outer = getattr(_state, "recording", None)
-        _state.recording = self
-        return self
-
-    def __exit__(self, *exc):
-        _state.recording = self._outer
-        return False
-
-    def replay(self):
-        for step in self.steps:
-            step()
-
-
-def enqueue(step):
-    """Run ``step()`` (an enqueue with bound arguments) and add it to the current recording."""
-    step()
-    recording = getattr(_state, "recording", None)
-    if recording is not None:
-        recording.steps.append(step)
-
-
-def launch(ctx, built, name, gsize, lsize, args):
-    """Enqueue kernel ``name`` of ``built`` on ``ctx.queue`` with ``args`` (recorded)."""
-    kernel = built.kernel(name, fresh=True)
-    kernel.set_args(*args)
-    enqueue(functools.partial(cl.enqueue_nd_range_kernel, ctx.queue, kernel, gsize, lsize))
+from ...recording import Recording, enqueue, launch  # noqa: E402,F401  (used by every algorithm)
 
 
 class Algorithm:
