@@ -59,7 +59,8 @@ from .activation import Activation, ActivationDesc
 from .context import Context, check_same_context
 from .dtypes import float32
 from .errors import DeviceError, DlprimError, DTypeError, ShapeError, UnsupportedError
-from .logcmd import log_command
+from .logcmd import log_command, quiet
+from .recording import Recording, launch_kernel
 from .tensor import Tensor, TensorDesc, allocate
 
 VERTICAL = "vertical"
@@ -268,11 +269,13 @@ class OperatorArgs:
 
     def __init__(self):
         self.values = {}
+        self.version = 0   # counts the set_* calls: a plan replays its enqueues while unchanged
 
     def _set(self, op, kind, values):
         if not isinstance(op, kind):
             raise DlprimError(f"expected a {kind.name} op, got {op!r}")
         self.values[op] = values
+        self.version += 1
 
     def get(self, op):
         try:
@@ -376,6 +379,7 @@ class FusionPlan:
         self.output_desc = None
         self.runner = None
         self.conv_algorithm = None
+        self._bound = None   # (args, key, Recording) of the last execute, see execute()
 
     # ---- building the chain --------------------------------------------------------------
 
@@ -437,6 +441,7 @@ class FusionPlan:
             runner = _PointwiseChain(self)
         self.output_desc = runner.output_desc
         self.runner = runner
+        self._bound = None
         return self
 
     def _compiled(self):
@@ -460,6 +465,7 @@ class FusionPlan:
 
     def set_conv_algorithm(self, algo):
         self._conv_runner().set_algorithm(algo)
+        self._bound = None
 
     def workspace_size(self, algo=None):
         """Bytes of workspace the plan uses (the plan allocates it itself)."""
@@ -499,8 +505,26 @@ class FusionPlan:
                                  "c": self.input_desc.shape[1],
                                  "H": self.input_desc.shape[2] if self.input_desc.ndim > 2 else 1,
                                  "W": self.input_desc.shape[3] if self.input_desc.ndim > 3 else 1})
-        with autograd.no_grad():
+        if not runner.replayable:
+            with autograd.no_grad():
+                runner.run(x, y, args)
+            return
+        # A plan runs layer after layer on the same tensors: the second call with the same x, y
+        # and unchanged args replays the recorded enqueues (the fold, the convolution) instead
+        # of rebuilding them, which is most of a call's host time. The tensors' contents are
+        # read afresh by every replay, as MIOpen's arguments promise.
+        key = (x.buffer.int_ptr, x.offset_elements, y.buffer.int_ptr, y.offset_elements,
+               args.version)
+        bound = self._bound
+        if bound is not None and bound[0] is args and bound[1] == key:
+            bound[2].replay()
+            return
+        self._bound = None
+        with autograd.no_grad(), quiet(), Recording() as recording:
             runner.run(x, y, args)
+        # The recording binds raw buffers: x's and y's stay alive with it (args' with args).
+        recording.buffers = [x.buffer, y.buffer]
+        self._bound = (args, key, recording)
 
 
 # ---- parameter shapes ------------------------------------------------------------------------
@@ -563,6 +587,8 @@ def _affine_statement(ops, args, value="v"):
 
 class _PointwiseChain:
     """bias / BN inference / activation ops without a convolution: one pointwise kernel."""
+    replayable = False   # enqueues directly: FusionPlan.execute runs it every time
+
 
     def __init__(self, plan):
         self.plan = plan
@@ -680,6 +706,8 @@ def _index_type(*tensors):
 
 class _BatchNormTrainForward:
     """batchnorm_forward [activation]: statistics, normalisation and activation in one kernel."""
+    replayable = False   # enqueues directly: FusionPlan.execute runs it every time
+
 
     def __init__(self, plan):
         self.plan = plan
@@ -750,6 +778,8 @@ class _BatchNormTrainForward:
 
 class _BatchNormTrainBackward:
     """batchnorm_backward with activation_backward: dx, dscale, dbias of act(bn_train(x))."""
+    replayable = False   # enqueues directly: FusionPlan.execute runs it every time
+
 
     def __init__(self, plan):
         self.plan = plan
@@ -817,6 +847,8 @@ class _BatchNormTrainBackward:
 
 class _ConvChain:
     """conv [bias | BN inference]* [activation]: the convolution kernel's own epilogue."""
+    replayable = True   # every enqueue goes through dlprim_py.recording
+
 
     def __init__(self, plan):
         self.plan = plan
@@ -940,7 +972,6 @@ class _ConvChain:
         self.folded_weights and self.shift. The kernel's arguments are set again only when the
         tensors (buffers, offsets) or epsilons differ from the previous call's: the contents are
         read on every run, which is what MIOpen's arguments promise."""
-        import pyopencl as cl
         operands, scalars = [], []
         for op in self.affine_ops:
             values = args.get(op)
@@ -971,7 +1002,7 @@ class _ConvChain:
                 kernel_args += [w.buffer, np.int32(w.offset_elements)]
             self.fold_kernel.set_args(*kernel_args, *self.fold_outputs)
             self.fold_bound = key
-        cl.enqueue_nd_range_kernel(self.plan.ctx.queue, self.fold_kernel, *self.fold_launch)
+        launch_kernel(self.plan.ctx.queue, self.fold_kernel, *self.fold_launch)
 
     def algorithm_names(self):
         return [_algorithm_name(a) for a in self.algorithms]
@@ -1029,6 +1060,8 @@ class _HorizontalConvs:
     branch. The output is the branches' outputs concatenated along channels, in op order,
     computed as one convolution over the concatenated weights (and biases), i.e. a vertical
     conv [bias] [activation] plan whose weights this runner assembles before each call."""
+    replayable = False   # enqueues directly: FusionPlan.execute runs it every time
+
 
     def __init__(self, plan):
         self.plan = plan

@@ -578,6 +578,69 @@ def test_conv_plan_reads_arguments_on_every_call(ctx, rng):
     assert_close(y.numpy(), torch.relu(bn_inference_ref(conv, *third, 0.5)).numpy())
 
 
+def test_conv_plan_repeated_calls_see_every_change(ctx, rng):
+    """A plan replays its recorded enqueues while x, y and args stay the same; new contents of
+    x or w, a set_* call on the same args, and other output tensors must all take effect."""
+    plan, ops = build_conv_plan(ctx, CONV["x_shape"], CONV["w_shape"], CONV["conv_desc"],
+                                ["bn", fusion.ACTIVATION_RELU], 6)
+    x, w = random(rng, CONV["x_shape"]), random(rng, CONV["w_shape"])
+    xd, wd = dev(ctx, x, w)
+    params = bn_params(rng, (1, 6, 1, 1))
+    args = fusion.OperatorArgs()
+    args.set_conv_forward(ops[0], 1, 0, wd)
+    args.set_batchnorm_inference(ops[1], 1, 0, *dev(ctx, *params), 1e-5)
+    args.set_activation_forward(ops[2], 1, 0, 0, 0, 0)
+    y = poisoned(ctx, (2, 6, 7, 6))
+
+    def check(x, w, params, eps, out):
+        expected = torch.relu(bn_inference_ref(conv_ref(x, w, CONV["conv_desc"]), *params, eps))
+        assert_close(out.numpy(), expected.numpy())
+
+    for _ in range(2):   # the second call replays
+        plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+        check(x, w, params, 1e-5, y)
+    x = random(rng, CONV["x_shape"])
+    xd.copy_(dp.Tensor.from_numpy(ctx, x))
+    plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+    check(x, w, params, 1e-5, y)
+    w = random(rng, CONV["w_shape"])
+    wd.copy_(dp.Tensor.from_numpy(ctx, w))
+    plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+    check(x, w, params, 1e-5, y)
+    params = bn_params(rng, (1, 6, 1, 1))
+    args.set_batchnorm_inference(ops[1], 1, 0, *dev(ctx, *params), 0.25)
+    plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+    check(x, w, params, 0.25, y)
+    other = poisoned(ctx, (2, 6, 7, 6))
+    plan.execute(plan.input_desc, xd, plan.output_desc, other, args)
+    check(x, w, params, 0.25, other)
+    plan.set_conv_algorithm(plan.conv_algorithms()[-1])
+    y.fill_(np.nan)
+    plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+    check(x, w, params, 0.25, y)
+
+
+def test_conv_plan_logs_one_line_per_call(ctx, rng, capsys, monkeypatch):
+    """DLPRIM_LOG_CMD: a plan logs its own CBAInfer line on every call, recorded or replayed,
+    and not the lines of the convolution it runs inside."""
+    monkeypatch.setenv("DLPRIM_LOG_CMD", "1")
+    plan, ops = build_conv_plan(ctx, CONV["x_shape"], CONV["w_shape"], CONV["conv_desc"],
+                                ["bias", fusion.ACTIVATION_RELU], 6)
+    xd, wd, bd = dev(ctx, random(rng, CONV["x_shape"]), random(rng, CONV["w_shape"]),
+                     random(rng, (1, 6, 1, 1)))
+    args = fusion.OperatorArgs()
+    args.set_conv_forward(ops[0], 1, 0, wd)
+    args.set_bias_forward(ops[1], 1, 0, bd)
+    args.set_activation_forward(ops[2], 1, 0, 0, 0, 0)
+    y = dp.Tensor.empty(ctx, plan.output_desc.shape)
+    capsys.readouterr()
+    for _ in range(3):
+        plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+    logged = [line for line in capsys.readouterr().err.splitlines()
+              if line.startswith("DLPRIM_LOG_CMD: ")]
+    assert len(logged) == 3 and all("CBAInfer" in line for line in logged), logged
+
+
 def test_conv_plan_facts(ctx):
     plan, ops = build_conv_plan(ctx, CONV["x_shape"], CONV["w_shape"], CONV["conv_desc"],
                                 ["bn", fusion.ACTIVATION_RELU], 6)
