@@ -1,16 +1,43 @@
-## Winograd F(2x2, 3x3) convolution for 3x3, stride 1, dilation 1, groups 1, in three passes
-## around a batched GEMM (conv_implicit_gemm, as a 16-group 1x1 convolution):
-##   U[e][m][kk] = (G g G^T)[e]          weights, e = 4x4 transform element
-##   V[e][kk][t] = (B^T d B)[e]          4x4 input tiles d at 2x2 output steps, t = (n, th, tw)
+## Winograd F(m x m, 3x3) convolution (m = 2 or 4) for 3x3, stride 1, dilation 1, groups 1, in
+## three passes around a batched GEMM (the GEMM engine, one GEMM per transform element e):
+##   U[e][m][kk] = (G g G^T)[e]          weights, e = element of the (m+2)x(m+2) transform tile
+##   V[e][kk][t] = (B^T d B)[e]          (m+2)x(m+2) input tiles d at m x m output steps,
+##                                       t = (n, th, tw)
 ##   M[e][m][t]  = sum_kk U[e][m][kk] V[e][kk][t]                     (the GEMM)
-##   out         = epilogue(A^T M A)     each tile gives a 2x2 block of the output
+##   out         = epilogue(A^T M A)     each tile gives an m x m block of the output
 ## Forward: m = k, kk = c, input x, output y. Backward data is the forward convolution of dy
 ## with the filter rotated by 180 degrees and transposed (m = c, kk = k) and padding 2 - pad.
 ## Tensors are addressed through (n, channel, h, w) element strides given at run time.
 ##
 ## Template parameters:
+##   output_tile     2: F(2x2, 3x3) for forward and backward data and F(3x3, 2x2) for backward
+##                   filter, the kernels below written out by hand (4x4 transform tiles);
+##                   4: F(4x4, 3x3) for forward and backward data (6x6 transform tiles), its
+##                   transforms generated from the three matrices that follow, with the same
+##                   kernel names and arguments as the F(2x2) forward kernels
+##   matrix_bt, matrix_g, matrix_at   F(4x4) only (None for 2): the (6 x 6) input transform
+##                   B^T, the (6 x 3) filter transform G and the (4 x 6) output transform A^T
+##                   as tuples of rows of Python floats (winograd.cook_toom); zero entries are
+##                   left out of the generated sums
 ##   has_scale, has_shift, has_residual, activation   the forward epilogue (conv_common)
 <%namespace name="common" file="conv_common.cl.mako"/>
+<%!
+def combination(coefficients, terms):
+    """OpenCL C expression of sum(c * t) over the non-zero coefficients."""
+    parts = []
+    for c, t in zip(coefficients, terms):
+        c = float(c)
+        if c == 0.0:
+            continue
+        sign = "-" if c < 0 else "+"
+        magnitude = abs(c)
+        parts.append(f"{sign} {t}" if magnitude == 1.0 else f"{sign} {magnitude!r}f * {t}")
+    if not parts:
+        return "0.0f"
+    expr = " ".join(parts)
+    return expr[2:] if expr.startswith("+ ") else "-" + expr[2:]
+%>
+% if output_tile == 2:
 
 // g -> G g G^T for GM x GK 3x3 filters. `rotate`: read w[kk][m][2-r][2-s] (backward data).
 __kernel void winograd_weight_transform(int GM, int GK, int rotate,
@@ -188,3 +215,114 @@ ${common.store_scaled("dw", "dw_off", "k * wsK + c * wsC + r * wsR + s * wsS", "
         }
     }
 }
+% else:
+<%
+    tile_out = output_tile
+    tile_in = output_tile + 2
+    e_count = tile_in * tile_in
+%>
+// g -> G g G^T for GM x GK 3x3 filters into U[e][m][kk], e over the 6x6 transform tile.
+// `rotate`: read w[kk][m][2-r][2-s] (backward data).
+__kernel void winograd_weight_transform(int GM, int GK, int rotate,
+    __global const float *w, int w_off, int wsK, int wsC, int wsR, int wsS,
+    __global float *U, int U_off)
+{
+    const int total = GM * GK;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+        int m = i / GK, kk = i - m * GK;
+        float g[3][3];
+        for (int r = 0; r < 3; ++r)
+            for (int s = 0; s < 3; ++s)
+                g[r][s] = rotate ? w[w_off + kk * wsK + m * wsC + (2 - r) * wsR + (2 - s) * wsS]
+                                 : w[w_off + m * wsK + kk * wsC + r * wsR + s * wsS];
+        float t[${tile_in}][3];   // G g
+% for a in range(tile_in):
+%   for s in range(3):
+        t[${a}][${s}] = ${combination(matrix_g[a], [f"g[{r}][{s}]" for r in range(3)])};
+%   endfor
+% endfor
+        __global float *dst = U + U_off + i;
+% for a in range(tile_in):
+%   for b in range(tile_in):
+        dst[${a * tile_in + b} * total] = ${combination(matrix_g[b], [f"t[{a}][{s}]" for s in range(3)])};
+%   endfor
+% endfor
+    }
+}
+
+// d (6x6 input tile at 4x4 output steps, zero outside the image) -> B^T d B, into V[e][c][t].
+__kernel void winograd_input_transform(int N, int CH, int H, int W, int pad_h, int pad_w,
+    int TH, int TW, __global const float *x, int x_off, int sN, int sC, int sH, int sW,
+    __global float *V, int V_off)
+{
+    const int T = N * TH * TW;
+    const int total = CH * T;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+        int c = i / T, t = i - c * T;
+        int n = t / (TH * TW), p = t - n * (TH * TW);
+        int th = p / TW, tw = p - th * TW;
+        int h0 = th * ${tile_out} - pad_h, w0 = tw * ${tile_out} - pad_w;
+        __global const float *src = x + x_off + n * sN + c * sC;
+        float d[${tile_in}][${tile_in}];
+        for (int a = 0; a < ${tile_in}; ++a) {
+            int ih = h0 + a;
+            bool row_in = ih >= 0 && ih < H;
+            for (int b = 0; b < ${tile_in}; ++b) {
+                int iw = w0 + b;
+                d[a][b] = (row_in && iw >= 0 && iw < W) ? src[ih * sH + iw * sW] : 0.0f;
+            }
+        }
+        float q[${tile_in}][${tile_in}];   // B^T d
+% for a in range(tile_in):
+%   for b in range(tile_in):
+        q[${a}][${b}] = ${combination(matrix_bt[a], [f"d[{r}][{b}]" for r in range(tile_in)])};
+%   endfor
+% endfor
+        __global float *dst = V + V_off + i;
+% for a in range(tile_in):
+%   for b in range(tile_in):
+        dst[${a * tile_in + b} * total] = ${combination(matrix_bt[b], [f"q[{a}][{s}]" for s in range(tile_in)])};
+%   endfor
+% endfor
+    }
+}
+
+// M[e][k][t] -> A^T M A, a 4x4 output block per tile, through the epilogue.
+__kernel void winograd_output_transform(int N, int CH, int Ho, int Wo, int TH, int TW,
+    __global const float *M, int M_off, __global float *y, int y_off,
+    int ysN, int ysC, int ysH, int ysW, ${common.epilogue_params()})
+{
+    const int T = N * TH * TW;
+    const int total = CH * T;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+        int k = i / T, t = i - k * T;
+        int n = t / (TH * TW), p = t - n * (TH * TW);
+        int th = p / TW, tw = p - th * TW;
+        __global const float *src = M + M_off + i;
+        float m[${tile_in}][${tile_in}];
+        for (int e = 0; e < ${e_count}; ++e)
+            m[e / ${tile_in}][e % ${tile_in}] = src[e * total];
+        float q[${tile_out}][${tile_in}];   // A^T m
+% for a in range(tile_out):
+%   for b in range(tile_in):
+        q[${a}][${b}] = ${combination(matrix_at[a], [f"m[{r}][{b}]" for r in range(tile_in)])};
+%   endfor
+% endfor
+        for (int a = 0; a < ${tile_out}; ++a) {
+            int oh = th * ${tile_out} + a;
+            if (oh >= Ho)
+                continue;
+            float out[${tile_out}];
+% for b in range(tile_out):
+            out[${b}] = ${combination(matrix_at[b], [f"q[a][{s}]" for s in range(tile_in)])};
+% endfor
+            for (int b = 0; b < ${tile_out}; ++b) {
+                int ow = tw * ${tile_out} + b;
+                if (ow >= Wo)
+                    continue;
+${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "out[b]")}
+            }
+        }
+    }
+}
+% endif

@@ -13,12 +13,14 @@ from ... import config, finddb
 from ...errors import UnsupportedError
 from ...timing import time_enqueued
 from .algorithms import Direct, DirectPhased, EpilogueArgs, ImplicitGemm, Recording, _gemm_dims
-from .depthwise import Depthwise, DepthwiseTiled
+from .depthwise import Depthwise, DepthwiseRows, DepthwiseTiled
 from .gemm1x1 import Gemm1x1
 from .winograd import Winograd
 
 # Every algorithm by name; the order is the tie-break order of find mode.
-ALGORITHMS = {a.name: a for a in (Gemm1x1(), Winograd(), DepthwiseTiled(), Depthwise(),
+ALGORITHMS = {a.name: a for a in (Gemm1x1(), Winograd(), Winograd(output_tile=4),
+                                  DepthwiseTiled(), DepthwiseRows(),
+                                  Depthwise(),
                                   ImplicitGemm(), DirectPhased(), Direct())}
 
 
@@ -48,6 +50,8 @@ def _rank(ctx, problem, direction, name):
     if name == "direct_phased":
         # Same sums as the direct kernel, without its per-item divergence on the stride test.
         return 4 if _tiny_gemm(problem, direction) else 99
+    if name == "depthwise_rows":
+        return 0.5
     if name == "depthwise_tiled":
         # Local-memory staging pays on GPUs; a CPU's caches serve the plain kernel as well.
         return -1 if ctx.info.is_gpu else 1
