@@ -13,6 +13,10 @@
 ##                         gx, gy  work-group size along W and H
 ##                         tw, th  outputs per work item along W and H
 ##                         planes  (image, channel) planes per work group (third local axis)
+##   rows                None, or a dict selecting the row-band kernels conv_dw_forward_rows and
+##                       conv_dw_backward_data_rows (NCHW, dilation 1) with the keys
+##                         stride  the convolution stride, both axes
+##                         gx, gy  work-group size along W and along (plane, row)
 ##
 ## Kernels:
 ##   conv_dw_forward          y[n,k,oh,ow] = epilogue(sum_{r,s} x[n,k/mult,ih,iw] w[k,0,r,s])
@@ -30,6 +34,18 @@
 ##                            (item x has columns x, x + gx, ...) so that neighbouring items read
 ##                            neighbouring local words and write neighbouring addresses; rows are
 ##                            adjacent so that each staged row read serves several outputs.
+##   conv_dw_forward_rows     the forward of a band of `band_h` whole output rows of `planes`
+##                            consecutive (n, k) planes per work group: small planes share a
+##                            group (several planes, whole), large ones are cut into bands. The
+##                            input rows with their halo are staged in local memory (a run-time
+##                            size), each staged row read by gx neighbouring items at neighbouring
+##                            addresses; item (x, y) then computes outputs (row y + i * gy,
+##                            column x + j * gx): no division on the inner loops, stores
+##                            coalesced along W. Any multiplier.
+##   conv_dw_backward_data_rows  the same for dx (multiplier 1): the dy rows a band of dx rows
+##                            reads are staged, and each dx element gathers the taps whose
+##                            (position + pad - tap) is a multiple of the stride (compile-time,
+##                            so the test is a mask, not a division).
 <%namespace name="common" file="conv_common.cl.mako"/>
 #define KR ${kernel_r}
 #define KS ${kernel_s}
@@ -262,5 +278,141 @@ ${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "ac
         }
     }
 % endfor
+}
+% endif
+
+% if rows:
+<%
+    st, rgx, rgy = rows["stride"], rows["gx"], rows["gy"]
+%>
+#define RST ${st}
+
+// Grid: (ceil(N * K / planes) * bands * gx, gy): work groups along axis 0 enumerate (plane
+// group, band), bands fastest. staged holds planes x staged_rows x staged_w words.
+__kernel __attribute__((reqd_work_group_size(${rgx}, ${rgy}, 1)))
+void conv_dw_forward_rows(${common.geometry_params()},
+    __global const float *x, int x_off, __global const float *w, int w_off,
+    __global float *y, int y_off, ${common.epilogue_params()},
+    int planes, int band_h, int bands, int staged_rows, int staged_w, __local float *staged)
+{
+    const int lx = get_local_id(0), ly = get_local_id(1);
+    const int group = get_group_id(0);
+    const int oh0 = (group % bands) * band_h;
+    const int plane0 = (group / bands) * planes;
+    const int plane_count = min(planes, N * K - plane0);
+    const int mult = K / C;
+    const int ih0 = oh0 * RST - pad_h;
+    for (int row = ly; row < plane_count * staged_rows; row += ${rgy}) {
+        const int p = row / staged_rows, r = row - p * staged_rows;
+        const int plane = plane0 + p, n = plane / K, k = plane - n * K;
+        const int ih = ih0 + r;
+        const bool row_in = ih >= 0 && ih < H;
+        const int base = x_off + n * xsN + (k / mult) * xsC + ih * xsH;
+        __local float *dst = staged + row * staged_w;
+        for (int c = lx; c < staged_w; c += ${rgx}) {
+            const int iw = c - pad_w;
+            dst[c] = (row_in && iw >= 0 && iw < W) ? x[base + iw * xsW] : 0.0f;
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int out_rows = min(band_h, Ho - oh0);
+    for (int row = ly; row < plane_count * band_h; row += ${rgy}) {
+        const int p = row / band_h, t = row - p * band_h;
+        if (t >= out_rows)
+            continue;
+        const int plane = plane0 + p, n = plane / K, k = plane - n * K;
+        const int oh = oh0 + t;
+        __global const float *wk = w + w_off + k * wsK;
+        float wr[KR * KS];
+% for r in range(kernel_r):
+% for s in range(kernel_s):
+        wr[${r * kernel_s + s}] = wk[${r} * wsR + ${s} * wsS];
+% endfor
+% endfor
+        __local const float *src = staged + (p * staged_rows + t * RST) * staged_w;
+        for (int ow = lx; ow < Wo; ow += ${rgx}) {
+            __local const float *tap = src + ow * RST;
+            float acc = 0.0f;
+% for r in range(kernel_r):
+% for s in range(kernel_s):
+            acc = mad(tap[${r} * staged_w + ${s}], wr[${r * kernel_s + s}], acc);
+% endfor
+% endfor
+${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "acc")}
+        }
+    }
+}
+
+// dx rows [ih0, ih0 + band_h) (band_h a multiple of the stride, so that a row's parity is its
+// offset's) of `planes` consecutive (n, c) planes; K == C. Staged dy row 0 is output row
+// floor((ih0 + pad_h - KR + 1) / stride), column 0 output column floor((pad_w - KS + 1) / stride).
+__kernel __attribute__((reqd_work_group_size(${rgx}, ${rgy}, 1)))
+void conv_dw_backward_data_rows(${common.geometry_params()},
+    __global const float *dy, int dy_off, __global const float *w, int w_off,
+    __global float *dx, int dx_off, float alpha, float beta,
+    int planes, int band_h, int bands, int staged_rows, int staged_w, __local float *staged)
+{
+    const int lx = get_local_id(0), ly = get_local_id(1);
+    const int group = get_group_id(0);
+    const int ih0 = (group % bands) * band_h;
+    const int plane0 = (group / bands) * planes;
+    const int plane_count = min(planes, N * C - plane0);
+    // Floor divisions of possibly negative numbers, shifted to non-negative ones.
+    const int oh_lo = (ih0 + pad_h - KR + 1 + RST * KR) / RST - KR;
+    const int ow_lo = (pad_w - KS + 1 + RST * KS) / RST - KS;
+    for (int row = ly; row < plane_count * staged_rows; row += ${rgy}) {
+        const int p = row / staged_rows, r = row - p * staged_rows;
+        const int plane = plane0 + p, n = plane / C, c = plane - n * C;
+        const int oh = oh_lo + r;
+        const bool row_in = oh >= 0 && oh < Ho;
+        const int base = dy_off + n * ysN + c * ysC + oh * ysH;
+        __local float *dst = staged + row * staged_w;
+        for (int q = lx; q < staged_w; q += ${rgx}) {
+            const int ow = ow_lo + q;
+            dst[q] = (row_in && ow >= 0 && ow < Wo) ? dy[base + ow * ysW] : 0.0f;
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int in_rows = min(band_h, H - ih0);
+    for (int row = ly; row < plane_count * band_h; row += ${rgy}) {
+        const int p = row / band_h, t = row - p * band_h;
+        if (t >= in_rows)
+            continue;
+        const int plane = plane0 + p, n = plane / C, c = plane - n * C;
+        const int ih = ih0 + t;
+        __global const float *wk = w + w_off + c * wsK;
+        float wr[KR * KS];
+% for r in range(kernel_r):
+% for s in range(kernel_s):
+        wr[${r * kernel_s + s}] = wk[${r} * wsR + ${s} * wsS];
+% endfor
+% endfor
+        __local const float *src = staged + p * staged_rows * staged_w;
+        for (int iw = lx; iw < W; iw += ${rgx}) {
+            float acc = 0.0f;
+% for r in range(kernel_r):
+            {
+                // Non-negative by the choice of oh_lo; a multiple of the stride where tap r hits.
+                const int tr = ih + pad_h - ${r} - RST * oh_lo;
+% if st > 1:
+                const bool row_hit = tr % RST == 0;
+% endif
+                __local const float *line = src + (tr / RST) * staged_w;
+% for s in range(kernel_s):
+                {
+                    const int tc = iw + pad_w - ${s} - RST * ow_lo;
+% if st > 1:
+                    const float v = (row_hit && tc % RST == 0) ? line[tc / RST] : 0.0f;
+% else:
+                    const float v = line[tc];
+% endif
+                    acc = mad(v, wr[${r * kernel_s + s}], acc);
+                }
+% endfor
+            }
+% endfor
+${common.store_scaled("dx", "dx_off", "n * xsN + c * xsC + ih * xsH + iw * xsW", "acc")}
+        }
+    }
 }
 % endif

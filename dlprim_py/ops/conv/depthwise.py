@@ -1,9 +1,17 @@
-"""Depthwise convolution (groups == C, K = C * multiplier): the plain per-output kernels and the
-local-memory tiled forward, both in kernels/conv_depthwise.cl.mako."""
+"""Depthwise convolution (groups == C, K = C * multiplier), all in kernels/conv_depthwise.cl.mako:
+
+* ``Depthwise``: one work item per output element, every direction and layout;
+* ``DepthwiseTiled``: forward of 2-D output blocks staged in local memory (NCHW);
+* ``DepthwiseRows``: forward and data gradient of bands of whole rows, several small planes per
+  work group (NCHW);
+
+and the backward filter as partial sums per (channel, image range) reduced in a second pass.
+"""
 import math
 from dataclasses import dataclass
 
 import numpy as np
+import pyopencl as cl
 
 from ... import program
 from ...errors import ShapeError
@@ -51,7 +59,7 @@ class Depthwise(Algorithm):
         params = (epilogue if direction == "forward" else NO_EPILOGUE).params()
         params.update(kernel_r=problem.r, kernel_s=problem.s,
                       channel_last=problem.layout == "NHWC",
-                      reduce_group=self._reduce_group(ctx, problem), tile=None)
+                      reduce_group=self._reduce_group(ctx, problem), tile=None, rows=None)
         return program.build(ctx, "conv_depthwise", params)
 
     def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
@@ -139,7 +147,7 @@ class DepthwiseTiled(Algorithm):
         tile = self.choose_tile(ctx, problem)
         params = epilogue.params()
         params.update(kernel_r=problem.r, kernel_s=problem.s, channel_last=False,
-                      reduce_group=1,
+                      reduce_group=1, rows=None,
                       tile=dict(stride=problem.stride_h, gx=tile.gx, gy=tile.gy, tw=tile.tw,
                                 th=tile.th, planes=tile.planes))
         return program.build(ctx, "conv_depthwise", params), tile
@@ -194,3 +202,133 @@ def _choose_dw_tile(ctx, problem):
                     best, best_cost = tile, cost
     memo[key] = best
     return best
+
+
+# ---- row bands ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DepthwiseBands:
+    """Geometry of the row-band kernels: work group gx x gy, ``planes`` consecutive (n, k)
+    planes and ``band_h`` output rows of each per group."""
+    gx: int
+    gy: int
+    planes: int
+    band_h: int
+
+
+class DepthwiseRows(Algorithm):
+    """Forward and data gradient of whole-row bands (conv_dw_forward_rows and
+    conv_dw_backward_data_rows in kernels/conv_depthwise.cl.mako): the rows a band reads are
+    staged in local memory with coalesced row loads; small planes go several to a work group
+    (MobileNet's 7x7 and 14x14 layers would leave most of a one-plane group idle). NCHW,
+    dilation 1, equal strides up to 4; the data gradient needs multiplier 1.
+
+    ``bands``: a fixed DepthwiseBands, or None to choose per problem (``choose_bands``)."""
+    directions = ("forward", "backward_data")
+    # Staged bytes per work group at most: 16 KiB lets an H200 SM hold its 2048 items' worth
+    # of groups (8 x 256) with local memory to spare.
+    LOCAL_BYTES = 16384
+    # Outputs per work group aimed at: 4 per item of a 256-item group.
+    OUTPUTS_PER_GROUP = 1024
+
+    def __init__(self, bands=None, name="depthwise_rows"):
+        self.bands = bands
+        self.name = name
+
+    def applies(self, ctx, problem, direction):
+        p = problem
+        if not (direction in self.directions and p.is_depthwise and p.k % p.c == 0
+                and p.layout == "NCHW" and p.dil_h == p.dil_w == 1
+                and p.stride_h == p.stride_w <= 4 and p.r * p.s <= 49):
+            return False
+        if direction == "backward_data" and p.k != p.c:
+            return False
+        bands = self.choose_bands(ctx, p, direction)
+        return bands is not None and self._fits(ctx, p, direction, bands)
+
+    @staticmethod
+    def staged_shape(problem, direction, band_h):
+        """(rows, columns) staged per plane for a band of ``band_h`` rows."""
+        p, st = problem, problem.stride_h
+        if direction == "forward":
+            return (band_h - 1) * st + p.r, (p.wo - 1) * st + p.s
+        rows = (band_h - 1 + p.pad_h) // st - (p.pad_h - p.r + 1) // st + 1
+        cols = (p.w - 1 + p.pad_w) // st - (p.pad_w - p.s + 1) // st + 1
+        return rows, cols
+
+    @classmethod
+    def _fits(cls, ctx, problem, direction, bands):
+        rows, cols = cls.staged_shape(problem, direction, bands.band_h)
+        sizes = ctx.info.max_work_item_sizes
+        return (bands.gx * bands.gy <= ctx.info.max_work_group_size and bands.gx <= sizes[0]
+                and bands.gy <= sizes[1]
+                and bands.planes * rows * cols * 4 <= ctx.info.local_mem_size // 2
+                and (direction == "forward" or bands.band_h % problem.stride_h == 0))
+
+    def choose_bands(self, ctx, problem, direction):
+        if self.bands is not None:
+            return self.bands
+        key = (problem.n * problem.k, problem.h, problem.w, problem.r, problem.s,
+               problem.pad_h, problem.pad_w, problem.stride_h, direction)
+        memo = ctx.memo.setdefault("conv_dw_bands", {})
+        if key not in memo:
+            memo[key] = self._choose(ctx, problem, direction)
+        return memo[key]
+
+    def _choose(self, ctx, problem, direction):
+        p, st = problem, problem.stride_h
+        out_h, out_w = (p.ho, p.wo) if direction == "forward" else (p.h, p.w)
+        plane_count = p.n * p.k
+        gx = min(32, max(8, 1 << (out_w - 1).bit_length()))
+        group = min(256, ctx.info.max_work_group_size)
+        gy = max(1, group // gx)
+        rows_wanted = max(1, self.OUTPUTS_PER_GROUP // out_w)
+        budget = min(self.LOCAL_BYTES, ctx.info.local_mem_size // 2)
+        if out_h <= rows_wanted:
+            band_h, planes = out_h, max(1, rows_wanted // out_h)
+            # Enough groups to fill the device twice over.
+            planes = max(1, min(planes, plane_count // max(1, 2 * ctx.info.compute_units)))
+        else:
+            band_h, planes = rows_wanted, 1
+        if direction == "backward_data" and band_h < out_h:
+            band_h = max(st, band_h // st * st)
+
+        def staged_bytes(bh, pl):
+            rows, cols = self.staged_shape(p, direction, bh)
+            return pl * rows * cols * 4
+
+        while planes > 1 and staged_bytes(band_h, planes) > budget:
+            planes -= 1
+        step = st if direction == "backward_data" else 1
+        while band_h > step and staged_bytes(band_h, planes) > budget:
+            band_h -= step
+        bands = DepthwiseBands(gx, gy, planes, band_h)
+        return bands if self._fits(ctx, p, direction, bands) else None
+
+    def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
+        bands = self.choose_bands(ctx, problem, direction)
+        params = (epilogue if direction == "forward" else NO_EPILOGUE).params()
+        params.update(kernel_r=problem.r, kernel_s=problem.s, channel_last=False,
+                      reduce_group=1, tile=None,
+                      rows=dict(stride=problem.stride_h, gx=bands.gx, gy=bands.gy))
+        return program.build(ctx, "conv_depthwise", params), bands
+
+    def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
+            workspace=None):
+        built, bands = self.prepare(ctx, problem, direction, epilogue)
+        p = problem
+        out_h = p.ho if direction == "forward" else p.h
+        band_count = math.ceil(out_h / bands.band_h)
+        groups = math.ceil(p.n * p.k / bands.planes) * band_count
+        rows, cols = self.staged_shape(p, direction, bands.band_h)
+        tail = [_I32(bands.planes), _I32(bands.band_h), _I32(band_count), _I32(rows),
+                _I32(cols), cl.LocalMemory(bands.planes * rows * cols * 4)]
+        gsize, lsize = (groups * bands.gx, bands.gy), (bands.gx, bands.gy)
+        if direction == "forward":
+            launch(ctx, built, "conv_dw_forward_rows", gsize, lsize,
+                   [*p.geometry_args(), *_buf(src), *_buf(other), *_buf(dst),
+                    *ep.kernel_args(dst), *tail])
+        else:
+            launch(ctx, built, "conv_dw_backward_data_rows", gsize, lsize,
+                   [*p.geometry_args(), *_buf(src), *_buf(other), *_buf(dst), _F32(ep.alpha),
+                    _F32(ep.beta), *tail])
