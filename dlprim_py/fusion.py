@@ -663,11 +663,20 @@ def _bn_group_size(ctx):
     return size
 
 
-def _bn_train_kernel(ctx, name, activation, index_t):
-    params = dict(group_size=_bn_group_size(ctx), index_t=index_t,
+def _bn_train_kernel(ctx, name, activation, index_t, vec):
+    params = dict(group_size=_bn_group_size(ctx), index_t=index_t, vec=vec,
                   act_forward=activation.forward_code("z"),
                   act_derivative=activation.derivative_code("z", "a"))
     return program.kernel(ctx, "fusion_bn", name, params)
+
+
+def _bn_vector_width(layout, chunk_len, tensors, widest):
+    """4 (float4 loads and stores) when a packet of 4 never leaves an (n, c) plane nor a chunk
+    and every tensor starts on a 16-byte boundary, else 1."""
+    if widest >= 4 and layout[2] % 4 == 0 and chunk_len % 4 == 0 and all(
+            t.offset_elements % 4 == 0 for t in tensors):
+        return 4
+    return 1
 
 
 def _bn_chunks(ctx, layout):
@@ -686,6 +695,8 @@ def _bn_partials(ctx, layout, chunks):
     per_channel = layout[0] * layout[2]
     chunks = max(1, min(int(chunks), per_channel))
     chunk_len = -(-per_channel // chunks)
+    if layout[2] % 4 == 0:   # whole packets of 4 per chunk, for the float4 variant
+        chunk_len = -(-chunk_len // 4) * 4
     chunks = -(-per_channel // chunk_len)
     partials = Tensor.empty(ctx, (layout[1] * chunks * 2,)) if chunks > 1 else None
     return chunks, chunk_len, partials
@@ -729,16 +740,29 @@ class _BatchNormTrainForward:
         self.output_desc = TensorDesc(shape, float32)
         self.dummy = Tensor.zeros(plan.ctx, (1,))
         self.set_chunks(_bn_chunks(plan.ctx, self.layout))
-        self._kernel(activation_desc(self.activation.mode) if self.activation else
-                     ActivationDesc(Activation.PASTHRU), "int", "activation")
+        self._prebuild(activation_desc(self.activation.mode) if self.activation else
+                       ActivationDesc(Activation.PASTHRU))
+
+    widest = 4   # elements per load at most; set_vector_width(1) forces scalar loads (tests)
 
     def set_chunks(self, chunks):
         """Split each channel into ``chunks`` work-groups (1: one kernel per call; more: two
         kernels, for channels too few to fill the device). Chosen at compile; for tests."""
         self.chunks, self.chunk_len, self.partials = _bn_partials(self.plan.ctx, self.layout, chunks)
 
-    def _kernel(self, activation, index_t, step):
-        return _bn_train_kernel(self.plan.ctx, f"bn_train_forward_{step}", activation, index_t)
+    def set_vector_width(self, widest):
+        """At most ``widest`` (4 or 1) elements per load; 4 is used where it applies."""
+        self.widest = int(widest)
+
+    def _prebuild(self, activation):
+        """Build the kernels a call with aligned tensors and 32-bit indices will run."""
+        vec = 4 if self.layout[2] % 4 == 0 else 1
+        for step in (("activation",) if self.chunks == 1 else ("partial", "apply")):
+            self._kernel(activation, "int", step, vec)
+
+    def _kernel(self, activation, index_t, step, vec=1):
+        return _bn_train_kernel(self.plan.ctx, f"bn_train_forward_{step}", activation, index_t,
+                                vec)
 
     def run(self, x, y, args):
         values = args.get(self.bn)
@@ -764,16 +788,17 @@ class _BatchNormTrainForward:
         call_args += [np.float32(values["exp_avg_factor"]), np.float32(values["epsilon"]),
                       np.int32(save), np.int32(update)]
         queue, group = self.plan.ctx.queue, _bn_group_size(self.plan.ctx)
+        vec = _bn_vector_width(self.layout, self.chunk_len, (x, y), self.widest)
         if self.chunks == 1:
-            self._kernel(activation, index_t, "activation")(
+            self._kernel(activation, index_t, "activation", vec)(
                 queue, (self.layout[1] * group,), (group,), *sizes, *call_args)
             return
         grid, local = (self.chunks * group, self.layout[1]), (group, 1)
         sizes.append(index_np(self.chunk_len))
-        self._kernel(activation, index_t, "partial")(queue, grid, local, *sizes, *x_args,
-                                                      self.partials.buffer)
-        self._kernel(activation, index_t, "apply")(queue, grid, local, *sizes, *call_args,
-                                                    self.partials.buffer)
+        self._kernel(activation, index_t, "partial", vec)(queue, grid, local, *sizes, *x_args,
+                                                           self.partials.buffer)
+        self._kernel(activation, index_t, "apply", vec)(queue, grid, local, *sizes, *call_args,
+                                                         self.partials.buffer)
 
 
 class _BatchNormTrainBackward:
@@ -803,13 +828,17 @@ class _BatchNormTrainBackward:
         self.param_size = self.layout[1]
         self.output_desc = TensorDesc(shape, float32)
         self.set_chunks(_bn_chunks(plan.ctx, self.layout))
-        self._kernel(activation_desc(self.activation.mode) if self.activation else
-                     ActivationDesc(Activation.PASTHRU), "int", "activation")
+        self._prebuild(activation_desc(self.activation.mode) if self.activation else
+                       ActivationDesc(Activation.PASTHRU))
 
+    widest = 4
     set_chunks = _BatchNormTrainForward.set_chunks
+    set_vector_width = _BatchNormTrainForward.set_vector_width
+    _prebuild = _BatchNormTrainForward._prebuild
 
-    def _kernel(self, activation, index_t, step):
-        return _bn_train_kernel(self.plan.ctx, f"bn_train_backward_{step}", activation, index_t)
+    def _kernel(self, activation, index_t, step, vec=1):
+        return _bn_train_kernel(self.plan.ctx, f"bn_train_backward_{step}", activation, index_t,
+                                vec)
 
     def run(self, dy, dx, args):
         values = args.get(self.bn)
@@ -831,18 +860,19 @@ class _BatchNormTrainBackward:
         for name, t in zip(("x", "dy", "dx") + names, [x, dy, dx] + params):
             buffers[name] = [t.buffer, index_np(t.offset_elements)]
         queue, group = self.plan.ctx.queue, _bn_group_size(self.plan.ctx)
+        vec = _bn_vector_width(self.layout, self.chunk_len, (x, dy, dx), self.widest)
         apply_args = [a for name in ("x", "dy", "dx") + names for a in buffers[name]]
         if self.chunks == 1:
-            self._kernel(activation, index_t, "activation")(
+            self._kernel(activation, index_t, "activation", vec)(
                 queue, (self.layout[1] * group,), (group,), *sizes, *apply_args)
             return
         grid, local = (self.chunks * group, self.layout[1]), (group, 1)
         sizes.append(index_np(self.chunk_len))
         partial_args = [a for name in ("x", "dy") + names[:4] for a in buffers[name]]
-        self._kernel(activation, index_t, "partial")(queue, grid, local, *sizes, *partial_args,
-                                                      self.partials.buffer)
-        self._kernel(activation, index_t, "apply")(queue, grid, local, *sizes, *apply_args,
-                                                    self.partials.buffer)
+        self._kernel(activation, index_t, "partial", vec)(queue, grid, local, *sizes,
+                                                           *partial_args, self.partials.buffer)
+        self._kernel(activation, index_t, "apply", vec)(queue, grid, local, *sizes, *apply_args,
+                                                         self.partials.buffer)
 
 
 class _ConvChain:

@@ -29,8 +29,34 @@
 ##   index_t        "int" when every element index fits in 31 bits, else "long"
 ##   act_forward    OpenCL C expression of act(z) over the variable `z`
 ##   act_derivative OpenCL C expression of act'(z) over the variables `z` and `a` (a = act(z))
+##   vec            elements per load: 4 (float4 loads and stores; needs S, the chunk length and
+##                  every tensor offset divisible by 4, which the host checks) or 1
+##
+## The loops walk packets of `vec` consecutive elements of one (n, c) plane: with S divisible
+## by vec a packet never crosses planes, so the (n, s) split costs one division per packet.
 #define GROUP_SIZE ${group_size}
+#define VEC ${vec}
 typedef ${index_t} index_t;
+
+inline float act_f(float z) { return ${act_forward}; }
+inline float act_d(float z, float a) { return ${act_derivative}; }
+
+% if vec == 4:
+typedef float4 floatv;
+#define LOADV(p, e) (*(__global const float4*)((p) + (e)))
+#define STOREV(p, e, v) (*(__global float4*)((p) + (e)) = (v))
+#define HSUM(v) (((v).x + (v).y) + ((v).z + (v).w))
+#define ACTV(z) ((float4)(act_f((z).x), act_f((z).y), act_f((z).z), act_f((z).w)))
+#define DERV(z, a) ((float4)(act_d((z).x, (a).x), act_d((z).y, (a).y), \
+                             act_d((z).z, (a).z), act_d((z).w, (a).w)))
+% else:
+typedef float floatv;
+#define LOADV(p, e) ((p)[e])
+#define STOREV(p, e, v) ((p)[e] = (v))
+#define HSUM(v) (v)
+#define ACTV(z) act_f(z)
+#define DERV(z, a) act_d(z, a)
+% endif
 
 // Tree reduction of two float arrays of GROUP_SIZE in local memory at once; the sums end in [0].
 inline void reduce_sum2(__local float* first, __local float* second, int lid)
@@ -73,8 +99,8 @@ void bn_train_forward_activation(
     const index_t M = N * S;
 
     float sum = 0.0f;
-    for (index_t i = lid; i < M; i += GROUP_SIZE)
-        sum += x[x_off + element_index(i, C, S, c)];
+    for (index_t q = lid; q < M / VEC; q += GROUP_SIZE)
+        sum += HSUM(LOADV(x, x_off + element_index(q * VEC, C, S, c)));
     first[lid] = sum;
     second[lid] = 0.0f;
     reduce_sum2(first, second, lid);
@@ -83,9 +109,9 @@ void bn_train_forward_activation(
 
     // A second pass around the mean: sum(x^2) - M*mean^2 cancels badly in float32.
     float squares = 0.0f;
-    for (index_t i = lid; i < M; i += GROUP_SIZE) {
-        float d = x[x_off + element_index(i, C, S, c)] - mean;
-        squares += d * d;
+    for (index_t q = lid; q < M / VEC; q += GROUP_SIZE) {
+        floatv d = LOADV(x, x_off + element_index(q * VEC, C, S, c)) - mean;
+        squares += HSUM(d * d);
     }
     first[lid] = squares;
     second[lid] = 0.0f;
@@ -95,10 +121,10 @@ void bn_train_forward_activation(
     const float gain = scale[scale_off + c] * inv_std;
     const float shift = bias[bias_off + c] - mean * gain;
 
-    for (index_t i = lid; i < M; i += GROUP_SIZE) {
-        index_t e = element_index(i, C, S, c);
-        float z = x[x_off + e] * gain + shift;
-        y[y_off + e] = ${act_forward};
+    for (index_t q = lid; q < M / VEC; q += GROUP_SIZE) {
+        index_t e = element_index(q * VEC, C, S, c);
+        floatv z = LOADV(x, x_off + e) * gain + shift;
+        STOREV(y, y_off + e, ACTV(z));
     }
     if (lid == 0) {
         if (save_statistics) {
@@ -140,14 +166,14 @@ void bn_train_backward_activation(
     const float beta = bias[bias_off + c];
 
     float sum_dz = 0.0f, sum_dz_xhat = 0.0f;
-    for (index_t i = lid; i < M; i += GROUP_SIZE) {
-        index_t e = element_index(i, C, S, c);
-        float x_hat = (x[x_off + e] - mean) * inv_std;
-        float z = x_hat * gamma + beta;
-        float a = ${act_forward};
-        float dz = dy[dy_off + e] * (${act_derivative});
-        sum_dz += dz;
-        sum_dz_xhat += dz * x_hat;
+    for (index_t q = lid; q < M / VEC; q += GROUP_SIZE) {
+        index_t e = element_index(q * VEC, C, S, c);
+        floatv x_hat = (LOADV(x, x_off + e) - mean) * inv_std;
+        floatv z = x_hat * gamma + beta;
+        floatv a = ACTV(z);
+        floatv dz = LOADV(dy, dy_off + e) * DERV(z, a);
+        sum_dz += HSUM(dz);
+        sum_dz_xhat += HSUM(dz * x_hat);
     }
     first[lid] = sum_dz;
     second[lid] = sum_dz_xhat;
@@ -156,13 +182,13 @@ void bn_train_backward_activation(
     const float total_dz_xhat = second[0];
 
     const float factor = gamma * inv_std / (float)M;
-    for (index_t i = lid; i < M; i += GROUP_SIZE) {
-        index_t e = element_index(i, C, S, c);
-        float x_hat = (x[x_off + e] - mean) * inv_std;
-        float z = x_hat * gamma + beta;
-        float a = ${act_forward};
-        float dz = dy[dy_off + e] * (${act_derivative});
-        dx[dx_off + e] = factor * ((float)M * dz - total_dz - x_hat * total_dz_xhat);
+    for (index_t q = lid; q < M / VEC; q += GROUP_SIZE) {
+        index_t e = element_index(q * VEC, C, S, c);
+        floatv x_hat = (LOADV(x, x_off + e) - mean) * inv_std;
+        floatv z = x_hat * gamma + beta;
+        floatv a = ACTV(z);
+        floatv dz = LOADV(dy, dy_off + e) * DERV(z, a);
+        STOREV(dx, dx_off + e, factor * ((float)M * dz - total_dz - x_hat * total_dz_xhat));
     }
     if (lid == 0) {
         scale_diff[scale_diff_off + c] = total_dz_xhat;
@@ -188,10 +214,10 @@ void bn_train_forward_partial(
     const float origin = x[x_off + element_index(0, C, S, c)];
     const index_t end = min(M, (j + 1) * chunk_len);
     float sum = 0.0f, squares = 0.0f;
-    for (index_t i = j * chunk_len + lid; i < end; i += GROUP_SIZE) {
-        float d = x[x_off + element_index(i, C, S, c)] - origin;
-        sum += d;
-        squares += d * d;
+    for (index_t q = j * chunk_len / VEC + lid; q < end / VEC; q += GROUP_SIZE) {
+        floatv d = LOADV(x, x_off + element_index(q * VEC, C, S, c)) - origin;
+        sum += HSUM(d);
+        squares += HSUM(d * d);
     }
     first[lid] = sum;
     second[lid] = squares;
@@ -240,10 +266,10 @@ void bn_train_forward_apply(
     const float shift = bias[bias_off + c] - mean * gain;
 
     const index_t end = min(M, (j + 1) * chunk_len);
-    for (index_t i = j * chunk_len + lid; i < end; i += GROUP_SIZE) {
-        index_t e = element_index(i, C, S, c);
-        float z = x[x_off + e] * gain + shift;
-        y[y_off + e] = ${act_forward};
+    for (index_t q = j * chunk_len / VEC + lid; q < end / VEC; q += GROUP_SIZE) {
+        index_t e = element_index(q * VEC, C, S, c);
+        floatv z = LOADV(x, x_off + e) * gain + shift;
+        STOREV(y, y_off + e, ACTV(z));
     }
     if (j == 0 && lid == 0) {
         if (save_statistics) {
@@ -285,14 +311,14 @@ void bn_train_backward_partial(
     const float beta = bias[bias_off + c];
     const index_t end = min(M, (j + 1) * chunk_len);
     float sum_dz = 0.0f, sum_dz_xhat = 0.0f;
-    for (index_t i = j * chunk_len + lid; i < end; i += GROUP_SIZE) {
-        index_t e = element_index(i, C, S, c);
-        float x_hat = (x[x_off + e] - mean) * inv_std;
-        float z = x_hat * gamma + beta;
-        float a = ${act_forward};
-        float dz = dy[dy_off + e] * (${act_derivative});
-        sum_dz += dz;
-        sum_dz_xhat += dz * x_hat;
+    for (index_t q = j * chunk_len / VEC + lid; q < end / VEC; q += GROUP_SIZE) {
+        index_t e = element_index(q * VEC, C, S, c);
+        floatv x_hat = (LOADV(x, x_off + e) - mean) * inv_std;
+        floatv z = x_hat * gamma + beta;
+        floatv a = ACTV(z);
+        floatv dz = LOADV(dy, dy_off + e) * DERV(z, a);
+        sum_dz += HSUM(dz);
+        sum_dz_xhat += HSUM(dz * x_hat);
     }
     first[lid] = sum_dz;
     second[lid] = sum_dz_xhat;
@@ -340,13 +366,13 @@ void bn_train_backward_apply(
     const float beta = bias[bias_off + c];
     const float factor = gamma * inv_std / (float)M;
     const index_t end = min(M, (j + 1) * chunk_len);
-    for (index_t i = j * chunk_len + lid; i < end; i += GROUP_SIZE) {
-        index_t e = element_index(i, C, S, c);
-        float x_hat = (x[x_off + e] - mean) * inv_std;
-        float z = x_hat * gamma + beta;
-        float a = ${act_forward};
-        float dz = dy[dy_off + e] * (${act_derivative});
-        dx[dx_off + e] = factor * ((float)M * dz - total_dz - x_hat * total_dz_xhat);
+    for (index_t q = j * chunk_len / VEC + lid; q < end / VEC; q += GROUP_SIZE) {
+        index_t e = element_index(q * VEC, C, S, c);
+        floatv x_hat = (LOADV(x, x_off + e) - mean) * inv_std;
+        floatv z = x_hat * gamma + beta;
+        floatv a = ACTV(z);
+        floatv dz = LOADV(dy, dy_off + e) * DERV(z, a);
+        STOREV(dx, dx_off + e, factor * ((float)M * dz - total_dz - x_hat * total_dz_xhat));
     }
     if (j == 0 && lid == 0) {
         scale_diff[scale_diff_off + c] = total_dz_xhat;

@@ -182,19 +182,23 @@ def bn_train_torch(x, scale, bias, mode, activation, eps):
     return xt, st, bt, y, mean.flatten(), var.flatten(), count
 
 
-@pytest.mark.parametrize("mode, activation, reference, chunks", [
-    (fusion.BN_SPATIAL, fusion.ACTIVATION_RELU, torch.relu, 1),
-    (fusion.BN_SPATIAL, fusion.ACTIVATION_RELU, torch.relu, 3),
-    (fusion.BN_PER_ACTIVATION, fusion.ACTIVATION_LOGISTIC, torch.sigmoid, 1),
-    (fusion.BN_PER_ACTIVATION, fusion.ACTIVATION_LOGISTIC, torch.sigmoid, 2),
-], ids=["spatial-relu", "spatial-relu-3-chunks", "per_activation-logistic",
-        "per_activation-logistic-2-chunks"])
+@pytest.mark.parametrize("mode, activation, reference, chunks, shape, widest", [
+    (fusion.BN_SPATIAL, fusion.ACTIVATION_RELU, torch.relu, 1, (4, 3, 5, 6), 4),
+    (fusion.BN_SPATIAL, fusion.ACTIVATION_RELU, torch.relu, 3, (4, 3, 5, 6), 4),
+    (fusion.BN_SPATIAL, fusion.ACTIVATION_SOFTRELU, F.softplus, 1, (3, 3, 4, 6), 4),
+    (fusion.BN_SPATIAL, fusion.ACTIVATION_SOFTRELU, F.softplus, 5, (3, 3, 4, 6), 4),
+    (fusion.BN_SPATIAL, fusion.ACTIVATION_SOFTRELU, F.softplus, 5, (3, 3, 4, 6), 1),
+    (fusion.BN_PER_ACTIVATION, fusion.ACTIVATION_LOGISTIC, torch.sigmoid, 1, (4, 3, 5, 6), 4),
+    (fusion.BN_PER_ACTIVATION, fusion.ACTIVATION_LOGISTIC, torch.sigmoid, 2, (4, 3, 5, 6), 4),
+], ids=["spatial-relu", "spatial-relu-3-chunks", "spatial-softrelu-float4",
+        "spatial-softrelu-float4-5-chunks", "spatial-softrelu-scalar-5-chunks",
+        "per_activation-logistic", "per_activation-logistic-2-chunks"])
 def test_batchnorm_train_forward_and_backward_activation(ctx, rng, mode, activation, reference,
-                                                         chunks):
-    """One kernel per channel (chunks=1), or each channel split over work-groups (two kernels)."""
-    shape = (4, 3, 5, 6)
+                                                         chunks, shape, widest):
+    """One kernel per channel (chunks=1), or each channel split over work-groups (two kernels);
+    float4 loads where the plane size allows them (widest=4), or forced scalar loads."""
     x = random(rng, shape, -1, 3)
-    param_shape = (1, 3, 1, 1) if mode == fusion.BN_SPATIAL else (1, 3, 5, 6)
+    param_shape = (1, 3, 1, 1) if mode == fusion.BN_SPATIAL else (1,) + shape[1:]
     scale, bias = random(rng, param_shape, 0.5, 1.5), random(rng, param_shape)
     running_mean, running_var = random(rng, param_shape), random(rng, param_shape, 0.5, 1.5)
     eps, factor = 1e-4, 0.2
@@ -204,6 +208,7 @@ def test_batchnorm_train_forward_and_backward_activation(ctx, rng, mode, activat
     act = plan.create_op_activation_forward(activation)
     plan.compile()
     plan.runner.set_chunks(chunks)
+    plan.runner.set_vector_width(widest)
     assert plan.runner.chunks == chunks
     args = fusion.OperatorArgs()
     scale_d, bias_d, xd = dev(ctx, scale, bias, x)
@@ -243,6 +248,7 @@ def test_batchnorm_train_forward_and_backward_activation(ctx, rng, mode, activat
     act_back = back.create_op_activation_backward(activation)
     back.compile()
     back.runner.set_chunks(chunks)
+    back.runner.set_vector_width(widest)
     bargs = fusion.OperatorArgs()
     dscale, dbias = poisoned(ctx, param_shape), poisoned(ctx, param_shape)
     bargs.set_batchnorm_backward(bn_back, 1.0, 0.0, xd, scale_d, bias_d, dscale, dbias,
