@@ -12,6 +12,14 @@
 //   BIAS          0: none; 1: bias[N] added to every row ("n", linear layers);
 //                 2: bias[M] added to every column ("m", convolution: M = output channels)
 //   ACTIVATION    OpenCL C expression of act(x) in the variable x, or "" for none
+//   FOLD_A, FOLD_B, FOLD_C  how the operand's contiguous (stored column) dimension j is
+//                 addressed: 0 plainly (j); 1 folded, j = n * P + p at n * img + p; 2 folded
+//                 and strided (A and B only), at n * img + (p / fw) * frow + (p % fw) * fcol.
+//                 P, img, fw, frow, fcol are run-time arguments (f{a,b,c}_*). A folded
+//                 operand is a batch of NCHW images seen as one matrix: a 1x1 convolution's
+//                 x (C x N*H*W), y (K x N*Ho*Wo), or its stride-2 input sampled in place. A may
+//                 be folded only along K (not TRANS_A), B along N (not TRANS_B) or K (TRANS_B),
+//                 C along N. The division by P runs once per tile load or store, not per FMA.
 // "tiled" only:
 //   TILE_M, TILE_N  the C tile one work-group computes
 //   TILE_K        depth of the A and B slices staged in local memory per step
@@ -32,6 +40,21 @@
 //                 chunks and applies the epilogue. 0: the epilogue is applied directly.
 // "small" only:
 //   SMALL_M, SMALL_N  work-group shape; one work-item per C element, K walked from global memory
+
+// Element offset of column j of a folded operand (FOLD 1, then FOLD 2).
+inline long fold_dense(int j, int P, long img)
+{
+    const int n = j / P;
+    return n * img + (j - n * P);
+}
+
+inline long fold_strided(int j, int P, long img, int fw, int frow, int fcol)
+{
+    const int n = j / P;
+    const int p = j - n * P;
+    const int h = p / fw;
+    return n * img + (long)h * frow + (long)(p - h * fw) * fcol;
+}
 <%!
 def load_slots(contig, total, threads, gvec):
     """(contiguous, strided) coordinate expressions of each GVEC-wide load of a work-item
@@ -46,9 +69,21 @@ def load_slots(contig, total, threads, gvec):
             wrap = per_row // threads
             slots.append((f"(lid + {(r % wrap) * threads}) * {gvec}", f"{r // wrap}"))
     return slots
+
+def fold(mode, op, j):
+    """Expression for the element offset of column ``j`` of operand ``op`` ("a", "b", "c")."""
+    if mode == 0:
+        return f"((long)({j}))"
+    if mode == 1:
+        return f"fold_dense({j}, f{op}_p, f{op}_img)"
+    return f"fold_strided({j}, f{op}_p, f{op}_img, f{op}_w, f{op}_row, f{op}_col)"
 %>
 <%
     tiled = KERNEL == "tiled"
+    # Folded along K: the operand's offsets along K change every step.
+    a_kfold = FOLD_A and not TRANS_A
+    b_kfold = FOLD_B and TRANS_B
+    b_nfold = FOLD_B and not TRANS_B
 %>
 % if tiled:
 #define TILE_M ${TILE_M}
@@ -104,6 +139,9 @@ void gemm_tiled(int M, int N, int K,
                 __global float *C, long c_off, int ldc, long stride_c,
                 float alpha, float beta,
                 __global const float *restrict bias, long bias_off,
+                int fa_p, long fa_img, int fa_w, int fa_row, int fa_col,
+                int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
+                int fc_p, long fc_img,
                 int splits, int k_chunk)
 {
     __local float a_stage[STAGES * STAGE_A] __attribute__((aligned(16)));
@@ -145,13 +183,28 @@ void gemm_tiled(int M, int N, int K,
 % if TRANS_A:
     __global const float *a_tile = A + (long)k_begin * lda + m0;
     const long a_step = (long)TILE_K * lda;
+% elif a_kfold:
+    // Folded along K: the tile stays at row m0, K offsets are computed at every load.
+    __global const float *a_tile = A + (long)m0 * lda;
+    const long a_step = 0;
 % else:
     __global const float *a_tile = A + (long)m0 * lda + k_begin;
     const long a_step = TILE_K;
 % endif
-% if TRANS_B:
+% if TRANS_B and b_kfold:
+    __global const float *b_tile = B + (long)n0 * ldb;
+    const long b_step = 0;
+% elif TRANS_B:
     __global const float *b_tile = B + (long)n0 * ldb + k_begin;
     const long b_step = TILE_K;
+% elif b_nfold:
+    // Folded along N: each load slot's column stays the same at every K step, so its offset
+    // is computed once (clamped into the matrix: slots past N are masked).
+    __global const float *b_tile = B + (long)k_begin * ldb;
+    const long b_step = (long)TILE_K * ldb;
+%   for r in range(len(b_slots)):
+    const long b_col${r} = ${fold(FOLD_B, "b", f"min(n0 + b_n{r}, N - 1)")};
+%   endfor
 % else:
     __global const float *b_tile = B + (long)k_begin * ldb + n0;
     const long b_step = (long)TILE_K * ldb;
@@ -169,11 +222,35 @@ void gemm_tiled(int M, int N, int K,
     gtype = "float" if GVEC == 1 else f"float{GVEC}"
     def part(name, v):
         return name if GVEC == 1 else f"{name}.s{v}"
-    a_addr = (lambda r, v: f"a_k{r} * lda + a_m{r} + {v}") if TRANS_A else (lambda r, v: f"a_m{r} * lda + a_k{r} + {v}")
-    b_addr = (lambda r, v: f"b_n{r} * ldb + b_k{r} + {v}") if TRANS_B else (lambda r, v: f"b_k{r} * ldb + b_n{r} + {v}")
+    a_kfold = FOLD_A and not TRANS_A
+    b_kfold = FOLD_B and TRANS_B
+    b_nfold = FOLD_B and not TRANS_B
+    if TRANS_A:
+        a_addr = lambda r, v: f"a_k{r} * lda + a_m{r} + {v}"
+    elif a_kfold:
+        a_addr = lambda r, v: f"a_m{r} * lda + a_kof{r} + {v}"
+    else:
+        a_addr = lambda r, v: f"a_m{r} * lda + a_k{r} + {v}"
+    if TRANS_B:
+        b_addr = (lambda r, v: f"b_n{r} * ldb + b_kof{r} + {v}") if b_kfold else (lambda r, v: f"b_n{r} * ldb + b_k{r} + {v}")
+    elif b_nfold:
+        b_addr = lambda r, v: f"b_k{r} * ldb + b_col{r} + {v}"
+    else:
+        b_addr = lambda r, v: f"b_k{r} * ldb + b_n{r} + {v}"
     a_ok = (lambda r, v: f"m0 + a_m{r} + {v} < M && {k} + a_k{r} < k_end") if TRANS_A else (lambda r, v: f"m0 + a_m{r} < M && {k} + a_k{r} + {v} < k_end")
     b_ok = (lambda r, v: f"n0 + b_n{r} < N && {k} + b_k{r} + {v} < k_end") if TRANS_B else (lambda r, v: f"n0 + b_n{r} + {v} < N && {k} + b_k{r} < k_end")
 %>
+        {
+% if a_kfold:
+%   for r in range(na):
+        const long a_kof${r} = ${fold(FOLD_A, "a", f"min({k} + a_k{r}, K - 1)")};
+%   endfor
+% endif
+% if b_kfold:
+%   for r in range(nb):
+        const long b_kof${r} = ${fold(FOLD_B, "b", f"min({k} + b_k{r}, K - 1)")};
+%   endfor
+% endif
         if (inside && ${k} + TILE_K <= k_end) {
 % for r in range(na):
             a_next${r} = *(__global const ${gtype} *)(a_tile + ${a_addr(r, 0)});
@@ -192,6 +269,7 @@ void gemm_tiled(int M, int N, int K,
             ${part(f"b_next{r}", v)} = (${b_ok(r, v)}) ? b_tile[${b_addr(r, v)}] : 0.0f;
 %   endfor
 % endfor
+        }
         }
 </%def>
 <%def name="store_local(stage, na, nb)">
@@ -286,6 +364,16 @@ void gemm_tiled(int M, int N, int K,
 % else:
     C += c_off + batch * stride_c;
 % endif
+% if FOLD_C and not SPLIT_K:
+    // Offsets of this work-item's columns in the folded C, clamped into it (stores past N are
+    // skipped below).
+%   for j in range(WPT_N):
+    const long c_col${j} = ${fold(FOLD_C, "c", f"min(n0 + ({j // VEC} * TN_THREADS + tn) * VEC + {j % VEC}, N - 1)")};
+%   endfor
+% endif
+<%
+    c_col = (lambda j: f"c_col{j}") if FOLD_C and not SPLIT_K else (lambda j: f"col")
+%>
 % if CVEC > 1 and not SPLIT_K:
     if (inside) {
         // Whole tile inside C, rows aligned: VEC consecutive columns per store.
@@ -295,7 +383,7 @@ void gemm_tiled(int M, int N, int K,
 %     for jc in range(WPT_N // VEC):
             {
                 const int col = n0 + (${jc} * TN_THREADS + tn) * VEC;
-                __global ${vtype} *target = (__global ${vtype} *)(C + (long)row * ldc + col);
+                __global ${vtype} *target = (__global ${vtype} *)(C + (long)row * ldc + ${c_col(jc * VEC)});
                 ${vtype} value = alpha * (${vtype})(${", ".join(f"acc[{i}][{jc * VEC + v}]" for v in range(VEC))});
                 if (beta != 0.0f)
                     value += beta * *target;
@@ -328,7 +416,7 @@ void gemm_tiled(int M, int N, int K,
 %     if SPLIT_K:
                     C[(long)row * N + col] = acc[${i}][${j}];
 %     else:
-                    ${epilogue(f"acc[{i}][{j}]", "row", "col", "(long)row * ldc + col")}
+                    ${epilogue(f"acc[{i}][{j}]", "row", "col", f"(long)row * ldc + {c_col(j)}")}
 %     endif
                 }
             }
@@ -344,7 +432,8 @@ __kernel void gemm_splitk_reduce(int M, int N, int splits,
                                  __global const float *restrict partial,
                                  __global float *C, long c_off, int ldc, long stride_c,
                                  float alpha, float beta,
-                                 __global const float *restrict bias, long bias_off)
+                                 __global const float *restrict bias, long bias_off,
+                                 int fc_p, long fc_img)
 {
     const int col = get_global_id(0);
     const int row = get_global_id(1);
@@ -357,7 +446,7 @@ __kernel void gemm_splitk_reduce(int M, int N, int splits,
     for (int s = 0; s < splits; ++s)
         sum += partial[s * plane];
     C += c_off + batch * stride_c;
-    ${epilogue("sum", "row", "col", "(long)row * ldc + col")}
+    ${epilogue("sum", "row", "col", f"(long)row * ldc + {fold(FOLD_C, 'c', 'col')}")}
 }
 % else:
 // One work-item per C element; global size (N rounded up to SMALL_N, M rounded up to
@@ -368,7 +457,10 @@ void gemm_small(int M, int N, int K,
                 __global const float *restrict B, long b_off, int ldb, long stride_b,
                 __global float *C, long c_off, int ldc, long stride_c,
                 float alpha, float beta,
-                __global const float *restrict bias, long bias_off)
+                __global const float *restrict bias, long bias_off,
+                int fa_p, long fa_img, int fa_w, int fa_row, int fa_col,
+                int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
+                int fc_p, long fc_img)
 {
     const int col = get_global_id(0);
     const int row = get_global_id(1);
@@ -389,12 +481,16 @@ void gemm_small(int M, int N, int K,
     __global const float *b_col = B + (long)col * ldb;
     const int b_step = 1;
 % else:
-    __global const float *b_col = B + col;
+    __global const float *b_col = B + ${fold(FOLD_B, "b", "col")};
     const int b_step = ldb;
 % endif
+<%
+    a_at = (lambda k: fold(FOLD_A, "a", k)) if FOLD_A else (lambda k: f"(long){k} * a_step")
+    b_at = (lambda k: fold(FOLD_B, "b", k)) if FOLD_B and TRANS_B else (lambda k: f"(long){k} * b_step")
+%>
     float sum = 0.0f;
     for (int k = 0; k < K; ++k)
-        sum = fma(a_row[(long)k * a_step], b_col[(long)k * b_step], sum);
-    ${epilogue("sum", "row", "col", "(long)row * ldc + col")}
+        sum = fma(a_row[${a_at("k")}], b_col[${b_at("k")}], sum);
+    ${epilogue("sum", "row", "col", f"(long)row * ldc + {fold(FOLD_C, 'c', 'col')}")}
 }
 % endif

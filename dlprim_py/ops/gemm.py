@@ -14,6 +14,12 @@ Three entries, lowest first:
   convolution, linear layers and other operators that run GEMM on sub-buffers.
 * ``gemm(a, b, c=None, ...)`` and ``gemm_batched(...)`` on tensors.
 
+Folded operands (``Fold``): an operand's contiguous dimension j of length batch * P may address
+image n = j // P, position p = j % P at ``n * image_stride + row * ld + map(p)``, with map(p) = p,
+or ``(p // width) * row_step + (p % width) * col_step`` for a strided sample. A 1x1
+convolution on NCHW tensors is then one GEMM over all images: y (K x N*HW) = w (K x C) @
+x (C x N*HW), without moving x or y.
+
 Kernels (``kernels/gemm.cl.mako``): "tiled" (local-memory tiles with a register block per
 work-item, optionally split along K with a reduction kernel) and "small" (one work-item per
 element, for problems too small to fill the device). ``DLPRIM_GEMM_ALGO`` forces "tiled",
@@ -95,6 +101,90 @@ def params_problem(params, info):
     return None
 
 
+class Fold:
+    """Folded addressing of an operand's contiguous dimension: column j is position
+    p = j % positions of image n = j // positions, at element ``n * image_stride + map(p)``
+    (plus the row's ``row * ld``). map(p) = p, or with ``width`` given,
+    ``(p // width) * row_step + (p % width) * col_step`` (a strided sample of an image whose
+    rows are ``row_step`` elements apart)."""
+
+    def __init__(self, positions, image_stride, width=None, row_step=None, col_step=None):
+        for value, name in ((positions, "positions"), (image_stride, "image_stride")):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ShapeError(f"fold {name} must be an int >= 1, got {value!r}")
+        self.positions = int(positions)
+        self.image_stride = int(image_stride)
+        self.strided = width is not None
+        if self.strided:
+            for value, name in ((width, "width"), (row_step, "row_step"), (col_step, "col_step")):
+                if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                    raise ShapeError(f"fold {name} must be an int >= 1, got {value!r}")
+            if self.positions % width:
+                raise ShapeError(f"fold positions {positions} are not whole rows of width {width}")
+            self.width, self.row_step, self.col_step = int(width), int(row_step), int(col_step)
+        else:
+            self.width, self.row_step, self.col_step = 1, 0, 0
+        if self.positions > _INT32_MAX or self.image_stride * 256 > 2 ** 62:
+            raise UnsupportedError(f"fold {self} exceeds the index range of the kernels")
+
+    @property
+    def mode(self):
+        """The template's FOLD value: 1 dense, 2 strided."""
+        return 2 if self.strided and (self.row_step != self.width or self.col_step != 1) else 1
+
+    def map(self, p):
+        if self.mode == 1:
+            return p
+        return (p // self.width) * self.row_step + (p % self.width) * self.col_step
+
+    def offset(self, j):
+        n, p = divmod(j, self.positions)
+        return n * self.image_stride + self.map(p)
+
+    def max_offset(self, length):
+        """The largest offset of columns 0 .. length - 1."""
+        last = self.offset(length - 1)
+        images = (length - 1) // self.positions
+        if images:   # the previous image may reach further than the last one's first columns
+            last = max(last, (images - 1) * self.image_stride + self.map(self.positions - 1))
+        return last
+
+    def vector_ok(self, width):
+        """Whether ``width`` consecutive columns from a multiple of it are contiguous."""
+        return self.mode == 1 and self.positions % width == 0 and self.image_stride % width == 0
+
+    def args(self, strided=True):
+        i32, i64 = np.int32, np.int64
+        head = [i32(self.positions), i64(self.image_stride)]
+        if not strided:
+            return head
+        return head + [i32(self.width), i32(self.row_step), i32(self.col_step)]
+
+    def __eq__(self, other):
+        return isinstance(other, Fold) and self.key() == other.key()
+
+    def __hash__(self):
+        return hash(self.key())
+
+    def key(self):
+        return (self.positions, self.image_stride, self.mode, self.width, self.row_step,
+                self.col_step)
+
+    def __repr__(self):
+        extra = f", width={self.width}, row_step={self.row_step}, col_step={self.col_step}" \
+            if self.mode == 2 else ""
+        return f"Fold(positions={self.positions}, image_stride={self.image_stride}{extra})"
+
+
+_NO_FOLD_ARGS = [np.int32(1), np.int64(0), np.int32(1), np.int32(0), np.int32(0)]
+
+
+def _fold_args(fold, strided=True):
+    if fold is None:
+        return _NO_FOLD_ARGS if strided else _NO_FOLD_ARGS[:2]
+    return fold.args(strided)
+
+
 def features(M, N, K, batch=1):
     """The shape features tuning rules are written in."""
     return {"m": M, "n": N, "k": K, "mn": M * N, "mnk": M * N * K, "batch": batch}
@@ -127,13 +217,32 @@ def select_params(ctx, M, N, K, batch=1, algorithm=None):
             params["split_k"] = 1
         elif params.get("split_k", 1) < 2:
             params["split_k"] = 4
+    if algorithm is None:
+        params = _split_long_k(params, info, M, N, K, batch)
     ctx.memo[key] = params
     return dict(params)
 
 
-def _render_params(params, trans_a, trans_b, bias_per, activation_code, split):
+def _split_long_k(params, info, M, N, K, batch):
+    """Split K when the output tiles alone would leave most of a GPU idle and K is long (the
+    filter gradient of a convolution: a few channels squared, summed over batch * pixels). A
+    rule's own split_k > 1 is kept: it was measured. About two work-groups per compute unit,
+    and chunks of at least 512 along K so that the partial sums stay a small extra pass."""
+    if params["kernel"] != "tiled" or params.get("split_k", 1) > 1 or not info.is_gpu:
+        return params
+    tiles = batch * math.ceil(M / params["tile_m"]) * math.ceil(N / params["tile_n"])
+    if tiles >= info.compute_units or K < 4096:
+        return params
+    split = min(math.ceil(2 * info.compute_units / tiles), K // 512)
+    return dict(params, split_k=split) if split >= 2 else params
+
+
+def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
+                   folds=(None, None, None)):
     base = {"KERNEL": params["kernel"], "TRANS_A": int(trans_a), "TRANS_B": int(trans_b),
             "BIAS": {None: 0, "n": 1, "m": 2}[bias_per], "ACTIVATION": activation_code}
+    base.update({f"FOLD_{name}": 0 if fold is None else fold.mode
+                 for name, fold in zip("ABC", folds)})
     # The template names every parameter of both kernels; the other kernel's are 0.
     base.update(SMALL_M=0, SMALL_N=0, TILE_M=0, TILE_N=0, TILE_K=0, WPT_M=0, WPT_N=0, VEC=0,
                 PAD=0, DOUBLE_BUFFER=0, SPLIT_K=0, GVEC=0, CVEC=0)
@@ -171,11 +280,25 @@ def _check_buffer(ctx, buf, name):
         raise DeviceError(f"{name} belongs to another OpenCL context than {ctx!r}")
 
 
-def _check_operand(ctx, name, buf, off, ld, rows, cols, batch, stride, itemsize):
-    """A rows x cols row-major matrix (times batch) at element offset ``off`` in ``buf``."""
+def _check_operand(ctx, name, buf, off, ld, rows, cols, batch, stride, itemsize, fold=None):
+    """A rows x cols row-major matrix (times batch) at element offset ``off`` in ``buf``; with
+    ``fold`` its columns are folded (``Fold``)."""
     _check_buffer(ctx, buf, f"{name} buffer")
     off = _non_negative_int(off, f"{name} offset")
     stride = _non_negative_int(stride, f"{name} batch stride")
+    if fold is not None:
+        if not isinstance(fold, Fold):
+            raise ShapeError(f"fold of {name} must be a Fold, got {type(fold).__name__}")
+        if not isinstance(ld, (int, np.integer)) or isinstance(ld, bool) or ld < 0:
+            raise ShapeError(f"leading dimension of folded {name} must be an int >= 0, got {ld!r}")
+        if ld * 256 > _INT32_MAX:
+            raise UnsupportedError(f"leading dimension of {name} ({ld}) is too large for the kernels")
+        needed = off + (batch - 1) * stride + (rows - 1) * ld + fold.max_offset(cols) + 1
+        have = buf.size // itemsize
+        if needed > have:
+            raise ShapeError(f"{name} buffer holds {have} elements but the folded {rows}x{cols} "
+                             f"matrix ({fold}, leading dimension {ld}, offset {off}) needs {needed}")
+        return off, int(ld), stride
     if not isinstance(ld, (int, np.integer)) or isinstance(ld, bool) or ld < cols:
         raise ShapeError(f"leading dimension of {name} must be an int >= {cols} (its stored "
                          f"{rows}x{cols} row length), got {ld!r}")
@@ -203,7 +326,8 @@ class GemmPlan:
     def __init__(self, ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc, *,
                  trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias_buf=None, bias_off=0,
                  bias_per="n", activation=None, batch=1, stride_a=0, stride_b=0, stride_c=0,
-                 dtype=np.float32, algorithm=None, params=None):
+                 fold_a=None, fold_b=None, fold_c=None, dtype=np.float32, algorithm=None,
+                 params=None):
         dtype = as_dtype(dtype)
         if dtype != np.float32:
             raise DTypeError(f"GEMM supports float32 only, got {dtype}")
@@ -217,13 +341,23 @@ class GemmPlan:
         self.batch = batch
         a_rows, a_cols = (K, M) if trans_a else (M, K)
         b_rows, b_cols = (N, K) if trans_b else (K, N)
+        if fold_a is not None and trans_a:
+            raise UnsupportedError("A can be folded only along K (trans_a=False)")
+        if fold_c is not None and (not isinstance(fold_c, Fold) or fold_c.mode != 1):
+            raise UnsupportedError(f"C can be folded only densely (a Fold without a stride), "
+                                   f"got {fold_c!r}")
         a_off, lda, stride_a = _check_operand(ctx, "A", a_buf, a_off, lda, a_rows, a_cols, batch,
-                                              stride_a, itemsize)
+                                              stride_a, itemsize, fold_a)
         b_off, ldb, stride_b = _check_operand(ctx, "B", b_buf, b_off, ldb, b_rows, b_cols, batch,
-                                              stride_b, itemsize)
+                                              stride_b, itemsize, fold_b)
         c_off, ldc, stride_c = _check_operand(ctx, "C", c_buf, c_off, ldc, M, N, batch, stride_c,
-                                              itemsize)
-        if batch > 1 and stride_c < M * ldc - (ldc - N):
+                                              itemsize, fold_c)
+        if fold_c is not None and (ldc < min(N, fold_c.positions)
+                                   or fold_c.image_stride < (M - 1) * ldc + min(N, fold_c.positions)):
+            raise ShapeError(f"folded C ({fold_c}, leading dimension {ldc}) makes the {M} rows "
+                             f"of an image overlap")
+        folds = (fold_a, fold_b, fold_c)
+        if batch > 1 and stride_c < M * ldc - (ldc - N) and fold_c is None:
             raise ShapeError(f"C batch stride {stride_c} makes the {M}x{N} outputs of a batch "
                              f"overlap (needs >= {(M - 1) * ldc + N})")
         if bias_buf is not None:
@@ -257,14 +391,15 @@ class GemmPlan:
         i64 = np.int64
         bias_arg = bias_buf if bias_buf is not None else c_buf
         self._launches = []
+        fold_args = [*_fold_args(fold_a), *_fold_args(fold_b), *_fold_args(fold_c, False)]
         if params["kernel"] == "small":
             built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
-                                                              act_code, False))
+                                                              act_code, False, folds))
             kernel = built.kernel("gemm_small", fresh=True)
             kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
                             b_buf, i64(b_off), i32(ldb), i64(stride_b),
                             c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
-                            bias_arg, i64(bias_off))
+                            bias_arg, i64(bias_off), *fold_args)
             sm, sn = params["small_m"], params["small_n"]
             self._launches.append((kernel, (_round_up(N, sn), _round_up(M, sm), batch), (sn, sm, 1)))
             self.algorithm = "small"
@@ -273,12 +408,15 @@ class GemmPlan:
             return
 
         gvec = params.get("global_vec", 1)
-        if gvec > 1 and any(x % gvec for x in (lda, ldb, a_off, b_off, stride_a, stride_b)):
-            # Vector loads need every row of A and B to start on a vector boundary.
+        if gvec > 1 and (any(x % gvec for x in (lda, ldb, a_off, b_off, stride_a, stride_b))
+                         or any(f is not None and not f.vector_ok(gvec) for f in (fold_a, fold_b))):
+            # Vector loads need every row of A and B (every image of a folded one) to start on
+            # a vector boundary.
             params = dict(params, global_vec=1)
         # Vector stores of C need every row of C to start on a vector boundary (internal
         # parameter, derived here rather than tuned).
         c_aligned = params["vec"] > 1 and not any(x % params["vec"] for x in (ldc, c_off, stride_c))
+        c_aligned = c_aligned and (fold_c is None or fold_c.vector_ok(params["vec"]))
         params["c_vec"] = params["vec"] if c_aligned else 1
         options = ()
         if params.get("max_registers") and ctx.info.vendor == "nvidia":
@@ -290,7 +428,7 @@ class GemmPlan:
         splits = math.ceil(K / k_chunk)
         use_split = splits > 1
         built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
-                                                          act_code, use_split), options)
+                                                          act_code, use_split, folds), options)
         kernel = built.kernel("gemm_tiled", fresh=True)
         threads = tiled_threads(params)
         grid = (math.ceil(N / params["tile_n"]) * threads, math.ceil(M / params["tile_m"]),
@@ -300,11 +438,12 @@ class GemmPlan:
             kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
                             b_buf, i64(b_off), i32(ldb), i64(stride_b),
                             self.workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0),
-                            bias_arg, i64(bias_off), i32(splits), i32(k_chunk))
+                            bias_arg, i64(bias_off), *fold_args[:10], *_fold_args(None, False),
+                            i32(splits), i32(k_chunk))
             reduce = built.kernel("gemm_splitk_reduce", fresh=True)
             reduce.set_args(i32(M), i32(N), i32(splits), self.workspace,
                             c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
-                            bias_arg, i64(bias_off))
+                            bias_arg, i64(bias_off), *_fold_args(fold_c, False))
             group = min(64, ctx.info.max_work_group_size)
             self._launches.append((kernel, grid, (threads, 1, 1)))
             self._launches.append((reduce, (_round_up(N, group), M, batch), (group, 1, 1)))
@@ -314,7 +453,7 @@ class GemmPlan:
             kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
                             b_buf, i64(b_off), i32(ldb), i64(stride_b),
                             c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
-                            bias_arg, i64(bias_off), i32(1), i32(K))
+                            bias_arg, i64(bias_off), *fold_args, i32(1), i32(K))
             self._launches.append((kernel, grid, (threads, 1, 1)))
             self.algorithm = "tiled"
         self.splits = splits

@@ -1,11 +1,16 @@
-"""1x1 convolutions (no padding, groups 1) as plain GEMMs on the tuned GEMM engine
+"""1x1 convolutions (no padding, groups 1) as GEMMs on the tuned GEMM engine
 (``dlprim_py.ops.gemm``), without any im2col: the tensors already are the GEMM operands.
 
-  NCHW forward        y[n] (K x HW)  = w (K x C) @ x[n] (C x HW)        batch over n
-  NCHW backward data  dx[n] (C x HW) = w^T (C x K) @ dy[n] (K x HW)     batch over n
-  NHWC forward        y (NHW x K)    = x (NHW x C) @ w^T (C x K)
-  NHWC backward data  dx (NHW x C)   = dy (NHW x K) @ w (K x C)
-  NHWC backward filt. dw (K x C)     = dy^T (K x NHW) @ x (NHW x C)
+NCHW tensors are seen as folded matrices (``gemm.Fold``): x as C x N*P, y as K x N*P with P the
+pixels per image, column j = n * P + p addressing image n, pixel p. Every direction is then ONE
+GEMM over all images, whatever their size (7x7 maps give tiles as full as 56x56 ones):
+
+  NCHW forward        y (K x N*P)  = w (K x C) @ x (C x N*P)        x sampled in place if strided
+  NCHW backward data  dx (C x N*P) = w^T (C x K) @ dy (K x N*P)
+  NCHW backward filt. dw (K x C)   = dy (K x N*P) @ x^T (N*P x C)   split along the long N*P
+  NHWC forward        y (NHW x K)  = x (NHW x C) @ w^T (C x K)
+  NHWC backward data  dx (NHW x C) = dy (NHW x K) @ w (K x C)
+  NHWC backward filt. dw (K x C)   = dy^T (K x NHW) @ x (NHW x C)   (unit stride)
 
 The GEMM's epilogue carries alpha, beta, the bias (shift) and the activation. A forward call
 with a scale, a residual, or an activation together with beta != 0 (the GEMM engine activates
@@ -13,12 +18,15 @@ after adding beta * C, the convolution before) runs the GEMM raw and then a poin
 (conv_gemm_epilogue in kernels/conv_gemm.cl.mako) with the full epilogue: in place in y when
 beta == 0, else from a scratch tensor the algorithm keeps per output shape (y_old must survive
 until the pass reads it). The algorithm reported is thus always the one that runs.
-NCHW backward filter sums over images, which is not one GEMM: the implicit GEMM does it.
 
-With stride > 1 only every stride-th pixel takes part: forward gathers those pixels of x into
-a dense workspace (N, C, Ho, Wo) and multiplies it; backward data multiplies into the workspace
-and scatters it into dx with zeros between (kernels/conv_gemm.cl.mako), instead of multiplying
-the zeros as the implicit GEMM's backward data does.
+With stride > 1 only every stride-th pixel takes part. NCHW forward and backward filter read
+those pixels of x in place (a strided fold). NCHW backward data multiplies into a dense
+(N, C, Ho, Wo) workspace and scatters it into dx with zeros between (kernels/conv_gemm.cl.mako),
+instead of multiplying the zeros as the implicit GEMM's backward data does; NHWC forward
+gathers the pixels into such a workspace first.
+
+``Gemm1x1(per_image=True)`` runs the NCHW directions as before folding (one GEMM per image,
+strided forward through the gather); it is kept for comparison and not registered.
 """
 import dataclasses
 import math
@@ -38,7 +46,8 @@ class Gemm1x1(Algorithm):
     name = "gemm"
     _PLANS = 8   # plans bind their buffers (and keep them alive): only the most recent ones
 
-    def __init__(self):
+    def __init__(self, per_image=False):
+        self.per_image = per_image
         self.plans = OrderedDict()
         self.scratch = {}   # (context, y shape) -> Tensor for the raw GEMM result
 
@@ -47,15 +56,22 @@ class Gemm1x1(Algorithm):
         if not (p.r == p.s == 1 and p.pad_h == p.pad_w == 0 and p.groups == 1):
             return False
         if direction == "backward_filter":
-            return p.layout == "NHWC" and self._unit_stride(p)
+            if p.layout == "NCHW":
+                return not self.per_image
+            return self._unit_stride(p)
         return True
 
     @staticmethod
     def _unit_stride(problem):
         return problem.stride_h == problem.stride_w == 1
 
+    def _folded(self, problem):
+        return problem.layout == "NCHW" and not self.per_image
+
     def workspace_size(self, ctx, problem, direction):
         if self._unit_stride(problem) or direction == "backward_filter":
+            return 0
+        if self._folded(problem) and direction == "forward":
             return 0
         p = problem
         return p.n * p.c * p.ho * p.wo * 4
@@ -82,7 +98,11 @@ class Gemm1x1(Algorithm):
         if direction == "forward" and self._needs_epilogue_pass(epilogue, ep):
             self._run_with_epilogue_pass(ctx, problem, src, other, dst, ep, epilogue, workspace)
             return
-        if not self._unit_stride(problem):
+        self._run_gemm(ctx, problem, direction, src, other, dst, ep, epilogue, workspace)
+
+    def _run_gemm(self, ctx, problem, direction, src, other, dst, ep, epilogue, workspace):
+        strided = not self._unit_stride(problem)
+        if strided and not (self._folded(problem) and direction != "backward_data"):
             self._run_strided(ctx, problem, direction, src, other, dst, ep, epilogue, workspace)
             return
         self._run_dense(ctx, problem, direction, src, other, dst, ep, epilogue)
@@ -95,12 +115,8 @@ class Gemm1x1(Algorithm):
             raw = self.scratch.get(key)
             if raw is None:
                 raw = self.scratch[key] = Tensor.empty(ctx, dst.shape)
-        plain = EpilogueArgs()
-        if self._unit_stride(problem):
-            self._run_dense(ctx, problem, "forward", src, other, raw, plain, NO_EPILOGUE)
-        else:
-            self._run_strided(ctx, problem, "forward", src, other, raw, plain, NO_EPILOGUE,
-                              workspace)
+        self._run_gemm(ctx, problem, "forward", src, other, raw, EpilogueArgs(), NO_EPILOGUE,
+                       workspace)
         built = program.build(ctx, "conv_gemm", epilogue.params())
         gsize, lsize = launch_size(ctx, math.prod(dst.shape))
         launch(ctx, built, "conv_gemm_epilogue", gsize, lsize,
@@ -140,17 +156,43 @@ class Gemm1x1(Algorithm):
             self.plans.move_to_end(key)
         enqueue(plan.enqueue)
 
+    @staticmethod
+    def _x_fold(p):
+        """x (N, C, H, W) as C x N*Ho*Wo: the pixels a 1x1 convolution of stride p reads."""
+        from ..gemm import Fold
+        if p.stride_h == p.stride_w == 1:
+            return Fold(p.h * p.w, p.c * p.h * p.w)
+        return Fold(p.ho * p.wo, p.c * p.h * p.w, p.wo, p.stride_h * p.w, p.stride_w)
+
     def _plan(self, ctx, p, direction, src, other, dst, ep, epilogue):
-        from ..gemm import GemmPlan
-        hw = p.h * p.w
+        from ..gemm import Fold, GemmPlan
         off = lambda t: t.offset_elements  # noqa: E731
         common = dict(alpha=ep.alpha, beta=ep.beta)
         if direction == "forward":
-            x, w, y = src, other, dst
             if ep.shift is not None:
                 common.update(bias_buf=ep.shift.buffer, bias_off=off(ep.shift),
                               bias_per="m" if p.layout == "NCHW" else "n")
             common.update(activation=epilogue.activation)
+        if self._folded(p):
+            hw, pixels = p.h * p.w, p.ho * p.wo
+            if direction == "forward":
+                x, w, y = src, other, dst
+                return GemmPlan(ctx, p.k, p.n * pixels, p.c, w.buffer, off(w), p.c,
+                                x.buffer, off(x), hw, y.buffer, off(y), pixels,
+                                fold_b=self._x_fold(p), fold_c=Fold(pixels, p.k * pixels),
+                                **common)
+            if direction == "backward_data":   # unit stride here: pixels == hw
+                dy, w, dx = src, other, dst
+                return GemmPlan(ctx, p.c, p.n * hw, p.k, w.buffer, off(w), p.c,
+                                dy.buffer, off(dy), hw, dx.buffer, off(dx), hw, trans_a=True,
+                                fold_b=Fold(hw, p.k * hw), fold_c=Fold(hw, p.c * hw), **common)
+            dy, x, dw = src, other, dst
+            return GemmPlan(ctx, p.k, p.c, p.n * pixels, dy.buffer, off(dy), pixels,
+                            x.buffer, off(x), hw, dw.buffer, off(dw), p.c, trans_b=True,
+                            fold_a=Fold(pixels, p.k * pixels), fold_b=self._x_fold(p), **common)
+        hw = p.h * p.w
+        if direction == "forward":
+            x, w, y = src, other, dst
             if p.layout == "NCHW":
                 return GemmPlan(ctx, p.k, hw, p.c, w.buffer, off(w), p.c, x.buffer, off(x), hw,
                                 y.buffer, off(y), hw, batch=p.n, stride_a=0,
