@@ -613,15 +613,52 @@ class _PointwiseChain:
                                    f"{plan.ops[0].describe()} in one kernel; {_chain_message()}")
         self.output_desc = TensorDesc(shape, float32)
         self.kernels = {}
+        # Every parameter per channel and the activation (if any) last: one pass of float4
+        # packets, the chain recomputed per packet (kernels/fusion_fold.cl.mako); otherwise
+        # the pointwise generator with the parameters broadcast.
+        kinds = [type(op) for op in plan.ops]
+        self.per_channel = (
+            all(not (isinstance(op, BatchNormInferenceOp) and op.mode == BN_PER_ACTIVATION)
+                for op in plan.ops)
+            and ActivationForwardOp not in kinds[:-1] and math.prod(shape) < 2 ** 31 - 4)
+        self.layout = (shape[0], channels, math.prod(shape[2:]))
+        self.affine_ops = [op for op in plan.ops if not isinstance(op, ActivationForwardOp)]
+        self.activation = plan.ops[-1] if kinds[-1] is ActivationForwardOp else None
         self._kernel(None)  # build the default-parameter variant now
+
+    widest = 4   # elements per packet at most; set_vector_width(1) forces scalar packets (tests)
+
+    def set_vector_width(self, widest):
+        self.widest = int(widest)
 
     def _activation_key(self, args):
         return tuple(args.get(op)["activation"].key if args is not None else None
                      for op in self.plan.ops if isinstance(op, ActivationForwardOp))
 
+    def _plane_kernel(self, args, vec):
+        """apply_affine_activation for the activation parameters of ``args`` (None: the
+        defaults) and ``vec`` elements per packet, built once per parameter set."""
+        key = (self._activation_key(args), vec)
+        kernel = self.kernels.get(key)
+        if kernel is None:
+            if self.activation is None:
+                code = "z"
+            elif args is None:
+                code = activation_desc(self.activation.mode).forward_code("z")
+            else:
+                code = args.get(self.activation)["activation"].forward_code("z")
+            chain = [("bias" if isinstance(op, BiasForwardOp) else "bn", False)
+                     for op in self.affine_ops]
+            kernel = self.kernels[key] = program.kernel(
+                self.plan.ctx, "fusion_fold", "apply_affine_activation",
+                dict(chain=chain, activation=code, vec=vec), fresh=True)
+        return kernel
+
     def _kernel(self, args):
         """(kernel, inputs, scalars) for the activation parameters of ``args`` (None: the
         defaults), built once per parameter set."""
+        if self.per_channel:
+            return self._plane_kernel(args, 4 if self.layout[2] % 4 == 0 else 1)
         from .ops.pointwise import PointwiseKernel
         key = self._activation_key(args)
         entry = self.kernels.get(key)
@@ -639,6 +676,8 @@ class _PointwiseChain:
         return entry
 
     def run(self, x, y, args):
+        if self.per_channel:
+            return self._run_planes(x, y, args)
         kernel, inputs, scalars = self._kernel(args)
         tensors = []
         for name, op, field in inputs:
@@ -646,6 +685,37 @@ class _PointwiseChain:
             _check_param_tensor(op, value, field, self.param_shapes[op])
             tensors.append(_param_view(value, self.param_shapes[op]))
         kernel([x] + tensors, [y], [args.get(op)[field] for _, op, field in scalars])
+
+
+    def _run_planes(self, x, y, args):
+        check_same_context(x, y)
+        n, c, spatial = self.layout
+        vec = 4 if (self.widest >= 4 and spatial % 4 == 0 and x.offset_elements % 4 == 0
+                    and y.offset_elements % 4 == 0) else 1
+        kernel = self._plane_kernel(args if self.activation is not None else None, vec)
+        packets = n * c * spatial // vec
+        kernel_args = [np.int32(packets), np.int32(c), np.int32(spatial)]
+        for op in self.affine_ops:
+            values = args.get(op)
+            fields = ("bias",) if isinstance(op, BiasForwardOp) else ("mean", "variance",
+                                                                       "scale", "bias")
+            for field in fields:
+                t = values[field]
+                _check_param_tensor(op, t, field, self.param_shapes[op])
+                if t.ctx.cl_context != self.plan.ctx.cl_context:
+                    raise DeviceError(f"op {op.index}: {field} lives in another OpenCL context "
+                                      f"than the plan")
+                kernel_args += [t.buffer, np.int32(t.offset_elements)]
+            if isinstance(op, BatchNormInferenceOp):
+                kernel_args.append(np.float32(values["epsilon"]))
+        kernel_args += [x.buffer, np.int32(x.offset_elements), y.buffer,
+                        np.int32(y.offset_elements)]
+        kernel.set_args(*kernel_args)
+        info = self.plan.ctx.info
+        group = min(256, info.max_work_group_size)
+        groups = min(-(-packets // group), info.compute_units * (16 if info.is_gpu else 4))
+        import pyopencl as cl
+        cl.enqueue_nd_range_kernel(self.plan.ctx.queue, kernel, (groups * group,), (group,))
 
 
 def _prebuild_pointwise(ctx, kernel, out_shape, input_shapes):
@@ -981,7 +1051,8 @@ class _ConvChain:
         chain = [("bias" if isinstance(op, BiasForwardOp) else "bn",
                   len(self.param_shapes[op]) > 1) for op in self.affine_ops]
         name = "fold_affine_per_position" if self.per_position else "fold_affine_into_weights"
-        kernel = program.kernel(self.plan.ctx, "fusion_fold", name, dict(chain=chain), fresh=True)
+        kernel = program.kernel(self.plan.ctx, "fusion_fold", name,
+                                dict(chain=chain, activation=None, vec=1), fresh=True)
         if self.per_position:
             count = self.scale.size
             self.fold_sizes = [np.int32(count), np.int32(count // self.scale.shape[0])]

@@ -17,10 +17,21 @@
 ##   work item i (an output position (k, oh, ow), k = i / spatial with spatial = Ho * Wo) writes
 ##   scale_out[i] and shift_out[i], which the epilogue reads per position.
 ##
+## apply_affine_activation (no convolution; every op per channel): y = act(x * scale[c] +
+##   shift[c]) over a (N, C, S) tensor in one pass. Work item q takes packets q, q + G, ...
+##   (G = global size) of `vec` elements; with S divisible by vec a packet stays in one (n, c)
+##   plane, so its channel costs one division, and the chain's (scale, shift) is recomputed from
+##   the parameters (cached reads) instead of being stored by a separate launch.
+##
 ## Template parameters:
 ##   chain   list of (kind, per_position) in chain order: kind "bias" or "bn"; per_position True
 ##           when the op's parameters have one value per output position, False when one per
-##           channel (fold_affine_into_weights needs every per_position False)
+##           channel (fold_affine_into_weights and apply_affine_activation need every
+##           per_position False)
+##   activation  OpenCL C expression of act(z) over `z` for apply_affine_activation, which only
+##               exists when this is not None
+##   vec         (apply_affine_activation only) elements per packet: 4 (float4 loads and stores;
+##               needs S and both offsets divisible by 4, checked by the host) or 1
 ##
 ## Run-time arguments: the sizes (weight_count, per_channel or count, spatial), then per op its
 ## parameter buffers with element offsets (bias: b; bn: mean, variance, scale, bias) and, for a
@@ -86,3 +97,34 @@ __kernel void fold_affine_per_position(
         shift_out[shift_out_off + i] = shift;
     }
 }
+
+% if activation is not None:
+inline float act_f(float z) { return ${activation}; }
+
+  % if vec == 4:
+typedef float4 floatv;
+#define LOADV(p, e) (*(__global const float4*)((p) + (e)))
+#define STOREV(p, e, v) (*(__global float4*)((p) + (e)) = (v))
+#define ACTV(z) ((float4)(act_f((z).x), act_f((z).y), act_f((z).z), act_f((z).w)))
+  % else:
+typedef float floatv;
+#define LOADV(p, e) ((p)[e])
+#define STOREV(p, e, v) ((p)[e] = (v))
+#define ACTV(z) act_f(z)
+  % endif
+
+__kernel void apply_affine_activation(
+    int packets, int C, int S
+    ${chain_params()}
+    , __global const float* restrict x, int x_off
+    , __global float* restrict y, int y_off)
+{
+    for (int q = get_global_id(0); q < packets; q += get_global_size(0)) {
+        const int e = q * ${vec};
+        const int k = (e / S) % C;
+        ${apply_chain("k", "k")}
+        floatv z = LOADV(x, x_off + e) * scale + shift;
+        STOREV(y, y_off + e, ACTV(z));
+    }
+}
+% endif

@@ -119,6 +119,44 @@ def test_batchnorm_per_activation_bias_chain(ctx, rng):
     assert_close(y.numpy(), ref.numpy())
 
 
+@pytest.mark.parametrize("shape, widest, activation_last", [
+    ((2, 3, 4, 4), 4, True), ((2, 3, 4, 4), 1, True), ((2, 3, 5, 3), 4, True),
+    ((3, 5), 4, True), ((2, 3, 4, 4), 4, False)],
+    ids=["float4", "forced-scalar", "odd-plane", "2d", "activation-inside"])
+def test_per_channel_chain(ctx, rng, shape, widest, activation_last):
+    """bias -> BN -> bias -> TANH with every parameter per channel: one pass of packets of 4
+    (or 1) elements; with the activation inside the chain, the pointwise generator."""
+    x = random(rng, shape, -2, 2)
+    c = shape[1]
+    view = (1, c) + (1,) * (len(shape) - 2)
+    b0, b2 = random(rng, view), random(rng, view)
+    params = bn_params(rng, view)
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(shape))
+    ops = [plan.create_op_bias_forward(dp.TensorDesc(view)),
+           plan.create_op_batchnorm_inference(fusion.BN_SPATIAL, dp.TensorDesc(view))]
+    if activation_last:
+        ops += [plan.create_op_bias_forward(dp.TensorDesc(view)),
+                plan.create_op_activation_forward(fusion.ACTIVATION_TANH)]
+    else:
+        ops += [plan.create_op_activation_forward(fusion.ACTIVATION_TANH),
+                plan.create_op_bias_forward(dp.TensorDesc(view))]
+    plan.compile()
+    assert plan.runner.per_channel == activation_last
+    plan.runner.set_vector_width(widest)
+    args = fusion.OperatorArgs()
+    args.set_bias_forward(ops[0], 1.0, 0.0, *dev(ctx, b0))
+    args.set_batchnorm_inference(ops[1], 1.0, 0.0, *dev(ctx, *params), 1e-3)
+    act, bias = (ops[3], ops[2]) if activation_last else (ops[2], ops[3])
+    args.set_activation_forward(act, 1.0, 0.0, 0.7, 1.3, 0.0)
+    args.set_bias_forward(bias, 1.0, 0.0, *dev(ctx, b2))
+    y = poisoned(ctx, shape)
+    plan.execute(plan.input_desc, *dev(ctx, x), plan.output_desc, y, args)
+    z = bn_inference_ref(x + b0, *params, 1e-3)
+    ref = (1.3 * torch.tanh(0.7 * (z + t64(b2))) if activation_last
+           else 1.3 * torch.tanh(0.7 * z) + t64(b2))
+    assert_close(y.numpy(), ref.numpy())
+
+
 def test_activation_parameters_change_between_runs(ctx, rng):
     """Activation parameters are compile-time constants: a new value builds a variant once."""
     shape = (2, 2, 3, 3)
