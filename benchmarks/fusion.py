@@ -197,6 +197,8 @@ def main():
     parser.add_argument("--find", action="store_true", help="find mode (benchmark algorithms)")
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--json", default=None, help="write the results as JSON here")
+    parser.add_argument("--commit", default=None,
+                        help="commit to record (where the copy has no git metadata)")
     args = parser.parse_args()
     if args.find:
         os.environ["DLPRIM_FIND_MODE"] = "find"
@@ -242,6 +244,7 @@ def main():
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     except OSError:
         commit = ""
+    commit = args.commit or commit
     report = dict(
         benchmark="fusion conv+bn+relu", batch=batch, quick=args.quick, find_mode=args.find,
         commit=commit, device=ctx.info.name, platform=ctx.info.platform_name,
