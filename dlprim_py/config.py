@@ -14,6 +14,7 @@ DLPRIM_POOL_ALGO   force one pooling algorithm: window, plane (global windows)
 DLPRIM_ROWNORM_ALGO force one layer/group norm algorithm: rows, split (group norm)
 DLPRIM_REDUCE_ALGO force one reduction variant: group, item
 DLPRIM_SOFTMAX_ALGO force one softmax variant: row, column
+DLPRIM_POINTWISE_ALGO force one pointwise variant: vector (where it applies), scalar
 """
 import os
 

@@ -1,33 +1,60 @@
 ## Pointwise and broadcast kernels generated from a C statement.
 ##
-## Each work item computes output elements i = base + u * global_size for u < UNROLL, then moves
-## base on by UNROLL * global_size (grid-stride loop). All UNROLL elements' inputs are loaded
-## before any is used, so that each work item keeps several independent loads in flight: one
-## load at a time leaves a GPU's memory system idle (about 70% of copy bandwidth on an H200).
-## The output index space has NDIM dimensions (after the caller merged every pair of
-## dimensions that is contiguous for all operands); each input reads at
+## The kernel walks "groups" of VECTOR consecutive output elements. Each work item handles
+## groups g = base + u * global_size for u < UNROLL, then moves base on by UNROLL * global_size
+## (grid-stride loop). All UNROLL groups' inputs are loaded before any is used, so that each work
+## item keeps several independent loads in flight: one 4-byte load at a time leaves a GPU's memory
+## system idle (about 70% of copy bandwidth on an H200).
+##
+## VECTOR == 1 is the general (scalar) variant. With VECTOR > 1, a group is VECTOR elements that
+## are consecutive along the innermost dimension for the output and for every input of
+## `vector_inputs`: these move as one VECTOR-wide access (16 bytes for float with VECTOR 4),
+## which the caller guarantees aligned (offsets and outer strides multiples of VECTOR, the
+## innermost size a multiple of VECTOR unless NDIM == 1). The other inputs have stride 0 along
+## the innermost dimension: one scalar load serves the group's VECTOR elements. When NDIM == 1
+## the last `tail` (< VECTOR) elements after the groups are handled one per work item.
+##
+## The index space has NDIM dimensions (after the caller merged every pair of dimensions that is
+## contiguous for all operands), counted in groups: size<NDIM-1> is the innermost size over
+## VECTOR, and stride<NDIM-1> of an input is VECTOR or 0. Each input reads group coordinates at
 ## off + sum_k coord_k * stride_k, with stride 0 along broadcast dimensions. Outputs are dense.
 ##
 ## Template parameters:
-##   name        kernel name
-##   ndim        number of dimensions of the index space (>= 1)
-##   unroll      elements per work item and loop step (>= 1)
-##   inputs      list of (name, OpenCL C type) read before the statement
-##   outputs     list of (name, OpenCL C type) the statement assigns
-##   scalars     list of (name, OpenCL C type) passed by value
-##   statement   C statement(s) that assign every output from inputs and scalars; it may use
-##               i, the output element's index (so <out>_buf[<out>_off + i] is its old value)
-##   index_t     "int" when every index (including base + unroll * global size) fits in 31 bits,
-##               else "long" (integer division is several times cheaper in 32 bits on GPUs)
-##   preamble    extra C code placed before the kernel (helper functions), may be ""
+##   name           kernel name
+##   ndim           number of dimensions of the index space (>= 1)
+##   unroll         groups per work item and loop step (>= 1)
+##   vector         elements per group (1, 2, 4, 8 or 16); 1 is the scalar variant
+##   vector_inputs  with vector > 1: one bool per input, True where the input is contiguous along
+##                  the innermost dimension (read VECTOR-wide), False where it has stride 0 there
+##   inputs         list of (name, OpenCL C type) read before the statement
+##   outputs        list of (name, OpenCL C type) the statement assigns
+##   scalars        list of (name, OpenCL C type) passed by value
+##   statement      C statement(s) that assign every output from inputs and scalars; it may use
+##                  i, the output element's index (so <out>_buf[<out>_off + i] is its old value)
+##   index_t        "int" when every index (including base + unroll * global size) fits in 31 bits,
+##                  else "long" (integer division is several times cheaper in 32 bits on GPUs)
+##   preamble       extra C code placed before the kernel (helper functions), may be ""
 <%
     dims = range(ndim)
     lanes = range(unroll)
+    wide = dict(zip([nm for nm, ty in inputs], vector_inputs)) if vector > 1 else {}
+    def vty(ty):
+        return ty if vector == 1 else f"{ty}{vector}"
 %>
 #if defined(cl_khr_fp16)
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
 #endif
 ${preamble}
+
+## The element at index `index` (an expression) with its inputs already in scalar variables
+## `<name>` declared by the caller: runs the statement and leaves the outputs in `<name>`.
+<%def name="element(index)">
+            const ${index_t} i = ${index};
+    % for nm, ty in outputs:
+            ${ty} ${nm};
+    % endfor
+            { ${statement} }
+</%def>
 
 __kernel void ${name}(
     ${index_t} total
@@ -46,22 +73,25 @@ __kernel void ${name}(
 % for nm, ty in scalars:
     , ${ty} ${nm}
 % endfor
+% if vector > 1:
+    , ${index_t} tail
+% endif
     )
 {
     const ${index_t} step = get_global_size(0);
     for (${index_t} base = get_global_id(0); base < total; base += ${unroll} * step) {
 % for u in lanes:
-        const ${index_t} i${u} = base + ${u} * step;
+        const ${index_t} g${u} = base + ${u} * step;
     % for nm, ty in inputs:
-        ${ty} ${nm}${u} = 0;
+        ${vty(ty) if wide.get(nm) else ty} ${nm}${u} = (${vty(ty) if wide.get(nm) else ty})(0);
     % endfor
-        if (i${u} < total) {
+        if (g${u} < total) {
     % if ndim == 1:
         % for nm, ty in inputs:
-            ${nm}${u} = ${nm}_buf[${nm}_off + i${u} * ${nm}_stride0];
+            const ${index_t} ${nm}_index = ${nm}_off + g${u} * ${nm}_stride0;
         % endfor
     % else:
-            ${index_t} rest = i${u};
+            ${index_t} rest = g${u};
         % for nm, ty in inputs:
             ${index_t} ${nm}_index = ${nm}_off;
         % endfor
@@ -78,26 +108,59 @@ __kernel void ${name}(
             % endfor
             }
         % endfor
-        % for nm, ty in inputs:
+    % endif
+    % for nm, ty in inputs:
+        % if wide.get(nm):
+            ${nm}${u} = *(__global const ${vty(ty)}*)(${nm}_buf + ${nm}_index);
+        % else:
             ${nm}${u} = ${nm}_buf[${nm}_index];
+        % endif
+    % endfor
+        }
+% endfor
+% for u in lanes:
+        if (g${u} < total) {
+    % if vector == 1:
+        % for nm, ty in inputs:
+            ${ty} ${nm} = ${nm}${u};
+        % endfor
+            ${element(f"g{u}")}
+        % for nm, ty in outputs:
+            ${nm}_buf[${nm}_off + g${u}] = ${nm};
+        % endfor
+    % else:
+        % for nm, ty in outputs:
+            ${vty(ty)} ${nm}_group;
+        % endfor
+        % for lane in range(vector):
+            {
+            % for nm, ty in inputs:
+            ${ty} ${nm} = ${nm}${u}${f".s{lane:x}" if wide[nm] else ""};
+            % endfor
+            ${element(f"g{u} * {vector} + {lane}")}
+            % for nm, ty in outputs:
+            ${nm}_group.s${f"{lane:x}"} = ${nm};
+            % endfor
+            }
+        % endfor
+        % for nm, ty in outputs:
+            *(__global ${vty(ty)}*)(${nm}_buf + ${nm}_off + g${u} * ${vector}) = ${nm}_group;
         % endfor
     % endif
         }
 % endfor
-% for u in lanes:
-        if (i${u} < total) {
-            const ${index_t} i = i${u};
-    % for nm, ty in inputs:
-            ${ty} ${nm} = ${nm}${u};
-    % endfor
-    % for nm, ty in outputs:
-            ${ty} ${nm};
-    % endfor
-            { ${statement} }
-    % for nm, ty in outputs:
-            ${nm}_buf[${nm}_off + i${u}] = ${nm};
-    % endfor
-        }
-% endfor
     }
+% if vector > 1 and ndim == 1:
+    // The elements after the last whole group (NDIM == 1 only).
+    if (get_global_id(0) < tail) {
+        const ${index_t} tail_index = total * ${vector} + get_global_id(0);
+    % for nm, ty in inputs:
+        ${ty} ${nm} = ${nm}_buf[${nm}_off${" + tail_index" if wide[nm] else ""}];
+    % endfor
+        ${element("tail_index")}
+    % for nm, ty in outputs:
+        ${nm}_buf[${nm}_off + tail_index] = ${nm};
+    % endfor
+    }
+% endif
 }

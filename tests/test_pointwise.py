@@ -5,7 +5,7 @@ import torch
 
 import dlprim_py as dp
 from conftest import assert_close, poisoned, random
-from dlprim_py.ops.pointwise import PointwiseKernel, broadcast_shapes, merge_dimensions
+from dlprim_py.ops.pointwise import PointwiseKernel, broadcast_shapes, broadcast_strides, merge_dimensions
 
 SCALE_SHIFT = PointwiseKernel(
     "scale_shift_pair", inputs=[("x", np.float32), ("b", np.float32)],
@@ -13,19 +13,25 @@ SCALE_SHIFT = PointwiseKernel(
     statement="y = s * x + b; z = x > b ? x : b;", scalars=[("s", np.float32)])
 
 
+@pytest.mark.parametrize("algorithm", ["scalar", "vector"])
 @pytest.mark.parametrize("x_shape, b_shape", [
-    ((7,), (7,)),                 # same shape, one merged dimension
+    ((7,), (7,)),                 # same shape, one merged dimension (vector: a tail of 3)
+    ((5, 33), (5, 33)),           # one merged dimension of 165: vector groups and a tail of 1
     ((3, 5, 7), (5, 1)),          # broadcast in the middle
     ((3, 5, 7), (1,)),            # scalar-like tensor
     ((1, 1), (4, 6)),             # the input broadcasts, not the other
     ((2, 3, 4, 5, 6), (3, 1, 5, 1)),
     ((), ()),                     # 0-d
+    ((6, 5, 8), (5, 8)),          # vector: both inputs contiguous along the inner dimension
+    ((6, 5, 8), (6, 5, 1)),       # vector: b has stride 0 along the inner dimension
+    ((37, 4), (1, 4)),            # vector: rows of one group, b broadcast over the rows
 ])
-def test_generator_broadcasts_like_numpy(ctx, rng, x_shape, b_shape):
+def test_generator_broadcasts_like_numpy(ctx, rng, x_shape, b_shape, algorithm):
     x, b = random(rng, x_shape), random(rng, b_shape)
     out_shape = np.broadcast_shapes(x_shape, b_shape)
     y, z = poisoned(ctx, out_shape), poisoned(ctx, out_shape)
-    SCALE_SHIFT([dp.Tensor.from_numpy(ctx, x), dp.Tensor.from_numpy(ctx, b)], [y, z], [1.5])
+    SCALE_SHIFT([dp.Tensor.from_numpy(ctx, x), dp.Tensor.from_numpy(ctx, b)], [y, z], [1.5],
+                algorithm=algorithm)
     x64, b64 = x.astype(np.float64), b.astype(np.float64)
     assert_close(y.numpy(), 1.5 * x64 + b64)
     assert_close(z.numpy(), np.maximum(x64, b64))
@@ -40,6 +46,53 @@ def test_generator_respects_offsets(ctx, rng):
     y, z = poisoned(ctx, (4, 5)), poisoned(ctx, (4, 5))
     SCALE_SHIFT([x, b], [y, z], [2.0])
     assert_close(y.numpy(), 2.0 * data[3:23].reshape(4, 5).astype(np.float64) + data[40:45])
+
+
+def _layout(x, b, out_shape):
+    """The vector layout the generator picks for operands x, b and an output of out_shape."""
+    shape = tuple(out_shape)
+    sizes, strides = merge_dimensions(shape, [broadcast_strides(t.shape, shape) for t in (x, b)])
+    return SCALE_SHIFT.vector_layout(sizes, strides, [x, b], [x])
+
+
+def test_vector_variant_applies_where_accesses_stay_aligned(ctx, rng):
+    """The cases above do run the vector variant; misaligned offsets or strides do not."""
+    data = dp.Tensor.from_numpy(ctx, random(rng, 64))
+    dense = dp.Tensor.from_buffer(ctx, data.buffer, (2, 8), offset=data.offset + 4 * 4)
+    assert _layout(dense, dense, (2, 8)) == (True, True)
+    column = dp.Tensor.from_buffer(ctx, data.buffer, (2, 1), offset=data.offset + 4 * 1)
+    assert _layout(dense, column, (2, 8)) == (True, False)
+    shifted = dp.Tensor.from_buffer(ctx, data.buffer, (2, 8), offset=data.offset + 4 * 2)
+    assert _layout(shifted, dense, (2, 8)) is None          # offset not a multiple of 4
+    rows = dp.Tensor.from_buffer(ctx, data.buffer, (3, 6), offset=data.offset)
+    assert _layout(rows, rows, (3, 6)) == (True, True)      # merges into 18 elements: a tail of 2
+    narrow = dp.Tensor.from_buffer(ctx, data.buffer, (6,), offset=data.offset)
+    assert _layout(narrow, narrow, (3, 6)) is None          # inner size 6 is not a multiple of 4
+
+
+@pytest.mark.parametrize("algorithm", ["scalar", "vector"])
+def test_generator_misaligned_views_and_accumulate(ctx, rng, algorithm):
+    """Views at offsets that are and are not multiples of 4, and a statement that reads the old
+    output through i: every element is right whichever variant runs."""
+    accumulate = PointwiseKernel("accumulate_scaled", [("x", np.float32)], [("y", np.float32)],
+                                 "y = y_buf[y_off + i] + s * x;", scalars=[("s", np.float32)])
+    data = random(rng, 200)
+    old = random(rng, 200)
+    whole = dp.Tensor.from_numpy(ctx, data)
+    for x_at, y_at, n in ((0, 0, 101), (4, 8, 64), (3, 0, 65), (8, 5, 33)):
+        out = dp.Tensor.from_numpy(ctx, old)
+        x = dp.Tensor.from_buffer(ctx, whole.buffer, (n,), offset=whole.offset + 4 * x_at)
+        y = dp.Tensor.from_buffer(ctx, out.buffer, (n,), offset=out.offset + 4 * y_at)
+        accumulate([x], [y], [0.5], algorithm=algorithm)
+        expected = old.astype(np.float64)
+        expected[y_at:y_at + n] += 0.5 * data[x_at:x_at + n]
+        assert_close(out.numpy(), expected)
+
+
+def test_generator_rejects_unknown_algorithm(ctx, rng):
+    x = dp.Tensor.from_numpy(ctx, random(rng, (4,)))
+    with pytest.raises(dp.UnsupportedError, match="scalar, vector"):
+        SCALE_SHIFT([x, x], [poisoned(ctx, (4,)), poisoned(ctx, (4,))], [1.0], algorithm="wide")
 
 
 def test_generator_rejects_bad_operands(ctx, rng):

@@ -10,10 +10,10 @@ import weakref
 
 import numpy as np
 
-from .. import autograd, program
+from .. import autograd, config, program
 from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 
 _INT32_LIMIT = 2 ** 31 - 1
@@ -78,13 +78,20 @@ def merge_contiguous(sizes, operand_strides):
     return sizes, strides
 
 
-def launch_size(ctx, total, group=256, per_item=1):
+def launch_size(ctx, total, group=256, per_item=1, groups_per_unit=64):
     """(global, local) sizes for a grid-stride loop over ``total`` items, ``per_item`` of them
-    per work item and loop step."""
+    per work item and loop step, with at most ``groups_per_unit`` groups per compute unit on a
+    GPU (None: one group per ``group * per_item`` items, no loop)."""
     group = min(group, ctx.info.max_work_group_size)
     groups = max(1, math.ceil(total / (group * per_item)))
-    cap = ctx.info.compute_units * (4 if ctx.info.is_cpu else 64)
-    return (min(groups, cap) * group,), (group,)
+    if ctx.info.is_cpu:
+        groups = min(groups, ctx.info.compute_units * 4)
+    elif groups_per_unit is not None:
+        groups = min(groups, ctx.info.compute_units * groups_per_unit)
+    return (groups * group,), (group,)
+
+
+ALGORITHMS = ("scalar", "vector")
 
 
 class PointwiseKernel:
@@ -92,11 +99,23 @@ class PointwiseKernel:
 
     ``inputs``/``outputs``/``scalars``: sequences of (name, dtype); ``statement``: C code that
     assigns every output, e.g. ``"y = max(x, (float)0);"``.
+
+    Two variants of the same kernel: "vector" moves VECTOR consecutive elements of each operand
+    as one access (16 bytes for float), and applies where every operand is contiguous or
+    broadcast along the innermost dimension with offsets and strides that keep those accesses
+    aligned; "scalar" applies everywhere. A call takes "vector" where it applies unless
+    ``algorithm`` (or DLPRIM_POINTWISE_ALGO) asks for "scalar".
     """
 
-    # Elements per work item and loop step: enough independent loads in flight per item to keep
-    # a GPU's memory busy (1 reached about 70% of the copy bandwidth on an H200).
+    # Elements per work item and loop step of the scalar variant: enough independent loads in
+    # flight per item to keep a GPU's memory busy (1 reached about 70% of the copy bandwidth on
+    # an H200).
     UNROLL = 4
+    # The vector variant: elements per access and accesses per work item and loop step.
+    VECTOR = 4
+    VECTOR_UNROLL = 2
+    # Grid: at most this many 256-item groups per compute unit (None: no grid-stride loop).
+    GROUPS_PER_UNIT = 64
 
     def __init__(self, name, inputs, outputs, statement, scalars=(), preamble=""):
         self.name = name
@@ -105,22 +124,25 @@ class PointwiseKernel:
         self.scalars = [(n, np.dtype(t)) for n, t in scalars]
         self.statement = statement
         self.preamble = preamble
-        # ctx -> {(ndim, index_t): kernel}: a call looks its kernel up without re-keying the
-        # program cache (whose key freezes every template parameter).
+        # ctx -> {(ndim, index_t, vector, unroll, vector_inputs): kernel}: a call looks its kernel
+        # up without re-keying the program cache (whose key freezes every template parameter).
         self._built = weakref.WeakKeyDictionary()
 
-    def _kernel(self, ctx, ndim, index_t):
+    def _kernel(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=()):
+        unroll = self.UNROLL if unroll is None else unroll
         per_ctx = self._built.get(ctx)
         if per_ctx is None:
             per_ctx = self._built[ctx] = {}
-        kernel = per_ctx.get((ndim, index_t))
+        key = (ndim, index_t, vector, unroll, vector_inputs)
+        kernel = per_ctx.get(key)
         if kernel is None:
-            kernel = per_ctx[(ndim, index_t)] = self._build(ctx, ndim, index_t)
+            kernel = per_ctx[key] = self._build(ctx, ndim, index_t, vector, unroll, vector_inputs)
         return kernel
 
-    def _build(self, ctx, ndim, index_t):
+    def _build(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=()):
         params = dict(
-            name=self.name, ndim=ndim, unroll=self.UNROLL, index_t=index_t,
+            name=self.name, ndim=ndim, unroll=self.UNROLL if unroll is None else unroll,
+            index_t=index_t, vector=vector, vector_inputs=list(vector_inputs),
             statement=self.statement, preamble=self.preamble,
             inputs=[(n, cl_name(t)) for n, t in self.inputs],
             outputs=[(n, cl_name(t)) for n, t in self.outputs],
@@ -128,8 +150,30 @@ class PointwiseKernel:
         )
         return program.kernel(ctx, "pointwise", self.name, params)
 
-    def __call__(self, inputs, outputs, scalars=()):
-        """Enqueue over ``outputs`` (dense, all one shape), broadcasting ``inputs`` to it."""
+    def vector_layout(self, sizes, strides, inputs, outputs):
+        """Which inputs the vector variant reads VECTOR-wide (a tuple of bools), or None where
+        the variant does not apply to these merged ``sizes``/``strides`` and operands."""
+        v = self.VECTOR
+        if v <= 1 or math.prod(sizes) < v or (len(sizes) > 1 and sizes[-1] % v):
+            return None
+        if any(t.offset_elements % v for t in outputs):
+            return None
+        wide = []
+        for t, st in zip(inputs, strides):
+            if st[-1] == 0:
+                wide.append(False)
+            elif st[-1] == 1 and t.offset_elements % v == 0 and all(s % v == 0 for s in st[:-1]):
+                wide.append(True)
+            else:
+                return None
+        return tuple(wide)
+
+    def __call__(self, inputs, outputs, scalars=(), algorithm=None):
+        """Enqueue over ``outputs`` (dense, all one shape), broadcasting ``inputs`` to it.
+
+        ``algorithm``: "scalar" or "vector" to force a variant ("vector" falls back to "scalar"
+        where it does not apply); default DLPRIM_POINTWISE_ALGO, else "vector" where it applies.
+        """
         if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
             raise ShapeError(f"{self.name}: expected {len(self.inputs)} inputs and "
                              f"{len(self.outputs)} outputs")
@@ -144,25 +188,41 @@ class PointwiseKernel:
         if broadcast_shapes(out_shape, *(t.shape for t in inputs)) != out_shape:
             raise ShapeError(f"{self.name}: inputs {[t.shape for t in inputs]} do not broadcast "
                              f"to the output shape {out_shape}")
+        algorithm = algorithm or config.forced_algorithm("pointwise")
+        if algorithm is not None and algorithm not in ALGORITHMS:
+            raise UnsupportedError(f"{self.name}: pointwise algorithm must be one of "
+                                   f"{', '.join(ALGORITHMS)}, got {algorithm!r}")
         total = math.prod(out_shape)
         if total == 0:
             return
         in_strides = [broadcast_strides(t.shape, out_shape) for t in inputs]
         sizes, strides = merge_dimensions(out_shape, in_strides + [broadcast_strides(out_shape, out_shape)])
-        gsize, lsize = launch_size(ctx, total, per_item=self.UNROLL)
-        # The loop forms base + UNROLL * global size before comparing it with total.
-        largest = max([total + self.UNROLL * gsize[0]] +
+        strides = strides[:len(inputs)]
+        wide = None if algorithm == "scalar" else self.vector_layout(sizes, strides, inputs, outputs)
+        if wide is None:
+            vector, unroll, groups, tail = 1, self.UNROLL, total, None
+        else:
+            # The innermost dimension and the inputs' strides along it count in groups of VECTOR.
+            vector, unroll = self.VECTOR, self.VECTOR_UNROLL
+            groups, tail = total // vector, total % vector
+            sizes = sizes[:-1] + [sizes[-1] // vector]
+            strides = [st[:-1] + [st[-1] * vector] for st in strides]
+        gsize, lsize = launch_size(ctx, groups, per_item=unroll, groups_per_unit=self.GROUPS_PER_UNIT)
+        # The loop forms base + unroll * global size (in groups) before comparing it with total.
+        largest = max([(groups + unroll * gsize[0]) * vector + gsize[0]] +
                       [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
         index_t = "int" if largest < _INT32_LIMIT else "long"
         index_np = np.int32 if index_t == "int" else np.int64
-        kernel = self._kernel(ctx, len(sizes), index_t)
-        args = [index_np(total)] + [index_np(s) for s in sizes]
+        kernel = self._kernel(ctx, len(sizes), index_t, vector, unroll, wide or ())
+        args = [index_np(groups)] + [index_np(s) for s in sizes]
         for t, st in zip(inputs, strides):
             args += [t.buffer, index_np(t.offset_elements)] + [index_np(s) for s in st]
         for t in outputs:
             args += [t.buffer, index_np(t.offset_elements)]
         for (n, dt), value in zip(self.scalars, scalars):
             args.append(dt.type(value))
+        if tail is not None:
+            args.append(index_np(tail))
         kernel(ctx.queue, gsize, lsize, *args)
 
 
