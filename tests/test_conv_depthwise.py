@@ -142,3 +142,42 @@ def test_rows_applies(ctx):
     assert not algo.applies(ctx, problem("NHWC"), "forward")
     assert not algo.applies(ctx, problem(dil=2), "forward")
     assert not algo.applies(ctx, problem(stride=(1, 2)), "forward")
+
+
+def test_find_rules_drop_and_ties(ctx, monkeypatch):
+    """find's rules on made-up device times: a candidate whose first run is twice the best is
+    run once; medians within 3 % go to the higher-priority candidate; the medians decide."""
+    problem = make_problem((2, 4, 9, 9), (4, 1, 3, 3), dp.ConvolutionDesc(1, 1, 1, 4))
+    first, second, third = order = ["depthwise_tiled", "depthwise", "depthwise_rows"]
+    monkeypatch.setattr(selection, "applicable", lambda *args: order)
+    by_kernel = {"conv_dw_forward": "depthwise", "conv_dw_forward_rows": "depthwise_rows",
+                 "conv_dw_forward_tiled": "depthwise_tiled"}
+    samples = {first: [1.02, 5.0, 1.02], second: [1.0, 1.0, 1.0], third: [2.5, 0.1, 0.1]}
+    calls = {name: 0 for name in samples}
+
+    def fake_timing(ctx, run, warmup, repeat):
+        kernel = run.__self__.steps[0].args[1]
+        name = by_kernel[kernel.function_name]
+        value = samples[name][calls[name]]
+        calls[name] += 1
+        return dp.timing.Timing([value * 1e-3])
+
+    monkeypatch.setattr(selection, "time_enqueued", fake_timing)
+    winner, times = selection.measure(ctx, problem, "forward")
+    assert winner == first and times[first] == pytest.approx(1.02e-3)
+    assert calls == {first: 3, second: 3, third: 1}
+    assert times[third] == pytest.approx(2.5e-3)
+    samples[first] = [1.1, 1.1, 1.1]
+    calls.update({name: 0 for name in calls})
+    assert selection.measure(ctx, problem, "forward")[0] == second
+
+
+def test_find_time_is_bounded(ctx):
+    """A find with warm kernels runs each candidate at most a warm-up and three times."""
+    import time
+    problem = make_problem((2, 8, 14, 14), (8, 1, 3, 3), dp.ConvolutionDesc(1, 2, 1, 8))
+    selection.measure(ctx, problem, "forward")
+    started = time.perf_counter()
+    winner, times = selection.measure(ctx, problem, "forward")
+    assert winner in times and all(t > 0 for t in times.values())
+    assert time.perf_counter() - started < 2.0
