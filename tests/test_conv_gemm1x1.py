@@ -1,0 +1,210 @@
+"""1x1 convolutions as folded GEMMs (ops/conv/gemm1x1.py) against PyTorch CPU in float64.
+
+NCHW tensors are folded matrices (C x N*P): every direction is one GEMM over all images. Each
+GEMM kernel ("tiled", "splitk", "small") is forced in turn through DLPRIM_GEMM_ALGO on odd
+pixel counts (7x7, 5x3: no vector access), a count the vector loads take (8x8), stride 2
+(x sampled in place), batch 1 and 3, tensors at element offsets; outputs start as NaN. The
+fold itself is tested at the GEMM level (``Fold``) with its bad input.
+"""
+import numpy as np
+import pyopencl as cl
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dlprim_py as dp
+from dlprim_py.ops.conv import selection
+from dlprim_py.ops.conv.algorithms import Epilogue, EpilogueArgs
+from dlprim_py.ops.conv.gemm1x1 import Gemm1x1
+from dlprim_py.ops.gemm import Fold, GemmPlan
+from conftest import assert_close, poisoned, random
+
+# (N, C, H, W, K, stride)
+CASES = [(3, 5, 7, 7, 6, 1),     # P = 49, odd
+         (1, 8, 5, 3, 4, 1),     # batch 1, P = 15
+         (3, 6, 7, 5, 5, 2),     # stride 2 on odd sizes: Ho x Wo = 4 x 3
+         (2, 16, 8, 8, 12, 1)]   # P = 64: vector loads and stores
+KERNELS = ["tiled", "splitk", "small"]
+
+
+def reference(x, w, dy, stride):
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    wt = torch.tensor(w, dtype=torch.float64, requires_grad=True)
+    y = F.conv2d(xt, wt, stride=stride)
+    y.backward(torch.tensor(dy, dtype=torch.float64))
+    return y.detach().numpy(), xt.grad.numpy(), wt.grad.numpy()
+
+
+def make(ctx, rng, case):
+    n, c, h, w, k, stride = case
+    x = random(rng, (n, c, h, w))
+    wt = random(rng, (k, c, 1, 1))
+    ho, wo = (h - 1) // stride + 1, (w - 1) // stride + 1
+    dy = random(rng, (n, k, ho, wo))
+    conv = dp.Convolution(ctx, dp.TensorDesc(x.shape), dp.TensorDesc(wt.shape),
+                          dp.ConvolutionDesc(0, stride))
+    return conv, x, wt, dy, reference(x, wt, dy, stride)
+
+
+def at_offset(ctx, a, pad):
+    """``a`` on the device, starting ``pad`` elements into a NaN-filled buffer."""
+    flat = np.concatenate([np.full(pad, np.nan, np.float32), a.ravel().astype(np.float32)])
+    big = dp.Tensor.from_numpy(ctx, flat)
+    return dp.Tensor.from_buffer(ctx, big.buffer, a.shape, offset=pad * 4)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_forward(ctx, rng, monkeypatch, kernel):
+    monkeypatch.setenv("DLPRIM_GEMM_ALGO", kernel)
+    T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
+    for case in CASES:
+        conv, x, w, dy, (y_ref, _, _) = make(ctx, rng, case)
+        assert conv.algorithms()[0] == "gemm"
+        bias = random(rng, (case[4],))
+        y = poisoned(ctx, y_ref.shape)
+        conv.forward(T(x), T(w), y, bias=T(bias), alpha=0.7, activation="relu", algo="gemm")
+        assert_close(y.numpy(), np.maximum(0.7 * y_ref + bias[None, :, None, None], 0))
+    # alpha and beta, no bias
+    y_old = random(rng, y_ref.shape)
+    y = T(y_old)
+    conv.forward(T(x), T(w), y, alpha=-1.5, beta=0.5, algo="gemm")
+    assert_close(y.numpy(), -1.5 * y_ref + 0.5 * y_old)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_backward_data(ctx, rng, monkeypatch, kernel):
+    monkeypatch.setenv("DLPRIM_GEMM_ALGO", kernel)
+    T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
+    for case in CASES:
+        conv, x, w, dy, (_, dx_ref, _) = make(ctx, rng, case)
+        assert conv.algorithms("backward_data")[0] == "gemm"
+        dx = poisoned(ctx, x.shape)
+        conv.backward_data(T(dy), T(w), dx, algo="gemm")
+        assert_close(dx.numpy(), dx_ref)
+    dx_old = random(rng, x.shape)
+    dx = T(dx_old)
+    conv.backward_data(T(dy), T(w), dx, alpha=2.0, beta=-0.5, algo="gemm")
+    assert_close(dx.numpy(), 2.0 * dx_ref - 0.5 * dx_old)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_backward_filter(ctx, rng, monkeypatch, kernel):
+    """dw = dy (K x N*P) @ x^T: the fold runs along the GEMM's reduction dimension."""
+    monkeypatch.setenv("DLPRIM_GEMM_ALGO", kernel)
+    T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
+    for case in CASES:
+        conv, x, w, dy, (_, _, dw_ref) = make(ctx, rng, case)
+        assert conv.algorithms("backward_filter")[0] == "gemm"
+        dw = poisoned(ctx, w.shape)
+        conv.backward_filter(T(dy), T(x), dw, algo="gemm")
+        assert_close(dw.numpy(), dw_ref)
+    dw_old = random(rng, w.shape)
+    dw = T(dw_old)
+    conv.backward_filter(T(dy), T(x), dw, alpha=0.5, beta=1.0, algo="gemm")
+    assert_close(dw.numpy(), 0.5 * dw_ref + dw_old)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=["s1", "s2"])
+def test_offsets(ctx, rng, case):
+    """Every tensor starts inside its buffer (element offsets that break vector alignment)."""
+    conv, x, w, dy, (y_ref, dx_ref, dw_ref) = make(ctx, rng, case)
+    bias = random(rng, (case[4],))
+    X, W, DY, B = (at_offset(ctx, a, pad) for a, pad in ((x, 3), (w, 1), (dy, 5), (bias, 2)))
+    y = at_offset(ctx, np.full(y_ref.shape, np.nan, np.float32), 7)
+    conv.forward(X, W, y, bias=B, algo="gemm")
+    assert_close(y.numpy(), y_ref + bias[None, :, None, None])
+    dx = at_offset(ctx, np.full(x.shape, np.nan, np.float32), 1)
+    conv.backward_data(DY, W, dx, algo="gemm")
+    assert_close(dx.numpy(), dx_ref)
+    dw = at_offset(ctx, np.full(w.shape, np.nan, np.float32), 6)
+    conv.backward_filter(DY, X, dw, algo="gemm")
+    assert_close(dw.numpy(), dw_ref)
+
+
+def test_fused_epilogue_after_folded_gemm(ctx, rng):
+    """A scale and a residual (epilogues the GEMM lacks) run after the folded GEMM, strided."""
+    conv, x, w, dy, (y_ref, _, _) = make(ctx, rng, CASES[2])
+    k = CASES[2][4]
+    T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
+    scale, shift, z = random(rng, (k,), 0.5, 1.5), random(rng, (k,)), random(rng, y_ref.shape)
+    y = poisoned(ctx, y_ref.shape)
+    conv.forward(T(x), T(w), y, scale=T(scale), shift=T(shift), residual=T(z),
+                 residual_alpha=0.5, activation="relu", algo="gemm")
+    expected = y_ref * scale[None, :, None, None] + shift[None, :, None, None] + 0.5 * z
+    assert_close(y.numpy(), np.maximum(expected, 0))
+
+
+def test_no_workspace_for_strided_forward(ctx, rng):
+    conv, *_ = make(ctx, rng, CASES[2])
+    algo = selection.algorithm("gemm")
+    assert algo.workspace_size(ctx, conv.problem, "forward") == 0
+    assert algo.workspace_size(ctx, conv.problem, "backward_filter") == 0
+    assert algo.workspace_size(ctx, conv.problem, "backward_data") > 0   # dense, then scattered
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data"])
+def test_per_image_variant(ctx, rng, direction):
+    """The unfolded per-image batched GEMM, stride 1 and 2 (it does not do NCHW filter
+    gradients)."""
+    algo = Gemm1x1(per_image=True)
+    for case in (CASES[0], CASES[2]):
+        conv, x, w, dy, (y_ref, dx_ref, _) = make(ctx, rng, case)
+        p = conv.problem
+        assert not algo.applies(ctx, p, "backward_filter")
+        size = algo.workspace_size(ctx, p, direction)
+        workspace = dp.Tensor.empty(ctx, (size // 4,)) if size else None
+        T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
+        if direction == "forward":
+            out, src, other, ref = poisoned(ctx, y_ref.shape), T(x), T(w), y_ref
+        else:
+            out, src, other, ref = poisoned(ctx, x.shape), T(dy), T(w), dx_ref
+        algo.run(ctx, p, direction, src, other, out, EpilogueArgs(), Epilogue(), workspace)
+        assert_close(out.numpy(), ref)
+
+
+# ---- the fold at the GEMM level -------------------------------------------------------------
+
+def test_fold_addresses():
+    dense = Fold(6, 20)
+    assert [dense.offset(j) for j in (0, 5, 6, 13)] == [0, 5, 20, 41]
+    strided = Fold(6, 40, width=3, row_step=10, col_step=2)   # 2 x 3 samples of 4 x 10 rows
+    assert strided.mode == 2
+    assert [strided.offset(j) for j in (0, 2, 3, 5, 6)] == [0, 4, 10, 14, 40]
+    assert Fold(6, 20, width=3, row_step=3, col_step=1).mode == 1   # a unit stride is dense
+    assert dense.max_offset(8) == 21 and dense.max_offset(12) == 25
+    assert Fold(6, 2).max_offset(8) == 5   # overlapping images: the previous one reaches further
+    assert dense.vector_ok(2) and not dense.vector_ok(4) and not strided.vector_ok(2)
+
+
+def test_folded_gemm_tall_positions(ctx, rng):
+    """Image stride larger than the rows (a channel slice of a bigger tensor) with the rows of
+    C padded: the GEMM writes only inside each image's rows."""
+    n, M, K, P, rows_b, ldc = 3, 5, 4, 10, 7, 12
+    a = random(rng, (M, K))
+    b_store = random(rng, (n, rows_b, P))        # only the first K rows of each image are used
+    c_store = np.full((n, M, ldc), np.nan, np.float32)
+    A, B, C = (dp.Tensor.from_numpy(ctx, v) for v in (a, b_store, c_store))
+    GemmPlan(ctx, M, n * P, K, A.buffer, 0, K, B.buffer, 0, P, C.buffer, 0, ldc,
+             fold_b=Fold(P, rows_b * P), fold_c=Fold(P, M * ldc)).enqueue()
+    got = C.numpy()
+    expected = np.einsum("mk,nkp->nmp", a.astype(np.float64), b_store[:, :K].astype(np.float64))
+    assert_close(got[:, :, :P], expected)
+    assert np.isnan(got[:, :, P:]).all()
+
+
+def test_fold_bad_input(ctx):
+    buf = cl.Buffer(ctx.cl_context, cl.mem_flags.READ_WRITE, 64 * 4)
+    with pytest.raises(dp.ShapeError, match="positions must be an int >= 1"):
+        Fold(0, 4)
+    with pytest.raises(dp.ShapeError, match="not whole rows"):
+        Fold(6, 40, width=4, row_step=10, col_step=2)
+    with pytest.raises(dp.UnsupportedError, match="only along K"):
+        GemmPlan(ctx, 2, 2, 4, buf, 0, 2, buf, 0, 2, buf, 0, 2, trans_a=True, fold_a=Fold(2, 8))
+    with pytest.raises(dp.UnsupportedError, match="only densely"):
+        GemmPlan(ctx, 2, 4, 2, buf, 0, 2, buf, 0, 4, buf, 0, 2,
+                 fold_c=Fold(2, 8, width=1, row_step=2, col_step=1))
+    with pytest.raises(dp.ShapeError, match="holds 64 elements .* needs 104"):
+        # 4 images of 16 columns 24 elements apart, 2 rows 16 apart: 16 + 3 * 24 + 15 + 1.
+        GemmPlan(ctx, 2, 64, 2, buf, 0, 2, buf, 0, 16, buf, 0, 64, fold_b=Fold(16, 24))
+    with pytest.raises(dp.ShapeError, match="overlap"):
+        GemmPlan(ctx, 2, 8, 2, buf, 0, 2, buf, 0, 8, buf, 0, 4, fold_c=Fold(4, 6))
