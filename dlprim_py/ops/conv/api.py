@@ -189,20 +189,20 @@ class Convolution:
         return db
 
 
-def _plan(ctx, input_shape, weight_shape, conv_desc):
+def _plan(ctx, input_shape, weight_shape, conv_desc, layout="NCHW"):
     key = ("conv2d", tuple(input_shape), tuple(weight_shape), conv_desc.padding,
-           conv_desc.stride, conv_desc.dilation, conv_desc.groups)
+           conv_desc.stride, conv_desc.dilation, conv_desc.groups, layout)
     plans = ctx.memo.setdefault("conv_plans", {})
     conv = plans.get(key)
     if conv is None:
         conv = plans[key] = Convolution(ctx, TensorDesc(input_shape), TensorDesc(weight_shape),
-                                        conv_desc)
+                                        conv_desc, layout)
         # Functional calls get fresh tensors each time: recordings would only pin memory.
         conv.replay_cache = 0
     return conv
 
 
-def _padding(padding, weight_shape, stride, dilation):
+def _padding(padding, kernel_size, stride, dilation):
     if isinstance(padding, str):
         if padding == "valid":
             return (0, 0)
@@ -210,7 +210,7 @@ def _padding(padding, weight_shape, stride, dilation):
             if pair(stride, "stride") != (1, 1):
                 raise UnsupportedError("padding='same' needs stride 1 (torch's rule)")
             dh, dw = pair(dilation, "dilation")
-            total = (dh * (weight_shape[2] - 1), dw * (weight_shape[3] - 1))
+            total = (dh * (kernel_size[0] - 1), dw * (kernel_size[1] - 1))
             if total[0] % 2 or total[1] % 2:
                 raise UnsupportedError("padding='same' with an even kernel needs asymmetric "
                                        "padding, which is not supported")
@@ -224,28 +224,48 @@ def _check_input(x, what):
         raise DTypeError(f"{what} must be a dlprim_py.Tensor, got {type(x).__name__}")
 
 
-def _bias_grad(ctx, g, channels):
-    """Sum of g (N, C, H, W) over N, H, W as a (C,) tensor."""
-    n, c, h, w = g.shape
-    problem = ConvProblem(n, c, h, w, c, 1, 1, 0, 0, 1, 1, 1, 1, 1)
+def _check_layout(layout):
+    if layout not in ("NCHW", "NHWC"):
+        raise UnsupportedError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+
+
+def _kernel_size(weight, layout):
+    """(R, S) of a weight stored (K, C/g, R, S) for NCHW or (K, R, S, C/g) for NHWC."""
+    return tuple(weight.shape[2:4]) if layout == "NCHW" else tuple(weight.shape[1:3])
+
+
+def _bias_grad(ctx, g, channels, layout="NCHW"):
+    """Sum of g (N, C, H, W), or (N, H, W, C) for NHWC, over N, H, W as a (C,) tensor."""
+    if layout == "NCHW":
+        n, c, h, w = g.shape
+    else:
+        n, h, w, c = g.shape
+    problem = ConvProblem(n, c, h, w, c, 1, 1, 0, 0, 1, 1, 1, 1, 1, layout)
     db = Tensor.empty(ctx, (channels,))
     backward_bias(ctx, problem, g, db)
     return db
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, layout="NCHW"):
     """torch.nn.functional.conv2d: x (N, C, H, W), weight (K, C/groups, R, S), bias (K,) or
-    None; float32 NCHW. Returns (N, K, Ho, Wo); gradients flow to x, weight and bias."""
+    None; float32. Returns (N, K, Ho, Wo); gradients flow to x, weight and bias.
+
+    ``layout="NHWC"``: x is (N, H, W, C), weight (K, R, S, C/groups) (channels last in both,
+    as the Convolution operator stores them) and the result (N, Ho, Wo, K); the same numbers as
+    NCHW with every tensor permuted."""
+    _check_layout(layout)
     _check_input(x, "input")
     _check_input(weight, "weight")
+    wdims, xdims = (("(K, C/groups, R, S)", "(N, C, H, W)") if layout == "NCHW"
+                    else ("(K, R, S, C/groups)", "(N, H, W, C)"))
     if weight.ndim != 4:
-        raise ShapeError(f"conv2d weight must have rank 4 (K, C/groups, R, S), got {weight.shape}")
+        raise ShapeError(f"conv2d weight must have rank 4 {wdims}, got {weight.shape}")
     if x.ndim != 4:
-        raise ShapeError(f"conv2d input must have rank 4 (N, C, H, W), got {x.shape}")
+        raise ShapeError(f"conv2d input must have rank 4 {xdims}, got {x.shape}")
     ctx = check_same_context(x, weight, bias)
-    desc = ConvolutionDesc(_padding(padding, weight.shape, stride, dilation), stride, dilation,
-                           groups)
-    conv = _plan(ctx, x.shape, weight.shape, desc)
+    desc = ConvolutionDesc(_padding(padding, _kernel_size(weight, layout), stride, dilation),
+                           stride, dilation, groups)
+    conv = _plan(ctx, x.shape, weight.shape, desc, layout)
     y = Tensor.empty(ctx, conv.output_desc.shape)
     conv.forward(x, weight, y, bias=bias)
 
@@ -266,18 +286,24 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 
 def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
-                     dilation=1):
+                     dilation=1, *, layout="NCHW"):
     """torch.nn.functional.conv_transpose2d: x (N, Cin, H, W), weight (Cin, Cout/groups, R, S),
-    bias (Cout,) or None; float32 NCHW. Returns (N, Cout, Ho, Wo) with
+    bias (Cout,) or None; float32. Returns (N, Cout, Ho, Wo) with
     Ho = (H - 1) * stride - 2 * padding + dilation * (R - 1) + output_padding + 1.
-    Computed as the data gradient of the convolution that maps the output back to x."""
+    Computed as the data gradient of the convolution that maps the output back to x.
+
+    ``layout="NHWC"``: x is (N, H, W, Cin), weight (Cin, R, S, Cout/groups) and the result
+    (N, Ho, Wo, Cout)."""
+    _check_layout(layout)
     _check_input(x, "input")
     _check_input(weight, "weight")
+    wdims, xdims = (("(Cin, Cout/groups, R, S)", "(N, C, H, W)") if layout == "NCHW"
+                    else ("(Cin, R, S, Cout/groups)", "(N, H, W, C)"))
     if weight.ndim != 4:
-        raise ShapeError(f"conv_transpose2d weight must have rank 4 (Cin, Cout/groups, R, S), "
+        raise ShapeError(f"conv_transpose2d weight must have rank 4 {wdims}, "
                          f"got {weight.shape}")
     if x.ndim != 4:
-        raise ShapeError(f"conv_transpose2d input must have rank 4 (N, C, H, W), got {x.shape}")
+        raise ShapeError(f"conv_transpose2d input must have rank 4 {xdims}, got {x.shape}")
     ctx = check_same_context(x, weight, bias)
     desc = ConvolutionDesc(padding, stride, dilation, groups)
     oph, opw = pair(output_padding, "output_padding")
@@ -285,12 +311,15 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     if not (0 <= oph < max(sh, dh) and 0 <= opw < max(sw, dw)):
         raise ShapeError(f"output_padding {(oph, opw)} must be >= 0 and smaller than stride or "
                          f"dilation ({desc.stride}, {desc.dilation})")
-    n, cin, h, w = x.shape
+    if layout == "NCHW":
+        n, cin, h, w = x.shape
+    else:
+        n, h, w, cin = x.shape
     if weight.shape[0] != cin:
         raise ShapeError(f"conv_transpose2d weight has {weight.shape[0]} input channels, the "
                          f"input has {cin}")
-    cout = weight.shape[1] * groups
-    r, s = weight.shape[2], weight.shape[3]
+    cout = (weight.shape[1] if layout == "NCHW" else weight.shape[3]) * groups
+    r, s = _kernel_size(weight, layout)
     ho = (h - 1) * sh - 2 * ph + dh * (r - 1) + oph + 1
     wo = (w - 1) * sw - 2 * pw + dw * (s - 1) + opw + 1
     if ho <= 0 or wo <= 0:
@@ -298,15 +327,17 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     if bias is not None:
         _check_tensor(bias, (cout,), "bias")
     # The convolution whose input is our output and whose output is our input.
-    conv = _plan(ctx, (n, cout, ho, wo), weight.shape, desc)
+    y_shape = (n, cout, ho, wo) if layout == "NCHW" else (n, ho, wo, cout)
+    conv = _plan(ctx, y_shape, weight.shape, desc, layout)
     if conv.output_desc.shape != x.shape:
         raise ShapeError(f"conv_transpose2d: inconsistent geometry {conv.output_desc.shape} vs "
                          f"{x.shape}")
-    y = Tensor.empty(ctx, (n, cout, ho, wo))
+    y = Tensor.empty(ctx, y_shape)
     conv.backward_data(x, weight, y)
     if bias is not None:
         from ..pointwise import binary
-        y = binary("add", y, bias.detach().reshape(1, cout, 1, 1))
+        bias_shape = (1, cout, 1, 1) if layout == "NCHW" else (1, 1, 1, cout)
+        y = binary("add", y, bias.detach().reshape(*bias_shape))
 
     def backward(g):
         gx = gw = gb = None
@@ -317,7 +348,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
             gw = Tensor.empty(ctx, weight.shape)
             conv.backward_filter(x, g, gw)
         if bias is not None and bias.requires_grad:
-            gb = _bias_grad(ctx, g, cout)
+            gb = _bias_grad(ctx, g, cout, layout)
         return gx, gw, gb
 
     return autograd.record(y, (x, weight, bias), backward, "conv_transpose2d")
