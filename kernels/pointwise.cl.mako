@@ -34,6 +34,8 @@
 ##   index_t        "int" when every index (including base + unroll * global size) fits in 31 bits,
 ##                  else "long" (integer division is several times cheaper in 32 bits on GPUs)
 ##   preamble       extra C code placed before the kernel (helper functions), may be ""
+## Operand names must not collide with the kernel's own: i, total, tail, tail_index, step, base,
+## rest, coord, size<k>, group_at<u>, or <operand>_buf/_off/_stride<k>/_index/_vec/<u>.
 <%
     dims = range(ndim)
     lanes = range(unroll)
@@ -81,17 +83,17 @@ __kernel void ${name}(
     const ${index_t} step = get_global_size(0);
     for (${index_t} base = get_global_id(0); base < total; base += ${unroll} * step) {
 % for u in lanes:
-        const ${index_t} g${u} = base + ${u} * step;
+        const ${index_t} group_at${u} = base + ${u} * step;
     % for nm, ty in inputs:
         ${vty(ty) if wide.get(nm) else ty} ${nm}${u} = (${vty(ty) if wide.get(nm) else ty})(0);
     % endfor
-        if (g${u} < total) {
+        if (group_at${u} < total) {
     % if ndim == 1:
         % for nm, ty in inputs:
-            const ${index_t} ${nm}_index = ${nm}_off + g${u} * ${nm}_stride0;
+            const ${index_t} ${nm}_index = ${nm}_off + group_at${u} * ${nm}_stride0;
         % endfor
     % else:
-            ${index_t} rest = g${u};
+            ${index_t} rest = group_at${u};
         % for nm, ty in inputs:
             ${index_t} ${nm}_index = ${nm}_off;
         % endfor
@@ -119,32 +121,32 @@ __kernel void ${name}(
         }
 % endfor
 % for u in lanes:
-        if (g${u} < total) {
+        if (group_at${u} < total) {
     % if vector == 1:
         % for nm, ty in inputs:
             ${ty} ${nm} = ${nm}${u};
         % endfor
-            ${element(f"g{u}")}
+            ${element(f"group_at{u}")}
         % for nm, ty in outputs:
-            ${nm}_buf[${nm}_off + g${u}] = ${nm};
+            ${nm}_buf[${nm}_off + group_at${u}] = ${nm};
         % endfor
     % else:
         % for nm, ty in outputs:
-            ${vty(ty)} ${nm}_group;
+            ${vty(ty)} ${nm}_vec;
         % endfor
         % for lane in range(vector):
             {
             % for nm, ty in inputs:
             ${ty} ${nm} = ${nm}${u}${f".s{lane:x}" if wide[nm] else ""};
             % endfor
-            ${element(f"g{u} * {vector} + {lane}")}
+            ${element(f"group_at{u} * {vector} + {lane}")}
             % for nm, ty in outputs:
-            ${nm}_group.s${f"{lane:x}"} = ${nm};
+            ${nm}_vec.s${f"{lane:x}"} = ${nm};
             % endfor
             }
         % endfor
         % for nm, ty in outputs:
-            *(__global ${vty(ty)}*)(${nm}_buf + ${nm}_off + g${u} * ${vector}) = ${nm}_group;
+            *(__global ${vty(ty)}*)(${nm}_buf + ${nm}_off + group_at${u} * ${vector}) = ${nm}_vec;
         % endfor
     % endif
         }
