@@ -15,6 +15,7 @@ DLPRIM_ROWNORM_ALGO force one layer/group norm algorithm: rows, split (group nor
 DLPRIM_REDUCE_ALGO force one reduction variant: group, item
 DLPRIM_SOFTMAX_ALGO force one softmax variant: row, column
 DLPRIM_POINTWISE_ALGO force one pointwise variant: vector (where it applies), scalar
+DLPRIM_DROPOUT_ALGO force one dropout variant: vector (where offsets allow), scalar
 """
 import os
 

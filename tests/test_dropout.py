@@ -5,7 +5,7 @@ import pytest
 import dlprim_py as dp
 from dlprim_py.ops import dropout as D
 
-from conftest import assert_close, random
+from conftest import assert_close, poisoned, random
 
 F = dp.functional
 
@@ -35,6 +35,31 @@ def test_forward_and_backward_match_the_reference_mask(ctx, rng, shape, p, seed,
     g = random(rng, shape)
     y.backward(dp.Tensor.from_numpy(ctx, g))
     assert_close(x.grad.numpy(), np.where(keep, g.astype(np.float64) / (1 - p), 0.0), tol=1e-7)
+
+
+@pytest.mark.parametrize("algorithm", ["vector", "scalar"])
+def test_each_variant_writes_every_element_of_the_reference_mask(ctx, rng, algorithm):
+    """Both variants on sizes with and without a partial last block, at offsets 0 and 4."""
+    data = random(rng, 4103, 0.5, 1.0)
+    whole = dp.Tensor.from_numpy(ctx, data)
+    for n, at in ((1, 0), (7, 4), (4096, 4), (4099, 0)):
+        x = dp.Tensor(ctx, whole.buffer, (n,), offset=whole.offset + 4 * at)
+        y = poisoned(ctx, (n,))
+        D._apply(ctx, x, y, 0.4, 321, 5, algorithm=algorithm)
+        keep = D.reference_mask(n, 0.4, 321, 5)
+        assert_close(y.numpy(), np.where(keep, data[at:at + n] / 0.6, 0.0), tol=1e-7)
+        assert np.array_equal(y.numpy() != 0, keep)
+
+
+def test_variant_choice(ctx):
+    base = dp.Tensor.zeros(ctx, (16,))
+    aligned = dp.Tensor(ctx, base.buffer, (8,), offset=base.offset + 16)
+    shifted = dp.Tensor(ctx, base.buffer, (8,), offset=base.offset + 4)
+    assert D.choose_algorithm(aligned, base) == "vector"
+    assert D.choose_algorithm(shifted, base) == "scalar"
+    assert D.choose_algorithm(aligned, base, forced="scalar") == "scalar"
+    with pytest.raises(dp.UnsupportedError, match="vector, scalar"):
+        D.choose_algorithm(aligned, base, forced="wide")
 
 
 def test_keep_rate_and_offset_inputs(ctx):

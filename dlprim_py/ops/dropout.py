@@ -2,7 +2,9 @@
 
 The mask is a pure function of (seed, stream, element index): the same seed and stream give
 the same mask on any device, any driver and any launch geometry, and the backward recomputes it
-instead of storing it. ``philox4x32_10`` and ``reference_mask`` are the same generator in numpy,
+instead of storing it. The kernel reads and writes each 4-element Philox block as one 16-byte
+access where the offsets allow ("vector"), else element by element ("scalar").
+``philox4x32_10`` and ``reference_mask`` are the same generator in numpy,
 so a mask can be checked (or reproduced on the host) bit for bit.
 
 Without an explicit ``seed``, calls draw from a process-wide generator: ``manual_seed(s)``
@@ -13,7 +15,7 @@ import threading
 
 import numpy as np
 
-from .. import autograd, program
+from .. import autograd, config, program
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 from .pointwise import launch_size
@@ -74,14 +76,39 @@ def reference_mask(size, p, seed, stream=0):
     return (words >> 8) >= _threshold(p)
 
 
-def _apply(ctx, x, y, p, seed, stream):
+ALGORITHMS = ("vector", "scalar")
+# Whole 4-element blocks per work item and loop step: their loads are in flight together while
+# the generator runs.
+UNROLL = 2
+# At most this many 256-item groups per compute unit (None: one group per 256 * UNROLL blocks).
+GROUPS_PER_UNIT = 64
+
+
+def choose_algorithm(x, y, forced=None):
+    """"vector" (one aligned 16-byte access per block) where both offsets are multiples of 4,
+    else "scalar"; ``forced`` (or DLPRIM_DROPOUT_ALGO) picks "scalar" anywhere."""
+    forced = forced or config.forced_algorithm("dropout")
+    if forced is not None and forced not in ALGORITHMS:
+        raise UnsupportedError(f"dropout algorithm must be one of {', '.join(ALGORITHMS)}, got {forced!r}")
+    if forced == "scalar" or x.offset_elements % 4 or y.offset_elements % 4:
+        return "scalar"
+    return "vector"
+
+
+def _apply(ctx, x, y, p, seed, stream, algorithm=None, unroll=None):
+    """y = dropout(x) with the mask of (seed, stream); ``algorithm`` forces a variant."""
     total = x.size
     if total == 0:
         return
-    index_t = "int" if max(total + 4, x.offset_elements + total, y.offset_elements + total) < 2 ** 31 - 1 else "long"
+    unroll = unroll or UNROLL
+    blocks = total // 4
+    gsize, lsize = launch_size(ctx, max(blocks, 1), per_item=unroll, groups_per_unit=GROUPS_PER_UNIT)
+    largest = max(total + 4 * unroll * gsize[0], x.offset_elements + total, y.offset_elements + total)
+    index_t = "int" if largest < 2 ** 31 - 1 else "long"
     index = np.int32 if index_t == "int" else np.int64
-    kernel = program.kernel(ctx, "dropout", "dropout_apply", dict(index_t=index_t))
-    gsize, lsize = launch_size(ctx, math.ceil(total / 4))
+    vector = 4 if choose_algorithm(x, y, algorithm) == "vector" else 1
+    kernel = program.kernel(ctx, "dropout", "dropout_apply",
+                            dict(index_t=index_t, vector=vector, unroll=unroll))
     scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
     kernel(ctx.queue, gsize, lsize, index(total), x.buffer, index(x.offset_elements),
            y.buffer, index(y.offset_elements), np.uint32(seed & _MASK32), np.uint32(seed >> 32),
