@@ -269,7 +269,8 @@ class DepthwiseRows(Algorithm):
         if self.bands is not None:
             return self.bands
         key = (problem.n * problem.k, problem.h, problem.w, problem.r, problem.s,
-               problem.pad_h, problem.pad_w, problem.stride_h, direction)
+               problem.pad_h, problem.pad_w, problem.stride_h, direction,
+               self.OUTPUTS_PER_GROUP, self.LOCAL_BYTES)
         memo = ctx.memo.setdefault("conv_dw_bands", {})
         if key not in memo:
             memo[key] = self._choose(ctx, problem, direction)
