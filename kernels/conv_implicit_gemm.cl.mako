@@ -8,15 +8,17 @@
 ## kk walks the weights in memory order. Work group (n tile, m tile, g * splits + split):
 ## a TILE_M x TILE_N block of out, THREAD_M x THREAD_N per work item (in runs of 4 rows and 4
 ## columns strided by the thread grid, read from local memory as float4 without bank
-## conflicts), kk in steps of TILE_K through local memory with the next step's global loads
-## issued before the current step's arithmetic.
+## conflicts), kk in steps of TILE_K through two local-memory stages: the next step's global
+## loads are issued before the current step's arithmetic and stored into the other stage, one
+## barrier per step. Forward reads the weights (A rows, contiguous in kk in both layouts) as
+## float4 where the row start is 4-aligned (checked at run time), scalars otherwise.
 ## backward_filter may split kk over `splits` work groups, each writing its partial block to a
 ## workspace [splits][K][C/g*R*S] that conv_igemm_reduce sums with alpha/beta.
 ##
 ## Template parameters:
 ##   direction       "forward", "backward_data" or "backward_filter"
 ##   tile_m, tile_n  block of out per work group
-##   tile_k          kk step (local memory holds TILE_K x (TILE_M + TILE_N) floats)
+##   tile_k          kk step (local memory holds 2 x TILE_K x (TILE_M + TILE_N + 8) floats)
 ##   thread_m, thread_n  block of out per work item, multiples of 4
 ##                   (tile_m / thread_m * tile_n / thread_n work items)
 ##   kernel_r, kernel_s  the kernel size R x S as compile-time constants, so that the (c, r, s)
@@ -37,7 +39,10 @@
     # How the work items of a group cover a tile when loading: the fast index follows memory.
     a_fast_m = direction == "backward_data"
     b_fast_n = direction != "backward_filter"
-    assert threads % (tile_m if a_fast_m else tile_k) == 0
+    # Forward loads A in runs of 4 along kk (float4 where aligned).
+    a_vec = 4 if direction == "forward" and tile_k % 4 == 0 and a_per_thread % 4 == 0 else 1
+    a_runs = a_per_thread // a_vec
+    assert threads % (tile_m if a_fast_m else tile_k // a_vec) == 0
     assert threads % (tile_n if b_fast_n else tile_k) == 0
 %>
 #define TILE_M ${tile_m}
@@ -50,6 +55,8 @@
 #define THREADS ${threads}
 #define A_PER_THREAD ${a_per_thread}
 #define B_PER_THREAD ${b_per_thread}
+#define A_VEC ${a_vec}
+#define A_RUNS ${a_runs}
 % if kernel_r:
 #define KR ${kernel_r}
 #define KS ${kernel_s}
@@ -65,8 +72,8 @@ void conv_igemm_${direction}(${common.geometry_params()},
 {
     // Rows padded by 4 floats: the transposed scalar stores spread over the banks and the
     // float4 reads stay aligned.
-    __local float4 a_tile[TILE_K][(TILE_M + 4) / 4];
-    __local float4 b_tile[TILE_K][(TILE_N + 4) / 4];
+    __local float4 a_tiles[2][TILE_K][(TILE_M + 4) / 4];
+    __local float4 b_tiles[2][TILE_K][(TILE_N + 4) / 4];
 
     const int Cg = C / groups, Kg = K / groups, RS = KR * KS;
     const int HoWo = Ho * Wo, HW = H * W;
@@ -87,15 +94,19 @@ void conv_igemm_${direction}(${common.geometry_params()},
     const int tid = get_local_id(0);
 
     // Where this work item loads: element i of its A share is (a_m[i], kk + a_k[i]).
-    int a_m[A_PER_THREAD], a_k[A_PER_THREAD];
-    for (int i = 0; i < A_PER_THREAD; ++i) {
+    // Run i of A_VEC elements starts at (a_m[i], kk + a_k[i]).
+    int a_m[A_RUNS], a_k[A_RUNS];
+    for (int i = 0; i < A_RUNS; ++i) {
         int e = tid + i * THREADS;
 % if a_fast_m:
         a_m[i] = e % TILE_M; a_k[i] = e / TILE_M;
 % else:
-        a_m[i] = e / TILE_K; a_k[i] = e % TILE_K;
+        a_m[i] = e / (TILE_K / A_VEC); a_k[i] = (e % (TILE_K / A_VEC)) * A_VEC;
 % endif
     }
+% if a_vec > 1:
+    const bool a_aligned = ((a_off | wsK) & 3) == 0;
+% endif
     int b_n[B_PER_THREAD], b_k[B_PER_THREAD];
     // Column facts that stay fixed over the kk loop.
     int col_base[B_PER_THREAD], col_h[B_PER_THREAD], col_w[B_PER_THREAD];
@@ -151,6 +162,25 @@ void conv_igemm_${direction}(${common.geometry_params()},
         const int step_img = step_kk / HoWo, step_p = step_kk - step_img * HoWo;
         const int step_oh = step_p / Wo, step_ow = step_p - step_oh * Wo;
 % endif
+% if a_vec > 1:
+        for (int i = 0; i < A_RUNS; ++i) {
+            int m = m0 + a_m[i], kk = ${kk0} + a_k[i];
+            float4 v = (float4)(0.0f);
+            if (m < GM) {
+                __global const float *row = a_src + a_off + (g * Kg + m) * wsK;
+                if (a_aligned && kk + 3 < kk_end) {
+                    v = vload4(0, row + kk);
+                } else {
+                    if (kk < kk_end) v.s0 = row[kk];
+                    if (kk + 1 < kk_end) v.s1 = row[kk + 1];
+                    if (kk + 2 < kk_end) v.s2 = row[kk + 2];
+                    if (kk + 3 < kk_end) v.s3 = row[kk + 3];
+                }
+            }
+            a_next[4 * i] = v.s0; a_next[4 * i + 1] = v.s1;
+            a_next[4 * i + 2] = v.s2; a_next[4 * i + 3] = v.s3;
+        }
+% else:
         for (int i = 0; i < A_PER_THREAD; ++i) {
             int m = m0 + a_m[i], kk = ${kk0} + a_k[i];
             float v = 0.0f;
@@ -171,6 +201,7 @@ void conv_igemm_${direction}(${common.geometry_params()},
             }
             a_next[i] = v;
         }
+% endif
         for (int i = 0; i < B_PER_THREAD; ++i) {
             int kk = ${kk0} + b_k[i];
             float v = 0.0f;
@@ -209,45 +240,69 @@ void conv_igemm_${direction}(${common.geometry_params()},
 </%def>
 
     const int tm = tid / THREADS_N, tn = tid - tm * THREADS_N;
-    __local float *a_flat = (__local float *)a_tile;
-    __local float *b_flat = (__local float *)b_tile;
-    // Iteration kk0 multiplies the step in local memory while the global loads of the next
-    // step are in flight; the first iteration only loads.
-    for (int kk0 = kk_begin - TILE_K; kk0 < kk_end; kk0 += TILE_K) {
+
+## Stores a_next / b_next into local stage `stage`.
+<%def name="store_step(stage)">
+        {
+            __local float *a_flat = (__local float *)a_tiles[${stage}];
+            __local float *b_flat = (__local float *)b_tiles[${stage}];
+% if a_vec > 1:
+            for (int i = 0; i < A_RUNS; ++i)
+                for (int j = 0; j < A_VEC; ++j)
+                    a_flat[(a_k[i] + j) * (TILE_M + 4) + a_m[i]] = a_next[A_VEC * i + j];
+% else:
+            for (int i = 0; i < A_PER_THREAD; ++i)
+                a_flat[a_k[i] * (TILE_M + 4) + a_m[i]] = a_next[i];
+% endif
+            for (int i = 0; i < B_PER_THREAD; ++i)
+                b_flat[b_k[i] * (TILE_N + 4) + b_n[i]] = b_next[i];
+        }
+</%def>
+    if (kk_begin < kk_end) {
+        {
+${load_step("kk_begin")}
+        }
+${store_step("0")}
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // Step kk0 multiplies stage `stage` while the global loads of the next step are in
+    // flight; they go to the other stage, which every work item finished reading before the
+    // previous barrier.
+    int stage = 0;
+    for (int kk0 = kk_begin; kk0 < kk_end; kk0 += TILE_K) {
         const bool more = kk0 + TILE_K < kk_end;
         if (more) {
 ${load_step("kk0 + TILE_K")}
         }
-        if (kk0 >= kk_begin) {
 #pragma unroll
-            for (int q = 0; q < TILE_K; ++q) {
-                float a_reg[THREAD_M], b_reg[THREAD_N];
+        for (int q = 0; q < TILE_K; ++q) {
+            float a_reg[THREAD_M], b_reg[THREAD_N];
 #pragma unroll
-                for (int i4 = 0; i4 < THREAD_M / 4; ++i4) {
-                    float4 v = a_tile[q][i4 * THREADS_M + tm];
-                    a_reg[i4 * 4] = v.s0; a_reg[i4 * 4 + 1] = v.s1;
-                    a_reg[i4 * 4 + 2] = v.s2; a_reg[i4 * 4 + 3] = v.s3;
-                }
+            for (int i4 = 0; i4 < THREAD_M / 4; ++i4) {
+                float4 v = a_tiles[stage][q][i4 * THREADS_M + tm];
+                a_reg[i4 * 4] = v.s0; a_reg[i4 * 4 + 1] = v.s1;
+                a_reg[i4 * 4 + 2] = v.s2; a_reg[i4 * 4 + 3] = v.s3;
+            }
 #pragma unroll
-                for (int j4 = 0; j4 < THREAD_N / 4; ++j4) {
-                    float4 v = b_tile[q][j4 * THREADS_N + tn];
-                    b_reg[j4 * 4] = v.s0; b_reg[j4 * 4 + 1] = v.s1;
-                    b_reg[j4 * 4 + 2] = v.s2; b_reg[j4 * 4 + 3] = v.s3;
-                }
+            for (int j4 = 0; j4 < THREAD_N / 4; ++j4) {
+                float4 v = b_tiles[stage][q][j4 * THREADS_N + tn];
+                b_reg[j4 * 4] = v.s0; b_reg[j4 * 4 + 1] = v.s1;
+                b_reg[j4 * 4 + 2] = v.s2; b_reg[j4 * 4 + 3] = v.s3;
+            }
 #pragma unroll
-                for (int i = 0; i < THREAD_M; ++i)
+            for (int i = 0; i < THREAD_M; ++i)
 #pragma unroll
-                    for (int j = 0; j < THREAD_N; ++j)
-                        acc[i][j] = mad(a_reg[i], b_reg[j], acc[i][j]);
+                for (int j = 0; j < THREAD_N; ++j)
+                    acc[i][j] = mad(a_reg[i], b_reg[j], acc[i][j]);
+        }
+        if (more) {
+            if (stage) {
+${store_step("0")}
+            } else {
+${store_step("1")}
             }
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (more) {
-            for (int i = 0; i < A_PER_THREAD; ++i)
-                a_flat[a_k[i] * (TILE_M + 4) + a_m[i]] = a_next[i];
-            for (int i = 0; i < B_PER_THREAD; ++i)
-                b_flat[b_k[i] * (TILE_N + 4) + b_n[i]] = b_next[i];
-        }
+        stage ^= 1;
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 

@@ -10,6 +10,7 @@ as Tensors, with ``dst = alpha * result + beta * dst`` and, for forward, the fus
 Kernels are built on first use per (context, configuration) and memoized by ``program.build``.
 """
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -176,6 +177,12 @@ TILE_LARGE = GemmTile(128, 128, 8, 8, 8)
 TILE_WIDE = GemmTile(64, 128, 8, 8, 4)
 TILE_MEDIUM = GemmTile(64, 64, 8, 4, 4)
 TILE_SMALL = GemmTile(32, 32, 8, 4, 4)
+# kk steps of 16: half the barriers and loop overhead per multiply-add (the GEMM engine's depth).
+TILE_LARGE_K16 = GemmTile(128, 128, 16, 8, 8)
+TILE_WIDE_K16 = GemmTile(64, 128, 16, 8, 4)
+TILE_MEDIUM_K16 = GemmTile(64, 64, 16, 4, 4)
+# Few output channels over many pixels (an RGB stem: K = 32, C * R * S = 27).
+TILE_THIN_K16 = GemmTile(32, 256, 16, 4, 8)
 
 # Kernel sizes compiled with R and S as constants (the common ones); others read them at run time.
 _FIXED_KERNELS = ((1, 1), (3, 3))
@@ -335,3 +342,98 @@ class ImplicitGemm(Algorithm):
         launch(ctx, built, "conv_igemm_reduce", rgs, rls,
                [_I32(count), _I32(splits), *_buf(workspace), *_buf(dst), _F32(ep.alpha),
                 _F32(ep.beta)])
+
+
+# ---- explicit GEMM (im2col) ---------------------------------------------------------------
+
+class Im2colGemm(Algorithm):
+    """Forward and backward data as one GEMM of the tuned GEMM engine (``ops/gemm.py``) over an
+    explicit column matrix (kernels/conv_im2col.cl.mako), like MIOpen's GEMM algorithm, for
+    groups 1 and kernels larger than 1x1 (1x1 has ``gemm``). The column matrix costs GK / (R S)
+    times the input's traffic (about 2.25x for 3x3 stride 2), which the engine's faster inner
+    loop repays on the large-K layers (3x3 stride 2, 7x7 stem).
+
+    Workspace: forward col [GK][NP] then acc [K][NP]; backward data rows [K][NP] then
+    dcol [GK][NP] (NP = N * Ho * Wo, GK = C * R * S), floats."""
+    name = "im2col_gemm"
+    directions = ("forward", "backward_data")
+    _PLANS = 8   # GEMM plans bind buffers (and keep them alive): only the most recent ones
+
+    def __init__(self):
+        self.plans = OrderedDict()
+
+    @staticmethod
+    def _sizes(problem):
+        p = problem
+        pixels = p.n * p.ho * p.wo
+        taps = p.c * p.r * p.s
+        return pixels, taps, (taps + p.k) * pixels
+
+    def applies(self, ctx, problem, direction):
+        p = problem
+        if direction not in self.directions or p.groups != 1 or p.r * p.s == 1:
+            return False
+        pixels, taps, total = self._sizes(p)
+        return taps * pixels < 2 ** 31 and total * 4 <= ctx.info.max_alloc_size
+
+    def workspace_size(self, ctx, problem, direction):
+        return self._sizes(problem)[-1] * 4
+
+    def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
+        params = (epilogue if direction == "forward" else NO_EPILOGUE).params()
+        params["channel_last"] = problem.layout == "NHWC"
+        return program.build(ctx, "conv_im2col", params)
+
+    def _gemm_plan(self, ctx, problem, direction, w, workspace):
+        from ..gemm import GemmPlan
+        pixels, taps, _ = self._sizes(problem)
+        buf, base = workspace.buffer, workspace.offset_elements
+        key = (ctx.cl_context.int_ptr, problem, direction, w.buffer.int_ptr, w.offset_elements,
+               buf.int_ptr, base)
+        plan = self.plans.get(key)
+        if plan is not None:
+            self.plans.move_to_end(key)
+            return plan
+        k = problem.k
+        if direction == "forward":
+            # acc [K][NP] = w [K][GK] @ col [GK][NP]
+            plan = GemmPlan(ctx, k, pixels, taps, w.buffer, w.offset_elements, taps,
+                            buf, base, pixels, buf, base + taps * pixels, pixels)
+        else:
+            # dcol [GK][NP] = w^T [GK][K] @ rows [K][NP]
+            plan = GemmPlan(ctx, taps, pixels, k, w.buffer, w.offset_elements, taps,
+                            buf, base, pixels, buf, base + k * pixels, pixels, trans_a=True)
+        plan.buffers = [buf, w.buffer]   # the plan binds raw handles: keep them alive
+        self.plans[key] = plan
+        while len(self.plans) > self._PLANS:
+            self.plans.popitem(last=False)
+        return plan
+
+    def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
+            workspace=None):
+        built = self.prepare(ctx, problem, direction, epilogue)
+        pixels, taps, total = self._sizes(problem)
+        if workspace is None or workspace.nbytes < total * 4:
+            raise ShapeError(f"im2col_gemm {direction} needs a workspace of {total * 4} bytes, "
+                             f"got {0 if workspace is None else workspace.nbytes}")
+        geometry = problem.geometry_args()
+        buf, base = workspace.buffer, workspace.offset_elements
+        plan = self._gemm_plan(ctx, problem, direction, other, workspace)
+        if direction == "forward":
+            gsize, lsize = launch_size(ctx, problem.c * pixels)
+            launch(ctx, built, "conv_im2col", gsize, lsize,
+                   [*geometry, *_buf(src), buf, _I32(base)])
+            enqueue(plan.enqueue)
+            gsize, lsize = launch_size(ctx, problem.k * pixels)
+            launch(ctx, built, "conv_rows_to_output", gsize, lsize,
+                   [*geometry, buf, _I32(base + taps * pixels), *_buf(dst),
+                    *ep.kernel_args(dst)])
+        else:
+            gsize, lsize = launch_size(ctx, problem.k * pixels)
+            launch(ctx, built, "conv_output_to_rows", gsize, lsize,
+                   [*geometry, *_buf(src), buf, _I32(base)])
+            enqueue(plan.enqueue)
+            gsize, lsize = launch_size(ctx, math.prod(dst.shape))
+            launch(ctx, built, "conv_col2im", gsize, lsize,
+                   [*geometry, buf, _I32(base + problem.k * pixels), *_buf(dst),
+                    _F32(ep.alpha), _F32(ep.beta)])

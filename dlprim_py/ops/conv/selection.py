@@ -13,7 +13,8 @@ import pyopencl as cl
 from ... import config, finddb
 from ...errors import UnsupportedError
 from ...timing import time_enqueued
-from .algorithms import Direct, DirectPhased, EpilogueArgs, ImplicitGemm, Recording, _gemm_dims
+from .algorithms import (Direct, DirectPhased, EpilogueArgs, ImplicitGemm, Im2colGemm, Recording,
+                         _gemm_dims)
 from .depthwise import Depthwise, DepthwiseRows, DepthwiseTiled
 from .gemm1x1 import Gemm1x1
 from .winograd import Winograd
@@ -22,7 +23,7 @@ from .winograd import Winograd
 ALGORITHMS = {a.name: a for a in (Gemm1x1(), Winograd(), Winograd(output_tile=4),
                                   DepthwiseTiled(), DepthwiseRows(),
                                   Depthwise(),
-                                  ImplicitGemm(), DirectPhased(), Direct())}
+                                  ImplicitGemm(), Im2colGemm(), DirectPhased(), Direct())}
 
 
 def algorithm(name):
@@ -66,6 +67,8 @@ def _rank(ctx, problem, direction, name):
         return 1 if big else 50
     if name == "winograd_f4x4":
         return 60   # not measured yet: find decides
+    if name == "im2col_gemm":
+        return 11   # not measured yet: find decides
     return 10
 
 
