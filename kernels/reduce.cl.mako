@@ -7,6 +7,11 @@
 ## values into accumulators; after the last value the finalize statement turns accumulators
 ## into results. Sizes and strides are run-time arguments.
 ##
+## Run-time argument segment_shift ("group" only): a unit has segment = 1 << segment_shift
+## items (<= group_size); a group works on group_size / segment units at once, so short
+## reductions fill the group, and each unit's items fold their accumulators as a tree of
+## that width.
+##
 ## Work is cut into units u = chunk * kept_total + oidx: unit u folds the reduced indices
 ## [chunk * chunk_len, min((chunk + 1) * chunk_len, red_total)) of output oidx and writes its
 ## accumulators to out[u]. With one chunk that is the result (finalized); with several the caller
@@ -15,15 +20,21 @@
 ##
 ## Template parameters:
 ##   name          kernel name
-##   variant       "group": one work-group per unit, its items stride over the chunk and fold
-##                 their accumulators as a tree in local memory (coalesced when the innermost
-##                 reduced dimension is contiguous);
+##   variant       "group": `segment` items of a work-group per unit, striding over the chunk
+##                 and folding their accumulators as a tree in local memory (coalesced when
+##                 the innermost reduced dimension is contiguous);
 ##                 "item": one work item per unit, folding its chunk sequentially (coalesced
 ##                 when the innermost kept dimension is contiguous)
-##   group_size    work-group size, a power of two (the tree's width for "group")
+##   group_size    work-group size, a power of two
+##   vector        "group": 4 to load 4 consecutive reduced elements as one vector (16 bytes
+##                 for 4-byte inputs): needs one reduced dimension of stride 1 for every
+##                 input, red_total and chunk_len multiples of 4 and every input's element
+##                 base (offset + kept index . kept strides) a multiple of 4; else 1.
+##                 "item": 1
 ##   unroll        independent accumulator sets per work item (>= 1): each step loads `unroll`
-##                 elements ("group": at step + j * group_size, "item": at step + j), then
-##                 folds element j into set j; the sets combine at the end of the unit. More
+##                 elements or vectors ("group": at step + j * segment * vector, "item": at
+##                 step + j), then folds load j into set j; the sets combine at the end of the
+##                 unit. More
 ##                 loads in flight per item, and each set's sequential sum is `unroll` times
 ##                 shorter than the item's share of the chunk
 ##   kept_ndim     number of kept dimensions (>= 1)
@@ -50,7 +61,13 @@ ${preamble}
 <%def name="load_element(j, ridx_expr)">\
             const ${index_t} ridx${j} = ${ridx_expr};
             const bool valid${j} = ridx${j} < chunk_end;
-% if red_ndim == 1:
+% if vector > 1:
+    % for nm, ty in inputs:
+            const ${ty}${vector} ${nm}${j} = valid${j}
+                ? *((__global const ${ty}${vector}*)(${nm}_buf + ${nm}_base + ridx${j}))
+                : (${ty}${vector})((${ty})0);
+    % endfor
+% elif red_ndim == 1:
     % for nm, ty in inputs:
             const ${ty} ${nm}${j} = valid${j} ? ${nm}_buf[${nm}_base + ridx${j} * ${nm}_rstride0] : (${ty})0;
     % endfor
@@ -82,18 +99,22 @@ ${preamble}
 ## caller's map and combine statements see plain `ridx`, `<input>`, `<name>` and `acc_<name>`.
 <%def name="fold_element(j)">\
             if (valid${j}) {
-                const ${index_t} ridx = ridx${j};
-% for nm, ty in inputs:
-                ${ty} ${nm} = ${nm}${j};
-% endfor
-% for nm, ty, ident in accumulators:
+% for c in range(vector):
+                {
+                const ${index_t} ridx = ridx${j} + ${c};
+    % for nm, ty in inputs:
+                ${ty} ${nm} = ${nm}${j}${".s%d" % c if vector > 1 else ""};
+    % endfor
+    % for nm, ty, ident in accumulators:
                 ${ty} acc_${nm} = acc${j}_${nm};
                 ${ty} ${nm};
-% endfor
+    % endfor
                 { ${map_statement} }
                 { ${combine} }
-% for nm, ty, ident in accumulators:
+    % for nm, ty, ident in accumulators:
                 acc${j}_${nm} = acc_${nm};
+    % endfor
+                }
 % endfor
             }
 </%def>
@@ -101,7 +122,7 @@ ${preamble}
 ## Loads first, folds after: `unroll` independent loads are in flight before any is used.
 <%def name="fold_step(stride)">\
 % for j in range(unroll):
-${load_element(j, "step + %d" % (j * stride))}\
+${load_element(j, "step" if j == 0 else "step + %d * %s" % (j, stride))}\
 % endfor
 % for j in range(unroll):
 ${fold_element(j)}\
@@ -123,7 +144,8 @@ ${fold_element(j)}\
 % endfor
 </%def>
 
-<%def name="unit_setup()">\
+## `unit_valid`: false for the group variant's slots past the last unit, which fold nothing.
+<%def name="unit_setup(unit_valid)">\
         const ${index_t} oidx = u % kept_total;
         const ${index_t} chunk = u / kept_total;
 % if kept_ndim == 1:
@@ -152,7 +174,7 @@ ${fold_element(j)}\
         }
 % endif
         const ${index_t} chunk_begin = chunk * chunk_len;
-        const ${index_t} chunk_end = min(chunk_begin + chunk_len, red_total);
+        const ${index_t} chunk_end = ${unit_valid} ? min(chunk_begin + chunk_len, red_total) : chunk_begin;
 % for j in range(unroll):
     % for nm, ty, ident in accumulators:
         ${ty} acc${j}_${nm} = ${ident};
@@ -175,7 +197,7 @@ __attribute__((reqd_work_group_size(${group_size}, 1, 1)))
 % endif
 void ${name}(
     ${index_t} kept_total, ${index_t} red_total, ${index_t} chunk_len, ${index_t} chunks,
-    ${index_t} reduce_size
+    ${index_t} reduce_size, int segment_shift
 % for k in kdims:
     , ${index_t} ksize${k}
 % endfor
@@ -205,19 +227,28 @@ void ${name}(
     __local ${ty} tree_${nm}[${group_size}];
 % endfor
     const int lid = get_local_id(0);
+    const int segment = 1 << segment_shift;
+    const int seg_lid = lid & (segment - 1);
+    const int units_per_group = ${group_size} >> segment_shift;
     // The unit loop's bounds depend on the group only, so every item meets every barrier.
-    for (${index_t} u = get_group_id(0); u < units; u += get_num_groups(0)) {
-${unit_setup()}
-        for (${index_t} step = chunk_begin + lid; step < chunk_end; step += ${group_size * unroll}) {
-${fold_step(group_size)}\
+    for (${index_t} first = get_group_id(0) * units_per_group; first < units;
+         first += get_num_groups(0) * units_per_group) {
+        const ${index_t} slot = first + (lid >> segment_shift);
+        const bool unit_valid = slot < units;
+        const ${index_t} u = unit_valid ? slot : units - 1;
+${unit_setup("unit_valid")}
+        const ${index_t} load_stride = segment * ${vector};
+        for (${index_t} step = chunk_begin + seg_lid * ${vector}; step < chunk_end;
+             step += load_stride * ${unroll}) {
+${fold_step("load_stride")}\
         }
 ${merge_sets()}\
 % for nm, ty, ident in accumulators:
         tree_${nm}[lid] = acc_${nm};
 % endfor
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int width = ${group_size // 2}; width > 0; width >>= 1) {
-            if (lid < width) {
+        for (int width = segment >> 1; width > 0; width >>= 1) {
+            if (seg_lid < width) {
 % for nm, ty, ident in accumulators:
                 ${ty} ${nm} = tree_${nm}[lid + width];
 % endfor
@@ -228,15 +259,15 @@ ${merge_sets()}\
             }
             barrier(CLK_LOCAL_MEM_FENCE);
         }
-        if (lid == 0) {
+        if (seg_lid == 0 && unit_valid) {
 ${write_unit()}
         }
-        // The next unit overwrites the tree only after item 0 has read it.
+        // The next units overwrite the tree only after their first items have read it.
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 % else:
     for (${index_t} u = get_global_id(0); u < units; u += get_global_size(0)) {
-${unit_setup()}
+${unit_setup("true")}
         for (${index_t} step = chunk_begin; step < chunk_end; step += ${unroll}) {
 ${fold_step(1)}\
         }

@@ -20,6 +20,9 @@
 ##               twice with an online (max, sum) first pass
 ##   cached_backward  the same for the backward, which holds two values per element (y, dy);
 ##               0 or cached
+##   vector      "row" forward only: 4 to load and store 4 consecutive elements of a row as one
+##               vector (needs inner == 1, size a multiple of 4 and x_off, y_off multiples of
+##               4); item lid then holds elements (lid + j * group_size) * 4 + c; else 1
 ##   index_t     "int" when every index fits in 31 bits, else "long"
 <%
     row = variant == "row"
@@ -89,7 +92,64 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         const ${index_t} base = o * size * inner + (r - o * inner);
         __global const float *xr = x + x_off + base;
         __global float *yr = y + y_off + base;
-    % if cached:
+    % if cached and vector > 1:
+        // As below, with CACHED / 4 vectors per item: 16-byte loads and stores.
+        float4 v[CACHED / 4];
+        float m = -INFINITY;
+        #pragma unroll
+        for (int j = 0; j < CACHED / 4; ++j) {
+            ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
+            v[j] = k < size ? *((__global const float4*)(xr + k)) : (float4)(-INFINITY);
+        }
+        #pragma unroll
+        for (int j = 0; j < CACHED / 4; ++j) {
+            m = fmax(m, fmax(fmax(v[j].x, v[j].y), fmax(v[j].z, v[j].w)));
+        }
+        float s = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < CACHED / 4; ++j) {
+            float4 e;
+            e.x = (v[j].x == -INFINITY) ? 0.0f : exp(v[j].x - m);
+            e.y = (v[j].y == -INFINITY) ? 0.0f : exp(v[j].y - m);
+            e.z = (v[j].z == -INFINITY) ? 0.0f : exp(v[j].z - m);
+            e.w = (v[j].w == -INFINITY) ? 0.0f : exp(v[j].w - m);
+            s += (e.x + e.y) + (e.z + e.w);
+        % if not log:
+            v[j] = e;
+        % endif
+        }
+        const float m_item = m;
+        tree_m[lid] = m;
+        tree_s[lid] = s;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int width = GROUP_SIZE / 2; width > 0; width >>= 1) {
+            if (lid < width) {
+                online_merge(&m, &s, tree_m[lid + width], tree_s[lid + width]);
+                tree_m[lid] = m;
+                tree_s[lid] = s;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        m = tree_m[0];
+        s = tree_s[0];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        % if log:
+        const float shift = m + log(s);
+        % else:
+        const float scale = (m_item == -INFINITY ? 0.0f : exp(m_item - m)) / s;
+        % endif
+        #pragma unroll
+        for (int j = 0; j < CACHED / 4; ++j) {
+            ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
+            if (k < size) {
+        % if log:
+                *((__global float4*)(yr + k)) = v[j] - shift;
+        % else:
+                *((__global float4*)(yr + k)) = v[j] * scale;
+        % endif
+            }
+        }
+    % elif cached:
         // All loads are issued before any is used; then one exp per element: the item's own
         // (max, sum) with exp(v - m_item) kept in place of v (softmax), one tree merging the
         // pairs, and y = e * exp(m_item - m) / s.
@@ -148,9 +208,33 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         }
     % else:
         float m = -INFINITY, s = 0.0f;
+        % if vector > 1:
+        // Four vectors per step, all loaded before use; one rescale of the running sum per
+        // vector (by its largest element), one exp per element.
+        for (${index_t} k0 = lid * 4; k0 < size; k0 += GROUP_SIZE * 16) {
+            float4 v[4];
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
+                v[j] = k < size ? *((__global const float4*)(xr + k)) : (float4)(-INFINITY);
+            }
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float vm = fmax(fmax(v[j].x, v[j].y), fmax(v[j].z, v[j].w));
+                if (vm > m) {
+                    s *= exp(m - vm);
+                    m = vm;
+                }
+                if (m != -INFINITY) {
+                    s += (exp(v[j].x - m) + exp(v[j].y - m)) + (exp(v[j].z - m) + exp(v[j].w - m));
+                }
+            }
+        }
+        % else:
         for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
             online_add(&m, &s, xr[k * inner]);
         }
+        % endif
         tree_m[lid] = m;
         tree_s[lid] = s;
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -166,7 +250,32 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         m = tree_m[0];
         s = tree_s[0];
         barrier(CLK_LOCAL_MEM_FENCE);
+        % if vector > 1:
         % if log:
+        const float shift = m + log(s);
+        % else:
+        const float scale = 1.0f / s;
+        % endif
+        for (${index_t} k0 = lid * 4; k0 < size; k0 += GROUP_SIZE * 16) {
+            float4 v[4];
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
+                v[j] = k < size ? *((__global const float4*)(xr + k)) : (float4)(0.0f);
+            }
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
+                if (k < size) {
+        % if log:
+                    *((__global float4*)(yr + k)) = v[j] - shift;
+        % else:
+                    *((__global float4*)(yr + k)) = exp(v[j] - m) * scale;
+        % endif
+                }
+            }
+        }
+        % elif log:
         const float shift = m + log(s);
         for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
             yr[k * inner] = xr[k * inner] - shift;

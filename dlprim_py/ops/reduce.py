@@ -22,6 +22,7 @@ import math
 import weakref
 
 import numpy as np
+import pyopencl as cl
 
 from .. import autograd, config, program
 from ..context import check_same_context
@@ -40,6 +41,12 @@ UNROLL = 8
 # Longest sequential fold per accumulator set; it bounds float rounding, the sets and then the
 # partials combine as a tree. A chunk is at most SET_CHUNK * UNROLL elements per work item.
 SET_CHUNK = 64
+# Widest vector load of the group variant (elements); 1 disables vector loads.
+VECTOR = 4
+# Items per unit of the group variant; None picks by the reduction's length.
+SEGMENT = None
+# Waves of resident items the item variant aims at before cutting reductions into chunks.
+ITEM_WAVES = 1
 
 _PRESETS = {
     "sum": ("acc_{n} += {n};", {np.dtype(np.float32): "0.0f", np.dtype(np.int64): "0", np.dtype(np.int32): "0"}),
@@ -90,30 +97,22 @@ class ReduceKernel:
         self.finalize = finalize
         self.preamble = preamble
         self._partials_kernel = None
-        # ctx -> {compile-time key: kernel}, so that a call does not re-key the program cache.
-        self._built = weakref.WeakKeyDictionary()
+        # ctx -> {call key: _Launch}, so that a repeated call only binds buffers and enqueues.
+        self._launches = weakref.WeakKeyDictionary()
 
     def _accumulators(self):
         return [(n, cl_name(t), self.identity[n]) for n, t in self.outputs]
 
-    def _kernel(self, ctx, *key):
-        per_ctx = self._built.get(ctx)
-        if per_ctx is None:
-            per_ctx = self._built[ctx] = {}
-        kernel = per_ctx.get(key)
-        if kernel is None:
-            kernel = per_ctx[key] = self._build(ctx, *key)
-        return kernel
-
-    def _build(self, ctx, variant, group_size, unroll, kept_ndim, red_ndim, index_t, apply_finalize):
+    def _build(self, ctx, variant, group_size, unroll, kept_ndim, red_ndim, index_t, apply_finalize,
+               vector=1):
         params = dict(
-            name=self.name, variant=variant, group_size=group_size, unroll=unroll, kept_ndim=kept_ndim,
-            red_ndim=red_ndim, index_t=index_t, inputs=[(n, cl_name(t)) for n, t in self.inputs],
-            accumulators=self._accumulators(),
+            name=self.name, variant=variant, group_size=group_size, vector=vector,
+            unroll=unroll, kept_ndim=kept_ndim, red_ndim=red_ndim, index_t=index_t,
+            inputs=[(n, cl_name(t)) for n, t in self.inputs], accumulators=self._accumulators(),
             scalars=[(n, _scalar_cl_name(t)) for n, t in self.scalars],
             map_statement=self.map_statement, combine=self.combine, finalize=self.finalize,
             apply_finalize=apply_finalize, preamble=self.preamble)
-        return program.kernel(ctx, "reduce", self.name, params)
+        return program.build(ctx, "reduce", params)
 
     def partials_kernel(self):
         """The kernel that reduces this kernel's partial results (same combine and finalize)."""
@@ -150,51 +149,108 @@ class ReduceKernel:
         for t in outputs:
             if t.shape != out_shape:
                 raise ShapeError(f"{self.name}: outputs must share one shape, got {t.shape} and {out_shape}")
-        full = broadcast_shapes(*(t.shape for t in inputs))
-        reduced = _reduced_mask(self.name, full, out_shape, axes)
-        plan = _plan(ctx, full, reduced, [broadcast_strides(t.shape, full) for t in inputs], variant)
-        if plan is None:
-            return
-        self._enqueue(ctx, plan, inputs, outputs, scalars, math.prod(s for s, r in zip(full, reduced) if r))
+        variant = variant or config.forced_algorithm("reduce")
+        # Everything a launch's shape-dependent arguments follow from; offsets only matter
+        # through the vector loads' alignment and the index width.
+        aligned = all(t.offset_elements % VECTOR == 0 for t in inputs)
+        largest = max(t.offset_elements + t.size for t in list(inputs) + list(outputs))
+        key = (tuple(t.shape for t in inputs), out_shape,
+               axes if axes is None or isinstance(axes, int) else tuple(axes), variant,
+               aligned, largest < _INT32_LIMIT // 2, UNROLL, SET_CHUNK, VECTOR, SEGMENT, ITEM_WAVES)
+        launches = self._launches.get(ctx)
+        if launches is None:
+            launches = self._launches[ctx] = {}
+        launch = launches.get(key)
+        if launch is None:
+            full = broadcast_shapes(*(t.shape for t in inputs))
+            reduced = _reduced_mask(self.name, full, out_shape, axes)
+            plan = _plan(ctx, full, reduced, [broadcast_strides(t.shape, full) for t in inputs], variant)
+            reduce_size = math.prod(s for s, r in zip(full, reduced) if r)
+            launch = None if plan is None else _Launch(self, ctx, plan, aligned, largest, reduce_size)
+            launches[key] = launch
+        if launch is not None:
+            launch.enqueue(inputs, outputs, scalars)
 
-    def _enqueue(self, ctx, plan, inputs, outputs, scalars, reduce_size):
-        kept_sizes, red_sizes, strides, variant, chunks, chunk_len, unroll = plan
-        kept_total, red_total = math.prod(kept_sizes), math.prod(red_sizes)
-        units = kept_total * chunks
-        # Indices the kernel forms: units, reduced indices up to a chunk past the end, element
-        # offsets inside each buffer.
-        largest = max([units, red_total + chunk_len + GROUP_SIZE * unroll, reduce_size]
-                      + [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
-        index_t = "int" if largest < _INT32_LIMIT else "long"
-        index_np = np.int32 if index_t == "int" else np.int64
+    def describe(self, inputs, outputs, axes=None, variant=None):
+        """(variant, segment, vector, chunks) that a call with these tensors runs, for
+        benchmarks and tests; None when the output is empty."""
+        full = broadcast_shapes(*(t.shape for t in inputs))
+        reduced = _reduced_mask(self.name, full, outputs[0].shape, axes)
+        variant = variant or config.forced_algorithm("reduce")
+        plan = _plan(inputs[0].ctx, full, reduced, [broadcast_strides(t.shape, full) for t in inputs], variant)
+        if plan is None:
+            return None
+        aligned = all(t.offset_elements % VECTOR == 0 for t in inputs)
+        return plan.variant, plan.segment, plan.vector if aligned else 1, plan.chunks
+
+
+class _Launch:
+    """One reduction problem, ready to enqueue: its kernels with the shape arguments bound once
+    (own kernel objects, so that nothing else rebinds them), the partials buffer, and the launch
+    that reduces the partials. A call sets only the buffers, offsets and scalars."""
+
+    def __init__(self, reduce_kernel, ctx, plan, aligned, largest, reduce_size):
+        kept_total, red_total = math.prod(plan.kept_sizes), math.prod(plan.red_sizes)
+        units = kept_total * plan.chunks
+        self.ctx = ctx
+        self.vector = plan.vector if aligned else 1
+        # Indices the kernel forms: units (and a group's slots past them), reduced indices up
+        # to a step past the end, element offsets inside each buffer (``largest``).
+        biggest = max(units + GROUP_SIZE, red_total + plan.chunk_len + GROUP_SIZE * 4 * plan.unroll,
+                      reduce_size, largest)
+        index_t = "int" if biggest < _INT32_LIMIT // 2 else "long"
+        self.index = index = np.int32 if index_t == "int" else np.int64
         group_size = min(GROUP_SIZE, _pow2_floor(ctx.info.max_work_group_size))
-        final = chunks == 1
-        if final:
-            targets = outputs
+        self.final = plan.chunks == 1
+        built = reduce_kernel._build(ctx, plan.variant, group_size, plan.unroll, len(plan.kept_sizes),
+                                     len(plan.red_sizes), index_t, self.final, self.vector)
+        self.kernel = built.kernel(reduce_kernel.name, fresh=True)
+        args = [index(v) for v in (kept_total, red_total, plan.chunk_len, plan.chunks, reduce_size)]
+        args.append(np.int32(plan.segment.bit_length() - 1))
+        args += [index(s) for s in plan.kept_sizes] + [index(s) for s in plan.red_sizes]
+        self.input_slots = []
+        for kept_st, red_st in plan.strides:
+            self.input_slots.append(len(args))
+            args += [None, None] + [index(s) for s in kept_st] + [index(s) for s in red_st]
+        self.output_slots = []
+        for _ in reduce_kernel.outputs:
+            self.output_slots.append(len(args))
+            args += [None, None]
+        self.scalar_slots = list(range(len(args), len(args) + len(reduce_kernel.scalars)))
+        self.scalar_types = [dt.type for _, dt in reduce_kernel.scalars]
+        for k, value in enumerate(args):
+            if value is not None:
+                self.kernel.set_arg(k, value)
+        cap = ctx.info.compute_units * (4 if ctx.info.is_cpu else 64)
+        if plan.variant == "group":
+            groups = min(math.ceil(units / (group_size // plan.segment)), cap)
         else:
-            targets = [Tensor.empty(ctx, (chunks, kept_total), dt) for _, dt in self.outputs]
-        kernel = self._kernel(ctx, variant, group_size, unroll, len(kept_sizes), len(red_sizes), index_t, final)
-        args = [index_np(v) for v in (kept_total, red_total, chunk_len, chunks, reduce_size)]
-        args += [index_np(s) for s in kept_sizes] + [index_np(s) for s in red_sizes]
-        for t, (kept_st, red_st) in zip(inputs, strides):
-            args += [t.buffer, index_np(t.offset_elements)]
-            args += [index_np(s) for s in kept_st] + [index_np(s) for s in red_st]
-        for t in targets:
-            args += [t.buffer, index_np(t.offset_elements)]
-        for (n, dt), value in zip(self.scalars, scalars):
-            args.append(dt.type(value))
-        if variant == "group":
-            groups = min(units, ctx.info.compute_units * (4 if ctx.info.is_cpu else 64))
-            kernel(ctx.queue, (groups * group_size,), (group_size,), *args)
-        else:
-            local = min(GROUP_SIZE, _pow2_floor(ctx.info.max_work_group_size))
-            groups = min(math.ceil(units / local), ctx.info.compute_units * (4 if ctx.info.is_cpu else 64))
-            kernel(ctx.queue, (groups * local,), (local,), *args)
-        if not final:
-            partials = self.partials_kernel()
-            sub_plan = _plan(ctx, (chunks, kept_total), (True, False),
-                             [[kept_total, 1]] * len(targets), None)
-            partials._enqueue(ctx, sub_plan, targets, outputs, scalars, reduce_size)
+            groups = min(math.ceil(units / group_size), cap)
+        self.global_size, self.local_size = (groups * group_size,), (group_size,)
+        self.partials = self.sub_launch = None
+        if not self.final:
+            # Owned by this launch and reused: calls on the context's in-order queue never
+            # overlap, so one buffer serves them all.
+            self.partials = [Tensor.empty(ctx, (plan.chunks, kept_total), dt) for _, dt in reduce_kernel.outputs]
+            partials_kernel = reduce_kernel.partials_kernel()
+            sub_plan = _plan(ctx, (plan.chunks, kept_total), (True, False),
+                             [[kept_total, 1]] * len(self.partials), None)
+            self.sub_launch = _Launch(partials_kernel, ctx, sub_plan, True, units, reduce_size)
+
+    def enqueue(self, inputs, outputs, scalars):
+        kernel, index = self.kernel, self.index
+        for slot, t in zip(self.input_slots, inputs):
+            kernel.set_arg(slot, t.buffer)
+            kernel.set_arg(slot + 1, index(t.offset_elements))
+        targets = outputs if self.final else self.partials
+        for slot, t in zip(self.output_slots, targets):
+            kernel.set_arg(slot, t.buffer)
+            kernel.set_arg(slot + 1, index(t.offset_elements))
+        for slot, kind, value in zip(self.scalar_slots, self.scalar_types, scalars):
+            kernel.set_arg(slot, kind(value))
+        cl.enqueue_nd_range_kernel(self.ctx.queue, kernel, self.global_size, self.local_size)
+        if not self.final:
+            self.sub_launch.enqueue(self.partials, outputs, scalars)
 
 
 def _pow2_floor(n):
@@ -224,12 +280,23 @@ def _reduced_mask(name, full, out_shape, axes):
     return tuple(aligned[k] == 1 and full[k] != 1 for k in range(ndim))
 
 
-def _plan(ctx, full, reduced, operand_strides, variant):
-    """(kept sizes, reduced sizes, per-operand (kept strides, reduced strides), variant, chunks,
-    chunk length, unroll), or None when the output is empty. Memoized per context."""
+class _Plan:
+    """How one reduction problem is cut: merged kept and reduced sizes, per-operand (kept
+    strides, reduced strides), the variant, chunks and their length, accumulator sets per item,
+    items per unit (``segment``, "group") and the widest vector load the shapes allow."""
+
+    def __init__(self, kept_sizes, red_sizes, strides, variant, chunks, chunk_len, unroll, segment,
+                 vector):
+        self.kept_sizes, self.red_sizes, self.strides = kept_sizes, red_sizes, strides
+        self.variant, self.chunks, self.chunk_len, self.unroll = variant, chunks, chunk_len, unroll
+        self.segment, self.vector = segment, vector
+
+
+def _plan(ctx, full, reduced, operand_strides, variant, itemsizes=None):
+    """The ``_Plan`` of a problem, or None when the output is empty. Memoized per context."""
     variant = variant or config.forced_algorithm("reduce")
     key = ("reduce_plan", tuple(full), tuple(reduced), tuple(tuple(s) for s in operand_strides), variant,
-           UNROLL, SET_CHUNK)
+           UNROLL, SET_CHUNK, VECTOR, SEGMENT, ITEM_WAVES)
     plans = ctx.memo
     if key not in plans:
         plans[key] = _make_plan(ctx, full, reduced, operand_strides, variant)
@@ -246,16 +313,24 @@ def _make_plan(ctx, full, reduced, operand_strides, variant):
     kept_total, red_total = math.prod(kept_sizes), math.prod(red_sizes)
     if variant is None:
         # Coalesced reads decide: items of a group walk the reduced dimension, items of a
-        # launch walk the kept one. Short contiguous rows still go one per item.
+        # launch walk the kept one.
         inner_reduced_contiguous = red_strides[0][-1] == 1 if red_strides else False
-        variant = "group" if inner_reduced_contiguous and red_total >= 32 else "item"
+        variant = "group" if inner_reduced_contiguous and red_total >= 16 else "item"
     if variant not in VARIANTS:
         raise UnsupportedError(f"reduce variant must be one of {VARIANTS}, got {variant!r}")
     group_size = min(GROUP_SIZE, _pow2_floor(ctx.info.max_work_group_size))
     parallel_target = ctx.info.compute_units * (4 if ctx.info.is_cpu else 16)
     unroll = UNROLL
+    vector = 1
     if variant == "group":
-        per_chunk = group_size * SET_CHUNK * unroll
+        # Vector loads: one reduced run of stride 1 in every operand, whole vectors per chunk,
+        # and kept strides that keep every unit's start on a vector boundary.
+        if (VECTOR > 1 and len(red_sizes) == 1 and red_total % VECTOR == 0
+                and all(st[0] == 1 for st in red_strides)
+                and all(s % VECTOR == 0 for st in kept_strides for s in st)):
+            vector = VECTOR
+        # A forced segment bounds the items per unit, and so the chunk (SET_CHUNK per set).
+        per_chunk = min(SEGMENT or group_size, group_size) * SET_CHUNK * unroll
         chunks = math.ceil(red_total / per_chunk)
         if kept_total * chunks < parallel_target and red_total >= 4 * per_chunk:
             # Few outputs of long reductions: cut finer so that every compute unit has a group,
@@ -266,19 +341,27 @@ def _make_plan(ctx, full, reduced, operand_strides, variant):
     else:
         item_chunk = SET_CHUNK * unroll
         chunks = math.ceil(red_total / item_chunk)
-        # About one wave of resident items (2048 per GPU compute unit): with UNROLL loads each in
-        # flight that saturates memory, and the partials pass after it stays short (it walks
-        # `chunks` rows per item).
-        items_target = ctx.info.compute_units * (4 * group_size if ctx.info.is_cpu else 2048)
+        # About ITEM_WAVES waves of resident items (2048 per GPU compute unit): with UNROLL loads
+        # each in flight that saturates memory, and the partials pass after it stays short (it
+        # walks `chunks` rows per item).
+        items_target = ctx.info.compute_units * (4 * group_size if ctx.info.is_cpu else 2048 * ITEM_WAVES)
         if kept_total * chunks < items_target and red_total >= 4 * item_chunk:
             chunks = max(chunks, min(math.ceil(items_target / kept_total),
                                      math.ceil(red_total / 16)))
     chunks = max(1, chunks)
     # An empty reduction is one chunk that folds nothing: the outputs get the identity.
     chunk_len = max(1, math.ceil(red_total / chunks))
+    if vector > 1:
+        chunk_len = math.ceil(chunk_len / vector) * vector
     chunks = max(1, math.ceil(red_total / chunk_len))
+    segment = 1
+    if variant == "group":
+        # Enough items per unit that each gets about one full step of loads; short reductions
+        # share a group.
+        segment = SEGMENT or _pow2_floor(max(1, min(group_size, chunk_len // (vector * unroll))))
+        segment = min(segment, group_size)
     strides = list(zip(kept_strides, red_strides))
-    return kept_sizes, red_sizes, strides, variant, chunks, chunk_len, unroll
+    return _Plan(kept_sizes, red_sizes, strides, variant, chunks, chunk_len, unroll, segment, vector)
 
 
 def normalize_dims(dim, ndim, name="reduce"):

@@ -7,7 +7,8 @@ The input is seen as (outer, size, inner) around the softmax dimension. Variants
   stream twice with an online (max, sum) pass. Chosen when the dimension is the innermost.
 * ``column``: a work item per row, coalesced across neighbouring rows when inner > 1.
 
-``DLPRIM_SOFTMAX_ALGO`` or ``variant=`` forces one; ``cached=0`` forces streaming.
+``DLPRIM_SOFTMAX_ALGO`` or ``variant=`` forces one; ``cached=0`` forces streaming. The row
+forward loads and stores float4 when the rows are whole vectors and aligned (``VECTOR``).
 """
 import math
 
@@ -19,6 +20,8 @@ from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 
 VARIANTS = ("row", "column")
+# Widest vector load and store of the row variant's forward (elements); 1 disables them.
+VECTOR = 4
 _CACHE_STEPS = (1, 2, 4, 8, 16, 32)
 
 
@@ -31,7 +34,7 @@ def choose_variant(inner, variant=None):
 class SoftmaxPlan:
     """The kernels for one (variant, log, group size, cached, index width): both directions."""
 
-    def __init__(self, ctx, log, size, inner, total, variant=None, cached=None):
+    def __init__(self, ctx, log, size, inner, total, variant=None, cached=None, aligned=True):
         variant = choose_variant(inner, variant)
         if variant not in VARIANTS:
             raise UnsupportedError(f"softmax variant must be one of {VARIANTS}, got {variant!r}")
@@ -46,13 +49,19 @@ class SoftmaxPlan:
         elif cached not in (0,) + _CACHE_STEPS or cached * group_size < size and cached:
             raise UnsupportedError(f"softmax: cached={cached} cannot hold a row of {size} "
                                    f"with {group_size} items")
+        # 16-byte loads and stores along the row (forward): whole vectors per row, aligned.
+        vector = VECTOR if (variant == "row" and inner == 1 and size % VECTOR == 0 and aligned
+                            and VECTOR > 1) else 1
+        if vector > 1 and 0 < cached < vector:
+            cached = vector
         # The backward keeps two values per element: beyond 16 of each, registers would spill
         # (a 1024-item group leaves 64 registers per item on NVIDIA), so it streams instead.
         cached_backward = cached if cached <= 16 else 0
         self.variant, self.group_size, self.cached = variant, group_size, cached
         self.index_t = "int" if total + group_size * max(cached, 1) * max(inner, 1) < 2 ** 31 - 1 else "long"
+        self.vector = vector
         params = dict(variant=variant, log=bool(log), group_size=group_size, cached=cached,
-                      cached_backward=cached_backward, index_t=self.index_t)
+                      cached_backward=cached_backward, vector=vector, index_t=self.index_t)
         built = program.build(ctx, "softmax", params)
         self.forward_kernel = built.kernel("softmax_forward")
         self.backward_kernel = built.kernel("softmax_backward")
@@ -96,11 +105,12 @@ def _geometry(x, dim, name):
     return math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
 
 
-def _plan(ctx, log, size, inner, total, variant, cached):
-    key = ("softmax_plan", log, variant, cached, size, inner, total >= 2 ** 30)
+def _plan(ctx, log, size, inner, total, variant, cached, aligned=True):
+    key = ("softmax_plan", log, variant, cached, size, inner, total >= 2 ** 30, aligned, VECTOR,
+           config.forced_algorithm("softmax"))
     plan = ctx.memo.get(key)
     if plan is None:
-        plan = ctx.memo[key] = SoftmaxPlan(ctx, log, size, inner, total, variant, cached)
+        plan = ctx.memo[key] = SoftmaxPlan(ctx, log, size, inner, total, variant, cached, aligned)
     return plan
 
 
@@ -118,7 +128,7 @@ def _softmax(x, dim, log, variant, cached, name):
     y = Tensor.empty(x.ctx, x.shape)
     if x.size == 0:
         return y
-    plan = _plan(x.ctx, log, size, inner, x.size, variant, cached)
+    plan = _plan(x.ctx, log, size, inner, x.size, variant, cached, x.offset_elements % VECTOR == 0)
     _log_softmax_call(outer, size, inner, log, True)
     plan.forward(x, y, outer, size, inner)
     saved = y.detach()
