@@ -1,7 +1,7 @@
 """``dlprim-tune``: search kernel parameters on the current device and store the winners.
 
     dlprim-tune gemm [--sizes 1024,4096,256x3136x576] [--budget SECONDS] [--output PATH]
-                     [--device SPEC] [--space quick|full]
+                     [--device SPEC] [--space quick|full] [--merge]
 
 For each problem size every candidate parameter set is built, run on seeded random data and
 compared with a float64 reference (on a small odd-sized problem in full, and on sampled rows of
@@ -9,6 +9,8 @@ the real one); a candidate whose result differs is rejected and never timed. The
 timed with OpenCL profiling (median after a warm-up) and the fastest becomes a measured rule
 of this device's entry in the tuning database (``dlprim_py.tuning``). Without ``--output``
 the database under the cache directory is written, which lookups read before the shipped one.
+``--merge`` keeps the device's other rules (from that database, else the shipped one) and
+replaces only those of the sizes tuned; without it the entry holds the tuned sizes alone.
 Progress goes to stderr as a plain text bar.
 """
 import argparse
@@ -106,6 +108,10 @@ def gemm_candidates(info, space="quick"):
             found.append(_tiled(tm, tn, tk, wm, wn, 4, 4, 0, gvec=4))
             found.append(_tiled(tm, tn, tk, wm, wn, 4, 4, 1, gvec=4, max_registers=128))
         found.append(_tiled(128, 128, 16, 8, 8, 2, 4, 1, gvec=4))
+        # Few rows (a classifier's batch) or few columns: narrow tiles keep more of them busy.
+        for tm, tn, tk, wm, wn in ((32, 128, 16, 4, 8), (32, 64, 32, 4, 4), (128, 32, 16, 8, 4),
+                                   (64, 256, 16, 8, 8)):
+            found.append(_tiled(tm, tn, tk, wm, wn, 4, 4, 1, gvec=4, max_registers=128))
     else:
         for tm, tn, tk, wm, wn, vec in ((32, 32, 16, 4, 4, 4), (64, 64, 16, 8, 8, 4),
                                         (64, 64, 16, 4, 4, 4), (32, 64, 16, 4, 8, 4),
@@ -117,18 +123,26 @@ def gemm_candidates(info, space="quick"):
     return [p for p in found if gemm_ops.params_problem(p, info) is None]
 
 
-def _with_splits(candidates, M, N, K):
-    """Split-K versions of the tiled candidates for problems with few output tiles and long K."""
+def _with_splits(candidates, M, N, K, leading=12):
+    """Split-K versions of the tiled candidates for problems with few output tiles and long K:
+    those of the ``leading`` likeliest tilings come first (a split count is a run-time
+    argument, so they cost no extra builds), then the candidates themselves."""
     if M * N > 1024 * 1024 or K < 1024:
         return candidates
-    splits = (4, 16) if M * N <= 512 * 512 else (2, 4)
+    splits = (4, 8, 16) if M * N <= 512 * 512 else (2, 3, 4, 6)
     extra = []
-    for p in candidates:
-        if p["kernel"] == "tiled":
-            for split in splits:
-                if K // split >= 2 * p["tile_k"]:
-                    extra.append(dict(p, split_k=split))
-    return candidates + extra
+    for p in [p for p in candidates if p["kernel"] == "tiled"][:leading]:
+        for split in splits:
+            if K // split >= 2 * p["tile_k"]:
+                extra.append(dict(p, split_k=split))
+    return extra + candidates
+
+
+def merge_rules(old, new):
+    """``old`` rules with those of ``new``'s shapes replaced by ``new``'s."""
+    shape = lambda rule: tuple(sorted(rule["shape"].items())) if "shape" in rule else None  # noqa: E731
+    tuned = {shape(rule) for rule in new}
+    return [rule for rule in old if shape(rule) is None or shape(rule) not in tuned] + list(new)
 
 
 class _Problem:
@@ -257,6 +271,8 @@ def main(argv=None):
                         help="database file to write (default: the user database)")
     parser.add_argument("--report", default=None, help="write every candidate's result here")
     parser.add_argument("--device", default=None, help="device: P:D index or part of its name")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the device's rules for other sizes (see above)")
     args = parser.parse_args(argv)
 
     try:
@@ -268,6 +284,13 @@ def main(argv=None):
         rules, report = tune_gemm(ctx, sizes, args.budget, args.space,
                                   log=lambda s: print(s, file=sys.stderr))
         path = args.output or tuning.user_path("gemm")
+        if args.merge:
+            old = None
+            for db in (tuning.read_db(path, "gemm"), tuning.read_db(tuning.shipped_path("gemm"), "gemm")):
+                if ctx.info.name in db["devices"]:
+                    old = db["devices"][ctx.info.name]["rules"]
+                    break
+            rules = merge_rules(old or [], rules)
         tuning.store_device_entry(path, "gemm", ctx.info, rules)
         print(f"wrote {len(rules)} rules for {ctx.info.name!r} to {path}", file=sys.stderr)
         if args.report:

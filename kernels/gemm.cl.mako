@@ -70,6 +70,20 @@ def load_slots(contig, total, threads, gvec):
             slots.append((f"(lid + {(r % wrap) * threads}) * {gvec}", f"{r // wrap}"))
     return slots
 
+def distinct_contiguous(slots):
+    """For each load slot, the index of its contiguous coordinate among the distinct ones, and
+    the first slot of each distinct one: slots that share a column share its folded offset
+    (one register and one division instead of one per slot)."""
+    firsts, index = [], []
+    for r, (contig, _) in enumerate(slots):
+        known = [slots[f][0] for f in firsts]
+        if contig not in known:
+            firsts.append(r)
+            known.append(contig)
+        index.append(known.index(contig))
+    return index, firsts
+
+
 def fold(mode, op, j):
     """Expression for the element offset of column ``j`` of operand ``op`` ("a", "b", "c")."""
     if mode == 0:
@@ -127,6 +141,31 @@ def fold(mode, op, j):
 % endif
             C[${index}] = x;
         }
+</%def>
+
+## VEC consecutive columns from `col` of row `row` of the tile at C + row * ldc + ${at}
+## (register block row i, column group jc), with the epilogue.
+<%def name="store_vector(i, jc, at)">
+<%
+    vtype = f"float{VEC}"
+%>
+                {
+                __global ${vtype} *target = (__global ${vtype} *)(C + (long)row * ldc + ${at});
+                ${vtype} value = alpha * (${vtype})(${", ".join(f"acc[{i}][{jc * VEC + v}]" for v in range(VEC))});
+                if (beta != 0.0f)
+                    value += beta * *target;
+% if BIAS == 1:
+                value += vload${VEC}(0, bias + bias_off + col);
+% elif BIAS == 2:
+                value += bias[bias_off + row];
+% endif
+% if ACTIVATION:
+%   for v in range(VEC):
+                { float x = value.s${v}; value.s${v} = ${ACTIVATION}; }
+%   endfor
+% endif
+                *target = value;
+                }
 </%def>
 
 % if tiled:
@@ -202,8 +241,8 @@ void gemm_tiled(int M, int N, int K,
     // is computed once (clamped into the matrix: slots past N are masked).
     __global const float *b_tile = B + (long)k_begin * ldb;
     const long b_step = (long)TILE_K * ldb;
-%   for r in range(len(b_slots)):
-    const long b_col${r} = ${fold(FOLD_B, "b", f"min(n0 + b_n{r}, N - 1)")};
+%   for u, r in enumerate(distinct_contiguous(b_slots)[1]):
+    const long b_col${u} = ${fold(FOLD_B, "b", f"min(n0 + b_n{r}, N - 1)")};
 %   endfor
 % else:
     __global const float *b_tile = B + (long)k_begin * ldb + n0;
@@ -225,16 +264,19 @@ void gemm_tiled(int M, int N, int K,
     a_kfold = FOLD_A and not TRANS_A
     b_kfold = FOLD_B and TRANS_B
     b_nfold = FOLD_B and not TRANS_B
+    nthreads = (TILE_M // WPT_M) * (TILE_N // WPT_N)
+    a_at, a_firsts = distinct_contiguous(load_slots(TILE_M if TRANS_A else TILE_K, TILE_M * TILE_K, nthreads, GVEC))
+    b_at, b_firsts = distinct_contiguous(load_slots(TILE_K if TRANS_B else TILE_N, TILE_N * TILE_K, nthreads, GVEC))
     if TRANS_A:
         a_addr = lambda r, v: f"a_k{r} * lda + a_m{r} + {v}"
     elif a_kfold:
-        a_addr = lambda r, v: f"a_m{r} * lda + a_kof{r} + {v}"
+        a_addr = lambda r, v: f"a_m{r} * lda + a_kof{a_at[r]} + {v}"
     else:
         a_addr = lambda r, v: f"a_m{r} * lda + a_k{r} + {v}"
     if TRANS_B:
-        b_addr = (lambda r, v: f"b_n{r} * ldb + b_kof{r} + {v}") if b_kfold else (lambda r, v: f"b_n{r} * ldb + b_k{r} + {v}")
+        b_addr = (lambda r, v: f"b_n{r} * ldb + b_kof{b_at[r]} + {v}") if b_kfold else (lambda r, v: f"b_n{r} * ldb + b_k{r} + {v}")
     elif b_nfold:
-        b_addr = lambda r, v: f"b_k{r} * ldb + b_col{r} + {v}"
+        b_addr = lambda r, v: f"b_k{r} * ldb + b_col{b_at[r]} + {v}"
     else:
         b_addr = lambda r, v: f"b_k{r} * ldb + b_n{r} + {v}"
     a_ok = (lambda r, v: f"m0 + a_m{r} + {v} < M && {k} + a_k{r} < k_end") if TRANS_A else (lambda r, v: f"m0 + a_m{r} < M && {k} + a_k{r} + {v} < k_end")
@@ -242,13 +284,13 @@ void gemm_tiled(int M, int N, int K,
 %>
         {
 % if a_kfold:
-%   for r in range(na):
-        const long a_kof${r} = ${fold(FOLD_A, "a", f"min({k} + a_k{r}, K - 1)")};
+%   for u, r in enumerate(a_firsts):
+        const long a_kof${u} = ${fold(FOLD_A, "a", f"min({k} + a_k{r}, K - 1)")};
 %   endfor
 % endif
 % if b_kfold:
-%   for r in range(nb):
-        const long b_kof${r} = ${fold(FOLD_B, "b", f"min({k} + b_k{r}, K - 1)")};
+%   for u, r in enumerate(b_firsts):
+        const long b_kof${u} = ${fold(FOLD_B, "b", f"min({k} + b_k{r}, K - 1)")};
 %   endfor
 % endif
         if (inside && ${k} + TILE_K <= k_end) {
@@ -365,65 +407,78 @@ void gemm_tiled(int M, int N, int K,
     C += c_off + batch * stride_c;
 % endif
 % if FOLD_C and not SPLIT_K:
-    // Offsets of this work-item's columns in the folded C, clamped into it (stores past N are
-    // skipped below).
-%   for j in range(WPT_N):
-    const long c_col${j} = ${fold(FOLD_C, "c", f"min(n0 + ({j // VEC} * TN_THREADS + tn) * VEC + {j % VEC}, N - 1)")};
-%   endfor
-% endif
-<%
-    c_col = (lambda j: f"c_col{j}") if FOLD_C and not SPLIT_K else (lambda j: f"col")
-%>
-% if CVEC > 1 and not SPLIT_K:
+    // Folded C: columns outer, so that each column's offset (a division) is computed once.
+%   if CVEC > 1:
     if (inside) {
-        // Whole tile inside C, rows aligned: VEC consecutive columns per store.
-%   for i in range(WPT_M):
-        {
-            const int row = m0 + (${i // VEC} * TM_THREADS + tm) * VEC + ${i % VEC};
+        // Whole tile inside C, P a multiple of VEC: VEC consecutive columns per store.
 %     for jc in range(WPT_N // VEC):
+        {
+            const int col = n0 + (${jc} * TN_THREADS + tn) * VEC;
+            const long c_at = ${fold(FOLD_C, "c", "col")};
+%       for i in range(WPT_M):
             {
-                const int col = n0 + (${jc} * TN_THREADS + tn) * VEC;
-                __global ${vtype} *target = (__global ${vtype} *)(C + (long)row * ldc + ${c_col(jc * VEC)});
-                ${vtype} value = alpha * (${vtype})(${", ".join(f"acc[{i}][{jc * VEC + v}]" for v in range(VEC))});
-                if (beta != 0.0f)
-                    value += beta * *target;
-%       if BIAS == 1:
-                value += vload${VEC}(0, bias + bias_off + col);
-%       elif BIAS == 2:
-                value += bias[bias_off + row];
-%       endif
-%       if ACTIVATION:
-%         for v in range(VEC):
-                { float x = value.s${v}; value.s${v} = ${ACTIVATION}; }
-%         endfor
-%       endif
-                *target = value;
+                const int row = m0 + (${i // VEC} * TM_THREADS + tm) * VEC + ${i % VEC};
+                ${store_vector(i, jc, "c_at")}
+            }
+%       endfor
+        }
+%     endfor
+        return;
+    }
+%   endif
+%   for j in range(WPT_N):
+    {
+        const int col = n0 + (${j // VEC} * TN_THREADS + tn) * VEC + ${j % VEC};
+        if (col < N) {
+            const long c_at = ${fold(FOLD_C, "c", "col")};
+%     for i in range(WPT_M):
+            {
+                const int row = m0 + (${i // VEC} * TM_THREADS + tm) * VEC + ${i % VEC};
+                if (row < M)
+                    ${epilogue(f"acc[{i}][{j}]", "row", "col", "(long)row * ldc + c_at")}
             }
 %     endfor
         }
+    }
 %   endfor
+% else:
+%   if CVEC > 1 and not SPLIT_K:
+    if (inside) {
+        // Whole tile inside C, rows aligned: VEC consecutive columns per store.
+%     for i in range(WPT_M):
+        {
+            const int row = m0 + (${i // VEC} * TM_THREADS + tm) * VEC + ${i % VEC};
+%       for jc in range(WPT_N // VEC):
+            {
+                const int col = n0 + (${jc} * TN_THREADS + tn) * VEC;
+                ${store_vector(i, jc, "col")}
+            }
+%       endfor
+        }
+%     endfor
         return;
     }
-% endif
-% for i in range(WPT_M):
+%   endif
+%   for i in range(WPT_M):
     {
         const int row = m0 + (${i // VEC} * TM_THREADS + tm) * VEC + ${i % VEC};
         if (row < M) {
-%   for j in range(WPT_N):
+%     for j in range(WPT_N):
             {
                 const int col = n0 + (${j // VEC} * TN_THREADS + tn) * VEC + ${j % VEC};
                 if (col < N) {
-%     if SPLIT_K:
+%       if SPLIT_K:
                     C[(long)row * N + col] = acc[${i}][${j}];
-%     else:
-                    ${epilogue(f"acc[{i}][{j}]", "row", "col", f"(long)row * ldc + {c_col(j)}")}
-%     endif
+%       else:
+                    ${epilogue(f"acc[{i}][{j}]", "row", "col", "(long)row * ldc + col")}
+%       endif
                 }
             }
-%   endfor
+%     endfor
         }
     }
-% endfor
+%   endfor
+% endif
 }
 
 // Adds the split-K partial sums of gemm_tiled and applies the epilogue; one work-item per C

@@ -208,3 +208,43 @@ def test_fold_bad_input(ctx):
         GemmPlan(ctx, 2, 64, 2, buf, 0, 2, buf, 0, 16, buf, 0, 64, fold_b=Fold(16, 24))
     with pytest.raises(dp.ShapeError, match="overlap"):
         GemmPlan(ctx, 2, 8, 2, buf, 0, 2, buf, 0, 8, buf, 0, 4, fold_c=Fold(4, 6))
+
+
+TILED_VECTOR = {"kernel": "tiled", "tile_m": 32, "tile_n": 32, "tile_k": 16, "wpt_m": 4,
+                "wpt_n": 4, "vec": 4, "pad": 4, "double_buffer": 1, "split_k": 1,
+                "global_vec": 4}
+
+
+@pytest.mark.parametrize("positions,vector", [(64, 4), (49, 1)], ids=["P64", "P49"])
+def test_folded_vector_access(ctx, rng, positions, vector):
+    """Vector loads of a folded B and vector stores of a folded C need P to be a multiple of
+    the width; otherwise the same parameters fall back to scalar access."""
+    n, M, K = 3, 36, 20
+    a = random(rng, (M, K))
+    b = random(rng, (n, K, positions))
+    A, B = dp.Tensor.from_numpy(ctx, a), dp.Tensor.from_numpy(ctx, b)
+    C = poisoned(ctx, (n, M, positions))
+    plan = GemmPlan(ctx, M, n * positions, K, A.buffer, 0, K, B.buffer, 0, positions,
+                    C.buffer, 0, positions, fold_b=Fold(positions, K * positions),
+                    fold_c=Fold(positions, M * positions), params=TILED_VECTOR)
+    plan.enqueue()
+    assert plan.params["global_vec"] == vector and plan.params["c_vec"] == vector
+    assert_close(C.numpy(), np.einsum("mk,nkp->nmp", a.astype(np.float64), b.astype(np.float64)))
+
+
+def test_long_k_split_rule():
+    """On a GPU, a GEMM with far fewer output tiles than compute units and a long K is split
+    (about two work-groups per unit); measured split counts and CPUs are left alone."""
+    from dlprim_py.ops.gemm import DEFAULT_TILED, _split_long_k
+
+    class Info:
+        is_gpu, compute_units = True, 132
+
+    params = dict(DEFAULT_TILED)   # 32 x 32 tiles
+    split = _split_long_k(params, Info, 64, 64, 64 * 3136, 1)["split_k"]
+    assert split == 66   # 4 tiles, 2 * 132 / 4 groups each
+    assert _split_long_k(params, Info, 64, 64, 2048, 1)["split_k"] == 1        # short K
+    assert _split_long_k(params, Info, 1024, 1024, 1 << 16, 1)["split_k"] == 1  # many tiles
+    assert _split_long_k(dict(params, split_k=3), Info, 64, 64, 1 << 20, 1)["split_k"] == 3
+    Info.is_gpu = False
+    assert _split_long_k(params, Info, 64, 64, 1 << 20, 1)["split_k"] == 1

@@ -298,6 +298,13 @@ def test_tuner_writes_verified_entry(ctx, tmp_path, monkeypatch):
     assert rule["shape"] == {"m": 23, "n": 19, "k": 11}
     assert rule["params"]["kernel"] in ("tiled", "small") and rule["ms"] > 0
     assert parse_size("1024") == (1024, 1024, 1024) and parse_size("2x3x4") == (2, 3, 4)
+    # --merge: a second size keeps the first size's rule; the same size again replaces it.
+    assert tune_main(["gemm", "--sizes", "9x7x5", "--budget", "5", "--output", str(out),
+                      "--merge"]) == 0
+    assert tune_main(["gemm", "--sizes", "23x19x11", "--budget", "5", "--output", str(out),
+                      "--merge"]) == 0
+    rules = tuning.read_db(out, "gemm")["devices"][ctx.info.name]["rules"]
+    assert sorted((r["shape"]["m"], r["shape"]["n"]) for r in rules) == [(9, 7), (23, 19)]
 
 
 def test_tuner_rejects_wrong_candidates(ctx, monkeypatch):
