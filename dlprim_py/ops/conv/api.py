@@ -2,7 +2,7 @@
 (torch semantics, autograd)."""
 import numpy as np
 
-from ... import autograd, logcmd
+from ... import autograd, config, logcmd
 from ...activation import as_activation
 from ...context import check_same_context
 from ...errors import DTypeError, ShapeError, UnsupportedError
@@ -54,6 +54,7 @@ class Convolution:
         self.weight_desc = weight_desc
         self.output_desc = TensorDesc(self.problem.y_shape, input_desc.dtype)
         self._chosen = {}
+        self._resolved = {}
         self._workspaces = {}
         # Calls on the same tensors replay their recorded launches; the recordings keep their
         # tensors' buffers alive, so only the most recent few are kept (0: never record).
@@ -91,12 +92,22 @@ class Convolution:
                                    f"{', '.join(self.algorithms(direction))}")
         return algorithm
 
-    def _run(self, direction, algo, src, other, dst, ep, epilogue=Epilogue(), workspace=None):
-        check_same_context(src, other, dst, ep.scale, ep.shift, ep.residual, workspace)
-        logcmd.log_command("conv", self.problem.driver_flags(direction))
+    def _resolve(self, algo, direction):
+        """(name, algorithm, workspace bytes) of a call; the checks run once per pair, since
+        the problem is fixed (a small layer's call costs about as much host time as its
+        kernel's device time)."""
         name = algo or self._choose(direction)
-        algorithm = self._algorithm(name, direction)
-        need = algorithm.workspace_size(self.ctx, self.problem, direction)
+        resolved = self._resolved.get((name, direction))
+        if resolved is None:
+            algorithm = self._algorithm(name, direction)
+            need = algorithm.workspace_size(self.ctx, self.problem, direction)
+            resolved = self._resolved[(name, direction)] = (name, algorithm, need)
+        return resolved
+
+    def _run(self, direction, algo, src, other, dst, ep, epilogue=Epilogue(), workspace=None):
+        if config.log_cmd():
+            logcmd.log_command("conv", self.problem.driver_flags(direction))
+        name, algorithm, need = self._resolve(algo, direction)
         if need and (workspace is None or workspace.nbytes < need):
             if workspace is not None:
                 raise ShapeError(f"{name} {direction} needs a workspace of {need} bytes, "
@@ -107,6 +118,7 @@ class Convolution:
                 workspace = Tensor.empty(self.ctx, (need // 4,))
                 self._workspaces[(name, direction)] = workspace
         if not self.replay_cache:
+            check_same_context(src, other, dst, ep.scale, ep.shift, ep.residual, workspace)
             algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep, epilogue,
                           workspace)
             return dst
@@ -115,9 +127,11 @@ class Convolution:
                  for t in (src, other, dst, ep.scale, ep.shift, ep.residual, workspace)))
         recording = self._recordings.get(key)
         if recording is not None:
+            # The same buffers as a checked call (a recording keeps them alive): same context.
             self._recordings.move_to_end(key)
             recording.replay()
             return dst
+        check_same_context(src, other, dst, ep.scale, ep.shift, ep.residual, workspace)
         with Recording() as recording:
             algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep, epilogue,
                           workspace)
