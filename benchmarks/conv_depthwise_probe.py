@@ -42,8 +42,15 @@ def rows_variant(outputs, local_bytes=depthwise.DepthwiseRows.LOCAL_BYTES):
     return cls(name=f"rows_{outputs}_{local_bytes // 1024}k")
 
 
+def tiled_variant(*tile):
+    return depthwise.DepthwiseTiled(depthwise.DepthwiseTile(*tile),
+                                    name="tiled_" + "_".join(map(str, tile)))
+
+
 VARIANTS = {
     "forward": [selection.algorithm("depthwise"), selection.algorithm("depthwise_tiled"),
+                tiled_variant(8, 8, 1, 1, 2), tiled_variant(8, 4, 1, 2, 4),
+                tiled_variant(16, 4, 1, 2, 2), tiled_variant(8, 8, 2, 1, 2),
                 selection.algorithm("depthwise_rows"), rows_variant(512), rows_variant(2048),
                 rows_variant(1024, 8192)],
     "backward_data": [selection.algorithm("depthwise"), selection.algorithm("depthwise_rows"),
