@@ -31,9 +31,12 @@ class Convolution:
     ``weight_desc``: (K, C/groups, R, S) for "NCHW", (K, R, S, C/groups) for "NHWC";
     ``output_desc``: (N, K, Ho, Wo) or (N, Ho, Wo, K). float32. Every method writes
     ``dst = alpha * result + beta * dst`` (``dst`` is not read when beta is 0).
-    Algorithms: "gemm" (1x1), "winograd" (3x3 stride 1), "depthwise_tiled" (depthwise forward,
-    NCHW, dilation 1), "depthwise", "implicit_gemm", "direct_phased" (backward data),
-    "direct" (see ``algorithms()``);
+    Algorithms: "gemm" (1x1), "winograd" (3x3 stride 1), "winograd_f4x4" (3x3 stride 1,
+    forward and backward data), "depthwise_tiled" (depthwise forward, NCHW, dilation 1),
+    "depthwise", "implicit_gemm" (and its fixed-tile forward variants
+    "implicit_gemm_64x128x16", "implicit_gemm_64x64x16", GPUs only), "im2col_gemm" (forward
+    and backward data, groups 1), "direct_phased" (backward data), "direct" (see
+    ``algorithms()``);
     ``algo=None`` takes DLPRIM_CONV_ALGO, else the find/immediate choice (DLPRIM_FIND_MODE).
     """
 

@@ -1,0 +1,119 @@
+"""The implicit GEMM's tiles forced on their own against PyTorch CPU in float64, every direction:
+the kk-16 tiles the GPU rule picks, the thin tile, the named fixed-tile variants; float4 weight
+loads with aligned and unaligned weight offsets and kk tails; the GPU tile rule."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dlprim_py as dp
+from dlprim_py.ops.conv import algorithms, selection
+from dlprim_py.ops.conv.problem import make_problem
+from conftest import assert_close, poisoned, random
+
+
+def references(x, w, dy, pad, stride):
+    X, W, DY = (torch.from_numpy(a).double() for a in (x, w, dy))
+    return {"forward": F.conv2d(X, W, padding=pad, stride=stride).numpy(),
+            "backward_data": torch.nn.grad.conv2d_input(x.shape, W, DY, padding=pad,
+                                                         stride=stride).numpy(),
+            "backward_filter": torch.nn.grad.conv2d_weight(X, w.shape, DY, padding=pad,
+                                                           stride=stride).numpy()}
+
+
+def at_offset(ctx, rng, a, pad):
+    flat = np.concatenate([random(rng, (pad,)), a.ravel()])
+    return dp.Tensor(ctx, dp.Tensor.from_numpy(ctx, flat).buffer, a.shape, offset=pad * 4)
+
+
+def run_all(ctx, algo, problem, x, w, dy, refs, rng, w_pad=0, directions=None):
+    X, DY = dp.Tensor.from_numpy(ctx, x), dp.Tensor.from_numpy(ctx, dy)
+    W = at_offset(ctx, rng, w, w_pad) if w_pad else dp.Tensor.from_numpy(ctx, w)
+    operands = {"forward": (X, W), "backward_data": (DY, W), "backward_filter": (DY, X)}
+    for direction in directions or operands:
+        src, other = operands[direction]
+        out = poisoned(ctx, refs[direction].shape)
+        size = algo.workspace_size(ctx, problem, direction)
+        workspace = dp.Tensor.empty(ctx, (max(size // 4, 1),))
+        algo.run(ctx, problem, direction, src, other, out, algorithms.EpilogueArgs(),
+                 workspace=workspace)
+        try:
+            assert_close(out.numpy(), refs[direction])
+        except AssertionError as e:
+            raise AssertionError(f"{algo.name} {algo.tile} {direction}: {e}") from None
+
+
+# (n, c, h, k, r, stride, pad): GK = 45 and 147 (kk tails of the float4 weight runs), stride 2.
+CASES = [(2, 5, 11, 37, 3, 2, 1), (1, 3, 15, 9, 7, 2, 3)]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tiles_every_direction(ctx, rng, case):
+    n, c, h, k, r, stride, pad = case
+    x, w = random(rng, (n, c, h, h)), random(rng, (k, c, r, r))
+    ho = (h + 2 * pad - r) // stride + 1
+    dy = random(rng, (n, k, ho, ho))
+    refs = references(x, w, dy, pad, stride)
+    problem = make_problem(x.shape, w.shape, dp.ConvolutionDesc(pad, stride))
+    for tile in (algorithms.TILE_WIDE_K16, algorithms.TILE_MEDIUM_K16, algorithms.TILE_THIN_K16):
+        if tile.threads > ctx.info.max_work_group_size:
+            continue
+        algo = algorithms.ImplicitGemm(tile)
+        run_all(ctx, algo, problem, x, w, dy, refs, rng)
+        # A weight offset of 1 element: rows no longer 4-aligned, the scalar weight loads.
+        run_all(ctx, algo, problem, x, w, dy, refs, rng, w_pad=1, directions=["forward"])
+
+
+def test_named_variants(ctx, rng):
+    """The fixed-tile variants find mode times: forward only, GPUs only, right on any device."""
+    x, w = random(rng, (2, 8, 9, 9)), random(rng, (20, 8, 3, 3))
+    dy = random(rng, (2, 20, 5, 5))
+    refs = references(x, w, dy, 1, 2)
+    problem = make_problem(x.shape, w.shape, dp.ConvolutionDesc(1, 2))
+    for name in ("implicit_gemm_64x128x16", "implicit_gemm_64x64x16"):
+        algo = selection.algorithm(name)
+        assert algo.directions == ("forward",)
+        assert algo.applies(ctx, problem, "forward") == ctx.info.is_gpu
+        assert not algo.applies(ctx, problem, "backward_data")
+        run_all(ctx, algo, problem, x, w, dy, refs, rng, w_pad=4, directions=["forward"])
+
+
+def test_gpu_tile_rule():
+    """3x3 and larger forward on a GPU: kk-16 tiles, 64x128 while three waves of them fill the
+    device, else 64x64; thin GEMMs keep the small tile; 1x1 keeps its rule."""
+    gpu = SimpleNamespace(info=SimpleNamespace(is_gpu=True, compute_units=132,
+                                               max_work_group_size=1024), memo={})
+    rule = algorithms.ImplicitGemm()
+    desc = dp.ConvolutionDesc(1, 2)
+    l2 = make_problem((64, 128, 56, 56), (128, 128, 3, 3), desc)
+    l4 = make_problem((64, 512, 14, 14), (512, 512, 3, 3), desc)
+    stem = make_problem((64, 3, 224, 224), (32, 3, 3, 3), desc)
+    one = make_problem((64, 256, 14, 14), (1024, 256, 1, 1), dp.ConvolutionDesc(0, 1))
+    assert rule.choose_tile(gpu, l2, "forward") == algorithms.TILE_WIDE_K16
+    assert rule.choose_tile(gpu, l4, "forward") == algorithms.TILE_MEDIUM_K16
+    assert rule.choose_tile(gpu, stem, "forward") == algorithms.TILE_SMALL
+    assert rule.choose_tile(gpu, one, "forward") == algorithms.TILE_LARGE
+    assert rule.choose_tile(gpu, l2, "backward_filter") == algorithms.TILE_LARGE
+
+
+def test_immediate_choices_on_a_gpu():
+    """The measured preferences: F(4x4) first for wide 3x3 stride 1, im2col_gemm for wide
+    stride-2 forward and every data gradient it takes, the implicit GEMM for an RGB stem."""
+    gpu = SimpleNamespace(info=SimpleNamespace(is_gpu=True, compute_units=132,
+                                               max_work_group_size=1024,
+                                               max_alloc_size=2 ** 36), memo={})
+    s1 = make_problem((64, 128, 28, 28), (128, 128, 3, 3), dp.ConvolutionDesc(1, 1))
+    s2 = make_problem((64, 128, 56, 56), (128, 128, 3, 3), dp.ConvolutionDesc(1, 2))
+    stem = make_problem((64, 3, 224, 224), (32, 3, 3, 3), dp.ConvolutionDesc(1, 2))
+    conv1 = make_problem((64, 3, 224, 224), (64, 3, 7, 7), dp.ConvolutionDesc(3, 2))
+    assert selection.immediate(gpu, s1, "forward") == "winograd_f4x4"
+    assert selection.immediate(gpu, s1, "backward_data") == "winograd_f4x4"
+    assert selection.immediate(gpu, s1, "backward_filter") != "winograd_f4x4"
+    assert selection.immediate(gpu, s2, "forward") == "im2col_gemm"
+    assert selection.immediate(gpu, s2, "backward_data") == "im2col_gemm"
+    assert selection.immediate(gpu, conv1, "forward") == "im2col_gemm"
+    assert selection.immediate(gpu, conv1, "backward_data") == "im2col_gemm"
+    assert selection.immediate(gpu, stem, "forward") == "implicit_gemm"
+    assert selection.immediate(gpu, stem, "backward_data") == "im2col_gemm"
