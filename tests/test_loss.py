@@ -133,3 +133,14 @@ def test_cross_entropy_long_masked_rows_with_partials(ctx, rng, variant, monkeyp
     target = np.array([5, 17, 1], np.int64)
     _check(ctx, rng, lambda x, t: F.cross_entropy(x, t), lambda x, t: TF.cross_entropy(x, t),
            [logits], [target])
+
+
+def test_range_flag_is_cleared_after_an_error(ctx, rng):
+    """The range flag lives across calls: after a call that raised, a good call passes."""
+    a = random(rng, (3, 4))
+    x = dp.Tensor.from_numpy(ctx, a)
+    with pytest.raises(dp.ShapeError, match="target 9 is out of range"):
+        F.nll_loss(x, dp.Tensor.from_numpy(ctx, np.array([0, 9, 2], np.int64)))
+    good = np.array([3, 1, 2], np.int64)
+    out = F.nll_loss(x, dp.Tensor.from_numpy(ctx, good)).numpy()
+    assert_close(out, TF.nll_loss(torch.tensor(a.astype(np.float64)), torch.tensor(good)).numpy())

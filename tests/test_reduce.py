@@ -301,3 +301,45 @@ def test_random_shapes_sum_and_amax(ctx, case):
                       (F.amax(x, dims, keepdim), t.amax(dim=torch_dims, keepdim=keepdim))):
         assert ours.shape == tuple(ref.shape)
         assert_close(ours.numpy(), ref.detach().numpy())
+
+
+# ---- vector loads and several units per work-group ----------------------------------------
+
+@pytest.mark.parametrize("vector", [4, 1])
+@pytest.mark.parametrize("segment", [None, 1, 4, 256])
+def test_vector_loads_and_segments(ctx, rng, vector, segment, monkeypatch):
+    """The group variant with float4 loads or scalar ones, and 1, 4 or 256 items per unit (or
+    the choice by length): rows of 1000 and 4096, everything, an output inside a larger
+    buffer, argmax's index through the vector lanes."""
+    monkeypatch.setattr(R, "VECTOR", vector)
+    monkeypatch.setattr(R, "SEGMENT", segment)
+    for shape, dim in (((37, 1000), -1), ((3, 4096), 1), ((5, 2048), None)):
+        a = random(rng, shape)
+        x = dp.Tensor.from_numpy(ctx, a)
+        out = poisoned(ctx, np.sum(a, axis=dim).shape)
+        R._sum_kernel()([x], [out], axes=dim)
+        assert_close(out.numpy(), a.astype(np.float64).sum(axis=dim))
+        assert R._sum_kernel().describe([x], [out], axes=dim)[2] == vector
+        assert np.array_equal(F.argmax(x, dim).numpy(), a.argmax(axis=dim))
+
+
+def test_vector_loads_need_aligned_offsets(ctx, rng):
+    """An input that starts off a vector boundary is reduced with scalar loads."""
+    a = random(rng, 4 * 1000 + 1)
+    big = dp.Tensor.from_numpy(ctx, a)
+    x = dp.Tensor(ctx, big.buffer, (4, 1000), offset=4)
+    out = poisoned(ctx, (4,))
+    R._sum_kernel()([x], [out], axes=1)
+    assert R._sum_kernel().describe([x], [out], axes=1)[2] == 1
+    assert_close(out.numpy(), a[1:].reshape(4, 1000).astype(np.float64).sum(axis=1))
+    aligned = dp.Tensor(ctx, big.buffer, (4, 1000), offset=0)
+    assert R._sum_kernel().describe([aligned], [out], axes=1)[2] == 4
+
+
+def test_short_rows_share_a_group(ctx, rng):
+    """Rows of 49 (7x7 planes): several per work-group, scalar loads (49 is no multiple of 4)."""
+    a = random(rng, (6, 20, 7, 7))
+    x = dp.Tensor.from_numpy(ctx, a)
+    out = F.sum(x, (2, 3))
+    assert R._sum_kernel().describe([x], [R._view(out, (6, 20, 1, 1))])[:3] == ("group", 4, 1)
+    assert_close(out.numpy(), a.astype(np.float64).sum(axis=(2, 3)))

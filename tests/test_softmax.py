@@ -92,3 +92,27 @@ def test_masked_rows(ctx, rng, variant, cached):
         assert np.array_equal(np.isneginf(out[:2]), np.isneginf(ref[:2]))
         finite = np.isfinite(ref[:2])
         assert_close(out[:2][finite], ref[:2][finite])
+
+
+@pytest.mark.parametrize("vector", [4, 1])
+@pytest.mark.parametrize("cached", [None, 0], ids=["registers", "streaming"])
+def test_row_vector_loads(ctx, rng, monkeypatch, vector, cached):
+    """The row forward with float4 loads and stores, or scalar ones: rows of 1000 (registers:
+    one vector per item and step) and 5000 (most registers), a row start off a vector boundary
+    (scalar then), -inf entries inside a vector."""
+    from dlprim_py.ops import softmax as S
+    monkeypatch.setattr(S, "VECTOR", vector)
+    for shape in ((3, 1000), (2, 5000)):
+        a = random(rng, shape, -20, 20)
+        a[0, 1:7] = -np.inf
+        t = torch.tensor(a.astype(np.float64))
+        big = dp.Tensor.from_numpy(ctx, np.concatenate([[0.0], a.ravel()]).astype(np.float32))
+        for offset in (0, 1):
+            x = dp.Tensor.from_numpy(ctx, a) if offset == 0 else dp.Tensor(ctx, big.buffer, shape, offset=4)
+            plan = S._plan(ctx, False, shape[1], 1, a.size, "row", cached, offset == 0)
+            assert plan.vector == (vector if offset == 0 else 1)
+            for ours, theirs in ((F.softmax, torch.softmax), (F.log_softmax, torch.log_softmax)):
+                out = ours(x, 1, variant="row", cached=cached).numpy()
+                ref = theirs(t, 1).numpy()
+                assert np.array_equal(np.isfinite(out), np.isfinite(ref))
+                assert_close(out[np.isfinite(ref)], ref[np.isfinite(ref)])

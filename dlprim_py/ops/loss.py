@@ -76,6 +76,15 @@ def _nll_program(ctx, weighted, divide, index_t, shifted):
                                            shifted=shifted))
 
 
+def _range_flag(ctx):
+    """The context's target-range flag (2 int64: set, offending value), zero between calls: a
+    call that finds it set clears it before raising, so no call pays a fill to reset it."""
+    flag = ctx.memo.get("nll_range_flag")
+    if flag is None:
+        flag = ctx.memo["nll_range_flag"] = Tensor.zeros(ctx, (2,), np.int64)
+    return flag
+
+
 def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     """torch.nn.functional.nll_loss: input float32 log-probabilities (N, C, ...), target int64.
 
@@ -104,7 +113,7 @@ def _nll(input, target, weight, ignore_index, reduction, shift=None):
     built = _nll_program(ctx, weight is not None, reduction == "mean", index_t, shift is not None)
     loss = Tensor.empty(ctx, target.shape)
     picked = Tensor.empty(ctx, target.shape)
-    bad = Tensor.zeros(ctx, (2,), np.int64)
+    bad = _range_flag(ctx)
     w = weight if weight is not None else input
     gsize, lsize = launch_size(ctx, max(total, 1))
     if total:
@@ -135,6 +144,7 @@ def _nll(input, target, weight, ignore_index, reduction, shift=None):
         out = sums
     flag_read.wait()
     if flag[0]:
+        bad.fill_(0)
         raise ShapeError(f"nll_loss: target {int(flag[1])} is out of range for {c} classes "
                          f"(expected 0..{c - 1} or ignore_index={ignore_index})")
     source_shape = input.shape
