@@ -181,3 +181,16 @@ def test_find_time_is_bounded(ctx):
     winner, times = selection.measure(ctx, problem, "forward")
     assert winner in times and all(t > 0 for t in times.values())
     assert time.perf_counter() - started < 2.0
+
+
+def test_rows_ranks(ctx):
+    """The immediate rule: on GPUs the row bands first for the data gradient and the tiled
+    kernel first for the forward; on CPUs the plain kernel first in both."""
+    p = make_problem((2, 4, 9, 9), (4, 1, 3, 3), dp.ConvolutionDesc(1, 1, 1, 4))
+    forward, backward = (selection.immediate(ctx, p, d) for d in ("forward", "backward_data"))
+    if ctx.info.is_gpu:
+        assert (forward, backward) == ("depthwise_tiled", "depthwise_rows")
+    else:
+        assert (forward, backward) == ("depthwise", "depthwise")
+    order = selection.applicable(ctx, p, "forward")
+    assert order.index("depthwise_rows") > order.index("depthwise") or not ctx.info.is_gpu

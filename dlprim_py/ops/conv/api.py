@@ -33,6 +33,7 @@ class Convolution:
     ``dst = alpha * result + beta * dst`` (``dst`` is not read when beta is 0).
     Algorithms: "gemm" (1x1), "winograd" (3x3 stride 1), "winograd_f4x4" (3x3 stride 1,
     forward and backward data), "depthwise_tiled" (depthwise forward, NCHW, dilation 1),
+    "depthwise_rows" (depthwise forward and data gradient, NCHW, dilation 1),
     "depthwise", "implicit_gemm" (and its fixed-tile forward variants
     "implicit_gemm_64x128x16", "implicit_gemm_64x64x16", GPUs only), "im2col_gemm" (forward
     and backward data, groups 1), "direct_phased" (backward data), "direct" (see
