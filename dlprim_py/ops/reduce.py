@@ -221,6 +221,7 @@ class _Launch:
         for k, value in enumerate(args):
             if value is not None:
                 self.kernel.set_arg(k, value)
+        self.bound = {}
         cap = ctx.info.compute_units * (4 if ctx.info.is_cpu else 64)
         if plan.variant == "group":
             groups = min(math.ceil(units / (group_size // plan.segment)), cap)
@@ -237,17 +238,24 @@ class _Launch:
                              [[kept_total, 1]] * len(self.partials), None)
             self.sub_launch = _Launch(partials_kernel, ctx, sub_plan, True, units, reduce_size)
 
+    def _set_value(self, slot, value, kind):
+        # Setting a scalar argument costs far more than comparing it (tens of microseconds on
+        # some drivers): offsets and scalars are set only when they change.
+        if self.bound.get(slot) != value:
+            self.kernel.set_arg(slot, kind(value))
+            self.bound[slot] = value
+
     def enqueue(self, inputs, outputs, scalars):
         kernel, index = self.kernel, self.index
         for slot, t in zip(self.input_slots, inputs):
             kernel.set_arg(slot, t.buffer)
-            kernel.set_arg(slot + 1, index(t.offset_elements))
+            self._set_value(slot + 1, t.offset_elements, index)
         targets = outputs if self.final else self.partials
         for slot, t in zip(self.output_slots, targets):
             kernel.set_arg(slot, t.buffer)
-            kernel.set_arg(slot + 1, index(t.offset_elements))
+            self._set_value(slot + 1, t.offset_elements, index)
         for slot, kind, value in zip(self.scalar_slots, self.scalar_types, scalars):
-            kernel.set_arg(slot, kind(value))
+            self._set_value(slot, value, kind)
         cl.enqueue_nd_range_kernel(self.ctx.queue, kernel, self.global_size, self.local_size)
         if not self.final:
             self.sub_launch.enqueue(self.partials, outputs, scalars)

@@ -13,6 +13,7 @@ forward loads and stores float4 when the rows are whole vectors and aligned (``V
 import math
 
 import numpy as np
+import pyopencl as cl
 
 from .. import autograd, config, logcmd, program
 from ..context import check_same_context
@@ -63,22 +64,31 @@ class SoftmaxPlan:
         params = dict(variant=variant, log=bool(log), group_size=group_size, cached=cached,
                       cached_backward=cached_backward, vector=vector, index_t=self.index_t)
         built = program.build(ctx, "softmax", params)
-        self.forward_kernel = built.kernel("softmax_forward")
-        self.backward_kernel = built.kernel("softmax_backward")
+        # Own kernel objects: a call sets the buffers, and the sizes and offsets only when they
+        # changed (setting a scalar argument costs tens of microseconds on some drivers).
+        self.forward_kernel = built.kernel("softmax_forward", fresh=True)
+        self.backward_kernel = built.kernel("softmax_backward", fresh=True)
+        self._bound = {self.forward_kernel: {}, self.backward_kernel: {}}
         self.ctx = ctx
 
     def _launch(self, kernel, rows, size, inner, *buffers):
         index = np.int32 if self.index_t == "int" else np.int64
-        args = [index(rows), index(size), index(inner)]
-        for t in buffers:
-            args += [t.buffer, index(t.offset_elements)]
+        bound = self._bound[kernel]
+        values = [(0, rows), (1, size), (2, inner)]
+        for k, t in enumerate(buffers):
+            kernel.set_arg(3 + 2 * k, t.buffer)
+            values.append((4 + 2 * k, t.offset_elements))
+        for slot, value in values:
+            if bound.get(slot) != value:
+                kernel.set_arg(slot, index(value))
+                bound[slot] = value
         info = self.ctx.info
         cap = info.compute_units * (4 if info.is_cpu else 64)
         if self.variant == "row":
             groups = min(rows, cap)
         else:
             groups = min(math.ceil(rows / self.group_size), cap)
-        kernel(self.ctx.queue, (groups * self.group_size,), (self.group_size,), *args)
+        cl.enqueue_nd_range_kernel(self.ctx.queue, kernel, (groups * self.group_size,), (self.group_size,))
 
     def forward(self, x, y, outer, size, inner):
         self._launch(self.forward_kernel, outer * inner, size, inner, x, y)
