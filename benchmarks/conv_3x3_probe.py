@@ -3,6 +3,7 @@ MobileNetV2 (batch 64), against cuDNN in the same run.
 
     python benchmarks/conv_3x3_probe.py [--batch 64] [--repeat 10] [--output probe.json]
                                         [--only l2 conv1 ...] [--directions forward ...]
+(PROBE_TILES=0 leaves out the implicit GEMM's fixed-tile variants.)
 
 Every variant (an algorithm by name, or the implicit GEMM with a fixed tile) runs once on
 NaN-poisoned outputs and is checked against a float64 reference of the same inputs (PyTorch on
@@ -59,6 +60,13 @@ def variants(ctx, problem, direction):
         if name == "implicit_gemm" and direction == "backward_data" and problem.c < 8:
             continue   # tens of milliseconds: the direct kernels serve that case
         out.append((name, selection.algorithm(name)))
+    if direction == "forward":
+        for pixels in (1, 2):
+            algo = conv_algorithms.DirectSmall(pixels)
+            if algo.applies(ctx, problem, direction):
+                out.append((f"direct_small p{pixels}", algo))
+    if os.environ.get("PROBE_TILES", "1") == "0":
+        return out
     if direction == "forward" or (direction == "backward_data" and problem.stride_h > 1
                                   and problem.c >= 8):
         for label, tile in TILES.items():

@@ -103,7 +103,8 @@ def test_immediate_choices_on_a_gpu():
     stride-2 forward and every data gradient it takes, the implicit GEMM for an RGB stem."""
     gpu = SimpleNamespace(info=SimpleNamespace(is_gpu=True, compute_units=132,
                                                max_work_group_size=1024,
-                                               max_alloc_size=2 ** 36), memo={})
+                                               max_alloc_size=2 ** 36, local_mem_size=49152),
+                          memo={})
     s1 = make_problem((64, 128, 28, 28), (128, 128, 3, 3), dp.ConvolutionDesc(1, 1))
     s2 = make_problem((64, 128, 56, 56), (128, 128, 3, 3), dp.ConvolutionDesc(1, 2))
     stem = make_problem((64, 3, 224, 224), (32, 3, 3, 3), dp.ConvolutionDesc(1, 2))

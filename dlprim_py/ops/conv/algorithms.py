@@ -158,6 +158,59 @@ def backward_bias(ctx, problem, dy, db, alpha=1.0, beta=0.0):
            [*problem.geometry_args(), *_buf(dy), *_buf(db), _F32(alpha), _F32(beta)])
 
 
+class DirectSmall(Algorithm):
+    """Forward for few input and output channels (kernels/conv_direct_small.cl.mako): the
+    weights staged once per work group in local memory, PIXELS x K outputs per work item, the
+    tap loops unrolled (one compile per C, R, S, K). For RGB(A) stems (C <= 4, K <= 64), where a
+    GEMM's tiles see a reduction of only C * R * S = 27 or 147.
+
+    ``pixels``: output pixels per work item, or None for the rule (2 up to 32 output channels,
+    else 1, bounding the accumulators per work item to 64)."""
+    directions = ("forward",)
+    _GROUP = 128
+    MAX_CHANNELS = 4
+    MAX_TAPS = 160
+    MAX_OUT_CHANNELS = 64
+
+    def __init__(self, pixels=None, name="direct_small"):
+        self.pixels = pixels
+        self.name = name
+
+    def _pixels(self, problem):
+        if self.pixels is not None:
+            return self.pixels
+        return 2 if problem.k <= 32 else 1
+
+    def _local_bytes(self, problem):
+        return problem.c * problem.r * problem.s * -(-problem.k // 4) * 16
+
+    def applies(self, ctx, problem, direction):
+        p = problem
+        return (direction == "forward" and p.groups == 1 and p.c <= self.MAX_CHANNELS
+                and p.k <= self.MAX_OUT_CHANNELS and p.c * p.r * p.s <= self.MAX_TAPS
+                and self._local_bytes(p) <= ctx.info.local_mem_size - 1024)
+
+    def _group(self, ctx):
+        return min(self._GROUP, ctx.info.max_work_group_size)
+
+    def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
+        params = epilogue.params()
+        params.update(channels=problem.c, kernel_r=problem.r, kernel_s=problem.s,
+                      out_channels=problem.k, pixels=self._pixels(problem),
+                      group_size=self._group(ctx))
+        return program.build(ctx, "conv_direct_small", params)
+
+    def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
+            workspace=None):
+        built = self.prepare(ctx, problem, direction, epilogue)
+        p = problem
+        pixels = self._pixels(p)
+        group = self._group(ctx)
+        items = p.n * p.ho * -(-p.wo // pixels)
+        launch(ctx, built, "conv_direct_small_forward", (-(-items // group) * group,), (group,),
+               [*p.geometry_args(), *_buf(src), *_buf(other), *_buf(dst), *ep.kernel_args(dst)])
+
+
 # ---- implicit GEMM ------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import pyopencl as cl
 from ... import config, finddb
 from ...errors import UnsupportedError
 from ...timing import time_enqueued
-from .algorithms import (Direct, DirectPhased, EpilogueArgs, ImplicitGemm, Im2colGemm, Recording,
-                         _gemm_dims, implicit_gemm_variants)
+from .algorithms import (Direct, DirectPhased, DirectSmall, EpilogueArgs, ImplicitGemm, Im2colGemm,
+                         Recording, _gemm_dims, implicit_gemm_variants)
 from .depthwise import Depthwise, DepthwiseRows, DepthwiseTiled
 from .gemm1x1 import Gemm1x1
 from .winograd import Winograd
@@ -24,7 +24,7 @@ ALGORITHMS = {a.name: a for a in (Gemm1x1(), Winograd(), Winograd(output_tile=4)
                                   DepthwiseTiled(), DepthwiseRows(),
                                   Depthwise(),
                                   ImplicitGemm(), *implicit_gemm_variants(), Im2colGemm(),
-                                  DirectPhased(), Direct())}
+                                  DirectSmall(), DirectPhased(), Direct())}
 
 
 def algorithm(name):
@@ -87,6 +87,8 @@ def _rank(ctx, problem, direction, name):
         if direction == "backward_data":
             return 3
         return 9 if problem.kg >= 64 else 11
+    if name == "direct_small":
+        return 13   # not measured yet: find decides
     if name.startswith("implicit_gemm_"):
         return 12   # fixed-tile variants: find mode times them, the rule's tile comes first
     return 10
