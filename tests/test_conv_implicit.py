@@ -100,7 +100,7 @@ def test_gpu_tile_rule():
 
 def test_immediate_choices_on_a_gpu():
     """The measured preferences: F(4x4) first for wide 3x3 stride 1, im2col_gemm for wide
-    stride-2 forward and every data gradient it takes, the implicit GEMM for an RGB stem."""
+    stride-2 forward and every data gradient it takes, direct_small for a 3x3 RGB stem."""
     gpu = SimpleNamespace(info=SimpleNamespace(is_gpu=True, compute_units=132,
                                                max_work_group_size=1024,
                                                max_alloc_size=2 ** 36, local_mem_size=49152),
@@ -116,5 +116,5 @@ def test_immediate_choices_on_a_gpu():
     assert selection.immediate(gpu, s2, "backward_data") == "im2col_gemm"
     assert selection.immediate(gpu, conv1, "forward") == "im2col_gemm"
     assert selection.immediate(gpu, conv1, "backward_data") == "im2col_gemm"
-    assert selection.immediate(gpu, stem, "forward") == "implicit_gemm"
+    assert selection.immediate(gpu, stem, "forward") == "direct_small"
     assert selection.immediate(gpu, stem, "backward_data") == "im2col_gemm"

@@ -164,8 +164,8 @@ class DirectSmall(Algorithm):
     tap loops unrolled (one compile per C, R, S, K). For RGB(A) stems (C <= 4, K <= 64), where a
     GEMM's tiles see a reduction of only C * R * S = 27 or 147.
 
-    ``pixels``: output pixels per work item, or None for the rule (2 up to 32 output channels,
-    else 1, bounding the accumulators per work item to 64)."""
+    ``pixels``: output pixels per work item (1 or 2), or None for 1: on an H200 the MobileNetV2
+    stem (3 -> 32, 3x3 stride 2, batch 64) took 0.097 ms with 1 and 0.725 ms with 2."""
     directions = ("forward",)
     _GROUP = 128
     MAX_CHANNELS = 4
@@ -177,9 +177,7 @@ class DirectSmall(Algorithm):
         self.name = name
 
     def _pixels(self, problem):
-        if self.pixels is not None:
-            return self.pixels
-        return 2 if problem.k <= 32 else 1
+        return 1 if self.pixels is None else self.pixels
 
     def _local_bytes(self, problem):
         return problem.c * problem.r * problem.s * -(-problem.k // 4) * 16
