@@ -2,11 +2,13 @@
 ##
 ## input is (N, C, S) C-contiguous (S = product of the spatial sizes, 1 without them), target is
 ## (N, S) int64; element e = n * S + s picks class t = target[e]. A target equal to ignore_index
-## contributes nothing; any other target outside [0, C) is never used as an index: the kernel
+## contributes nothing; any other target outside [0, C) is never used as an index: nll_check
 ## records it in `bad` (bad[0] = 1, bad[1] = the value) for the host to raise on.
 ##
+## nll_check(total, classes, ignore_index, target, t_off, bad)
+##     bad[0] = 1, bad[1] = t for a target t outside [0, classes) other than ignore_index
 ## nll_gather(total, classes, spatial, ignore_index, x, x_off, target, t_off, weight, w_off,
-##            loss, loss_off, picked_weight, pw_off, bad)
+##            loss, loss_off, picked_weight, pw_off)
 ##     loss[e] = -w[t] * x[n, t, s], picked_weight[e] = w[t] (0 and 0 when ignored or bad)
 ##     shifted: also (shift, shift_off) after x, and x[n, t, s] - shift[e] in place of x[n, t, s]
 ##     (cross_entropy: x the logits, shift their log-sum-exp over the classes)
@@ -20,6 +22,20 @@
 ##   shifted    True when nll_gather takes a per-element shift subtracted from the picked input
 ##   index_t    "int" when every index fits in 31 bits, else "long"
 
+__kernel void nll_check(${index_t} total, ${index_t} classes, long ignore_index,
+                        __global const long* restrict target, ${index_t} t_off,
+                        __global long* restrict bad)
+{
+    for (${index_t} e = get_global_id(0); e < total; e += get_global_size(0)) {
+        const long t = target[t_off + e];
+        if (t != ignore_index && (t < 0 || t >= classes)) {
+            // Every offender writes the same flag; which value lands in bad[1] is immaterial.
+            bad[0] = 1;
+            bad[1] = t;
+        }
+    }
+}
+
 __kernel void nll_gather(${index_t} total, ${index_t} classes, ${index_t} spatial, long ignore_index,
                          __global const float* restrict x, ${index_t} x_off,
 % if shifted:
@@ -28,18 +44,13 @@ __kernel void nll_gather(${index_t} total, ${index_t} classes, ${index_t} spatia
                          __global const long* restrict target, ${index_t} t_off,
                          __global const float* restrict weight, ${index_t} w_off,
                          __global float* restrict loss, ${index_t} loss_off,
-                         __global float* restrict picked_weight, ${index_t} pw_off,
-                         __global long* restrict bad)
+                         __global float* restrict picked_weight, ${index_t} pw_off)
 {
     for (${index_t} e = get_global_id(0); e < total; e += get_global_size(0)) {
         const long t = target[t_off + e];
         float l = 0.0f, w = 0.0f;
         if (t != ignore_index) {
-            if (t < 0 || t >= classes) {
-                // Every offender writes the same flag; which value lands in bad[1] is immaterial.
-                bad[0] = 1;
-                bad[1] = t;
-            } else {
+            if (t >= 0 && t < classes) {
                 const ${index_t} n = e / spatial;
                 const ${index_t} s = e - n * spatial;
 % if weighted:

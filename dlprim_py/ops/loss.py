@@ -3,9 +3,11 @@
 * ``nll_loss`` and ``cross_entropy`` with int64 class targets (N) or (N, d1, ...), optional
   per-class ``weight``, ``ignore_index``; ``cross_entropy`` also takes class probabilities
   (a float target shaped like the input). A target outside [0, C) other than ignore_index
-  raises ShapeError and is never used as an index: the check reads one flag back from the
-  device, so these two losses wait for the queue. ``cross_entropy`` with class targets reads
-  the logits once (their log-sum-exp over the classes, then the picked logit minus it).
+  raises ShapeError and is never used as an index: a check kernel is enqueued first and its
+  flag read back without blocking, and the call waits for that read after enqueuing the rest,
+  so it waits for the check (and whatever the queue held before), not for its own work.
+  ``cross_entropy`` with class targets reads the logits once (their log-sum-exp over the
+  classes, then the picked logit minus it).
 * ``mse_loss`` and ``binary_cross_entropy_with_logits`` (``weight``, ``pos_weight``), with
   broadcasting; their mean/sum reductions are one fused map+reduce kernel, no temporary.
 
@@ -76,6 +78,14 @@ def _nll_program(ctx, weighted, divide, index_t, shifted):
                                            shifted=shifted))
 
 
+def _enqueue(ctx, built, name, gsize, lsize, args):
+    """Enqueue kernel ``name`` of ``built`` with ``args`` (set in one call, cheaper than
+    calling the kernel)."""
+    kernel = built.kernel(name)
+    kernel.set_args(*args)
+    cl.enqueue_nd_range_kernel(ctx.queue, kernel, gsize, lsize)
+
+
 def _range_flag(ctx):
     """The context's target-range flag (2 int64: set, offending value), zero between calls: a
     call that finds it set clears it before raising, so no call pays a fill to reset it."""
@@ -96,10 +106,38 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     return autograd.record(out, (input, None, None), lambda g: (grad_of_input(g), None, None), "nll_loss")
 
 
-def _nll(input, target, weight, ignore_index, reduction, shift=None):
-    """The nll_loss forward, enqueued; returns (loss, g -> gradient wrt the log-probabilities).
-    With ``shift`` (float32, one value per target element, dense) the log-probabilities are
-    ``input - shift`` along the classes, never materialized."""
+class _RangeCheck:
+    """The target-range check of one call, enqueued: the check kernel, then a non-blocking
+    read of its flag. ``raise_if_bad()`` waits for that read (so for the check, behind whatever
+    the queue held before, not for the work enqueued after it) and raises on a bad target."""
+
+    def __init__(self, ctx, built, index, total, classes, target, ignore_index):
+        self.flag = np.zeros(2, np.int64)
+        self.read = None
+        self.classes, self.ignore_index = classes, ignore_index
+        if total:
+            self.bad = _range_flag(ctx)
+            gsize, lsize = launch_size(ctx, total)
+            _enqueue(ctx, built, "nll_check", gsize, lsize,
+                     [index(total), index(classes), np.int64(ignore_index), target.buffer,
+                      index(target.offset_elements), self.bad.buffer])
+            self.read = cl.enqueue_copy(ctx.queue, self.flag, self.bad.buffer, src_offset=self.bad.offset,
+                                        is_blocking=False)
+
+    def raise_if_bad(self):
+        if self.read is None:
+            return
+        self.read.wait()
+        if self.flag[0]:
+            self.bad.fill_(0)
+            c = self.classes
+            raise ShapeError(f"nll_loss: target {int(self.flag[1])} is out of range for {c} classes "
+                             f"(expected 0..{c - 1} or ignore_index={self.ignore_index})")
+
+
+def _nll_setup(input, target, weight, reduction, shifted):
+    """Validated geometry and the program of an nll_loss call:
+    (n, c, s, ctx, index type, built program)."""
     n, c, s = _nll_geometry(input, target)
     if weight is not None:
         _check_float(weight, "nll_loss: weight")
@@ -108,25 +146,32 @@ def _nll(input, target, weight, ignore_index, reduction, shift=None):
     ctx = check_same_context(input, target, weight)
     total = n * s
     largest = max(input.offset_elements + input.size, total, target.offset_elements + target.size)
-    index_t = "int" if largest < 2 ** 31 - 1 else "long"
-    index = np.int32 if index_t == "int" else np.int64
-    built = _nll_program(ctx, weight is not None, reduction == "mean", index_t, shift is not None)
+    index = np.int32 if largest < 2 ** 31 - 1 else np.int64
+    built = _nll_program(ctx, weight is not None, reduction == "mean",
+                         "int" if index is np.int32 else "long", shifted)
+    return n, c, s, ctx, index, built
+
+
+def _nll(input, target, weight, ignore_index, reduction, shift=None, check=None):
+    """The nll_loss forward, enqueued; returns (loss, g -> gradient wrt the log-probabilities).
+    With ``shift`` (float32, one value per target element, dense) the log-probabilities are
+    ``input - shift`` along the classes, never materialized. ``check``: the call's range check
+    when the caller enqueued it already (before its own work)."""
+    n, c, s, ctx, index, built = _nll_setup(input, target, weight, reduction, shift is not None)
+    total = n * s
+    if check is None:
+        check = _RangeCheck(ctx, built, index, total, c, target, ignore_index)
     loss = Tensor.empty(ctx, target.shape)
     picked = Tensor.empty(ctx, target.shape)
-    bad = _range_flag(ctx)
     w = weight if weight is not None else input
     gsize, lsize = launch_size(ctx, max(total, 1))
     if total:
-        built.kernel("nll_gather")(ctx.queue, gsize, lsize, index(total), index(c), index(s),
-                                   np.int64(ignore_index), input.buffer, index(input.offset_elements),
-                                   *(() if shift is None else (shift.buffer, index(shift.offset_elements))),
-                                   target.buffer, index(target.offset_elements), w.buffer,
-                                   index(w.offset_elements), loss.buffer, index(0), picked.buffer,
-                                   index(0), bad.buffer)
-    # The range check needs the flag on the host. Its read is enqueued now and waited for only
-    # after the reduction is enqueued, so the device is not left idle while the host looks.
-    flag = np.empty(2, np.int64)
-    flag_read = cl.enqueue_copy(ctx.queue, flag, bad.buffer, src_offset=bad.offset, is_blocking=False)
+        _enqueue(ctx, built, "nll_gather", gsize, lsize,
+                 [index(total), index(c), index(s), np.int64(ignore_index), input.buffer,
+                  index(input.offset_elements),
+                  *(() if shift is None else (shift.buffer, index(shift.offset_elements))),
+                  target.buffer, index(target.offset_elements), w.buffer, index(w.offset_elements),
+                  loss.buffer, index(0), picked.buffer, index(0)])
     if reduction == "none":
         out, divisor = loss, None
     else:
@@ -142,11 +187,7 @@ def _nll(input, target, weight, ignore_index, reduction, shift=None):
             sums.fill_(np.nan if reduction == "mean" else 0.0)
             divisor.fill_(0.0)
         out = sums
-    flag_read.wait()
-    if flag[0]:
-        bad.fill_(0)
-        raise ShapeError(f"nll_loss: target {int(flag[1])} is out of range for {c} classes "
-                         f"(expected 0..{c - 1} or ignore_index={ignore_index})")
+    check.raise_if_bad()
     source_shape = input.shape
 
     def backward(g):
@@ -191,13 +232,15 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     if isinstance(target, Tensor) and target.dtype == np.int64:
         # One read of the logits: their log-sum-exp over the classes, then the picked logit
         # minus it. The backward forms log_softmax then.
-        _nll_geometry(input, target)
+        n, c, s, ctx, index, built = _nll_setup(input, target, weight, reduction, True)
+        # The range check goes first: the host then waits for it, not for the log-sum-exp.
+        check = _RangeCheck(ctx, built, index, n * s, c, target, ignore_index)
         keep_dims = tuple(1 if k == class_dim else d for k, d in enumerate(input.shape))
         lse = Tensor.empty(input.ctx, keep_dims)
         sums = Tensor.empty(input.ctx, keep_dims)
         if input.size:
             _logsumexp_kernel()([input], [lse, sums], axes=(class_dim,))
-        out, grad_of_logp = _nll(input, target, weight, ignore_index, reduction, shift=lse)
+        out, grad_of_logp = _nll(input, target, weight, ignore_index, reduction, shift=lse, check=check)
         source = input.detach()
 
         def backward(g):

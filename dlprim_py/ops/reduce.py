@@ -47,6 +47,8 @@ VECTOR = 4
 SEGMENT = None
 # Waves of resident items the item variant aims at before cutting reductions into chunks.
 ITEM_WAVES = 1
+# Launches kept per kernel and context (one per distinct shapes, dtypes and offsets).
+_MAX_LAUNCHES = 256
 
 _PRESETS = {
     "sum": ("acc_{n} += {n};", {np.dtype(np.float32): "0.0f", np.dtype(np.int64): "0", np.dtype(np.int32): "0"}),
@@ -134,6 +136,26 @@ class ReduceKernel:
         shape and are dense. ``variant``: force "group" or "item" (else ``DLPRIM_REDUCE_ALGO``,
         else a heuristic).
         """
+        variant = variant or config.forced_algorithm("reduce")
+        # A call like an earlier one (same shapes, dtypes, offsets, context) was validated then:
+        # it only binds its buffers and enqueues.
+        try:
+            ctx = inputs[0].ctx
+            launches = self._launches.get(ctx)
+            key = (tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
+                   tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars),
+                   axes if axes is None or isinstance(axes, int) else tuple(axes), variant,
+                   UNROLL, SET_CHUNK, VECTOR, SEGMENT, ITEM_WAVES)
+            launch = launches[key]
+            if not all(t.ctx is ctx for t in outputs) or not all(t.ctx is ctx for t in inputs):
+                raise KeyError(key)
+        except (KeyError, TypeError, AttributeError, IndexError):
+            launch = self._prepare(inputs, outputs, scalars, axes, variant)
+        if launch is not None:
+            launch.enqueue(inputs, outputs, scalars)
+
+    def _prepare(self, inputs, outputs, scalars, axes, variant):
+        """Validate a call and find (or make) its launch; None when the output is empty."""
         if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
             raise ShapeError(f"{self.name}: expected {len(self.inputs)} inputs and "
                              f"{len(self.outputs)} outputs, got {len(inputs)} and {len(outputs)}")
@@ -149,27 +171,25 @@ class ReduceKernel:
         for t in outputs:
             if t.shape != out_shape:
                 raise ShapeError(f"{self.name}: outputs must share one shape, got {t.shape} and {out_shape}")
-        variant = variant or config.forced_algorithm("reduce")
-        # Everything a launch's shape-dependent arguments follow from; offsets only matter
-        # through the vector loads' alignment and the index width.
+        axes_key = axes if axes is None or isinstance(axes, int) else tuple(axes)
+        key = (tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
+               tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars), axes_key,
+               variant, UNROLL, SET_CHUNK, VECTOR, SEGMENT, ITEM_WAVES)
+        launches = self._launches.get(ctx)
+        if launches is None or len(launches) > _MAX_LAUNCHES:
+            # Bounded: a loop over ever new offsets must not grow it without end.
+            launches = self._launches[ctx] = {}
+        if key in launches:
+            return launches[key]
+        full = broadcast_shapes(*(t.shape for t in inputs))
+        reduced = _reduced_mask(self.name, full, out_shape, axes)
+        plan = _plan(ctx, full, reduced, [broadcast_strides(t.shape, full) for t in inputs], variant)
+        reduce_size = math.prod(s for s, r in zip(full, reduced) if r)
         aligned = all(t.offset_elements % VECTOR == 0 for t in inputs)
         largest = max(t.offset_elements + t.size for t in list(inputs) + list(outputs))
-        key = (tuple(t.shape for t in inputs), out_shape,
-               axes if axes is None or isinstance(axes, int) else tuple(axes), variant,
-               aligned, largest < _INT32_LIMIT // 2, UNROLL, SET_CHUNK, VECTOR, SEGMENT, ITEM_WAVES)
-        launches = self._launches.get(ctx)
-        if launches is None:
-            launches = self._launches[ctx] = {}
-        launch = launches.get(key)
-        if launch is None:
-            full = broadcast_shapes(*(t.shape for t in inputs))
-            reduced = _reduced_mask(self.name, full, out_shape, axes)
-            plan = _plan(ctx, full, reduced, [broadcast_strides(t.shape, full) for t in inputs], variant)
-            reduce_size = math.prod(s for s, r in zip(full, reduced) if r)
-            launch = None if plan is None else _Launch(self, ctx, plan, aligned, largest, reduce_size)
-            launches[key] = launch
-        if launch is not None:
-            launch.enqueue(inputs, outputs, scalars)
+        launch = None if plan is None else _Launch(self, ctx, plan, aligned, largest, reduce_size)
+        launches[key] = launch
+        return launch
 
     def describe(self, inputs, outputs, axes=None, variant=None):
         """(variant, segment, vector, chunks) that a call with these tensors runs, for
@@ -428,9 +448,28 @@ def _check_float(x, name):
         raise DTypeError(f"{name}: only float32 tensors are supported, got {x.dtype}")
 
 
+_shape_memo = {}
+
+
 def _shapes(x, dim, keepdim, name):
     """(axes, kept-dims shape, result shape) of reducing ``x`` over ``dim``; an empty ``dim``
-    means every dimension, as in torch."""
+    means every dimension, as in torch. Memoized (a bad ``dim`` raises and is not kept)."""
+    try:
+        key = (x.shape, dim if dim is None or isinstance(dim, int) else tuple(dim), bool(keepdim), name)
+        return _shape_memo[key]
+    except (KeyError, TypeError):
+        pass
+    result = _compute_shapes(x, dim, keepdim, name)
+    if len(_shape_memo) > 4096:
+        _shape_memo.clear()
+    try:
+        _shape_memo[key] = result
+    except (TypeError, UnboundLocalError):
+        pass
+    return result
+
+
+def _compute_shapes(x, dim, keepdim, name):
     if isinstance(dim, (tuple, list)) and len(dim) == 0:
         dim = None
     axes = normalize_dims(dim, x.ndim, name)
