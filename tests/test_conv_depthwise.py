@@ -175,7 +175,7 @@ def test_find_rules_drop_and_ties(ctx, monkeypatch):
 def test_find_time_is_bounded(ctx):
     """A find with warm kernels runs each candidate at most a warm-up and three times."""
     import time
-    problem = make_problem((2, 8, 14, 14), (8, 1, 3, 3), dp.ConvolutionDesc(1, 2, 1, 8))
+    problem = make_problem((2, 4, 9, 9), (4, 1, 3, 3), dp.ConvolutionDesc(1, 1, 1, 4))
     selection.measure(ctx, problem, "forward")
     started = time.perf_counter()
     winner, times = selection.measure(ctx, problem, "forward")
