@@ -65,16 +65,17 @@ def shapes(batch, squares=SQUARE):
 
 
 def git_commit():
-    """The commit measured: ``git rev-parse HEAD``, else ``DLPRIM_COMMIT`` (for copies of the
-    tree without .git), else "unknown"."""
+    """The commit measured: ``DLPRIM_COMMIT`` when set (copies of the tree without their own
+    .git, where git may answer for an enclosing repository), else ``git rev-parse HEAD``, else
+    "unknown"."""
+    if os.environ.get("DLPRIM_COMMIT"):
+        return os.environ["DLPRIM_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     except OSError:
         out = ""
-    if len(out) == 40:
-        return out
-    return os.environ.get("DLPRIM_COMMIT", "unknown")
+    return out if len(out) == 40 else "unknown"
 
 
 class Baseline:
@@ -248,9 +249,14 @@ def main(argv=None):
     parser.add_argument("--device", default=None)
     parser.add_argument("--only", default=None, help="only shapes whose name contains this")
     parser.add_argument("--output", default=None, help="JSON result file")
+    parser.add_argument("--commit", default=None,
+                        help="commit to record (for copies of the tree without git metadata)")
     parser.add_argument("--build-log", action="store_true",
                         help="print NVIDIA's register report of the 4096^3 kernel")
-    run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if args.commit:
+        os.environ["DLPRIM_COMMIT"] = args.commit
+    run(args)
 
 
 if __name__ == "__main__":

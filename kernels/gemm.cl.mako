@@ -497,9 +497,19 @@ __kernel void gemm_splitk_reduce(int M, int N, int splits,
         return;
     const long plane = (long)M * N;
     partial += (long)batch * splits * plane + (long)row * N + col;
-    float sum = 0.0f;
-    for (int s = 0; s < splits; ++s)
-        sum += partial[s * plane];
+    // Four independent sums: their loads are in flight together (long splits of filter
+    // gradients run into the hundreds).
+    float sum0 = 0.0f, sum1 = 0.0f, sum2 = 0.0f, sum3 = 0.0f;
+    int s = 0;
+    for (; s + 4 <= splits; s += 4) {
+        sum0 += partial[s * plane];
+        sum1 += partial[(s + 1) * plane];
+        sum2 += partial[(s + 2) * plane];
+        sum3 += partial[(s + 3) * plane];
+    }
+    for (; s < splits; ++s)
+        sum0 += partial[s * plane];
+    const float sum = (sum0 + sum1) + (sum2 + sum3);
     C += c_off + batch * stride_c;
     ${epilogue("sum", "row", "col", f"(long)row * ldc + {fold(FOLD_C, 'c', 'col')}")}
 }

@@ -234,7 +234,7 @@ def test_folded_vector_access(ctx, rng, positions, vector):
 
 def test_long_k_split_rule():
     """On a GPU, a GEMM with far fewer output tiles than compute units and a long K is split
-    (about two work-groups per unit); measured split counts and CPUs are left alone."""
+    (about two work-groups per unit); CPUs are left alone."""
     from dlprim_py.ops.gemm import DEFAULT_TILED, _split_long_k
 
     class Info:
@@ -242,9 +242,12 @@ def test_long_k_split_rule():
 
     params = dict(DEFAULT_TILED)   # 32 x 32 tiles
     split = _split_long_k(params, Info, 64, 64, 64 * 3136, 1)["split_k"]
-    assert split == 66   # 4 tiles, 2 * 132 / 4 groups each
+    assert split == 196   # 4 tiles of 64 work-items: up to 16 groups per unit, chunks >= 1024
     assert _split_long_k(params, Info, 64, 64, 2048, 1)["split_k"] == 1        # short K
     assert _split_long_k(params, Info, 1024, 1024, 1 << 16, 1)["split_k"] == 1  # many tiles
-    assert _split_long_k(dict(params, split_k=3), Info, 64, 64, 1 << 20, 1)["split_k"] == 3
+    # A measured split that already fills the device stands; one that leaves it idle does not.
+    assert _split_long_k(dict(params, split_k=3), Info, 512, 512, 1 << 20, 1)["split_k"] == 3
+    assert _split_long_k(dict(params, split_k=4), Info, 64, 64, 64 * 3136, 1)["split_k"] == 196
+    assert _split_long_k(params, Info, 64, 64, 16 * 1024, 1)["split_k"] == 16
     Info.is_gpu = False
     assert _split_long_k(params, Info, 64, 64, 1 << 20, 1)["split_k"] == 1

@@ -224,16 +224,19 @@ def select_params(ctx, M, N, K, batch=1, algorithm=None):
 
 
 def _split_long_k(params, info, M, N, K, batch):
-    """Split K when the output tiles alone would leave most of a GPU idle and K is long (the
-    filter gradient of a convolution: a few channels squared, summed over batch * pixels). A
-    rule's own split_k > 1 is kept: it was measured. About two work-groups per compute unit,
-    and chunks of at least 512 along K so that the partial sums stay a small extra pass."""
-    if params["kernel"] != "tiled" or params.get("split_k", 1) > 1 or not info.is_gpu:
+    """Split K when the output tiles would leave most of a GPU idle and K is long (the filter
+    gradient of a convolution: a few channels squared, summed over batch * pixels): about 1024
+    work-items (at least two work-groups) per compute unit, chunks of at least 1024 along K so
+    that the partial sums stay a small extra pass. A rule's own split_k stands when it already
+    fills the device (a measured rule also serves shapes near the one it was measured on, with
+    other tile counts)."""
+    if params["kernel"] != "tiled" or not info.is_gpu or K < 4096:
         return params
     tiles = batch * math.ceil(M / params["tile_m"]) * math.ceil(N / params["tile_n"])
-    if tiles >= info.compute_units or K < 4096:
+    if tiles * max(1, params.get("split_k", 1)) >= info.compute_units:
         return params
-    split = min(math.ceil(2 * info.compute_units / tiles), K // 512)
+    target = info.compute_units * max(2, 1024 // tiled_threads(params))
+    split = min(math.ceil(target / tiles), K // 1024)
     return dict(params, split_k=split) if split >= 2 else params
 
 
