@@ -19,6 +19,11 @@
 ##                   B^T, the (6 x 3) filter transform G and the (4 x 6) output transform A^T
 ##                   as tuples of rows of Python floats (winograd.cook_toom); zero entries are
 ##                   left out of the generated sums
+##   matrix_g_grad, matrix_at_grad   F(4x4) only: G (6 x 4) and A^T (3 x 6) of F(3x3, 4x4) on
+##                   the same points (its B^T is matrix_bt), for backward filter: each 4x4 tile
+##                   of dy meets the 6x6 input tile under it,
+##                   dW += A^T [(G g G^T) . (B^T d B)] A, summed over tiles by the batched GEMM
+##                   M[e][k][c] = sum_t D[e][k][t] V[e][c][t]
 ##   has_scale, has_shift, has_residual, activation   the forward epilogue (conv_common)
 <%namespace name="common" file="conv_common.cl.mako"/>
 <%!
@@ -323,6 +328,70 @@ __kernel void winograd_output_transform(int N, int CH, int Ho, int Wo, int TH, i
 ${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "out[b]")}
             }
         }
+    }
+}
+
+// dy 4x4 tiles (zero outside Ho x Wo) -> G g G^T, into D[e][k][t].
+__kernel void winograd_grad_transform(int N, int CH, int Ho, int Wo, int TH, int TW,
+    __global const float *dy, int dy_off, int sN, int sC, int sH, int sW,
+    __global float *D, int D_off)
+{
+    const int T = N * TH * TW;
+    const int total = CH * T;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+        int k = i / T, t = i - k * T;
+        int n = t / (TH * TW), p = t - n * (TH * TW);
+        int th = p / TW, tw = p - th * TW;
+        __global const float *src = dy + dy_off + n * sN + k * sC;
+        float g[${tile_out}][${tile_out}];
+        for (int a = 0; a < ${tile_out}; ++a) {
+            int oh = th * ${tile_out} + a;
+            for (int b = 0; b < ${tile_out}; ++b) {
+                int ow = tw * ${tile_out} + b;
+                g[a][b] = (oh < Ho && ow < Wo) ? src[oh * sH + ow * sW] : 0.0f;
+            }
+        }
+        float q[${tile_in}][${tile_out}];   // G g
+% for a in range(tile_in):
+%   for b in range(tile_out):
+        q[${a}][${b}] = ${combination(matrix_g_grad[a], [f"g[{r}][{b}]" for r in range(tile_out)])};
+%   endfor
+% endfor
+        __global float *dst = D + D_off + i;
+% for a in range(tile_in):
+%   for b in range(tile_in):
+        dst[${a * tile_in + b} * total] = ${combination(matrix_g_grad[b], [f"q[{a}][{s}]" for s in range(tile_out)])};
+%   endfor
+% endfor
+    }
+}
+
+// M[e][k][c] -> A^T M A (3x3): dw[k, c] = alpha * that + beta * dw.
+__kernel void winograd_filter_output_transform(int K, int C,
+    __global const float *M, int M_off, __global float *dw, int dw_off,
+    int wsK, int wsC, int wsR, int wsS, float alpha, float beta)
+{
+    const int total = K * C;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+        int k = i / C, c = i - k * C;
+        float m[${tile_in}][${tile_in}];
+        for (int e = 0; e < ${e_count}; ++e)
+            m[e / ${tile_in}][e % ${tile_in}] = M[M_off + e * total + i];
+        float q[3][${tile_in}];   // A^T m
+% for a in range(3):
+%   for b in range(tile_in):
+        q[${a}][${b}] = ${combination(matrix_at_grad[a], [f"m[{r}][{b}]" for r in range(tile_in)])};
+%   endfor
+% endfor
+% for r in range(3):
+%   for s in range(3):
+        {
+            const int r = ${r}, s = ${s};
+            const float value = ${combination(matrix_at_grad[s], [f"q[{r}][{j}]" for j in range(tile_in)])};
+${common.store_scaled("dw", "dw_off", "k * wsK + c * wsC + r * wsR + s * wsS", "value")}
+        }
+%   endfor
+% endfor
     }
 }
 % endif

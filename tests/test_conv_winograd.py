@@ -1,6 +1,7 @@
 """Winograd F(4x4, 3x3) ("winograd_f4x4") against PyTorch CPU in float64, forced on its own:
-forward with the fused epilogue, backward data, ragged output sizes (tiles that overhang the
-output), every padding it takes, NHWC, offsets; its transform matrices checked exactly."""
+forward with the fused epilogue, backward data, backward filter (F(3x3, 4x4)), ragged output
+sizes (tiles that overhang the output), every padding it takes, NHWC, offsets; its transform
+matrices checked exactly."""
 from fractions import Fraction
 
 import numpy as np
@@ -27,13 +28,15 @@ def data_grad_ref(dy, w, x_shape, pad):
                                       torch.from_numpy(dy).double(), padding=pad).numpy()
 
 
-@pytest.mark.parametrize("points", [(0, 1, -1, 2, -2), winograd.F4X4_POINTS])
-def test_cook_toom_matrices_compute_correlation(points):
-    """y = A^T [(G g G^T) * (B^T d B)] A equals the 4x4 correlation exactly (Fractions)."""
-    at, g, bt = winograd.cook_toom(points, 4)
+@pytest.mark.parametrize("points,m,r", [((0, 1, -1, 2, -2), 4, 3), (winograd.F4X4_POINTS, 4, 3),
+                                        (winograd.F4X4_POINTS, 3, 4)])
+def test_cook_toom_matrices_compute_correlation(points, m, r):
+    """y = A^T [(G g G^T) * (B^T d B)] A equals the m x m correlation of a 6x6 tile with an
+    r x r filter exactly (Fractions)."""
+    at, g, bt = winograd.cook_toom(points, m, r)
     rng = np.random.default_rng(1)
     d = [[Fraction(int(v)) for v in row] for row in rng.integers(-9, 9, (6, 6))]
-    f = [[Fraction(int(v)) for v in row] for row in rng.integers(-9, 9, (3, 3))]
+    f = [[Fraction(int(v)) for v in row] for row in rng.integers(-9, 9, (r, r))]
 
     def mul(a, b):
         return [[sum(a[i][k] * b[k][j] for k in range(len(b))) for j in range(len(b[0]))]
@@ -44,8 +47,8 @@ def test_cook_toom_matrices_compute_correlation(points):
 
     u, v = mul(mul(g, f), t(g)), mul(mul(bt, d), t(bt))
     y = mul(mul(at, [[u[i][j] * v[i][j] for j in range(6)] for i in range(6)]), t(at))
-    want = [[sum(d[i + r][j + s] * f[r][s] for r in range(3) for s in range(3)) for j in range(4)]
-            for i in range(4)]
+    want = [[sum(d[i + a][j + b] * f[a][b] for a in range(r) for b in range(r))
+             for j in range(m)] for i in range(m)]
     assert y == want
     with pytest.raises(ValueError, match="distinct"):
         winograd.cook_toom((0, 1, 1, 2, -2), 4)
@@ -55,8 +58,8 @@ def test_f4x4_is_registered_and_applies(ctx):
     algo = selection.algorithm("winograd_f4x4")
     assert algo.output_tile == 4 and algo.elements == 36
     p = make_problem((2, 8, 9, 9), (5, 8, 3, 3), dp.ConvolutionDesc(1, 1))
-    assert algo.applies(ctx, p, "forward") and algo.applies(ctx, p, "backward_data")
-    assert not algo.applies(ctx, p, "backward_filter")
+    for direction in ("forward", "backward_data", "backward_filter"):
+        assert algo.applies(ctx, p, direction)
     for desc in (dp.ConvolutionDesc(1, 2), dp.ConvolutionDesc(1, 1, 2), dp.ConvolutionDesc(3, 1)):
         assert not algo.applies(ctx, make_problem((2, 8, 9, 9), (5, 8, 3, 3), desc), "forward")
     p5 = make_problem((2, 8, 9, 9), (5, 8, 5, 5), dp.ConvolutionDesc(1, 1))
@@ -85,6 +88,11 @@ def test_f4x4_forward_and_backward_data(ctx, rng, case):
     dx = poisoned(ctx, x.shape)
     conv.backward_data(DY, W, dx, algo="winograd_f4x4")
     assert_close(dx.numpy(), data_grad_ref(dy, w, x.shape, pad), tol=F4_TOL)
+    dw = poisoned(ctx, w.shape)
+    conv.backward_filter(DY, X, dw, algo="winograd_f4x4")
+    dw_ref = torch.nn.grad.conv2d_weight(torch.from_numpy(x).double(), w.shape,
+                                         torch.from_numpy(dy).double(), padding=pad).numpy()
+    assert_close(dw.numpy(), dw_ref, tol=F4_TOL)
 
 
 def test_f4x4_epilogue_nhwc_offsets(ctx, rng):

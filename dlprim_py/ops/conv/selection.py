@@ -72,8 +72,10 @@ def _rank(ctx, problem, direction, name):
         big = problem.cg >= 64 and problem.kg >= 64 and ctx.info.is_gpu
         return 1 if big else 50
     if name == "winograd_f4x4":
+        if direction == "backward_filter":
+            return 21   # F(3x3, 4x4): not measured yet, find decides
         # Measured on an H200 (ResNet-50 3x3 stride-1 layers, C = K = 64..512, batch 64):
-        # 1.02-2.5x cuDNN in both directions, ahead of F(2x2) on every layer.
+        # 0.92-2.5x cuDNN forward and backward data, ahead of F(2x2) on every layer.
         big = problem.cg >= 64 and problem.kg >= 64 and ctx.info.is_gpu
         return 0.9 if big else 55
     if name == "im2col_gemm":

@@ -3,9 +3,10 @@
 * ``winograd``: F(2x2, 3x3) for forward and backward data, F(3x3, 2x2) for backward filter
   (16 transform elements, 2.25x fewer multiplies than direct);
 * ``winograd_f4x4``: F(4x4, 3x3) for forward and backward data (36 transform elements, 4x fewer
-  multiplies, input and output transforms 2.25x smaller than F(2x2)'s per output). Its matrices
-  come from ``cook_toom`` with the points 0, 1, -1, 2, -1/2 and infinity, the best conditioned
-  of the sets drawn from 0, +-1, +-2, +-1/2 for float32 (relative error about 3x F(2x2)'s).
+  multiplies, input and output transforms 2.25x smaller than F(2x2)'s per output), F(3x3, 4x4)
+  for backward filter. Its matrices come from ``cook_toom`` with the points 0, 1, -1, 2, -1/2
+  and infinity, the best conditioned of the sets drawn from 0, +-1, +-2, +-1/2 for float32
+  (relative error about 3x F(2x2)'s).
 
 The transforms run in their own kernels and the per-element channel GEMMs run as one batched
 GEMM of the tuned GEMM engine (``dlprim_py.ops.gemm``); the epilogue is applied in the output
@@ -66,10 +67,10 @@ F4X4_POINTS = (0, 1, -1, 2, Fraction(-1, 2))
 
 
 @functools.lru_cache(maxsize=None)
-def transform_matrices(output_tile):
-    """(A^T, G, B^T) of F(output_tile, 3) as tuples of rows of floats (output_tile 4 only)."""
+def transform_matrices(m, r=3):
+    """(A^T, G, B^T) of F(m, r) on F4X4_POINTS as tuples of rows of floats."""
     return tuple(tuple(tuple(float(v) for v in row) for row in matrix)
-                 for matrix in cook_toom(F4X4_POINTS, output_tile))
+                 for matrix in cook_toom(F4X4_POINTS, m, r))
 
 
 def _shape(problem, direction):
@@ -93,8 +94,7 @@ class Winograd(Algorithm):
         self.elements = (output_tile + 2) ** 2
         self.name = name or ("winograd" if output_tile == 2 else f"winograd_f{output_tile}x"
                                                                  f"{output_tile}")
-        self.directions = (("forward", "backward_data", "backward_filter") if output_tile == 2
-                           else ("forward", "backward_data"))
+        self.directions = ("forward", "backward_data", "backward_filter")
         self.plans = OrderedDict()
 
     def applies(self, ctx, problem, direction):
@@ -107,12 +107,12 @@ class Winograd(Algorithm):
     def _sizes(self, problem, direction):
         """Tiles and the float counts of the three workspace parts and their sum."""
         p = problem
+        step, e = self.output_tile, self.elements
         if direction == "backward_filter":
-            tiles = p.n * math.ceil(p.ho / 2) * math.ceil(p.wo / 2)
-            v, d, m = 16 * p.c * tiles, 16 * p.k * tiles, 16 * p.k * p.c
+            tiles = p.n * math.ceil(p.ho / step) * math.ceil(p.wo / step)
+            v, d, m = e * p.c * tiles, e * p.k * tiles, e * p.k * p.c
             return tiles, v, d, m, v + d + m
         gm, gk, ho, wo = _shape(problem, direction)[:4]
-        step, e = self.output_tile, self.elements
         tiles = problem.n * math.ceil(ho / step) * math.ceil(wo / step)
         u, v, m = e * gm * gk, e * gk * tiles, e * gm * tiles
         return tiles, u, v, m, u + v + m
@@ -130,7 +130,7 @@ class Winograd(Algorithm):
                 k, c = problem.k, problem.c
                 plan = self.plans[key] = GemmPlan(
                     ctx, k, c, tiles, buf, base + u_size, tiles, buf, base, tiles,
-                    buf, base + u_size + v_size, c, trans_b=True, batch=16,
+                    buf, base + u_size + v_size, c, trans_b=True, batch=self.elements,
                     stride_a=k * tiles, stride_b=c * tiles, stride_c=k * c)
             else:
                 gm, gk = _shape(problem, direction)[:2]
@@ -152,10 +152,13 @@ class Winograd(Algorithm):
         params = (epilogue if direction == "forward" else NO_EPILOGUE).params()
         params["output_tile"] = self.output_tile
         if self.output_tile == 2:
-            params.update(matrix_bt=None, matrix_g=None, matrix_at=None)
+            params.update(matrix_bt=None, matrix_g=None, matrix_at=None, matrix_g_grad=None,
+                          matrix_at_grad=None)
         else:
             at, g, bt = transform_matrices(self.output_tile)
-            params.update(matrix_bt=bt, matrix_g=g, matrix_at=at)
+            at_grad, g_grad, _ = transform_matrices(3, self.output_tile)
+            params.update(matrix_bt=bt, matrix_g=g, matrix_at=at, matrix_g_grad=g_grad,
+                          matrix_at_grad=at_grad)
         return program.build(ctx, "conv_winograd", params)
 
     def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
@@ -195,7 +198,7 @@ class Winograd(Algorithm):
                 *_buf(dst), *(_I32(s) for s in out_strides), *ep.kernel_args(dst)])
 
     def _run_filter(self, ctx, p, built, dy, x, dw, ep, workspace, tiles, v_size, d_size):
-        th, tw = math.ceil(p.ho / 2), math.ceil(p.wo / 2)
+        th, tw = math.ceil(p.ho / self.output_tile), math.ceil(p.wo / self.output_tile)
         base = workspace.offset_elements
         buf = workspace.buffer
         gsize, lsize = launch_size(ctx, p.c * tiles)
