@@ -343,8 +343,9 @@ ${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "ac
     }
 }
 
-// dx rows [ih0, ih0 + band_h) (band_h a multiple of the stride, so that a row's parity is its
-// offset's) of `planes` consecutive (n, c) planes; K == C. Staged dy row 0 is output row
+// dx rows [ih0, ih0 + band_h) of `planes` consecutive (n, c) planes; K == C. ih0 is a multiple
+// of the stride (band_h is one, or one band covers the plane) so that the staged rows' count
+// is the host's (staged_shape in ops/conv/depthwise.py). Staged dy row 0 is output row
 // floor((ih0 + pad_h - KR + 1) / stride), column 0 output column floor((pad_w - KS + 1) / stride).
 __kernel __attribute__((reqd_work_group_size(${rgx}, ${rgy}, 1)))
 void conv_dw_backward_data_rows(${common.geometry_params()},

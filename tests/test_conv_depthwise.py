@@ -88,7 +88,7 @@ def test_rows_backward_data_forced_bands(ctx, rng, shape, mult, r, stride, pad, 
     assert_close(DX.numpy(), ref)
 
 
-@pytest.mark.parametrize("h, stride", [(7, 1), (14, 2)])
+@pytest.mark.parametrize("h, stride", [(7, 1), (13, 2)])   # 13: one odd-height band
 def test_rows_chosen_geometry_through_the_operator(ctx, rng, monkeypatch, h, stride):
     """The geometry chosen per problem (several whole planes per group for small planes), run
     through Convolution with DLPRIM_CONV_ALGO, forward and data gradient."""
@@ -102,6 +102,8 @@ def test_rows_chosen_geometry_through_the_operator(ctx, rng, monkeypatch, h, str
                           dp.ConvolutionDesc(1, stride, 1, c))
     bands = selection.algorithm("depthwise_rows").choose_bands(ctx, conv.problem, "forward")
     assert bands.band_h == conv.problem.ho
+    bands = selection.algorithm("depthwise_rows").choose_bands(ctx, conv.problem, "backward_data")
+    assert bands.band_h == h
     Y = poisoned(ctx, conv.output_desc.shape)
     conv.forward(dp.Tensor.from_numpy(ctx, x), dp.Tensor.from_numpy(ctx, w), Y)
     assert_close(Y.numpy(), y.detach().numpy())

@@ -265,7 +265,10 @@ class DepthwiseRows(Algorithm):
         return (bands.gx * bands.gy <= ctx.info.max_work_group_size and bands.gx <= sizes[0]
                 and bands.gy <= sizes[1]
                 and bands.planes * rows * cols * 4 <= ctx.info.local_mem_size // 2
-                and (direction == "forward" or bands.band_h % problem.stride_h == 0))
+                # Data-gradient bands start at multiples of the stride (a row's parity is then
+                # its offset's), unless one band covers the plane.
+                and (direction == "forward" or bands.band_h % problem.stride_h == 0
+                     or bands.band_h >= problem.h))
 
     def choose_bands(self, ctx, problem, direction):
         if self.bands is not None:
