@@ -6,6 +6,8 @@ pixel counts (7x7, 5x3: no vector access), a count the vector loads take (8x8), 
 (x sampled in place), batch 1 and 3, tensors at element offsets; outputs start as NaN. The
 fold itself is tested at the GEMM level (``Fold``) with its bad input.
 """
+import dataclasses
+
 import numpy as np
 import pyopencl as cl
 import pytest
@@ -144,13 +146,17 @@ def test_no_workspace_for_strided_forward(ctx, rng):
 
 @pytest.mark.parametrize("direction", ["forward", "backward_data"])
 def test_per_image_variant(ctx, rng, direction):
-    """The unfolded per-image batched GEMM, stride 1 and 2 (it does not do NCHW filter
-    gradients)."""
-    algo = Gemm1x1(per_image=True)
+    """"gemm_per_image", the unfolded per-image batched GEMM, stride 1 and 2 (it does not do
+    NCHW filter gradients, and NHWC is "gemm" itself): registered, ranked after "gemm"."""
+    algo = selection.algorithm("gemm_per_image")
+    assert algo.per_image and isinstance(algo, Gemm1x1)
     for case in (CASES[0], CASES[2]):
         conv, x, w, dy, (y_ref, dx_ref, _) = make(ctx, rng, case)
         p = conv.problem
+        names = conv.algorithms(direction)
+        assert names[0] == "gemm" and "gemm_per_image" in names
         assert not algo.applies(ctx, p, "backward_filter")
+        assert not algo.applies(ctx, dataclasses.replace(p, layout="NHWC"), direction)
         size = algo.workspace_size(ctx, p, direction)
         workspace = dp.Tensor.empty(ctx, (size // 4,)) if size else None
         T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731

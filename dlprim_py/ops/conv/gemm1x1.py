@@ -25,8 +25,10 @@ those pixels of x in place (a strided fold). NCHW backward data multiplies into 
 instead of multiplying the zeros as the implicit GEMM's backward data does; NHWC forward
 gathers the pixels into such a workspace first.
 
-``Gemm1x1(per_image=True)`` runs the NCHW directions as before folding (one GEMM per image,
-strided forward through the gather); it is kept for comparison and not registered.
+"gemm_per_image" (``Gemm1x1(per_image=True)``) runs NCHW forward and backward data as one GEMM
+per image (a strided batch; strided forward through the gather): on the H200 it was within a
+few percent of the folded GEMM on two layers out of 16 and slower on the others, so only find
+mode or DLPRIM_CONV_ALGO chooses it.
 """
 import dataclasses
 import math
@@ -48,6 +50,8 @@ class Gemm1x1(Algorithm):
 
     def __init__(self, per_image=False):
         self.per_image = per_image
+        if per_image:
+            self.name = "gemm_per_image"
         self.plans = OrderedDict()
         self.scratch = {}   # (context, y shape) -> Tensor for the raw GEMM result
 
@@ -55,6 +59,8 @@ class Gemm1x1(Algorithm):
         p = problem
         if not (p.r == p.s == 1 and p.pad_h == p.pad_w == 0 and p.groups == 1):
             return False
+        if self.per_image and (p.layout != "NCHW" or direction == "backward_filter"):
+            return False   # NHWC runs the same GEMMs as "gemm"
         if direction == "backward_filter":
             if p.layout == "NCHW":
                 return not self.per_image
