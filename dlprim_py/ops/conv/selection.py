@@ -20,7 +20,8 @@ from .gemm1x1 import Gemm1x1
 from .winograd import Winograd
 
 # Every algorithm by name; the order is the tie-break order of find mode.
-ALGORITHMS = {a.name: a for a in (Gemm1x1(), Gemm1x1(per_image=True), Winograd(), Winograd(output_tile=4),
+ALGORITHMS = {a.name: a for a in (Gemm1x1(), Gemm1x1(per_image=True),
+                                  Winograd(), Winograd(output_tile=4),
                                   DepthwiseTiled(), DepthwiseRows(),
                                   Depthwise(),
                                   ImplicitGemm(), *implicit_gemm_variants(), Im2colGemm(),
