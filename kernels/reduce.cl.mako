@@ -44,7 +44,11 @@
 ##   accumulators  list of (name, OpenCL C type, identity C expression); each is also an output
 ##   scalars       list of (name, OpenCL C type) passed by value
 ##   map_statement C code assigning every accumulator's name from the inputs, `ridx`, `oidx`
-##   combine       C code folding the values `<name>` into `acc_<name>` (for every accumulator)
+##   combine       C code folding the values `<name>` into `acc_<name>` (for every accumulator),
+##                 associative and commutative: merges accumulator sets and the tree
+##   fold          C code like combine, for folding one element into a set: a set sees its
+##                 elements in increasing `ridx`, so order-dependent rules (argmax's lowest
+##                 index on ties) can be cheaper here; combine when there is no such rule
 ##   finalize      C code run on `acc_<name>` before the final write, may use `reduce_size`
 ##                 (the size of the whole reduction), may be ""
 ##   apply_finalize  True for a launch whose results are final, False for partials
@@ -110,7 +114,7 @@ ${preamble}
                 ${ty} ${nm};
     % endfor
                 { ${map_statement} }
-                { ${combine} }
+                { ${fold} }
     % for nm, ty, ident in accumulators:
                 acc${j}_${nm} = acc_${nm};
     % endfor

@@ -22,12 +22,17 @@
 ##               0 or cached
 ##   vector      "row" forward only: 4 to load and store 4 consecutive elements of a row as one
 ##               vector (needs inner == 1, size a multiple of 4 and x_off, y_off multiples of
-##               4); item lid then holds elements (lid + j * group_size) * 4 + c; else 1
+##               4); else 1. With cached > 0, item i of a row holds its elements
+##               (i + j * row_items) * 4 + c; streaming, (lid + j * group_size) * 4 + c
+##   row_items   "row" forward with cached > 0 and vector 4: items per row, a power of two
+##               dividing group_size (group_size / row_items rows per group, so short rows
+##               fill the group); else group_size
 ##   index_t     "int" when every index fits in 31 bits, else "long"
 <%
     row = variant == "row"
 %>
 #define GROUP_SIZE ${group_size}
+#define ROW_ITEMS ${row_items}
 #define CACHED ${cached}
 #define CACHED_BACKWARD ${cached_backward}
 
@@ -83,23 +88,28 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
                      __global const float* restrict x, ${index_t} x_off,
                      __global float* restrict y, ${index_t} y_off)
 {
-% if row:
+% if row and cached and vector > 1:
+    // ROW_ITEMS items per row, GROUP_SIZE / ROW_ITEMS rows per group at once; each item holds
+    // CACHED / 4 vectors of its row (16-byte loads and stores, loads issued before use), one
+    // exp per element, one (max, sum) tree per row.
     __local float tree_m[GROUP_SIZE];
     __local float tree_s[GROUP_SIZE];
     const int lid = get_local_id(0);
-    for (${index_t} r = get_group_id(0); r < rows; r += get_num_groups(0)) {
-        const ${index_t} o = r / inner;
-        const ${index_t} base = o * size * inner + (r - o * inner);
-        __global const float *xr = x + x_off + base;
-        __global float *yr = y + y_off + base;
-    % if cached and vector > 1:
-        // As below, with CACHED / 4 vectors per item: 16-byte loads and stores.
+    const int row_lid = lid % ROW_ITEMS;
+    const int head = lid - row_lid;
+    for (${index_t} first = get_group_id(0) * (GROUP_SIZE / ROW_ITEMS); first < rows;
+         first += get_num_groups(0) * (GROUP_SIZE / ROW_ITEMS)) {
+        const ${index_t} r = first + lid / ROW_ITEMS;
+        // Rows past the end load nothing and store nothing, but meet every barrier.
+        const ${index_t} row_size = r < rows ? size : 0;
+        __global const float *xr = x + x_off + (r < rows ? r : 0) * size;
+        __global float *yr = y + y_off + (r < rows ? r : 0) * size;
         float4 v[CACHED / 4];
         float m = -INFINITY;
         #pragma unroll
         for (int j = 0; j < CACHED / 4; ++j) {
-            ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
-            v[j] = k < size ? *((__global const float4*)(xr + k)) : (float4)(-INFINITY);
+            ${index_t} k = (row_lid + (${index_t})j * ROW_ITEMS) * 4;
+            v[j] = k < row_size ? *((__global const float4*)(xr + k)) : (float4)(-INFINITY);
         }
         #pragma unroll
         for (int j = 0; j < CACHED / 4; ++j) {
@@ -122,26 +132,28 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         tree_m[lid] = m;
         tree_s[lid] = s;
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int width = GROUP_SIZE / 2; width > 0; width >>= 1) {
-            if (lid < width) {
+        for (int width = ROW_ITEMS / 2; width > 0; width >>= 1) {
+            if (row_lid < width) {
                 online_merge(&m, &s, tree_m[lid + width], tree_s[lid + width]);
                 tree_m[lid] = m;
                 tree_s[lid] = s;
             }
             barrier(CLK_LOCAL_MEM_FENCE);
         }
-        m = tree_m[0];
-        s = tree_s[0];
+        m = tree_m[head];
+        s = tree_s[head];
+        // The next rows overwrite the tree only after every item has read it.
         barrier(CLK_LOCAL_MEM_FENCE);
         % if log:
         const float shift = m + log(s);
         % else:
+        // An item that holds only padding (or -inf) has m_item = -inf: its e are 0, scale 0.
         const float scale = (m_item == -INFINITY ? 0.0f : exp(m_item - m)) / s;
         % endif
         #pragma unroll
         for (int j = 0; j < CACHED / 4; ++j) {
-            ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
-            if (k < size) {
+            ${index_t} k = (row_lid + (${index_t})j * ROW_ITEMS) * 4;
+            if (k < row_size) {
         % if log:
                 *((__global float4*)(yr + k)) = v[j] - shift;
         % else:
@@ -149,7 +161,17 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         % endif
             }
         }
-    % elif cached:
+    }
+% elif row:
+    __local float tree_m[GROUP_SIZE];
+    __local float tree_s[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    for (${index_t} r = get_group_id(0); r < rows; r += get_num_groups(0)) {
+        const ${index_t} o = r / inner;
+        const ${index_t} base = o * size * inner + (r - o * inner);
+        __global const float *xr = x + x_off + base;
+        __global float *yr = y + y_off + base;
+    % if cached:
         // All loads are issued before any is used; then one exp per element: the item's own
         // (max, sum) with exp(v - m_item) kept in place of v (softmax), one tree merging the
         // pairs, and y = e * exp(m_item - m) / s.

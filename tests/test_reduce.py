@@ -182,6 +182,20 @@ def test_argmax_nan_counts_as_largest(ctx):
     assert np.array_equal(out, torch.argmax(torch.tensor(a), 1).numpy())
 
 
+@pytest.mark.parametrize("variant", ["group", "item"])
+def test_argmax_argmin_rows_of_infinities(ctx, variant, monkeypatch):
+    """A row of -inf (argmax) or +inf (argmin) gives index 0, as in torch, through the
+    in-order fold, the sets' merge and the tree; a late NaN still wins."""
+    monkeypatch.setenv("DLPRIM_REDUCE_ALGO", variant)
+    a = np.full((3, 1000), -np.inf, np.float32)
+    a[1, 700] = 1.0
+    a[2, 999] = np.nan
+    for ours, theirs, b in ((F.argmax, torch.argmax, a), (F.argmin, torch.argmin, -a)):
+        out = ours(dp.Tensor.from_numpy(ctx, b), 1).numpy()
+        assert out.tolist() == [0, 700, 999]
+        assert np.array_equal(out, theirs(torch.tensor(b), 1).numpy())
+
+
 # ---- large reductions stay accurate ------------------------------------------------------
 
 def test_large_sum_and_norm_are_accurate(ctx):

@@ -70,10 +70,13 @@ class ReduceKernel:
     folds the values ``<name>`` into ``acc_<name>``, associative and commutative, with
     ``identity`` a dict name -> C expression. ``finalize``: C code run on ``acc_<name>`` once,
     with ``reduce_size`` (the number of elements reduced per output) and the scalars in scope.
+    ``fold``: C code like ``combine`` for folding one element into an accumulator set, which
+    sees its elements (and a partials pass its chunks) in increasing ``ridx``; defaults to
+    ``combine``.
     """
 
     def __init__(self, name, inputs, outputs, map_statement, combine="sum", identity=None,
-                 finalize="", scalars=(), preamble=""):
+                 finalize="", scalars=(), preamble="", fold=None):
         self.name = name
         self.inputs = [(n, as_dtype(t)) for n, t in inputs]
         self.outputs = [(n, as_dtype(t)) for n, t in outputs]
@@ -96,6 +99,7 @@ class ReduceKernel:
             if missing:
                 raise ShapeError(f"{name}: a custom combine needs an identity for {missing}")
         self.map_statement = map_statement
+        self.fold = fold or self.combine
         self.finalize = finalize
         self.preamble = preamble
         self._partials_kernel = None
@@ -112,8 +116,8 @@ class ReduceKernel:
             unroll=unroll, kept_ndim=kept_ndim, red_ndim=red_ndim, index_t=index_t,
             inputs=[(n, cl_name(t)) for n, t in self.inputs], accumulators=self._accumulators(),
             scalars=[(n, _scalar_cl_name(t)) for n, t in self.scalars],
-            map_statement=self.map_statement, combine=self.combine, finalize=self.finalize,
-            apply_finalize=apply_finalize, preamble=self.preamble)
+            map_statement=self.map_statement, combine=self.combine, fold=self.fold,
+            finalize=self.finalize, apply_finalize=apply_finalize, preamble=self.preamble)
         return program.build(ctx, "reduce", params)
 
     def partials_kernel(self):
@@ -123,7 +127,7 @@ class ReduceKernel:
             self._partials_kernel = ReduceKernel(
                 f"{self.name}_partials", inputs, self.outputs,
                 " ".join(f"{n} = partial_{n};" for n, _ in self.outputs),
-                self.combine, self.identity, self.finalize, self.scalars, self.preamble)
+                self.combine, self.identity, self.finalize, self.scalars, self.preamble, self.fold)
         return self._partials_kernel
 
     def __call__(self, inputs, outputs, scalars=(), axes=None, variant=None):
@@ -597,11 +601,19 @@ _ARG_COMBINE = """
 """
 
 
+# Folding elements in increasing index order, a later element wins only when strictly more
+# extreme, or as the first NaN, or as the first of all (a row of infinities).
+_ARG_FOLD = """
+    if (acc_i == LONG_MAX || ((v != v) ? (acc_v == acc_v) : (v {cmp} acc_v))) {{ acc_v = v; acc_i = i; }}
+"""
+
+
 def _arg_kernel(kind):
     cmp, ident = (">", "-INFINITY") if kind == "argmax" else ("<", "INFINITY")
     return _kernel(kind, lambda: ReduceKernel(
         f"reduce_{kind}", [("x", np.float32)], [("v", np.float32), ("i", np.int64)],
-        "v = x; i = ridx;", _ARG_COMBINE.format(cmp=cmp), {"v": ident, "i": "LONG_MAX"}))
+        "v = x; i = ridx;", _ARG_COMBINE.format(cmp=cmp), {"v": ident, "i": "LONG_MAX"},
+        fold=_ARG_FOLD.format(cmp=cmp)))
 
 
 def argmax(x, dim=None, keepdim=False):

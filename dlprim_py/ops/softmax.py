@@ -8,7 +8,8 @@ The input is seen as (outer, size, inner) around the softmax dimension. Variants
 * ``column``: a work item per row, coalesced across neighbouring rows when inner > 1.
 
 ``DLPRIM_SOFTMAX_ALGO`` or ``variant=`` forces one; ``cached=0`` forces streaming. The row
-forward loads and stores float4 when the rows are whole vectors and aligned (``VECTOR``).
+forward loads and stores float4 when the rows are whole vectors and aligned (``VECTOR``); then
+rows held in registers take about 16 elements per item, so short rows share a work-group.
 """
 import math
 
@@ -37,6 +38,7 @@ class SoftmaxPlan:
 
     def __init__(self, ctx, log, size, inner, total, variant=None, cached=None, aligned=True):
         variant = choose_variant(inner, variant)
+        cached_given = cached
         if variant not in VARIANTS:
             raise UnsupportedError(f"softmax variant must be one of {VARIANTS}, got {variant!r}")
         limit = ctx.info.max_work_group_size
@@ -53,6 +55,12 @@ class SoftmaxPlan:
         # 16-byte loads and stores along the row (forward): whole vectors per row, aligned.
         vector = VECTOR if (variant == "row" and inner == 1 and size % VECTOR == 0 and aligned
                             and VECTOR > 1) else 1
+        row_items = group_size
+        if vector > 1 and cached and cached_given is None:
+            # Short rows share a group: about 16 elements per item, at least 32 items per row.
+            row_items = min(group_size, max(32, 1 << max(0, math.ceil(size / 16) - 1).bit_length()))
+            need = math.ceil(size / row_items)
+            cached = next(c for c in _CACHE_STEPS if c >= need)
         if vector > 1 and 0 < cached < vector:
             cached = vector
         # The backward keeps two values per element: beyond 16 of each, registers would spill
@@ -60,9 +68,10 @@ class SoftmaxPlan:
         cached_backward = cached if cached <= 16 else 0
         self.variant, self.group_size, self.cached = variant, group_size, cached
         self.index_t = "int" if total + group_size * max(cached, 1) * max(inner, 1) < 2 ** 31 - 1 else "long"
-        self.vector = vector
+        self.vector, self.row_items = vector, row_items
         params = dict(variant=variant, log=bool(log), group_size=group_size, cached=cached,
-                      cached_backward=cached_backward, vector=vector, index_t=self.index_t)
+                      cached_backward=cached_backward, vector=vector, row_items=row_items,
+                      index_t=self.index_t)
         built = program.build(ctx, "softmax", params)
         # Own kernel objects: a call sets the buffers, and the sizes and offsets only when they
         # changed (setting a scalar argument costs tens of microseconds on some drivers).
@@ -85,7 +94,8 @@ class SoftmaxPlan:
         info = self.ctx.info
         cap = info.compute_units * (4 if info.is_cpu else 64)
         if self.variant == "row":
-            groups = min(rows, cap)
+            per_group = self.group_size // self.row_items if kernel is self.forward_kernel else 1
+            groups = min(math.ceil(rows / per_group), cap)
         else:
             groups = min(math.ceil(rows / self.group_size), cap)
         cl.enqueue_nd_range_kernel(self.ctx.queue, kernel, (groups * self.group_size,), (self.group_size,))
