@@ -99,8 +99,9 @@ def test_gpu_tile_rule():
 
 
 def test_immediate_choices_on_a_gpu():
-    """The measured preferences: F(4x4) first for wide 3x3 stride 1, im2col_gemm for wide
-    stride-2 forward and every data gradient it takes, direct_small for a 3x3 RGB stem."""
+    """The measured preferences: F(4x4) first for wide 3x3 stride 1 (backward filter from 128
+    channels, F(2x2) below), im2col_gemm for wide stride-2 forward and every data gradient it
+    takes, direct_small for a 3x3 RGB stem."""
     gpu = SimpleNamespace(info=SimpleNamespace(is_gpu=True, compute_units=132,
                                                max_work_group_size=1024,
                                                max_alloc_size=2 ** 36, local_mem_size=49152),
@@ -111,7 +112,9 @@ def test_immediate_choices_on_a_gpu():
     conv1 = make_problem((64, 3, 224, 224), (64, 3, 7, 7), dp.ConvolutionDesc(3, 2))
     assert selection.immediate(gpu, s1, "forward") == "winograd_f4x4"
     assert selection.immediate(gpu, s1, "backward_data") == "winograd_f4x4"
-    assert selection.immediate(gpu, s1, "backward_filter") != "winograd_f4x4"
+    assert selection.immediate(gpu, s1, "backward_filter") == "winograd_f4x4"
+    l1 = make_problem((64, 64, 56, 56), (64, 64, 3, 3), dp.ConvolutionDesc(1, 1))
+    assert selection.immediate(gpu, l1, "backward_filter") == "winograd"
     assert selection.immediate(gpu, s2, "forward") == "im2col_gemm"
     assert selection.immediate(gpu, s2, "backward_data") == "im2col_gemm"
     assert selection.immediate(gpu, conv1, "forward") == "im2col_gemm"
