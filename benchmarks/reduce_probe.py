@@ -148,11 +148,11 @@ def main(argv=None):
     x = dp.Tensor.from_numpy(ctx, a)
     tx, dx = baseline.tensor(a), baseline.tensor(a, torch.float64)
     reduce_variants = [
-        ("auto (vec4)", {}),
+        ("auto (vec4 x4)", {}),
         ("scalar", {"VECTOR": 1}),
-        ("vec4 unroll4", {"UNROLL": 4}),
+        ("vec4 x8", {"VECTOR_UNROLL": 8}),
+        ("vec4 x2", {"VECTOR_UNROLL": 2}),
         ("vec4 seg256", {"SEGMENT": 256}),
-        ("scalar seg256 (old)", {"VECTOR": 1, "SEGMENT": 256}),
     ]
     cases = [
         ("sum all", lambda: F.sum(x), lambda t: torch.sum(t), 4 * n),
@@ -160,7 +160,8 @@ def main(argv=None):
         ("amax rows 4096", lambda: F.amax(x, -1), lambda t: torch.amax(t, -1), 4 * n),
     ]
     for case, ours, theirs, nbytes in cases:
-        for variant, switches in reduce_variants:
+        extra = [("groups/CU 8", {"GROUPS_PER_CU": 8}), ("groups/CU 32", {"GROUPS_PER_CU": 32})]
+        for variant, switches in reduce_variants + (extra if case == "sum all" else []):
             measure(ctx, baseline, rows, case, variant, nbytes, ours,
                     lambda o=ours, t=theirs: error_metric(o().numpy(), t(dx).cpu().numpy()),
                     (lambda t=theirs: t(tx)) if variant.startswith("auto") else None, switches)
@@ -170,9 +171,8 @@ def main(argv=None):
     for variant, switches in reduce_variants[:2]:
         measure(ctx, baseline, rows, "argmax rows 4096", variant, 4 * n, lambda: F.argmax(x, -1),
                 argmax_check, (lambda: torch.argmax(tx, -1)) if variant.startswith("auto") else None, switches)
-    for variant, switches in [("auto (item)", {}), ("item waves 2", {"ITEM_WAVES": 2}),
-                              ("item waves 4", {"ITEM_WAVES": 4}), ("item unroll 16", {"UNROLL": 16}),
-                              ("item waves 4 unroll 4", {"ITEM_WAVES": 4, "UNROLL": 4})]:
+    for variant, switches in [("auto (item)", {}), ("item waves 0.5", {"ITEM_WAVES": 0.5}),
+                              ("item waves 2", {"ITEM_WAVES": 2}), ("item unroll 4", {"UNROLL": 4})]:
         measure(ctx, baseline, rows, "sum columns dim=0", variant, 4 * n, lambda: F.sum(x, 0),
                 lambda: error_metric(F.sum(x, 0).numpy(), torch.sum(dx, 0).cpu().numpy()),
                 (lambda: torch.sum(tx, 0)) if variant.startswith("auto") else None, switches)
@@ -203,6 +203,8 @@ def main(argv=None):
             name = f"{'log_' if log else ''}softmax {shape[0]}x{shape[1]}"
             variants = [("auto", {}, None), ("streaming vec4", {}, 0), ("registers scalar (old)", {"softmax_VECTOR": 1}, None),
                         ("streaming scalar", {"softmax_VECTOR": 1}, 0)]
+            if shape[1] == 1000:
+                variants.append(("one row per group", {}, 4))
             if log:
                 variants = variants[:2]
             for variant, switches, cached in variants:

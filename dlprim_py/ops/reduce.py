@@ -43,6 +43,10 @@ UNROLL = 8
 SET_CHUNK = 64
 # Widest vector load of the group variant (elements); 1 disables vector loads.
 VECTOR = 4
+# Accumulator sets per item with vector loads (at most UNROLL): four 16-byte loads in flight.
+VECTOR_UNROLL = 4
+# Work-groups per compute unit that a few long reductions are cut into (group variant).
+GROUPS_PER_CU = 16
 # Items per unit of the group variant; None picks by the reduction's length.
 SEGMENT = None
 # Waves of resident items the item variant aims at before cutting reductions into chunks.
@@ -149,7 +153,7 @@ class ReduceKernel:
             key = (tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
                    tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars),
                    axes if axes is None or isinstance(axes, int) else tuple(axes), variant,
-                   UNROLL, SET_CHUNK, VECTOR, SEGMENT, ITEM_WAVES)
+                   UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU)
             launch = launches[key]
             if not all(t.ctx is ctx for t in outputs) or not all(t.ctx is ctx for t in inputs):
                 raise KeyError(key)
@@ -178,7 +182,7 @@ class ReduceKernel:
         axes_key = axes if axes is None or isinstance(axes, int) else tuple(axes)
         key = (tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
                tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars), axes_key,
-               variant, UNROLL, SET_CHUNK, VECTOR, SEGMENT, ITEM_WAVES)
+               variant, UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU)
         launches = self._launches.get(ctx)
         if launches is None or len(launches) > _MAX_LAUNCHES:
             # Bounded: a loop over ever new offsets must not grow it without end.
@@ -328,7 +332,7 @@ def _plan(ctx, full, reduced, operand_strides, variant, itemsizes=None):
     """The ``_Plan`` of a problem, or None when the output is empty. Memoized per context."""
     variant = variant or config.forced_algorithm("reduce")
     key = ("reduce_plan", tuple(full), tuple(reduced), tuple(tuple(s) for s in operand_strides), variant,
-           UNROLL, SET_CHUNK, VECTOR, SEGMENT, ITEM_WAVES)
+           UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU)
     plans = ctx.memo
     if key not in plans:
         plans[key] = _make_plan(ctx, full, reduced, operand_strides, variant)
@@ -351,7 +355,7 @@ def _make_plan(ctx, full, reduced, operand_strides, variant):
     if variant not in VARIANTS:
         raise UnsupportedError(f"reduce variant must be one of {VARIANTS}, got {variant!r}")
     group_size = min(GROUP_SIZE, _pow2_floor(ctx.info.max_work_group_size))
-    parallel_target = ctx.info.compute_units * (4 if ctx.info.is_cpu else 16)
+    parallel_target = ctx.info.compute_units * (4 if ctx.info.is_cpu else GROUPS_PER_CU)
     unroll = UNROLL
     vector = 1
     if variant == "group":
@@ -361,6 +365,7 @@ def _make_plan(ctx, full, reduced, operand_strides, variant):
                 and all(st[0] == 1 for st in red_strides)
                 and all(s % VECTOR == 0 for st in kept_strides for s in st)):
             vector = VECTOR
+            unroll = min(UNROLL, VECTOR_UNROLL)
         # A forced segment bounds the items per unit, and so the chunk (SET_CHUNK per set).
         per_chunk = min(SEGMENT or group_size, group_size) * SET_CHUNK * unroll
         chunks = math.ceil(red_total / per_chunk)
@@ -376,7 +381,7 @@ def _make_plan(ctx, full, reduced, operand_strides, variant):
         # About ITEM_WAVES waves of resident items (2048 per GPU compute unit): with UNROLL loads
         # each in flight that saturates memory, and the partials pass after it stays short (it
         # walks `chunks` rows per item).
-        items_target = ctx.info.compute_units * (4 * group_size if ctx.info.is_cpu else 2048 * ITEM_WAVES)
+        items_target = int(ctx.info.compute_units * (4 * group_size if ctx.info.is_cpu else 2048 * ITEM_WAVES))
         if kept_total * chunks < items_target and red_total >= 4 * item_chunk:
             chunks = max(chunks, min(math.ceil(items_target / kept_total),
                                      math.ceil(red_total / 16)))
