@@ -364,6 +364,7 @@ def main(argv=None):
     parser.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated of {','.join(SUITES)}")
     parser.add_argument("--device", default=None, help="OpenCL device (P:D or a piece of its name)")
     parser.add_argument("--output", default=None, help="write the rows and the machine facts as JSON")
+    parser.add_argument("--commit", default=None, help="the commit measured, for a copy without git history")
     args = parser.parse_args(argv)
     suites = [s for s in args.suites.split(",") if s]
     unknown = [s for s in suites if s not in SUITES]
@@ -382,6 +383,8 @@ def main(argv=None):
         facts = {"device": ctx.info.name, "platform": ctx.info.platform_name,
                  "driver": ctx.info.driver_version, "host": platform.node(), "quick": args.quick,
                  "baseline": baseline.describe(), "rows": rows}
+        if args.commit:
+            facts["commit"] = args.commit
         with open(args.output, "w") as f:
             json.dump(facts, f, indent=1, default=float)
     failed = [r["op"] for r in rows if not r.get("ok")]
