@@ -94,11 +94,11 @@ def pointwise(ctx, baseline, quick, table):
         for label, algorithm, vector, unroll, gpu in POINTWISE_VARIANTS:
             k = PointwiseKernel(f"probe_{op.replace(' ', '_')}", inputs, [("y", f32)], statement,
                                 scalars=scalars)
-            k.VECTOR, k.GROUPS_PER_UNIT = vector, gpu
+            k.VECTOR = vector
             if algorithm == "scalar":
-                k.UNROLL = unroll
+                k.UNROLL, k.GROUPS_PER_UNIT = unroll, gpu
             else:
-                k.VECTOR_UNROLL = unroll
+                k.VECTOR_UNROLL, k.VECTOR_GROUPS_PER_UNIT = unroll, gpu
 
             def run(k=k, algorithm=algorithm):
                 k(args, [out], values, algorithm=algorithm)
@@ -156,17 +156,25 @@ class KernelLog:
 
     def __enter__(self):
         self.original = cl.Kernel.__call__
+        self.original_enqueue = cl.enqueue_nd_range_kernel
         log = self
 
         def call(kernel, *args, **kwargs):
             event = log.original(kernel, *args, **kwargs)
             log.events.append((kernel.function_name, args[1], args[2], event))
             return event
+
+        def enqueue(queue, kernel, gsize, lsize, *args, **kwargs):
+            event = log.original_enqueue(queue, kernel, gsize, lsize, *args, **kwargs)
+            log.events.append((kernel.function_name, gsize, lsize, event))
+            return event
         cl.Kernel.__call__ = call
+        cl.enqueue_nd_range_kernel = enqueue
         return self
 
     def __exit__(self, *exc):
         cl.Kernel.__call__ = self.original
+        cl.enqueue_nd_range_kernel = self.original_enqueue
 
     def summary(self):
         rows = []
@@ -233,7 +241,69 @@ def operator_row(ctx, baseline, quick, rng, name, shapes, ours, theirs):
               "kernels": log.summary()}
 
 
-PARTS = {"pointwise": pointwise, "dropout": dropout, "ops": operators}
+def host(ctx, baseline, quick, table):
+    """Where a call's host time goes: seconds per call of the host loop alone (small tensors,
+    so the device keeps up), from a functional call down to a bare enqueue of preset arguments;
+    and ten 2^26-element relu calls per span with and without a flush after each call."""
+    import time
+    import pyopencl as cl
+    rng = np.random.default_rng(14)
+    small = dp.Tensor.from_numpy(ctx, ops_bench._data(rng, (64, 768)))
+    w, b = (dp.Tensor.from_numpy(ctx, ops_bench._data(rng, (768,))) for _ in range(2))
+    feat = dp.Tensor.from_numpy(ctx, ops_bench._data(rng, (2, 32, 8, 8)))
+    c = [dp.Tensor.from_numpy(ctx, ops_bench._data(rng, (32,), 0.5, 1.5)) for _ in range(4)]
+    out = dp.Tensor.empty(ctx, small.shape)
+    relu_kernel = activation_ops.forward_kernel(from_torch_name("relu"), False)
+    relu_kernel([small], [out], [1.0, 0.0])
+    (bound, gsize, lsize, head, operand_args, tail), = [
+        p for p in relu_kernel._built[ctx].values() if isinstance(p, tuple)][:1]
+    raw = bound.kernel
+    raw_args = head + [small.buffer] + operand_args[0] + [out.buffer] + operand_args[1] + \
+        [np.float32(1.0), np.float32(0.0)] + tail
+    raw.set_args(*raw_args)
+    calls = {
+        "F.relu": lambda: F.relu(small),
+        "PointwiseKernel call": lambda: relu_kernel([small], [out], [1.0, 0.0]),
+        "BoundKernel, no change": lambda: bound(ctx.queue, gsize, lsize, *raw_args),
+        "pyopencl kernel(...)": lambda: raw(ctx.queue, gsize, lsize, *raw_args),
+        "enqueue_nd_range_kernel": lambda: cl.enqueue_nd_range_kernel(ctx.queue, raw, gsize, lsize),
+        "Tensor.empty": lambda: dp.Tensor.empty(ctx, small.shape),
+        "F.add": lambda: F.add(small, small),
+        "F.layer_norm": lambda: F.layer_norm(small, (768,), w, b),
+        "F.max_pool2d": lambda: F.max_pool2d(feat, 3, 2, 1),
+        "F.avg_pool2d global": lambda: F.avg_pool2d(feat, 8),
+        "F.batch_norm inference": lambda: F.batch_norm(feat, *c, training=False),
+        "F.batch_norm training": lambda: F.batch_norm(feat, *c, training=True),
+        "F.dropout": lambda: F.dropout(small, 0.5, seed=1),
+    }
+    with dp.no_grad():
+        for name, call in calls.items():
+            best = math.inf
+            for _ in range(5):
+                ctx.queue.finish()
+                t0 = time.perf_counter()
+                for _ in range(50):
+                    call()
+                best = min(best, (time.perf_counter() - t0) / 50)
+            ctx.queue.finish()
+            table.append({"part": "host", "op": name, "variant": "host per call", "ok": True,
+                          "ours_ms": best * 1e3, "torch_ms": math.nan, "ours_GBps": 0.0,
+                          "torch_GBps": 0.0, "speedup": math.nan})
+    n = ops_bench._n(quick)
+    big = dp.Tensor.from_numpy(ctx, ops_bench._data(rng, (n,)))
+    for flush in (False, True):
+        def run(flush=flush):
+            F.relu(big)
+            if flush:
+                ctx.queue.flush()
+        ours_s = spans(ctx, run, ops_bench.REPEAT_IN_SPAN, quick)
+        table.append({"part": "host", "op": "F.relu 2^26" + (" + flush" if flush else ""),
+                      "variant": "10 per span", "ok": True, "ours_ms": ours_s * 1e3,
+                      "torch_ms": math.nan, "ours_GBps": 8 * n / ours_s / 1e9, "torch_GBps": 0.0,
+                      "speedup": math.nan})
+
+
+PARTS = {"pointwise": pointwise, "dropout": dropout, "ops": operators, "host": host}
 
 
 def main(argv=None):

@@ -18,6 +18,13 @@ from .errors import DeviceError, DTypeError, ShapeError
 
 def normalise_shape(shape):
     """A tuple of non-negative ints from an int or a sequence of ints."""
+    if type(shape) is tuple:
+        # The common case, on every tensor an operator creates: already a tuple of ints.
+        for s in shape:
+            if type(s) is not int or s < 0:
+                break
+        else:
+            return shape
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     try:

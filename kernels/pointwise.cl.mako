@@ -23,8 +23,8 @@
 ##   name           kernel name
 ##   ndim           number of dimensions of the index space (>= 1)
 ##   unroll         groups per work item and loop step (>= 1)
-##   vector         elements per group (1, 2, 4, 8 or 16); 1 is the scalar variant
-##   vector_inputs  with vector > 1: one bool per input, True where the input is contiguous along
+##   vector         elements per group (1, 2, 4, 8 or 16); 1 (the default) is the scalar variant
+##   vector_inputs  with vector > 1 (else optional): one bool per input, True where the input is contiguous along
 ##                  the innermost dimension (read VECTOR-wide), False where it has stride 0 there
 ##   inputs         list of (name, OpenCL C type) read before the statement
 ##   outputs        list of (name, OpenCL C type) the statement assigns
@@ -37,6 +37,9 @@
 ## Operand names must not collide with the kernel's own: i, total, tail, tail_index, step, base,
 ## rest, coord, size<k>, group_at<u>, or <operand>_buf/_off/_stride<k>/_index/_vec/<u>.
 <%
+    # Optional, so that callers written for the scalar kernel render it unchanged.
+    vector = context.get("vector", 1)
+    vector_inputs = context.get("vector_inputs", [])
     dims = range(ndim)
     lanes = range(unroll)
     wide = dict(zip([nm for nm, ty in inputs], vector_inputs)) if vector > 1 else {}

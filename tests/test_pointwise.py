@@ -89,6 +89,44 @@ def test_generator_misaligned_views_and_accumulate(ctx, rng, algorithm):
         assert_close(out.numpy(), expected)
 
 
+def test_repeated_calls_rebind_only_what_changed(ctx, rng):
+    """Plans keep their kernel's arguments between calls: calls on other shapes, buffers and
+    scalar values in between (also one that differs from the last only in the sign of zero)
+    must each see their own arguments."""
+    kernel = PointwiseKernel("scaled_copy", [("x", np.float32)], [("y", np.float32)], "y = s * x;",
+                             scalars=[("s", np.float32)])
+    a, b, c = random(rng, (8, 4)), random(rng, (8, 4)), random(rng, (3, 5))
+    ta, tb, tc = (dp.Tensor.from_numpy(ctx, v) for v in (a, b, c))
+    for source, host, scale in ((ta, a, 2.0), (tc, c, 3.0), (tb, b, 2.0), (ta, a, -1.5),
+                                (tc, c, 0.0), (tc, c, -0.0), (ta, a, 2.0)):
+        out = poisoned(ctx, host.shape)
+        kernel([source], [out], [scale])
+        got = out.numpy()
+        assert_close(got, scale * host.astype(np.float64))
+        assert np.array_equal(np.signbit(got), np.signbit(np.float32(scale) * host))
+
+
+def test_bound_kernel_is_not_disturbed_by_the_shared_one(ctx, rng):
+    from dlprim_py import program
+    from dlprim_py.ops.pointwise import bind
+    params = dict(name="bound_probe", ndim=1, unroll=1, vector=1, vector_inputs=[], index_t="int",
+                  statement="y = x + 1.0f;", preamble="", inputs=[("x", "float")],
+                  outputs=[("y", "float")], scalars=[])
+    shared = program.kernel(ctx, "pointwise", "bound_probe", params)
+    assert bind(shared) is bind(shared)
+    x = dp.Tensor.from_numpy(ctx, random(rng, 5))
+    other = dp.Tensor.from_numpy(ctx, random(rng, 7))
+    y, z = poisoned(ctx, (5,)), poisoned(ctx, (7,))
+    args = (np.int32(5), np.int32(5), x.buffer, np.int32(0), np.int32(1), y.buffer, np.int32(0))
+    bind(shared)(ctx.queue, (64,), (64,), *args)
+    shared(ctx.queue, (64,), (64,), np.int32(7), np.int32(7), other.buffer, np.int32(0), np.int32(1),
+           z.buffer, np.int32(0))
+    y.fill_(np.nan)
+    bind(shared)(ctx.queue, (64,), (64,), *args)
+    assert_close(y.numpy(), x.numpy().astype(np.float64) + 1)
+    assert_close(z.numpy(), other.numpy().astype(np.float64) + 1)
+
+
 def test_generator_rejects_unknown_algorithm(ctx, rng):
     x = dp.Tensor.from_numpy(ctx, random(rng, (4,)))
     with pytest.raises(dp.UnsupportedError, match="scalar, vector"):

@@ -138,6 +138,8 @@ def apply(desc, x, inplace=False, name=None):
     forward_kernel(desc, False)([x], [y], [1.0, 0.0])
     if inplace:
         return x.copy_(y)
+    if not autograd.needs_grad(x):
+        return y
     source = x.detach()
 
     def backward(g):
@@ -149,40 +151,55 @@ def apply(desc, x, inplace=False, name=None):
     return autograd.record(y, (x,), backward, name)
 
 
+_descs = {}
+
+
+def _torch_desc(name, **kwargs):
+    """from_torch_name, memoized: a descriptor is immutable, and building one costs more host
+    time than launching a small kernel."""
+    key = (name, tuple(sorted(kwargs.items())))
+    desc = _descs.get(key)
+    if desc is None:
+        if len(_descs) > 256:
+            _descs.clear()
+        desc = _descs[key] = from_torch_name(name, **kwargs)
+    return desc
+
+
 def relu(x, inplace=False):
-    return apply(from_torch_name("relu"), x, inplace, "relu")
+    return apply(_torch_desc("relu"), x, inplace, "relu")
 
 
 def relu6(x, inplace=False):
-    return apply(from_torch_name("relu6"), x, inplace, "relu6")
+    return apply(_torch_desc("relu6"), x, inplace, "relu6")
 
 
 def leaky_relu(x, negative_slope=0.01, inplace=False):
-    return apply(from_torch_name("leaky_relu", negative_slope=negative_slope), x, inplace, "leaky_relu")
+    return apply(_torch_desc("leaky_relu", negative_slope=negative_slope), x, inplace, "leaky_relu")
 
 
 def elu(x, alpha=1.0, inplace=False):
-    return apply(from_torch_name("elu", alpha=alpha), x, inplace, "elu")
+    return apply(_torch_desc("elu", alpha=alpha), x, inplace, "elu")
 
 
 def hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
     if min_val > max_val:
         raise ShapeError(f"hardtanh: min_val ({min_val}) must not exceed max_val ({max_val})")
-    return apply(from_torch_name("hardtanh", min_val=min_val, max_val=max_val), x, inplace, "hardtanh")
+    return apply(_torch_desc("hardtanh", min_val=min_val, max_val=max_val), x, inplace, "hardtanh")
 
 
 def sigmoid(x):
-    return apply(from_torch_name("sigmoid"), x, False, "sigmoid")
+    return apply(_torch_desc("sigmoid"), x, False, "sigmoid")
 
 
 def tanh(x):
-    return apply(from_torch_name("tanh"), x, False, "tanh")
+    return apply(_torch_desc("tanh"), x, False, "tanh")
 
 
 def softplus(x, beta=1.0, threshold=20.0):
     """torch's softplus: log(1 + exp(beta x)) / beta, and x where beta x > threshold."""
     if beta == 1.0 and threshold == 20.0:
-        return apply(from_torch_name("softplus"), x, False, "softplus")
+        return apply(_torch_desc("softplus"), x, False, "softplus")
     _check(x, "softplus: input")
     if beta == 0:
         raise ShapeError("softplus: beta must be non-zero")
@@ -209,23 +226,23 @@ def softplus(x, beta=1.0, threshold=20.0):
 def gelu(x, approximate="none"):
     if approximate not in ("none", "tanh"):
         raise UnsupportedError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return apply(from_torch_name("gelu", approximate=approximate), x, False, "gelu")
+    return apply(_torch_desc("gelu", approximate=approximate), x, False, "gelu")
 
 
 def silu(x, inplace=False):
-    return apply(from_torch_name("silu"), x, inplace, "silu")
+    return apply(_torch_desc("silu"), x, inplace, "silu")
 
 
 def hardswish(x, inplace=False):
-    return apply(from_torch_name("hardswish"), x, inplace, "hardswish")
+    return apply(_torch_desc("hardswish"), x, inplace, "hardswish")
 
 
 def hardsigmoid(x, inplace=False):
-    return apply(from_torch_name("hardsigmoid"), x, inplace, "hardsigmoid")
+    return apply(_torch_desc("hardsigmoid"), x, inplace, "hardsigmoid")
 
 
 def abs(x):  # noqa: A001 - torch's name
-    return apply(from_torch_name("abs"), x, False, "abs")
+    return apply(_torch_desc("abs"), x, False, "abs")
 
 
 def activation(x, desc, inplace=False):

@@ -18,7 +18,7 @@ import numpy as np
 from .. import autograd, config, program
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .pointwise import launch_size
+from .pointwise import bind, launch_size
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
@@ -107,8 +107,8 @@ def _apply(ctx, x, y, p, seed, stream, algorithm=None, unroll=None):
     index_t = "int" if largest < 2 ** 31 - 1 else "long"
     index = np.int32 if index_t == "int" else np.int64
     vector = 4 if choose_algorithm(x, y, algorithm) == "vector" else 1
-    kernel = program.kernel(ctx, "dropout", "dropout_apply",
-                            dict(index_t=index_t, vector=vector, unroll=unroll))
+    kernel = bind(program.kernel(ctx, "dropout", "dropout_apply",
+                                 dict(index_t=index_t, vector=vector, unroll=unroll)))
     scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
     kernel(ctx.queue, gsize, lsize, index(total), x.buffer, index(x.offset_elements),
            y.buffer, index(y.offset_elements), np.uint32(seed & _MASK32), np.uint32(seed >> 32),

@@ -28,7 +28,7 @@ from ..context import check_same_context
 from ..dtypes import float32
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .pointwise import PointwiseKernel
+from .pointwise import PointwiseKernel, bind
 
 BN_MODES = ("spatial", "per_activation")
 _INT32_LIMIT = 2 ** 31 - 1
@@ -157,7 +157,7 @@ def channel_partial_sums(ctx, mode, N, C, S, x, dy=None, mean=None, row_mean=Non
     if algorithm == "columns":
         chunks, per_chunk = _chunks(ctx, C, N, chunks, algorithm)
         partials = Tensor.empty(ctx, (chunks, C, 2), float32)
-        kernel = _program(ctx, "sums", mode).kernel("channel_column_sums")
+        kernel = bind(_program(ctx, "sums", mode).kernel("channel_column_sums"))
         local = min(64, ctx.info.max_work_group_size)
         kernel(ctx.queue, (-(-C // local) * local, chunks), (local, 1), i32(N), i32(C),
                i32(per_chunk), x.buffer, np.int64(x.offset_elements), *extra, partials.buffer)
@@ -165,7 +165,7 @@ def channel_partial_sums(ctx, mode, N, C, S, x, dy=None, mean=None, row_mean=Non
     vector = vector_width(S, x, dy, algorithm=algorithm)
     chunks, per_chunk = _chunks(ctx, C, N * (S // vector), chunks, algorithm)
     partials = Tensor.empty(ctx, (chunks, C, 2), float32)
-    kernel = _program(ctx, "sums", mode, vector=vector).kernel("channel_partial_sums")
+    kernel = bind(_program(ctx, "sums", mode, vector=vector).kernel("channel_partial_sums"))
     group = _group_size(ctx)
     kernel(ctx.queue, (group * chunks, C), (group, 1), i32(N), i32(C), i32(S // vector),
            i32(per_chunk), x.buffer, np.int64(x.offset_elements), *extra, partials.buffer)
@@ -200,7 +200,7 @@ def _apply(ctx, N, C, S, coef, u, v, out, activation=None):
     vector = vector_width(S, u, v, out, algorithm=config.forced_algorithm("norm"))
     positions = S // vector
     local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
-    kernel = _program(ctx, "apply", activation=activation, vector=vector).kernel("channel_apply")
+    kernel = bind(_program(ctx, "apply", activation=activation, vector=vector).kernel("channel_apply"))
     gsize = (-(-positions // local0) * local0, -(-rows // local1) * local1)
     kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
            coef.buffer, u.buffer, np.int64(u.offset_elements), *_buf(v), out.buffer,
@@ -263,7 +263,7 @@ def batch_norm_forward_training(x, y, weight=None, bias=None, running_mean=None,
     ctx = x.ctx
     partials, chunks = channel_partial_sums(ctx, "stats", N, C, S, x, chunks=chunks)
     coef = Tensor.empty(ctx, (C, 5), float32)
-    kernel = _program(ctx).kernel("channel_finalize_stats")
+    kernel = bind(_program(ctx).kernel("channel_finalize_stats"))
     _per_channel_launch(ctx, kernel, C, np.int32(N), np.int32(C), np.int32(S), np.int32(chunks),
                         np.float32(eps), np.float32(momentum), x.buffer, np.int64(x.offset_elements),
                         partials.buffer, *_buf(weight), *_buf(bias), *_buf(running_mean),
@@ -282,7 +282,7 @@ def batch_norm_forward_inference(x, y, weight=None, bias=None, running_mean=None
     _log_bnorm(x, mode, 2, activation=activation)
     ctx = x.ctx
     coef = Tensor.empty(ctx, (C, 5), float32)
-    kernel = _program(ctx).kernel("channel_coef_inference")
+    kernel = bind(_program(ctx).kernel("channel_coef_inference"))
     _per_channel_launch(ctx, kernel, C, np.int32(C), np.float32(eps), *_buf(running_mean),
                         *_buf(running_var), *_buf(weight), *_buf(bias), coef.buffer)
     _apply(ctx, N, C, S, coef, x, None, y, activation)
@@ -310,7 +310,7 @@ def batch_norm_backward(x, dy, dx, weight=None, mean=None, invstd=None, dweight=
     ctx = x.ctx
     partials, chunks = channel_partial_sums(ctx, "grad", N, C, S, x, dy=dy, mean=mean, chunks=chunks)
     coef = Tensor.empty(ctx, (C, 5), float32)
-    kernel = _program(ctx).kernel("channel_finalize_grad")
+    kernel = bind(_program(ctx).kernel("channel_finalize_grad"))
     _per_channel_launch(ctx, kernel, C, np.int32(N), np.int32(C), np.int32(S), np.int32(chunks),
                         np.int32(bool(training)), partials.buffer, *_buf(mean), *_buf(invstd),
                         *_buf(weight), *_buf(dweight), *_buf(dbias), coef.buffer)
@@ -389,13 +389,13 @@ def _split_forward(x, rows, D, G, weight, bias, eps, y, save_mean, save_rstd):
     partials, chunks = channel_partial_sums(ctx, "stats", 1, rows, D, x)
     prog = _program(ctx)
     row_coef = Tensor.empty(ctx, (rows, 5), float32)
-    _per_channel_launch(ctx, prog.kernel("channel_finalize_stats"), rows, i32(1), i32(rows), i32(D),
+    _per_channel_launch(ctx, bind(prog.kernel("channel_finalize_stats")), rows, i32(1), i32(rows), i32(D),
                         i32(chunks), np.float32(eps), np.float32(0.0), x.buffer,
                         np.int64(x.offset_elements), partials.buffer, *_buf(None), *_buf(None),
                         *_buf(None), *_buf(None), *_buf(save_mean), *_buf(save_rstd),
                         row_coef.buffer)
     coef = Tensor.empty(ctx, (N * C, 5), float32)
-    _per_channel_launch(ctx, prog.kernel("group_norm_coef"), N * C, i32(N), i32(C), i32(G),
+    _per_channel_launch(ctx, bind(prog.kernel("group_norm_coef")), N * C, i32(N), i32(C), i32(G),
                         save_mean.buffer, save_rstd.buffer, *_buf(weight), *_buf(bias), coef.buffer)
     _apply(ctx, 1, N * C, S, coef, x, None, y)
 
@@ -410,7 +410,7 @@ def _split_backward(x, g, dx, rows, D, weight, save_mean, save_rstd):
         g = binary("mul", g, weight.reshape((weight.size,) + (1,) * (x.ndim - 2)))
     partials, chunks = channel_partial_sums(ctx, "grad", 1, rows, D, x, dy=g, mean=save_mean)
     coef = Tensor.empty(ctx, (rows, 5), float32)
-    _per_channel_launch(ctx, _program(ctx).kernel("channel_finalize_grad"), rows, i32(1), i32(rows),
+    _per_channel_launch(ctx, bind(_program(ctx).kernel("channel_finalize_grad")), rows, i32(1), i32(rows),
                         i32(D), i32(chunks), i32(1), partials.buffer, *_buf(save_mean),
                         *_buf(save_rstd), *_buf(None), *_buf(None), *_buf(None), coef.buffer)
     _apply(ctx, 1, rows, D, coef, g, x, dx)
@@ -431,7 +431,7 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
     if rows and D and algorithm == "split":
         _split_forward(x, rows, D, G, weight, bias, eps, y, save_mean, save_rstd)
     elif rows and D:
-        prog.kernel("row_norm_forward")(
+        bind(prog.kernel("row_norm_forward"))(
             ctx.queue, (group * rows,), (group,), i32(D), i32(G), i32(Cg), i32(S), np.float32(eps),
             x.buffer, np.int64(x.offset_elements), *_buf(weight), *_buf(bias), y.buffer,
             np.int64(y.offset_elements), save_mean.buffer, save_rstd.buffer)
@@ -441,7 +441,7 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
         if rows and D and algorithm == "split":
             _split_backward(x, g, dx, rows, D, weight, save_mean, save_rstd)
         elif rows and D:
-            prog.kernel("row_norm_backward")(
+            bind(prog.kernel("row_norm_backward"))(
                 ctx.queue, (group * rows,), (group,), i32(D), i32(G), i32(Cg), i32(S),
                 x.buffer, np.int64(x.offset_elements), g.buffer, np.int64(g.offset_elements),
                 *_buf(weight), save_mean.buffer, save_rstd.buffer, dx.buffer,
@@ -455,7 +455,7 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
                 partials, chunks = channel_partial_sums(ctx, "grad_affine", N, C, S_, x, dy=g,
                                                         row_mean=save_mean, row_rstd=save_rstd,
                                                         G=G, Cg=Cg)
-                _per_channel_launch(ctx, prog.kernel("channel_finalize_sums"), C, i32(C),
+                _per_channel_launch(ctx, bind(prog.kernel("channel_finalize_sums")), C, i32(C),
                                     i32(chunks), partials.buffer, *_buf(dweight), *_buf(dbias))
             else:
                 for t in (dweight, dbias):
@@ -529,14 +529,14 @@ def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
     params = (np.int32(C), np.int32(S), np.int32(size), np.float32(alpha), np.float32(beta))
     if total:
         gsize, lsize = launch_size(ctx, total)
-        prog.kernel("lrn_forward")(ctx.queue, gsize, lsize, np.int64(total), *params, np.float32(k),
+        bind(prog.kernel("lrn_forward"))(ctx.queue, gsize, lsize, np.int64(total), *params, np.float32(k),
                                    input.buffer, np.int64(input.offset_elements), y.buffer,
                                    np.int64(y.offset_elements), scale.buffer if scale else None)
 
     def backward(g):
         dx = Tensor.empty(ctx, input.shape, float32)
         if total:
-            prog.kernel("lrn_backward")(ctx.queue, gsize, lsize, np.int64(total), *params,
+            bind(prog.kernel("lrn_backward"))(ctx.queue, gsize, lsize, np.int64(total), *params,
                                         input.buffer, np.int64(input.offset_elements), y.buffer,
                                         np.int64(y.offset_elements), g.buffer,
                                         np.int64(g.offset_elements), scale.buffer, dx.buffer,

@@ -9,6 +9,7 @@ import math
 import weakref
 
 import numpy as np
+import pyopencl as cl
 
 from .. import autograd, config, program
 from ..context import check_same_context
@@ -91,6 +92,55 @@ def launch_size(ctx, total, group=256, per_item=1, groups_per_unit=64):
     return (groups * group,), (group,)
 
 
+class BoundKernel:
+    """A ``cl.Kernel`` of its own whose arguments are set only when they change.
+
+    Setting an argument costs host time on every OpenCL implementation (about 17 us each on
+    PoCL, so that a ten-argument kernel spent most of its call there); an operator called again
+    on the same shapes changes few of them (often none: pooled buffers come back with the same
+    handle). Enqueued commands keep the arguments they were enqueued with, so changing them
+    afterwards is safe. The kernel object must not be shared: ``bind`` makes one per kernel.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self._bound = []
+
+    def __call__(self, queue, global_size, local_size, *args):
+        bound = self._bound
+        if len(bound) != len(args):
+            bound[:] = [_UNSET] * len(args)
+        kernel = self.kernel
+        for index, value in enumerate(args):
+            if isinstance(value, cl.MemoryObjectHolder):
+                key = value.int_ptr
+            elif value is None:
+                key = None
+            else:
+                # The bytes, so that -0.0 and 0.0 (equal as numbers) stay distinct.
+                key = (value.dtype.char, value.tobytes())
+            if bound[index] != key:
+                kernel.set_arg(index, value)
+                bound[index] = key
+        return cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+
+
+_UNSET = object()
+# int_ptr of a shared kernel -> (the shared kernel, kept so that its handle is not reused, and
+# the BoundKernel of a fresh copy).
+_bound_kernels = {}
+
+
+def bind(kernel):
+    """The BoundKernel standing for ``kernel`` (a shared ``cl.Kernel``, e.g. from
+    ``program.kernel``): a fresh copy of it, one per kernel, that only BoundKernel calls touch."""
+    entry = _bound_kernels.get(kernel.int_ptr)
+    if entry is None:
+        entry = _bound_kernels[kernel.int_ptr] = (
+            kernel, BoundKernel(cl.Kernel(kernel.program, kernel.function_name)))
+    return entry[1]
+
+
 ALGORITHMS = ("scalar", "vector")
 
 
@@ -113,9 +163,13 @@ class PointwiseKernel:
     UNROLL = 4
     # The vector variant: elements per access and accesses per work item and loop step.
     VECTOR = 4
-    VECTOR_UNROLL = 2
-    # Grid: at most this many 256-item groups per compute unit (None: no grid-stride loop).
+    VECTOR_UNROLL = 1
+    # Grid: at most this many 256-item groups per compute unit (None: one group per 256 * unroll
+    # accesses, no grid-stride loop), for the scalar and the vector variant. Measured on an H200
+    # (2^26 float32, copy/relu/add): the vector variant with one access per item and no loop was
+    # the fastest of unroll 1/2/4 and caps of 8/16/64 groups per unit, by 1-6 %.
     GROUPS_PER_UNIT = 64
+    VECTOR_GROUPS_PER_UNIT = None
 
     def __init__(self, name, inputs, outputs, statement, scalars=(), preamble=""):
         self.name = name
@@ -126,13 +180,15 @@ class PointwiseKernel:
         self.preamble = preamble
         # ctx -> {(ndim, index_t, vector, unroll, vector_inputs): kernel}: a call looks its kernel
         # up without re-keying the program cache (whose key freezes every template parameter).
+        self._kernels = weakref.WeakKeyDictionary()
+        # ctx -> {(algorithm, (shape, offset) of every operand): launch plan}.
         self._built = weakref.WeakKeyDictionary()
 
     def _kernel(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=()):
         unroll = self.UNROLL if unroll is None else unroll
-        per_ctx = self._built.get(ctx)
+        per_ctx = self._kernels.get(ctx)
         if per_ctx is None:
-            per_ctx = self._built[ctx] = {}
+            per_ctx = self._kernels[ctx] = {}
         key = (ndim, index_t, vector, unroll, vector_inputs)
         kernel = per_ctx.get(key)
         if kernel is None:
@@ -172,33 +228,67 @@ class PointwiseKernel:
         """Enqueue over ``outputs`` (dense, all one shape), broadcasting ``inputs`` to it.
 
         ``algorithm``: "scalar" or "vector" to force a variant ("vector" falls back to "scalar"
-        where it does not apply); default DLPRIM_POINTWISE_ALGO, else "vector" where it applies.
+        where it does not apply); default DLPRIM_POINTWISE_ALGO, else "vector" where it applies
+        and the index space is one dimension (on an H200, vector accesses with a 2-D index space
+        ran slower than scalar ones).
         """
         if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
             raise ShapeError(f"{self.name}: expected {len(self.inputs)} inputs and "
                              f"{len(self.outputs)} outputs")
         ctx = check_same_context(*inputs, *outputs)
-        out_shape = outputs[0].shape
-        for (n, dt), t in zip(self.inputs + self.outputs, list(inputs) + list(outputs)):
+        operands = list(inputs) + list(outputs)
+        for (n, dt), t in zip(self.inputs + self.outputs, operands):
             if t.dtype != dt:
                 raise DTypeError(f"{self.name}: {n} must be {dt}, got {t.dtype}")
+        algorithm = algorithm or config.forced_algorithm("pointwise")
+        # Everything but the buffers and the scalars' values follows from this key: validate and
+        # lay out a call once, then only enqueue (the host's time per call is what a small
+        # operator costs).
+        key = (algorithm,) + tuple((t.shape, t.offset_elements) for t in operands)
+        per_ctx = self._built.get(ctx)
+        plan = per_ctx.get(key) if per_ctx is not None else None
+        if plan is None:
+            plan = self._plan(ctx, inputs, outputs, algorithm)
+            if per_ctx is None:
+                per_ctx = self._built[ctx] = {}
+            if len(per_ctx) > 512:
+                per_ctx.clear()
+            per_ctx[key] = plan
+        if plan is _EMPTY:
+            return
+        kernel, gsize, lsize, head, operand_args, tail = plan
+        args = list(head)
+        for t, static in zip(operands, operand_args):
+            args.append(t.buffer)
+            args += static
+        for (n, dt), value in zip(self.scalars, scalars):
+            args.append(dt.type(value))
+        args += tail
+        kernel(ctx.queue, gsize, lsize, *args)
+
+    def _plan(self, ctx, inputs, outputs, algorithm):
+        """Validate the operands' shapes and choose the kernel, its launch and its static
+        arguments: (kernel, global, local, leading args, per-operand args after the buffer,
+        trailing args), or _EMPTY when there is nothing to compute."""
+        out_shape = outputs[0].shape
         for t in outputs:
             if t.shape != out_shape:
                 raise ShapeError(f"{self.name}: outputs must share one shape, got {t.shape} and {out_shape}")
         if broadcast_shapes(out_shape, *(t.shape for t in inputs)) != out_shape:
             raise ShapeError(f"{self.name}: inputs {[t.shape for t in inputs]} do not broadcast "
                              f"to the output shape {out_shape}")
-        algorithm = algorithm or config.forced_algorithm("pointwise")
         if algorithm is not None and algorithm not in ALGORITHMS:
             raise UnsupportedError(f"{self.name}: pointwise algorithm must be one of "
                                    f"{', '.join(ALGORITHMS)}, got {algorithm!r}")
         total = math.prod(out_shape)
         if total == 0:
-            return
+            return _EMPTY
         in_strides = [broadcast_strides(t.shape, out_shape) for t in inputs]
         sizes, strides = merge_dimensions(out_shape, in_strides + [broadcast_strides(out_shape, out_shape)])
         strides = strides[:len(inputs)]
-        wide = None if algorithm == "scalar" else self.vector_layout(sizes, strides, inputs, outputs)
+        wide = None
+        if algorithm == "vector" or (algorithm is None and len(sizes) == 1):
+            wide = self.vector_layout(sizes, strides, inputs, outputs)
         if wide is None:
             vector, unroll, groups, tail = 1, self.UNROLL, total, None
         else:
@@ -207,23 +297,25 @@ class PointwiseKernel:
             groups, tail = total // vector, total % vector
             sizes = sizes[:-1] + [sizes[-1] // vector]
             strides = [st[:-1] + [st[-1] * vector] for st in strides]
-        gsize, lsize = launch_size(ctx, groups, per_item=unroll, groups_per_unit=self.GROUPS_PER_UNIT)
+        gsize, lsize = launch_size(ctx, groups, per_item=unroll, groups_per_unit=(
+            self.GROUPS_PER_UNIT if vector == 1 else self.VECTOR_GROUPS_PER_UNIT))
         # The loop forms base + unroll * global size (in groups) before comparing it with total.
         largest = max([(groups + unroll * gsize[0]) * vector + gsize[0]] +
                       [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
         index_t = "int" if largest < _INT32_LIMIT else "long"
         index_np = np.int32 if index_t == "int" else np.int64
-        kernel = self._kernel(ctx, len(sizes), index_t, vector, unroll, wide or ())
-        args = [index_np(groups)] + [index_np(s) for s in sizes]
-        for t, st in zip(inputs, strides):
-            args += [t.buffer, index_np(t.offset_elements)] + [index_np(s) for s in st]
-        for t in outputs:
-            args += [t.buffer, index_np(t.offset_elements)]
-        for (n, dt), value in zip(self.scalars, scalars):
-            args.append(dt.type(value))
-        if tail is not None:
-            args.append(index_np(tail))
-        kernel(ctx.queue, gsize, lsize, *args)
+        # A kernel object of the plan's own: its arguments stay set between calls.
+        shared = self._kernel(ctx, len(sizes), index_t, vector, unroll, wide or ())
+        kernel = BoundKernel(cl.Kernel(shared.program, shared.function_name))
+        head = [index_np(groups)] + [index_np(s) for s in sizes]
+        operand_args = [[index_np(t.offset_elements)] + [index_np(s) for s in st]
+                        for t, st in zip(inputs, strides)]
+        operand_args += [[index_np(t.offset_elements)] for t in outputs]
+        return kernel, gsize, lsize, head, operand_args, [] if tail is None else [index_np(tail)]
+
+
+# A plan for an empty output: nothing to enqueue.
+_EMPTY = object()
 
 
 def _scalar_cl_name(dtype):

@@ -19,7 +19,7 @@ from ..context import check_same_context
 from ..dtypes import float32, int64
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .pointwise import launch_size
+from .pointwise import bind, launch_size
 
 _INT32_LIMIT = 2 ** 31 - 1
 
@@ -158,7 +158,7 @@ class Pool2d:
     def _kernel(self, name, index_t, save_indices, window=None):
         params = dict(method=self.method, window=window or self._window, save_indices=save_indices,
                       index_t=index_t, group_size=_group_size(self.ctx))
-        return program.kernel(self.ctx, "pool", name, params)
+        return bind(program.kernel(self.ctx, "pool", name, params))
 
     def algorithm(self, input_shape):
         """"plane" (work items share a plane) when the window is the whole plane, else
