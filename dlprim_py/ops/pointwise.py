@@ -163,13 +163,11 @@ class PointwiseKernel:
     UNROLL = 4
     # The vector variant: elements per access and accesses per work item and loop step.
     VECTOR = 4
-    VECTOR_UNROLL = 1
+    VECTOR_UNROLL = 2
     # Grid: at most this many 256-item groups per compute unit (None: one group per 256 * unroll
-    # accesses, no grid-stride loop), for the scalar and the vector variant. Measured on an H200
-    # (2^26 float32, copy/relu/add): the vector variant with one access per item and no loop was
-    # the fastest of unroll 1/2/4 and caps of 8/16/64 groups per unit, by 1-6 %.
+    # accesses, no grid-stride loop), for the scalar and the vector variant.
     GROUPS_PER_UNIT = 64
-    VECTOR_GROUPS_PER_UNIT = None
+    VECTOR_GROUPS_PER_UNIT = 64
 
     def __init__(self, name, inputs, outputs, statement, scalars=(), preamble=""):
         self.name = name
@@ -228,9 +226,7 @@ class PointwiseKernel:
         """Enqueue over ``outputs`` (dense, all one shape), broadcasting ``inputs`` to it.
 
         ``algorithm``: "scalar" or "vector" to force a variant ("vector" falls back to "scalar"
-        where it does not apply); default DLPRIM_POINTWISE_ALGO, else "vector" where it applies
-        and the index space is one dimension (on an H200, vector accesses with a 2-D index space
-        ran slower than scalar ones).
+        where it does not apply); default DLPRIM_POINTWISE_ALGO, else "vector" where it applies.
         """
         if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
             raise ShapeError(f"{self.name}: expected {len(self.inputs)} inputs and "
@@ -286,9 +282,7 @@ class PointwiseKernel:
         in_strides = [broadcast_strides(t.shape, out_shape) for t in inputs]
         sizes, strides = merge_dimensions(out_shape, in_strides + [broadcast_strides(out_shape, out_shape)])
         strides = strides[:len(inputs)]
-        wide = None
-        if algorithm == "vector" or (algorithm is None and len(sizes) == 1):
-            wide = self.vector_layout(sizes, strides, inputs, outputs)
+        wide = None if algorithm == "scalar" else self.vector_layout(sizes, strides, inputs, outputs)
         if wide is None:
             vector, unroll, groups, tail = 1, self.UNROLL, total, None
         else:
