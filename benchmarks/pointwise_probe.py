@@ -95,6 +95,7 @@ def pointwise(ctx, baseline, quick, table):
                 k.UNROLL, k.GROUPS_PER_UNIT = unroll, gpu
             else:
                 k.VECTOR_UNROLL, k.VECTOR_GROUPS_PER_UNIT = unroll, gpu
+                k.VECTOR_UNROLL_ND, k.VECTOR_GROUPS_PER_UNIT_ND = unroll, gpu
 
             def run(k=k, algorithm=algorithm):
                 k(args, [out], values, algorithm=algorithm)

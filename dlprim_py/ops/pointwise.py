@@ -161,13 +161,19 @@ class PointwiseKernel:
     # flight per item to keep a GPU's memory busy (1 reached about 70% of the copy bandwidth on
     # an H200).
     UNROLL = 4
-    # The vector variant: elements per access and accesses per work item and loop step.
+    # The vector variant: elements per access; accesses per work item and loop step and the grid
+    # cap (at most this many 256-item groups per compute unit; None: one group per 256 * unroll
+    # accesses, no grid-stride loop), for a one-dimensional index space and for more dimensions.
+    # Measured on an H200 (2^26 float32, benchmarks/pointwise_probe.py): one access per item
+    # without a loop was 2-4 % faster than two per item with 64 groups per unit on copy, relu,
+    # sigmoid and add (one dimension), and 6 % slower on a bias broadcast (two dimensions).
     VECTOR = 4
-    VECTOR_UNROLL = 2
-    # Grid: at most this many 256-item groups per compute unit (None: one group per 256 * unroll
-    # accesses, no grid-stride loop), for the scalar and the vector variant.
+    VECTOR_UNROLL = 1
+    VECTOR_GROUPS_PER_UNIT = None
+    VECTOR_UNROLL_ND = 2
+    VECTOR_GROUPS_PER_UNIT_ND = 64
+    # The scalar variant's grid cap.
     GROUPS_PER_UNIT = 64
-    VECTOR_GROUPS_PER_UNIT = 64
 
     def __init__(self, name, inputs, outputs, statement, scalars=(), preamble=""):
         self.name = name
@@ -284,15 +290,16 @@ class PointwiseKernel:
         strides = strides[:len(inputs)]
         wide = None if algorithm == "scalar" else self.vector_layout(sizes, strides, inputs, outputs)
         if wide is None:
-            vector, unroll, groups, tail = 1, self.UNROLL, total, None
+            vector, unroll, per_unit, groups, tail = 1, self.UNROLL, self.GROUPS_PER_UNIT, total, None
         else:
             # The innermost dimension and the inputs' strides along it count in groups of VECTOR.
-            vector, unroll = self.VECTOR, self.VECTOR_UNROLL
+            vector = self.VECTOR
+            unroll, per_unit = ((self.VECTOR_UNROLL, self.VECTOR_GROUPS_PER_UNIT) if len(sizes) == 1
+                                else (self.VECTOR_UNROLL_ND, self.VECTOR_GROUPS_PER_UNIT_ND))
             groups, tail = total // vector, total % vector
             sizes = sizes[:-1] + [sizes[-1] // vector]
             strides = [st[:-1] + [st[-1] * vector] for st in strides]
-        gsize, lsize = launch_size(ctx, groups, per_item=unroll, groups_per_unit=(
-            self.GROUPS_PER_UNIT if vector == 1 else self.VECTOR_GROUPS_PER_UNIT))
+        gsize, lsize = launch_size(ctx, groups, per_item=unroll, groups_per_unit=per_unit)
         # The loop forms base + unroll * global size (in groups) before comparing it with total.
         largest = max([(groups + unroll * gsize[0]) * vector + gsize[0]] +
                       [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
