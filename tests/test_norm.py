@@ -228,6 +228,23 @@ def test_group_norm(ctx, rng, monkeypatch, shape, groups, affine, algo):
         assert_close(db.grad.numpy(), tb.grad.numpy())
 
 
+def test_repeated_calls_switch_optional_operands(ctx, rng):
+    """A kernel keeps its arguments between calls: an affine call, a plain one (NULL weight and
+    bias), then the affine one again on other data must each match the reference."""
+    shape = (6, 40)
+    w, b = random(rng, (40,)), random(rng, (40,))
+    tw, tb = dp.Tensor.from_numpy(ctx, w), dp.Tensor.from_numpy(ctx, b)
+    for affine in (True, False, True, False):
+        x = random(rng, shape)
+        got = F.layer_norm(dp.Tensor.from_numpy(ctx, x), (40,), tw if affine else None,
+                           tb if affine else None).numpy()
+        ref = torch.nn.functional.layer_norm(
+            torch.tensor(x, dtype=torch.float64), (40,),
+            torch.tensor(w, dtype=torch.float64) if affine else None,
+            torch.tensor(b, dtype=torch.float64) if affine else None)
+        assert_close(got, ref.numpy())
+
+
 @pytest.mark.parametrize("shape,size,params", [((2, 7, 3, 4), 3, {}), ((2, 7, 3, 4), 4, dict(alpha=0.1, beta=0.5, k=2.0)),
                                                ((2, 5, 6), 5, dict(alpha=0.5)), ((1, 1, 1), 2, {})])
 def test_local_response_norm(ctx, rng, shape, size, params):

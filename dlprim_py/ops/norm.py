@@ -19,6 +19,7 @@ a work group per row, or, for group norm with few long rows, the batch-norm kern
 (DLPRIM_ROWNORM_ALGO = rows, split).
 """
 import math
+import weakref
 
 import numpy as np
 
@@ -41,9 +42,27 @@ def _group_size(ctx):
     return size
 
 
+# ctx -> {(part, mode, vector): BuiltProgram} for builds without an activation: a call finds its
+# program without freezing the template parameters into the program cache's key again.
+_plain_programs = weakref.WeakKeyDictionary()
+
+
 def _program(ctx, part="other", mode="stats", activation=None, vector=1):
     """The built ``part`` of norm.cl.mako; parameters a part does not use are left at their
     defaults, so that they do not multiply its builds."""
+    if activation is None:
+        memo = _plain_programs.get(ctx)
+        if memo is None:
+            memo = _plain_programs[ctx] = {}
+        key = (part, mode, vector)
+        built = memo.get(key)
+        if built is None:
+            built = memo[key] = _build_program(ctx, part, mode, None, vector)
+        return built
+    return _build_program(ctx, part, mode, activation, vector)
+
+
+def _build_program(ctx, part, mode, activation, vector):
     desc = as_activation(activation)
     code = "v_act" if desc is None or desc.is_identity else desc.forward_code("v_act")
     if part != "sums":

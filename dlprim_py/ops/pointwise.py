@@ -104,24 +104,32 @@ class BoundKernel:
 
     def __init__(self, kernel):
         self.kernel = kernel
+        # Per argument: what is set (a buffer's handle, a scalar's type and bytes) and the scalar
+        # object last passed (plans pass the same objects again: one identity test skips it).
         self._bound = []
+        self._scalars = []
 
     def __call__(self, queue, global_size, local_size, *args):
-        bound = self._bound
+        bound, scalars = self._bound, self._scalars
         if len(bound) != len(args):
             bound[:] = [_UNSET] * len(args)
+            scalars[:] = [_UNSET] * len(args)
         kernel = self.kernel
         for index, value in enumerate(args):
+            if value is scalars[index]:
+                continue
             if isinstance(value, cl.MemoryObjectHolder):
-                key = value.int_ptr
+                # The handle, not the object: holding a pooled buffer would keep it from the pool.
+                key, scalar = value.int_ptr, _UNSET
             elif value is None:
-                key = None
+                key, scalar = None, _UNSET
             else:
                 # The bytes, so that -0.0 and 0.0 (equal as numbers) stay distinct.
-                key = (value.dtype.char, value.tobytes())
+                key, scalar = (value.dtype.char, value.tobytes()), value
             if bound[index] != key:
                 kernel.set_arg(index, value)
                 bound[index] = key
+            scalars[index] = scalar
         return cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
 
 

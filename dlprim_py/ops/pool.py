@@ -115,6 +115,8 @@ class Pool2d:
         self.count_include_pad = bool(count_include_pad)
         self.divisor_override = int(divisor_override or 0)
         self._window = "adaptive" if self.adaptive else "regular"
+        # (kernel name, index type, indices saved, window kind) -> BoundKernel
+        self._kernels = {}
 
     def output_shape(self, input_shape):
         """The output shape for an (N, C, H, W) or (C, H, W) input; ShapeError if it is empty."""
@@ -156,9 +158,13 @@ class Pool2d:
         logcmd.log_command("pool", flags)
 
     def _kernel(self, name, index_t, save_indices, window=None):
-        params = dict(method=self.method, window=window or self._window, save_indices=save_indices,
-                      index_t=index_t, group_size=_group_size(self.ctx))
-        return bind(program.kernel(self.ctx, "pool", name, params))
+        key = (name, index_t, save_indices, window)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            params = dict(method=self.method, window=window or self._window,
+                          save_indices=save_indices, index_t=index_t, group_size=_group_size(self.ctx))
+            kernel = self._kernels[key] = bind(program.kernel(self.ctx, "pool", name, params))
+        return kernel
 
     def algorithm(self, input_shape):
         """"plane" (work items share a plane) when the window is the whole plane, else
