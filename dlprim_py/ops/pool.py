@@ -10,7 +10,6 @@ compile serves every shape of a (method, window kind) pair. Two forward algorith
 per output ("window"), and for windows covering the whole plane (global pooling) work items
 sharing a plane ("plane"); backward gathers per input element.
 """
-import math
 
 import numpy as np
 
