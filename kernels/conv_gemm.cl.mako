@@ -2,17 +2,12 @@
 ## the GEMM runs on the subsampled pixels only, and these kernels move between the strided
 ## tensor and a dense (N, C, Ho, Wo) workspace laid out like it (NCHW or NHWC, strides given).
 ##
-## Template parameters: conv_common's forward epilogue (has_scale, has_shift, has_residual,
-## activation, affine_per_position), read by conv_gemm_epilogue only.
+## Template parameters: none (sizes, strides, alpha and beta are run-time arguments).
 ##
 ## Kernels:
 ##   conv_gemm_gather   sub[n, c, oh, ow] = x[n, c, oh * stride_h, ow * stride_w]
 ##   conv_gemm_scatter  dx[n, c, h, w] = alpha * (sub[n, c, h / stride_h, w / stride_w] where h, w
 ##                      fall on the stride grid, else 0) + beta * dx
-##   conv_gemm_epilogue y = the full forward epilogue of conv_common applied to acc, the raw GEMM
-##                      result laid out like y (for epilogues the GEMM engine lacks: a scale, a
-##                      residual, an activation before beta * y_old). acc may be y itself when
-##                      beta == 0: each element is read before it is written, by one work item.
 <%namespace name="common" file="conv_common.cl.mako"/>
 
 __kernel void conv_gemm_gather(${common.geometry_params()},
@@ -43,19 +38,5 @@ __kernel void conv_gemm_scatter(${common.geometry_params()},
         if (oh * stride_h == ih && ow * stride_w == iw && oh < Ho && ow < Wo)
             picked = sub[sub_off + n * ssN + c * ssC + oh * ssH + ow * ssW];
 ${common.store_scaled("dx", "dx_off", "n * xsN + c * xsC + ih * xsH + iw * xsW", "picked")}
-    }
-}
-
-__kernel void conv_gemm_epilogue(${common.geometry_params()},
-    __global const float *acc, int acc_off, __global float *y, int y_off,
-    ${common.epilogue_params()})
-{
-    const int total = N * K * Ho * Wo;
-    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
-        int ow = i % Wo, t = i / Wo;
-        int oh = t % Ho; t /= Ho;
-        int k = t % K, n = t / K;
-        int index = n * ysN + k * ysC + oh * ysH + ow * ysW;
-${common.store("y", "y_off", "index", "k", "acc[acc_off + index]")}
     }
 }

@@ -1,4 +1,5 @@
-// GEMM family: C = act(alpha * op(A) @ op(B) + beta * C + bias), float32, row-major.
+// GEMM family: C = act(alpha * op(A) @ op(B) + beta * C + bias), float32, row-major; or, in
+// the convolution's order, C = act(alpha * op(A) @ op(B) * scale + bias + ra * R) + beta * C.
 //
 // Every matrix is a (buffer, element offset, leading dimension) triple; a batch adds an element
 // stride per operand (0 broadcasts one matrix over the batch). op(A) is M x K, op(B) is K x N,
@@ -10,7 +11,15 @@
 //   TRANS_A       1: A is stored K x M (op(A) = A^T); 0: stored M x K
 //   TRANS_B       1: B is stored N x K (op(B) = B^T); 0: stored K x N
 //   BIAS          0: none; 1: bias[N] added to every row ("n", linear layers);
-//                 2: bias[M] added to every column ("m", convolution: M = output channels)
+//                 2: bias[M] added to every column ("m", convolution: M = output channels);
+//                 3: one value per row and column of an image ("position": bias[row * Q + q],
+//                 q the column within its image, Q the columns per image: P when C is folded,
+//                 else N), "conv" order only
+//   EPILOGUE      "gemm": act(alpha * acc + beta * C + bias); "conv": the convolution's
+//                 act(alpha * acc * scale + bias + residual_alpha * R) + beta * C
+//   SCALE         like BIAS, for the factor scale ("conv" order only; 0: none)
+//   RESIDUAL      1: add residual_alpha * R, R laid out exactly like C (its own buffer and
+//                 offset; C's leading dimension, fold and batch stride), "conv" order only
 //   ACTIVATION    OpenCL C expression of act(x) in the variable x, or "" for none
 //   FOLD_A, FOLD_B, FOLD_C  how the operand's contiguous (stored column) dimension j is
 //                 addressed: 0 plainly (j); 1 folded, j = n * P + p at n * img + p; 2 folded
@@ -127,17 +136,42 @@ def fold(mode, op, j):
 % endif
 
 <%def name="epilogue(value, row, col, index)">
+<%
+    def at(kind):
+        if kind == 1:
+            return f"({col})"
+        if kind == 2:
+            return f"({row})"
+        if FOLD_C:
+            return f"((long)({row}) * fc_p + ({col}) % fc_p)"
+        return f"((long)({row}) * N + ({col}))"
+%>
         {
             float x = alpha * (${value});
+% if EPILOGUE == "conv":
+%   if SCALE:
+            x *= scale[scale_off + ${at(SCALE)}];
+%   endif
+%   if BIAS:
+            x += bias[bias_off + ${at(BIAS)}];
+%   endif
+%   if RESIDUAL:
+            x += residual_alpha * R[${index}];
+%   endif
+%   if ACTIVATION:
+            x = ${ACTIVATION};
+%   endif
             if (beta != 0.0f)
                 x += beta * C[${index}];
-% if BIAS == 1:
-            x += bias[bias_off + (${col})];
-% elif BIAS == 2:
-            x += bias[bias_off + (${row})];
-% endif
-% if ACTIVATION:
+% else:
+            if (beta != 0.0f)
+                x += beta * C[${index}];
+%   if BIAS:
+            x += bias[bias_off + ${at(BIAS)}];
+%   endif
+%   if ACTIVATION:
             x = ${ACTIVATION};
+%   endif
 % endif
             C[${index}] = x;
         }
@@ -148,21 +182,39 @@ def fold(mode, op, j):
 <%def name="store_vector(i, jc, at)">
 <%
     vtype = f"float{VEC}"
+    def affine(name, kind):
+        # VEC consecutive columns of one image (P is a multiple of VEC when C is folded).
+        if kind == 1:
+            return f"vload{VEC}(0, {name} + {name}_off + col)"
+        if kind == 2:
+            return f"{name}[{name}_off + row]"
+        within = "(long)row * fc_p + col % fc_p" if FOLD_C else "(long)row * N + col"
+        return f"vload{VEC}(0, {name} + {name}_off + {within})"
 %>
                 {
                 __global ${vtype} *target = (__global ${vtype} *)(C + (long)row * ldc + ${at});
                 ${vtype} value = alpha * (${vtype})(${", ".join(f"acc[{i}][{jc * VEC + v}]" for v in range(VEC))});
+% if EPILOGUE != "conv":
                 if (beta != 0.0f)
                     value += beta * *target;
-% if BIAS == 1:
-                value += vload${VEC}(0, bias + bias_off + col);
-% elif BIAS == 2:
-                value += bias[bias_off + row];
+% endif
+% if EPILOGUE == "conv" and SCALE:
+                value *= ${affine("scale", SCALE)};
+% endif
+% if BIAS:
+                value += ${affine("bias", BIAS)};
+% endif
+% if EPILOGUE == "conv" and RESIDUAL:
+                value += residual_alpha * vload${VEC}(0, R + (long)row * ldc + ${at});
 % endif
 % if ACTIVATION:
 %   for v in range(VEC):
                 { float x = value.s${v}; value.s${v} = ${ACTIVATION}; }
 %   endfor
+% endif
+% if EPILOGUE == "conv":
+                if (beta != 0.0f)
+                    value += beta * *target;
 % endif
                 *target = value;
                 }
@@ -178,6 +230,8 @@ void gemm_tiled(int M, int N, int K,
                 __global float *C, long c_off, int ldc, long stride_c,
                 float alpha, float beta,
                 __global const float *restrict bias, long bias_off,
+                __global const float *restrict scale, long scale_off,
+                __global const float *restrict R, long r_off, float residual_alpha,
                 int fa_p, long fa_img, int fa_w, int fa_row, int fa_col,
                 int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
                 int fc_p, long fc_img,
@@ -405,6 +459,7 @@ void gemm_tiled(int M, int N, int K,
     C += (long)get_group_id(2) * M * N;
 % else:
     C += c_off + batch * stride_c;
+    R += r_off + batch * stride_c;
 % endif
 % if FOLD_C and not SPLIT_K:
     // Folded C: columns outer, so that each column's offset (a division) is computed once.
@@ -488,7 +543,9 @@ __kernel void gemm_splitk_reduce(int M, int N, int splits,
                                  __global float *C, long c_off, int ldc, long stride_c,
                                  float alpha, float beta,
                                  __global const float *restrict bias, long bias_off,
-                                 int fc_p, long fc_img)
+                                 __global const float *restrict scale, long scale_off,
+                                 __global const float *restrict R, long r_off,
+                                 float residual_alpha, int fc_p, long fc_img)
 {
     const int col = get_global_id(0);
     const int row = get_global_id(1);
@@ -511,6 +568,7 @@ __kernel void gemm_splitk_reduce(int M, int N, int splits,
         sum0 += partial[s * plane];
     const float sum = (sum0 + sum1) + (sum2 + sum3);
     C += c_off + batch * stride_c;
+    R += r_off + batch * stride_c;
     ${epilogue("sum", "row", "col", f"(long)row * ldc + {fold(FOLD_C, 'c', 'col')}")}
 }
 % else:
@@ -523,6 +581,8 @@ void gemm_small(int M, int N, int K,
                 __global float *C, long c_off, int ldc, long stride_c,
                 float alpha, float beta,
                 __global const float *restrict bias, long bias_off,
+                __global const float *restrict scale, long scale_off,
+                __global const float *restrict R, long r_off, float residual_alpha,
                 int fa_p, long fa_img, int fa_w, int fa_row, int fa_col,
                 int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
                 int fc_p, long fc_img)
@@ -535,6 +595,7 @@ void gemm_small(int M, int N, int K,
     A += a_off + batch * stride_a;
     B += b_off + batch * stride_b;
     C += c_off + batch * stride_c;
+    R += r_off + batch * stride_c;
 % if TRANS_A:
     __global const float *a_row = A + row;
     const int a_step = lda;

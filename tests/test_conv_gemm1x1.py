@@ -1,10 +1,11 @@
 """1x1 convolutions as folded GEMMs (ops/conv/gemm1x1.py) against PyTorch CPU in float64.
 
 NCHW tensors are folded matrices (C x N*P): every direction is one GEMM over all images. Each
-GEMM kernel ("tiled", "splitk", "small") is forced in turn through DLPRIM_GEMM_ALGO on odd
-pixel counts (7x7, 5x3: no vector access), a count the vector loads take (8x8), stride 2
-(x sampled in place), batch 1 and 3, tensors at element offsets; outputs start as NaN. The
-fold itself is tested at the GEMM level (``Fold``) with its bad input.
+GEMM kernel ("tiled", "splitk", "small") is forced in turn, with fixed parameters (one build
+per kernel variant, whatever the device's tuning rules), on odd pixel counts (7x7, 5x3: no
+vector access), a count the vector loads take (8x8), stride 2 (x sampled in place), batch 1
+and 3, tensors at element offsets; outputs start as NaN. The fold itself is tested at the GEMM
+level (``Fold``) with its bad input.
 """
 import dataclasses
 
@@ -18,6 +19,7 @@ import dlprim_py as dp
 from dlprim_py.ops.conv import selection
 from dlprim_py.ops.conv.algorithms import Epilogue, EpilogueArgs
 from dlprim_py.ops.conv.gemm1x1 import Gemm1x1
+from dlprim_py.ops import gemm as gemm_ops
 from dlprim_py.ops.gemm import Fold, GemmPlan
 from conftest import assert_close, poisoned, random
 
@@ -27,6 +29,26 @@ CASES = [(3, 5, 7, 7, 6, 1),     # P = 49, odd
          (3, 6, 7, 5, 5, 2),     # stride 2 on odd sizes: Ho x Wo = 4 x 3
          (2, 16, 8, 8, 12, 1)]   # P = 64: vector loads and stores
 KERNELS = ["tiled", "splitk", "small"]
+# Small register blocks build fastest on PoCL, and still take the vector loads and stores
+# (width 2: a folded operand needs P to be a multiple of it).
+TILED_VECTOR = {"kernel": "tiled", "tile_m": 16, "tile_n": 16, "tile_k": 8, "wpt_m": 2,
+                "wpt_n": 2, "vec": 2, "pad": 2, "double_buffer": 1, "split_k": 1,
+                "global_vec": 2}
+FORCED = {"tiled": TILED_VECTOR, "splitk": dict(TILED_VECTOR, split_k=3),
+          "small": {"kernel": "small", "small_m": 8, "small_n": 16}}
+
+
+def cases_for(kernel):
+    """Every case for "tiled"; the other kernels share its fold code paths but for the
+    vector ones, so an odd dense and a strided case each."""
+    return CASES if kernel == "tiled" else CASES[:1] + CASES[2:3]
+
+
+def force(monkeypatch, kernel):
+    """Every GEMM the convolution plans runs ``kernel`` with fixed parameters."""
+    params = FORCED[kernel]
+    monkeypatch.setattr(gemm_ops, "select_params",
+                        lambda ctx, M, N, K, batch=1, algorithm=None: dict(params))
 
 
 def reference(x, w, dy, stride):
@@ -57,27 +79,29 @@ def at_offset(ctx, a, pad):
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_forward(ctx, rng, monkeypatch, kernel):
-    monkeypatch.setenv("DLPRIM_GEMM_ALGO", kernel)
+    force(monkeypatch, kernel)
     T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
-    for case in CASES:
+    for case in cases_for(kernel):
         conv, x, w, dy, (y_ref, _, _) = make(ctx, rng, case)
         assert conv.algorithms()[0] == "gemm"
         bias = random(rng, (case[4],))
         y = poisoned(ctx, y_ref.shape)
         conv.forward(T(x), T(w), y, bias=T(bias), alpha=0.7, activation="relu", algo="gemm")
         assert_close(y.numpy(), np.maximum(0.7 * y_ref + bias[None, :, None, None], 0))
-    # alpha and beta, no bias
-    y_old = random(rng, y_ref.shape)
-    y = T(y_old)
-    conv.forward(T(x), T(w), y, alpha=-1.5, beta=0.5, algo="gemm")
-    assert_close(y.numpy(), -1.5 * y_ref + 0.5 * y_old)
+        # beta reads y_old after the activation (the same build: alpha, beta are arguments)
+        y_old = random(rng, y_ref.shape)
+        y = T(y_old)
+        conv.forward(T(x), T(w), y, bias=T(bias), alpha=-1.5, beta=0.5, activation="relu",
+                     algo="gemm")
+        assert_close(y.numpy(), np.maximum(-1.5 * y_ref + bias[None, :, None, None], 0)
+                     + 0.5 * y_old)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_backward_data(ctx, rng, monkeypatch, kernel):
-    monkeypatch.setenv("DLPRIM_GEMM_ALGO", kernel)
+    force(monkeypatch, kernel)
     T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
-    for case in CASES:
+    for case in cases_for(kernel):
         conv, x, w, dy, (_, dx_ref, _) = make(ctx, rng, case)
         assert conv.algorithms("backward_data")[0] == "gemm"
         dx = poisoned(ctx, x.shape)
@@ -92,9 +116,9 @@ def test_backward_data(ctx, rng, monkeypatch, kernel):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_backward_filter(ctx, rng, monkeypatch, kernel):
     """dw = dy (K x N*P) @ x^T: the fold runs along the GEMM's reduction dimension."""
-    monkeypatch.setenv("DLPRIM_GEMM_ALGO", kernel)
+    force(monkeypatch, kernel)
     T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
-    for case in CASES:
+    for case in cases_for(kernel):
         conv, x, w, dy, (_, _, dw_ref) = make(ctx, rng, case)
         assert conv.algorithms("backward_filter")[0] == "gemm"
         dw = poisoned(ctx, w.shape)
@@ -107,8 +131,9 @@ def test_backward_filter(ctx, rng, monkeypatch, kernel):
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=["s1", "s2"])
-def test_offsets(ctx, rng, case):
+def test_offsets(ctx, rng, monkeypatch, case):
     """Every tensor starts inside its buffer (element offsets that break vector alignment)."""
+    force(monkeypatch, "tiled")
     conv, x, w, dy, (y_ref, dx_ref, dw_ref) = make(ctx, rng, case)
     bias = random(rng, (case[4],))
     X, W, DY, B = (at_offset(ctx, a, pad) for a, pad in ((x, 3), (w, 1), (dy, 5), (bias, 2)))
@@ -123,17 +148,65 @@ def test_offsets(ctx, rng, case):
     assert_close(dw.numpy(), dw_ref)
 
 
-def test_fused_epilogue_after_folded_gemm(ctx, rng):
-    """A scale and a residual (epilogues the GEMM lacks) run after the folded GEMM, strided."""
-    conv, x, w, dy, (y_ref, _, _) = make(ctx, rng, CASES[2])
-    k = CASES[2][4]
+def fused_expected(y_ref, alpha, scale, shift, z, residual_alpha, beta, y_old):
+    """act(alpha * conv * scale + shift + residual_alpha * z) + beta * y_old with ReLU; scale
+    and shift per channel (K,) or per position (K, Ho, Wo)."""
+    expand = lambda v: v[None, :, None, None] if v.ndim == 1 else v[None]  # noqa: E731
+    pre = alpha * y_ref * expand(scale) + expand(shift) + residual_alpha * z
+    return np.maximum(pre, 0) + beta * y_old
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fused_epilogue(ctx, rng, monkeypatch, kernel):
+    """The convolution's whole epilogue in the GEMM's store, activation before beta * y_old:
+    strided (scalar stores) and P = 64 (vector stores)."""
+    force(monkeypatch, kernel)
     T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
-    scale, shift, z = random(rng, (k,), 0.5, 1.5), random(rng, (k,)), random(rng, y_ref.shape)
-    y = poisoned(ctx, y_ref.shape)
-    conv.forward(T(x), T(w), y, scale=T(scale), shift=T(shift), residual=T(z),
-                 residual_alpha=0.5, activation="relu", algo="gemm")
-    expected = y_ref * scale[None, :, None, None] + shift[None, :, None, None] + 0.5 * z
-    assert_close(y.numpy(), np.maximum(expected, 0))
+    for case in (CASES[2], CASES[3]) if kernel == "tiled" else (CASES[2],):
+        conv, x, w, dy, (y_ref, _, _) = make(ctx, rng, case)
+        k = case[4]
+        scale, shift = random(rng, (k,), 0.5, 1.5), random(rng, (k,))
+        z, y_old = random(rng, y_ref.shape), random(rng, y_ref.shape)
+        y = T(y_old)
+        conv.forward(T(x), T(w), y, alpha=0.7, beta=0.4, scale=T(scale), shift=T(shift),
+                     residual=T(z), residual_alpha=-1.3, activation="relu", algo="gemm")
+        assert_close(y.numpy(), fused_expected(y_ref, 0.7, scale, shift, z, -1.3, 0.4, y_old))
+
+
+@pytest.mark.parametrize("algo,case", [("gemm", CASES[0]), ("gemm_per_image", CASES[2])],
+                         ids=["folded", "per_image"])
+def test_fused_epilogue_per_position(ctx, rng, monkeypatch, algo, case):
+    """Scale and shift per output position (per-activation batch norm folded in), read at
+    (k, oh, ow) of each image, folded or per image, odd P."""
+    force(monkeypatch, "tiled")
+    T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
+    for case in (case,):
+        conv, x, w, dy, (y_ref, _, _) = make(ctx, rng, case)
+        shape = y_ref.shape[1:]
+        scale, shift = random(rng, shape, 0.5, 1.5), random(rng, shape)
+        z = random(rng, y_ref.shape)
+        y = poisoned(ctx, y_ref.shape)
+        conv.forward(T(x), T(w), y, scale=T(scale), shift=T(shift), residual=T(z),
+                     activation="relu", algo=algo)
+        assert_close(y.numpy(), fused_expected(y_ref, 1.0, scale, shift, z, 1.0, 0.0, 0.0))
+
+
+def test_fused_epilogue_nhwc(ctx, rng, monkeypatch):
+    """NHWC: output channels are the GEMM's columns (scale and shift per column)."""
+    force(monkeypatch, "tiled")
+    n, c, h, w, k, stride = CASES[2]
+    conv, x, wt, dy, (y_ref, _, _) = make(ctx, rng, CASES[2])
+    nhwc = lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1))  # noqa: E731
+    conv = dp.Convolution(ctx, dp.TensorDesc((n, h, w, c)), dp.TensorDesc((k, 1, 1, c)),
+                          dp.ConvolutionDesc(0, stride), layout="NHWC")
+    scale, shift = random(rng, (k,), 0.5, 1.5), random(rng, (k,))
+    z, y_old = random(rng, y_ref.shape), random(rng, y_ref.shape)
+    T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
+    y = T(nhwc(y_old))
+    conv.forward(T(nhwc(x)), T(nhwc(wt)), y, alpha=0.5, beta=-0.5, scale=T(scale),
+                 shift=T(shift), residual=T(nhwc(z)), activation="relu", algo="gemm")
+    expected = fused_expected(y_ref, 0.5, scale, shift, z, 1.0, -0.5, y_old)
+    assert_close(y.numpy(), nhwc(expected))
 
 
 def test_no_workspace_for_strided_forward(ctx, rng):
@@ -145,9 +218,10 @@ def test_no_workspace_for_strided_forward(ctx, rng):
 
 
 @pytest.mark.parametrize("direction", ["forward", "backward_data"])
-def test_per_image_variant(ctx, rng, direction):
+def test_per_image_variant(ctx, rng, monkeypatch, direction):
     """"gemm_per_image", the unfolded per-image batched GEMM, stride 1 and 2 (it does not do
     NCHW filter gradients, and NHWC is "gemm" itself): registered, ranked after "gemm"."""
+    force(monkeypatch, "tiled")
     algo = selection.algorithm("gemm_per_image")
     assert algo.per_image and isinstance(algo, Gemm1x1)
     for case in (CASES[0], CASES[2]):
@@ -191,7 +265,7 @@ def test_folded_gemm_tall_positions(ctx, rng):
     c_store = np.full((n, M, ldc), np.nan, np.float32)
     A, B, C = (dp.Tensor.from_numpy(ctx, v) for v in (a, b_store, c_store))
     GemmPlan(ctx, M, n * P, K, A.buffer, 0, K, B.buffer, 0, P, C.buffer, 0, ldc,
-             fold_b=Fold(P, rows_b * P), fold_c=Fold(P, M * ldc)).enqueue()
+             fold_b=Fold(P, rows_b * P), fold_c=Fold(P, M * ldc), params=TILED_VECTOR).enqueue()
     got = C.numpy()
     expected = np.einsum("mk,nkp->nmp", a.astype(np.float64), b_store[:, :K].astype(np.float64))
     assert_close(got[:, :, :P], expected)
@@ -216,12 +290,8 @@ def test_fold_bad_input(ctx):
         GemmPlan(ctx, 2, 8, 2, buf, 0, 2, buf, 0, 8, buf, 0, 4, fold_c=Fold(4, 6))
 
 
-TILED_VECTOR = {"kernel": "tiled", "tile_m": 32, "tile_n": 32, "tile_k": 16, "wpt_m": 4,
-                "wpt_n": 4, "vec": 4, "pad": 4, "double_buffer": 1, "split_k": 1,
-                "global_vec": 4}
 
-
-@pytest.mark.parametrize("positions,vector", [(64, 4), (49, 1)], ids=["P64", "P49"])
+@pytest.mark.parametrize("positions,vector", [(64, 2), (49, 1)], ids=["P64", "P49"])
 def test_folded_vector_access(ctx, rng, positions, vector):
     """Vector loads of a folded B and vector stores of a folded C need P to be a multiple of
     the width; otherwise the same parameters fall back to scalar access."""
@@ -257,3 +327,37 @@ def test_long_k_split_rule():
     assert _split_long_k(params, Info, 64, 64, 16 * 1024, 1)["split_k"] == 16
     Info.is_gpu = False
     assert _split_long_k(params, Info, 64, 64, 1 << 20, 1)["split_k"] == 1
+
+
+def test_conv_order_epilogue_gemm_level(ctx, rng):
+    """order="conv" on a plain (unfolded) GEMM: scale per column, bias per position (row * N +
+    col), residual at C's layout with padded rows, vector stores; and its bad input."""
+    M, N, K, ldc = 8, 16, 12, 20
+    a, b = random(rng, (M, K)), random(rng, (K, N))
+    scale, bias = random(rng, N), random(rng, (M, N))
+    r_store, c_store = random(rng, (M, ldc)), random(rng, (M, ldc))
+    A, B, S, Bias, R, C = (dp.Tensor.from_numpy(ctx, v)
+                           for v in (a, b, scale, bias, r_store, c_store))
+    plan = GemmPlan(ctx, M, N, K, A.buffer, 0, K, B.buffer, 0, N, C.buffer, 0, ldc,
+                    order="conv", alpha=2.0, beta=0.5, scale_buf=S.buffer, scale_per="n",
+                    bias_buf=Bias.buffer, bias_per="position", residual_buf=R.buffer,
+                    residual_alpha=-1.0, activation="relu", params=TILED_VECTOR)
+    plan.enqueue()
+    assert plan.params["c_vec"] == 2
+    acc = a.astype(np.float64) @ b.astype(np.float64)
+    pre = 2.0 * acc * scale + bias - r_store[:, :N]
+    got = C.numpy()
+    assert_close(got[:, :N], np.maximum(pre, 0) + 0.5 * c_store[:, :N])
+    assert np.array_equal(got[:, N:], c_store[:, N:])
+    with pytest.raises(dp.UnsupportedError, match="order='conv'"):
+        GemmPlan(ctx, M, N, K, A.buffer, 0, K, B.buffer, 0, N, C.buffer, 0, ldc,
+                 scale_buf=S.buffer, scale_per="n")
+    with pytest.raises(dp.ShapeError, match="bias_per must be"):
+        GemmPlan(ctx, M, N, K, A.buffer, 0, K, B.buffer, 0, N, C.buffer, 0, ldc,
+                 bias_buf=Bias.buffer, bias_per="position")
+    with pytest.raises(dp.ShapeError, match="scale buffer holds 16 elements"):
+        GemmPlan(ctx, M, N, K, A.buffer, 0, K, B.buffer, 0, N, C.buffer, 0, ldc, order="conv",
+                 scale_buf=S.buffer, scale_per="position")
+    with pytest.raises(dp.ShapeError, match="residual buffer holds"):
+        GemmPlan(ctx, M, N, K, A.buffer, 0, K, B.buffer, 0, N, C.buffer, 0, ldc, order="conv",
+                 residual_buf=S.buffer)

@@ -240,10 +240,14 @@ def _split_long_k(params, info, M, N, K, batch):
     return dict(params, split_k=split) if split >= 2 else params
 
 
+_PER = {None: 0, "n": 1, "m": 2, "position": 3}
+
+
 def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
-                   folds=(None, None, None)):
+                   folds=(None, None, None), order="gemm", scale_per=None, residual=False):
     base = {"KERNEL": params["kernel"], "TRANS_A": int(trans_a), "TRANS_B": int(trans_b),
-            "BIAS": {None: 0, "n": 1, "m": 2}[bias_per], "ACTIVATION": activation_code}
+            "BIAS": _PER[bias_per], "ACTIVATION": activation_code, "EPILOGUE": order,
+            "SCALE": _PER[scale_per], "RESIDUAL": int(residual)}
     base.update({f"FOLD_{name}": 0 if fold is None else fold.mode
                  for name, fold in zip("ABC", folds)})
     # The template names every parameter of both kernels; the other kernel's are 0.
@@ -323,14 +327,24 @@ class GemmPlan:
 
     Arguments as ``enqueue_gemm``; keyword-only extras: ``algorithm`` ("tiled", "splitk",
     "small") and ``params`` (a full kernel parameter dict, as the tuner uses) override the
-    database's choice; ``dtype`` must be float32.
+    database's choice; ``dtype`` must be float32; ``fold_a``, ``fold_b``, ``fold_c``: ``Fold``
+    addressing of an operand's contiguous dimension (A along K only, C densely only).
+
+    ``order="conv"`` applies the convolution's epilogue instead,
+    ``C = act(alpha * acc * scale + bias + residual_alpha * R) + beta * C``, with
+    ``scale_buf``/``scale_off``/``scale_per`` (as the bias) and ``residual_buf``/
+    ``residual_off`` (R laid out like C: C's leading dimension, fold and batch stride).
+    ``bias_per``/``scale_per`` may then also be ``"position"``: one value per row and column
+    of an image, at ``row * Q + q`` (q the column within its image, Q the columns per image:
+    the fold's positions when C is folded, else N).
     """
 
     def __init__(self, ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc, *,
                  trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias_buf=None, bias_off=0,
                  bias_per="n", activation=None, batch=1, stride_a=0, stride_b=0, stride_c=0,
-                 fold_a=None, fold_b=None, fold_c=None, dtype=np.float32, algorithm=None,
-                 params=None):
+                 fold_a=None, fold_b=None, fold_c=None, order="gemm", scale_buf=None,
+                 scale_off=0, scale_per="m", residual_buf=None, residual_off=0,
+                 residual_alpha=1.0, dtype=np.float32, algorithm=None, params=None):
         dtype = as_dtype(dtype)
         if dtype != np.float32:
             raise DTypeError(f"GEMM supports float32 only, got {dtype}")
@@ -363,20 +377,37 @@ class GemmPlan:
         if batch > 1 and stride_c < M * ldc - (ldc - N) and fold_c is None:
             raise ShapeError(f"C batch stride {stride_c} makes the {M}x{N} outputs of a batch "
                              f"overlap (needs >= {(M - 1) * ldc + N})")
-        if bias_buf is not None:
-            if bias_per not in ("n", "m"):
-                raise ShapeError(f"bias_per must be 'n' (bias[N] per row) or 'm' (bias[M] per "
-                                 f"column), got {bias_per!r}")
-            length = N if bias_per == "n" else M
-            _check_buffer(ctx, bias_buf, "bias buffer")
-            bias_off = _non_negative_int(bias_off, "bias offset")
-            if bias_off + length > bias_buf.size // itemsize:
-                raise ShapeError(f"bias buffer holds {bias_buf.size // itemsize} elements but "
-                                 f"bias[{length}] at offset {bias_off} needs {bias_off + length}")
-            bias_kind = bias_per
+        if order not in ("gemm", "conv"):
+            raise UnsupportedError(f"epilogue order must be 'gemm' or 'conv', got {order!r}")
+        per_image = fold_c.positions if fold_c is not None else N
+        lengths = {"n": N, "m": M, "position": M * per_image}
+
+        def vector(buf, off, per, name):
+            if buf is None:
+                return None, 0
+            if per not in lengths or (per == "position" and order != "conv"):
+                raise ShapeError(f"{name}_per must be 'n' ({name}[N] per row), 'm' ({name}[M] "
+                                 f"per column){' or position' if order == 'conv' else ''}, got "
+                                 f"{per!r}")
+            _check_buffer(ctx, buf, f"{name} buffer")
+            off = _non_negative_int(off, f"{name} offset")
+            length = lengths[per]
+            if off + length > buf.size // itemsize:
+                raise ShapeError(f"{name} buffer holds {buf.size // itemsize} elements but "
+                                 f"{name}[{length}] at offset {off} needs {off + length}")
+            return per, off
+
+        if order == "gemm" and (scale_buf is not None or residual_buf is not None):
+            raise UnsupportedError("a scale or a residual needs order='conv' (the convolution's "
+                                   "epilogue)")
+        bias_kind, bias_off = vector(bias_buf, bias_off, bias_per, "bias")
+        scale_kind, scale_off = vector(scale_buf, scale_off, scale_per, "scale")
+        if residual_buf is not None:
+            residual_off, _, _ = _check_operand(ctx, "residual", residual_buf, residual_off, ldc,
+                                                M, N, batch, stride_c, itemsize, fold_c)
         else:
-            bias_kind = None
-            bias_off = 0
+            residual_off = 0
+        epilogue = dict(order=order, scale_per=scale_kind, residual=residual_buf is not None)
         act = as_activation(activation)
         act_code = act.forward_code("x") if act is not None else ""
 
@@ -393,16 +424,20 @@ class GemmPlan:
         i32 = np.int32
         i64 = np.int64
         bias_arg = bias_buf if bias_buf is not None else c_buf
+        # Buffers of absent epilogue operands: any valid one (never read).
+        epilogue_args = [scale_buf if scale_buf is not None else c_buf, i64(scale_off),
+                         residual_buf if residual_buf is not None else c_buf, i64(residual_off),
+                         f32(residual_alpha)]
         self._launches = []
         fold_args = [*_fold_args(fold_a), *_fold_args(fold_b), *_fold_args(fold_c, False)]
         if params["kernel"] == "small":
             built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
-                                                              act_code, False, folds))
+                                                              act_code, False, folds, **epilogue))
             kernel = built.kernel("gemm_small", fresh=True)
             kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
                             b_buf, i64(b_off), i32(ldb), i64(stride_b),
                             c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
-                            bias_arg, i64(bias_off), *fold_args)
+                            bias_arg, i64(bias_off), *epilogue_args, *fold_args)
             sm, sn = params["small_m"], params["small_n"]
             self._launches.append((kernel, (_round_up(N, sn), _round_up(M, sm), batch), (sn, sm, 1)))
             self.algorithm = "small"
@@ -431,7 +466,8 @@ class GemmPlan:
         splits = math.ceil(K / k_chunk)
         use_split = splits > 1
         built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
-                                                          act_code, use_split, folds), options)
+                                                          act_code, use_split, folds, **epilogue),
+                              options)
         kernel = built.kernel("gemm_tiled", fresh=True)
         threads = tiled_threads(params)
         grid = (math.ceil(N / params["tile_n"]) * threads, math.ceil(M / params["tile_m"]),
@@ -441,12 +477,14 @@ class GemmPlan:
             kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
                             b_buf, i64(b_off), i32(ldb), i64(stride_b),
                             self.workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0),
-                            bias_arg, i64(bias_off), *fold_args[:10], *_fold_args(None, False),
+                            bias_arg, i64(bias_off), *epilogue_args, *fold_args[:10],
+                            *_fold_args(None, False),
                             i32(splits), i32(k_chunk))
             reduce = built.kernel("gemm_splitk_reduce", fresh=True)
             reduce.set_args(i32(M), i32(N), i32(splits), self.workspace,
                             c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
-                            bias_arg, i64(bias_off), *_fold_args(fold_c, False))
+                            bias_arg, i64(bias_off), *epilogue_args,
+                            *_fold_args(fold_c, False))
             group = min(64, ctx.info.max_work_group_size)
             self._launches.append((kernel, grid, (threads, 1, 1)))
             self._launches.append((reduce, (_round_up(N, group), M, batch), (group, 1, 1)))
@@ -456,7 +494,8 @@ class GemmPlan:
             kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
                             b_buf, i64(b_off), i32(ldb), i64(stride_b),
                             c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
-                            bias_arg, i64(bias_off), *fold_args, i32(1), i32(K))
+                            bias_arg, i64(bias_off), *epilogue_args, *fold_args, i32(1),
+                            i32(K))
             self._launches.append((kernel, grid, (threads, 1, 1)))
             self.algorithm = "tiled"
         self.splits = splits

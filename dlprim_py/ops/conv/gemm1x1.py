@@ -12,12 +12,9 @@ GEMM over all images, whatever their size (7x7 maps give tiles as full as 56x56 
   NHWC backward data  dx (NHW x C) = dy (NHW x K) @ w (K x C)
   NHWC backward filt. dw (K x C)   = dy^T (K x NHW) @ x (NHW x C)   (unit stride)
 
-The GEMM's epilogue carries alpha, beta, the bias (shift) and the activation. A forward call
-with a scale, a residual, or an activation together with beta != 0 (the GEMM engine activates
-after adding beta * C, the convolution before) runs the GEMM raw and then a pointwise pass
-(conv_gemm_epilogue in kernels/conv_gemm.cl.mako) with the full epilogue: in place in y when
-beta == 0, else from a scratch tensor the algorithm keeps per output shape (y_old must survive
-until the pass reads it). The algorithm reported is thus always the one that runs.
+The forward GEMM stores through the convolution's whole epilogue (the GEMM engine's "conv"
+order): act(alpha * acc * scale + shift + residual_alpha * z) + beta * y_old, with scale and
+shift per output channel or per output position (per-activation batch norm), no extra pass.
 
 With stride > 1 only every stride-th pixel takes part. NCHW forward and backward filter read
 those pixels of x in place (a strided fold). NCHW backward data multiplies into a dense
@@ -53,7 +50,6 @@ class Gemm1x1(Algorithm):
         if per_image:
             self.name = "gemm_per_image"
         self.plans = OrderedDict()
-        self.scratch = {}   # (context, y shape) -> Tensor for the raw GEMM result
 
     def applies(self, ctx, problem, direction):
         p = problem
@@ -89,49 +85,20 @@ class Gemm1x1(Algorithm):
 
     def prepare(self, ctx, problem, direction, epilogue=NO_EPILOGUE):
         from .. import gemm   # the GEMM engine builds its kernels per plan
-        if direction == "forward" and epilogue != NO_EPILOGUE:
-            program.build(ctx, "conv_gemm", epilogue.params())
         return gemm
-
-    @staticmethod
-    def _needs_epilogue_pass(epilogue, ep):
-        # The GEMM engine applies its activation after adding beta * C; ours adds it after.
-        return (epilogue.has_scale or epilogue.has_residual or epilogue.affine_per_position
-                or (epilogue.activation is not None and ep.beta != 0))
 
     def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
             workspace=None):
-        if direction == "forward" and self._needs_epilogue_pass(epilogue, ep):
-            self._run_with_epilogue_pass(ctx, problem, src, other, dst, ep, epilogue, workspace)
-            return
-        self._run_gemm(ctx, problem, direction, src, other, dst, ep, epilogue, workspace)
-
-    def _run_gemm(self, ctx, problem, direction, src, other, dst, ep, epilogue, workspace):
         strided = not self._unit_stride(problem)
         if strided and not (self._folded(problem) and direction != "backward_data"):
             self._run_strided(ctx, problem, direction, src, other, dst, ep, epilogue, workspace)
             return
         self._run_dense(ctx, problem, direction, src, other, dst, ep, epilogue)
 
-    def _run_with_epilogue_pass(self, ctx, problem, src, other, dst, ep, epilogue, workspace):
-        if ep.beta == 0:
-            raw = dst
-        else:
-            key = (ctx.cl_context.int_ptr, tuple(dst.shape))
-            raw = self.scratch.get(key)
-            if raw is None:
-                raw = self.scratch[key] = Tensor.empty(ctx, dst.shape)
-        self._run_gemm(ctx, problem, "forward", src, other, raw, EpilogueArgs(), NO_EPILOGUE,
-                       workspace)
-        built = program.build(ctx, "conv_gemm", epilogue.params())
-        gsize, lsize = launch_size(ctx, math.prod(dst.shape))
-        launch(ctx, built, "conv_gemm_epilogue", gsize, lsize,
-               [*problem.geometry_args(), *_buf(raw), *_buf(dst), *ep.kernel_args(dst)])
-
     def _run_strided(self, ctx, problem, direction, src, other, dst, ep, epilogue, workspace):
         dense = self._dense(problem)
         sub = Tensor(ctx, workspace.buffer, dense.x_shape, offset=workspace.offset)
-        built = program.build(ctx, "conv_gemm", NO_EPILOGUE.params())
+        built = program.build(ctx, "conv_gemm", {})
         geometry = problem.geometry_args()
         sub_strides = [dense.x_strides()[i] for i in range(4)]
         if direction == "forward":
@@ -147,14 +114,15 @@ class Gemm1x1(Algorithm):
                 np_f32(ep.alpha), np_f32(ep.beta)])
 
     def _run_dense(self, ctx, problem, direction, src, other, dst, ep, epilogue):
+        tensors = (src, other, dst, ep.scale, ep.shift, ep.residual)
         key = (ctx.cl_context.int_ptr, problem, direction, epilogue,
                *((t.buffer.int_ptr, t.offset_elements) if t is not None else None
-                 for t in (src, other, dst, ep.shift)), ep.alpha, ep.beta)
+                 for t in tensors), ep.alpha, ep.beta, ep.residual_alpha)
         plan = self.plans.get(key)
         if plan is None:
             plan = self._plan(ctx, problem, direction, src, other, dst, ep, epilogue)
             # The plan binds raw handles: keep the buffers alive while it is cached.
-            plan.buffers = [t.buffer for t in (src, other, dst, ep.shift) if t is not None]
+            plan.buffers = [t.buffer for t in tensors if t is not None]
             self.plans[key] = plan
             while len(self.plans) > self._PLANS:
                 self.plans.popitem(last=False)
@@ -175,10 +143,17 @@ class Gemm1x1(Algorithm):
         off = lambda t: t.offset_elements  # noqa: E731
         common = dict(alpha=ep.alpha, beta=ep.beta)
         if direction == "forward":
-            if ep.shift is not None:
-                common.update(bias_buf=ep.shift.buffer, bias_off=off(ep.shift),
-                              bias_per="m" if p.layout == "NCHW" else "n")
-            common.update(activation=epilogue.activation)
+            # Output channels are the GEMM's rows in NCHW, its columns in NHWC.
+            per = "position" if epilogue.affine_per_position else \
+                "m" if p.layout == "NCHW" else "n"
+            common.update(order="conv", activation=epilogue.activation,
+                          residual_alpha=ep.residual_alpha)
+            for t, name in ((ep.shift, "bias"), (ep.scale, "scale")):
+                if t is not None:
+                    common.update({f"{name}_buf": t.buffer, f"{name}_off": off(t),
+                                   f"{name}_per": per})
+            if ep.residual is not None:
+                common.update(residual_buf=ep.residual.buffer, residual_off=off(ep.residual))
         if self._folded(p):
             hw, pixels = p.h * p.w, p.ho * p.wo
             if direction == "forward":
