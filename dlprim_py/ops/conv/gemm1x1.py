@@ -23,9 +23,10 @@ instead of multiplying the zeros as the implicit GEMM's backward data does; NHWC
 gathers the pixels into such a workspace first.
 
 "gemm_per_image" (``Gemm1x1(per_image=True)``) runs NCHW forward and backward data as one GEMM
-per image (a strided batch; strided forward through the gather): on the H200 it was within a
-few percent of the folded GEMM on two layers out of 16 and slower on the others, so only find
-mode or DLPRIM_CONV_ALGO chooses it.
+per image (a strided batch; strided forward through the gather). On the H200
+(benchmarks/gemm1x1_probe.py, 16 layers) it beat the folded GEMM on two forward layers (by 6%,
+and by 20% on 32->16 channels before the 32-row tile rule) and one data gradient (3%), and lost
+on the others by up to 2.2x, so only find mode or DLPRIM_CONV_ALGO chooses it.
 """
 import dataclasses
 import math
