@@ -30,12 +30,13 @@ from .ops import gemm as gemm_ops
 from .timing import time_enqueued
 
 # Sizes whose classes the shipped databases cover: square, the GEMMs of convolution layers
-# (M = output channels, N = batch * output pixels, K = input channels * kernel area), tall-K
-# and small problems.
+# (M = output channels, N = batch * output pixels, K = input channels * kernel area; a 1x1
+# convolution's filter gradient: M x N channels, K = batch * pixels), tall-K and small problems.
 DEFAULT_SIZES = ["64", "256", "512", "1024", "2048", "4096",
                  "64x100352x64", "64x25088x576", "256x25088x64", "128x6272x1152",
                  "512x6272x128", "256x1568x2304", "1024x1568x256", "512x392x4608",
-                 "2048x392x512", "64x64x16384", "32x1000x2048"]
+                 "2048x392x512", "64x64x16384", "32x1000x2048", "512x3136x2048",
+                 "64x64x200704"]
 VERIFY_SHAPE = (67, 45, 35)  # odd sizes: every tile has edges
 TOLERANCE = 1e-5
 
@@ -123,17 +124,22 @@ def gemm_candidates(info, space="quick"):
     return [p for p in found if gemm_ops.params_problem(p, info) is None]
 
 
-def _with_splits(candidates, M, N, K, leading=12):
+def _with_splits(candidates, M, N, K, info=None, leading=12):
     """Split-K versions of the tiled candidates for problems with few output tiles and long K:
     those of the ``leading`` likeliest tilings come first (a split count is a run-time
-    argument, so they cost no extra builds), then the candidates themselves."""
+    argument, so they cost no extra builds), then the candidates themselves. On a GPU
+    (``info``), each tiling also gets the split the library's long-K rule would give it
+    (hundreds for a convolution's filter gradient, K = batch * pixels)."""
     if M * N > 1024 * 1024 or K < 1024:
         return candidates
     splits = (4, 8, 16) if M * N <= 512 * 512 else (2, 3, 4, 6)
     extra = []
     for p in [p for p in candidates if p["kernel"] == "tiled"][:leading]:
-        for split in splits:
-            if K // split >= 2 * p["tile_k"]:
+        counts = set(splits)
+        if info is not None:
+            counts.add(gemm_ops._split_long_k(dict(p, split_k=1), info, M, N, K, 1)["split_k"])
+        for split in sorted(counts):
+            if split > 1 and K // split >= 2 * p["tile_k"]:
                 extra.append(dict(p, split_k=split))
     return extra + candidates
 
@@ -208,7 +214,7 @@ def tune_gemm(ctx, sizes, budget, space="quick", log=print, seed=1234):
     for index, (M, N, K) in enumerate(sizes):
         size_budget = (budget - (time.perf_counter() - started)) / (len(sizes) - index)
         size_started = time.perf_counter()
-        candidates = _with_splits(base, M, N, K)
+        candidates = _with_splits(base, M, N, K, ctx.info)
         if M * N * K <= 1 << 18:
             # Tiny problems: the one-item-per-element kernel first, so the budget reaches it.
             candidates = sorted(candidates, key=lambda p: p["kernel"] != "small")

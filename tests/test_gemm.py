@@ -307,6 +307,20 @@ def test_tuner_writes_verified_entry(ctx, tmp_path, monkeypatch):
     assert sorted((r["shape"]["m"], r["shape"]["n"]) for r in rules) == [(9, 7), (23, 19)]
 
 
+def test_tuner_split_candidates():
+    """Long-K shapes get split-K candidates, on a GPU also the long-K rule's own count."""
+    from dlprim_py.tune import _with_splits
+
+    class Info:
+        is_gpu, compute_units = True, 132
+
+    base = [dict(TILED), dict(SMALL)]
+    found = {p.get("split_k", 1) for p in _with_splits(base, 64, 64, 64 * 3136, Info)}
+    assert {1, 4, 8, 16, 196} <= found
+    assert _with_splits(base, 64, 64, 512, Info) == base       # short K: no splits
+    assert 196 not in {p.get("split_k", 1) for p in _with_splits(base, 64, 64, 64 * 3136)}
+
+
 def test_tuner_rejects_wrong_candidates(ctx, monkeypatch):
     """A candidate whose result differs from the reference is never timed or chosen."""
     from dlprim_py import tune
