@@ -33,8 +33,10 @@ the chain):
   convolution runs (MIOpen's arguments give mean and variance, not folded vectors, and may
   change between calls). A per-activation batch norm varies over (k, h, w): it folds into a
   scale and a shift per output position, which the epilogue reads instead of per channel (the
-  1x1 GEMM then hands over to the implicit GEMM kernel, whose epilogue has them).
-* ``[bias | batchnorm_inference | activation]+`` without a convolution: one pointwise kernel.
+  1x1 GEMM's epilogue, in the convolution's order, reads them too).
+* ``[bias | batchnorm_inference | activation]+`` without a convolution: one kernel, a pass of
+  float4 packets when every parameter is per channel and the activation comes last, else the
+  pointwise generator with the parameters broadcast.
 * ``batchnorm_forward [activation]``: batch norm in training mode (statistics, saved mean and
   inverse std, running averages) and the activation: one kernel, or two (partial sums, then
   normalise and activate) when few channels are split over work-groups to fill the device.

@@ -449,10 +449,10 @@ def test_depthwise_tiled_applies_and_ranks(ctx):
 
 
 @pytest.mark.parametrize("name", ["1x1", "1x1s2"])
-def test_gemm_1x1_epilogue_pass(ctx, rng, monkeypatch, name):
-    """Epilogues the GEMM engine lacks (scale, residual, activation before beta) run as the GEMM
-    plus conv_gemm_epilogue, in place (beta == 0) or from scratch (beta != 0): "gemm" is what
-    runs, never another algorithm behind its name."""
+def test_gemm_1x1_full_epilogue(ctx, rng, monkeypatch, name):
+    """Every epilogue (scale, residual, activation before beta) runs in the GEMM engine's own
+    epilogue in the convolution's order, with beta 0 or not: "gemm" is what runs, never another
+    algorithm behind its name."""
     def refuse(*args, **kwargs):
         raise AssertionError("the implicit GEMM ran under the name gemm")
     monkeypatch.setattr(algorithms.ImplicitGemm, "run", refuse)
