@@ -24,12 +24,12 @@ step() {  # step NAME SECONDS COMMAND...
 }
 for s in $steps; do
     case $s in
-    conv) step conv 260 python3 benchmarks/conv.py --find --commit "$commit" --time-limit 230 \
+    conv) step conv 230 python3 benchmarks/conv.py --find --commit "$commit" --time-limit 200 \
               --output "$out/conv-h200.json" ;;
-    fusion) step fusion 90 python3 benchmarks/fusion.py --find --commit "$commit" \
+    fusion) step fusion 80 python3 benchmarks/fusion.py --find --commit "$commit" \
               --json "$out/fusion-h200.json" ;;
-    ops) step ops 150 python3 benchmarks/ops.py --output "$out/ops-h200.json" ;;
-    gemm) step gemm 150 python3 benchmarks/gemm.py --output "$out/gemm-h200.json" ;;
+    ops) step ops 120 python3 benchmarks/ops.py --commit "$commit" --output "$out/ops-h200.json" ;;
+    gemm) step gemm 150 python3 benchmarks/gemm.py --commit "$commit" --output "$out/gemm-h200.json" ;;
     bench) step bench 240 python3 -m dlprim_py.bench --suite peak --suite gemm --suite ops \
               --suite fusion --suite conv --nets resnet50 --directions fwd --batch 64 \
               --time-limit 200 --no-progress --commit "$commit" --json "$out/bench-h200.json" ;;
