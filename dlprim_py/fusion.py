@@ -28,12 +28,12 @@ the chain):
   epilogue ``act(alpha * acc * scale + shift) + beta * y_old`` for every algorithm (the GEMM of 1x1
   convolutions, Winograd's output transform, implicit GEMM, depthwise, direct), grouped and
   depthwise convolutions included. A bias alone is the shift. A batch norm (after or before a
-  bias) folds into the convolution: conv(x, w) * scale[k] + shift[k] = conv(x, w * scale[k]) +
-  shift[k], so a kernel over the weights writes the scaled weights and the shift before the
-  convolution runs (MIOpen's arguments give mean and variance, not folded vectors, and may
-  change between calls). A per-activation batch norm varies over (k, h, w): it folds into a
-  scale and a shift per output position, which the epilogue reads instead of per channel (the
-  1x1 GEMM's epilogue, in the convolution's order, reads them too).
+  bias) folds into a scale and a shift per channel, conv(x, w) * scale[k] + shift[k], computed
+  by a tiny kernel on every call (MIOpen's arguments give mean and variance, not folded
+  vectors, and may change between calls) that replays enqueue right before the convolution's
+  last kernel, the only one that reads them. A per-activation batch norm varies over (k, h, w):
+  it folds into a scale and a shift per output position, which the epilogue reads instead of
+  per channel.
 * ``[bias | batchnorm_inference | activation]+`` without a convolution: one kernel, a pass of
   float4 packets when every parameter is per channel and the activation comes last, else the
   pointwise generator with the parameters broadcast.
@@ -62,7 +62,7 @@ from .context import Context, check_same_context
 from .dtypes import float32
 from .errors import DeviceError, DlprimError, DTypeError, ShapeError, UnsupportedError
 from .logcmd import log_command, quiet
-from .recording import Recording, launch_kernel
+from .recording import Recording, current as current_recording, launch_kernel
 from .tensor import Tensor, TensorDesc, allocate
 
 VERTICAL = "vertical"
@@ -1010,15 +1010,12 @@ class _ConvChain:
         has_bn = any(isinstance(op, BatchNormInferenceOp) for op in self.affine_ops)
         biases = [op for op in self.affine_ops if isinstance(op, BiasForwardOp)]
         # One bias alone is the epilogue's shift as it is; a batch norm (or several biases)
-        # folds first: into scaled weights and a shift, or into per-position scale and shift.
+        # folds first into a scale and a shift per channel, or per output position.
         self.needs_fold = has_bn or len(biases) > 1
-        if self.per_position:
-            self.scale = Tensor.empty(plan.ctx, (k,) + tuple(y_shape[2:]))
-            self.shift = Tensor.empty(plan.ctx, (k,) + tuple(y_shape[2:]))
-            self.fold_kernel = self._fold_kernel()
-        elif self.needs_fold:
-            self.folded_weights = Tensor.empty(plan.ctx, w_desc.shape)
-            self.shift = Tensor.empty(plan.ctx, (k,))
+        if self.needs_fold:
+            affine_shape = (k,) + (tuple(y_shape[2:]) if self.per_position else ())
+            self.scale = Tensor.empty(plan.ctx, affine_shape)
+            self.shift = Tensor.empty(plan.ctx, affine_shape)
             self.fold_kernel = self._fold_kernel()
         # The selector's choice (DLPRIM_CONV_ALGO, find-db or the immediate rule) first, then
         # the other applicable algorithms in the immediate rule's order.
@@ -1034,7 +1031,7 @@ class _ConvChain:
         from .ops.conv.algorithms import Epilogue
         if activation is not None and activation.is_identity:
             activation = None
-        return Epilogue(self.per_position, bool(self.affine_ops), False, activation,
+        return Epilogue(self.needs_fold, bool(self.affine_ops), False, activation,
                         self.per_position)
 
     def _prepare(self, activation):
@@ -1045,24 +1042,17 @@ class _ConvChain:
 
     def _fold_kernel(self):
         """The kernel (kernels/fusion_fold.cl.mako) that folds the chain's bias and batch-norm
-        parameters into what the convolution's epilogue applies: scaled weights and a shift
-        (conv(x, w * scale[k]) + shift[k] reproduces every op in order), or a scale and a shift
-        per output position when a batch norm is per activation. It is enqueued with arguments
-        set directly: it runs before the convolution on every call, so its host cost delays the
-        convolution's start."""
+        parameters into the scale and shift the convolution's epilogue applies,
+        act(acc * scale + shift), one pair per channel or, when a batch norm is per activation,
+        per output position. Its arguments are set directly and it is recorded with the
+        convolution (see run for where it goes in the replay)."""
         chain = [("bias" if isinstance(op, BiasForwardOp) else "bn",
                   len(self.param_shapes[op]) > 1) for op in self.affine_ops]
-        name = "fold_affine_per_position" if self.per_position else "fold_affine_into_weights"
-        kernel = program.kernel(self.plan.ctx, "fusion_fold", name,
+        kernel = program.kernel(self.plan.ctx, "fusion_fold", "fold_affine",
                                 dict(chain=chain, activation=None, vec=1), fresh=True)
-        if self.per_position:
-            count = self.scale.size
-            self.fold_sizes = [np.int32(count), np.int32(count // self.scale.shape[0])]
-            outputs = (self.scale, self.shift)
-        else:
-            count = self.folded_weights.size
-            self.fold_sizes = [np.int32(count), np.int32(count // self.folded_weights.shape[0])]
-            outputs = (self.folded_weights, self.shift)
+        count = self.scale.size
+        self.fold_sizes = [np.int32(count), np.int32(count // self.scale.shape[0])]
+        outputs = (self.scale, self.shift)
         group = min(256, self.plan.ctx.info.max_work_group_size)
         groups = min(-(-count // group), self.plan.ctx.info.compute_units * 8)
         self.fold_launch = ((groups * group,), (group,))
@@ -1070,9 +1060,9 @@ class _ConvChain:
         self.fold_bound = None    # the operands the kernel's arguments are set for
         return kernel
 
-    def _fold(self, args, w):
-        """Enqueue the fold of this call's parameters and weights ``w`` into
-        self.folded_weights and self.shift. The kernel's arguments are set again only when the
+    def _fold(self, args):
+        """Enqueue the fold of this call's parameters into self.scale and self.shift. The
+        kernel's arguments are set again only when the
         tensors (buffers, offsets) or epsilons differ from the previous call's: the contents are
         read on every run, which is what MIOpen's arguments promise."""
         operands, scalars = [], []
@@ -1088,8 +1078,6 @@ class _ConvChain:
                                       f"than the plan")
                 operands.append(t)
             scalars.append(None if isinstance(op, BiasForwardOp) else values["epsilon"])
-        if w is not None:
-            operands.append(w)
         key = tuple((t.buffer.int_ptr, t.offset_elements) for t in operands) + tuple(scalars)
         if key != self.fold_bound:
             kernel_args = list(self.fold_sizes)
@@ -1101,8 +1089,6 @@ class _ConvChain:
                 position += count
                 if epsilon is not None:
                     kernel_args.append(np.float32(epsilon))
-            if w is not None:
-                kernel_args += [w.buffer, np.int32(w.offset_elements)]
             self.fold_kernel.set_args(*kernel_args, *self.fold_outputs)
             self.fold_bound = key
         launch_kernel(self.plan.ctx.queue, self.fold_kernel, *self.fold_launch)
@@ -1140,21 +1126,33 @@ class _ConvChain:
         scale = shift = None
         if w.ctx.cl_context != self.plan.ctx.cl_context:
             raise DeviceError("the conv weights live in another OpenCL context than the plan")
-        if self.per_position:
-            self._fold(args, None)
+        outer = current_recording()
+        start = len(outer.steps) if outer is not None else 0
+        if self.needs_fold:
+            self._fold(args)
             scale, shift = self.scale, self.shift
-        elif self.needs_fold:
-            self._fold(args, w)
-            w, shift = self.folded_weights, self.shift
         elif self.affine_ops:
             op = self.affine_ops[0]
             bias = args.get(op)["bias"]
             _check_param_tensor(op, bias, "bias", self.param_shapes[op])
             shift = _param_view(bias, self.param_shapes[op])
+        folded = len(outer.steps) - start if outer is not None else 0
         activation = args.get(self.activation)["activation"] if self.activation else None
         self.convolution.forward(x, w, y, alpha=conv_args["alpha"], beta=conv_args["beta"],
                                  activation=activation, algo=self.algorithm,
                                  workspace=self.workspace, scale=scale, shift=shift)
+        # Only the convolution's last kernel applies the epilogue (Algorithm.epilogue_last):
+        # replays enqueue the fold right before it, behind the long kernels, where the device
+        # does not wait for the host to enqueue the tiny fold first.
+        if folded and self.algorithm_object().epilogue_last:
+            steps = outer.steps[start:]
+            fold, conv = steps[:folded], steps[folded:]
+            if len(conv) > 1:
+                outer.steps[start:] = conv[:-1] + fold + conv[-1:]
+
+    def algorithm_object(self):
+        from .ops.conv.selection import algorithm
+        return algorithm(self.algorithm)
 
 
 class _HorizontalConvs:

@@ -45,6 +45,11 @@ class Recording:
             outer.steps.extend(self.steps)
 
 
+def current():
+    """The open recording, or None."""
+    return getattr(_state, "recording", None)
+
+
 def enqueue(step):
     """Run ``step()`` (an enqueue with bound arguments) and add it to the open recording."""
     step()

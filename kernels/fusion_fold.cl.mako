@@ -7,16 +7,11 @@
 ## where p is the output channel k, or for a per-activation batch norm the output position
 ## (k, oh, ow).
 ##
-## fold_affine_into_weights (every op per channel):
-##   act(conv(x, w) * scale[k] + shift[k]) = act(conv(x, w * scale[k]) + shift[k]), so work item e
-##   (a weight element, k = e / per_channel with per_channel = C/groups * R * S) writes
-##   w_out[e] = w[e] * scale and the first element of each channel writes shift_out[k]. The
-##   convolution then runs on the scaled weights with only a bias in its epilogue, which every
-##   algorithm (GEMM, Winograd, implicit GEMM, depthwise, direct) applies in its own kernel.
-## fold_affine_per_position (some op per activation):
-##   work item i (an output position (k, oh, ow), k = i / spatial with spatial = Ho * Wo) writes
-##   scale_out[i] and shift_out[i], which the epilogue reads per position.
-##
+## fold_affine: work item i writes scale_out[i] and shift_out[i] for i < count, with k = i / spatial:
+##   per channel (count = K, spatial = 1) when every op is per channel, else per output position
+##   (k, oh, ow) (count = K * Ho * Wo, spatial = Ho * Wo). The convolution's epilogue applies
+##   act(acc * scale + shift) in its own last kernel (GEMM, Winograd output transform, implicit
+##   GEMM, depthwise, direct), which is the only one that reads them.
 ## apply_affine_activation (no convolution; every op per channel): y = act(x * scale[c] +
 ##   shift[c]) over a (N, C, S) tensor in one pass. Work item q takes packets q, q + G, ...
 ##   (G = global size) of `vec` elements; with S divisible by vec a packet stays in one (n, c)
@@ -26,14 +21,13 @@
 ## Template parameters:
 ##   chain   list of (kind, per_position) in chain order: kind "bias" or "bn"; per_position True
 ##           when the op's parameters have one value per output position, False when one per
-##           channel (fold_affine_into_weights and apply_affine_activation need every
-##           per_position False)
+##           channel (apply_affine_activation needs every per_position False)
 ##   activation  OpenCL C expression of act(z) over `z` for apply_affine_activation, which only
 ##               exists when this is not None
 ##   vec         (apply_affine_activation only) elements per packet: 4 (float4 loads and stores;
 ##               needs S and both offsets divisible by 4, checked by the host) or 1
 ##
-## Run-time arguments: the sizes (weight_count, per_channel or count, spatial), then per op its
+## Run-time arguments: the sizes (count, spatial; packets, C, S), then per op its
 ## parameter buffers with element offsets (bias: b; bn: mean, variance, scale, bias) and, for a
 ## batch norm, its epsilon; then the inputs and outputs named in each kernel, with offsets.
 
@@ -68,23 +62,7 @@
 % endfor
 </%def>
 
-__kernel void fold_affine_into_weights(
-    int weight_count, int per_channel
-    ${chain_params()}
-    , __global const float* restrict w, int w_off
-    , __global float* restrict w_out, int w_out_off
-    , __global float* restrict shift_out, int shift_out_off)
-{
-    for (int e = get_global_id(0); e < weight_count; e += get_global_size(0)) {
-        const int k = e / per_channel;
-        ${apply_chain("k", "k")}
-        w_out[w_out_off + e] = w[w_off + e] * scale;
-        if (e == k * per_channel)
-            shift_out[shift_out_off + k] = shift;
-    }
-}
-
-__kernel void fold_affine_per_position(
+__kernel void fold_affine(
     int count, int spatial
     ${chain_params()}
     , __global float* restrict scale_out, int scale_out_off

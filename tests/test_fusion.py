@@ -664,6 +664,40 @@ def test_conv_plan_repeated_calls_see_every_change(ctx, rng):
     check(x, w, params, 0.25, y)
 
 
+def test_conv_plan_replays_fold_before_last_kernel_every_algorithm(ctx, rng):
+    """Replays enqueue the batch-norm fold right before the convolution's last kernel: with new
+    contents in the same parameter tensors, every algorithm's replay still applies them."""
+    plan, ops = build_conv_plan(ctx, CONV["x_shape"], CONV["w_shape"], CONV["conv_desc"],
+                                ["bias", "bn", fusion.ACTIVATION_RELU], 6)
+    x, w, b = random(rng, CONV["x_shape"]), random(rng, CONV["w_shape"]), random(rng, (1, 6, 1, 1))
+    xd, wd, bd = dev(ctx, x, w, b)
+    conv = conv_ref(x, w, CONV["conv_desc"]) + t64(b)
+    params = bn_params(rng, (1, 6, 1, 1))
+    param_tensors = dev(ctx, *params)
+    args = fusion.OperatorArgs()
+    args.set_conv_forward(ops[0], 1, 0, wd)
+    args.set_bias_forward(ops[1], 1, 0, bd)
+    args.set_batchnorm_inference(ops[2], 1, 0, *param_tensors, 1e-4)
+    args.set_activation_forward(ops[3], 1, 0, 0, 0, 0)
+    algorithms = plan.conv_algorithms()
+    assert len(algorithms) > 2
+    for algo in algorithms:
+        plan.set_conv_algorithm(algo)
+        y = poisoned(ctx, (2, 6, 7, 6))
+        for _ in range(3):   # record, then replay twice with new parameter contents
+            plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+            assert_close(y.numpy(), torch.relu(bn_inference_ref(conv, *params, 1e-4)).numpy())
+            params = bn_params(rng, (1, 6, 1, 1))
+            for t, values in zip(param_tensors, params):
+                t.copy_(dp.Tensor.from_numpy(ctx, values))
+            y.fill_(np.nan)
+        steps = plan._bound[2].steps
+        fold = plan.runner.fold_kernel
+        assert sum(getattr(step, "args", (None, None))[1] is fold for step in steps) == 1
+        if len(steps) > 2:
+            assert getattr(steps[-2], "args", (None, None))[1] is fold, algo
+
+
 def test_conv_plan_logs_one_line_per_call(ctx, rng, capsys, monkeypatch):
     """DLPRIM_LOG_CMD: a plan logs its own CBAInfer line on every call, recorded or replayed,
     and not the lines of the convolution it runs inside."""
