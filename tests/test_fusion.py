@@ -566,7 +566,8 @@ def test_conv_bn_every_activation_mode(ctx, rng, mode, a, b, g):
     plan = run_conv_chain(ctx, rng, (1, 3, 5, 5), (3, 1, 3, 3), dp.ConvolutionDesc(1, groups=3),
                           ["bn", mode], act_params=(a, b, g), algorithms=["depthwise"],
                           unfused=False)
-    assert plan.conv_algorithms(1) == ["depthwise"]
+    # The depthwise kernel ran, whatever the device's first choice for this problem is.
+    assert plan.runner.algorithm == "depthwise"
 
 
 @pytest.mark.parametrize("x_shape, w_shape, conv_desc, algorithms", [
