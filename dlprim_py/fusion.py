@@ -587,6 +587,29 @@ def _affine_statement(ops, args, value="v"):
     return " ".join(lines), inputs, scalars
 
 
+def _chain_parameters(plan, affine_ops, param_shapes, args):
+    """The kernel arguments of a bias / BN-inference chain in op order, as fusion_fold.cl.mako's
+    chain_params() declares them (bias: b; bn: mean, variance, scale, bias, then epsilon),
+    after checking every tensor; and a key that changes when any of them does (buffers,
+    offsets, epsilons)."""
+    kernel_args, key = [], []
+    for op in affine_ops:
+        values = args.get(op)
+        bn = isinstance(op, BatchNormInferenceOp)
+        for field in (("mean", "variance", "scale", "bias") if bn else ("bias",)):
+            t = values[field]
+            _check_param_tensor(op, t, field, param_shapes[op])
+            if t.ctx.cl_context != plan.ctx.cl_context:
+                raise DeviceError(f"op {op.index}: {field} lives in another OpenCL context "
+                                  f"than the plan")
+            kernel_args += [t.buffer, np.int32(t.offset_elements)]
+            key.append((t.buffer.int_ptr, t.offset_elements))
+        if bn:
+            kernel_args.append(np.float32(values["epsilon"]))
+            key.append(values["epsilon"])
+    return kernel_args, tuple(key)
+
+
 class _PointwiseChain:
     """bias / BN inference / activation ops without a convolution: one pointwise kernel."""
     replayable = False   # enqueues directly: FusionPlan.execute runs it every time
@@ -697,27 +720,14 @@ class _PointwiseChain:
         kernel = self._plane_kernel(args if self.activation is not None else None, vec)
         packets = n * c * spatial // vec
         kernel_args = [np.int32(packets), np.int32(c), np.int32(spatial)]
-        for op in self.affine_ops:
-            values = args.get(op)
-            fields = ("bias",) if isinstance(op, BiasForwardOp) else ("mean", "variance",
-                                                                       "scale", "bias")
-            for field in fields:
-                t = values[field]
-                _check_param_tensor(op, t, field, self.param_shapes[op])
-                if t.ctx.cl_context != self.plan.ctx.cl_context:
-                    raise DeviceError(f"op {op.index}: {field} lives in another OpenCL context "
-                                      f"than the plan")
-                kernel_args += [t.buffer, np.int32(t.offset_elements)]
-            if isinstance(op, BatchNormInferenceOp):
-                kernel_args.append(np.float32(values["epsilon"]))
+        kernel_args += _chain_parameters(self.plan, self.affine_ops, self.param_shapes, args)[0]
         kernel_args += [x.buffer, np.int32(x.offset_elements), y.buffer,
                         np.int32(y.offset_elements)]
         kernel.set_args(*kernel_args)
         info = self.plan.ctx.info
         group = min(256, info.max_work_group_size)
         groups = min(-(-packets // group), info.compute_units * (16 if info.is_gpu else 4))
-        import pyopencl as cl
-        cl.enqueue_nd_range_kernel(self.plan.ctx.queue, kernel, (groups * group,), (group,))
+        launch_kernel(self.plan.ctx.queue, kernel, (groups * group,), (group,))
 
 
 def _prebuild_pointwise(ctx, kernel, out_shape, input_shapes):
@@ -1062,34 +1072,12 @@ class _ConvChain:
 
     def _fold(self, args):
         """Enqueue the fold of this call's parameters into self.scale and self.shift. The
-        kernel's arguments are set again only when the
-        tensors (buffers, offsets) or epsilons differ from the previous call's: the contents are
-        read on every run, which is what MIOpen's arguments promise."""
-        operands, scalars = [], []
-        for op in self.affine_ops:
-            values = args.get(op)
-            fields = (("bias",) if isinstance(op, BiasForwardOp)
-                      else ("mean", "variance", "scale", "bias"))
-            for field in fields:
-                t = values[field]
-                _check_param_tensor(op, t, field, self.param_shapes[op])
-                if t.ctx.cl_context != self.plan.ctx.cl_context:
-                    raise DeviceError(f"op {op.index}: {field} lives in another OpenCL context "
-                                      f"than the plan")
-                operands.append(t)
-            scalars.append(None if isinstance(op, BiasForwardOp) else values["epsilon"])
-        key = tuple((t.buffer.int_ptr, t.offset_elements) for t in operands) + tuple(scalars)
+        kernel's arguments are set again only when the tensors (buffers, offsets) or epsilons
+        differ from the previous call's: the contents are read on every run, which is what
+        MIOpen's arguments promise."""
+        kernel_args, key = _chain_parameters(self.plan, self.affine_ops, self.param_shapes, args)
         if key != self.fold_bound:
-            kernel_args = list(self.fold_sizes)
-            position = 0
-            for op, epsilon in zip(self.affine_ops, scalars):
-                count = 1 if epsilon is None else 4
-                for t in operands[position:position + count]:
-                    kernel_args += [t.buffer, np.int32(t.offset_elements)]
-                position += count
-                if epsilon is not None:
-                    kernel_args.append(np.float32(epsilon))
-            self.fold_kernel.set_args(*kernel_args, *self.fold_outputs)
+            self.fold_kernel.set_args(*self.fold_sizes, *kernel_args, *self.fold_outputs)
             self.fold_bound = key
         launch_kernel(self.plan.ctx.queue, self.fold_kernel, *self.fold_launch)
 
