@@ -614,7 +614,6 @@ class _PointwiseChain:
     """bias / BN inference / activation ops without a convolution: one pointwise kernel."""
     replayable = False   # enqueues directly: FusionPlan.execute runs it every time
 
-
     def __init__(self, plan):
         self.plan = plan
         shape = plan.input_desc.shape
@@ -649,7 +648,11 @@ class _PointwiseChain:
         self.layout = (shape[0], channels, math.prod(shape[2:]))
         self.affine_ops = [op for op in plan.ops if not isinstance(op, ActivationForwardOp)]
         self.activation = plan.ops[-1] if kinds[-1] is ActivationForwardOp else None
-        self._kernel(None)  # build the default-parameter variant now
+        # Build the default-parameter variant now (float4 where the plane size allows it).
+        if self.per_channel:
+            self._plane_kernel(None, 4 if self.layout[2] % 4 == 0 else 1)
+        else:
+            self._kernel(None)
 
     widest = 4   # elements per packet at most; set_vector_width(1) forces scalar packets (tests)
 
@@ -682,8 +685,6 @@ class _PointwiseChain:
     def _kernel(self, args):
         """(kernel, inputs, scalars) for the activation parameters of ``args`` (None: the
         defaults), built once per parameter set."""
-        if self.per_channel:
-            return self._plane_kernel(args, 4 if self.layout[2] % 4 == 0 else 1)
         from .ops.pointwise import PointwiseKernel
         key = self._activation_key(args)
         entry = self.kernels.get(key)
@@ -717,7 +718,7 @@ class _PointwiseChain:
         n, c, spatial = self.layout
         vec = 4 if (self.widest >= 4 and spatial % 4 == 0 and x.offset_elements % 4 == 0
                     and y.offset_elements % 4 == 0) else 1
-        kernel = self._plane_kernel(args if self.activation is not None else None, vec)
+        kernel = self._plane_kernel(args, vec)
         packets = n * c * spatial // vec
         kernel_args = [np.int32(packets), np.int32(c), np.int32(spatial)]
         kernel_args += _chain_parameters(self.plan, self.affine_ops, self.param_shapes, args)[0]
@@ -800,7 +801,6 @@ def _index_type(*tensors):
 class _BatchNormTrainForward:
     """batchnorm_forward [activation]: statistics, normalisation and activation in one kernel."""
     replayable = False   # enqueues directly: FusionPlan.execute runs it every time
-
 
     def __init__(self, plan):
         self.plan = plan
@@ -887,7 +887,6 @@ class _BatchNormTrainBackward:
     """batchnorm_backward with activation_backward: dx, dscale, dbias of act(bn_train(x))."""
     replayable = False   # enqueues directly: FusionPlan.execute runs it every time
 
-
     def __init__(self, plan):
         self.plan = plan
         self.bn = None
@@ -960,7 +959,6 @@ class _BatchNormTrainBackward:
 class _ConvChain:
     """conv [bias | BN inference]* [activation]: the convolution kernel's own epilogue."""
     replayable = True   # every enqueue goes through dlprim_py.recording
-
 
     def __init__(self, plan):
         self.plan = plan
@@ -1150,7 +1148,6 @@ class _HorizontalConvs:
     computed as one convolution over the concatenated weights (and biases), i.e. a vertical
     conv [bias] [activation] plan whose weights this runner assembles before each call."""
     replayable = False   # enqueues directly: FusionPlan.execute runs it every time
-
 
     def __init__(self, plan):
         self.plan = plan
