@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -31,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import dlprim_py as dp  # noqa: E402
 from dlprim_py.ops.conv import selection  # noqa: E402
 from dlprim_py.bench.harness import error_metric  # noqa: E402
+from dlprim_py.bench.record import measured_commit  # noqa: E402
 from dlprim_py.bench.torch_baseline import TorchBaseline  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
@@ -164,12 +164,7 @@ def make_report(args, ctx, device, results, started):
             mine = [r for r in rows if r["model"] == model]
             if mine:
                 summary[f"{direction}_{model}"] = geomean([r["speed_vs_baseline"] for r in mine])
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        commit = ""
-    commit = args.commit or commit
+    commit = measured_commit(args.commit)
     report = dict(
         benchmark="conv", batch=args.batch, find_mode=args.find, commit=commit,
         device=ctx.info.name, platform=ctx.info.platform_name, driver=ctx.info.driver_version,

@@ -29,7 +29,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -44,6 +43,7 @@ from dlprim_py import fusion  # noqa: E402
 from dlprim_py.ops import norm  # noqa: E402
 from dlprim_py.ops.activation_ops import activation_forward  # noqa: E402
 from dlprim_py.bench.harness import error_metric  # noqa: E402
+from dlprim_py.bench.record import measured_commit  # noqa: E402
 from dlprim_py.bench.torch_baseline import TorchBaseline  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
@@ -239,12 +239,7 @@ def main():
         layers_meeting_unfused=sum(r["fused_vs_unfused"] >= TARGET_VS_UNFUSED for r in timed),
         layers_meeting_torch=sum(r["fused_vs_torch"] >= TARGET_VS_TORCH for r in timed),
         layers_timed=len(timed))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        commit = ""
-    commit = args.commit or commit
+    commit = measured_commit(args.commit)
     report = dict(
         benchmark="fusion conv+bn+relu", batch=batch, quick=args.quick, find_mode=args.find,
         commit=commit, device=ctx.info.name, platform=ctx.info.platform_name,

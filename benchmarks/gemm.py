@@ -17,7 +17,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -27,6 +26,7 @@ import pyopencl as cl
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import dlprim_py as dp  # noqa: E402
+from dlprim_py.bench.record import measured_commit  # noqa: E402
 from dlprim_py.ops.gemm import GemmPlan  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
@@ -62,20 +62,6 @@ def shapes(batch, squares=SQUARE):
         out.append((name, cout, batch * pixels, k, "resnet50-conv"))
     out.append(("fc 2048->1000", batch, 1000, 2048, "resnet50-fc"))
     return out
-
-
-def git_commit():
-    """The commit measured: ``DLPRIM_COMMIT`` when set (copies of the tree without their own
-    .git, where git may answer for an enclosing repository), else ``git rev-parse HEAD``, else
-    "unknown"."""
-    if os.environ.get("DLPRIM_COMMIT"):
-        return os.environ["DLPRIM_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        out = ""
-    return out if len(out) == 40 else "unknown"
 
 
 class Baseline:
@@ -208,7 +194,7 @@ def run(args):
     result = {"benchmark": "gemm", "device": ctx.info.name, "platform": ctx.info.platform_name,
               "driver": ctx.info.driver_version, "opencl_version": ctx.info.version,
               "baseline": baseline.name, "baseline_device": baseline.device,
-              "commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "commit": measured_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "batch": args.batch, "timing": "median of OpenCL profiling markers after warm-up",
               "summary": summary, "rows": rows}
     if args.output:

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import dlprim_py as dp  # noqa: E402
 from dlprim_py import functional as F  # noqa: E402
+from dlprim_py.bench.record import measured_commit  # noqa: E402
 from dlprim_py.ops.pointwise import PointwiseKernel  # noqa: E402
 from dlprim_py.ops.dropout import reference_mask  # noqa: E402
 from dlprim_py.ops.softmax import softmax_backward  # noqa: E402
@@ -94,14 +95,14 @@ class Baseline:
         return info
 
 
-def time_ours(ctx, run, quick):
-    """Median seconds of one ``run()`` on ctx.queue (REPEAT_IN_SPAN calls per marker span)."""
+def time_ours(ctx, run, quick, calls=REPEAT_IN_SPAN):
+    """Median seconds of one ``run()`` on ctx.queue (``calls`` calls per marker span)."""
     def span():
-        for _ in range(REPEAT_IN_SPAN):
+        for _ in range(calls):
             run()
     with dp.no_grad():
         timing = time_enqueued(ctx, span, warmup=1 if quick else 2, repeat=3 if quick else 15)
-    return timing.median / REPEAT_IN_SPAN
+    return timing.median / calls
 
 
 def error_metric(out, ref):
@@ -383,8 +384,7 @@ def main(argv=None):
         facts = {"device": ctx.info.name, "platform": ctx.info.platform_name,
                  "driver": ctx.info.driver_version, "host": platform.node(), "quick": args.quick,
                  "baseline": baseline.describe(), "rows": rows}
-        if args.commit:
-            facts["commit"] = args.commit
+        facts["commit"] = measured_commit(args.commit)
         with open(args.output, "w") as f:
             json.dump(facts, f, indent=1, default=float)
     failed = [r["op"] for r in rows if not r.get("ok")]

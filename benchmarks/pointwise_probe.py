@@ -27,7 +27,6 @@ from dlprim_py import functional as F  # noqa: E402
 from dlprim_py.activation import from_torch_name  # noqa: E402
 from dlprim_py.ops import activation_ops, dropout as dropout_ops  # noqa: E402
 from dlprim_py.ops.pointwise import PointwiseKernel  # noqa: E402
-from dlprim_py.timing import time_enqueued  # noqa: E402
 import ops as ops_bench  # noqa: E402
 
 # (label, algorithm, vector, unroll, groups per unit)
@@ -41,15 +40,6 @@ POINTWISE_VARIANTS = [
 DROPOUT_VARIANTS = [("scalar u2", "scalar", 2, 64), ("vec4 u2", "vector", 2, 64),
                     ("vec4 u1", "vector", 1, 64), ("vec4 u2 g16", "vector", 2, 16),
                     ("vec4 u1 nogrid", "vector", 1, None)]
-
-
-def spans(ctx, run, calls, quick):
-    def span():
-        for _ in range(calls):
-            run()
-    with dp.no_grad():
-        timing = time_enqueued(ctx, span, warmup=1 if quick else 2, repeat=3 if quick else 15)
-    return timing.median / calls
 
 
 def same_bits(a, b):
@@ -109,7 +99,7 @@ def pointwise(ctx, baseline, quick, table):
             else:
                 ok = same_bits(got, first)
                 error = 0.0 if ok else math.inf
-            ours_s = spans(ctx, run, ops_bench.REPEAT_IN_SPAN, quick) if ok else math.nan
+            ours_s = ops_bench.time_ours(ctx, run, quick) if ok else math.nan
             table.append({"part": "pointwise", "op": op, "variant": label, "ok": ok, "error": error,
                           "ours_ms": ours_s * 1e3, "torch_ms": torch_s * 1e3,
                           "ours_GBps": nbytes / ours_s / 1e9, "torch_GBps": nbytes / torch_s / 1e9,
@@ -137,7 +127,7 @@ def dropout(ctx, baseline, quick, table):
         run()
         error = ops_bench.error_metric(out.numpy(), ref)
         ok = error <= ops_bench.TOLERANCE
-        ours_s = spans(ctx, run, ops_bench.REPEAT_IN_SPAN, quick) if ok else math.nan
+        ours_s = ops_bench.time_ours(ctx, run, quick) if ok else math.nan
         table.append({"part": "dropout", "op": "dropout p=0.5", "variant": label, "ok": ok,
                       "error": error, "ours_ms": ours_s * 1e3, "torch_ms": torch_s * 1e3,
                       "ours_GBps": 8 * n / ours_s / 1e9, "torch_GBps": 8 * n / torch_s / 1e9,
@@ -225,8 +215,8 @@ def operator_row(ctx, baseline, quick, rng, name, shapes, ours, theirs):
     with dp.no_grad():
         error = ops_bench.error_metric(ours(mine).numpy(), theirs(t64).cpu().numpy())
     ok = error <= ops_bench.TOLERANCE
-    ten = spans(ctx, lambda: ours(mine), ops_bench.REPEAT_IN_SPAN, quick) if ok else math.nan
-    one = spans(ctx, lambda: ours(mine), 1, quick) if ok else math.nan
+    ten = ops_bench.time_ours(ctx, lambda: ours(mine), quick) if ok else math.nan
+    one = ops_bench.time_ours(ctx, lambda: ours(mine), quick, calls=1) if ok else math.nan
     torch_s = baseline.time(lambda: theirs(tt))
     with dp.no_grad(), KernelLog() as log:
         ours(mine)
@@ -293,7 +283,7 @@ def host(ctx, baseline, quick, table):
             F.relu(big)
             if flush:
                 ctx.queue.flush()
-        ours_s = spans(ctx, run, ops_bench.REPEAT_IN_SPAN, quick)
+        ours_s = ops_bench.time_ours(ctx, run, quick)
         table.append({"part": "host", "op": "F.relu 2^26" + (" + flush" if flush else ""),
                       "variant": "10 per span", "ok": True, "ours_ms": ours_s * 1e3,
                       "torch_ms": math.nan, "ours_GBps": 8 * n / ours_s / 1e9, "torch_GBps": 0.0,

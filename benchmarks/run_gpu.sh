@@ -3,9 +3,13 @@
 # and the test suite on the GPU, each checked against a reference before it is timed, PyTorch
 # timed in the same run.
 #   bash benchmarks/run_gpu.sh OUTPUT_DIR [COMMIT] [STEP ...]
-# STEP: conv, fusion, ops, gemm, bench, tests, tests-fusion-gemm (default: conv fusion ops
-# bench). COMMIT is
-# recorded in the JSON files (the copy on a lent machine may have no git metadata).
+# STEP: conv, fusion, ops, gemm, bench, tests, tests-fusion-gemm, and for the 1x1 and GEMM
+# work gemm1x1-probe (the device's OpenCL extensions; folded against per-image and implicit
+# GEMM on every 1x1 layer), tune-gemm (dlprim-tune on the GEMM shapes that were under 0.8x of
+# the vendor library, merged into this device's rules under DLPRIM_CACHE_DIR, which later
+# steps read) and conv1x1 (benchmarks/conv.py on the 1x1 layers, all directions)
+# (default: conv fusion ops bench). COMMIT is recorded in the JSON files (the copy on a lent
+# machine may have no git metadata).
 # Each step is bounded so that the whole run fits one call of the lent GPU machine.
 set -u
 out=${1:?output folder}
@@ -13,7 +17,8 @@ commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 shift $(( $# >= 2 ? 2 : $# ))
 steps=${*:-conv fusion ops bench}
 mkdir -p "$out"
-export DLPRIM_CACHE_DIR=${DLPRIM_CACHE_DIR:-/tmp/dlprim-cache} PYTHONUNBUFFERED=1
+export DLPRIM_CACHE_DIR=${DLPRIM_CACHE_DIR:-/tmp/dlprim-cache} PYTHONUNBUFFERED=1 \
+    DLPRIM_COMMIT=$commit
 echo "commit $commit; steps: $steps"
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 limit=$2; shift 2
@@ -21,7 +26,7 @@ step() {  # step NAME SECONDS COMMAND...
     local t0=$SECONDS
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
     echo "exit $? after $((SECONDS - t0))s"
-    tail -n 25 "$out/$name.log"
+    grep -v $'\r' "$out/$name.log" | tail -n 25   # without progress-bar lines
 }
 for s in $steps; do
     case $s in
@@ -37,6 +42,15 @@ for s in $steps; do
     tests) step tests 200 python3 -m pytest tests -q -x -p no:cacheprovider ;;
     tests-fusion-gemm) step tests-fusion-gemm 60 python3 -m pytest -q -x -p no:cacheprovider \
               tests/test_fusion.py tests/test_conv_gemm1x1.py tests/test_gemm.py ;;
+    gemm1x1-probe) step gemm1x1-probe 45 python3 benchmarks/gemm1x1_probe.py --time-limit 30 \
+              --output "$out" ;;
+    tune-gemm) step tune-gemm 55 python3 -m dlprim_py.tune gemm --budget 28 --merge \
+              --sizes 512x1568x4608,512x1568x2048,32x1000x2048,2048x1568x512,512x3136x2048 \
+              --report "$out/tune-report.json"
+              cp "$DLPRIM_CACHE_DIR/tuning/gemm.json" "$out/gemm-tuned.json" || echo "no tuning database written" ;;
+    conv1x1) step conv1x1 65 python3 benchmarks/conv.py --directions forward backward_data \
+              backward_filter --only 1x1 down project expand head --time-limit 48 \
+              --commit "$commit" --output "$out/conv-h200-1x1.json" ;;
     *) echo "unknown step $s"; exit 2 ;;
     esac
 done

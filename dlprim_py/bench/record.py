@@ -33,6 +33,13 @@ def source_commit():
         return None, None
 
 
+def measured_commit(given=None):
+    """The commit a benchmark script records: ``given`` (its --commit), else ``DLPRIM_COMMIT``,
+    else the checkout's HEAD, else "unknown" (a copy of the tree without its history, such as
+    the one a lent GPU machine receives)."""
+    return given or os.environ.get("DLPRIM_COMMIT") or source_commit()[0] or "unknown"
+
+
 def device_record(ctx):
     info = ctx.info
     return {
