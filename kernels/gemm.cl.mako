@@ -47,6 +47,14 @@
 //   SPLIT_K       1: each work-group sums only its K chunk (group id 2 = batch * splits +
 //                 split) and writes the raw sum to a workspace; gemm_splitk_reduce adds the
 //                 chunks and applies the epilogue. 0: the epilogue is applied directly.
+//   LANES_N       0: work-item lid computes row block lid / TN_THREADS, column block
+//                 lid % TN_THREADS. > 0: work-items come in runs of 32 (one NVIDIA warp), each
+//                 run a LANES_N (along N) by 32 / LANES_N (along M) patch of the work-item
+//                 grid, so that one run reads fewer distinct A and B fragments from local
+//                 memory per step (4 x 8 reads 64 + 128 bytes where 2 x 16 reads 32 + 256)
+//   GROUP_M       1: work-groups take the tiles of C row by row (group id 0 walks N). > 1:
+//                 consecutive work-groups walk GROUP_M rows of tiles down M, then step along
+//                 N, so that the work-groups resident together share A and B slices in cache
 // "small" only:
 //   SMALL_M, SMALL_N  work-group shape; one work-item per C element, K walked from global memory
 
@@ -221,7 +229,7 @@ def fold(mode, op, j):
 </%def>
 
 % if tiled:
-// Work-item (tm, tn) = (lid / TN_THREADS, lid % TN_THREADS) owns rows
+// Work-item (tm, tn) (from lid as LANES_N says) owns rows
 // (j * TM_THREADS + tm) * VEC + v and columns (j * TN_THREADS + tn) * VEC + v of the tile.
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
 void gemm_tiled(int M, int N, int K,
@@ -241,10 +249,29 @@ void gemm_tiled(int M, int N, int K,
     __local float b_stage[STAGES * STAGE_B] __attribute__((aligned(16)));
 
     const int lid = get_local_id(0);
+% if LANES_N:
+    const int lane = lid % 32;
+    const int run = lid / 32;
+    const int tm = (run / (TN_THREADS / ${LANES_N})) * ${32 // LANES_N} + lane / ${LANES_N};
+    const int tn = (run % (TN_THREADS / ${LANES_N})) * ${LANES_N} + lane % ${LANES_N};
+% else:
     const int tm = lid / TN_THREADS;
     const int tn = lid % TN_THREADS;
+% endif
+% if GROUP_M > 1:
+    // Tile t (row-major over the groups) -> GROUP_M tile rows walked down M first.
+    const int tiles_n = get_num_groups(0);
+    const int tiles_m = get_num_groups(1);
+    const int t = get_group_id(1) * tiles_n + get_group_id(0);
+    const int band = t / (${GROUP_M} * tiles_n);
+    const int band_rows = min(tiles_m - band * ${GROUP_M}, ${GROUP_M});
+    const int in_band = t - band * ${GROUP_M} * tiles_n;
+    const int m0 = (band * ${GROUP_M} + in_band % band_rows) * TILE_M;
+    const int n0 = (in_band / band_rows) * TILE_N;
+% else:
     const int m0 = get_group_id(1) * TILE_M;
     const int n0 = get_group_id(0) * TILE_N;
+% endif
     const int batch = get_group_id(2) / splits;
     const int split = get_group_id(2) % splits;
     const int k_begin = split * k_chunk;

@@ -96,6 +96,15 @@ def params_problem(params, info):
         return f"{threads} work-items cannot share the {tm}x{tk} and {tk}x{tn} tile loads evenly"
     if threads > info.max_work_group_size:
         return f"{threads} work-items > device maximum {info.max_work_group_size}"
+    lanes_n = params.get("lanes_n", 0)
+    if lanes_n and (lanes_n not in (1, 2, 4, 8, 16, 32) or threads % 32
+                    or (tn // wn) % lanes_n or (tm // wm) % (32 // lanes_n)):
+        return (f"lanes_n {lanes_n} must be 0 or a power of two up to 32 whose 32-item runs "
+                f"({lanes_n} x {32 // max(1, lanes_n)}) tile the {tn // wn} x {tm // wm} "
+                f"work-items")
+    group = params.get("tile_group", 1)
+    if not isinstance(group, int) or group < 1:
+        return f"tile_group must be an int >= 1, got {group!r}"
     if tiled_local_bytes(params) > info.local_mem_size:
         return f"{tiled_local_bytes(params)} bytes of local memory > device {info.local_mem_size}"
     return None
@@ -252,7 +261,7 @@ def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
                  for name, fold in zip("ABC", folds)})
     # The template names every parameter of both kernels; the other kernel's are 0.
     base.update(SMALL_M=0, SMALL_N=0, TILE_M=0, TILE_N=0, TILE_K=0, WPT_M=0, WPT_N=0, VEC=0,
-                PAD=0, DOUBLE_BUFFER=0, SPLIT_K=0, GVEC=0, CVEC=0)
+                PAD=0, DOUBLE_BUFFER=0, SPLIT_K=0, GVEC=0, CVEC=0, LANES_N=0, GROUP_M=0)
     if params["kernel"] == "small":
         base.update(SMALL_M=params["small_m"], SMALL_N=params["small_n"])
     else:
@@ -260,7 +269,8 @@ def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
                     WPT_M=params["wpt_m"], WPT_N=params["wpt_n"], VEC=params["vec"],
                     PAD=params["pad"], DOUBLE_BUFFER=int(params["double_buffer"]),
                     SPLIT_K=int(split), GVEC=params.get("global_vec", 1),
-                    CVEC=params.get("c_vec", 1))
+                    CVEC=params.get("c_vec", 1), LANES_N=params.get("lanes_n", 0),
+                    GROUP_M=params.get("tile_group", 1))
     return base
 
 

@@ -1,0 +1,348 @@
+"""SGEMM kernel variants side by side with cuBLAS, in one run: which tiled-kernel parameters
+(tiles, register blocks, load widths, work-item layout ``lanes_n``, tile order ``tile_group``,
+register cap) serve 4096^3 and the other shapes of benchmarks/gemm.py best on this device.
+
+    python benchmarks/gemm_probe.py [--output DIR] [--rounds 3] [--only TEXT] [--quick]
+
+Every variant runs once on a NaN-filled C and is compared with a float64 reference of the
+whole product (PyTorch on CUDA when there, else numpy on sampled rows); a variant with an
+error above 1e-5 or an unwritten element is reported and never timed. Then, ``--rounds``
+times over, the baseline (cuBLAS through torch.mm, TF32 off, CUDA events) and every variant
+(OpenCL profiling markers around the enqueued plan) are timed in turn, median after a
+warm-up; the table gives each variant's median over the rounds and its ratio to the
+baseline's. On NVIDIA every variant is built with -cl-nv-verbose and the table shows the
+register count and spill bytes that the compiler reported.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+
+import numpy as np
+import pyopencl as cl
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import dlprim_py as dp  # noqa: E402
+from dlprim_py.bench.record import measured_commit  # noqa: E402
+from dlprim_py.ops import gemm as gemm_ops  # noqa: E402
+from dlprim_py.ops.gemm import GemmPlan, select_params  # noqa: E402
+from dlprim_py.timing import time_enqueued  # noqa: E402
+
+from gemm import shapes as benchmark_shapes  # noqa: E402
+
+_SPEC = re.compile(r"(\d+)x(\d+)x(\d+)$")
+
+
+def parse_variant(text, base=None):
+    """Kernel parameters from a short spec: ``128x128x16 w8x8 v4 p4 gv4 l8 g8 r128 db1 s2``
+    (tile, work per item, local read width, pad, global load width, lanes_n, tile_group,
+    register cap, double buffer, split_k); ``db`` alone means this shape's database choice,
+    with the fields that follow overriding it."""
+    words = text.split()
+    params = dict(base) if words and words[0] == "db" else dict(gemm_ops.DEFAULT_TILED)
+    for word in words:
+        if word == "db":
+            continue
+        tile = _SPEC.match(word)
+        if tile:
+            params.update(tile_m=int(tile[1]), tile_n=int(tile[2]), tile_k=int(tile[3]))
+        elif word.startswith("w"):
+            wm, wn = word[1:].split("x")
+            params.update(wpt_m=int(wm), wpt_n=int(wn))
+        elif word.startswith("gv"):
+            params["global_vec"] = int(word[2:])
+        elif word.startswith("db"):
+            params["double_buffer"] = int(word[2:])
+        elif word.startswith("v"):
+            params["vec"] = int(word[1:])
+        elif word.startswith("p"):
+            params["pad"] = int(word[1:])
+        elif word.startswith("l"):
+            params["lanes_n"] = int(word[1:])
+        elif word.startswith("g"):
+            params["tile_group"] = int(word[1:])
+        elif word.startswith("r"):
+            value = int(word[1:])
+            if value:
+                params["max_registers"] = value
+            else:
+                params.pop("max_registers", None)
+        elif word.startswith("s"):
+            params["split_k"] = int(word[1:])
+        else:
+            raise SystemExit(f"unknown field {word!r} in variant {text!r}")
+    return params
+
+
+# 4096^3: the current rule, each new option on its own and together, and other tilings.
+SQUARE_4096 = [
+    "db", "db gv4", "db l8", "db l4", "db gv4 l8", "db g8", "db g16", "db l8 g8", "db r128",
+    "db l8 r128", "128x128x8 w8x8 gv1", "128x128x8 w8x8 gv4 l8", "128x256x8 w8x16 gv4",
+    "128x256x8 w8x16 gv4 l8", "256x128x8 w16x8 gv4", "256x128x8 w16x8 gv4 l8",
+    "64x128x16 w8x8 gv4", "64x128x16 w8x8 gv4 l8", "128x64x16 w8x8 gv4 l8",
+]
+# Other shapes: the database's choice with the new options.
+OTHERS = ["db", "db l8", "db l4", "db g8"]
+QUICK_OTHERS = ["db", "db l8"]
+
+
+def short(params):
+    p = params
+    if p["kernel"] == "small":
+        return "small"
+    text = (f"{p['tile_m']}x{p['tile_n']}x{p['tile_k']} w{p['wpt_m']}x{p['wpt_n']} v{p['vec']} "
+            f"p{p['pad']} gv{p.get('global_vec', 1)}")
+    for key, tag in (("lanes_n", "l"), ("tile_group", "g"), ("max_registers", "r")):
+        if p.get(key) not in (None, 0) and not (key == "tile_group" and p[key] == 1):
+            text += f" {tag}{p[key]}"
+    if p.get("split_k", 1) > 1:
+        text += f" s{p['split_k']}"
+    return text
+
+
+class BuildLogs:
+    """Wraps the GEMM module's program builds to add -cl-nv-verbose on NVIDIA and keep the
+    register report of the latest build."""
+
+    def __init__(self, ctx):
+        self.enabled = ctx.info.vendor == "nvidia"
+        self.last = ""
+        self._build = gemm_ops.program.build
+        if self.enabled:
+            gemm_ops.program = _ProgramWithLog(gemm_ops.program, self)
+
+    def report(self):
+        """(registers, spill bytes, the lines of gemm_tiled) of the latest build."""
+        lines = [s for s in self.last.splitlines() if "ptxas" in s]
+        text = " | ".join(lines)
+        regs = re.search(r"Used (\d+) registers", text)
+        spill = re.findall(r"(\d+) bytes spill", text)
+        return (int(regs[1]) if regs else None,
+                sum(int(s) for s in spill) if spill else None, text)
+
+
+class _ProgramWithLog:
+    def __init__(self, module, logs):
+        self._module = module
+        self._logs = logs
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def build(self, ctx, template, params=None, options=()):
+        built = self._module.build(ctx, template, params, tuple(options) + ("-cl-nv-verbose",))
+        try:
+            self._logs.last = built.program.get_build_info(ctx.device,
+                                                           cl.program_build_info.LOG)
+        except cl.Error:
+            self._logs.last = ""
+        return built
+
+
+class Baseline:
+    def __init__(self):
+        self.torch = None
+        try:
+            import torch
+            if torch.cuda.is_available():
+                torch.backends.cuda.matmul.allow_tf32 = False
+                self.torch = torch
+        except ImportError:
+            pass
+        self.name = (f"cuBLAS (torch {self.torch.__version__}, TF32 off)" if self.torch
+                     else "none (no CUDA)")
+
+    def prepare(self, a, b):
+        torch = self.torch
+        self.ta = torch.from_numpy(a).cuda()
+        self.tb = torch.from_numpy(b).cuda()
+        self.out = torch.mm(self.ta, self.tb)
+        ref = torch.mm(self.ta.double(), self.tb.double()).cpu().numpy()
+        return ref
+
+    def time(self, repeat):
+        torch = self.torch
+        for _ in range(3):
+            torch.mm(self.ta, self.tb, out=self.out)
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(repeat):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.mm(self.ta, self.tb, out=self.out)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e-3)
+        return float(np.median(samples))
+
+    def release(self):
+        if self.torch is not None:
+            del self.ta, self.tb, self.out
+            self.torch.cuda.empty_cache()
+
+
+def error_of(out, ref, rows=None):
+    got = out if rows is None else out[rows]
+    if not np.isfinite(got).all():
+        return math.inf
+    ref = ref if rows is None else ref[rows]
+    return float(np.linalg.norm(got.astype(np.float64) - ref)
+                 / (math.sqrt(got.size) * np.abs(ref).max()))
+
+
+def probe_shape(ctx, logs, baseline, name, M, N, K, specs, rounds, rng, log):
+    flops = 2.0 * M * N * K
+    a = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+    b = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+    rows = None
+    if baseline.torch is not None:
+        ref = baseline.prepare(a, b)
+    else:
+        rows = np.unique(np.concatenate([[0, M - 1], rng.integers(0, M, 16)]))
+        ref = np.zeros((M, N))
+        ref[rows] = a[rows].astype(np.float64) @ b.astype(np.float64)
+    mf = cl.mem_flags
+    a_buf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+    b_buf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b)
+    c_buf = cl.Buffer(ctx.cl_context, mf.READ_WRITE, M * N * 4)
+    out = np.empty((M, N), np.float32)
+    chosen = select_params(ctx, M, N, K)
+    variants, seen = [], set()
+    for spec in specs:
+        params = parse_variant(spec, chosen)
+        problem = gemm_ops.params_problem(params, ctx.info)
+        key = json.dumps(params, sort_keys=True)
+        if problem is not None or key in seen:
+            if problem is not None:
+                log(f"  {spec:28s} skipped: {problem}")
+            continue
+        seen.add(key)
+        started = time.perf_counter()
+        try:
+            plan = GemmPlan(ctx, M, N, K, a_buf, 0, K, b_buf, 0, N, c_buf, 0, N, params=params)
+        except dp.DlprimError as e:
+            log(f"  {spec:28s} failed to build: {str(e).splitlines()[0]}")
+            continue
+        build_s = time.perf_counter() - started
+        regs, spill, report = logs.report() if logs.enabled else (None, None, "")
+        cl.enqueue_fill_buffer(ctx.queue, c_buf, np.float32(np.nan), 0, M * N * 4)
+        plan.enqueue()
+        cl.enqueue_copy(ctx.queue, out, c_buf, is_blocking=True)
+        error = error_of(out, ref, rows)
+        entry = {"spec": spec, "params": plan.params, "short": short(plan.params),
+                 "algorithm": plan.algorithm, "error": error, "registers": regs,
+                 "spill_bytes": spill, "ptxas": report, "build_s": build_s, "samples_ms": []}
+        if not error <= 1e-5:
+            log(f"  {spec:28s} WRONG: error {error:.2e}; not timed")
+            entry["rejected"] = True
+        else:
+            entry["plan"] = plan
+        variants.append(entry)
+    repeat = max(8, min(60, int(0.25 / max(flops / 4.5e13, 1e-6))))
+    base_ms = []
+    for _ in range(rounds):
+        if baseline.torch is not None:
+            base_ms.append(baseline.time(repeat) * 1e3)
+        for v in variants:
+            if "plan" in v:
+                t = time_enqueued(ctx, v["plan"].enqueue, warmup=3, repeat=repeat)
+                v["samples_ms"].append(t.median * 1e3)
+    baseline.release()
+    for buf in (a_buf, b_buf, c_buf):
+        buf.release()
+    base = float(np.median(base_ms)) if base_ms else None
+    result = {"name": name, "m": M, "n": N, "k": K, "baseline_ms": base,
+              "baseline_rounds_ms": base_ms, "database_choice": short(chosen), "variants": []}
+    for v in variants:
+        v.pop("plan", None)
+        if v["samples_ms"]:
+            v["ms"] = float(np.median(v["samples_ms"]))
+            v["tflops"] = flops / v["ms"] / 1e9
+            v["ratio"] = base / v["ms"] if base else None
+        result["variants"].append(v)
+    return result
+
+
+def print_table(results, log):
+    log("")
+    log(f"{'shape':22s} {'variant':40s} {'regs':>4s} {'spill':>5s} {'ms':>8s} {'TFLOP/s':>7s} "
+        f"{'ratio':>6s}  rounds")
+    for r in results:
+        base = r["baseline_ms"]
+        log(f"{r['name']:22s} {'cuBLAS':40s} {'':4s} {'':5s} "
+            f"{base if base else float('nan'):8.4f} "
+            f"{2e-9 * r['m'] * r['n'] * r['k'] / base if base else float('nan'):7.2f}")
+        best = max((v for v in r["variants"] if "ms" in v), key=lambda v: -v["ms"], default=None)
+        for v in r["variants"]:
+            if "ms" not in v:
+                log(f"{'':22s} {v['short']:40s} rejected (error {v['error']:.1e})")
+                continue
+            mark = " *" if v is best else ""
+            log(f"{'':22s} {v['short']:40s} {v['registers'] or '-':>4} "
+                f"{v['spill_bytes'] if v['spill_bytes'] is not None else '-':>5} "
+                f"{v['ms']:8.4f} {v['tflops']:7.2f} {v['ratio'] or float('nan'):6.3f}  "
+                f"{' '.join(f'{x:.4f}' for x in v['samples_ms'])}{mark}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", default=None, help="folder for gemm-probe.json")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=32, help="images for the ResNet-50 shapes")
+    parser.add_argument("--only", default=None, help="only shapes whose name contains this")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer variants for the shapes other than 4096^3")
+    parser.add_argument("--square", action="append", default=None,
+                        help="variant spec for 4096^3 (repeatable; replaces the built-in list)")
+    parser.add_argument("--others", action="append", default=None,
+                        help="variant spec for the other shapes (repeatable)")
+    parser.add_argument("--time-limit", type=float, default=200.0,
+                        help="stop starting new shapes after this many seconds")
+    parser.add_argument("--commit", default=None)
+    parser.add_argument("--device", default=None)
+    args = parser.parse_args(argv)
+    if args.commit:
+        os.environ["DLPRIM_COMMIT"] = args.commit
+    started = time.perf_counter()
+    ctx = dp.Context(args.device)
+    logs = BuildLogs(ctx)
+    baseline = Baseline()
+    print(f"device: {ctx.info.name} | {ctx.info.platform_name} | driver "
+          f"{ctx.info.driver_version}; baseline {baseline.name}", flush=True)
+    rng = np.random.default_rng(11)
+    square = args.square or SQUARE_4096
+    others = args.others or (QUICK_OTHERS if args.quick else OTHERS)
+    order = [s for s in benchmark_shapes(args.batch) if s[0] == "square 4096"]
+    order += [s for s in benchmark_shapes(args.batch) if s[0] != "square 4096"]
+    results = []
+    for name, M, N, K, group in order:
+        if args.only is not None and args.only not in name:
+            continue
+        if time.perf_counter() - started > args.time_limit:
+            print(f"time limit: {name} and the rest not probed", flush=True)
+            break
+        specs = square if name == "square 4096" else others
+        result = probe_shape(ctx, logs, baseline, name, M, N, K, specs, args.rounds, rng,
+                             lambda s: print(s, flush=True))
+        results.append(result)
+        print_table([result], lambda s: print(s, flush=True))
+    print_table(results, print)
+    if args.output:
+        os.makedirs(args.output, exist_ok=True)
+        path = os.path.join(args.output, "gemm-probe.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"benchmark": "gemm_probe", "device": ctx.info.name,
+                       "driver": ctx.info.driver_version, "baseline": baseline.name,
+                       "commit": measured_commit(),
+                       "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "rounds": args.rounds, "results": results}, f, indent=1)
+        print(f"wrote {path} after {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
