@@ -1,12 +1,17 @@
 """Memory-bound kernels' variants side by side, with PyTorch in the same run.
 
-    python benchmarks/pointwise_probe.py [--quick] [--only pointwise,dropout,ops] [--output DIR]
+    python benchmarks/pointwise_probe.py [--quick] [--only span,build,pointwise,dropout,ops,host]
+                                         [--output DIR] [--commit HASH]
 
-pointwise: the generator's scalar and vector variants (elements per access, groups per work item,
-grid cap) on copy, relu, sigmoid, add and a bias broadcast over 2^26 float32; dropout: its scalar
-and vector variants and blocks per work item; ops: pooling and normalization operators as
-dlprim-bench's ops suite runs them, timed ten calls per span (the device's time) and one call per
-span (what a lone call costs, host included), with each call's kernels and their device times.
+span: copy, relu and hardswish at 64 MiB, 256 MiB and 1 GiB, each timed six ways on both sides
+(markers or CUDA events around ten calls, the same after a priming call, one call, the host clock
+around many calls with and without a profiling queue, the kernels' own times and the gaps between
+them), to tell a fixed cost per call from bandwidth; build: NVIDIA's register report and the PTX
+of the default kernels (files under DIR/ptx); pointwise: the generator's launch variants (access
+width, accesses per work item and where they lie, work-group size, grid cap, index width) on copy,
+relu, hardswish, gelu, add and a bias broadcast over 2^26 float32; dropout: its variants; ops:
+pooling and normalization operators as dlprim-bench's ops suite runs them, ten calls per span
+and one call per span, with each call's kernels and their device times; host: a call's host time.
 Every variant's result is checked before it is timed: the first against float64, the others bit
 for bit against the first (same arithmetic per element), on NaN-poisoned outputs.
 """
@@ -15,6 +20,8 @@ import json
 import math
 import os
 import sys
+import time
+import traceback
 
 import numpy as np
 import pyopencl as cl
@@ -29,17 +36,28 @@ from dlprim_py.ops import activation_ops, dropout as dropout_ops  # noqa: E402
 from dlprim_py.ops.pointwise import PointwiseKernel  # noqa: E402
 import ops as ops_bench  # noqa: E402
 
-# (label, algorithm, vector, unroll, groups per unit)
+# (label, algorithm, vector, accesses per item, groups per unit or None for no grid-stride loop,
+# work-group size, interleave, index type or None for the narrowest that fits). The first is the
+# default of the code under test; it is timed again last, as a measure of the run's spread.
 POINTWISE_VARIANTS = [
-    ("scalar u4 g64", "scalar", 1, 4, 64),
-    ("vec4 u2 g64", "vector", 4, 2, 64),
-    ("vec4 u1 g64", "vector", 4, 1, 64),
-    ("vec4 u1 nogrid", "vector", 4, 1, None),
-    ("vec4 u2 nogrid", "vector", 4, 2, None),
+    ("v4 u1 g256", "vector", 4, 1, None, 256, "grid", None),
+    ("v4 u1 g128", "vector", 4, 1, None, 128, "grid", None),
+    ("v4 u1 g512", "vector", 4, 1, None, 512, "grid", None),
+    ("v4 u1 g1024", "vector", 4, 1, None, 1024, "grid", None),
+    ("v4 u1 g256 long", "vector", 4, 1, None, 256, "grid", "long"),
+    ("v4 u2 blk g128", "vector", 4, 2, None, 128, "block", None),
+    ("v4 u2 blk g256", "vector", 4, 2, None, 256, "block", None),
+    ("v4 u4 blk g128", "vector", 4, 4, None, 128, "block", None),
+    ("v4 u2 grid g256", "vector", 4, 2, None, 256, "grid", None),
+    ("v8 u1 g128", "vector", 8, 1, None, 128, "grid", None),
+    ("v8 u1 g256", "vector", 8, 1, None, 256, "grid", None),
+    ("v4 u2 blk cap16", "vector", 4, 2, 16, 256, "block", None),
+    ("v4 u4 grid cap64", "vector", 4, 4, 64, 256, "grid", None),
+    ("scalar u4 g64", "scalar", 1, 4, 64, 256, "grid", None),
 ]
-DROPOUT_VARIANTS = [("scalar u2", "scalar", 2, 64), ("vec4 u2", "vector", 2, 64),
-                    ("vec4 u1", "vector", 1, 64), ("vec4 u2 g16", "vector", 2, 16),
-                    ("vec4 u1 nogrid", "vector", 1, None)]
+# Variants timed on the two-dimensional bias broadcast (the others run one dimension).
+ND_VARIANTS = ("v4 u1 g256", "v4 u2 blk g256", "v4 u2 grid g256", "v4 u2 blk g128",
+               "v4 u4 blk g128", "v8 u1 g256", "v4 u4 grid cap64")
 
 
 def same_bits(a, b):
@@ -47,7 +65,27 @@ def same_bits(a, b):
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def configured(name, inputs, statement, scalars, variant):
+    """A PointwiseKernel whose launch is the ``variant`` row of POINTWISE_VARIANTS."""
+    label, algorithm, vector, unroll, per_unit, group, interleave, index_t = variant
+    k = PointwiseKernel(name, inputs, [("y", np.float32)], statement, scalars=scalars)
+    k.VECTOR, k.GROUP_SIZE, k.INDEX_T, k.VECTOR_INTERLEAVE = vector, group, index_t, interleave
+    if algorithm == "scalar":
+        k.UNROLL, k.GROUPS_PER_UNIT = unroll, per_unit
+    else:
+        k.VECTOR_UNROLL = k.VECTOR_UNROLL_ND = unroll
+        k.VECTOR_GROUPS_PER_UNIT = k.VECTOR_GROUPS_PER_UNIT_ND = per_unit
+    return k
+
+
+def activation_statement(name):
+    k = activation_ops.forward_kernel(from_torch_name(name), False)
+    return k.statement, [("x", np.float32)], k.scalars, [1.0, 0.0]
+
+
 def pointwise(ctx, baseline, quick, table):
+    """Every launch variant of the generator on copy, relu, hardswish, gelu and add (one
+    dimension after merging) and a few on a bias broadcast (two dimensions), 2^26 float32."""
     torch = baseline.torch
     n = ops_bench._n(quick)
     cols = 1024
@@ -58,52 +96,249 @@ def pointwise(ctx, baseline, quick, table):
     out = dp.Tensor.empty(ctx, shape)
     tx, ty, tb = baseline.tensor(a), baseline.tensor(b), baseline.tensor(bias)
     tout = torch.empty_like(tx)
+    tf = torch.nn.functional
     f32 = np.float32
-
-    def act(name):
-        k = activation_ops.forward_kernel(from_torch_name(name), False)
-        return k.statement, [("x", f32)], k.scalars, [1.0, 0.0]
-
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    binary = [("a", f32), ("b", f32)]
     cases = [
-        ("copy", ("y = x;", [("x", f32)], [], []), [x], 8 * n, lambda: tout.copy_(tx), a64),
-        ("relu", act("relu"), [x], 8 * n, lambda: torch.relu(tx), np.maximum(a64, 0)),
-        ("sigmoid", act("sigmoid"), [x], 8 * n, lambda: torch.sigmoid(tx), 1 / (1 + np.exp(-a64))),
-        ("add", ("y = a + b;", [("a", f32), ("b", f32)], [], []), [x, y], 12 * n,
-         lambda: torch.add(tx, ty), a64 + b64),
-        ("mul bias", ("y = a * b;", [("a", f32), ("b", f32)], [], []), [x, bb], 8 * n + 4 * cols,
-         lambda: torch.mul(tx, tb), a64 * bias.astype(np.float64)),
+        ("copy", ("y = x;", [("x", f32)], [], []), [x], 8 * n, lambda: tout.copy_(tx), lambda: a64),
+        ("relu", activation_statement("relu"), [x], 8 * n, lambda: torch.relu(tx),
+         lambda: np.maximum(a64, 0)),
+        ("hardswish", activation_statement("hardswish"), [x], 8 * n, lambda: tf.hardswish(tx),
+         lambda: a64 * np.clip(a64 + 3, 0, 6) / 6),
+        ("gelu", activation_statement("gelu"), [x], 8 * n, lambda: tf.gelu(tx),
+         lambda: tf.gelu(torch.from_numpy(a64)).numpy()),
+        ("add", ("y = a + b;", binary, [], []), [x, y], 12 * n, lambda: torch.add(tx, ty),
+         lambda: a64 + b64),
+        ("mul bias", ("y = a * b;", binary, [], []), [x, bb], 8 * n + 4 * cols,
+         lambda: torch.mul(tx, tb), lambda: a64 * bias.astype(np.float64)),
     ]
-    for op, (statement, inputs, scalars, values), args, nbytes, theirs, ref in cases:
-        torch_s = baseline.time(theirs)
+    for op, (statement, inputs, scalars, values), args, nbytes, theirs, reference in cases:
+        torch_before = baseline.time(theirs)
+        variants = [v for v in POINTWISE_VARIANTS if op != "mul bias" or v[0] in ND_VARIANTS]
         first = None
-        for label, algorithm, vector, unroll, gpu in POINTWISE_VARIANTS:
-            k = PointwiseKernel(f"probe_{op.replace(' ', '_')}", inputs, [("y", f32)], statement,
-                                scalars=scalars)
-            k.VECTOR = vector
-            if algorithm == "scalar":
-                k.UNROLL, k.GROUPS_PER_UNIT = unroll, gpu
-            else:
-                k.VECTOR_UNROLL, k.VECTOR_GROUPS_PER_UNIT = unroll, gpu
-                k.VECTOR_UNROLL_ND, k.VECTOR_GROUPS_PER_UNIT_ND = unroll, gpu
+        for variant in variants + variants[:1]:
+            k = configured(f"probe_{op.replace(' ', '_')}", inputs, statement, scalars, variant)
 
-            def run(k=k, algorithm=algorithm):
+            def run(k=k, algorithm=variant[1]):
                 k(args, [out], values, algorithm=algorithm)
             out.fill_(np.nan)
             run()
             got = out.numpy()
             if first is None:
-                error = ops_bench.error_metric(got, ref)
+                error = ops_bench.error_metric(got, reference())
                 ok = error <= ops_bench.TOLERANCE
                 first = got
             else:
                 ok = same_bits(got, first)
                 error = 0.0 if ok else math.inf
             ours_s = ops_bench.time_ours(ctx, run, quick) if ok else math.nan
-            table.append({"part": "pointwise", "op": op, "variant": label, "ok": ok, "error": error,
-                          "ours_ms": ours_s * 1e3, "torch_ms": torch_s * 1e3,
-                          "ours_GBps": nbytes / ours_s / 1e9, "torch_GBps": nbytes / torch_s / 1e9,
-                          "speedup": torch_s / ours_s})
+            table.append({"part": "pointwise", "op": op, "variant": variant[0], "ok": ok,
+                          "error": error, "ours_ms": ours_s * 1e3, "torch_ms": torch_before * 1e3,
+                          "ours_GBps": nbytes / ours_s / 1e9, "torch_GBps": nbytes / torch_before / 1e9,
+                          "speedup": torch_before / ours_s})
+        torch_after = baseline.time(theirs)
+        table.append({"part": "pointwise", "op": op, "variant": "torch again", "ok": True,
+                      "error": 0.0, "ours_ms": torch_after * 1e3, "torch_ms": torch_before * 1e3,
+                      "ours_GBps": nbytes / torch_after / 1e9, "torch_GBps": nbytes / torch_before / 1e9,
+                      "speedup": torch_before / torch_after})
+
+
+def big_data(rng, n):
+    """Seeded uniform float32 in [-4, 4), never zeros: a block of a prime length drawn once and
+    repeated (drawing 2^28 values would take seconds of the lent machine's time)."""
+    block = rng.uniform(-4.0, 4.0, size=min(n, 1_000_003)).astype(np.float32)
+    return np.resize(block, n)
+
+
+def marker_span(ctx, run, calls, primed, repeat):
+    """Median seconds per call between OpenCL markers around ``calls`` calls; ``primed``: one
+    untimed call just before the first marker, so that the device is busy while the host
+    enqueues the marker and the timed calls (the span holds no host latency). Also the kernels'
+    own events of the last span: median kernel time and median gap between consecutive ones."""
+    queue = ctx.queue
+    spans = []
+    for _ in range(repeat):
+        if primed:
+            run()
+        with KernelLog() as log:
+            begin = cl.enqueue_marker(queue)
+            for _ in range(calls):
+                run()
+            end = cl.enqueue_marker(queue)
+        end.wait()
+        spans.append((end.profile.end - begin.profile.start) * 1e-9 / calls)
+    events = [e for _, _, _, e in log.events]
+    kernel = [(e.profile.end - e.profile.start) * 1e-9 for e in events]
+    gaps = [(b.profile.start - a.profile.end) * 1e-9 for a, b in zip(events, events[1:])]
+    lead = (events[0].profile.start - begin.profile.start) * 1e-9 if events else math.nan
+    return (float(np.median(spans)), float(np.median(kernel)) if kernel else math.nan,
+            float(np.median(gaps)) if gaps else math.nan, lead)
+
+
+def host_span(run, finish, calls, repeat=3):
+    """Median host seconds per call of ``calls`` back-to-back calls and one wait at the end."""
+    samples = []
+    for _ in range(repeat):
+        finish()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            run()
+        finish()
+        samples.append((time.perf_counter() - t0) / calls)
+    return float(np.median(samples))
+
+
+def torch_span(torch, run, calls, primed, repeat):
+    """torch.cuda.Event seconds per call around ``calls`` calls (``primed`` as marker_span);
+    the host clock without CUDA."""
+    if not torch.cuda.is_available():
+        return host_span(run, lambda: None, calls, repeat)
+    samples = []
+    for _ in range(repeat):
+        torch.cuda.synchronize()
+        if primed:
+            run()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(calls):
+            run()
+        end.record()
+        end.synchronize()
+        samples.append(begin.elapsed_time(end) * 1e-3 / calls)
+    return float(np.median(samples))
+
+
+def torch_kernels(torch, run, calls):
+    """PyTorch's own kernel times and gaps (CUPTI through torch.profiler) over ``calls`` calls:
+    (median kernel seconds, median gap seconds), NaN where the profiler gives nothing."""
+    from torch.profiler import ProfilerActivity, profile
+    if not torch.cuda.is_available():
+        return math.nan, math.nan
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                     if getattr(e, "device_type", None) is not None and "cuda" in str(e.device_type).lower()
+                     and e.time_range.end > e.time_range.start)
+    if not kernels:
+        return math.nan, math.nan
+    times = [(e - s) * 1e-6 for s, e in kernels]
+    gaps = [(b[0] - a[1]) * 1e-6 for a, b in zip(kernels, kernels[1:])]
+    return float(np.median(times)), float(np.median(gaps)) if gaps else math.nan
+
+
+def span(ctx, baseline, quick, table):
+    """Is the gap to PyTorch a fixed cost per call or bandwidth? The same operators at 64 MiB,
+    256 MiB and 1 GiB, each timed six ways on both sides: ten calls between markers (events for
+    torch) as the benchmarks do, the same after a priming call, one call, the host clock around
+    many calls (our profiling queue, a queue without profiling, torch), and the kernels' own
+    device times and the gaps between consecutive kernels (OpenCL events; CUPTI for torch)."""
+    torch = baseline.torch
+    tf = torch.nn.functional
+    plain = dp.Context(profiling=False)
+    baseline_sync = torch.cuda.synchronize if baseline.device == "cuda" else (lambda: None)
+    rng = np.random.default_rng(15)
+    sizes = [1 << 12, 1 << 14] if quick else [1 << 24, 1 << 26, 1 << 28]
+    repeat = 3 if quick else 15
+    for n in sizes:
+        host_data = big_data(rng, n)
+        x, out = dp.Tensor.from_numpy(ctx, host_data), dp.Tensor.empty(ctx, (n,))
+        px, pout = dp.Tensor.from_numpy(plain, host_data), dp.Tensor.empty(plain, (n,))
+        tx = baseline.tensor(host_data)
+        tout = torch.empty_like(tx)
+        x64 = tx.double()
+        relu = activation_ops.forward_kernel(from_torch_name("relu"), False)
+        hardswish = activation_ops.forward_kernel(from_torch_name("hardswish"), False)
+        copy_kernel = PointwiseKernel("probe_span_copy", [("x", np.float32)], [("y", np.float32)], "y = x;")
+        cases = [
+            ("enqueue_copy", lambda c, i, o: o.copy_(i), lambda: tout.copy_(tx), x64),
+            ("copy kernel", lambda c, i, o: copy_kernel([i], [o]), lambda: tout.copy_(tx), x64),
+            ("relu", lambda c, i, o: relu([i], [o], [1.0, 0.0]), lambda: torch.relu(tx), torch.relu(x64)),
+            ("hardswish", lambda c, i, o: hardswish([i], [o], [1.0, 0.0]), lambda: tf.hardswish(tx),
+             tf.hardswish(x64)),
+        ]
+        for op, ours, theirs, reference in cases:
+            out.fill_(np.nan)
+            ours(ctx, x, out)
+            got = baseline.tensor(out.numpy()).double()
+            finite = bool(torch.isfinite(got).all())
+            error = float((got - reference).norm() / (math.sqrt(n) * reference.abs().max())) if finite else math.inf
+            ok = error <= ops_bench.TOLERANCE
+            row = {"part": "span", "op": f"{op} {4 * n >> 20} MiB", "variant": "", "ok": ok, "error": error,
+                   "bytes": 8 * n}
+            if ok:
+                run = lambda: ours(ctx, x, out)  # noqa: E731
+                for _ in range(3):
+                    run()
+                ctx.queue.finish()
+                row["ours_span10"], row["ours_kernel"], row["ours_gap"], row["ours_lead10"] = \
+                    marker_span(ctx, run, 10, False, repeat)
+                row["ours_span10_primed"], _, _, row["ours_lead_primed"] = marker_span(ctx, run, 10, True, repeat)
+                row["ours_span1"] = marker_span(ctx, run, 1, False, repeat)[0]
+                host_calls = max(20, int(2e9 / (8 * n)))
+                row["ours_host"] = host_span(run, ctx.queue.finish, host_calls)
+                run_plain = lambda: ours(plain, px, pout)  # noqa: E731
+                run_plain()
+                row["ours_host_noprof"] = host_span(run_plain, plain.queue.finish, host_calls)
+                with torch.no_grad():
+                    theirs()
+                    row["torch_span10"] = torch_span(torch, theirs, 10, False, repeat)
+                    row["torch_span10_primed"] = torch_span(torch, theirs, 10, True, repeat)
+                    row["torch_span1"] = torch_span(torch, theirs, 1, False, repeat)
+                    row["torch_host"] = host_span(theirs, baseline_sync, host_calls)
+                    try:
+                        row["torch_kernel"], row["torch_gap"] = torch_kernels(torch, theirs, 10)
+                    except Exception as e:  # the profiler is a detail: its absence must not cost the rest
+                        row["torch_kernel"] = row["torch_gap"] = math.nan
+                        row["torch_profiler_error"] = f"{type(e).__name__}: {e}"
+            table.append(row)
+        del x, out, px, pout, tx, tout, x64
+
+
+SPAN_FIELDS = ("span10", "span10_primed", "span1", "host", "kernel", "gap")
+
+
+def format_span(r):
+    if not r.get("ok"):
+        return f"{r['op']:<24} FAILED (error {r.get('error')})"
+    us = lambda v: f"{v * 1e6:8.2f}"  # noqa: E731
+    ours = " ".join(us(r[f"ours_{f}"]) for f in SPAN_FIELDS)
+    theirs = " ".join(us(r[f"torch_{f}"]) for f in SPAN_FIELDS)
+    return (f"{r['op']:<24} ours  {ours} noprof {us(r['ours_host_noprof'])} lead {us(r['ours_lead10'])}"
+            f"/{us(r['ours_lead_primed'])}\n{'':<24} torch {theirs}  ratio span10 "
+            f"{r['torch_span10'] / r['ours_span10']:.3f} primed {r['torch_span10_primed'] / r['ours_span10_primed']:.3f}"
+            f" host {r['torch_host'] / r['ours_host']:.3f} kernel {r['torch_kernel'] / r['ours_kernel']:.3f}")
+
+
+def nvidia_build_report(ctx, table, out_dir):
+    """NVIDIA's compiler report (registers, spills) and the PTX of the default launch of copy,
+    relu, hardswish, gelu, sigmoid and add over 2^26 elements, built with -cl-nv-verbose."""
+    if ctx.info.vendor != "nvidia":
+        return
+    from dlprim_py import program
+    f32 = np.float32
+    kernels = [(name, activation_statement(name)[:3]) for name in ("relu", "hardswish", "gelu", "sigmoid")]
+    kernels += [("copy", ("y = x;", [("x", f32)], [])), ("add", ("y = a + b;", [("a", f32), ("b", f32)], []))]
+    for name, (statement, inputs, scalars) in kernels:
+        k = PointwiseKernel(f"report_{name}", inputs, [("y", f32)], statement, scalars=scalars)
+        params = k.template_params(1, "int", k.VECTOR, k.VECTOR_UNROLL, (True,) * len(inputs),
+                                   k.VECTOR_INTERLEAVE)
+        source = program.render("pointwise", **params)
+        built = cl.Program(ctx.cl_context, source).build(options=["-cl-nv-verbose"])
+        log = built.get_build_info(ctx.device, cl.program_build_info.LOG)
+        ptx = built.get_info(cl.program_info.BINARIES)[0]
+        lines = [line.strip() for line in log.splitlines() if "registers" in line or "spill" in line]
+        print(f"  build {name}: " + "; ".join(lines))
+        if out_dir:
+            os.makedirs(os.path.join(out_dir, "ptx"), exist_ok=True)
+            with open(os.path.join(out_dir, "ptx", f"{name}.ptx"), "wb") as f:
+                f.write(ptx)
+            with open(os.path.join(out_dir, "ptx", f"{name}.cl"), "w") as f:
+                f.write(source + "\n/* build log:\n" + log + "\n*/\n")
 
 
 def dropout(ctx, baseline, quick, table):
@@ -144,7 +379,14 @@ class KernelLog:
     def __enter__(self):
         self.original = cl.Kernel.__call__
         self.original_enqueue = cl.enqueue_nd_range_kernel
+        self.original_copy = cl.enqueue_copy
         log = self
+
+        def copy(queue, dest, src, **kwargs):
+            event = log.original_copy(queue, dest, src, **kwargs)
+            if isinstance(dest, cl.MemoryObjectHolder) and isinstance(src, cl.MemoryObjectHolder):
+                log.events.append(("enqueue_copy", (), None, event))
+            return event
 
         def call(kernel, *args, **kwargs):
             event = log.original(kernel, *args, **kwargs)
@@ -157,11 +399,13 @@ class KernelLog:
             return event
         cl.Kernel.__call__ = call
         cl.enqueue_nd_range_kernel = enqueue
+        cl.enqueue_copy = copy
         return self
 
     def __exit__(self, *exc):
         cl.Kernel.__call__ = self.original
         cl.enqueue_nd_range_kernel = self.original_enqueue
+        cl.enqueue_copy = self.original_copy
 
     def summary(self):
         rows = []
@@ -291,6 +535,8 @@ def host(ctx, baseline, quick, table):
 
 
 def format_row(r, copy_rate):
+    if r.get("part") == "span":
+        return format_span(r)
     if not r.get("ok"):
         return f"{r['op']:<24} {r['variant']:<16} FAILED (error {r.get('error')})"
     return (f"{r['op']:<24} {r['variant']:<16} {r['ours_ms']:8.4f} {r.get('single_call_ms', math.nan):8.4f} "
@@ -300,18 +546,40 @@ def format_row(r, copy_rate):
 class Table(list):
     """The rows, each printed as it comes (a run cut short by its time limit keeps them)."""
 
-    def __init__(self, copy_rate):
+    def __init__(self, copy_rate, path=None, facts=None):
         super().__init__()
         self.copy_rate = copy_rate
+        self.path = path
+        self.facts = facts or {}
         print(f"{'op':<24} {'variant':<16} {'ours ms':>8} {'1call ms':>8} {'torch ms':>8} "
               f"{'% copy':>6} {'x torch':>7}")
 
     def append(self, row):
         super().append(row)
         print(format_row(row, self.copy_rate), flush=True)
+        self.save()
+
+    def save(self):
+        """Write every row so far (a run cut short still leaves its figures)."""
+        if self.path:
+            with open(self.path, "w") as f:
+                json.dump(dict(self.facts, rows=list(self)), f, indent=1, default=float)
 
 
-PARTS = {"pointwise": pointwise, "dropout": dropout, "ops": operators, "host": host}
+def summary(table, copy_rate):
+    """The pointwise sweep as one line per operator: each variant's speed against torch."""
+    ops = {}
+    for r in table:
+        if r.get("part") == "pointwise" and r.get("ok"):
+            ops.setdefault(r["op"], []).append(r)
+    if not ops:
+        return
+    print(f"\nx torch (copy {copy_rate:.0f} GB/s); first and last: the default, timed twice")
+    for op, rows in ops.items():
+        print(f"  {op:<10} " + "  ".join(f"{r['variant']} {r['speedup']:.3f}" for r in rows))
+
+
+PARTS = {"span": span, "build": None, "pointwise": pointwise, "dropout": dropout, "ops": operators, "host": host}
 
 
 def main(argv=None):
@@ -328,21 +596,27 @@ def main(argv=None):
     copy_rate = max(r["ours_GBps"] for r in copy_rows if r["ok"])
     for r in copy_rows:
         print(f"{r['op']:<28} ours {r['ours_GBps']:7.0f} GB/s  torch {r['torch_GBps']:7.0f} GB/s")
-    table = Table(copy_rate)
+    path = None
+    if args.output:
+        os.makedirs(args.output, exist_ok=True)
+        path = os.path.join(args.output, "probe.json")
+    table = Table(copy_rate, path, {"device": ctx.info.name, "driver": ctx.info.driver_version,
+                                    "commit": args.commit, "copy": copy_rows, "copy_GBps": copy_rate})
     for part in args.only.split(","):
+        if part == "build":
+            nvidia_build_report(ctx, table, args.output)
+            continue
         try:
             PARTS[part](ctx, baseline, args.quick, table)
         except Exception as e:  # one broken part must not hide the others' figures
             table.append({"part": part, "op": f"{part} FAILED", "variant": f"{type(e).__name__}: {e}",
                           "ok": False})
+            traceback.print_exc()
+    summary(table, copy_rate)
     for r in table:
         if r.get("kernels"):
             print(f"  {r['op']}: " + ", ".join(f"{k['kernel']} {k['ms']:.4f}" for k in r["kernels"]))
-    if args.output:
-        os.makedirs(args.output, exist_ok=True)
-        with open(os.path.join(args.output, "probe.json"), "w") as f:
-            json.dump({"device": ctx.info.name, "driver": ctx.info.driver_version, "commit": args.commit,
-                       "copy": copy_rows, "copy_GBps": copy_rate, "rows": table}, f, indent=1, default=float)
+    table.save()
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 ## Pointwise and broadcast kernels generated from a C statement.
 ##
 ## The kernel walks "groups" of VECTOR consecutive output elements. Each work item handles
-## groups g = base + u * global_size for u < UNROLL, then moves base on by UNROLL * global_size
-## (grid-stride loop). All UNROLL groups' inputs are loaded before any is used, so that each work
-## item keeps several independent loads in flight: one 4-byte load at a time leaves a GPU's memory
-## system idle (about 70% of copy bandwidth on an H200).
+## UNROLL groups per loop step, then moves on by UNROLL * global_size groups (grid-stride loop).
+## INTERLEAVE says which: "grid", groups base + u * global_size (base = the global id); "block",
+## groups base + u * local_size with base = group id * UNROLL * local_size + local id, so that a
+## work-group covers UNROLL * local_size consecutive groups (PyTorch's elementwise layout). All
+## UNROLL groups' inputs are loaded before any is used, so that each work item keeps several
+## independent loads in flight: one 4-byte load at a time leaves a GPU's memory system idle
+## (about 70% of copy bandwidth on an H200).
 ##
 ## VECTOR == 1 is the general (scalar) variant. With VECTOR > 1, a group is VECTOR elements that
 ## are consecutive along the innermost dimension for the output and for every input of
@@ -23,6 +26,7 @@
 ##   name           kernel name
 ##   ndim           number of dimensions of the index space (>= 1)
 ##   unroll         groups per work item and loop step (>= 1)
+##   interleave     optional, "grid" (the default) or "block": where a work item's UNROLL groups lie
 ##   vector         elements per group (1, 2, 4, 8 or 16); 1 (the default) is the scalar variant
 ##   vector_inputs  with vector > 1 (else optional): one bool per input, True where the input is contiguous along
 ##                  the innermost dimension (read VECTOR-wide), False where it has stride 0 there
@@ -34,12 +38,14 @@
 ##   index_t        "int" when every index (including base + unroll * global size) fits in 31 bits,
 ##                  else "long" (integer division is several times cheaper in 32 bits on GPUs)
 ##   preamble       extra C code placed before the kernel (helper functions), may be ""
-## Operand names must not collide with the kernel's own: i, total, tail, tail_index, step, base,
+## Operand names must not collide with the kernel's own: i, total, tail, tail_index, step, lane_step, base,
 ## rest, coord, size<k>, group_at<u>, or <operand>_buf/_off/_stride<k>/_index/_vec/<u>.
 <%
     # Optional, so that callers written for the scalar kernel render it unchanged.
     vector = context.get("vector", 1)
     vector_inputs = context.get("vector_inputs", [])
+    interleave = context.get("interleave", "grid")
+    assert interleave in ("grid", "block"), interleave
     dims = range(ndim)
     lanes = range(unroll)
     wide = dict(zip([nm for nm, ty in inputs], vector_inputs)) if vector > 1 else {}
@@ -84,9 +90,16 @@ __kernel void ${name}(
     )
 {
     const ${index_t} step = get_global_size(0);
+% if interleave == "block" and unroll > 1:
+    const ${index_t} lane_step = get_local_size(0);
+    for (${index_t} base = (${index_t})get_group_id(0) * ${unroll} * lane_step + get_local_id(0);
+         base < total; base += ${unroll} * step) {
+% else:
+    const ${index_t} lane_step = step;
     for (${index_t} base = get_global_id(0); base < total; base += ${unroll} * step) {
+% endif
 % for u in lanes:
-        const ${index_t} group_at${u} = base + ${u} * step;
+        const ${index_t} group_at${u} = base + ${u} * lane_step;
     % for nm, ty in inputs:
         ${vty(ty) if wide.get(nm) else ty} ${nm}${u} = (${vty(ty) if wide.get(nm) else ty})(0);
     % endfor

@@ -89,6 +89,40 @@ def test_generator_misaligned_views_and_accumulate(ctx, rng, algorithm):
         assert_close(out.numpy(), expected)
 
 
+@pytest.mark.parametrize("interleave, vector, unroll, group_size, index_t", [
+    ("block", 4, 2, 64, None),     # a work-group's accesses consecutive (PyTorch's layout)
+    ("block", 4, 3, 32, "long"),   # an odd unroll, 64-bit indices
+    ("grid", 8, 1, 128, None),     # two 16-byte accesses per element group
+])
+def test_vector_launch_configurations(ctx, rng, interleave, vector, unroll, group_size, index_t):
+    """Each launch layout of the vector variant, forced on its own: a one-dimensional index space
+    at an offset with a tail (several grid-stride steps on a capped grid), and a broadcast over
+    two dimensions."""
+    class Configured(PointwiseKernel):
+        VECTOR, VECTOR_INTERLEAVE, GROUP_SIZE, INDEX_T = vector, interleave, group_size, index_t
+        VECTOR_UNROLL = VECTOR_UNROLL_ND = unroll
+        VECTOR_GROUPS_PER_UNIT = VECTOR_GROUPS_PER_UNIT_ND = 2
+    kernel = Configured(f"scale_shift_{interleave}_{vector}_{unroll}", SCALE_SHIFT.inputs,
+                        SCALE_SHIFT.outputs, SCALE_SHIFT.statement, SCALE_SHIFT.scalars)
+    data = random(rng, 12000)
+    whole = dp.Tensor.from_numpy(ctx, data)
+    n = 8 * 1024 + vector * 37 + 3
+    x = dp.Tensor.from_buffer(ctx, whole.buffer, (n,), offset=whole.offset + 4 * vector)
+    b = dp.Tensor.from_buffer(ctx, whole.buffer, (n,), offset=whole.offset + 4 * 2 * vector)
+    cases = [(x, b, data[vector:vector + n], data[2 * vector:2 * vector + n])]
+    rows, cols = random(rng, (37, vector * 29)), random(rng, (vector * 29,))
+    cases.append((dp.Tensor.from_numpy(ctx, rows), dp.Tensor.from_numpy(ctx, cols), rows, cols))
+    for tx, tb, hx, hb in cases:
+        y, z = poisoned(ctx, tx.shape), poisoned(ctx, tx.shape)
+        kernel([tx, tb], [y, z], [0.75], algorithm="vector")
+        x64, b64 = hx.astype(np.float64), hb.astype(np.float64)
+        assert_close(y.numpy(), 0.75 * x64 + b64)
+        assert_close(z.numpy(), np.maximum(x64, b64))
+    built = list(kernel._kernels[ctx])
+    assert {key[:3] for key in built} == {(1, index_t or "int", vector), (2, index_t or "int", vector)}
+    assert {key[3] for key in built} == {unroll} and {key[5] for key in built} == {interleave}
+
+
 def test_repeated_calls_rebind_only_what_changed(ctx, rng):
     """Plans keep their kernel's arguments between calls: calls on other shapes, buffers and
     scalar values in between (also one that differs from the last only in the sign of zero)

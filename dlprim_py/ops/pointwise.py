@@ -183,8 +183,15 @@ class PointwiseKernel:
     VECTOR_GROUPS_PER_UNIT = None
     VECTOR_UNROLL_ND = 2
     VECTOR_GROUPS_PER_UNIT_ND = 64
+    # Where a work item's accesses lie (the template's INTERLEAVE): "grid", one global size
+    # apart; "block", one work-group size apart, a work-group's accesses consecutive.
+    VECTOR_INTERLEAVE = "grid"
     # The scalar variant's grid cap.
     GROUPS_PER_UNIT = 64
+    # Work items per work-group, both variants.
+    GROUP_SIZE = 256
+    # None: 32-bit index arithmetic wherever every index fits; "long" forces 64-bit.
+    INDEX_T = None
 
     def __init__(self, name, inputs, outputs, statement, scalars=(), preamble=""):
         self.name = name
@@ -199,18 +206,20 @@ class PointwiseKernel:
         # ctx -> {(algorithm, (shape, offset) of every operand): launch plan}.
         self._built = weakref.WeakKeyDictionary()
 
-    def _kernel(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=()):
+    def _kernel(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid"):
         unroll = self.UNROLL if unroll is None else unroll
         per_ctx = self._kernels.get(ctx)
         if per_ctx is None:
             per_ctx = self._kernels[ctx] = {}
-        key = (ndim, index_t, vector, unroll, vector_inputs)
+        key = (ndim, index_t, vector, unroll, vector_inputs, interleave)
         kernel = per_ctx.get(key)
         if kernel is None:
-            kernel = per_ctx[key] = self._build(ctx, ndim, index_t, vector, unroll, vector_inputs)
+            kernel = per_ctx[key] = self._build(ctx, ndim, index_t, vector, unroll, vector_inputs,
+                                                interleave)
         return kernel
 
-    def _build(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=()):
+    def template_params(self, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid"):
+        """The parameters of ``kernels/pointwise.cl.mako`` for one variant of this kernel."""
         params = dict(
             name=self.name, ndim=ndim, unroll=self.UNROLL if unroll is None else unroll,
             index_t=index_t, vector=vector, vector_inputs=list(vector_inputs),
@@ -219,6 +228,13 @@ class PointwiseKernel:
             outputs=[(n, cl_name(t)) for n, t in self.outputs],
             scalars=[(n, _scalar_cl_name(t)) for n, t in self.scalars],
         )
+        if interleave != "grid":
+            # Only where it differs: the grid variant renders (and is cached) as before.
+            params["interleave"] = interleave
+        return params
+
+    def _build(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid"):
+        params = self.template_params(ndim, index_t, vector, unroll, vector_inputs, interleave)
         return program.kernel(ctx, "pointwise", self.name, params)
 
     def vector_layout(self, sizes, strides, inputs, outputs):
@@ -300,9 +316,11 @@ class PointwiseKernel:
         sizes, strides = merge_dimensions(out_shape, in_strides + [broadcast_strides(out_shape, out_shape)])
         strides = strides[:len(inputs)]
         wide = None if algorithm == "scalar" else self.vector_layout(sizes, strides, inputs, outputs)
+        interleave = "grid"
         if wide is None:
             vector, unroll, per_unit, groups, tail = 1, self.UNROLL, self.GROUPS_PER_UNIT, total, None
         else:
+            interleave = self.VECTOR_INTERLEAVE
             # The innermost dimension and the inputs' strides along it count in groups of VECTOR.
             vector = self.VECTOR
             unroll, per_unit = ((self.VECTOR_UNROLL, self.VECTOR_GROUPS_PER_UNIT) if len(sizes) == 1
@@ -310,14 +328,17 @@ class PointwiseKernel:
             groups, tail = total // vector, total % vector
             sizes = sizes[:-1] + [sizes[-1] // vector]
             strides = [st[:-1] + [st[-1] * vector] for st in strides]
-        gsize, lsize = launch_size(ctx, groups, per_item=unroll, groups_per_unit=per_unit)
+        gsize, lsize = launch_size(ctx, groups, group=self.GROUP_SIZE, per_item=unroll,
+                                   groups_per_unit=per_unit)
+        if unroll == 1:
+            interleave = "grid"     # one layout: no second kernel to build
         # The loop forms base + unroll * global size (in groups) before comparing it with total.
         largest = max([(groups + unroll * gsize[0]) * vector + gsize[0]] +
                       [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
-        index_t = "int" if largest < _INT32_LIMIT else "long"
+        index_t = "int" if largest < _INT32_LIMIT and self.INDEX_T != "long" else "long"
         index_np = np.int32 if index_t == "int" else np.int64
         # A kernel object of the plan's own: its arguments stay set between calls.
-        shared = self._kernel(ctx, len(sizes), index_t, vector, unroll, wide or ())
+        shared = self._kernel(ctx, len(sizes), index_t, vector, unroll, wide or (), interleave)
         kernel = BoundKernel(cl.Kernel(shared.program, shared.function_name))
         head = [index_np(groups)] + [index_np(s) for s in sizes]
         operand_args = [[index_np(t.offset_elements)] + [index_np(s) for s in st]
