@@ -13,6 +13,8 @@ DLPRIM_COPY_ALGO   force one strided-copy algorithm (permute, cat, narrow): gath
 DLPRIM_POOL_ALGO   force one pooling algorithm: window, plane (global windows)
 DLPRIM_ROWNORM_ALGO force one layer/group norm algorithm: rows, split (group norm)
 DLPRIM_REDUCE_ALGO force one reduction variant: group, item
+DLPRIM_REDUCE_PARTIALS_ALGO how a reduction of everything combines its partials: last_group, launch
+DLPRIM_RANGE_CHECK_ALGO how nll_loss/cross_entropy read their target check back: pinned, pageable, queue
 DLPRIM_SOFTMAX_ALGO force one softmax variant: row, column
 DLPRIM_POINTWISE_ALGO force one pointwise variant: vector (where it applies), scalar
 DLPRIM_DROPOUT_ALGO force one dropout variant: vector (where offsets allow), scalar

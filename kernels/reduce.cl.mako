@@ -41,7 +41,10 @@
 ##   red_ndim      number of reduced dimensions (>= 1)
 ##   index_t       "int" when every index fits in 31 bits, else "long"
 ##   inputs        list of (name, OpenCL C type), loaded per element before the map statement
-##   accumulators  list of (name, OpenCL C type, identity C expression); each is also an output
+##   accumulators  list of (name, accumulator C type, identity C expression, output C type):
+##                 each is also an output, converted to its output type when written (an
+##                 index accumulator can be `index_t` for an int64 output); INDEX_MAX is the
+##                 largest index_t
 ##   scalars       list of (name, OpenCL C type) passed by value
 ##   map_statement C code assigning every accumulator's name from the inputs, `ridx`, `oidx`
 ##   combine       C code folding the values `<name>` into `acc_<name>` (for every accumulator),
@@ -52,6 +55,11 @@
 ##   finalize      C code run on `acc_<name>` before the final write, may use `reduce_size`
 ##                 (the size of the whole reduction), may be ""
 ##   apply_finalize  True for a launch whose results are final, False for partials
+##   last_group    "group" with kept_total == 1 and several chunks: the units' results go to
+##                 out (the partials), and the work-group that finishes last (an atomic count
+##                 in done_count, zero before the launch and again after it) combines them in
+##                 the order of their index and writes the finalized result to final: one
+##                 launch instead of two, and the same result whatever group finishes last
 ##   preamble      extra C code before the kernel (helper functions), may be ""
 <%
     kdims = range(kept_ndim)
@@ -60,6 +68,7 @@
 #if defined(cl_khr_fp16)
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
 #endif
+#define INDEX_MAX ${"INT_MAX" if index_t == "int" else "LONG_MAX"}
 ${preamble}
 
 <%def name="load_element(j, ridx_expr)">\
@@ -109,13 +118,13 @@ ${preamble}
     % for nm, ty in inputs:
                 ${ty} ${nm} = ${nm}${j}${".s%d" % c if vector > 1 else ""};
     % endfor
-    % for nm, ty, ident in accumulators:
+    % for nm, ty, ident, out_ty in accumulators:
                 ${ty} acc_${nm} = acc${j}_${nm};
                 ${ty} ${nm};
     % endfor
                 { ${map_statement} }
                 { ${fold} }
-    % for nm, ty, ident in accumulators:
+    % for nm, ty, ident, out_ty in accumulators:
                 acc${j}_${nm} = acc_${nm};
     % endfor
                 }
@@ -135,12 +144,12 @@ ${fold_element(j)}\
 
 ## The accumulator sets, combined into acc_<name> (set 0 first, then the others in order).
 <%def name="merge_sets()">\
-% for nm, ty, ident in accumulators:
+% for nm, ty, ident, out_ty in accumulators:
         ${ty} acc_${nm} = acc0_${nm};
 % endfor
 % for j in range(1, unroll):
         {
-    % for nm, ty, ident in accumulators:
+    % for nm, ty, ident, out_ty in accumulators:
             ${ty} ${nm} = acc${j}_${nm};
     % endfor
             { ${combine} }
@@ -180,18 +189,18 @@ ${fold_element(j)}\
         const ${index_t} chunk_begin = chunk * chunk_len;
         const ${index_t} chunk_end = ${unit_valid} ? min(chunk_begin + chunk_len, red_total) : chunk_begin;
 % for j in range(unroll):
-    % for nm, ty, ident in accumulators:
+    % for nm, ty, ident, out_ty in accumulators:
         ${ty} acc${j}_${nm} = ${ident};
     % endfor
 % endfor
 </%def>
 
 <%def name="write_unit()">\
-% if apply_finalize:
+% if apply_finalize and not last_group:
         { ${finalize} }
 % endif
-% for nm, ty, ident in accumulators:
-        ${nm}_out[${nm}_out_off + u] = acc_${nm};
+% for nm, ty, ident, out_ty in accumulators:
+        ${nm}_out[${nm}_out_off + u] = (${out_ty})acc_${nm};
 % endfor
 </%def>
 
@@ -217,9 +226,15 @@ void ${name}(
     , ${index_t} ${nm}_rstride${k}
   % endfor
 % endfor
-% for nm, ty, ident in accumulators:
-    , __global ${ty}* restrict ${nm}_out, ${index_t} ${nm}_out_off
+% for nm, ty, ident, out_ty in accumulators:
+    , __global ${out_ty}* restrict ${nm}_out, ${index_t} ${nm}_out_off
 % endfor
+% if last_group:
+  % for nm, ty, ident, out_ty in accumulators:
+    , __global ${out_ty}* restrict ${nm}_final, ${index_t} ${nm}_final_off
+  % endfor
+    , __global volatile int* done_count
+% endif
 % for nm, ty in scalars:
     , ${ty} ${nm}
 % endfor
@@ -227,7 +242,7 @@ void ${name}(
 {
     const ${index_t} units = kept_total * chunks;
 % if variant == "group":
-% for nm, ty, ident in accumulators:
+% for nm, ty, ident, out_ty in accumulators:
     __local ${ty} tree_${nm}[${group_size}];
 % endfor
     const int lid = get_local_id(0);
@@ -247,17 +262,17 @@ ${unit_setup("unit_valid")}
 ${fold_step("load_stride")}\
         }
 ${merge_sets()}\
-% for nm, ty, ident in accumulators:
+% for nm, ty, ident, out_ty in accumulators:
         tree_${nm}[lid] = acc_${nm};
 % endfor
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int width = segment >> 1; width > 0; width >>= 1) {
             if (seg_lid < width) {
-% for nm, ty, ident in accumulators:
+% for nm, ty, ident, out_ty in accumulators:
                 ${ty} ${nm} = tree_${nm}[lid + width];
 % endfor
                 { ${combine} }
-% for nm, ty, ident in accumulators:
+% for nm, ty, ident, out_ty in accumulators:
                 tree_${nm}[lid] = acc_${nm};
 % endfor
             }
@@ -269,6 +284,54 @@ ${write_unit()}
         // The next units overwrite the tree only after their first items have read it.
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+% if last_group:
+    // Release: this group's partials reach global memory before it counts itself done.
+    __local int is_last;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+    if (lid == 0) {
+        is_last = atomic_inc(done_count) == (int)get_num_groups(0) - 1;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (is_last) {
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+    % for nm, ty, ident, out_ty in accumulators:
+        ${ty} acc_${nm} = ${ident};
+    % endfor
+        // Item lid combines partials lid, lid + group_size, ... then the tree: a fixed order.
+        // Volatile loads: other groups wrote these in this launch, past any cached copy.
+        for (${index_t} p = lid; p < units; p += ${group_size}) {
+    % for nm, ty, ident, out_ty in accumulators:
+            ${ty} ${nm} = (${ty})((__global volatile const ${out_ty}*)${nm}_out)[${nm}_out_off + p];
+    % endfor
+            { ${combine} }
+        }
+    % for nm, ty, ident, out_ty in accumulators:
+        tree_${nm}[lid] = acc_${nm};
+    % endfor
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int width = ${group_size // 2}; width > 0; width >>= 1) {
+            if (lid < width) {
+    % for nm, ty, ident, out_ty in accumulators:
+                ${ty} ${nm} = tree_${nm}[lid + width];
+    % endfor
+                { ${combine} }
+    % for nm, ty, ident, out_ty in accumulators:
+                tree_${nm}[lid] = acc_${nm};
+    % endfor
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        if (lid == 0) {
+            { ${finalize} }
+    % for nm, ty, ident, out_ty in accumulators:
+            ${nm}_final[${nm}_final_off] = (${out_ty})acc_${nm};
+    % endfor
+            // Zero again for the next launch (which starts after this one ends).
+            *done_count = 0;
+        }
+    }
+% endif
 % else:
     for (${index_t} u = get_global_id(0); u < units; u += get_global_size(0)) {
 ${unit_setup("true")}

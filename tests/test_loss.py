@@ -135,12 +135,33 @@ def test_cross_entropy_long_masked_rows_with_partials(ctx, rng, variant, monkeyp
            [logits], [target])
 
 
-def test_range_flag_is_cleared_after_an_error(ctx, rng):
-    """The range flag lives across calls: after a call that raised, a good call passes."""
+@pytest.mark.parametrize("mode", ["pinned", "pageable", "queue"])
+def test_range_flag_is_cleared_after_an_error(ctx, rng, mode, monkeypatch):
+    """Each way of reading the range flag back, forced: a bad target raises (nll_loss and
+    cross_entropy), and the flag lives across calls, so a good call after one that raised
+    passes, also when the target was written by the queue's last command."""
+    from dlprim_py.ops import loss as L
+    monkeypatch.setattr(L, "RANGE_CHECK", mode)
     a = random(rng, (3, 4))
     x = dp.Tensor.from_numpy(ctx, a)
-    with pytest.raises(dp.ShapeError, match="target 9 is out of range"):
-        F.nll_loss(x, dp.Tensor.from_numpy(ctx, np.array([0, 9, 2], np.int64)))
+    for op in (F.nll_loss, F.cross_entropy):
+        with pytest.raises(dp.ShapeError, match="target 9 is out of range"):
+            op(x, dp.Tensor.from_numpy(ctx, np.array([0, 9, 2], np.int64)))
     good = np.array([3, 1, 2], np.int64)
-    out = F.nll_loss(x, dp.Tensor.from_numpy(ctx, good)).numpy()
+    t = dp.Tensor.from_numpy(ctx, good)
+    out = F.nll_loss(x, t).numpy()
     assert_close(out, TF.nll_loss(torch.tensor(a.astype(np.float64)), torch.tensor(good)).numpy())
+    # A bad value written into the target just before the call, on the queue.
+    t.copy_(dp.Tensor.from_numpy(ctx, np.array([3, -7, 2], np.int64)))
+    with pytest.raises(dp.ShapeError, match="target -7 is out of range"):
+        F.cross_entropy(x, t)
+    t.copy_(dp.Tensor.from_numpy(ctx, good))
+    out = F.cross_entropy(x, t).numpy()
+    assert_close(out, TF.cross_entropy(torch.tensor(a.astype(np.float64)), torch.tensor(good)).numpy())
+
+
+def test_bad_range_check_mode(ctx, monkeypatch):
+    monkeypatch.setenv("DLPRIM_RANGE_CHECK_ALGO", "none")
+    x = dp.Tensor.zeros(ctx, (3, 4))
+    with pytest.raises(dp.UnsupportedError, match="range check must be one of"):
+        F.nll_loss(x, dp.Tensor.zeros(ctx, (3,), np.int64))

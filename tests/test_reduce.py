@@ -196,6 +196,51 @@ def test_argmax_argmin_rows_of_infinities(ctx, variant, monkeypatch):
         assert np.array_equal(out, theirs(torch.tensor(b), 1).numpy())
 
 
+# ---- reductions of everything: the partials combined by the last group or a second launch --
+
+@pytest.mark.parametrize("mode", ["last_group", "launch"])
+def test_everything_partials_modes(ctx, rng, mode, monkeypatch):
+    """Each way of combining the chunks' partial results of a reduction to one value, forced,
+    with many chunks (short sets): sums with and without a finalize, argmax/argmin with ties
+    across chunks, into an output inside a larger buffer; called twice (the group count must be
+    back at zero for the second launch)."""
+    monkeypatch.setenv("DLPRIM_REDUCE_PARTIALS_ALGO", mode)
+    monkeypatch.setattr(R, "SET_CHUNK", 2)
+    a = random(rng, (600, 1024))
+    # The largest and the smallest value twice each, in different chunks.
+    a[3, 7] = a[400, 1000] = 5.0
+    a[5, 9] = a[500, 3] = -5.0
+    first_max, first_min = 3 * 1024 + 7, 5 * 1024 + 9
+    out_big = poisoned(ctx, (5,))
+    out = dp.Tensor(ctx, out_big.buffer, (), offset=4)
+    # More chunks than items in a group: the last group's items fold several partials each.
+    x = dp.Tensor.from_numpy(ctx, a)
+    variant, _, _, chunks, partials = R._sum_kernel().describe([x], [out])
+    assert (variant, partials) == ("group", mode) and chunks > 256
+    # The second call (other data) runs only right if the first left the group count at zero.
+    for sign in (1.0, -1.0):
+        b = sign * a
+        x = dp.Tensor.from_numpy(ctx, b)
+        d = b.astype(np.float64)
+        out.fill_(np.nan)
+        R._sum_kernel()([x], [out])
+        assert_close(out.numpy(), d.sum())
+        assert np.isnan(out_big.numpy()[[0, 2, 3, 4]]).all(), "wrote outside the output"
+        assert_close(F.mean(x).numpy(), d.mean())
+        assert_close(F.norm(x).numpy(), np.sqrt((d * d).sum()))
+        assert int(F.argmax(x).numpy()) == (first_max if sign > 0 else first_min)
+        assert int(F.argmin(x).numpy()) == (first_min if sign > 0 else first_max)
+    # Past SET_CHUNK partials per item the last group would fold too long a run: two launches.
+    monkeypatch.setattr(R, "SET_CHUNK", 1)
+    assert R._sum_kernel().describe([x], [out])[4] == "launch"
+
+
+def test_bad_partials_mode(ctx, monkeypatch):
+    monkeypatch.setenv("DLPRIM_REDUCE_PARTIALS_ALGO", "tree")
+    with pytest.raises(dp.UnsupportedError, match="partials mode must be one of"):
+        F.sum(dp.Tensor.zeros(ctx, (3, 4)))
+
+
 # ---- large reductions stay accurate ------------------------------------------------------
 
 def test_large_sum_and_norm_are_accurate(ctx):

@@ -6,6 +6,12 @@
   raises ShapeError and is never used as an index: a check kernel is enqueued first and its
   flag read back without blocking, and the call waits for that read after enqueuing the rest,
   so it waits for the check (and whatever the queue held before), not for its own work.
+  How the flag comes back (``RANGE_CHECK``, ``DLPRIM_RANGE_CHECK_ALGO``): "pinned" reads it
+  into page-locked host memory (a buffer allocated with ALLOC_HOST_PTR, mapped once), which
+  NVIDIA's driver copies asynchronously; "pageable" into a numpy array, which it copies only
+  when the queue has reached the read, holding the host there; "queue" runs the check and a
+  pinned read on a second queue behind a marker of the first, so that the first queue's
+  kernels never wait for the read.
   ``cross_entropy`` with class targets reads the logits once (their log-sum-exp over the
   classes, then the picked logit minus it).
 * ``mse_loss`` and ``binary_cross_entropy_with_logits`` (``weight``, ``pos_weight``), with
@@ -22,11 +28,16 @@ from .. import autograd, program
 from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .pointwise import PointwiseKernel, broadcast_shapes, launch_size, reduce_to_shape
+from .. import config
+from .pointwise import PointwiseKernel, bind, broadcast_shapes, launch_size, reduce_to_shape
 from .reduce import ReduceKernel
 
 _f32 = np.float32
 _REDUCTIONS = ("none", "mean", "sum")
+RANGE_CHECKS = ("pinned", "pageable", "queue")
+# None: DLPRIM_RANGE_CHECK_ALGO, else DEFAULT_RANGE_CHECK.
+RANGE_CHECK = None
+DEFAULT_RANGE_CHECK = "pinned"
 _kernels = {}
 
 
@@ -74,16 +85,18 @@ def _nll_geometry(x, target):
 
 
 def _nll_program(ctx, weighted, divide, index_t, shifted):
-    return program.build(ctx, "loss", dict(weighted=weighted, divide=divide, index_t=index_t,
-                                           shifted=shifted))
+    key = ("nll_program", weighted, divide, index_t, shifted)
+    built = ctx.memo.get(key)
+    if built is None:
+        built = ctx.memo[key] = program.build(ctx, "loss", dict(
+            weighted=weighted, divide=divide, index_t=index_t, shifted=shifted))
+    return built
 
 
-def _enqueue(ctx, built, name, gsize, lsize, args):
-    """Enqueue kernel ``name`` of ``built`` with ``args`` (set in one call, cheaper than
-    calling the kernel)."""
-    kernel = built.kernel(name)
-    kernel.set_args(*args)
-    cl.enqueue_nd_range_kernel(ctx.queue, kernel, gsize, lsize)
+def _enqueue(ctx, built, name, gsize, lsize, args, queue=None):
+    """Enqueue kernel ``name`` of ``built`` with ``args`` on ``queue`` (default: the
+    context's); an argument is set only when it differs from the last call's (``bind``)."""
+    return bind(built.kernel(name))(queue or ctx.queue, gsize, lsize, *args)
 
 
 def _range_flag(ctx):
@@ -106,32 +119,72 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     return autograd.record(out, (input, None, None), lambda g: (grad_of_input(g), None, None), "nll_loss")
 
 
+def _range_check_mode():
+    mode = RANGE_CHECK or config.forced_algorithm("range_check") or DEFAULT_RANGE_CHECK
+    if mode not in RANGE_CHECKS:
+        raise UnsupportedError(f"range check must be one of {RANGE_CHECKS}, got {mode!r}")
+    return mode
+
+
+def _pinned_flag(ctx):
+    """Two int64 of page-locked host memory for the flag's read-back: a buffer allocated by
+    the driver in host memory (ALLOC_HOST_PTR), mapped once and kept mapped."""
+    host = ctx.memo.get("nll_range_host")
+    if host is None:
+        buffer = cl.Buffer(ctx.cl_context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, 16)
+        array, _ = cl.enqueue_map_buffer(ctx.queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE,
+                                         0, (2,), np.int64, is_blocking=True)
+        host = ctx.memo["nll_range_host"] = (buffer, array)
+    return host[1]
+
+
+def _check_queue(ctx):
+    """A second queue on the context's device for the range check and its read-back."""
+    queue = ctx.memo.get("nll_range_queue")
+    if queue is None:
+        queue = ctx.memo["nll_range_queue"] = cl.CommandQueue(ctx.cl_context, ctx.device)
+    return queue
+
+
 class _RangeCheck:
     """The target-range check of one call, enqueued: the check kernel, then a non-blocking
-    read of its flag. ``raise_if_bad()`` waits for that read (so for the check, behind whatever
-    the queue held before, not for the work enqueued after it) and raises on a bad target."""
+    read of its flag (``RANGE_CHECK`` says where and on which queue). ``raise_if_bad()`` waits
+    for that read (so for the check, behind whatever the queue held before, not for the work
+    enqueued after it) and raises on a bad target."""
 
     def __init__(self, ctx, built, index, total, classes, target, ignore_index):
-        self.flag = np.zeros(2, np.int64)
         self.read = None
-        self.classes, self.ignore_index = classes, ignore_index
+        self.ctx, self.classes, self.ignore_index = ctx, classes, ignore_index
         if total:
+            self.mode = mode = _range_check_mode()
             self.bad = _range_flag(ctx)
+            queue = ctx.queue
+            if mode == "queue":
+                queue = _check_queue(ctx)
+                # The check reads the target after everything enqueued before it.
+                cl.enqueue_barrier(queue, wait_for=[cl.enqueue_marker(ctx.queue)])
             gsize, lsize = launch_size(ctx, total)
             _enqueue(ctx, built, "nll_check", gsize, lsize,
                      [index(total), index(classes), np.int64(ignore_index), target.buffer,
-                      index(target.offset_elements), self.bad.buffer])
-            self.read = cl.enqueue_copy(ctx.queue, self.flag, self.bad.buffer, src_offset=self.bad.offset,
+                      index(target.offset_elements), self.bad.buffer], queue)
+            self.flag = np.zeros(2, np.int64) if mode == "pageable" else _pinned_flag(ctx)
+            self.read = cl.enqueue_copy(queue, self.flag, self.bad.buffer, src_offset=self.bad.offset,
                                         is_blocking=False)
+            if mode == "queue":
+                queue.flush()
 
     def raise_if_bad(self):
         if self.read is None:
             return
+        if self.mode == "queue":
+            # The check waits for a marker of the context's queue: that must reach the device.
+            self.ctx.queue.flush()
         self.read.wait()
         if self.flag[0]:
+            bad_value = int(self.flag[1])
             self.bad.fill_(0)
             c = self.classes
-            raise ShapeError(f"nll_loss: target {int(self.flag[1])} is out of range for {c} classes "
+            raise ShapeError(f"nll_loss: target {bad_value} is out of range for {c} classes "
                              f"(expected 0..{c - 1} or ignore_index={self.ignore_index})")
 
 
@@ -152,12 +205,13 @@ def _nll_setup(input, target, weight, reduction, shifted):
     return n, c, s, ctx, index, built
 
 
-def _nll(input, target, weight, ignore_index, reduction, shift=None, check=None):
+def _nll(input, target, weight, ignore_index, reduction, shift=None, check=None, setup=None):
     """The nll_loss forward, enqueued; returns (loss, g -> gradient wrt the log-probabilities).
     With ``shift`` (float32, one value per target element, dense) the log-probabilities are
     ``input - shift`` along the classes, never materialized. ``check``: the call's range check
-    when the caller enqueued it already (before its own work)."""
-    n, c, s, ctx, index, built = _nll_setup(input, target, weight, reduction, shift is not None)
+    when the caller enqueued it already (before its own work); ``setup``: the call's
+    ``_nll_setup`` when the caller made it."""
+    n, c, s, ctx, index, built = setup or _nll_setup(input, target, weight, reduction, shift is not None)
     total = n * s
     if check is None:
         check = _RangeCheck(ctx, built, index, total, c, target, ignore_index)
@@ -232,7 +286,8 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     if isinstance(target, Tensor) and target.dtype == np.int64:
         # One read of the logits: their log-sum-exp over the classes, then the picked logit
         # minus it. The backward forms log_softmax then.
-        n, c, s, ctx, index, built = _nll_setup(input, target, weight, reduction, True)
+        setup = _nll_setup(input, target, weight, reduction, True)
+        n, c, s, ctx, index, built = setup
         # The range check goes first: the host then waits for it, not for the log-sum-exp.
         check = _RangeCheck(ctx, built, index, n * s, c, target, ignore_index)
         keep_dims = tuple(1 if k == class_dim else d for k, d in enumerate(input.shape))
@@ -240,7 +295,8 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         sums = Tensor.empty(input.ctx, keep_dims)
         if input.size:
             _logsumexp_kernel()([input], [lse, sums], axes=(class_dim,))
-        out, grad_of_logp = _nll(input, target, weight, ignore_index, reduction, shift=lse, check=check)
+        out, grad_of_logp = _nll(input, target, weight, ignore_index, reduction, shift=lse, check=check,
+                                 setup=setup)
         source = input.detach()
 
         def backward(g):

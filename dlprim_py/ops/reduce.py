@@ -55,6 +55,12 @@ SEGMENT = None
 # Waves of resident items the item variant aims at before cutting reductions into chunks
 # (half a wave measured best for column sums on the H200: longer chunks, a shorter second pass).
 ITEM_WAVES = 0.5
+# How a reduction of everything to one value combines its chunks' partial results:
+# "last_group" (the work-group that finishes last combines them, in the same launch) or
+# "launch" (a second launch); None: DLPRIM_REDUCE_PARTIALS_ALGO, else DEFAULT_PARTIALS.
+PARTIALS_MODES = ("last_group", "launch")
+PARTIALS = None
+DEFAULT_PARTIALS = "last_group"
 # Launches kept per kernel and context (one per distinct shapes, dtypes and offsets).
 _MAX_LAUNCHES = 256
 
@@ -80,11 +86,13 @@ class ReduceKernel:
     with ``reduce_size`` (the number of elements reduced per output) and the scalars in scope.
     ``fold``: C code like ``combine`` for folding one element into an accumulator set, which
     sees its elements (and a partials pass its chunks) in increasing ``ridx``; defaults to
-    ``combine``.
+    ``combine``. ``index_accumulators``: names of outputs whose accumulator is the kernel's
+    index type (32-bit when every index fits) and converted to the output's dtype only when
+    written, e.g. argmax's int64 index; their identity may use INDEX_MAX.
     """
 
     def __init__(self, name, inputs, outputs, map_statement, combine="sum", identity=None,
-                 finalize="", scalars=(), preamble="", fold=None):
+                 finalize="", scalars=(), preamble="", fold=None, index_accumulators=()):
         self.name = name
         self.inputs = [(n, as_dtype(t)) for n, t in inputs]
         self.outputs = [(n, as_dtype(t)) for n, t in outputs]
@@ -110,22 +118,25 @@ class ReduceKernel:
         self.fold = fold or self.combine
         self.finalize = finalize
         self.preamble = preamble
+        self.index_accumulators = tuple(index_accumulators)
         self._partials_kernel = None
         # ctx -> {call key: _Launch}, so that a repeated call only binds buffers and enqueues.
         self._launches = weakref.WeakKeyDictionary()
 
-    def _accumulators(self):
-        return [(n, cl_name(t), self.identity[n]) for n, t in self.outputs]
+    def _accumulators(self, index_t):
+        return [(n, index_t if n in self.index_accumulators else cl_name(t), self.identity[n], cl_name(t))
+                for n, t in self.outputs]
 
     def _build(self, ctx, variant, group_size, unroll, kept_ndim, red_ndim, index_t, apply_finalize,
-               vector=1):
+               vector=1, last_group=False):
         params = dict(
             name=self.name, variant=variant, group_size=group_size, vector=vector,
             unroll=unroll, kept_ndim=kept_ndim, red_ndim=red_ndim, index_t=index_t,
-            inputs=[(n, cl_name(t)) for n, t in self.inputs], accumulators=self._accumulators(),
+            inputs=[(n, cl_name(t)) for n, t in self.inputs], accumulators=self._accumulators(index_t),
             scalars=[(n, _scalar_cl_name(t)) for n, t in self.scalars],
             map_statement=self.map_statement, combine=self.combine, fold=self.fold,
-            finalize=self.finalize, apply_finalize=apply_finalize, preamble=self.preamble)
+            finalize=self.finalize, apply_finalize=apply_finalize, preamble=self.preamble,
+            last_group=last_group)
         return program.build(ctx, "reduce", params)
 
     def partials_kernel(self):
@@ -135,7 +146,8 @@ class ReduceKernel:
             self._partials_kernel = ReduceKernel(
                 f"{self.name}_partials", inputs, self.outputs,
                 " ".join(f"{n} = partial_{n};" for n, _ in self.outputs),
-                self.combine, self.identity, self.finalize, self.scalars, self.preamble, self.fold)
+                self.combine, self.identity, self.finalize, self.scalars, self.preamble, self.fold,
+                self.index_accumulators)
         return self._partials_kernel
 
     def __call__(self, inputs, outputs, scalars=(), axes=None, variant=None):
@@ -157,7 +169,8 @@ class ReduceKernel:
             key = (tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
                    tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars),
                    axes if axes is None or isinstance(axes, int) else tuple(axes), variant,
-                   UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU)
+                   UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU,
+                   _partials_mode())
             launch = launches[key]
             if not all(t.ctx is ctx for t in outputs) or not all(t.ctx is ctx for t in inputs):
                 raise KeyError(key)
@@ -186,7 +199,8 @@ class ReduceKernel:
         axes_key = axes if axes is None or isinstance(axes, int) else tuple(axes)
         key = (tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
                tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars), axes_key,
-               variant, UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU)
+               variant, UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU,
+               _partials_mode())
         launches = self._launches.get(ctx)
         if launches is None or len(launches) > _MAX_LAUNCHES:
             # Bounded: a loop over ever new offsets must not grow it without end.
@@ -204,8 +218,9 @@ class ReduceKernel:
         return launch
 
     def describe(self, inputs, outputs, axes=None, variant=None):
-        """(variant, segment, vector, chunks) that a call with these tensors runs, for
-        benchmarks and tests; None when the output is empty."""
+        """(variant, segment, vector, chunks, partials) that a call with these tensors runs, for
+        benchmarks and tests (partials: "last_group", "launch", or None for one chunk); None
+        when the output is empty."""
         full = broadcast_shapes(*(t.shape for t in inputs))
         reduced = _reduced_mask(self.name, full, outputs[0].shape, axes)
         variant = variant or config.forced_algorithm("reduce")
@@ -213,13 +228,15 @@ class ReduceKernel:
         if plan is None:
             return None
         aligned = all(t.offset_elements % VECTOR == 0 for t in inputs)
-        return plan.variant, plan.segment, plan.vector if aligned else 1, plan.chunks
+        partials = None if plan.chunks == 1 else ("last_group" if plan.last_group else "launch")
+        return plan.variant, plan.segment, plan.vector if aligned else 1, plan.chunks, partials
 
 
 class _Launch:
     """One reduction problem, ready to enqueue: its kernels with the shape arguments bound once
     (own kernel objects, so that nothing else rebinds them), the partials buffer, and the launch
-    that reduces the partials. A call sets only the buffers, offsets and scalars."""
+    that reduces the partials (or, for a last-group combine, the count of finished groups).
+    A call sets only the buffers, offsets and scalars."""
 
     def __init__(self, reduce_kernel, ctx, plan, aligned, largest, reduce_size):
         kept_total, red_total = math.prod(plan.kept_sizes), math.prod(plan.red_sizes)
@@ -234,8 +251,10 @@ class _Launch:
         self.index = index = np.int32 if index_t == "int" else np.int64
         group_size = min(GROUP_SIZE, _pow2_floor(ctx.info.max_work_group_size))
         self.final = plan.chunks == 1
+        self.last_group = plan.last_group and not self.final
         built = reduce_kernel._build(ctx, plan.variant, group_size, plan.unroll, len(plan.kept_sizes),
-                                     len(plan.red_sizes), index_t, self.final, self.vector)
+                                     len(plan.red_sizes), index_t, self.final, self.vector,
+                                     self.last_group)
         self.kernel = built.kernel(reduce_kernel.name, fresh=True)
         args = [index(v) for v in (kept_total, red_total, plan.chunk_len, plan.chunks, reduce_size)]
         args.append(np.int32(plan.segment.bit_length() - 1))
@@ -248,6 +267,19 @@ class _Launch:
         for _ in reduce_kernel.outputs:
             self.output_slots.append(len(args))
             args += [None, None]
+        self.final_slots = []
+        self.partials = self.sub_launch = None
+        if not self.final:
+            # Owned by this launch and reused: calls on the context's in-order queue never
+            # overlap, so one buffer serves them all.
+            self.partials = [Tensor.empty(ctx, (plan.chunks, kept_total), dt) for _, dt in reduce_kernel.outputs]
+        if self.last_group:
+            for _ in reduce_kernel.outputs:
+                self.final_slots.append(len(args))
+                args += [None, None]
+            # Zero between launches: the last group to finish sets it back.
+            self.done_count = Tensor.zeros(ctx, (1,), np.int32)
+            args.append(self.done_count.buffer)
         self.scalar_slots = list(range(len(args), len(args) + len(reduce_kernel.scalars)))
         self.scalar_types = [dt.type for _, dt in reduce_kernel.scalars]
         for k, value in enumerate(args):
@@ -260,11 +292,7 @@ class _Launch:
         else:
             groups = min(math.ceil(units / group_size), cap)
         self.global_size, self.local_size = (groups * group_size,), (group_size,)
-        self.partials = self.sub_launch = None
-        if not self.final:
-            # Owned by this launch and reused: calls on the context's in-order queue never
-            # overlap, so one buffer serves them all.
-            self.partials = [Tensor.empty(ctx, (plan.chunks, kept_total), dt) for _, dt in reduce_kernel.outputs]
+        if not self.final and not self.last_group:
             partials_kernel = reduce_kernel.partials_kernel()
             sub_plan = _plan(ctx, (plan.chunks, kept_total), (True, False),
                              [[kept_total, 1]] * len(self.partials), None)
@@ -286,10 +314,13 @@ class _Launch:
         for slot, t in zip(self.output_slots, targets):
             kernel.set_arg(slot, t.buffer)
             self._set_value(slot + 1, t.offset_elements, index)
+        for slot, t in zip(self.final_slots, outputs):
+            kernel.set_arg(slot, t.buffer)
+            self._set_value(slot + 1, t.offset_elements, index)
         for slot, kind, value in zip(self.scalar_slots, self.scalar_types, scalars):
             self._set_value(slot, value, kind)
         cl.enqueue_nd_range_kernel(self.ctx.queue, kernel, self.global_size, self.local_size)
-        if not self.final:
+        if self.sub_launch is not None:
             self.sub_launch.enqueue(self.partials, outputs, scalars)
 
 
@@ -326,17 +357,17 @@ class _Plan:
     items per unit (``segment``, "group") and the widest vector load the shapes allow."""
 
     def __init__(self, kept_sizes, red_sizes, strides, variant, chunks, chunk_len, unroll, segment,
-                 vector):
+                 vector, last_group=False):
         self.kept_sizes, self.red_sizes, self.strides = kept_sizes, red_sizes, strides
         self.variant, self.chunks, self.chunk_len, self.unroll = variant, chunks, chunk_len, unroll
-        self.segment, self.vector = segment, vector
+        self.segment, self.vector, self.last_group = segment, vector, last_group
 
 
 def _plan(ctx, full, reduced, operand_strides, variant, itemsizes=None):
     """The ``_Plan`` of a problem, or None when the output is empty. Memoized per context."""
     variant = variant or config.forced_algorithm("reduce")
     key = ("reduce_plan", tuple(full), tuple(reduced), tuple(tuple(s) for s in operand_strides), variant,
-           UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU)
+           UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU, _partials_mode())
     plans = ctx.memo
     if key not in plans:
         plans[key] = _make_plan(ctx, full, reduced, operand_strides, variant)
@@ -401,8 +432,20 @@ def _make_plan(ctx, full, reduced, operand_strides, variant):
         # share a group.
         segment = SEGMENT or _pow2_floor(max(1, min(group_size, chunk_len // (vector * unroll))))
         segment = min(segment, group_size)
+    last_group = False
+    if variant == "group" and kept_total == 1 and chunks > 1:
+        # One launch: the last group to finish folds at most SET_CHUNK partials per item.
+        last_group = _partials_mode() == "last_group" and chunks <= group_size * SET_CHUNK
     strides = list(zip(kept_strides, red_strides))
-    return _Plan(kept_sizes, red_sizes, strides, variant, chunks, chunk_len, unroll, segment, vector)
+    return _Plan(kept_sizes, red_sizes, strides, variant, chunks, chunk_len, unroll, segment, vector,
+                 last_group)
+
+
+def _partials_mode():
+    mode = PARTIALS or config.forced_algorithm("reduce_partials") or DEFAULT_PARTIALS
+    if mode not in PARTIALS_MODES:
+        raise UnsupportedError(f"reduce partials mode must be one of {PARTIALS_MODES}, got {mode!r}")
+    return mode
 
 
 def normalize_dims(dim, ndim, name="reduce"):
@@ -611,9 +654,10 @@ _ARG_COMBINE = """
 
 
 # Folding elements in increasing index order, a later element wins only when strictly more
-# extreme, or as the first NaN, or as the first of all (a row of infinities).
+# extreme, or as the first NaN, or as the first of all (a row of infinities). The index
+# accumulator is the kernel's index type (32-bit where indices fit), int64 only when written.
 _ARG_FOLD = """
-    if (acc_i == LONG_MAX || ((v != v) ? (acc_v == acc_v) : (v {cmp} acc_v))) {{ acc_v = v; acc_i = i; }}
+    if (acc_i == INDEX_MAX || ((v != v) ? (acc_v == acc_v) : (v {cmp} acc_v))) {{ acc_v = v; acc_i = i; }}
 """
 
 
@@ -621,8 +665,8 @@ def _arg_kernel(kind):
     cmp, ident = (">", "-INFINITY") if kind == "argmax" else ("<", "INFINITY")
     return _kernel(kind, lambda: ReduceKernel(
         f"reduce_{kind}", [("x", np.float32)], [("v", np.float32), ("i", np.int64)],
-        "v = x; i = ridx;", _ARG_COMBINE.format(cmp=cmp), {"v": ident, "i": "LONG_MAX"},
-        fold=_ARG_FOLD.format(cmp=cmp)))
+        "v = x; i = ridx;", _ARG_COMBINE.format(cmp=cmp), {"v": ident, "i": "INDEX_MAX"},
+        fold=_ARG_FOLD.format(cmp=cmp), index_accumulators=("i",)))
 
 
 def argmax(x, dim=None, keepdim=False):
