@@ -1,6 +1,7 @@
-"""Reductions, softmax and cross_entropy: every forced variant side by side with PyTorch.
+"""Reductions and cross_entropy: every forced variant side by side with PyTorch.
 
     python benchmarks/reduce_probe.py [--quick] [--out DIR] [--commit HASH]
+                                      [--only everything,argmax,kept,cross_entropy]
 
 Each variant is checked against PyTorch in float64 first (MIOpen's metric, 1e-5; exact for
 indices), then timed three ways, medians:
@@ -11,8 +12,11 @@ indices), then timed three ways, medians:
   time shows when the host is slower than the device);
 * ``host``: host seconds to enqueue one call.
 
-Variants are forced through the modules' switches (``reduce.VECTOR``, ``SEGMENT``, ``UNROLL``,
-``ITEM_WAVES``, ``softmax.VECTOR``, ``cached=``). PyTorch is timed with CUDA events the same way
+Variants are forced through the modules' switches (``reduce.PARTIALS``, ``GROUPS_PER_CU``,
+``VECTOR_UNROLL``, ``loss.RANGE_CHECK``); the int64-index argmax is built here as it was.
+cross_entropy is not gated (the call waits for its range check, which a held queue never
+runs): its ``span`` is the figure. Groups: sum/mean/norm of everything, argmax, the reductions
+that met their target already (kept), cross_entropy with the log-sum-exp kernel and softmax. PyTorch is timed with CUDA events the same way
 (its ``span``). The table is printed last; ``DIR/probe.json`` holds the rows and ``DIR/*.ptx`` the
 device code of the main kernels when the driver hands it out (NVIDIA returns PTX).
 """
@@ -129,12 +133,122 @@ def dump_ptx(ctx, out):
             f.write(binary)
 
 
+def old_argmax_kernel():
+    """argmax as before: an int64 index accumulator (for the side-by-side comparison)."""
+    return R.ReduceKernel("reduce_argmax_long", [("x", np.float32)], [("v", np.float32), ("i", np.int64)],
+                          "v = x; i = ridx;", R._ARG_COMBINE.format(cmp=">"), {"v": "-INFINITY", "i": "INDEX_MAX"},
+                          fold=R._ARG_FOLD.format(cmp=">"))
+
+
+def everything_cases(ctx, baseline, rows, x, tx, dx, n):
+    """sum / mean / norm of all 2^26 elements: the last group combines, or a second launch."""
+    torch = baseline.torch
+    variants = [("last group (auto)", {}), ("last group, 8/CU", {"GROUPS_PER_CU": 8}),
+                ("last group, 32/CU", {"GROUPS_PER_CU": 32}), ("two launches", {"PARTIALS": "launch"}),
+                ("two launches, 8/CU", {"PARTIALS": "launch", "GROUPS_PER_CU": 8})]
+    cases = [("sum all", lambda: F.sum(x), lambda t: torch.sum(t)),
+             ("mean all", lambda: F.mean(x), lambda t: torch.mean(t)),
+             ("norm all", lambda: F.norm(x), lambda t: torch.linalg.vector_norm(t))]
+    for k, (case, ours, theirs) in enumerate(cases):
+        for variant, switches in (variants if k == 0 else variants[:1] + variants[3:4]):
+            measure(ctx, baseline, rows, case, variant, 4 * n, ours,
+                    lambda o=ours, t=theirs: error_metric(o().numpy(), t(dx).cpu().numpy()),
+                    (lambda t=theirs: t(tx)) if variant.endswith("(auto)") else None, switches)
+
+
+def argmax_cases(ctx, baseline, rows, x, tx, n):
+    torch = baseline.torch
+    expected = torch.argmax(tx, -1).cpu().numpy()
+    old = old_argmax_kernel()
+
+    def old_argmax():
+        index = dp.Tensor.empty(ctx, (x.shape[0],), np.int64)
+        old([x], [dp.Tensor.empty(ctx, (x.shape[0], 1)), R._view(index, (x.shape[0], 1))])
+        return index
+    variants = [("int32 index (auto)", {}, lambda: F.argmax(x, -1)),
+                ("int32 vec4 x8", {"VECTOR_UNROLL": 8}, lambda: F.argmax(x, -1)),
+                ("int32 vec4 x2", {"VECTOR_UNROLL": 2}, lambda: F.argmax(x, -1)),
+                ("int64 index (old)", {}, old_argmax)]
+    for variant, switches, ours in variants:
+        measure(ctx, baseline, rows, "argmax rows 4096", variant, 4 * n, ours,
+                lambda o=ours: 0.0 if np.array_equal(o().numpy(), expected) else math.inf,
+                (lambda: torch.argmax(tx, -1)) if variant.endswith("(auto)") else None, switches)
+    flat = torch.argmax(tx).item()
+    measure(ctx, baseline, rows, "argmax all", "last group (auto)", 4 * n, lambda: F.argmax(x),
+            lambda: 0.0 if int(F.argmax(x).numpy()) == flat else math.inf, lambda: torch.argmax(tx), {})
+
+
+def kept_cases(ctx, baseline, rows, x, tx, dx, n):
+    """Reductions that met the target before: they must stay there."""
+    torch = baseline.torch
+    cases = [("sum rows 4096", lambda: F.sum(x, -1), lambda t: torch.sum(t, -1)),
+             ("amax rows 4096", lambda: F.amax(x, -1), lambda t: torch.amax(t, -1)),
+             ("sum columns dim=0", lambda: F.sum(x, 0), lambda t: torch.sum(t, 0))]
+    for case, ours, theirs in cases:
+        measure(ctx, baseline, rows, case, "auto", 4 * n, ours,
+                lambda o=ours, t=theirs: error_metric(o().numpy(), t(dx).cpu().numpy()),
+                lambda t=theirs: t(tx), {})
+
+
+def cross_entropy_cases(ctx, baseline, rows, rng, n):
+    """cross_entropy (batch, 32000) with each way of reading the target check back; the
+    log-sum-exp kernel alone (device time: what the loss costs without the check's wait)."""
+    from dlprim_py.ops import loss as L
+    torch = baseline.torch
+    shape = (max(1, n // 32000), 32000)
+    c = rng.uniform(-8, 8, shape).astype(np.float32)
+    xc, tc, dc = dp.Tensor.from_numpy(ctx, c), baseline.tensor(c), baseline.tensor(c, torch.float64)
+    target = rng.integers(0, shape[1], size=shape[0]).astype(np.int64)
+    t_ours, t_torch = dp.Tensor.from_numpy(ctx, target), baseline.tensor(target)
+    ref = torch.nn.functional.cross_entropy(dc, t_torch).cpu().numpy()
+    name = f"cross_entropy {shape[0]}x{shape[1]}"
+    for k, mode in enumerate(L.RANGE_CHECKS):
+        saved = L.RANGE_CHECK
+        L.RANGE_CHECK = mode
+        try:
+            measure(ctx, baseline, rows, name, f"{mode}{' (auto)' if mode == L.DEFAULT_RANGE_CHECK else ''}",
+                    c.nbytes, lambda: F.cross_entropy(xc, t_ours),
+                    lambda: error_metric(F.cross_entropy(xc, t_ours).numpy(), ref),
+                    (lambda: torch.nn.functional.cross_entropy(tc, t_torch)) if k == 0 else None, {}, gated=False)
+        finally:
+            L.RANGE_CHECK = saved
+    # Diagnostic, not an option: the call without waiting for its check (what the wait costs).
+    saved = L._RangeCheck.raise_if_bad
+    L._RangeCheck.raise_if_bad = lambda self: None
+    try:
+        measure(ctx, baseline, rows, name, "no wait (diagnostic)", c.nbytes, lambda: F.cross_entropy(xc, t_ours),
+                lambda: error_metric(F.cross_entropy(xc, t_ours).numpy(), ref), None, {}, gated=False)
+    finally:
+        L._RangeCheck.raise_if_bad = saved
+    lse = dp.Tensor.empty(ctx, (shape[0], 1))
+    sums = dp.Tensor.empty(ctx, (shape[0], 1))
+    ref_lse = torch.logsumexp(dc, -1, keepdim=True).cpu().numpy()
+
+    def run_lse():
+        L._logsumexp_kernel()([xc], [lse, sums], axes=(1,))
+        return lse
+    measure(ctx, baseline, rows, name, "log-sum-exp kernel only", c.nbytes, run_lse,
+            lambda: error_metric(run_lse().numpy(), ref_lse), lambda: torch.logsumexp(tc, -1), {})
+    measure(ctx, baseline, rows, f"softmax {shape[0]}x{shape[1]}", "auto", 2 * c.nbytes,
+            lambda: F.softmax(xc, -1),
+            lambda: error_metric(F.softmax(xc, -1).numpy(), torch.softmax(dc, -1).cpu().numpy()),
+            lambda: torch.softmax(tc, -1), {})
+
+
+GROUPS = ("everything", "argmax", "kept", "cross_entropy")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--commit", default=None)
+    parser.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated of {','.join(GROUPS)}")
     args = parser.parse_args(argv)
+    groups = [g for g in args.only.split(",") if g]
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        parser.error(f"unknown groups {unknown}; known: {list(GROUPS)}")
     ctx = dp.Context()
     print(f"device: {ctx.info.name} ({ctx.info.platform_name}, driver {ctx.info.driver_version})")
     baseline = Baseline(ctx, args.quick)
@@ -142,86 +256,19 @@ def main(argv=None):
     rng = np.random.default_rng(5)
     n = (1 << 16) if args.quick else (1 << 26)
     rows = []
-
     wide = (n // 4096, 4096)
     a = rng.uniform(-2, 2, wide).astype(np.float32)
     x = dp.Tensor.from_numpy(ctx, a)
     tx, dx = baseline.tensor(a), baseline.tensor(a, torch.float64)
-    reduce_variants = [
-        ("auto (vec4 x4)", {}),
-        ("scalar", {"VECTOR": 1}),
-        ("vec4 x8", {"VECTOR_UNROLL": 8}),
-        ("vec4 x2", {"VECTOR_UNROLL": 2}),
-        ("vec4 seg256", {"SEGMENT": 256}),
-    ]
-    cases = [
-        ("sum all", lambda: F.sum(x), lambda t: torch.sum(t), 4 * n),
-        ("sum rows 4096", lambda: F.sum(x, -1), lambda t: torch.sum(t, -1), 4 * n),
-        ("amax rows 4096", lambda: F.amax(x, -1), lambda t: torch.amax(t, -1), 4 * n),
-    ]
-    for case, ours, theirs, nbytes in cases:
-        extra = [("groups/CU 8", {"GROUPS_PER_CU": 8}), ("groups/CU 32", {"GROUPS_PER_CU": 32})]
-        for variant, switches in reduce_variants + (extra if case == "sum all" else []):
-            measure(ctx, baseline, rows, case, variant, nbytes, ours,
-                    lambda o=ours, t=theirs: error_metric(o().numpy(), t(dx).cpu().numpy()),
-                    (lambda t=theirs: t(tx)) if variant.startswith("auto") else None, switches)
-
-    def argmax_check():
-        return 0.0 if np.array_equal(F.argmax(x, -1).numpy(), torch.argmax(tx, -1).cpu().numpy()) else math.inf
-    for variant, switches in reduce_variants[:2]:
-        measure(ctx, baseline, rows, "argmax rows 4096", variant, 4 * n, lambda: F.argmax(x, -1),
-                argmax_check, (lambda: torch.argmax(tx, -1)) if variant.startswith("auto") else None, switches)
-    for variant, switches in [("auto (item)", {}), ("item waves 0.5", {"ITEM_WAVES": 0.5}),
-                              ("item waves 2", {"ITEM_WAVES": 2}), ("item unroll 4", {"UNROLL": 4})]:
-        measure(ctx, baseline, rows, "sum columns dim=0", variant, 4 * n, lambda: F.sum(x, 0),
-                lambda: error_metric(F.sum(x, 0).numpy(), torch.sum(dx, 0).cpu().numpy()),
-                (lambda: torch.sum(tx, 0)) if variant.startswith("auto") else None, switches)
-
-    def small_case(case, shape, dim, op, theirs_op, variants):
-        b = rng.uniform(-2, 2, shape).astype(np.float32)
-        xb, tb, db = dp.Tensor.from_numpy(ctx, b), baseline.tensor(b), baseline.tensor(b, torch.float64)
-        for variant, switches in variants:
-            measure(ctx, baseline, rows, case, variant, b.nbytes, lambda: op(xb, dim),
-                    lambda: error_metric(op(xb, dim).numpy(), theirs_op(db, dim).cpu().numpy()),
-                    (lambda: theirs_op(tb, dim)) if variant.startswith("auto") else None, switches)
-
-    scale = 8 if args.quick else 1
-    small_case("sum rows 4096x4096", (4096 // scale, 4096), -1, F.sum, torch.sum,
-               reduce_variants[:2] + [("vec4 seg256", {"SEGMENT": 256})])
-    small_case("sum spatial 64x2048x7x7", (64 // scale, 2048, 7, 7), (2, 3), F.sum, torch.sum,
-               [("auto", {}), ("seg16", {"SEGMENT": 16}), ("seg256 (old)", {"SEGMENT": 256})])
-    small_case("mean channels 64x256x56x56", (64 // scale, 256, 56, 56), 1, F.mean, torch.mean,
-               [("auto (item)", {}), ("item waves 4", {"ITEM_WAVES": 4})])
-
-    # softmax over (batch, 32000) and (4096, 1000)
-    for shape in ((max(1, n // 32000), 32000), (4096 // scale, 1000)):
-        c = rng.uniform(-8, 8, shape).astype(np.float32)
-        xc, tc, dc = dp.Tensor.from_numpy(ctx, c), baseline.tensor(c), baseline.tensor(c, torch.float64)
-        for log in (False, True):
-            ours_fn = F.log_softmax if log else F.softmax
-            theirs_fn = torch.log_softmax if log else torch.softmax
-            name = f"{'log_' if log else ''}softmax {shape[0]}x{shape[1]}"
-            variants = [("auto", {}, None), ("streaming vec4", {}, 0), ("registers scalar (old)", {"softmax_VECTOR": 1}, None),
-                        ("streaming scalar", {"softmax_VECTOR": 1}, 0)]
-            if shape[1] == 1000:
-                variants.append(("one row per group", {}, 4))
-            if log:
-                variants = variants[:2]
-            for variant, switches, cached in variants:
-                measure(ctx, baseline, rows, name, variant, 2 * c.nbytes,
-                        lambda f=ours_fn, k=cached: f(xc, -1, cached=k),
-                        lambda f=ours_fn, g=theirs_fn, k=cached: error_metric(f(xc, -1, cached=k).numpy(), g(dc, -1).cpu().numpy()),
-                        (lambda g=theirs_fn: g(tc, -1)) if variant == "auto" else None, switches)
-        if shape[1] == 32000:
-            target = rng.integers(0, shape[1], size=shape[0]).astype(np.int64)
-            t_ours, t_torch = dp.Tensor.from_numpy(ctx, target), baseline.tensor(target)
-            for variant, switches in [("auto", {}), ("scalar", {"VECTOR": 1})]:
-                measure(ctx, baseline, rows, f"cross_entropy {shape[0]}x{shape[1]}", variant, c.nbytes,
-                        lambda: F.cross_entropy(xc, t_ours),
-                        lambda: error_metric(F.cross_entropy(xc, t_ours).numpy(),
-                                             torch.nn.functional.cross_entropy(dc, t_torch).cpu().numpy()),
-                        (lambda: torch.nn.functional.cross_entropy(tc, t_torch)) if variant == "auto" else None,
-                        switches, gated=False)
+    if "everything" in groups:
+        everything_cases(ctx, baseline, rows, x, tx, dx, n)
+    if "argmax" in groups:
+        argmax_cases(ctx, baseline, rows, x, tx, n)
+    if "kept" in groups:
+        kept_cases(ctx, baseline, rows, x, tx, dx, n)
+    del dx
+    if "cross_entropy" in groups:
+        cross_entropy_cases(ctx, baseline, rows, rng, n)
 
     os.makedirs(args.out, exist_ok=True)
     try:
