@@ -55,6 +55,8 @@ POINTWISE_VARIANTS = [
     ("v4 u4 grid cap64", "vector", 4, 4, 64, 256, "grid", None),
     ("scalar u4 g64", "scalar", 1, 4, 64, 256, "grid", None),
 ]
+# --ops and --variants: the operators and variant labels to run (empty: all).
+SELECTED_OPS, SELECTED_VARIANTS = [], []
 # Variants timed on the two-dimensional bias broadcast (the others run one dimension).
 ND_VARIANTS = ("v4 u1 g256", "v4 u2 blk g256", "v4 u2 grid g256", "v4 u2 blk g128",
                "v4 u4 blk g128", "v8 u1 g256", "v4 u4 grid cap64")
@@ -114,8 +116,11 @@ def pointwise(ctx, baseline, quick, table):
          lambda: torch.mul(tx, tb), lambda: a64 * bias.astype(np.float64)),
     ]
     for op, (statement, inputs, scalars, values), args, nbytes, theirs, reference in cases:
+        if SELECTED_OPS and op not in SELECTED_OPS:
+            continue
         torch_before = baseline.time(theirs)
-        variants = [v for v in POINTWISE_VARIANTS if op != "mul bias" or v[0] in ND_VARIANTS]
+        variants = [v for v in POINTWISE_VARIANTS if (op != "mul bias" or v[0] in ND_VARIANTS)
+                    and (not SELECTED_VARIANTS or v[0] in SELECTED_VARIANTS)]
         first = None
         for variant in variants + variants[:1]:
             k = configured(f"probe_{op.replace(' ', '_')}", inputs, statement, scalars, variant)
@@ -316,7 +321,8 @@ def format_span(r):
 
 def nvidia_build_report(ctx, table, out_dir):
     """NVIDIA's compiler report (registers, spills) and the PTX of the default launch of copy,
-    relu, hardswish, gelu, sigmoid and add over 2^26 elements, built with -cl-nv-verbose."""
+    relu, hardswish, gelu, sigmoid and add over 2^26 elements (one step, no grid-stride loop),
+    built with -cl-nv-verbose."""
     if ctx.info.vendor != "nvidia":
         return
     from dlprim_py import program
@@ -326,7 +332,7 @@ def nvidia_build_report(ctx, table, out_dir):
     for name, (statement, inputs, scalars) in kernels:
         k = PointwiseKernel(f"report_{name}", inputs, [("y", f32)], statement, scalars=scalars)
         params = k.template_params(1, "int", k.VECTOR, k.VECTOR_UNROLL, (True,) * len(inputs),
-                                   k.VECTOR_INTERLEAVE)
+                                   k.VECTOR_INTERLEAVE, grid_stride=False)
         source = program.render("pointwise", **params)
         built = cl.Program(ctx.cl_context, source).build(options=["-cl-nv-verbose"])
         log = built.get_build_info(ctx.device, cl.program_build_info.LOG)
@@ -588,7 +594,12 @@ def main(argv=None):
     parser.add_argument("--only", default=",".join(PARTS))
     parser.add_argument("--output", default=None, help="folder for probe.json")
     parser.add_argument("--commit", default=None)
+    parser.add_argument("--ops", default="", help="pointwise part: operators to run (default all)")
+    parser.add_argument("--variants", default="",
+                        help="pointwise part: variant labels to run, ';'-separated (default all)")
     args = parser.parse_args(argv)
+    SELECTED_OPS[:] = [o for o in args.ops.split(",") if o]
+    SELECTED_VARIANTS[:] = [v for v in args.variants.split(";") if v]
     ctx = dp.Context()
     print(f"device: {ctx.info.name} ({ctx.info.platform_name}, driver {ctx.info.driver_version})")
     baseline = ops_bench.Baseline(ctx, args.quick)

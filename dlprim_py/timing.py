@@ -22,12 +22,16 @@ class Timing:
         return f"Timing(median={self.median * 1e3:.4f} ms, p20={self.p20 * 1e3:.4f}, p80={self.p80 * 1e3:.4f})"
 
 
-def time_enqueued(ctx, run, warmup=3, repeat=20, min_time=0.0):
+def time_enqueued(ctx, run, warmup=3, repeat=20, min_time=0.0, prime=None):
     """Time ``run()`` on ``ctx.queue``: device time from a marker before to a marker after.
 
     Markers bracket everything ``run`` enqueues, so several kernels per call are timed as one.
     Falls back to host wall-clock around ``queue.finish()`` when the queue has no profiling.
     ``min_time``: keep repeating until this many seconds of samples were taken.
+    ``prime``: a callable that enqueues untimed work right before each begin marker, so that the
+    device is busy while the host enqueues the marker and ``run``'s first command: the span then
+    holds device time only, not the host's latency to that first command (measure throughput of
+    queued calls that way; leave it out to time what a lone call costs).
     """
     queue = ctx.queue
     for _ in range(warmup):
@@ -37,6 +41,8 @@ def time_enqueued(ctx, run, warmup=3, repeat=20, min_time=0.0):
     started = time.perf_counter()
     while len(samples) < repeat or sum(samples) < min_time:
         if ctx.profiling:
+            if prime is not None:
+                prime()
             begin = cl.enqueue_marker(queue)
             run()
             end = cl.enqueue_marker(queue)

@@ -1,7 +1,10 @@
 ## Pointwise and broadcast kernels generated from a C statement.
 ##
 ## The kernel walks "groups" of VECTOR consecutive output elements. Each work item handles
-## UNROLL groups per loop step, then moves on by UNROLL * global_size groups (grid-stride loop).
+## UNROLL groups per loop step, then moves on by UNROLL * global_size groups (grid-stride loop);
+## without GRID_STRIDE the caller launches enough work items for one step to cover every group,
+## and the kernel has no loop (on an H200 the loop's trip-count arithmetic and unrolled copies
+## took registers enough to lower occupancy, and with it the loads in flight).
 ## INTERLEAVE says which: "grid", groups base + u * global_size (base = the global id); "block",
 ## groups base + u * local_size with base = group id * UNROLL * local_size + local id, so that a
 ## work-group covers UNROLL * local_size consecutive groups (PyTorch's elementwise layout). All
@@ -27,6 +30,8 @@
 ##   ndim           number of dimensions of the index space (>= 1)
 ##   unroll         groups per work item and loop step (>= 1)
 ##   interleave     optional, "grid" (the default) or "block": where a work item's UNROLL groups lie
+##   grid_stride    optional, True (the default): loop over the index space; False: one step, the
+##                  global size times UNROLL covers every group
 ##   vector         elements per group (1, 2, 4, 8 or 16); 1 (the default) is the scalar variant
 ##   vector_inputs  with vector > 1 (else optional): one bool per input, True where the input is contiguous along
 ##                  the innermost dimension (read VECTOR-wide), False where it has stride 0 there
@@ -45,6 +50,7 @@
     vector = context.get("vector", 1)
     vector_inputs = context.get("vector_inputs", [])
     interleave = context.get("interleave", "grid")
+    grid_stride = context.get("grid_stride", True)
     assert interleave in ("grid", "block"), interleave
     dims = range(ndim)
     lanes = range(unroll)
@@ -89,14 +95,20 @@ __kernel void ${name}(
 % endif
     )
 {
+<%
+    if interleave == "block" and unroll > 1:
+        lane_step = "get_local_size(0)"
+        start = f"({index_t})get_group_id(0) * {unroll} * lane_step + get_local_id(0)"
+    else:
+        lane_step, start = "step", "get_global_id(0)"
+%>
     const ${index_t} step = get_global_size(0);
-% if interleave == "block" and unroll > 1:
-    const ${index_t} lane_step = get_local_size(0);
-    for (${index_t} base = (${index_t})get_group_id(0) * ${unroll} * lane_step + get_local_id(0);
-         base < total; base += ${unroll} * step) {
+    const ${index_t} lane_step = ${lane_step};
+% if grid_stride:
+    for (${index_t} base = ${start}; base < total; base += ${unroll} * step) {
 % else:
-    const ${index_t} lane_step = step;
-    for (${index_t} base = get_global_id(0); base < total; base += ${unroll} * step) {
+    {
+        const ${index_t} base = ${start};
 % endif
 % for u in lanes:
         const ${index_t} group_at${u} = base + ${u} * lane_step;

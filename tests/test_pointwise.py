@@ -96,8 +96,8 @@ def test_generator_misaligned_views_and_accumulate(ctx, rng, algorithm):
 ])
 def test_vector_launch_configurations(ctx, rng, interleave, vector, unroll, group_size, index_t):
     """Each launch layout of the vector variant, forced on its own: a one-dimensional index space
-    at an offset with a tail (several grid-stride steps on a capped grid), and a broadcast over
-    two dimensions."""
+    at an offset with a tail, long (several grid-stride steps on a CPU's capped grid) and short
+    (two work-groups, no loop), and a broadcast over two dimensions."""
     class Configured(PointwiseKernel):
         VECTOR, VECTOR_INTERLEAVE, GROUP_SIZE, INDEX_T = vector, interleave, group_size, index_t
         VECTOR_UNROLL = VECTOR_UNROLL_ND = unroll
@@ -110,6 +110,10 @@ def test_vector_launch_configurations(ctx, rng, interleave, vector, unroll, grou
     x = dp.Tensor.from_buffer(ctx, whole.buffer, (n,), offset=whole.offset + 4 * vector)
     b = dp.Tensor.from_buffer(ctx, whole.buffer, (n,), offset=whole.offset + 4 * 2 * vector)
     cases = [(x, b, data[vector:vector + n], data[2 * vector:2 * vector + n])]
+    short = vector * group_size * unroll + vector * 5 + 1
+    cases.append((dp.Tensor.from_buffer(ctx, whole.buffer, (short,), offset=whole.offset + 4 * 3 * vector),
+                  dp.Tensor.from_buffer(ctx, whole.buffer, (short,), offset=whole.offset),
+                  data[3 * vector:3 * vector + short], data[:short]))
     rows, cols = random(rng, (37, vector * 29)), random(rng, (vector * 29,))
     cases.append((dp.Tensor.from_numpy(ctx, rows), dp.Tensor.from_numpy(ctx, cols), rows, cols))
     for tx, tb, hx, hb in cases:
@@ -121,6 +125,10 @@ def test_vector_launch_configurations(ctx, rng, interleave, vector, unroll, grou
     built = list(kernel._kernels[ctx])
     assert {key[:3] for key in built} == {(1, index_t or "int", vector), (2, index_t or "int", vector)}
     assert {key[3] for key in built} == {unroll} and {key[5] for key in built} == {interleave}
+    if ctx.info.is_cpu:
+        # The CPU's grid is capped at four work-groups per core: the long case loops, the short
+        # one does not.
+        assert {key[6] for key in built if key[0] == 1} == {True, False}
 
 
 def test_repeated_calls_rebind_only_what_changed(ctx, rng):

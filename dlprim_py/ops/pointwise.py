@@ -206,19 +206,21 @@ class PointwiseKernel:
         # ctx -> {(algorithm, (shape, offset) of every operand): launch plan}.
         self._built = weakref.WeakKeyDictionary()
 
-    def _kernel(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid"):
+    def _kernel(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid",
+                grid_stride=True):
         unroll = self.UNROLL if unroll is None else unroll
         per_ctx = self._kernels.get(ctx)
         if per_ctx is None:
             per_ctx = self._kernels[ctx] = {}
-        key = (ndim, index_t, vector, unroll, vector_inputs, interleave)
+        key = (ndim, index_t, vector, unroll, vector_inputs, interleave, grid_stride)
         kernel = per_ctx.get(key)
         if kernel is None:
             kernel = per_ctx[key] = self._build(ctx, ndim, index_t, vector, unroll, vector_inputs,
-                                                interleave)
+                                                interleave, grid_stride)
         return kernel
 
-    def template_params(self, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid"):
+    def template_params(self, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid",
+                        grid_stride=True):
         """The parameters of ``kernels/pointwise.cl.mako`` for one variant of this kernel."""
         params = dict(
             name=self.name, ndim=ndim, unroll=self.UNROLL if unroll is None else unroll,
@@ -228,13 +230,17 @@ class PointwiseKernel:
             outputs=[(n, cl_name(t)) for n, t in self.outputs],
             scalars=[(n, _scalar_cl_name(t)) for n, t in self.scalars],
         )
+        # Only where they differ from the template's defaults.
         if interleave != "grid":
-            # Only where it differs: the grid variant renders (and is cached) as before.
             params["interleave"] = interleave
+        if not grid_stride:
+            params["grid_stride"] = False
         return params
 
-    def _build(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid"):
-        params = self.template_params(ndim, index_t, vector, unroll, vector_inputs, interleave)
+    def _build(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid",
+               grid_stride=True):
+        params = self.template_params(ndim, index_t, vector, unroll, vector_inputs, interleave,
+                                      grid_stride)
         return program.kernel(ctx, "pointwise", self.name, params)
 
     def vector_layout(self, sizes, strides, inputs, outputs):
@@ -332,13 +338,16 @@ class PointwiseKernel:
                                    groups_per_unit=per_unit)
         if unroll == 1:
             interleave = "grid"     # one layout: no second kernel to build
+        # Without a loop where one step of the launch covers every group.
+        grid_stride = gsize[0] * unroll < groups
         # The loop forms base + unroll * global size (in groups) before comparing it with total.
         largest = max([(groups + unroll * gsize[0]) * vector + gsize[0]] +
                       [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
         index_t = "int" if largest < _INT32_LIMIT and self.INDEX_T != "long" else "long"
         index_np = np.int32 if index_t == "int" else np.int64
         # A kernel object of the plan's own: its arguments stay set between calls.
-        shared = self._kernel(ctx, len(sizes), index_t, vector, unroll, wide or (), interleave)
+        shared = self._kernel(ctx, len(sizes), index_t, vector, unroll, wide or (), interleave,
+                              grid_stride)
         kernel = BoundKernel(cl.Kernel(shared.program, shared.function_name))
         head = [index_np(groups)] + [index_np(s) for s in sizes]
         operand_args = [[index_np(t.offset_elements)] + [index_np(s) for s in st]
