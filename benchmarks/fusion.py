@@ -9,9 +9,10 @@ Three ways to compute act(BN(conv(x))) for each layer, each checked against a fl
 reference of the same inputs before it is timed (error metric ||out - ref|| / (sqrt(n) max|ref|)
 under 1e-5):
 
-* fused:   ``fusion.FusionPlan`` conv -> batchnorm_inference -> activation(RELU): a tiny kernel
-           folds the batch norm into a scale and a shift per channel, and the convolution's
-           last kernel (GEMM, Winograd output transform, ...) applies act(acc * scale + shift);
+* fused:   ``fusion.FusionPlan`` conv -> batchnorm_inference -> activation(RELU): the
+           convolution's last kernel (GEMM, Winograd output transform, ...) computes the batch
+           norm's scale and shift per channel from its parameters and applies
+           act(acc * scale + shift); no other kernel runs;
 * unfused: the same library, one call per operator: ``Convolution.forward``, then
            ``norm.batch_norm_forward_inference``, then ``activation_forward(relu)``, with the
            same convolution algorithm as the fused plan;

@@ -79,7 +79,7 @@ def probe_layer(ctx, spec, batch, device, rng, repeat, queued, algo):
     algorithm = plan.conv_algorithms(1)[0] if algo is None else algo
     runner = plan.runner
     row = dict(layer=name, N=batch, C=c, K=k, H=h, R=r, algorithm=algorithm,
-               chain_path=getattr(runner, "chain_path", "fold"))
+               chain_path="fold" if hasattr(runner, "fold_kernel") else "epilogue")
     shape = plan.output_desc.shape
     convolution = dp.Convolution(ctx, layer.x.desc, layer.w.desc, layer.conv_desc)
     outs = {key: dp.Tensor.empty(ctx, shape) for key in ("conv", "conv_epi", "bn", "unfused")}

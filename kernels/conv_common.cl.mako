@@ -1,6 +1,8 @@
-## Definitions shared by the convolution kernel families (conv_direct, conv_implicit_gemm,
-## conv_depthwise, conv_winograd); not a kernel family of its own. Import with
+## Definitions shared by the convolution kernel families (conv_direct, conv_direct_small,
+## conv_implicit_gemm, conv_im2col, conv_depthwise, conv_winograd); not a kernel family of its
+## own. Import with
 ##     <%namespace name="common" file="conv_common.cl.mako"/>
+<%namespace name="links" file="fusion_fold.cl.mako"/>
 ##
 ## Tensor addressing: every kernel takes the problem geometry and the element strides of the
 ## three tensors as run-time arguments (geometry_params), so one compile serves every shape and
@@ -17,6 +19,16 @@
 ##   affine_per_position  optional bool (default False): `scale` and `shift` hold one value per
 ##                 output position (k, oh, ow) of an NCHW y instead of one per channel, read at
 ##                 index % ysN (per-activation batch norm folded into the epilogue)
+##   chain         optional list (default empty) of (kind, per_position), kind "bias" or "bn":
+##                 a fusion plan's bias / batch-norm-inference chain (fusion_fold.cl.mako). The
+##                 kernel then takes the chain's own parameters after the epilogue's
+##                 (chain_params) and computes scale[k] and shift[k] (or per output position,
+##                 index % ysN) from them itself, instead of reading has_scale / has_shift
+##                 vectors (both False then): no separate kernel folds the chain first. Every
+##                 forward kernel of every algorithm takes it: the store computes the pair per
+##                 element, unless the kernel called chain_per_channel(channel) where a work
+##                 item keeps one channel for many stores (Winograd's output transform) and
+##                 passes hoisted=True to store.
 ## y_old is read only when beta != 0 (MIOpen's rule), so an uninitialised y is fine with beta = 0.
 ## The stores declare a float `v` in their own block: the accumulator expression must not be `v`.
 
@@ -31,14 +43,37 @@
     __global const float *scale, int scale_off,
     __global const float *shift, int shift_off,
     __global const float *residual, int residual_off,
-    float alpha, float beta, float residual_alpha</%def>
+    float alpha, float beta, float residual_alpha
+% if context.get("chain"):
+    ${links.chain_params(context.get("chain"))}
+% endif
+</%def>
 
-<%def name="store(out, out_off, index, channel, acc)">
+## The chain's (ep_scale, ep_shift) of `channel`, declared in the enclosing block, when the
+## chain is per channel (nothing otherwise: stores then compute it per element).
+<%def name="chain_per_channel(channel)">
+<%
+    chain = context.get("chain") or []
+%>
+% if chain and not any(p for _, p in chain):
+        ${links.apply_chain(channel, channel, chain, "ep_scale", "ep_shift")}
+% endif
+</%def>
+
+<%def name="store(out, out_off, index, channel, acc, hoisted=False)">
 <%
     affine = f"({index}) % ysN" if context.get("affine_per_position", False) else channel
+    chain = context.get("chain") or []
+    hoisted = hoisted and not any(p for _, p in chain)
 %>
         {
             float v = alpha * (${acc});
+% if chain:
+%   if not hoisted:
+            ${links.apply_chain(channel, f"({index}) % ysN", chain, "ep_scale", "ep_shift")}
+%   endif
+            v = v * ep_scale + ep_shift;
+% endif
 % if has_scale:
             v *= scale[scale_off + (${affine})];
 % endif

@@ -6,7 +6,8 @@
 ##   kernel_r, kernel_s  the kernel size R x S
 ##   channel_last        bool: enumerate outputs channel-fastest (NHWC) for coalesced access
 ##   reduce_group        work items per group in backward_filter (a power of two)
-##   has_scale, has_shift, has_residual, activation   the forward epilogue (conv_common)
+##   has_scale, has_shift, has_residual, activation, chain   the forward epilogue (conv_common;
+##                   chain: a fusion plan's bias / batch-norm chain computed in the epilogue)
 ##   tile                None, or a dict selecting the tiled forward kernel conv_dw_forward_tiled
 ##                       (NCHW planes, dilation 1) with the keys
 ##                         stride  the convolution stride, both axes

@@ -3,7 +3,8 @@
 ## walks its output with a grid-stride loop.
 ##
 ## Template parameters:
-##   has_scale, has_shift, has_residual, activation   the forward epilogue (conv_common)
+##   has_scale, has_shift, has_residual, activation, chain   the forward epilogue (conv_common;
+##                   chain: a fusion plan's bias / batch-norm chain computed in the epilogue)
 ##
 ## Kernels:
 ##   conv_direct_forward          y[n,k,oh,ow]  = epilogue(sum_{c,r,s} x[n,g*Cg+c,ih,iw] w[k,c,r,s])

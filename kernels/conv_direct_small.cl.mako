@@ -14,8 +14,8 @@
 ##   out_channels    K; the staged rows are padded to a multiple of 4 with zeros
 ##   pixels          PIXELS, output pixels per work item (1 or 2)
 ##   group_size      work items per group (the weight staging loop's stride)
-##   has_scale, has_shift, has_residual, activation, affine_per_position
-##                   the forward epilogue (conv_common)
+##   has_scale, has_shift, has_residual, activation, affine_per_position, chain   the forward
+##                   epilogue (conv_common; chain: a fusion plan's bias / batch-norm chain)
 <%namespace name="common" file="conv_common.cl.mako"/>
 <%
     taps = channels * kernel_r * kernel_s

@@ -16,8 +16,9 @@
 ##
 ## Template parameters:
 ##   channel_last    bool: kk = (r, s, c) (NHWC weights) instead of (c, r, s)
-##   has_scale, has_shift, has_residual, activation, affine_per_position
-##                   the forward epilogue (conv_common), read by conv_rows_to_output only
+##   has_scale, has_shift, has_residual, activation, affine_per_position, chain
+##                   the forward epilogue (conv_common; chain: a fusion plan's bias /
+##                   batch-norm chain), read by conv_rows_to_output only
 <%namespace name="common" file="conv_common.cl.mako"/>
 <%def name="tap(c, r, s)">\
 % if channel_last:

@@ -26,7 +26,8 @@
 ##                   plain GEMM over strided loads); 0 reads R and S at run time
 ##   channel_last    bool: (r, s, c) enumeration (NHWC) instead of (c, r, s)
 ##   split_k         bool: write raw partial sums to the workspace (backward_filter only)
-##   has_scale, has_shift, has_residual, activation   the forward epilogue (conv_common)
+##   has_scale, has_shift, has_residual, activation, chain   the forward epilogue (conv_common;
+##                   chain: a fusion plan's bias / batch-norm chain computed in the epilogue)
 <%namespace name="common" file="conv_common.cl.mako"/>
 <%
     threads_m = tile_m // thread_m

@@ -24,7 +24,8 @@
 ##                   of dy meets the 6x6 input tile under it,
 ##                   dW += A^T [(G g G^T) . (B^T d B)] A, summed over tiles by the batched GEMM
 ##                   M[e][k][c] = sum_t D[e][k][t] V[e][c][t]
-##   has_scale, has_shift, has_residual, activation   the forward epilogue (conv_common)
+##   has_scale, has_shift, has_residual, activation, chain   the forward epilogue (conv_common;
+##                   chain: a fusion plan's bias / batch-norm chain computed in the epilogue)
 <%namespace name="common" file="conv_common.cl.mako"/>
 <%!
 def combination(coefficients, terms):
@@ -125,6 +126,7 @@ __kernel void winograd_output_transform(int N, int CH, int Ho, int Wo, int TH, i
     const int total = CH * T;
     for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
         int k = i / T, t = i - k * T;
+${common.chain_per_channel("k")}
         int n = t / (TH * TW), p = t - n * (TH * TW);
         int th = p / TW, tw = p - th * TW;
         __global const float *src = M + M_off + i;
@@ -147,7 +149,7 @@ __kernel void winograd_output_transform(int N, int CH, int Ho, int Wo, int TH, i
                 int ow = tw * 2 + b;
                 if (ow >= Wo)
                     continue;
-${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "out[b]")}
+${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "out[b]", hoisted=True)}
             }
         }
     }
@@ -301,6 +303,7 @@ __kernel void winograd_output_transform(int N, int CH, int Ho, int Wo, int TH, i
     const int total = CH * T;
     for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
         int k = i / T, t = i - k * T;
+${common.chain_per_channel("k")}
         int n = t / (TH * TW), p = t - n * (TH * TW);
         int th = p / TW, tw = p - th * TW;
         __global const float *src = M + M_off + i;
@@ -325,7 +328,7 @@ __kernel void winograd_output_transform(int N, int CH, int Ho, int Wo, int TH, i
                 int ow = tw * ${tile_out} + b;
                 if (ow >= Wo)
                     continue;
-${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "out[b]")}
+${common.store("y", "y_off", "n * ysN + k * ysC + oh * ysH + ow * ysW", "k", "out[b]", hoisted=True)}
             }
         }
     }

@@ -1,5 +1,9 @@
-## Folding a chain of bias and batch-norm-inference ops that follows a convolution into what the
-## convolution's own epilogue applies, so that the whole chain runs in the convolution kernel.
+## A chain of bias and batch-norm-inference ops folded into the (scale, shift) of the map
+## v -> v * scale + shift, computed where it is applied: in a convolution's epilogue
+## (conv_common.cl.mako `store`, the GEMM's "conv" epilogue in gemm.cl.mako), which imports
+## the defs below, and in apply_affine_activation (no convolution). No kernel stores folded
+## vectors: the parameters are read by the kernel that applies them, on every run, so that
+## new contents of the same tensors are honoured (MIOpen's arguments promise it).
 ##
 ## The chain, applied in order to the map v -> v * 1 + 0, gives (scale, shift):
 ##   bias b:                  shift += b[p]
@@ -7,16 +11,18 @@
 ## where p is the output channel k, or for a per-activation batch norm the output position
 ## (k, oh, ow).
 ##
-## fold_affine: work item i writes scale_out[i] and shift_out[i] for i < count, with k = i / spatial:
-##   per channel (count = K, spatial = 1) when every op is per channel, else per output position
-##   (k, oh, ow) (count = K * Ho * Wo, spatial = Ho * Wo). The convolution's epilogue applies
-##   act(acc * scale + shift) in its own last kernel (GEMM, Winograd output transform, implicit
-##   GEMM, depthwise, direct), which is the only one that reads them.
+## Defs (each takes the chain, `links`, explicitly, so that other families import them):
+##   chain_params(links)   the kernel parameters of the chain, each line starting with ", "
+##                          (append after a parameter list)
+##   apply_chain(channel, position, links, scale, shift)  declares and computes the floats
+##                          named `scale` and `shift` (default "scale", "shift") for a channel
+##                          and a position expression
+##
 ## apply_affine_activation (no convolution; every op per channel): y = act(x * scale[c] +
 ##   shift[c]) over a (N, C, S) tensor in one pass. Work item q takes packets q, q + G, ...
 ##   (G = global size) of `vec` elements; with S divisible by vec a packet stays in one (n, c)
 ##   plane, so its channel costs one division, and the chain's (scale, shift) is recomputed from
-##   the parameters (cached reads) instead of being stored by a separate launch.
+##   the parameters (cached reads) per packet.
 ##
 ## Template parameters:
 ##   chain   list of (kind, per_position) in chain order: kind "bias" or "bn"; per_position True
@@ -27,12 +33,12 @@
 ##   vec         (apply_affine_activation only) elements per packet: 4 (float4 loads and stores;
 ##               needs S and both offsets divisible by 4, checked by the host) or 1
 ##
-## Run-time arguments: the sizes (count, spatial; packets, C, S), then per op its
-## parameter buffers with element offsets (bias: b; bn: mean, variance, scale, bias) and, for a
-## batch norm, its epsilon; then the inputs and outputs named in each kernel, with offsets.
+## Run-time arguments: the sizes (packets, C, S), then per op its parameter buffers with
+## element offsets (bias: b; bn: mean, variance, scale, bias) and, for a batch norm, its
+## epsilon; then x and y with offsets.
 
-<%def name="chain_params()">
-% for n, (kind, per_position) in enumerate(chain):
+<%def name="chain_params(links)">
+% for n, (kind, per_position) in enumerate(links):
   % if kind == "bias":
     , __global const float* restrict b${n}, int b${n}_off
   % else:
@@ -45,36 +51,22 @@
 % endfor
 </%def>
 
-<%def name="apply_chain(channel, position)">
-        float scale = 1.0f, shift = 0.0f;
-% for n, (kind, per_position) in enumerate(chain):
+<%def name="apply_chain(channel, position, links, scale='scale', shift='shift')">
+        float ${scale} = 1.0f, ${shift} = 0.0f;
+% for n, (kind, per_position) in enumerate(links):
         {
-            const int p = ${position if per_position else channel};
+            const int link_p = ${position if per_position else channel};
   % if kind == "bias":
-            shift += b${n}[b${n}_off + p];
+            ${shift} += b${n}[b${n}_off + link_p];
   % else:
-            const float g = scale${n}[scale${n}_off + p]
-                            / sqrt(variance${n}[variance${n}_off + p] + epsilon${n});
-            scale *= g;
-            shift = (shift - mean${n}[mean${n}_off + p]) * g + bias${n}[bias${n}_off + p];
+            const float link_g = scale${n}[scale${n}_off + link_p]
+                            / sqrt(variance${n}[variance${n}_off + link_p] + epsilon${n});
+            ${scale} *= link_g;
+            ${shift} = (${shift} - mean${n}[mean${n}_off + link_p]) * link_g + bias${n}[bias${n}_off + link_p];
   % endif
         }
 % endfor
 </%def>
-
-__kernel void fold_affine(
-    int count, int spatial
-    ${chain_params()}
-    , __global float* restrict scale_out, int scale_out_off
-    , __global float* restrict shift_out, int shift_out_off)
-{
-    for (int i = get_global_id(0); i < count; i += get_global_size(0)) {
-        const int k = i / spatial;
-        ${apply_chain("k", "i")}
-        scale_out[scale_out_off + i] = scale;
-        shift_out[shift_out_off + i] = shift;
-    }
-}
 
 % if activation is not None:
 inline float act_f(float z) { return ${activation}; }
@@ -93,14 +85,14 @@ typedef float floatv;
 
 __kernel void apply_affine_activation(
     int packets, int C, int S
-    ${chain_params()}
+    ${chain_params(chain)}
     , __global const float* restrict x, int x_off
     , __global float* restrict y, int y_off)
 {
     for (int q = get_global_id(0); q < packets; q += get_global_size(0)) {
         const int e = q * ${vec};
         const int k = (e / S) % C;
-        ${apply_chain("k", "k")}
+        ${apply_chain("k", "k", chain)}
         floatv z = LOADV(x, x_off + e) * scale + shift;
         STOREV(y, y_off + e, ACTV(z));
     }

@@ -20,6 +20,13 @@
 //   SCALE         like BIAS, for the factor scale ("conv" order only; 0: none)
 //   RESIDUAL      1: add residual_alpha * R, R laid out exactly like C (its own buffer and
 //                 offset; C's leading dimension, fold and batch stride), "conv" order only
+//   CHAIN         list of (kind, per_position), kind "bias" or "bn": a fusion plan's bias /
+//                 batch-norm-inference chain ("conv" order only, with SCALE = BIAS = 0). Every
+//                 kernel then takes the chain's parameters last (fusion_fold.cl.mako's
+//                 chain_params) and the epilogue computes the chain's scale and shift from them
+//                 (per channel, or per position as BIAS 3 addresses it for per_position links);
+//                 gemm_tiled computes a per-channel chain once per register-block row.
+//   CHAIN_CHANNEL 2: the channel is the row (NCHW convolution), 1: the column (NHWC)
 //   ACTIVATION    OpenCL C expression of act(x) in the variable x, or "" for none
 //   FOLD_A, FOLD_B, FOLD_C  how the operand's contiguous (stored column) dimension j is
 //                 addressed: 0 plainly (j); 1 folded, j = n * P + p at n * img + p; 2 folded
@@ -72,6 +79,7 @@ inline long fold_strided(int j, int P, long img, int fw, int frow, int fcol)
     const int h = p / fw;
     return n * img + (long)h * frow + (long)(p - h * fw) * fcol;
 }
+<%namespace name="links" file="fusion_fold.cl.mako"/>
 <%!
 def load_slots(contig, total, threads, gvec):
     """(contiguous, strided) coordinate expressions of each GVEC-wide load of a work-item
@@ -99,6 +107,12 @@ def distinct_contiguous(slots):
             known.append(contig)
         index.append(known.index(contig))
     return index, firsts
+
+
+def hoists_chain(chain, channel, epilogue, kernel, split_k):
+    """gemm_tiled computes a per-channel chain once per register-block row (channels on rows)."""
+    return (bool(chain) and epilogue == "conv" and channel == 2 and kernel == "tiled"
+            and not split_k and not any(per_position for _, per_position in chain))
 
 
 def fold(mode, op, j):
@@ -143,8 +157,15 @@ def fold(mode, op, j):
 %>
 % endif
 
-<%def name="epilogue(value, row, col, index)">
+<%def name="chain_params()">
+% if EPILOGUE == "conv" and CHAIN:
+${links.chain_params(CHAIN)}
+% endif
+</%def>
+
+<%def name="epilogue(value, row, col, index, i=None)">
 <%
+    chain_hoisted = hoists_chain(CHAIN, CHAIN_CHANNEL, EPILOGUE, KERNEL, SPLIT_K)
     def at(kind):
         if kind == 1:
             return f"({col})"
@@ -157,6 +178,12 @@ def fold(mode, op, j):
         {
             float x = alpha * (${value});
 % if EPILOGUE == "conv":
+%   if CHAIN and i is not None and chain_hoisted:
+            x = x * ep_scale${i} + ep_shift${i};
+%   elif CHAIN:
+            ${links.apply_chain(row if CHAIN_CHANNEL == 2 else col, at(3), CHAIN, "ep_scale", "ep_shift")}
+            x = x * ep_scale + ep_shift;
+%   endif
 %   if SCALE:
             x *= scale[scale_off + ${at(SCALE)}];
 %   endif
@@ -189,6 +216,7 @@ def fold(mode, op, j):
 ## (register block row i, column group jc), with the epilogue.
 <%def name="store_vector(i, jc, at)">
 <%
+    chain_hoisted = hoists_chain(CHAIN, CHAIN_CHANNEL, EPILOGUE, KERNEL, SPLIT_K)
     vtype = f"float{VEC}"
     def affine(name, kind):
         # VEC consecutive columns of one image (P is a multiple of VEC when C is folded).
@@ -205,6 +233,17 @@ def fold(mode, op, j):
 % if EPILOGUE != "conv":
                 if (beta != 0.0f)
                     value += beta * *target;
+% endif
+% if EPILOGUE == "conv" and CHAIN and chain_hoisted:
+                value = value * ep_scale${i} + ep_shift${i};
+% elif EPILOGUE == "conv" and CHAIN:
+%   for v in range(VEC):
+                {
+                    const int vcol = col + ${v};
+                    ${links.apply_chain("row" if CHAIN_CHANNEL == 2 else "vcol", "(long)row * fc_p + vcol % fc_p" if FOLD_C else "(long)row * N + vcol", CHAIN, "ep_scale", "ep_shift")}
+                    value.s${v} = value.s${v} * ep_scale + ep_shift;
+                }
+%   endfor
 % endif
 % if EPILOGUE == "conv" and SCALE:
                 value *= ${affine("scale", SCALE)};
@@ -243,7 +282,8 @@ void gemm_tiled(int M, int N, int K,
                 int fa_p, long fa_img, int fa_w, int fa_row, int fa_col,
                 int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
                 int fc_p, long fc_img,
-                int splits, int k_chunk)
+                int splits, int k_chunk
+                ${chain_params()})
 {
     __local float a_stage[STAGES * STAGE_A] __attribute__((aligned(16)));
     __local float b_stage[STAGES * STAGE_B] __attribute__((aligned(16)));
@@ -481,6 +521,19 @@ void gemm_tiled(int M, int N, int K,
 % endif
     }
 
+% if hoists_chain(CHAIN, CHAIN_CHANNEL, EPILOGUE, KERNEL, SPLIT_K):
+    // The chain's scale and shift of each register-block row, once per work item (the loads
+    // and the square root would otherwise run for every stored element).
+%   for i in range(WPT_M):
+    float ep_scale${i}, ep_shift${i};
+    {
+        const int chain_row = min(m0 + (${i // VEC} * TM_THREADS + tm) * VEC + ${i % VEC}, M - 1);
+        ${links.apply_chain("chain_row", "chain_row", CHAIN, "row_scale", "row_shift")}
+        ep_scale${i} = row_scale;
+        ep_shift${i} = row_shift;
+    }
+%   endfor
+% endif
 % if SPLIT_K:
     // Raw partial sums: workspace C is [batch * splits][M][N], dense.
     C += (long)get_group_id(2) * M * N;
@@ -517,7 +570,7 @@ void gemm_tiled(int M, int N, int K,
             {
                 const int row = m0 + (${i // VEC} * TM_THREADS + tm) * VEC + ${i % VEC};
                 if (row < M)
-                    ${epilogue(f"acc[{i}][{j}]", "row", "col", "(long)row * ldc + c_at")}
+                    ${epilogue(f"acc[{i}][{j}]", "row", "col", "(long)row * ldc + c_at", i)}
             }
 %     endfor
         }
@@ -552,7 +605,7 @@ void gemm_tiled(int M, int N, int K,
 %       if SPLIT_K:
                     C[(long)row * N + col] = acc[${i}][${j}];
 %       else:
-                    ${epilogue(f"acc[{i}][{j}]", "row", "col", "(long)row * ldc + col")}
+                    ${epilogue(f"acc[{i}][{j}]", "row", "col", "(long)row * ldc + col", i)}
 %       endif
                 }
             }
@@ -572,7 +625,8 @@ __kernel void gemm_splitk_reduce(int M, int N, int splits,
                                  __global const float *restrict bias, long bias_off,
                                  __global const float *restrict scale, long scale_off,
                                  __global const float *restrict R, long r_off,
-                                 float residual_alpha, int fc_p, long fc_img)
+                                 float residual_alpha, int fc_p, long fc_img
+                                 ${chain_params()})
 {
     const int col = get_global_id(0);
     const int row = get_global_id(1);
@@ -612,7 +666,8 @@ void gemm_small(int M, int N, int K,
                 __global const float *restrict R, long r_off, float residual_alpha,
                 int fa_p, long fa_img, int fa_w, int fa_row, int fa_col,
                 int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
-                int fc_p, long fc_img)
+                int fc_p, long fc_img
+                ${chain_params()})
 {
     const int col = get_global_id(0);
     const int row = get_global_id(1);

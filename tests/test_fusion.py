@@ -10,6 +10,7 @@ from conftest import assert_close, poisoned, random
 from dlprim_py import fusion
 from dlprim_py.ops import norm
 from dlprim_py.ops.activation_ops import activation_backward, activation_forward
+from dlprim_py.recording import Recording
 
 MIOPEN_MODES = [
     # (mode, activ_alpha, activ_beta, activ_gamma): parameters that change the result.
@@ -665,9 +666,10 @@ def test_conv_plan_repeated_calls_see_every_change(ctx, rng):
     check(x, w, params, 0.25, y)
 
 
-def test_conv_plan_replays_fold_before_last_kernel_every_algorithm(ctx, rng):
-    """Replays enqueue the batch-norm fold right before the convolution's last kernel: with new
-    contents in the same parameter tensors, every algorithm's replay still applies them."""
+def test_conv_plan_computes_chain_in_epilogue_every_algorithm(ctx, rng):
+    """The convolution's own kernel computes the bias / batch-norm chain from the parameters (no
+    fold kernel runs first): with new contents in the same parameter tensors, every
+    algorithm's replay applies them, and a replay enqueues what the convolution alone does."""
     plan, ops = build_conv_plan(ctx, CONV["x_shape"], CONV["w_shape"], CONV["conv_desc"],
                                 ["bias", "bn", fusion.ACTIVATION_RELU], 6)
     x, w, b = random(rng, CONV["x_shape"]), random(rng, CONV["w_shape"]), random(rng, (1, 6, 1, 1))
@@ -693,10 +695,10 @@ def test_conv_plan_replays_fold_before_last_kernel_every_algorithm(ctx, rng):
                 t.copy_(dp.Tensor.from_numpy(ctx, values))
             y.fill_(np.nan)
         steps = plan._bound[2].steps
-        fold = plan.runner.fold_kernel
-        assert sum(getattr(step, "args", (None, None))[1] is fold for step in steps) == 1
-        if len(steps) > 2:
-            assert getattr(steps[-2], "args", (None, None))[1] is fold, algo
+        alone = dp.Convolution(ctx, xd.desc, wd.desc, CONV["conv_desc"])
+        with Recording() as recording:
+            alone.forward(xd, wd, poisoned(ctx, (2, 6, 7, 6)), algo=algo)
+        assert len(steps) == len(recording.steps), algo
 
 
 def test_conv_plan_logs_one_line_per_call(ctx, rng, capsys, monkeypatch):

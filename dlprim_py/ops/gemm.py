@@ -253,10 +253,12 @@ _PER = {None: 0, "n": 1, "m": 2, "position": 3}
 
 
 def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
-                   folds=(None, None, None), order="gemm", scale_per=None, residual=False):
+                   folds=(None, None, None), order="gemm", scale_per=None, residual=False,
+                   chain=(), chain_per="m"):
     base = {"KERNEL": params["kernel"], "TRANS_A": int(trans_a), "TRANS_B": int(trans_b),
             "BIAS": _PER[bias_per], "ACTIVATION": activation_code, "EPILOGUE": order,
-            "SCALE": _PER[scale_per], "RESIDUAL": int(residual)}
+            "SCALE": _PER[scale_per], "RESIDUAL": int(residual),
+            "CHAIN": [tuple(link) for link in chain], "CHAIN_CHANNEL": _PER[chain_per]}
     base.update({f"FOLD_{name}": 0 if fold is None else fold.mode
                  for name, fold in zip("ABC", folds)})
     # The template names every parameter of both kernels; the other kernel's are 0.
@@ -347,6 +349,11 @@ class GemmPlan:
     ``bias_per``/``scale_per`` may then also be ``"position"``: one value per row and column
     of an image, at ``row * Q + q`` (q the column within its image, Q the columns per image:
     the fold's positions when C is folded, else N).
+    ``chain``/``chain_args`` (``order="conv"``, no scale nor bias): a fusion plan's bias /
+    batch-norm-inference chain ``((kind, per_position), ...)`` and its kernel arguments
+    (kernels/fusion_fold.cl.mako's chain_params order); the epilogue computes the chain's
+    scale and shift itself, per channel (rows for ``chain_per="m"``, columns for ``"n"``) or,
+    for per_position links, per position as a ``"position"`` bias is addressed.
     """
 
     def __init__(self, ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc, *,
@@ -354,7 +361,8 @@ class GemmPlan:
                  bias_per="n", activation=None, batch=1, stride_a=0, stride_b=0, stride_c=0,
                  fold_a=None, fold_b=None, fold_c=None, order="gemm", scale_buf=None,
                  scale_off=0, scale_per="m", residual_buf=None, residual_off=0,
-                 residual_alpha=1.0, dtype=np.float32, algorithm=None, params=None):
+                 residual_alpha=1.0, chain=(), chain_args=(), chain_per="m", dtype=np.float32,
+                 algorithm=None, params=None):
         dtype = as_dtype(dtype)
         if dtype != np.float32:
             raise DTypeError(f"GEMM supports float32 only, got {dtype}")
@@ -417,7 +425,14 @@ class GemmPlan:
                                                 M, N, batch, stride_c, itemsize, fold_c)
         else:
             residual_off = 0
-        epilogue = dict(order=order, scale_per=scale_kind, residual=residual_buf is not None)
+        chain = tuple(tuple(link) for link in chain)
+        if chain and (order != "conv" or scale_buf is not None or bias_buf is not None
+                      or chain_per not in ("m", "n")):
+            raise UnsupportedError("a chain needs order='conv', no scale nor bias, and chain_per "
+                                   f"'m' or 'n' (got {chain_per!r})")
+        chain_args = list(chain_args)
+        epilogue = dict(order=order, scale_per=scale_kind, residual=residual_buf is not None,
+                        chain=chain, chain_per=chain_per)
         act = as_activation(activation)
         act_code = act.forward_code("x") if act is not None else ""
 
@@ -447,7 +462,7 @@ class GemmPlan:
             kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
                             b_buf, i64(b_off), i32(ldb), i64(stride_b),
                             c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
-                            bias_arg, i64(bias_off), *epilogue_args, *fold_args)
+                            bias_arg, i64(bias_off), *epilogue_args, *fold_args, *chain_args)
             sm, sn = params["small_m"], params["small_n"]
             self._launches.append((kernel, (_round_up(N, sn), _round_up(M, sm), batch), (sn, sm, 1)))
             self.algorithm = "small"
@@ -489,12 +504,12 @@ class GemmPlan:
                             self.workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0),
                             bias_arg, i64(bias_off), *epilogue_args, *fold_args[:10],
                             *_fold_args(None, False),
-                            i32(splits), i32(k_chunk))
+                            i32(splits), i32(k_chunk), *chain_args)
             reduce = built.kernel("gemm_splitk_reduce", fresh=True)
             reduce.set_args(i32(M), i32(N), i32(splits), self.workspace,
                             c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
                             bias_arg, i64(bias_off), *epilogue_args,
-                            *_fold_args(fold_c, False))
+                            *_fold_args(fold_c, False), *chain_args)
             group = min(64, ctx.info.max_work_group_size)
             self._launches.append((kernel, grid, (threads, 1, 1)))
             self._launches.append((reduce, (_round_up(N, group), M, batch), (group, 1, 1)))
@@ -505,7 +520,7 @@ class GemmPlan:
                             b_buf, i64(b_off), i32(ldb), i64(stride_b),
                             c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
                             bias_arg, i64(bias_off), *epilogue_args, *fold_args, i32(1),
-                            i32(K))
+                            i32(K), *chain_args)
             self._launches.append((kernel, grid, (threads, 1, 1)))
             self.algorithm = "tiled"
         self.splits = splits

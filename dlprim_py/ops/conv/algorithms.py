@@ -32,13 +32,18 @@ class Epilogue:
     has_residual: bool = False
     activation: object = None   # an ActivationDesc or None
     affine_per_position: bool = False   # scale/shift per (k, oh, ow) of an NCHW y
+    # A fusion plan's bias / batch-norm-inference chain, ((kind, per_position), ...) with kind
+    # "bias" or "bn" (kernels/fusion_fold.cl.mako): the kernel computes the scale and shift
+    # from the chain's own parameters (EpilogueArgs.chain_args) instead of reading vectors.
+    chain: tuple = ()
 
     def params(self):
         act = self.activation
         return dict(has_scale=self.has_scale, has_shift=self.has_shift,
                     has_residual=self.has_residual,
                     activation="(v)" if act is None else act.forward_code("v"),
-                    affine_per_position=self.affine_per_position)
+                    affine_per_position=self.affine_per_position,
+                    chain=[tuple(link) for link in self.chain])
 
 
 NO_EPILOGUE = Epilogue()
@@ -53,6 +58,9 @@ class EpilogueArgs:
     alpha: float = 1.0
     beta: float = 0.0
     residual_alpha: float = 1.0
+    # The chain's kernel arguments in fusion_fold.cl.mako's chain_params order (buffers, int32
+    # offsets, float32 epsilons), when Epilogue.chain is set.
+    chain_args: tuple = ()
 
     def kernel_args(self, dummy):
         args = []
@@ -61,7 +69,13 @@ class EpilogueArgs:
                 args += [dummy.buffer, _I32(0)]
             else:
                 args += [t.buffer, _I32(t.offset_elements)]
-        return args + [_F32(self.alpha), _F32(self.beta), _F32(self.residual_alpha)]
+        return args + [_F32(self.alpha), _F32(self.beta), _F32(self.residual_alpha),
+                       *self.chain_args]
+
+    def chain_key(self):
+        """What identifies the chain's arguments (buffers, offsets, epsilons)."""
+        return tuple(a.int_ptr if isinstance(a, cl.MemoryObjectHolder) else float(a)
+                     for a in self.chain_args)
 
 
 def _buf(t):

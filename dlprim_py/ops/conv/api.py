@@ -126,7 +126,7 @@ class Convolution:
             algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep, epilogue,
                           workspace)
             return dst
-        key = (direction, name, epilogue, ep.alpha, ep.beta, ep.residual_alpha,
+        key = (direction, name, epilogue, ep.alpha, ep.beta, ep.residual_alpha, ep.chain_key(),
                *((t.buffer.int_ptr, t.offset_elements) if t is not None else None
                  for t in (src, other, dst, ep.scale, ep.shift, ep.residual, workspace)))
         recording = self._recordings.get(key)
@@ -148,12 +148,19 @@ class Convolution:
         return dst
 
     def forward(self, x, w, y, bias=None, alpha=1.0, beta=0.0, activation=None, algo=None,
-                workspace=None, *, scale=None, shift=None, residual=None, residual_alpha=1.0):
+                workspace=None, *, scale=None, shift=None, residual=None, residual_alpha=1.0,
+                chain=(), chain_args=()):
         """y = act(alpha * conv(x, w) * scale[k] + shift[k] + residual_alpha * residual)
         + beta * y. ``bias`` (K,) is ``shift`` under another name; ``scale``/``shift`` (K,), or
         both (K, Ho, Wo) with layout NCHW for one value per output position (per-activation
         batch norm); ``residual`` shaped like y; ``activation``: an ActivationDesc, a name, or
-        None."""
+        None.
+
+        ``chain``/``chain_args`` (fusion plans; instead of ``scale`` and ``shift``): a bias /
+        batch-norm-inference chain ``((kind, per_position), ...)`` and its kernel arguments as
+        kernels/fusion_fold.cl.mako's chain_params declares them; the convolution's kernel
+        computes the chain's scale and shift itself (per output position, layout NCHW, for
+        links with per_position), reading the parameters' contents on every run."""
         p = self.problem
         _check_tensor(x, p.x_shape, "x")
         _check_tensor(w, p.w_shape, "w")
@@ -171,12 +178,17 @@ class Convolution:
                 _check_tensor(t, affine_shape, what)
         if residual is not None:
             _check_tensor(residual, p.y_shape, "residual")
+        chain = tuple((str(kind), bool(per)) for kind, per in chain)
+        if chain and (scale is not None or shift is not None):
+            raise ShapeError("give either a chain or scale/shift, not both")
+        if any(per for _, per in chain) and p.layout != "NCHW":
+            raise UnsupportedError("a chain with per-position parameters needs layout NCHW")
         act = as_activation(activation)
         if act is not None and act.is_identity:
             act = None
         epilogue = Epilogue(scale is not None, shift is not None, residual is not None, act,
-                            per_position)
-        ep = EpilogueArgs(scale, shift, residual, alpha, beta, residual_alpha)
+                            per_position, chain)
+        ep = EpilogueArgs(scale, shift, residual, alpha, beta, residual_alpha, tuple(chain_args))
         return self._run("forward", algo, x, w, y, ep, epilogue, workspace)
 
     def backward_data(self, dy, w, dx, alpha=1.0, beta=0.0, algo=None, workspace=None):

@@ -118,7 +118,7 @@ class Gemm1x1(Algorithm):
         tensors = (src, other, dst, ep.scale, ep.shift, ep.residual)
         key = (ctx.cl_context.int_ptr, problem, direction, epilogue,
                *((t.buffer.int_ptr, t.offset_elements) if t is not None else None
-                 for t in tensors), ep.alpha, ep.beta, ep.residual_alpha)
+                 for t in tensors), ep.alpha, ep.beta, ep.residual_alpha, ep.chain_key())
         plan = self.plans.get(key)
         if plan is None:
             plan = self._plan(ctx, problem, direction, src, other, dst, ep, epilogue)
@@ -155,6 +155,10 @@ class Gemm1x1(Algorithm):
                                    f"{name}_per": per})
             if ep.residual is not None:
                 common.update(residual_buf=ep.residual.buffer, residual_off=off(ep.residual))
+            if epilogue.chain:
+                # Computed per row (channel) or position by the GEMM's own epilogue.
+                common.update(chain=epilogue.chain, chain_args=ep.chain_args,
+                              chain_per="m" if p.layout == "NCHW" else "n")
         if self._folded(p):
             hw, pixels = p.h * p.w, p.ho * p.wo
             if direction == "forward":
