@@ -33,19 +33,19 @@ import dlprim_py as dp  # noqa: E402
 from dlprim_py import functional as F  # noqa: E402
 from dlprim_py.activation import from_torch_name  # noqa: E402
 from dlprim_py.ops import activation_ops, dropout as dropout_ops  # noqa: E402
-from dlprim_py.ops.pointwise import PointwiseKernel  # noqa: E402
+from dlprim_py.ops.pointwise import Launch, PointwiseKernel  # noqa: E402
 import ops as ops_bench  # noqa: E402
 
 # (label, algorithm, vector, accesses per item, groups per unit or None for no grid-stride loop,
 # work-group size, interleave, index type or None for the narrowest that fits). The first is the
 # default of the code under test; it is timed again last, as a measure of the run's spread.
 POINTWISE_VARIANTS = [
+    ("v4 u2 blk g128", "vector", 4, 2, None, 128, "block", None),
     ("v4 u1 g256", "vector", 4, 1, None, 256, "grid", None),
     ("v4 u1 g128", "vector", 4, 1, None, 128, "grid", None),
     ("v4 u1 g512", "vector", 4, 1, None, 512, "grid", None),
     ("v4 u1 g1024", "vector", 4, 1, None, 1024, "grid", None),
     ("v4 u1 g256 long", "vector", 4, 1, None, 256, "grid", "long"),
-    ("v4 u2 blk g128", "vector", 4, 2, None, 128, "block", None),
     ("v4 u2 blk g256", "vector", 4, 2, None, 256, "block", None),
     ("v4 u4 blk g128", "vector", 4, 4, None, 128, "block", None),
     ("v4 u2 grid g256", "vector", 4, 2, None, 256, "grid", None),
@@ -53,13 +53,17 @@ POINTWISE_VARIANTS = [
     ("v8 u1 g256", "vector", 8, 1, None, 256, "grid", None),
     ("v4 u2 blk cap16", "vector", 4, 2, 16, 256, "block", None),
     ("v4 u4 grid cap64", "vector", 4, 4, 64, 256, "grid", None),
+    ("v4 u2 grid cap64", "vector", 4, 2, 64, 256, "grid", None),
     ("scalar u4 g64", "scalar", 1, 4, 64, 256, "grid", None),
 ]
 # --ops and --variants: the operators and variant labels to run (empty: all).
 SELECTED_OPS, SELECTED_VARIANTS = [], []
+# --sizes: element counts for the pointwise part (multiples of 1024; empty: 2^26).
+SIZES = []
+LARGE = ops_bench.LARGE
 # Variants timed on the two-dimensional bias broadcast (the others run one dimension).
-ND_VARIANTS = ("v4 u1 g256", "v4 u2 blk g256", "v4 u2 grid g256", "v4 u2 blk g128",
-               "v4 u4 blk g128", "v8 u1 g256", "v4 u4 grid cap64")
+ND_VARIANTS = ("v4 u2 blk g128", "v4 u1 g256", "v4 u2 blk g256", "v4 u2 grid g256",
+               "v4 u2 grid cap64", "v4 u4 blk g128", "v8 u1 g256", "v4 u4 grid cap64")
 
 
 def same_bits(a, b):
@@ -71,12 +75,12 @@ def configured(name, inputs, statement, scalars, variant):
     """A PointwiseKernel whose launch is the ``variant`` row of POINTWISE_VARIANTS."""
     label, algorithm, vector, unroll, per_unit, group, interleave, index_t = variant
     k = PointwiseKernel(name, inputs, [("y", np.float32)], statement, scalars=scalars)
-    k.VECTOR, k.GROUP_SIZE, k.INDEX_T, k.VECTOR_INTERLEAVE = vector, group, index_t, interleave
+    k.VECTOR, k.INDEX_T = vector, index_t
+    launch = Launch(unroll, interleave, group, per_unit)
     if algorithm == "scalar":
-        k.UNROLL, k.GROUPS_PER_UNIT = unroll, per_unit
+        k.SCALAR_LAUNCH = launch
     else:
-        k.VECTOR_UNROLL = k.VECTOR_UNROLL_ND = unroll
-        k.VECTOR_GROUPS_PER_UNIT = k.VECTOR_GROUPS_PER_UNIT_ND = per_unit
+        k.VECTOR_LAUNCH = k.VECTOR_LAUNCH_ND = launch
     return k
 
 
@@ -87,9 +91,14 @@ def activation_statement(name):
 
 def pointwise(ctx, baseline, quick, table):
     """Every launch variant of the generator on copy, relu, hardswish, gelu and add (one
-    dimension after merging) and a few on a bias broadcast (two dimensions), 2^26 float32."""
+    dimension after merging) and a few on a bias broadcast (two dimensions), 2^26 float32 (or
+    each of --sizes)."""
+    for n in SIZES or [ops_bench._n(quick)]:
+        pointwise_size(ctx, baseline, quick, table, n)
+
+
+def pointwise_size(ctx, baseline, quick, table, n):
     torch = baseline.torch
-    n = ops_bench._n(quick)
     cols = 1024
     shape = (n // cols, cols)
     rng = np.random.default_rng(11)
@@ -119,6 +128,10 @@ def pointwise(ctx, baseline, quick, table):
         if SELECTED_OPS and op not in SELECTED_OPS:
             continue
         torch_before = baseline.time(theirs)
+        try:
+            torch_kernel_ms = torch_kernels(torch, theirs, 10)[0] * 1e3
+        except Exception:  # the profiler is a detail: its absence must not cost the figures
+            torch_kernel_ms = math.nan
         variants = [v for v in POINTWISE_VARIANTS if (op != "mul bias" or v[0] in ND_VARIANTS)
                     and (not SELECTED_VARIANTS or v[0] in SELECTED_VARIANTS)]
         first = None
@@ -138,12 +151,18 @@ def pointwise(ctx, baseline, quick, table):
                 ok = same_bits(got, first)
                 error = 0.0 if ok else math.inf
             ours_s = ops_bench.time_ours(ctx, run, quick) if ok else math.nan
-            table.append({"part": "pointwise", "op": op, "variant": variant[0], "ok": ok,
-                          "error": error, "ours_ms": ours_s * 1e3, "torch_ms": torch_before * 1e3,
+            with KernelLog() as log:
+                for _ in range(10):
+                    run()
+            kernel_ms = float(np.median([k["ms"] for k in log.summary()]))
+            table.append({"part": "pointwise", "op": op if n == LARGE else f"{op} {n}", "variant": variant[0],
+                          "ok": ok, "error": error, "ours_ms": ours_s * 1e3, "torch_ms": torch_before * 1e3,
+                          "kernel_ms": kernel_ms, "torch_kernel_ms": torch_kernel_ms, "elements": n,
                           "ours_GBps": nbytes / ours_s / 1e9, "torch_GBps": nbytes / torch_before / 1e9,
                           "speedup": torch_before / ours_s})
         torch_after = baseline.time(theirs)
-        table.append({"part": "pointwise", "op": op, "variant": "torch again", "ok": True,
+        table.append({"part": "pointwise", "op": op if n == LARGE else f"{op} {n}", "variant": "torch again",
+                      "ok": True, "elements": n,
                       "error": 0.0, "ours_ms": torch_after * 1e3, "torch_ms": torch_before * 1e3,
                       "ours_GBps": nbytes / torch_after / 1e9, "torch_GBps": nbytes / torch_before / 1e9,
                       "speedup": torch_before / torch_after})
@@ -331,8 +350,8 @@ def nvidia_build_report(ctx, table, out_dir):
     kernels += [("copy", ("y = x;", [("x", f32)], [])), ("add", ("y = a + b;", [("a", f32), ("b", f32)], []))]
     for name, (statement, inputs, scalars) in kernels:
         k = PointwiseKernel(f"report_{name}", inputs, [("y", f32)], statement, scalars=scalars)
-        params = k.template_params(1, "int", k.VECTOR, k.VECTOR_UNROLL, (True,) * len(inputs),
-                                   k.VECTOR_INTERLEAVE, grid_stride=False)
+        params = k.template_params(1, "int", k.VECTOR, k.VECTOR_LAUNCH.unroll, (True,) * len(inputs),
+                                   k.VECTOR_LAUNCH.interleave, grid_stride=False)
         source = program.render("pointwise", **params)
         built = cl.Program(ctx.cl_context, source).build(options=["-cl-nv-verbose"])
         log = built.get_build_info(ctx.device, cl.program_build_info.LOG)
@@ -545,8 +564,10 @@ def format_row(r, copy_rate):
         return format_span(r)
     if not r.get("ok"):
         return f"{r['op']:<24} {r['variant']:<16} FAILED (error {r.get('error')})"
+    kernels = (f"  kernel {r['kernel_ms']:.4f} vs {r.get('torch_kernel_ms', math.nan):.4f}"
+               if "kernel_ms" in r else "")
     return (f"{r['op']:<24} {r['variant']:<16} {r['ours_ms']:8.4f} {r.get('single_call_ms', math.nan):8.4f} "
-            f"{r['torch_ms']:8.4f} {100 * r['ours_GBps'] / copy_rate:6.1f} {r['speedup']:7.2f}")
+            f"{r['torch_ms']:8.4f} {100 * r['ours_GBps'] / copy_rate:6.1f} {r['speedup']:7.2f}{kernels}")
 
 
 class Table(list):
@@ -595,10 +616,12 @@ def main(argv=None):
     parser.add_argument("--output", default=None, help="folder for probe.json")
     parser.add_argument("--commit", default=None)
     parser.add_argument("--ops", default="", help="pointwise part: operators to run (default all)")
+    parser.add_argument("--sizes", default="", help="pointwise part: element counts (default 2^26)")
     parser.add_argument("--variants", default="",
                         help="pointwise part: variant labels to run, ';'-separated (default all)")
     args = parser.parse_args(argv)
     SELECTED_OPS[:] = [o for o in args.ops.split(",") if o]
+    SIZES[:] = [int(v) for v in args.sizes.split(",") if v]
     SELECTED_VARIANTS[:] = [v for v in args.variants.split(";") if v]
     ctx = dp.Context()
     print(f"device: {ctx.info.name} ({ctx.info.platform_name}, driver {ctx.info.driver_version})")

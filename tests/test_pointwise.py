@@ -5,7 +5,8 @@ import torch
 
 import dlprim_py as dp
 from conftest import assert_close, poisoned, random
-from dlprim_py.ops.pointwise import PointwiseKernel, broadcast_shapes, broadcast_strides, merge_dimensions
+from dlprim_py.ops.pointwise import (Launch, PointwiseKernel, broadcast_shapes, broadcast_strides,
+                                     merge_dimensions)
 
 SCALE_SHIFT = PointwiseKernel(
     "scale_shift_pair", inputs=[("x", np.float32), ("b", np.float32)],
@@ -99,9 +100,8 @@ def test_vector_launch_configurations(ctx, rng, interleave, vector, unroll, grou
     at an offset with a tail, long (several grid-stride steps on a CPU's capped grid) and short
     (two work-groups, no loop), and a broadcast over two dimensions."""
     class Configured(PointwiseKernel):
-        VECTOR, VECTOR_INTERLEAVE, GROUP_SIZE, INDEX_T = vector, interleave, group_size, index_t
-        VECTOR_UNROLL = VECTOR_UNROLL_ND = unroll
-        VECTOR_GROUPS_PER_UNIT = VECTOR_GROUPS_PER_UNIT_ND = 2
+        VECTOR, INDEX_T = vector, index_t
+        VECTOR_LAUNCH = VECTOR_LAUNCH_ND = Launch(unroll, interleave, group_size, groups_per_unit=2)
     kernel = Configured(f"scale_shift_{interleave}_{vector}_{unroll}", SCALE_SHIFT.inputs,
                         SCALE_SHIFT.outputs, SCALE_SHIFT.statement, SCALE_SHIFT.scalars)
     data = random(rng, 12000)

@@ -3,13 +3,15 @@
 ``PointwiseKernel`` turns a C statement over named inputs, outputs and scalars into a kernel
 (``kernels/pointwise.cl.mako``) that walks the output index space with numpy broadcasting.
 Sizes and strides are run-time arguments: one compile serves every shape of the same rank
-(after merging contiguous dimensions), index width and access width (scalar, or four elements per
-access where the operands' layout allows). A call lays out a shape once (a plan per operand
+(after merging contiguous dimensions), index width, access width (scalar, or four elements per
+access where the operands' layout allows) and loop (a grid-stride loop only where the launch is
+capped below one work item per access, see ``Launch``). A call lays out a shape once (a plan per operand
 shapes and offsets) and then only enqueues, through a ``BoundKernel`` that sets the arguments that
 changed since the last call: Python's work and clSetKernelArg were most of a call's cost.
 """
 import math
 import weakref
+from typing import NamedTuple, Optional
 
 import numpy as np
 import pyopencl as cl
@@ -21,6 +23,21 @@ from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 
 _INT32_LIMIT = 2 ** 31 - 1
+
+
+class Launch(NamedTuple):
+    """How a pointwise variant's work items cover the index space.
+
+    ``unroll``: accesses per work item and loop step; ``interleave``: where they lie, "grid" (one
+    global size apart) or "block" (one work-group size apart: a work-group's accesses are
+    consecutive); ``group_size``: work items per work-group; ``groups_per_unit``: the grid cap,
+    at most this many work-groups per compute unit and a grid-stride loop over the rest (None:
+    enough work-groups for one step, and a kernel without the loop).
+    """
+    unroll: int
+    interleave: str
+    group_size: int
+    groups_per_unit: Optional[int]
 
 
 def broadcast_shapes(*shapes):
@@ -168,28 +185,20 @@ class PointwiseKernel:
     ``algorithm`` (or DLPRIM_POINTWISE_ALGO) asks for "scalar".
     """
 
-    # Elements per work item and loop step of the scalar variant: enough independent loads in
-    # flight per item to keep a GPU's memory busy (1 reached about 70% of the copy bandwidth on
-    # an H200).
-    UNROLL = 4
-    # The vector variant: elements per access; accesses per work item and loop step and the grid
-    # cap (at most this many 256-item groups per compute unit; None: one group per 256 * unroll
-    # accesses, no grid-stride loop), for a one-dimensional index space and for more dimensions.
-    # Measured on an H200 (2^26 float32, benchmarks/pointwise_probe.py): one access per item
-    # without a loop was 2-4 % faster than two per item with 64 groups per unit on copy, relu,
-    # sigmoid and add (one dimension), and 6 % slower on a bias broadcast (two dimensions).
+    # The scalar variant: four elements per work item and loop step, so that each item keeps
+    # several loads in flight (one reached about 70% of the copy bandwidth on an H200).
+    SCALAR_LAUNCH = Launch(unroll=4, interleave="grid", group_size=256, groups_per_unit=64)
+    # The vector variant: elements per access, and the launch for a one-dimensional index space
+    # and for more dimensions. Measured on an H200 (2^26 float32, benchmarks/pointwise_probe.py,
+    # results/pointwise-h200/NOTES.md): two accesses per item one work-group apart, 128 items per
+    # group and no loop (PyTorch's layout) ran copy, relu, hardswish and gelu at 0.980x PyTorch and
+    # add at 0.983x; one access per item, 256 per group matched it on all but gelu (0.953x, a
+    # 32-register statement: fewer items, too few loads in flight) and add (0.989x). Grid caps
+    # with a loop, 8 elements per access, 512 and 1024 items per group were all slower. The
+    # broadcast over two dimensions keeps the launch it was measured best with (1.40x PyTorch).
     VECTOR = 4
-    VECTOR_UNROLL = 1
-    VECTOR_GROUPS_PER_UNIT = None
-    VECTOR_UNROLL_ND = 2
-    VECTOR_GROUPS_PER_UNIT_ND = 64
-    # Where a work item's accesses lie (the template's INTERLEAVE): "grid", one global size
-    # apart; "block", one work-group size apart, a work-group's accesses consecutive.
-    VECTOR_INTERLEAVE = "grid"
-    # The scalar variant's grid cap.
-    GROUPS_PER_UNIT = 64
-    # Work items per work-group, both variants.
-    GROUP_SIZE = 256
+    VECTOR_LAUNCH = Launch(unroll=2, interleave="block", group_size=128, groups_per_unit=None)
+    VECTOR_LAUNCH_ND = Launch(unroll=2, interleave="grid", group_size=256, groups_per_unit=64)
     # None: 32-bit index arithmetic wherever every index fits; "long" forces 64-bit.
     INDEX_T = None
 
@@ -208,7 +217,7 @@ class PointwiseKernel:
 
     def _kernel(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid",
                 grid_stride=True):
-        unroll = self.UNROLL if unroll is None else unroll
+        unroll = self.SCALAR_LAUNCH.unroll if unroll is None else unroll
         per_ctx = self._kernels.get(ctx)
         if per_ctx is None:
             per_ctx = self._kernels[ctx] = {}
@@ -223,7 +232,7 @@ class PointwiseKernel:
                         grid_stride=True):
         """The parameters of ``kernels/pointwise.cl.mako`` for one variant of this kernel."""
         params = dict(
-            name=self.name, ndim=ndim, unroll=self.UNROLL if unroll is None else unroll,
+            name=self.name, ndim=ndim, unroll=self.SCALAR_LAUNCH.unroll if unroll is None else unroll,
             index_t=index_t, vector=vector, vector_inputs=list(vector_inputs),
             statement=self.statement, preamble=self.preamble,
             inputs=[(n, cl_name(t)) for n, t in self.inputs],
@@ -322,22 +331,20 @@ class PointwiseKernel:
         sizes, strides = merge_dimensions(out_shape, in_strides + [broadcast_strides(out_shape, out_shape)])
         strides = strides[:len(inputs)]
         wide = None if algorithm == "scalar" else self.vector_layout(sizes, strides, inputs, outputs)
-        interleave = "grid"
         if wide is None:
-            vector, unroll, per_unit, groups, tail = 1, self.UNROLL, self.GROUPS_PER_UNIT, total, None
+            vector, launch, groups, tail = 1, self.SCALAR_LAUNCH, total, None
         else:
-            interleave = self.VECTOR_INTERLEAVE
             # The innermost dimension and the inputs' strides along it count in groups of VECTOR.
             vector = self.VECTOR
-            unroll, per_unit = ((self.VECTOR_UNROLL, self.VECTOR_GROUPS_PER_UNIT) if len(sizes) == 1
-                                else (self.VECTOR_UNROLL_ND, self.VECTOR_GROUPS_PER_UNIT_ND))
+            launch = self.VECTOR_LAUNCH if len(sizes) == 1 else self.VECTOR_LAUNCH_ND
             groups, tail = total // vector, total % vector
             sizes = sizes[:-1] + [sizes[-1] // vector]
             strides = [st[:-1] + [st[-1] * vector] for st in strides]
-        gsize, lsize = launch_size(ctx, groups, group=self.GROUP_SIZE, per_item=unroll,
-                                   groups_per_unit=per_unit)
-        if unroll == 1:
-            interleave = "grid"     # one layout: no second kernel to build
+        unroll = launch.unroll
+        gsize, lsize = launch_size(ctx, groups, group=launch.group_size, per_item=unroll,
+                                   groups_per_unit=launch.groups_per_unit)
+        # With one access per item both layouts are one: no second kernel to build.
+        interleave = launch.interleave if unroll > 1 else "grid"
         # Without a loop where one step of the launch covers every group.
         grid_stride = gsize[0] * unroll < groups
         # The loop forms base + unroll * global size (in groups) before comparing it with total.
