@@ -60,6 +60,10 @@
 ##                 in done_count, zero before the launch and again after it) combines them in
 ##                 the order of their index and writes the finalized result to final: one
 ##                 launch instead of two, and the same result whatever group finishes last
+##   device_fence  C statement that orders a work item's global writes before its later
+##                 global accesses for every work-group of the device ("last_group" only):
+##                 NVIDIA compiles mem_fence(CLK_GLOBAL_MEM_FENCE) to a work-group fence
+##                 (membar.cta), so there it is PTX's membar.gl
 ##   preamble      extra C code before the kernel (helper functions), may be ""
 <%
     kdims = range(kept_ndim)
@@ -287,24 +291,36 @@ ${write_unit()}
 % if last_group:
     // Release: this group's partials reach global memory before it counts itself done.
     __local int is_last;
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    ${device_fence}
     barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
     if (lid == 0) {
         is_last = atomic_inc(done_count) == (int)get_num_groups(0) - 1;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     if (is_last) {
-        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        ${device_fence}
     % for nm, ty, ident, out_ty in accumulators:
         ${ty} acc_${nm} = ${ident};
     % endfor
         // Item lid combines partials lid, lid + group_size, ... then the tree: a fixed order.
-        // Volatile loads: other groups wrote these in this launch, past any cached copy.
-        for (${index_t} p = lid; p < units; p += ${group_size}) {
-    % for nm, ty, ident, out_ty in accumulators:
-            ${ty} ${nm} = (${ty})((__global volatile const ${out_ty}*)${nm}_out)[${nm}_out_off + p];
+        // Volatile loads (other groups wrote these in this launch, past any cached copy), all
+        // of a step issued before any is used: one round trip per step, not one per partial.
+        for (${index_t} first = lid; first < units; first += ${group_size * unroll}) {
+    % for j in range(unroll):
+        % for nm, ty, ident, out_ty in accumulators:
+            const ${ty} ${nm}${j} = (first + ${j * group_size} < units)
+                ? (${ty})((__global volatile const ${out_ty}*)${nm}_out)[${nm}_out_off + first + ${j * group_size}]
+                : ${ident};
+        % endfor
     % endfor
-            { ${combine} }
+    % for j in range(unroll):
+            {
+        % for nm, ty, ident, out_ty in accumulators:
+                ${ty} ${nm} = ${nm}${j};
+        % endfor
+                { ${combine} }
+            }
+    % endfor
         }
     % for nm, ty, ident, out_ty in accumulators:
         tree_${nm}[lid] = acc_${nm};
