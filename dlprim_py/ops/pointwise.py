@@ -191,14 +191,15 @@ class PointwiseKernel:
     # The vector variant: elements per access, and the launch for a one-dimensional index space
     # and for more dimensions. Measured on an H200 (2^26 float32, benchmarks/pointwise_probe.py,
     # results/pointwise-h200/NOTES.md): two accesses per item one work-group apart, 128 items per
-    # group and no loop (PyTorch's layout) ran copy, relu, hardswish and gelu at 0.980x PyTorch and
-    # add at 0.983x; one access per item, 256 per group matched it on all but gelu (0.953x, a
-    # 32-register statement: fewer items, too few loads in flight) and add (0.989x). Grid caps
-    # with a loop, 8 elements per access, 512 and 1024 items per group were all slower. The
-    # broadcast over two dimensions keeps the launch it was measured best with (1.40x PyTorch).
+    # group and no loop (PyTorch's layout) ran copy, relu, hardswish and gelu at 0.98x PyTorch, add
+    # at 0.983x and a bias broadcast over two dimensions at 1.46x (1.42x with the grid capped at 64
+    # groups per unit and a loop). One access per item, 256 per group, was within 0.7% on all but
+    # gelu (0.957x: its 32-register statement leaves too few items, each with one load, in flight).
+    # Capped grids, 8 elements per access, 512 and 1024 items per group were all slower. From
+    # 2^16 to 2^22 elements the launches timed alike (the call's host time dominates there).
     VECTOR = 4
     VECTOR_LAUNCH = Launch(unroll=2, interleave="block", group_size=128, groups_per_unit=None)
-    VECTOR_LAUNCH_ND = Launch(unroll=2, interleave="grid", group_size=256, groups_per_unit=64)
+    VECTOR_LAUNCH_ND = VECTOR_LAUNCH
     # None: 32-bit index arithmetic wherever every index fits; "long" forces 64-bit.
     INDEX_T = None
 
