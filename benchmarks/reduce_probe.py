@@ -133,24 +133,30 @@ def dump_ptx(ctx, out):
             f.write(binary)
 
 
-def old_argmax_kernel():
-    """argmax as before: an int64 index accumulator (for the side-by-side comparison)."""
-    return R.ReduceKernel("reduce_argmax_long", [("x", np.float32)], [("v", np.float32), ("i", np.int64)],
+# argmax's fold before: branches on each comparison.
+_BRANCHY_FOLD = """
+    if (acc_i == INDEX_MAX || ((v != v) ? (acc_v == acc_v) : (v > acc_v))) { acc_v = v; acc_i = i; }
+"""
+
+
+def old_argmax_kernel(index_accumulators, name):
+    """argmax with the fold it had before (branches), int64 or index-type index accumulator."""
+    return R.ReduceKernel(name, [("x", np.float32)], [("v", np.float32), ("i", np.int64)],
                           "v = x; i = ridx;", R._ARG_COMBINE.format(cmp=">"), {"v": "-INFINITY", "i": "INDEX_MAX"},
-                          fold=R._ARG_FOLD.format(cmp=">"))
+                          fold=_BRANCHY_FOLD, index_accumulators=index_accumulators, vector_unroll=2)
 
 
 def everything_cases(ctx, baseline, rows, x, tx, dx, n):
     """sum / mean / norm of all 2^26 elements: the last group combines, or a second launch."""
     torch = baseline.torch
     variants = [("last group (auto)", {}), ("last group, 8/CU", {"GROUPS_PER_CU": 8}),
-                ("last group, 32/CU", {"GROUPS_PER_CU": 32}), ("two launches", {"PARTIALS": "launch"}),
-                ("two launches, 8/CU", {"PARTIALS": "launch", "GROUPS_PER_CU": 8})]
+                ("last group, 4/CU", {"GROUPS_PER_CU": 4}),
+                ("last group, 32/CU", {"GROUPS_PER_CU": 32}), ("two launches", {"PARTIALS": "launch"})]
     cases = [("sum all", lambda: F.sum(x), lambda t: torch.sum(t)),
              ("mean all", lambda: F.mean(x), lambda t: torch.mean(t)),
              ("norm all", lambda: F.norm(x), lambda t: torch.linalg.vector_norm(t))]
     for k, (case, ours, theirs) in enumerate(cases):
-        for variant, switches in (variants if k == 0 else variants[:1] + variants[3:4]):
+        for variant, switches in (variants if k == 0 else variants[:2] + variants[4:]):
             measure(ctx, baseline, rows, case, variant, 4 * n, ours,
                     lambda o=ours, t=theirs: error_metric(o().numpy(), t(dx).cpu().numpy()),
                     (lambda t=theirs: t(tx)) if variant.endswith("(auto)") else None, switches)
@@ -159,20 +165,33 @@ def everything_cases(ctx, baseline, rows, x, tx, dx, n):
 def argmax_cases(ctx, baseline, rows, x, tx, n):
     torch = baseline.torch
     expected = torch.argmax(tx, -1).cpu().numpy()
-    old = old_argmax_kernel()
+    kernel = R._arg_kernel("argmax")
 
-    def old_argmax():
-        index = dp.Tensor.empty(ctx, (x.shape[0],), np.int64)
-        old([x], [dp.Tensor.empty(ctx, (x.shape[0], 1)), R._view(index, (x.shape[0], 1))])
-        return index
-    variants = [("int32 index (auto)", {}, lambda: F.argmax(x, -1)),
-                ("int32 vec4 x8", {"VECTOR_UNROLL": 8}, lambda: F.argmax(x, -1)),
-                ("int32 vec4 x2", {"VECTOR_UNROLL": 2}, lambda: F.argmax(x, -1)),
-                ("int64 index (old)", {}, old_argmax)]
-    for variant, switches, ours in variants:
-        measure(ctx, baseline, rows, "argmax rows 4096", variant, 4 * n, ours,
-                lambda o=ours: 0.0 if np.array_equal(o().numpy(), expected) else math.inf,
-                (lambda: torch.argmax(tx, -1)) if variant.endswith("(auto)") else None, switches)
+    def old(index_accumulators, name):
+        k = old_argmax_kernel(index_accumulators, name)
+
+        def run():
+            index = dp.Tensor.empty(ctx, (x.shape[0],), np.int64)
+            k([x], [dp.Tensor.empty(ctx, (x.shape[0], 1)), R._view(index, (x.shape[0], 1))])
+            return index
+        return run
+    variants = [(f"sets {R.ARG_VECTOR_UNROLL} (auto)", {}, None, lambda: F.argmax(x, -1)),
+                ("sets 1", {}, 1, lambda: F.argmax(x, -1)),
+                ("sets 4", {}, 4, lambda: F.argmax(x, -1)),
+                ("sets 2, seg 64", {"SEGMENT": 64}, 2, lambda: F.argmax(x, -1)),
+                ("sets 2, seg 32", {"SEGMENT": 32}, 2, lambda: F.argmax(x, -1)),
+                ("sets 4, seg 64", {"SEGMENT": 64}, 4, lambda: F.argmax(x, -1)),
+                ("branchy int32, sets 2", {}, None, old(("i",), "reduce_argmax_branchy")),
+                ("branchy int64, sets 2", {}, None, old((), "reduce_argmax_branchy_long"))]
+    default_sets = kernel.vector_unroll
+    for variant, switches, sets, ours in variants:
+        kernel.vector_unroll = sets or default_sets
+        try:
+            measure(ctx, baseline, rows, "argmax rows 4096", variant, 4 * n, ours,
+                    lambda o=ours: 0.0 if np.array_equal(o().numpy(), expected) else math.inf,
+                    (lambda: torch.argmax(tx, -1)) if variant.endswith("(auto)") else None, switches)
+        finally:
+            kernel.vector_unroll = default_sets
     flat = torch.argmax(tx).item()
     measure(ctx, baseline, rows, "argmax all", "last group (auto)", 4 * n, lambda: F.argmax(x),
             lambda: 0.0 if int(F.argmax(x).numpy()) == flat else math.inf, lambda: torch.argmax(tx), {})
@@ -229,6 +248,17 @@ def cross_entropy_cases(ctx, baseline, rows, rng, n):
         return lse
     measure(ctx, baseline, rows, name, "log-sum-exp kernel only", c.nbytes, run_lse,
             lambda: error_metric(run_lse().numpy(), ref_lse), lambda: torch.logsumexp(tc, -1), {})
+    native = R.ReduceKernel(
+        "reduce_logsumexp_native", [("x", np.float32)], [("m", np.float32), ("s", np.float32)], "m = x; s = 1.0f;",
+        "if (m > acc_m) { acc_s = acc_s * native_exp(acc_m - m) + s; acc_m = m; }"
+        " else if (m != -INFINITY) { acc_s += s * native_exp(m - acc_m); }",
+        {"m": "-INFINITY", "s": "0.0f"}, finalize="acc_m = acc_m + log(acc_s);")
+
+    def run_native():
+        native([xc], [lse, sums], axes=(1,))
+        return lse
+    measure(ctx, baseline, rows, name, "log-sum-exp native_exp", c.nbytes, run_native,
+            lambda: error_metric(run_native().numpy(), ref_lse), None, {})
     measure(ctx, baseline, rows, f"softmax {shape[0]}x{shape[1]}", "auto", 2 * c.nbytes,
             lambda: F.softmax(xc, -1),
             lambda: error_metric(F.softmax(xc, -1).numpy(), torch.softmax(dc, -1).cpu().numpy()),

@@ -152,10 +152,11 @@ class _RangeCheck:
     for that read (so for the check, behind whatever the queue held before, not for the work
     enqueued after it) and raises on a bad target."""
 
-    def __init__(self, ctx, built, index, total, classes, target, ignore_index):
+    def __init__(self, setup, target):
         self.read = None
-        self.ctx, self.classes, self.ignore_index = ctx, classes, ignore_index
-        if total:
+        ctx = self.ctx = setup.ctx
+        self.classes, self.ignore_index = setup.c, setup.ignore_index
+        if setup.total:
             self.mode = mode = _range_check_mode()
             self.bad = _range_flag(ctx)
             queue = ctx.queue
@@ -163,10 +164,9 @@ class _RangeCheck:
                 queue = _check_queue(ctx)
                 # The check reads the target after everything enqueued before it.
                 cl.enqueue_barrier(queue, wait_for=[cl.enqueue_marker(ctx.queue)])
-            gsize, lsize = launch_size(ctx, total)
-            _enqueue(ctx, built, "nll_check", gsize, lsize,
-                     [index(total), index(classes), np.int64(ignore_index), target.buffer,
-                      index(target.offset_elements), self.bad.buffer], queue)
+            _enqueue(ctx, setup.built, "nll_check", *setup.launch,
+                     [setup.total_arg, setup.classes_arg, setup.ignore_arg, target.buffer,
+                      setup.target_offset_arg, self.bad.buffer], queue)
             self.flag = np.zeros(2, np.int64) if mode == "pageable" else _pinned_flag(ctx)
             self.read = cl.enqueue_copy(queue, self.flag, self.bad.buffer, src_offset=self.bad.offset,
                                         is_blocking=False)
@@ -188,9 +188,46 @@ class _RangeCheck:
                              f"(expected 0..{c - 1} or ignore_index={self.ignore_index})")
 
 
-def _nll_setup(input, target, weight, reduction, shifted):
-    """Validated geometry and the program of an nll_loss call:
-    (n, c, s, ctx, index type, built program)."""
+class _NllSetup:
+    """A validated nll_loss problem: geometry (n, c, s), context, index type, program, launch
+    size, and its scalar kernel arguments made once (a bound kernel skips an argument passed
+    again as the same object)."""
+
+    def __init__(self, n, c, s, ctx, index, built, input, target, weight, ignore_index):
+        self.n, self.c, self.s, self.ctx, self.index, self.built = n, c, s, ctx, index, built
+        self.total = total = n * s
+        self.ignore_index = ignore_index
+        self.launch = launch_size(ctx, max(total, 1))
+        self.total_arg, self.classes_arg, self.spatial_arg = index(total), index(c), index(s)
+        self.ignore_arg = np.int64(ignore_index)
+        self.input_offset_arg = index(input.offset_elements)
+        self.target_offset_arg = index(target.offset_elements)
+        self.weight_offset_arg = index((weight if weight is not None else input).offset_elements)
+        self.zero_arg = index(0)
+
+
+def _nll_setup(input, target, weight, reduction, shifted, ignore_index):
+    """The ``_NllSetup`` of an nll_loss call, validated; memoized per context by shapes,
+    dtypes and offsets."""
+    try:
+        ctx = input.ctx
+        key = ("nll_setup", input.shape, input.dtype, input.offset, target.shape, target.dtype,
+               target.offset, None if weight is None else (weight.shape, weight.dtype, weight.offset),
+               reduction == "mean", shifted, ignore_index)
+        setup = ctx.memo[key]
+        if target.ctx is ctx and (weight is None or weight.ctx is ctx):
+            return setup
+    except (AttributeError, KeyError, TypeError):
+        pass
+    setup = _validate_nll(input, target, weight, reduction, shifted, ignore_index)
+    try:
+        setup.ctx.memo[key] = setup
+    except (NameError, TypeError, UnboundLocalError):
+        pass
+    return setup
+
+
+def _validate_nll(input, target, weight, reduction, shifted, ignore_index):
     n, c, s = _nll_geometry(input, target)
     if weight is not None:
         _check_float(weight, "nll_loss: weight")
@@ -202,7 +239,7 @@ def _nll_setup(input, target, weight, reduction, shifted):
     index = np.int32 if largest < 2 ** 31 - 1 else np.int64
     built = _nll_program(ctx, weight is not None, reduction == "mean",
                          "int" if index is np.int32 else "long", shifted)
-    return n, c, s, ctx, index, built
+    return _NllSetup(n, c, s, ctx, index, built, input, target, weight, int(ignore_index))
 
 
 def _nll(input, target, weight, ignore_index, reduction, shift=None, check=None, setup=None):
@@ -211,21 +248,23 @@ def _nll(input, target, weight, ignore_index, reduction, shift=None, check=None,
     ``input - shift`` along the classes, never materialized. ``check``: the call's range check
     when the caller enqueued it already (before its own work); ``setup``: the call's
     ``_nll_setup`` when the caller made it."""
-    n, c, s, ctx, index, built = setup or _nll_setup(input, target, weight, reduction, shift is not None)
-    total = n * s
+    setup = setup or _nll_setup(input, target, weight, reduction, shift is not None, ignore_index)
+    ctx, index, built, total = setup.ctx, setup.index, setup.built, setup.total
+    c, s = setup.c, setup.s
+    gsize, lsize = setup.launch
     if check is None:
-        check = _RangeCheck(ctx, built, index, total, c, target, ignore_index)
+        check = _RangeCheck(setup, target)
     loss = Tensor.empty(ctx, target.shape)
     picked = Tensor.empty(ctx, target.shape)
     w = weight if weight is not None else input
-    gsize, lsize = launch_size(ctx, max(total, 1))
     if total:
+        zero = setup.zero_arg
         _enqueue(ctx, built, "nll_gather", gsize, lsize,
-                 [index(total), index(c), index(s), np.int64(ignore_index), input.buffer,
-                  index(input.offset_elements),
-                  *(() if shift is None else (shift.buffer, index(shift.offset_elements))),
-                  target.buffer, index(target.offset_elements), w.buffer, index(w.offset_elements),
-                  loss.buffer, index(0), picked.buffer, index(0)])
+                 [setup.total_arg, setup.classes_arg, setup.spatial_arg, setup.ignore_arg, input.buffer,
+                  setup.input_offset_arg,
+                  *(() if shift is None else (shift.buffer, zero if shift.offset == 0 else index(shift.offset_elements))),
+                  target.buffer, setup.target_offset_arg, w.buffer, setup.weight_offset_arg,
+                  loss.buffer, zero, picked.buffer, zero])
     if reduction == "none":
         out, divisor = loss, None
     else:
@@ -286,10 +325,9 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     if isinstance(target, Tensor) and target.dtype == np.int64:
         # One read of the logits: their log-sum-exp over the classes, then the picked logit
         # minus it. The backward forms log_softmax then.
-        setup = _nll_setup(input, target, weight, reduction, True)
-        n, c, s, ctx, index, built = setup
+        setup = _nll_setup(input, target, weight, reduction, True, ignore_index)
         # The range check goes first: the host then waits for it, not for the log-sum-exp.
-        check = _RangeCheck(ctx, built, index, n * s, c, target, ignore_index)
+        check = _RangeCheck(setup, target)
         keep_dims = tuple(1 if k == class_dim else d for k, d in enumerate(input.shape))
         lse = Tensor.empty(input.ctx, keep_dims)
         sums = Tensor.empty(input.ctx, keep_dims)
