@@ -38,10 +38,10 @@ _SPEC = re.compile(r"(\d+)x(\d+)x(\d+)$")
 
 
 def parse_variant(text, base=None):
-    """Kernel parameters from a short spec: ``128x128x16 w8x8 v4 p4 gv4 l8 g8 r128 db1 s2``
-    (tile, work per item, local read width, pad, global load width, lanes_n, tile_group,
-    register cap, double buffer, split_k); ``db`` alone means this shape's database choice,
-    with the fields that follow overriding it."""
+    """Kernel parameters from a short spec: ``128x128x16 w8x8 v4 p4 gv4 l8 g8 r128 db1 pl3 ac0
+    s2`` (tile, work per item, local read width, pad, global load width, lanes_n, tile_group,
+    register cap, double buffer, pipeline stages, async_copy, split_k); ``db`` alone means this
+    shape's database choice, with the fields that follow overriding it."""
     words = text.split()
     params = dict(base) if words and words[0] == "db" else dict(gemm_ops.DEFAULT_TILED)
     for word in words:
@@ -57,6 +57,10 @@ def parse_variant(text, base=None):
             params["global_vec"] = int(word[2:])
         elif word.startswith("db"):
             params["double_buffer"] = int(word[2:])
+        elif word.startswith("pl"):
+            params["pipeline"] = int(word[2:])
+        elif word.startswith("ac"):
+            params["async_copy"] = int(word[2:])
         elif word.startswith("v"):
             params["vec"] = int(word[1:])
         elif word.startswith("p"):
@@ -78,16 +82,20 @@ def parse_variant(text, base=None):
     return params
 
 
-# 4096^3: the current rule, each new option on its own and together, and other tilings.
+# 4096^3: the current rule, pipelined copies (cp.async on NVIDIA; "ac0" plain copies through
+# the same pipeline) with two to four stages, the grouped tile order under a register cap.
 SQUARE_4096 = [
-    "db", "db gv4", "db l8", "db l4", "db gv4 l8", "db g8", "db g16", "db l8 g8", "db r128",
-    "db l8 r128", "128x128x8 w8x8 gv1", "128x128x8 w8x8 gv4 l8", "128x256x8 w8x16 gv4",
-    "128x256x8 w8x16 gv4 l8", "256x128x8 w16x8 gv4", "256x128x8 w16x8 gv4 l8",
-    "64x128x16 w8x8 gv4", "64x128x16 w8x8 gv4 l8", "128x64x16 w8x8 gv4 l8",
+    "db", "db pl2", "db pl2 gv4", "db pl2 ac0", "db pl2 gv4 l8", "128x128x8 w8x8 gv4 pl3",
+    "128x128x8 w8x8 gv4 pl4", "128x128x8 w8x8 gv1 pl4", "128x128x8 w8x8 gv4 pl4 l8",
+    "128x256x8 w8x16 gv4 pl3", "256x128x8 w16x8 gv4 pl3", "64x128x16 w8x8 gv4 pl3",
+    "64x128x8 w8x8 gv4 pl4", "db g8 r128", "db pl2 gv4 g8",
 ]
 # Other shapes: the database's choice with the new options.
-OTHERS = ["db", "db l8", "db l4", "db g8"]
-QUICK_OTHERS = ["db", "db l8"]
+OTHERS = ["db", "db pl2 gv4", "db pl3 gv4", "db pl2"]
+QUICK_OTHERS = ["db", "db pl2 gv4"]
+# Every transpose combination on sizes that are not multiples of any tile (edge tiles, the
+# end of K), checked in full against numpy float64 before a variant becomes a rule.
+EDGE_SHAPES = [(1000, 1000, 1000), (129, 67, 45)]
 
 
 def short(params):
@@ -96,9 +104,12 @@ def short(params):
         return "small"
     text = (f"{p['tile_m']}x{p['tile_n']}x{p['tile_k']} w{p['wpt_m']}x{p['wpt_n']} v{p['vec']} "
             f"p{p['pad']} gv{p.get('global_vec', 1)}")
-    for key, tag in (("lanes_n", "l"), ("tile_group", "g"), ("max_registers", "r")):
+    for key, tag in (("lanes_n", "l"), ("tile_group", "g"), ("max_registers", "r"),
+                     ("pipeline", "pl")):
         if p.get(key) not in (None, 0) and not (key == "tile_group" and p[key] == 1):
             text += f" {tag}{p[key]}"
+    if p.get("pipeline"):
+        text += " cp.async" if p.get("nv_async") else " plain-copy"
     if p.get("split_k", 1) > 1:
         text += f" s{p['split_k']}"
     return text
@@ -268,6 +279,76 @@ def probe_shape(ctx, logs, baseline, name, M, N, K, specs, rounds, rng, log):
     return result
 
 
+def check_edges(ctx, params, rng):
+    """The largest error of ``params`` over EDGE_SHAPES and the four transpose combinations
+    (inf when an element stayed NaN)."""
+    worst = 0.0
+    mf = cl.mem_flags
+    for M, N, K in EDGE_SHAPES:
+        for trans_a in (False, True):
+            for trans_b in (False, True):
+                a = rng.uniform(-1, 1, (K, M) if trans_a else (M, K)).astype(np.float32)
+                b = rng.uniform(-1, 1, (N, K) if trans_b else (K, N)).astype(np.float32)
+                ref = (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b)
+                a_buf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+                b_buf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b)
+                c_buf = cl.Buffer(ctx.cl_context, mf.READ_WRITE, M * N * 4)
+                cl.enqueue_fill_buffer(ctx.queue, c_buf, np.float32(np.nan), 0, M * N * 4)
+                GemmPlan(ctx, M, N, K, a_buf, 0, a.shape[1], b_buf, 0, b.shape[1], c_buf, 0, N,
+                         trans_a=trans_a, trans_b=trans_b, params=params).enqueue()
+                out = np.empty((M, N), np.float32)
+                cl.enqueue_copy(ctx.queue, out, c_buf, is_blocking=True)
+                worst = max(worst, error_of(out, ref))
+                for buf in (a_buf, b_buf, c_buf):
+                    buf.release()
+    return worst
+
+
+_DERIVED = ("c_vec", "nv_async")
+
+
+def write_rules(ctx, results, path, prefix, rounds, rng, log, margin=0.01):
+    """Measured rules for the probed shapes whose names start with ``prefix`` where a variant
+    beat the database's choice by more than ``margin`` (median over the rounds) and passed
+    check_edges; merged into this device's shipped rules and written to the database at
+    ``path`` (the cache directory's, which lookups read first)."""
+    from dlprim_py import tuning
+    from dlprim_py.tune import merge_rules
+    new = []
+    for r in results:
+        if not r["name"].startswith(prefix):
+            continue
+        timed = sorted((v for v in r["variants"] if "ms" in v), key=lambda v: v["ms"])
+        current = next((v for v in timed if v["spec"] == "db"), None)
+        if current is None:
+            continue
+        for v in timed:
+            if v is current or v["ms"] > current["ms"] * (1 - margin):
+                break
+            params = {k: x for k, x in v["params"].items() if k not in _DERIVED}
+            baseline_text = (f"cuBLAS {r['baseline_ms']:.4f} ms" if r["baseline_ms"]
+                             else "no vendor baseline")
+            edges = check_edges(ctx, params, rng)
+            v["edge_error"] = edges
+            if not edges <= 1e-5:
+                log(f"{r['name']}: {v['short']} fails the edge check (error {edges:.1e})")
+                continue
+            new.append({"shape": {"m": r["m"], "n": r["n"], "k": r["k"]}, "params": params,
+                        "ms": round(v["ms"], 5), "gflops": round(v["tflops"] * 1e3, 1),
+                        "why": f"benchmarks/gemm_probe.py, median of {rounds} rounds: "
+                               f"{v['ms']:.4f} ms against {current['ms']:.4f} ms for the rule "
+                               f"before ({current['short']}), {baseline_text} in the same "
+                               f"run; every transpose on edge shapes checked"})
+            log(f"{r['name']}: rule {v['short']} ({v['ms']:.4f} ms, was {current['ms']:.4f})")
+            break
+    shipped = tuning.read_db(tuning.shipped_path("gemm"), "gemm")["devices"].get(ctx.info.name, {})
+    merged = merge_rules(shipped.get("rules", []), new)
+    extra = {k: v for k, v in shipped.items() if k not in ("vendor", "platform", "driver", "rules")}
+    tuning.store_device_entry(path, "gemm", ctx.info, merged, extra)
+    log(f"wrote {len(new)} new rule(s) into {path}")
+    return new
+
+
 def print_table(results, log):
     log("")
     log(f"{'shape':22s} {'variant':40s} {'regs':>4s} {'spill':>5s} {'ms':>8s} {'TFLOP/s':>7s} "
@@ -303,6 +384,14 @@ def main(argv=None):
                         help="variant spec for the other shapes (repeatable)")
     parser.add_argument("--time-limit", type=float, default=200.0,
                         help="stop starting new shapes after this many seconds")
+    parser.add_argument("--write-rules", default=None, metavar="PATH",
+                        help="write the winners (see write_rules) into the database at PATH")
+    parser.add_argument("--margin", type=float, default=0.01,
+                        help="a new rule must be this fraction faster than the current one")
+    parser.add_argument("--squares", default="1024,2048,4096,8192",
+                        help="comma-separated sizes of the square problems")
+    parser.add_argument("--rules-for", default="square",
+                        help="shapes whose names start with this may get new rules")
     parser.add_argument("--commit", default=None)
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)
@@ -317,8 +406,9 @@ def main(argv=None):
     rng = np.random.default_rng(11)
     square = args.square or SQUARE_4096
     others = args.others or (QUICK_OTHERS if args.quick else OTHERS)
-    order = [s for s in benchmark_shapes(args.batch) if s[0] == "square 4096"]
-    order += [s for s in benchmark_shapes(args.batch) if s[0] != "square 4096"]
+    squares = [int(x) for x in args.squares.split(",") if x.strip()]
+    order = [s for s in benchmark_shapes(args.batch, squares) if s[0] == "square 4096"]
+    order += [s for s in benchmark_shapes(args.batch, squares) if s[0] != "square 4096"]
     results = []
     for name, M, N, K, group in order:
         if args.only is not None and args.only not in name:
@@ -332,6 +422,10 @@ def main(argv=None):
         results.append(result)
         print_table([result], lambda s: print(s, flush=True))
     print_table(results, print)
+    new_rules = []
+    if args.write_rules:
+        new_rules = write_rules(ctx, results, args.write_rules, args.rules_for, args.rounds, rng,
+                                lambda s: print(s, flush=True), args.margin)
     if args.output:
         os.makedirs(args.output, exist_ok=True)
         path = os.path.join(args.output, "gemm-probe.json")
@@ -340,7 +434,8 @@ def main(argv=None):
                        "driver": ctx.info.driver_version, "baseline": baseline.name,
                        "commit": measured_commit(),
                        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "rounds": args.rounds, "results": results}, f, indent=1)
+                       "rounds": args.rounds, "new_rules": new_rules, "results": results}, f,
+                      indent=1)
         print(f"wrote {path} after {time.perf_counter() - started:.0f} s")
 
 

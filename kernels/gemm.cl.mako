@@ -62,6 +62,12 @@
 //   GROUP_M       1: work-groups take the tiles of C row by row (group id 0 walks N). > 1:
 //                 consecutive work-groups walk GROUP_M rows of tiles down M, then step along
 //                 N, so that the work-groups resident together share A and B slices in cache
+//   PIPELINE      0: slices go global -> registers -> local memory (DOUBLE_BUFFER says how
+//                 many stages). >= 2: PIPELINE local-memory stages, the copies of slice
+//                 s + PIPELINE - 1 are issued (straight into local memory, no registers)
+//                 before slice s is multiplied; one barrier per slice. DOUBLE_BUFFER unused
+//   NV_ASYNC      with PIPELINE: 1 issues the copies as cp.async (PTX, NVIDIA compute
+//                 capability 8.0 and later; the host decides); 0 as plain loads and stores
 // "small" only:
 //   SMALL_M, SMALL_N  work-group shape; one work-item per C element, K walked from global memory
 
@@ -115,6 +121,30 @@ def hoists_chain(chain, channel, epilogue, kernel, split_k):
             and not split_k and not any(per_position for _, per_position in chain))
 
 
+def tile_addressing(k, trans_a, trans_b, fold_a, fold_b, tile_m, tile_n, tile_k, wpt_m, wpt_n,
+                    gvec):
+    """Expressions of load slot r's element v of the A and B tiles at K offset ``k``: its
+    offset from a_tile / b_tile, and whether it lies inside the matrix and the K chunk."""
+    nthreads = (tile_m // wpt_m) * (tile_n // wpt_n)
+    a_at = distinct_contiguous(load_slots(tile_m if trans_a else tile_k, tile_m * tile_k, nthreads, gvec))[0]
+    b_at = distinct_contiguous(load_slots(tile_k if trans_b else tile_n, tile_n * tile_k, nthreads, gvec))[0]
+    if trans_a:
+        a_addr = lambda r, v: f"a_k{r} * lda + a_m{r} + {v}"
+    elif fold_a:
+        a_addr = lambda r, v: f"a_m{r} * lda + a_kof{a_at[r]} + {v}"
+    else:
+        a_addr = lambda r, v: f"a_m{r} * lda + a_k{r} + {v}"
+    if trans_b:
+        b_addr = (lambda r, v: f"b_n{r} * ldb + b_kof{b_at[r]} + {v}") if fold_b else (lambda r, v: f"b_n{r} * ldb + b_k{r} + {v}")
+    elif fold_b:
+        b_addr = lambda r, v: f"b_k{r} * ldb + b_col{b_at[r]} + {v}"
+    else:
+        b_addr = lambda r, v: f"b_k{r} * ldb + b_n{r} + {v}"
+    a_ok = (lambda r, v: f"m0 + a_m{r} + {v} < M && {k} + a_k{r} < k_end") if trans_a else (lambda r, v: f"m0 + a_m{r} < M && {k} + a_k{r} + {v} < k_end")
+    b_ok = (lambda r, v: f"n0 + b_n{r} < N && {k} + b_k{r} + {v} < k_end") if trans_b else (lambda r, v: f"n0 + b_n{r} + {v} < N && {k} + b_k{r} < k_end")
+    return a_addr, b_addr, a_ok, b_ok
+
+
 def fold(mode, op, j):
     """Expression for the element offset of column ``j`` of operand ``op`` ("a", "b", "c")."""
     if mode == 0:
@@ -144,7 +174,54 @@ def fold(mode, op, j):
 #define LDS_B (TILE_N + ${PAD})
 #define STAGE_A (TILE_K * LDS_A)
 #define STAGE_B (TILE_K * LDS_B)
-#define STAGES ${2 if DOUBLE_BUFFER else 1}
+#define STAGES ${PIPELINE if PIPELINE else (2 if DOUBLE_BUFFER else 1)}
+% if PIPELINE and NV_ASYNC:
+// Copies global -> local memory without registers (cp.async); a group of them completes at
+// COPY_WAIT, which the issuing work-item must pass before the barrier that publishes them.
+// src_bytes 0 writes zeros (the source is then not read).
+inline void copy4(__local float *dst, __global const float *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;"
+                 :: "r"((uint)(ulong)dst), "l"((ulong)src) : "memory");
+}
+
+inline void copy4_masked(__local float *dst, __global const float *src, bool ok)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+                 :: "r"((uint)(ulong)dst), "l"((ulong)src), "r"(ok ? 4 : 0) : "memory");
+}
+
+inline void copy8(__local float *dst, __global const float *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;"
+                 :: "r"((uint)(ulong)dst), "l"((ulong)src) : "memory");
+}
+
+inline void copy16(__local float *dst, __global const float *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"((uint)(ulong)dst), "l"((ulong)src) : "memory");
+}
+#define COPY_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+#define COPY_WAIT(pending) asm volatile("cp.async.wait_group " #pending ";" ::: "memory")
+% elif PIPELINE:
+// Portable copies: done when issued, so committing and waiting are nothing.
+inline void copy4(__local float *dst, __global const float *src) { *dst = *src; }
+inline void copy4_masked(__local float *dst, __global const float *src, bool ok)
+{
+    *dst = ok ? *src : 0.0f;
+}
+inline void copy8(__local float *dst, __global const float *src)
+{
+    *(__local float2 *)dst = *(__global const float2 *)src;
+}
+inline void copy16(__local float *dst, __global const float *src)
+{
+    *(__local float4 *)dst = *(__global const float4 *)src;
+}
+#define COPY_COMMIT()
+#define COPY_WAIT(pending)
+% endif
 <%
     nthreads = (TILE_M // WPT_M) * (TILE_N // WPT_N)
     a_slots = load_slots(TILE_M if TRANS_A else TILE_K, TILE_M * TILE_K, nthreads, GVEC)
@@ -370,50 +447,41 @@ void gemm_tiled(int M, int N, int K,
     const long b_step = (long)TILE_K * ldb;
 % endif
 
-% for r in range(len(a_slots)):
+% if not PIPELINE:
+%   for r in range(len(a_slots)):
     ${gtype} a_next${r};
-% endfor
-% for r in range(len(b_slots)):
+%   endfor
+%   for r in range(len(b_slots)):
     ${gtype} b_next${r};
-% endfor
+%   endfor
+% endif
 
+<%def name="fold_offsets(k)">
+<%
+    nthreads = (TILE_M // WPT_M) * (TILE_N // WPT_N)
+    a_firsts = distinct_contiguous(load_slots(TILE_M if TRANS_A else TILE_K, TILE_M * TILE_K, nthreads, GVEC))[1]
+    b_firsts = distinct_contiguous(load_slots(TILE_K if TRANS_B else TILE_N, TILE_N * TILE_K, nthreads, GVEC))[1]
+%>
+% if FOLD_A and not TRANS_A:
+%   for u, r in enumerate(a_firsts):
+        const long a_kof${u} = ${fold(FOLD_A, "a", f"min({k} + a_k{r}, K - 1)")};
+%   endfor
+% endif
+% if FOLD_B and TRANS_B:
+%   for u, r in enumerate(b_firsts):
+        const long b_kof${u} = ${fold(FOLD_B, "b", f"min({k} + b_k{r}, K - 1)")};
+%   endfor
+% endif
+</%def>
 <%def name="load_global(k, na, nb)">
 <%
     gtype = "float" if GVEC == 1 else f"float{GVEC}"
     def part(name, v):
         return name if GVEC == 1 else f"{name}.s{v}"
-    a_kfold = FOLD_A and not TRANS_A
-    b_kfold = FOLD_B and TRANS_B
-    b_nfold = FOLD_B and not TRANS_B
-    nthreads = (TILE_M // WPT_M) * (TILE_N // WPT_N)
-    a_at, a_firsts = distinct_contiguous(load_slots(TILE_M if TRANS_A else TILE_K, TILE_M * TILE_K, nthreads, GVEC))
-    b_at, b_firsts = distinct_contiguous(load_slots(TILE_K if TRANS_B else TILE_N, TILE_N * TILE_K, nthreads, GVEC))
-    if TRANS_A:
-        a_addr = lambda r, v: f"a_k{r} * lda + a_m{r} + {v}"
-    elif a_kfold:
-        a_addr = lambda r, v: f"a_m{r} * lda + a_kof{a_at[r]} + {v}"
-    else:
-        a_addr = lambda r, v: f"a_m{r} * lda + a_k{r} + {v}"
-    if TRANS_B:
-        b_addr = (lambda r, v: f"b_n{r} * ldb + b_kof{b_at[r]} + {v}") if b_kfold else (lambda r, v: f"b_n{r} * ldb + b_k{r} + {v}")
-    elif b_nfold:
-        b_addr = lambda r, v: f"b_k{r} * ldb + b_col{b_at[r]} + {v}"
-    else:
-        b_addr = lambda r, v: f"b_k{r} * ldb + b_n{r} + {v}"
-    a_ok = (lambda r, v: f"m0 + a_m{r} + {v} < M && {k} + a_k{r} < k_end") if TRANS_A else (lambda r, v: f"m0 + a_m{r} < M && {k} + a_k{r} + {v} < k_end")
-    b_ok = (lambda r, v: f"n0 + b_n{r} < N && {k} + b_k{r} + {v} < k_end") if TRANS_B else (lambda r, v: f"n0 + b_n{r} + {v} < N && {k} + b_k{r} < k_end")
+    a_addr, b_addr, a_ok, b_ok = tile_addressing(k, TRANS_A, TRANS_B, FOLD_A, FOLD_B, TILE_M, TILE_N, TILE_K, WPT_M, WPT_N, GVEC)
 %>
         {
-% if a_kfold:
-%   for u, r in enumerate(a_firsts):
-        const long a_kof${u} = ${fold(FOLD_A, "a", f"min({k} + a_k{r}, K - 1)")};
-%   endfor
-% endif
-% if b_kfold:
-%   for u, r in enumerate(b_firsts):
-        const long b_kof${u} = ${fold(FOLD_B, "b", f"min({k} + b_k{r}, K - 1)")};
-%   endfor
-% endif
+        ${fold_offsets(k)}
         if (inside && ${k} + TILE_K <= k_end) {
 % for r in range(na):
             a_next${r} = *(__global const ${gtype} *)(a_tile + ${a_addr(r, 0)});
@@ -460,6 +528,58 @@ void gemm_tiled(int M, int N, int K,
 %   endif
 % endfor
 </%def>
+<%def name="copy_global(k, stage, na, nb)">
+<%
+    a_addr, b_addr, a_ok, b_ok = tile_addressing(k, TRANS_A, TRANS_B, FOLD_A, FOLD_B, TILE_M, TILE_N, TILE_K, WPT_M, WPT_N, GVEC)
+    def a_dst(r, v):
+        if TRANS_A:
+            return f"a_stage + ({stage}) * STAGE_A + a_k{r} * LDS_A + a_m{r} + {v}"
+        return f"a_stage + ({stage}) * STAGE_A + (a_k{r} + {v}) * LDS_A + a_m{r}"
+    def b_dst(r, v):
+        if TRANS_B:
+            return f"b_stage + ({stage}) * STAGE_B + (b_k{r} + {v}) * LDS_B + b_n{r}"
+        return f"b_stage + ({stage}) * STAGE_B + b_k{r} * LDS_B + b_n{r} + {v}"
+    wide = {1: "copy4", 2: "copy8", 4: "copy16"}[GVEC]
+%>
+        {
+        ${fold_offsets(k)}
+        if (inside && ${k} + TILE_K <= k_end) {
+% for r in range(na):
+%   if TRANS_A:
+            ${wide}(${a_dst(r, 0)}, a_tile + ${a_addr(r, 0)});
+%   else:
+%     for v in range(GVEC):
+            copy4(${a_dst(r, v)}, a_tile + ${a_addr(r, v)});
+%     endfor
+%   endif
+% endfor
+% for r in range(nb):
+%   if TRANS_B:
+%     for v in range(GVEC):
+            copy4(${b_dst(r, v)}, b_tile + ${b_addr(r, v)});
+%     endfor
+%   else:
+            ${wide}(${b_dst(r, 0)}, b_tile + ${b_addr(r, 0)});
+%   endif
+% endfor
+        } else {
+            // Elements outside the matrix or the K chunk are zeros; their source address is
+            // the matrix's first element (never read).
+% for r in range(na):
+%   for v in range(GVEC):
+            { const bool ok = ${a_ok(r, v)};
+              copy4_masked(${a_dst(r, v)}, ok ? a_tile + ${a_addr(r, v)} : A, ok); }
+%   endfor
+% endfor
+% for r in range(nb):
+%   for v in range(GVEC):
+            { const bool ok = ${b_ok(r, v)};
+              copy4_masked(${b_dst(r, v)}, ok ? b_tile + ${b_addr(r, v)} : B, ok); }
+%   endfor
+% endfor
+        }
+        }
+</%def>
 
     float acc[WPT_M][WPT_N];
 % for i in range(WPT_M):
@@ -468,23 +588,14 @@ void gemm_tiled(int M, int N, int K,
 %   endfor
 % endfor
 
-    int k = k_begin;
-    ${load_global("k", len(a_slots), len(b_slots))}
-    ${store_local(0, len(a_slots), len(b_slots))}
-    barrier(CLK_LOCAL_MEM_FENCE);
-
-    int stage = 0;
-    for (; k < k_end; ) {
-        const int k_next = k + TILE_K;
-% if DOUBLE_BUFFER:
-        if (k_next < k_end) {
-            a_tile += a_step;
-            b_tile += b_step;
-            ${load_global("k_next", len(a_slots), len(b_slots))}
-        }
-% endif
-        __local const float *a_local = a_stage + stage * STAGE_A + tm * VEC;
-        __local const float *b_local = b_stage + stage * STAGE_B + tn * VEC;
+<%def name="multiply(stage)">
+<%
+    vtype = "float" if VEC == 1 else f"float{VEC}"
+    def comp(v):
+        return f".s{v}" if VEC > 1 else ""
+%>
+        __local const float *a_local = a_stage + (${stage}) * STAGE_A + tm * VEC;
+        __local const float *b_local = b_stage + (${stage}) * STAGE_B + tn * VEC;
         #pragma unroll
         for (int kk = 0; kk < TILE_K; ++kk) {
 % for j in range(WPT_M // VEC):
@@ -499,14 +610,64 @@ void gemm_tiled(int M, int N, int K,
 %   endfor
 % endfor
         }
-% if DOUBLE_BUFFER:
+</%def>
+% if PIPELINE:
+    // Slices s + 1 .. s + PIPELINE - 1 are in flight while slice s is multiplied. Copy
+    // groups are committed once per slice (empty past the chunk's end), so that waiting
+    // until PIPELINE - 2 groups remain pending means slice s has landed.
+    int k_copy = k_begin;
+%   for s in range(PIPELINE - 1):
+    if (k_copy < k_end) {
+        ${copy_global("k_copy", s, len(a_slots), len(b_slots))}
+        a_tile += a_step;
+        b_tile += b_step;
+    }
+    k_copy += TILE_K;
+    COPY_COMMIT();
+%   endfor
+    int stage = 0;
+    int copy_stage = ${PIPELINE - 1};
+    for (int k = k_begin; k < k_end; k += TILE_K) {
+        COPY_WAIT(${PIPELINE - 2});
+        // Publishes slice s to every work-item, and frees the stage multiplied last step,
+        // which the copies issued next refill.
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (k_copy < k_end) {
+            ${copy_global("k_copy", "copy_stage", len(a_slots), len(b_slots))}
+            a_tile += a_step;
+            b_tile += b_step;
+        }
+        k_copy += TILE_K;
+        COPY_COMMIT();
+        ${multiply("stage")}
+        stage = stage == ${PIPELINE - 1} ? 0 : stage + 1;
+        copy_stage = copy_stage == ${PIPELINE - 1} ? 0 : copy_stage + 1;
+    }
+% else:
+    int k = k_begin;
+    ${load_global("k", len(a_slots), len(b_slots))}
+    ${store_local(0, len(a_slots), len(b_slots))}
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    int stage = 0;
+    for (; k < k_end; ) {
+        const int k_next = k + TILE_K;
+%   if DOUBLE_BUFFER:
+        if (k_next < k_end) {
+            a_tile += a_step;
+            b_tile += b_step;
+            ${load_global("k_next", len(a_slots), len(b_slots))}
+        }
+%   endif
+        ${multiply("stage")}
+%   if DOUBLE_BUFFER:
         if (k_next < k_end) {
             ${store_local("(stage ^ 1)", len(a_slots), len(b_slots))}
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         stage ^= 1;
         k = k_next;
-% else:
+%   else:
         k = k_next;
         if (k < k_end) {
             a_tile += a_step;
@@ -518,8 +679,9 @@ void gemm_tiled(int M, int N, int K,
             ${store_local(0, len(a_slots), len(b_slots))}
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-% endif
+%   endif
     }
+% endif
 
 % if hoists_chain(CHAIN, CHAIN_CHANNEL, EPILOGUE, KERNEL, SPLIT_K):
     // The chain's scale and shift of each register-block row, once per work item (the loads

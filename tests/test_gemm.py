@@ -24,9 +24,10 @@ def tiled(tm, tn, tk, wm, wn, vec, pad, db, gvec, split=1):
             "global_vec": gvec}
 
 
-# Vector loads and stores, double-buffered; and a scalar single-stage one.
+# Vector loads and stores, double-buffered; and a scalar single-stage one whose work-items
+# run in 8 x 4 patches (lanes_n) over tiles taken two rows at a time (tile_group).
 TILED = tiled(32, 32, 16, 4, 4, 4, 4, 1, 4)
-TILED_SINGLE = tiled(16, 16, 8, 2, 2, 2, 0, 0, 1)
+TILED_SINGLE = dict(tiled(16, 16, 8, 2, 2, 2, 0, 0, 1), lanes_n=8, tile_group=2)
 SPLIT = dict(TILED, split_k=3)
 SMALL = {"kernel": "small", "small_m": 8, "small_n": 16}
 

@@ -54,7 +54,7 @@ def tiled_threads(params):
 
 
 def tiled_local_bytes(params):
-    stages = 2 if params["double_buffer"] else 1
+    stages = params.get("pipeline", 0) or (2 if params["double_buffer"] else 1)
     pad = params["pad"]
     return 4 * stages * params["tile_k"] * (params["tile_m"] + params["tile_n"] + 2 * pad)
 
@@ -102,6 +102,9 @@ def params_problem(params, info):
         return (f"lanes_n {lanes_n} must be 0 or a power of two up to 32 whose 32-item runs "
                 f"({lanes_n} x {32 // max(1, lanes_n)}) tile the {tn // wn} x {tm // wm} "
                 f"work-items")
+    pipeline = params.get("pipeline", 0)
+    if pipeline not in (0, 2, 3, 4):
+        return f"pipeline must be 0 (register-staged slices) or 2, 3, 4 stages, got {pipeline!r}"
     group = params.get("tile_group", 1)
     if not isinstance(group, int) or group < 1:
         return f"tile_group must be an int >= 1, got {group!r}"
@@ -263,7 +266,8 @@ def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
                  for name, fold in zip("ABC", folds)})
     # The template names every parameter of both kernels; the other kernel's are 0.
     base.update(SMALL_M=0, SMALL_N=0, TILE_M=0, TILE_N=0, TILE_K=0, WPT_M=0, WPT_N=0, VEC=0,
-                PAD=0, DOUBLE_BUFFER=0, SPLIT_K=0, GVEC=0, CVEC=0, LANES_N=0, GROUP_M=0)
+                PAD=0, DOUBLE_BUFFER=0, SPLIT_K=0, GVEC=0, CVEC=0, LANES_N=0, GROUP_M=0,
+                PIPELINE=0, NV_ASYNC=0)
     if params["kernel"] == "small":
         base.update(SMALL_M=params["small_m"], SMALL_N=params["small_n"])
     else:
@@ -272,7 +276,8 @@ def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
                     PAD=params["pad"], DOUBLE_BUFFER=int(params["double_buffer"]),
                     SPLIT_K=int(split), GVEC=params.get("global_vec", 1),
                     CVEC=params.get("c_vec", 1), LANES_N=params.get("lanes_n", 0),
-                    GROUP_M=params.get("tile_group", 1))
+                    GROUP_M=params.get("tile_group", 1), PIPELINE=params.get("pipeline", 0),
+                    NV_ASYNC=int(bool(params.get("pipeline", 0) and params.get("nv_async", 0))))
     return base
 
 
@@ -481,6 +486,12 @@ class GemmPlan:
         c_aligned = params["vec"] > 1 and not any(x % params["vec"] for x in (ldc, c_off, stride_c))
         c_aligned = c_aligned and (fold_c is None or fold_c.vector_ok(params["vec"]))
         params["c_vec"] = params["vec"] if c_aligned else 1
+        # Pipelined slices copy through cp.async where the device has it, unless a rule or a
+        # caller says async_copy 0 (internal parameter, derived here rather than tuned).
+        # Folded operands keep the plain copies: cp.async was checked on a GPU only unfolded.
+        params["nv_async"] = int(bool(params.get("pipeline", 0))
+                                 and params.get("async_copy", 1) != 0
+                                 and all(f is None for f in folds) and _has_cp_async(ctx))
         options = ()
         if params.get("max_registers") and ctx.info.vendor == "nvidia":
             options = (f"-cl-nv-maxrregcount={int(params['max_registers'])}",)
@@ -538,6 +549,20 @@ class GemmPlan:
     def __repr__(self):
         M, N, K = self.shape
         return f"GemmPlan({M}x{N}x{K}, batch={self.batch}, {self.algorithm}, {self.params})"
+
+
+def _has_cp_async(ctx):
+    """Whether the device runs PTX cp.async (NVIDIA, compute capability 8.0 and later)."""
+    found = ctx.memo.get("gemm.cp_async")
+    if found is None:
+        found = False
+        if ctx.info.vendor == "nvidia" and "cl_nv_device_attribute_query" in ctx.info.extensions:
+            try:
+                found = int(ctx.device.compute_capability_major_nv) >= 8
+            except (cl.Error, AttributeError):
+                found = False
+        ctx.memo["gemm.cp_async"] = found
+    return found
 
 
 def _round_up(value, multiple):
