@@ -11,10 +11,9 @@ layer's algorithm from a fusion.py record, so no find run is needed; else the pl
 * conv_epi:  ``Convolution.forward`` with a precomputed per-channel scale and shift and ReLU
              (the epilogue alone, no batch-norm parameters read, no fold);
 * fused:     the fusion plan conv -> batchnorm_inference -> relu (``FusionPlan.execute``);
-* fused_fold: the same plan forced through the fold path (a kernel folds the batch norm into
-             a scale and a shift before the convolution's last kernel), when the plan's own
-             path is another;
-* fold:      the fold kernel alone (fold path only);
+* fold:      the fold kernel alone, where the plan runs one (up to 22ee7bf a kernel folded the
+             batch norm into a scale and a shift before the convolution's last kernel; since,
+             the convolution's kernel computes them itself and no fold runs);
 * unfused:   conv, then ``norm.batch_norm_forward_inference``, then ReLU;
 * torch:     cuDNN conv + torch batch_norm + relu (CUDA events).
 
@@ -107,18 +106,8 @@ def probe_layer(ctx, spec, batch, device, rng, repeat, queued, algo):
     checks = {"conv": (outs["conv"], ref_conv), "conv_epi": (outs["conv_epi"], ref),
               "fused": (y_fused, ref), "unfused": (outs["unfused"], ref)}
 
-    # The fold path side by side when the plan's own path is another one.
-    fold_plan = None
-    if row["chain_path"] != "fold" and hasattr(plan, "set_chain_path"):
-        fold_plan, fold_args, y_fold = fused_plan(ctx, layer, algorithm)
-        fold_plan.set_chain_path("fold")
-        runs["fused_fold"] = lambda: fold_plan.execute(fold_plan.input_desc, layer.x,
-                                                       fold_plan.output_desc, y_fold, fold_args)
-        checks["fused_fold"] = (y_fold, ref)
-    fold_runner = (fold_plan or plan).runner
-    if getattr(fold_runner, "fold_kernel", None) is not None:
-        fold_args_ = fold_args if fold_plan is not None else args
-        runs["fold"] = lambda: fold_runner._fold(fold_args_)
+    if row["chain_path"] == "fold":
+        runs["fold"] = lambda: runner._fold(args)
 
     for key, (out, expected) in checks.items():
         out.fill_(np.nan)
@@ -193,7 +182,7 @@ def main():
             rows.append(dict(layer=spec[0], failed=f"{type(e).__name__}: {e}"))
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    keys = ["conv", "conv_epi", "fold", "fused", "fused_fold", "unfused"]
+    keys = ["conv", "conv_epi", "fold", "fused", "unfused"]
     present = [k for k in keys if any(f"{k}_ms" in r for r in rows)]
     print(f"\none call between markers / {args.queued} queued calls per call, ms; host us per call")
     print(f"{'layer':17s} {'algorithm':14s} " + " ".join(f"{k:>22s}" for k in present)

@@ -90,9 +90,6 @@ from ...recording import Recording, enqueue, launch  # noqa: E402,F401  (used by
 class Algorithm:
     name = "?"
     directions = ("forward", "backward_data", "backward_filter")
-    # The forward epilogue's operands (scale, shift, residual) are read by the last step a run
-    # records and by no other, so a fusion plan may compute them just before that step.
-    epilogue_last = True
 
     def applies(self, ctx, problem, direction):
         raise NotImplementedError
