@@ -56,6 +56,10 @@ POINTWISE_VARIANTS = [
     ("v4 u2 grid cap64", "vector", 4, 2, 64, 256, "grid", None),
     ("scalar u4 g64", "scalar", 1, 4, 64, 256, "grid", None),
 ]
+# (label, algorithm, blocks per work item, groups per unit or None)
+DROPOUT_VARIANTS = [("scalar u2", "scalar", 2, 64), ("vec4 u2", "vector", 2, 64),
+                    ("vec4 u1", "vector", 1, 64), ("vec4 u2 g16", "vector", 2, 16),
+                    ("vec4 u1 nogrid", "vector", 1, None)]
 # --ops and --variants: the operators and variant labels to run (empty: all).
 SELECTED_OPS, SELECTED_VARIANTS = [], []
 # --sizes: element counts for the pointwise part (multiples of 1024; empty: 2^26).
@@ -320,7 +324,6 @@ def span(ctx, baseline, quick, table):
                         row["torch_kernel"] = row["torch_gap"] = math.nan
                         row["torch_profiler_error"] = f"{type(e).__name__}: {e}"
             table.append(row)
-        del x, out, px, pout, tx, tout, x64
 
 
 SPAN_FIELDS = ("span10", "span10_primed", "span1", "host", "kernel", "gap")
@@ -359,11 +362,11 @@ def nvidia_build_report(ctx, table, out_dir):
         lines = [line.strip() for line in log.splitlines() if "registers" in line or "spill" in line]
         print(f"  build {name}: " + "; ".join(lines))
         if out_dir:
+            # One file per kernel (the lent machine returns a few files only): the source, the
+            # compiler's log and the PTX.
             os.makedirs(os.path.join(out_dir, "ptx"), exist_ok=True)
-            with open(os.path.join(out_dir, "ptx", f"{name}.ptx"), "wb") as f:
-                f.write(ptx)
-            with open(os.path.join(out_dir, "ptx", f"{name}.cl"), "w") as f:
-                f.write(source + "\n/* build log:\n" + log + "\n*/\n")
+            with open(os.path.join(out_dir, "ptx", f"{name}.txt"), "w") as f:
+                f.write(f"{source}\n/* build log:\n{log}\n*/\n\n" + ptx.rstrip(b"\0").decode("ascii", "replace"))
 
 
 def dropout(ctx, baseline, quick, table):
