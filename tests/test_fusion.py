@@ -747,8 +747,8 @@ def test_conv_bn_descriptor_that_disagrees_with_conv_output_raises(ctx):
     ((2, 5, 6, 7), (3, 5, 1, 1), dp.ConvolutionDesc()),
 ], ids=["3x3", "1x1"])
 def test_conv_bias_per_activation_batchnorm_relu(ctx, rng, x_shape, w_shape, conv_desc):
-    """Per-activation batch norm after a convolution: the epilogue reads a scale and a shift
-    per output position, with every algorithm (the 1x1 GEMM hands over to implicit GEMM)."""
+    """Per-activation batch norm after a convolution: the epilogue computes that link per
+    output position, with every algorithm that applies."""
     run_conv_chain(ctx, rng, x_shape, w_shape, conv_desc,
                    ["bias", "bn_per_activation", fusion.ACTIVATION_RELU])
 

@@ -3,7 +3,8 @@
 the 1x1 GEMM with each of its kernels forced ("tiled" computes a per-channel chain once per
 register-block row; "splitk" and "small" per element), folded and per image, per channel and
 per output position, NHWC (channels on the GEMM's columns), and contents changed between
-calls. Float64 PyTorch references, outputs poisoned with NaN."""
+calls; and every depthwise algorithm with a chain (the other algorithms are forced in
+test_fusion.py). Float64 PyTorch references, outputs poisoned with NaN."""
 import numpy as np
 import pytest
 import torch
@@ -12,6 +13,7 @@ import dlprim_py as dp
 from conftest import assert_close, poisoned, random
 from dlprim_py import fusion
 from dlprim_py.ops import gemm as gemm_ops
+from test_fusion import run_conv_chain
 
 # Small register blocks build fastest on PoCL and still take the vector stores (P % 2 == 0).
 TILED = {"kernel": "tiled", "tile_m": 16, "tile_n": 16, "tile_k": 8, "wpt_m": 2, "wpt_n": 2,
@@ -123,3 +125,14 @@ def test_chain_and_scale_together_is_refused(ctx, rng):
     with pytest.raises(dp.ShapeError, match="either a chain or scale/shift"):
         conv.forward(x, w, dp.Tensor.empty(ctx, (1, 2, 3, 3)), scale=dp.Tensor.zeros(ctx, (2,)),
                      chain=(("bias", False),), chain_args=())
+
+
+@pytest.mark.parametrize("bn", ["bn", "bn_per_activation"])
+def test_depthwise_chain_every_algorithm(ctx, rng, bn):
+    """A depthwise convolution with bias -> BN -> ReLU through every algorithm that applies
+    (depthwise, depthwise_rows, depthwise_tiled, implicit GEMM, direct), per channel and per
+    output position, against PyTorch in float64."""
+    plan = run_conv_chain(ctx, rng, (2, 4, 9, 9), (4, 1, 3, 3),
+                          dp.ConvolutionDesc(padding=1, groups=4),
+                          ["bias", bn, fusion.ACTIVATION_RELU], algorithms="all", unfused=False)
+    assert {"depthwise", "depthwise_rows", "depthwise_tiled"} <= set(plan.conv_algorithms())
