@@ -82,17 +82,18 @@ def parse_variant(text, base=None):
     return params
 
 
-# 4096^3: the current rule, pipelined copies (cp.async on NVIDIA; "ac0" plain copies through
-# the same pipeline) with two to four stages, the grouped tile order under a register cap.
+# 4096^3: the current rule; the grouped tile order and the pipelined copies (cp.async on
+# NVIDIA; "ac0" plain copies through the same pipeline) under a register cap, which applies
+# since the kernel drops its work-group size declaration with a cap (reqd_size); 64 x 128
+# tiles capped to 128 registers (four work-groups per compute unit instead of three).
 SQUARE_4096 = [
-    "db", "db pl2", "db pl2 gv4", "db pl2 ac0", "db pl2 gv4 l8", "128x128x8 w8x8 gv4 pl3",
-    "128x128x8 w8x8 gv4 pl4", "128x128x8 w8x8 gv1 pl4", "128x128x8 w8x8 gv4 pl4 l8",
-    "128x256x8 w8x16 gv4 pl3", "256x128x8 w16x8 gv4 pl3", "64x128x16 w8x8 gv4 pl3",
-    "64x128x8 w8x8 gv4 pl4", "db g8 r128", "db pl2 gv4 g8",
+    "db", "db g8 r128", "db g4 r128", "db l8 g8 r128", "db pl2 gv4 g8", "db pl2 r128",
+    "db pl2 g8 r128", "db pl2 gv4 g8 r128", "64x128x16 w8x8 gv4", "64x128x16 w8x8 gv4 r128",
+    "64x128x16 w8x8 gv4 g8 r128", "128x128x8 w8x8 gv4 pl4 g8", "128x256x8 w8x16 gv4 pl3 g8",
 ]
-# Other shapes: the database's choice with the new options.
-OTHERS = ["db", "db pl2 gv4", "db pl3 gv4", "db pl2"]
-QUICK_OTHERS = ["db", "db pl2 gv4"]
+# Other shapes: the database's choice with the same options.
+OTHERS = ["db", "db r128", "db g8", "db g8 r128"]
+QUICK_OTHERS = ["db", "db g8 r128"]
 # Every transpose combination on sizes that are not multiples of any tile (edge tiles, the
 # end of K), checked in full against numpy float64 before a variant becomes a rule.
 EDGE_SHAPES = [(1000, 1000, 1000), (129, 67, 45)]
@@ -127,11 +128,14 @@ class BuildLogs:
             gemm_ops.program = _ProgramWithLog(gemm_ops.program, self)
 
     def report(self):
-        """(registers, spill bytes, the lines of gemm_tiled) of the latest build."""
+        """(registers, spill bytes, the report) of gemm_tiled in the latest build (the
+        program also holds gemm_splitk_reduce, whose report comes first)."""
         lines = [s for s in self.last.splitlines() if "ptxas" in s]
         text = " | ".join(lines)
-        regs = re.search(r"Used (\d+) registers", text)
-        spill = re.findall(r"(\d+) bytes spill", text)
+        tiled = text.split("entry function 'gemm_tiled'", 1)
+        tiled = tiled[1].split("Compiling entry function", 1)[0] if len(tiled) == 2 else ""
+        regs = re.search(r"Used (\d+) registers", tiled)
+        spill = re.findall(r"(\d+) bytes spill", tiled)
         return (int(regs[1]) if regs else None,
                 sum(int(s) for s in spill) if spill else None, text)
 
@@ -304,7 +308,7 @@ def check_edges(ctx, params, rng):
     return worst
 
 
-_DERIVED = ("c_vec", "nv_async")
+_DERIVED = ("c_vec", "nv_async", "reqd_size")
 
 
 def write_rules(ctx, results, path, prefix, rounds, rng, log, margin=0.01):

@@ -68,6 +68,10 @@
 //                 before slice s is multiplied; one barrier per slice. DOUBLE_BUFFER unused
 //   NV_ASYNC      with PIPELINE: 1 issues the copies as cp.async (PTX, NVIDIA compute
 //                 capability 8.0 and later; the host decides); 0 as plain loads and stores
+//   REQD_SIZE     1: gemm_tiled declares its work-group size (reqd_work_group_size); 0: it
+//                 does not, so that a register cap passed to NVIDIA's compiler
+//                 (-cl-nv-maxrregcount) applies: the declaration takes precedence over the
+//                 cap there (an H200 build reported 130 and 165 registers under a cap of 128)
 // "small" only:
 //   SMALL_M, SMALL_N  work-group shape; one work-item per C element, K walked from global memory
 
@@ -178,7 +182,8 @@ def fold(mode, op, j):
 % if PIPELINE and NV_ASYNC:
 // Copies global -> local memory without registers (cp.async); a group of them completes at
 // COPY_WAIT, which the issuing work-item must pass before the barrier that publishes them.
-// src_bytes 0 writes zeros (the source is then not read).
+// Edge tiles copy element by element with plain loads and stores (visible at that barrier
+// too): the interior copies are the ones an H200 run checked.
 inline void copy4(__local float *dst, __global const float *src)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;"
@@ -187,8 +192,7 @@ inline void copy4(__local float *dst, __global const float *src)
 
 inline void copy4_masked(__local float *dst, __global const float *src, bool ok)
 {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
-                 :: "r"((uint)(ulong)dst), "l"((ulong)src), "r"(ok ? 4 : 0) : "memory");
+    *dst = ok ? *src : 0.0f;
 }
 
 inline void copy8(__local float *dst, __global const float *src)
@@ -347,7 +351,11 @@ ${links.chain_params(CHAIN)}
 % if tiled:
 // Work-item (tm, tn) (from lid as LANES_N says) owns rows
 // (j * TM_THREADS + tm) * VEC + v and columns (j * TN_THREADS + tn) * VEC + v of the tile.
+% if REQD_SIZE:
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
+% else:
+__kernel
+% endif
 void gemm_tiled(int M, int N, int K,
                 __global const float *restrict A, long a_off, int lda, long stride_a,
                 __global const float *restrict B, long b_off, int ldb, long stride_b,

@@ -22,8 +22,9 @@ def tiled(tm, tn, tk, wm, wn, vec, pad, gvec, **extra):
 # Three stages, 16-byte copies of B, element copies of A into its transposed stage; 8 x 8
 # work-items in 4 x 8 runs; tiles walked three rows at a time.
 PIPELINE3 = tiled(32, 32, 16, 4, 4, 4, 4, 4, pipeline=3, lanes_n=4, tile_group=3)
-# Two stages, 8-byte copies of a transposed A, element copies of a transposed B, split K.
-PIPELINE2 = tiled(16, 16, 8, 2, 2, 2, 2, 2, pipeline=2, split_k=3)
+# Two stages, 8-byte copies of a transposed A, element copies of a transposed B, split K; the
+# kernel without its work-group size declaration (as built for a register cap on NVIDIA).
+PIPELINE2 = tiled(16, 16, 8, 2, 2, 2, 2, 2, pipeline=2, split_k=3, reqd_size=0)
 
 
 def reference(a, b, trans_a=False, trans_b=False):
@@ -56,6 +57,7 @@ def test_pipeline_two_stages_transposed_split(ctx, rng):
         a, b = random(rng, (K, M)), random(rng, (N, K))
         out, plan = run(ctx, PIPELINE2, a, b, M, N, K, trans_a=True, trans_b=True)
         assert plan.algorithm == "splitk" and plan.params["global_vec"] == 2
+        assert plan.params["reqd_size"] == 0
         assert_close(out, reference(a, b, True, True))
 
 
@@ -88,7 +90,10 @@ def test_cp_async_rendering():
     plain = program.render("gemm", **_render_params(dict(params, nv_async=0), False, False, None,
                                                      "", False))
     assert "asm volatile" not in plain and "COPY_WAIT(1);" in plain
-
+    assert "reqd_work_group_size(NTHREADS, 1, 1)" in plain
+    undeclared = program.render("gemm", **_render_params(dict(params, reqd_size=0), False, False,
+                                                          None, "", False))
+    assert "reqd_work_group_size(NTHREADS" not in undeclared
 
 def test_option_problems(ctx):
     assert params_problem(PIPELINE3, ctx.info) is None

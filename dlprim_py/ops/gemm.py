@@ -21,8 +21,10 @@ convolution on NCHW tensors is then one GEMM over all images: y (K x N*HW) = w (
 x (C x N*HW), without moving x or y.
 
 Kernels (``kernels/gemm.cl.mako``): "tiled" (local-memory tiles with a register block per
-work-item, optionally split along K with a reduction kernel) and "small" (one work-item per
-element, for problems too small to fill the device). ``DLPRIM_GEMM_ALGO`` forces "tiled",
+work-item, optionally split along K with a reduction kernel; slices staged through registers,
+or with ``pipeline`` copied two to four slices ahead, through cp.async on NVIDIA GPUs of
+compute capability 8.0 and later) and "small" (one work-item per element, for problems too
+small to fill the device). ``DLPRIM_GEMM_ALGO`` forces "tiled",
 "splitk" or "small".
 """
 import math
@@ -267,7 +269,7 @@ def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
     # The template names every parameter of both kernels; the other kernel's are 0.
     base.update(SMALL_M=0, SMALL_N=0, TILE_M=0, TILE_N=0, TILE_K=0, WPT_M=0, WPT_N=0, VEC=0,
                 PAD=0, DOUBLE_BUFFER=0, SPLIT_K=0, GVEC=0, CVEC=0, LANES_N=0, GROUP_M=0,
-                PIPELINE=0, NV_ASYNC=0)
+                PIPELINE=0, NV_ASYNC=0, REQD_SIZE=0)
     if params["kernel"] == "small":
         base.update(SMALL_M=params["small_m"], SMALL_N=params["small_n"])
     else:
@@ -277,7 +279,8 @@ def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
                     SPLIT_K=int(split), GVEC=params.get("global_vec", 1),
                     CVEC=params.get("c_vec", 1), LANES_N=params.get("lanes_n", 0),
                     GROUP_M=params.get("tile_group", 1), PIPELINE=params.get("pipeline", 0),
-                    NV_ASYNC=int(bool(params.get("pipeline", 0) and params.get("nv_async", 0))))
+                    NV_ASYNC=int(bool(params.get("pipeline", 0) and params.get("nv_async", 0))),
+                    REQD_SIZE=params.get("reqd_size", 1))
     return base
 
 
@@ -495,6 +498,9 @@ class GemmPlan:
         options = ()
         if params.get("max_registers") and ctx.info.vendor == "nvidia":
             options = (f"-cl-nv-maxrregcount={int(params['max_registers'])}",)
+        # NVIDIA's compiler ignores the cap for a kernel that declares its work-group size
+        # (reqd_size 0 may also be forced, to test the kernel without the declaration).
+        params["reqd_size"] = 0 if options else int(params.get("reqd_size", 1))
         self.params = params
         tile_k = params["tile_k"]
         split = max(1, int(params.get("split_k", 1)))
