@@ -196,11 +196,11 @@ def test_argmax_argmin_rows_of_infinities(ctx, variant, monkeypatch):
         assert np.array_equal(out, theirs(torch.tensor(b), 1).numpy())
 
 
-@pytest.mark.parametrize("sets", [1, 2, 4])
-def test_argmax_argmin_nan_ties_and_infinities_through_vector_sets(ctx, rng, sets, monkeypatch):
-    """Rows of 4096 through float4 loads with 1, 2 or 4 accumulator sets per item: NaNs (the
-    first one wins), ties of the extreme value (the first one wins), rows of infinities, and
-    the whole tensor at once; against torch."""
+@pytest.mark.parametrize("sets, segment", [(1, None), (2, 32), (4, 64)])
+def test_argmax_argmin_nan_ties_and_infinities_through_vector_sets(ctx, rng, sets, segment, monkeypatch):
+    """Rows of 4096 through float4 loads with 1, 2 or 4 accumulator sets per item and 256 (a
+    whole group), 32 or 64 items per row: NaNs (the first one wins), ties of the extreme value
+    (the first one wins), rows of infinities, and the whole tensor at once; against torch."""
     a = rng.integers(-3, 4, size=(9, 4096)).astype(np.float32)
     a[1, [5, 700, 4000]] = np.nan
     a[2, [4095, 3]] = np.nan
@@ -211,7 +211,9 @@ def test_argmax_argmin_nan_ties_and_infinities_through_vector_sets(ctx, rng, set
     t = torch.tensor(a)
     for name, ours, theirs in (("argmax", F.argmax, torch.argmax), ("argmin", F.argmin, torch.argmin)):
         monkeypatch.setattr(R._arg_kernel(name), "vector_unroll", sets)
-        assert R._arg_kernel(name).describe([x], [dp.Tensor.empty(ctx, (9, 1))], axes=1)[2] == 4
+        monkeypatch.setattr(R._arg_kernel(name), "max_segment", segment)
+        plan = R._arg_kernel(name).describe([x], [dp.Tensor.empty(ctx, (9, 1))], axes=1)
+        assert plan[:3] == ("group", segment or 256, 4)
         assert np.array_equal(ours(x, 1).numpy(), theirs(t, 1).numpy())
         assert int(ours(x).numpy()) == int(theirs(t))
 

@@ -50,6 +50,10 @@ VECTOR = 4
 VECTOR_UNROLL = 4
 # Work-groups per compute unit that a few long reductions are cut into (group variant).
 GROUPS_PER_CU = 16
+# The same for a reduction of everything to one value: one wave of resident groups, each on one
+# long chunk, measured best on the H200 (sum of 2^26: 0.0685-0.0695 ms against 0.0696-0.0710
+# with 16 per compute unit).
+ALL_GROUPS_PER_CU = 8
 # Items per unit of the group variant; None picks by the reduction's length.
 SEGMENT = None
 # Waves of resident items the item variant aims at before cutting reductions into chunks
@@ -90,11 +94,14 @@ class ReduceKernel:
     index type (32-bit when every index fits) and converted to the output's dtype only when
     written, e.g. argmax's int64 index; their identity may use INDEX_MAX. ``vector_unroll``:
     accumulator sets per item with vector loads for this kernel (None: ``VECTOR_UNROLL``).
+    ``max_segment``: at most this many items per output when there are several outputs, for
+    a kernel whose fold is exact (argmax): chunks stay as long as with whole groups, so an item
+    folds longer runs than SET_CHUNK, and several outputs share a group's tree.
     """
 
     def __init__(self, name, inputs, outputs, map_statement, combine="sum", identity=None,
                  finalize="", scalars=(), preamble="", fold=None, index_accumulators=(),
-                 vector_unroll=None):
+                 vector_unroll=None, max_segment=None):
         self.name = name
         self.inputs = [(n, as_dtype(t)) for n, t in inputs]
         self.outputs = [(n, as_dtype(t)) for n, t in outputs]
@@ -122,6 +129,7 @@ class ReduceKernel:
         self.preamble = preamble
         self.index_accumulators = tuple(index_accumulators)
         self.vector_unroll = vector_unroll
+        self.max_segment = max_segment
         self._partials_kernel = None
         # ctx -> {call key: _Launch}, so that a repeated call only binds buffers and enqueues.
         self._launches = weakref.WeakKeyDictionary()
@@ -172,8 +180,7 @@ class ReduceKernel:
             key = (tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
                    tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars),
                    axes if axes is None or isinstance(axes, int) else tuple(axes), variant,
-                   UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU,
-                   _partials_mode(), self.vector_unroll)
+                   _switches(), self.vector_unroll, self.max_segment)
             launch = launches[key]
             if not all(t.ctx is ctx for t in outputs) or not all(t.ctx is ctx for t in inputs):
                 raise KeyError(key)
@@ -202,8 +209,7 @@ class ReduceKernel:
         axes_key = axes if axes is None or isinstance(axes, int) else tuple(axes)
         key = (tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
                tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars), axes_key,
-               variant, UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU,
-               _partials_mode(), self.vector_unroll)
+               variant, _switches(), self.vector_unroll, self.max_segment)
         launches = self._launches.get(ctx)
         if launches is None or len(launches) > _MAX_LAUNCHES:
             # Bounded: a loop over ever new offsets must not grow it without end.
@@ -213,7 +219,7 @@ class ReduceKernel:
         full = broadcast_shapes(*(t.shape for t in inputs))
         reduced = _reduced_mask(self.name, full, out_shape, axes)
         plan = _plan(ctx, full, reduced, [broadcast_strides(t.shape, full) for t in inputs], variant,
-                     self.vector_unroll)
+                     self.vector_unroll, self.max_segment)
         reduce_size = math.prod(s for s, r in zip(full, reduced) if r)
         aligned = all(t.offset_elements % VECTOR == 0 for t in inputs)
         largest = max(t.offset_elements + t.size for t in list(inputs) + list(outputs))
@@ -229,7 +235,7 @@ class ReduceKernel:
         reduced = _reduced_mask(self.name, full, outputs[0].shape, axes)
         variant = variant or config.forced_algorithm("reduce")
         plan = _plan(inputs[0].ctx, full, reduced, [broadcast_strides(t.shape, full) for t in inputs], variant,
-                     self.vector_unroll)
+                     self.vector_unroll, self.max_segment)
         if plan is None:
             return None
         aligned = all(t.offset_elements % VECTOR == 0 for t in inputs)
@@ -310,21 +316,28 @@ class _Launch:
             self.kernel.set_arg(slot, kind(value))
             self.bound[slot] = value
 
+    def _set_buffer(self, slot, buffer):
+        # By handle, as BoundKernel: pooled buffers often come back with the same one.
+        handle = buffer.int_ptr
+        if self.bound.get(slot) != handle:
+            self.kernel.set_arg(slot, buffer)
+            self.bound[slot] = handle
+
     def enqueue(self, inputs, outputs, scalars):
-        kernel, index = self.kernel, self.index
+        index = self.index
         for slot, t in zip(self.input_slots, inputs):
-            kernel.set_arg(slot, t.buffer)
+            self._set_buffer(slot, t.buffer)
             self._set_value(slot + 1, t.offset_elements, index)
         targets = outputs if self.final else self.partials
         for slot, t in zip(self.output_slots, targets):
-            kernel.set_arg(slot, t.buffer)
+            self._set_buffer(slot, t.buffer)
             self._set_value(slot + 1, t.offset_elements, index)
         for slot, t in zip(self.final_slots, outputs):
-            kernel.set_arg(slot, t.buffer)
+            self._set_buffer(slot, t.buffer)
             self._set_value(slot + 1, t.offset_elements, index)
         for slot, kind, value in zip(self.scalar_slots, self.scalar_types, scalars):
             self._set_value(slot, value, kind)
-        cl.enqueue_nd_range_kernel(self.ctx.queue, kernel, self.global_size, self.local_size)
+        cl.enqueue_nd_range_kernel(self.ctx.queue, self.kernel, self.global_size, self.local_size)
         if self.sub_launch is not None:
             self.sub_launch.enqueue(self.partials, outputs, scalars)
 
@@ -368,20 +381,26 @@ class _Plan:
         self.segment, self.vector, self.last_group = segment, vector, last_group
 
 
-def _plan(ctx, full, reduced, operand_strides, variant, vector_unroll=None):
+def _switches():
+    """The module switches a plan depends on (part of every plan and launch key)."""
+    return (UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU,
+            ALL_GROUPS_PER_CU, _partials_mode())
+
+
+def _plan(ctx, full, reduced, operand_strides, variant, vector_unroll=None, max_segment=None):
     """The ``_Plan`` of a problem, or None when the output is empty. Memoized per context.
-    ``vector_unroll``: sets per item with vector loads (None: ``VECTOR_UNROLL``)."""
+    ``vector_unroll``, ``max_segment``: the kernel's own (see ``ReduceKernel``)."""
     variant = variant or config.forced_algorithm("reduce")
     vector_unroll = vector_unroll or VECTOR_UNROLL
     key = ("reduce_plan", tuple(full), tuple(reduced), tuple(tuple(s) for s in operand_strides), variant,
-           UNROLL, SET_CHUNK, VECTOR, vector_unroll, SEGMENT, ITEM_WAVES, GROUPS_PER_CU, _partials_mode())
+           _switches(), vector_unroll, max_segment)
     plans = ctx.memo
     if key not in plans:
-        plans[key] = _make_plan(ctx, full, reduced, operand_strides, variant, vector_unroll)
+        plans[key] = _make_plan(ctx, full, reduced, operand_strides, variant, vector_unroll, max_segment)
     return plans[key]
 
 
-def _make_plan(ctx, full, reduced, operand_strides, variant, vector_unroll):
+def _make_plan(ctx, full, reduced, operand_strides, variant, vector_unroll, max_segment):
     kept = [k for k in range(len(full)) if not reduced[k] and full[k] != 1]
     red = [k for k in range(len(full)) if reduced[k] and full[k] != 1]
     if math.prod(full[k] for k in kept) == 0:
@@ -397,7 +416,8 @@ def _make_plan(ctx, full, reduced, operand_strides, variant, vector_unroll):
     if variant not in VARIANTS:
         raise UnsupportedError(f"reduce variant must be one of {VARIANTS}, got {variant!r}")
     group_size = min(GROUP_SIZE, _pow2_floor(ctx.info.max_work_group_size))
-    parallel_target = ctx.info.compute_units * (4 if ctx.info.is_cpu else GROUPS_PER_CU)
+    parallel_target = ctx.info.compute_units * (
+        4 if ctx.info.is_cpu else (ALL_GROUPS_PER_CU if kept_total == 1 else GROUPS_PER_CU))
     unroll = UNROLL
     vector = 1
     if variant == "group":
@@ -439,6 +459,8 @@ def _make_plan(ctx, full, reduced, operand_strides, variant, vector_unroll):
         # share a group.
         segment = SEGMENT or _pow2_floor(max(1, min(group_size, chunk_len // (vector * unroll))))
         segment = min(segment, group_size)
+        if max_segment and not SEGMENT and kept_total > 1:
+            segment = min(segment, _pow2_floor(max_segment))
     last_group = False
     if variant == "group" and kept_total == 1 and chunks > 1:
         # One launch: the last group to finish folds at most SET_CHUNK partials per item.
@@ -680,9 +702,12 @@ _ARG_FOLD = """
     acc_v = take ? v : acc_v;
     acc_i = take ? i : acc_i;
 """
-# Accumulator sets per item for argmax/argmin with float4 loads: two measured fastest on the
-# H200 (argmax rows of 4096: 0.080 ms against 0.094 with four sets and 0.106 with eight).
+# Accumulator sets per item for argmax/argmin with float4 loads, and items per output when
+# there are several outputs: measured on the H200 (argmax rows of 4096), two sets and 32 items
+# 0.0728 ms, four sets and 64 items 0.0732, two sets and 256 items (a whole group per row, a
+# tree of eight levels per row) 0.0798, four sets and 256 items 0.0822; PyTorch 0.0779.
 ARG_VECTOR_UNROLL = 2
+ARG_MAX_SEGMENT = 32
 
 
 def _arg_kernel(kind):
@@ -690,7 +715,8 @@ def _arg_kernel(kind):
     return _kernel(kind, lambda: ReduceKernel(
         f"reduce_{kind}", [("x", np.float32)], [("v", np.float32), ("i", np.int64)],
         "v = x; i = ridx;", _ARG_COMBINE.format(cmp=cmp), {"v": ident, "i": "INDEX_MAX"},
-        fold=_ARG_FOLD.format(le=le), index_accumulators=("i",), vector_unroll=ARG_VECTOR_UNROLL))
+        fold=_ARG_FOLD.format(le=le), index_accumulators=("i",), vector_unroll=ARG_VECTOR_UNROLL,
+        max_segment=ARG_MAX_SEGMENT))
 
 
 def argmax(x, dim=None, keepdim=False):
