@@ -146,23 +146,25 @@ def old_argmax_kernel(index_accumulators, name):
                           fold=_BRANCHY_FOLD, index_accumulators=index_accumulators, vector_unroll=2)
 
 
-def everything_cases(ctx, baseline, rows, x, tx, dx, n):
+def everything_cases(ctx, baseline, rows, x, tx, dx, n, lean):
     """sum / mean / norm of all 2^26 elements: the last group combines, or a second launch."""
     torch = baseline.torch
-    variants = [("last group (auto)", {}), ("last group, 8/CU", {"GROUPS_PER_CU": 8}),
-                ("last group, 4/CU", {"GROUPS_PER_CU": 4}),
-                ("last group, 32/CU", {"GROUPS_PER_CU": 32}), ("two launches", {"PARTIALS": "launch"})]
+    variants = [("last group (auto)", {}), ("two launches", {"PARTIALS": "launch"}),
+                ("last group, 4/CU", {"ALL_GROUPS_PER_CU": 4}),
+                ("last group, 16/CU", {"ALL_GROUPS_PER_CU": 16})]
+    if lean:
+        variants = variants[:2]
     cases = [("sum all", lambda: F.sum(x), lambda t: torch.sum(t)),
              ("mean all", lambda: F.mean(x), lambda t: torch.mean(t)),
              ("norm all", lambda: F.norm(x), lambda t: torch.linalg.vector_norm(t))]
     for k, (case, ours, theirs) in enumerate(cases):
-        for variant, switches in (variants if k == 0 else variants[:2] + variants[4:]):
+        for variant, switches in (variants if k == 0 else variants[:1]):
             measure(ctx, baseline, rows, case, variant, 4 * n, ours,
                     lambda o=ours, t=theirs: error_metric(o().numpy(), t(dx).cpu().numpy()),
                     (lambda t=theirs: t(tx)) if variant.endswith("(auto)") else None, switches)
 
 
-def argmax_cases(ctx, baseline, rows, x, tx, n):
+def argmax_cases(ctx, baseline, rows, x, tx, n, lean):
     torch = baseline.torch
     expected = torch.argmax(tx, -1).cpu().numpy()
     kernel = R._arg_kernel("argmax")
@@ -175,23 +177,26 @@ def argmax_cases(ctx, baseline, rows, x, tx, n):
             k([x], [dp.Tensor.empty(ctx, (x.shape[0], 1)), R._view(index, (x.shape[0], 1))])
             return index
         return run
-    variants = [(f"sets {R.ARG_VECTOR_UNROLL} (auto)", {}, None, lambda: F.argmax(x, -1)),
-                ("sets 1", {}, 1, lambda: F.argmax(x, -1)),
-                ("sets 4", {}, 4, lambda: F.argmax(x, -1)),
-                ("sets 2, seg 64", {"SEGMENT": 64}, 2, lambda: F.argmax(x, -1)),
-                ("sets 2, seg 32", {"SEGMENT": 32}, 2, lambda: F.argmax(x, -1)),
-                ("sets 4, seg 64", {"SEGMENT": 64}, 4, lambda: F.argmax(x, -1)),
-                ("branchy int32, sets 2", {}, None, old(("i",), "reduce_argmax_branchy")),
-                ("branchy int64, sets 2", {}, None, old((), "reduce_argmax_branchy_long"))]
-    default_sets = kernel.vector_unroll
-    for variant, switches, sets, ours in variants:
-        kernel.vector_unroll = sets or default_sets
+    new = lambda: F.argmax(x, -1)  # noqa: E731
+    # (label, sets per item, items per row at most, run)
+    variants = [(f"sets {R.ARG_VECTOR_UNROLL}, {R.ARG_MAX_SEGMENT}/row (auto)", None, None, new),
+                ("sets 2, group/row", 2, 256, new),
+                ("sets 4, 64/row", 4, 64, new),
+                ("sets 2, 16/row", 2, 16, new),
+                ("sets 1, 32/row", 1, 32, new),
+                ("branchy int64, group/row", None, None, old((), "reduce_argmax_branchy_long"))]
+    if lean:
+        variants = variants[:2]
+    defaults = kernel.vector_unroll, kernel.max_segment
+    for variant, sets, segment, ours in variants:
+        kernel.vector_unroll = sets or defaults[0]
+        kernel.max_segment = segment or defaults[1]
         try:
             measure(ctx, baseline, rows, "argmax rows 4096", variant, 4 * n, ours,
                     lambda o=ours: 0.0 if np.array_equal(o().numpy(), expected) else math.inf,
-                    (lambda: torch.argmax(tx, -1)) if variant.endswith("(auto)") else None, switches)
+                    (lambda: torch.argmax(tx, -1)) if variant.endswith("(auto)") else None, {})
         finally:
-            kernel.vector_unroll = default_sets
+            kernel.vector_unroll, kernel.max_segment = defaults
     flat = torch.argmax(tx).item()
     measure(ctx, baseline, rows, "argmax all", "last group (auto)", 4 * n, lambda: F.argmax(x),
             lambda: 0.0 if int(F.argmax(x).numpy()) == flat else math.inf, lambda: torch.argmax(tx), {})
@@ -209,7 +214,7 @@ def kept_cases(ctx, baseline, rows, x, tx, dx, n):
                 lambda t=theirs: t(tx), {})
 
 
-def cross_entropy_cases(ctx, baseline, rows, rng, n):
+def cross_entropy_cases(ctx, baseline, rows, rng, n, lean):
     """cross_entropy (batch, 32000) with each way of reading the target check back; the
     log-sum-exp kernel alone (device time: what the loss costs without the check's wait)."""
     from dlprim_py.ops import loss as L
@@ -231,14 +236,16 @@ def cross_entropy_cases(ctx, baseline, rows, rng, n):
                     (lambda: torch.nn.functional.cross_entropy(tc, t_torch)) if k == 0 else None, {}, gated=False)
         finally:
             L.RANGE_CHECK = saved
-    # Diagnostic, not an option: the call without waiting for its check (what the wait costs).
-    saved = L._RangeCheck.raise_if_bad
-    L._RangeCheck.raise_if_bad = lambda self: None
-    try:
-        measure(ctx, baseline, rows, name, "no wait (diagnostic)", c.nbytes, lambda: F.cross_entropy(xc, t_ours),
-                lambda: error_metric(F.cross_entropy(xc, t_ours).numpy(), ref), None, {}, gated=False)
-    finally:
-        L._RangeCheck.raise_if_bad = saved
+    if not lean:
+        # Diagnostic, not an option: the call without waiting for its check (what the wait costs).
+        saved = L._RangeCheck.raise_if_bad
+        L._RangeCheck.raise_if_bad = lambda self: None
+        try:
+            measure(ctx, baseline, rows, name, "no wait (diagnostic)", c.nbytes,
+                    lambda: F.cross_entropy(xc, t_ours),
+                    lambda: error_metric(F.cross_entropy(xc, t_ours).numpy(), ref), None, {}, gated=False)
+        finally:
+            L._RangeCheck.raise_if_bad = saved
     lse = dp.Tensor.empty(ctx, (shape[0], 1))
     sums = dp.Tensor.empty(ctx, (shape[0], 1))
     ref_lse = torch.logsumexp(dc, -1, keepdim=True).cpu().numpy()
@@ -248,24 +255,38 @@ def cross_entropy_cases(ctx, baseline, rows, rng, n):
         return lse
     measure(ctx, baseline, rows, name, "log-sum-exp kernel only", c.nbytes, run_lse,
             lambda: error_metric(run_lse().numpy(), ref_lse), lambda: torch.logsumexp(tc, -1), {})
-    native = R.ReduceKernel(
-        "reduce_logsumexp_native", [("x", np.float32)], [("m", np.float32), ("s", np.float32)], "m = x; s = 1.0f;",
-        "if (m > acc_m) { acc_s = acc_s * native_exp(acc_m - m) + s; acc_m = m; }"
-        " else if (m != -INFINITY) { acc_s += s * native_exp(m - acc_m); }",
-        {"m": "-INFINITY", "s": "0.0f"}, finalize="acc_m = acc_m + log(acc_s);")
+    if not lean:
+        native = R.ReduceKernel(
+            "reduce_logsumexp_native", [("x", np.float32)], [("m", np.float32), ("s", np.float32)], "m = x; s = 1.0f;",
+            "if (m > acc_m) { acc_s = acc_s * native_exp(acc_m - m) + s; acc_m = m; }"
+            " else if (m != -INFINITY) { acc_s += s * native_exp(m - acc_m); }",
+            {"m": "-INFINITY", "s": "0.0f"}, finalize="acc_m = acc_m + log(acc_s);")
 
-    def run_native():
-        native([xc], [lse, sums], axes=(1,))
-        return lse
-    measure(ctx, baseline, rows, name, "log-sum-exp native_exp", c.nbytes, run_native,
-            lambda: error_metric(run_native().numpy(), ref_lse), None, {})
+        def run_native():
+            native([xc], [lse, sums], axes=(1,))
+            return lse
+        measure(ctx, baseline, rows, name, "log-sum-exp native_exp", c.nbytes, run_native,
+                lambda: error_metric(run_native().numpy(), ref_lse), None, {})
     measure(ctx, baseline, rows, f"softmax {shape[0]}x{shape[1]}", "auto", 2 * c.nbytes,
             lambda: F.softmax(xc, -1),
             lambda: error_metric(F.softmax(xc, -1).numpy(), torch.softmax(dc, -1).cpu().numpy()),
             lambda: torch.softmax(tc, -1), {})
 
 
-GROUPS = ("everything", "argmax", "kept", "cross_entropy")
+GROUPS = ("copy", "everything", "argmax", "kept", "cross_entropy")
+
+
+def copy_case(ctx, baseline, rows, x, tx, a, n):
+    """The device copy (read + write) of the same tensor: the bandwidth ceiling of this run."""
+    y = dp.Tensor.empty(ctx, x.shape)
+    ty = tx.clone()
+
+    def check():
+        y.fill_(np.nan)
+        y.copy_(x)
+        return 0.0 if np.array_equal(y.numpy(), a) else math.inf
+    measure(ctx, baseline, rows, "copy", "enqueue_copy", 8 * n, lambda: y.copy_(x), check,
+            lambda: ty.copy_(tx), {})
 
 
 def main(argv=None):
@@ -274,6 +295,7 @@ def main(argv=None):
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--commit", default=None)
     parser.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated of {','.join(GROUPS)}")
+    parser.add_argument("--lean", action="store_true", help="the chosen variants and one earlier each only")
     args = parser.parse_args(argv)
     groups = [g for g in args.only.split(",") if g]
     unknown = [g for g in groups if g not in GROUPS]
@@ -290,15 +312,17 @@ def main(argv=None):
     a = rng.uniform(-2, 2, wide).astype(np.float32)
     x = dp.Tensor.from_numpy(ctx, a)
     tx, dx = baseline.tensor(a), baseline.tensor(a, torch.float64)
+    if "copy" in groups:
+        copy_case(ctx, baseline, rows, x, tx, a, n)
     if "everything" in groups:
-        everything_cases(ctx, baseline, rows, x, tx, dx, n)
+        everything_cases(ctx, baseline, rows, x, tx, dx, n, args.lean)
     if "argmax" in groups:
-        argmax_cases(ctx, baseline, rows, x, tx, n)
+        argmax_cases(ctx, baseline, rows, x, tx, n, args.lean)
     if "kept" in groups:
         kept_cases(ctx, baseline, rows, x, tx, dx, n)
     del dx
     if "cross_entropy" in groups:
-        cross_entropy_cases(ctx, baseline, rows, rng, n)
+        cross_entropy_cases(ctx, baseline, rows, rng, n, args.lean)
 
     os.makedirs(args.out, exist_ok=True)
     try:

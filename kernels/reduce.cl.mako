@@ -304,16 +304,17 @@ ${write_unit()}
     % endfor
         // Item lid combines partials lid, lid + group_size, ... then the tree: a fixed order.
         // Volatile loads (other groups wrote these in this launch, past any cached copy), all
-        // of a step issued before any is used: one round trip per step, not one per partial.
-        for (${index_t} first = lid; first < units; first += ${group_size * unroll}) {
-    % for j in range(unroll):
+        // of a step issued before any is used: one round trip per step, not one per partial
+        // (eight per item: up to 8 * group_size partials in one round trip).
+        for (${index_t} first = lid; first < units; first += ${group_size * 8}) {
+    % for j in range(8):
         % for nm, ty, ident, out_ty in accumulators:
             const ${ty} ${nm}${j} = (first + ${j * group_size} < units)
                 ? (${ty})((__global volatile const ${out_ty}*)${nm}_out)[${nm}_out_off + first + ${j * group_size}]
                 : ${ident};
         % endfor
     % endfor
-    % for j in range(unroll):
+    % for j in range(8):
             {
         % for nm, ty, ident, out_ty in accumulators:
                 ${ty} ${nm} = ${nm}${j};

@@ -204,24 +204,39 @@ class _NllSetup:
         self.target_offset_arg = index(target.offset_elements)
         self.weight_offset_arg = index((weight if weight is not None else input).offset_elements)
         self.zero_arg = index(0)
+        self._scratch = {}
+
+    def scratch(self, name, shape):
+        """A tensor of this problem's own for an intermediate that no call keeps past its
+        end (calls run in order on the context's queue, so one serves them all)."""
+        t = self._scratch.get(name)
+        if t is None:
+            t = self._scratch[name] = Tensor.empty(self.ctx, shape)
+        return t
+
+
+_MAX_SETUPS = 64
 
 
 def _nll_setup(input, target, weight, reduction, shifted, ignore_index):
     """The ``_NllSetup`` of an nll_loss call, validated; memoized per context by shapes,
-    dtypes and offsets."""
+    dtypes and offsets (at most _MAX_SETUPS: each holds its scratch tensors)."""
     try:
         ctx = input.ctx
-        key = ("nll_setup", input.shape, input.dtype, input.offset, target.shape, target.dtype,
-               target.offset, None if weight is None else (weight.shape, weight.dtype, weight.offset),
+        key = (input.shape, input.dtype, input.offset, target.shape, target.dtype, target.offset,
+               None if weight is None else (weight.shape, weight.dtype, weight.offset),
                reduction == "mean", shifted, ignore_index)
-        setup = ctx.memo[key]
+        setup = ctx.memo["nll_setups"][key]
         if target.ctx is ctx and (weight is None or weight.ctx is ctx):
             return setup
     except (AttributeError, KeyError, TypeError):
         pass
     setup = _validate_nll(input, target, weight, reduction, shifted, ignore_index)
+    setups = setup.ctx.memo.setdefault("nll_setups", {})
+    if len(setups) >= _MAX_SETUPS:
+        setups.clear()
     try:
-        setup.ctx.memo[key] = setup
+        setups[key] = setup
     except (NameError, TypeError, UnboundLocalError):
         pass
     return setup
@@ -254,8 +269,9 @@ def _nll(input, target, weight, ignore_index, reduction, shift=None, check=None,
     gsize, lsize = setup.launch
     if check is None:
         check = _RangeCheck(setup, target)
-    loss = Tensor.empty(ctx, target.shape)
-    picked = Tensor.empty(ctx, target.shape)
+    # The per-element losses are the result of "none"; the sums' inputs otherwise.
+    loss = Tensor.empty(ctx, target.shape) if reduction == "none" else setup.scratch("loss", target.shape)
+    picked = setup.scratch("picked", target.shape)
     w = weight if weight is not None else input
     if total:
         zero = setup.zero_arg
@@ -329,8 +345,8 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         # The range check goes first: the host then waits for it, not for the log-sum-exp.
         check = _RangeCheck(setup, target)
         keep_dims = tuple(1 if k == class_dim else d for k, d in enumerate(input.shape))
-        lse = Tensor.empty(input.ctx, keep_dims)
-        sums = Tensor.empty(input.ctx, keep_dims)
+        lse = setup.scratch("lse", keep_dims)
+        sums = setup.scratch("lse_sums", keep_dims)
         if input.size:
             _logsumexp_kernel()([input], [lse, sums], axes=(class_dim,))
         out, grad_of_logp = _nll(input, target, weight, ignore_index, reduction, shift=lse, check=check,
