@@ -14,7 +14,11 @@ items per output). A call like an earlier one (same shapes, dtypes, offsets) ski
 and planning: its launch, with the shape arguments bound, is kept.
 
 Accuracy: no sequential float sum is longer than ``SET_CHUNK`` (per accumulator set); longer
-reductions are cut into chunks whose partial results are reduced again, as a tree.
+reductions are cut into chunks whose partial results are reduced again, as a tree: by a second
+launch, or, for a reduction of everything to one value, by the work-group that finishes last in
+the same launch (``PARTIALS``, ``DLPRIM_REDUCE_PARTIALS_ALGO``), in a fixed order either way.
+argmax and argmin, whose fold is exact, keep their index in the kernel's index type and may put
+fewer items on each output (``ARG_MAX_SEGMENT``).
 
 The functional reductions (``sum``, ``mean``, ``amax``, ``amin``, ``argmax``, ``argmin``,
 ``norm``) take torch's arguments (``dim`` an int, a sequence of ints or None; ``keepdim``) and
