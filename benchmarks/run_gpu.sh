@@ -39,7 +39,10 @@ for s in $steps; do
     bench) step bench 240 python3 -m dlprim_py.bench --suite peak --suite gemm --suite ops \
               --suite fusion --suite conv --nets resnet50 --directions fwd --batch 64 \
               --time-limit 200 --no-progress --commit "$commit" --json "$out/bench-h200.json" ;;
-    tests) step tests 200 python3 -m pytest tests -q -x -p no:cacheprovider ;;
+    tests) # one process per 2 cores when pytest-xdist is there (carry its wheel in .gpu/wheels)
+           par=$(python3 -c "import xdist; import os; print('-n', max(1, os.cpu_count() // 2))" \
+                 2>/dev/null)
+           step tests 200 python3 -m pytest tests -q $par -p no:cacheprovider ;;
     tests-fusion-gemm) step tests-fusion-gemm 60 python3 -m pytest -q -x -p no:cacheprovider \
               tests/test_fusion.py tests/test_conv_gemm1x1.py tests/test_gemm.py ;;
     gemm1x1-probe) step gemm1x1-probe 45 python3 benchmarks/gemm1x1_probe.py --time-limit 30 \
