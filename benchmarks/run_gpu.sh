@@ -3,14 +3,17 @@
 # and the test suite on the GPU, each checked against a reference before it is timed, PyTorch
 # timed in the same run.
 #   bash benchmarks/run_gpu.sh OUTPUT_DIR [COMMIT] [STEP ...]
-# STEP: conv, fusion, ops, gemm, bench, tests, tests-fusion-gemm, and for the 1x1 and GEMM
+# STEP: conv, fusion, ops, gemm, bench, tests, tests-fusion-gemm, gemm-probe (GEMM variants at
+# 4096^3 and 8192^3; winners over 1% become rules in DLPRIM_CACHE_DIR's database, which the
+# gemm step then reads), and for the 1x1 and GEMM
 # work gemm1x1-probe (the device's OpenCL extensions; folded against per-image and implicit
 # GEMM on every 1x1 layer), tune-gemm (dlprim-tune on the GEMM shapes that were under 0.8x of
 # the vendor library, merged into this device's rules under DLPRIM_CACHE_DIR, which later
 # steps read) and conv1x1 (benchmarks/conv.py on the 1x1 layers, all directions)
 # (default: conv fusion ops bench). COMMIT is recorded in the JSON files (the copy on a lent
 # machine may have no git metadata).
-# Each step is bounded so that the whole run fits one call of the lent GPU machine.
+# Each step is bounded so that the whole run fits one call of the lent GPU machine. ARCHIVE=FILE
+# packs the output folder into FILE after every step.
 set -u
 out=${1:?output folder}
 commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -27,6 +30,9 @@ step() {  # step NAME SECONDS COMMAND...
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
     echo "exit $? after $((SECONDS - t0))s"
     grep -v $'\r' "$out/$name.log" | tail -n 25   # without progress-bar lines
+    # The lent machine returns at most 8 files: with ARCHIVE set, the whole folder so far is
+    # packed into that one file after every step (a later step cut short loses nothing).
+    [ -n "${ARCHIVE:-}" ] && tar czf "$ARCHIVE" -C "$out" .
 }
 for s in $steps; do
     case $s in
@@ -51,6 +57,10 @@ for s in $steps; do
               --sizes 512x1568x4608,512x1568x2048,32x1000x2048,2048x1568x512,512x3136x2048 \
               --report "$out/tune-report.json"
               cp "$DLPRIM_CACHE_DIR/tuning/gemm.json" "$out/gemm-tuned.json" || echo "no tuning database written" ;;
+    gemm-probe) step gemm-probe 100 python3 benchmarks/gemm_probe.py --squares 4096,8192 \
+              --time-limit 60 --output "$out" --commit "$commit" \
+              --write-rules "$DLPRIM_CACHE_DIR/tuning/gemm.json"
+              cp "$DLPRIM_CACHE_DIR/tuning/gemm.json" "$out/gemm-probed.json" || echo "no rules written" ;;
     conv1x1) step conv1x1 65 python3 benchmarks/conv.py --directions forward backward_data \
               backward_filter --only 1x1 down project expand head --time-limit 48 \
               --commit "$commit" --output "$out/conv-h200-1x1.json" ;;
