@@ -7,7 +7,8 @@ For each problem size every candidate parameter set is built, run on seeded rand
 compared with a float64 reference (on a small odd-sized problem in full, and on sampled rows of
 the real one); a candidate whose result differs is rejected and never timed. The others are
 timed with OpenCL profiling (median after a warm-up) and the fastest becomes a measured rule
-of this device's entry in the tuning database (``dlprim_py.tuning``). Without ``--output``
+of this device's entry in the tuning database (``dlprim_py.tuning``). Devices that report Intel
+subgroups also try the "subgroup" kernel's register blocks. Without ``--output``
 the database under the cache directory is written, which lookups read before the shipped one.
 ``--merge`` keeps the device's other rules (from that database, else the shipped one) and
 replaces only those of the sizes tuned; without it the entry holds the tuned sizes alone.
@@ -119,6 +120,14 @@ def gemm_candidates(info, space="quick"):
                                         (16, 16, 16, 4, 4, 4), (32, 32, 32, 8, 8, 4)):
             for db, gvec in ((0, 1), (1, 4)):
                 found.append(_tiled(tm, tn, tk, wm, wn, vec, 4 if gvec == 4 else 0, db, gvec=gvec))
+    if all(e in info.extensions for e in gemm_ops.SUBGROUP_EXTENSIONS):
+        # Devices with Intel subgroups: register blocks of both subgroup sizes, one or several
+        # subgroups per work-group, ahead of the tiled ones (the shipped rule's first).
+        found = [{"kernel": "subgroup", "sg_size": sg, "wpt_m": wm, "wpt_n": wn,
+                  "sg_groups": groups}
+                 for sg, wm, wn, groups in ((16, 4, 4, 2), (16, 4, 4, 1), (16, 8, 2, 1),
+                                            (16, 8, 4, 1), (16, 2, 8, 1), (16, 8, 2, 4),
+                                            (8, 8, 2, 1), (8, 4, 8, 1), (8, 8, 4, 2))] + found
     found.append({"kernel": "small", "small_m": 8, "small_n": 16})
     found.append({"kernel": "small", "small_m": 16, "small_n": 16})
     return [p for p in found if gemm_ops.params_problem(p, info) is None]

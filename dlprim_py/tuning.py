@@ -12,7 +12,10 @@ takes precedence. Each file looks like::
 Lookup goes device name (exact) -> vendor -> "default", so a new device always gets parameters
 that work. An entry's ``rules`` is an ordered list; each rule is either a *condition rule*
 ``{"when": {"max_mnk": 262144, "min_k": 8}, "params": {...}}`` (every ``min_X``/``max_X`` bound is
-inclusive on the feature ``X``), or a *measured rule* ``{"shape": {"m": 4096, "n": 4096,
+inclusive on the feature ``X``; ``"extensions": ["cl_intel_subgroups", ...]`` holds on devices
+that report every extension named, so that a vendor's entry can give a kernel written in an
+extension to the devices that have it and fall through to the next rule elsewhere), or a
+*measured rule* ``{"shape": {"m": 4096, "n": 4096,
 "k": 4096}, "params": {...}}``. The first condition rule that holds wins; otherwise the measured
 rule nearest to the problem (distance in log2 of each shape feature) wins. Choosing is a few
 comparisons over a short list: no search and no timing on the hot path.
@@ -103,8 +106,15 @@ def entries(info, family):
     return found
 
 
-def _condition_holds(when, features):
+def _condition_holds(when, features, extensions=frozenset()):
     for key, bound in when.items():
+        if key == "extensions":
+            if isinstance(bound, str) or not all(isinstance(e, str) for e in bound):
+                raise DlprimError(f"tuning rule condition 'extensions' must be a list of "
+                                  f"extension names, got {bound!r}")
+            if not set(bound) <= set(extensions):
+                return False
+            continue
         kind, _, name = key.partition("_")
         if name not in features:
             raise DlprimError(f"tuning rule condition {key!r}: unknown feature {name!r}")
@@ -126,14 +136,16 @@ def _distance(shape, features):
     return total
 
 
-def choose(rules, features, usable=lambda params: True):
+def choose(rules, features, usable=lambda params: True, extensions=frozenset()):
     """The params of the rule that applies to ``features`` (a dict of numbers), or None.
 
     ``usable(params)`` filters out parameter sets the caller cannot run (say, on a device with
-    less local memory than the one measured).
+    less local memory than the one measured). ``extensions``: the device's OpenCL extension
+    names, for conditions on them.
     """
     for rule in rules:
-        if "when" in rule and _condition_holds(rule["when"], features) and usable(rule["params"]):
+        if ("when" in rule and _condition_holds(rule["when"], features, extensions)
+                and usable(rule["params"])):
             return dict(rule["params"])
     measured = [r for r in rules if "shape" in r and usable(r["params"])]
     if measured:
@@ -146,7 +158,8 @@ def lookup(info, family, features, usable=lambda params: True):
     """Parameters for a problem with ``features`` on the device ``info`` (a DeviceInfo):
     device entry, else vendor entry, else default. Returns ``(params, where)``."""
     for where, entry in entries(info, family):
-        params = choose(entry.get("rules", ()), features, usable)
+        params = choose(entry.get("rules", ()), features, usable,
+                        getattr(info, "extensions", frozenset()))
         if params is not None:
             return params, where
     raise DlprimError(f"no {family} tuning rule applies to {features} on {info.name!r}; "

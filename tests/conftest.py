@@ -1,4 +1,5 @@
 """Shared fixtures and checks: one context for the session, seeded data, the error metric."""
+import os
 import zlib
 
 import numpy as np
@@ -62,3 +63,14 @@ def poisoned(ctx, shape, dtype=np.float32):
     t = dp.Tensor.empty(ctx, shape, dtype)
     t.fill_(np.nan if np.dtype(dtype).kind == "f" else -1)
     return t
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked on_intel run only in test_gemm_subgroup.py's subprocess, which registers
+    Intel's OpenCL runtime and sets DLPRIM_TEST_INTEL_SUBGROUP; elsewhere they are deselected."""
+    if os.environ.get("DLPRIM_TEST_INTEL_SUBGROUP"):
+        return
+    intel = [item for item in items if item.get_closest_marker("on_intel") is not None]
+    if intel:
+        config.hook.pytest_deselected(items=intel)
+        items[:] = [item for item in items if item.get_closest_marker("on_intel") is None]

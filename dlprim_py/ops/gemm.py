@@ -23,9 +23,10 @@ x (C x N*HW), without moving x or y.
 Kernels (``kernels/gemm.cl.mako``): "tiled" (local-memory tiles with a register block per
 work-item, optionally split along K with a reduction kernel; slices staged through registers,
 or with ``pipeline`` copied two to four slices ahead, through cp.async on NVIDIA GPUs of
-compute capability 8.0 and later) and "small" (one work-item per element, for problems too
-small to fill the device). ``DLPRIM_GEMM_ALGO`` forces "tiled",
-"splitk" or "small".
+compute capability 8.0 and later), "small" (one work-item per element, for problems too
+small to fill the device) and "subgroup" (devices with Intel subgroups: a register block per
+work-item, A broadcast across the subgroup with shuffles instead of local memory).
+``DLPRIM_GEMM_ALGO`` forces "tiled", "splitk", "small" or "subgroup".
 """
 import math
 
@@ -38,15 +39,19 @@ from ..dtypes import as_dtype, check_dtype
 from ..errors import DeviceError, DlprimError, DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor, allocate
 
-ALGORITHMS = ("tiled", "splitk", "small")
+ALGORITHMS = ("tiled", "splitk", "small", "subgroup")
 _INT32_MAX = 2 ** 31 - 1
 _TILED_KEYS = ("tile_m", "tile_n", "tile_k", "wpt_m", "wpt_n", "vec", "pad", "double_buffer")
 _SMALL_KEYS = ("small_m", "small_n")
+_SUBGROUP_KEYS = ("sg_size", "wpt_m", "wpt_n", "sg_groups")
+# The extensions the subgroup kernel is written in.
+SUBGROUP_EXTENSIONS = ("cl_intel_subgroups", "cl_intel_required_subgroup_size")
 # Parameters that run on any OpenCL device, for forced kernels no database rule names.
 DEFAULT_SMALL = {"kernel": "small", "small_m": 8, "small_n": 16}
 DEFAULT_TILED = {"kernel": "tiled", "tile_m": 32, "tile_n": 32, "tile_k": 16, "wpt_m": 4,
                  "wpt_n": 4, "vec": 4, "pad": 4, "double_buffer": 1, "split_k": 1,
                  "global_vec": 1}
+DEFAULT_SUBGROUP = {"kernel": "subgroup", "sg_size": 16, "wpt_m": 8, "wpt_n": 1, "sg_groups": 1}
 
 
 # ---- kernel parameters --------------------------------------------------------------------
@@ -71,6 +76,8 @@ def params_problem(params, info):
         if params["small_m"] * params["small_n"] > info.max_work_group_size:
             return f"work-group of {params['small_m'] * params['small_n']} > device maximum"
         return None
+    if kernel == "subgroup":
+        return _subgroup_problem(params, info)
     if kernel != "tiled":
         return f"unknown kernel {kernel!r}"
     missing = [k for k in _TILED_KEYS if k not in params]
@@ -112,6 +119,27 @@ def params_problem(params, info):
         return f"tile_group must be an int >= 1, got {group!r}"
     if tiled_local_bytes(params) > info.local_mem_size:
         return f"{tiled_local_bytes(params)} bytes of local memory > device {info.local_mem_size}"
+    return None
+
+
+def _subgroup_problem(params, info):
+    missing = [k for k in _SUBGROUP_KEYS if k not in params]
+    if missing:
+        return f"subgroup kernel parameters lack {missing}"
+    absent = [e for e in SUBGROUP_EXTENSIONS if e not in info.extensions]
+    if absent:
+        return f"the subgroup kernel needs {absent}, which the device does not report"
+    if params["sg_size"] not in (8, 16):
+        return f"sg_size must be 8 or 16, got {params['sg_size']!r}"
+    for key, top in (("wpt_m", 16), ("wpt_n", 8), ("sg_groups", 16)):
+        value = params[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
+            return f"{key} of the subgroup kernel must be an int from 1 to {top}, got {value!r}"
+    if params["sg_size"] * params["sg_groups"] > info.max_work_group_size:
+        return (f"work-group of {params['sg_size'] * params['sg_groups']} > device maximum "
+                f"{info.max_work_group_size}")
+    if params.get("split_k", 1) > 1:
+        return f"the subgroup kernel does not split K (split_k {params['split_k']})"
     return None
 
 
@@ -220,14 +248,14 @@ def select_params(ctx, M, N, K, batch=1, algorithm=None):
     if algorithm is None:
         params, _ = tuning.lookup(info, "gemm", feats, usable)
     else:
-        kind = "small" if algorithm == "small" else "tiled"
+        kind = algorithm if algorithm in ("small", "subgroup") else "tiled"
         try:
             params, _ = tuning.lookup(info, "gemm", feats,
                                       lambda p: usable(p) and p["kernel"] == kind)
         except DlprimError:
             # No rule of this device names the forced kernel: its portable defaults.
-            params = dict(DEFAULT_SMALL if kind == "small" else DEFAULT_TILED)
-        if algorithm == "tiled":
+            params = dict({"small": DEFAULT_SMALL, "subgroup": DEFAULT_SUBGROUP}.get(kind, DEFAULT_TILED))
+        if algorithm in ("tiled", "subgroup"):
             params["split_k"] = 1
         elif params.get("split_k", 1) < 2:
             params["split_k"] = 4
@@ -269,9 +297,14 @@ def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
     # The template names every parameter of both kernels; the other kernel's are 0.
     base.update(SMALL_M=0, SMALL_N=0, TILE_M=0, TILE_N=0, TILE_K=0, WPT_M=0, WPT_N=0, VEC=0,
                 PAD=0, DOUBLE_BUFFER=0, SPLIT_K=0, GVEC=0, CVEC=0, LANES_N=0, GROUP_M=0,
-                PIPELINE=0, NV_ASYNC=0, REQD_SIZE=0)
+                PIPELINE=0, NV_ASYNC=0, REQD_SIZE=0, SG_SIZE=0, SG_WPT_M=0, SG_WPT_N=0,
+                SG_GROUPS=0, BLOCK_A=0, BLOCK_B=0)
     if params["kernel"] == "small":
         base.update(SMALL_M=params["small_m"], SMALL_N=params["small_n"])
+    elif params["kernel"] == "subgroup":
+        base.update(SG_SIZE=params["sg_size"], SG_WPT_M=params["wpt_m"],
+                    SG_WPT_N=params["wpt_n"], SG_GROUPS=params["sg_groups"],
+                    BLOCK_A=int(params.get("block_a", 0)), BLOCK_B=int(params.get("block_b", 0)))
     else:
         base.update(TILE_M=params["tile_m"], TILE_N=params["tile_n"], TILE_K=params["tile_k"],
                     WPT_M=params["wpt_m"], WPT_N=params["wpt_n"], VEC=params["vec"],
@@ -347,7 +380,8 @@ class GemmPlan:
 
     Arguments as ``enqueue_gemm``; keyword-only extras: ``algorithm`` ("tiled", "splitk",
     "small") and ``params`` (a full kernel parameter dict, as the tuner uses) override the
-    database's choice; ``dtype`` must be float32; ``fold_a``, ``fold_b``, ``fold_c``: ``Fold``
+    database's choice (the "subgroup" kernel only where the device reports
+    ``SUBGROUP_EXTENSIONS``, and never split along K); ``dtype`` must be float32; ``fold_a``, ``fold_b``, ``fold_c``: ``Fold``
     addressing of an operand's contiguous dimension (A along K only, C densely only).
 
     ``order="conv"`` applies the convolution's epilogue instead,
@@ -474,6 +508,32 @@ class GemmPlan:
             sm, sn = params["small_m"], params["small_n"]
             self._launches.append((kernel, (_round_up(N, sn), _round_up(M, sm), batch), (sn, sm, 1)))
             self.algorithm = "small"
+            self.workspace = None
+            self.splits = 1
+            return
+        if params["kernel"] == "subgroup":
+            # Block reads take whole rows of SG_SIZE floats from 16-byte boundaries: every row
+            # start of the operand must be one (internal parameters, derived here; a caller's
+            # block_a / block_b 0 keeps plain loads).
+            def aligned(*values):
+                return not any(int(x) % 4 for x in values)
+            params["block_a"] = int(params.get("block_a", 1) != 0 and not trans_a
+                                    and fold_a is None and aligned(lda, a_off, stride_a))
+            params["block_b"] = int(params.get("block_b", 1) != 0 and not trans_b
+                                    and fold_b is None and aligned(ldb, b_off, stride_b))
+            self.params = params
+            built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
+                                                              act_code, False, folds, **epilogue))
+            kernel = built.kernel("gemm_subgroup", fresh=True)
+            kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
+                            b_buf, i64(b_off), i32(ldb), i64(stride_b),
+                            c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
+                            bias_arg, i64(bias_off), *epilogue_args, *fold_args, *chain_args)
+            sg, rows, groups = params["sg_size"], params["wpt_m"], params["sg_groups"]
+            self._launches.append((kernel, (math.ceil(N / (sg * params["wpt_n"])) * sg,
+                                            _round_up(math.ceil(M / rows), groups), batch),
+                                   (sg, groups, 1)))
+            self.algorithm = "subgroup"
             self.workspace = None
             self.splits = 1
             return
