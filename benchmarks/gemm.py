@@ -1,6 +1,8 @@
 """SGEMM benchmark: dlprim_py against the vendor library, measured in the same run.
 
     python benchmarks/gemm.py [--squares 1024,2048] [--batch 32] [--only TEXT]
+                              [--device SPEC] [--algorithms auto,tiled,subgroup]
+                              [--intel-runtime] [--note TEXT]
                               [--output benchmarks/results/gemm-X.json]
 
 Shapes: square 1024..8192 and the GEMMs of ResNet-50's convolutions at ``--batch`` images
@@ -11,14 +13,25 @@ float64 reference on sampled rows before it is timed.
 Baseline: with a CUDA device in PyTorch, cuBLAS SGEMM through ``torch.mm`` with TF32 off, timed
 with CUDA events (median after a warm-up). Otherwise numpy's matmul (host BLAS), timed with the
 host clock. Ours: OpenCL profiling markers around the enqueued plan (median after a warm-up).
+
+``--algorithms`` times each shape once per GEMM algorithm ("auto": the tuning database's
+choice; "tiled", "splitk", "small", "subgroup": forced), on the same data, beside one baseline
+time per shape. ``--intel-runtime`` runs the benchmark on Intel's OpenCL CPU runtime installed
+from pip (intel-opencl-rt, intel-cmplr-lib-rt): the script starts itself again with an
+environment that registers it (OCL_ICD_VENDORS, LD_LIBRARY_PATH; the ICD loader reads them at
+process start only) and selects its device.
 """
 import argparse
+import glob
 import json
 import math
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
+from importlib import metadata
 
 import numpy as np
 import pyopencl as cl
@@ -127,16 +140,20 @@ def run(args):
     print(header)
     squares = [int(x) for x in args.squares.split(",") if x.strip()]
     selected = [s for s in shapes(args.batch, squares) if args.only is None or args.only in s[0]]
-    for name, M, N, K, group in selected:
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    for (name, M, N, K, group), forced in ((s, f) for s in selected for f in algorithms):
         flops = 2.0 * M * N * K
-        a = rng.uniform(-1, 1, (M, K)).astype(np.float32)
-        b = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+        if forced == algorithms[0]:   # one set of operands and one baseline time per shape
+            a = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+            b = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+            base = None
         mf = cl.mem_flags
         a_buf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
         b_buf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b)
         c_buf = cl.Buffer(ctx.cl_context, mf.READ_WRITE, M * N * 4)
         cl.enqueue_fill_buffer(ctx.queue, c_buf, np.float32(np.nan), 0, M * N * 4)
-        plan = GemmPlan(ctx, M, N, K, a_buf, 0, K, b_buf, 0, N, c_buf, 0, N)
+        plan = GemmPlan(ctx, M, N, K, a_buf, 0, K, b_buf, 0, N, c_buf, 0, N,
+                        algorithm=None if forced == "auto" else forced)
         plan.enqueue()
         out = np.empty((M, N), np.float32)
         cl.enqueue_copy(ctx.queue, out, c_buf, is_blocking=True)
@@ -156,14 +173,16 @@ def run(args):
             events[-1].wait()
             kernel_only = float(np.median([(e.profile.end - e.profile.start) * 1e-9
                                            for e in events]))
-        base_s, base_out = baseline.time(a, b, repeat)
+        if base is None:
+            base = baseline.time(a, b, repeat)
+        base_s, base_out = base
         base_error = None
         if base_out is not None:
             base_error = float(np.linalg.norm(base_out[sample].astype(np.float64) - ref)
                                / (math.sqrt(got.size) * np.abs(ref).max()))
         for buf in (a_buf, b_buf, c_buf):
             buf.release()
-        row = {"name": name, "group": group, "m": M, "n": N, "k": K,
+        row = {"name": name, "group": group, "m": M, "n": N, "k": K, "requested": forced,
                "ours_ms": ours.median * 1e3, "ours_p20_ms": ours.p20 * 1e3,
                "ours_p80_ms": ours.p80 * 1e3,
                "ours_kernel_event_ms": kernel_only * 1e3 if kernel_only else None,
@@ -197,6 +216,8 @@ def run(args):
               "commit": measured_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "batch": args.batch, "timing": "median of OpenCL profiling markers after warm-up",
               "summary": summary, "rows": rows}
+    if args.note:
+        result["note"] = args.note
     if args.output:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w", encoding="utf-8") as f:
@@ -220,11 +241,47 @@ def _short(plan):
     p = plan.params
     if p["kernel"] == "small":
         return "small"
+    if p["kernel"] == "subgroup":
+        return (f"subgroup sg{p['sg_size']} w{p['wpt_m']}x{p['wpt_n']} g{p['sg_groups']} "
+                f"block{p['block_a']}{p['block_b']}")
     text = f"{p['tile_m']}x{p['tile_n']}x{p['tile_k']} w{p['wpt_m']}x{p['wpt_n']} v{p['vec']} " \
            f"p{p['pad']} db{p['double_buffer']}"
     if plan.algorithm == "splitk":
         text += f" split{plan.splits}"
     return text
+
+
+_INTEL_STARTED = "DLPRIM_BENCH_INTEL_RUNTIME"
+
+
+def _start_on_intel_runtime(argv):
+    """Run this script again in an environment that registers Intel's pip OpenCL runtime: an
+    ICD file naming libintelocl.so by its absolute path (the wheel's own names a placeholder),
+    beside copies of /etc/OpenCL/vendors/*, and the runtime's library directories."""
+    def files(package):
+        try:
+            dist = metadata.distribution(package)
+        except metadata.PackageNotFoundError:
+            return []
+        return [dist.locate_file(f).resolve() for f in dist.files or ()]
+
+    library = [f for f in files("intel-opencl-rt") if f.name == "libintelocl.so"]
+    if not library:
+        sys.exit("--intel-runtime: pip install intel-opencl-rt intel-cmplr-lib-rt first")
+    dirs = [str(library[0].parent)]
+    for package in ("tbb", "intel-cmplr-lib-rt", "tcmlib"):
+        for f in files(package):
+            if f.suffix == ".so" and str(f.parent) not in dirs:
+                dirs.append(str(f.parent))
+    vendors = tempfile.mkdtemp(prefix="dlprim-icd-")
+    for icd in glob.glob("/etc/OpenCL/vendors/*.icd"):
+        shutil.copy(icd, vendors)
+    with open(os.path.join(vendors, "dlprim-intel-cpu.icd"), "w", encoding="utf-8") as f:
+        f.write(f"{library[0]}\n")
+    env = dict(os.environ, OCL_ICD_VENDORS=vendors, **{_INTEL_STARTED: "1"})
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(dirs + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable] + argv, env)
 
 
 def main(argv=None):
@@ -239,7 +296,17 @@ def main(argv=None):
                         help="commit to record (for copies of the tree without git metadata)")
     parser.add_argument("--build-log", action="store_true",
                         help="print NVIDIA's register report of the 4096^3 kernel")
+    parser.add_argument("--algorithms", default="auto",
+                        help="comma-separated: auto (the database's choice), tiled, splitk, "
+                             "small, subgroup; each shape is timed with each")
+    parser.add_argument("--intel-runtime", action="store_true",
+                        help="run on Intel's OpenCL CPU runtime installed from pip")
+    parser.add_argument("--note", default=None, help="a remark stored in the JSON record")
     args = parser.parse_args(argv)
+    if args.intel_runtime and not os.environ.get(_INTEL_STARTED):
+        _start_on_intel_runtime(sys.argv if argv is None else [sys.argv[0]] + list(argv))
+    if args.intel_runtime:
+        args.device = args.device or "Intel(R) OpenCL"
     if args.commit:
         os.environ["DLPRIM_COMMIT"] = args.commit
     run(args)
