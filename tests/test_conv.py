@@ -264,7 +264,9 @@ def test_functional_conv_transpose2d_autograd(ctx, rng, cfg):
 
 def test_selection_forced_and_immediate(ctx, monkeypatch):
     problem = make_problem((2, 6, 8, 8), (6, 1, 3, 3), dp.ConvolutionDesc(1, 1, 1, 6))
-    assert selection.immediate(ctx, problem, "forward") == "depthwise"
+    # GPUs take the tiled depthwise kernel (local-memory staging); CPUs the plain one.
+    expected = "depthwise_tiled" if ctx.info.is_gpu else "depthwise"
+    assert selection.immediate(ctx, problem, "forward") == expected
     monkeypatch.setenv("DLPRIM_CONV_ALGO", "direct")
     assert selection.choose(ctx, problem, "forward") == "direct"
     dense = make_problem((2, 6, 8, 8), (4, 6, 3, 3), dp.ConvolutionDesc(1, 1, 1, 1))
@@ -475,11 +477,13 @@ def test_gemm_1x1_full_epilogue(ctx, rng, monkeypatch, name):
 def test_direct_phased_backward_data(ctx, rng):
     """conv_direct_backward_data_phased on a stem-like layer (5 input channels: one full and one
     partial channel block, 7x7 stride 2, odd sizes so that phases differ in extent), at offsets,
-    with alpha and beta; the immediate rule takes it for such a thin data gradient."""
+    with alpha and beta, forced; off GPUs the immediate rule takes it for such a thin data
+    gradient (GPUs take im2col_gemm there)."""
     cfg = (2, 5, 13, 11, 6, 7, 7, (3, 3), (2, 2), (1, 1), 1)
     x, w, dy, ref = make_case(rng, cfg, "NCHW")
     conv = make_conv(ctx, cfg, "NCHW")
-    assert selection.immediate(ctx, conv.problem, "backward_data") == "direct_phased"
+    expected = "im2col_gemm" if ctx.info.is_gpu else "direct_phased"
+    assert selection.immediate(ctx, conv.problem, "backward_data") == expected
 
     def at_offset(a, pad):
         big = dp.Tensor.from_numpy(ctx, np.concatenate([np.full(pad, np.nan, np.float32),

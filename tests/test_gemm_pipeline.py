@@ -8,6 +8,7 @@ import pytest
 
 import dlprim_py as dp
 from dlprim_py import program
+from dlprim_py.ops import gemm as gemm_ops
 from dlprim_py.ops.gemm import Fold, GemmPlan, _render_params, params_problem
 
 from conftest import assert_close, poisoned, random
@@ -48,7 +49,9 @@ def test_pipeline_three_stages(ctx, rng):
     for M, N, K in ((64, 64, 64), (100, 72, 36), (8, 4, 4), (96, 96, 200), (33, 40, 20)):
         a, b = random(rng, (M, K)), random(rng, (K, N))
         out, plan = run(ctx, PIPELINE3, a, b, M, N, K)
-        assert plan.params["global_vec"] == 4 and plan.params["nv_async"] == 0
+        # cp.async where the device has it (NVIDIA, compute capability 8.0+), plain copies else.
+        assert plan.params["global_vec"] == 4
+        assert plan.params["nv_async"] == int(gemm_ops._has_cp_async(ctx))
         assert_close(out, reference(a, b))
 
 
