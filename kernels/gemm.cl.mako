@@ -906,8 +906,9 @@ void gemm_small(int M, int N, int K,
         return f"(long)({k}) * ldb + {col}"
 %>
 #pragma OPENCL EXTENSION cl_intel_subgroups : enable
-// Subgroup y of a work-group (local id 1; local id 0 is the lane) computes rows
-// m0 .. m0 + SG_WPT_M - 1, m0 = global id 1 * SG_WPT_M, and columns n0 + j * SG_SIZE + lane.
+// Subgroup s of work-group (gx, gy) computes rows m0 .. m0 + SG_WPT_M - 1,
+// m0 = (gy * SG_GROUPS + s) * SG_WPT_M, and columns n0 + j * SG_SIZE + lane, n0 = gx * SG_SIZE *
+// SG_WPT_N.
 // Global size (ceil(N / (SG_SIZE * SG_WPT_N)) * SG_SIZE, ceil(M / SG_WPT_M) rounded up to
 // SG_GROUPS, batch). Lanes past N or M still take part in the shuffles; only stores are masked.
 __kernel __attribute__((intel_reqd_sub_group_size(${SG})))
@@ -925,8 +926,10 @@ void gemm_subgroup(int M, int N, int K,
                    int fc_p, long fc_img
                    ${chain_params()})
 {
-    const int lane = get_local_id(0);
-    const int m0 = get_global_id(1) * ${WM};
+    // Lane and subgroup as the shuffles and block reads number them (whatever the mapping of
+    // local ids to subgroups).
+    const int lane = get_sub_group_local_id();
+    const int m0 = (get_group_id(1) * ${SG_GROUPS} + get_sub_group_id()) * ${WM};
     const int n0 = get_group_id(0) * ${SG * WN};
     const int batch = get_global_id(2);
     A += a_off + batch * stride_a;
