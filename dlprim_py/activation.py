@@ -104,8 +104,10 @@ class ActivationDesc:
             return f"(1.0f / (1.0f + exp(-{x})))"
         if m is A.TANH:
             return f"({b} * tanh({a} * {x}))"
+        # fmin/fmax return the number when one operand is NaN; torch propagates NaN, and so
+        # do the comparisons below (false for NaN, which then passes through).
         if m is A.RELU:
-            return f"fmax({x}, 0.0f)"
+            return f"({x} < 0.0f ? 0.0f : {x})"
         if m is A.SOFTRELU:
             # log1p(exp(x)) overflows for large x, where it equals x (torch's threshold is 20).
             return f"({x} > 20.0f ? {x} : log1p(exp({x})))"
@@ -114,13 +116,13 @@ class ActivationDesc:
         if m is A.POWER:
             return f"pow({a} + {b} * {x}, {g})"
         if m is A.CLIPPEDRELU:
-            return f"fmin(fmax({x}, 0.0f), {a})"
+            return f"({x} < 0.0f ? 0.0f : ({x} > {a} ? {a} : {x}))"
         if m is A.LEAKYRELU:
             return f"({x} > 0.0f ? {x} : {a} * {x})"
         if m is A.ELU:
             return f"({x} > 0.0f ? {x} : {a} * (exp({x}) - 1.0f))"
         if m is A.HARDTANH:
-            return f"fmin(fmax({x}, {a}), {b})"
+            return f"({x} < {a} ? {a} : ({x} > {b} ? {b} : {x}))"
         if m is A.GELU:
             return f"(0.5f * {x} * (1.0f + erf({x} * 0.70710678118654752f)))"
         if m is A.GELU_TANH:
@@ -131,7 +133,7 @@ class ActivationDesc:
         if m is A.HARDSWISH:
             return f"({x} * fmin(fmax({x} + 3.0f, 0.0f), 6.0f) * (1.0f / 6.0f))"
         if m is A.HARDSIGMOID:
-            return f"(fmin(fmax({x} + 3.0f, 0.0f), 6.0f) * (1.0f / 6.0f))"
+            return f"({x} < -3.0f ? 0.0f : ({x} > 3.0f ? 1.0f : ({x} + 3.0f) * (1.0f / 6.0f)))"
         raise UnsupportedError(f"no forward code for {m}")
 
     def derivative_code(self, x, y):

@@ -156,3 +156,16 @@ def test_bad_input(ctx):
         F.gelu(x, "erf")
     with pytest.raises(dp.ShapeError, match="min_val"):
         F.hardtanh(x, 1.0, -1.0)
+
+
+@pytest.mark.parametrize("name", ["relu", "relu6", "hardtanh", "hardsigmoid", "hardswish",
+                                  "leaky_relu", "elu"])
+def test_nan_and_infinity_follow_torch(ctx, name):
+    # Clamping activations once returned 0 (or the bound) for NaN through fmin/fmax.
+    ours, theirs = TORCH_NAMES[name]
+    a = np.array([np.nan, np.inf, -np.inf, 0.0, 2.5, -2.5, 7.0], np.float32)
+    y = ours(dp.Tensor.from_numpy(ctx, a)).numpy()
+    ref = theirs(torch.from_numpy(a).double()).numpy()
+    assert np.array_equal(np.isnan(y), np.isnan(ref)), (y, ref)
+    finite = ~np.isnan(ref)
+    np.testing.assert_allclose(y[finite], ref[finite], rtol=1e-6)
