@@ -429,3 +429,19 @@ def test_short_rows_share_a_group(ctx, rng):
     out = F.sum(x, (2, 3))
     assert R._sum_kernel().describe([x], [R._view(out, (6, 20, 1, 1))])[:3] == ("group", 4, 1)
     assert_close(out.numpy(), a.astype(np.float64).sum(axis=(2, 3)))
+
+
+def test_arg_and_infinity_norm_of_empty_tensors_follow_torch(ctx):
+    """Only a reduction over an empty dimension is refused; non-empty rows of an empty
+    tensor give an empty result (once refused for any empty input)."""
+    empty = dp.Tensor.zeros(ctx, (0, 3))
+    for dim, keepdim, shape in ((1, False, (0,)), (-1, True, (0, 1))):
+        index = F.argmax(empty, dim, keepdim)
+        assert index.shape == shape and index.dtype == np.int64
+        assert F.argmin(empty, dim, keepdim).shape == shape
+        for p in (np.inf, -np.inf):
+            assert F.norm(empty, p, dim, keepdim).shape == shape
+    for call in (lambda: F.argmax(empty, 0), lambda: F.argmax(empty),
+                 lambda: F.norm(empty, np.inf, 0), lambda: F.norm(empty, -np.inf)):
+        with pytest.raises(dp.ShapeError, match="empty dimension"):
+            call()

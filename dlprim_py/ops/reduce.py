@@ -739,10 +739,14 @@ def _arg(x, dim, keepdim, name):
     if dim is not None and not (isinstance(dim, (int, np.integer)) and not isinstance(dim, bool)):
         raise ShapeError(f"{name}: dim must be an int or None, got {dim!r}")
     axes, keep_dims, result = _shapes(x, dim, keepdim, name)
-    if x.size == 0:
-        raise ShapeError(f"{name}: cannot take {name} of an empty {x.shape} tensor")
-    values = Tensor.empty(x.ctx, keep_dims)
+    # torch refuses only an empty reduction; an empty result of non-empty rows is fine.
+    if math.prod(x.shape[k] for k in axes) == 0:
+        raise ShapeError(f"{name}: cannot take {name} over an empty dimension of a {x.shape} "
+                         f"tensor (dim={dim!r})")
     index = Tensor.empty(x.ctx, result, np.int64)
+    if index.size == 0:
+        return index
+    values = Tensor.empty(x.ctx, keep_dims)
     _arg_kernel(name)([x], [values, _view(index, keep_dims)])
     return index
 
@@ -781,8 +785,10 @@ def norm(x, p="fro", dim=None, keepdim=False):
             "reduce_normp", [("x", np.float32)], [("y", np.float32)], "y = pow(fabs(x), p);", "sum",
             finalize="acc_y = pow(acc_y, 1.0f / p);", scalars=[("p", np.float32)]))
         scalars = (p,)
-    if x.size == 0 and p in (math.inf, -math.inf):
-        raise ShapeError(f"norm: the {p} norm of an empty {x.shape} tensor has no identity")
+    if p in (math.inf, -math.inf) and math.prod(
+            x.shape[k] for k in _shapes(x, dim, keepdim, "norm")[0]) == 0:
+        raise ShapeError(f"norm: the {p} norm over an empty dimension of a {x.shape} tensor "
+                         f"(dim={dim!r}) has no identity")
     out, keep_dims = _reduce(kernel, x, dim, keepdim, "norm", scalars=scalars)
     source = x.detach()
 
