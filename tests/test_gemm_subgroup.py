@@ -310,6 +310,19 @@ def test_conv_order_chain_residual_folded(intel, rng, per_position):
 
 
 @on_intel
+def test_folded_along_k(intel, rng):
+    """A 1x1 convolution's filter gradient: dw (k x c) = dy (k x n*P) @ x^T (n*P x c), both
+    operands folded along K (A untransposed, B transposed)."""
+    n, c, k, P = 3, 11, 9, 14
+    dy, x = random(rng, (n, k, P)), random(rng, (n, c, P))
+    DY, X = dp.Tensor.from_numpy(intel, dy), dp.Tensor.from_numpy(intel, x)
+    DW = poisoned(intel, (k, c))
+    GemmPlan(intel, k, c, n * P, DY.buffer, 0, P, X.buffer, 0, P, DW.buffer, 0, c,
+             trans_b=True, fold_a=Fold(P, k * P), fold_b=Fold(P, c * P), params=SG16).enqueue()
+    assert_close(DW.numpy(), np.einsum("nkp,ncp->kc", dy.astype(np.float64), x.astype(np.float64)))
+
+
+@on_intel
 def test_strided_fold_through_convolution(intel, rng, monkeypatch):
     """A stride-2 1x1 convolution with a bias and ReLU, routed to the subgroup kernel by
     DLPRIM_GEMM_ALGO (x sampled in place: B folded with a stride)."""
