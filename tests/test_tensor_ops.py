@@ -145,6 +145,10 @@ def test_bad_input(ctx, rng):
         F.pad(x, (4, 0), mode="reflect")
     with pytest.raises(dp.UnsupportedError, match="mode"):
         F.pad(x, (1, 1), mode="circular")
+    for mode in ("reflect", "replicate"):
+        # torch crops with negative pads in these modes; a documented limitation here.
+        with pytest.raises(dp.UnsupportedError, match="negative padding"):
+            F.pad(x, (1, -1), mode=mode)
     with pytest.raises(dp.ShapeError, match="pairs"):
         F.pad(x, (1, 1, 1))
     with pytest.raises(dp.ShapeError, match="negative size"):

@@ -298,7 +298,9 @@ def _pad_pairs(pad, ndim, mode):
                                    f"tensor with at least one more dimension; got {count} padded "
                                    f"dimensions on a {ndim}-d tensor")
         if any(p < 0 for p in pad):
-            raise ShapeError(f"pad: mode {mode!r} needs non-negative padding, got {pad}")
+            # torch crops there; the backward kernels of these modes assume no cropping.
+            raise UnsupportedError(f"pad: mode {mode!r} supports no negative padding (cropping), "
+                                   f"got {pad}; crop with narrow first")
     befores, afters = [0] * ndim, [0] * ndim
     for k in range(count):
         befores[ndim - 1 - k], afters[ndim - 1 - k] = pad[2 * k], pad[2 * k + 1]
@@ -309,7 +311,10 @@ def pad(x, pad, mode="constant", value=None):
     """torch.nn.functional.pad: ``pad`` = (left, right, top, bottom, ...) from the last dimension
     backwards. ``mode``: "constant" (``value``, default 0; negative pads crop), "reflect" (mirror without
     repeating the edge; each pad must be smaller than its dimension) or "replicate" (repeat the
-    edge; the dimension must not be empty)."""
+    edge; the dimension must not be empty).
+
+    Limitations (UnsupportedError): "circular" mode, and negative pads (cropping) in "reflect"
+    and "replicate" modes, which torch accepts."""
     _check_tensor(x, "pad")
     if mode not in PAD_MODES:
         raise UnsupportedError(f"pad: mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
