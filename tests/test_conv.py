@@ -237,6 +237,9 @@ def test_functional_conv2d_autograd(ctx, rng, bias):
     # (N, Cin, H, W, Cout, R, S, stride, padding, output_padding, groups, dilation)
     (2, 4, 5, 4, 6, 3, 3, 2, 1, 1, 2, (1, 1)),
     (1, 3, 4, 6, 2, 2, 3, (3, 1), (0, 1), (2, 0), 1, (1, 2)),
+    # output_padding >= stride, allowed below the dilation (once refused as "inconsistent").
+    (1, 2, 4, 5, 3, 3, 3, 1, 0, 1, 1, 2),
+    (2, 4, 4, 3, 4, 3, 2, (1, 2), (1, 0), (1, 1), 2, (2, 1)),
 ])
 def test_functional_conv_transpose2d_autograd(ctx, rng, cfg):
     n, cin, h, w_, cout, r, s, stride, padding, output_padding, groups, dilation = cfg

@@ -359,11 +359,22 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     # The convolution whose input is our output and whose output is our input.
     y_shape = (n, cout, ho, wo) if layout == "NCHW" else (n, ho, wo, cout)
     conv = _plan(ctx, y_shape, weight.shape, desc, layout)
-    if conv.output_desc.shape != x.shape:
-        raise ShapeError(f"conv_transpose2d: inconsistent geometry {conv.output_desc.shape} vs "
-                         f"{x.shape}")
+    # With output_padding >= stride (allowed below the dilation) the convolution that maps our
+    # output back has more output rows or columns than x; the extra ones scatter nothing, so x
+    # is extended with zeros to that shape and the gradient of x is cut back from it.
+    full_shape = conv.output_desc.shape
+    spatial = (2, 3) if layout == "NCHW" else (1, 2)
+    extra = [full_shape[k] - x.shape[k] for k in spatial]
+    if (any(full_shape[k] != x.shape[k] for k in range(4) if k not in spatial)
+            or min(extra) < 0):
+        raise ShapeError(f"conv_transpose2d: inconsistent geometry {full_shape} vs {x.shape}")
+    x_full = x.detach()
+    if max(extra):
+        from ..tensor_ops import pad
+        pads = (0, extra[1], 0, extra[0]) if layout == "NCHW" else (0, 0, 0, extra[1], 0, extra[0])
+        x_full = pad(x_full, pads)
     y = Tensor.empty(ctx, y_shape)
-    conv.backward_data(x, weight, y)
+    conv.backward_data(x_full, weight, y)
     if bias is not None:
         from ..pointwise import binary
         bias_shape = (1, cout, 1, 1) if layout == "NCHW" else (1, 1, 1, cout)
@@ -372,11 +383,15 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     def backward(g):
         gx = gw = gb = None
         if x.requires_grad:
-            gx = Tensor.empty(ctx, x.shape)
+            gx = Tensor.empty(ctx, full_shape)
             conv.forward(g, weight, gx)
+            if max(extra):
+                from ..tensor_ops import narrow
+                for k in spatial:
+                    gx = narrow(gx, k, 0, x.shape[k])
         if weight.requires_grad:
             gw = Tensor.empty(ctx, weight.shape)
-            conv.backward_filter(x, g, gw)
+            conv.backward_filter(x_full, g, gw)
         if bias is not None and bias.requires_grad:
             gb = _bias_grad(ctx, g, cout, layout)
         return gx, gw, gb
