@@ -126,7 +126,9 @@ class ActivationDesc:
         if m is A.GELU:
             return f"(0.5f * {x} * (1.0f + erf({x} * 0.70710678118654752f)))"
         if m is A.GELU_TANH:
-            return (f"(0.5f * {x} * (1.0f + tanh(0.79788456080286536f * "
+            # 0.5 x (1 + tanh(z)) = x / (1 + exp(-2 z)): 1 + tanh(z) cancels for z << 0 (an
+            # error of 1e-6 at x = -60 where the result is 0).
+            return (f"({x} / (1.0f + exp(-1.5957691216057307f * "
                     f"({x} + 0.044715f * {x} * {x} * {x}))))")
         if m is A.SILU:
             return f"({x} / (1.0f + exp(-{x})))"
@@ -170,9 +172,11 @@ class ActivationDesc:
             return (f"(0.5f * (1.0f + erf({x} * 0.70710678118654752f)) + "
                     f"{x} * 0.39894228040143268f * exp(-0.5f * {x} * {x}))")
         if m is A.GELU_TANH:
-            return (f"(0.5f * (1.0f + tanh(0.79788456080286536f * ({x} + 0.044715f * {x} * {x} * {x})))"
-                    f" + 0.5f * {x} * (1.0f - tanh(0.79788456080286536f * ({x} + 0.044715f * {x} * {x} * {x}))"
-                    f" * tanh(0.79788456080286536f * ({x} + 0.044715f * {x} * {x} * {x})))"
+            # With s = sigmoid(2 z): 1 + tanh(z) = 2 s and 1 - tanh(z)^2 = 4 s (1 - s), no
+            # cancellation for z << 0; dz/dx = 0.79788 (1 + 0.134145 x^2).
+            s = (f"(1.0f / (1.0f + exp(-1.5957691216057307f * "
+                 f"({x} + 0.044715f * {x} * {x} * {x}))))")
+            return (f"({s} + 2.0f * {x} * {s} * (1.0f - {s})"
                     f" * 0.79788456080286536f * (1.0f + 0.134145f * {x} * {x}))")
         if m is A.SILU:
             return (f"((1.0f / (1.0f + exp(-{x}))) * (1.0f + {x} * (1.0f - 1.0f / (1.0f + exp(-{x})))))")

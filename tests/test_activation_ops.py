@@ -169,3 +169,19 @@ def test_nan_and_infinity_follow_torch(ctx, name):
     assert np.array_equal(np.isnan(y), np.isnan(ref)), (y, ref)
     finite = ~np.isnan(ref)
     np.testing.assert_allclose(y[finite], ref[finite], rtol=1e-6)
+
+
+def test_gelu_tanh_far_left_and_infinities(ctx):
+    # 0.5 x (1 + tanh(z)) once cancelled for z << 0: -1.8e-6 at x = -60 where torch gives 0.
+    a = np.array([-60.0, -20.0, -8.0, -5.0, 0.5, 50.0, np.inf, -np.inf, np.nan], np.float32)
+    x = dp.Tensor.from_numpy(ctx, a[:6], requires_grad=True)
+    y = F.gelu(x, "tanh")
+    F.sum(y).backward()
+    t = torch.from_numpy(a[:6]).double().requires_grad_()
+    yt = TF.gelu(t, approximate="tanh")
+    yt.sum().backward()
+    np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=2e-6, atol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=2e-6, atol=1e-12)
+    special = F.gelu(dp.Tensor.from_numpy(ctx, a[6:]), "tanh").numpy()
+    expected = TF.gelu(torch.from_numpy(a[6:]).double(), approximate="tanh").numpy()
+    assert np.array_equal(special, expected, equal_nan=True), (special, expected)
