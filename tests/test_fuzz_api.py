@@ -608,6 +608,7 @@ def test_composed_gradients(ctx, shape, out_features, act, through_softmax, seed
     out.backward()
     expected = torch_chain(*theirs)
     expected.backward()
-    assert_matches(out, expected, tol=1e-5, what="loss")
+    # A sum of products of either sign: float32 cancellation sets the bound, not the operators.
+    assert_matches(out, expected, tol=1e-4, what="loss")
     for k, (o, t) in enumerate(zip(ours, theirs)):
         assert_matches(o.grad, t.grad, tol=1e-4, what=f"grad {k}")
