@@ -249,7 +249,11 @@ class Tensor:
     def reshape(self, *shape):
         """A view with another shape of the same size; one entry may be -1."""
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
-            shape = tuple(shape[0])
+            try:
+                shape = tuple(shape[0])
+            except TypeError:
+                raise ShapeError(f"reshape: shape must be ints or a sequence of ints, "
+                                 f"got {shape[0]!r}") from None
         shape = list(shape)
         if shape.count(-1) > 1:
             raise ShapeError(f"only one dimension can be -1, got {tuple(shape)}")

@@ -197,3 +197,15 @@ def test_unknown_copy_algorithm(ctx, rng, monkeypatch):
     monkeypatch.setenv("DLPRIM_COPY_ALGO", "dma")
     with pytest.raises(dp.UnsupportedError, match="copy algorithm"):
         F.permute(dp.Tensor.from_numpy(ctx, random(rng, (3, 4))), (1, 0))
+
+
+def test_bad_argument_types_are_library_errors(ctx, rng):
+    """Once a TypeError or ValueError from Python, or (pad) a silent truncation of 1.5 to 1."""
+    x = dp.Tensor.from_numpy(ctx, random(rng, (3, 4)))
+    for call in (lambda: F.split(x, 1.5), lambda: F.split(x, [1.5, 1.5]), lambda: F.split(x, None),
+                 lambda: F.permute(x, None), lambda: F.reshape(x, None), lambda: x.reshape(None),
+                 lambda: F.pad(x, (1.5, 1))):
+        with pytest.raises(dp.ShapeError):
+            call()
+    with pytest.raises(dp.DTypeError, match="value must be a number"):
+        F.pad(x, (1, 1), "constant", "a")

@@ -165,13 +165,18 @@ def split(x, split_size_or_sections, dim=0):
     _check_tensor(x, "split")
     dim = normalise_dim(dim, x.ndim, "split")
     size = x.shape[dim]
-    if isinstance(split_size_or_sections, (int, np.integer)):
-        step = int(split_size_or_sections)
+    sizes = split_size_or_sections
+    if isinstance(sizes, (int, np.integer)) and not isinstance(sizes, bool):
+        step = int(sizes)
         if step <= 0 and size > 0:
             raise ShapeError(f"split: split_size must be positive, got {step}")
         sections = [min(step, size - s) for s in range(0, size, step)] if size else [0]
     else:
-        sections = [int(s) for s in split_size_or_sections]
+        if not isinstance(sizes, (tuple, list)) or not all(
+                isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in sizes):
+            raise ShapeError(f"split: split_size_or_sections must be an int or a sequence of "
+                             f"ints, got {sizes!r}")
+        sections = [int(s) for s in sizes]
         if any(s < 0 for s in sections) or sum(sections) != size:
             raise ShapeError(f"split: sections {sections} must be non-negative and sum to the "
                              f"size {size} of dimension {dim}")
@@ -221,6 +226,8 @@ def cat(tensors, dim=0):
 def permute(x, dims):
     """The tensor with its dimensions reordered: out.shape[k] = x.shape[dims[k]] (a copy)."""
     _check_tensor(x, "permute")
+    if not isinstance(dims, (tuple, list)):
+        raise ShapeError(f"permute: dims must be a sequence of ints, got {dims!r}")
     dims = tuple(normalise_dim(d, x.ndim, "permute") for d in dims)
     if sorted(dims) != list(range(x.ndim)):
         raise ShapeError(f"permute: dims {dims} are not a permutation of range({x.ndim})")
@@ -288,6 +295,8 @@ def _pad_pairs(pad, ndim, mode):
     if not isinstance(pad, (tuple, list)) or len(pad) % 2:
         raise ShapeError(f"pad: expected a sequence of (before, after) pairs from the last "
                          f"dimension backwards, got {pad!r}")
+    if not all(isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in pad):
+        raise ShapeError(f"pad: pads must be ints, got {pad!r}")
     pad = [int(p) for p in pad]
     count = len(pad) // 2
     if count > ndim:
@@ -320,6 +329,8 @@ def pad(x, pad, mode="constant", value=None):
         raise UnsupportedError(f"pad: mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
     befores, afters = _pad_pairs(pad, x.ndim, mode)
     value = 0.0 if value is None else value
+    if not isinstance(value, (int, float, np.number)):
+        raise DTypeError(f"pad: value must be a number, got {value!r}")
     shape = tuple(s + b + a for s, b, a in zip(x.shape, befores, afters))
     if any(s < 0 for s in shape):
         raise ShapeError(f"pad: padding {tuple(pad)} gives a negative size {shape} for input {x.shape}")
