@@ -176,3 +176,14 @@ def test_global_pooling_forced_algorithm(ctx, rng, monkeypatch, algo, shape):
     ref, ref_idx = TF.adaptive_max_pool2d(torch.tensor(data), 1, return_indices=True)
     np.testing.assert_array_equal(y.numpy(), ref.numpy())
     np.testing.assert_array_equal(idx.numpy(), ref_idx.numpy())
+
+
+def test_float_sizes_are_refused_after_an_int_call(ctx, rng):
+    """The operator memo once took kernel_size 2.0 for the operator built for 2 (2.0 == 2)."""
+    x = dp.Tensor.from_numpy(ctx, random(rng, (1, 2, 4, 4)))
+    F.max_pool2d(x, 2)
+    F.avg_pool2d(x, (2, 2), stride=1)
+    for call in (lambda: F.max_pool2d(x, 2.0), lambda: F.avg_pool2d(x, (2, 2), stride=1.0),
+                 lambda: F.adaptive_avg_pool2d(x, 2.5), lambda: F.adaptive_max_pool2d(x, 1.0)):
+        with pytest.raises(dp.ShapeError, match="int"):
+            call()

@@ -80,6 +80,9 @@ class Pool2d:
                 raise ShapeError("adaptive pooling takes output_size, not kernel_size")
             if isinstance(output_size, (int, np.integer)):
                 output_size = (int(output_size), int(output_size))
+            if not isinstance(output_size, (tuple, list)):
+                raise ShapeError(f"output_size must be a positive int or a pair of positive ints "
+                                 f"(or None), got {output_size!r}")
             output_size = tuple(output_size)
             if len(output_size) == 1:
                 output_size = output_size * 2
@@ -327,6 +330,10 @@ def _ctx_of(x):
 
 
 def _key(kwargs):
+    # Types are part of the key: 2.0 == 2 would otherwise find the operator built for 2 and
+    # skip the validation that refuses a float kernel size.
     def freeze(v):
-        return tuple(v) if isinstance(v, list) else v
+        if isinstance(v, (list, tuple)):
+            return tuple(freeze(item) for item in v)
+        return type(v).__name__, v
     return tuple(sorted((k, freeze(v)) for k, v in kwargs.items()))
