@@ -301,3 +301,10 @@ def test_command_log(ctx, rng, monkeypatch, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("DLPRIM_LOG_CMD")]
     assert lines == ["DLPRIM_LOG_CMD: dlprim-driver bnorm -n 2 -c 3 -H 5 -W 1 -m 1 -F 1 -b 0 -s 0 "
                      "-r 1 --activation relu"]
+
+
+def test_batch_norm_scalar_arguments_must_be_numbers(ctx, rng):
+    x = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 4)))
+    for kwargs in ({"momentum": "a"}, {"eps": "1e-5"}):
+        with pytest.raises(dp.DTypeError, match="must be a number"):
+            F.batch_norm(x, None, None, training=True, **kwargs)

@@ -352,6 +352,9 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if momentum is None:
         raise UnsupportedError("momentum=None (cumulative average) belongs to the module's "
                                "batch counter; pass a float")
+    for name, value in (("momentum", momentum), ("eps", eps)):
+        if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
+            raise DTypeError(f"batch_norm: {name} must be a number, got {value!r}")
     y = Tensor.empty(input.ctx, input.shape, input.dtype)
     if training:
         C = _bn_view(input, "spatial")[1]
