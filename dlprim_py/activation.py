@@ -9,7 +9,9 @@ are baked in as literals, so a kernel is compiled per (mode, alpha, beta, gamma)
 """
 import enum
 
-from .errors import UnsupportedError, DlprimError
+import numbers
+
+from .errors import DTypeError, UnsupportedError, DlprimError
 
 
 class Activation(enum.Enum):
@@ -44,6 +46,13 @@ _DEFAULTS = {
 }
 
 
+def number(value, what):
+    """``value`` as a float; DTypeError naming ``what`` unless it is a real number."""
+    if not isinstance(value, numbers.Real):
+        raise DTypeError(f"{what} must be a real number, got {value!r}")
+    return float(value)
+
+
 def _lit(value):
     text = repr(float(value))
     if text in ("inf", "-inf", "nan"):
@@ -69,9 +78,9 @@ class ActivationDesc:
             raise UnsupportedError(f"activation mode must be an Activation or a name, got {mode!r}")
         defaults = _DEFAULTS.get(mode, (0.0, 0.0, 0.0))
         self.mode = mode
-        self.alpha = float(defaults[0] if alpha is None else alpha)
-        self.beta = float(defaults[1] if beta is None else beta)
-        self.gamma = float(defaults[2] if gamma is None else gamma)
+        self.alpha = number(defaults[0] if alpha is None else alpha, f"{mode.value} alpha")
+        self.beta = number(defaults[1] if beta is None else beta, f"{mode.value} beta")
+        self.gamma = number(defaults[2] if gamma is None else gamma, f"{mode.value} gamma")
         for v in (self.alpha, self.beta, self.gamma):
             _lit(v)
 

@@ -185,3 +185,11 @@ def test_gelu_tanh_far_left_and_infinities(ctx):
     special = F.gelu(dp.Tensor.from_numpy(ctx, a[6:]), "tanh").numpy()
     expected = TF.gelu(torch.from_numpy(a[6:]).double(), approximate="tanh").numpy()
     assert np.array_equal(special, expected, equal_nan=True), (special, expected)
+
+
+def test_parameters_must_be_numbers(ctx):
+    x = dp.Tensor.from_numpy(ctx, np.ones((2, 3), np.float32))
+    for call in (lambda: F.leaky_relu(x, "a"), lambda: F.elu(x, "1"), lambda: F.softplus(x, "a"),
+                 lambda: F.hardtanh(x, "a", 1.0), lambda: ActivationDesc("power", gamma=[2])):
+        with pytest.raises(dp.DTypeError, match="real number"):
+            call()

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from .. import autograd, config, logcmd
-from ..activation import Activation, ActivationDesc, as_activation, from_torch_name
+from ..activation import Activation, ActivationDesc, as_activation, from_torch_name, number
 from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
@@ -183,6 +183,7 @@ def elu(x, alpha=1.0, inplace=False):
 
 
 def hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
+    min_val, max_val = number(min_val, "hardtanh: min_val"), number(max_val, "hardtanh: max_val")
     if min_val > max_val:
         raise ShapeError(f"hardtanh: min_val ({min_val}) must not exceed max_val ({max_val})")
     return apply(_torch_desc("hardtanh", min_val=min_val, max_val=max_val), x, inplace, "hardtanh")
@@ -198,6 +199,7 @@ def tanh(x):
 
 def softplus(x, beta=1.0, threshold=20.0):
     """torch's softplus: log(1 + exp(beta x)) / beta, and x where beta x > threshold."""
+    beta, threshold = number(beta, "softplus: beta"), number(threshold, "softplus: threshold")
     if beta == 1.0 and threshold == 20.0:
         return apply(_torch_desc("softplus"), x, False, "softplus")
     _check(x, "softplus: input")
