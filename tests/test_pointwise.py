@@ -228,3 +228,14 @@ def test_arithmetic_bad_input(ctx, rng):
         dp.functional.add(a, dp.Tensor.from_numpy(ctx, np.ones(3, np.int32)))
     with pytest.raises(dp.ShapeError):
         dp.functional.mul(a, dp.Tensor.from_numpy(ctx, random(rng, (4,))))
+
+
+def test_float16_arithmetic_refusals(ctx):
+    """float16 once failed with a compiler error (no cl_khr_fp16) or, with a number, KeyError."""
+    h = dp.Tensor.from_numpy(ctx, np.ones((2, 3), np.float16))
+    if not ctx.info.has_fp16:
+        with pytest.raises(dp.UnsupportedError, match="cl_khr_fp16"):
+            dp.functional.add(h, h)
+    for call in (lambda: dp.functional.mul(h, 2.0), lambda: dp.functional.maximum(1.0, h)):
+        with pytest.raises(dp.UnsupportedError, match="float16"):
+            call()

@@ -415,6 +415,13 @@ def binary(op, a, b):
             raise DTypeError(f"{op}: operands must be Tensors or numbers, got {type(x).__name__}")
     if ref.dtype.kind != "f":
         raise DTypeError(f"{op}: only floating point tensors are supported, got {ref.dtype}")
+    if ref.dtype == np.float16:
+        if not ref.ctx.info.has_fp16:
+            raise UnsupportedError(f"{op}: float16 needs the cl_khr_fp16 extension, which "
+                                   f"{ref.ctx.info.name} lacks")
+        if a_scalar or b_scalar:
+            raise UnsupportedError(f"{op}: a float16 tensor with a Python number is not "
+                                   f"supported; pass the number as a 0-d float16 tensor")
     shapes = [x.shape for x in (a, b) if isinstance(x, Tensor)]
     check_same_context(*(x for x in (a, b) if isinstance(x, Tensor)))
     out = Tensor.empty(ref.ctx, broadcast_shapes(*shapes), ref.dtype)
