@@ -89,7 +89,8 @@ def test_on_intel_runtime(tmp_path):
     # The same dlprim_py as this process's, installed or not.
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(dp.__file__))] +
                                         [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env.pop("DLPRIM_GEMM_ALGO", None)
+    for name in ("DLPRIM_GEMM_ALGO", "PYTEST_ADDOPTS"):   # options meant for this process
+        env.pop(name, None)
     # This process's own tests are left out there: every test run there must pass.
     done = subprocess.run([sys.executable, "-m", "pytest", os.path.abspath(__file__), "-q",
                            "-p", "no:cacheprovider", "-p", "no:xdist", "-rfEs", "-m", "on_intel"],
