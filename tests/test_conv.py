@@ -498,3 +498,23 @@ def test_direct_phased_backward_data(ctx, rng):
     conv.backward_data(at_offset(dy, 5), at_offset(w, 1), dx, alpha=-0.5, beta=1.0,
                        algo="direct_phased")
     assert_close(dx.numpy(), old - 0.5 * ref["dx"])
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_empty_batch(ctx, rng, transpose):
+    """N = 0 gives an empty result and zero weight/bias gradients, as in torch (once refused as
+    an "empty convolution")."""
+    x = dp.Tensor.from_numpy(ctx, np.zeros((0, 4, 6, 5), np.float32), requires_grad=True)
+    w_shape = (4, 3, 3, 3) if transpose else (3, 4, 3, 3)
+    w = dp.Tensor.from_numpy(ctx, random(rng, w_shape), requires_grad=True)
+    b = dp.Tensor.from_numpy(ctx, random(rng, (3,)), requires_grad=True)
+    ours = dp.functional.conv_transpose2d if transpose else dp.functional.conv2d
+    theirs = F.conv_transpose2d if transpose else F.conv2d
+    y = ours(x, w, b, stride=2, padding=1)
+    assert y.shape == tuple(theirs(torch.zeros(0, 4, 6, 5), torch.zeros(w_shape), None, stride=2,
+                                   padding=1).shape)
+    dp.functional.sum(y).backward()
+    assert x.grad.shape == x.shape
+    assert not w.grad.numpy().any() and not b.grad.numpy().any()
+    with pytest.raises(dp.ShapeError, match="bias"):
+        ours(x, w, dp.Tensor.zeros(ctx, (4,)))

@@ -276,13 +276,31 @@ def _bias_grad(ctx, g, channels, layout="NCHW"):
     return db
 
 
+def _empty_batch(ctx, x, weight, bias, output_shape, channels, name):
+    """The result of a convolution over an empty batch (N = 0), as torch gives it: an empty
+    output, and zero gradients for the weight and bias. ``output_shape`` has N = 0."""
+    if bias is not None:
+        _check_tensor(bias, (channels,), "bias")
+    y = Tensor.empty(ctx, output_shape)
+
+    def backward(g):
+        return (Tensor.empty(ctx, x.shape) if x.requires_grad else None,
+                Tensor.zeros(ctx, weight.shape) if weight.requires_grad else None,
+                Tensor.zeros(ctx, bias.shape) if bias is not None and bias.requires_grad else None)
+
+    return autograd.record(y, (x, weight, bias), backward, name)
+
+
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, layout="NCHW"):
     """torch.nn.functional.conv2d: x (N, C, H, W), weight (K, C/groups, R, S), bias (K,) or
     None; float32. Returns (N, K, Ho, Wo); gradients flow to x, weight and bias.
 
     ``layout="NHWC"``: x is (N, H, W, C), weight (K, R, S, C/groups) (channels last in both,
     as the Convolution operator stores them) and the result (N, Ho, Wo, K); the same numbers as
-    NCHW with every tensor permuted."""
+    NCHW with every tensor permuted.
+
+    An empty batch (N = 0) gives an empty result. Limitation (UnsupportedError):
+    padding="same" with an even kernel size, which needs asymmetric padding."""
     _check_layout(layout)
     _check_input(x, "input")
     _check_input(weight, "weight")
@@ -295,6 +313,11 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
     ctx = check_same_context(x, weight, bias)
     desc = ConvolutionDesc(_padding(padding, _kernel_size(weight, layout), stride, dilation),
                            stride, dilation, groups)
+    if x.shape[0] == 0:
+        # The geometry is checked on a batch of one; no kernel runs.
+        shape = _plan(ctx, (1,) + x.shape[1:], weight.shape, desc, layout).output_desc.shape
+        return _empty_batch(ctx, x, weight, bias, (0,) + shape[1:],
+                            shape[1] if layout == "NCHW" else shape[3], "conv2d")
     conv = _plan(ctx, x.shape, weight.shape, desc, layout)
     y = Tensor.empty(ctx, conv.output_desc.shape)
     conv.forward(x, weight, y, bias=bias)
@@ -358,6 +381,10 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
         _check_tensor(bias, (cout,), "bias")
     # The convolution whose input is our output and whose output is our input.
     y_shape = (n, cout, ho, wo) if layout == "NCHW" else (n, ho, wo, cout)
+    if n == 0:
+        # The geometry is checked on a batch of one; no kernel runs.
+        _plan(ctx, (1,) + y_shape[1:], weight.shape, desc, layout)
+        return _empty_batch(ctx, x, weight, bias, y_shape, cout, "conv_transpose2d")
     conv = _plan(ctx, y_shape, weight.shape, desc, layout)
     # With output_padding >= stride (allowed below the dilation) the convolution that maps our
     # output back has more output rows or columns than x; the extra ones scatter nothing, so x
