@@ -68,10 +68,13 @@ def gemm_api():
 
 
 def variant_name(plan):
-    """The kernel variant a GemmPlan runs, with its tile parameters: "tiled 64x64x16"."""
+    """The kernel variant a GemmPlan runs, with its tile parameters: "tiled 64x64x16",
+    "subgroup 16 w8x1 g1" (subgroup size, register block, subgroups per work-group)."""
     p = plan.params
     if plan.algorithm == "small":
         return "small"
+    if plan.algorithm == "subgroup":
+        return f"subgroup {p['sg_size']} w{p['wpt_m']}x{p['wpt_n']} g{p['sg_groups']}"
     tiles = f"{p.get('tile_m')}x{p.get('tile_n')}x{p.get('tile_k')}"
     if plan.algorithm == "splitk":
         return f"splitk{plan.splits} {tiles}"
