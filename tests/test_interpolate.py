@@ -52,6 +52,13 @@ def test_bad_input(ctx, rng):
         F.interpolate(x, size=2, mode="linear")
     with pytest.raises(dp.UnsupportedError, match="mode"):
         F.interpolate(x, size=2, mode="bicubic")
+    # Ranks torch accepts there: a limitation, not a shape error (once ShapeError).
+    with pytest.raises(dp.UnsupportedError, match="4-d"):
+        F.interpolate(dp.Tensor.from_numpy(ctx, random(rng, (1, 2, 5))), size=2, mode="area")
+    with pytest.raises(dp.UnsupportedError, match="3-d or 4-d"):
+        F.interpolate(dp.Tensor.from_numpy(ctx, random(rng, (1, 1, 2, 2, 2))), size=2)
+    with pytest.raises(dp.ShapeError, match="4-d"):
+        F.interpolate(dp.Tensor.from_numpy(ctx, random(rng, (1, 2, 5))), size=2, mode="bilinear")
     with pytest.raises(dp.ShapeError, match="positive"):
         F.interpolate(x, size=(0, 2))
     with pytest.raises(dp.ShapeError, match="empty output"):

@@ -102,6 +102,9 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
 
     Modes: "nearest" (3-d, 4-d), "linear" (3-d), "bilinear" (4-d), "area" (4-d, adaptive
     average pooling). ``align_corners`` applies to the linear modes only.
+
+    Limitations (UnsupportedError), all accepted by torch: 5-d inputs, "area" on 3-d inputs,
+    the modes "bicubic", "trilinear" and "nearest-exact", and ``antialias``.
     """
     if not isinstance(input, Tensor):
         raise DTypeError(f"interpolate expects a Tensor, got {type(input).__name__}")
@@ -113,9 +116,12 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
         raise UnsupportedError("interpolate: antialias is not supported")
     spatial = input.ndim - 2
     wanted = {"linear": (1,), "bilinear": (2,), "nearest": (1, 2), "area": (2,)}[mode]
+    # torch's ranks: a rank torch refuses is a ShapeError, one only this library lacks is not.
+    torch_ranks = {"linear": (1,), "bilinear": (2,), "nearest": (1, 2, 3), "area": (1, 2, 3)}[mode]
     if spatial not in wanted:
-        raise ShapeError(f"interpolate: mode {mode!r} expects a "
-                         f"{' or '.join(f'{w + 2}-d' for w in wanted)} input, got shape {input.shape}")
+        error = UnsupportedError if spatial in torch_ranks else ShapeError
+        raise error(f"interpolate: mode {mode!r} expects a "
+                    f"{' or '.join(f'{w + 2}-d' for w in wanted)} input, got shape {input.shape}")
     linear = mode in ("linear", "bilinear")
     if align_corners is not None and not linear:
         raise ShapeError(f"interpolate: align_corners applies to the linear modes, not {mode!r}")
