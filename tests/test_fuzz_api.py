@@ -55,8 +55,21 @@ def data(seed, shape, low=-1.0, high=1.0):
     return np.random.default_rng(seed).uniform(low, high, size=shape).astype(np.float32)
 
 
+_placements = iter(range(1 << 62))
+
+
 def dev(ctx, array, requires_grad=False):
-    return dp.Tensor.from_numpy(ctx, np.array(array, order="C"), requires_grad=requires_grad)
+    """``array`` on the device at an element offset of 0 to 4 in a NaN-filled buffer, so that an
+    operator that ignores the offset, or reads past either end, shows it."""
+    array = np.array(array, order="C")
+    offset = next(_placements) % 5
+    room = dp.Tensor.empty(ctx, (array.size + offset + 3,), array.dtype)
+    room.fill_(np.nan if array.dtype.kind == "f" else -1)
+    if array.size:
+        cl.enqueue_copy(ctx.queue, room.buffer, array, is_blocking=True,
+                        dst_offset=room.offset + offset * array.dtype.itemsize)
+    return dp.Tensor(ctx, room.buffer, array.shape, array.dtype,
+                     offset=room.offset + offset * array.dtype.itemsize, requires_grad=requires_grad)
 
 
 def ref(array):
@@ -111,7 +124,7 @@ def compare(ours, theirs, tol=1e-5, what=""):
     return None
 
 
-SHAPES = [(7,), (3, 5), (2, 1, 4), (2, 3, 4, 5), (1, 1), (0, 3), (4, 0, 2)]
+SHAPES = [(7,), (3, 5), (2, 1, 4), (2, 3, 4, 5), (1, 1), (0, 3), (4, 0, 2), (3, 300), (2, 1030)]
 seeds = st.integers(0, 2 ** 16)
 
 
@@ -175,7 +188,8 @@ def test_argmax_with_ties_and_nan(ctx, shape, draw, keepdim, name, seed):
 # ---- softmax, pointwise, activations ---------------------------------------------------------
 
 @FUZZ
-@given(st.sampled_from([(9,), (3, 5), (2, 3, 4), (2, 1, 3, 5), (1,), (0, 4)]), st.data(), st.booleans(),
+@given(st.sampled_from([(9,), (3, 5), (2, 3, 4), (2, 1, 3, 5), (1,), (0, 4), (3, 600), (700, 2)]),
+       st.data(), st.booleans(),
        st.sampled_from([1.0, 30.0]), seeds)
 def test_softmax_every_dim(ctx, shape, draw, log, scale, seed):
     nd = len(shape)
@@ -612,3 +626,72 @@ def test_composed_gradients(ctx, shape, out_features, act, through_softmax, seed
     assert_matches(out, expected, tol=1e-4, what="loss")
     for k, (o, t) in enumerate(zip(ours, theirs)):
         assert_matches(o.grad, t.grad, tol=1e-4, what=f"grad {k}")
+
+
+# Gradients of single operators: (name, our call, torch's call, input shapes).
+GRADIENT_CASES = [
+    ("max_pool2d", lambda x: F.max_pool2d(x, 3, 2, 1, 1, True), lambda x: TF.max_pool2d(x, 3, 2, 1, 1, True),
+     [(2, 3, 7, 6)]),
+    ("max_pool2d dilated", lambda x: F.max_pool2d(x, 2, 1, 1, 2), lambda x: TF.max_pool2d(x, 2, 1, 1, 2),
+     [(1, 2, 6, 5)]),
+    ("avg_pool2d", lambda x: F.avg_pool2d(x, (2, 3), (1, 2), (1, 0), True, False),
+     lambda x: TF.avg_pool2d(x, (2, 3), (1, 2), (1, 0), True, False), [(2, 3, 7, 6)]),
+    ("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (2, 5)),
+     lambda x: TF.adaptive_avg_pool2d(x, (2, 5)), [(2, 3, 7, 6)]),
+    ("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, 3), lambda x: TF.adaptive_max_pool2d(x, 3),
+     [(2, 3, 7, 6)]),
+    ("batch_norm", lambda x, w, b: F.batch_norm(x, None, None, w, b, True),
+     lambda x, w, b: TF.batch_norm(x, None, None, w, b, True), [(4, 3, 5), (3,), (3,)]),
+    ("layer_norm", lambda x, w, b: F.layer_norm(x, (4, 5), w, b), lambda x, w, b: TF.layer_norm(x, (4, 5), w, b),
+     [(2, 3, 4, 5), (4, 5), (4, 5)]),
+    ("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b), lambda x, w, b: TF.group_norm(x, 2, w, b),
+     [(2, 4, 3, 3), (4,), (4,)]),
+    ("softmax", lambda x: F.softmax(x, 1), lambda x: TF.softmax(x, 1), [(3, 7, 2)]),
+    ("log_softmax", lambda x: F.log_softmax(x, -1), lambda x: TF.log_softmax(x, -1), [(3, 7)]),
+    ("pad reflect", lambda x: F.pad(x, (2, 1, 0, 3), "reflect"), lambda x: TF.pad(x, (2, 1, 0, 3), "reflect"),
+     [(2, 3, 5, 4)]),
+    ("pad replicate", lambda x: F.pad(x, (3, 1), "replicate"), lambda x: TF.pad(x, (3, 1), "replicate"),
+     [(2, 3, 5)]),
+    ("pad crop", lambda x: F.pad(x, (-1, 2, 1, -2)), lambda x: TF.pad(x, (-1, 2, 1, -2)), [(2, 5, 4)]),
+    ("interpolate bilinear", lambda x: F.interpolate(x, (7, 3), mode="bilinear", align_corners=True),
+     lambda x: TF.interpolate(x, (7, 3), mode="bilinear", align_corners=True), [(1, 2, 4, 5)]),
+    ("interpolate nearest", lambda x: F.interpolate(x, scale_factor=1.6),
+     lambda x: TF.interpolate(x, scale_factor=1.6), [(1, 2, 4, 5)]),
+    ("mse_loss", lambda a, b: F.mse_loss(a, b), lambda a, b: TF.mse_loss(a, b), [(3, 4), (3, 4)]),
+    ("bce_with_logits", lambda a, t: F.binary_cross_entropy_with_logits(a, t, reduction="sum"),
+     lambda a, t: TF.binary_cross_entropy_with_logits(a, t, reduction="sum"), [(3, 4), (3, 4)]),
+    ("cross_entropy probabilities", lambda a, t: F.cross_entropy(a, t), lambda a, t: TF.cross_entropy(a, t),
+     [(4, 5), (4, 5)]),
+    ("amax", lambda x: F.amax(x, (0, 2)), lambda x: torch.amax(x, (0, 2)), [(3, 4, 2)]),
+    ("norm 3", lambda x: F.norm(x, 3, 1), lambda x: torch.linalg.vector_norm(x, 3, 1), [(3, 4)]),
+    ("maximum", lambda a, b: F.maximum(a, b), lambda a, b: torch.maximum(a, b), [(3, 4), (4,)]),
+    ("div", lambda a, b: F.div(a, b), lambda a, b: torch.div(a, b), [(3, 1), (1, 4)]),
+    ("cat", lambda a, b: F.cat([a, b], -1), lambda a, b: torch.cat([a, b], -1), [(2, 3), (2, 2)]),
+    ("permute", lambda x: F.permute(x, (2, 0, 1)), lambda x: x.permute(2, 0, 1), [(2, 3, 4)]),
+    ("conv2d", lambda x, w, b: F.conv2d(x, w, b, 2, 1, 1, 2), lambda x, w, b: TF.conv2d(x, w, b, 2, 1, 1, 2),
+     [(2, 4, 6, 5), (4, 2, 3, 3), (4,)]),
+    ("conv_transpose2d", lambda x, w, b: F.conv_transpose2d(x, w, b, 2, 1, 1),
+     lambda x, w, b: TF.conv_transpose2d(x, w, b, 2, 1, 1), [(2, 4, 3, 3), (4, 2, 3, 3), (2,)]),
+]
+
+
+@FUZZ
+@given(st.sampled_from(GRADIENT_CASES), st.booleans(), seeds)
+def test_gradients(ctx, case, ties, seed):
+    """Every input's gradient of sum(op(inputs) * g) against torch's autograd; ``ties`` rounds
+    the data so that maxima and comparisons tie."""
+    name, ours, theirs, shapes = case
+    arrays = [data(seed + k, s) for k, s in enumerate(shapes)]
+    if name == "cross_entropy probabilities":
+        arrays[1] = np.abs(arrays[1])
+    if ties:
+        arrays = [np.round(a * 2) / 2 + (0.75 if name in ("div", "norm 3") else 0) for a in arrays]
+    inputs = [dev(ctx, a, requires_grad=True) for a in arrays]
+    references = [ref(a).requires_grad_() for a in arrays]
+    out, expected = ours(*inputs), theirs(*references)
+    assert_matches(out, expected, tol=1e-5, what=f"{name} forward")
+    g = data(seed + 99, tuple(expected.shape))
+    out.backward(dev(ctx, g))
+    (expected * ref(g)).sum().backward()
+    for k, (o, t) in enumerate(zip(inputs, references)):
+        assert_matches(o.grad, t.grad, tol=1e-4, what=f"{name} gradient of input {k}")
