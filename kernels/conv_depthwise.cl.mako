@@ -226,12 +226,13 @@ void conv_dw_forward_tiled(${common.geometry_params()},
     const int ih0 = oh0 * ${st} - pad_h, iw0 = ow0 * ${st} - pad_w;
     {
         __global const float *xc = x + x_off + n * xsN + (k / mult) * xsC;
-        __local float *dst = &staged[lp][0][0];
+        // Indexed by row and column: a flat index through &staged[lp][0][0] runs past the
+        // first row's bounds, which C leaves undefined (Oclgrind reports it).
         for (int i = ly * ${gx} + lx; i < TILE_IN_H * TILE_IN_W; i += ${gx * gy}) {
             int r = i / TILE_IN_W, c = i - r * TILE_IN_W;
             int ih = ih0 + r, iw = iw0 + c;
             bool inside = plane_in && ih >= 0 && ih < H && iw >= 0 && iw < W;
-            dst[i] = inside ? xc[ih * xsH + iw * xsW] : 0.0f;
+            staged[lp][r][c] = inside ? xc[ih * xsH + iw * xsW] : 0.0f;
         }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
