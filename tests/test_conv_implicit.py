@@ -4,6 +4,7 @@ loads with aligned and unaligned weight offsets and kk tails; the GPU tile rule.
 from types import SimpleNamespace
 
 import numpy as np
+import pyopencl as cl
 import pytest
 import torch
 import torch.nn.functional as F
@@ -60,7 +61,7 @@ def test_tiles(ctx, rng, case, tiles, directions):
     refs = references(x, w, dy, pad, stride)
     problem = make_problem(x.shape, w.shape, dp.ConvolutionDesc(pad, stride))
     for tile in (getattr(algorithms, name) for name in tiles):
-        if tile.threads > ctx.info.max_work_group_size:
+        if tile.threads > ctx.info.max_work_group_size or tile.local_bytes > ctx.info.local_mem_size:
             continue
         algo = algorithms.ImplicitGemm(tile)
         run_all(ctx, algo, problem, x, w, dy, refs, rng, directions=directions)
@@ -123,3 +124,21 @@ def test_immediate_choices_on_a_gpu():
     assert selection.immediate(gpu, conv1, "backward_data") == "im2col_gemm"
     assert selection.immediate(gpu, stem, "forward") == "direct_small"
     assert selection.immediate(gpu, stem, "backward_data") == "im2col_gemm"
+
+
+@pytest.mark.parametrize("name", ["TILE_MEDIUM_K16", "TILE_THIN_K16", "TILE_SMALL"])
+def test_tile_local_memory(ctx, name, monkeypatch):
+    """local_bytes is the kernel's own local memory, and a tile larger than the device's local
+    memory does not apply (it once failed at launch with OUT_OF_RESOURCES on 32 KiB devices)."""
+    tile = getattr(algorithms, name)
+    if tile.threads > ctx.info.max_work_group_size or tile.local_bytes > ctx.info.local_mem_size:
+        pytest.skip("tile too large for this device")
+    problem = make_problem((1, 3, 9, 9), (8, 3, 3, 3), dp.ConvolutionDesc(1, 1))
+    algo = algorithms.ImplicitGemm(tile)
+    built = algo.prepare(ctx, problem, "forward")[0]
+    kernel = built.kernel("conv_igemm_forward")
+    used = kernel.get_work_group_info(cl.kernel_work_group_info.LOCAL_MEM_SIZE, ctx.device)
+    assert used == tile.local_bytes
+    assert algo.applies(ctx, problem, "forward")
+    monkeypatch.setattr(ctx.info, "local_mem_size", tile.local_bytes - 1)
+    assert not algo.applies(ctx, problem, "forward")

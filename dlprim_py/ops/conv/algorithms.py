@@ -237,6 +237,12 @@ class GemmTile:
     def threads(self):
         return (self.tile_m // self.thread_m) * (self.tile_n // self.thread_n)
 
+    @property
+    def local_bytes(self):
+        """Local memory of conv_implicit_gemm.cl.mako's two stages of A and B slices: tile_k
+        rows of float4s each, padded by one float4."""
+        return 2 * self.tile_k * ((self.tile_m + 4) // 4 + (self.tile_n + 4) // 4) * 16
+
 
 TILE_LARGE = GemmTile(128, 128, 8, 8, 8)
 TILE_WIDE = GemmTile(64, 128, 8, 8, 4)
@@ -280,7 +286,9 @@ class ImplicitGemm(Algorithm):
         if direction not in self.directions or (self.gpu_only and not ctx.info.is_gpu):
             return False
         tile = self.choose_tile(ctx, problem, direction)
-        return tile.threads <= ctx.info.max_work_group_size
+        # 32 KiB devices (Apple, Mali, Oclgrind) lack room for the largest tiles' 33-37 KiB.
+        return (tile.threads <= ctx.info.max_work_group_size
+                and tile.local_bytes <= ctx.info.local_mem_size)
 
     def choose_tile(self, ctx, problem, direction):
         if self.tile is not None:
