@@ -695,3 +695,54 @@ def test_gradients(ctx, case, ties, seed):
     (expected * ref(g)).sum().backward()
     for k, (o, t) in enumerate(zip(inputs, references)):
         assert_matches(o.grad, t.grad, tol=1e-4, what=f"{name} gradient of input {k}")
+
+
+# Malformed arguments: each must raise a library error (never TypeError, ValueError, KeyError or
+# an OpenCL error from inside, and never succeed). ``x`` is (2, 3, 4, 5), ``m`` is (3, 4).
+MALFORMED = [
+    lambda x, m: F.sum(m, 1.0), lambda x, m: F.sum(m, "a"), lambda x, m: F.sum(m, (0, -2)),
+    lambda x, m: F.argmax(m, (0,)), lambda x, m: F.norm(m, "nuc"), lambda x, m: F.norm(m, float("nan")),
+    lambda x, m: F.softmax(m, 1.0), lambda x, m: F.softmax(m, 2), lambda x, m: F.log_softmax(m, None),
+    lambda x, m: F.add(m, "a"), lambda x, m: F.add(m, None), lambda x, m: F.mul(m, [1.0]),
+    lambda x, m: F.maximum(m, dev(m.ctx, np.ones(5, np.float32))), lambda x, m: F.sum(np.ones(3, np.float32)),
+    lambda x, m: F.relu(np.ones(3, np.float32)), lambda x, m: F.leaky_relu(m, "a"),
+    lambda x, m: F.softplus(m, "a"), lambda x, m: F.hardtanh(m, 2.0, 1.0), lambda x, m: F.gelu(m, "fast"),
+    lambda x, m: F.split(m, 1.5), lambda x, m: F.split(m, [1, 1]), lambda x, m: F.split(m, 0),
+    lambda x, m: F.narrow(m, 0, 2, 2), lambda x, m: F.narrow(m, 2, 0, 1), lambda x, m: F.reshape(m, None),
+    lambda x, m: F.reshape(m, (5, -1)), lambda x, m: F.reshape(m, (-1, -1)), lambda x, m: F.permute(m, None),
+    lambda x, m: F.permute(m, (0, 0)), lambda x, m: F.transpose(m, 0, 2), lambda x, m: F.flatten(x, 2, 1),
+    lambda x, m: F.squeeze(m, 2), lambda x, m: F.unsqueeze(m, 3), lambda x, m: F.cat([m, x], 0),
+    lambda x, m: F.cat([], 0), lambda x, m: F.pad(m, (1.5, 1)), lambda x, m: F.pad(m, (1, 1, 1)),
+    lambda x, m: F.pad(m, (1, 1), "constant", "a"), lambda x, m: F.pad(m, (4, 0), "reflect"),
+    lambda x, m: F.pad(m, (-3, -2)),
+    lambda x, m: F.max_pool2d(x, 2.0), lambda x, m: F.max_pool2d(x, 0), lambda x, m: F.max_pool2d(x, 2, 0),
+    lambda x, m: F.max_pool2d(x, 3, padding=2), lambda x, m: F.max_pool2d(x, 6),
+    lambda x, m: F.avg_pool2d(x, 2, divisor_override=0), lambda x, m: F.max_pool2d(m, 2),
+    lambda x, m: F.adaptive_avg_pool2d(x, 2.5), lambda x, m: F.adaptive_max_pool2d(x, -1),
+    lambda x, m: F.batch_norm(x, None, None, training=True, momentum="a"),
+    lambda x, m: F.batch_norm(x, dev(x.ctx, np.zeros(4, np.float32)), dev(x.ctx, np.ones(4, np.float32))),
+    lambda x, m: F.layer_norm(x, (4,)), lambda x, m: F.group_norm(x, 2), lambda x, m: F.group_norm(x, 0),
+    lambda x, m: F.mse_loss(m, m, "avg"), lambda x, m: F.mse_loss(m, x),
+    lambda x, m: F.nll_loss(m, dev(m.ctx, np.zeros(3, np.float32))),
+    lambda x, m: F.nll_loss(m, dev(m.ctx, np.zeros(4, np.int64))),
+    lambda x, m: F.nll_loss(m, dev(m.ctx, np.array([0, 4, 1], np.int64))),
+    lambda x, m: F.cross_entropy(m, dev(m.ctx, np.array([0, -1, 1], np.int64))),
+    lambda x, m: F.binary_cross_entropy_with_logits(m, x),
+    lambda x, m: F.interpolate(x), lambda x, m: F.interpolate(x, (2, 2), 2), lambda x, m: F.interpolate(x, scale_factor=-1),
+    lambda x, m: F.interpolate(x, 2, mode="linear"), lambda x, m: F.interpolate(x, 2, mode="nearest", align_corners=True),
+    lambda x, m: F.linear(x, m), lambda x, m: F.linear(m, dev(m.ctx, np.ones((2, 4), np.float32)), m),
+    lambda x, m: F.conv2d(x, m), lambda x, m: F.conv2d(x, dev(x.ctx, np.ones((2, 2, 3, 3), np.float32))),
+    lambda x, m: F.conv2d(x, dev(x.ctx, np.ones((2, 3, 3, 3), np.float32)), stride=0),
+    lambda x, m: F.conv2d(x, dev(x.ctx, np.ones((2, 3, 5, 5), np.float32))),
+    lambda x, m: F.conv2d(x, dev(x.ctx, np.ones((2, 3, 3, 3), np.float32)), groups=2),
+    lambda x, m: F.conv_transpose2d(x, dev(x.ctx, np.ones((3, 2, 3, 3), np.float32)), stride=2, output_padding=2),
+    lambda x, m: F.dropout(m, 1.5), lambda x, m: F.dropout(m, 0.5, seed=-1), lambda x, m: F.dropout(m, "a"),
+]
+
+
+@pytest.mark.parametrize("index", range(len(MALFORMED)))
+def test_malformed_arguments_raise_library_errors(ctx, index):
+    x = dev(ctx, data(index, (2, 3, 4, 5)))
+    m = dev(ctx, data(index, (3, 4)))
+    with pytest.raises(dp.DlprimError):
+        MALFORMED[index](x, m)
