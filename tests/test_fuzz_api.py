@@ -11,6 +11,7 @@ The profile is fixed (derandomized, few examples) and shapes come from small set
 the same everywhere and kernel builds repeat instead of multiplying.
 """
 import math
+import warnings
 
 import numpy as np
 import pyopencl as cl
@@ -183,6 +184,40 @@ def test_argmax_with_ties_and_nan(ctx, shape, draw, keepdim, name, seed):
         a.ravel()[seed % a.size] = np.nan
     compare(lambda: getattr(F, name)(dev(ctx, a), dim=dim, keepdim=keepdim),
             lambda: getattr(torch, name)(ref(a), dim=dim, keepdim=keepdim), what=f"{name}{shape} dim={dim}")
+
+
+@FUZZ
+@given(st.sampled_from([(3, 5), (2, 3, 4), (3, 300), (2, 1030), (300, 3), (5, 1, 1, 7)]), st.data(),
+       st.sampled_from(["group", "item"]), st.sampled_from(["sum", "amax", "argmax", "norm"]), seeds)
+def test_reduction_variants_forced(ctx, shape, draw, variant, name, seed):
+    """Each reduction algorithm forced through DLPRIM_REDUCE_ALGO, whatever the layout."""
+    nd = len(shape)
+    dim = draw.draw(st.none() | st.integers(-nd, nd - 1))
+    a = np.round(data(seed, shape) * 3) if name == "argmax" else data(seed, shape)
+    theirs = {"sum": lambda t: torch.sum(t, dim) if dim is not None else torch.sum(t),
+              "amax": lambda t: torch.amax(t, () if dim is None else dim),
+              "argmax": lambda t: torch.argmax(t, dim),
+              "norm": lambda t: torch.linalg.vector_norm(t, 3, dim)}[name]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DLPRIM_REDUCE_ALGO", variant)
+        out = (F.norm(dev(ctx, a), 3, dim) if name == "norm" else getattr(F, name)(dev(ctx, a), dim))
+    assert_matches(out, theirs(ref(a)), what=f"{name}{shape} dim={dim} {variant}")
+
+
+@FUZZ
+@given(st.sampled_from([(3, 5), (2, 3, 4), (3, 300), (2, 1030), (700, 2)]), st.data(),
+       st.sampled_from(["row", "column"]), st.sampled_from([None, 0, 4, 32]), st.booleans(), seeds)
+def test_softmax_variants_forced(ctx, shape, draw, variant, cached, log, seed):
+    """Each softmax kernel and row cache forced; a cache too small for the row is refused."""
+    dim = draw.draw(st.integers(0, len(shape) - 1))
+    a = data(seed, shape) * 5
+    name = "log_softmax" if log else "softmax"
+    try:
+        out = getattr(F, name)(dev(ctx, a), dim, variant=variant, cached=cached)
+    except dp.UnsupportedError as error:
+        assert "cannot hold a row" in str(error)
+        return
+    assert_matches(out, getattr(TF, name)(ref(a), dim), what=f"{name}{shape} {dim} {variant} {cached}")
 
 
 # ---- softmax, pointwise, activations ---------------------------------------------------------
@@ -423,22 +458,10 @@ def test_nll_and_cross_entropy(ctx, shape, reduction, ignore_index, ignored, wei
        st.sampled_from(["mean", "sum", "none"]), seeds)
 def test_mse_loss(ctx, shapes, reduction, seed):
     a, b = data(seed, shapes[0]), data(seed + 1, shapes[1])
-    with _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # torch's note on broadcast targets
         compare(lambda: F.mse_loss(dev(ctx, a), dev(ctx, b), reduction),
                 lambda: TF.mse_loss(ref(a), ref(b), reduction=reduction), what=f"mse{shapes}")
-
-
-class _quiet:
-    """Silences torch's warning about broadcast mse targets."""
-
-    def __enter__(self):
-        import warnings
-        self._catch = warnings.catch_warnings()
-        self._catch.__enter__()
-        warnings.simplefilter("ignore")
-
-    def __exit__(self, *exc):
-        return self._catch.__exit__(*exc)
 
 
 @FUZZ
