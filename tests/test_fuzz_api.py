@@ -428,6 +428,16 @@ def test_layer_and_group_norm(ctx, shape, draw, affine, seed):
                                   ref(bc) if affine else None), tol=1e-4, what=f"group_norm G={groups}")
 
 
+@FUZZ
+@given(st.sampled_from([(2, 5, 3, 3), (2, 6, 4), (1, 3, 2, 2, 2), (3, 1, 4)]), st.sampled_from([1, 2, 3, 5, 8]),
+       st.sampled_from([(1e-4, 0.75, 1.0), (0.5, 0.5, 2.0)]), seeds)
+def test_local_response_norm(ctx, shape, size, params, seed):
+    x = data(seed, shape) * 2
+    alpha, beta, k = params
+    compare(lambda: F.local_response_norm(dev(ctx, x), size, alpha, beta, k),
+            lambda: TF.local_response_norm(ref(x), size, alpha, beta, k), what=f"lrn{shape} {size}")
+
+
 # ---- losses ----------------------------------------------------------------------------------
 
 @FUZZ
