@@ -216,7 +216,9 @@ class Tensor:
         return out
 
     def fill_(self, value):
-        """Set every element to ``value`` in place."""
+        """Set every element to ``value`` (a number) in place."""
+        if not isinstance(value, (int, float, np.number)):
+            raise DTypeError(f"fill_ needs a number, got {value!r}")
         if self.size:
             pattern = np.array([value], dtype=self.dtype)
             cl.enqueue_fill_buffer(self.ctx.queue, self.buffer, pattern, self.offset, self.nbytes)

@@ -130,6 +130,9 @@ def test_copy_and_clone(ctx, rng):
     assert np.array_equal(c.numpy(), a)
     with pytest.raises(dp.ShapeError):
         t.copy_(dp.Tensor.zeros(ctx, (4, 3)))
+    for value in ("a", None, [1.0]):      # once a ValueError or TypeError from numpy
+        with pytest.raises(dp.DTypeError, match="number"):
+            t.fill_(value)
 
 
 def test_tensor_desc():
