@@ -165,3 +165,14 @@ def test_bad_range_check_mode(ctx, monkeypatch):
     x = dp.Tensor.zeros(ctx, (3, 4))
     with pytest.raises(dp.UnsupportedError, match="range check must be one of"):
         F.nll_loss(x, dp.Tensor.zeros(ctx, (3,), np.int64))
+
+
+def test_ignore_index_must_be_an_int(ctx):
+    """1.5 was truncated to 1, and 1.0 after a call with 1 reused that call's setup."""
+    x = dp.Tensor.from_numpy(ctx, np.zeros((3, 4), np.float32))
+    t = dp.Tensor.from_numpy(ctx, np.array([0, 1, 2], np.int64))
+    F.nll_loss(x, t, ignore_index=1)
+    for bad in (1.0, 1.5, "1", None):
+        for loss in (F.nll_loss, F.cross_entropy):
+            with pytest.raises(dp.DTypeError, match="ignore_index must be an int"):
+                loss(x, t, ignore_index=bad)

@@ -221,6 +221,9 @@ _MAX_SETUPS = 64
 def _nll_setup(input, target, weight, reduction, shifted, ignore_index):
     """The ``_NllSetup`` of an nll_loss call, validated; memoized per context by shapes,
     dtypes and offsets (at most _MAX_SETUPS: each holds its scratch tensors)."""
+    # Before the memo: 1.0 == 1 would find the setup of ignore_index=1.
+    if not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, bool):
+        raise DTypeError(f"nll_loss: ignore_index must be an int, got {ignore_index!r}")
     try:
         ctx = input.ctx
         key = (input.shape, input.dtype, input.offset, target.shape, target.dtype, target.offset,
