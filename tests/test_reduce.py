@@ -445,3 +445,13 @@ def test_arg_and_infinity_norm_of_empty_tensors_follow_torch(ctx):
                  lambda: F.norm(empty, np.inf, 0), lambda: F.norm(empty, -np.inf)):
         with pytest.raises(dp.ShapeError, match="empty dimension"):
             call()
+
+
+def test_dim_types_are_checked_after_a_valid_call(ctx):
+    """The shape memo once took dim=True or (1.0,) for the dim=1 it had seen."""
+    x = dp.Tensor.zeros(ctx, (3, 4))
+    F.sum(x, 1)
+    F.sum(x, (1,))
+    for dim in (True, (1.0,), (True,)):
+        with pytest.raises(dp.ShapeError, match="dim"):
+            F.sum(x, dim)

@@ -554,7 +554,12 @@ def _shapes(x, dim, keepdim, name):
     """(axes, kept-dims shape, result shape) of reducing ``x`` over ``dim``; an empty ``dim``
     means every dimension, as in torch. Memoized (a bad ``dim`` raises and is not kept)."""
     try:
-        key = (x.shape, dim if dim is None or isinstance(dim, int) else tuple(dim), bool(keepdim), name)
+        # Types are in the key: True == 1 and 1.0 == 1 must not find the shapes of dim=1.
+        if dim is None or type(dim) is int:
+            key = (x.shape, dim, bool(keepdim), name)
+        else:
+            dims = tuple(dim)
+            key = (x.shape, dims, tuple(type(d) for d in dims), bool(keepdim), name)
         return _shape_memo[key]
     except (KeyError, TypeError):
         pass
