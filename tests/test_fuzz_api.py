@@ -773,6 +773,14 @@ MALFORMED = [
     lambda x, m: F.conv2d(x, dev(x.ctx, np.ones((2, 3, 3, 3), np.float32)), groups=2),
     lambda x, m: F.conv_transpose2d(x, dev(x.ctx, np.ones((3, 2, 3, 3), np.float32)), stride=2, output_padding=2),
     lambda x, m: F.dropout(m, 1.5), lambda x, m: F.dropout(m, 0.5, seed=-1), lambda x, m: F.dropout(m, "a"),
+    # After a valid call whose memo key compares equal (True == 1 == 1.0).
+    lambda x, m: (F.sum(m, 1), F.sum(m, True)), lambda x, m: (F.amax(m, (1,)), F.amax(m, (1.0,))),
+    lambda x, m: (F.max_pool2d(x, 2), F.max_pool2d(x, 2.0)),
+    lambda x, m: (F.avg_pool2d(x, 2, 1), F.avg_pool2d(x, 2, 1.0)),
+    lambda x, m: (F.nll_loss(m, dev(m.ctx, np.zeros(3, np.int64)), ignore_index=1),
+                  F.nll_loss(m, dev(m.ctx, np.zeros(3, np.int64)), ignore_index=1.0)),
+    lambda x, m: F.nll_loss(m, dev(m.ctx, np.zeros(3, np.int64)), ignore_index=1.5),
+    lambda x, m: m.fill_("a"), lambda x, m: F.pad(m, (1,), "constant"),
 ]
 
 
