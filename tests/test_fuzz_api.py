@@ -365,7 +365,7 @@ def test_pools(ctx, shape, kernel, stride, padding, dilation, ceil_mode, count_i
 
 @FUZZ
 @given(st.sampled_from([(2, 3, 7, 6), (1, 2, 5, 5), (3, 4, 4)]),
-       st.sampled_from([1, 2, 3, 5, 8, (2, 5), (None, 3), (4, None)]), st.booleans(), seeds)
+       st.sampled_from([1, 2, 3, 5, 8, (2, 5), (None, 3), (4, None), 0, (0, 3)]), st.booleans(), seeds)
 def test_adaptive_pools(ctx, shape, output_size, is_max, seed):
     x = data(seed, shape)
     if is_max:

@@ -3,6 +3,7 @@ poisoned outputs; bad input."""
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as TF
 
 import dlprim_py as dp
 import dlprim_py.functional as F
@@ -114,7 +115,7 @@ def test_bad_input(ctx, rng):
     with pytest.raises(dp.ShapeError, match="positive"):
         F.max_pool2d(x, 2, stride=0)
     with pytest.raises(dp.ShapeError, match="output_size"):
-        F.adaptive_avg_pool2d(x, (0, 2))
+        F.adaptive_avg_pool2d(x, (-1, 2))
     with pytest.raises(dp.DTypeError, match="float32"):
         F.avg_pool2d(dp.Tensor.from_numpy(ctx, np.ones((1, 1, 4, 4), np.int32)), 2)
     op = Pool2d(ctx, "max", kernel_size=2)
@@ -187,3 +188,16 @@ def test_float_sizes_are_refused_after_an_int_call(ctx, rng):
                  lambda: F.adaptive_avg_pool2d(x, 2.5), lambda: F.adaptive_max_pool2d(x, 1.0)):
         with pytest.raises(dp.ShapeError, match="int"):
             call()
+
+
+@pytest.mark.parametrize("output_size", [0, (0, 2), (3, 0)])
+def test_adaptive_output_size_zero(ctx, rng, output_size):
+    """torch gives an empty output (once refused); the input gradient is then zero."""
+    a = random(rng, (2, 3, 5, 4))
+    for ours, theirs in ((F.adaptive_avg_pool2d, TF.adaptive_avg_pool2d),
+                         (F.adaptive_max_pool2d, TF.adaptive_max_pool2d)):
+        x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+        y = ours(x, output_size)
+        assert y.shape == tuple(theirs(torch.from_numpy(a), output_size).shape)
+        F.sum(y).backward()
+        assert np.array_equal(x.grad.numpy(), np.zeros_like(a))

@@ -81,14 +81,16 @@ class Pool2d:
             if isinstance(output_size, (int, np.integer)):
                 output_size = (int(output_size), int(output_size))
             if not isinstance(output_size, (tuple, list)):
-                raise ShapeError(f"output_size must be a positive int or a pair of positive ints "
+                raise ShapeError(f"output_size must be a non-negative int or a pair of them "
                                  f"(or None), got {output_size!r}")
             output_size = tuple(output_size)
             if len(output_size) == 1:
                 output_size = output_size * 2
+            # 0 is allowed, as in torch: an empty output.
             if len(output_size) != 2 or any(s is not None and (not isinstance(s, (int, np.integer))
-                                                               or s <= 0) for s in output_size):
-                raise ShapeError(f"output_size must be a positive int or a pair of positive ints "
+                                                               or isinstance(s, bool) or s < 0)
+                                            for s in output_size):
+                raise ShapeError(f"output_size must be a non-negative int or a pair of them "
                                  f"(or None), got {output_size!r}")
             self.output_size = output_size
             self.kernel = self.stride = (1, 1)
@@ -253,6 +255,10 @@ class Pool2d:
             raise ShapeError("max pooling backward needs the indices written by forward")
         self._log(dx.shape, dy.shape, False)
         if dx.size == 0:
+            return
+        if dy.size == 0:
+            # No window reads anything (adaptive output size 0).
+            dx.fill_(0.0)
             return
         kernel = self._kernel("pool_backward", index_t, False)
         args = self._common_args(dx.size, dx.shape, dy.shape, index_np)
