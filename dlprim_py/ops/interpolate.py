@@ -66,14 +66,17 @@ def _device_table(ctx, in_size, out_size, mode, align_corners, scale_factor):
     return table
 
 
-def _normalise_sizes(input, size, scale_factor, spatial):
+def _normalise_sizes(input, size, scale_factor, spatial, allow_empty=False):
+    """(output sizes, scale factors or None); ``allow_empty``: sizes of 0 are fine ("area",
+    adaptive pooling, as in torch)."""
     in_sizes = input.shape[2:]
+    least = 0 if allow_empty else 1
     if (size is None) == (scale_factor is None):
         raise ShapeError("interpolate: give exactly one of size and scale_factor")
     if size is not None:
         sizes = (size,) * spatial if isinstance(size, (int, np.integer)) else tuple(size)
-        if len(sizes) != spatial or any(not isinstance(s, (int, np.integer)) or s <= 0 for s in sizes):
-            raise ShapeError(f"interpolate: size must be {spatial} positive ints for input "
+        if len(sizes) != spatial or any(not isinstance(s, (int, np.integer)) or s < least for s in sizes):
+            raise ShapeError(f"interpolate: size must be {spatial} ints >= {least} for input "
                              f"{input.shape}, got {size!r}")
         return tuple(int(s) for s in sizes), (None,) * spatial
     factors = ((scale_factor,) * spatial if isinstance(scale_factor, (int, float, np.number))
@@ -82,7 +85,7 @@ def _normalise_sizes(input, size, scale_factor, spatial):
         raise ShapeError(f"interpolate: scale_factor must be {spatial} positive numbers for input "
                          f"{input.shape}, got {scale_factor!r}")
     sizes = tuple(int(math.floor(float(s) * float(f))) for s, f in zip(in_sizes, factors))
-    if any(s <= 0 for s in sizes):
+    if any(s < least for s in sizes):
         raise ShapeError(f"interpolate: scale_factor {scale_factor!r} gives an empty output for "
                          f"input {input.shape}")
     return sizes, tuple(float(f) for f in factors)
@@ -125,7 +128,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     linear = mode in ("linear", "bilinear")
     if align_corners is not None and not linear:
         raise ShapeError(f"interpolate: align_corners applies to the linear modes, not {mode!r}")
-    sizes, factors = _normalise_sizes(input, size, scale_factor, spatial)
+    sizes, factors = _normalise_sizes(input, size, scale_factor, spatial, allow_empty=mode == "area")
     if recompute_scale_factor:
         factors = (None,) * spatial
     if mode == "area":
