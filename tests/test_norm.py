@@ -308,3 +308,15 @@ def test_batch_norm_scalar_arguments_must_be_numbers(ctx, rng):
     for kwargs in ({"momentum": "a"}, {"eps": "1e-5"}):
         with pytest.raises(dp.DTypeError, match="must be a number"):
             F.batch_norm(x, None, None, training=True, **kwargs)
+
+
+def test_group_norm_refuses_what_torch_refuses(ctx, rng):
+    """One sample whose groups each hold one value: torch raises, and so do we (once a result
+    of bias alone); two samples of that kind pass in both."""
+    with pytest.raises(dp.ShapeError, match="more than one value per group"):
+        F.group_norm(dp.Tensor.from_numpy(ctx, random(rng, (1, 3, 1, 1))), 3)
+    with pytest.raises(ValueError):
+        torch.nn.functional.group_norm(torch.zeros(1, 3, 1, 1), 3)
+    x = random(rng, (2, 3, 1, 1))
+    assert_close(F.group_norm(dp.Tensor.from_numpy(ctx, x), 3).numpy(),
+                 torch.nn.functional.group_norm(torch.from_numpy(x).double(), 3).numpy())

@@ -524,6 +524,11 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     check_same_context(input, weight, bias)
     S = math.prod(input.shape[2:])
     G, Cg = int(num_groups), C // num_groups
+    if N * Cg * S == 1:
+        # torch's check (its batch-size check on the (N * C / G, G, ...) view): one sample whose
+        # groups each hold a single value.
+        raise ShapeError(f"group_norm: expected more than one value per group over the batch, "
+                         f"got input {input.shape} with {G} groups")
     return _row_norm(input, N * G, Cg * S, G, Cg, S, weight, bias, eps, (N, C, S), "group_norm",
                      splittable=True)
 
