@@ -46,6 +46,12 @@ def test_bad_input(ctx, rng):
     with pytest.raises(dp.ShapeError, match=r"bias must have shape \(3,\)"):
         F.linear(x, w, dp.Tensor.from_numpy(ctx, random(rng, (4,))))
     with pytest.raises(dp.ShapeError, match="out_features, in_features"):
+        F.linear(x, dp.Tensor.from_numpy(ctx, random(rng, (1, 3, 6))))
+    # Forms torch accepts: documented limitations (once ShapeError).
+    with pytest.raises(dp.UnsupportedError, match="1-d weight"):
         F.linear(x, dp.Tensor.from_numpy(ctx, random(rng, (6,))))
+    for shape in ((), (1,)):
+        with pytest.raises(dp.UnsupportedError, match="broadcast"):
+            F.linear(x, w, dp.Tensor.from_numpy(ctx, random(rng, shape)))
     with pytest.raises(dp.DTypeError, match="float32"):
         F.linear(dp.Tensor.from_numpy(ctx, np.ones((4, 6), np.int32)), w)

@@ -32,12 +32,18 @@ def _check(input, weight, bias):
         if t.dtype != float32:
             raise DTypeError(f"linear: {what} must be float32, got {t.dtype}")
     check_same_context(input, weight, bias)
+    if weight.ndim == 1:
+        raise UnsupportedError(f"linear: a 1-d weight {weight.shape} (torch's vector form) is not "
+                               f"supported; pass weight.reshape(1, -1)")
     if weight.ndim != 2:
         raise ShapeError(f"linear: weight must be (out_features, in_features), got {weight.shape}")
     out_features, in_features = weight.shape
     if input.ndim == 0 or input.shape[-1] != in_features:
         raise ShapeError(f"linear: input's last dimension must be in_features = {in_features}, "
                          f"got input shape {input.shape}")
+    if bias is not None and bias.shape in ((), (1,)) and out_features != 1:
+        raise UnsupportedError(f"linear: a bias of shape {bias.shape} broadcast over "
+                               f"{out_features} outputs is not supported; pass ({out_features},)")
     if bias is not None and bias.shape != (out_features,):
         raise ShapeError(f"linear: bias must have shape ({out_features},), got {bias.shape}")
     if in_features == 0 or out_features == 0:
@@ -46,7 +52,10 @@ def _check(input, weight, bias):
 
 
 def linear(input, weight, bias=None):
-    """y = input @ weight^T + bias over the last dimension of ``input`` (any leading shape)."""
+    """y = input @ weight^T + bias over the last dimension of ``input`` (any leading shape).
+
+    Limitations (UnsupportedError), all accepted by torch: a 1-d weight, a bias that broadcasts
+    (shape () or (1,)) instead of (out_features,), and an empty weight."""
     out_features, in_features = _check(input, weight, bias)
     ctx = input.ctx
     rows = math.prod(input.shape[:-1])
