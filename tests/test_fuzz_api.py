@@ -568,7 +568,7 @@ def test_linear(ctx, input_shape, out_features, with_bias, corrupt, seed):
             lambda: TF.linear(ref(x), ref(w), ref(b) if with_bias else None), what="linear")
 
 
-@FUZZ_COMPILING
+@settings(FUZZ, max_examples=4)
 @given(st.sampled_from([(2, 4, 7, 6), (1, 4, 5, 5)]), st.sampled_from([4, 8]), st.sampled_from([1, 2, 4]),
        st.sampled_from([(3, 3), (1, 1), (2, 3)]), st.sampled_from([1, 2, (1, 2)]),
        st.sampled_from([0, 1, (1, 0)]), st.sampled_from([1, 2]), st.booleans(), st.booleans(), seeds)
@@ -633,11 +633,11 @@ def test_dropout_is_deterministic_and_scaled(ctx, shape, p, seed, stream):
 
 
 @settings(FUZZ, max_examples=4)
-@given(st.sampled_from([(3, 5), (2, 3, 5)]), st.just(4),
-       st.sampled_from(["relu", "gelu", "sigmoid"]), st.booleans(), seeds)
-def test_composed_gradients(ctx, shape, out_features, act, through_softmax, seed):
-    """d/d(x, w, b, y) of sum(act(linear(x, w, b)) * y), optionally through log_softmax and a
-    mean over the last dim, against torch's autograd."""
+@given(st.sampled_from(["relu", "gelu", "sigmoid"]), seeds)
+def test_composed_gradients(ctx, act, seed):
+    """d/d(x, w, b, y) of sum(mean(log_softmax(act(linear(x, w, b)) * y, -1), -1)) against
+    torch's autograd (one shape: each GEMM configuration costs a PoCL build)."""
+    shape, out_features = (2, 3, 5), 4
     x, w, b = data(seed, shape), data(seed + 1, (out_features, shape[-1])), data(seed + 2, (out_features,))
     y = data(seed + 3, shape[:-1] + (out_features,))
     ours = [dev(ctx, a, requires_grad=True) for a in (x, w, b, y)]
@@ -645,12 +645,12 @@ def test_composed_gradients(ctx, shape, out_features, act, through_softmax, seed
 
     def ours_chain(x, w, b, y):
         h = F.mul(getattr(F, act)(F.linear(x, w, b)), y)
-        return F.sum(F.mean(F.log_softmax(h, dim=-1), -1)) if through_softmax else F.sum(h)
+        return F.sum(F.mean(F.log_softmax(h, dim=-1), -1))
 
     def torch_chain(x, w, b, y):
         h = getattr(torch, act)(TF.linear(x, w, b)) if act == "sigmoid" else getattr(TF, act)(TF.linear(x, w, b))
         h = h * y
-        return TF.log_softmax(h, dim=-1).mean(-1).sum() if through_softmax else h.sum()
+        return TF.log_softmax(h, dim=-1).mean(-1).sum()
 
     out = ours_chain(*ours)
     out.backward()
@@ -709,7 +709,7 @@ GRADIENT_CASES = [
 ]
 
 
-@FUZZ
+@settings(FUZZ, max_examples=8)
 @given(st.sampled_from(GRADIENT_CASES), st.booleans(), seeds)
 def test_gradients(ctx, case, ties, seed):
     """Every input's gradient of sum(op(inputs) * g) against torch's autograd; ``ties`` rounds
