@@ -8,10 +8,9 @@ lacks (GELU, SiLU, hard-swish, ...) so that MobileNet- and EfficientNet-style la
 are baked in as literals, so a kernel is compiled per (mode, alpha, beta, gamma).
 """
 import enum
-
 import numbers
 
-from .errors import DTypeError, UnsupportedError, DlprimError
+from .errors import DlprimError, DTypeError, UnsupportedError
 
 
 class Activation(enum.Enum):

@@ -18,7 +18,8 @@ import pyopencl as cl
 import pytest
 import torch
 import torch.nn.functional as TF
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import dlprim_py as dp
 import dlprim_py.tensor as tensor_module
@@ -573,7 +574,7 @@ def test_linear(ctx, input_shape, out_features, with_bias, corrupt, seed):
        st.sampled_from([(3, 3), (1, 1), (2, 3)]), st.sampled_from([1, 2, (1, 2)]),
        st.sampled_from([0, 1, (1, 0)]), st.sampled_from([1, 2]), st.booleans(), st.booleans(), seeds)
 def test_conv2d(ctx, shape, K, groups, kernel, stride, padding, dilation, nhwc, with_bias, seed):
-    N, C, H, W = shape
+    C = shape[1]
     x, w, b = data(seed, shape), data(seed + 1, (K, C // groups) + kernel), data(seed + 2, (K,))
     bias = (lambda: dev(ctx, b)) if with_bias else (lambda: None)
     expected = TF.conv2d(ref(x), ref(w), ref(b) if with_bias else None, stride, padding, dilation, groups)
@@ -594,7 +595,7 @@ def test_conv2d(ctx, shape, K, groups, kernel, stride, padding, dilation, nhwc, 
 def test_conv_transpose2d(ctx, shape, Cout, groups, kernel, stride, padding, output_padding, dilation,
                           nhwc, seed):
     """output_padding must be smaller than stride or dilation; torch's refusals must be ours."""
-    N, C, H, W = shape
+    C = shape[1]
     x, w, b = data(seed, shape), data(seed + 1, (C, Cout // groups) + kernel), data(seed + 2, (Cout,))
     if nhwc:
         compare(lambda: F.conv_transpose2d(dev(ctx, x.transpose(0, 2, 3, 1)), dev(ctx, w.transpose(0, 2, 3, 1)),
