@@ -372,6 +372,12 @@ def test_wrong_dtype(ctx, rng):
     with pytest.raises(dp.DTypeError, match="float32"):
         enqueue_gemm(ctx, 4, 3, 5, a.buffer, 0, 5, a.buffer, 0, 3, a.buffer, 0, 3,
                      dtype=np.float16)
+    ok = dp.Tensor.from_numpy(ctx, random(rng, (5, 3)))
+    with pytest.raises(dp.DTypeError, match="alpha must be a real number"):
+        dp.gemm(a, ok, alpha="a")
+    with pytest.raises(dp.DTypeError, match="beta must be a real number"):
+        dp.gemm_batched(dp.Tensor.from_numpy(ctx, random(rng, (1, 4, 5))),
+                        dp.Tensor.from_numpy(ctx, random(rng, (1, 5, 3))), beta=None)
 
 
 def test_buffer_too_small_for_leading_dimension_and_offset(ctx, rng):

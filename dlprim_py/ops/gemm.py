@@ -678,6 +678,9 @@ def _gemm_tensors(a, b, c, alpha, beta, trans_a, trans_b, bias, activation, bias
     ndim = 3 if batched else 2
     _check_tensor(a, "a", ndim)
     _check_tensor(b, "b", ndim)
+    for value, name in ((alpha, "alpha"), (beta, "beta")):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise DTypeError(f"{name} must be a real number, got {value!r}")
     ctx = a.ctx
     for t, name in ((b, "b"), (c, "c"), (bias, "bias")):
         if t is not None and isinstance(t, Tensor) and t.ctx.cl_context != ctx.cl_context:
