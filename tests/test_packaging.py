@@ -57,7 +57,11 @@ def test_installed_package_builds_a_kernel_outside_the_source_tree(wheel, tmp_pa
         "x = dp.Tensor.from_numpy(ctx, np.arange(5, dtype=np.float32))\n"
         "print((x * 2.0).numpy().tolist())\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(target), DLPRIM_NO_CACHE="1")
+    # The installed copy first; other PYTHONPATH entries (where pyopencl may live) stay, except
+    # any that holds a dlprim_py source tree.
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and not (Path(p) / "dlprim_py").exists()]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target)] + kept), DLPRIM_NO_CACHE="1")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                             capture_output=True, text=True, check=True)
     kernels, values = result.stdout.strip().splitlines()
