@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import dlprim_py as dp  # noqa: E402
 from dlprim_py.ops.conv import selection  # noqa: E402
 from dlprim_py.bench.harness import error_metric  # noqa: E402
-from dlprim_py.bench.record import measured_commit  # noqa: E402
+from dlprim_py.bench.record import geomean, measured_commit  # noqa: E402
 from dlprim_py.bench.torch_baseline import TorchBaseline  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
@@ -144,10 +144,6 @@ def bench_layer(ctx, layer, batch, directions, device, rng, repeat):
               f"base {theirs * 1e3:8.3f} ms  x{theirs / ours:5.2f}  err {err:.1e}", flush=True)
     return results
 
-
-def geomean(values):
-    values = [v for v in values if v > 0]
-    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
 def make_report(args, ctx, device, results, started):

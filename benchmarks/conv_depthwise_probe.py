@@ -27,6 +27,7 @@ sys.path.insert(0, HERE)
 
 import dlprim_py as dp  # noqa: E402
 from dlprim_py.bench.harness import error_metric  # noqa: E402
+from dlprim_py.bench.record import geomean  # noqa: E402
 from dlprim_py.bench.torch_baseline import TorchBaseline  # noqa: E402
 from dlprim_py.ops.conv import depthwise, selection  # noqa: E402
 from dlprim_py.ops.conv.algorithms import EpilogueArgs  # noqa: E402
@@ -58,10 +59,6 @@ VARIANTS = {
     "backward_filter": [selection.algorithm("depthwise")],
 }
 
-
-def geomean(values):
-    values = [v for v in values if v and v > 0]
-    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
 def probe_layer(ctx, layer, batch, device, baseline, repeat):

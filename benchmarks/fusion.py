@@ -44,7 +44,7 @@ from dlprim_py import fusion  # noqa: E402
 from dlprim_py.ops import norm  # noqa: E402
 from dlprim_py.ops.activation_ops import activation_forward  # noqa: E402
 from dlprim_py.bench.harness import error_metric  # noqa: E402
-from dlprim_py.bench.record import measured_commit  # noqa: E402
+from dlprim_py.bench.record import geomean, measured_commit  # noqa: E402
 from dlprim_py.bench.torch_baseline import TorchBaseline  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
@@ -182,10 +182,6 @@ def bench_layer(ctx, spec, batch, device, rng, repeat, algo):
           f"err {row['fused_error']:.1e}", flush=True)
     return row
 
-
-def geomean(values):
-    values = [v for v in values if v > 0]
-    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
 def main():

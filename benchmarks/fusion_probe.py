@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import dlprim_py as dp  # noqa: E402
 from dlprim_py.bench.harness import error_metric  # noqa: E402
-from dlprim_py.bench.record import measured_commit  # noqa: E402
+from dlprim_py.bench.record import geomean, measured_commit  # noqa: E402
 from dlprim_py.bench.torch_baseline import TorchBaseline  # noqa: E402
 from dlprim_py.ops import norm  # noqa: E402
 from dlprim_py.ops.activation_ops import activation_forward  # noqa: E402
@@ -135,10 +135,6 @@ def probe_layer(ctx, spec, batch, device, rng, repeat, queued, algo):
         for key in runs) + f" torch {row['torch_ms']:.3f}", flush=True)
     return row
 
-
-def geomean(values):
-    values = [v for v in values if v > 0]
-    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
 def main():

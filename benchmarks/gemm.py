@@ -39,7 +39,7 @@ import pyopencl as cl
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import dlprim_py as dp  # noqa: E402
-from dlprim_py.bench.record import measured_commit  # noqa: E402
+from dlprim_py.bench.record import geomean, measured_commit  # noqa: E402
 from dlprim_py.ops.gemm import GemmPlan  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
@@ -201,7 +201,7 @@ def run(args):
     conv = [r["ratio"] for r in rows if r["group"] == "resnet50-conv"]
     summary = {}
     if conv:
-        summary["resnet50_conv_ratio_geomean"] = float(np.exp(np.mean(np.log(conv))))
+        summary["resnet50_conv_ratio_geomean"] = geomean(conv)
         summary["resnet50_conv_ratio_min"] = float(min(conv))
         total_ours = sum(r["ours_ms"] for r in rows if r["group"] == "resnet50-conv")
         total_base = sum(r["baseline_ms"] for r in rows if r["group"] == "resnet50-conv")

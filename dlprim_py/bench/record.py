@@ -1,6 +1,7 @@
 """``--json FILE``: the device, driver, library version and commit, and every figure."""
 import datetime
 import json
+import math
 import os
 import platform
 import re
@@ -31,6 +32,13 @@ def source_commit():
         return commit, bool(status.strip())
     except (OSError, subprocess.SubprocessError):
         return None, None
+
+
+def geomean(values):
+    """Geometric mean of the positive values (ratios of times; zeros and None, which stand for
+    cases that were skipped or failed, are left out); NaN when none is left."""
+    kept = [float(v) for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in kept) / len(kept)) if kept else float("nan")
 
 
 def measured_commit(given=None):
