@@ -497,14 +497,17 @@ class GemmPlan:
                          f32(residual_alpha)]
         self._launches = []
         fold_args = [*_fold_args(fold_a), *_fold_args(fold_b), *_fold_args(fold_c, False)]
+        # Every kernel's arguments: sizes and operands A and B, then where the product goes (C,
+        # or split-K's workspace) with alpha and beta, then the epilogue's operands and folds.
+        ab_args = [i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
+                   b_buf, i64(b_off), i32(ldb), i64(stride_b)]
+        c_args = [c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta)]
+        out_args = [bias_arg, i64(bias_off), *epilogue_args]
         if params["kernel"] == "small":
             built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
                                                               act_code, False, folds, **epilogue))
             kernel = built.kernel("gemm_small", fresh=True)
-            kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
-                            b_buf, i64(b_off), i32(ldb), i64(stride_b),
-                            c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
-                            bias_arg, i64(bias_off), *epilogue_args, *fold_args, *chain_args)
+            kernel.set_args(*ab_args, *c_args, *out_args, *fold_args, *chain_args)
             sm, sn = params["small_m"], params["small_n"]
             self._launches.append((kernel, (_round_up(N, sn), _round_up(M, sm), batch), (sn, sm, 1)))
             self.algorithm = "small"
@@ -525,10 +528,7 @@ class GemmPlan:
             built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
                                                               act_code, False, folds, **epilogue))
             kernel = built.kernel("gemm_subgroup", fresh=True)
-            kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
-                            b_buf, i64(b_off), i32(ldb), i64(stride_b),
-                            c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
-                            bias_arg, i64(bias_off), *epilogue_args, *fold_args, *chain_args)
+            kernel.set_args(*ab_args, *c_args, *out_args, *fold_args, *chain_args)
             sg, rows, groups = params["sg_size"], params["wpt_m"], params["sg_groups"]
             self._launches.append((kernel, (math.ceil(N / (sg * params["wpt_n"])) * sg,
                                             _round_up(math.ceil(M / rows), groups), batch),
@@ -576,16 +576,11 @@ class GemmPlan:
                 batch * splits)
         if use_split:
             self.workspace = allocate(ctx, batch * splits * M * N * itemsize)
-            kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
-                            b_buf, i64(b_off), i32(ldb), i64(stride_b),
-                            self.workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0),
-                            bias_arg, i64(bias_off), *epilogue_args, *fold_args[:10],
-                            *_fold_args(None, False),
+            kernel.set_args(*ab_args, self.workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0),
+                            *out_args, *fold_args[:10], *_fold_args(None, False),
                             i32(splits), i32(k_chunk), *chain_args)
             reduce = built.kernel("gemm_splitk_reduce", fresh=True)
-            reduce.set_args(i32(M), i32(N), i32(splits), self.workspace,
-                            c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
-                            bias_arg, i64(bias_off), *epilogue_args,
+            reduce.set_args(i32(M), i32(N), i32(splits), self.workspace, *c_args, *out_args,
                             *_fold_args(fold_c, False), *chain_args)
             group = min(64, ctx.info.max_work_group_size)
             self._launches.append((kernel, grid, (threads, 1, 1)))
@@ -593,11 +588,7 @@ class GemmPlan:
             self.algorithm = "splitk"
         else:
             self.workspace = None
-            kernel.set_args(i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
-                            b_buf, i64(b_off), i32(ldb), i64(stride_b),
-                            c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta),
-                            bias_arg, i64(bias_off), *epilogue_args, *fold_args, i32(1),
-                            i32(K), *chain_args)
+            kernel.set_args(*ab_args, *c_args, *out_args, *fold_args, i32(1), i32(K), *chain_args)
             self._launches.append((kernel, grid, (threads, 1, 1)))
             self.algorithm = "tiled"
         self.splits = splits
