@@ -77,19 +77,41 @@ def shapes(batch, squares=SQUARE):
     return out
 
 
+def cuda_torch():
+    """torch with TF32 off when it sees a CUDA device, else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+
+def cuda_mm_median(torch, ta, tb, out, repeat):
+    """Median seconds of torch.mm(ta, tb, out=out) between CUDA events, after a warm-up."""
+    for _ in range(3):
+        torch.mm(ta, tb, out=out)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeat):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.mm(ta, tb, out=out)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e-3)
+    return float(np.median(samples))
+
+
 class Baseline:
     """cuBLAS through PyTorch (TF32 off) when CUDA is there, else numpy's matmul."""
 
     def __init__(self):
-        self.torch = None
-        try:
-            import torch
-            if torch.cuda.is_available():
-                torch.backends.cuda.matmul.allow_tf32 = False
-                torch.backends.cudnn.allow_tf32 = False
-                self.torch = torch
-        except ImportError:
-            pass
+        self.torch = cuda_torch()
         if self.torch is not None:
             self.name = f"cuBLAS (torch {self.torch.__version__}, TF32 off)"
             self.device = self.torch.cuda.get_device_name(0)
@@ -111,21 +133,10 @@ class Baseline:
         ta = torch.from_numpy(a).cuda()
         tb = torch.from_numpy(b).cuda()
         out = torch.mm(ta, tb)
-        for _ in range(3):
-            torch.mm(ta, tb, out=out)
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(repeat):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.mm(ta, tb, out=out)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e-3)
+        seconds = cuda_mm_median(torch, ta, tb, out, repeat)
         ref = out.cpu().numpy()
         del ta, tb, out
-        return float(np.median(samples)), ref
+        return seconds, ref
 
 
 def run(args):

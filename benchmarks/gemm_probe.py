@@ -32,7 +32,7 @@ from dlprim_py.ops import gemm as gemm_ops  # noqa: E402
 from dlprim_py.ops.gemm import GemmPlan, select_params  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
-from gemm import shapes as benchmark_shapes  # noqa: E402
+from gemm import cuda_mm_median, cuda_torch, shapes as benchmark_shapes  # noqa: E402
 
 _SPEC = re.compile(r"(\d+)x(\d+)x(\d+)$")
 
@@ -159,15 +159,11 @@ class _ProgramWithLog:
 
 
 class Baseline:
+    """cuBLAS through PyTorch with the operands kept on the GPU across rounds; none without
+    CUDA (benchmarks/gemm.py's Baseline falls back to numpy instead)."""
+
     def __init__(self):
-        self.torch = None
-        try:
-            import torch
-            if torch.cuda.is_available():
-                torch.backends.cuda.matmul.allow_tf32 = False
-                self.torch = torch
-        except ImportError:
-            pass
+        self.torch = cuda_torch()
         self.name = (f"cuBLAS (torch {self.torch.__version__}, TF32 off)" if self.torch
                      else "none (no CUDA)")
 
@@ -180,20 +176,7 @@ class Baseline:
         return ref
 
     def time(self, repeat):
-        torch = self.torch
-        for _ in range(3):
-            torch.mm(self.ta, self.tb, out=self.out)
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(repeat):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.mm(self.ta, self.tb, out=self.out)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e-3)
-        return float(np.median(samples))
+        return cuda_mm_median(self.torch, self.ta, self.tb, self.out, repeat)
 
     def release(self):
         if self.torch is not None:

@@ -51,6 +51,25 @@ QUICK = 1 << 16
 
 # ---- baseline and measurement --------------------------------------------------------------
 
+def cuda_span(torch, run, calls, primed, repeat):
+    """Median seconds per call of ``calls`` calls of ``run()`` between two CUDA events, over
+    ``repeat`` spans; ``primed``: one untimed call right before each span's first event, so
+    that the device is busy while the span's first call launches."""
+    samples = []
+    for _ in range(repeat):
+        torch.cuda.synchronize()
+        if primed:
+            run()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(calls):
+            run()
+        end.record()
+        end.synchronize()
+        samples.append(begin.elapsed_time(end) * 1e-3 / calls)
+    return float(np.median(samples))
+
+
 class Baseline:
     """PyTorch on the device that matches ``ctx``: timing and the float64 reference."""
 
@@ -74,23 +93,14 @@ class Baseline:
         with torch.no_grad():
             for _ in range(2):
                 run()
+            if self.device == "cuda":
+                return cuda_span(torch, run, REPEAT_IN_SPAN, True, repeat)
             samples = []
             for _ in range(repeat):
-                if self.device == "cuda":
-                    torch.cuda.synchronize()
-                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    run()    # untimed: keeps the device busy while the span's first call launches
-                    begin.record()
-                    for _ in range(REPEAT_IN_SPAN):
-                        run()
-                    end.record()
-                    end.synchronize()
-                    samples.append(begin.elapsed_time(end) * 1e-3 / REPEAT_IN_SPAN)
-                else:
-                    t0 = time.perf_counter()
-                    for _ in range(REPEAT_IN_SPAN):
-                        run()
-                    samples.append((time.perf_counter() - t0) / REPEAT_IN_SPAN)
+                t0 = time.perf_counter()
+                for _ in range(REPEAT_IN_SPAN):
+                    run()
+                samples.append((time.perf_counter() - t0) / REPEAT_IN_SPAN)
         return float(np.median(samples))
 
     def describe(self):

@@ -222,19 +222,7 @@ def torch_span(torch, run, calls, primed, repeat):
     the host clock without CUDA."""
     if not torch.cuda.is_available():
         return host_span(run, lambda: None, calls, repeat)
-    samples = []
-    for _ in range(repeat):
-        torch.cuda.synchronize()
-        if primed:
-            run()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(calls):
-            run()
-        end.record()
-        end.synchronize()
-        samples.append(begin.elapsed_time(end) * 1e-3 / calls)
-    return float(np.median(samples))
+    return ops_bench.cuda_span(torch, run, calls, primed, repeat)
 
 
 def torch_kernels(torch, run, calls):
