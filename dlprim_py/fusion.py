@@ -613,9 +613,8 @@ def _affine_statement(ops, args, value="v"):
 def _chain_parameters(plan, affine_ops, param_shapes, args):
     """The kernel arguments of a bias / BN-inference chain in op order, as fusion_fold.cl.mako's
     chain_params() declares them (bias: b; bn: mean, variance, scale, bias, then epsilon),
-    after checking every tensor; and a key that changes when any of them does (buffers,
-    offsets, epsilons)."""
-    kernel_args, key = [], []
+    after checking every tensor."""
+    kernel_args = []
     for op in affine_ops:
         values = args.get(op)
         bn = isinstance(op, BatchNormInferenceOp)
@@ -626,11 +625,9 @@ def _chain_parameters(plan, affine_ops, param_shapes, args):
                 raise DeviceError(f"op {op.index}: {field} lives in another OpenCL context "
                                   f"than the plan")
             kernel_args += [t.buffer, np.int32(t.offset_elements)]
-            key.append((t.buffer.int_ptr, t.offset_elements))
         if bn:
             kernel_args.append(np.float32(values["epsilon"]))
-            key.append(values["epsilon"])
-    return kernel_args, tuple(key)
+    return kernel_args
 
 
 class _PointwiseChain:
@@ -744,7 +741,7 @@ class _PointwiseChain:
         kernel = self._plane_kernel(args, vec)
         packets = n * c * spatial // vec
         kernel_args = [np.int32(packets), np.int32(c), np.int32(spatial)]
-        kernel_args += _chain_parameters(self.plan, self.affine_ops, self.param_shapes, args)[0]
+        kernel_args += _chain_parameters(self.plan, self.affine_ops, self.param_shapes, args)
         kernel_args += [x.buffer, np.int32(x.offset_elements), y.buffer,
                         np.int32(y.offset_elements)]
         kernel.set_args(*kernel_args)
@@ -1106,7 +1103,7 @@ class _ConvChain:
         if self.chain:
             # The convolution's kernel reads the chain's parameters on every run (a replay
             # included): new contents of the same tensors are honoured, as MIOpen promises.
-            chain_args, _ = _chain_parameters(self.plan, self.affine_ops, self.param_shapes, args)
+            chain_args = _chain_parameters(self.plan, self.affine_ops, self.param_shapes, args)
         elif self.affine_ops:
             op = self.affine_ops[0]
             bias = args.get(op)["bias"]
