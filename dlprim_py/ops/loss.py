@@ -224,25 +224,33 @@ def _nll_setup(input, target, weight, reduction, shifted, ignore_index):
     # Before the memo: 1.0 == 1 would find the setup of ignore_index=1.
     if not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, bool):
         raise DTypeError(f"nll_loss: ignore_index must be an int, got {ignore_index!r}")
+    key = _setup_key(input, target, weight, reduction, shifted, ignore_index)
+    ctx = getattr(input, "ctx", None)
+    if key is not None and ctx is not None:
+        setup = ctx.memo.get("nll_setups", {}).get(key)
+        if (setup is not None and target.ctx is setup.ctx
+                and (weight is None or weight.ctx is setup.ctx)):
+            return setup
+    setup = _validate_nll(input, target, weight, reduction, shifted, ignore_index)
+    if key is not None:
+        setups = setup.ctx.memo.setdefault("nll_setups", {})
+        if len(setups) >= _MAX_SETUPS:
+            setups.clear()
+        setups[key] = setup
+    return setup
+
+
+def _setup_key(input, target, weight, reduction, shifted, ignore_index):
+    """The memo key of a call's setup, or None where the operands give none (not tensors, or
+    something unhashable): validation then says what is wrong."""
     try:
-        ctx = input.ctx
         key = (input.shape, input.dtype, input.offset, target.shape, target.dtype, target.offset,
                None if weight is None else (weight.shape, weight.dtype, weight.offset),
                reduction == "mean", shifted, ignore_index)
-        setup = ctx.memo["nll_setups"][key]
-        if target.ctx is ctx and (weight is None or weight.ctx is ctx):
-            return setup
-    except (AttributeError, KeyError, TypeError):
-        pass
-    setup = _validate_nll(input, target, weight, reduction, shifted, ignore_index)
-    setups = setup.ctx.memo.setdefault("nll_setups", {})
-    if len(setups) >= _MAX_SETUPS:
-        setups.clear()
-    try:
-        setups[key] = setup
-    except (NameError, TypeError, UnboundLocalError):
-        pass
-    return setup
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
 
 
 def _validate_nll(input, target, weight, reduction, shifted, ignore_index):
