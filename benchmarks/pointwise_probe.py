@@ -1,7 +1,7 @@
 """Memory-bound kernels' variants side by side, with PyTorch in the same run.
 
-    python benchmarks/pointwise_probe.py [--quick] [--only span,build,pointwise,dropout,ops,host]
-                                         [--output DIR] [--commit HASH]
+    python benchmarks/pointwise_probe.py [--quick]
+        [--only span,build,pointwise,hints,softmax,dropout,ops,host] [--output DIR] [--commit HASH]
 
 span: copy, relu and hardswish at 64 MiB, 256 MiB and 1 GiB, each timed six ways on both sides
 (markers or CUDA events around ten calls, the same after a priming call, one call, the host clock
@@ -9,7 +9,10 @@ around many calls with and without a profiling queue, the kernels' own times and
 them), to tell a fixed cost per call from bandwidth; build: NVIDIA's register report and the PTX
 of the default kernels (files under DIR/ptx); pointwise: the generator's launch variants (access
 width, accesses per work item and where they lie, work-group size, grid cap, index width) on copy,
-relu, hardswish, gelu, add and a bias broadcast over 2^26 float32; dropout: its variants; ops:
+relu, hardswish, gelu, add and a bias broadcast over 2^26 float32; hints: the default launch with
+PTX cache hints on its 16-byte accesses (NVIDIA); softmax: the softmax kernels' reductions (local
+tree or warp shuffles), online exps, hints and what the backward holds in registers, over rows
+of 32000 (NVIDIA); dropout: its variants; ops:
 pooling and normalization operators as dlprim-bench's ops suite runs them, ten calls per span
 and one call per span, with each call's kernels and their device times; host: a call's host time.
 Every variant's result is checked before it is timed: the first against float64, the others bit
@@ -75,11 +78,30 @@ def same_bits(a, b):
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+# The default launch with PTX cache hints on its float4 accesses (load, store qualifiers of
+# memory_access.cl.mako; NVIDIA only): the 9th field. The first row is plain accesses.
+_DEFAULT = ("vector", 4, 2, None, 128, "block", None)
+HINT_VARIANTS = [(label,) + _DEFAULT + (hints,) for label, hints in [
+    ("plain", None),
+    ("ld.nc", (".nc", None)),
+    ("ld.nc.256B", (".nc.L2::256B", None)),
+    ("ld.nc.128B", (".nc.L2::128B", None)),
+    ("st.cs", (None, ".cs")),
+    ("ld.nc.256B st.cs", (".nc.L2::256B", ".cs")),
+    ("ld.cs st.cs", (".cs", ".cs")),
+    ("ld.lu st.cs", (".lu", ".cs")),
+    ("ld.noL1.256B st.cs", (".nc.L1::no_allocate.L2::256B", ".cs")),
+    ("ld.ef st.ef", (".nc.L1::no_allocate.L2::evict_first.L2::256B", ".L1::no_allocate.L2::evict_first")),
+]]
+
+
 def configured(name, inputs, statement, scalars, variant):
-    """A PointwiseKernel whose launch is the ``variant`` row of POINTWISE_VARIANTS."""
-    label, algorithm, vector, unroll, per_unit, group, interleave, index_t = variant
+    """A PointwiseKernel whose launch is the ``variant`` row of POINTWISE_VARIANTS (or of
+    HINT_VARIANTS: a 9th field, the cache hints; plain accesses without it)."""
+    label, algorithm, vector, unroll, per_unit, group, interleave, index_t = variant[:8]
     k = PointwiseKernel(name, inputs, [("y", np.float32)], statement, scalars=scalars)
     k.VECTOR, k.INDEX_T = vector, index_t
+    k.HINTS = variant[8] if len(variant) > 8 else None
     launch = Launch(unroll, interleave, group, per_unit)
     if algorithm == "scalar":
         k.SCALAR_LAUNCH = launch
@@ -101,7 +123,16 @@ def pointwise(ctx, baseline, quick, table):
         pointwise_size(ctx, baseline, quick, table, n)
 
 
-def pointwise_size(ctx, baseline, quick, table, n):
+def hints(ctx, baseline, quick, table):
+    """The default launch with each of HINT_VARIANTS' cache hints (NVIDIA only) on copy, relu,
+    gelu, add and the bias broadcast, 2^26 float32 (or each of --sizes)."""
+    if ctx.info.vendor != "nvidia":
+        return
+    for n in SIZES or [ops_bench._n(quick)]:
+        pointwise_size(ctx, baseline, quick, table, n, HINT_VARIANTS, "hints")
+
+
+def pointwise_size(ctx, baseline, quick, table, n, variant_list=None, part="pointwise"):
     torch = baseline.torch
     cols = 1024
     shape = (n // cols, cols)
@@ -131,13 +162,18 @@ def pointwise_size(ctx, baseline, quick, table, n):
     for op, (statement, inputs, scalars, values), args, nbytes, theirs, reference in cases:
         if SELECTED_OPS and op not in SELECTED_OPS:
             continue
+        if part == "hints" and op == "hardswish":
+            continue
         torch_before = baseline.time(theirs)
         try:
             torch_kernel_ms = torch_kernels(torch, theirs, 10)[0] * 1e3
         except Exception:  # the profiler is a detail: its absence must not cost the figures
             torch_kernel_ms = math.nan
-        variants = [v for v in POINTWISE_VARIANTS if (op != "mul bias" or v[0] in ND_VARIANTS)
-                    and (not SELECTED_VARIANTS or v[0] in SELECTED_VARIANTS)]
+        if variant_list is None:
+            variants = [v for v in POINTWISE_VARIANTS if (op != "mul bias" or v[0] in ND_VARIANTS)
+                        and (not SELECTED_VARIANTS or v[0] in SELECTED_VARIANTS)]
+        else:
+            variants = variant_list
         first = None
         for variant in variants + variants[:1]:
             k = configured(f"probe_{op.replace(' ', '_')}", inputs, statement, scalars, variant)
@@ -145,7 +181,12 @@ def pointwise_size(ctx, baseline, quick, table, n):
             def run(k=k, algorithm=variant[1]):
                 k(args, [out], values, algorithm=algorithm)
             out.fill_(np.nan)
-            run()
+            try:
+                run()
+            except Exception as e:  # a variant that does not build must not hide the others
+                table.append({"part": part, "op": op, "variant": variant[0], "ok": False,
+                              "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                continue
             got = out.numpy()
             if first is None:
                 error = ops_bench.error_metric(got, reference())
@@ -159,17 +200,121 @@ def pointwise_size(ctx, baseline, quick, table, n):
                 for _ in range(10):
                     run()
             kernel_ms = float(np.median([k["ms"] for k in log.summary()]))
-            table.append({"part": "pointwise", "op": op if n == LARGE else f"{op} {n}", "variant": variant[0],
+            table.append({"part": part, "op": op if n == LARGE else f"{op} {n}", "variant": variant[0],
                           "ok": ok, "error": error, "ours_ms": ours_s * 1e3, "torch_ms": torch_before * 1e3,
                           "kernel_ms": kernel_ms, "torch_kernel_ms": torch_kernel_ms, "elements": n,
                           "ours_GBps": nbytes / ours_s / 1e9, "torch_GBps": nbytes / torch_before / 1e9,
                           "speedup": torch_before / ours_s})
         torch_after = baseline.time(theirs)
-        table.append({"part": "pointwise", "op": op if n == LARGE else f"{op} {n}", "variant": "torch again",
+        table.append({"part": part, "op": op if n == LARGE else f"{op} {n}", "variant": "torch again",
                       "ok": True, "elements": n,
                       "error": 0.0, "ours_ms": torch_after * 1e3, "torch_ms": torch_before * 1e3,
                       "ours_GBps": nbytes / torch_after / 1e9, "torch_GBps": nbytes / torch_before / 1e9,
                       "speedup": torch_before / torch_after})
+
+
+# Softmax over (2^26 / 32000, 32000) rows (benchmarks/ops.py's shape), forced through
+# SoftmaxPlan's options. The first of each list is the code of the last record (tree
+# reductions; a scalar, streaming backward), the plans' defaults follow among the others.
+_NC256_CS = (".nc.L2::256B", ".cs")
+_EVICT_FIRST = (".nc.L1::no_allocate.L2::evict_first.L2::256B", ".L1::no_allocate.L2::evict_first")
+SOFTMAX_FORWARD = [
+    ("tree", False, dict(reduce="tree", online=False, hints=None)),
+    ("tree online", False, dict(reduce="tree", online=True, hints=None)),
+    ("warp", False, dict(reduce="warp", online=False, hints=None)),
+    ("warp online", False, dict(reduce="warp", online=True, hints=None)),
+    ("warp online nc256 cs", False, dict(reduce="warp", online=True, hints=_NC256_CS)),
+    ("warp online cs cs", False, dict(reduce="warp", online=True, hints=(".cs", ".cs"))),
+    ("warp online st.cs", False, dict(reduce="warp", online=True, hints=(None, ".cs"))),
+    ("warp online ef", False, dict(reduce="warp", online=True, hints=_EVICT_FIRST)),
+    ("log tree", True, dict(reduce="tree", online=False, hints=None)),
+    ("log warp online", True, dict(reduce="warp", online=True, hints=None)),
+    ("log warp online nc256 cs", True, dict(reduce="warp", online=True, hints=_NC256_CS)),
+]
+# (label, cached, aligned, options): cached 0 streams y and dy twice; aligned False is the
+# scalar kernel.
+SOFTMAX_BACKWARD = [
+    ("scalar stream tree", 0, False, dict(reduce="tree", hints=None)),
+    ("stream tree", 0, True, dict(reduce="tree", hints=None)),
+    ("stream warp", 0, True, dict(reduce="warp", hints=None)),
+    ("stream warp nc256 cs", 0, True, dict(reduce="warp", hints=_NC256_CS)),
+    ("dy tree", None, True, dict(reduce="tree", backward_hold="dy", hints=None)),
+    ("dy warp", None, True, dict(reduce="warp", backward_hold="dy", hints=None)),
+    ("dy warp cs cs", None, True, dict(reduce="warp", backward_hold="dy", hints=(".cs", ".cs"))),
+    ("dy warp nc256 cs", None, True, dict(reduce="warp", backward_hold="dy", hints=_NC256_CS)),
+    ("dy warp ef", None, True, dict(reduce="warp", backward_hold="dy", hints=_EVICT_FIRST)),
+    ("both warp", None, True, dict(reduce="warp", backward_hold="both", hints=None)),
+]
+
+
+def nv_report(ctx, source):
+    """NVIDIA's register and spill lines for ``source`` (built again with -cl-nv-verbose)."""
+    built = cl.Program(ctx.cl_context, source).build(options=["-cl-nv-verbose"])
+    log = built.get_build_info(ctx.device, cl.program_build_info.LOG)
+    return "; ".join(line.strip() for line in log.splitlines() if "registers" in line or "spill" in line)
+
+
+def softmax_variants(ctx, baseline, quick, table):
+    """softmax / log_softmax forward and the softmax backward over (batch, 32000) rows, every
+    variant of SOFTMAX_FORWARD / SOFTMAX_BACKWARD checked against float64, then timed beside
+    PyTorch (timed before and after). The warp reductions and hints are NVIDIA only."""
+    from dlprim_py import program
+    from dlprim_py.ops.softmax import SoftmaxPlan
+    if ctx.info.vendor != "nvidia":
+        return
+    torch = baseline.torch
+    vocab = 3200 if quick else 32000
+    batch = max(1, ops_bench._n(quick) // vocab)
+    shape = (batch, vocab)
+    rng = np.random.default_rng(3)
+    a, g = ops_bench._data(rng, shape, -8, 8), ops_bench._data(rng, shape)
+    x, gx = dp.Tensor.from_numpy(ctx, a), dp.Tensor.from_numpy(ctx, g)
+    out = dp.Tensor.empty(ctx, shape)
+    tx, tg = baseline.tensor(a), baseline.tensor(g)
+    x64, g64 = baseline.tensor(a, torch.float64), baseline.tensor(g, torch.float64)
+    y64 = torch.softmax(x64, -1)
+    refs = {False: y64.cpu().numpy(), True: torch.log_softmax(x64, -1).cpu().numpy()}
+    ref_grad = (y64 * (g64 - (g64 * y64).sum(-1, keepdim=True))).cpu().numpy()
+    y = dp.Tensor.from_numpy(ctx, refs[False].astype(np.float32))
+    ty = baseline.tensor(refs[False].astype(np.float32))
+    theirs = {"forward": lambda: torch.softmax(tx, -1), "log": lambda: torch.log_softmax(tx, -1),
+              "backward": lambda: torch._softmax_backward_data(tg, ty, -1, torch.float32)}
+    torch_before = {k: baseline.time(f) for k, f in theirs.items()}
+    cases = [("softmax" if not log else "log_softmax", label, None, True, opts, log,
+              "log" if log else "forward") for label, log, opts in SOFTMAX_FORWARD]
+    cases += [("softmax backward", label, cached, aligned, opts, False, "backward")
+              for label, cached, aligned, opts in SOFTMAX_BACKWARD]
+    for op, label, cached, aligned, opts, log, kind in cases:
+        row = {"part": "softmax", "op": op, "variant": label, "options": {k: v for k, v in opts.items()}}
+        try:
+            plan = SoftmaxPlan(ctx, log, vocab, 1, a.size, "row", cached, aligned, options=opts)
+            if kind == "backward":
+                run = lambda plan=plan: plan.backward(y, gx, out, batch, vocab, 1)  # noqa: E731
+                ref, nbytes = ref_grad, 12 * a.size
+            else:
+                run = lambda plan=plan: plan.forward(x, out, batch, vocab, 1)  # noqa: E731
+                ref, nbytes = refs[log], 8 * a.size
+            out.fill_(np.nan)
+            run()
+            error = ops_bench.error_metric(out.numpy(), ref)
+            row["build"] = nv_report(ctx, program.render("softmax", **plan.params))
+            print(f"  build {op} {label}: {row['build']}")
+        except Exception as e:  # a variant that does not build must not hide the others
+            table.append(dict(row, ok=False, error=f"{type(e).__name__}: {str(e)[:300]}"))
+            continue
+        ok = error <= ops_bench.TOLERANCE
+        ours_s = ops_bench.time_ours(ctx, run, quick) if ok else math.nan
+        torch_s = torch_before[kind]
+        table.append(dict(row, ok=ok, error=error, ours_ms=ours_s * 1e3, torch_ms=torch_s * 1e3,
+                          ours_GBps=nbytes / ours_s / 1e9, torch_GBps=nbytes / torch_s / 1e9,
+                          speedup=torch_s / ours_s, params=dict(plan.params, statement=None)))
+    for kind, f in theirs.items():
+        again = baseline.time(f)
+        table.append({"part": "softmax", "op": kind, "variant": "torch again", "ok": True, "error": 0.0,
+                      "ours_ms": again * 1e3, "torch_ms": torch_before[kind] * 1e3,
+                      "ours_GBps": (12 if kind == "backward" else 8) * a.size / again / 1e9,
+                      "torch_GBps": (12 if kind == "backward" else 8) * a.size / torch_before[kind] / 1e9,
+                      "speedup": torch_before[kind] / again})
 
 
 def big_data(rng, n):
@@ -588,8 +733,8 @@ def summary(table, copy_rate):
     """The pointwise sweep as one line per operator: each variant's speed against torch."""
     ops = {}
     for r in table:
-        if r.get("part") == "pointwise" and r.get("ok"):
-            ops.setdefault(r["op"], []).append(r)
+        if r.get("part") in ("pointwise", "hints", "softmax") and r.get("ok"):
+            ops.setdefault(f"{r['part']} {r['op']}", []).append(r)
     if not ops:
         return
     print(f"\nx torch (copy {copy_rate:.0f} GB/s); first and last: the default, timed twice")
@@ -597,7 +742,8 @@ def summary(table, copy_rate):
         print(f"  {op:<10} " + "  ".join(f"{r['variant']} {r['speedup']:.3f}" for r in rows))
 
 
-PARTS = {"span": span, "build": None, "pointwise": pointwise, "dropout": dropout, "ops": operators, "host": host}
+PARTS = {"span": span, "build": None, "pointwise": pointwise, "hints": hints, "softmax": softmax_variants,
+         "dropout": dropout, "ops": operators, "host": host}
 
 
 def main(argv=None):

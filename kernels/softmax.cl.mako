@@ -18,8 +18,8 @@
 ##   cached      "row" only: elements per item kept in registers between the passes, so the
 ##               input is read once (rows up to group_size * cached long); 0 streams the row
 ##               twice with an online (max, sum) first pass
-##   cached_backward  the same for the backward, which holds two values per element (y, dy);
-##               0 or cached
+##   cached_backward  the same for the backward (elements per item of y and dy, or of dy alone:
+##               backward_hold); 0 streams both twice
 ##   vector      "row" forward only: 4 to load and store 4 consecutive elements of a row as one
 ##               vector (needs inner == 1, size a multiple of 4 and x_off, y_off multiples of
 ##               4); else 1. With cached > 0, item i of a row holds its elements
@@ -28,9 +28,27 @@
 ##               dividing group_size (group_size / row_items rows per group, so short rows
 ##               fill the group); else group_size
 ##   index_t     "int" when every index fits in 31 bits, else "long"
+##   reduce      "row" only: "tree" combines a row's partial values as a tree in local memory
+##               (any device); "warp" by shuffles within each warp of 32 and one exchange
+##               between warps (NVIDIA only: inline PTX; needs row_items >= 32)
+##   online      "row" forward with cached > 0 and vector 4: True folds each vector into the
+##               item's (max, sum) as it arrives (exps overlap the loads in flight; a reference
+##               max is kept per vector); False takes the item's max of all vectors first
+##   hints       None or (load_hint, store_hint): PTX cache hints (memory_access.cl.mako, NVIDIA
+##               only) for the 16-byte accesses of data used once: the forward's x and y, the
+##               backward's dy and dx
+##   backward_vector  "row" backward: 4 for 16-byte accesses (inner == 1, size a multiple of 4,
+##               offsets multiples of 4), else 1
+##   backward_hold    with cached_backward > 0 and backward_vector 4: "both" keeps y and dy in
+##               registers, "dy" keeps dy and reads y twice; else "both"
 <%
     row = variant == "row"
 %>
+<%namespace name="access" file="memory_access.cl.mako"/>
+${access.vector_access(*(hints or (None, None)))}
+% if reduce == "warp":
+${access.warp_reductions()}
+% endif
 #define GROUP_SIZE ${group_size}
 #define ROW_ITEMS ${row_items}
 #define CACHED ${cached}
@@ -65,6 +83,19 @@ void online_merge(float *m, float *s, float m2, float s2)
 float group_fold(__local float *tree, float v, bool op_max)
 {
     const int lid = get_local_id(0);
+% if reduce == "warp":
+    // Shuffles within each warp, one exchange between the warps through local memory.
+    v = op_max ? warp_max(v) : warp_sum(v);
+    % if group_size > 32:
+    const int lane = lid % 32;
+    if (lane == 0) tree[lid / 32] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    v = lane < GROUP_SIZE / 32 ? tree[lane] : (op_max ? -INFINITY : 0.0f);
+    v = op_max ? warp_max(v) : warp_sum(v);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    % endif
+    return v;
+% else:
     tree[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int width = GROUP_SIZE / 2; width > 0; width >>= 1) {
@@ -77,6 +108,7 @@ float group_fold(__local float *tree, float v, bool op_max)
     float result = tree[0];
     barrier(CLK_LOCAL_MEM_FENCE);
     return result;
+% endif
 }
 % endif
 
@@ -90,8 +122,8 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
 {
 % if row and cached and vector > 1:
     // ROW_ITEMS items per row, GROUP_SIZE / ROW_ITEMS rows per group at once; each item holds
-    // CACHED / 4 vectors of its row (16-byte loads and stores, loads issued before use), one
-    // exp per element, one (max, sum) tree per row.
+    // CACHED / 4 vectors of its row (16-byte loads and stores, all loads issued before any is
+    // used), one exp per element, one (max, sum) combine per row.
     __local float tree_m[GROUP_SIZE];
     __local float tree_s[GROUP_SIZE];
     const int lid = get_local_id(0);
@@ -105,17 +137,41 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         __global const float *xr = x + x_off + (r < rows ? r : 0) * size;
         __global float *yr = y + y_off + (r < rows ? r : 0) * size;
         float4 v[CACHED / 4];
-        float m = -INFINITY;
         #pragma unroll
         for (int j = 0; j < CACHED / 4; ++j) {
             ${index_t} k = (row_lid + (${index_t})j * ROW_ITEMS) * 4;
-            v[j] = k < row_size ? *((__global const float4*)(xr + k)) : (float4)(-INFINITY);
+            v[j] = k < row_size ? load4(xr + k) : (float4)(-INFINITY);
         }
+        float m = -INFINITY, s = 0.0f;
+    % if online:
+        // Each vector is folded in as it arrives, against the largest element so far (`ref`, kept
+        // per vector), so the exps overlap the loads still in flight instead of following them.
+        % if not log:
+        float ref[CACHED / 4];
+        % endif
+        #pragma unroll
+        for (int j = 0; j < CACHED / 4; ++j) {
+            const float vm = fmax(fmax(v[j].x, v[j].y), fmax(v[j].z, v[j].w));
+            if (vm > m) {
+                s *= exp(m - vm);  // exp(-inf) = 0 while nothing was folded in
+                m = vm;
+            }
+            float4 e;
+            e.x = (v[j].x == -INFINITY) ? 0.0f : exp(v[j].x - m);
+            e.y = (v[j].y == -INFINITY) ? 0.0f : exp(v[j].y - m);
+            e.z = (v[j].z == -INFINITY) ? 0.0f : exp(v[j].z - m);
+            e.w = (v[j].w == -INFINITY) ? 0.0f : exp(v[j].w - m);
+            s += (e.x + e.y) + (e.z + e.w);
+        % if not log:
+            v[j] = e;
+            ref[j] = m;
+        % endif
+        }
+    % else:
         #pragma unroll
         for (int j = 0; j < CACHED / 4; ++j) {
             m = fmax(m, fmax(fmax(v[j].x, v[j].y), fmax(v[j].z, v[j].w)));
         }
-        float s = 0.0f;
         #pragma unroll
         for (int j = 0; j < CACHED / 4; ++j) {
             float4 e;
@@ -128,7 +184,27 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             v[j] = e;
         % endif
         }
+    % endif
         const float m_item = m;
+    % if reduce == "warp":
+        // The row's max, then every item's sum rescaled to it: shuffles within each warp, one
+        // exchange through local memory between the row's warps. The next row's first write
+        // to tree_m comes after this row's barrier on tree_s, which every item passes only
+        // after reading tree_m, and its write to tree_s after its own barrier on tree_m.
+        const int lane = lid % 32;
+        m = warp_max(m);
+        % if row_items > 32:
+        if (lane == 0) tree_m[lid / 32] = m;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        m = warp_max(tree_m[head / 32 + lane % (ROW_ITEMS / 32)]);
+        % endif
+        s = warp_sum(m_item == -INFINITY ? 0.0f : s * exp(m_item - m));
+        % if row_items > 32:
+        if (lane == 0) tree_s[lid / 32] = s;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        s = warp_sum(lane < ROW_ITEMS / 32 ? tree_s[head / 32 + lane] : 0.0f);
+        % endif
+    % else:
         tree_m[lid] = m;
         tree_s[lid] = s;
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -144,21 +220,26 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         s = tree_s[head];
         // The next rows overwrite the tree only after every item has read it.
         barrier(CLK_LOCAL_MEM_FENCE);
-        % if log:
+    % endif
+    % if log:
         const float shift = m + log(s);
-        % else:
+    % elif not online:
         // An item that holds only padding (or -inf) has m_item = -inf: its e are 0, scale 0.
         const float scale = (m_item == -INFINITY ? 0.0f : exp(m_item - m)) / s;
-        % endif
+    % else:
+        const float inv_s = 1.0f / s;
+    % endif
         #pragma unroll
         for (int j = 0; j < CACHED / 4; ++j) {
             ${index_t} k = (row_lid + (${index_t})j * ROW_ITEMS) * 4;
             if (k < row_size) {
-        % if log:
-                *((__global float4*)(yr + k)) = v[j] - shift;
-        % else:
-                *((__global float4*)(yr + k)) = v[j] * scale;
-        % endif
+    % if log:
+                store4(yr + k, v[j] - shift);
+    % elif not online:
+                store4(yr + k, v[j] * scale);
+    % else:
+                store4(yr + k, v[j] * ((ref[j] == -INFINITY ? 0.0f : exp(ref[j] - m)) * inv_s));
+    % endif
             }
         }
     }
@@ -336,6 +417,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
 }
 
 <%def name="backward_term(yv, dyv)">${dyv if log else f"{dyv} * {yv}"}</%def>
+<%def name="backward_term4(yv, dyv)">${f"(({dyv}).x + ({dyv}).y) + (({dyv}).z + ({dyv}).w)" if log else f"dot({dyv}, {yv})"}</%def>
 <%def name="backward_value(yv, dyv)">${f"{dyv} - exp({yv}) * total" if log else f"{yv} * ({dyv} - total)"}</%def>
 
 __kernel
@@ -359,7 +441,70 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
         __global const float *yr = y + y_off + base;
         __global const float *dyr = dy + dy_off + base;
         __global float *dxr = dx + dx_off + base;
-% if row:
+% if row and backward_vector > 1:
+        // 16-byte accesses: item lid takes the vectors at (lid + j * GROUP_SIZE) * 4.
+        float total = 0.0f;
+    % if cached_backward:
+        // dy (and with backward_hold "both", y) stays in registers between the passes; with
+        // "dy" the second pass reads y again, from L2 when this row's first read is still there
+        // (dy and dx go through with the evict-first hints, where given, to leave L2 to y).
+        float4 dyv[CACHED_BACKWARD / 4];
+        % if backward_hold == "both":
+        float4 yv[CACHED_BACKWARD / 4];
+        % endif
+        #pragma unroll
+        for (int j = 0; j < CACHED_BACKWARD / 4; ++j) {
+            ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
+            const float4 yj = k < size ? *(__global const float4 *)(yr + k) : (float4)(0.0f);
+            dyv[j] = k < size ? load4(dyr + k) : (float4)(0.0f);
+            total += ${backward_term4("yj", "dyv[j]")};
+        % if backward_hold == "both":
+            yv[j] = yj;
+        % endif
+        }
+        total = group_fold(tree_s, total, false);
+        #pragma unroll
+        for (int j = 0; j < CACHED_BACKWARD / 4; ++j) {
+            ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
+            if (k < size) {
+        % if backward_hold == "both":
+                const float4 yj = yv[j];
+        % else:
+                const float4 yj = *(__global const float4 *)(yr + k);
+        % endif
+                store4(dxr + k, ${backward_value("yj", "dyv[j]")});
+            }
+        }
+    % else:
+        // Both passes stream y and dy, four vectors per step, all loaded before use.
+        for (${index_t} k0 = lid * 4; k0 < size; k0 += GROUP_SIZE * 16) {
+            float4 yv[4], dyv[4];
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
+                yv[j] = k < size ? *(__global const float4 *)(yr + k) : (float4)(0.0f);
+                dyv[j] = k < size ? load4(dyr + k) : (float4)(0.0f);
+            }
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) total += ${backward_term4("yv[j]", "dyv[j]")};
+        }
+        total = group_fold(tree_s, total, false);
+        for (${index_t} k0 = lid * 4; k0 < size; k0 += GROUP_SIZE * 16) {
+            float4 yv[4], dyv[4];
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
+                yv[j] = k < size ? *(__global const float4 *)(yr + k) : (float4)(0.0f);
+                dyv[j] = k < size ? load4(dyr + k) : (float4)(0.0f);
+            }
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
+                if (k < size) store4(dxr + k, ${backward_value("yv[j]", "dyv[j]")});
+            }
+        }
+    % endif
+% elif row:
     % if cached_backward:
         float yv[CACHED_BACKWARD], dyv[CACHED_BACKWARD];
         float total = 0.0f;

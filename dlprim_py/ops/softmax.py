@@ -20,6 +20,7 @@ from .. import autograd, config, logcmd, program
 from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
+from .pointwise import default_hints
 
 VARIANTS = ("row", "column")
 # Widest vector load and store of the row variant's forward (elements); 1 disables them.
@@ -36,7 +37,10 @@ def choose_variant(inner, variant=None):
 class SoftmaxPlan:
     """The kernels for one (variant, log, group size, cached, index width): both directions."""
 
-    def __init__(self, ctx, log, size, inner, total, variant=None, cached=None, aligned=True):
+    def __init__(self, ctx, log, size, inner, total, variant=None, cached=None, aligned=True,
+                 options=None):
+        """``options`` (for measurements and tests) overrides the device's choices of the
+        template parameters "reduce", "online", "hints" and "backward_hold"."""
         variant = choose_variant(inner, variant)
         cached_given = cached
         if variant not in VARIANTS:
@@ -63,15 +67,41 @@ class SoftmaxPlan:
             cached = next(c for c in _CACHE_STEPS if c >= need)
         if vector > 1 and 0 < cached < vector:
             cached = vector
-        # The backward keeps two values per element: beyond 16 of each, registers would spill
-        # (a 1024-item group leaves 64 registers per item on NVIDIA), so it streams instead.
-        cached_backward = cached if cached <= 16 else 0
+        # The backward holds a row per group: one or two values per element (y and dy, or dy
+        # alone, reading y twice). Two values beyond 16 per item would spill registers (a
+        # 1024-item group leaves 64 registers per item on NVIDIA), one beyond 32 too.
+        backward_vector = vector
+        need = math.ceil(size / group_size) if variant == "row" else 0
+        cached_backward = next((c for c in _CACHE_STEPS if c >= max(need, backward_vector)), 0)
+        if variant != "row" or cached_given == 0:
+            cached_backward = 0
+        backward_hold = "both"
+        if cached_backward > 16:
+            backward_hold = "dy" if backward_vector > 1 else "both"
+            cached_backward = cached_backward if backward_vector > 1 else 0
+        nvidia = ctx.info.vendor == "nvidia"
+        choice = dict(reduce="warp" if nvidia and variant == "row" and row_items >= 32 else "tree",
+                      online=True, hints=default_hints(ctx), backward_hold=backward_hold)
+        choice.update(options or {})
+        if choice["reduce"] == "warp" and not (variant == "row" and row_items >= 32 and group_size >= 32):
+            raise UnsupportedError("softmax: warp reductions need the row variant with rows of "
+                                   "at least 32 items")
+        if not nvidia and (choice["reduce"] == "warp" or choice["hints"] is not None):
+            raise UnsupportedError("softmax: warp reductions and cache hints are inline PTX, "
+                                   f"for NVIDIA devices only (this is {ctx.info.vendor})")
+        if choice["backward_hold"] not in ("both", "dy"):
+            raise UnsupportedError(f"softmax: backward_hold must be 'both' or 'dy', got "
+                                   f"{choice['backward_hold']!r}")
         self.variant, self.group_size, self.cached = variant, group_size, cached
         self.index_t = "int" if total + group_size * max(cached, 1) * max(inner, 1) < 2 ** 31 - 1 else "long"
         self.vector, self.row_items = vector, row_items
         params = dict(variant=variant, log=bool(log), group_size=group_size, cached=cached,
                       cached_backward=cached_backward, vector=vector, row_items=row_items,
-                      index_t=self.index_t)
+                      index_t=self.index_t, backward_vector=backward_vector,
+                      reduce=choice["reduce"], online=bool(choice["online"]),
+                      hints=None if choice["hints"] is None else list(choice["hints"]),
+                      backward_hold=choice["backward_hold"])
+        self.params = params
         built = program.build(ctx, "softmax", params)
         # Own kernel objects: a call sets the buffers, and the sizes and offsets only when they
         # changed (setting a scalar argument costs tens of microseconds on some drivers).
@@ -134,6 +164,11 @@ def _plan(ctx, log, size, inner, total, variant, cached, aligned=True):
     return plan
 
 
+def _aligned(*tensors):
+    """Whether every tensor's offset allows the VECTOR-wide accesses."""
+    return all(t.offset_elements % VECTOR == 0 for t in tensors)
+
+
 def _log_softmax_call(outer, size, inner, log, forward):
     """The ``dlprim-driver softmax`` command of this call (DLPRIM_LOG_CMD=1): (outer, size,
     inner) as N, C, H of MIOpen's channel mode, which reduces over C for each (n, h)."""
@@ -148,7 +183,7 @@ def _softmax(x, dim, log, variant, cached, name):
     y = Tensor.empty(x.ctx, x.shape)
     if x.size == 0:
         return y
-    plan = _plan(x.ctx, log, size, inner, x.size, variant, cached, x.offset_elements % VECTOR == 0)
+    plan = _plan(x.ctx, log, size, inner, x.size, variant, cached, _aligned(x))
     _log_softmax_call(outer, size, inner, log, True)
     plan.forward(x, y, outer, size, inner)
     saved = y.detach()
@@ -156,7 +191,11 @@ def _softmax(x, dim, log, variant, cached, name):
     def backward(g):
         dx = Tensor.empty(g.ctx, g.shape)
         _log_softmax_call(outer, size, inner, log, False)
-        plan.backward(saved, g, dx, outer, size, inner)
+        # y and dx start at offset 0; a gradient at an unaligned offset takes the plan
+        # without vector accesses.
+        backward_plan = plan if _aligned(g) else _plan(g.ctx, log, size, inner, g.size, variant,
+                                                       cached, False)
+        backward_plan.backward(saved, g, dx, outer, size, inner)
         return (dx,)
 
     return autograd.record(y, (x,), backward, name)
@@ -184,5 +223,6 @@ def softmax_backward(y, dy, dim, log=False, dx=None):
     dx = dx if dx is not None else Tensor.empty(y.ctx, y.shape)
     _log_softmax_call(outer, size, inner, log, False)
     if y.size:
-        _plan(y.ctx, log, size, inner, y.size, None, None).backward(y, dy, dx, outer, size, inner)
+        _plan(y.ctx, log, size, inner, y.size, None, None, _aligned(y, dy, dx)).backward(
+            y, dy, dx, outer, size, inner)
     return dx

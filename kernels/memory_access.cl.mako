@@ -1,0 +1,63 @@
+## Helpers imported by other families (<%namespace name="access" file="memory_access.cl.mako"/>):
+## 16-byte float loads and stores with cache hints, and reductions across a warp by shuffles.
+## Both are inline PTX, so only for NVIDIA's OpenCL; every def has a plain OpenCL form that the
+## callers use elsewhere.
+##
+## Defs:
+##   vector_access(load_hint, store_hint)
+##       defines float4 load4(__global const float *p) and
+##       void store4(__global float *p, float4 v) for 16-byte aligned addresses.
+##       load_hint / store_hint: PTX qualifiers after ld.global / st.global, e.g. ".nc.L2::256B"
+##       (read-only path, fetch 256 bytes into L2 per miss) or ".cs" (evict first: data used
+##       once); None gives plain OpenCL accesses. Streaming data through with evict-first
+##       accesses leaves L2 to the data that is read again.
+##   warp_reductions()
+##       defines float warp_max(float v) and float warp_sum(float v): the max / sum over the 32
+##       lanes of the caller's warp, returned to every lane (shfl.sync.bfly, full mask: every
+##       lane of the warp must call it). A one-dimensional work-group's items form warps of 32
+##       consecutive local ids on NVIDIA.
+
+<%def name="vector_access(load_hint, store_hint)">
+% if load_hint is None:
+inline float4 load4(__global const float *p) { return *(__global const float4 *)p; }
+% else:
+inline float4 load4(__global const float *p)
+{
+    // Scalars, not vector components, as asm outputs: components are not addressable lvalues.
+    float a, b, c, d;
+    asm("ld.global${load_hint}.v4.f32 {%0, %1, %2, %3}, [%4];"
+        : "=f"(a), "=f"(b), "=f"(c), "=f"(d) : "l"((ulong)p));
+    return (float4)(a, b, c, d);
+}
+% endif
+% if store_hint is None:
+inline void store4(__global float *p, float4 v) { *(__global float4 *)p = v; }
+% else:
+inline void store4(__global float *p, float4 v)
+{
+    asm volatile("st.global${store_hint}.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :: "l"((ulong)p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+% endif
+</%def>
+
+<%def name="warp_reductions()">
+inline float warp_shuffle_xor(float v, int lane_mask)
+{
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(lane_mask));
+    return r;
+}
+
+inline float warp_max(float v)
+{
+    for (int mask = 16; mask > 0; mask >>= 1) v = fmax(v, warp_shuffle_xor(v, mask));
+    return v;
+}
+
+inline float warp_sum(float v)
+{
+    for (int mask = 16; mask > 0; mask >>= 1) v += warp_shuffle_xor(v, mask);
+    return v;
+}
+</%def>
