@@ -72,6 +72,20 @@
 //                 does not, so that a register cap passed to NVIDIA's compiler
 //                 (-cl-nv-maxrregcount) applies: the declaration takes precedence over the
 //                 cap there (an H200 build reported 130 and 165 registers under a cap of 128)
+//   STREAM_K      1: stream-K schedule in one launch (one matrix, SPLIT_K 0, GROUP_M 1,
+//                 PIPELINE 0). Global size (NTHREADS * (sk_groups + tiles - sk_tiles), 1, 1).
+//                 The first sk_groups work-groups share the K iterations (TILE_K deep) of the
+//                 first sk_tiles tiles evenly, iterations numbered tile by tile, so that they
+//                 end together; the others take one whole tile each, in row-major tile order.
+//                 A work-group whose range ends inside a tile writes its raw sum to its slot
+//                 of sk_partial (TILE_M * TILE_N floats per group) and sets its sk_flags entry;
+//                 the work-group that holds the tile's last iteration waits for those flags,
+//                 clears them (all zero again after every launch), adds the partial sums in
+//                 group order (deterministic) and applies the epilogue. 0: tiles only
+//   DEVICE_FENCE  with STREAM_K: C statement ordering a work-item's global writes before its
+//                 later global accesses for every work-group of the device. NVIDIA compiles
+//                 mem_fence(CLK_GLOBAL_MEM_FENCE) to a work-group fence (membar.cta), so
+//                 there it is PTX's membar.gl; "" without STREAM_K
 // "small" only:
 //   SMALL_M, SMALL_N  work-group shape; one work-item per C element, K walked from global memory
 ## (Not rendered, so that the other kernels' sources stay as they were.)
@@ -193,6 +207,65 @@ def fold(mode, op, j):
 #define STAGE_A (TILE_K * LDS_A)
 #define STAGE_B (TILE_K * LDS_B)
 #define STAGES ${PIPELINE if PIPELINE else (2 if DOUBLE_BUFFER else 1)}
+% if STREAM_K:
+#define SK_WHOLE 0
+#define SK_PRODUCER 1
+#define SK_CONSUMER 2
+#define SK_DONE 3
+
+// First K iteration of stream-K work-group `group`: an even share of total iterations.
+inline int sk_start(int group, long total, int groups)
+{
+    return (int)((long)group * total / groups);
+}
+
+// Piece of work-group `group` into desc = {tile, first and end K iteration (end exclusive,
+// counted from the tile's first), role, lowest group holding a partial sum of the tile (for
+// SK_CONSUMER)}. first = 1: the piece it runs first; first = 0: the piece after an
+// SK_PRODUCER piece (SK_DONE if none). A stream-K range is at most one tile long (the host
+// launches sk_groups >= sk_tiles), so it holds at most the end of one tile and the start of
+// the next; the start of the next, a partial sum, comes first, so that the group waiting for
+// it finds it published early.
+inline void sk_piece(__local int *desc, int group, int first, int sk_tiles, int sk_groups,
+                     int k_iters)
+{
+    if (group >= sk_groups) {
+        desc[0] = sk_tiles + group - sk_groups;
+        desc[1] = 0;
+        desc[2] = k_iters;
+        desc[3] = SK_WHOLE;
+        return;
+    }
+    const long total = (long)sk_tiles * k_iters;
+    const int s = sk_start(group, total, sk_groups);
+    const int e = sk_start(group + 1, total, sk_groups);
+    const int tile_a = s / k_iters;
+    const int tile_b = (e - 1) / k_iters;
+    if (first && tile_b != tile_a) {
+        desc[0] = tile_b;
+        desc[1] = 0;
+        desc[2] = e - tile_b * k_iters;
+        desc[3] = SK_PRODUCER;
+        return;
+    }
+    if (!first && tile_b == tile_a) {
+        desc[3] = SK_DONE;
+        return;
+    }
+    const int begin = s - tile_a * k_iters;
+    const int end = min(e - tile_a * k_iters, k_iters);
+    desc[0] = tile_a;
+    desc[1] = begin;
+    desc[2] = end;
+    desc[3] = end < k_iters ? SK_PRODUCER : (begin == 0 ? SK_WHOLE : SK_CONSUMER);
+    if (desc[3] == SK_CONSUMER) {
+        int lowest = group - 1;
+        while (sk_start(lowest, total, sk_groups) > tile_a * k_iters)
+            --lowest;
+        desc[4] = lowest;
+    }
+}
+% endif
 % if PIPELINE and NV_ASYNC:
 // Copies global -> local memory without registers (cp.async); a group of them completes at
 // COPY_WAIT, which the issuing work-item must pass before the barrier that publishes them.
@@ -382,6 +455,10 @@ void gemm_tiled(int M, int N, int K,
                 int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
                 int fc_p, long fc_img,
                 int splits, int k_chunk
+% if STREAM_K:
+                , int sk_tiles, int sk_groups,
+                __global float *restrict sk_partial, __global int *sk_flags
+% endif
                 ${chain_params()})
 {
     __local float a_stage[STAGES * STAGE_A] __attribute__((aligned(16)));
@@ -397,7 +474,24 @@ void gemm_tiled(int M, int N, int K,
     const int tm = lid / TN_THREADS;
     const int tn = lid % TN_THREADS;
 % endif
-% if GROUP_M > 1:
+% if STREAM_K:
+    A += a_off;
+    B += b_off;
+    const int batch = 0;
+    // This work-group's current piece (sk_piece); in local memory, so that nothing of the
+    // schedule stays in registers through the main loop.
+    __local int sk_desc[5];
+    if (lid == 0)
+        sk_piece(sk_desc, get_group_id(0), 1, sk_tiles, sk_groups, (K + TILE_K - 1) / TILE_K);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // At most two turns: a piece that ends inside a tile (its partial sum published), then
+    // the piece that ends a tile.
+    for (;;) {
+    const int m0 = (sk_desc[0] / ((N + TILE_N - 1) / TILE_N)) * TILE_M;
+    const int n0 = (sk_desc[0] % ((N + TILE_N - 1) / TILE_N)) * TILE_N;
+    const int k_begin = sk_desc[1] * TILE_K;
+    const int k_end = min(K, sk_desc[2] * TILE_K);
+% elif GROUP_M > 1:
     // Tile t (row-major over the groups) -> GROUP_M tile rows walked down M first.
     const int tiles_n = get_num_groups(0);
     const int tiles_m = get_num_groups(1);
@@ -411,6 +505,7 @@ void gemm_tiled(int M, int N, int K,
     const int m0 = get_group_id(1) * TILE_M;
     const int n0 = get_group_id(0) * TILE_N;
 % endif
+% if not STREAM_K:
     const int batch = get_group_id(2) / splits;
     const int split = get_group_id(2) % splits;
     const int k_begin = split * k_chunk;
@@ -418,6 +513,7 @@ void gemm_tiled(int M, int N, int K,
 
     A += a_off + batch * stride_a;
     B += b_off + batch * stride_b;
+% endif
 
     // Global -> local staging: load slot r of this work-item covers the GVEC consecutive
     // elements at linear vector index lid + r * NTHREADS of the tile, walking the operand's
@@ -705,6 +801,55 @@ void gemm_tiled(int M, int N, int K,
     }
 % endif
 
+% if STREAM_K:
+    if (sk_desc[3] == SK_PRODUCER) {
+        // The raw sum, work-item by work-item (the consumer runs the same work-item layout):
+        // element (i, j) of work-item lid at (i * WPT_N + j) * NTHREADS + lid of the slot.
+        __global float *mine = sk_partial + (long)get_group_id(0) * (TILE_M * TILE_N) + lid;
+%   for i in range(WPT_M):
+%     for j in range(WPT_N):
+        mine[${(i * WPT_N + j)} * NTHREADS] = acc[${i}][${j}];
+%     endfor
+%   endfor
+        // Release: every work-item's sums reach global memory before the flag.
+        ${DEVICE_FENCE}
+        barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+        if (lid == 0) {
+            atomic_xchg(sk_flags + get_group_id(0), 1);
+            sk_piece(sk_desc, get_group_id(0), 0, sk_tiles, sk_groups, (K + TILE_K - 1) / TILE_K);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (sk_desc[3] == SK_DONE)
+            return;
+        continue;
+    }
+    if (sk_desc[3] == SK_CONSUMER) {
+        const int lowest = sk_desc[4];
+        if (lid == 0) {
+            // Waits only for groups with lower ids. That cannot deadlock where work-groups
+            // start in id order (NVIDIA's GPUs dispatch them so; PoCL's CPU threads take
+            // ascending chunks of ids and run each chunk in order): every lower group has
+            // started, and is running or done, before this one waits.
+            for (int w = (int)get_group_id(0) - 1; w >= lowest; --w) {
+                while (*(volatile __global int *)(sk_flags + w) == 0)
+                    ;
+                atomic_xchg(sk_flags + w, 0);
+            }
+            // Acquire: the partial sums are read after the flags.
+            ${DEVICE_FENCE}
+        }
+        barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+        // Volatile loads: other groups wrote these in this launch, past any cached copy.
+        for (int w = (int)get_group_id(0) - 1; w >= lowest; --w) {
+            __global volatile const float *theirs = sk_partial + (long)w * (TILE_M * TILE_N) + lid;
+%   for i in range(WPT_M):
+%     for j in range(WPT_N):
+            acc[${i}][${j}] += theirs[${(i * WPT_N + j)} * NTHREADS];
+%     endfor
+%   endfor
+        }
+    }
+% endif
 % if hoists_chain(CHAIN, CHAIN_CHANNEL, EPILOGUE, KERNEL, SPLIT_K):
     // The chain's scale and shift of each register-block row, once per work item (the loads
     // and the square root would otherwise run for every stored element).
@@ -797,6 +942,10 @@ void gemm_tiled(int M, int N, int K,
         }
     }
 %   endfor
+% endif
+% if STREAM_K:
+    return;
+    }
 % endif
 }
 
