@@ -1,7 +1,7 @@
 """Memory-bound kernels' variants side by side, with PyTorch in the same run.
 
     python benchmarks/pointwise_probe.py [--quick]
-        [--only span,build,pointwise,hints,softmax,dropout,ops,host] [--output DIR] [--commit HASH]
+        [--only span,build,pointwise,softmax,dropout,ops,host] [--output DIR] [--commit HASH]
 
 span: copy, relu and hardswish at 64 MiB, 256 MiB and 1 GiB, each timed six ways on both sides
 (markers or CUDA events around ten calls, the same after a priming call, one call, the host clock
@@ -9,11 +9,9 @@ around many calls with and without a profiling queue, the kernels' own times and
 them), to tell a fixed cost per call from bandwidth; build: NVIDIA's register report and the PTX
 of the default kernels (files under DIR/ptx); pointwise: the generator's launch variants (access
 width, accesses per work item and where they lie, work-group size, grid cap, index width) on copy,
-relu, hardswish, gelu, add and a bias broadcast over 2^26 float32; hints: the default launch with
-PTX cache hints on its 16-byte accesses (NVIDIA); softmax: the softmax kernels' reductions (local
-tree or warp shuffles), online exps, hints and what the backward holds in registers, over rows
-of 32000 (NVIDIA); dropout: its variants; ops:
-pooling and normalization operators as dlprim-bench's ops suite runs them, ten calls per span
+relu, hardswish, gelu, add and a bias broadcast over 2^26 float32; softmax: the softmax kernels'
+reductions (local tree or warp shuffles), cache hints, launch caps and what the backward holds in
+registers, over rows of 32000 (NVIDIA); dropout: its variants; ops: pooling and normalization operators as dlprim-bench's ops suite runs them, ten calls per span
 and one call per span, with each call's kernels and their device times; host: a call's host time.
 Every variant's result is checked before it is timed: the first against float64, the others bit
 for bit against the first (same arithmetic per element), on NaN-poisoned outputs.
@@ -78,30 +76,11 @@ def same_bits(a, b):
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-# The default launch with PTX cache hints on its float4 accesses (load, store qualifiers of
-# memory_access.cl.mako; NVIDIA only): the 9th field. The first row is plain accesses.
-_DEFAULT = ("vector", 4, 2, None, 128, "block", None)
-HINT_VARIANTS = [(label,) + _DEFAULT + (hints,) for label, hints in [
-    ("plain", None),
-    ("ld.nc", (".nc", None)),
-    ("ld.nc.256B", (".nc.L2::256B", None)),
-    ("ld.nc.128B", (".nc.L2::128B", None)),
-    ("st.cs", (None, ".cs")),
-    ("ld.nc.256B st.cs", (".nc.L2::256B", ".cs")),
-    ("ld.cs st.cs", (".cs", ".cs")),
-    ("ld.lu st.cs", (".lu", ".cs")),
-    ("ld.noL1.256B st.cs", (".nc.L1::no_allocate.L2::256B", ".cs")),
-    ("ld.ef st.ef", (".nc.L1::no_allocate.L2::evict_first.L2::256B", ".L1::no_allocate.L2::evict_first")),
-]]
-
-
 def configured(name, inputs, statement, scalars, variant):
-    """A PointwiseKernel whose launch is the ``variant`` row of POINTWISE_VARIANTS (or of
-    HINT_VARIANTS: a 9th field, the cache hints; plain accesses without it)."""
-    label, algorithm, vector, unroll, per_unit, group, interleave, index_t = variant[:8]
+    """A PointwiseKernel whose launch is the ``variant`` row of POINTWISE_VARIANTS."""
+    label, algorithm, vector, unroll, per_unit, group, interleave, index_t = variant
     k = PointwiseKernel(name, inputs, [("y", np.float32)], statement, scalars=scalars)
     k.VECTOR, k.INDEX_T = vector, index_t
-    k.HINTS = variant[8] if len(variant) > 8 else None
     launch = Launch(unroll, interleave, group, per_unit)
     if algorithm == "scalar":
         k.SCALAR_LAUNCH = launch
@@ -123,16 +102,7 @@ def pointwise(ctx, baseline, quick, table):
         pointwise_size(ctx, baseline, quick, table, n)
 
 
-def hints(ctx, baseline, quick, table):
-    """The default launch with each of HINT_VARIANTS' cache hints (NVIDIA only) on copy, relu,
-    gelu, add and the bias broadcast, 2^26 float32 (or each of --sizes)."""
-    if ctx.info.vendor != "nvidia":
-        return
-    for n in SIZES or [ops_bench._n(quick)]:
-        pointwise_size(ctx, baseline, quick, table, n, HINT_VARIANTS, "hints")
-
-
-def pointwise_size(ctx, baseline, quick, table, n, variant_list=None, part="pointwise"):
+def pointwise_size(ctx, baseline, quick, table, n):
     torch = baseline.torch
     cols = 1024
     shape = (n // cols, cols)
@@ -162,18 +132,13 @@ def pointwise_size(ctx, baseline, quick, table, n, variant_list=None, part="poin
     for op, (statement, inputs, scalars, values), args, nbytes, theirs, reference in cases:
         if SELECTED_OPS and op not in SELECTED_OPS:
             continue
-        if part == "hints" and op == "hardswish":
-            continue
         torch_before = baseline.time(theirs)
         try:
             torch_kernel_ms = torch_kernels(torch, theirs, 10)[0] * 1e3
         except Exception:  # the profiler is a detail: its absence must not cost the figures
             torch_kernel_ms = math.nan
-        if variant_list is None:
-            variants = [v for v in POINTWISE_VARIANTS if (op != "mul bias" or v[0] in ND_VARIANTS)
-                        and (not SELECTED_VARIANTS or v[0] in SELECTED_VARIANTS)]
-        else:
-            variants = variant_list
+        variants = [v for v in POINTWISE_VARIANTS if (op != "mul bias" or v[0] in ND_VARIANTS)
+                    and (not SELECTED_VARIANTS or v[0] in SELECTED_VARIANTS)]
         first = None
         for variant in variants + variants[:1]:
             k = configured(f"probe_{op.replace(' ', '_')}", inputs, statement, scalars, variant)
@@ -184,7 +149,7 @@ def pointwise_size(ctx, baseline, quick, table, n, variant_list=None, part="poin
             try:
                 run()
             except Exception as e:  # a variant that does not build must not hide the others
-                table.append({"part": part, "op": op, "variant": variant[0], "ok": False,
+                table.append({"part": "pointwise", "op": op, "variant": variant[0], "ok": False,
                               "error": f"{type(e).__name__}: {str(e)[:300]}"})
                 continue
             got = out.numpy()
@@ -200,13 +165,13 @@ def pointwise_size(ctx, baseline, quick, table, n, variant_list=None, part="poin
                 for _ in range(10):
                     run()
             kernel_ms = float(np.median([k["ms"] for k in log.summary()]))
-            table.append({"part": part, "op": op if n == LARGE else f"{op} {n}", "variant": variant[0],
+            table.append({"part": "pointwise", "op": op if n == LARGE else f"{op} {n}", "variant": variant[0],
                           "ok": ok, "error": error, "ours_ms": ours_s * 1e3, "torch_ms": torch_before * 1e3,
                           "kernel_ms": kernel_ms, "torch_kernel_ms": torch_kernel_ms, "elements": n,
                           "ours_GBps": nbytes / ours_s / 1e9, "torch_GBps": nbytes / torch_before / 1e9,
                           "speedup": torch_before / ours_s})
         torch_after = baseline.time(theirs)
-        table.append({"part": part, "op": op if n == LARGE else f"{op} {n}", "variant": "torch again",
+        table.append({"part": "pointwise", "op": op if n == LARGE else f"{op} {n}", "variant": "torch again",
                       "ok": True, "elements": n,
                       "error": 0.0, "ours_ms": torch_after * 1e3, "torch_ms": torch_before * 1e3,
                       "ours_GBps": nbytes / torch_after / 1e9, "torch_GBps": nbytes / torch_before / 1e9,
@@ -217,33 +182,34 @@ def pointwise_size(ctx, baseline, quick, table, n, variant_list=None, part="poin
 # SoftmaxPlan's options. The first of each list is the code of the last record (tree
 # reductions; a scalar, streaming backward), the plans' defaults follow among the others.
 _NC256_CS = (".nc.L2::256B", ".cs")
-_EVICT_FIRST = (".nc.L1::no_allocate.L2::evict_first.L2::256B", ".L1::no_allocate.L2::evict_first")
+_CS_CS = (".cs", ".cs")
 SOFTMAX_FORWARD = [
-    ("tree", False, dict(reduce="tree", online=False, hints=None)),
-    ("tree online", False, dict(reduce="tree", online=True, hints=None)),
-    ("warp", False, dict(reduce="warp", online=False, hints=None)),
-    ("warp online", False, dict(reduce="warp", online=True, hints=None)),
-    ("warp online nc256 cs", False, dict(reduce="warp", online=True, hints=_NC256_CS)),
-    ("warp online cs cs", False, dict(reduce="warp", online=True, hints=(".cs", ".cs"))),
-    ("warp online st.cs", False, dict(reduce="warp", online=True, hints=(None, ".cs"))),
-    ("warp online ef", False, dict(reduce="warp", online=True, hints=_EVICT_FIRST)),
-    ("log tree", True, dict(reduce="tree", online=False, hints=None)),
-    ("log warp online", True, dict(reduce="warp", online=True, hints=None)),
-    ("log warp online nc256 cs", True, dict(reduce="warp", online=True, hints=_NC256_CS)),
+    ("tree", False, dict(reduce="tree", hints=None)),
+    ("warp", False, dict(reduce="warp", hints=None)),
+    ("warp st.cs", False, dict(reduce="warp", hints=(None, ".cs"))),
+    ("warp cs cs", False, dict(reduce="warp", hints=_CS_CS)),
+    ("warp nc256 cs", False, dict(reduce="warp", hints=_NC256_CS)),
+    ("warp nc", False, dict(reduce="warp", hints=(".nc", None))),
+    ("warp 1/unit", False, dict(reduce="warp", hints=None, groups_per_unit=1)),
+    ("warp 1/unit cs cs", False, dict(reduce="warp", hints=_CS_CS, groups_per_unit=1)),
+    ("warp 2/unit", False, dict(reduce="warp", hints=None, groups_per_unit=2)),
+    ("log tree", True, dict(reduce="tree", hints=None)),
+    ("log warp", True, dict(reduce="warp", hints=None)),
+    ("log warp cs cs", True, dict(reduce="warp", hints=_CS_CS)),
+    ("log warp 1/unit", True, dict(reduce="warp", hints=None, groups_per_unit=1)),
 ]
 # (label, cached, aligned, options): cached 0 streams y and dy twice; aligned False is the
 # scalar kernel.
 SOFTMAX_BACKWARD = [
-    ("scalar stream tree", 0, False, dict(reduce="tree", hints=None)),
-    ("stream tree", 0, True, dict(reduce="tree", hints=None)),
-    ("stream warp", 0, True, dict(reduce="warp", hints=None)),
-    ("stream warp nc256 cs", 0, True, dict(reduce="warp", hints=_NC256_CS)),
-    ("dy tree", None, True, dict(reduce="tree", backward_hold="dy", hints=None)),
-    ("dy warp", None, True, dict(reduce="warp", backward_hold="dy", hints=None)),
-    ("dy warp cs cs", None, True, dict(reduce="warp", backward_hold="dy", hints=(".cs", ".cs"))),
-    ("dy warp nc256 cs", None, True, dict(reduce="warp", backward_hold="dy", hints=_NC256_CS)),
-    ("dy warp ef", None, True, dict(reduce="warp", backward_hold="dy", hints=_EVICT_FIRST)),
-    ("both warp", None, True, dict(reduce="warp", backward_hold="both", hints=None)),
+    ("scalar stream tree", 0, False, dict(reduce="tree")),
+    ("dy tree", None, True, dict(reduce="tree", backward_hold="dy")),
+    ("dy warp", None, True, dict(reduce="warp", backward_hold="dy")),
+    ("dy warp cs cs", None, True, dict(reduce="warp", backward_hold="dy", backward_hints=_CS_CS)),
+    ("dy tree cs cs", None, True, dict(reduce="tree", backward_hold="dy", backward_hints=_CS_CS)),
+    ("dy warp nc256 cs", None, True, dict(reduce="warp", backward_hold="dy", backward_hints=_NC256_CS)),
+    ("dy warp 1/unit cs cs", None, True, dict(reduce="warp", backward_hold="dy", backward_hints=_CS_CS,
+                                              groups_per_unit=1)),
+    ("stream warp cs cs", 0, True, dict(reduce="warp", backward_hints=_CS_CS)),
 ]
 
 
@@ -733,7 +699,7 @@ def summary(table, copy_rate):
     """The pointwise sweep as one line per operator: each variant's speed against torch."""
     ops = {}
     for r in table:
-        if r.get("part") in ("pointwise", "hints", "softmax") and r.get("ok"):
+        if r.get("part") in ("pointwise", "softmax") and r.get("ok"):
             ops.setdefault(f"{r['part']} {r['op']}", []).append(r)
     if not ops:
         return
@@ -742,7 +708,7 @@ def summary(table, copy_rate):
         print(f"  {op:<10} " + "  ".join(f"{r['variant']} {r['speedup']:.3f}" for r in rows))
 
 
-PARTS = {"span": span, "build": None, "pointwise": pointwise, "hints": hints, "softmax": softmax_variants,
+PARTS = {"span": span, "build": None, "pointwise": pointwise, "softmax": softmax_variants,
          "dropout": dropout, "ops": operators, "host": host}
 
 

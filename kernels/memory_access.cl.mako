@@ -4,9 +4,9 @@
 ## callers use elsewhere.
 ##
 ## Defs:
-##   vector_access(load_hint, store_hint)
-##       defines float4 load4(__global const float *p) and
-##       void store4(__global float *p, float4 v) for 16-byte aligned addresses.
+##   vector_access(load_hint, store_hint, suffix="")
+##       defines float4 load4<suffix>(__global const float *p) and
+##       void store4<suffix>(__global float *p, float4 v) for 16-byte aligned addresses.
 ##       load_hint / store_hint: PTX qualifiers after ld.global / st.global, e.g. ".nc.L2::256B"
 ##       (read-only path, fetch 256 bytes into L2 per miss) or ".cs" (evict first: data used
 ##       once); None gives plain OpenCL accesses. Streaming data through with evict-first
@@ -17,11 +17,11 @@
 ##       lane of the warp must call it). A one-dimensional work-group's items form warps of 32
 ##       consecutive local ids on NVIDIA.
 
-<%def name="vector_access(load_hint, store_hint)">
+<%def name="vector_access(load_hint, store_hint, suffix='')">
 % if load_hint is None:
-inline float4 load4(__global const float *p) { return *(__global const float4 *)p; }
+inline float4 load4${suffix}(__global const float *p) { return *(__global const float4 *)p; }
 % else:
-inline float4 load4(__global const float *p)
+inline float4 load4${suffix}(__global const float *p)
 {
     // Scalars, not vector components, as asm outputs: components are not addressable lvalues.
     float a, b, c, d;
@@ -31,9 +31,9 @@ inline float4 load4(__global const float *p)
 }
 % endif
 % if store_hint is None:
-inline void store4(__global float *p, float4 v) { *(__global float4 *)p = v; }
+inline void store4${suffix}(__global float *p, float4 v) { *(__global float4 *)p = v; }
 % else:
-inline void store4(__global float *p, float4 v)
+inline void store4${suffix}(__global float *p, float4 v)
 {
     asm volatile("st.global${store_hint}.v4.f32 [%0], {%1, %2, %3, %4};"
                  :: "l"((ulong)p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");

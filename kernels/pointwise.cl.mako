@@ -43,9 +43,6 @@
 ##   index_t        "int" when every index (including base + unroll * global size) fits in 31 bits,
 ##                  else "long" (integer division is several times cheaper in 32 bits on GPUs)
 ##   preamble       extra C code placed before the kernel (helper functions), may be ""
-##   hints          optional, None (the default) or (load_hint, store_hint): PTX cache hints
-##                  (memory_access.cl.mako's vector_access, NVIDIA only) for the 16-byte float4
-##                  accesses of the vector variant; other accesses stay plain
 ## Operand names must not collide with the kernel's own: i, total, tail, tail_index, step, lane_step, base,
 ## rest, coord, size<k>, group_at<u>, or <operand>_buf/_off/_stride<k>/_index/_vec/<u>.
 <%
@@ -54,23 +51,16 @@
     vector_inputs = context.get("vector_inputs", [])
     interleave = context.get("interleave", "grid")
     grid_stride = context.get("grid_stride", True)
-    hints = context.get("hints", None)
     assert interleave in ("grid", "block"), interleave
     dims = range(ndim)
     lanes = range(unroll)
     wide = dict(zip([nm for nm, ty in inputs], vector_inputs)) if vector > 1 else {}
     def vty(ty):
         return ty if vector == 1 else f"{ty}{vector}"
-    def hinted(ty):
-        return hints is not None and vector == 4 and ty == "float"
 %>
-<%namespace name="access" file="memory_access.cl.mako"/>
 #if defined(cl_khr_fp16)
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
 #endif
-% if hints is not None:
-${access.vector_access(*hints)}
-% endif
 ${preamble}
 
 ## The element at index `index` (an expression) with its inputs already in scalar variables
@@ -150,9 +140,7 @@ __kernel void ${name}(
         % endfor
     % endif
     % for nm, ty in inputs:
-        % if wide.get(nm) and hinted(ty):
-            ${nm}${u} = load4(${nm}_buf + ${nm}_index);
-        % elif wide.get(nm):
+        % if wide.get(nm):
             ${nm}${u} = *(__global const ${vty(ty)}*)(${nm}_buf + ${nm}_index);
         % else:
             ${nm}${u} = ${nm}_buf[${nm}_index];
@@ -186,11 +174,7 @@ __kernel void ${name}(
             }
         % endfor
         % for nm, ty in outputs:
-            % if hinted(ty):
-            store4(${nm}_buf + ${nm}_off + group_at${u} * ${vector}, ${nm}_vec);
-            % else:
             *(__global ${vty(ty)}*)(${nm}_buf + ${nm}_off + group_at${u} * ${vector}) = ${nm}_vec;
-            % endif
         % endfor
     % endif
         }

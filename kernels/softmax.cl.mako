@@ -31,12 +31,10 @@
 ##   reduce      "row" only: "tree" combines a row's partial values as a tree in local memory
 ##               (any device); "warp" by shuffles within each warp of 32 and one exchange
 ##               between warps (NVIDIA only: inline PTX; needs row_items >= 32)
-##   online      "row" forward with cached > 0 and vector 4: True folds each vector into the
-##               item's (max, sum) as it arrives (exps overlap the loads in flight; a reference
-##               max is kept per vector); False takes the item's max of all vectors first
 ##   hints       None or (load_hint, store_hint): PTX cache hints (memory_access.cl.mako, NVIDIA
-##               only) for the 16-byte accesses of data used once: the forward's x and y, the
-##               backward's dy and dx
+##               only) for the forward's 16-byte accesses to x and y
+##   backward_hints   the same for the backward's 16-byte accesses to dy and dx (data used
+##               once; y, read twice, keeps plain loads)
 ##   backward_vector  "row" backward: 4 for 16-byte accesses (inner == 1, size a multiple of 4,
 ##               offsets multiples of 4), else 1
 ##   backward_hold    with cached_backward > 0 and backward_vector 4: "both" keeps y and dy in
@@ -46,6 +44,7 @@
 %>
 <%namespace name="access" file="memory_access.cl.mako"/>
 ${access.vector_access(*(hints or (None, None)))}
+${access.vector_access(*(backward_hints or (None, None)), suffix="_once")}
 % if reduce == "warp":
 ${access.warp_reductions()}
 % endif
@@ -143,31 +142,6 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             v[j] = k < row_size ? load4(xr + k) : (float4)(-INFINITY);
         }
         float m = -INFINITY, s = 0.0f;
-    % if online:
-        // Each vector is folded in as it arrives, against the largest element so far (`ref`, kept
-        // per vector), so the exps overlap the loads still in flight instead of following them.
-        % if not log:
-        float ref[CACHED / 4];
-        % endif
-        #pragma unroll
-        for (int j = 0; j < CACHED / 4; ++j) {
-            const float vm = fmax(fmax(v[j].x, v[j].y), fmax(v[j].z, v[j].w));
-            if (vm > m) {
-                s *= exp(m - vm);  // exp(-inf) = 0 while nothing was folded in
-                m = vm;
-            }
-            float4 e;
-            e.x = (v[j].x == -INFINITY) ? 0.0f : exp(v[j].x - m);
-            e.y = (v[j].y == -INFINITY) ? 0.0f : exp(v[j].y - m);
-            e.z = (v[j].z == -INFINITY) ? 0.0f : exp(v[j].z - m);
-            e.w = (v[j].w == -INFINITY) ? 0.0f : exp(v[j].w - m);
-            s += (e.x + e.y) + (e.z + e.w);
-        % if not log:
-            v[j] = e;
-            ref[j] = m;
-        % endif
-        }
-    % else:
         #pragma unroll
         for (int j = 0; j < CACHED / 4; ++j) {
             m = fmax(m, fmax(fmax(v[j].x, v[j].y), fmax(v[j].z, v[j].w)));
@@ -184,7 +158,6 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             v[j] = e;
         % endif
         }
-    % endif
         const float m_item = m;
     % if reduce == "warp":
         // The row's max, then every item's sum rescaled to it: shuffles within each warp, one
@@ -223,11 +196,9 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
     % endif
     % if log:
         const float shift = m + log(s);
-    % elif not online:
+    % else:
         // An item that holds only padding (or -inf) has m_item = -inf: its e are 0, scale 0.
         const float scale = (m_item == -INFINITY ? 0.0f : exp(m_item - m)) / s;
-    % else:
-        const float inv_s = 1.0f / s;
     % endif
         #pragma unroll
         for (int j = 0; j < CACHED / 4; ++j) {
@@ -235,10 +206,8 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             if (k < row_size) {
     % if log:
                 store4(yr + k, v[j] - shift);
-    % elif not online:
-                store4(yr + k, v[j] * scale);
     % else:
-                store4(yr + k, v[j] * ((ref[j] == -INFINITY ? 0.0f : exp(ref[j] - m)) * inv_s));
+                store4(yr + k, v[j] * scale);
     % endif
             }
         }
@@ -447,7 +416,7 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
     % if cached_backward:
         // dy (and with backward_hold "both", y) stays in registers between the passes; with
         // "dy" the second pass reads y again, from L2 when this row's first read is still there
-        // (dy and dx go through with the evict-first hints, where given, to leave L2 to y).
+        // (dy and dx go through with backward_hints, where given, to leave L2 to y).
         float4 dyv[CACHED_BACKWARD / 4];
         % if backward_hold == "both":
         float4 yv[CACHED_BACKWARD / 4];
@@ -456,7 +425,7 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
         for (int j = 0; j < CACHED_BACKWARD / 4; ++j) {
             ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
             const float4 yj = k < size ? *(__global const float4 *)(yr + k) : (float4)(0.0f);
-            dyv[j] = k < size ? load4(dyr + k) : (float4)(0.0f);
+            dyv[j] = k < size ? load4_once(dyr + k) : (float4)(0.0f);
             total += ${backward_term4("yj", "dyv[j]")};
         % if backward_hold == "both":
             yv[j] = yj;
@@ -472,7 +441,7 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
         % else:
                 const float4 yj = *(__global const float4 *)(yr + k);
         % endif
-                store4(dxr + k, ${backward_value("yj", "dyv[j]")});
+                store4_once(dxr + k, ${backward_value("yj", "dyv[j]")});
             }
         }
     % else:
@@ -483,7 +452,7 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
             for (int j = 0; j < 4; ++j) {
                 ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
                 yv[j] = k < size ? *(__global const float4 *)(yr + k) : (float4)(0.0f);
-                dyv[j] = k < size ? load4(dyr + k) : (float4)(0.0f);
+                dyv[j] = k < size ? load4_once(dyr + k) : (float4)(0.0f);
             }
             #pragma unroll
             for (int j = 0; j < 4; ++j) total += ${backward_term4("yv[j]", "dyv[j]")};
@@ -495,12 +464,12 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
             for (int j = 0; j < 4; ++j) {
                 ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
                 yv[j] = k < size ? *(__global const float4 *)(yr + k) : (float4)(0.0f);
-                dyv[j] = k < size ? load4(dyr + k) : (float4)(0.0f);
+                dyv[j] = k < size ? load4_once(dyr + k) : (float4)(0.0f);
             }
             #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
-                if (k < size) store4(dxr + k, ${backward_value("yv[j]", "dyv[j]")});
+                if (k < size) store4_once(dxr + k, ${backward_value("yv[j]", "dyv[j]")});
             }
         }
     % endif

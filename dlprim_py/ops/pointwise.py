@@ -202,10 +202,6 @@ class PointwiseKernel:
     VECTOR_LAUNCH_ND = VECTOR_LAUNCH
     # None: 32-bit index arithmetic wherever every index fits; "long" forces 64-bit.
     INDEX_T = None
-    # PTX cache hints of the vector variant's float4 accesses, (load, store) qualifiers as in
-    # memory_access.cl.mako, or None for plain accesses; "device" takes the device's default
-    # (``default_hints``).
-    HINTS = "device"
 
     def __init__(self, name, inputs, outputs, statement, scalars=(), preamble=""):
         self.name = name
@@ -221,20 +217,20 @@ class PointwiseKernel:
         self._built = weakref.WeakKeyDictionary()
 
     def _kernel(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid",
-                grid_stride=True, hints=None):
+                grid_stride=True):
         unroll = self.SCALAR_LAUNCH.unroll if unroll is None else unroll
         per_ctx = self._kernels.get(ctx)
         if per_ctx is None:
             per_ctx = self._kernels[ctx] = {}
-        key = (ndim, index_t, vector, unroll, vector_inputs, interleave, grid_stride, hints)
+        key = (ndim, index_t, vector, unroll, vector_inputs, interleave, grid_stride)
         kernel = per_ctx.get(key)
         if kernel is None:
             kernel = per_ctx[key] = self._build(ctx, ndim, index_t, vector, unroll, vector_inputs,
-                                                interleave, grid_stride, hints)
+                                                interleave, grid_stride)
         return kernel
 
     def template_params(self, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid",
-                        grid_stride=True, hints=None):
+                        grid_stride=True):
         """The parameters of ``kernels/pointwise.cl.mako`` for one variant of this kernel."""
         params = dict(
             name=self.name, ndim=ndim, unroll=self.SCALAR_LAUNCH.unroll if unroll is None else unroll,
@@ -249,14 +245,12 @@ class PointwiseKernel:
             params["interleave"] = interleave
         if not grid_stride:
             params["grid_stride"] = False
-        if hints is not None:
-            params["hints"] = list(hints)
         return params
 
     def _build(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid",
-               grid_stride=True, hints=None):
+               grid_stride=True):
         params = self.template_params(ndim, index_t, vector, unroll, vector_inputs, interleave,
-                                      grid_stride, hints)
+                                      grid_stride)
         return program.kernel(ctx, "pointwise", self.name, params)
 
     def vector_layout(self, sizes, strides, inputs, outputs):
@@ -359,12 +353,9 @@ class PointwiseKernel:
                       [t.offset_elements + t.size for t in list(inputs) + list(outputs)])
         index_t = "int" if largest < _INT32_LIMIT and self.INDEX_T != "long" else "long"
         index_np = np.int32 if index_t == "int" else np.int64
-        hints = None
-        if vector == 4 and any(dt == np.float32 for _, dt in self.inputs + self.outputs):
-            hints = default_hints(ctx) if self.HINTS == "device" else self.HINTS
         # A kernel object of the plan's own: its arguments stay set between calls.
         shared = self._kernel(ctx, len(sizes), index_t, vector, unroll, wide or (), interleave,
-                              grid_stride, None if hints is None else tuple(hints))
+                              grid_stride)
         kernel = BoundKernel(cl.Kernel(shared.program, shared.function_name))
         head = [index_np(groups)] + [index_np(s) for s in sizes]
         operand_args = [[index_np(t.offset_elements)] + [index_np(s) for s in st]
@@ -375,14 +366,6 @@ class PointwiseKernel:
 
 # A plan for an empty output: nothing to enqueue.
 _EMPTY = object()
-
-# The vector variant's PTX cache hints on NVIDIA (memory_access.cl.mako): None until measured.
-NVIDIA_HINTS = None
-
-
-def default_hints(ctx):
-    """The (load, store) PTX cache hints of float4 accesses on ``ctx``'s device, or None."""
-    return NVIDIA_HINTS if ctx.info.vendor == "nvidia" else None
 
 
 def _scalar_cl_name(dtype):

@@ -20,7 +20,6 @@ from .. import autograd, config, logcmd, program
 from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .pointwise import default_hints
 
 VARIANTS = ("row", "column")
 # Widest vector load and store of the row variant's forward (elements); 1 disables them.
@@ -40,7 +39,8 @@ class SoftmaxPlan:
     def __init__(self, ctx, log, size, inner, total, variant=None, cached=None, aligned=True,
                  options=None):
         """``options`` (for measurements and tests) overrides the device's choices of the
-        template parameters "reduce", "online", "hints" and "backward_hold"."""
+        template parameters "reduce", "hints", "backward_hints" and "backward_hold", and of
+        "groups_per_unit" (the launch's cap: work-groups per compute unit, looping over rows)."""
         variant = choose_variant(inner, variant)
         cached_given = cached
         if variant not in VARIANTS:
@@ -81,12 +81,13 @@ class SoftmaxPlan:
             cached_backward = cached_backward if backward_vector > 1 else 0
         nvidia = ctx.info.vendor == "nvidia"
         choice = dict(reduce="warp" if nvidia and variant == "row" and row_items >= 32 else "tree",
-                      online=True, hints=default_hints(ctx), backward_hold=backward_hold)
+                      hints=None, backward_hints=None, backward_hold=backward_hold,
+                      groups_per_unit=4 if ctx.info.is_cpu else 64)
         choice.update(options or {})
         if choice["reduce"] == "warp" and not (variant == "row" and row_items >= 32 and group_size >= 32):
             raise UnsupportedError("softmax: warp reductions need the row variant with rows of "
                                    "at least 32 items")
-        if not nvidia and (choice["reduce"] == "warp" or choice["hints"] is not None):
+        if not nvidia and (choice["reduce"] == "warp" or choice["hints"] or choice["backward_hints"]):
             raise UnsupportedError("softmax: warp reductions and cache hints are inline PTX, "
                                    f"for NVIDIA devices only (this is {ctx.info.vendor})")
         if choice["backward_hold"] not in ("both", "dy"):
@@ -98,10 +99,11 @@ class SoftmaxPlan:
         params = dict(variant=variant, log=bool(log), group_size=group_size, cached=cached,
                       cached_backward=cached_backward, vector=vector, row_items=row_items,
                       index_t=self.index_t, backward_vector=backward_vector,
-                      reduce=choice["reduce"], online=bool(choice["online"]),
+                      reduce=choice["reduce"], backward_hold=choice["backward_hold"],
                       hints=None if choice["hints"] is None else list(choice["hints"]),
-                      backward_hold=choice["backward_hold"])
+                      backward_hints=None if choice["backward_hints"] is None else list(choice["backward_hints"]))
         self.params = params
+        self.groups_per_unit = choice["groups_per_unit"]
         built = program.build(ctx, "softmax", params)
         # Own kernel objects: a call sets the buffers, and the sizes and offsets only when they
         # changed (setting a scalar argument costs tens of microseconds on some drivers).
@@ -122,7 +124,7 @@ class SoftmaxPlan:
                 kernel.set_arg(slot, index(value))
                 bound[slot] = value
         info = self.ctx.info
-        cap = info.compute_units * (4 if info.is_cpu else 64)
+        cap = info.compute_units * self.groups_per_unit
         if self.variant == "row":
             per_group = self.group_size // self.row_items if kernel is self.forward_kernel else 1
             groups = min(math.ceil(rows / per_group), cap)
