@@ -846,6 +846,11 @@ void gemm_tiled(int M, int N, int K,
 %     for j in range(WPT_N):
             acc[${i}][${j}] += theirs[${(i * WPT_N + j)} * NTHREADS];
 %     endfor
+%     if i + 1 < WPT_M:
+            // One row of the register block in flight at a time: loads hoisted over every
+            // row would each take a register on top of the accumulators.
+            barrier(CLK_LOCAL_MEM_FENCE);
+%     endif
 %   endfor
         }
     }
