@@ -184,32 +184,32 @@ def pointwise_size(ctx, baseline, quick, table, n):
 _NC256_CS = (".nc.L2::256B", ".cs")
 _CS_CS = (".cs", ".cs")
 SOFTMAX_FORWARD = [
-    ("tree", False, dict(reduce="tree", hints=None)),
-    ("warp", False, dict(reduce="warp", hints=None)),
+    ("tree", False, dict(reduce="tree")),
+    ("warp", False, dict(reduce="warp")),
     ("warp st.cs", False, dict(reduce="warp", hints=(None, ".cs"))),
-    ("warp cs cs", False, dict(reduce="warp", hints=_CS_CS)),
-    ("warp nc256 cs", False, dict(reduce="warp", hints=_NC256_CS)),
-    ("warp nc", False, dict(reduce="warp", hints=(".nc", None))),
-    ("warp 1/unit", False, dict(reduce="warp", hints=None, groups_per_unit=1)),
-    ("warp 1/unit cs cs", False, dict(reduce="warp", hints=_CS_CS, groups_per_unit=1)),
-    ("warp 2/unit", False, dict(reduce="warp", hints=None, groups_per_unit=2)),
-    ("log tree", True, dict(reduce="tree", hints=None)),
-    ("log warp", True, dict(reduce="warp", hints=None)),
-    ("log warp cs cs", True, dict(reduce="warp", hints=_CS_CS)),
-    ("log warp 1/unit", True, dict(reduce="warp", hints=None, groups_per_unit=1)),
+    ("warp pf1 1/unit", False, dict(reduce="warp", prefetch=1, groups_per_unit=1)),
+    ("warp pf2 1/unit", False, dict(reduce="warp", prefetch=2, groups_per_unit=1)),
+    ("warp pf2 2/unit", False, dict(reduce="warp", prefetch=2, groups_per_unit=2)),
+    ("warp pf1 2/unit", False, dict(reduce="warp", prefetch=1, groups_per_unit=2)),
+    ("warp pf2 1/unit st.cs", False, dict(reduce="warp", prefetch=2, groups_per_unit=1, hints=(None, ".cs"))),
+    ("warp pf2", False, dict(reduce="warp", prefetch=2)),
+    ("log tree", True, dict(reduce="tree")),
+    ("log warp", True, dict(reduce="warp")),
+    ("log warp pf2 1/unit", True, dict(reduce="warp", prefetch=2, groups_per_unit=1)),
+    ("log tree pf2 1/unit", True, dict(reduce="tree", prefetch=2, groups_per_unit=1)),
 ]
 # (label, cached, aligned, options): cached 0 streams y and dy twice; aligned False is the
 # scalar kernel.
 SOFTMAX_BACKWARD = [
     ("scalar stream tree", 0, False, dict(reduce="tree")),
-    ("dy tree", None, True, dict(reduce="tree", backward_hold="dy")),
-    ("dy warp", None, True, dict(reduce="warp", backward_hold="dy")),
     ("dy warp cs cs", None, True, dict(reduce="warp", backward_hold="dy", backward_hints=_CS_CS)),
-    ("dy tree cs cs", None, True, dict(reduce="tree", backward_hold="dy", backward_hints=_CS_CS)),
-    ("dy warp nc256 cs", None, True, dict(reduce="warp", backward_hold="dy", backward_hints=_NC256_CS)),
     ("dy warp 1/unit cs cs", None, True, dict(reduce="warp", backward_hold="dy", backward_hints=_CS_CS,
                                               groups_per_unit=1)),
-    ("stream warp cs cs", 0, True, dict(reduce="warp", backward_hints=_CS_CS)),
+    ("dy warp 2/unit cs cs", None, True, dict(reduce="warp", backward_hold="dy", backward_hints=_CS_CS,
+                                              groups_per_unit=2)),
+    ("dy tree 1/unit cs cs", None, True, dict(reduce="tree", backward_hold="dy", backward_hints=_CS_CS,
+                                              groups_per_unit=1)),
+    ("dy warp 1/unit", None, True, dict(reduce="warp", backward_hold="dy", groups_per_unit=1)),
 ]
 
 

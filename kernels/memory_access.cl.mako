@@ -11,6 +11,13 @@
 ##       (read-only path, fetch 256 bytes into L2 per miss) or ".cs" (evict first: data used
 ##       once); None gives plain OpenCL accesses. Streaming data through with evict-first
 ##       accesses leaves L2 to the data that is read again.
+##   async_copies(ptx)
+##       defines void copy16_async(__local float4 *dst, __global const float *src) (a 16-byte
+##       copy from global to local memory that holds no register while in flight: cp.async on
+##       NVIDIA when ptx is True; a plain copy, done when issued, otherwise), and
+##       ASYNC_COMMIT() / ASYNC_WAIT_ALL(): close the work item's copies issued so far into a
+##       group / wait until all its groups have landed. Only the issuing work item may read a
+##       copy's destination without a barrier.
 ##   warp_reductions()
 ##       defines float warp_max(float v) and float warp_sum(float v): the max / sum over the 32
 ##       lanes of the caller's warp, returned to every lane (shfl.sync.bfly, full mask: every
@@ -60,4 +67,23 @@ inline float warp_sum(float v)
     for (int mask = 16; mask > 0; mask >>= 1) v += warp_shuffle_xor(v, mask);
     return v;
 }
+</%def>
+
+<%def name="async_copies(ptx)">
+% if ptx:
+inline void copy16_async(__local float4 *dst, __global const float *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"((uint)(ulong)dst), "l"((ulong)src) : "memory");
+}
+#define ASYNC_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+#define ASYNC_WAIT_ALL() asm volatile("cp.async.wait_group 0;" ::: "memory")
+% else:
+inline void copy16_async(__local float4 *dst, __global const float *src)
+{
+    *dst = *(__global const float4 *)src;
+}
+#define ASYNC_COMMIT()
+#define ASYNC_WAIT_ALL()
+% endif
 </%def>

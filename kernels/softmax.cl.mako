@@ -35,6 +35,10 @@
 ##               only) for the forward's 16-byte accesses to x and y
 ##   backward_hints   the same for the backward's 16-byte accesses to dy and dx (data used
 ##               once; y, read twice, keeps plain loads)
+##   prefetch    "row" forward with cached > 0, vector 4 and row_items == group_size (one row
+##               per group): the first `prefetch` vectors of every item's share of the group's
+##               next row are staged in local memory during this row (0: none)
+##   async_ptx   with prefetch: True stages with cp.async (NVIDIA), False with plain copies
 ##   backward_vector  "row" backward: 4 for 16-byte accesses (inner == 1, size a multiple of 4,
 ##               offsets multiples of 4), else 1
 ##   backward_hold    with cached_backward > 0 and backward_vector 4: "both" keeps y and dy in
@@ -45,6 +49,9 @@
 <%namespace name="access" file="memory_access.cl.mako"/>
 ${access.vector_access(*(hints or (None, None)))}
 ${access.vector_access(*(backward_hints or (None, None)), suffix="_once")}
+% if prefetch:
+${access.async_copies(async_ptx)}
+% endif
 % if reduce == "warp":
 ${access.warp_reductions()}
 % endif
@@ -123,11 +130,27 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
     // ROW_ITEMS items per row, GROUP_SIZE / ROW_ITEMS rows per group at once; each item holds
     // CACHED / 4 vectors of its row (16-byte loads and stores, all loads issued before any is
     // used), one exp per element, one (max, sum) combine per row.
-    __local float tree_m[GROUP_SIZE];
-    __local float tree_s[GROUP_SIZE];
+    // The warp reduction exchanges one value per warp; the tree, one per item.
+    __local float tree_m[${group_size // 32 if reduce == "warp" else group_size}];
+    __local float tree_s[${group_size // 32 if reduce == "warp" else group_size}];
     const int lid = get_local_id(0);
     const int row_lid = lid % ROW_ITEMS;
     const int head = lid - row_lid;
+    % if prefetch:
+    // One row per group. The first PREFETCH vectors of each item's share of the next row are
+    // copied into local memory while this row is reduced and stored (asynchronous copies hold
+    // no registers, and every register is taken by this row): the memory system stays busy
+    // through the part of a row where the group has no loads of its own in flight. Each item
+    // reads back only its own copies, so no barrier guards the stage.
+    __local float4 stage[${prefetch} * GROUP_SIZE];
+    for (int j = 0; j < ${prefetch}; ++j) {
+        const ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
+        if (get_group_id(0) < rows && k < size) {
+            copy16_async(&stage[j * GROUP_SIZE + lid], x + x_off + get_group_id(0) * size + k);
+        }
+    }
+    ASYNC_COMMIT();
+    % endif
     for (${index_t} first = get_group_id(0) * (GROUP_SIZE / ROW_ITEMS); first < rows;
          first += get_num_groups(0) * (GROUP_SIZE / ROW_ITEMS)) {
         const ${index_t} r = first + lid / ROW_ITEMS;
@@ -137,10 +160,29 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         __global float *yr = y + y_off + (r < rows ? r : 0) * size;
         float4 v[CACHED / 4];
         #pragma unroll
-        for (int j = 0; j < CACHED / 4; ++j) {
+        for (int j = ${prefetch}; j < CACHED / 4; ++j) {
             ${index_t} k = (row_lid + (${index_t})j * ROW_ITEMS) * 4;
             v[j] = k < row_size ? load4(xr + k) : (float4)(-INFINITY);
         }
+    % if prefetch:
+        ASYNC_WAIT_ALL();
+        #pragma unroll
+        for (int j = 0; j < ${prefetch}; ++j) {
+            ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
+            v[j] = k < row_size ? stage[j * GROUP_SIZE + lid] : (float4)(-INFINITY);
+        }
+        {
+            const ${index_t} next = first + get_num_groups(0);
+            #pragma unroll
+            for (int j = 0; j < ${prefetch}; ++j) {
+                const ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
+                if (next < rows && k < size) {
+                    copy16_async(&stage[j * GROUP_SIZE + lid], x + x_off + next * size + k);
+                }
+            }
+            ASYNC_COMMIT();
+        }
+    % endif
         float m = -INFINITY, s = 0.0f;
         #pragma unroll
         for (int j = 0; j < CACHED / 4; ++j) {

@@ -39,7 +39,7 @@ class SoftmaxPlan:
     def __init__(self, ctx, log, size, inner, total, variant=None, cached=None, aligned=True,
                  options=None):
         """``options`` (for measurements and tests) overrides the device's choices of the
-        template parameters "reduce", "hints", "backward_hints" and "backward_hold", and of
+        template parameters "reduce", "hints", "backward_hints", "backward_hold" and "prefetch", and of
         "groups_per_unit" (the launch's cap: work-groups per compute unit, looping over rows)."""
         variant = choose_variant(inner, variant)
         cached_given = cached
@@ -82,7 +82,7 @@ class SoftmaxPlan:
         nvidia = ctx.info.vendor == "nvidia"
         choice = dict(reduce="warp" if nvidia and variant == "row" and row_items >= 32 else "tree",
                       hints=None, backward_hints=None, backward_hold=backward_hold,
-                      groups_per_unit=4 if ctx.info.is_cpu else 64)
+                      groups_per_unit=4 if ctx.info.is_cpu else 64, prefetch=0)
         choice.update(options or {})
         if choice["reduce"] == "warp" and not (variant == "row" and row_items >= 32 and group_size >= 32):
             raise UnsupportedError("softmax: warp reductions need the row variant with rows of "
@@ -90,6 +90,16 @@ class SoftmaxPlan:
         if not nvidia and (choice["reduce"] == "warp" or choice["hints"] or choice["backward_hints"]):
             raise UnsupportedError("softmax: warp reductions and cache hints are inline PTX, "
                                    f"for NVIDIA devices only (this is {ctx.info.vendor})")
+        prefetch = choice["prefetch"]
+        if prefetch and not (vector > 1 and cached and row_items == group_size and variant == "row"
+                             and 0 < prefetch <= cached // vector):
+            raise UnsupportedError(f"softmax: prefetch={prefetch} needs the row variant with "
+                                   f"vector accesses, one row per work-group and at most "
+                                   f"{cached // max(vector, 1)} vectors per item")
+        local_bytes = prefetch * group_size * 16 + 8 * group_size
+        if prefetch and local_bytes > ctx.info.local_mem_size:
+            raise UnsupportedError(f"softmax: prefetch={prefetch} needs {local_bytes} bytes of "
+                                   f"local memory, the device has {ctx.info.local_mem_size}")
         if choice["backward_hold"] not in ("both", "dy"):
             raise UnsupportedError(f"softmax: backward_hold must be 'both' or 'dy', got "
                                    f"{choice['backward_hold']!r}")
@@ -100,6 +110,7 @@ class SoftmaxPlan:
                       cached_backward=cached_backward, vector=vector, row_items=row_items,
                       index_t=self.index_t, backward_vector=backward_vector,
                       reduce=choice["reduce"], backward_hold=choice["backward_hold"],
+                      prefetch=prefetch, async_ptx=nvidia and prefetch > 0,
                       hints=None if choice["hints"] is None else list(choice["hints"]),
                       backward_hints=None if choice["backward_hints"] is None else list(choice["backward_hints"]))
         self.params = params
