@@ -187,29 +187,31 @@ SOFTMAX_FORWARD = [
     ("tree", False, dict(reduce="tree")),
     ("warp", False, dict(reduce="warp")),
     ("warp st.cs", False, dict(reduce="warp", hints=(None, ".cs"))),
-    ("warp pf1 1/unit", False, dict(reduce="warp", prefetch=1, groups_per_unit=1)),
-    ("warp pf2 1/unit", False, dict(reduce="warp", prefetch=2, groups_per_unit=1)),
-    ("warp pf2 2/unit", False, dict(reduce="warp", prefetch=2, groups_per_unit=2)),
-    ("warp pf1 2/unit", False, dict(reduce="warp", prefetch=1, groups_per_unit=2)),
-    ("warp pf2 1/unit st.cs", False, dict(reduce="warp", prefetch=2, groups_per_unit=1, hints=(None, ".cs"))),
-    ("warp pf2", False, dict(reduce="warp", prefetch=2)),
-    ("log tree", True, dict(reduce="tree")),
+    ("warp rc", False, dict(reduce="warp", recompute=True)),
+    ("warp rc pf2 1/unit", False, dict(reduce="warp", recompute=True, prefetch=2, groups_per_unit=1)),
+    ("warp rc pf2 2/unit", False, dict(reduce="warp", recompute=True, prefetch=2, groups_per_unit=2)),
+    ("warp rc pf1 1/unit", False, dict(reduce="warp", recompute=True, prefetch=1, groups_per_unit=1)),
+    ("tree rc pf2 1/unit", False, dict(reduce="tree", recompute=True, prefetch=2, groups_per_unit=1)),
+    ("warp rc pf2 1/unit st.cs", False, dict(reduce="warp", recompute=True, prefetch=2, groups_per_unit=1,
+                                             hints=(None, ".cs"))),
     ("log warp", True, dict(reduce="warp")),
     ("log warp pf2 1/unit", True, dict(reduce="warp", prefetch=2, groups_per_unit=1)),
-    ("log tree pf2 1/unit", True, dict(reduce="tree", prefetch=2, groups_per_unit=1)),
+    ("log warp pf2 2/unit", True, dict(reduce="warp", prefetch=2, groups_per_unit=2)),
+    ("log warp pf1 1/unit", True, dict(reduce="warp", prefetch=1, groups_per_unit=1)),
+    ("log warp pf2 1/unit st.cs", True, dict(reduce="warp", prefetch=2, groups_per_unit=1, hints=(None, ".cs"))),
 ]
 # (label, cached, aligned, options): cached 0 streams y and dy twice; aligned False is the
 # scalar kernel.
 SOFTMAX_BACKWARD = [
     ("scalar stream tree", 0, False, dict(reduce="tree")),
-    ("dy warp cs cs", None, True, dict(reduce="warp", backward_hold="dy", backward_hints=_CS_CS)),
     ("dy warp 1/unit cs cs", None, True, dict(reduce="warp", backward_hold="dy", backward_hints=_CS_CS,
                                               groups_per_unit=1)),
     ("dy warp 2/unit cs cs", None, True, dict(reduce="warp", backward_hold="dy", backward_hints=_CS_CS,
                                               groups_per_unit=2)),
-    ("dy tree 1/unit cs cs", None, True, dict(reduce="tree", backward_hold="dy", backward_hints=_CS_CS,
-                                              groups_per_unit=1)),
-    ("dy warp 1/unit", None, True, dict(reduce="warp", backward_hold="dy", groups_per_unit=1)),
+    ("dy warp 4/unit cs cs", None, True, dict(reduce="warp", backward_hold="dy", backward_hints=_CS_CS,
+                                              groups_per_unit=4)),
+    ("dy tree 2/unit cs cs", None, True, dict(reduce="tree", backward_hold="dy", backward_hints=_CS_CS,
+                                              groups_per_unit=2)),
 ]
 
 

@@ -38,6 +38,9 @@
 ##   prefetch    "row" forward with cached > 0, vector 4 and row_items == group_size (one row
 ##               per group): the first `prefetch` vectors of every item's share of the group's
 ##               next row are staged in local memory during this row (0: none)
+##   recompute   softmax with cached > 0 and vector 4: True keeps x in registers (as
+##               log_softmax does) and stores exp(x - max - log(sum)), a second exp per element;
+##               False keeps exp(x - max) and scales it
 ##   async_ptx   with prefetch: True stages with cp.async (NVIDIA), False with plain copies
 ##   backward_vector  "row" backward: 4 for 16-byte accesses (inner == 1, size a multiple of 4,
 ##               offsets multiples of 4), else 1
@@ -196,7 +199,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             e.z = (v[j].z == -INFINITY) ? 0.0f : exp(v[j].z - m);
             e.w = (v[j].w == -INFINITY) ? 0.0f : exp(v[j].w - m);
             s += (e.x + e.y) + (e.z + e.w);
-        % if not log:
+        % if not log and not recompute:
             v[j] = e;
         % endif
         }
@@ -236,7 +239,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         // The next rows overwrite the tree only after every item has read it.
         barrier(CLK_LOCAL_MEM_FENCE);
     % endif
-    % if log:
+    % if log or recompute:
         const float shift = m + log(s);
     % else:
         // An item that holds only padding (or -inf) has m_item = -inf: its e are 0, scale 0.
@@ -248,6 +251,8 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             if (k < row_size) {
     % if log:
                 store4(yr + k, v[j] - shift);
+    % elif recompute:
+                store4(yr + k, exp(v[j] - shift));
     % else:
                 store4(yr + k, v[j] * scale);
     % endif

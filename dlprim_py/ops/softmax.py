@@ -39,7 +39,7 @@ class SoftmaxPlan:
     def __init__(self, ctx, log, size, inner, total, variant=None, cached=None, aligned=True,
                  options=None):
         """``options`` (for measurements and tests) overrides the device's choices of the
-        template parameters "reduce", "hints", "backward_hints", "backward_hold" and "prefetch", and of
+        template parameters "reduce", "hints", "backward_hints", "backward_hold", "prefetch" and "recompute", and of
         "groups_per_unit" (the launch's cap: work-groups per compute unit, looping over rows)."""
         variant = choose_variant(inner, variant)
         cached_given = cached
@@ -82,7 +82,7 @@ class SoftmaxPlan:
         nvidia = ctx.info.vendor == "nvidia"
         choice = dict(reduce="warp" if nvidia and variant == "row" and row_items >= 32 else "tree",
                       hints=None, backward_hints=None, backward_hold=backward_hold,
-                      groups_per_unit=4 if ctx.info.is_cpu else 64, prefetch=0)
+                      groups_per_unit=4 if ctx.info.is_cpu else 64, prefetch=0, recompute=False)
         choice.update(options or {})
         if choice["reduce"] == "warp" and not (variant == "row" and row_items >= 32 and group_size >= 32):
             raise UnsupportedError("softmax: warp reductions need the row variant with rows of "
@@ -111,6 +111,7 @@ class SoftmaxPlan:
                       index_t=self.index_t, backward_vector=backward_vector,
                       reduce=choice["reduce"], backward_hold=choice["backward_hold"],
                       prefetch=prefetch, async_ptx=nvidia and prefetch > 0,
+                      recompute=bool(choice["recompute"]) and not log,
                       hints=None if choice["hints"] is None else list(choice["hints"]),
                       backward_hints=None if choice["backward_hints"] is None else list(choice["backward_hints"]))
         self.params = params
