@@ -144,6 +144,8 @@ class BuildLogs:
     def __init__(self, ctx):
         self.enabled = ctx.info.vendor == "nvidia"
         self.last = ""
+        self.binary = b""
+        self.dump_dir = None
         self._build = gemm_ops.program.build
         if self.enabled:
             gemm_ops.program = _ProgramWithLog(gemm_ops.program, self)
@@ -176,6 +178,11 @@ class _ProgramWithLog:
                                                            cl.program_build_info.LOG)
         except cl.Error:
             self._logs.last = ""
+        try:
+            # NVIDIA's program binary is the PTX that ptxas compiled (for --dump-ptx).
+            self._logs.binary = built.program.get_info(cl.program_info.BINARIES)[0]
+        except (cl.Error, IndexError):
+            self._logs.binary = b""
         return built
 
 
@@ -254,6 +261,11 @@ def probe_shape(ctx, logs, baseline, name, M, N, K, specs, rounds, rng, log):
             continue
         build_s = time.perf_counter() - started
         regs, spill, report = logs.report() if logs.enabled else (None, None, "")
+        if logs.dump_dir and logs.binary:
+            os.makedirs(logs.dump_dir, exist_ok=True)
+            stem = re.sub(r"[^A-Za-z0-9]+", "_", f"{name} {spec}").strip("_")
+            with open(os.path.join(logs.dump_dir, stem + ".ptx"), "wb") as f:
+                f.write(logs.binary)
         if spec == "db" and regs and params["kernel"] == "tiled":
             resident = occupancy(regs, gemm_ops.tiled_threads(params),
                                  gemm_ops.tiled_local_bytes(params))
@@ -425,6 +437,8 @@ def main(argv=None):
                         help="comma-separated sizes of the square problems")
     parser.add_argument("--rules-for", default="square",
                         help="shapes whose names start with this may get new rules")
+    parser.add_argument("--dump-ptx", default=None, metavar="DIR",
+                        help="write each variant's program binary (PTX on NVIDIA) into DIR")
     parser.add_argument("--commit", default=None)
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)
@@ -433,6 +447,7 @@ def main(argv=None):
     started = time.perf_counter()
     ctx = dp.Context(args.device)
     logs = BuildLogs(ctx)
+    logs.dump_dir = args.dump_ptx
     baseline = Baseline()
     print(f"device: {ctx.info.name} | {ctx.info.platform_name} | driver "
           f"{ctx.info.driver_version}; baseline {baseline.name}", flush=True)

@@ -484,8 +484,9 @@ void gemm_tiled(int M, int N, int K,
     if (lid == 0)
         sk_piece(sk_desc, get_group_id(0), 1, sk_tiles, sk_groups, (K + TILE_K - 1) / TILE_K);
     barrier(CLK_LOCAL_MEM_FENCE);
+    float acc[WPT_M][WPT_N];
     // At most two turns: a piece that ends inside a tile (its partial sum published), then
-    // the piece that ends a tile.
+    // the piece that ends a tile (the epilogue's, after the loop).
     for (;;) {
     const int m0 = (sk_desc[0] / ((N + TILE_N - 1) / TILE_N)) * TILE_M;
     const int n0 = (sk_desc[0] % ((N + TILE_N - 1) / TILE_N)) * TILE_N;
@@ -699,7 +700,9 @@ void gemm_tiled(int M, int N, int K,
         }
 </%def>
 
+% if not STREAM_K:
     float acc[WPT_M][WPT_N];
+% endif
 % for i in range(WPT_M):
 %   for j in range(WPT_N):
     acc[${i}][${j}] = 0.0f;
@@ -823,6 +826,13 @@ void gemm_tiled(int M, int N, int K,
             return;
         continue;
     }
+    break;
+    }
+    // The tile of the last piece, read again (the loop's names are out of scope; nothing of
+    // the schedule stays in registers through the main loop).
+    const int m0 = (sk_desc[0] / ((N + TILE_N - 1) / TILE_N)) * TILE_M;
+    const int n0 = (sk_desc[0] % ((N + TILE_N - 1) / TILE_N)) * TILE_N;
+    const bool inside = m0 + TILE_M <= M && n0 + TILE_N <= N;
     if (sk_desc[3] == SK_CONSUMER) {
         const int lowest = sk_desc[4];
         if (lid == 0) {
@@ -947,10 +957,6 @@ void gemm_tiled(int M, int N, int K,
         }
     }
 %   endfor
-% endif
-% if STREAM_K:
-    return;
-    }
 % endif
 }
 
