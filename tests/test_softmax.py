@@ -6,7 +6,7 @@ import torch
 import dlprim_py as dp
 from dlprim_py.ops.softmax import softmax_backward
 
-from conftest import assert_close, random
+from conftest import assert_close, poisoned, random
 
 F = dp.functional
 
@@ -117,3 +117,101 @@ def test_row_vector_loads(ctx, rng, monkeypatch, vector, cached):
                 ref = theirs(t, 1).numpy()
                 assert np.array_equal(np.isfinite(out), np.isfinite(ref))
                 assert_close(out[np.isfinite(ref)], ref[np.isfinite(ref)])
+
+
+# Every kernel option of the row variant forced on its own (SoftmaxPlan's options, see
+# softmax._choices); the inline-PTX ones (warp shuffles, cache hints, cp.async) run on NVIDIA only,
+# their portable forms everywhere.
+PORTABLE_OPTIONS = [
+    dict(reduce="tree"),
+    dict(recompute=True),
+    dict(prefetch=1, groups_per_unit=1),
+    dict(prefetch=2, groups_per_unit=1, recompute=True),
+    dict(backward_hold="dy"),
+    dict(backward_hold="both"),
+]
+NVIDIA_OPTIONS = [
+    dict(reduce="warp"),
+    dict(reduce="warp", hints=(".nc.L2::256B", ".cs"), backward_hints=(".cs", ".cs")),
+    dict(reduce="warp", prefetch=2, groups_per_unit=2, recompute=True),
+    dict(reduce="warp", prefetch=1, groups_per_unit=1, backward_hold="dy"),
+]
+
+
+def _option_id(options):
+    return "-".join(f"{k}={v}" for k, v in options.items())
+
+
+@pytest.mark.parametrize("options", PORTABLE_OPTIONS + NVIDIA_OPTIONS,
+                         ids=[_option_id(o) for o in PORTABLE_OPTIONS + NVIDIA_OPTIONS])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_kernel_options(ctx, rng, options, log):
+    """Rows held in registers by a whole work-group (one row per group, groups looping over
+    rows with a small cap), -inf entries, a row of only -inf, poisoned outputs."""
+    from dlprim_py.ops.softmax import SoftmaxPlan, _CACHE_STEPS
+    if options in NVIDIA_OPTIONS and ctx.info.vendor != "nvidia":
+        with pytest.raises(dp.UnsupportedError, match="NVIDIA"):
+            SoftmaxPlan(ctx, log, 5000, 1, 5000, "row", None, True, options=options)
+        return
+    shape = (7, 5000)
+    group = SoftmaxPlan(ctx, log, shape[1], 1, 5000, "row").group_size
+    cached = next(c for c in _CACHE_STEPS if c * group >= shape[1])
+    plan = SoftmaxPlan(ctx, log, shape[1], 1, 7 * 5000, "row", cached, True, options=options)
+    assert plan.row_items == plan.group_size
+    a = random(rng, shape, -40, 40)
+    a[0, 1:9] = -np.inf
+    a[3, :] = -np.inf
+    g = random(rng, shape)
+    t = torch.tensor(a.astype(np.float64), requires_grad=True)
+    ref = (torch.log_softmax if log else torch.softmax)(t, 1)
+    ref_grad = torch.autograd.grad(ref[[0, 1, 2, 4, 5, 6]], t, torch.tensor(g[[0, 1, 2, 4, 5, 6]].astype(np.float64)))[0]
+    x = dp.Tensor.from_numpy(ctx, a)
+    y = poisoned(ctx, shape)
+    plan.forward(x, y, 7, 5000, 1)
+    out = y.numpy()
+    ref = ref.detach().numpy()
+    assert np.isnan(out[3]).all()
+    finite = np.isfinite(ref)
+    assert np.array_equal(np.isfinite(out), finite)
+    assert_close(out[finite], ref[finite])
+    # The backward on the rows that have a gradient (torch's is NaN on the row of -inf).
+    rows = [0, 1, 2, 4, 5, 6]
+    y = dp.Tensor.from_numpy(ctx, np.ascontiguousarray(ref[rows]).astype(np.float32))
+    dy = dp.Tensor.from_numpy(ctx, np.ascontiguousarray(g[rows]))
+    dx = poisoned(ctx, (6, 5000))
+    plan.backward(y, dy, dx, 6, 5000, 1)
+    got = dx.numpy()
+    expected = ref_grad.numpy()[rows]
+    if log:  # log_softmax's y is -inf on the masked entries; its gradient there is dy
+        assert np.isfinite(got).all()
+    assert_close(got, expected)
+
+
+def test_bad_kernel_options(ctx):
+    from dlprim_py.ops.softmax import SoftmaxPlan
+    for options, match in ((dict(backward_hold="y"), "backward_hold"), (dict(reduce="ring"), "reduce"),
+                           (dict(groups_per_unit=0), "groups_per_unit"), (dict(unroll=2), "unknown"),
+                           (dict(prefetch=9), "prefetch"), (dict(prefetch=1), "prefetch")):
+        with pytest.raises(dp.UnsupportedError, match=match):
+            # rows of 300 share a group: prefetch needs one row per group
+            SoftmaxPlan(ctx, False, 5000 if match != "prefetch" or options["prefetch"] == 9 else 300,
+                        1, 5000, "row", 32 if options.get("prefetch") == 9 else None, True, options=options)
+
+
+def test_backward_unaligned_gradient(ctx, rng):
+    """A gradient at an offset that is no multiple of 4 takes the kernel without vector
+    accesses; softmax_backward writes into a given dx at any offset."""
+    shape = (3, 2000)
+    a, g = random(rng, shape, -5, 5), random(rng, shape)
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    y = F.softmax(x, 1)
+    big = dp.Tensor.from_numpy(ctx, np.concatenate([[0.0], g.ravel()]).astype(np.float32))
+    g_odd = dp.Tensor(ctx, big.buffer, shape, offset=4)
+    y.backward(g_odd)
+    t = torch.tensor(a.astype(np.float64), requires_grad=True)
+    torch.softmax(t, 1).backward(torch.tensor(g.astype(np.float64)))
+    assert_close(x.grad.numpy(), t.grad.numpy())
+    out = dp.Tensor.from_numpy(ctx, np.full(a.size + 3, np.nan, np.float32))
+    dx = dp.Tensor(ctx, out.buffer, shape, offset=12)
+    softmax_backward(y.detach(), g_odd, 1, dx=dx)
+    assert_close(dx.numpy(), t.grad.numpy())

@@ -8,8 +8,14 @@ The input is seen as (outer, size, inner) around the softmax dimension. Variants
 * ``column``: a work item per row, coalesced across neighbouring rows when inner > 1.
 
 ``DLPRIM_SOFTMAX_ALGO`` or ``variant=`` forces one; ``cached=0`` forces streaming. The row
-forward loads and stores float4 when the rows are whole vectors and aligned (``VECTOR``); then
-rows held in registers take about 16 elements per item, so short rows share a work-group.
+variant loads and stores float4 when the rows are whole vectors and aligned (``VECTOR``); then
+forward rows held in registers take about 16 elements per item, so short rows share a
+work-group. The backward holds y and dy in registers for rows up to ``group_size * 16``, dy
+alone (reading y twice, the second time from L2) up to ``group_size * 32``.
+
+On NVIDIA, rows that fill a 1024-item group take the options measured fastest on an H200
+(``_choices``): reductions by warp shuffles, asynchronous copies of the next row into local
+memory, cache hints (inline PTX, kernels/memory_access.cl.mako).
 """
 import math
 
@@ -38,9 +44,7 @@ class SoftmaxPlan:
 
     def __init__(self, ctx, log, size, inner, total, variant=None, cached=None, aligned=True,
                  options=None):
-        """``options`` (for measurements and tests) overrides the device's choices of the
-        template parameters "reduce", "hints", "backward_hints", "backward_hold", "prefetch" and "recompute", and of
-        "groups_per_unit" (the launch's cap: work-groups per compute unit, looping over rows)."""
+        """``options`` (for measurements and tests) overrides the device's choices (``_choices``)."""
         variant = choose_variant(inner, variant)
         cached_given = cached
         if variant not in VARIANTS:
@@ -79,30 +83,8 @@ class SoftmaxPlan:
         if cached_backward > 16:
             backward_hold = "dy" if backward_vector > 1 else "both"
             cached_backward = cached_backward if backward_vector > 1 else 0
-        nvidia = ctx.info.vendor == "nvidia"
-        choice = dict(reduce="warp" if nvidia and variant == "row" and row_items >= 32 else "tree",
-                      hints=None, backward_hints=None, backward_hold=backward_hold,
-                      groups_per_unit=4 if ctx.info.is_cpu else 64, prefetch=0, recompute=False)
-        choice.update(options or {})
-        if choice["reduce"] == "warp" and not (variant == "row" and row_items >= 32 and group_size >= 32):
-            raise UnsupportedError("softmax: warp reductions need the row variant with rows of "
-                                   "at least 32 items")
-        if not nvidia and (choice["reduce"] == "warp" or choice["hints"] or choice["backward_hints"]):
-            raise UnsupportedError("softmax: warp reductions and cache hints are inline PTX, "
-                                   f"for NVIDIA devices only (this is {ctx.info.vendor})")
+        choice = _choices(ctx, variant, vector, cached, row_items, group_size, backward_hold, options)
         prefetch = choice["prefetch"]
-        if prefetch and not (vector > 1 and cached and row_items == group_size and variant == "row"
-                             and 0 < prefetch <= cached // vector):
-            raise UnsupportedError(f"softmax: prefetch={prefetch} needs the row variant with "
-                                   f"vector accesses, one row per work-group and at most "
-                                   f"{cached // max(vector, 1)} vectors per item")
-        local_bytes = prefetch * group_size * 16 + 8 * group_size
-        if prefetch and local_bytes > ctx.info.local_mem_size:
-            raise UnsupportedError(f"softmax: prefetch={prefetch} needs {local_bytes} bytes of "
-                                   f"local memory, the device has {ctx.info.local_mem_size}")
-        if choice["backward_hold"] not in ("both", "dy"):
-            raise UnsupportedError(f"softmax: backward_hold must be 'both' or 'dy', got "
-                                   f"{choice['backward_hold']!r}")
         self.variant, self.group_size, self.cached = variant, group_size, cached
         self.index_t = "int" if total + group_size * max(cached, 1) * max(inner, 1) < 2 ** 31 - 1 else "long"
         self.vector, self.row_items = vector, row_items
@@ -110,7 +92,7 @@ class SoftmaxPlan:
                       cached_backward=cached_backward, vector=vector, row_items=row_items,
                       index_t=self.index_t, backward_vector=backward_vector,
                       reduce=choice["reduce"], backward_hold=choice["backward_hold"],
-                      prefetch=prefetch, async_ptx=nvidia and prefetch > 0,
+                      prefetch=prefetch, async_ptx=ctx.info.vendor == "nvidia" and prefetch > 0,
                       recompute=bool(choice["recompute"]) and not log,
                       hints=None if choice["hints"] is None else list(choice["hints"]),
                       backward_hints=None if choice["backward_hints"] is None else list(choice["backward_hints"]))
@@ -149,6 +131,54 @@ class SoftmaxPlan:
 
     def backward(self, y, dy, dx, outer, size, inner):
         self._launch(self.backward_kernel, outer * inner, size, inner, y, dy, dx)
+
+
+def _choices(ctx, variant, vector, cached, row_items, group_size, backward_hold, options):
+    """The kernel options for the device, overridden by ``options``; UnsupportedError for a
+    combination the kernels do not have. Keys: the template parameters "reduce", "hints",
+    "backward_hints", "backward_hold", "prefetch" and "recompute" (kernels/softmax.cl.mako),
+    and "groups_per_unit" (the launch's cap: work-groups per compute unit, looping over rows)."""
+    nvidia = ctx.info.vendor == "nvidia"
+    choice = dict(reduce="tree", hints=None, backward_hints=None, backward_hold=backward_hold,
+                  groups_per_unit=4 if ctx.info.is_cpu else 64, prefetch=0, recompute=False)
+    if nvidia and variant == "row" and vector > 1 and cached and row_items == group_size == 1024:
+        # Rows of 4097 to 32768 held in registers by 1024 items, one row per group: the
+        # variant measured fastest on an H200 over (2097, 32000) (benchmarks/pointwise_probe.py,
+        # results/softmax-h200/NOTES.md): warp reductions; the forward keeps x and stores
+        # exp(x - max - log(sum)) while the next row's first two vectors per item stream into
+        # local memory, two groups per SM looping over rows; the backward reads y twice and
+        # moves dy and dx with evict-first hints.
+        choice.update(reduce="warp", prefetch=2, recompute=True, groups_per_unit=2,
+                      backward_hints=(".cs", ".cs"))
+    unknown = set(options or {}) - set(choice)
+    if unknown:
+        raise UnsupportedError(f"softmax: unknown options {sorted(unknown)}; known: {sorted(choice)}")
+    choice.update(options or {})
+    if choice["reduce"] not in ("tree", "warp"):
+        raise UnsupportedError(f"softmax: reduce must be 'tree' or 'warp', got {choice['reduce']!r}")
+    if choice["reduce"] == "warp" and not (variant == "row" and row_items >= 32):
+        raise UnsupportedError("softmax: warp reductions need the row variant with rows of at "
+                               "least 32 items")
+    if not nvidia and (choice["reduce"] == "warp" or choice["hints"] or choice["backward_hints"]):
+        raise UnsupportedError("softmax: warp reductions and cache hints are inline PTX, for "
+                               f"NVIDIA devices only (this is {ctx.info.vendor})")
+    prefetch = choice["prefetch"]
+    if prefetch and not (vector > 1 and cached and row_items == group_size and variant == "row"
+                         and 0 < prefetch <= cached // vector):
+        raise UnsupportedError(f"softmax: prefetch={prefetch} needs the row variant with vector "
+                               f"accesses, one row per work-group and at most "
+                               f"{cached // max(vector, 1)} vectors per item")
+    local_bytes = prefetch * group_size * 16 + 8 * group_size
+    if prefetch and local_bytes > ctx.info.local_mem_size:
+        raise UnsupportedError(f"softmax: prefetch={prefetch} needs {local_bytes} bytes of local "
+                               f"memory, the device has {ctx.info.local_mem_size}")
+    if choice["backward_hold"] not in ("both", "dy"):
+        raise UnsupportedError(f"softmax: backward_hold must be 'both' or 'dy', got "
+                               f"{choice['backward_hold']!r}")
+    if not (isinstance(choice["groups_per_unit"], int) and choice["groups_per_unit"] >= 1):
+        raise UnsupportedError(f"softmax: groups_per_unit must be a positive int, got "
+                               f"{choice['groups_per_unit']!r}")
+    return choice
 
 
 def _geometry(x, dim, name):
