@@ -54,7 +54,11 @@ def parse_variant(text, base=None, resident=None):
             params["stream_k"] = resident
             continue
         if word.startswith("sk"):
-            params["stream_k"] = int(word[2:])
+            value = int(word[2:])
+            if value:
+                params["stream_k"] = value
+            else:
+                params.pop("stream_k", None)
             continue
         tile = _SPEC.match(word)
         if tile:
@@ -435,6 +439,8 @@ def main(argv=None):
                         help="a new rule must be this fraction faster than the current one")
     parser.add_argument("--squares", default="1024,2048,4096,8192",
                         help="comma-separated sizes of the square problems")
+    parser.add_argument("--shapes", default="",
+                        help="comma-separated MxNxK problems probed after 4096^3 with --others")
     parser.add_argument("--rules-for", default="square",
                         help="shapes whose names start with this may get new rules")
     parser.add_argument("--dump-ptx", default=None, metavar="DIR",
@@ -456,6 +462,9 @@ def main(argv=None):
     others = args.others or (QUICK_OTHERS if args.quick else OTHERS)
     squares = [int(x) for x in args.squares.split(",") if x.strip()]
     order = [s for s in benchmark_shapes(args.batch, squares) if s[0] == "square 4096"]
+    for text in (x for x in args.shapes.split(",") if x.strip()):
+        M, N, K = (int(v) for v in text.lower().split("x"))
+        order.append((f"{M}x{N}x{K}", M, N, K, "extra"))
     order += [s for s in benchmark_shapes(args.batch, squares) if s[0] != "square 4096"]
     results = []
     for name, M, N, K, group in order:

@@ -212,6 +212,9 @@ def fold(mode, op, j):
 #define SK_PRODUCER 1
 #define SK_CONSUMER 2
 #define SK_DONE 3
+// A piece: {m0, n0, first K, end K (exclusive, at most K), role, lowest group holding a
+// partial sum of the tile (SK_CONSUMER)}.
+#define SK_PIECE 6
 
 // First K iteration of stream-K work-group `group`: an even share of total iterations.
 inline int sk_start(int group, long total, int groups)
@@ -219,21 +222,30 @@ inline int sk_start(int group, long total, int groups)
     return (int)((long)group * total / groups);
 }
 
-// Piece of work-group `group` into desc = {tile, first and end K iteration (end exclusive,
-// counted from the tile's first), role, lowest group holding a partial sum of the tile (for
-// SK_CONSUMER)}. first = 1: the piece it runs first; first = 0: the piece after an
-// SK_PRODUCER piece (SK_DONE if none). A stream-K range is at most one tile long (the host
-// launches sk_groups >= sk_tiles), so it holds at most the end of one tile and the start of
-// the next; the start of the next, a partial sum, comes first, so that the group waiting for
-// it finds it published early.
-inline void sk_piece(__local int *desc, int group, int first, int sk_tiles, int sk_groups,
-                     int k_iters)
+inline void sk_set(__local int *piece, int tile, int tiles_n, int begin, int end, int K,
+                   int role, int lowest)
 {
+    piece[0] = (tile / tiles_n) * TILE_M;
+    piece[1] = (tile % tiles_n) * TILE_N;
+    piece[2] = begin * TILE_K;
+    piece[3] = min(K, end * TILE_K);
+    piece[4] = role;
+    piece[5] = lowest;
+}
+
+// The pieces of work-group `group`, in the order it runs them: desc[0 .. SK_PIECE - 1] the
+// first, desc[SK_PIECE ..] the second (role SK_DONE if none). A stream-K range is at most one
+// tile long (the host launches sk_groups >= sk_tiles), so it holds at most the end of one tile
+// and the start of the next; the start of the next, a partial sum, comes first, so that the
+// group waiting for it finds it published early. Everything the kernel needs after its main
+// loop is here, in local memory: nothing of the schedule stays in registers through the loop.
+inline void sk_pieces(__local int *desc, int group, int sk_tiles, int sk_groups, int N, int K)
+{
+    const int k_iters = (K + TILE_K - 1) / TILE_K;
+    const int tiles_n = (N + TILE_N - 1) / TILE_N;
+    desc[SK_PIECE + 4] = SK_DONE;
     if (group >= sk_groups) {
-        desc[0] = sk_tiles + group - sk_groups;
-        desc[1] = 0;
-        desc[2] = k_iters;
-        desc[3] = SK_WHOLE;
+        sk_set(desc, sk_tiles + group - sk_groups, tiles_n, 0, k_iters, K, SK_WHOLE, 0);
         return;
     }
     const long total = (long)sk_tiles * k_iters;
@@ -241,29 +253,20 @@ inline void sk_piece(__local int *desc, int group, int first, int sk_tiles, int 
     const int e = sk_start(group + 1, total, sk_groups);
     const int tile_a = s / k_iters;
     const int tile_b = (e - 1) / k_iters;
-    if (first && tile_b != tile_a) {
-        desc[0] = tile_b;
-        desc[1] = 0;
-        desc[2] = e - tile_b * k_iters;
-        desc[3] = SK_PRODUCER;
-        return;
-    }
-    if (!first && tile_b == tile_a) {
-        desc[3] = SK_DONE;
-        return;
+    __local int *last = desc;
+    if (tile_b != tile_a) {
+        sk_set(desc, tile_b, tiles_n, 0, e - tile_b * k_iters, K, SK_PRODUCER, 0);
+        last = desc + SK_PIECE;
     }
     const int begin = s - tile_a * k_iters;
     const int end = min(e - tile_a * k_iters, k_iters);
-    desc[0] = tile_a;
-    desc[1] = begin;
-    desc[2] = end;
-    desc[3] = end < k_iters ? SK_PRODUCER : (begin == 0 ? SK_WHOLE : SK_CONSUMER);
-    if (desc[3] == SK_CONSUMER) {
-        int lowest = group - 1;
+    const int role = end < k_iters ? SK_PRODUCER : (begin == 0 ? SK_WHOLE : SK_CONSUMER);
+    int lowest = group - 1;
+    if (role == SK_CONSUMER) {
         while (sk_start(lowest, total, sk_groups) > tile_a * k_iters)
             --lowest;
-        desc[4] = lowest;
     }
+    sk_set(last, tile_a, tiles_n, begin, end, K, role, lowest);
 }
 % endif
 % if PIPELINE and NV_ASYNC:
@@ -478,20 +481,24 @@ void gemm_tiled(int M, int N, int K,
     A += a_off;
     B += b_off;
     const int batch = 0;
-    // This work-group's current piece (sk_piece); in local memory, so that nothing of the
-    // schedule stays in registers through the main loop.
-    __local int sk_desc[5];
-    if (lid == 0)
-        sk_piece(sk_desc, get_group_id(0), 1, sk_tiles, sk_groups, (K + TILE_K - 1) / TILE_K);
+    // This work-group's pieces (sk_pieces) and, last, its id.
+    __local int sk_desc[2 * SK_PIECE + 1];
+    if (lid == 0) {
+        sk_pieces(sk_desc, get_group_id(0), sk_tiles, sk_groups, N, K);
+        sk_desc[2 * SK_PIECE] = get_group_id(0);
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
     float acc[WPT_M][WPT_N];
     // At most two turns: a piece that ends inside a tile (its partial sum published), then
     // the piece that ends a tile (the epilogue's, after the loop).
     for (;;) {
-    const int m0 = (sk_desc[0] / ((N + TILE_N - 1) / TILE_N)) * TILE_M;
-    const int n0 = (sk_desc[0] % ((N + TILE_N - 1) / TILE_N)) * TILE_N;
-    const int k_begin = sk_desc[1] * TILE_K;
-    const int k_end = min(K, sk_desc[2] * TILE_K);
+    // The piece's tile and K bound are read from local memory where they are used: through
+    // the main loop they serve only edge tiles and the loop's bound, and a register each there
+    // would take the kernel over 128 (two work-groups of 256 per NVIDIA compute unit).
+#define m0 (sk_desc[0])
+#define n0 (sk_desc[1])
+#define k_end (sk_desc[3])
+    const int k_begin = sk_desc[2];
 % elif GROUP_M > 1:
     // Tile t (row-major over the groups) -> GROUP_M tile rows walked down M first.
     const int tiles_n = get_num_groups(0);
@@ -805,10 +812,10 @@ void gemm_tiled(int M, int N, int K,
 % endif
 
 % if STREAM_K:
-    if (sk_desc[3] == SK_PRODUCER) {
+    if (sk_desc[4] == SK_PRODUCER) {
         // The raw sum, work-item by work-item (the consumer runs the same work-item layout):
         // element (i, j) of work-item lid at (i * WPT_N + j) * NTHREADS + lid of the slot.
-        __global float *mine = sk_partial + (long)get_group_id(0) * (TILE_M * TILE_N) + lid;
+        __global float *mine = sk_partial + (long)sk_desc[2 * SK_PIECE] * (TILE_M * TILE_N) + lid;
 %   for i in range(WPT_M):
 %     for j in range(WPT_N):
         mine[${(i * WPT_N + j)} * NTHREADS] = acc[${i}][${j}];
@@ -818,29 +825,28 @@ void gemm_tiled(int M, int N, int K,
         ${DEVICE_FENCE}
         barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
         if (lid == 0) {
-            atomic_xchg(sk_flags + get_group_id(0), 1);
-            sk_piece(sk_desc, get_group_id(0), 0, sk_tiles, sk_groups, (K + TILE_K - 1) / TILE_K);
+            atomic_xchg(sk_flags + sk_desc[2 * SK_PIECE], 1);
+            for (int f = 0; f < SK_PIECE; ++f)
+                sk_desc[f] = sk_desc[SK_PIECE + f];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (sk_desc[3] == SK_DONE)
+        if (sk_desc[4] == SK_DONE)
             return;
         continue;
     }
     break;
     }
-    // The tile of the last piece, read again (the loop's names are out of scope; nothing of
-    // the schedule stays in registers through the main loop).
-    const int m0 = (sk_desc[0] / ((N + TILE_N - 1) / TILE_N)) * TILE_M;
-    const int n0 = (sk_desc[0] % ((N + TILE_N - 1) / TILE_N)) * TILE_N;
+    // The last piece's (the loop's names are out of scope).
     const bool inside = m0 + TILE_M <= M && n0 + TILE_N <= N;
-    if (sk_desc[3] == SK_CONSUMER) {
-        const int lowest = sk_desc[4];
+    if (sk_desc[4] == SK_CONSUMER) {
+        const int lowest = sk_desc[5];
+        const int group = sk_desc[2 * SK_PIECE];
         if (lid == 0) {
             // Waits only for groups with lower ids. That cannot deadlock where work-groups
             // start in id order (NVIDIA's GPUs dispatch them so; PoCL's CPU threads take
             // ascending chunks of ids and run each chunk in order): every lower group has
             // started, and is running or done, before this one waits.
-            for (int w = (int)get_group_id(0) - 1; w >= lowest; --w) {
+            for (int w = group - 1; w >= lowest; --w) {
                 while (*(volatile __global int *)(sk_flags + w) == 0)
                     ;
                 atomic_xchg(sk_flags + w, 0);
@@ -850,7 +856,7 @@ void gemm_tiled(int M, int N, int K,
         }
         barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
         // Volatile loads: other groups wrote these in this launch, past any cached copy.
-        for (int w = (int)get_group_id(0) - 1; w >= lowest; --w) {
+        for (int w = group - 1; w >= lowest; --w) {
             __global volatile const float *theirs = sk_partial + (long)w * (TILE_M * TILE_N) + lid;
 %   for i in range(WPT_M):
 %     for j in range(WPT_N):
@@ -957,6 +963,11 @@ void gemm_tiled(int M, int N, int K,
         }
     }
 %   endfor
+% endif
+% if STREAM_K:
+#undef m0
+#undef n0
+#undef k_end
 % endif
 }
 

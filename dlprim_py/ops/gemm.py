@@ -636,6 +636,10 @@ class GemmPlan:
 # Fewest K iterations (TILE_K deep) a stream-K work-group takes: shorter ranges would make
 # the consumer of a tile add many partial sums for little balance gained.
 STREAM_K_MIN_ITERATIONS = 4
+# Fewest K iterations of a tile for the stream-K schedule: with short K the partial sums'
+# writes and reads, and a second piece's start, weigh on little arithmetic (a rule measured
+# on a long K also serves its nearest shapes, whatever their K).
+STREAM_K_MIN_TILE_ITERATIONS = 64
 
 
 def stream_k_schedule(params, info, M, N, K):
@@ -645,8 +649,8 @@ def stream_k_schedule(params, info, M, N, K):
     The tiles past the last whole wave (tiles modulo the device's slots, compute units times
     ``stream_k``) would leave slots idle in the last wave; instead, one work-group per slot
     takes an even share of those tiles' K iterations, and the remaining tiles, whole, follow
-    in whole waves. None where the tiles fill whole waves, or where the shares would be whole
-    tiles anyway."""
+    in whole waves. None where the tiles fill whole waves, where K is short
+    (``STREAM_K_MIN_TILE_ITERATIONS``), or where the shares would be whole tiles anyway."""
     per_unit = params.get("stream_k", 0)
     if not per_unit or params["kernel"] != "tiled":
         return None
@@ -656,6 +660,8 @@ def stream_k_schedule(params, info, M, N, K):
     if sk_tiles == 0:
         return None
     k_iters = math.ceil(K / params["tile_k"])
+    if k_iters < STREAM_K_MIN_TILE_ITERATIONS:
+        return None
     # At least one group per tile: a group's range then spans at most two tiles (the kernel's
     # sk_piece relies on it).
     groups = min(slots, max(sk_tiles, sk_tiles * k_iters // STREAM_K_MIN_ITERATIONS))
