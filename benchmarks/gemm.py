@@ -201,8 +201,7 @@ def run(args):
                "baseline_ms": base_s * 1e3, "baseline_tflops": flops / base_s / 1e12,
                "ratio": base_s / ours.median, "error": error, "baseline_error": base_error,
                "algorithm": plan.algorithm, "params": plan.params, "splits": plan.splits
-               if plan.algorithm != "small" else 1,
-               "stream_k": getattr(plan, "stream_k", None)}
+               if plan.algorithm != "small" else 1}
         rows.append(row)
         ok = "" if error <= 1e-5 else f"  WRONG (error {error:.1e})"
         print(f"{name:24s} {M:6d} {N:7d} {K:6d} {row['ours_ms']:9.4f} {row['ours_tflops'] * 1e3:8.1f} "
@@ -241,17 +240,15 @@ def run(args):
 def print_build_log(ctx, M, N, K):
     """NVIDIA's resource report (registers, spills, local memory) for the kernel of M x N x K."""
     from dlprim_py import program
-    from dlprim_py.ops.gemm import _device_fence, _render_params, select_params, stream_k_schedule
+    from dlprim_py.ops.gemm import _render_params, select_params
     params = select_params(ctx, M, N, K)
-    # As a plan builds it: the stream-K schedule's code, and a register cap without the
-    # work-group size declaration.
-    fence = _device_fence(ctx) if stream_k_schedule(params, ctx.info, M, N, K) else None
+    # As a plan builds it: a register cap without the work-group size declaration.
     options = ("-cl-nv-verbose",)
     if params.get("max_registers"):
         options += (f"-cl-nv-maxrregcount={int(params['max_registers'])}",)
         params = dict(params, reqd_size=0)
-    built = program.build(ctx, "gemm", _render_params(params, False, False, None, "", False,
-                                                      device_fence=fence), options=options)
+    built = program.build(ctx, "gemm", _render_params(params, False, False, None, "", False),
+                          options=options)
     log = built.program.get_build_info(ctx.device, cl.program_build_info.LOG)
     print(f"build log of {params}:\n{log.strip()}")
 
@@ -267,8 +264,6 @@ def _short(plan):
            f"p{p['pad']} db{p['double_buffer']}"
     if plan.algorithm == "splitk":
         text += f" split{plan.splits}"
-    if getattr(plan, "stream_k", None):
-        text += f" stream-K {plan.stream_k[0]}t/{plan.stream_k[1]}g"
     if p.get("max_registers"):
         text += f" r{p['max_registers']}"
     return text

@@ -3,6 +3,7 @@
 register cap) serve 4096^3 and the other shapes of benchmarks/gemm.py best on this device.
 
     python benchmarks/gemm_probe.py [--output DIR] [--rounds 3] [--only TEXT] [--quick]
+        [--shapes MxNxK,...] [--dump-ptx DIR]
 
 Every variant runs once on a NaN-filled C and is compared with a float64 reference of the
 whole product (PyTorch on CUDA when there, else numpy on sampled rows); a variant with an
@@ -37,28 +38,15 @@ from gemm import cuda_mm_median, cuda_torch, shapes as benchmark_shapes  # noqa:
 _SPEC = re.compile(r"(\d+)x(\d+)x(\d+)$")
 
 
-def parse_variant(text, base=None, resident=None):
+def parse_variant(text, base=None):
     """Kernel parameters from a short spec: ``128x128x16 w8x8 v4 p4 gv4 l8 g8 r128 db1 pl3 ac0
-    s2 sk2`` (tile, work per item, local read width, pad, global load width, lanes_n,
-    tile_group, register cap, double buffer, pipeline stages, async_copy, split_k, stream_k);
-    ``db`` alone means this shape's database choice, with the fields that follow overriding it;
-    ``ska``: stream_k with ``resident`` work-groups per compute unit (see occupancy)."""
+    s2`` (tile, work per item, local read width, pad, global load width, lanes_n, tile_group,
+    register cap, double buffer, pipeline stages, async_copy, split_k); ``db`` alone means this
+    shape's database choice, with the fields that follow overriding it."""
     words = text.split()
     params = dict(base) if words and words[0] == "db" else dict(gemm_ops.DEFAULT_TILED)
     for word in words:
         if word == "db":
-            continue
-        if word == "ska":
-            if not resident:
-                raise ValueError(f"{text!r}: no occupancy known (the 'db' variant first, on NVIDIA)")
-            params["stream_k"] = resident
-            continue
-        if word.startswith("sk"):
-            value = int(word[2:])
-            if value:
-                params["stream_k"] = value
-            else:
-                params.pop("stream_k", None)
             continue
         tile = _SPEC.match(word)
         if tile:
@@ -112,16 +100,6 @@ QUICK_OTHERS = ["db", "db g8 r128"]
 EDGE_SHAPES = [(1000, 1000, 1000), (129, 67, 45)]
 
 
-def occupancy(registers, threads, local_bytes):
-    """Work-groups resident per compute unit of an NVIDIA Hopper GPU (65536 registers, 2048
-    work-items, 228 KiB of shared memory with 1 KiB reserved per group, 32 groups): registers
-    are given per warp in units of 256."""
-    warps = math.ceil(threads / 32)
-    per_warp = math.ceil(registers * 32 / 256) * 256
-    return max(0, min(65536 // (warps * per_warp), 2048 // threads,
-                      (228 * 1024) // (local_bytes + 1024), 32))
-
-
 def short(params):
     p = params
     if p["kernel"] == "small":
@@ -136,8 +114,6 @@ def short(params):
         text += " cp.async" if p.get("nv_async") else " plain-copy"
     if p.get("split_k", 1) > 1:
         text += f" s{p['split_k']}"
-    if p.get("stream_k"):
-        text += f" sk{p['stream_k']}"
     return text
 
 
@@ -243,13 +219,8 @@ def probe_shape(ctx, logs, baseline, name, M, N, K, specs, rounds, rng, log):
     out = np.empty((M, N), np.float32)
     chosen = select_params(ctx, M, N, K)
     variants, seen = [], set()
-    resident = None
     for spec in specs:
-        try:
-            params = parse_variant(spec, chosen, resident)
-        except ValueError as e:
-            log(f"  {spec:28s} skipped: {e}")
-            continue
+        params = parse_variant(spec, chosen)
         problem = gemm_ops.params_problem(params, ctx.info)
         key = json.dumps(params, sort_keys=True)
         if problem is not None or key in seen:
@@ -270,28 +241,13 @@ def probe_shape(ctx, logs, baseline, name, M, N, K, specs, rounds, rng, log):
             stem = re.sub(r"[^A-Za-z0-9]+", "_", f"{name} {spec}").strip("_")
             with open(os.path.join(logs.dump_dir, stem + ".ptx"), "wb") as f:
                 f.write(logs.binary)
-        if spec == "db" and regs and params["kernel"] == "tiled":
-            resident = occupancy(regs, gemm_ops.tiled_threads(params),
-                                 gemm_ops.tiled_local_bytes(params))
         cl.enqueue_fill_buffer(ctx.queue, c_buf, np.float32(np.nan), 0, M * N * 4)
         plan.enqueue()
         cl.enqueue_copy(ctx.queue, out, c_buf, is_blocking=True)
         error = error_of(out, ref, rows)
         entry = {"spec": spec, "params": plan.params, "short": short(plan.params),
                  "algorithm": plan.algorithm, "error": error, "registers": regs,
-                 "spill_bytes": spill, "ptxas": report, "build_s": build_s, "samples_ms": [],
-                 "stream_k": getattr(plan, "stream_k", None)}
-        if entry["stream_k"]:
-            # Work-groups wait for each other: a second run on a poisoned C must give the
-            # same bits (a race or a stale partial sum would show here).
-            first = out.copy()
-            cl.enqueue_fill_buffer(ctx.queue, c_buf, np.float32(np.nan), 0, M * N * 4)
-            plan.enqueue()
-            cl.enqueue_copy(ctx.queue, out, c_buf, is_blocking=True)
-            entry["repeat_identical"] = bool(np.array_equal(first, out))
-            if not entry["repeat_identical"]:
-                error = math.inf
-                entry["error"] = error
+                 "spill_bytes": spill, "ptxas": report, "build_s": build_s, "samples_ms": []}
         if not error <= 1e-5:
             log(f"  {spec:28s} WRONG: error {error:.2e}; not timed")
             entry["rejected"] = True
@@ -404,16 +360,11 @@ def print_table(results, log):
             f"{2e-9 * r['m'] * r['n'] * r['k'] / base if base else float('nan'):7.2f}")
         best = max((v for v in r["variants"] if "ms" in v), key=lambda v: -v["ms"], default=None)
         for v in r["variants"]:
-            label = v["short"]
-            if v["params"].get("stream_k"):
-                # The schedule the plan ran: stream-K tiles / groups, or the plain one.
-                sk = v.get("stream_k")
-                label += f" {sk[0]}t/{sk[1]}g" if sk else " plain"
             if "ms" not in v:
-                log(f"{'':22s} {label:40s} rejected (error {v['error']:.1e})")
+                log(f"{'':22s} {v['short']:40s} rejected (error {v['error']:.1e})")
                 continue
             mark = " *" if v is best else ""
-            log(f"{'':22s} {label:40s} {v['registers'] or '-':>4} "
+            log(f"{'':22s} {v['short']:40s} {v['registers'] or '-':>4} "
                 f"{v['spill_bytes'] if v['spill_bytes'] is not None else '-':>5} "
                 f"{v['ms']:8.4f} {v['tflops']:7.2f} {v['ratio'] or float('nan'):6.3f}  "
                 f"{' '.join(f'{x:.4f}' for x in v['samples_ms'])}{mark}")

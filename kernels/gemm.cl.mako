@@ -72,20 +72,6 @@
 //                 does not, so that a register cap passed to NVIDIA's compiler
 //                 (-cl-nv-maxrregcount) applies: the declaration takes precedence over the
 //                 cap there (an H200 build reported 130 and 165 registers under a cap of 128)
-//   STREAM_K      1: stream-K schedule in one launch (one matrix, SPLIT_K 0, GROUP_M 1,
-//                 PIPELINE 0). Global size (NTHREADS * (sk_groups + tiles - sk_tiles), 1, 1).
-//                 The first sk_groups work-groups share the K iterations (TILE_K deep) of the
-//                 first sk_tiles tiles evenly, iterations numbered tile by tile, so that they
-//                 end together; the others take one whole tile each, in row-major tile order.
-//                 A work-group whose range ends inside a tile writes its raw sum to its slot
-//                 of sk_partial (TILE_M * TILE_N floats per group) and sets its sk_flags entry;
-//                 the work-group that holds the tile's last iteration waits for those flags,
-//                 clears them (all zero again after every launch), adds the partial sums in
-//                 group order (deterministic) and applies the epilogue. 0: tiles only
-//   DEVICE_FENCE  with STREAM_K: C statement ordering a work-item's global writes before its
-//                 later global accesses for every work-group of the device. NVIDIA compiles
-//                 mem_fence(CLK_GLOBAL_MEM_FENCE) to a work-group fence (membar.cta), so
-//                 there it is PTX's membar.gl; "" without STREAM_K
 // "small" only:
 //   SMALL_M, SMALL_N  work-group shape; one work-item per C element, K walked from global memory
 ## (Not rendered, so that the other kernels' sources stay as they were.)
@@ -207,68 +193,6 @@ def fold(mode, op, j):
 #define STAGE_A (TILE_K * LDS_A)
 #define STAGE_B (TILE_K * LDS_B)
 #define STAGES ${PIPELINE if PIPELINE else (2 if DOUBLE_BUFFER else 1)}
-% if STREAM_K:
-#define SK_WHOLE 0
-#define SK_PRODUCER 1
-#define SK_CONSUMER 2
-#define SK_DONE 3
-// A piece: {m0, n0, first K, end K (exclusive, at most K), role, lowest group holding a
-// partial sum of the tile (SK_CONSUMER)}.
-#define SK_PIECE 6
-
-// First K iteration of stream-K work-group `group`: an even share of total iterations.
-inline int sk_start(int group, long total, int groups)
-{
-    return (int)((long)group * total / groups);
-}
-
-inline void sk_set(__local int *piece, int tile, int tiles_n, int begin, int end, int K,
-                   int role, int lowest)
-{
-    piece[0] = (tile / tiles_n) * TILE_M;
-    piece[1] = (tile % tiles_n) * TILE_N;
-    piece[2] = begin * TILE_K;
-    piece[3] = min(K, end * TILE_K);
-    piece[4] = role;
-    piece[5] = lowest;
-}
-
-// The pieces of work-group `group`, in the order it runs them: desc[0 .. SK_PIECE - 1] the
-// first, desc[SK_PIECE ..] the second (role SK_DONE if none). A stream-K range is at most one
-// tile long (the host launches sk_groups >= sk_tiles), so it holds at most the end of one tile
-// and the start of the next; the start of the next, a partial sum, comes first, so that the
-// group waiting for it finds it published early. Everything the kernel needs after its main
-// loop is here, in local memory: nothing of the schedule stays in registers through the loop.
-inline void sk_pieces(__local int *desc, int group, int sk_tiles, int sk_groups, int N, int K)
-{
-    const int k_iters = (K + TILE_K - 1) / TILE_K;
-    const int tiles_n = (N + TILE_N - 1) / TILE_N;
-    desc[SK_PIECE + 4] = SK_DONE;
-    if (group >= sk_groups) {
-        sk_set(desc, sk_tiles + group - sk_groups, tiles_n, 0, k_iters, K, SK_WHOLE, 0);
-        return;
-    }
-    const long total = (long)sk_tiles * k_iters;
-    const int s = sk_start(group, total, sk_groups);
-    const int e = sk_start(group + 1, total, sk_groups);
-    const int tile_a = s / k_iters;
-    const int tile_b = (e - 1) / k_iters;
-    __local int *last = desc;
-    if (tile_b != tile_a) {
-        sk_set(desc, tile_b, tiles_n, 0, e - tile_b * k_iters, K, SK_PRODUCER, 0);
-        last = desc + SK_PIECE;
-    }
-    const int begin = s - tile_a * k_iters;
-    const int end = min(e - tile_a * k_iters, k_iters);
-    const int role = end < k_iters ? SK_PRODUCER : (begin == 0 ? SK_WHOLE : SK_CONSUMER);
-    int lowest = group - 1;
-    if (role == SK_CONSUMER) {
-        while (sk_start(lowest, total, sk_groups) > tile_a * k_iters)
-            --lowest;
-    }
-    sk_set(last, tile_a, tiles_n, begin, end, K, role, lowest);
-}
-% endif
 % if PIPELINE and NV_ASYNC:
 // Copies global -> local memory without registers (cp.async); a group of them completes at
 // COPY_WAIT, which the issuing work-item must pass before the barrier that publishes them.
@@ -458,10 +382,6 @@ void gemm_tiled(int M, int N, int K,
                 int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
                 int fc_p, long fc_img,
                 int splits, int k_chunk
-% if STREAM_K:
-                , int sk_tiles, int sk_groups,
-                __global float *restrict sk_partial, __global int *sk_flags
-% endif
                 ${chain_params()})
 {
     __local float a_stage[STAGES * STAGE_A] __attribute__((aligned(16)));
@@ -477,29 +397,7 @@ void gemm_tiled(int M, int N, int K,
     const int tm = lid / TN_THREADS;
     const int tn = lid % TN_THREADS;
 % endif
-% if STREAM_K:
-    A += a_off;
-    B += b_off;
-    const int batch = 0;
-    // This work-group's pieces (sk_pieces) and, last, its id.
-    __local int sk_desc[2 * SK_PIECE + 1];
-    if (lid == 0) {
-        sk_pieces(sk_desc, get_group_id(0), sk_tiles, sk_groups, N, K);
-        sk_desc[2 * SK_PIECE] = get_group_id(0);
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    float acc[WPT_M][WPT_N];
-    // At most two turns: a piece that ends inside a tile (its partial sum published), then
-    // the piece that ends a tile (the epilogue's, after the loop).
-    for (;;) {
-    // The piece's tile and K bound are read from local memory where they are used: through
-    // the main loop they serve only edge tiles and the loop's bound, and a register each there
-    // would take the kernel over 128 (two work-groups of 256 per NVIDIA compute unit).
-#define m0 (sk_desc[0])
-#define n0 (sk_desc[1])
-#define k_end (sk_desc[3])
-    const int k_begin = sk_desc[2];
-% elif GROUP_M > 1:
+% if GROUP_M > 1:
     // Tile t (row-major over the groups) -> GROUP_M tile rows walked down M first.
     const int tiles_n = get_num_groups(0);
     const int tiles_m = get_num_groups(1);
@@ -513,7 +411,6 @@ void gemm_tiled(int M, int N, int K,
     const int m0 = get_group_id(1) * TILE_M;
     const int n0 = get_group_id(0) * TILE_N;
 % endif
-% if not STREAM_K:
     const int batch = get_group_id(2) / splits;
     const int split = get_group_id(2) % splits;
     const int k_begin = split * k_chunk;
@@ -521,7 +418,6 @@ void gemm_tiled(int M, int N, int K,
 
     A += a_off + batch * stride_a;
     B += b_off + batch * stride_b;
-% endif
 
     // Global -> local staging: load slot r of this work-item covers the GVEC consecutive
     // elements at linear vector index lid + r * NTHREADS of the tile, walking the operand's
@@ -707,9 +603,7 @@ void gemm_tiled(int M, int N, int K,
         }
 </%def>
 
-% if not STREAM_K:
     float acc[WPT_M][WPT_N];
-% endif
 % for i in range(WPT_M):
 %   for j in range(WPT_N):
     acc[${i}][${j}] = 0.0f;
@@ -811,66 +705,6 @@ void gemm_tiled(int M, int N, int K,
     }
 % endif
 
-% if STREAM_K:
-    if (sk_desc[4] == SK_PRODUCER) {
-        // The raw sum, work-item by work-item (the consumer runs the same work-item layout):
-        // element (i, j) of work-item lid at (i * WPT_N + j) * NTHREADS + lid of the slot.
-        __global float *mine = sk_partial + (long)sk_desc[2 * SK_PIECE] * (TILE_M * TILE_N) + lid;
-%   for i in range(WPT_M):
-%     for j in range(WPT_N):
-        mine[${(i * WPT_N + j)} * NTHREADS] = acc[${i}][${j}];
-%     endfor
-%   endfor
-        // Release: every work-item's sums reach global memory before the flag.
-        ${DEVICE_FENCE}
-        barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-        if (lid == 0) {
-            atomic_xchg(sk_flags + sk_desc[2 * SK_PIECE], 1);
-            for (int f = 0; f < SK_PIECE; ++f)
-                sk_desc[f] = sk_desc[SK_PIECE + f];
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (sk_desc[4] == SK_DONE)
-            return;
-        continue;
-    }
-    break;
-    }
-    // The last piece's (the loop's names are out of scope).
-    const bool inside = m0 + TILE_M <= M && n0 + TILE_N <= N;
-    if (sk_desc[4] == SK_CONSUMER) {
-        const int lowest = sk_desc[5];
-        const int group = sk_desc[2 * SK_PIECE];
-        if (lid == 0) {
-            // Waits only for groups with lower ids. That cannot deadlock where work-groups
-            // start in id order (NVIDIA's GPUs dispatch them so; PoCL's CPU threads take
-            // ascending chunks of ids and run each chunk in order): every lower group has
-            // started, and is running or done, before this one waits.
-            for (int w = group - 1; w >= lowest; --w) {
-                while (*(volatile __global int *)(sk_flags + w) == 0)
-                    ;
-                atomic_xchg(sk_flags + w, 0);
-            }
-            // Acquire: the partial sums are read after the flags.
-            ${DEVICE_FENCE}
-        }
-        barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-        // Volatile loads: other groups wrote these in this launch, past any cached copy.
-        for (int w = group - 1; w >= lowest; --w) {
-            __global volatile const float *theirs = sk_partial + (long)w * (TILE_M * TILE_N) + lid;
-%   for i in range(WPT_M):
-%     for j in range(WPT_N):
-            acc[${i}][${j}] += theirs[${(i * WPT_N + j)} * NTHREADS];
-%     endfor
-%     if i + 1 < WPT_M:
-            // One row of the register block in flight at a time: loads hoisted over every
-            // row would each take a register on top of the accumulators.
-            barrier(CLK_LOCAL_MEM_FENCE);
-%     endif
-%   endfor
-        }
-    }
-% endif
 % if hoists_chain(CHAIN, CHAIN_CHANNEL, EPILOGUE, KERNEL, SPLIT_K):
     // The chain's scale and shift of each register-block row, once per work item (the loads
     // and the square root would otherwise run for every stored element).
@@ -963,11 +797,6 @@ void gemm_tiled(int M, int N, int K,
         }
     }
 %   endfor
-% endif
-% if STREAM_K:
-#undef m0
-#undef n0
-#undef k_end
 % endif
 }
 

@@ -117,12 +117,6 @@ def params_problem(params, info):
     group = params.get("tile_group", 1)
     if not isinstance(group, int) or group < 1:
         return f"tile_group must be an int >= 1, got {group!r}"
-    stream_k = params.get("stream_k", 0)
-    if not isinstance(stream_k, int) or isinstance(stream_k, bool) or not 0 <= stream_k <= 64:
-        return f"stream_k must be an int from 0 to 64 (work-groups per compute unit), got {stream_k!r}"
-    if stream_k and (group != 1 or pipeline):
-        return (f"stream_k runs with tile_group 1 and pipeline 0 only (got tile_group {group}, "
-                f"pipeline {pipeline})")
     if tiled_local_bytes(params) > info.local_mem_size:
         return f"{tiled_local_bytes(params)} bytes of local memory > device {info.local_mem_size}"
     return None
@@ -293,8 +287,7 @@ _PER = {None: 0, "n": 1, "m": 2, "position": 3}
 
 def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
                    folds=(None, None, None), order="gemm", scale_per=None, residual=False,
-                   chain=(), chain_per="m", device_fence=None):
-    """Template parameters; ``device_fence`` (a C statement) turns on the stream-K schedule."""
+                   chain=(), chain_per="m"):
     base = {"KERNEL": params["kernel"], "TRANS_A": int(trans_a), "TRANS_B": int(trans_b),
             "BIAS": _PER[bias_per], "ACTIVATION": activation_code, "EPILOGUE": order,
             "SCALE": _PER[scale_per], "RESIDUAL": int(residual),
@@ -304,8 +297,8 @@ def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
     # The template names every parameter of both kernels; the other kernel's are 0.
     base.update(SMALL_M=0, SMALL_N=0, TILE_M=0, TILE_N=0, TILE_K=0, WPT_M=0, WPT_N=0, VEC=0,
                 PAD=0, DOUBLE_BUFFER=0, SPLIT_K=0, GVEC=0, CVEC=0, LANES_N=0, GROUP_M=0,
-                PIPELINE=0, NV_ASYNC=0, REQD_SIZE=0, STREAM_K=0, DEVICE_FENCE="", SG_SIZE=0,
-                SG_WPT_M=0, SG_WPT_N=0, SG_GROUPS=0, BLOCK_A=0, BLOCK_B=0)
+                PIPELINE=0, NV_ASYNC=0, REQD_SIZE=0, SG_SIZE=0, SG_WPT_M=0, SG_WPT_N=0,
+                SG_GROUPS=0, BLOCK_A=0, BLOCK_B=0)
     if params["kernel"] == "small":
         base.update(SMALL_M=params["small_m"], SMALL_N=params["small_n"])
     elif params["kernel"] == "subgroup":
@@ -320,8 +313,7 @@ def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
                     CVEC=params.get("c_vec", 1), LANES_N=params.get("lanes_n", 0),
                     GROUP_M=params.get("tile_group", 1), PIPELINE=params.get("pipeline", 0),
                     NV_ASYNC=int(bool(params.get("pipeline", 0) and params.get("nv_async", 0))),
-                    REQD_SIZE=params.get("reqd_size", 1), STREAM_K=int(device_fence is not None),
-                    DEVICE_FENCE=device_fence or "")
+                    REQD_SIZE=params.get("reqd_size", 1))
     return base
 
 
@@ -521,7 +513,6 @@ class GemmPlan:
             self.algorithm = "small"
             self.workspace = None
             self.splits = 1
-            self.stream_k = None
             return
         if params["kernel"] == "subgroup":
             # Block reads take whole rows of SG_SIZE floats from 16-byte boundaries: every row
@@ -545,7 +536,6 @@ class GemmPlan:
             self.algorithm = "subgroup"
             self.workspace = None
             self.splits = 1
-            self.stream_k = None
             return
 
         gvec = params.get("global_vec", 1)
@@ -577,12 +567,8 @@ class GemmPlan:
         k_chunk = _round_up(math.ceil(K / split), tile_k)
         splits = math.ceil(K / k_chunk)
         use_split = splits > 1
-        # (stream-K tiles, stream-K groups), or None: the plain schedule.
-        schedule = None if use_split or batch > 1 else stream_k_schedule(params, ctx.info, M, N, K)
-        fence = _device_fence(ctx) if schedule else None
         built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
-                                                          act_code, use_split, folds, **epilogue,
-                                                          device_fence=fence),
+                                                          act_code, use_split, folds, **epilogue),
                               options)
         kernel = built.kernel("gemm_tiled", fresh=True)
         threads = tiled_threads(params)
@@ -600,23 +586,12 @@ class GemmPlan:
             self._launches.append((kernel, grid, (threads, 1, 1)))
             self._launches.append((reduce, (_round_up(N, group), M, batch), (group, 1, 1)))
             self.algorithm = "splitk"
-        elif schedule:
-            sk_tiles, groups = schedule
-            tiles = math.ceil(M / params["tile_m"]) * math.ceil(N / params["tile_n"])
-            partial, flags = _stream_k_space(ctx, groups, params["tile_m"] * params["tile_n"])
-            self.workspace = partial
-            kernel.set_args(*ab_args, *c_args, *out_args, *fold_args, i32(1), i32(K),
-                            i32(sk_tiles), i32(groups), partial, flags, *chain_args)
-            self._launches.append((kernel, (threads * (groups + tiles - sk_tiles), 1, 1),
-                                   (threads, 1, 1)))
-            self.algorithm = "tiled"
         else:
             self.workspace = None
             kernel.set_args(*ab_args, *c_args, *out_args, *fold_args, i32(1), i32(K), *chain_args)
             self._launches.append((kernel, grid, (threads, 1, 1)))
             self.algorithm = "tiled"
         self.splits = splits
-        self.stream_k = schedule
 
     def enqueue(self, wait_for=None):
         """Enqueue the GEMM on the context's queue; returns the last kernel's event."""
@@ -631,64 +606,6 @@ class GemmPlan:
     def __repr__(self):
         M, N, K = self.shape
         return f"GemmPlan({M}x{N}x{K}, batch={self.batch}, {self.algorithm}, {self.params})"
-
-
-# Fewest K iterations (TILE_K deep) a stream-K work-group takes: shorter ranges would make
-# the consumer of a tile add many partial sums for little balance gained.
-STREAM_K_MIN_ITERATIONS = 4
-# Fewest K iterations of a tile for the stream-K schedule: with short K the partial sums'
-# writes and reads, and a second piece's start, weigh on little arithmetic (a rule measured
-# on a long K also serves its nearest shapes, whatever their K).
-STREAM_K_MIN_TILE_ITERATIONS = 64
-
-
-def stream_k_schedule(params, info, M, N, K):
-    """(stream-K tiles, stream-K work-groups) for a tiled rule with ``stream_k`` (work-groups
-    resident per compute unit), or None for the plain one-tile-per-group schedule.
-
-    The tiles past the last whole wave (tiles modulo the device's slots, compute units times
-    ``stream_k``) would leave slots idle in the last wave; instead, one work-group per slot
-    takes an even share of those tiles' K iterations, and the remaining tiles, whole, follow
-    in whole waves. None where the tiles fill whole waves, where K is short
-    (``STREAM_K_MIN_TILE_ITERATIONS``), or where the shares would be whole tiles anyway."""
-    per_unit = params.get("stream_k", 0)
-    if not per_unit or params["kernel"] != "tiled":
-        return None
-    tiles = math.ceil(M / params["tile_m"]) * math.ceil(N / params["tile_n"])
-    slots = info.compute_units * per_unit
-    sk_tiles = tiles % slots
-    if sk_tiles == 0:
-        return None
-    k_iters = math.ceil(K / params["tile_k"])
-    if k_iters < STREAM_K_MIN_TILE_ITERATIONS:
-        return None
-    # At least one group per tile: a group's range then spans at most two tiles (the kernel's
-    # sk_piece relies on it).
-    groups = min(slots, max(sk_tiles, sk_tiles * k_iters // STREAM_K_MIN_ITERATIONS))
-    if groups == sk_tiles:
-        return None
-    return sk_tiles, groups
-
-
-def _stream_k_space(ctx, groups, tile_elements):
-    """The stream-K partial sums (a tile per group) and flags (zero), shared by every plan of
-    the context with this size: every launch leaves its flags zero again, and launches on the
-    context's in-order queue do not overlap."""
-    key = ("gemm.stream_k_space", groups, tile_elements)
-    found = ctx.memo.get(key)
-    if found is None:
-        partial = allocate(ctx, groups * tile_elements * 4)
-        flags = allocate(ctx, groups * 4)
-        cl.enqueue_fill_buffer(ctx.queue, flags, np.int32(0), 0, groups * 4)
-        found = ctx.memo[key] = (partial, flags)
-    return found
-
-
-def _device_fence(ctx):
-    """A device-wide fence (the template's DEVICE_FENCE)."""
-    if ctx.info.vendor == "nvidia":
-        return 'asm volatile("membar.gl;" ::: "memory");'
-    return "mem_fence(CLK_GLOBAL_MEM_FENCE);"
 
 
 def _has_cp_async(ctx):
