@@ -1,5 +1,6 @@
 """`pip install .` ships kernels/ inside the wheel and the installed package finds it."""
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -31,9 +32,18 @@ def _local_build_backend():
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
+    # From a copy of what the wheel is made of: setuptools builds in the source tree's build/,
+    # and test processes that each build (pytest-xdist gives each its own module fixture)
+    # would collide there.
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("dlprim_py", "kernels"):
+        shutil.copytree(ROOT / name, source / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     isolation = ["--no-build-isolation"] if _local_build_backend() else []
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation,
-                    "-q", "-w", str(out), str(ROOT)], check=True, cwd=out)
+                    "-q", "-w", str(out), str(source)], check=True, cwd=out)
     (path,) = out.glob("dlprim_py-*.whl")
     return path
 
