@@ -1,7 +1,7 @@
 """Memory-bound kernels' variants side by side, with PyTorch in the same run.
 
     python benchmarks/pointwise_probe.py [--quick]
-        [--only span,build,pointwise,softmax,dropout,ops,host] [--output DIR] [--commit HASH]
+        [--only span,build,pointwise,softmax,memflags,dropout,ops,host] [--output DIR] [--commit HASH]
 
 span: copy, relu and hardswish at 64 MiB, 256 MiB and 1 GiB, each timed six ways on both sides
 (markers or CUDA events around ten calls, the same after a priming call, one call, the host clock
@@ -11,7 +11,8 @@ of the default kernels (files under DIR/ptx); pointwise: the generator's launch 
 width, accesses per work item and where they lie, work-group size, grid cap, index width) on copy,
 relu, hardswish, gelu, add and a bias broadcast over 2^26 float32; softmax: the softmax kernels'
 reductions (local tree or warp shuffles), cache hints, launch caps and what the backward holds in
-registers, over rows of 32000 (NVIDIA); dropout: its variants; ops: pooling and normalization operators as dlprim-bench's ops suite runs them, ten calls per span
+registers, over rows of 32000 (NVIDIA); memflags: relu and a buffer copy on buffers created
+with other flags (HOST_NO_ACCESS, READ_ONLY / WRITE_ONLY); dropout: its variants; ops: pooling and normalization operators as dlprim-bench's ops suite runs them, ten calls per span
 and one call per span, with each call's kernels and their device times; host: a call's host time.
 Every variant's result is checked before it is timed: the first against float64, the others bit
 for bit against the first (same arithmetic per element), on NaN-poisoned outputs.
@@ -283,6 +284,46 @@ def softmax_variants(ctx, baseline, quick, table):
                       "ours_GBps": (12 if kind == "backward" else 8) * a.size / again / 1e9,
                       "torch_GBps": (12 if kind == "backward" else 8) * a.size / torch_before[kind] / 1e9,
                       "speedup": torch_before[kind] / again})
+
+
+def memflags(ctx, baseline, quick, table):
+    """Does the per-command excess of NVIDIA's OpenCL depend on how the buffers were created?
+    relu and clEnqueueCopyBuffer over 2^26 float32 on buffers made with READ_WRITE (as the
+    memory pool makes them), READ_WRITE | HOST_NO_ACCESS, and READ_ONLY / WRITE_ONLY |
+    HOST_NO_ACCESS, beside PyTorch's relu and copy; ten calls per span and the kernels' events."""
+    torch = baseline.torch
+    mf = cl.mem_flags
+    n = ops_bench._n(quick)
+    rng = np.random.default_rng(21)
+    host = big_data(rng, n)
+    source = dp.Tensor.from_numpy(ctx, host)
+    tx = baseline.tensor(host)
+    tout = torch.empty_like(tx)
+    relu = activation_ops.forward_kernel(from_torch_name("relu"), False)
+    reference = np.maximum(host.astype(np.float64), 0)
+    theirs = {"relu": lambda: torch.relu(tx), "copy": lambda: tout.copy_(tx)}
+    torch_s = {k: baseline.time(f) for k, f in theirs.items()}
+    layouts = [("READ_WRITE", mf.READ_WRITE, mf.READ_WRITE),
+               ("RW | HOST_NO_ACCESS", mf.READ_WRITE | mf.HOST_NO_ACCESS, mf.READ_WRITE | mf.HOST_NO_ACCESS),
+               ("RO / WO | HOST_NO_ACCESS", mf.READ_ONLY | mf.HOST_NO_ACCESS, mf.WRITE_ONLY | mf.HOST_NO_ACCESS)]
+    for label, in_flags, out_flags in layouts + layouts[:1]:
+        x = dp.Tensor(ctx, cl.Buffer(ctx.cl_context, in_flags, 4 * n), (n,))
+        out = dp.Tensor(ctx, cl.Buffer(ctx.cl_context, out_flags, 4 * n), (n,))
+        check = dp.Tensor.empty(ctx, (n,))
+        cl.enqueue_copy(ctx.queue, x.buffer, source.buffer, byte_count=4 * n)
+        for op, run in (("relu", lambda: relu([x], [out], [1.0, 0.0])),
+                        ("copy", lambda: cl.enqueue_copy(ctx.queue, out.buffer, x.buffer, byte_count=4 * n))):
+            check.fill_(np.nan)
+            run()
+            cl.enqueue_copy(ctx.queue, check.buffer, out.buffer, byte_count=4 * n)
+            error = ops_bench.error_metric(check.numpy(), reference if op == "relu" else host)
+            ok = error <= ops_bench.TOLERANCE
+            ours_s = ops_bench.time_ours(ctx, run, quick) if ok else math.nan
+            span, kernel, gap, _ = marker_span(ctx, run, 10, True, 3 if quick else 15) if ok else (math.nan,) * 4
+            table.append({"part": "memflags", "op": op, "variant": label, "ok": ok, "error": error,
+                          "ours_ms": ours_s * 1e3, "torch_ms": torch_s[op] * 1e3, "kernel_ms": kernel * 1e3,
+                          "gap_us": gap * 1e6, "ours_GBps": 8 * n / ours_s / 1e9,
+                          "torch_GBps": 8 * n / torch_s[op] / 1e9, "speedup": torch_s[op] / ours_s})
 
 
 def big_data(rng, n):
@@ -701,7 +742,7 @@ def summary(table, copy_rate):
     """The pointwise sweep as one line per operator: each variant's speed against torch."""
     ops = {}
     for r in table:
-        if r.get("part") in ("pointwise", "softmax") and r.get("ok"):
+        if r.get("part") in ("pointwise", "softmax", "memflags") and r.get("ok"):
             ops.setdefault(f"{r['part']} {r['op']}", []).append(r)
     if not ops:
         return
@@ -710,7 +751,7 @@ def summary(table, copy_rate):
         print(f"  {op:<10} " + "  ".join(f"{r['variant']} {r['speedup']:.3f}" for r in rows))
 
 
-PARTS = {"span": span, "build": None, "pointwise": pointwise, "softmax": softmax_variants,
+PARTS = {"span": span, "build": None, "pointwise": pointwise, "softmax": softmax_variants, "memflags": memflags,
          "dropout": dropout, "ops": operators, "host": host}
 
 
