@@ -130,6 +130,7 @@ class BoundKernel:
         self._scalars = []
 
     def __call__(self, queue, global_size, local_size, *args):
+        """Set every argument from ``args`` (buffers, None, numpy scalars) and enqueue."""
         bound, scalars = self._bound, self._scalars
         if len(bound) != len(args):
             bound[:] = [_UNSET] * len(args)
@@ -138,19 +139,52 @@ class BoundKernel:
         for index, value in enumerate(args):
             if value is scalars[index]:
                 continue
-            if isinstance(value, cl.MemoryObjectHolder):
-                # The handle, not the object: holding a pooled buffer would keep it from the pool.
-                key, scalar = value.int_ptr, _UNSET
-            elif value is None:
-                key, scalar = None, _UNSET
-            else:
-                # The bytes, so that -0.0 and 0.0 (equal as numbers) stay distinct.
-                key, scalar = (value.dtype.char, value.tobytes()), value
+            key, scalar = _argument_key(value)
             if bound[index] != key:
                 kernel.set_arg(index, value)
                 bound[index] = key
             scalars[index] = scalar
         return cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+
+    def set(self, index, value, kind=None):
+        """Set argument ``index`` alone, if it changed: a buffer, None or a numpy scalar, as in
+        a call; or a Python number with its numpy type ``kind`` (converted only when it
+        changed). For kernels whose callers keep most arguments and set a few per call."""
+        bound = self._bound
+        if len(bound) <= index:
+            bound.extend([_UNSET] * (index + 1 - len(bound)))
+            self._scalars.extend([_UNSET] * (index + 1 - len(self._scalars)))
+        if kind is not None:
+            # An int is its own key (the common case: sizes and offsets, one tuple and one
+            # comparison); other numbers by float.hex, which keeps -0.0 and 0.0 apart as the
+            # bytes of numpy scalars do.
+            key = (kind, value) if value.__class__ is int else (kind, float(value).hex())
+            if bound[index] != key:
+                self.kernel.set_arg(index, kind(value))
+                bound[index] = key
+                self._scalars[index] = _UNSET
+            return
+        if value is self._scalars[index]:
+            return
+        key, self._scalars[index] = _argument_key(value)
+        if bound[index] != key:
+            self.kernel.set_arg(index, value)
+            bound[index] = key
+
+    def enqueue(self, queue, global_size, local_size):
+        """Enqueue with the arguments as set."""
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, global_size, local_size)
+
+
+def _argument_key(value):
+    """(what is set for ``value``, the scalar object to recognise by identity next time)."""
+    if isinstance(value, cl.MemoryObjectHolder):
+        # The handle, not the object: holding a pooled buffer would keep it from the pool.
+        return value.int_ptr, _UNSET
+    if value is None:
+        return None, _UNSET
+    # The bytes, so that -0.0 and 0.0 (equal as numbers) stay distinct.
+    return (value.dtype.char, value.tobytes()), value
 
 
 _UNSET = object()

@@ -29,15 +29,14 @@ import math
 import weakref
 
 import numpy as np
-import pyopencl as cl
 
 from .. import autograd, config, program
 from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .pointwise import (PointwiseKernel, _scalar_cl_name, broadcast_shapes, broadcast_strides,
-                        merge_contiguous)
+from .pointwise import (BoundKernel, PointwiseKernel, _scalar_cl_name, broadcast_shapes,
+                        broadcast_strides, merge_contiguous)
 
 _INT32_LIMIT = 2 ** 31 - 1
 
@@ -270,7 +269,7 @@ class _Launch:
         built = reduce_kernel._build(ctx, plan.variant, group_size, plan.unroll, len(plan.kept_sizes),
                                      len(plan.red_sizes), index_t, self.final, self.vector,
                                      self.last_group)
-        self.kernel = built.kernel(reduce_kernel.name, fresh=True)
+        self.kernel = BoundKernel(built.kernel(reduce_kernel.name, fresh=True))
         args = [index(v) for v in (kept_total, red_total, plan.chunk_len, plan.chunks, reduce_size)]
         args.append(np.int32(plan.segment.bit_length() - 1))
         args += [index(s) for s in plan.kept_sizes] + [index(s) for s in plan.red_sizes]
@@ -299,8 +298,7 @@ class _Launch:
         self.scalar_types = [dt.type for _, dt in reduce_kernel.scalars]
         for k, value in enumerate(args):
             if value is not None:
-                self.kernel.set_arg(k, value)
-        self.bound = {}
+                self.kernel.set(k, value)
         cap = ctx.info.compute_units * (4 if ctx.info.is_cpu else 64)
         if plan.variant == "group":
             groups = min(math.ceil(units / (group_size // plan.segment)), cap)
@@ -313,35 +311,23 @@ class _Launch:
                              [[kept_total, 1]] * len(self.partials), None)
             self.sub_launch = _Launch(partials_kernel, ctx, sub_plan, True, units, reduce_size)
 
-    def _set_value(self, slot, value, kind):
-        # Setting a scalar argument costs far more than comparing it (tens of microseconds on
-        # some drivers): offsets and scalars are set only when they change.
-        if self.bound.get(slot) != value:
-            self.kernel.set_arg(slot, kind(value))
-            self.bound[slot] = value
-
-    def _set_buffer(self, slot, buffer):
-        # By handle, as BoundKernel: pooled buffers often come back with the same one.
-        handle = buffer.int_ptr
-        if self.bound.get(slot) != handle:
-            self.kernel.set_arg(slot, buffer)
-            self.bound[slot] = handle
-
     def enqueue(self, inputs, outputs, scalars):
-        index = self.index
+        # Only what changed is set: offsets and scalars by value, buffers by handle (pooled
+        # buffers often come back with the same one).
+        kernel, index = self.kernel, self.index
         for slot, t in zip(self.input_slots, inputs):
-            self._set_buffer(slot, t.buffer)
-            self._set_value(slot + 1, t.offset_elements, index)
+            kernel.set(slot, t.buffer)
+            kernel.set(slot + 1, t.offset_elements, index)
         targets = outputs if self.final else self.partials
         for slot, t in zip(self.output_slots, targets):
-            self._set_buffer(slot, t.buffer)
-            self._set_value(slot + 1, t.offset_elements, index)
+            kernel.set(slot, t.buffer)
+            kernel.set(slot + 1, t.offset_elements, index)
         for slot, t in zip(self.final_slots, outputs):
-            self._set_buffer(slot, t.buffer)
-            self._set_value(slot + 1, t.offset_elements, index)
+            kernel.set(slot, t.buffer)
+            kernel.set(slot + 1, t.offset_elements, index)
         for slot, kind, value in zip(self.scalar_slots, self.scalar_types, scalars):
-            self._set_value(slot, value, kind)
-        cl.enqueue_nd_range_kernel(self.ctx.queue, self.kernel, self.global_size, self.local_size)
+            kernel.set(slot, value, kind)
+        kernel.enqueue(self.ctx.queue, self.global_size, self.local_size)
         if self.sub_launch is not None:
             self.sub_launch.enqueue(self.partials, outputs, scalars)
 

@@ -20,12 +20,12 @@ memory, cache hints (inline PTX, kernels/memory_access.cl.mako).
 import math
 
 import numpy as np
-import pyopencl as cl
 
 from .. import autograd, config, logcmd, program
 from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
+from .pointwise import BoundKernel
 
 VARIANTS = ("row", "column")
 # Widest vector load and store of the row variant's forward (elements); 1 disables them.
@@ -99,24 +99,19 @@ class SoftmaxPlan:
         self.params = params
         self.groups_per_unit = choice["groups_per_unit"]
         built = program.build(ctx, "softmax", params)
-        # Own kernel objects: a call sets the buffers, and the sizes and offsets only when they
-        # changed (setting a scalar argument costs tens of microseconds on some drivers).
-        self.forward_kernel = built.kernel("softmax_forward", fresh=True)
-        self.backward_kernel = built.kernel("softmax_backward", fresh=True)
-        self._bound = {self.forward_kernel: {}, self.backward_kernel: {}}
+        # Own kernel objects whose arguments are set only when they changed (setting a scalar
+        # argument costs tens of microseconds on some drivers).
+        self.forward_kernel = BoundKernel(built.kernel("softmax_forward", fresh=True))
+        self.backward_kernel = BoundKernel(built.kernel("softmax_backward", fresh=True))
         self.ctx = ctx
 
     def _launch(self, kernel, rows, size, inner, *buffers):
         index = np.int32 if self.index_t == "int" else np.int64
-        bound = self._bound[kernel]
-        values = [(0, rows), (1, size), (2, inner)]
+        for slot, value in enumerate((rows, size, inner)):
+            kernel.set(slot, value, index)
         for k, t in enumerate(buffers):
-            kernel.set_arg(3 + 2 * k, t.buffer)
-            values.append((4 + 2 * k, t.offset_elements))
-        for slot, value in values:
-            if bound.get(slot) != value:
-                kernel.set_arg(slot, index(value))
-                bound[slot] = value
+            kernel.set(3 + 2 * k, t.buffer)
+            kernel.set(4 + 2 * k, t.offset_elements, index)
         info = self.ctx.info
         cap = info.compute_units * self.groups_per_unit
         if self.variant == "row":
@@ -124,7 +119,7 @@ class SoftmaxPlan:
             groups = min(math.ceil(rows / per_group), cap)
         else:
             groups = min(math.ceil(rows / self.group_size), cap)
-        cl.enqueue_nd_range_kernel(self.ctx.queue, kernel, (groups * self.group_size,), (self.group_size,))
+        kernel.enqueue(self.ctx.queue, (groups * self.group_size,), (self.group_size,))
 
     def forward(self, x, y, outer, size, inner):
         self._launch(self.forward_kernel, outer * inner, size, inner, x, y)
