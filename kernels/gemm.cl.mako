@@ -104,6 +104,7 @@ inline long fold_strided(int j, int P, long img, int fw, int frow, int fcol)
     return n * img + (long)h * frow + (long)(p - h * fw) * fcol;
 }
 <%namespace name="links" file="fusion_fold.cl.mako"/>
+<%namespace name="access" file="memory_access.cl.mako"/>
 <%!
 def load_slots(contig, total, threads, gvec):
     """(contiguous, strided) coordinate expressions of each GVEC-wide load of a work-item
@@ -193,52 +194,12 @@ def fold(mode, op, j):
 #define STAGE_A (TILE_K * LDS_A)
 #define STAGE_B (TILE_K * LDS_B)
 #define STAGES ${PIPELINE if PIPELINE else (2 if DOUBLE_BUFFER else 1)}
-% if PIPELINE and NV_ASYNC:
-// Copies global -> local memory without registers (cp.async); a group of them completes at
-// COPY_WAIT, which the issuing work-item must pass before the barrier that publishes them.
-// Edge tiles copy element by element with plain loads and stores (visible at that barrier
-// too): the interior copies are the ones an H200 run checked.
-inline void copy4(__local float *dst, __global const float *src)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;"
-                 :: "r"((uint)(ulong)dst), "l"((ulong)src) : "memory");
-}
-
-inline void copy4_masked(__local float *dst, __global const float *src, bool ok)
-{
-    *dst = ok ? *src : 0.0f;
-}
-
-inline void copy8(__local float *dst, __global const float *src)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;"
-                 :: "r"((uint)(ulong)dst), "l"((ulong)src) : "memory");
-}
-
-inline void copy16(__local float *dst, __global const float *src)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
-                 :: "r"((uint)(ulong)dst), "l"((ulong)src) : "memory");
-}
-#define COPY_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
-#define COPY_WAIT(pending) asm volatile("cp.async.wait_group " #pending ";" ::: "memory")
-% elif PIPELINE:
-// Portable copies: done when issued, so committing and waiting are nothing.
-inline void copy4(__local float *dst, __global const float *src) { *dst = *src; }
-inline void copy4_masked(__local float *dst, __global const float *src, bool ok)
-{
-    *dst = ok ? *src : 0.0f;
-}
-inline void copy8(__local float *dst, __global const float *src)
-{
-    *(__local float2 *)dst = *(__global const float2 *)src;
-}
-inline void copy16(__local float *dst, __global const float *src)
-{
-    *(__local float4 *)dst = *(__global const float4 *)src;
-}
-#define COPY_COMMIT()
-#define COPY_WAIT(pending)
+% if PIPELINE:
+## Copies global -> local memory without registers (cp.async with NV_ASYNC); a group of them
+## completes at COPY_WAIT, which the issuing work-item must pass before the barrier that
+## publishes them. Edge tiles copy element by element with plain loads and stores (visible at
+## that barrier too): the interior copies are the ones an H200 run checked.
+${access.async_copies(bool(NV_ASYNC))}
 % endif
 <%
     nthreads = (TILE_M // WPT_M) * (TILE_N // WPT_N)

@@ -12,12 +12,13 @@
 ##       once); None gives plain OpenCL accesses. Streaming data through with evict-first
 ##       accesses leaves L2 to the data that is read again.
 ##   async_copies(ptx)
-##       defines void copy16_async(__local float4 *dst, __global const float *src) (a 16-byte
-##       copy from global to local memory that holds no register while in flight: cp.async on
-##       NVIDIA when ptx is True; a plain copy, done when issued, otherwise), and
-##       ASYNC_COMMIT() / ASYNC_WAIT_ALL(): close the work item's copies issued so far into a
-##       group / wait until all its groups have landed. Only the issuing work item may read a
-##       copy's destination without a barrier.
+##       defines copy4 / copy8 / copy16(__local float *dst, __global const float *src): 4, 8
+##       and 16-byte copies from global to local memory (aligned to their size) that hold no
+##       register while in flight (cp.async on NVIDIA when ptx is True; plain copies, done when
+##       issued, otherwise), copy4_masked(dst, src, ok) (a plain copy, 0 where not ok), and
+##       COPY_COMMIT() / COPY_WAIT(pending): close the work item's copies issued so far into a
+##       group / wait until at most `pending` of its groups are in flight. The issuing work
+##       item sees its copies after COPY_WAIT; others after a barrier that follows it.
 ##   warp_reductions()
 ##       defines float warp_max(float v) and float warp_sum(float v): the max / sum over the 32
 ##       lanes of the caller's warp, returned to every lane (shfl.sync.bfly, full mask: every
@@ -71,19 +72,42 @@ inline float warp_sum(float v)
 
 <%def name="async_copies(ptx)">
 % if ptx:
-inline void copy16_async(__local float4 *dst, __global const float *src)
+inline void copy4(__local float *dst, __global const float *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;"
+                 :: "r"((uint)(ulong)dst), "l"((ulong)src) : "memory");
+}
+
+inline void copy8(__local float *dst, __global const float *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;"
+                 :: "r"((uint)(ulong)dst), "l"((ulong)src) : "memory");
+}
+
+inline void copy16(__local float *dst, __global const float *src)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
                  :: "r"((uint)(ulong)dst), "l"((ulong)src) : "memory");
 }
-#define ASYNC_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
-#define ASYNC_WAIT_ALL() asm volatile("cp.async.wait_group 0;" ::: "memory")
+#define COPY_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+#define COPY_WAIT(pending) asm volatile("cp.async.wait_group " #pending ";" ::: "memory")
 % else:
-inline void copy16_async(__local float4 *dst, __global const float *src)
+inline void copy4(__local float *dst, __global const float *src) { *dst = *src; }
+inline void copy8(__local float *dst, __global const float *src)
 {
-    *dst = *(__global const float4 *)src;
+    *(__local float2 *)dst = *(__global const float2 *)src;
 }
-#define ASYNC_COMMIT()
-#define ASYNC_WAIT_ALL()
+inline void copy16(__local float *dst, __global const float *src)
+{
+    *(__local float4 *)dst = *(__global const float4 *)src;
+}
+#define COPY_COMMIT()
+#define COPY_WAIT(pending)
 % endif
+// A copy that may fall outside the source (zero then): a plain load and store, visible to
+// other work-items at the next barrier like the others once COPY_WAIT has passed.
+inline void copy4_masked(__local float *dst, __global const float *src, bool ok)
+{
+    *dst = ok ? *src : 0.0f;
+}
 </%def>

@@ -149,10 +149,10 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
     for (int j = 0; j < ${prefetch}; ++j) {
         const ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
         if (get_group_id(0) < rows && k < size) {
-            copy16_async(&stage[j * GROUP_SIZE + lid], x + x_off + get_group_id(0) * size + k);
+            copy16((__local float *)&stage[j * GROUP_SIZE + lid], x + x_off + get_group_id(0) * size + k);
         }
     }
-    ASYNC_COMMIT();
+    COPY_COMMIT();
     % endif
     for (${index_t} first = get_group_id(0) * (GROUP_SIZE / ROW_ITEMS); first < rows;
          first += get_num_groups(0) * (GROUP_SIZE / ROW_ITEMS)) {
@@ -168,7 +168,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             v[j] = k < row_size ? load4(xr + k) : (float4)(-INFINITY);
         }
     % if prefetch:
-        ASYNC_WAIT_ALL();
+        COPY_WAIT(0);
         #pragma unroll
         for (int j = 0; j < ${prefetch}; ++j) {
             ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
@@ -180,10 +180,10 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             for (int j = 0; j < ${prefetch}; ++j) {
                 const ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
                 if (next < rows && k < size) {
-                    copy16_async(&stage[j * GROUP_SIZE + lid], x + x_off + next * size + k);
+                    copy16((__local float *)&stage[j * GROUP_SIZE + lid], x + x_off + next * size + k);
                 }
             }
-            ASYNC_COMMIT();
+            COPY_COMMIT();
         }
     % endif
         float m = -INFINITY, s = 0.0f;
