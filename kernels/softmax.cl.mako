@@ -121,6 +121,22 @@ float group_fold(__local float *tree, float v, bool op_max)
 }
 % endif
 
+## prefetch: copies of the first `prefetch` vectors of each item's share of row `row` (an
+## expression; nothing past the last row) into the stage, closed as one group.
+<%def name="stage_row(row)">
+    {
+        const ${index_t} staged_row = ${row};
+        #pragma unroll
+        for (int j = 0; j < ${prefetch}; ++j) {
+            const ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
+            if (staged_row < rows && k < size) {
+                copy16((__local float *)&stage[j * GROUP_SIZE + lid], x + x_off + staged_row * size + k);
+            }
+        }
+        COPY_COMMIT();
+    }
+</%def>
+
 __kernel
 % if row:
 __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
@@ -146,13 +162,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
     // through the part of a row where the group has no loads of its own in flight. Each item
     // reads back only its own copies, so no barrier guards the stage.
     __local float4 stage[${prefetch} * GROUP_SIZE];
-    for (int j = 0; j < ${prefetch}; ++j) {
-        const ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
-        if (get_group_id(0) < rows && k < size) {
-            copy16((__local float *)&stage[j * GROUP_SIZE + lid], x + x_off + get_group_id(0) * size + k);
-        }
-    }
-    COPY_COMMIT();
+    ${stage_row("get_group_id(0)")}
     % endif
     for (${index_t} first = get_group_id(0) * (GROUP_SIZE / ROW_ITEMS); first < rows;
          first += get_num_groups(0) * (GROUP_SIZE / ROW_ITEMS)) {
@@ -174,17 +184,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
             v[j] = k < row_size ? stage[j * GROUP_SIZE + lid] : (float4)(-INFINITY);
         }
-        {
-            const ${index_t} next = first + get_num_groups(0);
-            #pragma unroll
-            for (int j = 0; j < ${prefetch}; ++j) {
-                const ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
-                if (next < rows && k < size) {
-                    copy16((__local float *)&stage[j * GROUP_SIZE + lid], x + x_off + next * size + k);
-                }
-            }
-            COPY_COMMIT();
-        }
+        ${stage_row("first + get_num_groups(0)")}
     % endif
         float m = -INFINITY, s = 0.0f;
         #pragma unroll
@@ -433,6 +433,17 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
 }
 
 <%def name="backward_term(yv, dyv)">${dyv if log else f"{dyv} * {yv}"}</%def>
+## The streaming backward's step: yv[j], dyv[j] (j < 4) at k0 + j * GROUP_SIZE * 4, zero past
+## the row's end, all loads issued before any is used.
+<%def name="load_backward_step()">
+            float4 yv[4], dyv[4];
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
+                yv[j] = k < size ? *(__global const float4 *)(yr + k) : (float4)(0.0f);
+                dyv[j] = k < size ? load4_once(dyr + k) : (float4)(0.0f);
+            }
+</%def>
 <%def name="backward_term4(yv, dyv)">${f"(({dyv}).x + ({dyv}).y) + (({dyv}).z + ({dyv}).w)" if log else f"dot({dyv}, {yv})"}</%def>
 <%def name="backward_value(yv, dyv)">${f"{dyv} - exp({yv}) * total" if log else f"{yv} * ({dyv} - total)"}</%def>
 
@@ -494,25 +505,13 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
     % else:
         // Both passes stream y and dy, four vectors per step, all loaded before use.
         for (${index_t} k0 = lid * 4; k0 < size; k0 += GROUP_SIZE * 16) {
-            float4 yv[4], dyv[4];
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
-                yv[j] = k < size ? *(__global const float4 *)(yr + k) : (float4)(0.0f);
-                dyv[j] = k < size ? load4_once(dyr + k) : (float4)(0.0f);
-            }
+            ${load_backward_step()}
             #pragma unroll
             for (int j = 0; j < 4; ++j) total += ${backward_term4("yv[j]", "dyv[j]")};
         }
         total = group_fold(tree_s, total, false);
         for (${index_t} k0 = lid * 4; k0 < size; k0 += GROUP_SIZE * 16) {
-            float4 yv[4], dyv[4];
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
-                yv[j] = k < size ? *(__global const float4 *)(yr + k) : (float4)(0.0f);
-                dyv[j] = k < size ? load4_once(dyr + k) : (float4)(0.0f);
-            }
+            ${load_backward_step()}
             #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;

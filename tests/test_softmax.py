@@ -189,13 +189,17 @@ def test_kernel_options(ctx, rng, options, log):
 
 def test_bad_kernel_options(ctx):
     from dlprim_py.ops.softmax import SoftmaxPlan
-    for options, match in ((dict(backward_hold="y"), "backward_hold"), (dict(reduce="ring"), "reduce"),
-                           (dict(groups_per_unit=0), "groups_per_unit"), (dict(unroll=2), "unknown"),
-                           (dict(prefetch=9), "prefetch"), (dict(prefetch=1), "prefetch")):
+    # (options, row length, cached, message): rows of 300 share a group, and prefetch needs one
+    # row per group; 32 elements per item are 8 vectors, fewer than 9.
+    cases = [(dict(backward_hold="y"), 5000, None, "backward_hold"),
+             (dict(reduce="ring"), 5000, None, "reduce"),
+             (dict(groups_per_unit=0), 5000, None, "groups_per_unit"),
+             (dict(unroll=2), 5000, None, "unknown"),
+             (dict(prefetch=9), 5000, 32, "prefetch"),
+             (dict(prefetch=1), 300, None, "prefetch")]
+    for options, size, cached, match in cases:
         with pytest.raises(dp.UnsupportedError, match=match):
-            # rows of 300 share a group: prefetch needs one row per group
-            SoftmaxPlan(ctx, False, 5000 if match != "prefetch" or options["prefetch"] == 9 else 300,
-                        1, 5000, "row", 32 if options.get("prefetch") == 9 else None, True, options=options)
+            SoftmaxPlan(ctx, False, size, 1, 5000, "row", cached, True, options=options)
 
 
 def test_backward_unaligned_gradient(ctx, rng):

@@ -80,9 +80,10 @@ class SoftmaxPlan:
         if variant != "row" or cached_given == 0:
             cached_backward = 0
         backward_hold = "both"
-        if cached_backward > 16:
-            backward_hold = "dy" if backward_vector > 1 else "both"
-            cached_backward = cached_backward if backward_vector > 1 else 0
+        if cached_backward > 16 and backward_vector > 1:
+            backward_hold = "dy"
+        elif cached_backward > 16:
+            cached_backward = 0   # the scalar kernel holds both values: it streams instead
         choice = _choices(ctx, variant, vector, cached, row_items, group_size, backward_hold, options)
         prefetch = choice["prefetch"]
         self.variant, self.group_size, self.cached = variant, group_size, cached
@@ -94,8 +95,7 @@ class SoftmaxPlan:
                       reduce=choice["reduce"], backward_hold=choice["backward_hold"],
                       prefetch=prefetch, async_ptx=ctx.info.vendor == "nvidia" and prefetch > 0,
                       recompute=bool(choice["recompute"]) and not log,
-                      hints=None if choice["hints"] is None else list(choice["hints"]),
-                      backward_hints=None if choice["backward_hints"] is None else list(choice["backward_hints"]))
+                      hints=choice["hints"], backward_hints=choice["backward_hints"])
         self.params = params
         self.groups_per_unit = choice["groups_per_unit"]
         built = program.build(ctx, "softmax", params)
