@@ -28,7 +28,7 @@ from dlprim_py.bench.harness import error_metric  # noqa: E402
 from dlprim_py.bench.torch_baseline import TorchBaseline  # noqa: E402
 from dlprim_py.ops.conv import algorithms as conv_algorithms  # noqa: E402
 from dlprim_py.ops.conv import selection  # noqa: E402
-from dlprim_py.recording import Recording  # noqa: E402
+from dlprim_py.launch import Recording  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
 # (name, C, K, H, R, stride, pad)

@@ -32,7 +32,7 @@ from dlprim_py.bench.torch_baseline import TorchBaseline  # noqa: E402
 from dlprim_py.ops.conv import depthwise, selection  # noqa: E402
 from dlprim_py.ops.conv.algorithms import EpilogueArgs  # noqa: E402
 from dlprim_py.ops.conv.problem import make_problem  # noqa: E402
-from dlprim_py.recording import Recording  # noqa: E402
+from dlprim_py.launch import Recording  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 from conv import distinct, mobilenet_v2_layers  # noqa: E402
 

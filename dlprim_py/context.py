@@ -5,6 +5,7 @@ and queue, or wraps a host application's own ``pyopencl.CommandQueue`` so that a
 enqueued there (the embedding use case).
 """
 import re
+from collections import OrderedDict
 
 import pyopencl as cl
 
@@ -146,6 +147,36 @@ def _has_double_config(device):
         return False
 
 
+class PlanCache:
+    """Plans by key, bounded: past ``capacity`` the least recently used is dropped (and rebuilt
+    from the in-memory program cache if it is needed again). Keys are tuples whose first item
+    names the operator family."""
+
+    def __init__(self, capacity=4096):
+        self.capacity = capacity
+        self._plans = OrderedDict()
+
+    def get(self, key):
+        """The plan stored under ``key``, or None."""
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+        return plan
+
+    def put(self, key, plan):
+        """Store ``plan`` under ``key`` and return it."""
+        self._plans[key] = plan
+        if len(self._plans) > self.capacity:
+            self._plans.popitem(last=False)
+        return plan
+
+    def clear(self):
+        self._plans.clear()
+
+    def __len__(self):
+        return len(self._plans)
+
+
 class Context:
     """An OpenCL device, its context and the queue all work is enqueued on.
 
@@ -178,8 +209,11 @@ class Context:
         self.profiling = bool(self.queue.properties & cl.command_queue_properties.PROFILING_ENABLE)
         # Per-context memo of built programs: (template, params, options) -> cl.Program.
         self.programs = {}
-        # Per-context memo of anything an operator builds once (kernels, plans, tuned choices).
+        # Per-context memo of what an operator finds once (device facts, tuned choices, shared
+        # constants); plans go to ``plans``.
         self.memo = {}
+        # The plans of every operator family, by a key of what a call's plan depends on.
+        self.plans = PlanCache()
 
     @property
     def vendor(self):

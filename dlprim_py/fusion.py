@@ -63,7 +63,7 @@ from .context import Context, check_same_context
 from .dtypes import float32
 from .errors import DeviceError, DlprimError, DTypeError, ShapeError, UnsupportedError
 from .logcmd import log_command, quiet
-from .recording import Recording, launch_kernel
+from .launch import BoundKernel, Recording
 from .tensor import Tensor, TensorDesc, allocate
 
 VERTICAL = "vertical"
@@ -496,7 +496,7 @@ class FusionPlan:
                 and repeat[6] == (x.buffer, x.offset, x.shape, y.buffer, y.offset, y.shape)):
             if config.log_cmd():
                 self._log_call()
-            repeat[7].replay()
+            repeat[7].run((x.buffer, y.buffer))
             return
         self._repeat = None
         runner = self._compiled()
@@ -530,18 +530,21 @@ class FusionPlan:
         # and unchanged args replays the recorded enqueues (the convolution's kernels) instead
         # of rebuilding them, which is most of a call's host time. The tensors' contents are
         # read afresh by every replay, as MIOpen's arguments promise.
-        key = (x.buffer.int_ptr, x.offset_elements, y.buffer.int_ptr, y.offset_elements,
-               args.version)
+        operands = [x.buffer, y.buffer]
+        key = (x.offset_elements, y.offset_elements, args.version, x.buffer == y.buffer)
         bound = self._bound
         if bound is None or bound[0] is not args or bound[1] != key:
             self._bound = None
             with autograd.no_grad(), quiet(), Recording() as recording:
                 runner.run(x, y, args)
-            # The recording binds raw buffers: x's and y's stay alive with it (args' with args).
-            recording.buffers = [x.buffer, y.buffer]
-            self._bound = bound = (args, key, recording)
+            # The plan binds x and y on every run and holds what else it binds (args' tensors
+            # are held by args as well).
+            plan = recording.plan(self.ctx.queue, operands)
+            if plan is None:
+                return
+            self._bound = bound = (args, key, plan)
         else:
-            bound[2].replay()
+            bound[2].run(operands)
         self._repeat = (args, args.version, *given_descs, x, y,
                         (x.buffer, x.offset, x.shape, y.buffer, y.offset, y.shape), bound[2])
 
@@ -697,9 +700,9 @@ class _PointwiseChain:
                 code = args.get(self.activation)["activation"].forward_code("z")
             chain = [("bias" if isinstance(op, BiasForwardOp) else "bn", False)
                      for op in self.affine_ops]
-            kernel = self.kernels[key] = program.kernel(
+            kernel = self.kernels[key] = BoundKernel(program.kernel(
                 self.plan.ctx, "fusion_fold", "apply_affine_activation",
-                dict(chain=chain, activation=code, vec=vec), fresh=True)
+                dict(chain=chain, activation=code, vec=vec), fresh=True))
         return kernel
 
     def _kernel(self, args):
@@ -744,11 +747,10 @@ class _PointwiseChain:
         kernel_args += _chain_parameters(self.plan, self.affine_ops, self.param_shapes, args)
         kernel_args += [x.buffer, np.int32(x.offset_elements), y.buffer,
                         np.int32(y.offset_elements)]
-        kernel.set_args(*kernel_args)
         info = self.plan.ctx.info
         group = min(256, info.max_work_group_size)
         groups = min(-(-packets // group), info.compute_units * (16 if info.is_gpu else 4))
-        launch_kernel(self.plan.ctx.queue, kernel, (groups * group,), (group,))
+        kernel(self.plan.ctx.queue, (groups * group,), (group,), *kernel_args)
 
 
 def _prebuild_pointwise(ctx, kernel, out_shape, input_shapes):
@@ -978,7 +980,7 @@ class _BatchNormTrainBackward:
 
 class _ConvChain:
     """conv [bias | BN inference]* [activation]: the convolution kernel's own epilogue."""
-    replayable = True   # every enqueue goes through dlprim_py.recording
+    replayable = True   # every enqueue goes through dlprim_py.launch
 
     def __init__(self, plan):
         self.plan = plan

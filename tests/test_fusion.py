@@ -10,7 +10,7 @@ from conftest import assert_close, poisoned, random
 from dlprim_py import fusion
 from dlprim_py.ops import norm
 from dlprim_py.ops.activation_ops import activation_backward, activation_forward
-from dlprim_py.recording import Recording
+from dlprim_py.launch import Recording
 
 MIOPEN_MODES = [
     # (mode, activ_alpha, activ_beta, activ_gamma): parameters that change the result.

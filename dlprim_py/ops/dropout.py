@@ -18,7 +18,8 @@ import numpy as np
 from .. import autograd, config, program
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .pointwise import bind, launch_size
+from ..launch import bind
+from .pointwise import launch_size
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85

@@ -37,6 +37,7 @@ from .. import config, logcmd, program, tuning
 from ..activation import as_activation
 from ..dtypes import as_dtype, check_dtype
 from ..errors import DeviceError, DlprimError, DTypeError, ShapeError, UnsupportedError
+from ..launch import BoundKernel, Recording, alias_pattern, buffer_arguments, enqueue_bound
 from ..tensor import Tensor, allocate
 
 ALGORITHMS = ("tiled", "splitk", "small", "subgroup")
@@ -506,10 +507,9 @@ class GemmPlan:
         if params["kernel"] == "small":
             built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
                                                               act_code, False, folds, **epilogue))
-            kernel = built.kernel("gemm_small", fresh=True)
-            kernel.set_args(*ab_args, *c_args, *out_args, *fold_args, *chain_args)
             sm, sn = params["small_m"], params["small_n"]
-            self._launches.append((kernel, (_round_up(N, sn), _round_up(M, sm), batch), (sn, sm, 1)))
+            self._add_launch(built, "gemm_small", (_round_up(N, sn), _round_up(M, sm), batch),
+                             (sn, sm, 1), [*ab_args, *c_args, *out_args, *fold_args, *chain_args])
             self.algorithm = "small"
             self.workspace = None
             self.splits = 1
@@ -527,12 +527,11 @@ class GemmPlan:
             self.params = params
             built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
                                                               act_code, False, folds, **epilogue))
-            kernel = built.kernel("gemm_subgroup", fresh=True)
-            kernel.set_args(*ab_args, *c_args, *out_args, *fold_args, *chain_args)
             sg, rows, groups = params["sg_size"], params["wpt_m"], params["sg_groups"]
-            self._launches.append((kernel, (math.ceil(N / (sg * params["wpt_n"])) * sg,
-                                            _round_up(math.ceil(M / rows), groups), batch),
-                                   (sg, groups, 1)))
+            self._add_launch(built, "gemm_subgroup",
+                             (math.ceil(N / (sg * params["wpt_n"])) * sg,
+                              _round_up(math.ceil(M / rows), groups), batch), (sg, groups, 1),
+                             [*ab_args, *c_args, *out_args, *fold_args, *chain_args])
             self.algorithm = "subgroup"
             self.workspace = None
             self.splits = 1
@@ -570,37 +569,43 @@ class GemmPlan:
         built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
                                                           act_code, use_split, folds, **epilogue),
                               options)
-        kernel = built.kernel("gemm_tiled", fresh=True)
         threads = tiled_threads(params)
         grid = (math.ceil(N / params["tile_n"]) * threads, math.ceil(M / params["tile_m"]),
                 batch * splits)
         if use_split:
             self.workspace = allocate(ctx, batch * splits * M * N * itemsize)
-            kernel.set_args(*ab_args, self.workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0),
-                            *out_args, *fold_args[:10], *_fold_args(None, False),
-                            i32(splits), i32(k_chunk), *chain_args)
-            reduce = built.kernel("gemm_splitk_reduce", fresh=True)
-            reduce.set_args(i32(M), i32(N), i32(splits), self.workspace, *c_args, *out_args,
-                            *_fold_args(fold_c, False), *chain_args)
             group = min(64, ctx.info.max_work_group_size)
-            self._launches.append((kernel, grid, (threads, 1, 1)))
-            self._launches.append((reduce, (_round_up(N, group), M, batch), (group, 1, 1)))
+            self._add_launch(built, "gemm_tiled", grid, (threads, 1, 1),
+                             [*ab_args, self.workspace, i64(0), i32(N), i64(0), f32(1.0),
+                              f32(0.0), *out_args, *fold_args[:10], *_fold_args(None, False),
+                              i32(splits), i32(k_chunk), *chain_args])
+            self._add_launch(built, "gemm_splitk_reduce", (_round_up(N, group), M, batch),
+                             (group, 1, 1),
+                             [i32(M), i32(N), i32(splits), self.workspace, *c_args, *out_args,
+                              *_fold_args(fold_c, False), *chain_args])
             self.algorithm = "splitk"
         else:
             self.workspace = None
-            kernel.set_args(*ab_args, *c_args, *out_args, *fold_args, i32(1), i32(K), *chain_args)
-            self._launches.append((kernel, grid, (threads, 1, 1)))
+            self._add_launch(built, "gemm_tiled", grid, (threads, 1, 1),
+                             [*ab_args, *c_args, *out_args, *fold_args, i32(1), i32(K),
+                              *chain_args])
             self.algorithm = "tiled"
         self.splits = splits
 
-    def enqueue(self, wait_for=None):
-        """Enqueue the GEMM on the context's queue; returns the last kernel's event."""
+    def _add_launch(self, built, name, global_size, local_size, args):
+        """A launch of kernel ``name`` with ``args`` bound once, on a kernel object of its own."""
+        kernel = BoundKernel(program.new_kernel(built.program, name))
+        kernel.set_all(args)
+        # The plan holds its buffers (a recording of it takes the handles from here).
+        self._launches.append((kernel, global_size, local_size, buffer_arguments(args)))
+
+    def enqueue(self):
+        """Enqueue the GEMM on the context's queue (recorded when a recording is open);
+        returns the last kernel's event."""
         queue = self.ctx.queue
         event = None
-        for kernel, global_size, local_size in self._launches:
-            event = cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size,
-                                               wait_for=wait_for)
-            wait_for = None
+        for kernel, global_size, local_size, buffers in self._launches:
+            event = enqueue_bound(queue, kernel, global_size, local_size, buffers=buffers)
         return event
 
     def __repr__(self):
@@ -629,7 +634,7 @@ def _round_up(value, multiple):
 def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc, *,
                  trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias_buf=None, bias_off=0,
                  bias_per="n", activation=None, batch=1, stride_a=0, stride_b=0, stride_c=0,
-                 **extra):
+                 checked=False, **extra):
     """Enqueue C = act(alpha * op(A) @ op(B) + beta * C + bias) on ``ctx.queue``.
 
     Row-major float32; offsets, leading dimensions and batch strides in elements. op(A) is
@@ -637,12 +642,12 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
     C is M x N. ``bias_per="n"``: bias[N] added to every row (linear layers); ``"m"``: bias[M]
     added to every column (convolution, M = output channels). ``activation``: None, a name or
     an ``ActivationDesc``. beta == 0 never reads C. Keyword-only extras as ``GemmPlan``.
-    Returns the event of the last kernel enqueued.
+
+    The first call with given sizes, offsets, scalars and options builds a ``GemmPlan`` and
+    records it; later calls replay the recording on their own buffers (after checking that each
+    buffer is one of this context and holds what the sizes need; ``checked=True``: the caller
+    has checked that, as the tensor API does). Returns the event of the last kernel enqueued.
     """
-    plan = GemmPlan(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc,
-                    trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, bias_buf=bias_buf,
-                    bias_off=bias_off, bias_per=bias_per, activation=activation, batch=batch,
-                    stride_a=stride_a, stride_b=stride_b, stride_c=stride_c, **extra)
     if config.log_cmd():
         flags = {"m": M, "n": N, "k": K, "u": int(bool(trans_a)), "v": int(bool(trans_b)),
                  "A": alpha, "B": beta, "b": batch}
@@ -651,7 +656,47 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
         if as_activation(activation) is not None:
             flags["activation"] = as_activation(activation).mode.value
         logcmd.log_command("gemm", flags)
-    return plan.enqueue()
+    operands = (a_buf, b_buf, c_buf, bias_buf)
+    key = None
+    if set(extra) <= {"algorithm"}:
+        act = activation.key() if hasattr(activation, "key") else activation
+        key = ("gemm", M, N, K, a_off, lda, b_off, ldb, c_off, ldc, bool(trans_a),
+               bool(trans_b), alpha, beta, bias_off, bias_per if bias_buf is not None else None,
+               act, batch, stride_a, stride_b, stride_c, extra.get("algorithm"),
+               config.forced_algorithm("gemm"), alias_pattern(operands))
+        try:
+            entry = ctx.plans.get(key)
+        except TypeError:   # an unhashable argument: checked and refused by GemmPlan below
+            entry = key = None
+        if entry is not None:
+            plan, needs = entry
+            if not checked:
+                for buf, need, name in zip(operands, needs, ("A", "B", "C", "bias")):
+                    if buf is not None:
+                        _check_buffer(ctx, buf, f"{name} buffer")
+                        if buf.size < need:
+                            raise ShapeError(f"{name} buffer holds {buf.size} bytes, the GEMM "
+                                             f"needs {need}")
+            return plan.run(operands)
+    gemm_plan = GemmPlan(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc,
+                         trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta,
+                         bias_buf=bias_buf, bias_off=bias_off, bias_per=bias_per,
+                         activation=activation, batch=batch, stride_a=stride_a,
+                         stride_b=stride_b, stride_c=stride_c, **extra)
+    if key is None:
+        return gemm_plan.enqueue()
+    with Recording() as recording:
+        event = gemm_plan.enqueue()
+    plan = recording.plan(ctx.queue, operands)
+    a_rows, a_cols = (K, M) if trans_a else (M, K)
+    b_rows, b_cols = (N, K) if trans_b else (K, N)
+    itemsize = 4
+    needs = ((a_off + (batch - 1) * stride_a + (a_rows - 1) * lda + a_cols) * itemsize,
+             (b_off + (batch - 1) * stride_b + (b_rows - 1) * ldb + b_cols) * itemsize,
+             (c_off + (batch - 1) * stride_c + (M - 1) * ldc + N) * itemsize,
+             (bias_off + (N if bias_per == "n" else M)) * itemsize)
+    ctx.plans.put(key, (plan, needs))
+    return event
 
 
 # ---- tensor API ---------------------------------------------------------------------------
@@ -711,7 +756,7 @@ def _gemm_tensors(a, b, c, alpha, beta, trans_a, trans_b, bias, activation, bias
                  bias_off=bias_off, bias_per=bias_per, activation=activation, batch=batch,
                  stride_a=a_rows * a_cols if a_batch > 1 else 0,
                  stride_b=b_rows * b_cols if b_batch > 1 else 0,
-                 stride_c=M * N, algorithm=algorithm)
+                 stride_c=M * N, algorithm=algorithm, checked=True)
     return c
 
 

@@ -66,7 +66,8 @@ def linear(input, weight, bias=None):
                      weight.buffer, weight.offset_elements, in_features,
                      out.buffer, out.offset_elements, out_features, trans_b=True,
                      bias_buf=None if bias is None else bias.buffer,
-                     bias_off=0 if bias is None else bias.offset_elements, bias_per="n")
+                     bias_off=0 if bias is None else bias.offset_elements, bias_per="n",
+                     checked=True)
 
     def backward(g):
         dx = dweight = dbias = None
@@ -76,14 +77,15 @@ def linear(input, weight, bias=None):
                 enqueue_gemm(ctx, rows, in_features, out_features,
                              g.buffer, g.offset_elements, out_features,
                              weight.buffer, weight.offset_elements, in_features,
-                             dx.buffer, dx.offset_elements, in_features)
+                             dx.buffer, dx.offset_elements, in_features, checked=True)
         if weight.requires_grad:
             dweight = Tensor.empty(ctx, weight.shape, float32)
             if rows:
                 enqueue_gemm(ctx, out_features, in_features, rows,
                              g.buffer, g.offset_elements, out_features,
                              input.buffer, input.offset_elements, in_features,
-                             dweight.buffer, dweight.offset_elements, in_features, trans_a=True)
+                             dweight.buffer, dweight.offset_elements, in_features, trans_a=True,
+                             checked=True)
             else:
                 dweight.fill_(0.0)
         if bias is not None and bias.requires_grad:
@@ -93,7 +95,7 @@ def linear(input, weight, bias=None):
                 enqueue_gemm(ctx, out_features, 1, rows,
                              g.buffer, g.offset_elements, out_features,
                              ones.buffer, ones.offset_elements, 1,
-                             dbias.buffer, dbias.offset_elements, 1, trans_a=True)
+                             dbias.buffer, dbias.offset_elements, 1, trans_a=True, checked=True)
             else:
                 dbias.fill_(0.0)
         return dx, dweight, dbias

@@ -29,7 +29,8 @@ from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 from .. import config
-from .pointwise import PointwiseKernel, bind, broadcast_shapes, launch_size, reduce_to_shape
+from ..launch import bind
+from .pointwise import PointwiseKernel, broadcast_shapes, launch_size, reduce_to_shape
 from .reduce import ReduceKernel
 
 _f32 = np.float32

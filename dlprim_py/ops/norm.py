@@ -29,7 +29,8 @@ from ..context import check_same_context
 from ..dtypes import float32
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .pointwise import PointwiseKernel, bind
+from ..launch import bind
+from .pointwise import PointwiseKernel
 
 BN_MODES = ("spatial", "per_activation")
 _INT32_LIMIT = 2 ** 31 - 1

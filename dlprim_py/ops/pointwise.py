@@ -14,12 +14,12 @@ import weakref
 from typing import NamedTuple, Optional
 
 import numpy as np
-import pyopencl as cl
 
 from .. import autograd, config, program
 from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..launch import BoundKernel
 from ..tensor import Tensor
 
 _INT32_LIMIT = 2 ** 31 - 1
@@ -110,97 +110,6 @@ def launch_size(ctx, total, group=256, per_item=1, groups_per_unit=64):
     elif groups_per_unit is not None:
         groups = min(groups, ctx.info.compute_units * groups_per_unit)
     return (groups * group,), (group,)
-
-
-class BoundKernel:
-    """A ``cl.Kernel`` of its own whose arguments are set only when they change.
-
-    Setting an argument costs host time on every OpenCL implementation (about 17 us each on
-    PoCL, so that a ten-argument kernel spent most of its call there); an operator called again
-    on the same shapes changes few of them (often none: pooled buffers come back with the same
-    handle). Enqueued commands keep the arguments they were enqueued with, so changing them
-    afterwards is safe. The kernel object must not be shared: ``bind`` makes one per kernel.
-    """
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-        # Per argument: what is set (a buffer's handle, a scalar's type and bytes) and the scalar
-        # object last passed (plans pass the same objects again: one identity test skips it).
-        self._bound = []
-        self._scalars = []
-
-    def __call__(self, queue, global_size, local_size, *args):
-        """Set every argument from ``args`` (buffers, None, numpy scalars) and enqueue."""
-        bound, scalars = self._bound, self._scalars
-        if len(bound) != len(args):
-            bound[:] = [_UNSET] * len(args)
-            scalars[:] = [_UNSET] * len(args)
-        kernel = self.kernel
-        for index, value in enumerate(args):
-            if value is scalars[index]:
-                continue
-            key, scalar = _argument_key(value)
-            if bound[index] != key:
-                kernel.set_arg(index, value)
-                bound[index] = key
-            scalars[index] = scalar
-        return cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
-
-    def set(self, index, value, kind=None):
-        """Set argument ``index`` alone, if it changed: a buffer, None or a numpy scalar, as in
-        a call; or a Python number with its numpy type ``kind`` (converted only when it
-        changed). For kernels whose callers keep most arguments and set a few per call."""
-        bound = self._bound
-        if len(bound) <= index:
-            bound.extend([_UNSET] * (index + 1 - len(bound)))
-            self._scalars.extend([_UNSET] * (index + 1 - len(self._scalars)))
-        if kind is not None:
-            # An int is its own key (the common case: sizes and offsets, one tuple and one
-            # comparison); other numbers by float.hex, which keeps -0.0 and 0.0 apart as the
-            # bytes of numpy scalars do.
-            key = (kind, value) if value.__class__ is int else (kind, float(value).hex())
-            if bound[index] != key:
-                self.kernel.set_arg(index, kind(value))
-                bound[index] = key
-                self._scalars[index] = _UNSET
-            return
-        if value is self._scalars[index]:
-            return
-        key, self._scalars[index] = _argument_key(value)
-        if bound[index] != key:
-            self.kernel.set_arg(index, value)
-            bound[index] = key
-
-    def enqueue(self, queue, global_size, local_size):
-        """Enqueue with the arguments as set."""
-        return cl.enqueue_nd_range_kernel(queue, self.kernel, global_size, local_size)
-
-
-def _argument_key(value):
-    """(what is set for ``value``, the scalar object to recognise by identity next time)."""
-    if isinstance(value, cl.MemoryObjectHolder):
-        # The handle, not the object: holding a pooled buffer would keep it from the pool.
-        return value.int_ptr, _UNSET
-    if value is None:
-        return None, _UNSET
-    # The bytes, so that -0.0 and 0.0 (equal as numbers) stay distinct.
-    return (value.dtype.char, value.tobytes()), value
-
-
-_UNSET = object()
-# int_ptr of a shared kernel -> (the shared kernel, kept so that its handle is not reused, and
-# the BoundKernel of a fresh copy).
-_bound_kernels = {}
-
-
-def bind(kernel):
-    """The BoundKernel standing for ``kernel`` (a shared ``cl.Kernel``, e.g. from
-    ``program.kernel``): a fresh copy of it, one per kernel, that only BoundKernel calls touch."""
-    entry = _bound_kernels.get(kernel.int_ptr)
-    if entry is None:
-        entry = _bound_kernels[kernel.int_ptr] = (
-            kernel, BoundKernel(cl.Kernel(kernel.program, kernel.function_name)))
-    return entry[1]
 
 
 ALGORITHMS = ("scalar", "vector")
@@ -390,7 +299,7 @@ class PointwiseKernel:
         # A kernel object of the plan's own: its arguments stay set between calls.
         shared = self._kernel(ctx, len(sizes), index_t, vector, unroll, wide or (), interleave,
                               grid_stride)
-        kernel = BoundKernel(cl.Kernel(shared.program, shared.function_name))
+        kernel = BoundKernel(program.new_kernel(shared.program, shared.function_name))
         head = [index_np(groups)] + [index_np(s) for s in sizes]
         operand_args = [[index_np(t.offset_elements)] + [index_np(s) for s in st]
                         for t, st in zip(inputs, strides)]

@@ -18,7 +18,8 @@ from ..context import check_same_context
 from ..dtypes import float32, int64
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .pointwise import bind, launch_size
+from ..launch import bind
+from .pointwise import launch_size
 
 _INT32_LIMIT = 2 ** 31 - 1
 

@@ -35,8 +35,9 @@ from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .pointwise import (BoundKernel, PointwiseKernel, _scalar_cl_name, broadcast_shapes,
-                        broadcast_strides, merge_contiguous)
+from ..launch import BoundKernel
+from .pointwise import (PointwiseKernel, _scalar_cl_name, broadcast_shapes, broadcast_strides,
+                        merge_contiguous)
 
 _INT32_LIMIT = 2 ** 31 - 1
 

@@ -25,7 +25,7 @@ from .. import autograd, config, logcmd, program
 from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .pointwise import BoundKernel
+from ..launch import BoundKernel
 
 VARIANTS = ("row", "column")
 # Widest vector load and store of the row variant's forward (elements); 1 disables them.

@@ -10,7 +10,6 @@ as Tensors, with ``dst = alpha * result + beta * dst`` and, for forward, the fus
 Kernels are built on first use per (context, configuration) and memoized by ``program.build``.
 """
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,9 +81,9 @@ def _buf(t):
     return [t.buffer, _I32(t.offset_elements)]
 
 
-# ---- launches and their recording (dlprim_py/recording.py) -------------------------------
+# ---- launches and their recording (dlprim_py/launch.py) ----------------------------------
 
-from ...recording import Recording, enqueue, launch  # noqa: E402,F401  (used by every algorithm)
+from ...launch import Recording, enqueue, launch  # noqa: E402,F401  (used by every algorithm)
 
 
 class Algorithm:
@@ -448,10 +447,6 @@ class Im2colGemm(Algorithm):
     dcol [GK][NP] (NP = N * Ho * Wo, GK = C * R * S), floats."""
     name = "im2col_gemm"
     directions = ("forward", "backward_data")
-    _PLANS = 8   # GEMM plans bind buffers (and keep them alive): only the most recent ones
-
-    def __init__(self):
-        self.plans = OrderedDict()
 
     @staticmethod
     def _sizes(problem):
@@ -479,26 +474,15 @@ class Im2colGemm(Algorithm):
         from ..gemm import GemmPlan
         pixels, taps, _ = self._sizes(problem)
         buf, base = workspace.buffer, workspace.offset_elements
-        key = (ctx.cl_context.int_ptr, problem, direction, w.buffer.int_ptr, w.offset_elements,
-               buf.int_ptr, base)
-        plan = self.plans.get(key)
-        if plan is not None:
-            self.plans.move_to_end(key)
-            return plan
         k = problem.k
+        # Built on every run: the Convolution operator records the run once and replays it.
         if direction == "forward":
             # acc [K][NP] = w [K][GK] @ col [GK][NP]
-            plan = GemmPlan(ctx, k, pixels, taps, w.buffer, w.offset_elements, taps,
+            return GemmPlan(ctx, k, pixels, taps, w.buffer, w.offset_elements, taps,
                             buf, base, pixels, buf, base + taps * pixels, pixels)
-        else:
-            # dcol [GK][NP] = w^T [GK][K] @ rows [K][NP]
-            plan = GemmPlan(ctx, taps, pixels, k, w.buffer, w.offset_elements, taps,
-                            buf, base, pixels, buf, base + k * pixels, pixels, trans_a=True)
-        plan.buffers = [buf, w.buffer]   # the plan binds raw handles: keep them alive
-        self.plans[key] = plan
-        while len(self.plans) > self._PLANS:
-            self.plans.popitem(last=False)
-        return plan
+        # dcol [GK][NP] = w^T [GK][K] @ rows [K][NP]
+        return GemmPlan(ctx, taps, pixels, k, w.buffer, w.offset_elements, taps,
+                        buf, base, pixels, buf, base + k * pixels, pixels, trans_a=True)
 
     def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
             workspace=None):
@@ -514,7 +498,7 @@ class Im2colGemm(Algorithm):
             gsize, lsize = launch_size(ctx, problem.c * pixels)
             launch(ctx, built, "conv_im2col", gsize, lsize,
                    [*geometry, *_buf(src), buf, _I32(base)])
-            enqueue(plan.enqueue)
+            plan.enqueue()
             gsize, lsize = launch_size(ctx, problem.k * pixels)
             launch(ctx, built, "conv_rows_to_output", gsize, lsize,
                    [*geometry, buf, _I32(base + taps * pixels), *_buf(dst),
@@ -523,7 +507,7 @@ class Im2colGemm(Algorithm):
             gsize, lsize = launch_size(ctx, problem.k * pixels)
             launch(ctx, built, "conv_output_to_rows", gsize, lsize,
                    [*geometry, *_buf(src), buf, _I32(base)])
-            enqueue(plan.enqueue)
+            plan.enqueue()
             gsize, lsize = launch_size(ctx, math.prod(dst.shape))
             launch(ctx, built, "conv_col2im", gsize, lsize,
                    [*geometry, buf, _I32(base + problem.k * pixels), *_buf(dst),

@@ -1,6 +1,7 @@
 """The convolution operator (MIOpen-style, caller-managed memory) and the functional API
 (torch semantics, autograd)."""
 import numpy as np
+import pyopencl as cl
 
 from ... import autograd, config, logcmd
 from ...activation import as_activation
@@ -9,7 +10,8 @@ from ...errors import DTypeError, ShapeError, UnsupportedError
 from ...tensor import Tensor, TensorDesc
 from collections import OrderedDict
 
-from .algorithms import Epilogue, EpilogueArgs, Recording, backward_bias
+from ...launch import Recording, alias_pattern
+from .algorithms import Epilogue, EpilogueArgs, backward_bias
 from .problem import DIRECTIONS, ConvolutionDesc, ConvProblem, make_problem, pair
 from . import selection
 
@@ -41,6 +43,9 @@ class Convolution:
     ``algo=None`` takes DLPRIM_CONV_ALGO, else the find/immediate choice (DLPRIM_FIND_MODE).
     """
 
+    # Recorded plans kept per operator (directions x algorithms x epilogues in use).
+    PLANS = 16
+
     def __init__(self, ctx, input_desc, weight_desc, conv_desc, layout="NCHW"):
         if not isinstance(conv_desc, ConvolutionDesc):
             raise ShapeError(f"conv_desc must be a ConvolutionDesc, got {type(conv_desc).__name__}")
@@ -60,10 +65,9 @@ class Convolution:
         self._chosen = {}
         self._resolved = {}
         self._workspaces = {}
-        # Calls on the same tensors replay their recorded launches; the recordings keep their
-        # tensors' buffers alive, so only the most recent few are kept (0: never record).
-        self.replay_cache = 8
-        self._recordings = OrderedDict()
+        # A call replays the launches recorded by the first call with the same scalars,
+        # offsets and aliasing, on its own buffers (dlprim_py/launch.py).
+        self._plans = OrderedDict()
         # Build the forward kernels now so that a call only enqueues.
         name = self._choose("forward")
         selection.algorithm(name).prepare(ctx, self.problem, "forward")
@@ -121,30 +125,28 @@ class Convolution:
             if workspace is None:
                 workspace = Tensor.empty(self.ctx, (need // 4,))
                 self._workspaces[(name, direction)] = workspace
-        if not self.replay_cache:
-            check_same_context(src, other, dst, ep.scale, ep.shift, ep.residual, workspace)
-            algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep, epilogue,
-                          workspace)
+        tensors = (src, other, dst, ep.scale, ep.shift, ep.residual, workspace)
+        operands = [None if t is None else t.buffer for t in tensors]
+        operands += [a for a in ep.chain_args if isinstance(a, cl.MemoryObjectHolder)]
+        # Everything a recorded run depends on but its operands' buffers.
+        key = (direction, name, epilogue, ep.alpha, ep.beta, ep.residual_alpha,
+               tuple(None if t is None else t.offset_elements for t in tensors),
+               tuple(float(a) for a in ep.chain_args if not isinstance(a, cl.MemoryObjectHolder)),
+               alias_pattern(operands))
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+            plan.run(operands)
             return dst
-        key = (direction, name, epilogue, ep.alpha, ep.beta, ep.residual_alpha, ep.chain_key(),
-               *((t.buffer.int_ptr, t.offset_elements) if t is not None else None
-                 for t in (src, other, dst, ep.scale, ep.shift, ep.residual, workspace)))
-        recording = self._recordings.get(key)
-        if recording is not None:
-            # The same buffers as a checked call (a recording keeps them alive): same context.
-            self._recordings.move_to_end(key)
-            recording.replay()
-            return dst
-        check_same_context(src, other, dst, ep.scale, ep.shift, ep.residual, workspace)
+        check_same_context(*tensors)
         with Recording() as recording:
             algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep, epilogue,
                           workspace)
-        # The bound kernels hold raw handles: keep the buffers alive (and out of the pool).
-        recording.buffers = [t.buffer for t in (src, other, dst, ep.scale, ep.shift, ep.residual,
-                                                workspace) if t is not None]
-        self._recordings[key] = recording
-        while len(self._recordings) > self.replay_cache:
-            self._recordings.popitem(last=False)
+        plan = recording.plan(self.ctx.queue, operands)
+        if plan is not None:
+            self._plans[key] = plan
+            while len(self._plans) > self.PLANS:
+                self._plans.popitem(last=False)
         return dst
 
     def forward(self, x, w, y, bias=None, alpha=1.0, beta=0.0, activation=None, algo=None,
@@ -222,13 +224,10 @@ class Convolution:
 def _plan(ctx, input_shape, weight_shape, conv_desc, layout="NCHW"):
     key = ("conv2d", tuple(input_shape), tuple(weight_shape), conv_desc.padding,
            conv_desc.stride, conv_desc.dilation, conv_desc.groups, layout)
-    plans = ctx.memo.setdefault("conv_plans", {})
-    conv = plans.get(key)
+    conv = ctx.plans.get(key)
     if conv is None:
-        conv = plans[key] = Convolution(ctx, TensorDesc(input_shape), TensorDesc(weight_shape),
-                                        conv_desc, layout)
-        # Functional calls get fresh tensors each time: recordings would only pin memory.
-        conv.replay_cache = 0
+        conv = ctx.plans.put(key, Convolution(ctx, TensorDesc(input_shape),
+                                              TensorDesc(weight_shape), conv_desc, layout))
     return conv
 
 

@@ -30,7 +30,6 @@ on the others by up to 2.2x, so only find mode or DLPRIM_CONV_ALGO chooses it.
 """
 import dataclasses
 import math
-from collections import OrderedDict
 
 from ... import program
 from ...tensor import Tensor
@@ -44,13 +43,11 @@ from .algorithms import NO_EPILOGUE, Algorithm, EpilogueArgs, _buf, enqueue, lau
 
 class Gemm1x1(Algorithm):
     name = "gemm"
-    _PLANS = 8   # plans bind their buffers (and keep them alive): only the most recent ones
 
     def __init__(self, per_image=False):
         self.per_image = per_image
         if per_image:
             self.name = "gemm_per_image"
-        self.plans = OrderedDict()
 
     def applies(self, ctx, problem, direction):
         p = problem
@@ -115,21 +112,8 @@ class Gemm1x1(Algorithm):
                 np_f32(ep.alpha), np_f32(ep.beta)])
 
     def _run_dense(self, ctx, problem, direction, src, other, dst, ep, epilogue):
-        tensors = (src, other, dst, ep.scale, ep.shift, ep.residual)
-        key = (ctx.cl_context.int_ptr, problem, direction, epilogue,
-               *((t.buffer.int_ptr, t.offset_elements) if t is not None else None
-                 for t in tensors), ep.alpha, ep.beta, ep.residual_alpha, ep.chain_key())
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = self._plan(ctx, problem, direction, src, other, dst, ep, epilogue)
-            # The plan binds raw handles: keep the buffers alive while it is cached.
-            plan.buffers = [t.buffer for t in tensors if t is not None]
-            self.plans[key] = plan
-            while len(self.plans) > self._PLANS:
-                self.plans.popitem(last=False)
-        else:
-            self.plans.move_to_end(key)
-        enqueue(plan.enqueue)
+        # Built on every run: the Convolution operator records the run once and replays it.
+        self._plan(ctx, problem, direction, src, other, dst, ep, epilogue).enqueue()
 
     @staticmethod
     def _x_fold(p):

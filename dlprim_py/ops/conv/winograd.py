@@ -15,7 +15,6 @@ elements and T = N * ceil(Ho/m) * ceil(Wo/m) tiles."""
 import functools
 from fractions import Fraction
 import math
-from collections import OrderedDict
 
 import numpy as np
 
@@ -85,8 +84,6 @@ class Winograd(Algorithm):
     """F(m x m, 3x3) with ``output_tile`` m = 2 (all three directions) or 4 (forward and
     backward data)."""
 
-    _PLANS = 8   # GEMM plans bind the workspace (and keep it alive): only the most recent ones
-
     def __init__(self, output_tile=2, name=None):
         if output_tile not in (2, 4):
             raise ValueError(f"output_tile must be 2 or 4, got {output_tile}")
@@ -95,7 +92,6 @@ class Winograd(Algorithm):
         self.name = name or ("winograd" if output_tile == 2 else f"winograd_f{output_tile}x"
                                                                  f"{output_tile}")
         self.directions = ("forward", "backward_data", "backward_filter")
-        self.plans = OrderedDict()
 
     def applies(self, ctx, problem, direction):
         p = problem
@@ -121,29 +117,18 @@ class Winograd(Algorithm):
         from ..gemm import GemmPlan
         tiles, u_size, v_size, m_size, _ = self._sizes(problem, direction)
         base = workspace.offset_elements
-        key = (ctx.cl_context.int_ptr, problem, direction, workspace.buffer.int_ptr, base)
-        plan = self.plans.get(key)
-        if plan is None:
-            buf = workspace.buffer
-            if direction == "backward_filter":
-                # M[e] (K x C) = D[e] (K x T) @ V[e]^T (T x C); V at base, D after it.
-                k, c = problem.k, problem.c
-                plan = self.plans[key] = GemmPlan(
-                    ctx, k, c, tiles, buf, base + u_size, tiles, buf, base, tiles,
-                    buf, base + u_size + v_size, c, trans_b=True, batch=self.elements,
-                    stride_a=k * tiles, stride_b=c * tiles, stride_c=k * c)
-            else:
-                gm, gk = _shape(problem, direction)[:2]
-                plan = self.plans[key] = GemmPlan(
-                    ctx, gm, tiles, gk, buf, base, gk, buf, base + u_size, tiles,
-                    buf, base + u_size + v_size, tiles, batch=self.elements, stride_a=gm * gk,
-                    stride_b=gk * tiles, stride_c=gm * tiles)
-            plan.buffers = [buf]   # the plan binds the raw handle: keep the workspace alive
-            while len(self.plans) > self._PLANS:
-                self.plans.popitem(last=False)
-        else:
-            self.plans.move_to_end(key)
-        return plan
+        buf = workspace.buffer
+        # Built on every run: the Convolution operator records the run once and replays it.
+        if direction == "backward_filter":
+            # M[e] (K x C) = D[e] (K x T) @ V[e]^T (T x C); V at base, D after it.
+            k, c = problem.k, problem.c
+            return GemmPlan(ctx, k, c, tiles, buf, base + u_size, tiles, buf, base, tiles,
+                            buf, base + u_size + v_size, c, trans_b=True, batch=self.elements,
+                            stride_a=k * tiles, stride_b=c * tiles, stride_c=k * c)
+        gm, gk = _shape(problem, direction)[:2]
+        return GemmPlan(ctx, gm, tiles, gk, buf, base, gk, buf, base + u_size, tiles,
+                        buf, base + u_size + v_size, tiles, batch=self.elements,
+                        stride_a=gm * gk, stride_b=gk * tiles, stride_c=gm * tiles)
 
     def workspace_size(self, ctx, problem, direction):
         return self._sizes(problem, direction)[-1] * 4
@@ -191,7 +176,7 @@ class Winograd(Algorithm):
         launch(ctx, built, "winograd_input_transform", gsize, lsize,
                [_I32(problem.n), _I32(gk), _I32(hi), _I32(wi), _I32(pad_h), _I32(pad_w),
                 _I32(th), _I32(tw), *_buf(src), *(_I32(s) for s in in_strides), *_buf(V)])
-        enqueue(self._gemm_plan(ctx, problem, direction, workspace).enqueue)
+        self._gemm_plan(ctx, problem, direction, workspace).enqueue()
         gsize, lsize = launch_size(ctx, gm * tiles)
         launch(ctx, built, "winograd_output_transform", gsize, lsize,
                [_I32(problem.n), _I32(gm), _I32(ho), _I32(wo), _I32(th), _I32(tw), *_buf(M),
@@ -210,7 +195,7 @@ class Winograd(Algorithm):
         launch(ctx, built, "winograd_grad_transform", gsize, lsize,
                [_I32(p.n), _I32(p.k), _I32(p.ho), _I32(p.wo), _I32(th), _I32(tw), *_buf(dy),
                 *(_I32(s) for s in p.y_strides()), buf, _I32(base + v_size)])
-        enqueue(self._gemm_plan(ctx, p, "backward_filter", workspace).enqueue)
+        self._gemm_plan(ctx, p, "backward_filter", workspace).enqueue()
         gsize, lsize = launch_size(ctx, p.k * p.c)
         launch(ctx, built, "winograd_filter_output_transform", gsize, lsize,
                [_I32(p.k), _I32(p.c), buf, _I32(base + v_size + d_size), *_buf(dw),
