@@ -140,12 +140,13 @@ def apply(desc, x, inplace=False, name=None):
         return x.copy_(y)
     if not autograd.needs_grad(x):
         return y
-    source = x.detach()
+    # Detached views: the closure must not hold y, whose grad_fn holds the closure.
+    source, result = x.detach(), y.detach()
 
     def backward(g):
         dx = Tensor.empty(g.ctx, g.shape)
         _log_activ(desc, g.shape, False)
-        backward_kernel(desc, False)([source, y.detach(), g], [dx], [1.0, 0.0])
+        backward_kernel(desc, False)([source, result, g], [dx], [1.0, 0.0])
         return (dx,)
 
     return autograd.record(y, (x,), backward, name)

@@ -409,13 +409,15 @@ def mul(a, b):
 
 def div(a, b):
     out = binary("div", a, b)
+    # A detached view: the closure must not hold out, whose grad_fn holds the closure.
+    result = out.detach()
 
     def backward(g):
         ga = reduce_to_shape(binary("div", g, b), a.shape) if _is_tensor(a) else None
         gb = None
         if _is_tensor(b):
             # d(a/b)/db = -(a/b)/b
-            gb = reduce_to_shape(binary("mul", binary("div", out.detach(), b), binary("mul", g, -1.0)), b.shape)
+            gb = reduce_to_shape(binary("mul", binary("div", result, b), binary("mul", g, -1.0)), b.shape)
         return ga, gb
 
     return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], backward, "div")

@@ -336,11 +336,14 @@ def _ctx_of(x):
     return x.ctx
 
 
+def _freeze(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(item) for item in value)
+    return type(value).__name__, value
+
+
 def _key(kwargs):
     # Types are part of the key: 2.0 == 2 would otherwise find the operator built for 2 and
-    # skip the validation that refuses a float kernel size.
-    def freeze(v):
-        if isinstance(v, (list, tuple)):
-            return tuple(freeze(item) for item in v)
-        return type(v).__name__, v
-    return tuple(sorted((k, freeze(v)) for k, v in kwargs.items()))
+    # skip the validation that refuses a float kernel size. (A module-level function: a nested
+    # recursive one is a reference cycle on every call.)
+    return tuple(sorted((k, _freeze(v)) for k, v in kwargs.items()))

@@ -675,8 +675,10 @@ def _extremum(x, dim, keepdim, kind):
     if isinstance(dim, (tuple, list)) and len(dim) == 0:
         dim = None
     out, keep_dims = _reduce(_extremum_kernel(kind), x, dim, keepdim, name)
-    source = x.detach()
-    return autograd.record(out, (x,), lambda g: (_extremum_backward(source, out, keep_dims, g),), name)
+    # Detached views: the closure must not hold out, whose grad_fn holds the closure.
+    source, result = x.detach(), out.detach()
+    return autograd.record(out, (x,), lambda g: (_extremum_backward(source, result, keep_dims, g),),
+                           name)
 
 
 # Ties go to the lowest index and NaN counts as the extreme (torch's rule); `take` decides
@@ -782,7 +784,8 @@ def norm(x, p="fro", dim=None, keepdim=False):
         raise ShapeError(f"norm: the {p} norm over an empty dimension of a {x.shape} tensor "
                          f"(dim={dim!r}) has no identity")
     out, keep_dims = _reduce(kernel, x, dim, keepdim, "norm", scalars=scalars)
-    source = x.detach()
+    # Detached views: the closure must not hold out, whose grad_fn holds the closure.
+    source, result = x.detach(), out.detach()
 
     def backward(g):
         if p == 0.0:
@@ -791,7 +794,7 @@ def norm(x, p="fro", dim=None, keepdim=False):
             # Like amax of |x|: the gradient is shared among the extreme elements, signed.
             absx = Tensor.empty(source.ctx, source.shape)
             _abs_kernel()([source], [absx])
-            spread = _extremum_backward(absx, out, keep_dims, g)
+            spread = _extremum_backward(absx, result, keep_dims, g)
             dx = Tensor.empty(source.ctx, source.shape)
             _kernel("sign_mul", lambda: PointwiseKernel(
                 "sign_mul", [("x", np.float32), ("s", np.float32)], [("dx", np.float32)],
@@ -807,7 +810,7 @@ def norm(x, p="fro", dim=None, keepdim=False):
             "else if (n == 0.0f) dx = 0.0f;"
             "else if (p == 2.0f) dx = x / n * g;"
             "else dx = s * pow(fabs(x) / n, p - 1.0f) * g;",
-            scalars=[("p", np.float32)]))([source, _view(out, keep_dims), _view(g, keep_dims)], [dx], [p])
+            scalars=[("p", np.float32)]))([source, _view(result, keep_dims), _view(g, keep_dims)], [dx], [p])
         return (dx,)
 
     return autograd.record(out, (x,), backward, "norm")
