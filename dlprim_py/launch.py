@@ -84,9 +84,9 @@ class BoundKernel:
             bound.extend([_UNSET] * (index + 1 - len(bound)))
             self._scalars.extend([_UNSET] * (index + 1 - len(self._scalars)))
         if kind is not None:
-            # An int is its own key (the common case: sizes and offsets); other numbers by
-            # float.hex, which keeps -0.0 and 0.0 apart as the bytes of numpy scalars do.
-            key = (kind, value) if value.__class__ is int else (kind, float(value).hex())
+            # A number is its own key, but a zero is keyed by float.hex, which keeps -0.0 and
+            # 0.0 (equal as numbers) apart as the bytes of numpy scalars do.
+            key = (kind, value) if value else (kind, float(value).hex())
             if bound[index] != key:
                 self.kernel.set_arg(index, kind(value))
                 bound[index] = key

@@ -150,7 +150,7 @@ def test_repeated_calls_rebind_only_what_changed(ctx, rng):
 
 def test_bound_kernel_is_not_disturbed_by_the_shared_one(ctx, rng):
     from dlprim_py import program
-    from dlprim_py.ops.pointwise import bind
+    from dlprim_py.launch import bind
     params = dict(name="bound_probe", ndim=1, unroll=1, vector=1, vector_inputs=[], index_t="int",
                   statement="y = x + 1.0f;", preamble="", inputs=[("x", "float")],
                   outputs=[("y", "float")], scalars=[])

@@ -3,8 +3,9 @@ I already have.
 
 Suites: ``peak`` (FP32 multiply-add rate, copy bandwidth, launch cost), ``gemm``, ``conv``
 (ResNet-50, VGG-16 and MobileNetV2 layers; forward, backward-data, backward-filter), ``ops``
-(pooling, batch norm, activations, softmax, reductions) and ``fusion``. Every case is checked
-against a float64 reference before it is timed; times are the median (and 20th/80th
+(pooling, batch norm, activations, softmax, reductions) and ``fusion``; ``nets`` (whole
+ResNet-50 / MobileNetV2 inference and training steps) only when named with --suite. Every case
+is checked against a float64 reference before it is timed; times are the median (and 20th/80th
 percentiles) of OpenCL profiling-event times after a warm-up; rates are compared with the
 measured device peak, and the same work in PyTorch (CUDA with TF32 off on NVIDIA, else CPU) is
 timed in the same run.
@@ -19,6 +20,8 @@ import sys
 import time
 
 SUITES = ("peak", "gemm", "conv", "ops", "fusion")
+# Run only when named with --suite: whole networks (nets.py), inference and a training step.
+EXTRA_SUITES = ("nets",)
 
 
 def parse_args(argv=None):
@@ -26,8 +29,9 @@ def parse_args(argv=None):
         prog="dlprim-bench",
         description="Benchmark dlprim_py on an OpenCL device against its measured peak and "
                     "against PyTorch.")
-    parser.add_argument("--suite", action="append", choices=SUITES, metavar="SUITE",
-                        help=f"suite to run, repeatable (default: all of {', '.join(SUITES)})")
+    parser.add_argument("--suite", action="append", choices=SUITES + EXTRA_SUITES, metavar="SUITE",
+                        help=f"suite to run, repeatable (default: all of {', '.join(SUITES)}; "
+                             f"also: {', '.join(EXTRA_SUITES)})")
     parser.add_argument("--quick", action="store_true",
                         help="small batch, a few layers, few repeats (minutes on a 2-core CPU)")
     parser.add_argument("--batch", type=int, default=None,

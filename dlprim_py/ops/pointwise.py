@@ -14,12 +14,13 @@ import weakref
 from typing import NamedTuple, Optional
 
 import numpy as np
+import pyopencl as cl
 
 from .. import autograd, config, program
 from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
-from ..launch import BoundKernel
+from ..launch import BoundKernel, current, enqueue_bound
 from ..tensor import Tensor
 
 _INT32_LIMIT = 2 ** 31 - 1
@@ -156,8 +157,6 @@ class PointwiseKernel:
         # ctx -> {(ndim, index_t, vector, unroll, vector_inputs): kernel}: a call looks its kernel
         # up without re-keying the program cache (whose key freezes every template parameter).
         self._kernels = weakref.WeakKeyDictionary()
-        # ctx -> {(algorithm, (shape, offset) of every operand): launch plan}.
-        self._built = weakref.WeakKeyDictionary()
 
     def _kernel(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid",
                 grid_stride=True):
@@ -230,34 +229,31 @@ class PointwiseKernel:
                 raise DTypeError(f"{self.name}: {n} must be {dt}, got {t.dtype}")
         algorithm = algorithm or config.forced_algorithm("pointwise")
         # Everything but the buffers and the scalars' values follows from this key: validate and
-        # lay out a call once, then only enqueue (the host's time per call is what a small
-        # operator costs).
-        key = (algorithm,) + tuple((t.shape, t.offset_elements) for t in operands)
-        per_ctx = self._built.get(ctx)
-        plan = per_ctx.get(key) if per_ctx is not None else None
+        # lay out a call once, then only bind the buffers and scalars and enqueue (the host's
+        # time per call is what a small operator costs).
+        key = (self, algorithm, *[t.shape for t in operands], *[t.offset for t in operands])
+        plan = ctx.plans.get(key)
         if plan is None:
-            plan = self._plan(ctx, inputs, outputs, algorithm)
-            if per_ctx is None:
-                per_ctx = self._built[ctx] = {}
-            if len(per_ctx) > 512:
-                per_ctx.clear()
-            per_ctx[key] = plan
+            plan = ctx.plans.put(key, self._plan(ctx, inputs, outputs, algorithm))
         if plan is _EMPTY:
             return
-        kernel, gsize, lsize, head, operand_args, tail = plan
-        args = list(head)
-        for t, static in zip(operands, operand_args):
-            args.append(t.buffer)
-            args += static
-        for (n, dt), value in zip(self.scalars, scalars):
-            args.append(dt.type(value))
-        args += tail
-        kernel(ctx.queue, gsize, lsize, *args)
+        kernel, gsize, lsize, buffer_slots, scalar_slots = plan
+        set_buffer, set_scalar = kernel.set_buffer, kernel.set
+        for index, t in zip(buffer_slots, operands):
+            set_buffer(index, t.buffer)
+        for (index, kind), value in zip(scalar_slots, scalars):
+            set_scalar(index, value, kind)
+        if current() is None:
+            cl.enqueue_nd_range_kernel(ctx.queue, kernel.kernel, gsize, lsize)
+        else:
+            enqueue_bound(ctx.queue, kernel, gsize, lsize,
+                          buffers=[(i, t.buffer) for i, t in zip(buffer_slots, operands)])
 
     def _plan(self, ctx, inputs, outputs, algorithm):
         """Validate the operands' shapes and choose the kernel, its launch and its static
-        arguments: (kernel, global, local, leading args, per-operand args after the buffer,
-        trailing args), or _EMPTY when there is nothing to compute."""
+        arguments: (kernel with them set, global, local, argument index of each operand's
+        buffer, (argument index, numpy type) of each scalar), or _EMPTY when there is nothing to
+        compute."""
         out_shape = outputs[0].shape
         for t in outputs:
             if t.shape != out_shape:
@@ -300,11 +296,21 @@ class PointwiseKernel:
         shared = self._kernel(ctx, len(sizes), index_t, vector, unroll, wide or (), interleave,
                               grid_stride)
         kernel = BoundKernel(program.new_kernel(shared.program, shared.function_name))
-        head = [index_np(groups)] + [index_np(s) for s in sizes]
-        operand_args = [[index_np(t.offset_elements)] + [index_np(s) for s in st]
-                        for t, st in zip(inputs, strides)]
-        operand_args += [[index_np(t.offset_elements)] for t in outputs]
-        return kernel, gsize, lsize, head, operand_args, [] if tail is None else [index_np(tail)]
+        # The arguments: sizes, then per operand its buffer, offset (and an input's strides),
+        # then the scalars, then the tail. Everything but buffers and scalars is set here once.
+        args = [index_np(groups)] + [index_np(s) for s in sizes]
+        buffer_slots = []
+        for t, st in zip(list(inputs) + list(outputs), strides + [[]] * len(outputs)):
+            buffer_slots.append(len(args))
+            args += [t.buffer, index_np(t.offset_elements)] + [index_np(s) for s in st]
+        scalar_slots = []
+        for _, dt in self.scalars:
+            scalar_slots.append((len(args), dt.type))
+            args.append(dt.type(0))
+        if tail is not None:
+            args.append(index_np(tail))
+        kernel.set_all(args)
+        return kernel, gsize, lsize, tuple(buffer_slots), tuple(scalar_slots)
 
 
 # A plan for an empty output: nothing to enqueue.
