@@ -158,7 +158,7 @@ def test_find_rules_drop_and_ties(ctx, monkeypatch):
     calls = {name: 0 for name in samples}
 
     def fake_timing(ctx, run, warmup, repeat):
-        kernel = run.__self__.steps[0].args[1]
+        kernel = run.__self__.steps[0].kernel.kernel
         name = by_kernel[kernel.function_name]
         value = samples[name][calls[name]]
         calls[name] += 1
