@@ -1,13 +1,15 @@
 """Whole networks through dlprim_py.functional (dlprim_py.bench.nets): ResNet-18, ResNet-50 and
-MobileNetV2 with torchvision's structure and parameter names, on tiny images, against float64
-PyTorch on the CPU with the same random weights.
+MobileNetV2 with torchvision's structure and parameter names, on tiny inputs (batch 2 of 48x48
+images; ResNet-50 inference: batch 1 of 32x32), against float64 PyTorch on the CPU with the same
+seeded random weights and images.
 
 Inference: the logits. Training step (BN with batch statistics, cross_entropy, backward): the
 loss, the weight gradients of the first convolution and of the classifier, and the first BN's
 running variance after the step; the float64 reference follows our branch at every relu / relu6
 / max pool (a near-kink activation must not route the gradient differently). Each error is
-MIOpen's metric, required under 10x PyTorch float32's own error against float64 or 1e-4
-(ours lands near PyTorch float32's, around 1e-7 to 1e-6).
+MIOpen's metric, required under 10x PyTorch float32's own error against float64 or 1e-4 (the
+training checks skip PyTorch float32 and use 1e-4); ours lands near PyTorch float32's, around
+1e-7 to 1e-6.
 """
 import math
 
@@ -47,7 +49,8 @@ def test_state_dict_has_torchvisions_names_and_shapes(net):
         if k.endswith(".num_batches_tracked"):
             assert v.dtype == np.int64 and v.shape == ()
         else:
-            assert v.dtype == np.float32 and np.isfinite(v).all() and np.count_nonzero(v) == v.size, k
+            assert v.dtype == np.float32 and np.isfinite(v).all(), k
+            assert np.count_nonzero(v) == v.size, k
         if k.endswith(".running_var"):
             assert (v > 0).all()
     first, last = nets.FIRST_CONV[net], nets.LAST_FC[net]
@@ -55,7 +58,8 @@ def test_state_dict_has_torchvisions_names_and_shapes(net):
     assert keys[0] == first and keys[-2:] == [last, last[:-len("weight")] + "bias"]
     if net.startswith("resnet"):
         assert state["conv1.weight"].shape == (64, 3, 7, 7)
-        assert "layer2.0.downsample.0.weight" in state and "layer2.1.downsample.0.weight" not in state
+        assert "layer2.0.downsample.0.weight" in state
+        assert "layer2.1.downsample.0.weight" not in state
         assert state["fc.weight"].shape == (1000, 512 if net == "resnet18" else 2048)
         if net == "resnet50":
             assert state["layer1.0.downsample.0.weight"].shape == (256, 64, 1, 1)
