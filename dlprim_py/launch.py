@@ -28,6 +28,7 @@ run while a recording is open, belong to the open recording too.
 """
 import threading
 
+import numpy as np
 import pyopencl as cl
 
 from .program import new_kernel
@@ -45,10 +46,13 @@ class BoundKernel:
     enqueued with, so changing them afterwards is safe. The kernel object must not be shared.
     """
 
-    __slots__ = ("kernel", "_bound", "_scalars")
+    __slots__ = ("kernel", "_bound", "_scalars", "owner")
 
     def __init__(self, kernel):
         self.kernel = kernel
+        # The plan step whose arguments are set now (None after any other setting): a plan
+        # that finds its own step there rebinds only its operands.
+        self.owner = None
         # Per argument: what is set (a buffer's handle, a scalar's type and bytes) and the scalar
         # object last passed (plans pass the same objects again: one identity test skips it).
         self._bound = []
@@ -61,6 +65,7 @@ class BoundKernel:
 
     def set_all(self, args):
         """Set every argument from ``args`` (buffers, None, numpy scalars) where it changed."""
+        self.owner = None
         bound, scalars = self._bound, self._scalars
         if len(bound) != len(args):
             bound[:] = [_UNSET] * len(args)
@@ -79,6 +84,7 @@ class BoundKernel:
         """Set argument ``index`` alone, if it changed: a buffer, None or a numpy scalar, as in
         a call; or a Python number with its numpy type ``kind`` (converted only when it
         changed)."""
+        self.owner = None
         bound = self._bound
         if len(bound) <= index:
             bound.extend([_UNSET] * (index + 1 - len(bound)))
@@ -100,11 +106,40 @@ class BoundKernel:
             bound[index] = key
 
     def set_buffer(self, index, buffer):
-        """Set buffer argument ``index`` if another buffer is set there (the plans' fast path)."""
+        """Set buffer argument ``index`` if another buffer is set there."""
+        self.owner = None
         handle = buffer.int_ptr
         if self._bound[index] != handle:
             self.kernel.set_arg(index, buffer)
             self._bound[index] = handle
+
+    def scalar_template(self):
+        """((index, what is set, the value to set it again), ...) for the arguments that are not
+        buffers, rebuilt from what is set (a plan restores them where another user of this
+        kernel object changed them)."""
+        template = []
+        for index, key in enumerate(self._bound):
+            if key is None or key is _UNSET or key.__class__ is int:   # a buffer's handle
+                continue
+            if key[0] == "local":
+                value = cl.LocalMemory(key[1])
+            elif isinstance(key[0], str):   # a numpy scalar: (type code, bytes)
+                value = np.frombuffer(key[1], dtype=key[0])[0]
+            elif isinstance(key[1], str):   # (numpy type, float.hex of a zero)
+                value = key[0](float.fromhex(key[1]))
+            else:
+                value = key[0](key[1])
+            template.append((index, key, value))
+        return tuple(template)
+
+    def restore(self, template):
+        """Set the arguments of ``template`` (from ``scalar_template``) where they differ."""
+        bound = self._bound
+        for index, key, value in template:
+            if bound[index] != key:
+                self.kernel.set_arg(index, value)
+                bound[index] = key
+                self._scalars[index] = _UNSET
 
     def enqueue(self, queue, global_size, local_size, buffers=None):
         """Enqueue with the arguments as set (recorded when a recording is open; ``buffers``:
@@ -148,7 +183,7 @@ def buffer_arguments(args):
 class Step:
     """One recorded launch: a bound kernel, its sizes and its buffer arguments at record time."""
 
-    __slots__ = ("queue", "kernel", "global_size", "local_size", "buffers")
+    __slots__ = ("queue", "kernel", "global_size", "local_size", "buffers", "template")
 
     def __init__(self, queue, kernel, global_size, local_size, buffers):
         self.queue = queue
@@ -156,6 +191,9 @@ class Step:
         self.global_size = global_size
         self.local_size = local_size
         self.buffers = buffers
+        # The other arguments as they are set for this launch (the kernel object may launch
+        # again in the same recording with others).
+        self.template = kernel.scalar_template()
 
 
 class Recording:
@@ -209,7 +247,7 @@ class Recording:
                 else:
                     rebind.append((i, j))
             steps.append((step.kernel, step.global_size, step.local_size, tuple(rebind),
-                          tuple(fixed)))
+                          tuple(fixed), step.template, object()))
         return Plan(queue, steps, list(keep.values()))
 
 
@@ -220,26 +258,39 @@ class Plan:
 
     def __init__(self, queue, steps, keep):
         self.queue = queue
-        # (BoundKernel, global size, local size, ((arg index, operand index), ...),
-        #  ((arg index, buffer the plan holds), ...)) per launch.
+        # Per launch: (BoundKernel, global size, local size, ((arg index, operand index), ...),
+        # ((arg index, buffer the plan holds), ...), the other arguments as recorded, a token
+        # that marks the kernel object as bound by this step).
         self.steps = steps
         self.keep = keep
 
     def run(self, operands):
         """Bind ``operands`` (buffers, in the order the plan was made with) and enqueue;
-        returns the last kernel's event."""
+        returns the last kernel's event.
+
+        A kernel object may serve other calls between two runs (a family's shared kernel, a
+        nested plan): where its owner is not this step, every recorded argument is set again
+        where it differs; otherwise only the operands that changed."""
         queue = self.queue
         outer = getattr(_state, "recording", None)
         event = None
-        for kernel, global_size, local_size, rebind, fixed in self.steps:
+        for kernel, global_size, local_size, rebind, fixed, template, token in self.steps:
+            bound = kernel._bound
+            if kernel.owner is not token:
+                kernel.restore(template)
+                for index, buf in fixed:
+                    if bound[index] != buf.int_ptr:
+                        kernel.kernel.set_arg(index, buf)
+                        bound[index] = buf.int_ptr
+                kernel.owner = token
             for index, slot in rebind:
-                kernel.set_buffer(index, operands[slot])
-            for index, buf in fixed:
-                # Another plan that shares this step (a nested one) may have bound another
-                # buffer here.
-                kernel.set_buffer(index, buf)
+                buf = operands[slot]
+                if bound[index] != buf.int_ptr:
+                    kernel.kernel.set_arg(index, buf)
+                    bound[index] = buf.int_ptr
             event = cl.enqueue_nd_range_kernel(queue, kernel.kernel, global_size, local_size)
             if outer is not None:
+                kernel.owner = None
                 outer.steps.append(Step(queue, kernel, global_size, local_size,
                                         tuple((i, operands[j]) for i, j in rebind) + fixed))
         return event
@@ -251,6 +302,14 @@ class Plan:
 def current():
     """The open recording, or None."""
     return getattr(_state, "recording", None)
+
+
+def command_enqueued():
+    """Tell the open recording (if any) that a command other than a kernel launch (a fill, a
+    copy) was enqueued: it can then not become a rebinding plan."""
+    recording = getattr(_state, "recording", None)
+    if recording is not None:
+        recording.opaque = True
 
 
 def enqueue(step):
@@ -270,6 +329,7 @@ def enqueue_bound(queue, kernel, global_size, local_size, args=None, buffers=Non
     event = cl.enqueue_nd_range_kernel(queue, kernel.kernel, global_size, local_size)
     recording = getattr(_state, "recording", None)
     if recording is not None:
+        kernel.owner = None
         if buffers is None:
             if args is None:
                 # Which arguments are buffers is unknown: replayable, but not on other buffers.
@@ -300,3 +360,29 @@ def alias_pattern(buffers):
     None): a plan recorded for one pattern of shared buffers is replayed only for the same."""
     handles = [None if b is None else b.int_ptr for b in buffers]
     return tuple(-1 if h is None else handles.index(h) for h in handles)
+
+
+# A key whose run cannot become a plan (it has non-kernel commands): it runs unrecorded.
+_UNPLANNABLE = object()
+
+
+def run_planned(ctx, key, operands, run):
+    """``run()`` (which enqueues on ``ctx.queue``) through the plan stored under ``key``.
+
+    The first call with ``key`` (and this aliasing of ``operands``) runs ``run`` inside a
+    recording and keeps the plan; later calls only bind ``operands`` (buffers or None) and
+    enqueue. ``key`` must hold everything the launches depend on but the operands' buffers
+    (shapes, dtypes, offsets, scalars, forced algorithms), and ``run`` may allocate nothing
+    that outlives the call but scratch: the plan keeps the first call's scratch buffers and
+    uses them again."""
+    key = (key, alias_pattern(operands))
+    plan = ctx.plans.get(key)
+    if plan is None:
+        with Recording() as recording:
+            run()
+        plan = recording.plan(ctx.queue, operands)
+        ctx.plans.put(key, _UNPLANNABLE if plan is None else plan)
+    elif plan is _UNPLANNABLE:
+        run()
+    else:
+        plan.run(operands)

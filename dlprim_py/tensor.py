@@ -14,6 +14,7 @@ from . import autograd
 from .context import Context, default_context
 from .dtypes import as_dtype
 from .errors import DeviceError, DTypeError, ShapeError
+from .launch import command_enqueued
 
 
 def normalise_shape(shape):
@@ -222,6 +223,7 @@ class Tensor:
         if self.size:
             pattern = np.array([value], dtype=self.dtype)
             cl.enqueue_fill_buffer(self.ctx.queue, self.buffer, pattern, self.offset, self.nbytes)
+            command_enqueued()
         return self
 
     def copy_(self, source):
@@ -236,6 +238,7 @@ class Tensor:
         if self.size:
             cl.enqueue_copy(self.ctx.queue, self.buffer, source.buffer, byte_count=self.nbytes,
                             src_offset=source.offset, dst_offset=self.offset)
+            command_enqueued()
         return self
 
     def clone(self):

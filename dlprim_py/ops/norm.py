@@ -29,7 +29,7 @@ from ..context import check_same_context
 from ..dtypes import float32
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from ..launch import bind
+from ..launch import bind, run_planned
 from .pointwise import PointwiseKernel
 
 BN_MODES = ("spatial", "per_activation")
@@ -338,6 +338,16 @@ def batch_norm_backward(x, dy, dx, weight=None, mean=None, invstd=None, dweight=
         _apply(ctx, N, C, S, coef, dy, x, dx)
 
 
+def _planned(ctx, key, tensors, run):
+    """``run()`` through the context's plan for ``key`` on the buffers of ``tensors`` (None
+    allowed); unplanned while DLPRIM_LOG_CMD logs every call."""
+    if config.log_cmd():
+        run()
+        return
+    check_same_context(*tensors)
+    run_planned(ctx, key, [None if t is None else t.buffer for t in tensors], run)
+
+
 _invstd_kernel = PointwiseKernel("bn_invstd", [("var", float32)], [("invstd", float32)],
                                  "invstd = rsqrt(var + eps);", scalars=[("eps", np.float32)])
 
@@ -356,27 +366,43 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     for name, value in (("momentum", momentum), ("eps", eps)):
         if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
             raise DTypeError(f"batch_norm: {name} must be a number, got {value!r}")
-    y = Tensor.empty(input.ctx, input.shape, input.dtype)
+    ctx = input.ctx
+    y = Tensor.empty(ctx, input.shape, input.dtype)
+    # A call replays the plan of its key: everything but the buffers (validated by the
+    # first call with the key, which runs the checks of the MIOpen-style entries).
+    params = (input, weight, bias, running_mean, running_var)
+    key = ("batch_norm", bool(training), float(momentum), float(eps),
+           config.forced_algorithm("norm"),
+           *[None if t is None else (t.shape, t.dtype, t.offset) for t in params])
     if training:
         C = _bn_view(input, "spatial")[1]
-        mean = Tensor.empty(input.ctx, (C,), float32)
-        invstd = Tensor.empty(input.ctx, (C,), float32)
-        batch_norm_forward_training(input, y, weight, bias, running_mean, running_var, mean, invstd,
-                                    momentum, eps)
+        mean = Tensor.empty(ctx, (C,), float32)
+        invstd = Tensor.empty(ctx, (C,), float32)
+        _planned(ctx, key, (*params, y, mean, invstd),
+                 lambda: batch_norm_forward_training(input, y, weight, bias, running_mean,
+                                                     running_var, mean, invstd, momentum, eps))
     else:
-        batch_norm_forward_inference(input, y, weight, bias, running_mean, running_var, eps)
+        _planned(ctx, key, (*params, y),
+                 lambda: batch_norm_forward_inference(input, y, weight, bias, running_mean,
+                                                      running_var, eps))
         mean, invstd = running_mean, None
 
     def backward(g):
+        dx = Tensor.empty(ctx, input.shape, float32)
+        dweight = Tensor.empty(ctx, weight.shape, float32) if weight is not None else None
+        dbias = Tensor.empty(ctx, bias.shape, float32) if bias is not None else None
         stats_invstd = invstd
         if not training:
-            stats_invstd = Tensor.empty(input.ctx, running_var.shape, float32)
-            _invstd_kernel([running_var], [stats_invstd], [eps])
-        dx = Tensor.empty(input.ctx, input.shape, float32)
-        dweight = Tensor.empty(input.ctx, weight.shape, float32) if weight is not None else None
-        dbias = Tensor.empty(input.ctx, bias.shape, float32) if bias is not None else None
-        batch_norm_backward(input, g, dx, weight, mean, stats_invstd, dweight, dbias,
-                            training=training)
+            stats_invstd = Tensor.empty(ctx, running_var.shape, float32)
+
+        def run():
+            if not training:
+                _invstd_kernel([running_var], [stats_invstd], [eps])
+            batch_norm_backward(input, g, dx, weight, mean, stats_invstd, dweight, dbias,
+                                training=training)
+
+        _planned(ctx, ("backward", key, g.shape, g.dtype, g.offset),
+                 (*params, g, dx, dweight, dbias, mean, stats_invstd), run)
         return dx, dweight, dbias
 
     return autograd.record(y, (input, weight, bias), backward, "batch_norm")

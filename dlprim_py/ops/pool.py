@@ -18,7 +18,7 @@ from ..context import check_same_context
 from ..dtypes import float32, int64
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from ..launch import bind
+from ..launch import bind, run_planned
 from .pointwise import launch_size
 
 _INT32_LIMIT = 2 ** 31 - 1
@@ -75,6 +75,8 @@ class Pool2d:
             raise UnsupportedError(f"pooling method must be 'max' or 'avg', got {method!r}")
         self.ctx = ctx
         self.method = method
+        # Input shape -> output shape, for the calls after the first.
+        self.shapes = {}
         self.adaptive = output_size is not None
         if self.adaptive:
             if kernel_size is not None:
@@ -281,19 +283,35 @@ def _operator(ctx, *key, **kwargs):
 def _run(op, x, return_indices=False):
     if not isinstance(x, Tensor):
         raise DTypeError(f"pooling expects a Tensor, got {type(x).__name__}")
-    y = Tensor.empty(x.ctx, op.output_shape(x.shape), x.dtype)
+    ctx = x.ctx
+    y_shape = op.shapes.get(x.shape)
+    if y_shape is None:
+        y_shape = op.shapes[x.shape] = op.output_shape(x.shape)
+    y = Tensor.empty(ctx, y_shape, x.dtype)
     indices = None
     if op.method == "max" and (return_indices or autograd.needs_grad(x)):
-        indices = Tensor.empty(x.ctx, y.shape, int64)
-    op.forward(x, y, indices)
+        indices = Tensor.empty(ctx, y_shape, int64)
+    # A call replays the plan of its key (the first call with it ran the operator's checks).
+    key = ("pool2d", op, x.shape, x.dtype, x.offset, indices is not None)
+    _planned(ctx, key, (x, y, indices), lambda: op.forward(x, y, indices))
 
     def backward(g):
-        dx = Tensor.empty(x.ctx, x.shape, x.dtype)
-        op.backward(g, dx, indices)
+        dx = Tensor.empty(ctx, x.shape, x.dtype)
+        _planned(ctx, ("backward", key, g.shape, g.dtype, g.offset), (g, dx, indices),
+                 lambda: op.backward(g, dx, indices))
         return (dx,)
 
     autograd.record(y, (x,), backward, f"{op.method}_pool2d")
     return (y, indices) if return_indices else y
+
+
+def _planned(ctx, key, tensors, run):
+    """``run()`` through the context's plan for ``key`` on the buffers of ``tensors`` (None
+    allowed); unplanned while DLPRIM_LOG_CMD logs every call."""
+    if config.log_cmd():
+        run()
+        return
+    run_planned(ctx, key, [None if t is None else t.buffer for t in tensors], run)
 
 
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
