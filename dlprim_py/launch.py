@@ -119,9 +119,11 @@ class BoundKernel:
         kernel object changed them)."""
         template = []
         for index, key in enumerate(self._bound):
-            if key is None or key is _UNSET or key.__class__ is int:   # a buffer's handle
+            if key is _UNSET or key.__class__ is int:   # a buffer's handle
                 continue
-            if key[0] == "local":
+            if key is None:   # a NULL buffer: another user may have set a buffer there
+                value = None
+            elif key[0] == "local":
                 value = cl.LocalMemory(key[1])
             elif isinstance(key[0], str):   # a numpy scalar: (type code, bytes)
                 value = np.frombuffer(key[1], dtype=key[0])[0]

@@ -221,6 +221,12 @@ class Tensor:
         if not isinstance(value, (int, float, np.number)):
             raise DTypeError(f"fill_ needs a number, got {value!r}")
         if self.size:
+            from .ops.pointwise import fill_kernel
+            kernel = fill_kernel(self.dtype)
+            if kernel is not None:
+                # A kernel, not clEnqueueFillBuffer: less host time, and a recording keeps it.
+                kernel([], [self], [np.array(value, dtype=self.dtype)[()]])
+                return self
             pattern = np.array([value], dtype=self.dtype)
             cl.enqueue_fill_buffer(self.ctx.queue, self.buffer, pattern, self.offset, self.nbytes)
             command_enqueued()

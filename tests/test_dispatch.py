@@ -263,3 +263,42 @@ def test_call_leaves_no_reference_cycle(ctx, cases, name):
     finally:
         gc.enable()
     assert found == 0, f"{name}: {found} objects in reference cycles"
+
+
+def _training_step(ctx, arrays, target):
+    """A small network step (conv, depthwise conv, batch norm with running statistics, relu6,
+    residual add, pooling, linear, cross-entropy) on tensors made from ``arrays``: the loss and
+    every gradient, as numpy arrays."""
+    x, w, wd, gamma, beta, fc, bias = (dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+                                       for a in arrays)
+    running_mean = dp.Tensor.zeros(ctx, (8,))
+    running_var = dp.Tensor.full(ctx, (8,), 1.0)
+    y = F.batch_norm(F.conv2d(x, w, padding=1), running_mean, running_var, gamma, beta,
+                     training=True)
+    y = F.relu6(y) + F.conv2d(y, wd, padding=1, groups=8)
+    y = F.batch_norm(y, None, None, gamma, beta, training=True)
+    y = F.flatten(F.adaptive_avg_pool2d(F.max_pool2d(y, 2), 1), 1)
+    loss = F.cross_entropy(F.linear(y, fc, bias), dp.Tensor.from_numpy(ctx, target))
+    loss.backward()
+    return [loss.numpy(), running_mean.numpy(), running_var.numpy()] + [
+        t.grad.numpy() for t in (x, w, wd, gamma, beta, fc, bias)]
+
+
+def test_replayed_steps_compute_what_fresh_calls_compute(ctx):
+    """Steps of a network on new data replay plans recorded by earlier steps (and by each
+    other: both batch norms share kernels with their backward passes, which bind other
+    buffers): every result equals that of the same step in a fresh context, which records."""
+    rng = np.random.default_rng(11)
+
+    def data():
+        return ([random(rng, s) for s in ((2, 3, 8, 8), (8, 3, 3, 3), (8, 1, 3, 3), (8,), (8,),
+                                          (5, 8), (5,))], rng.integers(0, 5, 2))
+
+    _training_step(ctx, *data())
+    for _ in range(3):
+        arrays, target = data()
+        replayed = _training_step(ctx, arrays, target)
+        fresh = _training_step(dp.Context(ctx.device), arrays, target)
+        for got, want in zip(replayed, fresh):
+            assert np.isfinite(got).all()
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -696,8 +696,9 @@ def test_conv_plan_computes_chain_in_epilogue_every_algorithm(ctx, rng):
             y.fill_(np.nan)
         steps = plan._bound[2].steps
         alone = dp.Convolution(ctx, xd.desc, wd.desc, CONV["conv_desc"])
+        out = poisoned(ctx, (2, 6, 7, 6))
         with Recording() as recording:
-            alone.forward(xd, wd, poisoned(ctx, (2, 6, 7, 6)), algo=algo)
+            alone.forward(xd, wd, out, algo=algo)
         assert len(steps) == len(recording.steps), algo
 
 

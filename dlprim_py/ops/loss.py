@@ -29,7 +29,7 @@ from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 from .. import config
-from ..launch import bind
+from ..launch import bind, run_planned
 from .pointwise import PointwiseKernel, broadcast_shapes, launch_size, reduce_to_shape
 from .reduce import ReduceKernel
 
@@ -312,15 +312,23 @@ def _nll(input, target, weight, ignore_index, reduction, shift=None, check=None,
     source_shape = input.shape
 
     def backward(g):
-        dx = Tensor.zeros(ctx, source_shape)
-        if total:
-            d = divisor if divisor is not None else g
-            built.kernel("nll_scatter")(ctx.queue, gsize, lsize, index(total), index(c), index(s),
-                                        np.int64(ignore_index), target.buffer,
-                                        index(target.offset_elements), w.buffer, index(w.offset_elements),
-                                        g.buffer, index(g.offset_elements),
-                                        index(1 if reduction == "none" else 0), d.buffer,
-                                        index(d.offset_elements), dx.buffer, index(0))
+        dx = Tensor.empty(ctx, source_shape)
+        d = divisor if divisor is not None else g
+
+        def run():
+            dx.fill_(0.0)
+            if total:
+                bind(built.kernel("nll_scatter"))(
+                    ctx.queue, gsize, lsize, index(total), index(c), index(s),
+                    np.int64(ignore_index), target.buffer, index(target.offset_elements), w.buffer,
+                    index(w.offset_elements), g.buffer, index(g.offset_elements),
+                    index(1 if reduction == "none" else 0), d.buffer, index(d.offset_elements),
+                    dx.buffer, index(0))
+
+        # Replayed per setup (shapes, offsets, options) and gradient layout.
+        check_same_context(g, target)
+        run_planned(ctx, ("nll_backward", setup, g.shape, g.dtype, g.offset, d.offset),
+                    [target.buffer, w.buffer, g.buffer, d.buffer, dx.buffer], run)
         return dx
 
     return out, backward

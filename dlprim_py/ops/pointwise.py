@@ -322,6 +322,25 @@ def _scalar_cl_name(dtype):
             np.dtype(np.uint32): "uint"}[np.dtype(dtype)]
 
 
+_fill_kernels = {}
+
+
+def fill_kernel(dtype):
+    """The pointwise kernel that sets every element of its output to a scalar, for tensors of
+    ``dtype`` (None for a dtype scalars cannot have: float16 and the 8/16-bit integers)."""
+    dtype = np.dtype(dtype)
+    kernel = _fill_kernels.get(dtype)
+    if kernel is None and dtype not in _fill_kernels:
+        try:
+            _scalar_cl_name(dtype)
+        except KeyError:
+            _fill_kernels[dtype] = None
+            return None
+        kernel = _fill_kernels[dtype] = PointwiseKernel(
+            f"fill_{dtype.name}", [], [("y", dtype)], "y = value;", scalars=[("value", dtype)])
+    return kernel
+
+
 # ---- arithmetic with broadcasting --------------------------------------------------------
 
 _BINARY = {
