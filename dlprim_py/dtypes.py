@@ -14,10 +14,16 @@ int64 = np.dtype(np.int64)
 
 _CL_NAMES = {float32: "float", float16: "half", int32: "int", int64: "long"}
 SUPPORTED = tuple(_CL_NAMES)
+# What ``as_dtype`` is most often given (the dtypes themselves and their numpy types), mapped
+# without a call to np.dtype: it runs for every tensor an operator makes.
+_KNOWN = {**{d: d for d in _CL_NAMES}, **{d.type: d for d in _CL_NAMES}}
 
 
 def as_dtype(dtype):
     """A supported numpy dtype from anything numpy accepts as a dtype; DTypeError otherwise."""
+    dt = _KNOWN.get(dtype) if dtype.__hash__ is not None else None
+    if dt is not None:
+        return dt
     try:
         dt = np.dtype(dtype)
     except TypeError as e:

@@ -101,11 +101,14 @@ class Tensor:
     @classmethod
     def empty(cls, ctx, shape, dtype=np.float32, requires_grad=False):
         """An uninitialised tensor (its memory comes from the context's pool)."""
-        ctx = _check_context(ctx)
+        if ctx.__class__ is not Context:
+            ctx = _check_context(ctx)
         shape = normalise_shape(shape)
         dtype = as_dtype(dtype)
         nbytes = max(math.prod(shape) * dtype.itemsize, dtype.itemsize)
-        return cls(ctx, allocate(ctx, nbytes), shape, dtype, requires_grad=requires_grad)
+        if requires_grad:
+            return cls(ctx, allocate(ctx, nbytes), shape, dtype, requires_grad=True)
+        return _checked(ctx, allocate(ctx, nbytes), shape, dtype, 0)
 
     @classmethod
     def zeros(cls, ctx, shape, dtype=np.float32, requires_grad=False):
@@ -253,7 +256,7 @@ class Tensor:
 
     def detach(self):
         """The same memory, cut off from the autograd graph."""
-        return Tensor(self.ctx, self.buffer, self.shape, self.dtype, offset=self.offset)
+        return _checked(self.ctx, self.buffer, self.shape, self.dtype, self.offset)
 
     # ---- views --------------------------------------------------------------------------
 
@@ -276,7 +279,7 @@ class Tensor:
         shape = normalise_shape(shape)
         if math.prod(shape) != self.size:
             raise ShapeError(f"cannot reshape {self.shape} ({self.size} elements) to {shape}")
-        out = Tensor(self.ctx, self.buffer, shape, self.dtype, offset=self.offset)
+        out = _checked(self.ctx, self.buffer, shape, self.dtype, self.offset)
         source_shape = self.shape
         autograd.record(out, (self,), lambda g: (g.reshape(source_shape),), "reshape")
         return out
@@ -334,6 +337,17 @@ class Tensor:
     def __neg__(self):
         from .ops import pointwise
         return pointwise.mul(self, -1.0)
+
+
+def _checked(ctx, buffer, shape, dtype, offset):
+    """A Tensor of fields that have passed the constructor's checks already (a normalised shape,
+    a supported dtype, a valid offset): every operator's output and view is made here, without
+    running them again."""
+    t = Tensor.__new__(Tensor)
+    t.ctx, t.buffer, t.shape, t.dtype, t.offset = ctx, buffer, shape, dtype, offset
+    t.grad = t.grad_fn = None
+    t.requires_grad = False
+    return t
 
 
 def allocate(ctx, nbytes):
