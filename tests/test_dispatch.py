@@ -302,3 +302,22 @@ def test_replayed_steps_compute_what_fresh_calls_compute(ctx):
         for got, want in zip(replayed, fresh):
             assert np.isfinite(got).all()
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_dispatch_suite_host_cases_are_right(ctx):
+    """The host-bound calls that dlprim-bench's dispatch suite and benchmarks/dispatch.py time
+    compute what PyTorch computes in float64."""
+    from dlprim_py.bench.dispatch import HOST_NAMES, host_cases
+    from dlprim_py.bench.harness import error_metric
+    cases = host_cases(ctx, np.random.default_rng(5))
+    assert tuple(name for name, _, _ in cases) == HOST_NAMES
+    for name, call, reference in cases:
+        assert error_metric(call().numpy(), reference()) < 1e-5, name
+
+
+def test_dispatch_suite_is_listed():
+    from dlprim_py import bench
+    from dlprim_py.bench.dispatch import HOST_NAMES, public_names
+    args = bench.parse_args(["--suite", "dispatch", "--list"])
+    assert args.suites == ["dispatch"]
+    assert len(public_names(64, 1024)) == 9 and len(HOST_NAMES) == 16

@@ -4,7 +4,9 @@ I already have.
 Suites: ``peak`` (FP32 multiply-add rate, copy bandwidth, launch cost), ``gemm``, ``conv``
 (ResNet-50, VGG-16 and MobileNetV2 layers; forward, backward-data, backward-filter), ``ops``
 (pooling, batch norm, activations, softmax, reductions) and ``fusion``; ``nets`` (whole
-ResNet-50 / MobileNetV2 inference and training steps) only when named with --suite. Every case
+ResNet-50 / MobileNetV2 inference and training steps) and ``dispatch`` (public calls as users
+make them, wall clock and host microseconds per call in each row's params) only when named
+with --suite. Every case
 is checked against a float64 reference before it is timed; times are the median (and 20th/80th
 percentiles) of OpenCL profiling-event times after a warm-up; rates are compared with the
 measured device peak, and the same work in PyTorch (CUDA with TF32 off on NVIDIA, else CPU) is
@@ -20,8 +22,9 @@ import sys
 import time
 
 SUITES = ("peak", "gemm", "conv", "ops", "fusion")
-# Run only when named with --suite: whole networks (nets.py), inference and a training step.
-EXTRA_SUITES = ("nets",)
+# Run only when named with --suite: whole networks (nets.py), inference and a training step;
+# public calls and host time per call (dispatch.py).
+EXTRA_SUITES = ("nets", "dispatch")
 
 
 def parse_args(argv=None):
