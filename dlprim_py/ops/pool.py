@@ -273,10 +273,9 @@ class Pool2d:
 
 
 def _operator(ctx, *key, **kwargs):
-    memo = ctx.memo.setdefault("pool2d", {})
-    op = memo.get(key)
+    op = ctx.plans.get(("pool2d operator",) + key)
     if op is None:
-        op = memo[key] = Pool2d(ctx, **kwargs)
+        op = ctx.plans.put(("pool2d operator",) + key, Pool2d(ctx, **kwargs))
     return op
 
 

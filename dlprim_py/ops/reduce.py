@@ -26,7 +26,6 @@ record their backward on the tape. ``sum_to_shape`` folds a broadcast gradient b
 of an operand.
 """
 import math
-import weakref
 
 import numpy as np
 
@@ -69,8 +68,6 @@ ITEM_WAVES = 0.5
 # device-wide fence is known to hold (NVIDIA, CPUs), "launch" elsewhere.
 PARTIALS_MODES = ("last_group", "launch")
 PARTIALS = None
-# Launches kept per kernel and context (one per distinct shapes, dtypes and offsets).
-_MAX_LAUNCHES = 256
 
 _PRESETS = {
     "sum": ("acc_{n} += {n};", {np.dtype(np.float32): "0.0f", np.dtype(np.int64): "0", np.dtype(np.int32): "0"}),
@@ -135,8 +132,6 @@ class ReduceKernel:
         self.vector_unroll = vector_unroll
         self.max_segment = max_segment
         self._partials_kernel = None
-        # ctx -> {call key: _Launch}, so that a repeated call only binds buffers and enqueues.
-        self._launches = weakref.WeakKeyDictionary()
 
     def _accumulators(self, index_t):
         return [(n, index_t if n in self.index_accumulators else cl_name(t), self.identity[n], cl_name(t))
@@ -180,12 +175,13 @@ class ReduceKernel:
         # it only binds its buffers and enqueues.
         try:
             ctx = inputs[0].ctx
-            launches = self._launches.get(ctx)
-            key = (tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
+            key = (self, tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
                    tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars),
                    axes if axes is None or isinstance(axes, int) else tuple(axes), variant,
                    _switches(), self.vector_unroll, self.max_segment)
-            launch = launches[key]
+            launch = ctx.plans.get(key)
+            if launch is None:
+                raise KeyError(key)
             if not all(t.ctx is ctx for t in outputs) or not all(t.ctx is ctx for t in inputs):
                 raise KeyError(key)
         except (KeyError, TypeError, AttributeError, IndexError):
@@ -211,15 +207,12 @@ class ReduceKernel:
             if t.shape != out_shape:
                 raise ShapeError(f"{self.name}: outputs must share one shape, got {t.shape} and {out_shape}")
         axes_key = axes if axes is None or isinstance(axes, int) else tuple(axes)
-        key = (tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
+        key = (self, tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
                tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars), axes_key,
                variant, _switches(), self.vector_unroll, self.max_segment)
-        launches = self._launches.get(ctx)
-        if launches is None or len(launches) > _MAX_LAUNCHES:
-            # Bounded: a loop over ever new offsets must not grow it without end.
-            launches = self._launches[ctx] = {}
-        if key in launches:
-            return launches[key]
+        launch = ctx.plans.get(key)
+        if launch is not None:
+            return launch
         full = broadcast_shapes(*(t.shape for t in inputs))
         reduced = _reduced_mask(self.name, full, out_shape, axes)
         plan = _plan(ctx, full, reduced, [broadcast_strides(t.shape, full) for t in inputs], variant,
@@ -227,9 +220,9 @@ class ReduceKernel:
         reduce_size = math.prod(s for s, r in zip(full, reduced) if r)
         aligned = all(t.offset_elements % VECTOR == 0 for t in inputs)
         largest = max(t.offset_elements + t.size for t in list(inputs) + list(outputs))
-        launch = None if plan is None else _Launch(self, ctx, plan, aligned, largest, reduce_size)
-        launches[key] = launch
-        return launch
+        if plan is None:
+            return None
+        return ctx.plans.put(key, _Launch(self, ctx, plan, aligned, largest, reduce_size))
 
     def describe(self, inputs, outputs, axes=None, variant=None):
         """(variant, segment, vector, chunks, partials) that a call with these tensors runs, for
@@ -385,10 +378,15 @@ def _plan(ctx, full, reduced, operand_strides, variant, vector_unroll=None, max_
     vector_unroll = vector_unroll or VECTOR_UNROLL
     key = ("reduce_plan", tuple(full), tuple(reduced), tuple(tuple(s) for s in operand_strides), variant,
            _switches(), vector_unroll, max_segment)
-    plans = ctx.memo
-    if key not in plans:
-        plans[key] = _make_plan(ctx, full, reduced, operand_strides, variant, vector_unroll, max_segment)
-    return plans[key]
+    plan = ctx.plans.get(key)
+    if plan is None:
+        plan = ctx.plans.put(key, _make_plan(ctx, full, reduced, operand_strides, variant,
+                                             vector_unroll, max_segment) or _EMPTY_PLAN)
+    return None if plan is _EMPTY_PLAN else plan
+
+
+# The plan of a problem whose output is empty (the plan cache stores no None).
+_EMPTY_PLAN = object()
 
 
 def _make_plan(ctx, full, reduced, operand_strides, variant, vector_unroll, max_segment):

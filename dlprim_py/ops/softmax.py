@@ -197,9 +197,10 @@ def _geometry(x, dim, name):
 def _plan(ctx, log, size, inner, total, variant, cached, aligned=True):
     key = ("softmax_plan", log, variant, cached, size, inner, total >= 2 ** 30, aligned, VECTOR,
            config.forced_algorithm("softmax"))
-    plan = ctx.memo.get(key)
+    plan = ctx.plans.get(key)
     if plan is None:
-        plan = ctx.memo[key] = SoftmaxPlan(ctx, log, size, inner, total, variant, cached, aligned)
+        plan = ctx.plans.put(key, SoftmaxPlan(ctx, log, size, inner, total, variant, cached,
+                                              aligned))
     return plan
 
 
