@@ -154,6 +154,7 @@ class PointwiseKernel:
         self.scalars = [(n, np.dtype(t)) for n, t in scalars]
         self.statement = statement
         self.preamble = preamble
+        self._operand_count = len(self.inputs) + len(self.outputs)
         # ctx -> {(ndim, index_t, vector, unroll, vector_inputs): kernel}: a call looks its kernel
         # up without re-keying the program cache (whose key freezes every template parameter).
         self._kernels = weakref.WeakKeyDictionary()
@@ -219,21 +220,25 @@ class PointwiseKernel:
         ``algorithm``: "scalar" or "vector" to force a variant ("vector" falls back to "scalar"
         where it does not apply); default DLPRIM_POINTWISE_ALGO, else "vector" where it applies.
         """
-        if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
+        operands = [*inputs, *outputs]
+        if len(operands) != self._operand_count or len(inputs) != len(self.inputs):
             raise ShapeError(f"{self.name}: expected {len(self.inputs)} inputs and "
                              f"{len(self.outputs)} outputs")
-        ctx = check_same_context(*inputs, *outputs)
-        operands = list(inputs) + list(outputs)
-        for (n, dt), t in zip(self.inputs + self.outputs, operands):
-            if t.dtype != dt:
-                raise DTypeError(f"{self.name}: {n} must be {dt}, got {t.dtype}")
+        ctx = operands[0].ctx
+        for t in operands:
+            if t.ctx is not ctx:
+                check_same_context(*operands)
+                break
         algorithm = algorithm or config.forced_algorithm("pointwise")
         # Everything but the buffers and the scalars' values follows from this key: validate and
         # lay out a call once, then only bind the buffers and scalars and enqueue (the host's
         # time per call is what a small operator costs).
-        key = (self, algorithm, *[t.shape for t in operands], *[t.offset for t in operands])
+        key = (self, algorithm, *[(t.shape, t.offset, t.dtype) for t in operands])
         plan = ctx.plans.get(key)
         if plan is None:
+            for (n, dt), t in zip(self.inputs + self.outputs, operands):
+                if t.dtype != dt:
+                    raise DTypeError(f"{self.name}: {n} must be {dt}, got {t.dtype}")
             plan = ctx.plans.put(key, self._plan(ctx, inputs, outputs, algorithm))
         if plan is _EMPTY:
             return
@@ -366,11 +371,23 @@ def _binary_kernel(op, dtype, a_scalar, b_scalar):
 
 
 _binary_kernels = {}
+_FLOAT32 = np.dtype(np.float32)
 
 
 def binary(op, a, b):
     """``op`` ("add", "sub", "mul", "div", "maximum", "minimum") of two tensors (numpy
     broadcasting) or a tensor and a Python number. No gradient is recorded."""
+    if a.__class__ is Tensor and a.dtype is _FLOAT32:
+        # The common cases first: float32 tensors of one shape, or one with a number (the
+        # kernel's call checks the context; the dtype says no float16 rules apply).
+        if b.__class__ is Tensor and b.shape == a.shape and b.dtype is _FLOAT32:
+            out = Tensor.empty(a.ctx, a.shape, _FLOAT32)
+            _binary_kernel(op, _FLOAT32, False, False)([a, b], [out])
+            return out
+        if b.__class__ in (int, float):
+            out = Tensor.empty(a.ctx, a.shape, _FLOAT32)
+            _binary_kernel(op, _FLOAT32, False, True)([a], [out], [b])
+            return out
     a_scalar = not isinstance(a, Tensor)
     b_scalar = not isinstance(b, Tensor)
     if a_scalar and b_scalar:
