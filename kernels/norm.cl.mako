@@ -19,6 +19,8 @@
 ##   channel_apply          out = act((u - coef0) * coef1 + (v - coef2) * coef3 + coef4) per
 ##                          channel, v optional; grid (tile, rows) with row = n*C + c, so no
 ##                          per-element integer division.
+##   channel_apply_inference  the same for batch norm with given statistics, the coefficients
+##                          computed per row from them (one kernel instead of two).
 ## Layer norm and group norm see x as rows of D contiguous elements: one work group per row
 ## computes the statistics and writes the normalized row (row_norm_forward), or the gradient
 ## (row_norm_backward). Group norm with few long rows runs instead through the batch-norm
@@ -184,6 +186,29 @@ inline float activate(float v_act)
 }
 
 // Grid (positions of a row, rows); SV = S / VECTOR vectors per row.
+<%def name="apply_rows(with_v)">
+    const long base = (long)row * SV;
+    __global const floatv* uv = (__global const floatv*)(u + u_off) + base;
+% if with_v:
+    __global const floatv* vv = v ? (__global const floatv*)(v + v_off) + base : 0;
+% endif
+    __global floatv* outv = (__global floatv*)(out + out_off) + base;
+    for (int s = get_global_id(0); s < SV; s += get_global_size(0)) {
+        floatv value = (uv[s] - c0) * c1 + c4;
+% if with_v:
+        if (vv)
+            value += (vv[s] - c2) * c3;
+% endif
+% if activation != "v_act":
+    % if vector == 1:
+        value = activate(value);
+    % else:
+        value = (floatv)(activate(value.x), activate(value.y), activate(value.z), activate(value.w));
+    % endif
+% endif
+        outv[s] = value;
+    }
+</%def>
 __kernel void channel_apply(int rows, int C, int SV, __global const float* restrict coef
     , __global const float* restrict u, long u_off
     , __global const float* restrict v, long v_off
@@ -195,23 +220,29 @@ __kernel void channel_apply(int rows, int C, int SV, __global const float* restr
     const int c = row % C;
     const float c0 = coef[c * 5 + 0], c1 = coef[c * 5 + 1], c2 = coef[c * 5 + 2];
     const float c3 = coef[c * 5 + 3], c4 = coef[c * 5 + 4];
-    const long base = (long)row * SV;
-    __global const floatv* uv = (__global const floatv*)(u + u_off) + base;
-    __global const floatv* vv = v ? (__global const floatv*)(v + v_off) + base : 0;
-    __global floatv* outv = (__global floatv*)(out + out_off) + base;
-    for (int s = get_global_id(0); s < SV; s += get_global_size(0)) {
-        floatv value = (uv[s] - c0) * c1 + c4;
-        if (vv)
-            value += (vv[s] - c2) * c3;
-% if activation != "v_act":
-    % if vector == 1:
-        value = activate(value);
-    % else:
-        value = (floatv)(activate(value.x), activate(value.y), activate(value.z), activate(value.w));
-    % endif
-% endif
-        outv[s] = value;
-    }
+${apply_rows(True)}
+}
+
+// Batch norm with given statistics in one pass: channel_apply with its coefficients computed
+// per row from the statistics (mean, gamma / sqrt(var + eps), beta), not read from a buffer
+// that a kernel before it wrote.
+__kernel void channel_apply_inference(int rows, int C, int SV, float eps
+    , __global const float* restrict running_mean, long running_mean_off
+    , __global const float* restrict running_var, long running_var_off
+    , __global const float* restrict weight, long weight_off
+    , __global const float* restrict bias, long bias_off
+    , __global const float* restrict u, long u_off
+    , __global float* restrict out, long out_off)
+{
+    const int row = get_global_id(1);
+    if (row >= rows)
+        return;
+    const int c = row % C;
+    const float gamma = weight ? weight[weight_off + c] : 1.0f;
+    const float c0 = running_mean[running_mean_off + c];
+    const float c1 = gamma * rsqrt(running_var[running_var_off + c] + eps);
+    const float c4 = bias ? bias[bias_off + c] : 0.0f;
+${apply_rows(False)}
 }
 
 % else:
@@ -269,24 +300,6 @@ __kernel void channel_finalize_stats(int N, int C, int S, int chunks, float eps,
 }
 
 // Inference: y = (x - running_mean) * gamma / sqrt(running_var + eps) + beta.
-__kernel void channel_coef_inference(int C, float eps
-    , __global const float* restrict running_mean, long running_mean_off
-    , __global const float* restrict running_var, long running_var_off
-    , __global const float* restrict weight, long weight_off
-    , __global const float* restrict bias, long bias_off
-    , __global float* restrict coef)
-{
-    const int c = get_global_id(0);
-    if (c >= C)
-        return;
-    const float gamma = weight ? weight[weight_off + c] : 1.0f;
-    coef[c * 5 + 0] = running_mean[running_mean_off + c];
-    coef[c * 5 + 1] = gamma * rsqrt(running_var[running_var_off + c] + eps);
-    coef[c * 5 + 2] = 0.0f;
-    coef[c * 5 + 3] = 0.0f;
-    coef[c * 5 + 4] = bias ? bias[bias_off + c] : 0.0f;
-}
-
 // From sum(dy) and sum(dy * (x - mean)): dgamma, dbeta and dx's coefficients. With batch
 // statistics (training) dx = gamma*invstd * (dy - mean(dy) - (x - mean) * invstd^2 *
 // mean(dy * (x - mean))); with fixed statistics dx = gamma * invstd * dy.

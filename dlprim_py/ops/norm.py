@@ -301,11 +301,18 @@ def batch_norm_forward_inference(x, y, weight=None, bias=None, running_mean=None
         raise ShapeError("batch norm inference needs running_mean and running_var")
     _log_bnorm(x, mode, 2, activation=activation)
     ctx = x.ctx
-    coef = Tensor.empty(ctx, (C, 5), float32)
-    kernel = bind(_program(ctx).kernel("channel_coef_inference"))
-    _per_channel_launch(ctx, kernel, C, np.int32(C), np.float32(eps), *_buf(running_mean),
-                        *_buf(running_var), *_buf(weight), *_buf(bias), coef.buffer)
-    _apply(ctx, N, C, S, coef, x, None, y, activation)
+    rows = N * C
+    if rows == 0 or S == 0:
+        return
+    vector = vector_width(S, x, y, algorithm=config.forced_algorithm("norm"))
+    positions = S // vector
+    local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
+    kernel = bind(_program(ctx, "apply", activation=activation, vector=vector)
+                  .kernel("channel_apply_inference"))
+    gsize = (-(-positions // local0) * local0, -(-rows // local1) * local1)
+    kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
+           np.float32(eps), *_buf(running_mean), *_buf(running_var), *_buf(weight), *_buf(bias),
+           x.buffer, np.int64(x.offset_elements), y.buffer, np.int64(y.offset_elements))
 
 
 def batch_norm_backward(x, dy, dx, weight=None, mean=None, invstd=None, dweight=None, dbias=None,
