@@ -34,6 +34,9 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--commit", default=None,
+                        help="the commit the measured tree is (a copy on a lent machine may carry "
+                             "other git metadata or none)")
     args = parser.parse_args(argv)
     batch = args.batch or (2 if args.quick else 64)
     repeat = args.repeat or (5 if args.quick else 30)
@@ -41,8 +44,9 @@ def main(argv=None):
     ctx = dp.Context()
     th = Torch()
     rng = np.random.default_rng(0)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    commit = args.commit or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     print(f"device: {ctx.info.name}, driver {ctx.info.driver_version}; torch {th.torch.__version__} "
           f"on {th.device}; commit {commit or '?'}")
     record = {"device": ctx.info.name, "driver": ctx.info.driver_version,
