@@ -8,11 +8,14 @@ one by one. So:
 
 * ``BoundKernel`` is a kernel object of its own whose arguments are set only when they change
   (buffers compared by handle, scalars by type and bytes).
-* ``Recording``: inside ``with Recording() as r:`` every launch made through ``launch`` or
-  ``enqueue_bound`` runs on a new kernel object of its own and is kept as a ``Step`` (the kernel,
-  its sizes, which arguments are buffers). ``r.plan(operands)`` turns the steps into a ``Plan``
-  whose ``run(buffers)`` sets the operand arguments to the given buffers and enqueues: one
-  ``clSetKernelArg`` per changed buffer and one ``clEnqueueNDRangeKernel`` per kernel.
+* ``Recording``: inside ``with Recording() as r:`` every launch made through ``launch`` (on a
+  new kernel object of its own) or ``enqueue_bound`` (on the caller's bound kernel) is kept as
+  a ``Step``: the kernel, its sizes, its buffer arguments and its other arguments as set.
+  ``r.plan(queue, operands)`` turns the steps into a ``Plan`` whose ``run(buffers)`` sets the
+  operand arguments to the given buffers and enqueues: one ``clSetKernelArg`` per changed
+  buffer and one ``clEnqueueNDRangeKernel`` per kernel. Where another call has set a step's
+  kernel object since (a family's shared kernel), the step's recorded arguments are restored
+  first. ``run_planned`` does all of this for a call keyed by what its launches depend on.
 
 What keeps buffers alive: a plan holds every buffer its steps bind that is not one of its
 operands (workspaces, constants it made while recording), and no operand: the caller passes
@@ -31,6 +34,8 @@ import threading
 import numpy as np
 import pyopencl as cl
 
+from . import config
+from .context import check_same_context
 from .program import new_kernel
 
 _state = threading.local()
@@ -108,6 +113,10 @@ class BoundKernel:
     def set_buffer(self, index, buffer):
         """Set buffer argument ``index`` if another buffer is set there."""
         self.owner = None
+        self._put_buffer(index, buffer)
+
+    def _put_buffer(self, index, buffer):
+        # What set_buffer does, for plans, which keep themselves as the kernel's owner.
         handle = buffer.int_ptr
         if self._bound[index] != handle:
             self.kernel.set_arg(index, buffer)
@@ -277,19 +286,13 @@ class Plan:
         outer = getattr(_state, "recording", None)
         event = None
         for kernel, global_size, local_size, rebind, fixed, template, token in self.steps:
-            bound = kernel._bound
             if kernel.owner is not token:
                 kernel.restore(template)
                 for index, buf in fixed:
-                    if bound[index] != buf.int_ptr:
-                        kernel.kernel.set_arg(index, buf)
-                        bound[index] = buf.int_ptr
+                    kernel._put_buffer(index, buf)
                 kernel.owner = token
             for index, slot in rebind:
-                buf = operands[slot]
-                if bound[index] != buf.int_ptr:
-                    kernel.kernel.set_arg(index, buf)
-                    bound[index] = buf.int_ptr
+                kernel._put_buffer(index, operands[slot])
             event = cl.enqueue_nd_range_kernel(queue, kernel.kernel, global_size, local_size)
             if outer is not None:
                 kernel.owner = None
@@ -364,12 +367,23 @@ def alias_pattern(buffers):
     return tuple(-1 if h is None else handles.index(h) for h in handles)
 
 
+def run_planned_on(ctx, key, tensors, run):
+    """``run_planned`` on the buffers of ``tensors`` (None allowed), after checking that they
+    share ``ctx``'s OpenCL context; unplanned while DLPRIM_LOG_CMD asks every call to log."""
+    check_same_context(*tensors)
+    if config.log_cmd():
+        run()
+        return
+    run_planned(ctx, key, [None if t is None else t.buffer for t in tensors], run)
+
+
 # A key whose run cannot become a plan (it has non-kernel commands): it runs unrecorded.
 _UNPLANNABLE = object()
 
 
-def run_planned(ctx, key, operands, run):
-    """``run()`` (which enqueues on ``ctx.queue``) through the plan stored under ``key``.
+def run_planned(ctx, key, operands, run, plans=None):
+    """``run()`` (which enqueues on ``ctx.queue``) through the plan stored under ``key`` in
+    ``plans`` (default: the context's plan cache; an operator may keep its own).
 
     The first call with ``key`` (and this aliasing of ``operands``) runs ``run`` inside a
     recording and keeps the plan; later calls only bind ``operands`` (buffers or None) and
@@ -377,13 +391,14 @@ def run_planned(ctx, key, operands, run):
     (shapes, dtypes, offsets, scalars, forced algorithms), and ``run`` may allocate nothing
     that outlives the call but scratch: the plan keeps the first call's scratch buffers and
     uses them again."""
+    plans = ctx.plans if plans is None else plans
     key = (key, alias_pattern(operands))
-    plan = ctx.plans.get(key)
+    plan = plans.get(key)
     if plan is None:
         with Recording() as recording:
             run()
         plan = recording.plan(ctx.queue, operands)
-        ctx.plans.put(key, _UNPLANNABLE if plan is None else plan)
+        plans.put(key, _UNPLANNABLE if plan is None else plan)
     elif plan is _UNPLANNABLE:
         run()
     else:

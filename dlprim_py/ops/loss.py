@@ -29,7 +29,7 @@ from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 from .. import config
-from ..launch import bind, run_planned
+from ..launch import bind, run_planned_on
 from .pointwise import PointwiseKernel, broadcast_shapes, launch_size, reduce_to_shape
 from .reduce import ReduceKernel
 
@@ -326,9 +326,8 @@ def _nll(input, target, weight, ignore_index, reduction, shift=None, check=None,
                     dx.buffer, index(0))
 
         # Replayed per setup (shapes, offsets, options) and gradient layout.
-        check_same_context(g, target)
-        run_planned(ctx, ("nll_backward", setup, g.shape, g.dtype, g.offset, d.offset),
-                    [target.buffer, w.buffer, g.buffer, d.buffer, dx.buffer], run)
+        run_planned_on(ctx, ("nll_backward", setup, g.shape, g.dtype, g.offset, d.offset),
+                       (target, w, g, d, dx), run)
         return dx
 
     return out, backward

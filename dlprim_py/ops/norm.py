@@ -29,7 +29,7 @@ from ..context import check_same_context
 from ..dtypes import float32
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from ..launch import bind, run_planned
+from ..launch import bind, run_planned_on
 from .pointwise import PointwiseKernel
 
 BN_MODES = ("spatial", "per_activation")
@@ -345,16 +345,6 @@ def batch_norm_backward(x, dy, dx, weight=None, mean=None, invstd=None, dweight=
         _apply(ctx, N, C, S, coef, dy, x, dx)
 
 
-def _planned(ctx, key, tensors, run):
-    """``run()`` through the context's plan for ``key`` on the buffers of ``tensors`` (None
-    allowed); unplanned while DLPRIM_LOG_CMD logs every call."""
-    if config.log_cmd():
-        run()
-        return
-    check_same_context(*tensors)
-    run_planned(ctx, key, [None if t is None else t.buffer for t in tensors], run)
-
-
 _invstd_kernel = PointwiseKernel("bn_invstd", [("var", float32)], [("invstd", float32)],
                                  "invstd = rsqrt(var + eps);", scalars=[("eps", np.float32)])
 
@@ -385,11 +375,11 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         C = _bn_view(input, "spatial")[1]
         mean = Tensor.empty(ctx, (C,), float32)
         invstd = Tensor.empty(ctx, (C,), float32)
-        _planned(ctx, key, (*params, y, mean, invstd),
+        run_planned_on(ctx, key, (*params, y, mean, invstd),
                  lambda: batch_norm_forward_training(input, y, weight, bias, running_mean,
                                                      running_var, mean, invstd, momentum, eps))
     else:
-        _planned(ctx, key, (*params, y),
+        run_planned_on(ctx, key, (*params, y),
                  lambda: batch_norm_forward_inference(input, y, weight, bias, running_mean,
                                                       running_var, eps))
         mean, invstd = running_mean, None
@@ -408,7 +398,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
             batch_norm_backward(input, g, dx, weight, mean, stats_invstd, dweight, dbias,
                                 training=training)
 
-        _planned(ctx, ("backward", key, g.shape, g.dtype, g.offset),
+        run_planned_on(ctx, ("backward", key, g.shape, g.dtype, g.offset),
                  (*params, g, dx, dweight, dbias, mean, stats_invstd), run)
         return dx, dweight, dbias
 

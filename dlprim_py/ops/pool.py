@@ -18,7 +18,7 @@ from ..context import check_same_context
 from ..dtypes import float32, int64
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from ..launch import bind, run_planned
+from ..launch import bind, run_planned_on
 from .pointwise import launch_size
 
 _INT32_LIMIT = 2 ** 31 - 1
@@ -292,25 +292,16 @@ def _run(op, x, return_indices=False):
         indices = Tensor.empty(ctx, y_shape, int64)
     # A call replays the plan of its key (the first call with it ran the operator's checks).
     key = ("pool2d", op, x.shape, x.dtype, x.offset, indices is not None)
-    _planned(ctx, key, (x, y, indices), lambda: op.forward(x, y, indices))
+    run_planned_on(ctx, key, (x, y, indices), lambda: op.forward(x, y, indices))
 
     def backward(g):
         dx = Tensor.empty(ctx, x.shape, x.dtype)
-        _planned(ctx, ("backward", key, g.shape, g.dtype, g.offset), (g, dx, indices),
+        run_planned_on(ctx, ("backward", key, g.shape, g.dtype, g.offset), (g, dx, indices),
                  lambda: op.backward(g, dx, indices))
         return (dx,)
 
     autograd.record(y, (x,), backward, f"{op.method}_pool2d")
     return (y, indices) if return_indices else y
-
-
-def _planned(ctx, key, tensors, run):
-    """``run()`` through the context's plan for ``key`` on the buffers of ``tensors`` (None
-    allowed); unplanned while DLPRIM_LOG_CMD logs every call."""
-    if config.log_cmd():
-        run()
-        return
-    run_planned(ctx, key, [None if t is None else t.buffer for t in tensors], run)
 
 
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,

@@ -5,12 +5,11 @@ import pyopencl as cl
 
 from ... import autograd, config, logcmd
 from ...activation import as_activation
-from ...context import check_same_context
+from ...context import PlanCache, check_same_context
 from ...errors import DTypeError, ShapeError, UnsupportedError
 from ...tensor import Tensor, TensorDesc
-from collections import OrderedDict
 
-from ...launch import Recording, alias_pattern, run_planned
+from ...launch import run_planned, run_planned_on
 from .algorithms import Epilogue, EpilogueArgs, backward_bias
 from .problem import DIRECTIONS, ConvolutionDesc, ConvProblem, make_problem, pair
 from . import selection
@@ -66,8 +65,9 @@ class Convolution:
         self._resolved = {}
         self._workspaces = {}
         # A call replays the launches recorded by the first call with the same scalars,
-        # offsets and aliasing, on its own buffers (dlprim_py/launch.py).
-        self._plans = OrderedDict()
+        # offsets and aliasing, on its own buffers (dlprim_py/launch.py): plans of this
+        # operator's own, which live as long as it does.
+        self._plans = PlanCache(self.PLANS)
         # Build the forward kernels now so that a call only enqueues.
         name = self._choose("forward")
         selection.algorithm(name).prepare(ctx, self.problem, "forward")
@@ -126,27 +126,16 @@ class Convolution:
                 workspace = Tensor.empty(self.ctx, (need // 4,))
                 self._workspaces[(name, direction)] = workspace
         tensors = (src, other, dst, ep.scale, ep.shift, ep.residual, workspace)
+        check_same_context(*tensors)
         operands = [None if t is None else t.buffer for t in tensors]
         operands += [a for a in ep.chain_args if isinstance(a, cl.MemoryObjectHolder)]
         # Everything a recorded run depends on but its operands' buffers.
         key = (direction, name, epilogue, ep.alpha, ep.beta, ep.residual_alpha,
                tuple(None if t is None else t.offset_elements for t in tensors),
-               tuple(float(a) for a in ep.chain_args if not isinstance(a, cl.MemoryObjectHolder)),
-               alias_pattern(operands))
-        plan = self._plans.get(key)
-        if plan is not None:
-            self._plans.move_to_end(key)
-            plan.run(operands)
-            return dst
-        check_same_context(*tensors)
-        with Recording() as recording:
-            algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep, epilogue,
-                          workspace)
-        plan = recording.plan(self.ctx.queue, operands)
-        if plan is not None:
-            self._plans[key] = plan
-            while len(self._plans) > self.PLANS:
-                self._plans.popitem(last=False)
+               tuple(float(a) for a in ep.chain_args if not isinstance(a, cl.MemoryObjectHolder)))
+        run_planned(self.ctx, key, operands,
+                    lambda: algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep,
+                                          epilogue, workspace), plans=self._plans)
         return dst
 
     def forward(self, x, w, y, bias=None, alpha=1.0, beta=0.0, activation=None, algo=None,
@@ -310,13 +299,11 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
         entry = ctx.plans.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: checked below
         key = entry = None
-    if entry is not None and not config.log_cmd():
+    if entry is not None:
         conv, y_shape = entry
-        check_same_context(x, weight, bias)
         y = Tensor.empty(ctx, y_shape)
-        run_planned(ctx, key, [x.buffer, weight.buffer, y.buffer,
-                               None if bias is None else bias.buffer],
-                    lambda: conv.forward(x, weight, y, bias=bias))
+        run_planned_on(ctx, key, (x, weight, y, bias),
+                       lambda: conv.forward(x, weight, y, bias=bias))
         return autograd.record(y, (x, weight, bias), _conv2d_backward(conv, key, x, weight, bias),
                                "conv2d")
     _check_layout(layout)
@@ -369,14 +356,11 @@ def _conv2d_backward(conv, key, x, weight, bias):
             if gb is not None:
                 conv.backward_bias(g, gb)
 
-        if key is None or config.log_cmd():
+        if key is None:
             run()
         else:
-            check_same_context(g, x)
-            run_planned(ctx, ("backward", key, g.shape, g.dtype, g.offset, gx is None,
-                              gw is None, gb is None),
-                        [t.buffer if t is not None else None
-                         for t in (g, x, weight, gx, gw, gb)], run)
+            run_planned_on(ctx, ("backward", key, g.shape, g.dtype, g.offset, gx is None,
+                                 gw is None, gb is None), (g, x, weight, gx, gw, gb), run)
         return gx, gw, gb
 
     return backward
