@@ -390,6 +390,13 @@ def trainable(name):
                 or name.endswith(".num_batches_tracked"))
 
 
+def float_entries(state):
+    """The (name, value) entries of ``state`` that a network computes with: all but the BN
+    batch counters (``num_batches_tracked``)."""
+    return ((name, value) for name, value in state.items()
+            if not name.endswith(".num_batches_tracked"))
+
+
 def make_inputs(batch, image_size=224, num_classes=DEFAULT_CLASSES, seed=1):
     """Seeded images N(0, 1) (N, 3, S, S) float32 and int64 class targets (N,)."""
     rng = np.random.default_rng(seed)
@@ -416,9 +423,7 @@ class DpNet:
         self.training = training
         self.num_classes = num_classes_of(net, state)
         self.params = OrderedDict()
-        for name, value in state.items():
-            if name.endswith(".num_batches_tracked"):
-                continue
+        for name, value in float_entries(state):
             self.params[name] = dp.Tensor.from_numpy(
                 ctx, np.ascontiguousarray(value, np.float32),
                 requires_grad=training and trainable(name))
@@ -474,9 +479,7 @@ class TorchNet:
         self.training = training
         self.num_classes = num_classes_of(net, state)
         self.params = OrderedDict()
-        for name, value in state.items():
-            if name.endswith(".num_batches_tracked"):
-                continue
+        for name, value in float_entries(state):
             t = torch.from_numpy(np.array(value)).to(device=device, dtype=self.dtype)
             if training and trainable(name):
                 t.requires_grad_(True)
