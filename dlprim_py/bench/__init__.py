@@ -5,12 +5,12 @@ Suites: ``peak`` (FP32 multiply-add rate, copy bandwidth, launch cost), ``gemm``
 (ResNet-50, VGG-16 and MobileNetV2 layers; forward, backward-data, backward-filter), ``ops``
 (pooling, batch norm, activations, softmax, reductions) and ``fusion``; ``nets`` (whole
 ResNet-50 / MobileNetV2 inference and training steps) and ``dispatch`` (public calls as users
-make them, wall clock and host microseconds per call in each row's params) only when named
-with --suite. Every case
-is checked against a float64 reference before it is timed; times are the median (and 20th/80th
-percentiles) of OpenCL profiling-event times after a warm-up; rates are compared with the
-measured device peak, and the same work in PyTorch (CUDA with TF32 off on NVIDIA, else CPU) is
-timed in the same run.
+make them, host microseconds per call in each row's params) only when named with --suite.
+Every case is checked against a float64 reference before it is timed; times are the median
+(and 20th/80th percentiles) after a warm-up of OpenCL profiling-event times, or for ``nets``
+and ``dispatch`` of the wall clock with the device drained after each call; rates are compared
+with the measured device peak, and the same work in PyTorch (CUDA with TF32 off on NVIDIA,
+else CPU) is timed in the same run, the same way.
 
     dlprim-bench --quick                      # a few minutes on a 2-core CPU (PoCL)
     dlprim-bench --json out.json --plot out.png

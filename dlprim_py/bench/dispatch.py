@@ -4,9 +4,9 @@ batch norm + ReLU chain) against PyTorch, and the host time per repeated call of
 tiny tensors (forward, and per backward node), where the host is all a call costs.
 
 Every case is checked against PyTorch in float64 (on the CPU) before it is timed. In the suite,
-the harness times each call between OpenCL markers (the host's enqueue time is inside that span,
-as in a wall clock of a lone call); each row's params add the wall clock of the call with the
-device drained, PyTorch's the same way, and the host microseconds per call of back-to-back calls.
+the harness times each call by wall clock with the device drained after it, PyTorch the same
+way (``Case.wall_clock``); each row's params add the host microseconds per call of
+back-to-back calls.
 """
 import math
 import time
@@ -268,20 +268,16 @@ def cases(bench):
 
 def _public_case(bench, th, name, ours, theirs, check):
     from .harness import Case
-    ctx = bench.ctx
-    repeat = 5 if bench.quick else 20
-    params = {"wall_ms": wall_ms(ours, ctx.synchronize, repeat),
-              "host_us_per_call": host_us(ours, ctx.synchronize, 20 if bench.quick else 200)}
-    if bench.torch is not None:
-        params["torch_wall_ms"] = wall_ms(theirs, th.sync, repeat)
-        params["torch_over_ours_wall"] = params["torch_wall_ms"] / params["wall_ms"]
+    params = {"host_us_per_call": host_us(ours, bench.ctx.synchronize,
+                                          20 if bench.quick else 200)}
     return Case(ours, check, work=0.0, unit="ms", algorithm="public call",
-                torch_run=theirs if bench.torch is not None else None, params=params)
+                torch_run=theirs if bench.torch is not None else None, params=params,
+                wall_clock=True)
 
 
 def _host_case(bench, name, call, reference):
     from .harness import Case
-    ctx = bench.ctx
-    params = {"host_us_per_call": host_us(call, ctx.synchronize, 50 if bench.quick else 1000)}
+    params = {"host_us_per_call": host_us(call, bench.ctx.synchronize,
+                                          50 if bench.quick else 1000)}
     return Case(call, lambda: error_metric(call().numpy(), reference()), work=0.0, unit="ms",
-                algorithm="host", params=params)
+                algorithm="host", params=params, wall_clock=True)

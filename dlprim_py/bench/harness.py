@@ -59,7 +59,7 @@ class Case:
     """A built case; see the module docstring for the meaning of each field."""
 
     def __init__(self, run, verify, work, unit, algorithm="", torch_run=None, tolerance=None,
-                 params=None, per_call=1):
+                 params=None, per_call=1, wall_clock=False):
         self.run = run
         self.verify = verify
         self.work = float(work)
@@ -70,6 +70,9 @@ class Case:
         self.params = dict(params or {})
         # How many operations one run() performs: the times reported are per operation.
         self.per_call = per_call
+        # Time run() (and torch_run) by wall clock with the device drained after each, as a
+        # caller of a public call sees it, instead of by device events.
+        self.wall_clock = wall_clock
 
 
 class Row:
@@ -135,18 +138,20 @@ class Measurement:
 
 
 def time_case(ctx, case, measurement):
-    """Device time of ``case.run`` (per operation): a Timing of seconds."""
+    """Device time of ``case.run`` (per operation; wall clock with the device drained for a
+    ``wall_clock`` case): a Timing of seconds."""
     # verify() already ran the case once (kernels built, memory touched); the probe run that
     # sizes the repeat count is the first warm-up run.
-    probe = time_enqueued(ctx, case.run, warmup=0, repeat=1)
+    wall = case.wall_clock
+    probe = time_enqueued(ctx, case.run, warmup=0, repeat=1, wall_clock=wall)
     repeat = measurement.repeats_for(probe.median)
     warmup = max(0, min(measurement.warmup - 1, repeat // 2))
     if warmup == 0:
         # Nothing more to warm up: the probe is the first timed run.
-        timing = time_enqueued(ctx, case.run, warmup=0, repeat=max(1, repeat - 1))
+        timing = time_enqueued(ctx, case.run, warmup=0, repeat=max(1, repeat - 1), wall_clock=wall)
         timing = Timing(np.concatenate([probe.samples, timing.samples]))
     else:
-        timing = time_enqueued(ctx, case.run, warmup=warmup, repeat=repeat)
+        timing = time_enqueued(ctx, case.run, warmup=warmup, repeat=repeat, wall_clock=wall)
     if case.per_call != 1:
         timing = Timing(timing.samples / case.per_call)
     return timing
@@ -200,7 +205,7 @@ def _measure(bench, spec):
         row.peak_percent = 100.0 * row.rate / peak
     if case.torch_run is not None and bench.torch is not None:
         try:
-            t = bench.torch.time(case.torch_run, bench.measurement)
+            t = bench.torch.time(case.torch_run, bench.measurement, wall_clock=case.wall_clock)
             if case.per_call != 1:
                 t = Timing(t.samples / case.per_call)
             row.torch_median_ms, row.torch_p20_ms, row.torch_p80_ms = (t.median * 1e3, t.p20 * 1e3,

@@ -900,9 +900,9 @@ def cases(bench):
     ``--nets`` that is defined here (resnet50 and mobilenet_v2; resnet18 runs from
     benchmarks/nets.py). On a GPU: inference at ``--batch`` (default 64) and training at
     ``--batch`` (default 32), 224x224 images; with --quick or on a CPU: inference at batch 1
-    and training at batch 2 (or ``--batch``), 64x64 images. Times are the harness's (OpenCL
-    markers around the call: the host's enqueue gaps are included, as in a wall clock); the
-    check is the float64 reference (``check_case``)."""
+    and training at batch 2 (or ``--batch``), 64x64 images. Times are wall clock with the
+    device drained after each call, PyTorch's the same way; the check is the float64 reference
+    (``check_case``)."""
     from .harness import CaseSpec
     nets = [n for n in getattr(bench, "nets", NETS) if n in FORWARD]
     big = bench.ctx is not None and bench.ctx.info.is_gpu and not bench.quick
@@ -956,7 +956,7 @@ def net_case(bench, net, mode, batch, image_size):
     params = {"net": net, "mode": mode, "batch": batch, "image_size": image_size,
               "check": found}
     return Case(call, verify, work=0.0, unit="ms", algorithm=mode, torch_run=torch_run,
-                tolerance=1e-4, params=params)
+                tolerance=1e-4, params=params, wall_clock=True)
 
 
 def _torch_run(net, state, device, mode, x_np, target_np):

@@ -67,13 +67,14 @@ class TorchBaseline:
         if self.device == "cuda":
             self.torch.cuda.synchronize()
 
-    def time(self, run, measurement):
-        """Timing (seconds) of ``run()``: warm-up, then timed repeats bounded like the library's."""
+    def time(self, run, measurement, wall_clock=False):
+        """Timing (seconds) of ``run()``: warm-up, then timed repeats bounded like the library's;
+        device events, or with ``wall_clock`` the host's clock around the call and a drain."""
         torch = self.torch
         with torch.no_grad():
             run()
             self.synchronize()
-            probe = self._once(run)
+            probe = self._once(run, wall_clock)
             repeat = measurement.repeats_for(probe)
             warmup = max(0, min(measurement.warmup - 1, repeat // 2))
             for _ in range(warmup):
@@ -81,7 +82,7 @@ class TorchBaseline:
             self.synchronize()
             # As for the library: without further warm-up the probe is the first sample.
             samples = [probe] if warmup == 0 else []
-            samples += [self._once(run) for _ in range(repeat - len(samples))]
+            samples += [self._once(run, wall_clock) for _ in range(repeat - len(samples))]
         return Timing(samples)
 
     def median(self, run, warmup=3, repeat=10):
@@ -91,7 +92,12 @@ class TorchBaseline:
         self.synchronize()
         return float(np.median([self._once(run) for _ in range(repeat)]))
 
-    def _once(self, run):
+    def _once(self, run, wall_clock=False):
+        if wall_clock:
+            t0 = time.perf_counter()
+            run()
+            self.synchronize()
+            return time.perf_counter() - t0
         if self.device == "cuda":
             start = self.torch.cuda.Event(enable_timing=True)
             end = self.torch.cuda.Event(enable_timing=True)
