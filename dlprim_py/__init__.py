@@ -16,6 +16,7 @@ from .ops.gemm import gemm, gemm_batched
 from .ops.conv import Convolution, ConvolutionDesc
 from .ops.dropout import manual_seed
 from .version import __version__
+from . import config  # noqa: E402
 from . import functional  # noqa: E402
 from . import fusion  # noqa: E402
 

@@ -1,5 +1,8 @@
 """Every environment variable the library reads, in one place.
 
+The call switches (DLPRIM_LOG_CMD, DLPRIM_FIND_MODE, DLPRIM_*_ALGO) are read once, at the first
+call that needs one, and again on ``dlprim_py.config.reload()``; the others where they are used.
+
 DLPRIM_DEVICE      device to use: "P:D" (platform:device indices) or a piece of the device name
 DLPRIM_CACHE_DIR   where compiled program binaries and find results are kept
 DLPRIM_NO_CACHE    "1": never read or write the on-disk program cache
@@ -21,9 +24,45 @@ DLPRIM_DROPOUT_ALGO force one dropout variant: vector (where offsets allow), sca
 """
 import os
 
+# The switches a call consults (logging, find mode, forced algorithms) are read once, into this
+# snapshot, the first time one is needed, and again on reload(): a call does no environment
+# lookups (each cost about a microsecond, several per call). MIOpen reads its variables once as
+# well. The variables of building and of context creation (DLPRIM_DEVICE, DLPRIM_CACHE_DIR,
+# DLPRIM_NO_CACHE, DLPRIM_DEBUG) are read where they are used, as they are off the call path.
+_snapshot = None
+
+
+class _Switches:
+    __slots__ = ("log_cmd", "find_mode", "forced")
+
+    def __init__(self, environ):
+        self.log_cmd = _truthy(environ.get("DLPRIM_LOG_CMD", ""))
+        self.find_mode = environ.get("DLPRIM_FIND_MODE", "immediate").strip().lower() or "immediate"
+        # DLPRIM_<FAMILY>_ALGO -> {"family": value}
+        self.forced = {name[len("DLPRIM_"):-len("_ALGO")].lower(): value
+                       for name, value in environ.items()
+                       if name.startswith("DLPRIM_") and name.endswith("_ALGO") and value}
+
+
+def reload():
+    """Read the call switches (DLPRIM_LOG_CMD, DLPRIM_FIND_MODE, DLPRIM_<FAMILY>_ALGO) from the
+    environment again; set them before the library's first call, or call this after changing
+    them. Returns the snapshot."""
+    global _snapshot
+    _snapshot = _Switches(os.environ)
+    return _snapshot
+
+
+def _switches():
+    return _snapshot or reload()
+
+
+def _truthy(value):
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
 
 def _flag(name):
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    return _truthy(os.environ.get(name, ""))
 
 
 def device_spec():
@@ -47,13 +86,13 @@ def debug():
 
 
 def log_cmd():
-    return _flag("DLPRIM_LOG_CMD")
+    return _switches().log_cmd
 
 
 def find_mode():
-    return os.environ.get("DLPRIM_FIND_MODE", "immediate").strip().lower() or "immediate"
+    return _switches().find_mode
 
 
 def forced_algorithm(family):
     """The algorithm forced for an operator family ("conv", "gemm"), or None."""
-    return os.environ.get(f"DLPRIM_{family.upper()}_ALGO") or None
+    return _switches().forced.get(family)

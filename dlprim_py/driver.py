@@ -25,6 +25,7 @@ import sys
 
 import numpy as np
 
+from . import config
 from .errors import DlprimError, UnsupportedError
 
 
@@ -781,6 +782,7 @@ def run_command(command, flags, out=None):
     out = sys.stdout if out is None else out
     if flags.get("search"):
         os.environ["DLPRIM_FIND_MODE"] = "find"
+        config.reload()
     ctx = Context(flags.get("device") or None)
     iterations = max(1, flags["iter"])
     measurement = Measurement(warmup=3, repeat=iterations, min_repeat=iterations,

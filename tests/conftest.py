@@ -17,6 +17,14 @@ def ctx():
     return dp.Context()
 
 
+@pytest.fixture(autouse=True)
+def call_switches():
+    """Each test starts from the environment's call switches (DLPRIM_*_ALGO, DLPRIM_LOG_CMD,
+    DLPRIM_FIND_MODE): a test that sets one calls dp.config.reload(), and monkeypatch restores
+    the variable after the test, before the next one reads them here."""
+    dp.config.reload()
+
+
 @pytest.fixture
 def rng(request):
     """A generator seeded from the test's name: the same data on every run and device."""

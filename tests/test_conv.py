@@ -271,12 +271,15 @@ def test_selection_forced_and_immediate(ctx, monkeypatch):
     expected = "depthwise_tiled" if ctx.info.is_gpu else "depthwise"
     assert selection.immediate(ctx, problem, "forward") == expected
     monkeypatch.setenv("DLPRIM_CONV_ALGO", "direct")
+    dp.config.reload()
     assert selection.choose(ctx, problem, "forward") == "direct"
     dense = make_problem((2, 6, 8, 8), (4, 6, 3, 3), dp.ConvolutionDesc(1, 1, 1, 1))
     monkeypatch.setenv("DLPRIM_CONV_ALGO", "depthwise")
+    dp.config.reload()
     with pytest.raises(dp.UnsupportedError, match="does not apply"):
         selection.choose(ctx, dense, "forward")
     monkeypatch.setenv("DLPRIM_CONV_ALGO", "no_such_algo")
+    dp.config.reload()
     with pytest.raises(dp.UnsupportedError, match="unknown convolution algorithm"):
         selection.choose(ctx, dense, "forward")
 
@@ -288,6 +291,7 @@ def test_find_mode_and_find_db(ctx, rng, monkeypatch, tmp_path):
     ctx.memo.pop("conv_finddb", None)
     ctx.memo.pop("conv_find", None)
     monkeypatch.setenv("DLPRIM_FIND_MODE", "find")
+    dp.config.reload()
     cfg = CONFIGS["3x3"]
     x, w, dy, ref = make_case(rng, cfg, "NCHW")
     conv = make_conv(ctx, cfg, "NCHW")

@@ -93,6 +93,7 @@ def test_rows_chosen_geometry_through_the_operator(ctx, rng, monkeypatch, h, str
     """The geometry chosen per problem (several whole planes per group for small planes), run
     through Convolution with DLPRIM_CONV_ALGO, forward and data gradient."""
     monkeypatch.setenv("DLPRIM_CONV_ALGO", "depthwise_rows")
+    dp.config.reload()
     c = 6
     x, w = random(rng, (3, c, h, h)), random(rng, (c, 1, 3, 3))
     tx, _, y = reference(x, w, stride, 1, c)

@@ -117,12 +117,52 @@ def test_repeated_call_builds_nothing(ctx, cases, name):
     assert _counts() == before, f"{name}: a repeated call built {before} -> {_counts()}"
 
 
+class _CountingEnviron(dict):
+    """os.environ's stand-in that counts the library's lookups."""
+    reads = 0
+
+    def get(self, key, default=None):
+        type(self).reads += 1
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        type(self).reads += 1
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_repeated_call_reads_no_environment(ctx, cases, name, monkeypatch):
+    """The call switches (DLPRIM_*_ALGO, DLPRIM_LOG_CMD, DLPRIM_FIND_MODE) are read once, not
+    per call: a repeated call looks nothing up in the environment."""
+    import os
+    run = cases[name]
+    run()
+    ctx.synchronize()
+    monkeypatch.setattr(os, "environ", _CountingEnviron(os.environ))
+    _CountingEnviron.reads = 0
+    run()
+    ctx.synchronize()
+    assert _CountingEnviron.reads == 0, f"{name}: {_CountingEnviron.reads} environment reads"
+
+
+def test_config_reload_applies_a_changed_switch(ctx, rng, monkeypatch):
+    """A switch set after the first call takes effect on dp.config.reload(), not before."""
+    x = _tensor(ctx, rng, (3, 8))
+    F.relu(x)
+    monkeypatch.setenv("DLPRIM_POINTWISE_ALGO", "no_such_variant")
+    F.relu(x)
+    dp.config.reload()
+    with pytest.raises(dp.UnsupportedError, match="no_such_variant"):
+        F.relu(x)
+
+
 @pytest.mark.parametrize("algo", ["direct", "implicit_gemm", "im2col_gemm", "winograd",
                                   "winograd_f4x4", "gemm"])
 def test_every_conv_algorithm_replays(ctx, rng, monkeypatch, algo):
     """Each convolution algorithm, forced, builds nothing on a repeated call in any direction,
     and the replayed call computes the same numbers as the recorded one on other tensors."""
     monkeypatch.setenv("DLPRIM_CONV_ALGO", algo)
+    dp.config.reload()
     shape, w_shape = (2, 4, 6, 6), ((5, 4, 1, 1) if algo == "gemm" else (5, 4, 3, 3))
     w = _tensor(ctx, rng, w_shape, grad=True)
     padding = 0 if algo == "gemm" else 1

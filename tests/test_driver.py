@@ -114,7 +114,9 @@ def test_find_mode_flag_sets_find_mode(capsys, monkeypatch):
     assert rc == 0 and "verifies OK" in out
     import os
     assert os.environ["DLPRIM_FIND_MODE"] == "find"
+    assert dp.config.find_mode() == "find"
     monkeypatch.delenv("DLPRIM_FIND_MODE")
+    dp.config.reload()
 
 
 def test_a_wrong_result_fails_verification(capsys, monkeypatch):
@@ -141,6 +143,7 @@ def test_logged_commands_reproduce_the_call(ctx, rng, capsys, monkeypatch):
     """DLPRIM_LOG_CMD=1: each operator call prints a dlprim-driver line that runs on its own."""
     from dlprim_py import fusion
     monkeypatch.setenv("DLPRIM_LOG_CMD", "1")
+    dp.config.reload()
     x = dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, (1, 4, 6, 6)).astype(np.float32))
     w = dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, (8, 4, 3, 3)).astype(np.float32))
     b = dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, (8,)).astype(np.float32))
@@ -172,6 +175,7 @@ def test_logged_commands_reproduce_the_call(ctx, rng, capsys, monkeypatch):
     commands = {split_logged(line)[0] for line in logged}
     assert commands == {"conv", "CBAInfer", "pool", "bnorm", "activ", "softmax", "gemm"}
     monkeypatch.delenv("DLPRIM_LOG_CMD")
+    dp.config.reload()
     for line in dict.fromkeys(logged):
         argv = split_logged(line)
         rc, out = _run(capsys, argv)

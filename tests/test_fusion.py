@@ -706,6 +706,7 @@ def test_conv_plan_logs_one_line_per_call(ctx, rng, capsys, monkeypatch):
     """DLPRIM_LOG_CMD: a plan logs its own CBAInfer line on every call, recorded or replayed,
     and not the lines of the convolution it runs inside."""
     monkeypatch.setenv("DLPRIM_LOG_CMD", "1")
+    dp.config.reload()
     plan, ops = build_conv_plan(ctx, CONV["x_shape"], CONV["w_shape"], CONV["conv_desc"],
                                 ["bias", fusion.ACTIVATION_RELU], 6)
     xd, wd, bd = dev(ctx, random(rng, CONV["x_shape"]), random(rng, CONV["w_shape"]),

@@ -204,7 +204,9 @@ def test_reduction_variants_forced(ctx, shape, draw, variant, name, seed):
               "norm": lambda t: torch.linalg.vector_norm(t, 3, dim)}[name]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DLPRIM_REDUCE_ALGO", variant)
+        dp.config.reload()
         out = (F.norm(dev(ctx, a), 3, dim) if name == "norm" else getattr(F, name)(dev(ctx, a), dim))
+    dp.config.reload()
     assert_matches(out, theirs(ref(a)), what=f"{name}{shape} dim={dim} {variant}")
 
 

@@ -248,11 +248,14 @@ def test_batched_kernel_level(ctx, rng, params):
 
 def test_forced_algorithm_from_environment(ctx, monkeypatch):
     monkeypatch.setenv("DLPRIM_GEMM_ALGO", "small")
+    dp.config.reload()
     assert gemm_ops.select_params(ctx, 300, 300, 300)["kernel"] == "small"
     monkeypatch.setenv("DLPRIM_GEMM_ALGO", "splitk")
+    dp.config.reload()
     params = gemm_ops.select_params(ctx, 300, 300, 300)
     assert params["kernel"] == "tiled" and params["split_k"] > 1
     monkeypatch.setenv("DLPRIM_GEMM_ALGO", "tiled")
+    dp.config.reload()
     params = gemm_ops.select_params(ctx, 300, 300, 300)
     assert params["kernel"] == "tiled" and params["split_k"] == 1
 

@@ -328,6 +328,7 @@ def test_strided_fold_through_convolution(intel, rng, monkeypatch):
     """A stride-2 1x1 convolution with a bias and ReLU, routed to the subgroup kernel by
     DLPRIM_GEMM_ALGO (x sampled in place: B folded with a stride)."""
     monkeypatch.setenv("DLPRIM_GEMM_ALGO", "subgroup")
+    dp.config.reload()
     n, c, h, w_, k = 2, 6, 7, 7, 9
     conv = dp.Convolution(intel, dp.TensorDesc((n, c, h, w_)), dp.TensorDesc((k, c, 1, 1)),
                           dp.ConvolutionDesc(stride=(2, 2)))

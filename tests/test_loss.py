@@ -125,6 +125,7 @@ def test_cross_entropy_long_masked_rows_with_partials(ctx, rng, variant, monkeyp
     (-inf) logits add nothing. Each reduce variant forced, chunks cut short."""
     from dlprim_py.ops import reduce as R
     monkeypatch.setenv("DLPRIM_REDUCE_ALGO", variant)
+    dp.config.reload()
     monkeypatch.setattr(R, "UNROLL", 2)
     monkeypatch.setattr(R, "SET_CHUNK", 4)
     logits = random(rng, (3, 3000), -20, 20)
@@ -162,6 +163,7 @@ def test_range_flag_is_cleared_after_an_error(ctx, rng, mode, monkeypatch):
 
 def test_bad_range_check_mode(ctx, monkeypatch):
     monkeypatch.setenv("DLPRIM_RANGE_CHECK_ALGO", "none")
+    dp.config.reload()
     x = dp.Tensor.zeros(ctx, (3, 4))
     with pytest.raises(dp.UnsupportedError, match="range check must be one of"):
         F.nll_loss(x, dp.Tensor.zeros(ctx, (3,), np.int64))

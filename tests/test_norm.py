@@ -79,6 +79,7 @@ def test_batch_norm_training_api_forced_chunks(ctx, rng, monkeypatch, chunks, al
     """The MIOpen-style calls on poisoned outputs, with the per-channel split forced, with float4
     loads (S % 4 == 0) and with scalar loads forced."""
     monkeypatch.setenv("DLPRIM_NORM_ALGO", algo)
+    dp.config.reload()
     shape = (3, 4, 6, 4)
     x, w, b = random(rng, shape, 1, 4), random(rng, (4,)), random(rng, (4,))
     tx, tw, tb = _t(x, True), _t(w, True), _t(b, True)
@@ -103,6 +104,7 @@ def test_batch_norm_training_api_forced_chunks(ctx, rng, monkeypatch, chunks, al
 @pytest.mark.parametrize("training", [True, False])
 def test_batch_norm_per_activation(ctx, rng, monkeypatch, training, algo):
     monkeypatch.setenv("DLPRIM_NORM_ALGO", algo)
+    dp.config.reload()
     shape = (5, 3, 2, 4)
     n_act = 3 * 2 * 4
     x, w, b = random(rng, shape), random(rng, (1, 3, 2, 4)), random(rng, (1, 3, 2, 4))
@@ -213,6 +215,7 @@ def test_layer_norm(ctx, rng, shape, normalized, affine):
                                                  ((2, 8, 300), 2, True)])
 def test_group_norm(ctx, rng, monkeypatch, shape, groups, affine, algo):
     monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", algo)
+    dp.config.reload()
     C = shape[1]
     x = random(rng, shape, -1, 2)
     w = random(rng, (C,), 0.5, 1.5) if affine else None
@@ -294,6 +297,7 @@ def test_bad_input(ctx, rng):
 def test_command_log(ctx, rng, monkeypatch, capsys):
     """DLPRIM_LOG_CMD=1 prints the dlprim-driver bnorm command that reproduces the call."""
     monkeypatch.setenv("DLPRIM_LOG_CMD", "1")
+    dp.config.reload()
     x = _d(ctx, random(rng, (2, 3, 5)))
     stats = _d(ctx, random(rng, (3,), 0.5, 1.5))
     norm.batch_norm_forward_training(x, dp.Tensor.empty(ctx, x.shape), running_mean=stats,

@@ -147,6 +147,7 @@ def test_random_configurations(ctx, rng):
 def test_command_log(ctx, rng, monkeypatch, capsys):
     """DLPRIM_LOG_CMD=1 prints the dlprim-driver command that reproduces the call."""
     monkeypatch.setenv("DLPRIM_LOG_CMD", "1")
+    dp.config.reload()
     x = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 9, 8)))
     F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False)
     F.adaptive_max_pool2d(x, (2, None))
@@ -163,6 +164,7 @@ def test_global_pooling_forced_algorithm(ctx, rng, monkeypatch, algo, shape):
     """Windows covering the whole plane, each algorithm on its own: avg (and with a divisor),
     max with its indices, adaptive to 1x1; plane counts that do not fill the last work group."""
     monkeypatch.setenv("DLPRIM_POOL_ALGO", algo)
+    dp.config.reload()
     H, W = shape[-2:]
     _run(ctx, rng, shape, lambda x: F.avg_pool2d(x, (H, W)), lambda t: TF.avg_pool2d(t, (H, W)))
     _run(ctx, rng, shape, lambda x: F.avg_pool2d(x, (H, W), divisor_override=3),

@@ -130,6 +130,7 @@ def test_each_variant_with_partials(ctx, rng, variant, unroll, monkeypatch):
     """Both variants forced, each with one, three (chunks not a multiple of it) and eight
     accumulator sets, with enough elements that partial results are reduced again."""
     monkeypatch.setenv("DLPRIM_REDUCE_ALGO", variant)
+    dp.config.reload()
     monkeypatch.setattr(R, "UNROLL", unroll)
     monkeypatch.setattr(R, "SET_CHUNK", 4)
     a = random(rng, (40, 1100))
@@ -187,6 +188,7 @@ def test_argmax_argmin_rows_of_infinities(ctx, variant, monkeypatch):
     """A row of -inf (argmax) or +inf (argmin) gives index 0, as in torch, through the
     in-order fold, the sets' merge and the tree; a late NaN still wins."""
     monkeypatch.setenv("DLPRIM_REDUCE_ALGO", variant)
+    dp.config.reload()
     a = np.full((3, 1000), -np.inf, np.float32)
     a[1, 700] = 1.0
     a[2, 999] = np.nan
@@ -227,6 +229,7 @@ def test_everything_partials_modes(ctx, rng, mode, monkeypatch):
     across chunks, into an output inside a larger buffer; called twice (the group count must be
     back at zero for the second launch)."""
     monkeypatch.setenv("DLPRIM_REDUCE_PARTIALS_ALGO", mode)
+    dp.config.reload()
     a = random(rng, (600, 1024))
     # The largest and the smallest value twice each, in different chunks.
     a[3, 7] = a[400, 1000] = 5.0
@@ -264,6 +267,7 @@ def test_everything_partials_modes(ctx, rng, mode, monkeypatch):
 
 def test_bad_partials_mode(ctx, monkeypatch):
     monkeypatch.setenv("DLPRIM_REDUCE_PARTIALS_ALGO", "tree")
+    dp.config.reload()
     with pytest.raises(dp.UnsupportedError, match="partials mode must be one of"):
         F.sum(dp.Tensor.zeros(ctx, (3, 4)))
 

@@ -183,6 +183,7 @@ def test_random_shapes(ctx, rng):
 def test_permute_forced_copy_algorithm(ctx, rng, monkeypatch, algo, shape, dims):
     """Each copy algorithm on its own, across tile edges (sizes not multiples of 32) and batches."""
     monkeypatch.setenv("DLPRIM_COPY_ALGO", algo)
+    dp.config.reload()
     x, t = _pair(ctx, rng, shape, offset_elements=1)
     out = F.permute(x, dims)
     ref = t.permute(dims)
@@ -195,6 +196,7 @@ def test_permute_forced_copy_algorithm(ctx, rng, monkeypatch, algo, shape, dims)
 
 def test_unknown_copy_algorithm(ctx, rng, monkeypatch):
     monkeypatch.setenv("DLPRIM_COPY_ALGO", "dma")
+    dp.config.reload()
     with pytest.raises(dp.UnsupportedError, match="copy algorithm"):
         F.permute(dp.Tensor.from_numpy(ctx, random(rng, (3, 4))), (1, 0))
 
