@@ -56,6 +56,87 @@ def set_argument(kernel, index, value):
 _set_arg_buf = getattr(cl.Kernel, "_set_arg_buf", None)
 
 
+def _opencl_library():
+    """clEnqueueNDRangeKernel of the OpenCL library PyOpenCL loaded (its handles are the ones
+    PyOpenCL's objects carry), or None where it cannot be found."""
+    import ctypes
+    import ctypes.util
+    candidates = []
+    try:
+        with open("/proc/self/maps") as maps:
+            candidates += [line.split()[-1] for line in maps if "libOpenCL" in line]
+    except OSError:
+        pass
+    candidates += [ctypes.util.find_library("OpenCL"),
+                   "/System/Library/Frameworks/OpenCL.framework/OpenCL"]
+    for path in candidates:
+        if not path:
+            continue
+        try:
+            function = ctypes.CDLL(path).clEnqueueNDRangeKernel
+        except (OSError, AttributeError):
+            continue
+        function.restype = ctypes.c_int32
+        return function
+    return None
+
+
+# PyOpenCL's enqueue_nd_range_kernel asks the driver for an event and wraps it: 12 us per launch
+# on an H200 with NVIDIA's driver, of which the event is half (the call itself without one: 5-6
+# us, PyOpenCL's set_arg and the ctypes call included). Nothing here waits on a launch's event
+# (timing brackets launches with markers), so launches go through the library's own entry
+# point without one. None: PyOpenCL's call (no library found).
+_clEnqueueNDRangeKernel = _opencl_library()
+
+
+class WorkSize:
+    """A launch's global and local sizes, with their native arrays made once (a plan's
+    launches reuse them on every run)."""
+
+    __slots__ = ("global_size", "local_size", "native")
+
+    def __init__(self, global_size, local_size):
+        import ctypes
+        self.global_size = tuple(global_size)
+        self.local_size = None if local_size is None else tuple(local_size)
+        dims = len(self.global_size)
+        # The argument tail of clEnqueueNDRangeKernel after (queue, kernel).
+        self.native = (ctypes.c_uint32(dims), None, (ctypes.c_size_t * dims)(*self.global_size),
+                       None if local_size is None else (ctypes.c_size_t * dims)(*self.local_size),
+                       ctypes.c_uint32(0), None, None)
+
+
+def native_handle(cl_object):
+    """A PyOpenCL object's handle as a ctypes pointer, for the native enqueue."""
+    import ctypes
+    return ctypes.c_void_p(cl_object.int_ptr)
+
+
+_work_sizes = {}
+
+
+def work_size(global_size, local_size):
+    """The WorkSize of these sizes (tuples or lists), made once per pair of sizes."""
+    key = (tuple(global_size), None if local_size is None else tuple(local_size))
+    work = _work_sizes.get(key)
+    if work is None:
+        if len(_work_sizes) > 4096:
+            _work_sizes.clear()
+        work = _work_sizes[key] = WorkSize(*key)
+    return work
+
+
+def enqueue_kernel(queue, queue_handle, kernel, work):
+    """Enqueue BoundKernel ``kernel`` (arguments set) over ``work`` (a WorkSize) on ``queue``,
+    whose ``native_handle()`` is ``queue_handle``; no event."""
+    if _clEnqueueNDRangeKernel is not None:
+        if not _clEnqueueNDRangeKernel(queue_handle, kernel.handle, *work.native):
+            return
+        # An error enqueued nothing: PyOpenCL's call raises it with its name (or enqueues, if
+        # the condition has passed).
+    cl.enqueue_nd_range_kernel(queue, kernel.kernel, work.global_size, work.local_size)
+
+
 class BoundKernel:
     """A ``cl.Kernel`` of its own whose arguments are set only when they change.
 
@@ -65,10 +146,11 @@ class BoundKernel:
     enqueued with, so changing them afterwards is safe. The kernel object must not be shared.
     """
 
-    __slots__ = ("kernel", "_bound", "_scalars", "owner")
+    __slots__ = ("kernel", "handle", "_bound", "_scalars", "owner")
 
     def __init__(self, kernel):
         self.kernel = kernel
+        self.handle = native_handle(kernel)
         # The plan step whose arguments are set now (None after any other setting): a plan
         # that finds its own step there rebinds only its operands.
         self.owner = None
@@ -80,7 +162,7 @@ class BoundKernel:
     def __call__(self, queue, global_size, local_size, *args):
         """Set every argument from ``args`` (buffers, None, numpy scalars) and enqueue."""
         self.set_all(args)
-        return enqueue_bound(queue, self, global_size, local_size, args)
+        enqueue_bound(queue, self, global_size, local_size, args)
 
     def set_all(self, args):
         """Set every argument from ``args`` (buffers, None, numpy scalars) where it changed."""
@@ -169,7 +251,7 @@ class BoundKernel:
     def enqueue(self, queue, global_size, local_size, buffers=None):
         """Enqueue with the arguments as set (recorded when a recording is open; ``buffers``:
         the (index, buffer) pairs of its buffer arguments, for the recording)."""
-        return enqueue_bound(queue, self, global_size, local_size, buffers=buffers)
+        enqueue_bound(queue, self, global_size, local_size, buffers=buffers)
 
 
 def _argument_key(value):
@@ -271,35 +353,34 @@ class Recording:
                     keep[buf.int_ptr] = buf
                 else:
                     rebind.append((i, j))
-            steps.append((step.kernel, step.global_size, step.local_size, tuple(rebind),
-                          tuple(fixed), step.template, object()))
+            steps.append((step.kernel, WorkSize(step.global_size, step.local_size),
+                          tuple(rebind), tuple(fixed), step.template, object()))
         return Plan(queue, steps, list(keep.values()))
 
 
 class Plan:
     """Recorded launches that ``run`` enqueues again on the operands it is given."""
 
-    __slots__ = ("queue", "steps", "keep")
+    __slots__ = ("queue", "queue_handle", "steps", "keep")
 
     def __init__(self, queue, steps, keep):
         self.queue = queue
-        # Per launch: (BoundKernel, global size, local size, ((arg index, operand index), ...),
-        # ((arg index, buffer the plan holds), ...), the other arguments as recorded, a token
-        # that marks the kernel object as bound by this step).
+        self.queue_handle = native_handle(queue)
+        # Per launch: (BoundKernel, WorkSize, ((arg index, operand index), ...), ((arg index,
+        # buffer the plan holds), ...), the other arguments as recorded, a token that marks the
+        # kernel object as bound by this step).
         self.steps = steps
         self.keep = keep
 
     def run(self, operands):
-        """Bind ``operands`` (buffers, in the order the plan was made with) and enqueue;
-        returns the last kernel's event.
+        """Bind ``operands`` (buffers, in the order the plan was made with) and enqueue.
 
         A kernel object may serve other calls between two runs (a family's shared kernel, a
         nested plan): where its owner is not this step, every recorded argument is set again
         where it differs; otherwise only the operands that changed."""
-        queue = self.queue
+        queue, queue_handle = self.queue, self.queue_handle
         outer = getattr(_state, "recording", None)
-        event = None
-        for kernel, global_size, local_size, rebind, fixed, template, token in self.steps:
+        for kernel, work, rebind, fixed, template, token in self.steps:
             if kernel.owner is not token:
                 kernel.restore(template)
                 for index, buf in fixed:
@@ -307,12 +388,11 @@ class Plan:
                 kernel.owner = token
             for index, slot in rebind:
                 kernel._put_buffer(index, operands[slot])
-            event = cl.enqueue_nd_range_kernel(queue, kernel.kernel, global_size, local_size)
+            enqueue_kernel(queue, queue_handle, kernel, work)
             if outer is not None:
                 kernel.owner = None
-                outer.steps.append(Step(queue, kernel, global_size, local_size,
+                outer.steps.append(Step(queue, kernel, work.global_size, work.local_size,
                                         tuple((i, operands[j]) for i, j in rebind) + fixed))
-        return event
 
     def __len__(self):
         return len(self.steps)
@@ -345,7 +425,7 @@ def enqueue_bound(queue, kernel, global_size, local_size, args=None, buffers=Non
     """Enqueue BoundKernel ``kernel`` whose arguments are set; recorded when a recording is open
     (its buffer arguments from ``args``, the full argument list, or ``buffers``, the (index,
     buffer) pairs)."""
-    event = cl.enqueue_nd_range_kernel(queue, kernel.kernel, global_size, local_size)
+    enqueue_kernel(queue, native_handle(queue), kernel, work_size(global_size, local_size))
     recording = getattr(_state, "recording", None)
     if recording is not None:
         kernel.owner = None
@@ -357,7 +437,6 @@ def enqueue_bound(queue, kernel, global_size, local_size, args=None, buffers=Non
             else:
                 buffers = buffer_arguments(args)
         recording.steps.append(Step(queue, kernel, global_size, local_size, tuple(buffers)))
-    return event
 
 
 def launch(ctx, built, name, global_size, local_size, args):
@@ -371,7 +450,7 @@ def launch(ctx, built, name, global_size, local_size, args):
     else:
         kernel = bind(built.kernel(name))
     kernel.set_all(args)
-    return enqueue_bound(ctx.queue, kernel, global_size, local_size, args)
+    enqueue_bound(ctx.queue, kernel, global_size, local_size, args)
 
 
 def alias_pattern(buffers):

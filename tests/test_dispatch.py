@@ -361,3 +361,30 @@ def test_dispatch_suite_is_listed():
     args = bench.parse_args(["--suite", "dispatch", "--list"])
     assert args.suites == ["dispatch"]
     assert len(public_names(64, 1024)) == 9 and len(HOST_NAMES) == 16
+
+
+def test_launches_without_the_native_entry_point(ctx, rng, monkeypatch):
+    """Where the OpenCL library's own clEnqueueNDRangeKernel is not found, launches go
+    through PyOpenCL and compute the same."""
+    from dlprim_py import launch
+    a, w = random(rng, (2, 8, 6, 6)), random(rng, (8, 8, 3, 3))
+    x, k = dp.Tensor.from_numpy(ctx, a), dp.Tensor.from_numpy(ctx, w)
+    native = F.relu(F.conv2d(x, k, padding=1)).numpy()
+    monkeypatch.setattr(launch, "_clEnqueueNDRangeKernel", None)
+    fallback = F.relu(F.conv2d(x, k, padding=1)).numpy()
+    np.testing.assert_array_equal(native, fallback)
+
+
+def test_native_enqueue_error_is_raised_by_name(ctx):
+    """A launch the driver refuses raises PyOpenCL's error naming the code, not a silent
+    no-op."""
+    import pyopencl as cl
+    from dlprim_py import launch
+    built = program.build_source(ctx, "__kernel void one(__global float* a) { a[0] = 1.0f; }")
+    kernel = launch.BoundKernel(program.new_kernel(built.program, "one"))
+    y = dp.Tensor.empty(ctx, (1,))
+    kernel.set_all([y.buffer])
+    too_large = ctx.info.max_work_group_size * 2
+    with pytest.raises(cl.Error):
+        launch.enqueue_kernel(ctx.queue, launch.native_handle(ctx.queue), kernel,
+                              launch.WorkSize((too_large,), (too_large,)))

@@ -600,13 +600,10 @@ class GemmPlan:
         self._launches.append((kernel, global_size, local_size, buffer_arguments(args)))
 
     def enqueue(self):
-        """Enqueue the GEMM on the context's queue (recorded when a recording is open);
-        returns the last kernel's event."""
+        """Enqueue the GEMM on the context's queue (recorded when a recording is open)."""
         queue = self.ctx.queue
-        event = None
         for kernel, global_size, local_size, buffers in self._launches:
-            event = enqueue_bound(queue, kernel, global_size, local_size, buffers=buffers)
-        return event
+            enqueue_bound(queue, kernel, global_size, local_size, buffers=buffers)
 
     def __repr__(self):
         M, N, K = self.shape
@@ -646,7 +643,7 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
     The first call with given sizes, offsets, scalars and options builds a ``GemmPlan`` and
     records it; later calls replay the recording on their own buffers (after checking that each
     buffer is one of this context and holds what the sizes need; ``checked=True``: the caller
-    has checked that, as the tensor API does). Returns the event of the last kernel enqueued.
+    has checked that, as the tensor API does).
     """
     if config.log_cmd():
         flags = {"m": M, "n": N, "k": K, "u": int(bool(trans_a)), "v": int(bool(trans_b)),
@@ -677,16 +674,18 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
                         if buf.size < need:
                             raise ShapeError(f"{name} buffer holds {buf.size} bytes, the GEMM "
                                              f"needs {need}")
-            return plan.run(operands)
+            plan.run(operands)
+            return
     gemm_plan = GemmPlan(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc,
                          trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta,
                          bias_buf=bias_buf, bias_off=bias_off, bias_per=bias_per,
                          activation=activation, batch=batch, stride_a=stride_a,
                          stride_b=stride_b, stride_c=stride_c, **extra)
     if key is None:
-        return gemm_plan.enqueue()
+        gemm_plan.enqueue()
+        return
     with Recording() as recording:
-        event = gemm_plan.enqueue()
+        gemm_plan.enqueue()
     plan = recording.plan(ctx.queue, operands)
     a_rows, a_cols = (K, M) if trans_a else (M, K)
     b_rows, b_cols = (N, K) if trans_b else (K, N)
@@ -696,7 +695,6 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
              (c_off + (batch - 1) * stride_c + (M - 1) * ldc + N) * itemsize,
              (bias_off + (N if bias_per == "n" else M)) * itemsize)
     ctx.plans.put(key, (plan, needs))
-    return event
 
 
 # ---- tensor API ---------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from .. import autograd, config, program
 from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
-from ..launch import BoundKernel, current, enqueue_bound
+from ..launch import (BoundKernel, WorkSize, current, enqueue_bound, enqueue_kernel,
+                      native_handle)
 from ..tensor import Tensor
 
 _INT32_LIMIT = 2 ** 31 - 1
@@ -242,23 +243,23 @@ class PointwiseKernel:
             plan = ctx.plans.put(key, self._plan(ctx, inputs, outputs, algorithm))
         if plan is _EMPTY:
             return
-        kernel, gsize, lsize, buffer_slots, scalar_slots = plan
+        kernel, work, queue_handle, buffer_slots, scalar_slots = plan
         set_buffer, set_scalar = kernel.set_buffer, kernel.set
         for index, t in zip(buffer_slots, operands):
             set_buffer(index, t.buffer)
         for (index, kind), value in zip(scalar_slots, scalars):
             set_scalar(index, value, kind)
         if current() is None:
-            cl.enqueue_nd_range_kernel(ctx.queue, kernel.kernel, gsize, lsize)
+            enqueue_kernel(ctx.queue, queue_handle, kernel, work)
         else:
-            enqueue_bound(ctx.queue, kernel, gsize, lsize,
+            enqueue_bound(ctx.queue, kernel, work.global_size, work.local_size,
                           buffers=[(i, t.buffer) for i, t in zip(buffer_slots, operands)])
 
     def _plan(self, ctx, inputs, outputs, algorithm):
         """Validate the operands' shapes and choose the kernel, its launch and its static
-        arguments: (kernel with them set, global, local, argument index of each operand's
-        buffer, (argument index, numpy type) of each scalar), or _EMPTY when there is nothing to
-        compute."""
+        arguments: (kernel with them set, WorkSize, the queue's native handle, argument index of
+        each operand's buffer, (argument index, numpy type) of each scalar), or _EMPTY when there
+        is nothing to compute."""
         out_shape = outputs[0].shape
         for t in outputs:
             if t.shape != out_shape:
@@ -315,7 +316,8 @@ class PointwiseKernel:
         if tail is not None:
             args.append(index_np(tail))
         kernel.set_all(args)
-        return kernel, gsize, lsize, tuple(buffer_slots), tuple(scalar_slots)
+        return (kernel, WorkSize(gsize, lsize), native_handle(ctx.queue), tuple(buffer_slots),
+                tuple(scalar_slots))
 
 
 # A plan for an empty output: nothing to enqueue.
