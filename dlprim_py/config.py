@@ -17,7 +17,7 @@ DLPRIM_POOL_ALGO   force one pooling algorithm: window, plane (global windows)
 DLPRIM_ROWNORM_ALGO force one layer/group norm algorithm: rows, split (group norm)
 DLPRIM_REDUCE_ALGO force one reduction variant: group, item
 DLPRIM_REDUCE_PARTIALS_ALGO how a reduction of everything combines its partials: last_group, launch
-DLPRIM_RANGE_CHECK_ALGO how nll_loss/cross_entropy read their target check back: pinned, pageable, queue
+DLPRIM_RANGE_CHECK_ALGO when nll_loss/cross_entropy raise on a bad target: deferred (next sync), immediate
 DLPRIM_SOFTMAX_ALGO force one softmax variant: row, column
 DLPRIM_POINTWISE_ALGO force one pointwise variant: vector (where it applies), scalar
 DLPRIM_DROPOUT_ALGO force one dropout variant: vector (where offsets allow), scalar

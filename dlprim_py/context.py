@@ -214,14 +214,30 @@ class Context:
         self.memo = {}
         # The plans of every operator family, by a key of what a call's plan depends on.
         self.plans = PlanCache()
+        # Checks of enqueued work whose result is read at the next synchronizing call (a bad
+        # class target of nll_loss): name -> check(ctx), which raises.
+        self.deferred_checks = {}
 
     @property
     def vendor(self):
         return self.info.vendor
 
     def synchronize(self):
-        """Wait until everything enqueued on the queue has finished."""
+        """Wait until everything enqueued on the queue has finished; raises what a deferred
+        check of that work found (an out-of-range class target)."""
         self.queue.finish()
+        self.run_deferred_checks()
+
+    def defer_check(self, name, check):
+        """Run ``check(self)`` (which reads device results and raises on a bad one) at the next
+        synchronizing call; one pending check per ``name``."""
+        self.deferred_checks[name] = check
+
+    def run_deferred_checks(self):
+        """Run the pending deferred checks (each once), raising the first error found."""
+        while self.deferred_checks:
+            name = next(iter(self.deferred_checks))
+            self.deferred_checks.pop(name)(self)
 
     def __repr__(self):
         return f"dlprim_py.Context({self.info.name!r} on {self.info.platform_name!r})"

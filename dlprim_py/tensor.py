@@ -213,10 +213,13 @@ class Tensor:
     # ---- data movement ------------------------------------------------------------------
 
     def numpy(self):
-        """A numpy copy of the data (waits for queued work)."""
+        """A numpy copy of the data (waits for queued work, and raises what a deferred check
+        of that work found, see ``Context.synchronize``)."""
         out = np.empty(self.shape, self.dtype)
         if out.size:
             cl.enqueue_copy(self.ctx.queue, out, self.buffer, src_offset=self.offset, is_blocking=True)
+        if self.ctx.deferred_checks:
+            self.ctx.run_deferred_checks()
         return out
 
     def fill_(self, value):

@@ -3,10 +3,12 @@
 ## input is (N, C, S) C-contiguous (S = product of the spatial sizes, 1 without them), target is
 ## (N, S) int64; element e = n * S + s picks class t = target[e]. A target equal to ignore_index
 ## contributes nothing; any other target outside [0, C) is never used as an index: nll_check
-## records it in `bad` (bad[0] = 1, bad[1] = the value) for the host to raise on.
+## records it in `bad` (bad[0] = 1, bad[1] = the value, bad[2] = classes, bad[3] = ignore_index)
+## for the host to raise on.
 ##
 ## nll_check(total, classes, ignore_index, target, t_off, bad)
-##     bad[0] = 1, bad[1] = t for a target t outside [0, classes) other than ignore_index
+##     bad = {1, t, classes, ignore_index} for a target t outside [0, classes) other than
+##     ignore_index (bad stays set across calls until the host clears it)
 ## nll_gather(total, classes, spatial, ignore_index, x, x_off, target, t_off, weight, w_off,
 ##            loss, loss_off, picked_weight, pw_off)
 ##     loss[e] = -w[t] * x[n, t, s], picked_weight[e] = w[t] (0 and 0 when ignored or bad)
@@ -32,6 +34,8 @@ __kernel void nll_check(${index_t} total, ${index_t} classes, long ignore_index,
             // Every offender writes the same flag; which value lands in bad[1] is immaterial.
             bad[0] = 1;
             bad[1] = t;
+            bad[2] = classes;
+            bad[3] = ignore_index;
         }
     }
 }

@@ -97,10 +97,12 @@ def test_bad_input(ctx):
     x = dp.Tensor.zeros(ctx, (3, 4))
     for bad in (4, -1, -101):
         target = dp.Tensor.from_numpy(ctx, np.array([0, bad, 2], np.int64))
+        # Raised at the first synchronizing call (the default, deferred check).
         with pytest.raises(dp.ShapeError, match=f"target {bad} is out of range for 4 classes"):
-            F.nll_loss(x, target)
+            F.nll_loss(x, target).numpy()
         with pytest.raises(dp.ShapeError, match="out of range"):
             F.cross_entropy(x, target)
+            ctx.synchronize()
     with pytest.raises(dp.DTypeError, match="int64"):
         F.nll_loss(x, dp.Tensor.zeros(ctx, (3,), np.int32))
     with pytest.raises(dp.ShapeError, match="target of shape"):
@@ -136,33 +138,66 @@ def test_cross_entropy_long_masked_rows_with_partials(ctx, rng, variant, monkeyp
            [logits], [target])
 
 
-@pytest.mark.parametrize("mode", ["pinned", "pageable", "queue"])
+@pytest.mark.parametrize("mode", ["deferred", "immediate"])
 def test_range_flag_is_cleared_after_an_error(ctx, rng, mode, monkeypatch):
-    """Each way of reading the range flag back, forced: a bad target raises (nll_loss and
-    cross_entropy), and the flag lives across calls, so a good call after one that raised
-    passes, also when the target was written by the queue's last command."""
+    """Each range-check mode forced: a bad target raises (nll_loss and cross_entropy; deferred
+    at the next synchronizing call, immediate in the call), and the flag lives across calls, so
+    a good call after one that raised passes, also when the target was written by the queue's
+    last command."""
     from dlprim_py.ops import loss as L
     monkeypatch.setattr(L, "RANGE_CHECK", mode)
+
+    def call(op, *args):
+        out = op(*args)
+        if mode == "deferred":
+            return out.numpy()
+        # Raised in the call: nothing is left for the next synchronizing call.
+        assert not ctx.deferred_checks
+        return out.numpy()
+
     a = random(rng, (3, 4))
     x = dp.Tensor.from_numpy(ctx, a)
     for op in (F.nll_loss, F.cross_entropy):
-        with pytest.raises(dp.ShapeError, match="target 9 is out of range"):
-            op(x, dp.Tensor.from_numpy(ctx, np.array([0, 9, 2], np.int64)))
+        with pytest.raises(dp.ShapeError, match="target 9 is out of range for 4 classes"):
+            out = op(x, dp.Tensor.from_numpy(ctx, np.array([0, 9, 2], np.int64)))
+            if mode == "deferred":
+                out.numpy()
     good = np.array([3, 1, 2], np.int64)
     t = dp.Tensor.from_numpy(ctx, good)
-    out = F.nll_loss(x, t).numpy()
+    out = call(F.nll_loss, x, t)
     assert_close(out, TF.nll_loss(torch.tensor(a.astype(np.float64)), torch.tensor(good)).numpy())
     # A bad value written into the target just before the call, on the queue.
     t.copy_(dp.Tensor.from_numpy(ctx, np.array([3, -7, 2], np.int64)))
     with pytest.raises(dp.ShapeError, match="target -7 is out of range"):
-        F.cross_entropy(x, t)
+        out = F.cross_entropy(x, t)
+        ctx.synchronize()
     t.copy_(dp.Tensor.from_numpy(ctx, good))
-    out = F.cross_entropy(x, t).numpy()
+    out = call(F.cross_entropy, x, t)
     assert_close(out, TF.cross_entropy(torch.tensor(a.astype(np.float64)), torch.tensor(good)).numpy())
 
 
+def test_deferred_range_check_raises_once_at_the_next_sync(ctx, rng):
+    """A bad target in a training step: the call and its backward only enqueue (they replay
+    their plans; the bad target is never used as an index), the next synchronizing call
+    raises, naming the value, the classes and the ignore_index, and later calls run clean."""
+    x = dp.Tensor.from_numpy(ctx, random(rng, (4, 6)), requires_grad=True)
+    good = dp.Tensor.from_numpy(ctx, np.array([0, 5, 2, 1], np.int64))
+    bad = dp.Tensor.from_numpy(ctx, np.array([0, 6, 2, 1], np.int64))
+    for _ in range(2):   # the second call replays the first one's plan
+        F.cross_entropy(x, good, ignore_index=3).backward()
+        ctx.synchronize()
+    loss = F.cross_entropy(x, bad, ignore_index=3)
+    loss.backward()
+    assert "nll_range" in ctx.deferred_checks
+    with pytest.raises(dp.ShapeError, match=r"target 6 is out of range for 6 classes "
+                                            r"\(expected 0..5 or ignore_index=3\)"):
+        ctx.synchronize()
+    ctx.synchronize()   # raised once
+    assert np.isfinite(F.cross_entropy(x, good).numpy())
+
+
 def test_bad_range_check_mode(ctx, monkeypatch):
-    monkeypatch.setenv("DLPRIM_RANGE_CHECK_ALGO", "none")
+    monkeypatch.setenv("DLPRIM_RANGE_CHECK_ALGO", "pinned")
     dp.config.reload()
     x = dp.Tensor.zeros(ctx, (3, 4))
     with pytest.raises(dp.UnsupportedError, match="range check must be one of"):

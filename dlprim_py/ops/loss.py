@@ -3,15 +3,16 @@
 * ``nll_loss`` and ``cross_entropy`` with int64 class targets (N) or (N, d1, ...), optional
   per-class ``weight``, ``ignore_index``; ``cross_entropy`` also takes class probabilities
   (a float target shaped like the input). A target outside [0, C) other than ignore_index
-  raises ShapeError and is never used as an index: a check kernel is enqueued first and its
-  flag read back without blocking, and the call waits for that read after enqueuing the rest,
-  so it waits for the check (and whatever the queue held before), not for its own work.
-  How the flag comes back (``RANGE_CHECK``, ``DLPRIM_RANGE_CHECK_ALGO``): "pinned" reads it
-  into page-locked host memory (a buffer allocated with ALLOC_HOST_PTR, mapped once);
-  "pageable" into a fresh numpy array; "queue" runs the check and a pinned read on a second
-  queue behind a marker of the first, so that the first queue's kernels never wait for the
-  read. On the H200 (cross_entropy 2097x32000, three runs) pinned was the cheapest or within
-  noise of the cheapest, pageable 4-6% slower; the call is bound by its host time there.
+  raises ShapeError and is never used as an index: a check kernel enqueued with the call sets
+  a flag on the device. How the flag reaches the host (``DLPRIM_RANGE_CHECK_ALGO``):
+  "deferred" (default) reads it at the context's next synchronizing call (``Tensor.numpy()``,
+  ``Context.synchronize()``) and raises there, as CUDA reports a device-side assert at the next
+  synchronization: the call itself only enqueues, replays its launches from a plan, and the
+  host goes on enqueuing (a training step's backward) while the device runs the forward.
+  "immediate" raises in the call: the flag's read is enqueued right after the check into
+  page-locked memory, and the call waits for it after enqueuing the rest, so it waits for the
+  check (and whatever the queue held before), not for its own work; a training step then
+  drains the queue at its loss.
   ``cross_entropy`` with class targets reads the logits once (their log-sum-exp over the
   classes, then the picked logit minus it).
 * ``mse_loss`` and ``binary_cross_entropy_with_logits`` (``weight``, ``pos_weight``), with
@@ -30,15 +31,17 @@ from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 from .. import config
 from ..launch import bind, run_planned_on
-from .pointwise import PointwiseKernel, broadcast_shapes, launch_size, reduce_to_shape
+from . import reduce as R
+from .pointwise import PointwiseKernel, broadcast_shapes, launch_size, mul, reduce_to_shape
 from .reduce import ReduceKernel
+from .softmax import log_softmax, softmax_backward
 
 _f32 = np.float32
 _REDUCTIONS = ("none", "mean", "sum")
-RANGE_CHECKS = ("pinned", "pageable", "queue")
+RANGE_CHECKS = ("deferred", "immediate")
 # None: DLPRIM_RANGE_CHECK_ALGO, else DEFAULT_RANGE_CHECK.
 RANGE_CHECK = None
-DEFAULT_RANGE_CHECK = "pinned"
+DEFAULT_RANGE_CHECK = "deferred"
 _kernels = {}
 
 
@@ -101,11 +104,11 @@ def _enqueue(ctx, built, name, gsize, lsize, args, queue=None):
 
 
 def _range_flag(ctx):
-    """The context's target-range flag (2 int64: set, offending value), zero between calls: a
-    call that finds it set clears it before raising, so no call pays a fill to reset it."""
+    """The context's target-range flag (4 int64: set, offending value, classes, ignore_index),
+    zero while no call has seen a bad target: whoever raises on it clears it."""
     flag = ctx.memo.get("nll_range_flag")
     if flag is None:
-        flag = ctx.memo["nll_range_flag"] = Tensor.zeros(ctx, (2,), np.int64)
+        flag = ctx.memo["nll_range_flag"] = Tensor.zeros(ctx, (4,), np.int64)
     return flag
 
 
@@ -113,7 +116,8 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     """torch.nn.functional.nll_loss: input float32 log-probabilities (N, C, ...), target int64.
 
     "mean" divides by the sum of the weights of the non-ignored targets (torch's rule; NaN when
-    every target is ignored).
+    every target is ignored). A target outside [0, C) other than ``ignore_index`` raises
+    ShapeError at the next synchronizing call (see the module's text).
     """
     _check_reduction(reduction, "nll_loss")
     out, grad_of_input = _nll(input, target, weight, ignore_index, reduction)
@@ -128,65 +132,63 @@ def _range_check_mode():
 
 
 def _pinned_flag(ctx):
-    """Two int64 of page-locked host memory for the flag's read-back: a buffer allocated by
+    """Four int64 of page-locked host memory for the flag's read-back: a buffer allocated by
     the driver in host memory (ALLOC_HOST_PTR), mapped once and kept mapped."""
     host = ctx.memo.get("nll_range_host")
     if host is None:
-        buffer = cl.Buffer(ctx.cl_context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, 16)
+        buffer = cl.Buffer(ctx.cl_context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, 32)
         array, _ = cl.enqueue_map_buffer(ctx.queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE,
-                                         0, (2,), np.int64, is_blocking=True)
+                                         0, (4,), np.int64, is_blocking=True)
         host = ctx.memo["nll_range_host"] = (buffer, array)
     return host[1]
 
 
-def _check_queue(ctx):
-    """A second queue on the context's device for the range check and its read-back."""
-    queue = ctx.memo.get("nll_range_queue")
-    if queue is None:
-        queue = ctx.memo["nll_range_queue"] = cl.CommandQueue(ctx.cl_context, ctx.device)
-    return queue
+def _raise_on_range_flag(ctx, read=None):
+    """Raise ShapeError (clearing the flag) where a call's check found a bad target. ``read``:
+    the pending non-blocking read of the flag into the pinned array (immediate checks); by
+    default a blocking read now (a synchronizing call's deferred check)."""
+    flag, host = _range_flag(ctx), _pinned_flag(ctx)
+    if read is None:
+        cl.enqueue_copy(ctx.queue, host, flag.buffer, src_offset=flag.offset, is_blocking=True)
+    else:
+        read.wait()
+    if host[0]:
+        bad_value, classes, ignore_index = (int(v) for v in host[1:])
+        flag.fill_(0)
+        host[:] = 0
+        raise ShapeError(f"nll_loss: target {bad_value} is out of range for {classes} classes "
+                         f"(expected 0..{classes - 1} or ignore_index={ignore_index})"
+                         + ("" if read is not None else
+                            "; raised at the first synchronizing call after the call that read "
+                            "it (DLPRIM_RANGE_CHECK_ALGO=immediate raises in the call itself)"))
 
 
-class _RangeCheck:
-    """The target-range check of one call, enqueued: the check kernel, then a non-blocking
-    read of its flag (``RANGE_CHECK`` says where and on which queue). ``raise_if_bad()`` waits
-    for that read (so for the check, behind whatever the queue held before, not for the work
-    enqueued after it) and raises on a bad target."""
+def _enqueue_range_check(setup, target):
+    """Enqueue the target check kernel of one call; it sets the context's flag on a bad target."""
+    if setup.total:
+        _enqueue(setup.ctx, setup.built, "nll_check", *setup.launch,
+                 [setup.total_arg, setup.classes_arg, setup.ignore_arg, target.buffer,
+                  setup.target_offset_arg, _range_flag(setup.ctx).buffer])
 
-    def __init__(self, setup, target):
-        self.read = None
-        ctx = self.ctx = setup.ctx
-        self.classes, self.ignore_index = setup.c, setup.ignore_index
-        if setup.total:
-            self.mode = mode = _range_check_mode()
-            self.bad = _range_flag(ctx)
-            queue = ctx.queue
-            if mode == "queue":
-                queue = _check_queue(ctx)
-                # The check reads the target after everything enqueued before it.
-                cl.enqueue_barrier(queue, wait_for=[cl.enqueue_marker(ctx.queue)])
-            _enqueue(ctx, setup.built, "nll_check", *setup.launch,
-                     [setup.total_arg, setup.classes_arg, setup.ignore_arg, target.buffer,
-                      setup.target_offset_arg, self.bad.buffer], queue)
-            self.flag = np.zeros(2, np.int64) if mode == "pageable" else _pinned_flag(ctx)
-            self.read = cl.enqueue_copy(queue, self.flag, self.bad.buffer, src_offset=self.bad.offset,
-                                        is_blocking=False)
-            if mode == "queue":
-                queue.flush()
 
-    def raise_if_bad(self):
-        if self.read is None:
-            return
-        if self.mode == "queue":
-            # The check waits for a marker of the context's queue: that must reach the device.
-            self.ctx.queue.flush()
-        self.read.wait()
-        if self.flag[0]:
-            bad_value = int(self.flag[1])
-            self.bad.fill_(0)
-            c = self.classes
-            raise ShapeError(f"nll_loss: target {bad_value} is out of range for {c} classes "
-                             f"(expected 0..{c - 1} or ignore_index={self.ignore_index})")
+def _read_range_flag(ctx):
+    """A non-blocking read of the flag into the pinned array (the immediate mode: enqueued
+    right after the check, so that the host then waits for the check, not for the call's own
+    work)."""
+    flag = _range_flag(ctx)
+    return cl.enqueue_copy(ctx.queue, _pinned_flag(ctx), flag.buffer, src_offset=flag.offset,
+                           is_blocking=False)
+
+
+def _finish_range_check(setup, mode, read):
+    """After a call's own work is enqueued: deferred, the context checks the flag at its next
+    synchronizing call; immediate, wait for the flag's ``read`` and raise on a bad target."""
+    if not setup.total:
+        return
+    if mode == "deferred":
+        setup.ctx.defer_check("nll_range", _raise_on_range_flag)
+    else:
+        _raise_on_range_flag(setup.ctx, read)
 
 
 class _NllSetup:
@@ -269,46 +271,60 @@ def _validate_nll(input, target, weight, reduction, shifted, ignore_index):
     return _NllSetup(n, c, s, ctx, index, built, input, target, weight, int(ignore_index))
 
 
-def _nll(input, target, weight, ignore_index, reduction, shift=None, check=None, setup=None):
+def _nll(input, target, weight, ignore_index, reduction, shift_of=None):
     """The nll_loss forward, enqueued; returns (loss, g -> gradient wrt the log-probabilities).
-    With ``shift`` (float32, one value per target element, dense) the log-probabilities are
-    ``input - shift`` along the classes, never materialized. ``check``: the call's range check
-    when the caller enqueued it already (before its own work); ``setup``: the call's
-    ``_nll_setup`` when the caller made it."""
-    setup = setup or _nll_setup(input, target, weight, reduction, shift is not None, ignore_index)
+    ``shift_of(setup)``: enqueues a per-target-element shift (float32, dense) and returns it;
+    the log-probabilities are then ``input - shift`` along the classes, never materialized
+    (cross_entropy: the logits' log-sum-exp).
+
+    In the deferred range-check mode the forward's launches (check, shift, gather, sums) replay
+    from one plan per setup and reduction; in the immediate mode the call waits for its check."""
+    setup = _nll_setup(input, target, weight, reduction, shift_of is not None, ignore_index)
     ctx, index, built, total = setup.ctx, setup.index, setup.built, setup.total
     c, s = setup.c, setup.s
     gsize, lsize = setup.launch
-    if check is None:
-        check = _RangeCheck(setup, target)
-    # The per-element losses are the result of "none"; the sums' inputs otherwise.
-    loss = Tensor.empty(ctx, target.shape) if reduction == "none" else setup.scratch("loss", target.shape)
-    picked = setup.scratch("picked", target.shape)
-    w = weight if weight is not None else input
-    if total:
-        zero = setup.zero_arg
-        _enqueue(ctx, built, "nll_gather", gsize, lsize,
-                 [setup.total_arg, setup.classes_arg, setup.spatial_arg, setup.ignore_arg, input.buffer,
-                  setup.input_offset_arg,
-                  *(() if shift is None else (shift.buffer, zero if shift.offset == 0 else index(shift.offset_elements))),
-                  target.buffer, setup.target_offset_arg, w.buffer, setup.weight_offset_arg,
-                  loss.buffer, zero, picked.buffer, zero])
+    mode = _range_check_mode()
     if reduction == "none":
-        out, divisor = loss, None
+        out, divisor = Tensor.empty(ctx, target.shape), None
     else:
-        sums = Tensor.empty(ctx, ())
-        divisor = Tensor.empty(ctx, ())
-        kernel = _memo(("nll_reduce", reduction), lambda: ReduceKernel(
-            f"nll_reduce_{reduction}", [("l", _f32), ("w", _f32)], [("y", _f32), ("wsum", _f32)],
-            "y = l; wsum = w;", "sum",
-            finalize="acc_y = acc_y / acc_wsum;" if reduction == "mean" else ""))
+        out, divisor = Tensor.empty(ctx, ()), Tensor.empty(ctx, ())
+    w = weight if weight is not None else input
+
+    reads = []
+
+    def forward():
+        _enqueue_range_check(setup, target)
+        if mode == "immediate" and total:
+            reads.append(_read_range_flag(ctx))
+        shift = None if shift_of is None else shift_of(setup)
+        # The per-element losses are the result of "none"; the sums' inputs otherwise.
+        loss = out if reduction == "none" else setup.scratch("loss", target.shape)
+        picked = setup.scratch("picked", target.shape)
         if total:
-            kernel([loss, picked], [sums, divisor])
-        else:
-            sums.fill_(np.nan if reduction == "mean" else 0.0)
-            divisor.fill_(0.0)
-        out = sums
-    check.raise_if_bad()
+            zero = setup.zero_arg
+            _enqueue(ctx, built, "nll_gather", gsize, lsize,
+                     [setup.total_arg, setup.classes_arg, setup.spatial_arg, setup.ignore_arg,
+                      input.buffer, setup.input_offset_arg,
+                      *(() if shift is None else (shift.buffer, zero if shift.offset == 0 else index(shift.offset_elements))),
+                      target.buffer, setup.target_offset_arg, w.buffer, setup.weight_offset_arg,
+                      loss.buffer, zero, picked.buffer, zero])
+        if reduction != "none":
+            kernel = _memo(("nll_reduce", reduction), lambda: ReduceKernel(
+                f"nll_reduce_{reduction}", [("l", _f32), ("w", _f32)], [("y", _f32), ("wsum", _f32)],
+                "y = l; wsum = w;", "sum",
+                finalize="acc_y = acc_y / acc_wsum;" if reduction == "mean" else ""))
+            if total:
+                kernel([loss, picked], [out, divisor])
+            else:
+                out.fill_(np.nan if reduction == "mean" else 0.0)
+                divisor.fill_(0.0)
+
+    if mode == "deferred":
+        run_planned_on(ctx, ("nll_forward", setup, reduction, shift_of is not None, R.switches()),
+                       (input, target, weight, out, divisor), forward)
+    else:
+        forward()
+    _finish_range_check(setup, mode, reads[0] if reads else None)
     source_shape = input.shape
 
     def backward(g):
@@ -347,9 +363,6 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     """torch.nn.functional.cross_entropy: log_softmax over dim 1 (dim 0 for a (C) input), then
     nll_loss for int64 class targets, or -sum(weight * target * log p) over the classes for a
     float32 probability target shaped like the input (mean averages over all positions)."""
-    from . import reduce as R
-    from .pointwise import mul
-    from .softmax import log_softmax
     _check_reduction(reduction, "cross_entropy")
     _check_float(input, "cross_entropy: input")
     if label_smoothing != 0.0:
@@ -360,20 +373,19 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     if isinstance(target, Tensor) and target.dtype == np.int64:
         # One read of the logits: their log-sum-exp over the classes, then the picked logit
         # minus it. The backward forms log_softmax then.
-        setup = _nll_setup(input, target, weight, reduction, True, ignore_index)
-        # The range check goes first: the host then waits for it, not for the log-sum-exp.
-        check = _RangeCheck(setup, target)
         keep_dims = tuple(1 if k == class_dim else d for k, d in enumerate(input.shape))
-        lse = setup.scratch("lse", keep_dims)
-        sums = setup.scratch("lse_sums", keep_dims)
-        if input.size:
-            _logsumexp_kernel()([input], [lse, sums], axes=(class_dim,))
-        out, grad_of_logp = _nll(input, target, weight, ignore_index, reduction, shift=lse, check=check,
-                                 setup=setup)
+
+        def log_sum_exp(setup):
+            lse = setup.scratch("lse", keep_dims)
+            if input.size:
+                _logsumexp_kernel()([input], [lse, setup.scratch("lse_sums", keep_dims)],
+                                    axes=(class_dim,))
+            return lse
+
+        out, grad_of_logp = _nll(input, target, weight, ignore_index, reduction, log_sum_exp)
         source = input.detach()
 
         def backward(g):
-            from .softmax import softmax_backward
             logp = log_softmax(source, class_dim)
             return (softmax_backward(logp, grad_of_logp(g), class_dim, log=True), None, None)
 

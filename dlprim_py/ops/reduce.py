@@ -34,7 +34,7 @@ from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
-from ..launch import BoundKernel
+from ..launch import BoundKernel, current
 from .pointwise import (PointwiseKernel, _scalar_cl_name, broadcast_shapes, broadcast_strides,
                         merge_contiguous)
 
@@ -287,6 +287,7 @@ class _Launch:
                 args += [None, None]
             # Zero between launches: the last group to finish sets it back.
             self.done_count = Tensor.zeros(ctx, (1,), np.int32)
+            self.done_slot = len(args)
             args.append(self.done_count.buffer)
         self.scalar_slots = list(range(len(args), len(args) + len(reduce_kernel.scalars)))
         self.scalar_types = [dt.type for _, dt in reduce_kernel.scalars]
@@ -321,7 +322,15 @@ class _Launch:
             kernel.set(slot + 1, t.offset_elements, index)
         for slot, kind, value in zip(self.scalar_slots, self.scalar_types, scalars):
             kernel.set(slot, value, kind)
-        kernel.enqueue(self.ctx.queue, self.global_size, self.local_size)
+        buffers = None
+        if current() is not None:
+            # What a recording needs to replay this launch on other buffers.
+            buffers = [(slot, t.buffer) for slots, tensors in
+                       ((self.input_slots, inputs), (self.output_slots, targets),
+                        (self.final_slots, outputs)) for slot, t in zip(slots, tensors)]
+            if self.last_group:
+                buffers.append((self.done_slot, self.done_count.buffer))
+        kernel.enqueue(self.ctx.queue, self.global_size, self.local_size, buffers)
         if self.sub_launch is not None:
             self.sub_launch.enqueue(self.partials, outputs, scalars)
 
@@ -363,6 +372,12 @@ class _Plan:
         self.kept_sizes, self.red_sizes, self.strides = kept_sizes, red_sizes, strides
         self.variant, self.chunks, self.chunk_len, self.unroll = variant, chunks, chunk_len, unroll
         self.segment, self.vector, self.last_group = segment, vector, last_group
+
+
+def switches():
+    """What every reduction's launch depends on besides its operands (the forced variant and the
+    module's tunables): part of the key of a plan that records reductions."""
+    return config.forced_algorithm("reduce"), _switches()
 
 
 def _switches():
