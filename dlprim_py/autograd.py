@@ -54,7 +54,12 @@ class Node:
 
 def needs_grad(*inputs):
     """True when recording is on and some input (Tensors or None) requires a gradient."""
-    return grad_enabled() and any(t is not None and getattr(t, "requires_grad", False) for t in inputs)
+    if not getattr(_state, "enabled", True):
+        return False
+    for t in inputs:
+        if t is not None and getattr(t, "requires_grad", False):
+            return True
+    return False
 
 
 def record(output, inputs, backward, name="op"):

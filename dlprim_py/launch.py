@@ -457,17 +457,24 @@ def alias_pattern(buffers):
     """For each buffer (or None), the index of the first one with the same handle (-1 for
     None): a plan recorded for one pattern of shared buffers is replayed only for the same."""
     handles = [None if b is None else b.int_ptr for b in buffers]
-    return tuple(-1 if h is None else handles.index(h) for h in handles)
+    return tuple([-1 if h is None else handles.index(h) for h in handles])
 
 
 def run_planned_on(ctx, key, tensors, run):
     """``run_planned`` on the buffers of ``tensors`` (None allowed), after checking that they
     share ``ctx``'s OpenCL context; unplanned while DLPRIM_LOG_CMD asks every call to log."""
-    check_same_context(*tensors)
+    buffers = []
+    for t in tensors:
+        if t is None:
+            buffers.append(None)
+        else:
+            if t.ctx is not ctx:
+                check_same_context(*tensors)
+            buffers.append(t.buffer)
     if config.log_cmd():
         run()
         return
-    run_planned(ctx, key, [None if t is None else t.buffer for t in tensors], run)
+    run_planned(ctx, key, buffers, run)
 
 
 # A key whose run cannot become a plan (it has non-kernel commands): it runs unrecorded.

@@ -104,6 +104,9 @@ class Tensor:
         if ctx.__class__ is not Context:
             ctx = _check_context(ctx)
         shape = normalise_shape(shape)
+        if dtype is _FLOAT32_TYPE and not requires_grad:
+            # What operators ask for on every call: float32, no gradient.
+            return _checked(ctx, allocate(ctx, max(math.prod(shape) * 4, 4)), shape, _FLOAT32, 0)
         dtype = as_dtype(dtype)
         nbytes = max(math.prod(shape) * dtype.itemsize, dtype.itemsize)
         if requires_grad:
@@ -355,8 +358,13 @@ def _checked(ctx, buffer, shape, dtype, offset):
 
 def allocate(ctx, nbytes):
     """A device buffer of at least ``nbytes`` bytes from the context's memory pool."""
-    pool = ctx.memo.get("memory_pool")
-    if pool is None:
+    try:
+        return ctx.memo["memory_pool"].allocate(nbytes)
+    except KeyError:
         import pyopencl.tools as cl_tools
         pool = ctx.memo["memory_pool"] = cl_tools.MemoryPool(cl_tools.ImmediateAllocator(ctx.queue))
-    return pool.allocate(nbytes)
+        return pool.allocate(nbytes)
+
+
+_FLOAT32 = np.dtype(np.float32)
+_FLOAT32_TYPE = np.float32

@@ -125,20 +125,26 @@ def _desc(desc):
     return desc
 
 
-def apply(desc, x, inplace=False, name=None):
+_UNSCALED = (1.0, 0.0)
+
+
+def apply(desc, x, inplace=False, name=None, kernels=None):
     """``act(x)`` for a descriptor, with its backward on the tape. ``inplace`` writes the result
-    into ``x`` and returns ``x`` (not allowed when x takes part in autograd)."""
+    into ``x`` and returns ``x`` (not allowed when x takes part in autograd). ``kernels``: the
+    descriptor's (forward, backward) kernels, where the caller keeps them."""
     name = name or desc.mode.value
     _check(x, f"{name}: input")
-    if inplace and autograd.needs_grad(x):
+    grad = autograd.needs_grad(x)
+    if inplace and grad:
         raise UnsupportedError(f"{name}: inplace=True on a tensor that requires grad; "
                                f"use inplace=False")
+    forward, backward_kernel_ = kernels or (forward_kernel(desc, False), backward_kernel(desc, False))
     y = Tensor.empty(x.ctx, x.shape)
     _log_activ(desc, x.shape, True)
-    forward_kernel(desc, False)([x], [y], [1.0, 0.0])
+    forward([x], [y], _UNSCALED)
     if inplace:
         return x.copy_(y)
-    if not autograd.needs_grad(x):
+    if not grad:
         return y
     # Detached views: the closure must not hold y, whose grad_fn holds the closure.
     source, result = x.detach(), y.detach()
@@ -146,63 +152,70 @@ def apply(desc, x, inplace=False, name=None):
     def backward(g):
         dx = Tensor.empty(g.ctx, g.shape)
         _log_activ(desc, g.shape, False)
-        backward_kernel(desc, False)([source, result, g], [dx], [1.0, 0.0])
+        backward_kernel_([source, result, g], [dx], _UNSCALED)
         return (dx,)
 
     return autograd.record(y, (x,), backward, name)
 
 
-_descs = {}
+_torch_entries = {}
 
 
-def _torch_desc(name, **kwargs):
-    """from_torch_name, memoized: a descriptor is immutable, and building one costs more host
-    time than launching a small kernel."""
-    key = (name, tuple(sorted(kwargs.items())))
-    desc = _descs.get(key)
-    if desc is None:
-        if len(_descs) > 256:
-            _descs.clear()
-        desc = _descs[key] = from_torch_name(name, **kwargs)
-    return desc
+def _torch_entry(name, **kwargs):
+    """(descriptor, forward kernel, backward kernel) of a torch activation, memoized: building
+    a descriptor and looking its kernels up cost more host time than launching a small kernel,
+    and these descriptors never leave the module, so nothing changes them."""
+    key = (name, tuple(sorted(kwargs.items()))) if kwargs else name
+    entry = _torch_entries.get(key)
+    if entry is None:
+        if len(_torch_entries) > 256:
+            _torch_entries.clear()
+        desc = from_torch_name(name, **kwargs)
+        entry = _torch_entries[key] = (desc, (forward_kernel(desc, False), backward_kernel(desc, False)))
+    return entry
+
+
+def _torch_apply(name, x, inplace=False, **kwargs):
+    desc, kernels = _torch_entry(name, **kwargs)
+    return apply(desc, x, inplace, name, kernels)
 
 
 def relu(x, inplace=False):
-    return apply(_torch_desc("relu"), x, inplace, "relu")
+    return _torch_apply("relu", x, inplace)
 
 
 def relu6(x, inplace=False):
-    return apply(_torch_desc("relu6"), x, inplace, "relu6")
+    return _torch_apply("relu6", x, inplace)
 
 
 def leaky_relu(x, negative_slope=0.01, inplace=False):
-    return apply(_torch_desc("leaky_relu", negative_slope=negative_slope), x, inplace, "leaky_relu")
+    return _torch_apply("leaky_relu", x, inplace, negative_slope=negative_slope)
 
 
 def elu(x, alpha=1.0, inplace=False):
-    return apply(_torch_desc("elu", alpha=alpha), x, inplace, "elu")
+    return _torch_apply("elu", x, inplace, alpha=alpha)
 
 
 def hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
     min_val, max_val = number(min_val, "hardtanh: min_val"), number(max_val, "hardtanh: max_val")
     if min_val > max_val:
         raise ShapeError(f"hardtanh: min_val ({min_val}) must not exceed max_val ({max_val})")
-    return apply(_torch_desc("hardtanh", min_val=min_val, max_val=max_val), x, inplace, "hardtanh")
+    return _torch_apply("hardtanh", x, inplace, min_val=min_val, max_val=max_val)
 
 
 def sigmoid(x):
-    return apply(_torch_desc("sigmoid"), x, False, "sigmoid")
+    return _torch_apply("sigmoid", x, False)
 
 
 def tanh(x):
-    return apply(_torch_desc("tanh"), x, False, "tanh")
+    return _torch_apply("tanh", x, False)
 
 
 def softplus(x, beta=1.0, threshold=20.0):
     """torch's softplus: log(1 + exp(beta x)) / beta, and x where beta x > threshold."""
     beta, threshold = number(beta, "softplus: beta"), number(threshold, "softplus: threshold")
     if beta == 1.0 and threshold == 20.0:
-        return apply(_torch_desc("softplus"), x, False, "softplus")
+        return _torch_apply("softplus", x, False)
     _check(x, "softplus: input")
     if beta == 0:
         raise ShapeError("softplus: beta must be non-zero")
@@ -229,23 +242,23 @@ def softplus(x, beta=1.0, threshold=20.0):
 def gelu(x, approximate="none"):
     if approximate not in ("none", "tanh"):
         raise UnsupportedError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return apply(_torch_desc("gelu", approximate=approximate), x, False, "gelu")
+    return _torch_apply("gelu", x, False, approximate=approximate)
 
 
 def silu(x, inplace=False):
-    return apply(_torch_desc("silu"), x, inplace, "silu")
+    return _torch_apply("silu", x, inplace)
 
 
 def hardswish(x, inplace=False):
-    return apply(_torch_desc("hardswish"), x, inplace, "hardswish")
+    return _torch_apply("hardswish", x, inplace)
 
 
 def hardsigmoid(x, inplace=False):
-    return apply(_torch_desc("hardsigmoid"), x, inplace, "hardsigmoid")
+    return _torch_apply("hardsigmoid", x, inplace)
 
 
 def abs(x):  # noqa: A001 - torch's name
-    return apply(_torch_desc("abs"), x, False, "abs")
+    return _torch_apply("abs", x, False)
 
 
 def activation(x, desc, inplace=False):
