@@ -104,7 +104,7 @@ class Tensor:
         if ctx.__class__ is not Context:
             ctx = _check_context(ctx)
         shape = normalise_shape(shape)
-        if dtype is _FLOAT32_TYPE and not requires_grad:
+        if (dtype is _FLOAT32_TYPE or dtype is _FLOAT32) and not requires_grad:
             # What operators ask for on every call: float32, no gradient.
             return _checked(ctx, allocate(ctx, max(math.prod(shape) * 4, 4)), shape, _FLOAT32, 0)
         dtype = as_dtype(dtype)
