@@ -163,28 +163,41 @@ def test_every_conv_algorithm_replays(ctx, rng, monkeypatch, algo):
     and the replayed call computes the same numbers as the recorded one on other tensors."""
     monkeypatch.setenv("DLPRIM_CONV_ALGO", algo)
     dp.config.reload()
+    from dlprim_py.ops.conv import selection
+    from dlprim_py.ops.conv.problem import make_problem
     shape, w_shape = (2, 4, 6, 6), ((5, 4, 1, 1) if algo == "gemm" else (5, 4, 3, 3))
-    w = _tensor(ctx, rng, w_shape, grad=True)
     padding = 0 if algo == "gemm" else 1
+    problem = make_problem(shape, w_shape, dp.ConvolutionDesc(padding))
+    # The gradients whose direction the algorithm serves (forcing one that does not apply is
+    # refused).
+    data_grad, filter_grad = (selection.algorithm(algo).applies(ctx, problem, d)
+                              for d in ("backward_data", "backward_filter"))
+    w = _tensor(ctx, rng, w_shape, grad=filter_grad)
     results = []
     for call in range(3):
-        x = _tensor(ctx, rng, shape, grad=True)
+        x = _tensor(ctx, rng, shape, grad=data_grad or not filter_grad)
         y = F.conv2d(x, w, padding=padding)
         g = _tensor(ctx, rng, y.shape)
-        y.backward(g)
+        if data_grad or filter_grad:
+            y.backward(g)
         if call == 1:
             before = _counts()
-        results.append((x.numpy(), w.numpy(), g.numpy(), y.numpy(), x.grad.numpy()))
+        results.append((x.numpy(), w.numpy(), g.numpy(), y.numpy(),
+                        x.grad.numpy() if data_grad else None,
+                        w.grad.numpy() if filter_grad else None))
         w.grad = None
     assert _counts() == before, f"{algo}: a repeated call built something"
     import torch
-    for xv, wv, gv, yv, dxv in results:
+    for xv, wv, gv, yv, dxv, dwv in results:
         xt = torch.tensor(xv, dtype=torch.float64, requires_grad=True)
-        yt = torch.nn.functional.conv2d(xt, torch.tensor(wv, dtype=torch.float64),
-                                        padding=padding)
+        wt = torch.tensor(wv, dtype=torch.float64, requires_grad=True)
+        yt = torch.nn.functional.conv2d(xt, wt, padding=padding)
         yt.backward(torch.tensor(gv, dtype=torch.float64))
         assert_close(yv, yt.detach().numpy())
-        assert_close(dxv, xt.grad.numpy())
+        if dxv is not None:
+            assert_close(dxv, xt.grad.numpy())
+        if dwv is not None:
+            assert_close(dwv, wt.grad.numpy())
 
 
 def test_convolution_operator_replays_on_other_tensors(ctx, rng):
@@ -388,3 +401,18 @@ def test_native_enqueue_error_is_raised_by_name(ctx):
     with pytest.raises(cl.Error):
         launch.enqueue_kernel(ctx.queue, launch.native_handle(ctx.queue), kernel,
                               launch.WorkSize((too_large,), (too_large,)))
+
+
+def test_conv2d_repeated_call_follows_a_changed_forced_algorithm(ctx, rng, monkeypatch):
+    """A forced convolution algorithm set (and reloaded) after a call with the same arguments
+    applies to the next call: the plan and the operator are keyed on the switch."""
+    x = _tensor(ctx, rng, (1, 8, 6, 6))
+    w = _tensor(ctx, rng, (8, 8, 3, 3))
+    expected = F.conv2d(x, w, padding=1).numpy()
+    monkeypatch.setenv("DLPRIM_CONV_ALGO", "direct")
+    dp.config.reload()
+    assert_close(F.conv2d(x, w, padding=1).numpy(), expected)
+    monkeypatch.setenv("DLPRIM_CONV_ALGO", "no_such_algo")
+    dp.config.reload()
+    with pytest.raises(dp.UnsupportedError, match="no_such_algo"):
+        F.conv2d(x, w, padding=1)

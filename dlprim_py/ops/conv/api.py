@@ -211,8 +211,10 @@ class Convolution:
 
 
 def _plan(ctx, input_shape, weight_shape, conv_desc, layout="NCHW"):
+    # The switches too: an operator keeps the algorithms it chose.
     key = ("conv2d", tuple(input_shape), tuple(weight_shape), conv_desc.padding,
-           conv_desc.stride, conv_desc.dilation, conv_desc.groups, layout)
+           conv_desc.stride, conv_desc.dilation, conv_desc.groups, layout,
+           config.forced_algorithm("conv"), config.find_mode())
     conv = ctx.plans.get(key)
     if conv is None:
         conv = ctx.plans.put(key, Convolution(ctx, TensorDesc(input_shape),
@@ -294,7 +296,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
     try:
         key = ("F.conv2d", x.shape, x.dtype, x.offset, weight.shape, weight.dtype, weight.offset,
                None if bias is None else (bias.shape, bias.dtype, bias.offset),
-               _arg_key(stride), _arg_key(padding), _arg_key(dilation), _arg_key(groups), layout)
+               _arg_key(stride), _arg_key(padding), _arg_key(dilation), _arg_key(groups), layout,
+               config.forced_algorithm("conv"), config.find_mode())
         ctx = x.ctx
         entry = ctx.plans.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: checked below
