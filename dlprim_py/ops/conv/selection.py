@@ -48,26 +48,13 @@ def _tiny_gemm(problem, direction):
     return problem.groups == 1 and _gemm_dims(problem, direction)[0] < 8
 
 
-# Below this many multiply-adds a problem is small enough that each launch's host time (about
-# 15 us per launch on an H200 host through the public call, against 5-30 us of kernel time for
-# such a layer) decides: the one-launch implicit GEMM goes before Winograd (four or five
-# launches) and the column GEMM (two or three). ResNet-50 at batch 1: every 3x3 layer has 1.2e8
-# multiply-adds and the network was host bound (5.9 ms of host time for 2.8 ms of kernels, 224
-# launches); at batch 64 the same layers have 7e9.
-SMALL_WORK_MACS = 2 ** 28
-
-
-def _small_work(problem):
-    return (problem.n * problem.ho * problem.wo * problem.k * problem.cg * problem.r * problem.s
-            < SMALL_WORK_MACS)
-
-
 def _rank(ctx, problem, direction, name):
-    rank = _shape_rank(ctx, problem, direction, name)
-    if (ctx.info.is_gpu and name in ("winograd", "winograd_f4x4", "im2col_gemm")
-            and _small_work(problem)):
-        return rank + 30   # behind the implicit GEMM (10), ahead of the direct fallbacks
-    return rank
+    # Measured at batch 1 on an H200 (ResNet 3x3 layers through F.conv2d, per call in a stream
+    # of calls, host time included): Winograd F(2x2) 55-57 us on every stride-1 layer (its four
+    # or five launches included), the column GEMM 60-77 us on the stride-2 ones, the implicit
+    # GEMM 44 us at 64@56 but 84-331 us on the deeper layers (too few output tiles to fill the
+    # device). The ranking below holds there as well: small problems need no rule of their own.
+    return _shape_rank(ctx, problem, direction, name)
 
 
 def _shape_rank(ctx, problem, direction, name):
