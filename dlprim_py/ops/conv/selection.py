@@ -48,16 +48,12 @@ def _tiny_gemm(problem, direction):
     return problem.groups == 1 and _gemm_dims(problem, direction)[0] < 8
 
 
+# Measured at batch 1 on an H200 (ResNet 3x3 layers through F.conv2d, per call in a stream
+# of calls, host time included): Winograd F(2x2) 55-57 us on every stride-1 layer (its four
+# or five launches included), the column GEMM 60-77 us on the stride-2 ones, the implicit
+# GEMM 44 us at 64@56 but 84-331 us on the deeper layers (too few output tiles to fill the
+# device). The ranking below holds there as well: small problems need no rule of their own.
 def _rank(ctx, problem, direction, name):
-    # Measured at batch 1 on an H200 (ResNet 3x3 layers through F.conv2d, per call in a stream
-    # of calls, host time included): Winograd F(2x2) 55-57 us on every stride-1 layer (its four
-    # or five launches included), the column GEMM 60-77 us on the stride-2 ones, the implicit
-    # GEMM 44 us at 64@56 but 84-331 us on the deeper layers (too few output tiles to fill the
-    # device). The ranking below holds there as well: small problems need no rule of their own.
-    return _shape_rank(ctx, problem, direction, name)
-
-
-def _shape_rank(ctx, problem, direction, name):
     if name == "direct":
         return 5 if _tiny_gemm(problem, direction) else 100
     if name == "direct_phased":
