@@ -313,36 +313,42 @@ class Tensor:
     # ---- arithmetic (the pointwise family) ----------------------------------------------
 
     def __add__(self, other):
-        from .ops import pointwise
-        return pointwise.add(self, other)
+        return _pointwise().add(self, other)
 
     __radd__ = __add__
 
     def __sub__(self, other):
-        from .ops import pointwise
-        return pointwise.sub(self, other)
+        return _pointwise().sub(self, other)
 
     def __rsub__(self, other):
-        from .ops import pointwise
-        return pointwise.sub(other, self)
+        return _pointwise().sub(other, self)
 
     def __mul__(self, other):
-        from .ops import pointwise
-        return pointwise.mul(self, other)
+        return _pointwise().mul(self, other)
 
     __rmul__ = __mul__
 
     def __truediv__(self, other):
-        from .ops import pointwise
-        return pointwise.div(self, other)
+        return _pointwise().div(self, other)
 
     def __rtruediv__(self, other):
-        from .ops import pointwise
-        return pointwise.div(other, self)
+        return _pointwise().div(other, self)
 
     def __neg__(self):
+        return _pointwise().mul(self, -1.0)
+
+
+_pointwise_module = None
+
+
+def _pointwise():
+    """ops.pointwise, imported on first use (it imports this module): an import statement in
+    every arithmetic operator cost a microsecond per call."""
+    global _pointwise_module
+    if _pointwise_module is None:
         from .ops import pointwise
-        return pointwise.mul(self, -1.0)
+        _pointwise_module = pointwise
+    return _pointwise_module
 
 
 def _checked(ctx, buffer, shape, dtype, offset):

@@ -432,6 +432,8 @@ def _is_tensor(x):
 
 def add(a, b):
     out = binary("add", a, b)
+    if not autograd.needs_grad(a, b):
+        return out
     return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], lambda g: (
         reduce_to_shape(g, a.shape) if _is_tensor(a) else None,
         reduce_to_shape(g, b.shape) if _is_tensor(b) else None), "add")
@@ -439,6 +441,8 @@ def add(a, b):
 
 def sub(a, b):
     out = binary("sub", a, b)
+    if not autograd.needs_grad(a, b):
+        return out
     return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], lambda g: (
         reduce_to_shape(g, a.shape) if _is_tensor(a) else None,
         reduce_to_shape(binary("mul", g, -1.0), b.shape) if _is_tensor(b) else None), "sub")
@@ -446,6 +450,8 @@ def sub(a, b):
 
 def mul(a, b):
     out = binary("mul", a, b)
+    if not autograd.needs_grad(a, b):
+        return out
     return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], lambda g: (
         reduce_to_shape(binary("mul", g, b), a.shape) if _is_tensor(a) else None,
         reduce_to_shape(binary("mul", g, a), b.shape) if _is_tensor(b) else None), "mul")
@@ -453,6 +459,8 @@ def mul(a, b):
 
 def div(a, b):
     out = binary("div", a, b)
+    if not autograd.needs_grad(a, b):
+        return out
     # A detached view: the closure must not hold out, whose grad_fn holds the closure.
     result = out.detach()
 
