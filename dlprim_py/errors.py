@@ -37,6 +37,12 @@ class KernelBuildError(DlprimError, RuntimeError):
         self.source = source
 
 
+class CacheWarning(UserWarning):
+    """A file or folder of the on-disk caches (program binaries, find-db, tuning database) could
+    not be used: damaged, written for another key, or not writable. The library rebuilds or
+    carries on without it; each path is reported once per process."""
+
+
 def check(condition, error_class, message):
     """Raise ``error_class(message)`` unless ``condition`` holds."""
     if not condition:

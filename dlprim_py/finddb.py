@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from . import config
-from .files import atomic_write
+from .files import atomic_write, warn_once
 
 try:
     import fcntl
@@ -87,9 +87,10 @@ class FindDb:
                 records[key] = {"algo": algo, "time_ms": float(time_ms)}
                 atomic_write(self.path, json.dumps({"device": self.device, "records": records},
                                                    indent=1, sort_keys=True))
-        except OSError:
-            # A read-only cache directory costs a re-find next time, never a failure.
-            pass
+        except OSError as e:
+            # A read-only cache folder costs a re-find next time, never a failure; said once.
+            warn_once(self.path.parent, f"dlprim_py: find-db folder {self.path.parent} cannot "
+                                        f"be written ({e}); find results are not kept")
         self._records = None
 
 

@@ -5,11 +5,15 @@ This is the only place that builds OpenCL programs. Two caches sit in front of t
 * in memory, per context: (template, parameters, options) -> built program and its kernels;
 * on disk: program binaries keyed by the rendered source, the build options, the platform,
   device and driver versions and the library version. Entries are written to a temporary file
-  and renamed into place, so concurrent processes never see half a file; a file that fails to
-  load is rebuilt from source. ``DLPRIM_CACHE_DIR`` moves it, ``DLPRIM_NO_CACHE=1`` disables it.
+  and renamed into place, so concurrent processes never see half a file. Each entry carries its
+  key and the SHA-256 of its binary, checked before the driver sees the binary; an entry that
+  fails the check or that the driver rejects is rebuilt from source and rewritten, with one
+  ``CacheWarning`` per file, and a cache folder that cannot be written is reported once and
+  the builds go on without it. ``DLPRIM_CACHE_DIR`` moves it, ``DLPRIM_NO_CACHE=1`` disables it.
 """
 import hashlib
 import re
+import struct
 import sys
 import time
 from pathlib import Path
@@ -20,7 +24,7 @@ from mako.lookup import TemplateLookup
 
 from . import config
 from .errors import KernelBuildError
-from .files import atomic_write
+from .files import atomic_write, warn_once
 from .version import __version__
 
 _SOURCE_KERNELS = Path(__file__).resolve().parent.parent / "kernels"
@@ -129,45 +133,99 @@ def kernel(ctx, template, name, params=None, options=(), fresh=False):
     return build(ctx, template, params, options).kernel(name, fresh=fresh)
 
 
+# A disk entry: this header, then the binary. Drivers do not fail cleanly on a damaged binary
+# (PoCL segfaults on a short one, LLVM aborts on a flipped byte), so no byte reaches
+# clCreateProgramWithBinary unchecked; the key catches an entry copied or renamed over another.
+# The format is part of the key, so files of another format are never read.
+_MAGIC = b"DLPRIMPB"
+_FORMAT = 1
+_HEADER = struct.Struct("<8sI32sQ32s")  # magic, format, SHA-256 of the key, length, SHA-256
+
+
 def _disk_key(ctx, source, options):
     digest = hashlib.sha256()
-    for part in (__version__, ctx.info.key(), " ".join(options), source):
+    for part in (f"{__version__} entry format {_FORMAT}", ctx.info.key(), " ".join(options),
+                 source):
         digest.update(part.encode("utf-8"))
         digest.update(b"\0")
     return digest.hexdigest()
 
 
-def _cache_path(ctx, source, options):
-    return Path(config.cache_dir()) / "programs" / f"{_disk_key(ctx, source, options)}.bin"
+def _cache_path(key):
+    return Path(config.cache_dir()) / "programs" / f"{key}.bin"
+
+
+def _pack_entry(key, binary):
+    return _HEADER.pack(_MAGIC, _FORMAT, bytes.fromhex(key), len(binary),
+                        hashlib.sha256(binary).digest()) + binary
+
+
+def _unpack_entry(data, key):
+    """The binary of the entry ``data`` if it is whole and was written for ``key``; else raises
+    ValueError saying what is wrong."""
+    if data[:len(_MAGIC)] != _MAGIC:
+        raise ValueError("not a dlprim_py program cache entry")
+    if len(data) < _HEADER.size:
+        raise ValueError(f"truncated header ({len(data)} bytes)")
+    _, version, key_digest, length, checksum = _HEADER.unpack_from(data)
+    if version != _FORMAT:
+        raise ValueError(f"entry format {version}, expected {_FORMAT}")
+    if key_digest != bytes.fromhex(key):
+        raise ValueError("written for another program (key mismatch)")
+    binary = data[_HEADER.size:]
+    if len(binary) != length:
+        raise ValueError(f"binary of {len(binary)} bytes, its header says {length}")
+    if hashlib.sha256(binary).digest() != checksum:
+        raise ValueError("checksum mismatch")
+    return binary
+
+
+def _read_entry(path, key):
+    """The checked binary of the entry at ``path``, or None (a miss, or a bad entry: warned)."""
+    try:
+        data = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # a miss; an unusable folder is reported when the entry is written
+    except OSError as e:
+        _warn_entry(path, f"cannot be read ({e})")
+        return None
+    try:
+        return _unpack_entry(data, key)
+    except ValueError as e:
+        _warn_entry(path, str(e))
+        return None
+
+
+def _warn_entry(path, reason):
+    warn_once(path, f"dlprim_py: program cache entry {path}: {reason}; rebuilt from source and "
+                    f"rewritten")
 
 
 def build_source(ctx, source, options=(), label="<source>"):
     """Build OpenCL C ``source`` for ``ctx`` through the on-disk binary cache."""
     options = tuple(options)
     stats["builds"] += 1
-    use_disk = not config.no_cache()
-    path = _cache_path(ctx, source, options) if use_disk else None
+    key = None if config.no_cache() else _disk_key(ctx, source, options)
+    path = None if key is None else _cache_path(key)
     started = time.perf_counter()
-    if path is not None and path.is_file():
+    binary = None if path is None else _read_entry(path, key)
+    if binary is not None:
         try:
-            binary = path.read_bytes()
             program = cl.Program(ctx.cl_context, [ctx.device], [binary]).build(options=list(options))
             if config.debug():
                 print(f"dlprim: {label}: binary cache hit {path.name[:12]} "
                       f"({time.perf_counter() - started:.3f} s)", file=sys.stderr)
             return BuiltProgram(program, source, options, from_cache=True)
-        except (cl.Error, OSError):
-            # A binary the driver no longer accepts (or a damaged file): rebuild from source.
-            try:
-                path.unlink()
-            except OSError:
-                pass
+        except cl.Error as e:
+            # A whole entry the driver no longer accepts: rebuilt and rewritten below; said,
+            # since a driver that rejected its own binaries would otherwise rebuild every run.
+            _warn_entry(path, f"the driver rejected it ({e})")
     program = _build_from_source(ctx, source, options, label)
     if config.debug():
         print(f"dlprim: {label}: built from source ({time.perf_counter() - started:.3f} s)",
               file=sys.stderr)
     if path is not None:
-        _store_binary(program, ctx, path)
+        _store_binary(program, key, path)
     return BuiltProgram(program, source, options, from_cache=False)
 
 
@@ -214,11 +272,18 @@ def _build_error_message(label, source, options, log, error):
     return "\n".join(message)
 
 
-def _store_binary(program, ctx, path):
+def _store_binary(program, key, path):
     try:
         binaries = program.get_info(cl.program_info.BINARIES)
-        if binaries and binaries[0]:
-            atomic_write(path, binaries[0])
-    except (cl.Error, OSError):
-        # The cache is an optimisation: a read-only or full disk must not fail the build.
-        pass
+    except cl.Error:
+        return
+    if not binaries or not binaries[0]:
+        return
+    try:
+        atomic_write(path, _pack_entry(key, bytes(binaries[0])))
+    except OSError as e:
+        # The cache is an optimisation: an unwritable folder (read-only, a regular file in its
+        # place, a full disk) must not fail the build, but is said once, or every run would
+        # rebuild everything without a word.
+        warn_once(path.parent, f"dlprim_py: program cache folder {path.parent} cannot be "
+                               f"written ({e}); programs are built from source without it")

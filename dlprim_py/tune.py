@@ -301,7 +301,8 @@ def main(argv=None):
         path = args.output or tuning.user_path("gemm")
         if args.merge:
             old = None
-            for db in (tuning.read_db(path, "gemm"), tuning.read_db(tuning.shipped_path("gemm"), "gemm")):
+            for db in (tuning.read_db(path, "gemm", strict=False),
+                       tuning.read_db(tuning.shipped_path("gemm"), "gemm")):
                 if ctx.info.name in db["devices"]:
                     old = db["devices"][ctx.info.name]["rules"]
                     break

@@ -19,6 +19,10 @@ extension to the devices that have it and fall through to the next rule elsewher
 "k": 4096}, "params": {...}}``. The first condition rule that holds wins; otherwise the measured
 rule nearest to the problem (distance in log2 of each shape feature) wins. Choosing is a few
 comparisons over a short list: no search and no timing on the hot path.
+
+A user database that cannot be read or is not a database of this format (a damaged file) is
+reported once with a ``CacheWarning`` and ignored, as the find-db ignores a damaged file: the
+shipped rules apply, and the next ``dlprim-tune`` write replaces it.
 """
 import json
 import math
@@ -27,7 +31,7 @@ from pathlib import Path
 
 from . import config
 from .errors import DlprimError
-from .files import atomic_write
+from .files import atomic_write, warn_once
 
 FORMAT = 1
 _loaded = {}
@@ -47,23 +51,54 @@ def empty_db(family):
     return {"family": family, "format": FORMAT, "devices": {}, "vendors": {}, "default": {"rules": []}}
 
 
-def read_db(path, family):
-    """The database at ``path``, or an empty one when the file does not exist."""
+def read_db(path, family, strict=True):
+    """The database at ``path``, or an empty one when the file does not exist.
+
+    A file that cannot be read or is not a database of ``family`` raises DlprimError, or with
+    ``strict=False`` (the user's database) warns once and counts as empty.
+    """
     path = Path(path)
     if not path.is_file():
         return empty_db(family)
     try:
-        with open(path, encoding="utf-8") as f:
-            db = json.load(f)
-    except (OSError, ValueError) as e:
-        raise DlprimError(f"tuning database {path} cannot be read: {e}") from e
-    if db.get("family") != family or db.get("format") != FORMAT:
-        raise DlprimError(f"tuning database {path} is not a format-{FORMAT} {family!r} database "
-                          f"(family={db.get('family')!r}, format={db.get('format')!r})")
+        try:
+            with open(path, encoding="utf-8") as f:
+                db = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot be read: {e}") from e
+        _check_db(db, family)
+    except ValueError as e:
+        if strict:
+            raise DlprimError(f"tuning database {path} {e}") from e
+        warn_once(path, f"dlprim_py: tuning database {path} {e}; ignored (the shipped rules "
+                        f"apply) until dlprim-tune writes it again")
+        return empty_db(family)
     for key in ("devices", "vendors"):
         db.setdefault(key, {})
     db.setdefault("default", {"rules": []})
     return db
+
+
+def _check_db(db, family):
+    """Raise ValueError unless ``db`` has the layout that lookups walk (a damaged file can be
+    valid JSON): the rules' conditions are checked where they are used."""
+    if not isinstance(db, dict) or db.get("family") != family or db.get("format") != FORMAT:
+        found = db if not isinstance(db, dict) else \
+            f"family={db.get('family')!r}, format={db.get('format')!r}"
+        raise ValueError(f"is not a format-{FORMAT} {family!r} database ({str(found)[:80]})")
+    entries = [("default", db.get("default", {"rules": []}))]
+    for section in ("devices", "vendors"):
+        table = db.get(section, {})
+        if not isinstance(table, dict):
+            raise ValueError(f"is damaged: {section!r} is not an object")
+        entries += [(f"{section}/{name}", entry) for name, entry in table.items()]
+    for where, entry in entries:
+        rules = entry.get("rules", []) if isinstance(entry, dict) else None
+        if not isinstance(rules, list) or not all(
+                isinstance(rule, dict) and isinstance(rule.get("params"), dict)
+                and isinstance(rule.get("when", rule.get("shape")), dict) for rule in rules):
+            raise ValueError(f"is damaged: the rules of {where!r} are not a list of "
+                             f"{{'when' or 'shape', 'params'}} objects")
 
 
 def write_db(path, db):
@@ -75,7 +110,8 @@ def databases(family):
     """The databases consulted for ``family``, most specific first: the user's, then shipped."""
     dbs = _loaded.get(family)
     if dbs is None:
-        dbs = [read_db(user_path(family), family), read_db(shipped_path(family), family)]
+        dbs = [read_db(user_path(family), family, strict=False),
+               read_db(shipped_path(family), family)]
         _loaded[family] = dbs
     return dbs
 
@@ -167,8 +203,9 @@ def lookup(info, family, features, usable=lambda params: True):
 
 
 def store_device_entry(path, family, info, rules, extra=None):
-    """Put ``rules`` as the entry of device ``info`` into the database at ``path``."""
-    db = read_db(path, family)
+    """Put ``rules`` as the entry of device ``info`` into the database at ``path`` (replacing a
+    damaged file)."""
+    db = read_db(path, family, strict=False)
     entry = {"vendor": info.vendor, "platform": info.platform_name, "driver": info.driver_version,
              "rules": rules}
     entry.update(extra or {})

@@ -80,7 +80,8 @@ def test_damaged_cache_file_is_rebuilt(monkeypatch, tmp_path):
     (path,) = (tmp_path / "programs").glob("*.bin")
     path.write_bytes(b"this is not a program binary")
     ctx = dp.Context()
-    built = program.build(ctx, "pointwise", PARAMS)
+    with pytest.warns(dp.CacheWarning, match="not a dlprim_py program cache entry"):
+        built = program.build(ctx, "pointwise", PARAMS)
     assert not built.from_cache
     assert np.array_equal(_run_scale(ctx), np.arange(8) * 3)
 
