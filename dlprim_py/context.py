@@ -5,6 +5,7 @@ and queue, or wraps a host application's own ``pyopencl.CommandQueue`` so that a
 enqueued there (the embedding use case).
 """
 import re
+import threading
 from collections import OrderedDict
 
 import pyopencl as cl
@@ -217,6 +218,12 @@ class Context:
         # Checks of enqueued work whose result is read at the next synchronizing call (a bad
         # class target of nll_loss): name -> check(ctx), which raises.
         self.deferred_checks = {}
+        # Device memory of tensors: freed tensors' blocks are held for reuse (empty_cache()
+        # hands them back to the driver).
+        import pyopencl.tools as cl_tools
+        self.memory_pool = cl_tools.MemoryPool(cl_tools.ImmediateAllocator(self.queue))
+        # The thread that may call operators on this context (see check_thread).
+        self.thread = threading.get_ident()
 
     @property
     def vendor(self):
@@ -227,6 +234,37 @@ class Context:
         check of that work found (an out-of-range class target)."""
         self.queue.finish()
         self.run_deferred_checks()
+
+    def memory_allocated(self):
+        """Bytes of device memory held by live tensors of this context (torch's name)."""
+        return self.memory_pool.active_bytes
+
+    def memory_reserved(self):
+        """Bytes of device memory the context's pool holds: live tensors plus freed blocks kept
+        for reuse (torch's name)."""
+        return self.memory_pool.managed_bytes
+
+    def empty_cache(self):
+        """Return the freed blocks the pool holds to the driver (live tensors keep theirs)."""
+        self.memory_pool.free_held()
+
+    def use_in_this_thread(self):
+        """Hand the context to the calling thread: operators may be called from it, and from no
+        other, from now on (see check_thread)."""
+        self.thread = threading.get_ident()
+
+    def check_thread(self):
+        """Raise DeviceError when called from another thread than the context's.
+
+        A context's plans, bound kernel objects and scratch buffers serve one call at a time:
+        two threads calling operators on one context would interleave their launches and mix
+        their results. Use one Context per thread (``default_context()`` gives each thread its
+        own), or hand one over with ``use_in_this_thread()``."""
+        if self.thread != threading.get_ident():
+            raise DeviceError(f"{self!r} belongs to thread {self.thread} and was called from "
+                              f"thread {threading.get_ident()}: a context serves one thread; "
+                              f"create one Context per thread, or hand this one over with "
+                              f"ctx.use_in_this_thread()")
 
     def defer_check(self, name, check):
         """Run ``check(self)`` (which reads device results and raises on a bad one) at the next
@@ -243,15 +281,16 @@ class Context:
         return f"dlprim_py.Context({self.info.name!r} on {self.info.platform_name!r})"
 
 
-_default = None
+_default = threading.local()
 
 
 def default_context():
-    """A process-wide context made on first use (``DLPRIM_DEVICE`` or the first GPU/CPU)."""
-    global _default
-    if _default is None:
-        _default = Context()
-    return _default
+    """The calling thread's default context, made on its first use (``DLPRIM_DEVICE`` or the
+    first GPU/CPU): a context serves one thread (see ``Context.check_thread``)."""
+    context = getattr(_default, "context", None)
+    if context is None:
+        context = _default.context = Context()
+    return context
 
 
 def check_same_context(*tensors):

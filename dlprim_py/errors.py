@@ -21,6 +21,10 @@ class DeviceError(DlprimError, RuntimeError):
     """No such OpenCL device, or tensors that live in different contexts."""
 
 
+class DeviceMemoryError(DeviceError, MemoryError):
+    """The device cannot hold a tensor: larger than its largest allocation, or out of memory."""
+
+
 class UnsupportedError(DlprimError, NotImplementedError):
     """A valid request that this library (or this device, or this algorithm) does not do."""
 

@@ -30,6 +30,7 @@ all of that (``alias_pattern``). Recordings nest: the steps of an inner recordin
 run while a recording is open, belong to the open recording too.
 """
 import threading
+from threading import get_ident
 
 import numpy as np
 import pyopencl as cl
@@ -491,6 +492,8 @@ def run_planned(ctx, key, operands, run, plans=None):
     (shapes, dtypes, offsets, scalars, forced algorithms), and ``run`` may allocate nothing
     that outlives the call but scratch: the plan keeps the first call's scratch buffers and
     uses them again."""
+    if ctx.thread != get_ident():
+        ctx.check_thread()
     plans = ctx.plans if plans is None else plans
     key = (key, alias_pattern(operands))
     plan = plans.get(key)

@@ -5,6 +5,7 @@ memory it does not own (``from_buffer``, ``from_array``) without copying, which 
 application hands its own ``cl.Buffer`` (at any offset) to the library.
 """
 import math
+from threading import get_ident
 
 import numpy as np
 import pyopencl as cl
@@ -13,7 +14,7 @@ import pyopencl.array as cl_array
 from . import autograd
 from .context import Context, default_context
 from .dtypes import as_dtype
-from .errors import DeviceError, DTypeError, ShapeError
+from .errors import DeviceError, DeviceMemoryError, DTypeError, ShapeError
 from .launch import command_enqueued
 
 
@@ -82,13 +83,24 @@ class Tensor:
     """
 
     def __init__(self, ctx, buffer, shape, dtype=np.float32, offset=0, requires_grad=False):
+        """A tensor over ``buffer`` (validated: a buffer of ``ctx``'s OpenCL context that holds
+        ``offset`` + the tensor's bytes; operators make their outputs without these checks)."""
+        if not isinstance(ctx, Context):
+            raise DeviceError(f"expected a dlprim_py.Context, got {type(ctx).__name__}")
+        if not isinstance(buffer, cl.MemoryObjectHolder):
+            raise DeviceError(f"expected a pyopencl Buffer, got {type(buffer).__name__}")
         self.ctx = ctx
         self.buffer = buffer
         self.shape = normalise_shape(shape)
         self.dtype = as_dtype(dtype)
-        if offset < 0 or offset % self.dtype.itemsize:
+        if (not isinstance(offset, (int, np.integer)) or isinstance(offset, bool) or offset < 0
+                or offset % self.dtype.itemsize):
             raise ShapeError(f"byte offset must be a non-negative multiple of {self.dtype.itemsize} "
-                             f"for {self.dtype}, got {offset}")
+                             f"for {self.dtype}, got {offset!r}")
+        nbytes = math.prod(self.shape) * self.dtype.itemsize
+        if offset + nbytes > buffer.size:
+            raise ShapeError(f"buffer of {buffer.size} bytes is too small for a {self.shape} "
+                             f"{self.dtype} tensor at byte offset {offset} (needs {offset + nbytes})")
         self.offset = int(offset)
         self.grad = None
         self.grad_fn = None
@@ -363,13 +375,21 @@ def _checked(ctx, buffer, shape, dtype, offset):
 
 
 def allocate(ctx, nbytes):
-    """A device buffer of at least ``nbytes`` bytes from the context's memory pool."""
+    """A device buffer of at least ``nbytes`` bytes from the context's memory pool;
+    DeviceMemoryError (naming the size and the device's limit) where the device cannot hold it."""
+    if ctx.thread != get_ident():
+        ctx.check_thread()
+    if nbytes > ctx.info.max_alloc_size:
+        raise DeviceMemoryError(f"a tensor of {nbytes} bytes exceeds {ctx.info.name}'s largest "
+                                f"allocation ({ctx.info.max_alloc_size} bytes; "
+                                f"{ctx.info.global_mem_size} bytes of global memory)")
     try:
-        return ctx.memo["memory_pool"].allocate(nbytes)
-    except KeyError:
-        import pyopencl.tools as cl_tools
-        pool = ctx.memo["memory_pool"] = cl_tools.MemoryPool(cl_tools.ImmediateAllocator(ctx.queue))
-        return pool.allocate(nbytes)
+        return ctx.memory_pool.allocate(nbytes)
+    except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as error:
+        raise DeviceMemoryError(f"could not allocate {nbytes} bytes on {ctx.info.name} "
+                                f"({ctx.memory_allocated()} bytes in tensors, "
+                                f"{ctx.memory_reserved()} held by the pool, "
+                                f"{ctx.info.global_mem_size} of global memory): {error}") from None
 
 
 _FLOAT32 = np.dtype(np.float32)

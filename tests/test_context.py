@@ -1,4 +1,5 @@
 """Device choice, device facts, wrapping a host application's queue."""
+import numpy as np
 import pyopencl as cl
 import pytest
 
@@ -80,3 +81,92 @@ def test_info_command_prints_devices(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "default device" in out and dp.devices()[0][2] in out
+
+
+def test_a_context_serves_one_thread(ctx, rng):
+    """Operators called on a context from another thread raise DeviceError (its plans and
+    scratch buffers serve one call at a time); a context handed over works there, each thread
+    gets a default context of its own, and one context per thread computes right."""
+    import threading
+    import dlprim_py.functional as F
+    a = rng.uniform(-1, 1, (64, 33)).astype(np.float32)
+    x = dp.Tensor.from_numpy(ctx, a)
+    errors, results = [], {}
+
+    def foreign():
+        for call in (lambda: F.relu(x), lambda: F.softmax(x, dim=1), lambda: F.sum(x),
+                     lambda: x + x):
+            try:
+                call()
+            except dp.DeviceError as error:
+                errors.append(str(error))
+
+    thread = threading.Thread(target=foreign)
+    thread.start()
+    thread.join()
+    assert len(errors) == 4 and all("use_in_this_thread" in e for e in errors), errors
+
+    def own(k):
+        mine = dp.default_context()
+        assert mine is dp.default_context() and mine is not ctx
+        t = dp.Tensor.from_numpy(mine, a * k)
+        for _ in range(20):
+            results[k] = (F.softmax(t, dim=1).numpy(), F.sum(t).numpy(), id(mine))
+
+    threads = [threading.Thread(target=own, args=(k,)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[1][2] != results[2][2]
+    for k in (1, 2):
+        e = np.exp(a.astype(np.float64) * k - (a.astype(np.float64) * k).max(1, keepdims=True))
+        np.testing.assert_allclose(results[k][0], e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(results[k][1], (a.astype(np.float64) * k).sum(), rtol=1e-5)
+
+    handed = dp.Context(ctx.device)
+    y = dp.Tensor.from_numpy(handed, a)
+
+    def take_over():
+        handed.use_in_this_thread()
+        results["handed"] = F.relu(y).numpy()
+
+    thread = threading.Thread(target=take_over)
+    thread.start()
+    thread.join()
+    np.testing.assert_array_equal(results["handed"], np.maximum(a, 0))
+    with pytest.raises(dp.DeviceError, match="belongs to thread"):
+        F.relu(y)
+
+
+def test_memory_accounting_and_empty_cache():
+    """memory_allocated counts live tensors, memory_reserved also the freed blocks the pool
+    keeps; empty_cache hands those back; a context is freed with its last reference."""
+    import gc
+    import weakref
+    import dlprim_py.functional as F
+    fresh = dp.Context(dp.default_context().device)
+    assert fresh.memory_allocated() == 0
+    x = dp.Tensor.from_numpy(fresh, np.ones((256, 256), np.float32))
+    F.sum(F.softmax(F.relu(x), dim=1))
+    assert fresh.memory_allocated() >= x.nbytes
+    y = F.relu(x)
+    held = fresh.memory_reserved()
+    del y
+    assert fresh.memory_reserved() == held > fresh.memory_allocated() >= x.nbytes
+    fresh.empty_cache()
+    assert fresh.memory_pool.held_blocks == 0
+    assert fresh.memory_allocated() <= fresh.memory_reserved() < held
+    fresh.synchronize()
+    ref = weakref.ref(fresh)
+    del fresh, x
+    gc.collect()
+    assert ref() is None, "a context outlived its last reference"
+
+
+def test_oversized_tensor_is_refused_with_its_size(ctx):
+    for shape in ((ctx.info.max_alloc_size // 4 + 1,), (2 ** 78,)):
+        with pytest.raises(dp.DeviceMemoryError, match=r"bytes exceeds .* largest allocation"):
+            dp.Tensor.empty(ctx, shape)
+        with pytest.raises(dp.DlprimError):
+            dp.Tensor.zeros(ctx, shape)

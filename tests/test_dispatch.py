@@ -287,7 +287,7 @@ def test_loop_outputs_freed_without_cycle_collector(ctx, rng, grad):
 
     step()
     ctx.synchronize()
-    pool = ctx.memo["memory_pool"]
+    pool = ctx.memory_pool
     gc.collect()
     gc.disable()
     try:

@@ -104,9 +104,12 @@ def test_vector_launch_configurations(ctx, rng, interleave, vector, unroll, grou
         VECTOR_LAUNCH = VECTOR_LAUNCH_ND = Launch(unroll, interleave, group_size, groups_per_unit=2)
     kernel = Configured(f"scale_shift_{interleave}_{vector}_{unroll}", SCALE_SHIFT.inputs,
                         SCALE_SHIFT.outputs, SCALE_SHIFT.statement, SCALE_SHIFT.scalars)
-    data = random(rng, 12000)
+    # Long enough to loop on the capped grid whatever the device's compute units (the CPU's cap
+    # is four work-groups per unit, this kernel's two per unit elsewhere).
+    cap = ctx.info.compute_units * (4 if ctx.info.is_cpu else 2)
+    n = max(8 * 1024, 2 * cap * group_size * unroll * vector) + vector * 37 + 3
+    data = random(rng, n + 4 * vector)
     whole = dp.Tensor.from_numpy(ctx, data)
-    n = 8 * 1024 + vector * 37 + 3
     x = dp.Tensor.from_buffer(ctx, whole.buffer, (n,), offset=whole.offset + 4 * vector)
     b = dp.Tensor.from_buffer(ctx, whole.buffer, (n,), offset=whole.offset + 4 * 2 * vector)
     cases = [(x, b, data[vector:vector + n], data[2 * vector:2 * vector + n])]

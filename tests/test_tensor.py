@@ -159,3 +159,24 @@ def test_arithmetic_matches_numpy(ctx, rng):
     for out, ref in [(ta + tb, a + b), (ta - tb, a - b), (ta * tb, a * b), (ta / tb, a / b),
                      (2.0 - ta, 2.0 - a), (1.0 / tb, 1.0 / b), (-ta, -a)]:
         assert_close(out.numpy(), ref.astype(np.float64))
+
+
+def test_constructor_checks_its_buffer(ctx):
+    """Tensor(ctx, buffer, shape) validates as from_buffer does: a buffer too small for the
+    shape at the offset (which kernels would read past), a misaligned or negative offset, a
+    non-buffer and a non-context are refused."""
+    import pyopencl as cl
+    buffer = cl.Buffer(ctx.cl_context, cl.mem_flags.READ_WRITE, 64)
+    assert dp.Tensor(ctx, buffer, (4, 4)).shape == (4, 4)
+    assert dp.Tensor(ctx, buffer, (3, 4), offset=16).offset == 16
+    with pytest.raises(dp.ShapeError, match="too small"):
+        dp.Tensor(ctx, buffer, (5, 4))
+    with pytest.raises(dp.ShapeError, match="too small"):
+        dp.Tensor(ctx, buffer, (4, 4), offset=4)
+    for offset in (-4, 2, 4.0):
+        with pytest.raises(dp.ShapeError, match="offset"):
+            dp.Tensor(ctx, buffer, (2,), offset=offset)
+    with pytest.raises(dp.DeviceError, match="Buffer"):
+        dp.Tensor(ctx, np.zeros(4, np.float32), (4,))
+    with pytest.raises(dp.DeviceError, match="Context"):
+        dp.Tensor(None, buffer, (4,))

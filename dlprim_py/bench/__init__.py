@@ -141,9 +141,7 @@ def measure_peaks(bench):
 def _release_memory(ctx):
     """Hand the blocks a finished case freed back to the driver: the memory pool keeps them
     otherwise, and a full run's many sizes would add up on the device."""
-    pool = ctx.memo.get("memory_pool")
-    if pool is not None:
-        pool.free_held()
+    ctx.empty_cache()
 
 
 def run(args, out=None):

@@ -825,9 +825,7 @@ def run_case(ctx, net, mode, batch, image_size=224, num_classes=DEFAULT_CLASSES,
     if first_call:
         result["first_call"] = first_call_in_subprocess(net, mode, batch, image_size, num_classes,
                                                         seed)
-    pool = ctx.memo.get("memory_pool")
-    if pool is not None:
-        pool.free_held()
+    ctx.empty_cache()
     return result
 
 

@@ -10,6 +10,7 @@ shapes and offsets) and then only enqueues, through a ``BoundKernel`` that sets 
 changed since the last call: Python's work and clSetKernelArg were most of a call's cost.
 """
 import math
+from threading import get_ident
 import weakref
 from typing import NamedTuple, Optional
 
@@ -230,6 +231,8 @@ class PointwiseKernel:
             if t.ctx is not ctx:
                 check_same_context(*operands)
                 break
+        if ctx.thread != get_ident():
+            ctx.check_thread()
         algorithm = algorithm or config.forced_algorithm("pointwise")
         # Everything but the buffers and the scalars' values follows from this key: validate and
         # lay out a call once, then only bind the buffers and scalars and enqueue (the host's

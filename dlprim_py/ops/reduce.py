@@ -26,6 +26,7 @@ record their backward on the tape. ``sum_to_shape`` folds a broadcast gradient b
 of an operand.
 """
 import math
+from threading import get_ident
 
 import numpy as np
 
@@ -175,6 +176,8 @@ class ReduceKernel:
         # it only binds its buffers and enqueues.
         try:
             ctx = inputs[0].ctx
+            if ctx.thread != get_ident():
+                ctx.check_thread()
             key = (self, tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
                    tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars),
                    axes if axes is None or isinstance(axes, int) else tuple(axes), variant,
