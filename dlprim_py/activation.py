@@ -149,7 +149,11 @@ class ActivationDesc:
     def derivative_code(self, x, y):
         """OpenCL C expression of d act(x) / dx; ``x``, ``y`` = act(x) are variable names.
 
-        At the kinks (x == 0 for ReLU and friends) the value follows torch's choice.
+        At the kinks (x == 0 for ReLU and friends) the value follows torch's choice, and so
+        does a NaN input: torch's backward zeroes the gradient where a comparison such as
+        x <= 0 holds and passes it otherwise, so a NaN (every comparison false) takes the
+        passing branch. The conditions below use the same comparisons, not negated
+        ones (x > 0 ? 1 : 0 would give 0 at NaN).
         """
         a, b, g = _lit(self.alpha), _lit(self.beta), _lit(self.gamma)
         m = self.mode
@@ -161,7 +165,7 @@ class ActivationDesc:
         if m is A.TANH:
             return f"({a} * {b} * (1.0f - tanh({a} * {x}) * tanh({a} * {x})))"
         if m is A.RELU:
-            return f"({x} > 0.0f ? 1.0f : 0.0f)"
+            return f"({x} <= 0.0f ? 0.0f : 1.0f)"
         if m is A.SOFTRELU:
             return f"(1.0f / (1.0f + exp(-{x})))"
         if m is A.ABS:
@@ -169,13 +173,13 @@ class ActivationDesc:
         if m is A.POWER:
             return f"({g} * {b} * pow({a} + {b} * {x}, {g} - 1.0f))"
         if m is A.CLIPPEDRELU:
-            return f"(({x} > 0.0f && {x} < {a}) ? 1.0f : 0.0f)"
+            return f"(({x} <= 0.0f || {x} >= {a}) ? 0.0f : 1.0f)"
         if m is A.LEAKYRELU:
             return f"({x} > 0.0f ? 1.0f : {a})"
         if m is A.ELU:
-            return f"({x} > 0.0f ? 1.0f : {a} * exp({x}))"
+            return f"({x} <= 0.0f ? {a} * exp({x}) : 1.0f)"
         if m is A.HARDTANH:
-            return f"(({x} > {a} && {x} < {b}) ? 1.0f : 0.0f)"
+            return f"(({x} <= {a} || {x} >= {b}) ? 0.0f : 1.0f)"
         if m is A.GELU:
             return (f"(0.5f * (1.0f + erf({x} * 0.70710678118654752f)) + "
                     f"{x} * 0.39894228040143268f * exp(-0.5f * {x} * {x}))")
@@ -189,7 +193,7 @@ class ActivationDesc:
         if m is A.SILU:
             return (f"((1.0f / (1.0f + exp(-{x}))) * (1.0f + {x} * (1.0f - 1.0f / (1.0f + exp(-{x})))))")
         if m is A.HARDSWISH:
-            return f"({x} < -3.0f ? 0.0f : ({x} > 3.0f ? 1.0f : ({x} * (1.0f / 3.0f) + 0.5f)))"
+            return f"({x} < -3.0f ? 0.0f : ({x} <= 3.0f ? ({x} * (1.0f / 3.0f) + 0.5f) : 1.0f))"
         if m is A.HARDSIGMOID:
             return f"(({x} > -3.0f && {x} < 3.0f) ? (1.0f / 6.0f) : 0.0f)"
         raise UnsupportedError(f"no derivative code for {m}")

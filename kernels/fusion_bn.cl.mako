@@ -18,8 +18,9 @@
 ## Large channels are split into chunks so that the whole device works (one work-group per
 ## channel leaves most of a GPU idle when C is small and N*S large): with chunks > 1,
 ##   *_partial   work-group (j, c) reduces chunk j of channel c into partials[(c * chunks + j) * 2]
-##               (forward: sums of d and d^2 with d = x - x[c, first element], a shift that keeps
-##               the variance free of cancellation; backward: sums of dz and dz * x_hat);
+##               (forward: sums of d and d^2 with d = x - origin, origin the channel's first
+##               element (0 where that is not finite), a shift that keeps the variance free of
+##               cancellation; backward: sums of dz and dz * x_hat);
 ##   *_apply     work-group (j, c) adds the channel's partials up again (chunks values, cheap),
 ##               writes its chunk of the output, and chunk 0 writes the per-channel results.
 ## Chunk j covers the channel's elements [j * chunk_len, min(M, (j + 1) * chunk_len)).
@@ -69,6 +70,13 @@ inline void reduce_sum2(__local float* first, __local float* second, int lid)
         }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+// The chunked kernels' shift: the channel's first element, or 0 where it is not finite (an
+// infinity there would make every x - origin NaN, where torch's mean is that infinity).
+inline float stats_origin(float first)
+{
+    return isfinite(first) ? first : 0.0f;
 }
 
 inline index_t element_index(index_t i, index_t C, index_t S, index_t c)
@@ -211,7 +219,7 @@ void bn_train_forward_partial(
     const index_t c = get_group_id(1);
     const index_t chunks = get_num_groups(0);
     const index_t M = N * S;
-    const float origin = x[x_off + element_index(0, C, S, c)];
+    const float origin = stats_origin(x[x_off + element_index(0, C, S, c)]);
     const index_t end = min(M, (j + 1) * chunk_len);
     float sum = 0.0f, squares = 0.0f;
     for (index_t q = j * chunk_len / VEC + lid; q < end / VEC; q += GROUP_SIZE) {
@@ -257,10 +265,13 @@ void bn_train_forward_apply(
     first[lid] = sum;
     second[lid] = squares;
     reduce_sum2(first, second, lid);
-    const float origin = x[x_off + element_index(0, C, S, c)];
+    const float origin = stats_origin(x[x_off + element_index(0, C, S, c)]);
     const float shifted_mean = first[0] / (float)M;
     const float mean = origin + shifted_mean;
-    const float variance = fmax(second[0] / (float)M - shifted_mean * shifted_mean, 0.0f);
+    // Clamped at 0 against rounding; a NaN stays (fmax would make it 0): an infinity or NaN
+    // in the channel makes its outputs and running variance NaN, as in torch.
+    const float variance_raw = second[0] / (float)M - shifted_mean * shifted_mean;
+    const float variance = variance_raw < 0.0f ? 0.0f : variance_raw;
     const float inv_std = 1.0f / sqrt(variance + epsilon);
     const float gain = scale[scale_off + c] * inv_std;
     const float shift = bias[bias_off + c] - mean * gain;

@@ -12,8 +12,11 @@
 ## nll_gather(total, classes, spatial, ignore_index, x, x_off, target, t_off, weight, w_off,
 ##            loss, loss_off, picked_weight, pw_off)
 ##     loss[e] = -w[t] * x[n, t, s], picked_weight[e] = w[t] (0 and 0 when ignored or bad)
-##     shifted: also (shift, shift_off) after x, and x[n, t, s] - shift[e] in place of x[n, t, s]
-##     (cross_entropy: x the logits, shift their log-sum-exp over the classes)
+##     shifted: also (shift, shift_off, log_sum, log_sum_off) after x, and
+##     (x[n, t, s] - shift[e]) - log_sum[e] in place of x[n, t, s] (cross_entropy: x the logits,
+##     shift their max over the classes, log_sum the log of their sum of exp(x - max); the max
+##     is subtracted first, so that a logit near the max keeps its few units of difference
+##     where max + log_sum would round them to the max's ulp)
 ## nll_scatter(total, classes, spatial, ignore_index, target, t_off, weight, w_off, g, g_off,
 ##             g_stride, divisor, d_off, dx, dx_off)
 ##     dx[n, t, s] = -w[t] * g[e * g_stride] / divisor[0]   (dx is zero-filled beforehand)
@@ -21,7 +24,7 @@
 ## Template parameters:
 ##   weighted   True when a per-class weight vector is given, False for all ones
 ##   divide     True to divide by divisor[0] (reduction "mean": the sum of picked weights)
-##   shifted    True when nll_gather takes a per-element shift subtracted from the picked input
+##   shifted    True when nll_gather takes per-element shifts subtracted from the picked input
 ##   index_t    "int" when every index fits in 31 bits, else "long"
 
 __kernel void nll_check(${index_t} total, ${index_t} classes, long ignore_index,
@@ -44,6 +47,7 @@ __kernel void nll_gather(${index_t} total, ${index_t} classes, ${index_t} spatia
                          __global const float* restrict x, ${index_t} x_off,
 % if shifted:
                          __global const float* restrict shift, ${index_t} shift_off,
+                         __global const float* restrict log_sum, ${index_t} log_sum_off,
 % endif
                          __global const long* restrict target, ${index_t} t_off,
                          __global const float* restrict weight, ${index_t} w_off,
@@ -63,7 +67,8 @@ __kernel void nll_gather(${index_t} total, ${index_t} classes, ${index_t} spatia
                 w = 1.0f;
 % endif
 % if shifted:
-                l = -w * (x[x_off + (n * classes + (${index_t})t) * spatial + s] - shift[shift_off + e]);
+                l = -w * ((x[x_off + (n * classes + (${index_t})t) * spatial + s] - shift[shift_off + e])
+                          - log_sum[log_sum_off + e]);
 % else:
                 l = -w * x[x_off + (n * classes + (${index_t})t) * spatial + s];
 % endif

@@ -6,8 +6,9 @@
 ##   channel_partial_sums   grid (GROUP_SIZE * chunks, C): work group (chunk j, channel c) reduces
 ##                          its slice of the N*S elements of channel c to two sums (tree in local
 ##                          memory), written to partials[(j*C + c)*2 + {0, 1}]:
-##                            "stats":       sum(x - K), sum((x - K)^2) with K = x[0, c, 0], a
-##                                           shift that keeps the variance free of cancellation;
+##                            "stats":       sum(x - K), sum((x - K)^2) with K = x[0, c, 0] (0
+##                                           where it is not finite), a shift that keeps the
+##                                           variance free of cancellation;
 ##                            "grad":        sum(dy), sum(dy * (x - mean[c]));
 ##                            "grad_affine": sum(dy), sum(dy * xhat) with xhat from per-row
 ##                                           statistics (row = n*G + c / Cg): the weight and bias
@@ -64,6 +65,27 @@ inline float2 group_sum2(float2 value, __local float2* scratch)
     return total;
 }
 
+// Non-finite inputs give torch's statistics: the mean of values holding +-inf is +-inf (NaN
+// with both, or with a NaN), the variance NaN (inf - inf), and so every output of the channel
+// or row is NaN, and a running variance too.
+
+// The shift K of the sums of x - K and (x - K)^2: the first element of the channel (row),
+// which keeps the variance free of cancellation; 0 where that element is not finite, so that
+// an infinity there still gives the mean torch gives (x - inf would make every term NaN).
+inline float stats_shift(float first)
+{
+    return isfinite(first) ? first : 0.0f;
+}
+
+// The biased variance from the means of x - K and (x - K)^2, clamped at 0 against rounding.
+// A NaN stays NaN (fmax(NaN, 0) would be 0: a finite output, and a running variance that
+// hides the NaN).
+inline float shifted_variance(float mean_square, float shifted_mean)
+{
+    const float v = mean_square - shifted_mean * shifted_mean;
+    return v < 0.0f ? 0.0f : v;
+}
+
 % if part == "sums":
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 void channel_partial_sums(int N, int C, int SV, int per_chunk
@@ -93,7 +115,7 @@ void channel_partial_sums(int N, int C, int SV, int per_chunk
     __global const floatv* dyv = (__global const floatv*)(dy + dy_off);
 % endif
 % if mode == "stats":
-    const float shift = x[x_off + (long)c * SV * VECTOR];
+    const float shift = stats_shift(x[x_off + (long)c * SV * VECTOR]);
 % elif mode == "grad":
     const float shift = mean[mean_off + c];
 % endif
@@ -157,7 +179,7 @@ __kernel void channel_column_sums(int N, int C, int per_chunk
     const int begin = chunk * per_chunk;
     const int end = min(begin + per_chunk, N);
 % if mode == "stats":
-    const float shift = x[x_off + c];
+    const float shift = stats_shift(x[x_off + c]);
 % elif mode == "grad":
     const float shift = mean[mean_off + c];
 % endif
@@ -277,8 +299,8 @@ __kernel void channel_finalize_stats(int N, int C, int S, int chunks, float eps,
     const float2 total = sum_chunks(partials, chunks, C, c);
     const float count = (float)((long)N * S);
     const float shifted_mean = total.x / count;
-    const float mean = x[x_off + (long)c * S] + shifted_mean;
-    const float var = fmax(total.y / count - shifted_mean * shifted_mean, 0.0f);
+    const float mean = stats_shift(x[x_off + (long)c * S]) + shifted_mean;
+    const float var = shifted_variance(total.y / count, shifted_mean);
     const float invstd = rsqrt(var + eps);
     if (running_mean) {
         running_mean[running_mean_off + c] = (1.0f - momentum) * running_mean[running_mean_off + c]
@@ -382,7 +404,7 @@ void row_norm_forward(int D, int G, int Cg, int S, float eps
     const int row = get_group_id(0);
     __global const float* src = x + x_off + (long)row * D;
     __global float* dst = y + y_off + (long)row * D;
-    const float shift = src[0];
+    const float shift = stats_shift(src[0]);
     float2 acc = (float2)(0.0f, 0.0f);
     for (int d = lid; d < D; d += GROUP_SIZE) {
         const float v = src[d] - shift;
@@ -391,7 +413,7 @@ void row_norm_forward(int D, int G, int Cg, int S, float eps
     const float2 total = group_sum2(acc, scratch);
     const float shifted_mean = total.x / D;
     const float mean = shift + shifted_mean;
-    const float rstd = rsqrt(fmax(total.y / D - shifted_mean * shifted_mean, 0.0f) + eps);
+    const float rstd = rsqrt(shifted_variance(total.y / D, shifted_mean) + eps);
     if (lid == 0) {
         save_mean[row] = mean;
         save_rstd[row] = rstd;

@@ -3,10 +3,19 @@
 ## The tensor is seen as (outer, size, inner), C-contiguous: element k of row (o, i) is at
 ## off + (o * size + k) * inner + i. Each program holds two kernels:
 ##   softmax_forward(rows, size, inner, x, x_off, y, y_off)
-##       y = exp(x - max) / sum(exp(x - max))       (log: y = x - max - log(sum(...)))
+##       y = exp(x - max) / sum(exp(x - max))       (log: y = (x - max) - log(sum(...)))
 ##   softmax_backward(rows, size, inner, y, y_off, dy, dy_off, dx, dx_off)
 ##       dx = y * (dy - sum(dy * y))                  (log: dx = dy - exp(y) * sum(dy))
 ## rows = outer * inner.
+##
+## Non-finite values as in torch: a row holding a NaN or +inf, or only -inf, is NaN throughout;
+## -inf elements of any other row give 0 (log: -inf). The max folds with fmax, which skips
+## NaN; a NaN reaches the sum instead (exp(NaN - m)), and every merge of (max, sum) pairs keeps
+## it, an empty side's too. A +inf max gives exp(inf - inf) = NaN in the sum where the element
+## is held, and row_sum makes it NaN where the online fold took the +inf as a new max (sum 1).
+## log_softmax subtracts the max before anything is rounded: (x - max) - log(sum), exact for the
+## largest elements whatever the scale (x - (max + log(sum)) rounds max + log(sum) to max's ulp:
+## 0 in place of -log(10) for ten logits of 1e30).
 ##
 ## Template parameters:
 ##   variant     "row": one work-group per row, its items stride along the row and combine
@@ -63,7 +72,15 @@ ${access.warp_reductions()}
 #define CACHED ${cached}
 #define CACHED_BACKWARD ${cached_backward}
 
-// Fold value x into the running (m, s) = (max, sum of exp(. - max)) with one exp.
+// exp(x - m) where -inf adds 0: exp(-inf - -inf) would be NaN while the max so far is -inf.
+// A NaN x gives NaN whatever m is.
+inline float exp_from(float x, float m)
+{
+    return x == -INFINITY ? 0.0f : exp(x - m);
+}
+
+// Fold value x into the running (m, s) = (max, sum of exp(. - max)) with one exp. A NaN x
+// fails x > *m and makes the sum NaN.
 void online_add(float *m, float *s, float x)
 {
     // A -inf element adds exp(-inf) = 0; skipping it also avoids exp(-inf - -inf) = NaN while
@@ -77,14 +94,22 @@ void online_add(float *m, float *s, float x)
     }
 }
 
-// Merge two (max, sum) pairs; an empty side has m == -INFINITY and s == 0.
+// Merge two (max, sum) pairs. A side with m == -INFINITY holds no finite element: its s is 0,
+// or NaN where it saw a NaN, which the merged sum keeps (adding s is exact either way).
 void online_merge(float *m, float *s, float m2, float s2)
 {
-    if (m2 == -INFINITY) return;
-    if (*m == -INFINITY) { *m = m2; *s = s2; return; }
+    if (m2 == -INFINITY) { *s += s2; return; }
+    if (*m == -INFINITY) { *m = m2; *s += s2; return; }
     float mm = fmax(*m, m2);
     *s = *s * exp(*m - mm) + s2 * exp(m2 - mm);
     *m = mm;
+}
+
+// The sum to divide by for the row's (m, s): NaN for a +inf max, which online_add takes as a
+// new max with a sum of 1 (torch: exp(inf - inf) = NaN throughout the row).
+inline float row_sum(float m, float s)
+{
+    return m == INFINITY ? NAN : s;
 }
 
 % if row:
@@ -194,10 +219,10 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         #pragma unroll
         for (int j = 0; j < CACHED / 4; ++j) {
             float4 e;
-            e.x = (v[j].x == -INFINITY) ? 0.0f : exp(v[j].x - m);
-            e.y = (v[j].y == -INFINITY) ? 0.0f : exp(v[j].y - m);
-            e.z = (v[j].z == -INFINITY) ? 0.0f : exp(v[j].z - m);
-            e.w = (v[j].w == -INFINITY) ? 0.0f : exp(v[j].w - m);
+            e.x = exp_from(v[j].x, m);
+            e.y = exp_from(v[j].y, m);
+            e.z = exp_from(v[j].z, m);
+            e.w = exp_from(v[j].w, m);
             s += (e.x + e.y) + (e.z + e.w);
         % if not log and not recompute:
             v[j] = e;
@@ -216,7 +241,8 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         barrier(CLK_LOCAL_MEM_FENCE);
         m = warp_max(tree_m[head / 32 + lane % (ROW_ITEMS / 32)]);
         % endif
-        s = warp_sum(m_item == -INFINITY ? 0.0f : s * exp(m_item - m));
+        // An item without a finite element passes its s (0, or NaN after a NaN).
+        s = warp_sum(m_item == -INFINITY ? s : s * exp(m_item - m));
         % if row_items > 32:
         if (lane == 0) tree_s[lid / 32] = s;
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -239,8 +265,9 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         // The next rows overwrite the tree only after every item has read it.
         barrier(CLK_LOCAL_MEM_FENCE);
     % endif
+        s = row_sum(m, s);
     % if log or recompute:
-        const float shift = m + log(s);
+        const float log_s = log(s);
     % else:
         // An item that holds only padding (or -inf) has m_item = -inf: its e are 0, scale 0.
         const float scale = (m_item == -INFINITY ? 0.0f : exp(m_item - m)) / s;
@@ -250,9 +277,9 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             ${index_t} k = (row_lid + (${index_t})j * ROW_ITEMS) * 4;
             if (k < row_size) {
     % if log:
-                store4(yr + k, v[j] - shift);
+                store4(yr + k, (v[j] - m) - log_s);
     % elif recompute:
-                store4(yr + k, exp(v[j] - shift));
+                store4(yr + k, exp((v[j] - m) - log_s));
     % else:
                 store4(yr + k, v[j] * scale);
     % endif
@@ -286,7 +313,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         float s = 0.0f;
         #pragma unroll
         for (int j = 0; j < CACHED; ++j) {
-            const float e = (v[j] == -INFINITY) ? 0.0f : exp(v[j] - m);
+            const float e = exp_from(v[j], m);
             s += e;
         % if not log:
             v[j] = e;
@@ -308,8 +335,9 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         s = tree_s[0];
         // The next row overwrites the tree only after every item has read it.
         barrier(CLK_LOCAL_MEM_FENCE);
+        s = row_sum(m, s);
         % if log:
-        const float shift = m + log(s);
+        const float log_s = log(s);
         % else:
         // An item that holds only padding (or -inf) has m_item = -inf: its e are 0, scale 0.
         const float scale = (m_item == -INFINITY ? 0.0f : exp(m_item - m)) / s;
@@ -319,7 +347,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
             if (k < size) {
         % if log:
-                yr[k * inner] = v[j] - shift;
+                yr[k * inner] = (v[j] - m) - log_s;
         % else:
                 yr[k * inner] = v[j] * scale;
         % endif
@@ -344,9 +372,9 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
                     s *= exp(m - vm);
                     m = vm;
                 }
-                if (m != -INFINITY) {
-                    s += (exp(v[j].x - m) + exp(v[j].y - m)) + (exp(v[j].z - m) + exp(v[j].w - m));
-                }
+                // Every element adds, so that a NaN reaches the sum while m is still -inf.
+                s += (exp_from(v[j].x, m) + exp_from(v[j].y, m))
+                     + (exp_from(v[j].z, m) + exp_from(v[j].w, m));
             }
         }
         % else:
@@ -367,11 +395,11 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             barrier(CLK_LOCAL_MEM_FENCE);
         }
         m = tree_m[0];
-        s = tree_s[0];
+        s = row_sum(m, tree_s[0]);
         barrier(CLK_LOCAL_MEM_FENCE);
         % if vector > 1:
         % if log:
-        const float shift = m + log(s);
+        const float log_s = log(s);
         % else:
         const float scale = 1.0f / s;
         % endif
@@ -387,7 +415,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
                 ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
                 if (k < size) {
         % if log:
-                    *((__global float4*)(yr + k)) = v[j] - shift;
+                    *((__global float4*)(yr + k)) = (v[j] - m) - log_s;
         % else:
                     *((__global float4*)(yr + k)) = exp(v[j] - m) * scale;
         % endif
@@ -395,9 +423,9 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             }
         }
         % elif log:
-        const float shift = m + log(s);
+        const float log_s = log(s);
         for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
-            yr[k * inner] = xr[k * inner] - shift;
+            yr[k * inner] = (xr[k * inner] - m) - log_s;
         }
         % else:
         const float scale = 1.0f / s;
@@ -417,10 +445,11 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         for (${index_t} k = 0; k < size; ++k) {
             online_add(&m, &s, xr[k * inner]);
         }
+        s = row_sum(m, s);
     % if log:
-        const float shift = m + log(s);
+        const float log_s = log(s);
         for (${index_t} k = 0; k < size; ++k) {
-            yr[k * inner] = xr[k * inner] - shift;
+            yr[k * inner] = (xr[k * inner] - m) - log_s;
         }
     % else:
         const float scale = 1.0f / s;

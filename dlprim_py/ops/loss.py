@@ -273,9 +273,9 @@ def _validate_nll(input, target, weight, reduction, shifted, ignore_index):
 
 def _nll(input, target, weight, ignore_index, reduction, shift_of=None):
     """The nll_loss forward, enqueued; returns (loss, g -> gradient wrt the log-probabilities).
-    ``shift_of(setup)``: enqueues a per-target-element shift (float32, dense) and returns it;
-    the log-probabilities are then ``input - shift`` along the classes, never materialized
-    (cross_entropy: the logits' log-sum-exp).
+    ``shift_of(setup)``: enqueues two per-target-element shifts (float32, dense) and returns
+    them, (m, l); the log-probabilities are then ``(input - m) - l`` along the classes, never
+    materialized (cross_entropy: the logits' max and the log of their sum of exp(x - max)).
 
     In the deferred range-check mode the forward's launches (check, shift, gather, sums) replay
     from one plan per setup and reduction; in the immediate mode the call waits for its check."""
@@ -296,7 +296,7 @@ def _nll(input, target, weight, ignore_index, reduction, shift_of=None):
         _enqueue_range_check(setup, target)
         if mode == "immediate" and total:
             reads.append(_read_range_flag(ctx))
-        shift = None if shift_of is None else shift_of(setup)
+        shifts = () if shift_of is None else shift_of(setup)
         # The per-element losses are the result of "none"; the sums' inputs otherwise.
         loss = out if reduction == "none" else setup.scratch("loss", target.shape)
         picked = setup.scratch("picked", target.shape)
@@ -305,7 +305,8 @@ def _nll(input, target, weight, ignore_index, reduction, shift_of=None):
             _enqueue(ctx, built, "nll_gather", gsize, lsize,
                      [setup.total_arg, setup.classes_arg, setup.spatial_arg, setup.ignore_arg,
                       input.buffer, setup.input_offset_arg,
-                      *(() if shift is None else (shift.buffer, zero if shift.offset == 0 else index(shift.offset_elements))),
+                      *(arg for t in shifts
+                        for arg in (t.buffer, zero if t.offset == 0 else index(t.offset_elements))),
                       target.buffer, setup.target_offset_arg, w.buffer, setup.weight_offset_arg,
                       loss.buffer, zero, picked.buffer, zero])
         if reduction != "none":
@@ -350,12 +351,21 @@ def _nll(input, target, weight, ignore_index, reduction, shift_of=None):
 
 
 def _logsumexp_kernel():
-    # (m, s) = (max, sum of exp(. - max)), merged online; -inf elements add nothing.
+    """(m, s) = (max, log of the sum of exp(. - max)) over the classes, merged online: the
+    picked log-probability is then (x - m) - s, exact for the largest logits whatever their
+    scale (x - (m + s) would round m + s to m's ulp: 0.41 off at logits of 1e7).
+
+    As torch's log_softmax, a NaN or +inf logit anywhere in a row makes s NaN (and with it
+    every loss of the row), a row of -inf gives m = -inf, and -inf logits add nothing. A NaN
+    fails m > acc_m and adds NaN to the sum; a pair with m == -inf holds no finite element, and
+    adds s * 0 (0 for an element's s of 1 or an empty pair's 0, NaN after a NaN), which also
+    avoids exp(-inf - -inf). A +inf max enters with a sum of 1: the finalize makes it NaN."""
     return _memo("logsumexp", lambda: ReduceKernel(
         "reduce_logsumexp", [("x", _f32)], [("m", _f32), ("s", _f32)], "m = x; s = 1.0f;",
         "if (m > acc_m) { acc_s = acc_s * exp(acc_m - m) + s; acc_m = m; }"
-        " else if (m != -INFINITY) { acc_s += s * exp(m - acc_m); }",
-        {"m": "-INFINITY", "s": "0.0f"}, finalize="acc_m = acc_m + log(acc_s);"))
+        " else { acc_s += m == -INFINITY ? s * 0.0f : s * exp(m - acc_m); }",
+        {"m": "-INFINITY", "s": "0.0f"},
+        finalize="acc_s = acc_m == INFINITY ? NAN : log(acc_s);"))
 
 
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean",
@@ -371,16 +381,16 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         raise ShapeError(f"cross_entropy: input must be (C), (N, C) or (N, C, d1, ...), got {input.shape}")
     class_dim = 0 if input.ndim == 1 else 1
     if isinstance(target, Tensor) and target.dtype == np.int64:
-        # One read of the logits: their log-sum-exp over the classes, then the picked logit
-        # minus it. The backward forms log_softmax then.
+        # One read of the logits: their max and log-sum-exp over the classes, then the picked
+        # logit minus them. The backward forms log_softmax then.
         keep_dims = tuple(1 if k == class_dim else d for k, d in enumerate(input.shape))
 
         def log_sum_exp(setup):
-            lse = setup.scratch("lse", keep_dims)
+            row_max = setup.scratch("row_max", keep_dims)
+            log_sum = setup.scratch("log_sum", keep_dims)
             if input.size:
-                _logsumexp_kernel()([input], [lse, setup.scratch("lse_sums", keep_dims)],
-                                    axes=(class_dim,))
-            return lse
+                _logsumexp_kernel()([input], [row_max, log_sum], axes=(class_dim,))
+            return row_max, log_sum
 
         out, grad_of_logp = _nll(input, target, weight, ignore_index, reduction, log_sum_exp)
         source = input.detach()
