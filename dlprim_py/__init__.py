@@ -9,8 +9,8 @@ from .activation import Activation, ActivationDesc
 from .autograd import enable_grad, no_grad
 from .context import Context, DeviceInfo, default_context, devices
 from .dtypes import float16, float32, int32, int64
-from .errors import (CacheWarning, DeviceError, DeviceMemoryError, DlprimError, DTypeError, KernelBuildError, ShapeError,
-                     UnsupportedError)
+from .errors import (CacheWarning, DeviceError, DeviceMemoryError, DlprimError, DTypeError,
+                     KernelBuildError, NumericsError, ShapeError, UnsupportedError)
 from .tensor import Tensor, TensorDesc
 from .ops.gemm import gemm, gemm_batched
 from .ops.conv import Convolution, ConvolutionDesc
@@ -23,7 +23,7 @@ from . import fusion  # noqa: E402
 __all__ = [
     "Activation", "ActivationDesc", "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",
     "no_grad", "enable_grad", "float16", "float32", "int32", "int64",
-    "DlprimError", "ShapeError", "DTypeError", "DeviceError", "DeviceMemoryError", "UnsupportedError",
+    "DlprimError", "ShapeError", "DTypeError", "DeviceError", "DeviceMemoryError", "NumericsError", "UnsupportedError",
     "KernelBuildError", "CacheWarning", "__version__", "Convolution", "ConvolutionDesc",
 ]
 __all__ += ["gemm", "gemm_batched"]

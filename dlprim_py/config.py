@@ -1,6 +1,6 @@
 """Every environment variable the library reads, in one place.
 
-The call switches (DLPRIM_LOG_CMD, DLPRIM_FIND_MODE, DLPRIM_*_ALGO) are read once, at the first
+The call switches (DLPRIM_LOG_CMD, DLPRIM_FIND_MODE, DLPRIM_*_ALGO, DLPRIM_CHECK_NUMERICS) are read once, at the first
 call that needs one, and again on ``dlprim_py.config.reload()``; the others where they are used.
 
 DLPRIM_DEVICE      device to use: "P:D" (platform:device indices) or a piece of the device name
@@ -8,6 +8,8 @@ DLPRIM_CACHE_DIR   where compiled program binaries and find results are kept
 DLPRIM_NO_CACHE    "1": never read or write the on-disk program cache
 DLPRIM_DEBUG       "1": print each program build (and cache hits) to stderr
 DLPRIM_LOG_CMD     "1": log every operator call as an equivalent dlprim-driver command line
+DLPRIM_CHECK_NUMERICS "1": raise at the first dlprim_py.functional call that makes a NaN/inf
+                   from finite inputs (a debugging mode: every call waits and reads back)
 DLPRIM_FIND_MODE   "immediate" (default) or "find" for algorithm selection
 DLPRIM_CONV_ALGO   force one convolution algorithm by name
 DLPRIM_GEMM_ALGO   force one GEMM kernel variant by name
@@ -33,10 +35,11 @@ _snapshot = None
 
 
 class _Switches:
-    __slots__ = ("log_cmd", "find_mode", "forced")
+    __slots__ = ("log_cmd", "find_mode", "forced", "check_numerics")
 
     def __init__(self, environ):
         self.log_cmd = _truthy(environ.get("DLPRIM_LOG_CMD", ""))
+        self.check_numerics = _truthy(environ.get("DLPRIM_CHECK_NUMERICS", ""))
         self.find_mode = environ.get("DLPRIM_FIND_MODE", "immediate").strip().lower() or "immediate"
         # DLPRIM_<FAMILY>_ALGO -> {"family": value}
         self.forced = {name[len("DLPRIM_"):-len("_ALGO")].lower(): value
@@ -50,7 +53,14 @@ def reload():
     them. Returns the snapshot."""
     global _snapshot
     _snapshot = _Switches(os.environ)
+    for hook in _reload_hooks:
+        hook(_snapshot)
     return _snapshot
+
+
+# Called with the new snapshot on every reload (dlprim_py.functional installs or removes its
+# numerics checks).
+_reload_hooks = []
 
 
 def _switches():
@@ -91,6 +101,10 @@ def log_cmd():
 
 def find_mode():
     return _switches().find_mode
+
+
+def check_numerics():
+    return _switches().check_numerics
 
 
 def forced_algorithm(family):

@@ -25,6 +25,11 @@ class DeviceMemoryError(DeviceError, MemoryError):
     """The device cannot hold a tensor: larger than its largest allocation, or out of memory."""
 
 
+class NumericsError(DlprimError, ArithmeticError):
+    """DLPRIM_CHECK_NUMERICS found an operator that made a NaN or an infinity from finite
+    inputs."""
+
+
 class UnsupportedError(DlprimError, NotImplementedError):
     """A valid request that this library (or this device, or this algorithm) does not do."""
 

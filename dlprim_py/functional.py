@@ -20,3 +20,20 @@ from .ops.conv import conv2d, conv_transpose2d  # noqa: F401
 from .ops.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401
 from .ops.interpolate import interpolate  # noqa: F401
 from .ops.linear import linear  # noqa: F401
+
+
+def _install_numerics_checks(switches):
+    from . import numerics
+    names = [n for n, v in list(globals().items()) if callable(v) and not n.startswith("_")
+             and getattr(v, "__module__", "").startswith("dlprim_py.ops")
+             or getattr(v, "__wrapped_numerics__", False)]
+    numerics.install(globals(), names, switches.check_numerics)
+
+
+def _setup_numerics():
+    from . import config
+    config._reload_hooks.append(_install_numerics_checks)
+    _install_numerics_checks(config._switches())
+
+
+_setup_numerics()

@@ -138,8 +138,12 @@ def test_tile_local_memory(ctx, name, monkeypatch):
     built = algo.prepare(ctx, problem, "forward")[0]
     kernel = built.kernel("conv_igemm_forward")
     used = kernel.get_work_group_info(cl.kernel_work_group_info.LOCAL_MEM_SIZE, ctx.device)
-    # Drivers may add a few bytes of their own (NVIDIA's reports 16 more).
-    assert tile.local_bytes <= used <= tile.local_bytes + 64
+    # Drivers may add a few bytes of their own (NVIDIA's reports 16 more). Mesa's rusticl on
+    # llvmpipe reports twice the declared arrays (34816 bytes for this tile's 17408, more than
+    # its 32 KiB) yet runs the kernel: only the lower bound holds there.
+    assert tile.local_bytes <= used
+    if ctx.info.platform_name != "rusticl":
+        assert used <= tile.local_bytes + 64
     assert algo.applies(ctx, problem, "forward")
     monkeypatch.setattr(ctx.info, "local_mem_size", tile.local_bytes - 1)
     assert not algo.applies(ctx, problem, "forward")
