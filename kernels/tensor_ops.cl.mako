@@ -91,7 +91,7 @@ __kernel void pad(I total
     % if mode == "constant":
             outside |= (j < 0) | (j >= in_size${k});
     % elif mode == "reflect":
-            j = j < 0 ? -j : j;
+            j = max(j, -j);   // |j|
             j = j >= in_size${k} ? 2 * (in_size${k} - 1) - j : j;
     % else:
             j = clamp(j, (I)0, in_size${k} - 1);
