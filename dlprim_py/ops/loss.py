@@ -357,13 +357,17 @@ def _logsumexp_kernel():
 
     As torch's log_softmax, a NaN or +inf logit anywhere in a row makes s NaN (and with it
     every loss of the row), a row of -inf gives m = -inf, and -inf logits add nothing. A NaN
-    fails m > acc_m and adds NaN to the sum; a pair with m == -inf holds no finite element, and
-    adds s * 0 (0 for an element's s of 1 or an empty pair's 0, NaN after a NaN), which also
-    avoids exp(-inf - -inf). A +inf max enters with a sum of 1: the finalize makes it NaN."""
+    logit enters as the pair (NaN, NaN): it fails m > acc_m and adds its NaN s to the sum,
+    whatever exp gives for a NaN argument. A pair with m == -inf holds no finite element and
+    adds 0, or its s where that is NaN (a pair of -inf and NaN logits), which also avoids
+    exp(-inf - -inf). The NaN is kept by comparisons, not by arithmetic with a constant zero:
+    a compiler may fold s * 0.0f to 0 (rusticl of Mesa 22.3 does), which would drop it. A
+    +inf max enters with a sum of 1: the finalize makes it NaN."""
     return _memo("logsumexp", lambda: ReduceKernel(
-        "reduce_logsumexp", [("x", _f32)], [("m", _f32), ("s", _f32)], "m = x; s = 1.0f;",
+        "reduce_logsumexp", [("x", _f32)], [("m", _f32), ("s", _f32)],
+        "m = x; s = x != x ? x : 1.0f;",
         "if (m > acc_m) { acc_s = acc_s * exp(acc_m - m) + s; acc_m = m; }"
-        " else { acc_s += m == -INFINITY ? s * 0.0f : s * exp(m - acc_m); }",
+        " else { acc_s += m == -INFINITY ? (s != s ? s : 0.0f) : s * exp(m - acc_m); }",
         {"m": "-INFINITY", "s": "0.0f"},
         finalize="acc_s = acc_m == INFINITY ? NAN : log(acc_s);"))
 
