@@ -6,7 +6,9 @@
 For each problem size every candidate parameter set is built, run on seeded random data and
 compared with a float64 reference (on a small odd-sized problem in full, and on sampled rows of
 the real one); a candidate whose result differs is rejected and never timed. The others are
-timed with OpenCL profiling (median after a warm-up) and the fastest becomes a measured rule
+timed with OpenCL profiling (median after a warm-up; each sample a batch of runs, long
+enough for the device's timer to measure, divided by its length; host wall-clock where the
+profiled span does not grow with the work) and the fastest becomes a measured rule
 of this device's entry in the tuning database (``dlprim_py.tuning``). Devices that report Intel
 subgroups also try the "subgroup" kernel's register blocks. Without ``--output``
 the database under the cache directory is written, which lookups read before the shipped one.
@@ -40,6 +42,20 @@ DEFAULT_SIZES = ["64", "256", "512", "1024", "2048", "4096",
                  "64x64x200704"]
 VERIFY_SHAPE = (67, 45, 35)  # odd sizes: every tile has edges
 TOLERANCE = 1e-5
+# A timed sample is a batch of runs whose span reaches MIN_SPAN seconds (the batch grows, at
+# least doubling, up to MAX_BATCH runs), divided by the batch: a tiny GEMM alone can take less
+# than the profiling timer resolves. Host wall-clock around the batch replaces the profiled
+# span where that does not measure the work (Mesa 22's rusticl gives every event the same
+# placeholder timestamps, 0 to 3 ns): when a batch took PROBE_WALL seconds of wall-clock yet
+# spans less than MIN_SPAN (the device would have run 0.25% of that time), or when a batch of
+# MAX_BATCH runs still spans less than MIN_SPAN (under 50 ns a run, below any kernel launch).
+# PROBE_WALL also bounds the batch the next probe tries, so that probing costs little wall
+# time whatever the timer reports.
+MIN_SPAN = 50e-6
+MAX_BATCH = 1024
+PROBE_WALL = 20e-3
+# Seconds of samples per candidate.
+SAMPLE_TIME = 0.3
 
 
 class ProgressBar:
@@ -200,6 +216,40 @@ class _Problem:
             buf.release()
 
 
+def time_per_run(ctx, run, sample_time=SAMPLE_TIME):
+    """(seconds per call of ``run``, calls per sample, "profiling" or "wall clock"): the median
+    of about ``sample_time`` seconds of samples, each a batch of calls whose span the timer
+    measures (see MIN_SPAN), divided by the batch's length. A batch is first timed once; the
+    samples then must have a median of MIN_SPAN too (a coarse timer reads a batch near one of
+    its steps as 0 or as a step), else the batch grows again."""
+    wall, batch, repeat = not ctx.profiling, 1, 1
+
+    def batched():
+        for _ in range(batch):
+            run()
+
+    while True:
+        started = time.perf_counter()
+        timing = time_enqueued(ctx, batched, warmup=1, repeat=repeat, wall_clock=wall)
+        # The warm-up and the samples, a batch each.
+        elapsed = (time.perf_counter() - started) / (len(timing.samples) + 1)
+        span = timing.median
+        if span >= MIN_SPAN or (wall and batch >= MAX_BATCH):
+            if repeat > 1:
+                return span / batch, batch, "wall clock" if wall else "profiling"
+            repeat = max(3, min(20, int(sample_time / max(span, 1e-6))))
+            continue
+        if not wall and (elapsed >= PROBE_WALL or batch >= MAX_BATCH):
+            # The profiled span does not measure the work: wall-clock from a lone call on.
+            wall, batch, repeat = True, 1, 1
+            continue
+        # Straight to the batch that the span predicts, at least a doubling, no longer than
+        # PROBE_WALL by the wall-clock.
+        predicted = math.ceil(batch * MIN_SPAN / max(span, 1e-9))
+        bounded = math.floor(batch * PROBE_WALL / max(elapsed, 1e-9))
+        batch, repeat = min(MAX_BATCH, max(2 * batch, min(predicted, bounded))), 1
+
+
 def tune_gemm(ctx, sizes, budget, space="quick", log=print, seed=1234):
     """Tune every size in ``sizes`` within about ``budget`` seconds in all; returns the list of
     measured rules (one per size) and a report of every candidate tried."""
@@ -252,12 +302,9 @@ def tune_gemm(ctx, sizes, budget, space="quick", log=print, seed=1234):
                 report.append(entry)
                 bar.update(done + 1, "rejected: wrong result")
                 continue
-            # About 0.3 s of samples per candidate, from one timed run.
-            first = time_enqueued(ctx, plan.enqueue, warmup=1, repeat=1).median
-            repeat = max(3, min(20, int(0.3 / max(first, 1e-6))))
-            timing = time_enqueued(ctx, plan.enqueue, warmup=1, repeat=repeat)
-            entry["ms"] = timing.median * 1e3
-            entry["gflops"] = flops / timing.median / 1e9
+            seconds, entry["batch"], entry["timer"] = time_per_run(ctx, plan.enqueue)
+            entry["ms"] = seconds * 1e3
+            entry["gflops"] = flops / seconds / 1e9
             report.append(entry)
             if best is None or entry["ms"] < best["ms"]:
                 best = entry

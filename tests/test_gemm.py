@@ -354,6 +354,42 @@ def test_tuner_rejects_wrong_candidates(ctx, monkeypatch):
     assert rules[0]["params"]["kernel"] == "small"
 
 
+@pytest.mark.parametrize("timer", ["coarse", "placeholder"])
+def test_tuner_times_below_timer_resolution(ctx, monkeypatch, timer):
+    """A tiny GEMM is timed in batches long enough for the timer to measure, divided by the
+    batch: a profiling timer of 5 ms steps (one run alone reads 0) gives a time above zero;
+    one whose span is the same whatever the work (placeholder timestamps) gives way to
+    wall-clock. Probing stays short either way."""
+    from dlprim_py import tune
+    from dlprim_py.timing import Timing, time_enqueued
+
+    runs = []
+
+    def fake_timer(ctx, run, warmup=3, repeat=20, wall_clock=False, **kwargs):
+        def counted():
+            runs.append(1)
+            run()
+        timing = time_enqueued(ctx, counted, warmup=warmup, repeat=repeat, wall_clock=True)
+        if wall_clock:
+            return timing
+        if timer == "coarse":
+            return Timing(np.floor(timing.samples / 5e-3) * 5e-3)
+        return Timing(np.full(len(timing.samples), 1e-9))
+
+    monkeypatch.setattr(tune, "time_enqueued", fake_timer)
+    problem = tune._Problem(ctx, 23, 19, 11, np.random.default_rng(0))
+    try:
+        plan = problem.plan(dict(SMALL))
+        seconds, batch, used = tune.time_per_run(ctx, plan.enqueue, sample_time=0.05)
+    finally:
+        problem.release()
+    assert 0 < seconds < 1
+    assert used == ("profiling" if timer == "coarse" else "wall clock")
+    if timer == "coarse":
+        assert batch > 1
+    assert len(runs) <= 4 * tune.MAX_BATCH
+
+
 # ---- bad input ----------------------------------------------------------------------------
 
 def test_inner_dimension_mismatch(ctx, rng):
