@@ -225,6 +225,92 @@ class Tensor:
         grad = ", requires_grad=True" if self.requires_grad else ""
         return f"Tensor(shape={self.shape}, dtype={self.dtype}{grad})"
 
+    # ---- torch's conveniences ------------------------------------------------------------
+
+    @property
+    def device(self):
+        """The tensor's Context (what torch's ``.device`` names: where it lives)."""
+        return self.ctx
+
+    def item(self):
+        """The value of a one-element tensor as a Python number (waits for queued work)."""
+        if self.size != 1:
+            raise ShapeError(f"item() needs a one-element tensor, got shape {self.shape}")
+        return self.numpy().reshape(-1)[0].item()
+
+    def tolist(self):
+        """The values as nested Python lists (a number for a 0-d tensor)."""
+        return self.numpy().tolist()
+
+    def to_numpy(self):
+        """The same as ``numpy()``."""
+        return self.numpy()
+
+    # numpy's operators defer to the tensor's own (a clear error for an array operand) instead
+    # of converting it through __array__.
+    __array_ufunc__ = None
+
+    def __array__(self, dtype=None, copy=None):
+        # np.asarray(t): the values, not an object array holding the tensor.
+        values = self.numpy()
+        return values if dtype is None else values.astype(dtype)
+
+    def zero_(self):
+        """Set every element to zero in place."""
+        return self.fill_(0)
+
+    def sum(self, dim=None, keepdim=False):
+        from .ops import reduce
+        return reduce.sum(self, dim, keepdim)
+
+    def mean(self, dim=None, keepdim=False):
+        from .ops import reduce
+        return reduce.mean(self, dim, keepdim)
+
+    def max(self, dim=None, keepdim=False):
+        """The largest element (a 0-d tensor); with ``dim``, (values, indices) along it, as
+        torch returns them."""
+        from .ops import reduce
+        if dim is None:
+            return reduce.amax(self)
+        return reduce.amax(self, dim, keepdim), reduce.argmax(self, dim, keepdim)
+
+    def argmax(self, dim=None, keepdim=False):
+        from .ops import reduce
+        return reduce.argmax(self, dim, keepdim)
+
+    def permute(self, *dims):
+        """A copy with the dimensions reordered (``functional.permute``)."""
+        from .ops import tensor_ops
+        return tensor_ops.permute(self, dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims)
+
+    def transpose(self, dim0, dim1):
+        """A copy with two dimensions swapped (``functional.transpose``)."""
+        from .ops import tensor_ops
+        return tensor_ops.transpose(self, dim0, dim1)
+
+    @property
+    def T(self):
+        """The transpose of a matrix (a copy); for other ranks the dimensions reversed."""
+        if self.ndim < 2:
+            return self
+        return self.permute(tuple(reversed(range(self.ndim))))
+
+    def __matmul__(self, other):
+        """``self @ other`` for two matrices: ``dp.gemm``, or ``linear`` on the transposed
+        right operand where gradients are recorded."""
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        if self.ndim != 2 or other.ndim != 2:
+            from .errors import UnsupportedError
+            raise UnsupportedError(f"@ multiplies two matrices, got {self.shape} @ {other.shape}; "
+                                   f"use dlprim_py.gemm_batched for batches")
+        if autograd.needs_grad(self, other):
+            from .ops import linear, tensor_ops
+            return linear.linear(self, tensor_ops.transpose(other, 0, 1))
+        from .ops.gemm import gemm
+        return gemm(self, other)
+
     # ---- data movement ------------------------------------------------------------------
 
     def numpy(self):

@@ -180,3 +180,36 @@ def test_constructor_checks_its_buffer(ctx):
         dp.Tensor(ctx, np.zeros(4, np.float32), (4,))
     with pytest.raises(dp.DeviceError, match="Context"):
         dp.Tensor(None, buffer, (4,))
+
+
+def test_torch_conveniences(ctx, rng):
+    """item, tolist, to_numpy, np.asarray, zero_, sum/mean/max/argmax, permute/transpose/T and @
+    as torch's Tensor methods give them, against numpy in float64."""
+    a, b = random(rng, (3, 5)), random(rng, (5, 4))
+    t, u = dp.Tensor.from_numpy(ctx, a), dp.Tensor.from_numpy(ctx, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    assert t.device is ctx
+    assert isinstance(t.sum().item(), float)
+    np.testing.assert_allclose(t.sum().item(), a64.sum(), rtol=1e-5)
+    with pytest.raises(dp.ShapeError, match="one-element"):
+        t.item()
+    assert t.tolist() == a.tolist() and np.array_equal(t.to_numpy(), a)
+    assert np.asarray(t).dtype == np.float32 and np.array_equal(np.asarray(t), a)
+    assert_close(t.mean(dim=1).numpy(), a64.mean(1))
+    assert_close(t.sum(dim=0, keepdim=True).numpy(), a64.sum(0, keepdims=True))
+    assert t.max().item() == a.max() and t.argmax().item() == a.argmax()
+    values, indices = t.max(dim=1)
+    assert np.array_equal(values.numpy(), a.max(1)) and np.array_equal(indices.numpy(), a.argmax(1))
+    assert np.array_equal(t.T.numpy(), a.T) and np.array_equal(t.transpose(0, 1).numpy(), a.T)
+    c = random(rng, (2, 3, 4))
+    assert np.array_equal(dp.Tensor.from_numpy(ctx, c).permute(2, 0, 1).numpy(), c.transpose(2, 0, 1))
+    assert np.array_equal(dp.Tensor.from_numpy(ctx, c).T.numpy(), c.transpose(2, 1, 0))
+    assert_close((t @ u).numpy(), a64 @ b64)
+    with pytest.raises(dp.UnsupportedError, match="two matrices"):
+        dp.Tensor.from_numpy(ctx, c) @ u
+    # With gradients: d(sum(t @ u))/dt = ones @ u^T.
+    tg = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    (tg @ u).sum().backward()
+    assert_close(tg.grad.numpy(), np.ones((3, 4)) @ b64.T)
+    z = t.clone().zero_()
+    assert not z.numpy().any()
