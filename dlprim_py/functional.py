@@ -24,9 +24,9 @@ from .ops.linear import linear  # noqa: F401
 
 def _install_numerics_checks(switches):
     from . import numerics
+    # The operators (a wrapped one keeps its operator module's name through functools.wraps).
     names = [n for n, v in list(globals().items()) if callable(v) and not n.startswith("_")
-             and getattr(v, "__module__", "").startswith("dlprim_py.ops")
-             or getattr(v, "__wrapped_numerics__", False)]
+             and getattr(v, "__module__", "").startswith("dlprim_py.ops")]
     numerics.install(globals(), names, switches.check_numerics)
 
 

@@ -13,9 +13,6 @@ import numpy as np
 
 from .errors import NumericsError
 
-_ORIGINALS = {}
-
-
 def _tensors(values):
     from .tensor import Tensor
     for value in values:
@@ -26,15 +23,15 @@ def _tensors(values):
 
 
 def _first_nonfinite(tensors):
-    """(index, tensor, flat position) of the first floating-point tensor holding a NaN or an
-    infinity, or None."""
+    """(index, tensor, flat position, value) of the first floating-point tensor holding a NaN
+    or an infinity, or None."""
     for index, t in enumerate(tensors):
         if t.dtype.kind != "f" or not t.size:
             continue
-        values = t.numpy()
-        bad = ~np.isfinite(values)
-        if bad.any():
-            return index, t, int(np.flatnonzero(bad.ravel())[0])
+        values = t.numpy().ravel()
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            return index, t, int(bad[0]), values[bad[0]]
     return None
 
 
@@ -45,8 +42,7 @@ def checked(name, function):
         result = function(*args, **kwargs)
         found = _first_nonfinite(list(_tensors([result])))
         if found is not None and _first_nonfinite(list(_tensors([args, list(kwargs.values())]))) is None:
-            index, t, position = found
-            value = t.numpy().ravel()[position]
+            index, t, position, value = found
             raise NumericsError(f"{name} produced {value} from finite inputs (output {index}, "
                                 f"shape {t.shape}, flat index {position}); "
                                 f"DLPRIM_CHECK_NUMERICS is on")
@@ -58,9 +54,7 @@ def checked(name, function):
 def install(namespace, names, enabled):
     """Wrap (``enabled``) or unwrap the functions ``names`` of module ``namespace`` (a dict)."""
     for name in names:
-        current = namespace.get(name)
-        if not callable(current):
-            continue
-        original = _ORIGINALS.setdefault((id(namespace), name), current if not getattr(
-            current, "__wrapped_numerics__", False) else current.__wrapped__)
+        current = namespace[name]
+        # functools.wraps keeps the plain function as __wrapped__.
+        original = current.__wrapped__ if getattr(current, "__wrapped_numerics__", False) else current
         namespace[name] = checked(name, original) if enabled else original

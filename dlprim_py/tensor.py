@@ -161,15 +161,8 @@ class Tensor:
             raise DeviceError(f"expected a pyopencl Buffer, got {type(buffer).__name__}")
         if buffer.context != ctx.cl_context:
             raise DeviceError("the buffer belongs to another OpenCL context than the Context given")
-        shape = normalise_shape(shape)
-        dtype = as_dtype(dtype)
-        if not isinstance(offset, (int, np.integer)) or offset < 0:
-            raise ShapeError(f"offset must be a non-negative int (bytes), got {offset!r}")
-        nbytes = math.prod(shape) * dtype.itemsize
-        if offset + nbytes > buffer.size:
-            raise ShapeError(f"buffer of {buffer.size} bytes is too small for a {shape} {dtype} "
-                             f"tensor at byte offset {offset} (needs {offset + nbytes})")
-        return cls(ctx, buffer, shape, dtype, offset=int(offset), requires_grad=requires_grad)
+        # The constructor checks the offset and that the buffer holds the tensor.
+        return cls(ctx, buffer, shape, dtype, offset=offset, requires_grad=requires_grad)
 
     @classmethod
     def from_array(cls, ctx, array, requires_grad=False):

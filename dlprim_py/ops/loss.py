@@ -97,10 +97,10 @@ def _nll_program(ctx, weighted, divide, index_t, shifted):
     return built
 
 
-def _enqueue(ctx, built, name, gsize, lsize, args, queue=None):
-    """Enqueue kernel ``name`` of ``built`` with ``args`` on ``queue`` (default: the
-    context's); an argument is set only when it differs from the last call's (``bind``)."""
-    return bind(built.kernel(name))(queue or ctx.queue, gsize, lsize, *args)
+def _enqueue(ctx, built, name, gsize, lsize, args):
+    """Enqueue kernel ``name`` of ``built`` with ``args`` on the context's queue; an argument
+    is set only when it differs from the last call's (``bind``)."""
+    bind(built.kernel(name))(ctx.queue, gsize, lsize, *args)
 
 
 def _range_flag(ctx):
