@@ -162,7 +162,7 @@ _torch_entries = {}
 
 
 def _torch_entry(name, **kwargs):
-    """(descriptor, forward kernel, backward kernel) of a torch activation, memoized: building
+    """(descriptor, (forward kernel, backward kernel)) of a torch activation, memoized: building
     a descriptor and looking its kernels up cost more host time than launching a small kernel,
     and these descriptors never leave the module, so nothing changes them."""
     key = (name, tuple(sorted(kwargs.items()))) if kwargs else name
