@@ -63,8 +63,10 @@ def reload():
 _reload_hooks = []
 
 
-def _switches():
+def switches():
+    """The call switches as read last (``forced``: {family: solver}, ``find_mode``, ...)."""
     return _snapshot or reload()
+
 
 
 def _truthy(value):
@@ -96,17 +98,17 @@ def debug():
 
 
 def log_cmd():
-    return _switches().log_cmd
+    return switches().log_cmd
 
 
 def find_mode():
-    return _switches().find_mode
+    return switches().find_mode
 
 
 def check_numerics():
-    return _switches().check_numerics
+    return switches().check_numerics
 
 
 def forced_algorithm(family):
     """The algorithm forced for an operator family ("conv", "gemm"), or None."""
-    return _switches().forced.get(family)
+    return switches().forced.get(family)

@@ -121,6 +121,7 @@ class DeviceInfo:
         self.has_fp64 = "cl_khr_fp64" in extensions or _has_double_config(device)
         self.has_subgroups = bool(extensions & {"cl_khr_subgroups", "cl_intel_subgroups"})
         self.has_intel_subgroups = "cl_intel_subgroups" in extensions
+        self.architecture = _architecture(device, self.vendor, self.name)
         # The SIMD width the hardware executes in lockstep: warps on NVIDIA, wavefronts on AMD.
         if self.vendor == "nvidia":
             self.simd_width = 32
@@ -136,9 +137,25 @@ class DeviceInfo:
         return f"{self.platform_name}|{self.platform_version}|{self.name}|{self.version}|{self.driver_version}"
 
     def __repr__(self):
-        return (f"DeviceInfo({self.name!r}, vendor={self.vendor!r}, cu={self.compute_units}, "
+        return (f"DeviceInfo({self.name!r}, vendor={self.vendor!r}, "
+                f"architecture={self.architecture!r}, cu={self.compute_units}, "
                 f"local_mem={self.local_mem_size}, wg={self.max_work_group_size}, "
                 f"fp16={self.has_fp16}, fp64={self.has_fp64}, subgroups={self.has_subgroups})")
+
+
+def _architecture(device, vendor, name):
+    """The device's architecture as tuning databases name it ("nvidia:sm_90", "amd:gfx90a"),
+    or None where the driver does not say it."""
+    if vendor == "nvidia":
+        try:
+            major = int(device.compute_capability_major_nv)
+            minor = int(device.compute_capability_minor_nv)
+        except (cl.Error, AttributeError):
+            return None
+        return f"nvidia:sm_{major}{minor}"
+    if vendor == "amd" and name.lower().startswith("gfx"):
+        return "amd:" + name.split(":")[0].lower()
+    return None
 
 
 def _has_double_config(device):

@@ -33,7 +33,7 @@ def _install_numerics_checks(switches):
 def _setup_numerics():
     from . import config
     config._reload_hooks.append(_install_numerics_checks)
-    _install_numerics_checks(config._switches())
+    _install_numerics_checks(config.switches())
 
 
 _setup_numerics()

@@ -6,19 +6,26 @@ takes precedence. Each file looks like::
 
     {"family": "gemm", "format": 1,
      "devices": {"<device name>": {"vendor": "nvidia", "driver": "...", "rules": [...]}},
+     "architectures": {"nvidia:sm_90": {"rules": [...]}, "amd:gfx90a": {...}, ...},
      "vendors": {"nvidia": {"rules": [...]}, "amd": {...}, ...},
-     "default": {"rules": [...]}}
+     "default": {"rules": [...], "ranks": {...}}}
 
-Lookup goes device name (exact) -> vendor -> "default", so a new device always gets parameters
-that work. An entry's ``rules`` is an ordered list; each rule is either a *condition rule*
+Lookup goes device name (exact) -> architecture (``DeviceInfo.architecture``) -> vendor ->
+"default", so a new device always gets parameters that work. An entry's ``rules`` is an ordered
+list; each rule is either a *condition rule*
 ``{"when": {"max_mnk": 262144, "min_k": 8}, "params": {...}}`` (every ``min_X``/``max_X`` bound is
-inclusive on the feature ``X``; ``"extensions": ["cl_intel_subgroups", ...]`` holds on devices
+inclusive on the feature ``X``; a bare feature name ``X`` asks for equality, or membership when
+given a list: ``"direction": "forward"``; ``"extensions": ["cl_intel_subgroups", ...]`` holds on devices
 that report every extension named, so that a vendor's entry can give a kernel written in an
 extension to the devices that have it and fall through to the next rule elsewhere), or a
 *measured rule* ``{"shape": {"m": 4096, "n": 4096,
 "k": 4096}, "params": {...}}``. The first condition rule that holds wins; otherwise the measured
 rule nearest to the problem (distance in log2 of each shape feature) wins. Choosing is a few
 comparisons over a short list: no search and no timing on the hot path.
+
+An entry may also hold ``ranks``, the order in which a family's solvers are preferred when no
+rule names one (``dlprim_py.solver``): ``{"<solver>": [{"when": {...}, "rank": 1}, {"rank": 50}]}``,
+lower first, the first condition that holds giving the rank (a missing ``when`` always holds).
 
 A user database that cannot be read or is not a database of this format (a damaged file) is
 reported once with a ``CacheWarning`` and ignored, as the find-db ignores a damaged file: the
@@ -47,8 +54,12 @@ def user_path(family):
     return Path(config.cache_dir()) / "tuning" / f"{family}.json"
 
 
+SECTIONS = ("devices", "architectures", "vendors")
+
+
 def empty_db(family):
-    return {"family": family, "format": FORMAT, "devices": {}, "vendors": {}, "default": {"rules": []}}
+    return {"family": family, "format": FORMAT, "devices": {}, "architectures": {}, "vendors": {},
+            "default": {"rules": []}}
 
 
 def read_db(path, family, strict=True):
@@ -73,7 +84,7 @@ def read_db(path, family, strict=True):
         warn_once(path, f"dlprim_py: tuning database {path} {e}; ignored (the shipped rules "
                         f"apply) until dlprim-tune writes it again")
         return empty_db(family)
-    for key in ("devices", "vendors"):
+    for key in SECTIONS:
         db.setdefault(key, {})
     db.setdefault("default", {"rules": []})
     return db
@@ -87,7 +98,7 @@ def _check_db(db, family):
             f"family={db.get('family')!r}, format={db.get('format')!r}"
         raise ValueError(f"is not a format-{FORMAT} {family!r} database ({str(found)[:80]})")
     entries = [("default", db.get("default", {"rules": []}))]
-    for section in ("devices", "vendors"):
+    for section in SECTIONS:
         table = db.get(section, {})
         if not isinstance(table, dict):
             raise ValueError(f"is damaged: {section!r} is not an object")
@@ -99,6 +110,14 @@ def _check_db(db, family):
                 and isinstance(rule.get("when", rule.get("shape")), dict) for rule in rules):
             raise ValueError(f"is damaged: the rules of {where!r} are not a list of "
                              f"{{'when' or 'shape', 'params'}} objects")
+        ranks = entry.get("ranks", {})
+        if not isinstance(ranks, dict) or not all(
+                isinstance(items, list) and all(isinstance(item, dict) and "rank" in item
+                                                and isinstance(item.get("when", {}), dict)
+                                                for item in items)
+                for items in ranks.values()):
+            raise ValueError(f"is damaged: the ranks of {where!r} are not lists of "
+                             f"{{'when', 'rank'}} objects")
 
 
 def write_db(path, db):
@@ -107,7 +126,8 @@ def write_db(path, db):
 
 
 def databases(family):
-    """The databases consulted for ``family``, most specific first: the user's, then shipped."""
+    """The databases consulted for ``family``, most specific first: the user's, then shipped
+    (a family without a shipped file has an empty one)."""
     dbs = _loaded.get(family)
     if dbs is None:
         dbs = [read_db(user_path(family), family, strict=False),
@@ -118,6 +138,7 @@ def databases(family):
 
 def forget(family=None):
     """Drop the in-memory copies so that the next lookup rereads the files."""
+    _entries.clear()
     if family is None:
         _loaded.clear()
     else:
@@ -126,20 +147,31 @@ def forget(family=None):
 
 def entries(info, family):
     """The entries that apply to a device, in lookup order: (where, entry) pairs, where is
-    "device", "vendor" or "default"."""
+    "device", "architecture", "vendor" or "default". Memoized per device and family until
+    ``forget``."""
+    key = (family, info.name, getattr(info, "architecture", None), info.vendor)
+    found = _entries.get(key)
+    if found is not None:
+        return found
     found = []
+    architecture = getattr(info, "architecture", None)
+    for section, where, name in (("devices", "device", info.name),
+                                 ("architectures", "architecture", architecture),
+                                 ("vendors", "vendor", info.vendor)):
+        if name is None:
+            continue
+        for db in databases(family):
+            entry = db[section].get(name)
+            if entry is not None:
+                found.append((where, entry))
     for db in databases(family):
-        entry = db["devices"].get(info.name)
-        if entry is not None:
-            found.append(("device", entry))
-    for db in databases(family):
-        entry = db["vendors"].get(info.vendor)
-        if entry is not None:
-            found.append(("vendor", entry))
-    for db in databases(family):
-        if db["default"].get("rules"):
+        if db["default"].get("rules") or db["default"].get("ranks"):
             found.append(("default", db["default"]))
+    _entries[key] = found
     return found
+
+
+_entries = {}
 
 
 def _condition_holds(when, features, extensions=frozenset()):
@@ -149,6 +181,12 @@ def _condition_holds(when, features, extensions=frozenset()):
                 raise DlprimError(f"tuning rule condition 'extensions' must be a list of "
                                   f"extension names, got {bound!r}")
             if not set(bound) <= set(extensions):
+                return False
+            continue
+        if key in features:
+            value = features[key]
+            if isinstance(bound, list) and value not in bound or \
+                    not isinstance(bound, list) and value != bound:
                 return False
             continue
         kind, _, name = key.partition("_")
@@ -200,6 +238,30 @@ def lookup(info, family, features, usable=lambda params: True):
             return params, where
     raise DlprimError(f"no {family} tuning rule applies to {features} on {info.name!r}; "
                       f"the shipped database {shipped_path(family)} needs a default rule")
+
+
+def first_params(info, family, features, usable=lambda params: True):
+    """The params of the first condition or measured rule, device entry first, that holds for
+    ``features`` and is ``usable``; None when no entry has one (unlike ``lookup``, a family
+    need not ship rules)."""
+    for _, entry in entries(info, family):
+        params = choose(entry.get("rules", ()), features, usable,
+                        getattr(info, "extensions", frozenset()))
+        if params is not None:
+            return params
+    return None
+
+
+def rank(info, family, solver, features):
+    """The rank of ``solver`` for a problem of ``features`` on the device: the first ``ranks``
+    item whose condition holds, in the first entry (device first) that ranks the solver and has
+    one that holds; None when none does."""
+    extensions = getattr(info, "extensions", frozenset())
+    for _, entry in entries(info, family):
+        for item in entry.get("ranks", {}).get(solver, ()):
+            if _condition_holds(item.get("when", {}), features, extensions):
+                return item["rank"]
+    return None
 
 
 def store_device_entry(path, family, info, rules, extra=None):

@@ -105,8 +105,8 @@ def test_immediate_choices_on_a_gpu():
     """The measured preferences: F(4x4) first for wide 3x3 stride 1 (backward filter from 128
     channels, F(2x2) below), im2col_gemm for wide stride-2 forward and every data gradient it
     takes, direct_small for a 3x3 RGB stem."""
-    gpu = SimpleNamespace(info=SimpleNamespace(is_gpu=True, compute_units=132,
-                                               max_work_group_size=1024,
+    gpu = SimpleNamespace(info=SimpleNamespace(name="a GPU", vendor="nvidia", is_gpu=True,
+                                               compute_units=132, max_work_group_size=1024,
                                                max_alloc_size=2 ** 36, local_mem_size=49152),
                           memo={})
     s1 = make_problem((64, 128, 28, 28), (128, 128, 3, 3), dp.ConvolutionDesc(1, 1))
