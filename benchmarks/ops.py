@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import dlprim_py as dp  # noqa: E402
 from dlprim_py import functional as F  # noqa: E402
+from dlprim_py.bench.harness import error_metric  # noqa: E402
 from dlprim_py.bench.record import measured_commit  # noqa: E402
 from dlprim_py.ops.pointwise import PointwiseKernel  # noqa: E402
 from dlprim_py.ops.dropout import reference_mask  # noqa: E402
@@ -122,20 +123,13 @@ def time_ours(ctx, run, quick, calls=REPEAT_IN_SPAN):
     return timing.median / calls
 
 
-def error_metric(out, ref):
-    out = np.asarray(out, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    if out.shape != ref.shape:
-        return math.inf
-    if not np.isfinite(out[np.isfinite(ref)]).all():
-        return math.inf
-    scale = max(float(np.abs(ref).max()) if ref.size else 0.0, 1e-30)
-    return float(np.linalg.norm((out - ref).ravel()) / (math.sqrt(max(out.size, 1)) * scale))
-
-
 def row(ctx, baseline, op, shape, nbytes, ours, theirs, check, quick, note=""):
-    """Check ``ours`` first (``check()`` -> error), then time both; one result row."""
-    error = check()
+    """Check ``ours`` first (``check()`` -> error), then time both; one result row. A result of
+    the wrong shape is a failed check, not the end of the suite."""
+    try:
+        error = check()
+    except dp.DlprimError as e:
+        error, note = math.inf, f"{note} {e}".strip()
     ok = error <= TOLERANCE
     ours_s = time_ours(ctx, ours, quick) if ok else math.nan
     theirs_s = baseline.time(theirs) if theirs is not None else math.nan

@@ -13,6 +13,7 @@ from .errors import (CacheWarning, DeviceError, DeviceMemoryError, DlprimError, 
                      KernelBuildError, NumericsError, ShapeError, UnsupportedError)
 from .tensor import Tensor, TensorDesc
 from .ops.gemm import gemm, gemm_batched
+from . import tensor_methods  # noqa: F401  (sets the operator methods on Tensor)
 from .ops.conv import Convolution, ConvolutionDesc
 from .ops.dropout import manual_seed
 from .version import __version__

@@ -252,57 +252,9 @@ class Tensor:
         """Set every element to zero in place."""
         return self.fill_(0)
 
-    def sum(self, dim=None, keepdim=False):
-        from .ops import reduce
-        return reduce.sum(self, dim, keepdim)
-
-    def mean(self, dim=None, keepdim=False):
-        from .ops import reduce
-        return reduce.mean(self, dim, keepdim)
-
-    def max(self, dim=None, keepdim=False):
-        """The largest element (a 0-d tensor); with ``dim``, (values, indices) along it, as
-        torch returns them."""
-        from .ops import reduce
-        if dim is None:
-            return reduce.amax(self)
-        return reduce.amax(self, dim, keepdim), reduce.argmax(self, dim, keepdim)
-
-    def argmax(self, dim=None, keepdim=False):
-        from .ops import reduce
-        return reduce.argmax(self, dim, keepdim)
-
-    def permute(self, *dims):
-        """A copy with the dimensions reordered (``functional.permute``)."""
-        from .ops import tensor_ops
-        return tensor_ops.permute(self, dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims)
-
-    def transpose(self, dim0, dim1):
-        """A copy with two dimensions swapped (``functional.transpose``)."""
-        from .ops import tensor_ops
-        return tensor_ops.transpose(self, dim0, dim1)
-
-    @property
-    def T(self):
-        """The transpose of a matrix (a copy); for other ranks the dimensions reversed."""
-        if self.ndim < 2:
-            return self
-        return self.permute(tuple(reversed(range(self.ndim))))
-
-    def __matmul__(self, other):
-        """``self @ other`` for two matrices: ``dp.gemm``, or ``linear`` on the transposed
-        right operand where gradients are recorded."""
-        if not isinstance(other, Tensor):
-            return NotImplemented
-        if self.ndim != 2 or other.ndim != 2:
-            from .errors import UnsupportedError
-            raise UnsupportedError(f"@ multiplies two matrices, got {self.shape} @ {other.shape}; "
-                                   f"use dlprim_py.gemm_batched for batches")
-        if autograd.needs_grad(self, other):
-            from .ops import linear, tensor_ops
-            return linear.linear(self, tensor_ops.transpose(other, 0, 1))
-        from .ops.gemm import gemm
-        return gemm(self, other)
+    # The methods that run operators (fill_, arithmetic, reductions, permute, @) are set on
+    # the class by dlprim_py/tensor_methods.py, which stands above the operator families: this
+    # module imports none of them.
 
     # ---- data movement ------------------------------------------------------------------
 
@@ -315,22 +267,6 @@ class Tensor:
         if self.ctx.deferred_checks:
             self.ctx.run_deferred_checks()
         return out
-
-    def fill_(self, value):
-        """Set every element to ``value`` (a number) in place."""
-        if not isinstance(value, (int, float, np.number)):
-            raise DTypeError(f"fill_ needs a number, got {value!r}")
-        if self.size:
-            from .ops.pointwise import fill_kernel
-            kernel = fill_kernel(self.dtype)
-            if kernel is not None:
-                # A kernel, not clEnqueueFillBuffer: less host time, and a recording keeps it.
-                kernel([], [self], [np.array(value, dtype=self.dtype)[()]])
-                return self
-            pattern = np.array([value], dtype=self.dtype)
-            cl.enqueue_fill_buffer(self.ctx.queue, self.buffer, pattern, self.offset, self.nbytes)
-            command_enqueued()
-        return self
 
     def copy_(self, source):
         """Copy ``source`` (same shape and dtype, same context) into this tensor in place."""
@@ -400,47 +336,6 @@ class Tensor:
 
     def zero_grad(self):
         self.grad = None
-
-    # ---- arithmetic (the pointwise family) ----------------------------------------------
-
-    def __add__(self, other):
-        return _pointwise().add(self, other)
-
-    __radd__ = __add__
-
-    def __sub__(self, other):
-        return _pointwise().sub(self, other)
-
-    def __rsub__(self, other):
-        return _pointwise().sub(other, self)
-
-    def __mul__(self, other):
-        return _pointwise().mul(self, other)
-
-    __rmul__ = __mul__
-
-    def __truediv__(self, other):
-        return _pointwise().div(self, other)
-
-    def __rtruediv__(self, other):
-        return _pointwise().div(other, self)
-
-    def __neg__(self):
-        return _pointwise().mul(self, -1.0)
-
-
-_pointwise_module = None
-
-
-def _pointwise():
-    """ops.pointwise, imported on first use (it imports this module): an import statement in
-    every arithmetic operator cost a microsecond per call."""
-    global _pointwise_module
-    if _pointwise_module is None:
-        from .ops import pointwise
-        _pointwise_module = pointwise
-    return _pointwise_module
-
 
 def _checked(ctx, buffer, shape, dtype, offset):
     """A Tensor of fields that have passed the constructor's checks already (a normalised shape,

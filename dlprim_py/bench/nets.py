@@ -54,6 +54,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .harness import error_metric
+
 NETS = ("resnet18", "resnet50", "mobilenet_v2")
 MODES = ("infer", "train")
 BN_EPS = 1e-5
@@ -579,21 +581,6 @@ def check_torchvision(net, state, device="cpu", dtype="float64", batch=2, image_
 
 
 # ---- checks -------------------------------------------------------------------------------
-
-def error_metric(out, ref):
-    """MIOpen's metric ``||out - ref|| / (sqrt(n) * max|ref|)`` in float64; inf where ``out``
-    is not finite."""
-    out = np.asarray(out, dtype=np.float64).ravel()
-    ref = np.asarray(ref, dtype=np.float64).ravel()
-    if out.shape != ref.shape:
-        raise ValueError(f"result shape {out.shape} != reference shape {ref.shape}")
-    if out.size == 0:
-        return 0.0
-    if not np.isfinite(out).all():
-        return math.inf
-    scale = max(float(np.abs(ref).max()), 1e-30)
-    return float(np.linalg.norm(out - ref) / (math.sqrt(out.size) * scale))
-
 
 def tolerance_for(torch32_error, factor=10.0, floor=1e-4):
     """The acceptable error of ours: within ``factor`` x PyTorch float32's own error against
