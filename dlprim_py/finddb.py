@@ -96,7 +96,7 @@ class FindDb:
 
 def for_context(ctx):
     """The FindDb of a context (one per context)."""
-    db = ctx.memo.get("conv_finddb")
+    db = ctx.memo.get("finddb")
     if db is None:
-        db = ctx.memo["conv_finddb"] = FindDb(ctx)
+        db = ctx.memo["finddb"] = FindDb(ctx)
     return db

@@ -455,13 +455,18 @@ def launch(ctx, built, name, global_size, local_size, args):
 
 
 def alias_pattern(buffers):
-    """For each buffer (or None), the index of the first one with the same handle (-1 for
-    None): a plan recorded for one pattern of shared buffers is replayed only for the same."""
+    """What a plan depends on in how ``buffers`` (each a buffer or None) share memory: a plan
+    recorded for one pattern is replayed only for the same. The common case, no buffer passed
+    twice and at most one None, is an int (where the None is, or -2): one set, no scan."""
     handles = [None if b is None else b.int_ptr for b in buffers]
+    distinct = set(handles)
+    if len(distinct) == len(handles):
+        return handles.index(None) if None in distinct else -2
+    # For each buffer the index of the first with the same handle (-1 for None).
     return tuple([-1 if h is None else handles.index(h) for h in handles])
 
 
-def run_planned_on(ctx, key, tensors, run):
+def run_planned_on(ctx, key, tensors, run, plans=None):
     """``run_planned`` on the buffers of ``tensors`` (None allowed), after checking that they
     share ``ctx``'s OpenCL context; unplanned while DLPRIM_LOG_CMD asks every call to log."""
     buffers = []
@@ -472,10 +477,10 @@ def run_planned_on(ctx, key, tensors, run):
             if t.ctx is not ctx:
                 check_same_context(*tensors)
             buffers.append(t.buffer)
-    if config.log_cmd():
+    if config.switches().log_cmd:
         run()
         return
-    run_planned(ctx, key, buffers, run)
+    run_planned(ctx, key, buffers, run, plans)
 
 
 # A key whose run cannot become a plan (it has non-kernel commands): it runs unrecorded.

@@ -348,6 +348,12 @@ def _checked(ctx, buffer, shape, dtype, offset):
     return t
 
 
+def output(ctx, shape, nbytes):
+    """An uninitialised float32 tensor of a normalised ``shape`` whose ``nbytes`` is known (an
+    operator's output on a repeated call, the checks done when its plan was made)."""
+    return _checked(ctx, allocate(ctx, nbytes), shape, _FLOAT32, 0)
+
+
 def allocate(ctx, nbytes):
     """A device buffer of at least ``nbytes`` bytes from the context's memory pool;
     DeviceMemoryError (naming the size and the device's limit) where the device cannot hold it."""

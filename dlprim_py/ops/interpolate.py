@@ -57,12 +57,12 @@ def axis_table(in_size, out_size, mode, align_corners=False, scale_factor=None):
 
 
 def _device_table(ctx, in_size, out_size, mode, align_corners, scale_factor):
-    memo = ctx.memo.setdefault("interpolate_tables", {})
-    key = (in_size, out_size, mode, bool(align_corners), scale_factor)
-    table = memo.get(key)
+    # The plan cache holds the tables' tensors (and so their buffers) while plans may use them.
+    key = ("interpolate.table", in_size, out_size, mode, bool(align_corners), scale_factor)
+    table = ctx.plans.get(key)
     if table is None:
         index, lam = axis_table(in_size, out_size, mode, align_corners, scale_factor)
-        table = memo[key] = (Tensor.from_numpy(ctx, index), Tensor.from_numpy(ctx, lam))
+        table = ctx.plans.put(key, (Tensor.from_numpy(ctx, index), Tensor.from_numpy(ctx, lam)))
     return table
 
 

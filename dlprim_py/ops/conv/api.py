@@ -7,7 +7,7 @@ from ... import autograd, config, logcmd
 from ...activation import as_activation
 from ...context import PlanCache, check_same_context
 from ...errors import DTypeError, ShapeError, UnsupportedError
-from ...tensor import Tensor, TensorDesc
+from ...tensor import Tensor, TensorDesc, output
 
 from ...launch import run_planned, run_planned_on
 from .algorithms import Epilogue, EpilogueArgs, backward_bias
@@ -294,21 +294,24 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
     # A call with the arguments of an earlier one (whose checks passed) takes its operator
     # and output shape from the context's plan cache and replays that call's plan.
     try:
+        switches = config.switches()
         key = ("F.conv2d", x.shape, x.dtype, x.offset, weight.shape, weight.dtype, weight.offset,
                None if bias is None else (bias.shape, bias.dtype, bias.offset),
                _arg_key(stride), _arg_key(padding), _arg_key(dilation), _arg_key(groups), layout,
-               config.forced_algorithm("conv"), config.find_mode())
+               switches.forced.get("conv"), switches.find_mode)
         ctx = x.ctx
         entry = ctx.plans.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: checked below
         key = entry = None
     if entry is not None:
-        conv, y_shape = entry
-        y = Tensor.empty(ctx, y_shape)
-        run_planned_on(ctx, key, (x, weight, y, bias),
-                       lambda: conv.forward(x, weight, y, bias=bias))
-        return autograd.record(y, (x, weight, bias), _conv2d_backward(conv, key, x, weight, bias),
-                               "conv2d")
+        conv, y_shape, y_bytes, plans = entry
+        y = output(ctx, y_shape, y_bytes)
+        run_planned_on(ctx, None, (x, weight, y, bias),
+                       lambda: conv.forward(x, weight, y, bias=bias), plans)
+        if autograd.needs_grad(x, weight, bias):
+            autograd.record(y, (x, weight, bias), _conv2d_backward(conv, key, x, weight, bias),
+                            "conv2d")
+        return y
     _check_layout(layout)
     _check_input(x, "input")
     _check_input(weight, "weight")
@@ -330,7 +333,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
     y = Tensor.empty(ctx, conv.output_desc.shape)
     conv.forward(x, weight, y, bias=bias)
     if key is not None:
-        ctx.plans.put(key, (conv, conv.output_desc.shape))
+        # The call's own replay plans (by how its buffers alias) live in its entry: a repeated
+        # call makes one plan-cache lookup.
+        ctx.plans.put(key, (conv, y.shape, max(y.nbytes, 4), PlanCache(4)))
     return autograd.record(y, (x, weight, bias), _conv2d_backward(conv, key, x, weight, bias),
                            "conv2d")
 

@@ -174,10 +174,10 @@ def _choose_dw_tile(ctx, problem):
     """The tile with the least global traffic per plane (staged input words, halo included, plus
     padded output words), ties to more rows per item (more reuse of each staged row), among
     those within _DW_LOCAL_BYTES_PER_ITEM if any is."""
-    key = (problem.ho, problem.wo, problem.r, problem.s, problem.stride_h)
-    memo = ctx.memo.setdefault("conv_dw_tile", {})
-    if key in memo:
-        return memo[key]
+    key = ("conv.depthwise_tile", problem.ho, problem.wo, problem.r, problem.s, problem.stride_h)
+    found = ctx.plans.get(key)
+    if found is not None:
+        return found[0]
     best, best_cost = None, None
     # At least 8 work items along a row (32-byte runs of stores) unless the row is shorter.
     for gx in (4, 8, 16, 32) if problem.wo < 8 else (8, 16, 32):
@@ -200,7 +200,7 @@ def _choose_dw_tile(ctx, problem):
                 cost = (crowded, tiles * (rows * cols + bh * bw), -th)
                 if best_cost is None or cost < best_cost:
                     best, best_cost = tile, cost
-    memo[key] = best
+    ctx.plans.put(key, (best,))   # None too: no tile fits
     return best
 
 
@@ -273,13 +273,13 @@ class DepthwiseRows(Algorithm):
     def choose_bands(self, ctx, problem, direction):
         if self.bands is not None:
             return self.bands
-        key = (problem.n * problem.k, problem.h, problem.w, problem.r, problem.s,
-               problem.pad_h, problem.pad_w, problem.stride_h, direction,
+        key = ("conv.depthwise_bands", problem.n * problem.k, problem.h, problem.w, problem.r,
+               problem.s, problem.pad_h, problem.pad_w, problem.stride_h, direction,
                self.OUTPUTS_PER_GROUP, self.LOCAL_BYTES)
-        memo = ctx.memo.setdefault("conv_dw_bands", {})
-        if key not in memo:
-            memo[key] = self._choose(ctx, problem, direction)
-        return memo[key]
+        bands = ctx.plans.get(key)
+        if bands is None:
+            bands = ctx.plans.put(key, self._choose(ctx, problem, direction))
+        return bands
 
     def _choose(self, ctx, problem, direction):
         p, st = problem, problem.stride_h
