@@ -458,7 +458,10 @@ def alias_pattern(buffers):
     """What a plan depends on in how ``buffers`` (each a buffer or None) share memory: a plan
     recorded for one pattern is replayed only for the same. The common case, no buffer passed
     twice and at most one None, is an int (where the None is, or -2): one set, no scan."""
-    handles = [None if b is None else b.int_ptr for b in buffers]
+    return _pattern([None if b is None else b.int_ptr for b in buffers])
+
+
+def _pattern(handles):
     distinct = set(handles)
     if len(distinct) == len(handles):
         return handles.index(None) if None in distinct else -2
@@ -468,19 +471,39 @@ def alias_pattern(buffers):
 
 def run_planned_on(ctx, key, tensors, run, plans=None):
     """``run_planned`` on the buffers of ``tensors`` (None allowed), after checking that they
-    share ``ctx``'s OpenCL context; unplanned while DLPRIM_LOG_CMD asks every call to log."""
-    buffers = []
+    share ``ctx``'s OpenCL context; unplanned while DLPRIM_LOG_CMD asks every call to log.
+
+    Every repeated operator call comes through here, so it is one function: the buffers, their
+    handles and the alias pattern (as ``alias_pattern`` makes it) in one pass, one plan lookup,
+    then the plan's run."""
+    if ctx.thread != get_ident():
+        ctx.check_thread()
+    buffers, handles = [], []
     for t in tensors:
         if t is None:
             buffers.append(None)
+            handles.append(None)
         else:
             if t.ctx is not ctx:
                 check_same_context(*tensors)
-            buffers.append(t.buffer)
+            buffer = t.buffer
+            buffers.append(buffer)
+            handles.append(buffer.int_ptr)
     if config.switches().log_cmd:
         run()
         return
-    run_planned(ctx, key, buffers, run, plans)
+    plans = ctx.plans if plans is None else plans
+    key = (key, _pattern(handles))
+    plan = plans.get(key)
+    if plan is None:
+        with Recording() as recording:
+            run()
+        plan = recording.plan(ctx.queue, buffers)
+        plans.put(key, _UNPLANNABLE if plan is None else plan)
+    elif plan is _UNPLANNABLE:
+        run()
+    else:
+        plan.run(buffers)
 
 
 # A key whose run cannot become a plan (it has non-kernel commands): it runs unrecorded.
