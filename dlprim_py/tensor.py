@@ -82,6 +82,11 @@ class Tensor:
     the autograd tape.
     """
 
+    # Fixed fields: every operator call makes a tensor, and one without a __dict__ is made and
+    # freed faster (and is not tracked by the cycle collector for its fields alone).
+    __slots__ = ("ctx", "buffer", "shape", "dtype", "offset", "grad", "grad_fn", "requires_grad",
+                 "__weakref__")
+
     def __init__(self, ctx, buffer, shape, dtype=np.float32, offset=0, requires_grad=False):
         """A tensor over ``buffer`` (validated: a buffer of ``ctx``'s OpenCL context that holds
         ``offset`` + the tensor's bytes; operators make their outputs without these checks)."""
