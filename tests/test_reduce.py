@@ -240,7 +240,7 @@ def test_everything_partials_modes(ctx, rng, mode, monkeypatch, tuning_rules):
     # More chunks than items in a group: the last group's items fold several partials each.
     x = dp.Tensor.from_numpy(ctx, a)
     # The chunk count follows the device's compute units: the shortest sets that keep it within
-    # what the last group folds (group size x SET_CHUNK) on this device.
+    # what the last group folds (group size x set_chunk) on this device.
     for set_chunk in (2, 4, 8):
         # argmax/argmin load with half the sets per item: twice as long sets give them the
         # sum's chunks.
