@@ -522,9 +522,15 @@ def dropout(ctx, baseline, quick, table):
     torch_s = baseline.time(lambda: torch.nn.functional.dropout(tx, 0.5, training=True))
     keep = dropout_ops.reference_mask(n, 0.5, 1)
     ref = np.where(keep, 2.0 * a.astype(np.float64), 0.0)
-    saved = dropout_ops.GROUPS_PER_UNIT
+    # Each variant's launch cap is a tuning value: this device's entry of the user database,
+    # restored after.
+    from dlprim_py import tuning
+    path = tuning.user_path("dropout")
+    saved = path.read_text() if path.is_file() else None
     for label, algorithm, unroll, gpu in DROPOUT_VARIANTS:
-        dropout_ops.GROUPS_PER_UNIT = gpu
+        tuning.store_device_entry(path, "dropout", ctx.info, [
+            {"when": {}, "params": {"solver": algorithm, "groups_per_unit": gpu}}])
+        tuning.forget()
 
         def run(algorithm=algorithm, unroll=unroll):
             dropout_ops._apply(ctx, x, out, 0.5, 1, 0, algorithm=algorithm, unroll=unroll)
@@ -537,7 +543,11 @@ def dropout(ctx, baseline, quick, table):
                       "error": error, "ours_ms": ours_s * 1e3, "torch_ms": torch_s * 1e3,
                       "ours_GBps": 8 * n / ours_s / 1e9, "torch_GBps": 8 * n / torch_s / 1e9,
                       "speedup": torch_s / ours_s})
-    dropout_ops.GROUPS_PER_UNIT = saved
+    if saved is None:
+        path.unlink()
+    else:
+        path.write_text(saved)
+    tuning.forget()
 
 
 class KernelLog:

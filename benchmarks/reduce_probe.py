@@ -12,8 +12,8 @@ indices), then timed three ways, medians:
   time shows when the host is slower than the device);
 * ``host``: host seconds to enqueue one call.
 
-Variants are forced through the modules' switches (``reduce.PARTIALS``, ``GROUPS_PER_CU``,
-``VECTOR_UNROLL``, ``loss.RANGE_CHECK``); the int64-index argmax is built here as it was.
+Variants are forced through the switches (``DLPRIM_REDUCE_PARTIALS_ALGO``, the reduce solvers'
+tuning values in a user tuning database, ``loss.RANGE_CHECK``); the int64-index argmax is built here as it was.
 cross_entropy is not gated (in the immediate range-check mode the call waits for its check,
 which a held queue never runs): its ``span`` is the figure; each range-check mode is a row. Groups: sum/mean/norm of everything, argmax, the reductions
 that met their target already (kept), cross_entropy with the log-sum-exp kernel and softmax. PyTorch is timed with CUDA events the same way
@@ -34,9 +34,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import dlprim_py as dp  # noqa: E402
-from dlprim_py import functional as F  # noqa: E402
+from dlprim_py import functional as F, tuning  # noqa: E402
 from dlprim_py.ops import reduce as R  # noqa: E402
-from dlprim_py.ops import softmax as S  # noqa: E402
 from ops import Baseline, error_metric  # noqa: E402
 
 REPEAT = 10
@@ -72,21 +71,41 @@ def host_time(ctx, run):
 
 
 class Switches:
-    """Set module switches for one variant and restore them after."""
+    """Set one variant's switches and restore them after: ``PARTIALS`` forces a partials solver
+    (DLPRIM_REDUCE_PARTIALS_ALGO), any other name is a tuning value of the reduce family's group
+    solver (lower-cased), put in this device's entry of the user tuning database."""
 
     def __init__(self, **values):
         self.values = values
 
     def __enter__(self):
-        self.saved = {}
-        for name, value in self.values.items():
-            module, attr = (S, name[len("softmax_"):]) if name.startswith("softmax_") else (R, name)
-            self.saved[name] = (module, attr, getattr(module, attr))
-            setattr(module, attr, value)
+        values = dict(self.values)
+        self.partials = os.environ.get("DLPRIM_REDUCE_PARTIALS_ALGO")
+        self.db = None
+        if "PARTIALS" in values:
+            os.environ["DLPRIM_REDUCE_PARTIALS_ALGO"] = values.pop("PARTIALS")
+            dp.config.reload()
+        if values:
+            path = tuning.user_path("reduce")
+            self.db = (path, path.read_text() if path.is_file() else None)
+            ctx = dp.default_context()
+            tuning.store_device_entry(path, "reduce", ctx.info, [
+                {"when": {}, "params": {"solver": "group", **{k.lower(): v for k, v in values.items()}}}])
+            tuning.forget()
 
     def __exit__(self, *exc):
-        for module, attr, value in self.saved.values():
-            setattr(module, attr, value)
+        if self.partials is None:
+            os.environ.pop("DLPRIM_REDUCE_PARTIALS_ALGO", None)
+        else:
+            os.environ["DLPRIM_REDUCE_PARTIALS_ALGO"] = self.partials
+        dp.config.reload()
+        if self.db is not None:
+            path, text = self.db
+            if text is None:
+                path.unlink()
+            else:
+                path.write_text(text)
+            tuning.forget()
 
 
 def measure(ctx, baseline, rows, case, variant, nbytes, ours, check, theirs, switches, gated=True):
@@ -179,7 +198,7 @@ def argmax_cases(ctx, baseline, rows, x, tx, n, lean):
         return run
     new = lambda: F.argmax(x, -1)  # noqa: E731
     # (label, sets per item, items per row at most, run)
-    variants = [(f"sets {R.ARG_VECTOR_UNROLL}, {R.ARG_MAX_SEGMENT}/row (auto)", None, None, new),
+    variants = [("sets, items/row of the tuning rules (auto)", None, None, new),
                 ("sets 2, group/row", 2, 256, new),
                 ("sets 4, 64/row", 4, 64, new),
                 ("sets 2, 16/row", 2, 16, new),

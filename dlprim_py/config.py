@@ -14,15 +14,16 @@ DLPRIM_FIND_MODE   "immediate" (default) or "find" for algorithm selection
 DLPRIM_CONV_ALGO   force one convolution algorithm by name
 DLPRIM_GEMM_ALGO   force one GEMM kernel variant by name
 DLPRIM_NORM_ALGO   force one batch-norm reduction algorithm: groups, groups_scalar, columns
-DLPRIM_COPY_ALGO   force one strided-copy algorithm (permute, cat, narrow): gather, tiles
-DLPRIM_POOL_ALGO   force one pooling algorithm: window, plane (global windows)
+DLPRIM_COPY_ALGO   force one strided-copy solver (permute, cat, narrow): gather, tiles (transpositions)
+DLPRIM_POOL_ALGO   force one pooling solver: window, plane (global windows; an error elsewhere)
 DLPRIM_ROWNORM_ALGO force one layer/group norm algorithm: rows, split (group norm)
-DLPRIM_REDUCE_ALGO force one reduction variant: group, item
-DLPRIM_REDUCE_PARTIALS_ALGO how a reduction of everything combines its partials: last_group, launch
+DLPRIM_REDUCE_ALGO force one reduction solver: group, item
+DLPRIM_REDUCE_PARTIALS_ALGO how a reduction of everything combines its partials: last_group (where it
+                   folds them), launch
 DLPRIM_RANGE_CHECK_ALGO when nll_loss/cross_entropy raise on a bad target: deferred (next sync), immediate
-DLPRIM_SOFTMAX_ALGO force one softmax variant: row, column
-DLPRIM_POINTWISE_ALGO force one pointwise variant: vector (where it applies), scalar
-DLPRIM_DROPOUT_ALGO force one dropout variant: vector (where offsets allow), scalar
+DLPRIM_SOFTMAX_ALGO force one softmax solver: row, column
+DLPRIM_POINTWISE_ALGO force one pointwise solver: vector (aligned layouts; an error elsewhere), scalar
+DLPRIM_DROPOUT_ALGO force one dropout solver: vector (offsets of whole blocks; an error elsewhere), scalar
 """
 import os
 

@@ -124,12 +124,13 @@ def rank(ctx, family_name, solver_name, features):
     return float("inf") if found is None else found
 
 
-def select(ctx, family_name, problem):
+def select(ctx, family_name, problem, forced=None):
     """The solver for ``problem``: forced, else found, else tuned, else ranked (module
-    docstring). Memoized per context."""
+    docstring). ``forced``: a solver name the caller asks for (an operator's keyword), ahead of
+    ``DLPRIM_<FAMILY>_ALGO``. Memoized per context (until a tuning database is forgotten)."""
     switches = config.switches()
-    forced = switches.forced.get(family_name)
-    key = ("solver.select", family_name, problem, forced, switches.find_mode)
+    forced = forced or switches.forced.get(family_name)
+    key = ("solver.select", family_name, problem, forced, switches.find_mode, tuning.generation)
     chosen = ctx.plans.get(key)
     if chosen is None:
         chosen = ctx.plans.put(key, _select(ctx, family(family_name), problem, forced,
@@ -163,6 +164,17 @@ def immediate(ctx, fam, problem):
         return fam.solvers[tuned["solver"]]
     best = min(applicable, key=lambda n: (rank(ctx, fam.name, n, features), fam.order[n]))
     return fam.solvers[best]
+
+
+def tunables(ctx, family_name, problem, solver_name):
+    """The tuning values of solver ``solver_name`` for ``problem``: the params of every rule of
+    the family's tuning database that holds for the problem and names the solver, the first
+    rule giving a key winning (``tuning.merged_params``), without the "solver" key. Read when a
+    plan is built."""
+    params = tuning.merged_params(ctx.info, family_name, _features(ctx, problem),
+                                  lambda params: params.get("solver") == solver_name)
+    params.pop("solver", None)
+    return params
 
 
 def find(ctx, fam, problem):

@@ -42,6 +42,9 @@ from .files import atomic_write, warn_once
 
 FORMAT = 1
 _loaded = {}
+# Bumped by every ``forget``: a choice or plan made from the databases keys on it, so that one
+# made before a database changed is not reused after.
+generation = 0
 
 
 def shipped_path(family):
@@ -138,6 +141,8 @@ def databases(family):
 
 def forget(family=None):
     """Drop the in-memory copies so that the next lookup rereads the files."""
+    global generation
+    generation += 1
     _entries.clear()
     if family is None:
         _loaded.clear()
@@ -250,6 +255,22 @@ def first_params(info, family, features, usable=lambda params: True):
         if params is not None:
             return params
     return None
+
+
+def merged_params(info, family, features, usable=lambda params: True):
+    """The params of every condition rule that holds for ``features`` and is ``usable``, device
+    entry first, merged: a key takes its value from the first such rule that has it. A device's
+    rule may so give only the values it changes; the rest come from later rules (the shipped
+    default). Measured (``shape``) rules take no part."""
+    extensions = getattr(info, "extensions", frozenset())
+    merged = {}
+    for _, entry in entries(info, family):
+        for rule in entry.get("rules", ()):
+            if ("when" in rule and usable(rule["params"])
+                    and _condition_holds(rule["when"], features, extensions)):
+                for key, value in rule["params"].items():
+                    merged.setdefault(key, value)
+    return merged
 
 
 def rank(info, family, solver, features):

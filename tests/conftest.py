@@ -1,6 +1,7 @@
 """Shared fixtures and checks: one context for the session, seeded data, the error metric."""
 import os
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +25,31 @@ def call_switches():
     DLPRIM_FIND_MODE): a test that sets one calls dp.config.reload(), and monkeypatch restores
     the variable after the test, before the next one reads them here."""
     dp.config.reload()
+
+
+@pytest.fixture
+def tuning_rules(ctx, monkeypatch, tmp_path):
+    """``tuning_rules(family, rules)`` puts ``rules`` ahead of the shipped ones for this device:
+    as its entry in a user tuning database (``$DLPRIM_CACHE_DIR/tuning/<family>.json``) of a
+    cache folder of this test's own, whose compiled programs are the usual folder's (so nothing
+    is rebuilt), then ``dlprim_py.tuning.forget``. The databases are forgotten again after the
+    test."""
+    from dlprim_py import tuning
+    programs = Path(dp.config.cache_dir()) / "programs"
+    programs.mkdir(parents=True, exist_ok=True)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "programs").symlink_to(programs, target_is_directory=True)
+    monkeypatch.setenv("DLPRIM_CACHE_DIR", str(cache))
+
+    def write(family, rules):
+        path = tuning.user_path(family)
+        tuning.store_device_entry(path, family, ctx.info, list(rules))
+        tuning.forget()
+        return path
+
+    yield write
+    tuning.forget()
 
 
 @pytest.fixture

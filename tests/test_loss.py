@@ -122,14 +122,13 @@ def test_bad_input(ctx):
 
 
 @pytest.mark.parametrize("variant", ["group", "item"])
-def test_cross_entropy_long_masked_rows_with_partials(ctx, rng, variant, monkeypatch):
+def test_cross_entropy_long_masked_rows_with_partials(ctx, rng, variant, monkeypatch, tuning_rules):
     """The log-sum-exp over the classes merges (max, sum) pairs across partial results; masked
     (-inf) logits add nothing. Each reduce variant forced, chunks cut short."""
-    from dlprim_py.ops import reduce as R
     monkeypatch.setenv("DLPRIM_REDUCE_ALGO", variant)
     dp.config.reload()
-    monkeypatch.setattr(R, "UNROLL", 2)
-    monkeypatch.setattr(R, "SET_CHUNK", 4)
+    tuning_rules("reduce", [{"when": {}, "params": {"solver": name, "unroll": 2, "set_chunk": 4}}
+                            for name in ("group", "item")])
     logits = random(rng, (3, 3000), -20, 20)
     logits[0, 1000:] = -np.inf
     logits[2, ::2] = -np.inf

@@ -126,13 +126,13 @@ def test_reduction_forward_and_gradient(ctx, rng, op, shape, dim, keepdim):
 
 @pytest.mark.parametrize("unroll", [1, 3, 8])
 @pytest.mark.parametrize("variant", ["group", "item"])
-def test_each_variant_with_partials(ctx, rng, variant, unroll, monkeypatch):
+def test_each_variant_with_partials(ctx, rng, variant, unroll, monkeypatch, tuning_rules):
     """Both variants forced, each with one, three (chunks not a multiple of it) and eight
     accumulator sets, with enough elements that partial results are reduced again."""
     monkeypatch.setenv("DLPRIM_REDUCE_ALGO", variant)
     dp.config.reload()
-    monkeypatch.setattr(R, "UNROLL", unroll)
-    monkeypatch.setattr(R, "SET_CHUNK", 4)
+    tuning_rules("reduce", [{"when": {}, "params": {"solver": name, "unroll": unroll, "set_chunk": 4}}
+                            for name in ("group", "item")])
     a = random(rng, (40, 1100))
     x = dp.Tensor.from_numpy(ctx, a)
     for dim in (0, None):
@@ -199,7 +199,7 @@ def test_argmax_argmin_rows_of_infinities(ctx, variant, monkeypatch):
 
 
 @pytest.mark.parametrize("sets, segment", [(1, None), (2, 32), (4, 64)])
-def test_argmax_argmin_nan_ties_and_infinities_through_vector_sets(ctx, rng, sets, segment, monkeypatch):
+def test_argmax_argmin_nan_ties_and_infinities_through_vector_sets(ctx, rng, sets, segment, tuning_rules):
     """Rows of 4096 through float4 loads with 1, 2 or 4 accumulator sets per item and 256 (a
     whole group), 32 or 64 items per row: NaNs (the first one wins), ties of the extreme value
     (the first one wins), rows of infinities, and the whole tensor at once; against torch."""
@@ -211,9 +211,9 @@ def test_argmax_argmin_nan_ties_and_infinities_through_vector_sets(ctx, rng, set
     a[5, 2048:] = 7.0
     x = dp.Tensor.from_numpy(ctx, a)
     t = torch.tensor(a)
+    tuning_rules("reduce", [{"when": {"exact_fold": 1},
+                             "params": {"solver": "group", "vector_unroll": sets, "max_segment": segment}}])
     for name, ours, theirs in (("argmax", F.argmax, torch.argmax), ("argmin", F.argmin, torch.argmin)):
-        monkeypatch.setattr(R._arg_kernel(name), "vector_unroll", sets)
-        monkeypatch.setattr(R._arg_kernel(name), "max_segment", segment)
         plan = R._arg_kernel(name).describe([x], [dp.Tensor.empty(ctx, (9, 1))], axes=1)
         assert plan[:3] == ("group", segment or 256, 4)
         assert np.array_equal(ours(x, 1).numpy(), theirs(t, 1).numpy())
@@ -223,7 +223,7 @@ def test_argmax_argmin_nan_ties_and_infinities_through_vector_sets(ctx, rng, set
 # ---- reductions of everything: the partials combined by the last group or a second launch --
 
 @pytest.mark.parametrize("mode", ["last_group", "launch"])
-def test_everything_partials_modes(ctx, rng, mode, monkeypatch):
+def test_everything_partials_modes(ctx, rng, mode, monkeypatch, tuning_rules):
     """Each way of combining the chunks' partial results of a reduction to one value, forced,
     with many chunks (short sets): sums with and without a finalize, argmax/argmin with ties
     across chunks, into an output inside a larger buffer; called twice (the group count must be
@@ -240,10 +240,17 @@ def test_everything_partials_modes(ctx, rng, mode, monkeypatch):
     # More chunks than items in a group: the last group's items fold several partials each.
     x = dp.Tensor.from_numpy(ctx, a)
     # The chunk count follows the device's compute units: the shortest sets that keep it within
-    # what the last group folds (group size x SET_CHUNK) on this device.
+    # what the last group folds (group size x set_chunk) on this device.
     for set_chunk in (2, 4, 8):
-        monkeypatch.setattr(R, "SET_CHUNK", set_chunk)
-        variant, _, _, chunks, partials = R._sum_kernel().describe([x], [out])
+        # argmax/argmin load with half the sets per item: twice as long sets give them the
+        # sum's chunks.
+        tuning_rules("reduce", [
+            {"when": {"exact_fold": 1}, "params": {"solver": "group", "set_chunk": 2 * set_chunk}},
+            {"when": {}, "params": {"solver": "group", "set_chunk": set_chunk}}])
+        try:
+            variant, _, _, chunks, partials = R._sum_kernel().describe([x], [out])
+        except dp.UnsupportedError:
+            continue   # forced, the last group cannot fold that many partials
         if (variant, partials) == ("group", mode) and chunks > 256:
             break
     assert (variant, partials) == ("group", mode) and chunks > 256
@@ -260,8 +267,14 @@ def test_everything_partials_modes(ctx, rng, mode, monkeypatch):
         assert_close(F.norm(x).numpy(), np.sqrt((d * d).sum()))
         assert int(F.argmax(x).numpy()) == (first_max if sign > 0 else first_min)
         assert int(F.argmin(x).numpy()) == (first_min if sign > 0 else first_max)
-    # Past SET_CHUNK partials per item the last group would fold too long a run: two launches.
-    monkeypatch.setattr(R, "SET_CHUNK", 1)
+    # Past set_chunk partials per item the last group would fold too long a run: two launches
+    # (forced, the last group does not apply).
+    tuning_rules("reduce", [{"when": {}, "params": {"solver": "group", "set_chunk": 1}}])
+    if mode == "last_group":
+        with pytest.raises(dp.UnsupportedError, match="last_group does not apply"):
+            R._sum_kernel().describe([x], [out])
+        monkeypatch.delenv("DLPRIM_REDUCE_PARTIALS_ALGO")
+        dp.config.reload()
     assert R._sum_kernel().describe([x], [out])[4] == "launch"
 
 
@@ -397,12 +410,12 @@ def test_random_shapes_sum_and_amax(ctx, case):
 
 @pytest.mark.parametrize("vector", [4, 1])
 @pytest.mark.parametrize("segment", [None, 1, 4, 256])
-def test_vector_loads_and_segments(ctx, rng, vector, segment, monkeypatch):
+def test_vector_loads_and_segments(ctx, rng, vector, segment, tuning_rules):
     """The group variant with float4 loads or scalar ones, and 1, 4 or 256 items per unit (or
     the choice by length): rows of 1000 and 4096, everything, an output inside a larger
     buffer, argmax's index through the vector lanes."""
-    monkeypatch.setattr(R, "VECTOR", vector)
-    monkeypatch.setattr(R, "SEGMENT", segment)
+    tuning_rules("reduce", [{"when": {}, "params": {"solver": "group", "vector": vector,
+                                                    "segment": segment}}])
     for shape, dim in (((37, 1000), -1), ((3, 4096), 1), ((5, 2048), None)):
         a = random(rng, shape)
         x = dp.Tensor.from_numpy(ctx, a)

@@ -96,13 +96,13 @@ def test_masked_rows(ctx, rng, variant, cached):
 
 @pytest.mark.parametrize("vector", [4, 1])
 @pytest.mark.parametrize("cached", [None, 0], ids=["registers", "streaming"])
-def test_row_vector_loads(ctx, rng, monkeypatch, vector, cached):
+def test_row_vector_loads(ctx, rng, tuning_rules, vector, cached):
     """The row forward with float4 loads and stores, or scalar ones: rows of 1000 and 200
     (registers: several rows per work-group, the last group part empty, groups looping over
     rows) and 5000 (most registers), a row start off a vector boundary (scalar then), -inf
     entries inside a vector."""
     from dlprim_py.ops import softmax as S
-    monkeypatch.setattr(S, "VECTOR", vector)
+    tuning_rules("softmax", [{"when": {}, "params": {"solver": "row", "vector": vector}}])
     for shape in ((3, 1000), (301, 200), (2, 5000)):
         a = random(rng, shape, -20, 20)
         a[0, 1:7] = -np.inf

@@ -3,7 +3,10 @@
 The mask is a pure function of (seed, stream, element index): the same seed and stream give
 the same mask on any device, any driver and any launch geometry, and the backward recomputes it
 instead of storing it. The kernel reads and writes each 4-element Philox block as one 16-byte
-access where the offsets allow ("vector"), else element by element ("scalar").
+access where the offsets allow (the "vector" solver of the "dropout" family,
+``dlprim_py.solver``), else element by element ("scalar"); ``DLPRIM_DROPOUT_ALGO`` forces one.
+Blocks per item and the launch's cap are tuning values (``tuning_db/dropout.json``), read when
+a call's plan is made.
 ``philox4x32_10`` and ``reference_mask`` are the same generator in numpy,
 so a mask can be checked (or reproduced on the host) bit for bit.
 
@@ -12,10 +15,11 @@ resets it to seed ``s`` and stream 0, and every call takes the next stream.
 """
 import math
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
-from .. import autograd, config, program
+from .. import autograd, config, program, solver, tuning
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 from ..launch import bind
@@ -77,39 +81,80 @@ def reference_mask(size, p, seed, stream=0):
     return (words >> 8) >= _threshold(p)
 
 
-ALGORITHMS = ("vector", "scalar")
-# Whole 4-element blocks per work item and loop step: their loads are in flight together while
-# the generator runs.
-UNROLL = 2
-# At most this many 256-item groups per compute unit (None: one group per 256 * UNROLL blocks).
-GROUPS_PER_UNIT = 64
+@dataclass(frozen=True)
+class DropoutProblem:
+    """Dropout of ``size`` elements; ``aligned``: the input's and the output's offsets are
+    multiples of 4 elements (a Philox block)."""
+    size: int
+    aligned: bool
+
+    def key(self):
+        return f"dropout-n{self.size}-a{int(self.aligned)}"
+
+    def features(self):
+        return {"size": self.size, "aligned": int(self.aligned)}
+
+
+class VectorSolver(solver.Solver):
+    """One aligned 16-byte access per 4-element block."""
+    name = "vector"
+
+    def applies(self, ctx, problem):
+        return problem.aligned
+
+
+class ScalarSolver(solver.Solver):
+    """Element by element, at any offsets."""
+    name = "scalar"
+
+
+FAMILY = solver.register(solver.Family("dropout", (VectorSolver(), ScalarSolver()),
+                                       title="dropout algorithm"))
+ALGORITHMS = tuple(FAMILY.solvers)
+
+
+def _problem(x, y):
+    return DropoutProblem(x.size, not (x.offset_elements % 4 or y.offset_elements % 4))
 
 
 def choose_algorithm(x, y, forced=None):
-    """"vector" (one aligned 16-byte access per block) where both offsets are multiples of 4,
-    else "scalar"; ``forced`` (or DLPRIM_DROPOUT_ALGO) picks "scalar" anywhere."""
-    forced = forced or config.forced_algorithm("dropout")
-    if forced is not None and forced not in ALGORITHMS:
-        raise UnsupportedError(f"dropout algorithm must be one of {', '.join(ALGORITHMS)}, got {forced!r}")
-    if forced == "scalar" or x.offset_elements % 4 or y.offset_elements % 4:
-        return "scalar"
-    return "vector"
+    """The solver's name for y = dropout(x): "vector" (one aligned 16-byte access per block)
+    where both offsets are multiples of 4, else "scalar", by the tuning rules; ``forced`` (or
+    DLPRIM_DROPOUT_ALGO) picks one (an error where it does not apply)."""
+    return solver.select(x.ctx, "dropout", _problem(x, y), forced=forced).name
+
+
+def _plan(ctx, x, y, algorithm, unroll):
+    """(kernel, global size, local size, index type) of a call: chosen once per size, offsets
+    and switches (the solver and its tuning values read here)."""
+    key = ("dropout", x.size, x.offset_elements, y.offset_elements, algorithm, unroll,
+           config.switches().forced.get("dropout"), tuning.generation)
+    plan = ctx.plans.get(key)
+    if plan is not None:
+        return plan
+    problem = _problem(x, y)
+    chosen = solver.select(ctx, "dropout", problem, forced=algorithm)
+    params = solver.tunables(ctx, "dropout", problem, chosen.name)
+    unroll = unroll or params["unroll"]
+    total = x.size
+    blocks = total // 4
+    gsize, lsize = launch_size(ctx, max(blocks, 1), per_item=unroll,
+                               groups_per_unit=params["groups_per_unit"])
+    largest = max(total + 4 * unroll * gsize[0], x.offset_elements + total, y.offset_elements + total)
+    index_t = "int" if largest < 2 ** 31 - 1 else "long"
+    vector = 4 if chosen.name == "vector" else 1
+    kernel = bind(program.kernel(ctx, "dropout", "dropout_apply",
+                                 dict(index_t=index_t, vector=vector, unroll=unroll)))
+    return ctx.plans.put(key, (kernel, gsize, lsize, np.int32 if index_t == "int" else np.int64))
 
 
 def _apply(ctx, x, y, p, seed, stream, algorithm=None, unroll=None):
-    """y = dropout(x) with the mask of (seed, stream); ``algorithm`` forces a variant."""
+    """y = dropout(x) with the mask of (seed, stream); ``algorithm`` forces a solver,
+    ``unroll`` the blocks per item (measurements)."""
     total = x.size
     if total == 0:
         return
-    unroll = unroll or UNROLL
-    blocks = total // 4
-    gsize, lsize = launch_size(ctx, max(blocks, 1), per_item=unroll, groups_per_unit=GROUPS_PER_UNIT)
-    largest = max(total + 4 * unroll * gsize[0], x.offset_elements + total, y.offset_elements + total)
-    index_t = "int" if largest < 2 ** 31 - 1 else "long"
-    index = np.int32 if index_t == "int" else np.int64
-    vector = 4 if choose_algorithm(x, y, algorithm) == "vector" else 1
-    kernel = bind(program.kernel(ctx, "dropout", "dropout_apply",
-                                 dict(index_t=index_t, vector=vector, unroll=unroll)))
+    kernel, gsize, lsize, index = _plan(ctx, x, y, algorithm, unroll)
     scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
     kernel(ctx.queue, gsize, lsize, index(total), x.buffer, index(x.offset_elements),
            y.buffer, index(y.offset_elements), np.uint32(seed & _MASK32), np.uint32(seed >> 32),

@@ -10,6 +10,7 @@ shapes and offsets) and then only enqueues, through a ``BoundKernel`` that sets 
 changed since the last call: Python's work and clSetKernelArg were most of a call's cost.
 """
 import math
+from dataclasses import dataclass
 from threading import get_ident
 import weakref
 from typing import NamedTuple, Optional
@@ -17,7 +18,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import pyopencl as cl
 
-from .. import autograd, config, program
+from .. import autograd, config, program, solver, tuning
 from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
@@ -115,7 +116,41 @@ def launch_size(ctx, total, group=256, per_item=1, groups_per_unit=64):
     return (groups * group,), (group,)
 
 
-ALGORITHMS = ("scalar", "vector")
+@dataclass(frozen=True)
+class PointwiseProblem:
+    """A pointwise call after merging dimensions: its ``elements``, merged ``ndim``, and which
+    inputs the vector solver would read vector-wide (``vector_inputs``, None where it does not
+    apply to the operands' layout)."""
+    elements: int
+    ndim: int
+    vector_inputs: Optional[tuple]
+
+    def key(self):
+        wide = "-" if self.vector_inputs is None else "".join(map(str, map(int, self.vector_inputs)))
+        return f"pointwise-n{self.elements}-d{self.ndim}-v{wide}"
+
+    def features(self):
+        return {"elements": self.elements, "ndim": self.ndim,
+                "vectorizable": int(self.vector_inputs is not None)}
+
+
+class ScalarSolver(solver.Solver):
+    """An element per access, for any layout."""
+    name = "scalar"
+
+
+class VectorSolver(solver.Solver):
+    """VECTOR consecutive elements per access, where the operands' layout keeps them aligned
+    (``PointwiseKernel.vector_layout``)."""
+    name = "vector"
+
+    def applies(self, ctx, problem):
+        return problem.vector_inputs is not None
+
+
+FAMILY = solver.register(solver.Family("pointwise", (ScalarSolver(), VectorSolver()),
+                                       title="pointwise algorithm"))
+ALGORITHMS = tuple(FAMILY.solvers)
 
 
 class PointwiseKernel:
@@ -127,8 +162,10 @@ class PointwiseKernel:
     Two variants of the same kernel: "vector" moves VECTOR consecutive elements of each operand
     as one access (16 bytes for float), and applies where every operand is contiguous or
     broadcast along the innermost dimension with offsets and strides that keep those accesses
-    aligned; "scalar" applies everywhere. A call takes "vector" where it applies unless
-    ``algorithm`` (or DLPRIM_POINTWISE_ALGO) asks for "scalar".
+    aligned; "scalar" applies everywhere. These are the "pointwise" family's solvers
+    (``dlprim_py.solver``): a call's plan takes the one the rules of ``tuning_db/pointwise.json``
+    choose ("vector" where it applies), or the one ``algorithm`` or DLPRIM_POINTWISE_ALGO
+    forces. The launches below are class attributes so that a subclass can measure others.
     """
 
     # The scalar variant: four elements per work item and loop step, so that each item keeps
@@ -219,8 +256,9 @@ class PointwiseKernel:
     def __call__(self, inputs, outputs, scalars=(), algorithm=None):
         """Enqueue over ``outputs`` (dense, all one shape), broadcasting ``inputs`` to it.
 
-        ``algorithm``: "scalar" or "vector" to force a variant ("vector" falls back to "scalar"
-        where it does not apply); default DLPRIM_POINTWISE_ALGO, else "vector" where it applies.
+        ``algorithm``: "scalar" or "vector" to force a solver ("vector" falls back to "scalar"
+        where it does not apply); default DLPRIM_POINTWISE_ALGO (an error where the forced
+        solver does not apply), else the tuning rules ("vector" where it applies).
         """
         operands = [*inputs, *outputs]
         if len(operands) != self._operand_count or len(inputs) != len(self.inputs):
@@ -233,11 +271,12 @@ class PointwiseKernel:
                 break
         if ctx.thread != get_ident():
             ctx.check_thread()
-        algorithm = algorithm or config.forced_algorithm("pointwise")
-        # Everything but the buffers and the scalars' values follows from this key: validate and
-        # lay out a call once, then only bind the buffers and scalars and enqueue (the host's
-        # time per call is what a small operator costs).
-        key = (self, algorithm, *[(t.shape, t.offset, t.dtype) for t in operands])
+        # Everything but the buffers and the scalars' values follows from this key (with the
+        # forced solver and the tuning databases' generation): validate and lay out a call once,
+        # then only bind the buffers and scalars and enqueue (the host's time per call is what a
+        # small operator costs).
+        key = (self, algorithm, config.switches().forced.get("pointwise"), tuning.generation,
+               *[(t.shape, t.offset, t.dtype) for t in operands])
         plan = ctx.plans.get(key)
         if plan is None:
             for (n, dt), t in zip(self.inputs + self.outputs, operands):
@@ -270,16 +309,20 @@ class PointwiseKernel:
         if broadcast_shapes(out_shape, *(t.shape for t in inputs)) != out_shape:
             raise ShapeError(f"{self.name}: inputs {[t.shape for t in inputs]} do not broadcast "
                              f"to the output shape {out_shape}")
-        if algorithm is not None and algorithm not in ALGORITHMS:
-            raise UnsupportedError(f"{self.name}: pointwise algorithm must be one of "
-                                   f"{', '.join(ALGORITHMS)}, got {algorithm!r}")
+        if algorithm is not None:
+            FAMILY.solver(algorithm)
         total = math.prod(out_shape)
         if total == 0:
             return _EMPTY
         in_strides = [broadcast_strides(t.shape, out_shape) for t in inputs]
         sizes, strides = merge_dimensions(out_shape, in_strides + [broadcast_strides(out_shape, out_shape)])
         strides = strides[:len(inputs)]
-        wide = None if algorithm == "scalar" else self.vector_layout(sizes, strides, inputs, outputs)
+        problem = PointwiseProblem(total, len(sizes),
+                                   self.vector_layout(sizes, strides, inputs, outputs))
+        if algorithm == "vector" and problem.vector_inputs is None:
+            algorithm = "scalar"   # the keyword's contract: vector where it applies
+        chosen = solver.select(ctx, "pointwise", problem, forced=algorithm).name
+        wide = problem.vector_inputs if chosen == "vector" else None
         if wide is None:
             vector, launch, groups, tail = 1, self.SCALAR_LAUNCH, total, None
         else:

@@ -6,14 +6,17 @@ on caller-owned tensors (MIOpen's pooling descriptor in spirit). The functional 
 allocate outputs and record the backward on the autograd tape, with torch's semantics.
 
 Layout: NCHW (or CHW, taken as N = 1), float32. Sizes are run-time kernel arguments, so one
-compile serves every shape of a (method, window kind) pair. Two forward algorithms: a work item
-per output ("window"), and for windows covering the whole plane (global pooling) work items
-sharing a plane ("plane"); backward gathers per input element.
+compile serves every shape of a (method, window kind) pair. Two forward solvers of the "pool"
+family (``dlprim_py.solver``, ``DLPRIM_POOL_ALGO`` forces one): a work item per output
+("window"), and for windows covering the whole plane (global pooling) work items sharing a plane
+("plane"); the rules of ``tuning_db/pool.json`` prefer "plane" where it applies. Backward
+gathers per input element.
 """
+from dataclasses import dataclass
 
 import numpy as np
 
-from .. import autograd, config, logcmd, program
+from .. import autograd, config, logcmd, program, solver, tuning
 from ..context import check_same_context
 from ..dtypes import float32, int64
 from ..errors import DTypeError, ShapeError, UnsupportedError
@@ -38,9 +41,39 @@ def _pair(value, what):
     return int(items[0]), int(items[1])
 
 
-# "window": a work item per output walks its window; "plane": work items share a plane whose
-# window is the whole plane (global pooling), reading it contiguously.
-ALGORITHMS = ("window", "plane")
+@dataclass(frozen=True)
+class PoolProblem:
+    """A pooling forward over ``planes`` planes of ``height`` x ``width``; ``whole_plane``: each
+    output's window is its whole input plane (global pooling)."""
+    planes: int
+    height: int
+    width: int
+    whole_plane: bool
+
+    def key(self):
+        return f"pool-p{self.planes}-{self.height}x{self.width}-w{int(self.whole_plane)}"
+
+    def features(self):
+        return {"planes": self.planes, "plane_size": self.height * self.width,
+                "whole_plane": int(self.whole_plane)}
+
+
+class WindowSolver(solver.Solver):
+    """A work item per output walks its window."""
+    name = "window"
+
+
+class PlaneSolver(solver.Solver):
+    """Work items share a plane whose window is the whole plane, reading it contiguously."""
+    name = "plane"
+
+    def applies(self, ctx, problem):
+        return problem.whole_plane
+
+
+FAMILY = solver.register(solver.Family("pool", (WindowSolver(), PlaneSolver()),
+                                       title="pooling algorithm"))
+ALGORITHMS = tuple(FAMILY.solvers)
 
 
 def _group_size(ctx):
@@ -124,6 +157,8 @@ class Pool2d:
         self._window = "adaptive" if self.adaptive else "regular"
         # (kernel name, index type, indices saved, window kind) -> BoundKernel
         self._kernels = {}
+        # (input shape, forced solver, tuning generation) -> the solver's name
+        self._solvers = {}
 
     def output_shape(self, input_shape):
         """The output shape for an (N, C, H, W) or (C, H, W) input; ShapeError if it is empty."""
@@ -174,18 +209,21 @@ class Pool2d:
         return kernel
 
     def algorithm(self, input_shape):
-        """"plane" (work items share a plane) when the window is the whole plane, else
-        "window" (a work item per output); ``DLPRIM_POOL_ALGO`` forces one where it applies."""
-        forced = config.forced_algorithm("pool")
-        if forced is not None and forced not in ALGORITHMS:
-            raise UnsupportedError(f"pooling algorithm must be one of {', '.join(ALGORITHMS)}, "
-                                   f"got {forced!r}")
-        H, W = input_shape[-2:]
-        if self.adaptive:
-            whole = self.output_shape(input_shape)[-2:] == (1, 1)
-        else:
-            whole = (self.kernel == (H, W) and self.padding == (0, 0) and self.dilation == (1, 1))
-        return "plane" if whole and forced != "window" else "window"
+        """The forward solver's name for an input shape: "plane" (work items share a plane)
+        when the window is the whole plane, else "window" (a work item per output), by the
+        tuning rules; ``DLPRIM_POOL_ALGO`` forces one (an error where it does not apply)."""
+        key = (tuple(input_shape), config.switches().forced.get("pool"), tuning.generation)
+        name = self._solvers.get(key)
+        if name is None:
+            H, W = input_shape[-2:]
+            if self.adaptive:
+                whole = self.output_shape(input_shape)[-2:] == (1, 1)
+            else:
+                whole = (self.kernel == (H, W) and self.padding == (0, 0)
+                         and self.dilation == (1, 1))
+            problem = PoolProblem(int(np.prod(input_shape[:-2], dtype=np.int64)), H, W, whole)
+            name = self._solvers[key] = solver.select(self.ctx, "pool", problem).name
+        return name
 
     def _forward_plane(self, x, y, indices, index_t, index_np):
         H, W = x.shape[-2:]
@@ -290,8 +328,10 @@ def _run(op, x, return_indices=False):
     indices = None
     if op.method == "max" and (return_indices or autograd.needs_grad(x)):
         indices = Tensor.empty(ctx, y_shape, int64)
-    # A call replays the plan of its key (the first call with it ran the operator's checks).
-    key = ("pool2d", op, x.shape, x.dtype, x.offset, indices is not None)
+    # A call replays the plan of its key (the first call with it ran the operator's checks and
+    # chose its solver: the forced one and the tuning databases' generation are in the key).
+    key = ("pool2d", op, x.shape, x.dtype, x.offset, indices is not None,
+           config.switches().forced.get("pool"), tuning.generation)
     run_planned_on(ctx, key, (x, y, indices), lambda: op.forward(x, y, indices))
 
     def backward(g):

@@ -6,19 +6,26 @@ values over the reduced dimensions: ``y = sum(x * x)`` over some axes is one ker
 temporary. Sizes and strides are run-time arguments, so one compile serves every shape with the
 same number of (merged) kept and reduced dimensions, variant and index width.
 
-Each work item keeps ``UNROLL`` independent accumulator sets and loads that many elements before
-folding any, so several loads per item are in flight (the kernels are bound by memory latency
-otherwise). When the reduced run is contiguous and whole vectors fit, the group variant loads
-float4 (``VECTOR``, ``VECTOR_UNROLL`` sets); short reductions share a work-group (``segment``
-items per output). A call like an earlier one (same shapes, dtypes, offsets) skips validation
-and planning: its launch, with the shape arguments bound, is kept.
+Two solvers of the "reduce" family (``dlprim_py.solver``, ``DLPRIM_REDUCE_ALGO`` or
+``variant=`` forces one): "group", the items of a work-group walking the reduced dimensions
+(chosen where the innermost reduced run is contiguous), and "item", a work item per output
+walking them (coalesced across outputs). Their tuning values are data, read when a plan is built:
+the rules of ``tuning_db/reduce.json`` (device -> architecture -> vendor -> default, each with
+the measurement behind it) that name the solver. Each work item keeps ``unroll`` independent
+accumulator sets and loads that many elements before folding any, so several loads per item are
+in flight (the kernels are bound by memory latency otherwise). When the reduced run is
+contiguous and whole vectors fit, the group solver loads float4 (``vector``, ``vector_unroll``
+sets); short reductions share a work-group (``segment`` items per output). A call like an
+earlier one (same shapes, dtypes, offsets, switches) skips validation and planning: its launch,
+with the shape arguments bound, is kept.
 
-Accuracy: no sequential float sum is longer than ``SET_CHUNK`` (per accumulator set); longer
-reductions are cut into chunks whose partial results are reduced again, as a tree: by a second
-launch, or, for a reduction of everything to one value, by the work-group that finishes last in
-the same launch (``PARTIALS``, ``DLPRIM_REDUCE_PARTIALS_ALGO``), in a fixed order either way.
-argmax and argmin, whose fold is exact, keep their index in the kernel's index type and may put
-fewer items on each output (``ARG_MAX_SEGMENT``).
+Accuracy: no sequential float sum is longer than ``set_chunk`` (per accumulator set, at most
+``LONGEST_FOLD``); longer reductions are cut into chunks whose partial results are reduced again,
+as a tree: by a second launch, or, for a reduction of everything to one value, by the work-group
+that finishes last in the same launch (the "reduce_partials" family's solvers "last_group" and
+"launch", ``DLPRIM_REDUCE_PARTIALS_ALGO``), in a fixed order either way. argmax and argmin, whose
+fold is exact, keep their index in the kernel's index type and may put fewer items on each
+output (the ``exact_fold`` rule's ``max_segment``).
 
 The functional reductions (``sum``, ``mean``, ``amax``, ``amin``, ``argmax``, ``argmin``,
 ``norm``) take torch's arguments (``dim`` an int, a sequence of ints or None; ``keepdim``) and
@@ -26,14 +33,15 @@ record their backward on the tape. ``sum_to_shape`` folds a broadcast gradient b
 of an operand.
 """
 import math
+from dataclasses import dataclass
 from threading import get_ident
 
 import numpy as np
 
-from .. import autograd, config, program
+from .. import autograd, config, program, solver, tuning
 from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
-from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..errors import DlprimError, DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 from ..launch import BoundKernel, current
 from .pointwise import (PointwiseKernel, _scalar_cl_name, broadcast_shapes, broadcast_strides,
@@ -41,34 +49,94 @@ from .pointwise import (PointwiseKernel, _scalar_cl_name, broadcast_shapes, broa
 
 _INT32_LIMIT = 2 ** 31 - 1
 
-VARIANTS = ("group", "item")
-GROUP_SIZE = 256
-# Independent accumulator sets per work item (loads in flight per item).
-UNROLL = 8
-# Longest sequential fold per accumulator set; it bounds float rounding, the sets and then the
-# partials combine as a tree. A chunk is at most SET_CHUNK * UNROLL elements per work item.
-SET_CHUNK = 64
-# Widest vector load of the group variant (elements); 1 disables vector loads.
-VECTOR = 4
-# Accumulator sets per item with vector loads (at most UNROLL): four 16-byte loads in flight.
-VECTOR_UNROLL = 4
-# Work-groups per compute unit that a few long reductions are cut into (group variant).
-GROUPS_PER_CU = 16
-# The same for a reduction of everything to one value: one wave of resident groups, each on one
-# long chunk, measured best on the H200 (sum of 2^26: 0.0685-0.0695 ms against 0.0696-0.0710
-# with 16 per compute unit).
-ALL_GROUPS_PER_CU = 8
-# Items per unit of the group variant; None picks by the reduction's length.
-SEGMENT = None
-# Waves of resident items the item variant aims at before cutting reductions into chunks
-# (half a wave measured best for column sums on the H200: longer chunks, a shorter second pass).
-ITEM_WAVES = 0.5
-# How a reduction of everything to one value combines its chunks' partial results:
-# "last_group" (the work-group that finishes last combines them, in the same launch) or
-# "launch" (a second launch); None: DLPRIM_REDUCE_PARTIALS_ALGO, else "last_group" where its
-# device-wide fence is known to hold (NVIDIA, CPUs), "launch" elsewhere.
-PARTIALS_MODES = ("last_group", "launch")
-PARTIALS = None
+# The longest sequential float fold per accumulator set that a tuning rule may ask for
+# (``set_chunk``): an accuracy bound, not a tuning choice. Past it the rounding of a running sum
+# grows (10^7 uniform values folded 64 at a time, then as a tree, stay within float32 rounding of
+# the float64 sum; tests/test_reduce.py::test_large_sum_and_norm_are_accurate).
+LONGEST_FOLD = 64
+
+
+@dataclass(frozen=True)
+class ReduceProblem:
+    """One reduction, after merging: the kept and reduced sizes, each operand's (kept strides,
+    reduced strides), and whether the kernel's fold is exact (argmax: a tuning rule may give it
+    fewer items per output)."""
+    kept_sizes: tuple
+    red_sizes: tuple
+    strides: tuple
+    exact_fold: bool = False
+
+    def key(self):
+        strides = ";".join(f"{','.join(map(str, k))}/{','.join(map(str, r))}" for k, r in self.strides)
+        return (f"reduce-k{'x'.join(map(str, self.kept_sizes))}-r{'x'.join(map(str, self.red_sizes))}"
+                f"-s{strides}-e{int(self.exact_fold)}")
+
+    def features(self):
+        return {"kept_size": math.prod(self.kept_sizes), "reduce_size": math.prod(self.red_sizes),
+                "reduced_dims": len(self.red_sizes),
+                "inner_contiguous": int(bool(self.red_sizes) and self.strides[0][1][-1] == 1),
+                "exact_fold": int(self.exact_fold)}
+
+
+class GroupSolver(solver.Solver):
+    """The items of a work-group (or ``segment`` of them) walk one output's reduced dimensions:
+    coalesced where the innermost reduced run is contiguous."""
+    name = "group"
+
+
+class ItemSolver(solver.Solver):
+    """A work item per output (and chunk) walks its reduced dimensions: coalesced across
+    neighbouring outputs."""
+    name = "item"
+
+
+@dataclass(frozen=True)
+class PartialsProblem:
+    """How a reduction of everything to one value combines its ``chunks`` partial results, with
+    work-groups of ``group_size`` items folding runs of at most ``set_chunk``."""
+    chunks: int
+    group_size: int
+    set_chunk: int
+
+    def key(self):
+        return f"reduce_partials-c{self.chunks}-g{self.group_size}-s{self.set_chunk}"
+
+    def features(self):
+        return {"chunks": self.chunks, "group_size": self.group_size, "set_chunk": self.set_chunk}
+
+
+class LastGroupSolver(solver.Solver):
+    """The work-group that finishes last folds the partials in the same launch (behind a
+    device-wide fence): where it folds at most ``set_chunk`` of them per item."""
+    name = "last_group"
+
+    def applies(self, ctx, problem):
+        return problem.chunks <= problem.group_size * problem.set_chunk
+
+
+class LaunchSolver(solver.Solver):
+    """A second launch reduces the partials."""
+    name = "launch"
+
+
+class _NamedFamily(solver.Family):
+    """A family whose unknown solver names are refused as the module always refused them."""
+
+    def solver(self, name):
+        try:
+            return self.solvers[name]
+        except KeyError:
+            raise UnsupportedError(f"{self.title} must be one of {tuple(self.solvers)}, "
+                                   f"got {name!r}") from None
+
+
+FAMILY = solver.register(_NamedFamily("reduce", (GroupSolver(), ItemSolver()),
+                                      title="reduce variant"))
+PARTIALS_FAMILY = solver.register(_NamedFamily("reduce_partials",
+                                               (LastGroupSolver(), LaunchSolver()),
+                                               title="reduce partials mode"))
+VARIANTS = tuple(FAMILY.solvers)
+PARTIALS_MODES = tuple(PARTIALS_FAMILY.solvers)
 
 _PRESETS = {
     "sum": ("acc_{n} += {n};", {np.dtype(np.float32): "0.0f", np.dtype(np.int64): "0", np.dtype(np.int32): "0"}),
@@ -94,16 +162,17 @@ class ReduceKernel:
     sees its elements (and a partials pass its chunks) in increasing ``ridx``; defaults to
     ``combine``. ``index_accumulators``: names of outputs whose accumulator is the kernel's
     index type (32-bit when every index fits) and converted to the output's dtype only when
-    written, e.g. argmax's int64 index; their identity may use INDEX_MAX. ``vector_unroll``:
-    accumulator sets per item with vector loads for this kernel (None: ``VECTOR_UNROLL``).
-    ``max_segment``: at most this many items per output when there are several outputs, for
-    a kernel whose fold is exact (argmax): chunks stay as long as with whole groups, so an item
-    folds longer runs than SET_CHUNK, and several outputs share a group's tree.
+    written, e.g. argmax's int64 index; their identity may use INDEX_MAX. ``exact_fold``: the
+    fold is exact (argmax), so the tuning rules for ``exact_fold`` apply: with ``max_segment``
+    at most that many items per output when there are several outputs, chunks stay as long as
+    with whole groups, an item folds longer runs than ``set_chunk``, and several outputs share a
+    group's tree. ``vector_unroll`` (accumulator sets per item with vector loads) and
+    ``max_segment`` given here override the tuning rules for this kernel (measurements).
     """
 
     def __init__(self, name, inputs, outputs, map_statement, combine="sum", identity=None,
                  finalize="", scalars=(), preamble="", fold=None, index_accumulators=(),
-                 vector_unroll=None, max_segment=None):
+                 vector_unroll=None, max_segment=None, exact_fold=False):
         self.name = name
         self.inputs = [(n, as_dtype(t)) for n, t in inputs]
         self.outputs = [(n, as_dtype(t)) for n, t in outputs]
@@ -132,6 +201,7 @@ class ReduceKernel:
         self.index_accumulators = tuple(index_accumulators)
         self.vector_unroll = vector_unroll
         self.max_segment = max_segment
+        self.exact_fold = bool(exact_fold)
         self._partials_kernel = None
 
     def _accumulators(self, index_t):
@@ -168,12 +238,11 @@ class ReduceKernel:
         outputs' shape is then the full shape with those axes removed or set to 1. Without
         ``axes`` the outputs' shape, aligned to the right of the full shape, says it: every
         dimension where it is 1 and the full shape is not is reduced. All outputs share one
-        shape and are dense. ``variant``: force "group" or "item" (else ``DLPRIM_REDUCE_ALGO``,
-        else a heuristic).
+        shape and are dense. ``variant``: force the solver "group" or "item" (else
+        ``DLPRIM_REDUCE_ALGO``, else the tuning rules).
         """
-        variant = variant or config.forced_algorithm("reduce")
-        # A call like an earlier one (same shapes, dtypes, offsets, context) was validated then:
-        # it only binds its buffers and enqueues.
+        # A call like an earlier one (same shapes, dtypes, offsets, context, switches) was
+        # validated then: it only binds its buffers and enqueues.
         try:
             ctx = inputs[0].ctx
             if ctx.thread != get_ident():
@@ -181,7 +250,7 @@ class ReduceKernel:
             key = (self, tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
                    tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars),
                    axes if axes is None or isinstance(axes, int) else tuple(axes), variant,
-                   _switches(), self.vector_unroll, self.max_segment)
+                   switches(), self.vector_unroll, self.max_segment)
             launch = ctx.plans.get(key)
             if launch is None:
                 raise KeyError(key)
@@ -212,33 +281,32 @@ class ReduceKernel:
         axes_key = axes if axes is None or isinstance(axes, int) else tuple(axes)
         key = (self, tuple([(t.shape, t.dtype, t.offset) for t in inputs]),
                tuple([(t.shape, t.dtype, t.offset) for t in outputs]), len(scalars), axes_key,
-               variant, _switches(), self.vector_unroll, self.max_segment)
+               variant, switches(), self.vector_unroll, self.max_segment)
         launch = ctx.plans.get(key)
         if launch is not None:
             return launch
         full = broadcast_shapes(*(t.shape for t in inputs))
         reduced = _reduced_mask(self.name, full, out_shape, axes)
         plan = _plan(ctx, full, reduced, [broadcast_strides(t.shape, full) for t in inputs], variant,
-                     self.vector_unroll, self.max_segment)
+                     self)
         reduce_size = math.prod(s for s, r in zip(full, reduced) if r)
-        aligned = all(t.offset_elements % VECTOR == 0 for t in inputs)
         largest = max(t.offset_elements + t.size for t in list(inputs) + list(outputs))
         if plan is None:
             return None
+        aligned = all(t.offset_elements % plan.vector == 0 for t in inputs)
         return ctx.plans.put(key, _Launch(self, ctx, plan, aligned, largest, reduce_size))
 
     def describe(self, inputs, outputs, axes=None, variant=None):
-        """(variant, segment, vector, chunks, partials) that a call with these tensors runs, for
+        """(solver, segment, vector, chunks, partials) that a call with these tensors runs, for
         benchmarks and tests (partials: "last_group", "launch", or None for one chunk); None
         when the output is empty."""
         full = broadcast_shapes(*(t.shape for t in inputs))
         reduced = _reduced_mask(self.name, full, outputs[0].shape, axes)
-        variant = variant or config.forced_algorithm("reduce")
         plan = _plan(inputs[0].ctx, full, reduced, [broadcast_strides(t.shape, full) for t in inputs], variant,
-                     self.vector_unroll, self.max_segment)
+                     self)
         if plan is None:
             return None
-        aligned = all(t.offset_elements % VECTOR == 0 for t in inputs)
+        aligned = all(t.offset_elements % plan.vector == 0 for t in inputs)
         partials = None if plan.chunks == 1 else ("last_group" if plan.last_group else "launch")
         return plan.variant, plan.segment, plan.vector if aligned else 1, plan.chunks, partials
 
@@ -256,11 +324,12 @@ class _Launch:
         self.vector = plan.vector if aligned else 1
         # Indices the kernel forms: units (and a group's slots past them), reduced indices up
         # to a step past the end, element offsets inside each buffer (``largest``).
-        biggest = max(units + GROUP_SIZE, red_total + plan.chunk_len + GROUP_SIZE * 4 * plan.unroll,
+        biggest = max(units + plan.max_group_size,
+                      red_total + plan.chunk_len + plan.max_group_size * 4 * plan.unroll,
                       reduce_size, largest)
         index_t = "int" if biggest < _INT32_LIMIT // 2 else "long"
         self.index = index = np.int32 if index_t == "int" else np.int64
-        group_size = min(GROUP_SIZE, _pow2_floor(ctx.info.max_work_group_size))
+        group_size = plan.group_size
         self.final = plan.chunks == 1
         self.last_group = plan.last_group and not self.final
         built = reduce_kernel._build(ctx, plan.variant, group_size, plan.unroll, len(plan.kept_sizes),
@@ -306,7 +375,7 @@ class _Launch:
         if not self.final and not self.last_group:
             partials_kernel = reduce_kernel.partials_kernel()
             sub_plan = _plan(ctx, (plan.chunks, kept_total), (True, False),
-                             [[kept_total, 1]] * len(self.partials), None)
+                             [[kept_total, 1]] * len(self.partials), None, partials_kernel)
             self.sub_launch = _Launch(partials_kernel, ctx, sub_plan, True, units, reduce_size)
 
     def enqueue(self, inputs, outputs, scalars):
@@ -367,76 +436,89 @@ def _reduced_mask(name, full, out_shape, axes):
 
 class _Plan:
     """How one reduction problem is cut: merged kept and reduced sizes, per-operand (kept
-    strides, reduced strides), the variant, chunks and their length, accumulator sets per item,
-    items per unit (``segment``, "group") and the widest vector load the shapes allow."""
+    strides, reduced strides), the solver's name (``variant``), chunks and their length,
+    accumulator sets per item, items per unit (``segment``, "group"), the widest vector load the
+    shapes allow, the work-group size (and the tuned one, which bounds the index range)."""
 
     def __init__(self, kept_sizes, red_sizes, strides, variant, chunks, chunk_len, unroll, segment,
-                 vector, last_group=False):
+                 vector, last_group=False, group_size=256, max_group_size=256):
         self.kept_sizes, self.red_sizes, self.strides = kept_sizes, red_sizes, strides
         self.variant, self.chunks, self.chunk_len, self.unroll = variant, chunks, chunk_len, unroll
         self.segment, self.vector, self.last_group = segment, vector, last_group
+        self.group_size, self.max_group_size = group_size, max_group_size
 
 
 def switches():
-    """What every reduction's launch depends on besides its operands (the forced variant and the
-    module's tunables): part of the key of a plan that records reductions."""
-    return config.forced_algorithm("reduce"), _switches()
+    """What every reduction's launch depends on besides its operands and the kernel: the forced
+    solvers and the tuning databases' generation. Part of every launch key, and of the key of a
+    plan that records reductions."""
+    forced = config.switches().forced
+    return forced.get("reduce"), forced.get("reduce_partials"), tuning.generation
 
 
-def _switches():
-    """The module switches a plan depends on (part of every plan and launch key)."""
-    return (UNROLL, SET_CHUNK, VECTOR, VECTOR_UNROLL, SEGMENT, ITEM_WAVES, GROUPS_PER_CU,
-            ALL_GROUPS_PER_CU, _partials_mode())
-
-
-def _plan(ctx, full, reduced, operand_strides, variant, vector_unroll=None, max_segment=None):
-    """The ``_Plan`` of a problem, or None when the output is empty. Memoized per context.
-    ``vector_unroll``, ``max_segment``: the kernel's own (see ``ReduceKernel``)."""
-    variant = variant or config.forced_algorithm("reduce")
-    vector_unroll = vector_unroll or VECTOR_UNROLL
-    key = ("reduce_plan", tuple(full), tuple(reduced), tuple(tuple(s) for s in operand_strides), variant,
-           _switches(), vector_unroll, max_segment)
-    plan = ctx.plans.get(key)
-    if plan is None:
-        plan = ctx.plans.put(key, _make_plan(ctx, full, reduced, operand_strides, variant,
-                                             vector_unroll, max_segment) or _EMPTY_PLAN)
-    return None if plan is _EMPTY_PLAN else plan
-
-
-# The plan of a problem whose output is empty (the plan cache stores no None).
-_EMPTY_PLAN = object()
-
-
-def _make_plan(ctx, full, reduced, operand_strides, variant, vector_unroll, max_segment):
+def _plan(ctx, full, reduced, operand_strides, variant, kernel):
+    """The ``_Plan`` of a problem, or None when the output is empty. ``variant``: a solver the
+    caller forces; ``kernel``: the ReduceKernel (its fold, and tuning values of its own).
+    Made on a launch's first call: the solver and its tuning values are chosen here."""
     kept = [k for k in range(len(full)) if not reduced[k] and full[k] != 1]
     red = [k for k in range(len(full)) if reduced[k] and full[k] != 1]
     if math.prod(full[k] for k in kept) == 0:
         return None
     kept_sizes, kept_strides = merge_contiguous([full[k] for k in kept], [[st[k] for k in kept] for st in operand_strides])
     red_sizes, red_strides = merge_contiguous([full[k] for k in red], [[st[k] for k in red] for st in operand_strides])
+    problem = ReduceProblem(tuple(kept_sizes), tuple(red_sizes),
+                            tuple((tuple(k), tuple(r)) for k, r in zip(kept_strides, red_strides)),
+                            kernel.exact_fold)
+    # A forced partials mode is checked here even where the problem has one chunk.
+    forced_partials = config.switches().forced.get("reduce_partials")
+    if forced_partials:
+        PARTIALS_FAMILY.solver(forced_partials)
+    chosen = solver.select(ctx, "reduce", problem, forced=variant)
+    params = solver.tunables(ctx, "reduce", problem, chosen.name)
+    for name in ("vector_unroll", "max_segment"):
+        if getattr(kernel, name) is not None:
+            params[name] = getattr(kernel, name)
+    key = ("reduce_plan", problem, chosen.name, tuple(sorted(params.items())), forced_partials,
+           tuning.generation)
+    plan = ctx.plans.get(key)
+    if plan is None:
+        plan = ctx.plans.put(key, _make_plan(ctx, problem, chosen.name, params))
+    return plan
+
+
+def _tunable(params, name, solver_name):
+    try:
+        return params[name]
+    except KeyError:
+        raise DlprimError(f"the reduce tuning rules give the {solver_name} solver no {name!r}; "
+                          f"dlprim_py/tuning_db/reduce.json has a default for each") from None
+
+
+def _make_plan(ctx, problem, variant, params):
+    kept_sizes, red_sizes = list(problem.kept_sizes), list(problem.red_sizes)
+    kept_strides = [list(k) for k, _ in problem.strides]
+    red_strides = [list(r) for _, r in problem.strides]
     kept_total, red_total = math.prod(kept_sizes), math.prod(red_sizes)
-    if variant is None:
-        # Coalesced reads decide: items of a group walk the reduced dimension, items of a
-        # launch walk the kept one.
-        inner_reduced_contiguous = red_strides[0][-1] == 1 if red_strides else False
-        variant = "group" if inner_reduced_contiguous and red_total >= 16 else "item"
-    if variant not in VARIANTS:
-        raise UnsupportedError(f"reduce variant must be one of {VARIANTS}, got {variant!r}")
-    group_size = min(GROUP_SIZE, _pow2_floor(ctx.info.max_work_group_size))
-    parallel_target = ctx.info.compute_units * (
-        4 if ctx.info.is_cpu else (ALL_GROUPS_PER_CU if kept_total == 1 else GROUPS_PER_CU))
-    unroll = UNROLL
+    get = lambda name: _tunable(params, name, variant)  # noqa: E731
+    set_chunk, unroll, tuned_group = get("set_chunk"), get("unroll"), get("group_size")
+    if not 1 <= set_chunk <= LONGEST_FOLD:
+        raise DlprimError(f"reduce tuning: set_chunk={set_chunk} is outside 1..{LONGEST_FOLD} "
+                          f"(LONGEST_FOLD bounds the rounding of a sequential sum)")
+    group_size = min(tuned_group, _pow2_floor(ctx.info.max_work_group_size))
     vector = 1
     if variant == "group":
+        parallel_target = ctx.info.compute_units * (
+            4 if ctx.info.is_cpu else get("all_groups_per_cu" if kept_total == 1 else "groups_per_cu"))
+        widest, segment_forced = get("vector"), get("segment")
         # Vector loads: one reduced run of stride 1 in every operand, whole vectors per chunk,
         # and kept strides that keep every unit's start on a vector boundary.
-        if (VECTOR > 1 and len(red_sizes) == 1 and red_total % VECTOR == 0
+        if (widest > 1 and len(red_sizes) == 1 and red_total % widest == 0
                 and all(st[0] == 1 for st in red_strides)
-                and all(s % VECTOR == 0 for st in kept_strides for s in st)):
-            vector = VECTOR
-            unroll = min(UNROLL, vector_unroll)
-        # A forced segment bounds the items per unit, and so the chunk (SET_CHUNK per set).
-        per_chunk = min(SEGMENT or group_size, group_size) * SET_CHUNK * unroll
+                and all(s % widest == 0 for st in kept_strides for s in st)):
+            vector = widest
+            unroll = min(unroll, get("vector_unroll"))
+        # A forced segment bounds the items per unit, and so the chunk (set_chunk per set).
+        per_chunk = min(segment_forced or group_size, group_size) * set_chunk * unroll
         chunks = math.ceil(red_total / per_chunk)
         if kept_total * chunks < parallel_target and red_total >= 4 * per_chunk:
             # Few outputs of long reductions: cut finer so that every compute unit has a group,
@@ -445,12 +527,13 @@ def _make_plan(ctx, full, reduced, operand_strides, variant, vector_unroll, max_
             chunks = max(chunks, min(math.ceil(parallel_target / kept_total),
                                      math.ceil(red_total / (group_size * 4))))
     else:
-        item_chunk = SET_CHUNK * unroll
+        item_chunk = set_chunk * unroll
         chunks = math.ceil(red_total / item_chunk)
-        # About ITEM_WAVES waves of resident items (2048 per GPU compute unit): with UNROLL loads
+        # About item_waves waves of resident items (2048 per GPU compute unit): with unroll loads
         # each in flight that saturates memory, and the partials pass after it stays short (it
         # walks `chunks` rows per item).
-        items_target = int(ctx.info.compute_units * (4 * group_size if ctx.info.is_cpu else 2048 * ITEM_WAVES))
+        items_target = int(ctx.info.compute_units * (4 * group_size if ctx.info.is_cpu
+                                                     else 2048 * get("item_waves")))
         if kept_total * chunks < items_target and red_total >= 4 * item_chunk:
             chunks = max(chunks, min(math.ceil(items_target / kept_total),
                                      math.ceil(red_total / 16)))
@@ -464,19 +547,20 @@ def _make_plan(ctx, full, reduced, operand_strides, variant, vector_unroll, max_
     if variant == "group":
         # Enough items per unit that each gets about one full step of loads; short reductions
         # share a group.
-        segment = SEGMENT or _pow2_floor(max(1, min(group_size, chunk_len // (vector * unroll))))
+        segment = segment_forced or _pow2_floor(max(1, min(group_size, chunk_len // (vector * unroll))))
         segment = min(segment, group_size)
-        if max_segment and not SEGMENT and kept_total > 1:
+        max_segment = get("max_segment")
+        if max_segment and not segment_forced and kept_total > 1:
             segment = min(segment, _pow2_floor(max_segment))
     last_group = False
     if variant == "group" and kept_total == 1 and chunks > 1:
-        # One launch: the last group to finish folds at most SET_CHUNK partials per item.
-        mode = _partials_mode() or ("last_group" if ctx.info.vendor in ("nvidia", "pocl") or ctx.info.is_cpu
-                                    else "launch")
-        last_group = mode == "last_group" and chunks <= group_size * SET_CHUNK
+        # One launch where the last group to finish folds at most set_chunk partials per item
+        # (the reduce_partials family's choice), else a second launch.
+        partials = solver.select(ctx, "reduce_partials", PartialsProblem(chunks, group_size, set_chunk))
+        last_group = partials.name == "last_group"
     strides = list(zip(kept_strides, red_strides))
     return _Plan(kept_sizes, red_sizes, strides, variant, chunks, chunk_len, unroll, segment, vector,
-                 last_group)
+                 last_group, group_size, max(tuned_group, group_size))
 
 
 def _device_fence(ctx):
@@ -484,14 +568,6 @@ def _device_fence(ctx):
     if ctx.info.vendor == "nvidia":
         return 'asm volatile("membar.gl;" ::: "memory");'
     return "mem_fence(CLK_GLOBAL_MEM_FENCE);"
-
-
-def _partials_mode():
-    """The forced partials mode, or None."""
-    mode = PARTIALS or config.forced_algorithm("reduce_partials")
-    if mode is not None and mode not in PARTIALS_MODES:
-        raise UnsupportedError(f"reduce partials mode must be one of {PARTIALS_MODES}, got {mode!r}")
-    return mode
 
 
 def normalize_dims(dim, ndim, name="reduce"):
@@ -716,21 +792,13 @@ _ARG_FOLD = """
     acc_v = take ? v : acc_v;
     acc_i = take ? i : acc_i;
 """
-# Accumulator sets per item for argmax/argmin with float4 loads, and items per output when
-# there are several outputs: measured on the H200 (argmax rows of 4096), two sets and 32 items
-# 0.0728 ms, four sets and 64 items 0.0732, two sets and 256 items (a whole group per row, a
-# tree of eight levels per row) 0.0798, four sets and 256 items 0.0822; PyTorch 0.0779.
-ARG_VECTOR_UNROLL = 2
-ARG_MAX_SEGMENT = 32
-
-
 def _arg_kernel(kind):
+    # Its sets per item and items per output are the exact_fold rule's (tuning_db/reduce.json).
     cmp, le, ident = (">", "<=", "-INFINITY") if kind == "argmax" else ("<", ">=", "INFINITY")
     return _kernel(kind, lambda: ReduceKernel(
         f"reduce_{kind}", [("x", np.float32)], [("v", np.float32), ("i", np.int64)],
         "v = x; i = ridx;", _ARG_COMBINE.format(cmp=cmp), {"v": ident, "i": "INDEX_MAX"},
-        fold=_ARG_FOLD.format(le=le), index_accumulators=("i",), vector_unroll=ARG_VECTOR_UNROLL,
-        max_segment=ARG_MAX_SEGMENT))
+        fold=_ARG_FOLD.format(le=le), index_accumulators=("i",), exact_fold=True))
 
 
 def argmax(x, dim=None, keepdim=False):

@@ -1,6 +1,8 @@
 """softmax and log_softmax over any dimension, forward and backward (kernels/softmax.cl.mako).
 
-The input is seen as (outer, size, inner) around the softmax dimension. Variants:
+The input is seen as (outer, size, inner) around the softmax dimension. Two solvers of the
+"softmax" family (``dlprim_py.solver``), chosen when a plan is built by the rules of
+``tuning_db/softmax.json``:
 
 * ``row``: a work-group per row, items striding along it; rows up to ``group_size * 32`` keep
   their elements in registers between the max and the sum (one read of the input), longer ones
@@ -8,7 +10,8 @@ The input is seen as (outer, size, inner) around the softmax dimension. Variants
 * ``column``: a work item per row, coalesced across neighbouring rows when inner > 1.
 
 ``DLPRIM_SOFTMAX_ALGO`` or ``variant=`` forces one; ``cached=0`` forces streaming. The row
-variant loads and stores float4 when the rows are whole vectors and aligned (``VECTOR``); then
+solver loads and stores float4 when the rows are whole vectors and aligned (its tuning value
+``vector``); then
 forward rows held in registers take about 16 elements per item, so short rows share a
 work-group. The backward holds y and dy in registers for rows up to ``group_size * 16``, dy
 alone (reading y twice, the second time from L2) up to ``group_size * 32``.
@@ -18,37 +21,74 @@ On NVIDIA, rows that fill a 1024-item group take the options measured fastest on
 memory, cache hints (inline PTX, kernels/memory_access.cl.mako).
 """
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from .. import autograd, config, logcmd, program
+from .. import autograd, config, logcmd, program, solver, tuning
 from ..context import check_same_context
-from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..errors import DlprimError, DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 from ..launch import BoundKernel
 
-VARIANTS = ("row", "column")
-# Widest vector load and store of the row variant's forward (elements); 1 disables them.
-VECTOR = 4
 _CACHE_STEPS = (1, 2, 4, 8, 16, 32)
 
 
-def choose_variant(inner, variant=None):
-    """The kernel variant for a softmax whose reduced dim has ``inner`` elements after it:
-    ``variant`` if given, else DLPRIM_SOFTMAX_ALGO, else "row" for the last dim, "column" otherwise."""
-    return variant or config.forced_algorithm("softmax") or ("row" if inner == 1 else "column")
+@dataclass(frozen=True)
+class SoftmaxProblem:
+    """A softmax over ``size`` elements ``inner`` apart (the input seen as (outer, size,
+    inner)); ``aligned``: every operand's offset allows vector accesses."""
+    size: int
+    inner: int
+    aligned: bool = True
+
+    def key(self):
+        return f"softmax-s{self.size}-i{self.inner}-a{int(self.aligned)}"
+
+    def features(self):
+        return {"size": self.size, "inner": self.inner, "aligned": int(self.aligned)}
+
+
+class RowSolver(solver.Solver):
+    """A work-group per row, items striding along it."""
+    name = "row"
+
+
+class ColumnSolver(solver.Solver):
+    """A work item per row, coalesced across neighbouring rows when inner > 1."""
+    name = "column"
+
+
+FAMILY = solver.register(solver.Family("softmax", (RowSolver(), ColumnSolver()),
+                                       title="softmax variant"))
+VARIANTS = tuple(FAMILY.solvers)
+
+
+def choose_variant(inner, variant=None, *, ctx=None, size=1):
+    """The solver's name for a softmax whose reduced dim (of ``size``) has ``inner`` elements
+    after it: ``variant`` if given, else DLPRIM_SOFTMAX_ALGO, else the tuning rules of ``ctx``'s
+    device (default: this thread's default context): "row" for the last dim, "column"
+    otherwise."""
+    if ctx is None:
+        from ..context import default_context
+        ctx = default_context()
+    return solver.select(ctx, "softmax", SoftmaxProblem(size, inner), forced=variant).name
 
 
 class SoftmaxPlan:
-    """The kernels for one (variant, log, group size, cached, index width): both directions."""
+    """The kernels for one (solver, log, group size, cached, index width): both directions."""
 
     def __init__(self, ctx, log, size, inner, total, variant=None, cached=None, aligned=True,
                  options=None):
-        """``options`` (for measurements and tests) overrides the device's choices (``_choices``)."""
-        variant = choose_variant(inner, variant)
+        """``variant`` forces a solver; ``options`` (for measurements and tests) overrides the
+        device's choices (``_choices``)."""
+        problem = SoftmaxProblem(size, inner, bool(aligned))
+        variant = solver.select(ctx, "softmax", problem, forced=variant).name
+        widest = solver.tunables(ctx, "softmax", problem, variant).get("vector", 1)
+        if widest not in (1, 2, 4):
+            raise DlprimError(f"softmax tuning: vector must be 1, 2 or 4 (a divisor of "
+                              f"ALIGNMENT), got {widest!r}")
         cached_given = cached
-        if variant not in VARIANTS:
-            raise UnsupportedError(f"softmax variant must be one of {VARIANTS}, got {variant!r}")
         limit = ctx.info.max_work_group_size
         group_size = 1024 if size >= 4096 and limit >= 1024 and not ctx.info.is_cpu else 256
         group_size = min(group_size, 1 << (limit.bit_length() - 1))
@@ -61,8 +101,8 @@ class SoftmaxPlan:
             raise UnsupportedError(f"softmax: cached={cached} cannot hold a row of {size} "
                                    f"with {group_size} items")
         # 16-byte loads and stores along the row (forward): whole vectors per row, aligned.
-        vector = VECTOR if (variant == "row" and inner == 1 and size % VECTOR == 0 and aligned
-                            and VECTOR > 1) else 1
+        vector = widest if (variant == "row" and inner == 1 and size % widest == 0 and aligned
+                            and widest > 1) else 1
         row_items = group_size
         if vector > 1 and cached and cached_given is None:
             # Short rows share a group: about 16 elements per item, at least 32 items per row.
@@ -195,8 +235,10 @@ def _geometry(x, dim, name):
 
 
 def _plan(ctx, log, size, inner, total, variant, cached, aligned=True):
-    key = ("softmax_plan", log, variant, cached, size, inner, total >= 2 ** 30, aligned, VECTOR,
-           config.forced_algorithm("softmax"))
+    # The forced solver and the tuning databases' generation: the plan's solver and vector
+    # width follow from them.
+    key = ("softmax_plan", log, variant, cached, size, inner, total >= 2 ** 30, aligned,
+           config.switches().forced.get("softmax"), tuning.generation)
     plan = ctx.plans.get(key)
     if plan is None:
         plan = ctx.plans.put(key, SoftmaxPlan(ctx, log, size, inner, total, variant, cached,
@@ -204,9 +246,14 @@ def _plan(ctx, log, size, inner, total, variant, cached, aligned=True):
     return plan
 
 
+# Tensors whose offsets are a multiple of this many elements are "aligned": the widest vector
+# a tuning rule may give the row solver (16 bytes of float32).
+ALIGNMENT = 4
+
+
 def _aligned(*tensors):
-    """Whether every tensor's offset allows the VECTOR-wide accesses."""
-    return all(t.offset_elements % VECTOR == 0 for t in tensors)
+    """Whether every tensor's offset allows vector accesses (of up to ALIGNMENT elements)."""
+    return all(t.offset_elements % ALIGNMENT == 0 for t in tensors)
 
 
 def _log_softmax_call(outer, size, inner, log, forward):

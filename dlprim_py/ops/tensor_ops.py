@@ -4,14 +4,18 @@ views flatten, squeeze, unsqueeze, reshape.
 Tensors are dense, so a slice or a permutation is a copy made by one strided-copy kernel
 (``kernels/tensor_ops.cl.mako``) whose sizes and strides are run-time arguments: one compile per
 dtype and rank serves every shape. A transposition (a permutation that moves the contiguous
-dimension) goes through local-memory tiles instead, so that reads and writes both stay contiguous. Views that keep the element order (reshape, flatten,
-squeeze, unsqueeze) share the buffer. Every function records its backward on the autograd tape.
+dimension) goes through local-memory tiles instead, so that reads and writes both stay contiguous:
+the "copy" family's solvers "gather" and "tiles" (``dlprim_py.solver``, ``DLPRIM_COPY_ALGO``
+forces one), chosen by the rules of ``tuning_db/copy.json`` when a copy's plan is made. Views
+that keep the element order (reshape, flatten, squeeze, unsqueeze) share the buffer. Every
+function records its backward on the autograd tape.
 """
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from .. import autograd, config, program
+from .. import autograd, config, program, solver, tuning
 from ..context import check_same_context
 from ..dtypes import cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
@@ -56,12 +60,6 @@ def _kernel(ctx, name, dtype, ndim, index_t, mode="constant", batch_dims=0):
     return program.kernel(ctx, "tensor_ops", name, params)
 
 
-# "gather" walks the destination in order; "tiles" moves 32 x 32 tiles through local memory
-# when a transposition makes the gather's reads strided (used from this size of both sides).
-COPY_ALGORITHMS = ("gather", "tiles")
-_TILE_MIN_SIDE = 8
-
-
 def _transposition(sizes, src_st, dst_st):
     """(p, q) when dimension p is contiguous in the source and q (the last) in the destination,
     else None."""
@@ -73,51 +71,110 @@ def _transposition(sizes, src_st, dst_st):
     return None
 
 
+@dataclass(frozen=True)
+class CopyProblem:
+    """A strided copy after merging: sizes and the source's and destination's element
+    strides."""
+    sizes: tuple
+    src_strides: tuple
+    dst_strides: tuple
+
+    def key(self):
+        return (f"copy-{'x'.join(map(str, self.sizes))}-s{','.join(map(str, self.src_strides))}"
+                f"-d{','.join(map(str, self.dst_strides))}")
+
+    @property
+    def pair(self):
+        return _transposition(self.sizes, self.src_strides, self.dst_strides)
+
+    def features(self):
+        pair = self.pair
+        return {"elements": math.prod(self.sizes), "ndim": len(self.sizes),
+                "transposition": int(pair is not None),
+                "tile_side": 0 if pair is None else min(self.sizes[pair[0]], self.sizes[pair[1]])}
+
+
+class GatherSolver(solver.Solver):
+    """A work item per destination element, in the destination's order."""
+    name = "gather"
+
+
+class TilesSolver(solver.Solver):
+    """A transposition (the source's contiguous dimension is not the destination's) through
+    32 x 32 tiles of local memory, by 256-item groups: reads and writes both contiguous."""
+    name = "tiles"
+
+    def applies(self, ctx, problem):
+        return problem.pair is not None and ctx.info.max_work_group_size >= 256
+
+
+FAMILY = solver.register(solver.Family("copy", (GatherSolver(), TilesSolver()),
+                                       title="copy algorithm"))
+COPY_ALGORITHMS = tuple(FAMILY.solvers)
+
+
 def strided_copy(ctx, shape, dtype, src_buffer, src_offset, src_strides, dst_buffer, dst_offset,
                  dst_strides, algorithm=None):
     """Enqueue dst[dst_offset + sum c_k dst_strides_k] = src[src_offset + sum c_k src_strides_k]
     for every coordinate c of ``shape``; offsets and strides in elements. ``algorithm`` (else
-    ``DLPRIM_COPY_ALGO``) forces one of COPY_ALGORITHMS where it applies."""
+    ``DLPRIM_COPY_ALGO``) forces one of COPY_ALGORITHMS (an error where it does not apply)."""
+    key = ("strided_copy", tuple(shape), dtype, src_offset, tuple(src_strides), dst_offset,
+           tuple(dst_strides), algorithm, config.switches().forced.get("copy"), tuning.generation)
+    plan = ctx.plans.get(key)
+    if plan is None:
+        plan = ctx.plans.put(key, _copy_plan(ctx, shape, dtype, src_offset, src_strides,
+                                             dst_offset, dst_strides, algorithm))
+    if plan is _NOTHING:
+        return
+    kernel, args, (src_slot, dst_slot), gsize, lsize = plan
+    args = list(args)
+    args[src_slot], args[dst_slot] = src_buffer, dst_buffer
+    kernel(ctx.queue, gsize, lsize, *args)
+
+
+# The plan of an empty copy (the plan cache stores no None).
+_NOTHING = object()
+
+
+def _copy_plan(ctx, shape, dtype, src_offset, src_strides, dst_offset, dst_strides, algorithm):
+    """The copy's solver, chosen here, and its launch: (kernel, arguments with None for the two
+    buffers, the buffers' argument slots, global size, local size), or _NOTHING."""
     total = math.prod(shape)
     if total == 0:
-        return
+        return _NOTHING
     sizes, (src_st, dst_st) = merge_dimensions(tuple(shape), [list(src_strides), list(dst_strides)])
     extent = total + src_offset + dst_offset + sum((s - 1) * (abs(a) + abs(b)) for s, a, b in
                                                    zip(shape, src_strides, dst_strides))
     index_t, index_np = _index_type(extent)
-    algorithm = algorithm or config.forced_algorithm("copy")
-    if algorithm is not None and algorithm not in COPY_ALGORITHMS:
-        raise UnsupportedError(f"copy algorithm must be one of {', '.join(COPY_ALGORITHMS)}, "
-                               f"got {algorithm!r}")
-    pair = _transposition(sizes, src_st, dst_st)
-    if ctx.info.max_work_group_size < 256:
-        pair = None
-    if pair is not None and algorithm != "gather" and (
-            algorithm == "tiles" or min(sizes[pair[0]], sizes[pair[1]]) >= _TILE_MIN_SIDE):
-        _transpose_tiles(ctx, dtype, index_t, index_np, sizes, src_st, dst_st, pair, src_buffer,
-                         src_offset, dst_buffer, dst_offset)
-        return
+    problem = CopyProblem(tuple(sizes), tuple(src_st), tuple(dst_st))
+    if solver.select(ctx, "copy", problem, forced=algorithm).name == "tiles":
+        return _transpose_tiles(ctx, dtype, index_t, index_np, sizes, src_st, dst_st,
+                                problem.pair, src_offset, dst_offset)
     kernel = _kernel(ctx, "strided_copy", dtype, len(sizes), index_t)
     args = [index_np(total)] + [index_np(s) for s in sizes]
-    args += [src_buffer, index_np(src_offset)] + [index_np(s) for s in src_st]
-    args += [dst_buffer, index_np(dst_offset)] + [index_np(s) for s in dst_st]
+    src_slot = len(args)
+    args += [None, index_np(src_offset)] + [index_np(s) for s in src_st]
+    dst_slot = len(args)
+    args += [None, index_np(dst_offset)] + [index_np(s) for s in dst_st]
     gsize, lsize = launch_size(ctx, total)
-    kernel(ctx.queue, gsize, lsize, *args)
+    return kernel, args, (src_slot, dst_slot), gsize, lsize
 
 
-def _transpose_tiles(ctx, dtype, index_t, index_np, sizes, src_st, dst_st, pair, src_buffer,
-                     src_offset, dst_buffer, dst_offset):
+def _transpose_tiles(ctx, dtype, index_t, index_np, sizes, src_st, dst_st, pair, src_offset,
+                     dst_offset):
     p, q = pair
     batch = [k for k in range(len(sizes)) if k not in pair]
     kernel = _kernel(ctx, "transpose_tiles", dtype, 1, index_t, batch_dims=len(batch))
     args = [index_np(sizes[p]), index_np(sizes[q])]
     for k in batch:
         args += [index_np(sizes[k]), index_np(src_st[k]), index_np(dst_st[k])]
-    args += [src_buffer, index_np(src_offset), index_np(src_st[q]), dst_buffer,
-             index_np(dst_offset), index_np(dst_st[p])]
+    src_slot = len(args)
+    args += [None, index_np(src_offset), index_np(src_st[q])]
+    dst_slot = len(args)
+    args += [None, index_np(dst_offset), index_np(dst_st[p])]
     count = math.prod(sizes[k] for k in batch)
     gsize = (-(-sizes[p] // 32) * 32, -(-sizes[q] // 32) * 8, count)
-    kernel(ctx.queue, gsize, (32, 8, 1), *args)
+    return kernel, args, (src_slot, dst_slot), gsize, (32, 8, 1)
 
 
 def _narrow_copy(x, dim, start, length):
