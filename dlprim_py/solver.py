@@ -85,6 +85,11 @@ class Family:
     def applies(self, solver, ctx, problem):
         return solver.applies(ctx, problem)
 
+    def usable(self, ctx, problem, params):
+        """Whether a tuned rule's ``params`` run here (a family whose rules carry parameters a
+        device may not run overrides it; such a rule is passed over)."""
+        return True
+
     def applicable(self, ctx, problem):
         """Names of the solvers that apply, best ranked first."""
         names = [n for n, s in self.solvers.items() if self.applies(s, ctx, problem)]
@@ -158,7 +163,8 @@ def immediate(ctx, fam, problem):
     if not applicable:
         raise UnsupportedError(f"no {fam.name} solver applies to {problem.key()}")
     tuned = tuning.first_params(ctx.info, fam.name, features,
-                                lambda params: params.get("solver") in applicable)
+                                lambda params: params.get("solver") in applicable
+                                and fam.usable(ctx, problem, params))
     if tuned is not None:
         return fam.solvers[tuned["solver"]]
     best = min(applicable, key=lambda n: (rank(ctx, fam.name, n, features), fam.order[n]))

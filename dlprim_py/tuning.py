@@ -87,7 +87,23 @@ def read_db(path, family, strict=True):
     for key in SECTIONS:
         db.setdefault(key, {})
     db.setdefault("default", {"rules": []})
+    upgrade = _upgrades.get(family)
+    if upgrade is not None:
+        for entry in [db["default"], *(e for key in SECTIONS for e in db[key].values())]:
+            for rule in entry.get("rules", ()):
+                rule["params"] = upgrade(rule["params"])
     return db
+
+
+# family -> function(params) -> params in the family's current form (upgrade_params).
+_upgrades = {}
+
+
+def upgrade_params(family, function):
+    """Have ``read_db`` pass every rule's params of ``family`` through ``function``, so that a
+    database written in an older form of the family's parameters reads as the current form."""
+    _upgrades[family] = function
+    forget(family)
 
 
 def _check_db(db, family):
