@@ -19,7 +19,8 @@ everything a choice depends on. A solver answers four questions:
    record for the problem, else a measurement of every applicable solver, stored there;
 3. tuned: the first rule of the device's tuning database (``tuning_db/<family>.json``; device
    -> architecture -> vendor -> default, see ``dlprim_py.tuning``) that holds for the problem's
-   features and names an applicable solver (``{"when": {...}, "params": {"solver": name}}``);
+   features and names an applicable solver (``{"when": {...}, "params": {"solver": name}}``)
+   with parameters that run on the device (``Family.usable``);
 4. ranked: the applicable solver of lowest rank, ranks coming from the same database's
    ``"ranks"`` tables (first condition that holds), ties and unranked solvers going by the
    family's order.

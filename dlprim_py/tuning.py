@@ -27,6 +27,9 @@ An entry may also hold ``ranks``, the order in which a family's solvers are pref
 rule names one (``dlprim_py.solver``): ``{"<solver>": [{"when": {...}, "rank": 1}, {"rank": 50}]}``,
 lower first, the first condition that holds giving the rank (a missing ``when`` always holds).
 
+A family whose parameters changed form registers ``upgrade_params``: rules of the older form
+(a user database written before) are read as the current one.
+
 A user database that cannot be read or is not a database of this format (a damaged file) is
 reported once with a ``CacheWarning`` and ignored, as the find-db ignores a damaged file: the
 shipped rules apply, and the next ``dlprim-tune`` write replaces it.
