@@ -557,7 +557,6 @@ class _GemmFamily(solver.Family):
 FAMILY = solver.register(_GemmFamily(
     "gemm", (TiledSolver(), SplitKSolver(), SmallSolver(), SubgroupSolver()),
     title="GEMM algorithm"))
-assert tuple(FAMILY.solvers) == ALGORITHMS
 # Rules written before the solver layer name the kernel (solver_params reads them).
 tuning.upgrade_params("gemm", solver_params)
 
@@ -569,38 +568,40 @@ def _features(ctx, problem):
     return dict(problem.features(), gpu=int(ctx.info.is_gpu))
 
 
-def _forced_solver(ctx, problem, name, source):
+def _argument_solver(ctx, problem, name):
+    """The solver a caller's ``algorithm`` names, refused as DLPRIM_GEMM_ALGO is (the solver
+    layer), with the reason."""
     chosen = FAMILY.solver(name)
     why = chosen.refusal(ctx, problem)
     if why is not None:
-        raise UnsupportedError(f"{source} does not apply to {problem.key()}: {why}; applicable: "
-                               f"{', '.join(FAMILY.applicable(ctx, problem))}")
+        raise UnsupportedError(f"GEMM algorithm {name!r} does not apply to {problem.key()}: "
+                               f"{why}; applicable: {', '.join(FAMILY.applicable(ctx, problem))}")
     return chosen
 
 
 def select_params(ctx, M, N, K, batch=1, algorithm=None):
-    """Solver parameters for a problem (``{"solver": name, ...}``): the solver forced by
-    ``algorithm``, else by ``DLPRIM_GEMM_ALGO``, with its parameters from the first rule that
-    gives them (``GemmSolver.forced``); else the solver layer's tuned choice with its rule's
-    parameters (``tuning_db/gemm.json``), a long K split where the rule's tiles leave a GPU
-    idle (``_split_long_k``). Memoized per context."""
+    """Solver parameters for a problem (``{"solver": name, ...}``): the solver ``algorithm``
+    names, else the solver layer's choice (``solver.select``: forced by ``DLPRIM_GEMM_ALGO``,
+    else tuned). A forced solver takes its parameters from the first rule that gives them
+    (``GemmSolver.forced``), a tuned one from the rule that chose it (``tuning_db/gemm.json``),
+    a long K then split where the rule's tiles leave a GPU idle (``_split_long_k``). Memoized
+    per context."""
     forced = algorithm or config.forced_algorithm("gemm")
     key = ("gemm.select", M, N, K, batch, forced)
     found = ctx.memo.get(key)
     if found is not None:
         return dict(found)
     problem = GemmProblem(M, N, K, batch)
-    if forced is not None:
-        source = f"GEMM algorithm {forced!r}" if algorithm else f"DLPRIM_GEMM_ALGO={forced}"
-        params = _forced_solver(ctx, problem, forced, source).forced(ctx, problem)
+    if algorithm is not None:
+        chosen = _argument_solver(ctx, problem, algorithm)
     else:
-        params = _tuned(ctx, problem)
+        chosen = solver.select(ctx, "gemm", problem)
+    params = chosen.forced(ctx, problem) if forced is not None else _tuned(ctx, problem, chosen)
     ctx.memo[key] = params
     return dict(params)
 
 
-def _tuned(ctx, problem):
-    chosen = solver.select(ctx, "gemm", problem)
+def _tuned(ctx, problem, chosen):
     info = ctx.info
     # The rule that chose the solver (the first that holds, runs here and names an applicable
     # solver is the first that holds, runs here and names this one), else the solver's
