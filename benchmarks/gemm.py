@@ -240,26 +240,27 @@ def run(args):
 def print_build_log(ctx, M, N, K):
     """NVIDIA's resource report (registers, spills, local memory) for the kernel of M x N x K."""
     from dlprim_py import program
-    from dlprim_py.ops.gemm import _render_params, select_params
+    from dlprim_py.ops.gemm import GemmConfig, render_params, select_params
     params = select_params(ctx, M, N, K)
     # As a plan builds it: a register cap without the work-group size declaration.
     options = ("-cl-nv-verbose",)
+    derived = GemmConfig(global_vec=params.get("global_vec", 1))
     if params.get("max_registers"):
         options += (f"-cl-nv-maxrregcount={int(params['max_registers'])}",)
-        params = dict(params, reqd_size=0)
-    built = program.build(ctx, "gemm", _render_params(params, False, False, None, "", False),
-                          options=options)
+        derived = GemmConfig(global_vec=params.get("global_vec", 1), reqd_size=0)
+    template, values = render_params(params, derived)
+    built = program.build(ctx, template, values, options=options)
     log = built.program.get_build_info(ctx.device, cl.program_build_info.LOG)
     print(f"build log of {params}:\n{log.strip()}")
 
 
 def _short(plan):
     p = plan.params
-    if p["kernel"] == "small":
+    if p["solver"] == "small":
         return "small"
-    if p["kernel"] == "subgroup":
+    if p["solver"] == "subgroup":
         return (f"subgroup sg{p['sg_size']} w{p['wpt_m']}x{p['wpt_n']} g{p['sg_groups']} "
-                f"block{p['block_a']}{p['block_b']}")
+                f"block{plan.config.block_a}{plan.config.block_b}")
     text = f"{p['tile_m']}x{p['tile_n']}x{p['tile_k']} w{p['wpt_m']}x{p['wpt_n']} v{p['vec']} " \
            f"p{p['pad']} db{p['double_buffer']}"
     if plan.algorithm == "splitk":

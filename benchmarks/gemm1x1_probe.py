@@ -47,9 +47,10 @@ def plan_summary(algo):
         return ""
     plan = next(reversed(algo.plans.values()))
     p = plan.params
-    if p["kernel"] == "small":
+    if p["solver"] == "small":
         return "small"
-    return (f"{p['tile_m']}x{p['tile_n']}x{p['tile_k']} gv{p['global_vec']} cv{p.get('c_vec', 1)}"
+    return (f"{p['tile_m']}x{p['tile_n']}x{p['tile_k']} gv{plan.config.global_vec} "
+            f"cv{plan.config.c_vec}"
             f" split{plan.splits}")
 
 

@@ -44,7 +44,8 @@ def parse_variant(text, base=None):
     register cap, double buffer, pipeline stages, async_copy, split_k); ``db`` alone means this
     shape's database choice, with the fields that follow overriding it."""
     words = text.split()
-    params = dict(base) if words and words[0] == "db" else dict(gemm_ops.DEFAULT_TILED)
+    params = gemm_ops.solver_params(base if words and words[0] == "db"
+                                    else gemm_ops.DEFAULT_TILED)
     for word in words:
         if word == "db":
             continue
@@ -80,6 +81,8 @@ def parse_variant(text, base=None):
             params["split_k"] = int(word[1:])
         else:
             raise SystemExit(f"unknown field {word!r} in variant {text!r}")
+    if params["solver"] in ("tiled", "splitk"):
+        params["solver"] = "splitk" if params.get("split_k", 1) > 1 else "tiled"
     return params
 
 
@@ -100,9 +103,10 @@ QUICK_OTHERS = ["db", "db g8 r128"]
 EDGE_SHAPES = [(1000, 1000, 1000), (129, 67, 45)]
 
 
-def short(params):
+def short(params, config=None):
+    """The variant spec of ``params`` (and of a plan's derived ``config``: cp.async or not)."""
     p = params
-    if p["kernel"] == "small":
+    if p["solver"] == "small":
         return "small"
     text = (f"{p['tile_m']}x{p['tile_n']}x{p['tile_k']} w{p['wpt_m']}x{p['wpt_n']} v{p['vec']} "
             f"p{p['pad']} gv{p.get('global_vec', 1)}")
@@ -111,7 +115,7 @@ def short(params):
         if p.get(key) not in (None, 0) and not (key == "tile_group" and p[key] == 1):
             text += f" {tag}{p[key]}"
     if p.get("pipeline"):
-        text += " cp.async" if p.get("nv_async") else " plain-copy"
+        text += " cp.async" if config is not None and config.nv_async else " plain-copy"
     if p.get("split_k", 1) > 1:
         text += f" s{p['split_k']}"
     return text
@@ -245,7 +249,7 @@ def probe_shape(ctx, logs, baseline, name, M, N, K, specs, rounds, rng, log):
         plan.enqueue()
         cl.enqueue_copy(ctx.queue, out, c_buf, is_blocking=True)
         error = error_of(out, ref, rows)
-        entry = {"spec": spec, "params": plan.params, "short": short(plan.params),
+        entry = {"spec": spec, "params": plan.params, "short": short(plan.params, plan.config),
                  "algorithm": plan.algorithm, "error": error, "registers": regs,
                  "spill_bytes": spill, "ptxas": report, "build_s": build_s, "samples_ms": []}
         if not error <= 1e-5:
@@ -304,9 +308,6 @@ def check_edges(ctx, params, rng):
     return worst
 
 
-_DERIVED = ("c_vec", "nv_async", "reqd_size")
-
-
 def write_rules(ctx, results, path, prefix, rounds, rng, log, margin=0.01):
     """Measured rules for the probed shapes whose names start with ``prefix`` where a variant
     beat the database's choice by more than ``margin`` (median over the rounds) and passed
@@ -325,7 +326,7 @@ def write_rules(ctx, results, path, prefix, rounds, rng, log, margin=0.01):
         for v in timed:
             if v is current or v["ms"] > current["ms"] * (1 - margin):
                 break
-            params = {k: x for k, x in v["params"].items() if k not in _DERIVED}
+            params = dict(v["params"])
             baseline_text = (f"cuBLAS {r['baseline_ms']:.4f} ms" if r["baseline_ms"]
                              else "no vendor baseline")
             edges = check_edges(ctx, params, rng)

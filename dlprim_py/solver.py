@@ -19,7 +19,8 @@ everything a choice depends on. A solver answers four questions:
    record for the problem, else a measurement of every applicable solver, stored there;
 3. tuned: the first rule of the device's tuning database (``tuning_db/<family>.json``; device
    -> architecture -> vendor -> default, see ``dlprim_py.tuning``) that holds for the problem's
-   features and names an applicable solver (``{"when": {...}, "params": {"solver": name}}``);
+   features and names an applicable solver (``{"when": {...}, "params": {"solver": name}}``)
+   with parameters that run on the device (``Family.usable``);
 4. ranked: the applicable solver of lowest rank, ranks coming from the same database's
    ``"ranks"`` tables (first condition that holds), ties and unranked solvers going by the
    family's order.
@@ -84,6 +85,11 @@ class Family:
 
     def applies(self, solver, ctx, problem):
         return solver.applies(ctx, problem)
+
+    def usable(self, ctx, problem, params):
+        """Whether a tuned rule's ``params`` run here (a family whose rules carry parameters a
+        device may not run overrides it; such a rule is passed over)."""
+        return True
 
     def applicable(self, ctx, problem):
         """Names of the solvers that apply, best ranked first."""
@@ -159,7 +165,8 @@ def immediate(ctx, fam, problem):
     if not applicable:
         raise UnsupportedError(f"no {fam.name} solver applies to {problem.key()}")
     tuned = tuning.first_params(ctx.info, fam.name, features,
-                                lambda params: params.get("solver") in applicable)
+                                lambda params: params.get("solver") in applicable
+                                and fam.usable(ctx, problem, params))
     if tuned is not None:
         return fam.solvers[tuned["solver"]]
     best = min(applicable, key=lambda n: (rank(ctx, fam.name, n, features), fam.order[n]))

@@ -9,8 +9,9 @@ the real one); a candidate whose result differs is rejected and never timed. The
 timed with OpenCL profiling (median after a warm-up; each sample a batch of runs, long
 enough for the device's timer to measure, divided by its length; host wall-clock where the
 profiled span does not grow with the work) and the fastest becomes a measured rule
-of this device's entry in the tuning database (``dlprim_py.tuning``). Devices that report Intel
-subgroups also try the "subgroup" kernel's register blocks. Without ``--output``
+of this device's entry in the tuning database (``dlprim_py.tuning``), naming its solver
+(``{"solver": "tiled", ...}``; "splitk" for tiles split along K). Devices that report Intel
+subgroups also try the "subgroup" solver's register blocks. Without ``--output``
 the database under the cache directory is written, which lookups read before the shipped one.
 ``--merge`` keeps the device's other rules (from that database, else the shipped one) and
 replaces only those of the sizes tuned; without it the entry holds the tuned sizes alone.
@@ -97,7 +98,7 @@ def parse_size(text):
 
 
 def _tiled(tm, tn, tk, wm, wn, vec, pad, db, split=1, gvec=1, max_registers=None):
-    params = {"kernel": "tiled", "tile_m": tm, "tile_n": tn, "tile_k": tk, "wpt_m": wm,
+    params = {"solver": "splitk" if split > 1 else "tiled", "tile_m": tm, "tile_n": tn, "tile_k": tk, "wpt_m": wm,
               "wpt_n": wn, "vec": vec, "pad": pad, "double_buffer": db, "split_k": split,
               "global_vec": gvec}
     if max_registers:
@@ -139,13 +140,13 @@ def gemm_candidates(info, space="quick"):
     if all(e in info.extensions for e in gemm_ops.SUBGROUP_EXTENSIONS):
         # Devices with Intel subgroups: register blocks of both subgroup sizes, one or several
         # subgroups per work-group, ahead of the tiled ones (the shipped rule's first).
-        found = [{"kernel": "subgroup", "sg_size": sg, "wpt_m": wm, "wpt_n": wn,
+        found = [{"solver": "subgroup", "sg_size": sg, "wpt_m": wm, "wpt_n": wn,
                   "sg_groups": groups}
                  for sg, wm, wn, groups in ((16, 4, 4, 2), (16, 4, 4, 1), (16, 8, 2, 1),
                                             (16, 8, 4, 1), (16, 2, 8, 1), (16, 8, 2, 4),
                                             (8, 8, 2, 1), (8, 4, 8, 1), (8, 8, 4, 2))] + found
-    found.append({"kernel": "small", "small_m": 8, "small_n": 16})
-    found.append({"kernel": "small", "small_m": 16, "small_n": 16})
+    found.append({"solver": "small", "small_m": 8, "small_n": 16})
+    found.append({"solver": "small", "small_m": 16, "small_n": 16})
     return [p for p in found if gemm_ops.params_problem(p, info) is None]
 
 
@@ -159,13 +160,13 @@ def _with_splits(candidates, M, N, K, info=None, leading=12):
         return candidates
     splits = (4, 8, 16) if M * N <= 512 * 512 else (2, 3, 4, 6)
     extra = []
-    for p in [p for p in candidates if p["kernel"] == "tiled"][:leading]:
+    for p in [p for p in candidates if p["solver"] == "tiled"][:leading]:
         counts = set(splits)
         if info is not None:
             counts.add(gemm_ops._split_long_k(dict(p, split_k=1), info, M, N, K, 1)["split_k"])
         for split in sorted(counts):
             if split > 1 and K // split >= 2 * p["tile_k"]:
-                extra.append(dict(p, split_k=split))
+                extra.append(dict(p, solver="splitk", split_k=split))
     return extra + candidates
 
 
@@ -254,7 +255,9 @@ def tune_gemm(ctx, sizes, budget, space="quick", log=print, seed=1234):
     """Tune every size in ``sizes`` within about ``budget`` seconds in all; returns the list of
     measured rules (one per size) and a report of every candidate tried."""
     rng = np.random.default_rng(seed)
-    base = gemm_candidates(ctx.info, space)
+    # Candidates in the solver form (the form before it, {"kernel": ...}, is read as well).
+    base = [p if "solver" in p else gemm_ops.solver_params(p)
+            for p in gemm_candidates(ctx.info, space)]
     verified = {}
     verify_problem = _Problem(ctx, *VERIFY_SHAPE, rng, sample_rows=VERIFY_SHAPE[0])
     rules, report = [], []
@@ -276,7 +279,7 @@ def tune_gemm(ctx, sizes, budget, space="quick", log=print, seed=1234):
         candidates = _with_splits(base, M, N, K, ctx.info)
         if M * N * K <= 1 << 18:
             # Tiny problems: the one-item-per-element kernel first, so the budget reaches it.
-            candidates = sorted(candidates, key=lambda p: p["kernel"] != "small")
+            candidates = sorted(candidates, key=lambda p: p["solver"] != "small")
         problem = _Problem(ctx, M, N, K, rng)
         flops = 2.0 * M * N * K
         best = None

@@ -27,6 +27,9 @@ An entry may also hold ``ranks``, the order in which a family's solvers are pref
 rule names one (``dlprim_py.solver``): ``{"<solver>": [{"when": {...}, "rank": 1}, {"rank": 50}]}``,
 lower first, the first condition that holds giving the rank (a missing ``when`` always holds).
 
+A family whose parameters changed form registers ``upgrade_params``: rules of the older form
+(a user database written before) are read as the current one.
+
 A user database that cannot be read or is not a database of this format (a damaged file) is
 reported once with a ``CacheWarning`` and ignored, as the find-db ignores a damaged file: the
 shipped rules apply, and the next ``dlprim-tune`` write replaces it.
@@ -90,7 +93,23 @@ def read_db(path, family, strict=True):
     for key in SECTIONS:
         db.setdefault(key, {})
     db.setdefault("default", {"rules": []})
+    upgrade = _upgrades.get(family)
+    if upgrade is not None:
+        for entry in [db["default"], *(e for key in SECTIONS for e in db[key].values())]:
+            for rule in entry.get("rules", ()):
+                rule["params"] = upgrade(rule["params"])
     return db
+
+
+# family -> function(params) -> params in the family's current form (upgrade_params).
+_upgrades = {}
+
+
+def upgrade_params(family, function):
+    """Have ``read_db`` pass every rule's params of ``family`` through ``function``, so that a
+    database written in an older form of the family's parameters reads as the current form."""
+    _upgrades[family] = function
+    forget(family)
 
 
 def _check_db(db, family):

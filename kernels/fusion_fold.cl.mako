@@ -1,6 +1,6 @@
 ## A chain of bias and batch-norm-inference ops folded into the (scale, shift) of the map
 ## v -> v * scale + shift, computed where it is applied: in a convolution's epilogue
-## (conv_common.cl.mako `store`, the GEMM's "conv" epilogue in gemm.cl.mako), which imports
+## (conv_common.cl.mako `store`, the GEMM's "conv" epilogue in gemm_common.cl.mako), which imports
 ## the defs below, and in apply_affine_activation (no convolution). No kernel stores folded
 ## vectors: the parameters are read by the kernel that applies them, on every run, so that
 ## new contents of the same tensors are honoured (MIOpen's arguments promise it).

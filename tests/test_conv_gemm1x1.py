@@ -304,7 +304,7 @@ def test_folded_vector_access(ctx, rng, positions, vector):
                     C.buffer, 0, positions, fold_b=Fold(positions, K * positions),
                     fold_c=Fold(positions, M * positions), params=TILED_VECTOR)
     plan.enqueue()
-    assert plan.params["global_vec"] == vector and plan.params["c_vec"] == vector
+    assert plan.config.global_vec == vector and plan.config.c_vec == vector
     assert_close(C.numpy(), np.einsum("mk,nkp->nmp", a.astype(np.float64), b.astype(np.float64)))
 
 
@@ -343,7 +343,7 @@ def test_conv_order_epilogue_gemm_level(ctx, rng):
                     bias_buf=Bias.buffer, bias_per="position", residual_buf=R.buffer,
                     residual_alpha=-1.0, activation="relu", params=TILED_VECTOR)
     plan.enqueue()
-    assert plan.params["c_vec"] == 2
+    assert plan.config.c_vec == 2
     acc = a.astype(np.float64) @ b.astype(np.float64)
     pre = 2.0 * acc * scale + bias - r_store[:, :N]
     got = C.numpy()

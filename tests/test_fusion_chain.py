@@ -1,5 +1,5 @@
 """A fusion plan's bias / batch-norm chain computed in the convolution's own epilogue
-(kernels/fusion_fold.cl.mako's apply_chain, imported by conv_common.cl.mako and gemm.cl.mako):
+(kernels/fusion_fold.cl.mako's apply_chain, imported by conv_common.cl.mako and gemm_common.cl.mako):
 the 1x1 GEMM with each of its kernels forced ("tiled" computes a per-channel chain once per
 register-block row; "splitk" and "small" per element), folded and per image, per channel and
 per output position, NHWC (channels on the GEMM's columns), and contents changed between

@@ -19,7 +19,7 @@ from conftest import assert_close, poisoned, random
 
 
 def tiled(tm, tn, tk, wm, wn, vec, pad, db, gvec, split=1):
-    return {"kernel": "tiled", "tile_m": tm, "tile_n": tn, "tile_k": tk, "wpt_m": wm,
+    return {"solver": "splitk" if split > 1 else "tiled", "tile_m": tm, "tile_n": tn, "tile_k": tk, "wpt_m": wm,
             "wpt_n": wn, "vec": vec, "pad": pad, "double_buffer": db, "split_k": split,
             "global_vec": gvec}
 
@@ -28,8 +28,8 @@ def tiled(tm, tn, tk, wm, wn, vec, pad, db, gvec, split=1):
 # run in 8 x 4 patches (lanes_n) over tiles taken two rows at a time (tile_group).
 TILED = tiled(32, 32, 16, 4, 4, 4, 4, 1, 4)
 TILED_SINGLE = dict(tiled(16, 16, 8, 2, 2, 2, 0, 0, 1), lanes_n=8, tile_group=2)
-SPLIT = dict(TILED, split_k=3)
-SMALL = {"kernel": "small", "small_m": 8, "small_n": 16}
+SPLIT = dict(TILED, solver="splitk", split_k=3)
+SMALL = {"solver": "small", "small_m": 8, "small_n": 16}
 
 
 def reference(a, b, trans_a, trans_b, alpha=1.0, beta=0.0, c=None, bias=None, bias_per="n",
@@ -89,7 +89,7 @@ def test_variants_random_shapes(ctx, rng, params):
         a, b = operands(rng, M, N, K, False, False)
         out, plan = run_params(ctx, params, a, b, M, N, K)
         assert_close(out, reference(a, b, False, False))
-    if params["kernel"] == "tiled" and params.get("split_k", 1) > 1:
+    if params["solver"] == "splitk":
         assert plan.algorithm == "splitk"
 
 
@@ -99,13 +99,13 @@ def test_transposes_tiled(ctx, rng, trans_a, trans_b):
     for M, N, K in ((36, 44, 40), (64, 32, 24), (4, 8, 4)):
         a, b = operands(rng, M, N, K, trans_a, trans_b)
         out, plan = run_params(ctx, TILED, a, b, M, N, K, trans_a, trans_b)
-        assert plan.params["global_vec"] == 4
+        assert plan.config.global_vec == 4
         assert_close(out, reference(a, b, trans_a, trans_b))
     if trans_a and trans_b:
         # Odd sizes: scalar loads (the same guards serve every transpose combination).
         a, b = operands(rng, 19, 23, 17, trans_a, trans_b)
         out, plan = run_params(ctx, TILED, a, b, 19, 23, 17, trans_a, trans_b)
-        assert plan.params["global_vec"] == 1
+        assert plan.config.global_vec == 1
         assert_close(out, reference(a, b, trans_a, trans_b))
 
 
@@ -249,15 +249,15 @@ def test_batched_kernel_level(ctx, rng, params):
 def test_forced_algorithm_from_environment(ctx, monkeypatch):
     monkeypatch.setenv("DLPRIM_GEMM_ALGO", "small")
     dp.config.reload()
-    assert gemm_ops.select_params(ctx, 300, 300, 300)["kernel"] == "small"
+    assert gemm_ops.select_params(ctx, 300, 300, 300)["solver"] == "small"
     monkeypatch.setenv("DLPRIM_GEMM_ALGO", "splitk")
     dp.config.reload()
     params = gemm_ops.select_params(ctx, 300, 300, 300)
-    assert params["kernel"] == "tiled" and params["split_k"] > 1
+    assert params["solver"] == "splitk" and params["split_k"] > 1
     monkeypatch.setenv("DLPRIM_GEMM_ALGO", "tiled")
     dp.config.reload()
     params = gemm_ops.select_params(ctx, 300, 300, 300)
-    assert params["kernel"] == "tiled" and params["split_k"] == 1
+    assert params["solver"] == "tiled" and params["split_k"] == 1
 
 
 def test_selection_comes_from_database(ctx):
@@ -265,7 +265,7 @@ def test_selection_comes_from_database(ctx):
     big = gemm_ops.select_params(ctx, 512, 512, 512)
     for params in (small, big):
         assert gemm_ops.params_problem(params, ctx.info) is None
-    assert gemm_ops.select_params(ctx, 512, 512, 512, algorithm="small")["kernel"] == "small"
+    assert gemm_ops.select_params(ctx, 512, 512, 512, algorithm="small")["solver"] == "small"
     assert gemm_ops.select_params(ctx, 512, 512, 512, algorithm="splitk")["split_k"] > 1
 
 
@@ -285,7 +285,7 @@ def test_tuning_lookup_order(tmp_path):
     assert where == "vendor"
     Info.vendor = "nobody"
     params, where = tuning.lookup(Info, "gemm", features)
-    assert where == "default" and params["kernel"] in ("tiled", "small")
+    assert where == "default" and params["solver"] in ("tiled", "small")
 
 
 def test_tuner_writes_verified_entry(ctx, tmp_path, monkeypatch):
@@ -300,7 +300,7 @@ def test_tuner_writes_verified_entry(ctx, tmp_path, monkeypatch):
     assert entry["vendor"] == ctx.info.vendor
     (rule,) = entry["rules"]
     assert rule["shape"] == {"m": 23, "n": 19, "k": 11}
-    assert rule["params"]["kernel"] in ("tiled", "small") and rule["ms"] > 0
+    assert rule["params"]["solver"] in ("tiled", "small") and rule["ms"] > 0
     assert parse_size("1024") == (1024, 1024, 1024) and parse_size("2x3x4") == (2, 3, 4)
     # --merge: a second size keeps the first size's rule; the same size again replaces it.
     assert tune_main(["gemm", "--sizes", "9x7x5", "--budget", "5", "--output", str(out),
@@ -351,7 +351,7 @@ def test_tuner_rejects_wrong_candidates(ctx, monkeypatch):
     rules, report = tune.tune_gemm(ctx, [(16, 12, 8)], budget=20, log=lambda s: None)
     (tried,) = [entry for entry in report if entry["params"] == broken]
     assert "differs" in tried["rejected"] and "ms" not in tried
-    assert rules[0]["params"]["kernel"] == "small"
+    assert rules[0]["params"]["solver"] == "small"
 
 
 @pytest.mark.parametrize("timer", ["coarse", "placeholder"])

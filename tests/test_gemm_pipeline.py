@@ -3,13 +3,14 @@ copies elsewhere), the work-item layout in runs of 32 (``lanes_n``) and the grou
 (``tile_group``), each forced through ``params`` and compared with numpy float64 on poisoned
 outputs. Few parameter sets: each is a compile on PoCL. The PTX path is rendered here and
 checked on NVIDIA by benchmarks/gemm_probe.py (every transpose, edge shapes)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 import dlprim_py as dp
-from dlprim_py import program
 from dlprim_py.ops import gemm as gemm_ops
-from dlprim_py.ops.gemm import Fold, GemmPlan, _render_params, params_problem
+from dlprim_py.ops.gemm import Fold, GemmConfig, GemmPlan, kernel_source, params_problem
 
 from conftest import assert_close, poisoned, random
 
@@ -50,8 +51,8 @@ def test_pipeline_three_stages(ctx, rng):
         a, b = random(rng, (M, K)), random(rng, (K, N))
         out, plan = run(ctx, PIPELINE3, a, b, M, N, K)
         # cp.async where the device has it (NVIDIA, compute capability 8.0+), plain copies else.
-        assert plan.params["global_vec"] == 4
-        assert plan.params["nv_async"] == int(gemm_ops._has_cp_async(ctx))
+        assert plan.config.global_vec == 4
+        assert plan.config.nv_async == int(gemm_ops._has_cp_async(ctx))
         assert_close(out, reference(a, b))
 
 
@@ -59,8 +60,8 @@ def test_pipeline_two_stages_transposed_split(ctx, rng):
     for M, N, K in ((38, 46, 30), (16, 16, 96), (2, 50, 74)):
         a, b = random(rng, (K, M)), random(rng, (N, K))
         out, plan = run(ctx, PIPELINE2, a, b, M, N, K, trans_a=True, trans_b=True)
-        assert plan.algorithm == "splitk" and plan.params["global_vec"] == 2
-        assert plan.params["reqd_size"] == 0
+        assert plan.algorithm == "splitk" and plan.config.global_vec == 2
+        assert plan.config.reqd_size == 0
         assert_close(out, reference(a, b, True, True))
 
 
@@ -86,16 +87,14 @@ def test_pipeline_folded_operands(ctx, rng):
 def test_cp_async_rendering():
     """The NVIDIA path renders cp.async copies, a commit per slice and a wait for all but
     PIPELINE - 2 groups; the portable path renders none of them."""
-    params = dict(PIPELINE3, c_vec=4, nv_async=1)
-    source = program.render("gemm", **_render_params(params, False, False, None, "", False))
+    derived = GemmConfig(global_vec=4, c_vec=4, nv_async=1)
+    source = kernel_source(PIPELINE3, derived)
     assert "cp.async.cg.shared.global [%0], [%1], 16;" in source
     assert "COPY_WAIT(1);" in source and source.count("COPY_COMMIT();") == 3
-    plain = program.render("gemm", **_render_params(dict(params, nv_async=0), False, False, None,
-                                                     "", False))
+    plain = kernel_source(PIPELINE3, dataclasses.replace(derived, nv_async=0))
     assert "asm volatile" not in plain and "COPY_WAIT(1);" in plain
     assert "reqd_work_group_size(NTHREADS, 1, 1)" in plain
-    undeclared = program.render("gemm", **_render_params(dict(params, reqd_size=0), False, False,
-                                                          None, "", False))
+    undeclared = kernel_source(PIPELINE3, dataclasses.replace(derived, reqd_size=0))
     assert "reqd_work_group_size(NTHREADS" not in undeclared
 
 def test_option_problems(ctx):

@@ -115,13 +115,13 @@ def test_intel_rules_pick_subgroup_only_with_the_extensions():
     feats = gemm_ops.features(512, 512, 512)
     with_sg = fake_device(gemm_ops.SUBGROUP_EXTENSIONS)
     params, where = tuning.lookup(with_sg, "gemm", feats, usable(with_sg))
-    assert (params["kernel"], where) == ("subgroup", "vendor")
+    assert (params["solver"], where) == ("subgroup", "vendor")
     without = fake_device(["cl_khr_subgroups"])
     params, _ = tuning.lookup(without, "gemm", feats, usable(without))
-    assert params["kernel"] == "tiled"
+    assert params["solver"] == "tiled"
     # Tiny problems keep the one-item-per-element kernel.
     params, _ = tuning.lookup(with_sg, "gemm", gemm_ops.features(8, 8, 8), usable(with_sg))
-    assert params["kernel"] == "small"
+    assert params["solver"] == "small"
     # The condition on its own, and its format check.
     rules = [{"when": {"extensions": ["cl_x"], "min_k": 4}, "params": {"id": 1}},
              {"when": {}, "params": {"id": 2}}]
@@ -134,15 +134,15 @@ def test_intel_rules_pick_subgroup_only_with_the_extensions():
 
 def test_other_vendors_never_get_subgroup_rules():
     for vendor, entry in tuning.read_db(tuning.shipped_path("gemm"), "gemm")["vendors"].items():
-        kinds = {rule["params"]["kernel"] for rule in entry["rules"]}
+        kinds = {rule["params"]["solver"] for rule in entry["rules"]}
         assert ("subgroup" in kinds) == (vendor == "intel"), vendor
         for rule in entry["rules"]:
-            if rule["params"]["kernel"] == "subgroup":
+            if rule["params"]["solver"] == "subgroup":
                 assert set(rule["when"]["extensions"]) >= set(gemm_ops.SUBGROUP_EXTENSIONS)
 
 
 def test_tuner_offers_subgroup_candidates_only_with_the_extensions():
-    kinds = lambda info: {p["kernel"] for p in tune.gemm_candidates(info)}  # noqa: E731
+    kinds = lambda info: {p["solver"] for p in tune.gemm_candidates(info)}  # noqa: E731
     assert "subgroup" in kinds(fake_device(gemm_ops.SUBGROUP_EXTENSIONS))
     assert "subgroup" not in kinds(fake_device(()))
 
@@ -208,7 +208,7 @@ def test_transposes(intel, rng, params, trans_a, trans_b):
     out, plan = run(intel, params, a, b, M, N, K, bool(trans_a), bool(trans_b))
     assert_close(out, reference(a, b, trans_a, trans_b))
     if params is SG8:
-        assert (plan.params["block_a"], plan.params["block_b"]) == (1 - trans_a, 1 - trans_b)
+        assert (plan.config.block_a, plan.config.block_b) == (1 - trans_a, 1 - trans_b)
 
 
 @on_intel
@@ -226,7 +226,7 @@ def test_offsets_and_leading_dimensions(intel, rng, shift):
     plan = GemmPlan(intel, M, N, K, A.buffer, shift, lda, B.buffer, shift, ldb, C.buffer, shift,
                     ldc, params=SG8)
     plan.enqueue()
-    assert plan.params["block_a"] == plan.params["block_b"] == int(shift == 4)
+    assert plan.config.block_a == plan.config.block_b == int(shift == 4)
     out = C.numpy()
     assert_close(out[shift:].reshape(M, ldc)[:, :N], reference(a, b, False, False))
     # Nothing outside C's rows was written.
@@ -345,7 +345,7 @@ def test_strided_fold_through_convolution(intel, rng, monkeypatch):
 @on_intel
 def test_rule_chooses_subgroup(intel, rng):
     params = gemm_ops.select_params(intel, 256, 256, 256)
-    assert params["kernel"] == "subgroup"
+    assert params["solver"] == "subgroup"
     a, b = operands(rng, 70, 90, 50, False, False)
     out = dp.gemm(dp.Tensor.from_numpy(intel, a), dp.Tensor.from_numpy(intel, b))
     assert_close(out.numpy(), reference(a, b, False, False))
@@ -361,7 +361,7 @@ def test_tuner_times_subgroup_candidates(intel, monkeypatch, tmp_path):
     timed = [e for e in report if "ms" in e]
     assert {e["params"]["sg_size"] for e in timed} == {8, 16}
     assert all(e["verify_error"] <= tune.TOLERANCE for e in timed)
-    assert rules and rules[0]["params"]["kernel"] == "subgroup"
+    assert rules and rules[0]["params"]["solver"] == "subgroup"
     assert rules[0]["shape"] == {"m": 64, "n": 48, "k": 40}
 
 

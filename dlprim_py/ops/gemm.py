@@ -7,8 +7,8 @@ stride of 0 shares one matrix across the batch.
 
 Three entries, lowest first:
 
-* ``GemmPlan(ctx, M, N, K, a_buf, a_off, lda, ...)``: validates once, picks the kernel from the
-  tuning database, builds it, binds its arguments, allocates the split-K workspace;
+* ``GemmPlan(ctx, M, N, K, a_buf, a_off, lda, ...)``: validates once, picks the solver and its
+  parameters, builds its kernels, binds their arguments, allocates the split-K workspace;
   ``.enqueue()`` then only enqueues (the cheap path for networks).
 * ``enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, ...)``: plan and enqueue in one call, for
   convolution, linear layers and other operators that run GEMM on sub-buffers.
@@ -20,26 +20,33 @@ or ``(p // width) * row_step + (p % width) * col_step`` for a strided sample. A 
 convolution on NCHW tensors is then one GEMM over all images: y (K x N*HW) = w (K x C) @
 x (C x N*HW), without moving x or y.
 
-Kernels (``kernels/gemm.cl.mako``): "tiled" (local-memory tiles with a register block per
-work-item, optionally split along K with a reduction kernel; slices staged through registers,
-or with ``pipeline`` copied two to four slices ahead, through cp.async on NVIDIA GPUs of
-compute capability 8.0 and later), "small" (one work-item per element, for problems too
-small to fill the device) and "subgroup" (devices with Intel subgroups: a register block per
-work-item, A broadcast across the subgroup with shuffles instead of local memory).
-``DLPRIM_GEMM_ALGO`` forces "tiled", "splitk", "small" or "subgroup".
+Solvers (the "gemm" family of ``dlprim_py.solver``; one kernel template each, sharing
+``kernels/gemm_common.cl.mako``): "tiled" (``gemm_tiled.cl.mako``: local-memory tiles with a
+register block per work-item; slices staged through registers, or with ``pipeline`` copied two
+to four slices ahead, through cp.async on NVIDIA GPUs of compute capability 8.0 and later),
+"splitk" (the tiled kernel split along K, its partial sums added by
+``gemm_splitk.cl.mako``'s reduction), "small" (``gemm_small.cl.mako``: one work-item per
+element, for problems too small to fill the device) and "subgroup" (``gemm_subgroup.cl.mako``,
+devices with Intel subgroups: a register block per work-item, A broadcast across the subgroup
+with shuffles instead of local memory). ``DLPRIM_GEMM_ALGO`` forces one; otherwise the first
+rule of ``tuning_db/gemm.json`` (device -> architecture -> vendor -> default) that holds for the
+problem and runs on the device names the solver and gives its tunable parameters
+(``{"solver": "tiled", "tile_m": 64, ...}``).
 """
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pyopencl as cl
 
-from .. import config, logcmd, program, tuning
+from .. import config, logcmd, program, solver, tuning
 from ..activation import as_activation
 from ..dtypes import as_dtype, check_dtype
-from ..errors import DeviceError, DlprimError, DTypeError, ShapeError, UnsupportedError
+from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError
 from ..launch import BoundKernel, Recording, alias_pattern, buffer_arguments, enqueue_bound
 from ..tensor import Tensor, allocate
 
+# The solvers' names: the values of DLPRIM_GEMM_ALGO and of the rules' "solver".
 ALGORITHMS = ("tiled", "splitk", "small", "subgroup")
 _INT32_MAX = 2 ** 31 - 1
 _TILED_KEYS = ("tile_m", "tile_n", "tile_k", "wpt_m", "wpt_n", "vec", "pad", "double_buffer")
@@ -47,12 +54,14 @@ _SMALL_KEYS = ("small_m", "small_n")
 _SUBGROUP_KEYS = ("sg_size", "wpt_m", "wpt_n", "sg_groups")
 # The extensions the subgroup kernel is written in.
 SUBGROUP_EXTENSIONS = ("cl_intel_subgroups", "cl_intel_required_subgroup_size")
-# Parameters that run on any OpenCL device, for forced kernels no database rule names.
-DEFAULT_SMALL = {"kernel": "small", "small_m": 8, "small_n": 16}
-DEFAULT_TILED = {"kernel": "tiled", "tile_m": 32, "tile_n": 32, "tile_k": 16, "wpt_m": 4,
+# Parameters that run on any OpenCL device, for forced solvers no database rule names.
+DEFAULT_SMALL = {"solver": "small", "small_m": 8, "small_n": 16}
+DEFAULT_TILED = {"solver": "tiled", "tile_m": 32, "tile_n": 32, "tile_k": 16, "wpt_m": 4,
                  "wpt_n": 4, "vec": 4, "pad": 4, "double_buffer": 1, "split_k": 1,
                  "global_vec": 1}
-DEFAULT_SUBGROUP = {"kernel": "subgroup", "sg_size": 16, "wpt_m": 8, "wpt_n": 1, "sg_groups": 1}
+DEFAULT_SUBGROUP = {"solver": "subgroup", "sg_size": 16, "wpt_m": 8, "wpt_n": 1, "sg_groups": 1}
+# A forced "splitk" whose rule does not split: this many chunks.
+DEFAULT_SPLITS = 4
 
 
 # ---- kernel parameters --------------------------------------------------------------------
@@ -67,23 +76,31 @@ def tiled_local_bytes(params):
     return 4 * stages * params["tile_k"] * (params["tile_m"] + params["tile_n"] + 2 * pad)
 
 
+def solver_params(params):
+    """``params`` in the solver form, ``{"solver": name, ...tunables}``, as a new dict.
+
+    The form before the solver layer (tuning databases written then, callers' dicts) named the
+    kernel instead, ``{"kernel": "tiled" | "small" | "subgroup", ...}``: its "tiled" is the
+    "splitk" solver where split_k > 1."""
+    if "solver" in params or "kernel" not in params:
+        return dict(params)
+    params = dict(params)
+    kernel = params.pop("kernel")
+    name = "splitk" if kernel == "tiled" and params.get("split_k", 1) > 1 else kernel
+    return {"solver": name, **params}
+
+
 def params_problem(params, info):
-    """Why ``params`` cannot run on the device ``info`` (a DeviceInfo), or None if they can."""
-    kernel = params.get("kernel")
-    if kernel == "small":
-        missing = [k for k in _SMALL_KEYS if k not in params]
-        if missing:
-            return f"small kernel parameters lack {missing}"
-        if params["small_m"] * params["small_n"] > info.max_work_group_size:
-            return f"work-group of {params['small_m'] * params['small_n']} > device maximum"
-        return None
-    if kernel == "subgroup":
-        return _subgroup_problem(params, info)
-    if kernel != "tiled":
-        return f"unknown kernel {kernel!r}"
-    missing = [k for k in _TILED_KEYS if k not in params]
-    if missing:
-        return f"tiled kernel parameters lack {missing}"
+    """Why ``params`` (either form, see ``solver_params``) cannot run on the device ``info`` (a
+    DeviceInfo), or None if they can."""
+    params = solver_params(params)
+    found = FAMILY.solvers.get(params.get("solver"))
+    if found is None:
+        return f"unknown solver {params.get('solver')!r} (one of {', '.join(ALGORITHMS)})"
+    return found.params_problem(params, info)
+
+
+def _tiled_problem(params, info):
     tm, tn, tk = params["tile_m"], params["tile_n"], params["tile_k"]
     wm, wn, vec, pad = params["wpt_m"], params["wpt_n"], params["vec"], params["pad"]
     if min(tm, tn, tk, wm, wn, vec) < 1 or pad < 0:
@@ -121,6 +138,7 @@ def params_problem(params, info):
     if tiled_local_bytes(params) > info.local_mem_size:
         return f"{tiled_local_bytes(params)} bytes of local memory > device {info.local_mem_size}"
     return None
+
 
 
 def _subgroup_problem(params, info):
@@ -233,37 +251,368 @@ def features(M, N, K, batch=1):
     return {"m": M, "n": N, "k": K, "mn": M * N, "mnk": M * N * K, "batch": batch}
 
 
+@dataclass(frozen=True)
+class GemmProblem:
+    """What the choice of a GEMM solver and its parameters depends on: the sizes (op(A) M x K,
+    op(B) K x N, ``batch`` products). Where the operands lie (transposes, offsets, folds) and
+    the epilogue do not change the choice; a plan derives its ``GemmConfig`` from them."""
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    def key(self):
+        return f"gemm-m{self.m}-n{self.n}-k{self.k}-b{self.batch}"
+
+    def features(self):
+        return features(self.m, self.n, self.k, self.batch)
+
+
+@dataclass(frozen=True)
+class GemmLayout:
+    """Where a plan's operands lie, as far as the kernels' derived settings depend on it:
+    transposes, offsets, leading dimensions and batch strides in elements, and folds."""
+    trans_a: bool = False
+    trans_b: bool = False
+    a_off: int = 0
+    lda: int = 0
+    stride_a: int = 0
+    b_off: int = 0
+    ldb: int = 0
+    stride_b: int = 0
+    c_off: int = 0
+    ldc: int = 0
+    stride_c: int = 0
+    fold_a: object = None
+    fold_b: object = None
+    fold_c: object = None
+
+    @property
+    def folds(self):
+        return (self.fold_a, self.fold_b, self.fold_c)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """What a plan derives from the tuned parameters, the problem, the layout and the device
+    (never tuned; the tuned parameters stay as the rule or the caller gave them).
+
+    ``global_vec``: width of the tiled kernel's global loads (the rule's, 1 where a row of A or
+    B does not start on a vector boundary); ``c_vec``: width of its stores of C (``vec`` where
+    every row of C starts on one, else 1); ``nv_async``: pipelined slices copied with
+    cp.async; ``reqd_size``: the kernel declares its work-group size; ``block_a``/``block_b``:
+    the subgroup kernel reads rows of A/B with block reads; ``splits``/``k_chunk``: the K
+    chunks a split-K GEMM runs (splits 1: one pass); ``options``: build options."""
+    global_vec: int = 1
+    c_vec: int = 1
+    nv_async: int = 0
+    reqd_size: int = 1
+    block_a: int = 0
+    block_b: int = 0
+    splits: int = 1
+    k_chunk: int = 0
+    options: tuple = ()
+
+
+class _Arguments:
+    """A plan's kernel arguments in the groups every GEMM kernel takes them in: sizes and
+    operands A and B (``ab``), where the product goes (``c``: C with alpha and beta), the
+    epilogue's operands (``out``), the folds (``folds``; ``fold_c`` alone) and a chain's
+    (``chain``)."""
+
+    def __init__(self, ab, c, out, folds, fold_c, chain):
+        self.ab, self.c, self.out, self.folds, self.fold_c, self.chain = \
+            ab, c, out, folds, fold_c, chain
+
+
+# ---- solvers ------------------------------------------------------------------------------
+
+class GemmSolver(solver.Solver):
+    """A GEMM solver: its kernel template (``kernels/<template>.cl.mako``), the parameters a
+    rule must give it (``keys``), parameters that run on any device for a forced solver no
+    rule names (``defaults``), and the solvers whose rules give its parameters when it is
+    forced (``rule_solvers``: the tiled kernel's rules serve both of its solvers)."""
+    template = None
+    keys = ()
+    defaults = {}
+    rule_solvers = ()
+
+    def missing(self, params):
+        missing = [k for k in self.keys if k not in params]
+        return f"{self.name} kernel parameters lack {missing}" if missing else None
+
+    def refusal(self, ctx, problem):
+        """Why the solver cannot compute ``problem`` here, or None (``applies``)."""
+        return None
+
+    def applies(self, ctx, problem):
+        return self.refusal(ctx, problem) is None
+
+    def forced(self, ctx, problem):
+        """Parameters of the solver forced for ``problem``: the first rule of ``rule_solvers``
+        that holds and runs here, else ``defaults``, made this solver's (``force``)."""
+        info = ctx.info
+        rule = tuning.first_params(
+            info, "gemm", _features(ctx, problem),
+            lambda p: p.get("solver") in self.rule_solvers and params_problem(p, info) is None)
+        return self.force(dict(rule or self.defaults))
+
+    def force(self, params):
+        return dict(params, solver=self.name)
+
+    def configure(self, ctx, problem, params, layout):
+        return GemmConfig()
+
+    def workspace_size(self, ctx, problem, params=None, config=None):
+        return 0
+
+    def prepare(self, ctx, problem, params, config, common):
+        """The built program of ``params`` and ``config``; ``common``: the template parameters
+        of every GEMM kernel (``common_template_params``)."""
+        return program.build(ctx, self.template, {**common, **self.template_params(params, config)},
+                             config.options)
+
+
+class SmallSolver(GemmSolver):
+    name = "small"
+    template = "gemm_small"
+    keys = _SMALL_KEYS
+    defaults = DEFAULT_SMALL
+    rule_solvers = ("small",)
+
+    def params_problem(self, params, info):
+        missing = self.missing(params)
+        if missing:
+            return missing
+        if params["small_m"] * params["small_n"] > info.max_work_group_size:
+            return f"work-group of {params['small_m'] * params['small_n']} > device maximum"
+        return None
+
+    def template_params(self, params, config):
+        return {"SMALL_M": params["small_m"], "SMALL_N": params["small_n"]}
+
+    def launches(self, ctx, problem, params, config, args, workspace):
+        sm, sn = params["small_m"], params["small_n"]
+        return [("gemm_small", (_round_up(problem.n, sn), _round_up(problem.m, sm), problem.batch),
+                 (sn, sm, 1), [*args.ab, *args.c, *args.out, *args.folds, *args.chain])]
+
+
+class TiledSolver(GemmSolver):
+    """The tiled kernel in one pass over K."""
+    name = "tiled"
+    template = "gemm_tiled"
+    keys = _TILED_KEYS
+    defaults = DEFAULT_TILED
+    rule_solvers = ("tiled", "splitk")
+
+    def params_problem(self, params, info):
+        split = params.get("split_k", 1)
+        if split != 1:
+            return (f"the tiled solver runs K in one pass (split_k {split!r}); the splitk "
+                    f"solver splits it")
+        return self.missing(params) or _tiled_problem(params, info)
+
+    def force(self, params):
+        return dict(params, solver=self.name, split_k=1)
+
+    def configure(self, ctx, problem, params, layout):
+        gvec = params.get("global_vec", 1)
+        if gvec > 1 and (any(x % gvec for x in (layout.lda, layout.ldb, layout.a_off, layout.b_off,
+                                                 layout.stride_a, layout.stride_b))
+                         or any(f is not None and not f.vector_ok(gvec)
+                                for f in (layout.fold_a, layout.fold_b))):
+            # Vector loads need every row of A and B (every image of a folded one) to start on
+            # a vector boundary.
+            gvec = 1
+        # Vector stores of C need every row of C to start on a vector boundary.
+        vec = params["vec"]
+        c_aligned = vec > 1 and not any(x % vec for x in (layout.ldc, layout.c_off,
+                                                          layout.stride_c))
+        c_aligned = c_aligned and (layout.fold_c is None or layout.fold_c.vector_ok(vec))
+        # Pipelined slices copy through cp.async where the device has it, unless a rule or a
+        # caller says async_copy 0. Folded operands keep the plain copies: cp.async was checked
+        # on a GPU only unfolded.
+        nv_async = int(bool(params.get("pipeline", 0)) and params.get("async_copy", 1) != 0
+                       and all(f is None for f in layout.folds) and _has_cp_async(ctx))
+        options = ()
+        if params.get("max_registers") and ctx.info.vendor == "nvidia":
+            options = (f"-cl-nv-maxrregcount={int(params['max_registers'])}",)
+        # NVIDIA's compiler ignores the cap for a kernel that declares its work-group size
+        # (reqd_size 0 may also be forced, to test the kernel without the declaration).
+        reqd_size = 0 if options else int(params.get("reqd_size", 1))
+        split = max(1, int(params.get("split_k", 1)))
+        k_chunk = _round_up(math.ceil(problem.k / split), params["tile_k"])
+        return GemmConfig(global_vec=gvec, c_vec=vec if c_aligned else 1, nv_async=nv_async,
+                          reqd_size=reqd_size, splits=math.ceil(problem.k / k_chunk),
+                          k_chunk=k_chunk, options=options)
+
+    def workspace_size(self, ctx, problem, params=None, config=None):
+        """The split-K partial sums: ``batch * splits`` M x N floats (none in one pass)."""
+        if config is None:
+            config = self.configure(ctx, problem, params or self.forced(ctx, problem),
+                                    GemmLayout())
+        if config.splits < 2:
+            return 0
+        return 4 * problem.batch * config.splits * problem.m * problem.n
+
+    def template_params(self, params, config):
+        return {"TILE_M": params["tile_m"], "TILE_N": params["tile_n"],
+                "TILE_K": params["tile_k"], "WPT_M": params["wpt_m"], "WPT_N": params["wpt_n"],
+                "VEC": params["vec"], "PAD": params["pad"],
+                "DOUBLE_BUFFER": int(params["double_buffer"]), "SPLIT_K": int(config.splits > 1),
+                "GVEC": config.global_vec, "CVEC": config.c_vec,
+                "LANES_N": params.get("lanes_n", 0), "GROUP_M": params.get("tile_group", 1),
+                "PIPELINE": params.get("pipeline", 0),
+                "NV_ASYNC": int(bool(params.get("pipeline", 0) and config.nv_async)),
+                "REQD_SIZE": config.reqd_size}
+
+    def launches(self, ctx, problem, params, config, args, workspace):
+        M, N, batch = problem.m, problem.n, problem.batch
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        threads = tiled_threads(params)
+        grid = (math.ceil(N / params["tile_n"]) * threads, math.ceil(M / params["tile_m"]),
+                batch * config.splits)
+        if config.splits < 2:
+            return [("gemm_tiled", grid, (threads, 1, 1),
+                     [*args.ab, *args.c, *args.out, *args.folds, i32(1), i32(problem.k),
+                      *args.chain])]
+        # Raw partial sums into the workspace ([batch * splits][M][N], dense: unit alpha, no
+        # beta, no fold of C), then their sum with the epilogue.
+        group = min(64, ctx.info.max_work_group_size)
+        return [("gemm_tiled", grid, (threads, 1, 1),
+                 [*args.ab, workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0), *args.out,
+                  *args.folds[:10], *_fold_args(None, False), i32(config.splits),
+                  i32(config.k_chunk), *args.chain]),
+                ("gemm_splitk_reduce", (_round_up(N, group), M, batch), (group, 1, 1),
+                 [i32(M), i32(N), i32(config.splits), workspace, *args.c, *args.out,
+                  *_fold_args(args.fold_c, False), *args.chain])]
+
+
+class SplitKSolver(TiledSolver):
+    """The tiled kernel split along K into ``split_k`` chunks (work-groups of their own), their
+    partial sums added by gemm_splitk_reduce: for problems with few output tiles and a long K.
+    A K shorter than the chunks runs in one pass."""
+    name = "splitk"
+
+    def params_problem(self, params, info):
+        split = params.get("split_k", 1)
+        if not isinstance(split, int) or isinstance(split, bool) or split < 2:
+            return f"the splitk solver needs split_k >= 2, got {split!r}"
+        return self.missing(params) or _tiled_problem(params, info)
+
+    def force(self, params):
+        split = params.get("split_k", 1)
+        return dict(params, solver=self.name, split_k=split if split >= 2 else DEFAULT_SPLITS)
+
+
+class SubgroupSolver(GemmSolver):
+    name = "subgroup"
+    template = "gemm_subgroup"
+    keys = _SUBGROUP_KEYS
+    defaults = DEFAULT_SUBGROUP
+    rule_solvers = ("subgroup",)
+
+    def refusal(self, ctx, problem):
+        absent = [e for e in SUBGROUP_EXTENSIONS if e not in ctx.info.extensions]
+        if absent:
+            return f"the subgroup kernel needs {absent}, which the device does not report"
+        return None
+
+    def params_problem(self, params, info):
+        return _subgroup_problem(params, info)
+
+    def configure(self, ctx, problem, params, layout):
+        # Block reads take whole rows of SG_SIZE floats from 16-byte boundaries: every row
+        # start of the operand must be one (a caller's block_a / block_b 0 keeps plain loads).
+        def aligned(*values):
+            return not any(int(x) % 4 for x in values)
+        return GemmConfig(
+            block_a=int(params.get("block_a", 1) != 0 and not layout.trans_a
+                        and layout.fold_a is None
+                        and aligned(layout.lda, layout.a_off, layout.stride_a)),
+            block_b=int(params.get("block_b", 1) != 0 and not layout.trans_b
+                        and layout.fold_b is None
+                        and aligned(layout.ldb, layout.b_off, layout.stride_b)))
+
+    def template_params(self, params, config):
+        return {"SG_SIZE": params["sg_size"], "SG_WPT_M": params["wpt_m"],
+                "SG_WPT_N": params["wpt_n"], "SG_GROUPS": params["sg_groups"],
+                "BLOCK_A": config.block_a, "BLOCK_B": config.block_b}
+
+    def launches(self, ctx, problem, params, config, args, workspace):
+        sg, rows, groups = params["sg_size"], params["wpt_m"], params["sg_groups"]
+        return [("gemm_subgroup",
+                 (math.ceil(problem.n / (sg * params["wpt_n"])) * sg,
+                  _round_up(math.ceil(problem.m / rows), groups), problem.batch),
+                 (sg, groups, 1), [*args.ab, *args.c, *args.out, *args.folds, *args.chain])]
+
+
+class _GemmFamily(solver.Family):
+    def usable(self, ctx, problem, params):
+        """A rule names parameters that run on this device (a rule measured on another one
+        may not)."""
+        return params_problem(params, ctx.info) is None
+
+
+FAMILY = solver.register(_GemmFamily(
+    "gemm", (TiledSolver(), SplitKSolver(), SmallSolver(), SubgroupSolver()),
+    title="GEMM algorithm"))
+# Rules written before the solver layer name the kernel (solver_params reads them).
+tuning.upgrade_params("gemm", solver_params)
+
+
+# ---- choosing -----------------------------------------------------------------------------
+
+def _features(ctx, problem):
+    """The features the solver layer matches rules with (the problem's, and the device's)."""
+    return dict(problem.features(), gpu=int(ctx.info.is_gpu))
+
+
+def _argument_solver(ctx, problem, name):
+    """The solver a caller's ``algorithm`` names, refused as DLPRIM_GEMM_ALGO is (the solver
+    layer), with the reason."""
+    chosen = FAMILY.solver(name)
+    why = chosen.refusal(ctx, problem)
+    if why is not None:
+        raise UnsupportedError(f"GEMM algorithm {name!r} does not apply to {problem.key()}: "
+                               f"{why}; applicable: {', '.join(FAMILY.applicable(ctx, problem))}")
+    return chosen
+
+
 def select_params(ctx, M, N, K, batch=1, algorithm=None):
-    """Kernel parameters for a problem: the tuning database's rule for this device, adjusted by
-    a forced algorithm (argument, else ``DLPRIM_GEMM_ALGO``). Memoized per context."""
-    algorithm = algorithm or config.forced_algorithm("gemm")
-    if algorithm is not None and algorithm not in ALGORITHMS:
-        raise UnsupportedError(f"GEMM algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    key = ("gemm.select", M, N, K, batch, algorithm)
+    """Solver parameters for a problem (``{"solver": name, ...}``): the solver ``algorithm``
+    names, else the solver layer's choice (``solver.select``: forced by ``DLPRIM_GEMM_ALGO``,
+    else tuned). A forced solver takes its parameters from the first rule that gives them
+    (``GemmSolver.forced``), a tuned one from the rule that chose it (``tuning_db/gemm.json``),
+    a long K then split where the rule's tiles leave a GPU idle (``_split_long_k``). Memoized
+    per context."""
+    forced = algorithm or config.forced_algorithm("gemm")
+    key = ("gemm.select", M, N, K, batch, forced)
     found = ctx.memo.get(key)
     if found is not None:
         return dict(found)
-    info = ctx.info
-    usable = lambda p: params_problem(p, info) is None  # noqa: E731
-    feats = features(M, N, K, batch)
-    if algorithm is None:
-        params, _ = tuning.lookup(info, "gemm", feats, usable)
+    problem = GemmProblem(M, N, K, batch)
+    if algorithm is not None:
+        chosen = _argument_solver(ctx, problem, algorithm)
     else:
-        kind = algorithm if algorithm in ("small", "subgroup") else "tiled"
-        try:
-            params, _ = tuning.lookup(info, "gemm", feats,
-                                      lambda p: usable(p) and p["kernel"] == kind)
-        except DlprimError:
-            # No rule of this device names the forced kernel: its portable defaults.
-            params = dict({"small": DEFAULT_SMALL, "subgroup": DEFAULT_SUBGROUP}.get(kind, DEFAULT_TILED))
-        if algorithm in ("tiled", "subgroup"):
-            params["split_k"] = 1
-        elif params.get("split_k", 1) < 2:
-            params["split_k"] = 4
-    if algorithm is None:
-        params = _split_long_k(params, info, M, N, K, batch)
+        chosen = solver.select(ctx, "gemm", problem)
+    params = chosen.forced(ctx, problem) if forced is not None else _tuned(ctx, problem, chosen)
     ctx.memo[key] = params
     return dict(params)
+
+
+def _tuned(ctx, problem, chosen):
+    info = ctx.info
+    # The rule that chose the solver (the first that holds, runs here and names an applicable
+    # solver is the first that holds, runs here and names this one), else the solver's
+    # defaults where it was chosen by rank.
+    params = tuning.first_params(info, "gemm", _features(ctx, problem),
+                                 lambda p: p.get("solver") == chosen.name
+                                 and params_problem(p, info) is None)
+    params = dict(params or chosen.defaults)
+    if chosen.name in ("tiled", "splitk"):
+        params = _split_long_k(params, info, problem.m, problem.n, problem.k, problem.batch)
+    return params
 
 
 def _split_long_k(params, info, M, N, K, batch):
@@ -272,50 +621,47 @@ def _split_long_k(params, info, M, N, K, batch):
     work-items (at least two work-groups) per compute unit, chunks of at least 1024 along K so
     that the partial sums stay a small extra pass. A rule's own split_k stands when it already
     fills the device (a measured rule also serves shapes near the one it was measured on, with
-    other tile counts)."""
-    if params["kernel"] != "tiled" or not info.is_gpu or K < 4096:
+    other tile counts). Tiled parameters split this way become the "splitk" solver's."""
+    if params.get("solver") not in ("tiled", "splitk") or not info.is_gpu or K < 4096:
         return params
     tiles = batch * math.ceil(M / params["tile_m"]) * math.ceil(N / params["tile_n"])
     if tiles * max(1, params.get("split_k", 1)) >= info.compute_units:
         return params
     target = info.compute_units * max(2, 1024 // tiled_threads(params))
     split = min(math.ceil(target / tiles), K // 1024)
-    return dict(params, split_k=split) if split >= 2 else params
+    return dict(params, solver="splitk", split_k=split) if split >= 2 else params
 
 
 _PER = {None: 0, "n": 1, "m": 2, "position": 3}
 
 
-def _render_params(params, trans_a, trans_b, bias_per, activation_code, split,
-                   folds=(None, None, None), order="gemm", scale_per=None, residual=False,
-                   chain=(), chain_per="m"):
-    base = {"KERNEL": params["kernel"], "TRANS_A": int(trans_a), "TRANS_B": int(trans_b),
-            "BIAS": _PER[bias_per], "ACTIVATION": activation_code, "EPILOGUE": order,
-            "SCALE": _PER[scale_per], "RESIDUAL": int(residual),
-            "CHAIN": [tuple(link) for link in chain], "CHAIN_CHANNEL": _PER[chain_per]}
+def common_template_params(trans_a=False, trans_b=False, bias_per=None, activation_code="",
+                           folds=(None, None, None), order="gemm", scale_per=None,
+                           residual=False, chain=(), chain_per="m"):
+    """The template parameters every GEMM kernel takes (kernels/gemm_common.cl.mako)."""
+    base = {"TRANS_A": int(trans_a), "TRANS_B": int(trans_b), "BIAS": _PER[bias_per],
+            "ACTIVATION": activation_code, "EPILOGUE": order, "SCALE": _PER[scale_per],
+            "RESIDUAL": int(residual), "CHAIN": [tuple(link) for link in chain],
+            "CHAIN_CHANNEL": _PER[chain_per]}
     base.update({f"FOLD_{name}": 0 if fold is None else fold.mode
                  for name, fold in zip("ABC", folds)})
-    # The template names every parameter of both kernels; the other kernel's are 0.
-    base.update(SMALL_M=0, SMALL_N=0, TILE_M=0, TILE_N=0, TILE_K=0, WPT_M=0, WPT_N=0, VEC=0,
-                PAD=0, DOUBLE_BUFFER=0, SPLIT_K=0, GVEC=0, CVEC=0, LANES_N=0, GROUP_M=0,
-                PIPELINE=0, NV_ASYNC=0, REQD_SIZE=0, SG_SIZE=0, SG_WPT_M=0, SG_WPT_N=0,
-                SG_GROUPS=0, BLOCK_A=0, BLOCK_B=0)
-    if params["kernel"] == "small":
-        base.update(SMALL_M=params["small_m"], SMALL_N=params["small_n"])
-    elif params["kernel"] == "subgroup":
-        base.update(SG_SIZE=params["sg_size"], SG_WPT_M=params["wpt_m"],
-                    SG_WPT_N=params["wpt_n"], SG_GROUPS=params["sg_groups"],
-                    BLOCK_A=int(params.get("block_a", 0)), BLOCK_B=int(params.get("block_b", 0)))
-    else:
-        base.update(TILE_M=params["tile_m"], TILE_N=params["tile_n"], TILE_K=params["tile_k"],
-                    WPT_M=params["wpt_m"], WPT_N=params["wpt_n"], VEC=params["vec"],
-                    PAD=params["pad"], DOUBLE_BUFFER=int(params["double_buffer"]),
-                    SPLIT_K=int(split), GVEC=params.get("global_vec", 1),
-                    CVEC=params.get("c_vec", 1), LANES_N=params.get("lanes_n", 0),
-                    GROUP_M=params.get("tile_group", 1), PIPELINE=params.get("pipeline", 0),
-                    NV_ASYNC=int(bool(params.get("pipeline", 0) and params.get("nv_async", 0))),
-                    REQD_SIZE=params.get("reqd_size", 1))
     return base
+
+
+def render_params(params, config=GemmConfig(), **common):
+    """(template, template parameters) of the kernel of ``params`` (either form) with the
+    derived ``config``; ``common`` as ``common_template_params``. For the tuner and
+    benchmarks that render a kernel's source."""
+    params = solver_params(params)
+    chosen = FAMILY.solver(params["solver"])
+    return chosen.template, {**common_template_params(**common),
+                             **chosen.template_params(params, config)}
+
+
+def kernel_source(params, config=GemmConfig(), **common):
+    """The OpenCL source of ``render_params``'s kernel."""
+    template, values = render_params(params, config, **common)
+    return program.render(template, **values)
 
 
 # ---- validation ---------------------------------------------------------------------------
@@ -377,13 +723,17 @@ def _check_operand(ctx, name, buf, off, ld, rows, cols, batch, stride, itemsize,
 # ---- the plan -----------------------------------------------------------------------------
 
 class GemmPlan:
-    """One GEMM on fixed buffers: validated, kernel chosen and built, arguments bound once.
+    """One GEMM on fixed buffers: validated, solver chosen and built, arguments bound once.
 
-    Arguments as ``enqueue_gemm``; keyword-only extras: ``algorithm`` ("tiled", "splitk",
-    "small") and ``params`` (a full kernel parameter dict, as the tuner uses) override the
-    database's choice (the "subgroup" kernel only where the device reports
-    ``SUBGROUP_EXTENSIONS``, and never split along K); ``dtype`` must be float32; ``fold_a``, ``fold_b``, ``fold_c``: ``Fold``
-    addressing of an operand's contiguous dimension (A along K only, C densely only).
+    Arguments as ``enqueue_gemm``; keyword-only extras: ``algorithm`` (a solver name of
+    ``ALGORITHMS``) and ``params`` (a full solver parameter dict, as the tuner uses; the form
+    before the solver layer, ``{"kernel": ...}``, is read as well) override the database's
+    choice (the "subgroup" solver only where the device reports ``SUBGROUP_EXTENSIONS``, and
+    never split along K); ``dtype`` must be float32; ``fold_a``, ``fold_b``, ``fold_c``:
+    ``Fold`` addressing of an operand's contiguous dimension (A along K only, C densely only).
+    ``params`` keeps the parameters as chosen; ``config`` (a ``GemmConfig``) what the plan
+    derived from them; ``solver`` the solver; ``algorithm`` what runs ("splitk" only where K
+    is split into ``splits`` > 1 chunks).
 
     ``order="conv"`` applies the convolution's epilogue instead,
     ``C = act(alpha * acc * scale + bias + residual_alpha * R) + beta * C``, with
@@ -479,14 +829,20 @@ class GemmPlan:
         act = as_activation(activation)
         act_code = act.forward_code("x") if act is not None else ""
 
+        problem = GemmProblem(M, N, K, batch)
         if params is None:
             params = select_params(ctx, M, N, K, batch, algorithm)
-        else:
-            params = dict(params)
-        problem = params_problem(params, ctx.info)
-        if problem is not None:
-            raise UnsupportedError(f"GEMM kernel parameters {params} do not run here: {problem}")
+        params = solver_params(params)
+        chosen = FAMILY.solvers.get(params.get("solver"))
+        why = params_problem(params, ctx.info)
+        if why is not None:
+            raise UnsupportedError(f"GEMM kernel parameters {params} do not run here: {why}")
+        # The tuned parameters as given; what this plan derives from them is self.config.
         self.params = params
+        self.solver = chosen
+        self.config = chosen.configure(ctx, problem, params, GemmLayout(
+            bool(trans_a), bool(trans_b), a_off, lda, stride_a, b_off, ldb, stride_b, c_off, ldc,
+            stride_c, fold_a, fold_b, fold_c))
 
         f32 = np.float32
         i32 = np.int32
@@ -497,100 +853,26 @@ class GemmPlan:
                          residual_buf if residual_buf is not None else c_buf, i64(residual_off),
                          f32(residual_alpha)]
         self._launches = []
-        fold_args = [*_fold_args(fold_a), *_fold_args(fold_b), *_fold_args(fold_c, False)]
         # Every kernel's arguments: sizes and operands A and B, then where the product goes (C,
         # or split-K's workspace) with alpha and beta, then the epilogue's operands and folds.
-        ab_args = [i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
-                   b_buf, i64(b_off), i32(ldb), i64(stride_b)]
-        c_args = [c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta)]
-        out_args = [bias_arg, i64(bias_off), *epilogue_args]
-        if params["kernel"] == "small":
-            built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
-                                                              act_code, False, folds, **epilogue))
-            sm, sn = params["small_m"], params["small_n"]
-            self._add_launch(built, "gemm_small", (_round_up(N, sn), _round_up(M, sm), batch),
-                             (sn, sm, 1), [*ab_args, *c_args, *out_args, *fold_args, *chain_args])
-            self.algorithm = "small"
-            self.workspace = None
-            self.splits = 1
-            return
-        if params["kernel"] == "subgroup":
-            # Block reads take whole rows of SG_SIZE floats from 16-byte boundaries: every row
-            # start of the operand must be one (internal parameters, derived here; a caller's
-            # block_a / block_b 0 keeps plain loads).
-            def aligned(*values):
-                return not any(int(x) % 4 for x in values)
-            params["block_a"] = int(params.get("block_a", 1) != 0 and not trans_a
-                                    and fold_a is None and aligned(lda, a_off, stride_a))
-            params["block_b"] = int(params.get("block_b", 1) != 0 and not trans_b
-                                    and fold_b is None and aligned(ldb, b_off, stride_b))
-            self.params = params
-            built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
-                                                              act_code, False, folds, **epilogue))
-            sg, rows, groups = params["sg_size"], params["wpt_m"], params["sg_groups"]
-            self._add_launch(built, "gemm_subgroup",
-                             (math.ceil(N / (sg * params["wpt_n"])) * sg,
-                              _round_up(math.ceil(M / rows), groups), batch), (sg, groups, 1),
-                             [*ab_args, *c_args, *out_args, *fold_args, *chain_args])
-            self.algorithm = "subgroup"
-            self.workspace = None
-            self.splits = 1
-            return
-
-        gvec = params.get("global_vec", 1)
-        if gvec > 1 and (any(x % gvec for x in (lda, ldb, a_off, b_off, stride_a, stride_b))
-                         or any(f is not None and not f.vector_ok(gvec) for f in (fold_a, fold_b))):
-            # Vector loads need every row of A and B (every image of a folded one) to start on
-            # a vector boundary.
-            params = dict(params, global_vec=1)
-        # Vector stores of C need every row of C to start on a vector boundary (internal
-        # parameter, derived here rather than tuned).
-        c_aligned = params["vec"] > 1 and not any(x % params["vec"] for x in (ldc, c_off, stride_c))
-        c_aligned = c_aligned and (fold_c is None or fold_c.vector_ok(params["vec"]))
-        params["c_vec"] = params["vec"] if c_aligned else 1
-        # Pipelined slices copy through cp.async where the device has it, unless a rule or a
-        # caller says async_copy 0 (internal parameter, derived here rather than tuned).
-        # Folded operands keep the plain copies: cp.async was checked on a GPU only unfolded.
-        params["nv_async"] = int(bool(params.get("pipeline", 0))
-                                 and params.get("async_copy", 1) != 0
-                                 and all(f is None for f in folds) and _has_cp_async(ctx))
-        options = ()
-        if params.get("max_registers") and ctx.info.vendor == "nvidia":
-            options = (f"-cl-nv-maxrregcount={int(params['max_registers'])}",)
-        # NVIDIA's compiler ignores the cap for a kernel that declares its work-group size
-        # (reqd_size 0 may also be forced, to test the kernel without the declaration).
-        params["reqd_size"] = 0 if options else int(params.get("reqd_size", 1))
-        self.params = params
-        tile_k = params["tile_k"]
-        split = max(1, int(params.get("split_k", 1)))
-        k_chunk = _round_up(math.ceil(K / split), tile_k)
-        splits = math.ceil(K / k_chunk)
-        use_split = splits > 1
-        built = program.build(ctx, "gemm", _render_params(params, trans_a, trans_b, bias_kind,
-                                                          act_code, use_split, folds, **epilogue),
-                              options)
-        threads = tiled_threads(params)
-        grid = (math.ceil(N / params["tile_n"]) * threads, math.ceil(M / params["tile_m"]),
-                batch * splits)
-        if use_split:
-            self.workspace = allocate(ctx, batch * splits * M * N * itemsize)
-            group = min(64, ctx.info.max_work_group_size)
-            self._add_launch(built, "gemm_tiled", grid, (threads, 1, 1),
-                             [*ab_args, self.workspace, i64(0), i32(N), i64(0), f32(1.0),
-                              f32(0.0), *out_args, *fold_args[:10], *_fold_args(None, False),
-                              i32(splits), i32(k_chunk), *chain_args])
-            self._add_launch(built, "gemm_splitk_reduce", (_round_up(N, group), M, batch),
-                             (group, 1, 1),
-                             [i32(M), i32(N), i32(splits), self.workspace, *c_args, *out_args,
-                              *_fold_args(fold_c, False), *chain_args])
-            self.algorithm = "splitk"
-        else:
-            self.workspace = None
-            self._add_launch(built, "gemm_tiled", grid, (threads, 1, 1),
-                             [*ab_args, *c_args, *out_args, *fold_args, i32(1), i32(K),
-                              *chain_args])
-            self.algorithm = "tiled"
-        self.splits = splits
+        args = _Arguments(ab=[i32(M), i32(N), i32(K), a_buf, i64(a_off), i32(lda), i64(stride_a),
+                              b_buf, i64(b_off), i32(ldb), i64(stride_b)],
+                          c=[c_buf, i64(c_off), i32(ldc), i64(stride_c), f32(alpha), f32(beta)],
+                          out=[bias_arg, i64(bias_off), *epilogue_args],
+                          folds=[*_fold_args(fold_a), *_fold_args(fold_b),
+                                 *_fold_args(fold_c, False)],
+                          fold_c=fold_c, chain=chain_args)
+        size = chosen.workspace_size(ctx, problem, params, self.config)
+        self.workspace = allocate(ctx, size) if size else None
+        built = chosen.prepare(ctx, problem, params, self.config, common_template_params(
+            trans_a, trans_b, bias_kind, act_code, folds, **epilogue))
+        for name, global_size, local_size, kernel_args in chosen.launches(
+                ctx, problem, params, self.config, args, self.workspace):
+            self._add_launch(built, name, global_size, local_size, kernel_args)
+        self.splits = self.config.splits
+        # What runs: a "splitk" plan whose K fits one chunk runs the tiled kernel alone.
+        self.algorithm = "splitk" if self.splits > 1 else \
+            "tiled" if chosen.name == "splitk" else chosen.name
 
     def _add_launch(self, built, name, global_size, local_size, args):
         """A launch of kernel ``name`` with ``args`` bound once, on a kernel object of its own."""

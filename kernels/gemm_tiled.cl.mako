@@ -1,42 +1,11 @@
-// GEMM family: C = act(alpha * op(A) @ op(B) + beta * C + bias), float32, row-major; or, in
-// the convolution's order, C = act(alpha * op(A) @ op(B) * scale + bias + ra * R) + beta * C.
-//
-// Every matrix is a (buffer, element offset, leading dimension) triple; a batch adds an element
-// stride per operand (0 broadcasts one matrix over the batch). op(A) is M x K, op(B) is K x N,
-// C is M x N. Sizes, offsets, leading dimensions, strides, alpha and beta are run-time
-// arguments; beta == 0 never reads C (C may hold NaN).
-//
-// Template parameters (all required; those of the kernel not rendered are passed as 0):
-//   KERNEL        "tiled" (gemm_tiled + gemm_splitk_reduce) or "small" (gemm_small)
-//   TRANS_A       1: A is stored K x M (op(A) = A^T); 0: stored M x K
-//   TRANS_B       1: B is stored N x K (op(B) = B^T); 0: stored K x N
-//   BIAS          0: none; 1: bias[N] added to every row ("n", linear layers);
-//                 2: bias[M] added to every column ("m", convolution: M = output channels);
-//                 3: one value per row and column of an image ("position": bias[row * Q + q],
-//                 q the column within its image, Q the columns per image: P when C is folded,
-//                 else N), "conv" order only
-//   EPILOGUE      "gemm": act(alpha * acc + beta * C + bias); "conv": the convolution's
-//                 act(alpha * acc * scale + bias + residual_alpha * R) + beta * C
-//   SCALE         like BIAS, for the factor scale ("conv" order only; 0: none)
-//   RESIDUAL      1: add residual_alpha * R, R laid out exactly like C (its own buffer and
-//                 offset; C's leading dimension, fold and batch stride), "conv" order only
-//   CHAIN         list of (kind, per_position), kind "bias" or "bn": a fusion plan's bias /
-//                 batch-norm-inference chain ("conv" order only, with SCALE = BIAS = 0). Every
-//                 kernel then takes the chain's parameters last (fusion_fold.cl.mako's
-//                 chain_params) and the epilogue computes the chain's scale and shift from them
-//                 (per channel, or per position as BIAS 3 addresses it for per_position links);
-//                 gemm_tiled computes a per-channel chain once per register-block row.
-//   CHAIN_CHANNEL 2: the channel is the row (NCHW convolution), 1: the column (NHWC)
-//   ACTIVATION    OpenCL C expression of act(x) in the variable x, or "" for none
-//   FOLD_A, FOLD_B, FOLD_C  how the operand's contiguous (stored column) dimension j is
-//                 addressed: 0 plainly (j); 1 folded, j = n * P + p at n * img + p; 2 folded
-//                 and strided (A and B only), at n * img + (p / fw) * frow + (p % fw) * fcol.
-//                 P, img, fw, frow, fcol are run-time arguments (f{a,b,c}_*). A folded
-//                 operand is a batch of NCHW images seen as one matrix: a 1x1 convolution's
-//                 x (C x N*H*W), y (K x N*Ho*Wo), or its stride-2 input sampled in place. A may
-//                 be folded only along K (not TRANS_A), B along N (not TRANS_B) or K (TRANS_B),
-//                 C along N. The division by P runs once per tile load or store, not per FMA.
-// "tiled" only:
+## gemm_tiled: local-memory tiles, a register block per work-item, optionally split along K
+## (its raw partial sums then go through gemm_splitk_reduce, gemm_splitk.cl.mako, rendered into
+## the same program). The "tiled" and "splitk" solvers of ops/gemm.py.
+<%namespace name="common" file="gemm_common.cl.mako"/>
+<%namespace name="links" file="fusion_fold.cl.mako"/>
+<%namespace name="access" file="memory_access.cl.mako"/>
+${common.header()}
+// gemm_tiled (and gemm_splitk_reduce) only:
 //   TILE_M, TILE_N  the C tile one work-group computes
 //   TILE_K        depth of the A and B slices staged in local memory per step
 //   WPT_M, WPT_N  C elements per work-item along M and N (register block)
@@ -73,38 +42,6 @@
 //                 (-cl-nv-maxrregcount) applies: the declaration takes precedence over the
 //                 cap there (an H200 build reported 130 and 165 registers under a cap of 128)
 // "small" only:
-//   SMALL_M, SMALL_N  work-group shape; one work-item per C element, K walked from global memory
-## (Not rendered, so that the other kernels' sources stay as they were.)
-## KERNEL may also be "subgroup" (gemm_subgroup), for devices with cl_intel_subgroups and
-## cl_intel_required_subgroup_size. "subgroup" only:
-##   SG_SIZE       subgroup size the kernel requires (intel_reqd_sub_group_size): 8 or 16. Each
-##                 subgroup computes an SG_WPT_M x (SG_SIZE * SG_WPT_N) block of C, lane l the
-##                 columns l, l + SG_SIZE, ... of it (SG_WPT_M x SG_WPT_N registers); K is walked
-##                 SG_SIZE at a time, lane l holding op(A)[row][k + l] of every row, broadcast
-##                 to the subgroup with intel_sub_group_shuffle (no local memory, no barrier)
-##   SG_WPT_M, SG_WPT_N  rows, and column groups of SG_SIZE, per subgroup
-##   SG_GROUPS     subgroups per work-group, stacked along M (work-group SG_SIZE x SG_GROUPS)
-##   BLOCK_A, BLOCK_B  1: blocks wholly inside the matrices read A's rows (not TRANS_A, not
-##                 folded) or B's rows (not TRANS_B, not folded) with intel_sub_group_block_read;
-##                 needs leading dimension, offset and batch stride multiples of 4 (the host
-##                 checks). 0: plain loads
-
-// Element offset of column j of a folded operand (FOLD 1, then FOLD 2).
-inline long fold_dense(int j, int P, long img)
-{
-    const int n = j / P;
-    return n * img + (j - n * P);
-}
-
-inline long fold_strided(int j, int P, long img, int fw, int frow, int fcol)
-{
-    const int n = j / P;
-    const int p = j - n * P;
-    const int h = p / fw;
-    return n * img + (long)h * frow + (long)(p - h * fw) * fcol;
-}
-<%namespace name="links" file="fusion_fold.cl.mako"/>
-<%namespace name="access" file="memory_access.cl.mako"/>
 <%!
 def load_slots(contig, total, threads, gvec):
     """(contiguous, strided) coordinate expressions of each GVEC-wide load of a work-item
@@ -134,12 +71,6 @@ def distinct_contiguous(slots):
     return index, firsts
 
 
-def hoists_chain(chain, channel, epilogue, kernel, split_k):
-    """gemm_tiled computes a per-channel chain once per register-block row (channels on rows)."""
-    return (bool(chain) and epilogue == "conv" and channel == 2 and kernel == "tiled"
-            and not split_k and not any(per_position for _, per_position in chain))
-
-
 def tile_addressing(k, trans_a, trans_b, fold_a, fold_b, tile_m, tile_n, tile_k, wpt_m, wpt_n,
                     gvec):
     """Expressions of load slot r's element v of the A and B tiles at K offset ``k``: its
@@ -163,23 +94,13 @@ def tile_addressing(k, trans_a, trans_b, fold_a, fold_b, tile_m, tile_n, tile_k,
     b_ok = (lambda r, v: f"n0 + b_n{r} < N && {k} + b_k{r} + {v} < k_end") if trans_b else (lambda r, v: f"n0 + b_n{r} + {v} < N && {k} + b_k{r} < k_end")
     return a_addr, b_addr, a_ok, b_ok
 
-
-def fold(mode, op, j):
-    """Expression for the element offset of column ``j`` of operand ``op`` ("a", "b", "c")."""
-    if mode == 0:
-        return f"((long)({j}))"
-    if mode == 1:
-        return f"fold_dense({j}, f{op}_p, f{op}_img)"
-    return f"fold_strided({j}, f{op}_p, f{op}_img, f{op}_w, f{op}_row, f{op}_col)"
 %>
 <%
-    tiled = KERNEL == "tiled"
     # Folded along K: the operand's offsets along K change every step.
     a_kfold = FOLD_A and not TRANS_A
     b_kfold = FOLD_B and TRANS_B
     b_nfold = FOLD_B and not TRANS_B
 %>
-% if tiled:
 #define TILE_M ${TILE_M}
 #define TILE_N ${TILE_N}
 #define TILE_K ${TILE_K}
@@ -211,68 +132,12 @@ ${access.async_copies(bool(NV_ASYNC))}
     def comp(v):
         return f".s{v}" if VEC > 1 else ""
 %>
-% endif
-
-<%def name="chain_params()">
-% if EPILOGUE == "conv" and CHAIN:
-${links.chain_params(CHAIN)}
-% endif
-</%def>
-
-<%def name="epilogue(value, row, col, index, i=None)">
-<%
-    chain_hoisted = hoists_chain(CHAIN, CHAIN_CHANNEL, EPILOGUE, KERNEL, SPLIT_K)
-    def at(kind):
-        if kind == 1:
-            return f"({col})"
-        if kind == 2:
-            return f"({row})"
-        if FOLD_C:
-            return f"((long)({row}) * fc_p + ({col}) % fc_p)"
-        return f"((long)({row}) * N + ({col}))"
-%>
-        {
-            float x = alpha * (${value});
-% if EPILOGUE == "conv":
-%   if CHAIN and i is not None and chain_hoisted:
-            x = x * ep_scale${i} + ep_shift${i};
-%   elif CHAIN:
-            ${links.apply_chain(row if CHAIN_CHANNEL == 2 else col, at(3), CHAIN, "ep_scale", "ep_shift")}
-            x = x * ep_scale + ep_shift;
-%   endif
-%   if SCALE:
-            x *= scale[scale_off + ${at(SCALE)}];
-%   endif
-%   if BIAS:
-            x += bias[bias_off + ${at(BIAS)}];
-%   endif
-%   if RESIDUAL:
-            x += residual_alpha * R[${index}];
-%   endif
-%   if ACTIVATION:
-            x = ${ACTIVATION};
-%   endif
-            if (beta != 0.0f)
-                x += beta * C[${index}];
-% else:
-            if (beta != 0.0f)
-                x += beta * C[${index}];
-%   if BIAS:
-            x += bias[bias_off + ${at(BIAS)}];
-%   endif
-%   if ACTIVATION:
-            x = ${ACTIVATION};
-%   endif
-% endif
-            C[${index}] = x;
-        }
-</%def>
 
 ## VEC consecutive columns from `col` of row `row` of the tile at C + row * ldc + ${at}
 ## (register block row i, column group jc), with the epilogue.
 <%def name="store_vector(i, jc, at)">
 <%
-    chain_hoisted = hoists_chain(CHAIN, CHAIN_CHANNEL, EPILOGUE, KERNEL, SPLIT_K)
+    chain_hoisted = common.attr.hoists_chain(CHAIN, CHAIN_CHANNEL, EPILOGUE) and not SPLIT_K
     vtype = f"float{VEC}"
     def affine(name, kind):
         # VEC consecutive columns of one image (P is a multiple of VEC when C is folded).
@@ -323,7 +188,6 @@ ${links.chain_params(CHAIN)}
                 }
 </%def>
 
-% if tiled:
 // Work-item (tm, tn) (from lid as LANES_N says) owns rows
 // (j * TM_THREADS + tm) * VEC + v and columns (j * TN_THREADS + tn) * VEC + v of the tile.
 % if REQD_SIZE:
@@ -343,7 +207,7 @@ void gemm_tiled(int M, int N, int K,
                 int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
                 int fc_p, long fc_img,
                 int splits, int k_chunk
-                ${chain_params()})
+                ${common.chain_params()})
 {
     __local float a_stage[STAGES * STAGE_A] __attribute__((aligned(16)));
     __local float b_stage[STAGES * STAGE_B] __attribute__((aligned(16)));
@@ -423,7 +287,7 @@ void gemm_tiled(int M, int N, int K,
     __global const float *b_tile = B + (long)k_begin * ldb;
     const long b_step = (long)TILE_K * ldb;
 %   for u, r in enumerate(distinct_contiguous(b_slots)[1]):
-    const long b_col${u} = ${fold(FOLD_B, "b", f"min(n0 + b_n{r}, N - 1)")};
+    const long b_col${u} = ${common.attr.fold(FOLD_B, "b", f"min(n0 + b_n{r}, N - 1)")};
 %   endfor
 % else:
     __global const float *b_tile = B + (long)k_begin * ldb + n0;
@@ -447,12 +311,12 @@ void gemm_tiled(int M, int N, int K,
 %>
 % if FOLD_A and not TRANS_A:
 %   for u, r in enumerate(a_firsts):
-        const long a_kof${u} = ${fold(FOLD_A, "a", f"min({k} + a_k{r}, K - 1)")};
+        const long a_kof${u} = ${common.attr.fold(FOLD_A, "a", f"min({k} + a_k{r}, K - 1)")};
 %   endfor
 % endif
 % if FOLD_B and TRANS_B:
 %   for u, r in enumerate(b_firsts):
-        const long b_kof${u} = ${fold(FOLD_B, "b", f"min({k} + b_k{r}, K - 1)")};
+        const long b_kof${u} = ${common.attr.fold(FOLD_B, "b", f"min({k} + b_k{r}, K - 1)")};
 %   endfor
 % endif
 </%def>
@@ -666,7 +530,7 @@ void gemm_tiled(int M, int N, int K,
     }
 % endif
 
-% if hoists_chain(CHAIN, CHAIN_CHANNEL, EPILOGUE, KERNEL, SPLIT_K):
+% if common.attr.hoists_chain(CHAIN, CHAIN_CHANNEL, EPILOGUE) and not SPLIT_K:
     // The chain's scale and shift of each register-block row, once per work item (the loads
     // and the square root would otherwise run for every stored element).
 %   for i in range(WPT_M):
@@ -694,7 +558,7 @@ void gemm_tiled(int M, int N, int K,
 %     for jc in range(WPT_N // VEC):
         {
             const int col = n0 + (${jc} * TN_THREADS + tn) * VEC;
-            const long c_at = ${fold(FOLD_C, "c", "col")};
+            const long c_at = ${common.attr.fold(FOLD_C, "c", "col")};
 %       for i in range(WPT_M):
             {
                 const int row = m0 + (${i // VEC} * TM_THREADS + tm) * VEC + ${i % VEC};
@@ -710,12 +574,12 @@ void gemm_tiled(int M, int N, int K,
     {
         const int col = n0 + (${j // VEC} * TN_THREADS + tn) * VEC + ${j % VEC};
         if (col < N) {
-            const long c_at = ${fold(FOLD_C, "c", "col")};
+            const long c_at = ${common.attr.fold(FOLD_C, "c", "col")};
 %     for i in range(WPT_M):
             {
                 const int row = m0 + (${i // VEC} * TM_THREADS + tm) * VEC + ${i % VEC};
                 if (row < M)
-                    ${epilogue(f"acc[{i}][{j}]", "row", "col", "(long)row * ldc + c_at", i)}
+                    ${common.epilogue(f"acc[{i}][{j}]", "row", "col", "(long)row * ldc + c_at", i)}
             }
 %     endfor
         }
@@ -750,7 +614,7 @@ void gemm_tiled(int M, int N, int K,
 %       if SPLIT_K:
                     C[(long)row * N + col] = acc[${i}][${j}];
 %       else:
-                    ${epilogue(f"acc[{i}][{j}]", "row", "col", "(long)row * ldc + col", i)}
+                    ${common.epilogue(f"acc[{i}][{j}]", "row", "col", "(long)row * ldc + col", i)}
 %       endif
                 }
             }
@@ -761,228 +625,4 @@ void gemm_tiled(int M, int N, int K,
 % endif
 }
 
-// Adds the split-K partial sums of gemm_tiled and applies the epilogue; one work-item per C
-// element, columns fastest. Global size (N rounded up, M, batch).
-__kernel void gemm_splitk_reduce(int M, int N, int splits,
-                                 __global const float *restrict partial,
-                                 __global float *C, long c_off, int ldc, long stride_c,
-                                 float alpha, float beta,
-                                 __global const float *restrict bias, long bias_off,
-                                 __global const float *restrict scale, long scale_off,
-                                 __global const float *restrict R, long r_off,
-                                 float residual_alpha, int fc_p, long fc_img
-                                 ${chain_params()})
-{
-    const int col = get_global_id(0);
-    const int row = get_global_id(1);
-    const int batch = get_global_id(2);
-    if (col >= N || row >= M)
-        return;
-    const long plane = (long)M * N;
-    partial += (long)batch * splits * plane + (long)row * N + col;
-    // Four independent sums: their loads are in flight together (long splits of filter
-    // gradients run into the hundreds).
-    float sum0 = 0.0f, sum1 = 0.0f, sum2 = 0.0f, sum3 = 0.0f;
-    int s = 0;
-    for (; s + 4 <= splits; s += 4) {
-        sum0 += partial[s * plane];
-        sum1 += partial[(s + 1) * plane];
-        sum2 += partial[(s + 2) * plane];
-        sum3 += partial[(s + 3) * plane];
-    }
-    for (; s < splits; ++s)
-        sum0 += partial[s * plane];
-    const float sum = (sum0 + sum1) + (sum2 + sum3);
-    C += c_off + batch * stride_c;
-    R += r_off + batch * stride_c;
-    ${epilogue("sum", "row", "col", f"(long)row * ldc + {fold(FOLD_C, 'c', 'col')}")}
-}
-% elif KERNEL == "small":
-// One work-item per C element; global size (N rounded up to SMALL_N, M rounded up to
-// SMALL_M, batch). For problems too small to fill a device with tiles.
-__kernel __attribute__((reqd_work_group_size(${SMALL_N}, ${SMALL_M}, 1)))
-void gemm_small(int M, int N, int K,
-                __global const float *restrict A, long a_off, int lda, long stride_a,
-                __global const float *restrict B, long b_off, int ldb, long stride_b,
-                __global float *C, long c_off, int ldc, long stride_c,
-                float alpha, float beta,
-                __global const float *restrict bias, long bias_off,
-                __global const float *restrict scale, long scale_off,
-                __global const float *restrict R, long r_off, float residual_alpha,
-                int fa_p, long fa_img, int fa_w, int fa_row, int fa_col,
-                int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
-                int fc_p, long fc_img
-                ${chain_params()})
-{
-    const int col = get_global_id(0);
-    const int row = get_global_id(1);
-    const int batch = get_global_id(2);
-    if (col >= N || row >= M)
-        return;
-    A += a_off + batch * stride_a;
-    B += b_off + batch * stride_b;
-    C += c_off + batch * stride_c;
-    R += r_off + batch * stride_c;
-% if TRANS_A:
-    __global const float *a_row = A + row;
-    const int a_step = lda;
-% else:
-    __global const float *a_row = A + (long)row * lda;
-    const int a_step = 1;
-% endif
-% if TRANS_B:
-    __global const float *b_col = B + (long)col * ldb;
-    const int b_step = 1;
-% else:
-    __global const float *b_col = B + ${fold(FOLD_B, "b", "col")};
-    const int b_step = ldb;
-% endif
-<%
-    a_at = (lambda k: fold(FOLD_A, "a", k)) if FOLD_A else (lambda k: f"(long){k} * a_step")
-    b_at = (lambda k: fold(FOLD_B, "b", k)) if FOLD_B and TRANS_B else (lambda k: f"(long){k} * b_step")
-%>
-    float sum = 0.0f;
-    for (int k = 0; k < K; ++k)
-        sum = fma(a_row[${a_at("k")}], b_col[${b_at("k")}], sum);
-    ${epilogue("sum", "row", "col", f"(long)row * ldc + {fold(FOLD_C, 'c', 'col')}")}
-}
-% elif KERNEL == "subgroup":
-<%
-    SG = SG_SIZE
-    WM = SG_WPT_M
-    WN = SG_WPT_N
-    def a_at(row, k):
-        if TRANS_A:
-            return f"(long)({k}) * lda + ({row})"
-        if FOLD_A:
-            return f"(long)({row}) * lda + a_kof"
-        return f"(long)({row}) * lda + ({k})"
-    def b_at(k, j):
-        col = f"n0 + {j * SG} + lane"
-        if TRANS_B:
-            kof = fold(FOLD_B, "b", k) if FOLD_B else f"({k})"
-            return f"(long)({col}) * ldb + {kof}"
-        if FOLD_B:
-            return f"(long)({k}) * ldb + b_col{j}"
-        return f"(long)({k}) * ldb + {col}"
-%>
-#pragma OPENCL EXTENSION cl_intel_subgroups : enable
-// Subgroup s of work-group (gx, gy) computes rows m0 .. m0 + SG_WPT_M - 1,
-// m0 = (gy * SG_GROUPS + s) * SG_WPT_M, and columns n0 + j * SG_SIZE + lane, n0 = gx * SG_SIZE *
-// SG_WPT_N.
-// Global size (ceil(N / (SG_SIZE * SG_WPT_N)) * SG_SIZE, ceil(M / SG_WPT_M) rounded up to
-// SG_GROUPS, batch). Lanes past N or M still take part in the shuffles; only stores are masked.
-__kernel __attribute__((intel_reqd_sub_group_size(${SG})))
-__attribute__((reqd_work_group_size(${SG}, ${SG_GROUPS}, 1)))
-void gemm_subgroup(int M, int N, int K,
-                   __global const float *restrict A, long a_off, int lda, long stride_a,
-                   __global const float *restrict B, long b_off, int ldb, long stride_b,
-                   __global float *C, long c_off, int ldc, long stride_c,
-                   float alpha, float beta,
-                   __global const float *restrict bias, long bias_off,
-                   __global const float *restrict scale, long scale_off,
-                   __global const float *restrict R, long r_off, float residual_alpha,
-                   int fa_p, long fa_img, int fa_w, int fa_row, int fa_col,
-                   int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
-                   int fc_p, long fc_img
-                   ${chain_params()})
-{
-    // Lane and subgroup as the shuffles and block reads number them (whatever the mapping of
-    // local ids to subgroups).
-    const int lane = get_sub_group_local_id();
-    const int m0 = (get_group_id(1) * ${SG_GROUPS} + get_sub_group_id()) * ${WM};
-    const int n0 = get_group_id(0) * ${SG * WN};
-    const int batch = get_global_id(2);
-    A += a_off + batch * stride_a;
-    B += b_off + batch * stride_b;
-    C += c_off + batch * stride_c;
-    R += r_off + batch * stride_c;
-    // Uniform over the subgroup: blocks wholly inside load without masks.
-    const bool rows_inside = m0 + ${WM} <= M;
-    const bool cols_inside = n0 + ${SG * WN} <= N;
-% if FOLD_B and not TRANS_B:
-    // Folded along N: each column's offset is the same at every K step (clamped into the
-    // matrix; columns past N are masked).
-%   for j in range(WN):
-    const long b_col${j} = ${fold(FOLD_B, "b", f"min(n0 + {j * SG} + lane, N - 1)")};
-%   endfor
-% endif
-
-    float acc[${WM}][${WN}];
-% for i in range(WM):
-%   for j in range(WN):
-    acc[${i}][${j}] = 0.0f;
-%   endfor
-% endfor
-
-    for (int k0 = 0; k0 < K; k0 += ${SG}) {
-        // Lane l holds op(A)[m0 + i][k0 + l] of every row i.
-        const int ka = k0 + lane;
-% if FOLD_A:
-        const long a_kof = ${fold(FOLD_A, "a", "min(ka, K - 1)")};
-% endif
-        const bool k_inside = k0 + ${SG} <= K;
-% for i in range(WM):
-        float a${i};
-% endfor
-        if (rows_inside && k_inside) {
-% for i in range(WM):
-%   if BLOCK_A:
-            a${i} = as_float(intel_sub_group_block_read((const __global uint *)(A + (long)(m0 + ${i}) * lda + k0)));
-%   else:
-            a${i} = A[${a_at(f"m0 + {i}", "ka")}];
-%   endif
-% endfor
-        } else {
-% for i in range(WM):
-            a${i} = (m0 + ${i} < M && ka < K) ? A[${a_at(f"m0 + {i}", "ka")}] : 0.0f;
-% endfor
-        }
-% for masked in (False, True):
-%   if not masked:
-        if (cols_inside && k_inside) {
-%   else:
-        } else {
-%   endif
-            #pragma unroll
-            for (int kk = 0; kk < ${SG}; ++kk) {
-                const int k = k0 + kk;
-%   for j in range(WN):
-%     if masked:
-                const float b${j} = (n0 + ${j * SG} + lane < N && k < K) ? B[${b_at("k", j)}] : 0.0f;
-%     elif BLOCK_B:
-                const float b${j} = as_float(intel_sub_group_block_read((const __global uint *)(B + (long)k * ldb + n0 + ${j * SG})));
-%     else:
-                const float b${j} = B[${b_at("k", j)}];
-%     endif
-%   endfor
-%   for i in range(WM):
-                {
-                    const float a = intel_sub_group_shuffle(a${i}, kk);
-%     for j in range(WN):
-                    acc[${i}][${j}] = fma(a, b${j}, acc[${i}][${j}]);
-%     endfor
-                }
-%   endfor
-            }
-% endfor
-        }
-    }
-
-% for j in range(WN):
-    {
-        const int col = n0 + ${j * SG} + lane;
-        if (col < N) {
-            const long c_at = ${fold(FOLD_C, "c", "col")};
-%   for i in range(WM):
-            {
-                const int row = m0 + ${i};
-                if (row < M)
-                    ${epilogue(f"acc[{i}][{j}]", "row", "col", "(long)row * ldc + c_at")}
-            }
-%   endfor
-        }
-    }
-% endfor
-}
-% endif
+<%include file="gemm_splitk.cl.mako"/>
