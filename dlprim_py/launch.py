@@ -192,13 +192,17 @@ class BoundKernel:
             bound.extend([_UNSET] * (index + 1 - len(bound)))
             self._scalars.extend([_UNSET] * (index + 1 - len(self._scalars)))
         if kind is not None:
+            # The same number object as the last setting of this argument is set already (a
+            # call passes its constants, alpha = 1.0 say, as the same objects every time).
+            if value is self._scalars[index]:
+                return
             # A number is its own key, but a zero is keyed by float.hex, which keeps -0.0 and
             # 0.0 (equal as numbers) apart as the bytes of numpy scalars do.
             key = (kind, value) if value else (kind, float(value).hex())
             if bound[index] != key:
                 set_argument(self.kernel, index, kind(value))
                 bound[index] = key
-                self._scalars[index] = _UNSET
+            self._scalars[index] = value
             return
         if value is self._scalars[index]:
             return

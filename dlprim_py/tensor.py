@@ -359,6 +359,14 @@ def output(ctx, shape, nbytes):
     return _checked(ctx, allocate(ctx, nbytes), shape, _FLOAT32, 0)
 
 
+def output_like(t):
+    """An uninitialised tensor of ``t``'s shape and dtype in ``t``'s context (an operator's
+    output; ``t``'s shape is normalised already)."""
+    itemsize = t.dtype.itemsize
+    return _checked(t.ctx, allocate(t.ctx, max(math.prod(t.shape) * itemsize, itemsize)),
+                    t.shape, t.dtype, 0)
+
+
 def allocate(ctx, nbytes):
     """A device buffer of at least ``nbytes`` bytes from the context's memory pool;
     DeviceMemoryError (naming the size and the device's limit) where the device cannot hold it."""

@@ -17,7 +17,7 @@ from .. import autograd, config, logcmd
 from ..activation import Activation, ActivationDesc, as_activation, from_torch_name, number
 from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError
-from ..tensor import Tensor
+from ..tensor import Tensor, output_like
 from .pointwise import PointwiseKernel
 
 _f32 = np.float32
@@ -139,8 +139,9 @@ def apply(desc, x, inplace=False, name=None, kernels=None):
         raise UnsupportedError(f"{name}: inplace=True on a tensor that requires grad; "
                                f"use inplace=False")
     forward, backward_kernel_ = kernels or (forward_kernel(desc, False), backward_kernel(desc, False))
-    y = Tensor.empty(x.ctx, x.shape)
-    _log_activ(desc, x.shape, True)
+    y = output_like(x)
+    if config.switches().log_cmd:
+        _log_activ(desc, x.shape, True)
     forward([x], [y], _UNSCALED)
     if inplace:
         return x.copy_(y)

@@ -24,7 +24,7 @@ from ..dtypes import as_dtype, cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..launch import (BoundKernel, WorkSize, current, enqueue_bound, enqueue_kernel,
                       native_handle)
-from ..tensor import Tensor
+from ..tensor import Tensor, output_like
 
 _INT32_LIMIT = 2 ** 31 - 1
 
@@ -429,11 +429,11 @@ def binary(op, a, b):
         # The common cases first: float32 tensors of one shape, or one with a number (the
         # kernel's call checks the context; the dtype says no float16 rules apply).
         if b.__class__ is Tensor and b.shape == a.shape and b.dtype is _FLOAT32:
-            out = Tensor.empty(a.ctx, a.shape, _FLOAT32)
+            out = output_like(a)
             _binary_kernel(op, _FLOAT32, False, False)([a, b], [out])
             return out
         if b.__class__ in (int, float):
-            out = Tensor.empty(a.ctx, a.shape, _FLOAT32)
+            out = output_like(a)
             _binary_kernel(op, _FLOAT32, False, True)([a], [out], [b])
             return out
     a_scalar = not isinstance(a, Tensor)
