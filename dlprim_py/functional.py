@@ -3,7 +3,7 @@
 Each name here has torch's semantics; the implementations live in ``dlprim_py.ops``, one module
 per operator family.
 """
-from .ops.pointwise import add, div, maximum, minimum, mul, sub  # noqa: F401
+from .ops.arithmetic import add, div, maximum, minimum, mul, sub  # noqa: F401
 from .ops.reduce import amax, amin, argmax, argmin, mean, norm, sum  # noqa: F401,A004
 from .ops.activation_ops import (abs, activation, activation_backward, activation_forward,  # noqa: F401,A004
                                  elu, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu, relu,

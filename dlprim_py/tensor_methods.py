@@ -12,7 +12,7 @@ import pyopencl as cl
 from . import autograd
 from .errors import DTypeError, UnsupportedError
 from .launch import command_enqueued
-from .ops import linear, pointwise, reduce, tensor_ops
+from .ops import arithmetic, linear, pointwise, reduce, tensor_ops
 from .ops.gemm import gemm
 from .tensor import Tensor
 
@@ -86,15 +86,15 @@ def matmul(self, other):
 
 
 def _rsub(self, other):
-    return pointwise.sub(other, self)
+    return arithmetic.sub(other, self)
 
 
 def _rtruediv(self, other):
-    return pointwise.div(other, self)
+    return arithmetic.div(other, self)
 
 
 def _neg(self):
-    return pointwise.mul(self, -1.0)
+    return arithmetic.mul(self, -1.0)
 
 
 def install():
@@ -102,10 +102,10 @@ def install():
     for name, method in (("fill_", fill_), ("sum", sum), ("mean", mean), ("max", max),
                          ("argmax", argmax), ("permute", permute), ("transpose", transpose),
                          ("__matmul__", matmul),
-                         ("__add__", pointwise.add), ("__radd__", pointwise.add),
-                         ("__sub__", pointwise.sub), ("__rsub__", _rsub),
-                         ("__mul__", pointwise.mul), ("__rmul__", pointwise.mul),
-                         ("__truediv__", pointwise.div), ("__rtruediv__", _rtruediv),
+                         ("__add__", arithmetic.add), ("__radd__", arithmetic.add),
+                         ("__sub__", arithmetic.sub), ("__rsub__", _rsub),
+                         ("__mul__", arithmetic.mul), ("__rmul__", arithmetic.mul),
+                         ("__truediv__", arithmetic.div), ("__rtruediv__", _rtruediv),
                          ("__neg__", _neg)):
         setattr(Tensor, name, method)
     Tensor.T = property(T)

@@ -32,7 +32,8 @@ from ..tensor import Tensor
 from .. import config
 from ..launch import bind, run_planned_on
 from . import reduce as R
-from .pointwise import PointwiseKernel, broadcast_shapes, launch_size, mul, reduce_to_shape
+from .arithmetic import mul, reduce_to_shape
+from .pointwise import PointwiseKernel, broadcast_shapes, launch_size
 from .reduce import ReduceKernel
 from .softmax import log_softmax, softmax_backward
 

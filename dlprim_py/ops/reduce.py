@@ -44,8 +44,8 @@ from ..dtypes import as_dtype, cl_name
 from ..errors import DlprimError, DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 from ..launch import BoundKernel, current
-from .pointwise import (PointwiseKernel, _scalar_cl_name, broadcast_shapes, broadcast_strides,
-                        merge_contiguous)
+from .pointwise import (PointwiseKernel, _scalar_cl_name, binary, broadcast_shapes,
+                        broadcast_strides, merge_contiguous)
 
 _INT32_LIMIT = 2 ** 31 - 1
 
@@ -724,7 +724,6 @@ def mean(x, dim=None, keepdim=False):
     shape = x.shape
 
     def backward(g):
-        from .pointwise import binary
         return (expand(_view(binary("mul", g, 1.0 / max(count, 1)), keep_dims), shape),)
 
     return autograd.record(out, (x,), backward, "mean")

@@ -1,0 +1,110 @@
+"""The arithmetic operators with gradients: ``add``, ``sub``, ``mul``, ``div``, ``maximum``,
+``minimum`` (numpy broadcasting, a Tensor or a Python number on either side), over the
+pointwise family's ``binary``. A broadcast operand's gradient is summed back to its shape by the
+reduce family, so this module stands above both.
+"""
+from .. import autograd
+from ..tensor import Tensor
+from . import reduce
+from .pointwise import PointwiseKernel, binary
+
+
+def reduce_to_shape(grad, shape):
+    """Sum ``grad`` over the dimensions that broadcasting expanded, back to ``shape``."""
+    if grad.shape == tuple(shape):
+        return grad
+    return reduce.sum_to_shape(grad, shape)
+
+
+def _is_tensor(x):
+    return isinstance(x, Tensor)
+
+
+def add(a, b):
+    out = binary("add", a, b)
+    if not autograd.needs_grad(a, b):
+        return out
+    return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], lambda g: (
+        reduce_to_shape(g, a.shape) if _is_tensor(a) else None,
+        reduce_to_shape(g, b.shape) if _is_tensor(b) else None), "add")
+
+
+def sub(a, b):
+    out = binary("sub", a, b)
+    if not autograd.needs_grad(a, b):
+        return out
+    return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], lambda g: (
+        reduce_to_shape(g, a.shape) if _is_tensor(a) else None,
+        reduce_to_shape(binary("mul", g, -1.0), b.shape) if _is_tensor(b) else None), "sub")
+
+
+def mul(a, b):
+    out = binary("mul", a, b)
+    if not autograd.needs_grad(a, b):
+        return out
+    return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], lambda g: (
+        reduce_to_shape(binary("mul", g, b), a.shape) if _is_tensor(a) else None,
+        reduce_to_shape(binary("mul", g, a), b.shape) if _is_tensor(b) else None), "mul")
+
+
+def div(a, b):
+    out = binary("div", a, b)
+    if not autograd.needs_grad(a, b):
+        return out
+    # A detached view: the closure must not hold out, whose grad_fn holds the closure.
+    result = out.detach()
+
+    def backward(g):
+        ga = reduce_to_shape(binary("div", g, b), a.shape) if _is_tensor(a) else None
+        gb = None
+        if _is_tensor(b):
+            # d(a/b)/db = -(a/b)/b
+            gb = reduce_to_shape(binary("mul", binary("div", result, b), binary("mul", g, -1.0)), b.shape)
+        return ga, gb
+
+    return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], backward, "div")
+
+
+# torch's rule for maximum/minimum: the gradient goes to the chosen operand, half to each on a
+# tie, and to both where a NaN makes neither comparison true.
+_EXTREMUM_GRADIENT = {
+    "maximum": ("da = (a == b) ? 0.5f * g : ((a < b) ? 0.0f : g);",
+                "db = (a == b) ? 0.5f * g : ((a > b) ? 0.0f : g);"),
+    "minimum": ("da = (a == b) ? 0.5f * g : ((a > b) ? 0.0f : g);",
+                "db = (a == b) ? 0.5f * g : ((a < b) ? 0.0f : g);"),
+}
+_extremum_gradient_kernels = {}
+
+
+def _extremum(op, a, b):
+    out = binary(op, a, b)
+    ref = a if _is_tensor(a) else b
+    # A number operand becomes a 0-d tensor for the backward's broadcast.
+    ta = a if _is_tensor(a) else Tensor.full(ref.ctx, (), a, ref.dtype)
+    tb = b if _is_tensor(b) else Tensor.full(ref.ctx, (), b, ref.dtype)
+    ta_source, tb_source = ta.detach(), tb.detach()
+
+    def backward(g):
+        k = _extremum_gradient_kernels.get(op)
+        if k is None:
+            stmt_a, stmt_b = _EXTREMUM_GRADIENT[op]
+            k = _extremum_gradient_kernels[op] = PointwiseKernel(
+                f"{op}_backward", [("g", g.dtype), ("a", g.dtype), ("b", g.dtype)],
+                [("da", g.dtype), ("db", g.dtype)], stmt_a + stmt_b)
+        da = Tensor.empty(g.ctx, g.shape, g.dtype)
+        db = Tensor.empty(g.ctx, g.shape, g.dtype)
+        k([g, ta_source, tb_source], [da, db])
+        return (reduce_to_shape(da, a.shape) if _is_tensor(a) else None,
+                reduce_to_shape(db, b.shape) if _is_tensor(b) else None)
+
+    return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], backward, op)
+
+
+def maximum(a, b):
+    """torch.maximum with numpy broadcasting (a number is allowed for one side); NaN propagates."""
+    return _extremum("maximum", a, b)
+
+
+def minimum(a, b):
+    """torch.minimum with numpy broadcasting (a number is allowed for one side); NaN propagates."""
+    return _extremum("minimum", a, b)
