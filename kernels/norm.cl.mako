@@ -362,14 +362,16 @@ __kernel void channel_apply_grad(int rows, int C, int SV, __global const float* 
 
 % else:
 // The chunk partials of channel c, with compensated (Kahan) summation: a long channel is cut
-// into up to a few thousand chunks, and their sum must not lose what the trees kept.
+// into up to a few thousand chunks, and their sum must not lose what the trees kept. Once the
+// sum is infinite there is nothing to compensate: inf - inf would make the compensation, and
+// every later sum, NaN where torch's mean is that infinity.
 inline float2 sum_chunks(__global const float* partials, int chunks, int C, int c)
 {
     float2 total = (float2)(0.0f, 0.0f), lost = (float2)(0.0f, 0.0f);
     for (int j = 0; j < chunks; ++j) {
         const float2 term = vload2((long)j * C + c, partials) - lost;
         const float2 next = total + term;
-        lost = (next - total) - term;
+        lost = select((float2)(0.0f, 0.0f), (next - total) - term, isfinite(next));
         total = next;
     }
     return total;
