@@ -178,10 +178,13 @@ def _conv_programs(ctx):
     ((2, 4, 8, 8), (6, 4, 1, 1), dict()),
     ((2, 4, 8, 8), (4, 1, 3, 3), dict(padding=1, groups=4)),
 ], ids=["3x3", "1x1", "depthwise"])
-def test_compile_builds_no_plain_convolution_kernel(rng, x_shape, w_shape, desc):
+def test_compile_builds_no_plain_convolution_kernel(rng, monkeypatch, x_shape, w_shape, desc):
     """A conv -> bias -> relu plan builds its convolution's kernels with the epilogue only
     (compile and every algorithm's first run), and every build it counts is a program the
-    context keeps: no kernel without the epilogue is built and thrown away."""
+    context keeps: no kernel without the epilogue is built and thrown away. (Find mode times
+    the algorithms without an epilogue on purpose: the immediate choice is what is counted.)"""
+    monkeypatch.setenv("DLPRIM_FIND_MODE", "immediate")
+    dp.config.reload()
     fresh = dp.Context()
     relu = dp.ActivationDesc("relu")
     fused = {relu.forward_code("v"), relu.forward_code("x")}
@@ -210,3 +213,29 @@ def test_compile_builds_no_plain_convolution_kernel(rng, x_shape, w_shape, desc)
     # Every build went into the context's programs (nothing built outside them and dropped);
     # the tensors' fill and copy programs of the context are among them.
     assert program.stats["builds"] - builds == len(fresh.programs)
+
+
+def test_changing_a_setting_after_execute_records_again(ctx, rng):
+    """A plan replays what its first execute recorded; forcing a split or scalar loads
+    afterwards drops that recording, and the next execute runs with the new setting."""
+    shape = (4, 3, 4, 8)
+    x = random(rng, shape)
+    plan = fusion.FusionPlan(ctx, fusion.VERTICAL, dp.TensorDesc(shape))
+    bn = plan.create_op_batchnorm_forward(fusion.BN_SPATIAL, False)
+    plan.compile()
+    args = fusion.OperatorArgs()
+    args.set_batchnorm_forward(bn, 1, 0, *dev(ctx, random(rng, (3,), 0.5, 1.5),
+                                               random(rng, (3,))))
+    xd = dev(ctx, x)[0]
+    y = poisoned(ctx, shape)
+    plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+    first = plan._bound[2]
+    plan.execute(plan.input_desc, xd, plan.output_desc, y, args)
+    assert plan._bound[2] is first   # replayed
+    plan.runner.set_chunks(3)
+    plan.runner.set_vector_width(1)
+    y2 = poisoned(ctx, shape)
+    plan.execute(plan.input_desc, xd, plan.output_desc, y2, args)
+    assert plan._bound[2] is not first
+    assert len(plan._bound[2]) == len(first)   # partial sums, finalize, apply
+    assert_close(y2.numpy(), y.numpy(), tol=1e-6)

@@ -42,15 +42,22 @@ class _TrainRun:
         self.chunks = None
         self.algorithm = None
 
+    # Called when a setting changes: the plan drops the enqueues it recorded with the old one.
+    on_change = None
+
     def set_chunks(self, chunks):
         """Split each channel into ``chunks`` work groups (None: the reduction solver's
         choice, tuning_db/norm.json)."""
         self.chunks = None if chunks is None else int(chunks)
+        if self.on_change is not None:
+            self.on_change()
 
     def set_vector_width(self, widest):
         """At most ``widest`` (4 or 1) elements per load: 1 takes the scalar-load reduction
         (groups_scalar) where the channels are reduced by work groups."""
         self.algorithm = "groups_scalar" if int(widest) < 4 else None
+        if self.on_change is not None:
+            self.on_change()
 
     def _algorithm(self, shape):
         # Per-activation statistics (S == 1 per channel) keep the solver's choice: their loads

@@ -146,6 +146,8 @@ class FusionPlan:
         problem = self.problem()
         chosen = choose(self.ctx, problem)
         runner = chosen.prepare(self.ctx, problem)
+        if hasattr(runner, "on_change"):
+            runner.on_change = self._forget_recording
         self.output_desc = runner.output_desc
         self.solver, self.runner = chosen, runner
         self._bound = self._repeat = None
@@ -170,6 +172,10 @@ class FusionPlan:
 
     def set_conv_algorithm(self, algo):
         self._conv_runner().set_algorithm(algo)
+        self._forget_recording()
+
+    def _forget_recording(self):
+        """The next execute runs the solver again (a setting of its changed)."""
         self._bound = self._repeat = None
 
     def workspace_size(self, algo=None):

@@ -44,6 +44,8 @@ class PointwiseChainRun:
     """A compiled pointwise chain: ``run(x, y, values)`` enqueues it."""
 
     widest = 4   # elements per packet at most; set_vector_width(1) forces scalar packets (tests)
+    # Called when a setting changes: the plan drops the enqueues it recorded with the old one.
+    on_change = None
 
     def __init__(self, ctx, problem):
         self.ctx = ctx
@@ -85,6 +87,8 @@ class PointwiseChainRun:
 
     def set_vector_width(self, widest):
         self.widest = int(widest)
+        if self.on_change is not None:
+            self.on_change()
 
     def _activation_key(self, values):
         return tuple(activation_of(op, values).key for op in self.activations)
