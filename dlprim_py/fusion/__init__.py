@@ -59,10 +59,12 @@ Tensors are NCHW float32. Bias and spatial batch-norm parameters have shape (1, 
 gamma) are compile-time constants of the kernels: ``compile`` builds with the mode's defaults,
 and ``execute`` builds, once per plan and parameter set, a variant for other values.
 """
-from .batchnorm import BatchNormTrainBackward, BatchNormTrainForward
-from .cba import conv_bias_activation
-from .conv import ConvChain, HorizontalConvs
-from .ops import (ACTIVATION_ABS, ACTIVATION_CLIPPEDRELU, ACTIVATION_ELU, ACTIVATION_GELU,
+# The public names of the fusion API (``from dlprim_py.fusion import X``) and the solvers.
+from .batchnorm import BatchNormTrainBackward, BatchNormTrainForward  # noqa: F401
+from .cba import conv_bias_activation  # noqa: F401
+from .conv import ConvChain, HorizontalConvs  # noqa: F401
+from .ops import (  # noqa: F401
+                  ACTIVATION_ABS, ACTIVATION_CLIPPEDRELU, ACTIVATION_ELU, ACTIVATION_GELU,
                   ACTIVATION_GELU_TANH, ACTIVATION_HARDSIGMOID, ACTIVATION_HARDSWISH,
                   ACTIVATION_HARDTANH, ACTIVATION_LEAKYRELU, ACTIVATION_LOGISTIC,
                   ACTIVATION_PASTHRU, ACTIVATION_POWER, ACTIVATION_RELU, ACTIVATION_SILU,
@@ -71,8 +73,8 @@ from .ops import (ACTIVATION_ABS, ACTIVATION_CLIPPEDRELU, ACTIVATION_ELU, ACTIVA
                   ActivationForwardOp, BatchNormBackwardOp, BatchNormForwardOp,
                   BatchNormInferenceOp, BiasForwardOp, ConvForwardOp, FusionOp, OperatorArgs,
                   OpSpec, activation_desc)
-from .plan import FAMILY, FusionPlan, FusionProblem
-from .pointwise import PointwiseChain
+from .plan import FAMILY, FusionPlan, FusionProblem  # noqa: F401
+from .pointwise import PointwiseChain  # noqa: F401
 
 __all__ = [
     "FusionPlan", "OperatorArgs", "VERTICAL", "HORIZONTAL", "BN_SPATIAL", "BN_PER_ACTIVATION",
