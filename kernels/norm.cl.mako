@@ -39,6 +39,12 @@
 ##                variable named v_act ("v_act" for none)
 ##   vector       floats per load in channel_partial_sums and channel_apply: 4 (float4, needs
 ##                S % 4 == 0 and every offset a multiple of 4) or 1
+##   derivative   "" or, for the backward of act(batch_norm(x)) (the fusion plans' training batch
+##                norm with an activation), the OpenCL C expression of act'(z) over the float
+##                variables z and a = act(z); ``activation`` is then act(v_act). It adds the
+##                weight, bias and invstd operands to the "grad" sums, which reduce
+##                dz = dy * act'(z) with z = (x - mean) * invstd * weight + bias recomputed per
+##                element, and renders channel_apply_grad, the data gradient from dz.
 #define GROUP_SIZE ${group_size}
 #define VECTOR ${vector}
 % if vector == 4:
@@ -85,6 +91,36 @@ inline float shifted_variance(float mean_square, float shifted_mean)
     const float v = mean_square - shifted_mean * shifted_mean;
     return v < 0.0f ? 0.0f : v;
 }
+% if derivative:
+
+inline float act_forward(float v_act)
+{
+    return ${activation};
+}
+
+inline float act_derivative(float z, float a)
+{
+    return ${derivative};
+}
+
+// The gradient at batch norm's output, dy * act'(z), with z = xm * gain + beta recomputed from
+// xm = x - mean (gain = weight * invstd): nothing of the forward's output is read.
+inline float grad_at(float dy, float xm, float gain, float beta)
+{
+    const float z = xm * gain + beta;
+    return dy * act_derivative(z, act_forward(z));
+}
+
+inline floatv grad_through_activation(floatv dy, floatv xm, float gain, float beta)
+{
+% if vector == 4:
+    return (float4)(grad_at(dy.x, xm.x, gain, beta), grad_at(dy.y, xm.y, gain, beta),
+                    grad_at(dy.z, xm.z, gain, beta), grad_at(dy.w, xm.w, gain, beta));
+% else:
+    return grad_at(dy, xm, gain, beta);
+% endif
+}
+% endif
 
 % if part == "sums":
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
@@ -95,6 +131,11 @@ void channel_partial_sums(int N, int C, int SV, int per_chunk
 % endif
 % if mode == "grad":
     , __global const float* restrict mean, long mean_off
+% if derivative:
+    , __global const float* restrict weight, long weight_off
+    , __global const float* restrict bias, long bias_off
+    , __global const float* restrict invstd, long invstd_off
+% endif
 % elif mode == "grad_affine":
     , __global const float* restrict row_mean, __global const float* restrict row_rstd
     , int G, int Cg
@@ -118,6 +159,10 @@ void channel_partial_sums(int N, int C, int SV, int per_chunk
     const float shift = stats_shift(x[x_off + (long)c * SV * VECTOR]);
 % elif mode == "grad":
     const float shift = mean[mean_off + c];
+% if derivative:
+    const float gain = (weight ? weight[weight_off + c] : 1.0f) * invstd[invstd_off + c];
+    const float beta = bias ? bias[bias_off + c] : 0.0f;
+% endif
 % endif
     float2 acc = (float2)(0.0f, 0.0f);
     // (n, s) of position r = n*SV + s and its address, advanced by GROUP_SIZE positions with
@@ -133,6 +178,10 @@ void channel_partial_sums(int N, int C, int SV, int per_chunk
 % if mode == "stats":
         const floatv v = xv[at] - shift;
         acc += (float2)(HSUM(v), HSUM(v * v));
+% elif mode == "grad" and derivative:
+        const floatv xm = xv[at] - shift;
+        const floatv g = grad_through_activation(dyv[at], xm, gain, beta);
+        acc += (float2)(HSUM(g), HSUM(g * xm));
 % elif mode == "grad":
         const floatv g = dyv[at];
         acc += (float2)(HSUM(g), HSUM(g * (xv[at] - shift)));
@@ -166,6 +215,11 @@ __kernel void channel_column_sums(int N, int C, int per_chunk
 % endif
 % if mode == "grad":
     , __global const float* restrict mean, long mean_off
+% if derivative:
+    , __global const float* restrict weight, long weight_off
+    , __global const float* restrict bias, long bias_off
+    , __global const float* restrict invstd, long invstd_off
+% endif
 % elif mode == "grad_affine":
     , __global const float* restrict row_mean, __global const float* restrict row_rstd
     , int G, int Cg
@@ -182,6 +236,10 @@ __kernel void channel_column_sums(int N, int C, int per_chunk
     const float shift = stats_shift(x[x_off + c]);
 % elif mode == "grad":
     const float shift = mean[mean_off + c];
+% if derivative:
+    const float gain = (weight ? weight[weight_off + c] : 1.0f) * invstd[invstd_off + c];
+    const float beta = bias ? bias[bias_off + c] : 0.0f;
+% endif
 % endif
     float2 acc = (float2)(0.0f, 0.0f);
     long at = (long)begin * C + c;
@@ -189,6 +247,10 @@ __kernel void channel_column_sums(int N, int C, int per_chunk
 % if mode == "stats":
         const float v = x[x_off + at] - shift;
         acc += (float2)(v, v * v);
+% elif mode == "grad" and derivative:
+        const float xm = x[x_off + at] - shift;
+        const float g = grad_at(dy[dy_off + at], xm, gain, beta);
+        acc += (float2)(g, g * xm);
 % elif mode == "grad":
         const float g = dy[dy_off + at];
         acc += (float2)(g, g * (x[x_off + at] - shift));
@@ -266,17 +328,50 @@ __kernel void channel_apply_inference(int rows, int C, int SV, float eps
     const float c4 = bias ? bias[bias_off + c] : 0.0f;
 ${apply_rows(False)}
 }
+% if derivative:
+
+// The data gradient of act(batch_norm(x)): channel_apply's (u - c0) * c1 + (x - c2) * c3 + c4
+// (c2 the mean) on u = dz = dy * act'(z), z recomputed per element from x and the statistics.
+__kernel void channel_apply_grad(int rows, int C, int SV, __global const float* restrict coef
+    , __global const float* restrict dy, long dy_off
+    , __global const float* restrict x, long x_off
+    , __global const float* restrict weight, long weight_off
+    , __global const float* restrict bias, long bias_off
+    , __global const float* restrict invstd, long invstd_off
+    , __global float* restrict out, long out_off)
+{
+    const int row = get_global_id(1);
+    if (row >= rows)
+        return;
+    const int c = row % C;
+    const float c0 = coef[c * 5 + 0], c1 = coef[c * 5 + 1], c2 = coef[c * 5 + 2];
+    const float c3 = coef[c * 5 + 3], c4 = coef[c * 5 + 4];
+    const float gain = (weight ? weight[weight_off + c] : 1.0f) * invstd[invstd_off + c];
+    const float beta = bias ? bias[bias_off + c] : 0.0f;
+    const long base = (long)row * SV;
+    __global const floatv* dyv = (__global const floatv*)(dy + dy_off) + base;
+    __global const floatv* xv = (__global const floatv*)(x + x_off) + base;
+    __global floatv* outv = (__global floatv*)(out + out_off) + base;
+    for (int s = get_global_id(0); s < SV; s += get_global_size(0)) {
+        const floatv xm = xv[s] - c2;
+        const floatv dz = grad_through_activation(dyv[s], xm, gain, beta);
+        outv[s] = (dz - c0) * c1 + xm * c3 + c4;
+    }
+}
+% endif
 
 % else:
 // The chunk partials of channel c, with compensated (Kahan) summation: a long channel is cut
-// into up to a few thousand chunks, and their sum must not lose what the trees kept.
+// into up to a few thousand chunks, and their sum must not lose what the trees kept. Once the
+// sum is infinite there is nothing to compensate: inf - inf would make the compensation, and
+// every later sum, NaN where torch's mean is that infinity.
 inline float2 sum_chunks(__global const float* partials, int chunks, int C, int c)
 {
     float2 total = (float2)(0.0f, 0.0f), lost = (float2)(0.0f, 0.0f);
     for (int j = 0; j < chunks; ++j) {
         const float2 term = vload2((long)j * C + c, partials) - lost;
         const float2 next = total + term;
-        lost = (next - total) - term;
+        lost = select((float2)(0.0f, 0.0f), (next - total) - term, isfinite(next));
         total = next;
     }
     return total;

@@ -217,7 +217,7 @@ def bn_train_case(bench, input_shape, activation=None):
         targs = [tb.tensor(h) for h in (x_host, scale_host, shift_host)]
         torch_run = lambda: chain(tb.torch, *targs)  # noqa: E731
     moved = 2.0 * 4 * x_host.size
-    return Case(run, verify, moved, "GB/s", algorithm="bn train + act, 1 pass",
+    return Case(run, verify, moved, "GB/s", algorithm="bn train + act, 1 plan",
                 torch_run=torch_run, params={"input": input_shape, "chain": plan.describe()})
 
 

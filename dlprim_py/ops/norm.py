@@ -4,7 +4,9 @@ running-statistics update), layer norm, group norm and local response norm, forw
 Two layers, as elsewhere in the library:
 
 * MIOpen-style functions on caller-owned tensors, which the fusion plans reuse:
-  ``batch_norm_forward_training``, ``batch_norm_forward_inference``, ``batch_norm_backward``.
+  ``batch_norm_forward_training``, ``batch_norm_forward_inference``, ``batch_norm_backward``
+  (training batch norm with an activation, forward and backward, is these with ``activation``:
+  the library's one training batch norm).
 * torch.nn.functional names (``batch_norm``, ``layer_norm``, ``group_norm``,
   ``local_response_norm``) that allocate outputs and record the backward on the autograd tape.
 
@@ -12,18 +14,20 @@ Kernels: ``kernels/norm.cl.mako``. Statistics are reduced by work-group trees ov
 channel, so a channel of 10^7 elements never accumulates in one running float sum; sizes are
 run-time arguments, so a compile serves every shape. Layout: NC* (channels second), float32.
 
-Algorithms, each forced by an environment variable (``config``): the channel reductions run as
-work groups per chunk of a channel with float4 or scalar loads, or as a work item per channel
-for (N, C) inputs (DLPRIM_NORM_ALGO = groups, groups_scalar, columns); layer and group norm run
-a work group per row, or, for group norm with few long rows, the batch-norm kernels on the rows
-(DLPRIM_ROWNORM_ALGO = rows, split).
+Algorithms are the solvers of two families (``dlprim_py.solver``), chosen when a call's plan is
+made: the channel reductions ("norm") run as work groups per chunk of a channel with float4 or
+scalar loads, or as a work item per channel for (N, C) inputs (DLPRIM_NORM_ALGO = groups,
+groups_scalar, columns; rules and chunk tunables in tuning_db/norm.json); layer and group norm
+("rownorm") run a work group per row, or, for group norm with few long rows, the batch-norm
+kernels on the rows (DLPRIM_ROWNORM_ALGO = rows, split; rules in tuning_db/rownorm.json).
 """
 import math
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
-from .. import autograd, config, logcmd, program
+from .. import autograd, config, logcmd, program, solver, tuning
 from ..activation import as_activation
 from ..context import check_same_context
 from ..dtypes import float32
@@ -48,9 +52,10 @@ def _group_size(ctx):
 _plain_programs = weakref.WeakKeyDictionary()
 
 
-def _program(ctx, part="other", mode="stats", activation=None, vector=1):
+def _program(ctx, part="other", mode="stats", activation=None, vector=1, derivative=False):
     """The built ``part`` of norm.cl.mako; parameters a part does not use are left at their
-    defaults, so that they do not multiply its builds."""
+    defaults, so that they do not multiply its builds. ``derivative``: the backward of the
+    activation as well (the "grad" sums and channel_apply_grad)."""
     if activation is None:
         memo = _plain_programs.get(ctx)
         if memo is None:
@@ -58,22 +63,25 @@ def _program(ctx, part="other", mode="stats", activation=None, vector=1):
         key = (part, mode, vector)
         built = memo.get(key)
         if built is None:
-            built = memo[key] = _build_program(ctx, part, mode, None, vector)
+            built = memo[key] = _build_program(ctx, part, mode, None, vector, False)
         return built
-    return _build_program(ctx, part, mode, activation, vector)
+    return _build_program(ctx, part, mode, activation, vector, derivative)
 
 
-def _build_program(ctx, part, mode, activation, vector):
+def _build_program(ctx, part, mode, activation, vector, derivative):
     desc = as_activation(activation)
-    code = "v_act" if desc is None or desc.is_identity else desc.forward_code("v_act")
+    identity = desc is None or desc.is_identity
+    code = "v_act" if identity else desc.forward_code("v_act")
     if part != "sums":
         mode = "stats"
-    if part != "apply":
+    backward = derivative and not identity and (part == "apply" or mode == "grad")
+    if part != "apply" and not backward:
         code = "v_act"
     if part == "other":
         vector = 1
-    return program.build(ctx, "norm", dict(part=part, group_size=_group_size(ctx), mode=mode,
-                                           activation=code, vector=vector))
+    return program.build(ctx, "norm", dict(
+        part=part, group_size=_group_size(ctx), mode=mode, activation=code, vector=vector,
+        derivative=desc.derivative_code("z", "a") if backward else ""))
 
 
 def vector_width(S, *tensors, algorithm=None):
@@ -123,41 +131,170 @@ def _bn_view(x, mode):
 
 
 # ---- channel statistics (batch norm, and the weight gradients of layer/group norm) --------
+#
+# The solvers of the "norm" family (dlprim_py.solver): "groups", a work group per (channel,
+# chunk) with float4 loads where they apply; "groups_scalar", the same with scalar loads;
+# "columns", a work item per (channel, chunk of rows), for S == 1. DLPRIM_NORM_ALGO forces one;
+# otherwise the first rule of tuning_db/norm.json that names an applicable one, whose params
+# also give the solver's split of a channel into chunks.
 
-# "groups": a work group per (channel, chunk), float4 loads where they apply; "groups_scalar":
-# the same with scalar loads; "columns": a work item per (channel, chunk of rows), for S == 1.
 ALGORITHMS = ("groups", "groups_scalar", "columns")
 
 
-def select_algorithm(C, S, forced=None):
-    """The channel-reduction algorithm: ``forced`` (else ``DLPRIM_NORM_ALGO``) when it applies,
-    else columns for wide (N, C) inputs and groups otherwise."""
-    forced = forced or config.forced_algorithm("norm")
-    if forced is not None:
-        if forced not in ALGORITHMS:
-            raise UnsupportedError(f"normalization algorithm must be one of {', '.join(ALGORITHMS)}, "
-                                   f"got {forced!r}")
-        if forced != "columns" or S == 1:
-            return forced
-    return "columns" if S == 1 and C >= 32 else "groups"
+@dataclass(frozen=True)
+class ChannelSumsProblem:
+    """Per-channel sums of x seen as (N, C, S) (``mode``: "stats", "grad", "grad_affine"; see
+    kernels/norm.cl.mako); ``aligned``: S and the operands' offsets allow float4 loads;
+    ``chunks``: a forced split of each channel (None: the solver's); ``activation``: the
+    activation whose derivative the "grad" sums go through (fused training batch norm), or
+    None."""
+    mode: str
+    n: int
+    c: int
+    s: int
+    aligned: bool
+    chunks: object = None
+    activation: object = None
+
+    def key(self):
+        act = "" if self.activation is None else f" act={self.activation.key}"
+        split = "" if self.chunks is None else f" chunks={self.chunks}"
+        return (f"norm {self.mode} n={self.n} c={self.c} s={self.s} "
+                f"aligned={int(self.aligned)}{split}{act}")
+
+    def features(self):
+        return {"mode": self.mode, "n": self.n, "c": self.c, "s": self.s,
+                "aligned": int(self.aligned)}
 
 
-def _chunks(ctx, C, M, forced=None, algorithm="groups"):
-    """How many pieces one channel's M positions are cut into, and the positions per piece."""
-    if forced is not None:
-        chunks = forced
-    elif algorithm == "columns":
-        # Few enough chunks that the finalize kernel's sequential sum over them stays short.
-        chunks = min(64, -(-ctx.info.compute_units * 2048 // C), -(-M // 16))
-    else:
-        # About eight positions per work item: many short work groups, so the last partial
-        # wave of groups on the device costs little; at least eight groups per compute unit.
+class ChannelSums:
+    """A prepared channel reduction: its kernel, split and launch, fixed for one problem.
+    ``run`` enqueues it and returns the (chunks, C, 2) partial sums; ``scalar_loads``: the
+    elementwise step after it keeps to scalar loads too (groups_scalar)."""
+
+    def __init__(self, ctx, problem, kernel_name, vector, chunks, per_chunk, global_size,
+                 local_size, sizes, scalar_loads):
+        self.ctx = ctx
+        self.problem = problem
+        self.vector = vector
+        self.chunks = chunks
+        self.scalar_loads = scalar_loads
+        derivative = problem.activation is not None
+        self.kernel = bind(_program(ctx, "sums", problem.mode, problem.activation, vector,
+                                    derivative).kernel(kernel_name))
+        self.global_size, self.local_size = global_size, local_size
+        self.head = tuple(np.int32(v) for v in sizes) + (np.int32(per_chunk),)
+
+    def run(self, x, dy=None, mean=None, row_mean=None, row_rstd=None, G=1, Cg=1, weight=None,
+            bias=None, invstd=None):
+        p = self.problem
+        extra = []
+        if p.mode != "stats":
+            extra += [dy.buffer, np.int64(dy.offset_elements)]
+        if p.mode == "grad":
+            extra += [mean.buffer, np.int64(mean.offset_elements)]
+            if p.activation is not None:
+                extra += [*_buf(weight), *_buf(bias), *_buf(invstd)]
+        elif p.mode == "grad_affine":
+            extra += [row_mean.buffer, row_rstd.buffer, np.int32(G), np.int32(Cg)]
+        partials = Tensor.empty(self.ctx, (self.chunks, p.c, 2), float32)
+        self.kernel(self.ctx.queue, self.global_size, self.local_size, *self.head, x.buffer,
+                    np.int64(x.offset_elements), *extra, partials.buffer)
+        return partials
+
+
+class _ChannelSolver(solver.Solver):
+    def tunables(self, ctx, problem):
+        """This solver's params in tuning_db/norm.json (the first rule naming it that holds)."""
+        features = dict(problem.features(), gpu=int(ctx.info.is_gpu))
+        params, _ = tuning.lookup(ctx.info, "norm", features,
+                                  lambda params: params.get("solver") == self.name)
+        return params
+
+
+class GroupSums(_ChannelSolver):
+    """A work group per (channel, chunk); float4 loads where the problem is aligned, unless
+    ``scalar``."""
+
+    def __init__(self, name, scalar):
+        self.name = name
+        self.scalar = scalar
+
+    def prepare(self, ctx, problem):
+        vector = 4 if problem.aligned and not self.scalar else 1
+        M = problem.n * (problem.s // vector)
+        chunks = problem.chunks
+        if chunks is None:
+            params = self.tunables(ctx, problem)
+            group = _group_size(ctx)
+            chunks = max(-(-params["groups_per_unit"] * ctx.info.compute_units // problem.c),
+                         -(-M // (params["positions_per_item"] * group)))
+            chunks = min(chunks, -(-M // group), params["max_chunks"])
+        chunks, per_chunk = _split(M, chunks)
         group = _group_size(ctx)
-        chunks = max(-(-8 * ctx.info.compute_units // C), -(-M // (8 * group)))
-        chunks = min(chunks, -(-M // group), 4096)
+        return ChannelSums(ctx, problem, "channel_partial_sums", vector, chunks, per_chunk,
+                           (group * chunks, problem.c), (group, 1),
+                           (problem.n, problem.c, problem.s // vector), self.scalar)
+
+
+class ColumnSums(_ChannelSolver):
+    """A work item per (channel, chunk of rows), S == 1: a warp reads consecutive channels of a
+    row where a work group per channel would read a column with stride C."""
+    name = "columns"
+
+    def applies(self, ctx, problem):
+        return problem.s == 1
+
+    def prepare(self, ctx, problem):
+        chunks = problem.chunks
+        if chunks is None:
+            params = self.tunables(ctx, problem)
+            chunks = min(params["max_chunks"],
+                         -(-ctx.info.compute_units * params["items_per_unit"] // problem.c),
+                         -(-problem.n // params["min_rows_per_chunk"]))
+        chunks, per_chunk = _split(problem.n, chunks)
+        local = min(64, ctx.info.max_work_group_size)
+        return ChannelSums(ctx, problem, "channel_column_sums", 1, chunks, per_chunk,
+                           (-(-problem.c // local) * local, chunks), (local, 1),
+                           (problem.n, problem.c), False)
+
+
+def _split(M, chunks):
+    """(chunks, positions per chunk) cutting M positions into about ``chunks`` pieces."""
     chunks = max(1, min(chunks, M))
     per_chunk = -(-M // chunks)
     return -(-M // per_chunk), per_chunk
+
+
+FAMILY = solver.register(solver.Family(
+    "norm", [GroupSums("groups", False), GroupSums("groups_scalar", True), ColumnSums()],
+    title="normalization algorithm"))
+
+
+def select_algorithm(ctx, problem, forced=None):
+    """The channel-reduction solver for ``problem``: ``forced`` (a name; an error where it does
+    not apply), else ``solver.select`` (DLPRIM_NORM_ALGO, else tuning_db/norm.json)."""
+    if forced is None:
+        return solver.select(ctx, "norm", problem)
+    chosen = FAMILY.solver(forced)
+    if not chosen.applies(ctx, problem):
+        raise UnsupportedError(f"normalization algorithm {forced!r} does not apply to "
+                               f"{problem.key()}; applicable: "
+                               f"{', '.join(FAMILY.applicable(ctx, problem))}")
+    return chosen
+
+
+def prepared_sums(ctx, mode, N, C, S, operands, chunks=None, algorithm=None, activation=None):
+    """The prepared reduction (``ChannelSums``) of x seen as (N, C, S) whose float4 alignment
+    ``operands`` (x, and dy where read) decide: made once per problem and context."""
+    aligned = S % 4 == 0 and all(t is None or t.offset_elements % 4 == 0 for t in operands)
+    problem = ChannelSumsProblem(mode, N, C, S, aligned, chunks, activation)
+    chosen = select_algorithm(ctx, problem, algorithm)
+    key = ("norm.sums", chosen.name, problem)
+    prepared = ctx.plans.get(key)
+    if prepared is None:
+        prepared = ctx.plans.put(key, chosen.prepare(ctx, problem))
+    return prepared
 
 
 def channel_partial_sums(ctx, mode, N, C, S, x, dy=None, mean=None, row_mean=None, row_rstd=None,
@@ -165,31 +302,8 @@ def channel_partial_sums(ctx, mode, N, C, S, x, dy=None, mean=None, row_mean=Non
     """Per-channel partial sums of x seen as (N, C, S); see ``kernels/norm.cl.mako``.
     Returns (partials, chunks) with partials a (chunks, C, 2) float32 tensor. ``chunks`` forces
     the split of each channel (None: chosen for the device); ``algorithm`` one of ALGORITHMS."""
-    algorithm = select_algorithm(C, S, algorithm)
-    i32 = np.int32
-    extra = []
-    if mode != "stats":
-        extra += [dy.buffer, np.int64(dy.offset_elements)]
-    if mode == "grad":
-        extra += [mean.buffer, np.int64(mean.offset_elements)]
-    elif mode == "grad_affine":
-        extra += [row_mean.buffer, row_rstd.buffer, i32(G), i32(Cg)]
-    if algorithm == "columns":
-        chunks, per_chunk = _chunks(ctx, C, N, chunks, algorithm)
-        partials = Tensor.empty(ctx, (chunks, C, 2), float32)
-        kernel = bind(_program(ctx, "sums", mode).kernel("channel_column_sums"))
-        local = min(64, ctx.info.max_work_group_size)
-        kernel(ctx.queue, (-(-C // local) * local, chunks), (local, 1), i32(N), i32(C),
-               i32(per_chunk), x.buffer, np.int64(x.offset_elements), *extra, partials.buffer)
-        return partials, chunks
-    vector = vector_width(S, x, dy, algorithm=algorithm)
-    chunks, per_chunk = _chunks(ctx, C, N * (S // vector), chunks, algorithm)
-    partials = Tensor.empty(ctx, (chunks, C, 2), float32)
-    kernel = bind(_program(ctx, "sums", mode, vector=vector).kernel("channel_partial_sums"))
-    group = _group_size(ctx)
-    kernel(ctx.queue, (group * chunks, C), (group, 1), i32(N), i32(C), i32(S // vector),
-           i32(per_chunk), x.buffer, np.int64(x.offset_elements), *extra, partials.buffer)
-    return partials, chunks
+    sums = prepared_sums(ctx, mode, N, C, S, (x, dy), chunks, algorithm)
+    return sums.run(x, dy, mean, row_mean, row_rstd, G, Cg), sums.chunks
 
 
 def _per_channel_launch(ctx, kernel, C, *args):
@@ -213,11 +327,11 @@ def _apply_local_size(positions, limit):
     return local0, max(1, limit // local0)
 
 
-def _apply(ctx, N, C, S, coef, u, v, out, activation=None):
+def _apply(ctx, N, C, S, coef, u, v, out, activation=None, scalar_loads=False):
     rows = N * C
     if rows == 0 or S == 0:
         return
-    vector = vector_width(S, u, v, out, algorithm=config.forced_algorithm("norm"))
+    vector = 1 if scalar_loads else vector_width(S, u, v, out)
     positions = S // vector
     local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
     kernel = bind(_program(ctx, "apply", activation=activation, vector=vector).kernel("channel_apply"))
@@ -225,6 +339,21 @@ def _apply(ctx, N, C, S, coef, u, v, out, activation=None):
     kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
            coef.buffer, u.buffer, np.int64(u.offset_elements), *_buf(v), out.buffer,
            np.int64(out.offset_elements))
+
+
+def _apply_grad(ctx, N, C, S, coef, dy, x, dx, weight, bias, invstd, activation, scalar_loads):
+    """dx of act(batch_norm(x)) from the finalized coefficients: channel_apply_grad."""
+    rows = N * C
+    vector = 1 if scalar_loads else vector_width(S, dy, x, dx)
+    positions = S // vector
+    local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
+    kernel = bind(_program(ctx, "apply", activation=activation, vector=vector, derivative=True)
+                  .kernel("channel_apply_grad"))
+    gsize = (-(-positions // local0) * local0, -(-rows // local1) * local1)
+    kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
+           coef.buffer, dy.buffer, np.int64(dy.offset_elements), x.buffer,
+           np.int64(x.offset_elements), *_buf(weight), *_buf(bias), *_buf(invstd), dx.buffer,
+           np.int64(dx.offset_elements))
 
 
 # ---- batch norm, MIOpen style -------------------------------------------------------------
@@ -259,7 +388,7 @@ def _check_bn(x, y, mode, named, y_name="y"):
 
 def batch_norm_forward_training(x, y, weight=None, bias=None, running_mean=None, running_var=None,
                                 save_mean=None, save_invstd=None, momentum=0.1, eps=1e-5,
-                                mode="spatial", activation=None, chunks=None):
+                                mode="spatial", activation=None, chunks=None, algorithm=None):
     """Batch norm with batch statistics: y = act((x - mean) / sqrt(var + eps) * weight + bias).
 
     x, y: (N, C, ...) float32. mode "spatial": statistics per channel over N and every spatial
@@ -268,27 +397,41 @@ def batch_norm_forward_training(x, y, weight=None, bias=None, running_mean=None,
     neither) are updated in place with ``momentum`` (running_var with the unbiased variance).
     save_mean/save_invstd (both or neither) receive the batch mean and 1/sqrt(var + eps), which
     ``batch_norm_backward`` takes. ``activation``: an optional fused activation (descriptor or
-    name). ``chunks`` forces how many work groups reduce one channel.
+    name). ``chunks`` forces how many work groups reduce one channel, ``algorithm`` the
+    reduction's solver (one of ALGORITHMS; else DLPRIM_NORM_ALGO, else tuning_db/norm.json).
+
+    As torch, one value per channel (N * S == 1) is refused, and an empty batch computes
+    nothing (the running statistics stay as they are).
     """
     N, C, S = _check_bn(x, y, mode, dict(weight=weight, bias=bias, running_mean=running_mean,
                                          running_var=running_var, save_mean=save_mean,
                                          save_invstd=save_invstd))
     if (running_mean is None) != (running_var is None) or (save_mean is None) != (save_invstd is None):
         raise ShapeError("give running_mean with running_var, and save_mean with save_invstd")
-    if N * S <= 1:
-        raise ShapeError(f"batch norm training needs more than one value per channel, got input "
-                         f"shape {x.shape} in {mode} mode")
+    _check_count(x, N * S, mode)
     _log_bnorm(x, mode, 1, save=int(save_mean is not None), run=int(running_mean is not None),
                activation=activation)
+    if N * S == 0:
+        return
     ctx = x.ctx
-    partials, chunks = channel_partial_sums(ctx, "stats", N, C, S, x, chunks=chunks)
+    sums = prepared_sums(ctx, "stats", N, C, S, (x,), chunks, algorithm)
+    partials = sums.run(x)
     coef = Tensor.empty(ctx, (C, 5), float32)
     kernel = bind(_program(ctx).kernel("channel_finalize_stats"))
-    _per_channel_launch(ctx, kernel, C, np.int32(N), np.int32(C), np.int32(S), np.int32(chunks),
-                        np.float32(eps), np.float32(momentum), x.buffer, np.int64(x.offset_elements),
-                        partials.buffer, *_buf(weight), *_buf(bias), *_buf(running_mean),
-                        *_buf(running_var), *_buf(save_mean), *_buf(save_invstd), coef.buffer)
-    _apply(ctx, N, C, S, coef, x, None, y, activation)
+    _per_channel_launch(ctx, kernel, C, np.int32(N), np.int32(C), np.int32(S),
+                        np.int32(sums.chunks), np.float32(eps), np.float32(momentum), x.buffer,
+                        np.int64(x.offset_elements), partials.buffer, *_buf(weight), *_buf(bias),
+                        *_buf(running_mean), *_buf(running_var), *_buf(save_mean),
+                        *_buf(save_invstd), coef.buffer)
+    _apply(ctx, N, C, S, coef, x, None, y, activation, sums.scalar_loads)
+
+
+def _check_count(x, count, mode):
+    """torch's refusal of training statistics over one value per channel (its message:
+    "Expected more than 1 value per channel when training"); an empty batch passes."""
+    if count == 1:
+        raise ShapeError(f"batch norm training: expected more than one value per channel, got "
+                         f"input shape {x.shape} in {mode} mode")
 
 
 def batch_norm_forward_inference(x, y, weight=None, bias=None, running_mean=None, running_var=None,
@@ -316,33 +459,54 @@ def batch_norm_forward_inference(x, y, weight=None, bias=None, running_mean=None
 
 
 def batch_norm_backward(x, dy, dx, weight=None, mean=None, invstd=None, dweight=None, dbias=None,
-                        mode="spatial", training=True, chunks=None):
-    """Gradients of batch norm (without a fused activation).
+                        mode="spatial", training=True, chunks=None, bias=None, activation=None,
+                        algorithm=None):
+    """Gradients of batch norm, or of act(batch norm) with ``activation``.
 
     ``mean``/``invstd``: the statistics the forward used: save_mean/save_invstd of a training
     forward (``training=True``: the statistics depend on x, which the gradient includes), or the
     running mean and 1/sqrt(running_var + eps) of inference (``training=False``). Writes dx
     (may be None), and dweight/dbias when given (per channel). x, dy, dx: (N, C, ...) float32.
+    ``activation`` (descriptor or name): dy is the gradient at act's output, and the kernels
+    recompute act's input (x - mean) * invstd * weight + bias per element (``bias``: the
+    forward's). ``chunks``/``algorithm`` as in ``batch_norm_forward_training``.
     """
-    N, C, S = _check_bn(x, dy, mode, dict(weight=weight, mean=mean, invstd=invstd,
+    N, C, S = _check_bn(x, dy, mode, dict(weight=weight, bias=bias, mean=mean, invstd=invstd,
                                           dweight=dweight, dbias=dbias), y_name="dy")
     if mean is None or invstd is None:
         raise ShapeError("batch norm backward needs the mean and invstd its forward used")
-    _log_bnorm(x, mode, 0, back=1)
+    desc = as_activation(activation)
+    if desc is not None and desc.is_identity:
+        desc = None
+    _log_bnorm(x, mode, 0, back=1, activation=desc)
     if dx is not None:
         _check_float("dx", dx)
         if dx.shape != x.shape:
             raise ShapeError(f"dx must have x's shape {x.shape}, got {dx.shape}")
         check_same_context(x, dx)
+    if training:
+        _check_count(x, N * S, mode)
+    if N * S == 0:
+        # Nothing flows back from an empty batch: zero weight and bias gradients, as torch's.
+        for t in (dweight, dbias):
+            if t is not None:
+                t.fill_(0.0)
+        return
     ctx = x.ctx
-    partials, chunks = channel_partial_sums(ctx, "grad", N, C, S, x, dy=dy, mean=mean, chunks=chunks)
+    sums = prepared_sums(ctx, "grad", N, C, S, (x, dy), chunks, algorithm, desc)
+    partials = sums.run(x, dy=dy, mean=mean, weight=weight, bias=bias, invstd=invstd)
     coef = Tensor.empty(ctx, (C, 5), float32)
     kernel = bind(_program(ctx).kernel("channel_finalize_grad"))
-    _per_channel_launch(ctx, kernel, C, np.int32(N), np.int32(C), np.int32(S), np.int32(chunks),
-                        np.int32(bool(training)), partials.buffer, *_buf(mean), *_buf(invstd),
-                        *_buf(weight), *_buf(dweight), *_buf(dbias), coef.buffer)
-    if dx is not None:
-        _apply(ctx, N, C, S, coef, dy, x, dx)
+    _per_channel_launch(ctx, kernel, C, np.int32(N), np.int32(C), np.int32(S),
+                        np.int32(sums.chunks), np.int32(bool(training)), partials.buffer,
+                        *_buf(mean), *_buf(invstd), *_buf(weight), *_buf(dweight), *_buf(dbias),
+                        coef.buffer)
+    if dx is None:
+        return
+    if desc is None:
+        _apply(ctx, N, C, S, coef, dy, x, dx, scalar_loads=sums.scalar_loads)
+    else:
+        _apply_grad(ctx, N, C, S, coef, dy, x, dx, weight, bias, invstd, desc, sums.scalar_loads)
 
 
 _invstd_kernel = PointwiseKernel("bn_invstd", [("var", float32)], [("invstd", float32)],
@@ -407,23 +571,103 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 
 # ---- layer norm and group norm --------------------------------------------------------------
 
-# Layer and group norm: "rows" runs a work group per row; "split" (group norm) cuts each row
-# over many work groups through the batch-norm kernels, for few long rows.
+# Layer and group norm: the solvers of the "rownorm" family. "rows" runs a work group per row;
+# "split" (group norm) cuts each row over many work groups through the batch-norm kernels, for
+# few long rows. DLPRIM_ROWNORM_ALGO forces one; otherwise tuning_db/rownorm.json's rules.
 ROW_ALGORITHMS = ("rows", "split")
 
 
+@dataclass(frozen=True)
+class RowNormProblem:
+    """Statistics of ``rows`` rows of ``d`` elements; ``splittable``: group norm's (N, C, ...)
+    input, which "split" takes; ``units``: the device's compute units, which the rules compare
+    the rows with (``rows_per_unit``)."""
+    rows: int
+    d: int
+    splittable: bool
+    units: int
+
+    def key(self):
+        return (f"rownorm rows={self.rows} d={self.d} splittable={int(self.splittable)} "
+                f"units={self.units}")
+
+    def features(self):
+        return {"rows": self.rows, "d": self.d, "splittable": int(self.splittable),
+                "rows_per_unit": self.rows // max(self.units, 1)}
+
+
+class _Rows:
+    """row_norm_forward / row_norm_backward: a work group per row."""
+
+    def __init__(self, ctx):
+        prog = _program(ctx)
+        self.ctx = ctx
+        self.group = _group_size(ctx)
+        self.forward_kernel = bind(prog.kernel("row_norm_forward"))
+        self.backward_kernel = bind(prog.kernel("row_norm_backward"))
+
+    def forward(self, x, y, rows, D, G, Cg, S, weight, bias, eps, save_mean, save_rstd):
+        i32 = np.int32
+        self.forward_kernel(
+            self.ctx.queue, (self.group * rows,), (self.group,), i32(D), i32(G), i32(Cg), i32(S),
+            np.float32(eps), x.buffer, np.int64(x.offset_elements), *_buf(weight), *_buf(bias),
+            y.buffer, np.int64(y.offset_elements), save_mean.buffer, save_rstd.buffer)
+
+    def backward(self, x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd):
+        i32 = np.int32
+        self.backward_kernel(
+            self.ctx.queue, (self.group * rows,), (self.group,), i32(D), i32(G), i32(Cg), i32(S),
+            x.buffer, np.int64(x.offset_elements), g.buffer, np.int64(g.offset_elements),
+            *_buf(weight), save_mean.buffer, save_rstd.buffer, dx.buffer,
+            np.int64(dx.offset_elements))
+
+
+class _Split:
+    """Group norm through the batch-norm kernels on the view (1, rows, D)."""
+
+    def forward(self, x, y, rows, D, G, Cg, S, weight, bias, eps, save_mean, save_rstd):
+        _split_forward(x, rows, D, G, weight, bias, eps, y, save_mean, save_rstd)
+
+    def backward(self, x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd):
+        _split_backward(x, g, dx, rows, D, weight, save_mean, save_rstd)
+
+
+class RowsSolver(solver.Solver):
+    name = "rows"
+
+    def prepare(self, ctx, problem):
+        return _Rows(ctx)
+
+
+class SplitSolver(solver.Solver):
+    name = "split"
+
+    def applies(self, ctx, problem):
+        return problem.splittable
+
+    def prepare(self, ctx, problem):
+        return _Split()
+
+
+ROW_FAMILY = solver.register(solver.Family("rownorm", [RowsSolver(), SplitSolver()],
+                                           title="layer/group norm algorithm"))
+
+
 def row_algorithm(ctx, rows, D, splittable):
-    """``DLPRIM_ROWNORM_ALGO`` where it applies, else "split" for group norm with too few rows to
-    fill the device and rows long enough to share, else "rows"."""
-    forced = config.forced_algorithm("rownorm")
-    if forced is not None and forced not in ROW_ALGORITHMS:
-        raise UnsupportedError(f"layer/group norm algorithm must be one of "
-                               f"{', '.join(ROW_ALGORITHMS)}, got {forced!r}")
-    if not splittable or forced == "rows":
-        return "rows"
-    if forced == "split" or (rows < 4 * ctx.info.compute_units and D >= 1024):
-        return "split"
-    return "rows"
+    """The solver for ``rows`` rows of D elements (``solver.select``: DLPRIM_ROWNORM_ALGO, an
+    error where it does not apply; else tuning_db/rownorm.json: "split" for group norm with too
+    few rows to fill the device and rows long enough to share, else "rows")."""
+    return solver.select(ctx, "rownorm", RowNormProblem(rows, D, bool(splittable),
+                                                        ctx.info.compute_units))
+
+
+def _prepared_rows(ctx, rows, D, splittable):
+    chosen = row_algorithm(ctx, rows, D, splittable)
+    key = ("rownorm.prepared", chosen.name, ctx.info.compute_units)
+    prepared = ctx.plans.get(key)
+    if prepared is None:
+        prepared = ctx.plans.put(key, chosen.prepare(ctx, None))
+    return prepared
 
 
 def _split_forward(x, rows, D, G, weight, bias, eps, y, save_mean, save_rstd):
@@ -432,18 +676,19 @@ def _split_forward(x, rows, D, G, weight, bias, eps, y, save_mean, save_rstd):
     N, C = x.shape[:2]
     S = D * G // C
     i32 = np.int32
-    partials, chunks = channel_partial_sums(ctx, "stats", 1, rows, D, x)
+    sums = prepared_sums(ctx, "stats", 1, rows, D, (x,))
+    partials = sums.run(x)
     prog = _program(ctx)
     row_coef = Tensor.empty(ctx, (rows, 5), float32)
     _per_channel_launch(ctx, bind(prog.kernel("channel_finalize_stats")), rows, i32(1), i32(rows), i32(D),
-                        i32(chunks), np.float32(eps), np.float32(0.0), x.buffer,
+                        i32(sums.chunks), np.float32(eps), np.float32(0.0), x.buffer,
                         np.int64(x.offset_elements), partials.buffer, *_buf(None), *_buf(None),
                         *_buf(None), *_buf(None), *_buf(save_mean), *_buf(save_rstd),
                         row_coef.buffer)
     coef = Tensor.empty(ctx, (N * C, 5), float32)
     _per_channel_launch(ctx, bind(prog.kernel("group_norm_coef")), N * C, i32(N), i32(C), i32(G),
                         save_mean.buffer, save_rstd.buffer, *_buf(weight), *_buf(bias), coef.buffer)
-    _apply(ctx, 1, N * C, S, coef, x, None, y)
+    _apply(ctx, 1, N * C, S, coef, x, None, y, scalar_loads=sums.scalar_loads)
 
 
 def _split_backward(x, g, dx, rows, D, weight, save_mean, save_rstd):
@@ -454,12 +699,13 @@ def _split_backward(x, g, dx, rows, D, weight, save_mean, save_rstd):
     if weight is not None:
         from .pointwise import binary
         g = binary("mul", g, weight.reshape((weight.size,) + (1,) * (x.ndim - 2)))
-    partials, chunks = channel_partial_sums(ctx, "grad", 1, rows, D, x, dy=g, mean=save_mean)
+    sums = prepared_sums(ctx, "grad", 1, rows, D, (x, g))
+    partials = sums.run(x, dy=g, mean=save_mean)
     coef = Tensor.empty(ctx, (rows, 5), float32)
     _per_channel_launch(ctx, bind(_program(ctx).kernel("channel_finalize_grad")), rows, i32(1), i32(rows),
-                        i32(D), i32(chunks), i32(1), partials.buffer, *_buf(save_mean),
+                        i32(D), i32(sums.chunks), i32(1), partials.buffer, *_buf(save_mean),
                         *_buf(save_rstd), *_buf(None), *_buf(None), *_buf(None), coef.buffer)
-    _apply(ctx, 1, rows, D, coef, g, x, dx)
+    _apply(ctx, 1, rows, D, coef, g, x, dx, scalar_loads=sums.scalar_loads)
 
 
 def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittable=False):
@@ -470,28 +716,14 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
     y = Tensor.empty(ctx, x.shape, float32)
     save_mean = Tensor.empty(ctx, (max(rows, 1),), float32)
     save_rstd = Tensor.empty(ctx, (max(rows, 1),), float32)
-    prog = _program(ctx)
-    group = _group_size(ctx)
-    i32 = np.int32
-    algorithm = row_algorithm(ctx, rows, D, splittable)
-    if rows and D and algorithm == "split":
-        _split_forward(x, rows, D, G, weight, bias, eps, y, save_mean, save_rstd)
-    elif rows and D:
-        bind(prog.kernel("row_norm_forward"))(
-            ctx.queue, (group * rows,), (group,), i32(D), i32(G), i32(Cg), i32(S), np.float32(eps),
-            x.buffer, np.int64(x.offset_elements), *_buf(weight), *_buf(bias), y.buffer,
-            np.int64(y.offset_elements), save_mean.buffer, save_rstd.buffer)
+    rows_solver = _prepared_rows(ctx, rows, D, splittable) if rows and D else None
+    if rows_solver is not None:
+        rows_solver.forward(x, y, rows, D, G, Cg, S, weight, bias, eps, save_mean, save_rstd)
 
     def backward(g):
         dx = Tensor.empty(ctx, x.shape, float32)
-        if rows and D and algorithm == "split":
-            _split_backward(x, g, dx, rows, D, weight, save_mean, save_rstd)
-        elif rows and D:
-            bind(prog.kernel("row_norm_backward"))(
-                ctx.queue, (group * rows,), (group,), i32(D), i32(G), i32(Cg), i32(S),
-                x.buffer, np.int64(x.offset_elements), g.buffer, np.int64(g.offset_elements),
-                *_buf(weight), save_mean.buffer, save_rstd.buffer, dx.buffer,
-                np.int64(dx.offset_elements))
+        if rows_solver is not None:
+            rows_solver.backward(x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd)
         dweight = dbias = None
         if weight is not None or bias is not None:
             N, C, S_ = grad_view
@@ -501,8 +733,9 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
                 partials, chunks = channel_partial_sums(ctx, "grad_affine", N, C, S_, x, dy=g,
                                                         row_mean=save_mean, row_rstd=save_rstd,
                                                         G=G, Cg=Cg)
-                _per_channel_launch(ctx, bind(prog.kernel("channel_finalize_sums")), C, i32(C),
-                                    i32(chunks), partials.buffer, *_buf(dweight), *_buf(dbias))
+                _per_channel_launch(ctx, bind(_program(ctx).kernel("channel_finalize_sums")), C,
+                                    np.int32(C), np.int32(chunks), partials.buffer, *_buf(dweight),
+                                    *_buf(dbias))
             else:
                 for t in (dweight, dbias):
                     if t is not None:

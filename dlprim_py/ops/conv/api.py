@@ -45,7 +45,7 @@ class Convolution:
     # Recorded plans kept per operator (directions x algorithms x epilogues in use).
     PLANS = 16
 
-    def __init__(self, ctx, input_desc, weight_desc, conv_desc, layout="NCHW"):
+    def __init__(self, ctx, input_desc, weight_desc, conv_desc, layout="NCHW", *, prebuild=True):
         if not isinstance(conv_desc, ConvolutionDesc):
             raise ShapeError(f"conv_desc must be a ConvolutionDesc, got {type(conv_desc).__name__}")
         for d, what in ((input_desc, "input_desc"), (weight_desc, "weight_desc")):
@@ -68,9 +68,21 @@ class Convolution:
         # offsets and aliasing, on its own buffers (dlprim_py/launch.py): plans of this
         # operator's own, which live as long as it does.
         self._plans = PlanCache(self.PLANS)
-        # Build the forward kernels now so that a call only enqueues.
-        name = self._choose("forward")
-        selection.algorithm(name).prepare(ctx, self.problem, "forward")
+        # Build the forward kernels now so that a call only enqueues; a caller that runs only
+        # ``prepared`` epilogues (a fusion plan) passes prebuild=False and builds those alone.
+        if prebuild:
+            name = self._choose("forward")
+            selection.algorithm(name).prepare(ctx, self.problem, "forward")
+
+    def prepared(self, direction, epilogue=Epilogue(), algo=None):
+        """``direction`` on algorithm ``algo`` (None: the choice, as a call's) with ``epilogue``
+        (an ``Epilogue``; forward only), its kernels built and its workspace allocated now: a
+        ``PreparedRun``, whose ``run(src, other, dst, ep)`` enqueues on the tensors given."""
+        self._check_direction(direction)
+        name, algorithm, need = self._resolve(algo, direction)
+        algorithm.prepare(self.ctx, self.problem, direction, epilogue)
+        workspace = Tensor.empty(self.ctx, (need // 4,)) if need else None
+        return PreparedRun(self, direction, name, epilogue, workspace)
 
     def algorithms(self, direction="forward"):
         """Names of the algorithms that apply to this problem, in priority order."""
@@ -208,6 +220,27 @@ class Convolution:
         check_same_context(dy, db)
         backward_bias(self.ctx, p, dy, db, alpha, beta)
         return db
+
+
+class PreparedRun:
+    """A direction of a ``Convolution`` with its algorithm, epilogue and workspace fixed
+    (``Convolution.prepared``). ``algorithm``: the algorithm's name."""
+
+    __slots__ = ("convolution", "direction", "algorithm", "epilogue", "workspace")
+
+    def __init__(self, convolution, direction, algorithm, epilogue, workspace):
+        self.convolution = convolution
+        self.direction = direction
+        self.algorithm = algorithm
+        self.epilogue = epilogue
+        self.workspace = workspace
+
+    def run(self, src, other, dst, ep):
+        """``dst = alpha * result (through the epilogue) + beta * dst`` with ``ep`` (an
+        ``EpilogueArgs``) the epilogue's operands; operands as ``Convolution``'s methods take
+        them per direction (forward: x, w, y)."""
+        return self.convolution._run(self.direction, self.algorithm, src, other, dst, ep,
+                                     self.epilogue, self.workspace)
 
 
 def _plan(ctx, input_shape, weight_shape, conv_desc, layout="NCHW"):
