@@ -9,7 +9,7 @@ from ..dtypes import float32
 from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError
 from ..launch import enqueue
 from ..tensor import Tensor, TensorDesc
-from .ops import (BN_PER_ACTIVATION, HORIZONTAL, VERTICAL, OpSpec, activation_desc,
+from .ops import (BN_PER_ACTIVATION, HORIZONTAL, VERTICAL, FusionProblem, OpSpec, activation_desc,
                   activation_of, chain_message, chain_parameters, check_param_desc,
                   check_param_tensor, param_view)
 
@@ -238,7 +238,6 @@ class HorizontalConvsRun:
     [activation] on the concatenated channels)."""
 
     def __init__(self, ctx, problem):
-        from .plan import FusionProblem
         self.ctx = ctx
         self.branches = []          # [conv spec, bias spec or None]
         self.activation = None

@@ -392,3 +392,22 @@ def activation_of(spec, values):
     if values is None:
         return activation_desc(spec.mode)
     return values[spec.index]["activation"]
+
+
+@dataclass(frozen=True)
+class FusionProblem:
+    """A chain of operators on one input: what a fused solver is chosen for. ``ops``: the ops'
+    ``OpSpec``s in plan order."""
+    direction: str
+    input_shape: tuple
+    ops: tuple
+
+    def key(self):
+        return (f"fusion {self.direction} {'x'.join(map(str, self.input_shape))}: "
+                + " -> ".join(op.describe() for op in self.ops))
+
+    def features(self):
+        return {"direction": self.direction, "ops": len(self.ops),
+                "first": self.ops[0].kind if self.ops else "",
+                "n": self.input_shape[0] if self.input_shape else 0,
+                "c": self.input_shape[1] if len(self.input_shape) > 1 else 1}

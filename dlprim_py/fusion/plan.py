@@ -7,7 +7,6 @@ the reason of the solver that matched the longest part of it (the op that breaks
 Whatever the solver, ``execute`` records its enqueues once per set of arguments and tensors and
 replays them afterwards.
 """
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,27 +20,8 @@ from .batchnorm import BatchNormTrainBackward, BatchNormTrainForward
 from .conv import ConvChain, HorizontalConvs
 from .ops import (HORIZONTAL, VERTICAL, ActivationBackwardOp, ActivationForwardOp,
                   BatchNormBackwardOp, BatchNormForwardOp, BatchNormInferenceOp, BiasForwardOp,
-                  ConvForwardOp, OperatorArgs, as_desc, chain_message, check_tensor)
+                  ConvForwardOp, FusionProblem, OperatorArgs, as_desc, chain_message, check_tensor)
 from .pointwise import PointwiseChain
-
-
-@dataclass(frozen=True)
-class FusionProblem:
-    """A chain of operators on one input: what a fused solver is chosen for. ``ops``: the ops'
-    ``OpSpec``s in plan order."""
-    direction: str
-    input_shape: tuple
-    ops: tuple
-
-    def key(self):
-        return (f"fusion {self.direction} {'x'.join(map(str, self.input_shape))}: "
-                + " -> ".join(op.describe() for op in self.ops))
-
-    def features(self):
-        return {"direction": self.direction, "ops": len(self.ops),
-                "first": self.ops[0].kind if self.ops else "",
-                "n": self.input_shape[0] if self.input_shape else 0,
-                "c": self.input_shape[1] if len(self.input_shape) > 1 else 1}
 
 
 FAMILY = solver.register(solver.Family(

@@ -34,17 +34,10 @@ from ..dtypes import float32
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 from ..launch import bind, run_planned_on
-from .pointwise import PointwiseKernel
+from .pointwise import PointwiseKernel, group_size
 
 BN_MODES = ("spatial", "per_activation")
 _INT32_LIMIT = 2 ** 31 - 1
-
-
-def _group_size(ctx):
-    size = 1
-    while size * 2 <= min(256, ctx.info.max_work_group_size):
-        size *= 2
-    return size
 
 
 # ctx -> {(part, mode, vector): BuiltProgram} for builds without an activation: a call finds its
@@ -80,7 +73,7 @@ def _build_program(ctx, part, mode, activation, vector, derivative):
     if part == "other":
         vector = 1
     return program.build(ctx, "norm", dict(
-        part=part, group_size=_group_size(ctx), mode=mode, activation=code, vector=vector,
+        part=part, group_size=group_size(ctx), mode=mode, activation=code, vector=vector,
         derivative=desc.derivative_code("z", "a") if backward else ""))
 
 
@@ -226,12 +219,12 @@ class GroupSums(_ChannelSolver):
         chunks = problem.chunks
         if chunks is None:
             params = self.tunables(ctx, problem)
-            group = _group_size(ctx)
+            group = group_size(ctx)
             chunks = max(-(-params["groups_per_unit"] * ctx.info.compute_units // problem.c),
                          -(-M // (params["positions_per_item"] * group)))
             chunks = min(chunks, -(-M // group), params["max_chunks"])
         chunks, per_chunk = _split(M, chunks)
-        group = _group_size(ctx)
+        group = group_size(ctx)
         return ChannelSums(ctx, problem, "channel_partial_sums", vector, chunks, per_chunk,
                            (group * chunks, problem.c), (group, 1),
                            (problem.n, problem.c, problem.s // vector), self.scalar)
@@ -602,7 +595,7 @@ class _Rows:
     def __init__(self, ctx):
         prog = _program(ctx)
         self.ctx = ctx
-        self.group = _group_size(ctx)
+        self.group = group_size(ctx)
         self.forward_kernel = bind(prog.kernel("row_norm_forward"))
         self.backward_kernel = bind(prog.kernel("row_norm_backward"))
 

@@ -18,9 +18,8 @@ import weakref
 from typing import NamedTuple, Optional
 
 import numpy as np
-import pyopencl as cl
 
-from .. import autograd, config, program, solver, tuning
+from .. import config, program, solver, tuning
 from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
@@ -116,6 +115,12 @@ def launch_size(ctx, total, group=256, per_item=1, groups_per_unit=64):
     elif groups_per_unit is not None:
         groups = min(groups, ctx.info.compute_units * groups_per_unit)
     return (groups * group,), (group,)
+
+
+def group_size(ctx, cap=256):
+    """The largest power-of-two work-group size up to ``cap`` that the device allows (the
+    tree reductions of pooling, batch norm and reduce halve it step by step)."""
+    return 1 << (min(cap, ctx.info.max_work_group_size).bit_length() - 1)
 
 
 @dataclass(frozen=True)

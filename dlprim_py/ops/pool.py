@@ -22,7 +22,7 @@ from ..dtypes import float32, int64
 from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..tensor import Tensor
 from ..launch import bind, run_planned_on
-from .pointwise import launch_size
+from .pointwise import group_size, launch_size
 
 _INT32_LIMIT = 2 ** 31 - 1
 
@@ -74,13 +74,6 @@ class PlaneSolver(solver.Solver):
 FAMILY = solver.register(solver.Family("pool", (WindowSolver(), PlaneSolver()),
                                        title="pooling algorithm"))
 ALGORITHMS = tuple(FAMILY.solvers)
-
-
-def _group_size(ctx):
-    size = 1
-    while size * 2 <= min(256, ctx.info.max_work_group_size):
-        size *= 2
-    return size
 
 
 def pooled_size(size, kernel, stride, pad, dilation, ceil_mode):
@@ -204,7 +197,7 @@ class Pool2d:
         kernel = self._kernels.get(key)
         if kernel is None:
             params = dict(method=self.method, window=window or self._window,
-                          save_indices=save_indices, index_t=index_t, group_size=_group_size(self.ctx))
+                          save_indices=save_indices, index_t=index_t, group_size=group_size(self.ctx))
             kernel = self._kernels[key] = bind(program.kernel(self.ctx, "pool", name, params))
         return kernel
 
@@ -228,7 +221,7 @@ class Pool2d:
     def _forward_plane(self, x, y, indices, index_t, index_np):
         H, W = x.shape[-2:]
         planes = y.size
-        group = _group_size(self.ctx)
+        group = group_size(self.ctx)
         plane_threads = 1
         while plane_threads * 2 <= min(H * W, group):
             plane_threads *= 2

@@ -38,7 +38,7 @@ from ..pointwise import launch_size
 import numpy as np
 
 np_i32, np_f32 = np.int32, np.float32
-from .algorithms import NO_EPILOGUE, Algorithm, EpilogueArgs, _buf, enqueue, launch
+from .algorithms import NO_EPILOGUE, Algorithm, EpilogueArgs, _buf, launch
 
 
 class Gemm1x1(Algorithm):

@@ -22,7 +22,7 @@ from ... import program
 from ...errors import ShapeError
 from ...tensor import Tensor
 from ..pointwise import launch_size
-from .algorithms import NO_EPILOGUE, Algorithm, _buf, enqueue, launch
+from .algorithms import NO_EPILOGUE, Algorithm, _buf, launch
 
 _I32 = np.int32
 _F32 = np.float32
