@@ -98,7 +98,9 @@ def _run(capsys, argv):
     ("CBAInfer --plan batchnorm_backward(spatial)_->_activation_backward(RELU) -n 2 -c 3 -H 4 -W 4",
      ["Fused BN training backward"]),
 ])
-def test_every_command_runs_verified(capsys, argv, labels):
+def test_every_command_runs_verified(capsys, monkeypatch, argv, labels):
+    # "-s 1" sets DLPRIM_FIND_MODE=find in this process, as the CLI does: put it back after.
+    monkeypatch.setenv("DLPRIM_FIND_MODE", "immediate")
     rc, out = _run(capsys, [a.replace("_->_", " -> ") for a in argv.split()])
     assert rc == 0, out
     for label in labels:
