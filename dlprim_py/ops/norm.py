@@ -29,10 +29,10 @@ import numpy as np
 
 from .. import autograd, config, logcmd, program, solver, tuning
 from ..activation import as_activation
-from ..context import check_same_context
+from ..context import PlanCache, check_same_context
 from ..dtypes import float32
 from ..errors import DTypeError, ShapeError, UnsupportedError
-from ..tensor import Tensor
+from ..tensor import Tensor, output
 from ..launch import bind, run_planned_on
 from .pointwise import PointwiseKernel, group_size
 
@@ -513,33 +513,48 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     training=True normalizes with the batch statistics and updates running_mean/running_var in
     place (when given); training=False uses them. Gradients flow to input, weight and bias.
     """
-    _check_float("input", input)
-    if momentum is None:
-        raise UnsupportedError("momentum=None (cumulative average) belongs to the module's "
-                               "batch counter; pass a float")
-    for name, value in (("momentum", momentum), ("eps", eps)):
-        if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
-            raise DTypeError(f"batch_norm: {name} must be a number, got {value!r}")
-    ctx = input.ctx
-    y = Tensor.empty(ctx, input.shape, input.dtype)
-    # A call replays the plan of its key: everything but the buffers (validated by the
-    # first call with the key, which runs the checks of the MIOpen-style entries).
+    # A call with the arguments of an earlier one (whose checks passed) takes that call's entry
+    # from the plan cache: its output size, channel count and replay plans (by how the buffers
+    # alias). The numbers' types are in the key: True == 1, but only 1 passes the checks.
     params = (input, weight, bias, running_mean, running_var)
-    key = ("batch_norm", bool(training), float(momentum), float(eps),
-           config.forced_algorithm("norm"),
-           *[None if t is None else (t.shape, t.dtype, t.offset) for t in params])
+    try:
+        key = ("batch_norm", bool(training), momentum, momentum.__class__, eps, eps.__class__,
+               config.switches().forced.get("norm"),
+               *[None if t is None else (t.shape, t.dtype, t.offset) for t in params])
+        ctx = input.ctx
+        entry = ctx.plans.get(key)
+    except (AttributeError, TypeError):   # not tensors, or unhashable arguments: checked below
+        key = entry = None
+    if entry is None:
+        _check_float("input", input)
+        if momentum is None:
+            raise UnsupportedError("momentum=None (cumulative average) belongs to the module's "
+                                   "batch counter; pass a float")
+        for name, value in (("momentum", momentum), ("eps", eps)):
+            if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
+                raise DTypeError(f"batch_norm: {name} must be a number, got {value!r}")
+        ctx = input.ctx
+        channels = _bn_view(input, "spatial")[1] if training else 0
+        entry = (max(input.nbytes, 4), channels, PlanCache(4))
+    nbytes, channels, plans = entry
+    y = output(ctx, input.shape, nbytes)
     if training:
-        C = _bn_view(input, "spatial")[1]
-        mean = Tensor.empty(ctx, (C,), float32)
-        invstd = Tensor.empty(ctx, (C,), float32)
-        run_planned_on(ctx, key, (*params, y, mean, invstd),
-                 lambda: batch_norm_forward_training(input, y, weight, bias, running_mean,
-                                                     running_var, mean, invstd, momentum, eps))
+        mean = output(ctx, (channels,), 4 * channels)
+        invstd = output(ctx, (channels,), 4 * channels)
+        run_planned_on(ctx, None, (*params, y, mean, invstd),
+                       lambda: batch_norm_forward_training(input, y, weight, bias, running_mean,
+                                                           running_var, mean, invstd, momentum,
+                                                           eps), plans)
     else:
-        run_planned_on(ctx, key, (*params, y),
-                 lambda: batch_norm_forward_inference(input, y, weight, bias, running_mean,
-                                                      running_var, eps))
+        run_planned_on(ctx, None, (*params, y),
+                       lambda: batch_norm_forward_inference(input, y, weight, bias, running_mean,
+                                                            running_var, eps), plans)
         mean, invstd = running_mean, None
+    if key is not None and ctx.plans.get(key) is None:
+        # Kept only now: the first call's checks passed (the run raises on bad operands).
+        ctx.plans.put(key, entry)
+    if not autograd.needs_grad(input, weight, bias):
+        return y
 
     def backward(g):
         dx = Tensor.empty(ctx, input.shape, float32)
@@ -556,7 +571,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                                 training=training)
 
         run_planned_on(ctx, ("backward", key, g.shape, g.dtype, g.offset),
-                 (*params, g, dx, dweight, dbias, mean, stats_invstd), run)
+                       (*params, g, dx, dweight, dbias, mean, stats_invstd), run)
         return dx, dweight, dbias
 
     return autograd.record(y, (input, weight, bias), backward, "batch_norm")
