@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import dlprim_py as dp  # noqa: E402
 from dlprim_py.bench.record import geomean, measured_commit  # noqa: E402
+from dlprim_py.launch import kernel_events  # noqa: E402
 from dlprim_py.ops.gemm import GemmPlan  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
@@ -180,10 +181,12 @@ def run(args):
         # The same plan timed by the kernel's own event, a check on the marker method.
         kernel_only = None
         if plan.algorithm != "splitk" and not ctx.info.is_cpu:
-            events = [plan.enqueue() for _ in range(min(repeat, 10))]
-            events[-1].wait()
+            with kernel_events() as events:
+                for _ in range(min(repeat, 10)):
+                    plan.enqueue()
+            ctx.queue.finish()
             kernel_only = float(np.median([(e.profile.end - e.profile.start) * 1e-9
-                                           for e in events]))
+                                           for _, e in events]))
         if base is None:
             base = baseline.time(a, b, repeat)
         base_s, base_out = base

@@ -22,22 +22,15 @@ for net in ("resnet18", "resnet50", "mobilenet_v2"):
         t0 = time.perf_counter(); model(x); t1 = time.perf_counter(); ctx.synchronize(); t2 = time.perf_counter()
         host.append(t1 - t0); wall.append(t2 - t0)
     # kernel events
-    events = []
-    real = cl.enqueue_nd_range_kernel
-    def collect(queue, kernel, g, l, *a, **k):
-        e = real(queue, kernel, g, l, *a, **k); events.append((kernel.function_name, g, l, e)); return e
-    saved = launch._clEnqueueNDRangeKernel
-    launch._clEnqueueNDRangeKernel = None
-    cl.enqueue_nd_range_kernel = collect; launch.cl.enqueue_nd_range_kernel = collect
-    model(x); ctx.synchronize()
-    cl.enqueue_nd_range_kernel = real; launch.cl.enqueue_nd_range_kernel = real
-    launch._clEnqueueNDRangeKernel = saved
+    with launch.kernel_events() as events:
+        model(x)
+    ctx.synchronize()
     per = collections.defaultdict(lambda: [0, 0.0])
     busy = 0.0
-    for name, g, l, e in events:
+    for name, e in events:
         dt = (e.profile.end - e.profile.start) * 1e-6
         busy += dt; per[name][0] += 1; per[name][1] += dt
-    span = (events[-1][3].profile.end - events[0][3].profile.start) * 1e-6
+    span = (events[-1][1].profile.end - events[0][1].profile.start) * 1e-6
     print(f"{net} b{batch}: host {1e3*np.median(host):.2f} ms, wall {1e3*np.median(wall):.2f} ms, "
           f"{len(events)} launches, device busy {busy:.2f} ms, span {span:.2f} ms")
     for name, (n, t) in sorted(per.items(), key=lambda kv: -kv[1][1])[:8]:

@@ -129,13 +129,42 @@ def work_size(global_size, local_size):
 
 def enqueue_kernel(queue, queue_handle, kernel, work):
     """Enqueue BoundKernel ``kernel`` (arguments set) over ``work`` (a WorkSize) on ``queue``,
-    whose ``native_handle()`` is ``queue_handle``; no event."""
-    if _clEnqueueNDRangeKernel is not None:
+    whose ``native_handle()`` is ``queue_handle``; no event (unless ``kernel_events`` is
+    collecting them)."""
+    if _clEnqueueNDRangeKernel is not None and not _collecting:
         if not _clEnqueueNDRangeKernel(queue_handle, kernel.handle, *work.native):
             return
         # An error enqueued nothing: PyOpenCL's call raises it with its name (or enqueues, if
         # the condition has passed).
-    cl.enqueue_nd_range_kernel(queue, kernel.kernel, work.global_size, work.local_size)
+    event = cl.enqueue_nd_range_kernel(queue, kernel.kernel, work.global_size, work.local_size)
+    events = _state.__dict__.get("events")
+    if events is not None:
+        events.append((kernel.kernel.function_name, event))
+
+
+# Open kernel_events blocks, in any thread: while there are none, a launch tests one global.
+_collecting = 0
+
+
+class kernel_events:
+    """``with kernel_events() as events:``: every kernel this thread launches inside the block
+    takes PyOpenCL's path with an event, and ``events`` collects (kernel name, event) pairs, to
+    say where device time goes (the events' profiling times, on a profiling queue). Launches
+    cost their event's host time meanwhile: time calls outside the block."""
+
+    def __enter__(self):
+        global _collecting
+        self._outer = _state.__dict__.get("events")
+        self.events = []
+        _state.events = self.events
+        _collecting += 1
+        return self.events
+
+    def __exit__(self, *exc):
+        global _collecting
+        _collecting -= 1
+        _state.events = self._outer
+        return False
 
 
 class BoundKernel:

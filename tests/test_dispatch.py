@@ -416,3 +416,24 @@ def test_conv2d_repeated_call_follows_a_changed_forced_algorithm(ctx, rng, monke
     dp.config.reload()
     with pytest.raises(dp.UnsupportedError, match="no_such_algo"):
         F.conv2d(x, w, padding=1)
+
+
+def test_kernel_events_collect_each_launch_with_its_event(ctx, rng):
+    """Inside kernel_events every launch (a plan's replay too) comes with an event that has
+    profiling times; outside, launches make none."""
+    from dlprim_py.launch import kernel_events
+    x = dp.Tensor.from_numpy(ctx, rng.standard_normal((2, 8, 8, 8)).astype(np.float32))
+    w = dp.Tensor.from_numpy(ctx, rng.standard_normal((8, 8, 3, 3)).astype(np.float32))
+    F.conv2d(x, w, padding=1)
+    F.relu(x)
+    with kernel_events() as events:
+        F.conv2d(x, w, padding=1)
+        F.relu(x)
+    ctx.synchronize()
+    assert len(events) >= 2
+    assert all(isinstance(name, str) and name for name, _ in events)
+    if ctx.profiling:
+        assert all(e.profile.end >= e.profile.start for _, e in events)
+    with kernel_events() as outer_events:
+        F.relu(x)
+    assert len(events) >= 2 and len(outer_events) == 1
