@@ -196,6 +196,7 @@ def main():
     args = parser.parse_args()
     if args.find:
         os.environ["DLPRIM_FIND_MODE"] = "find"
+        dp.config.reload()   # the switches are read once, at the first call that needs them
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True

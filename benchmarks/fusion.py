@@ -199,6 +199,7 @@ def main():
     args = parser.parse_args()
     if args.find:
         os.environ["DLPRIM_FIND_MODE"] = "find"
+        dp.config.reload()   # the switches are read once, at the first call that needs them
     batch = args.batch or (1 if args.quick else 64)
     repeat = args.repeat or (3 if args.quick else 20)
     torch.backends.cuda.matmul.allow_tf32 = False

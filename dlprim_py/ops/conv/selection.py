@@ -46,7 +46,8 @@ class ConvTask:
     def features(self):
         p = self.problem
         return {"direction": self.direction, "n": p.n, "c": p.c, "k": p.k, "cg": p.cg,
-                "kg": p.kg, "groups": p.groups, "rs": p.r * p.s,
+                "kg": p.kg, "ck": p.cg * p.kg, "hw": p.h * p.w, "groups": p.groups,
+                "rs": p.r * p.s,
                 "stride": max(p.stride_h, p.stride_w),
                 "tiny_gemm": int(_tiny_gemm(p, self.direction))}
 
