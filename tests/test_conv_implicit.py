@@ -86,8 +86,9 @@ def test_named_variants(ctx, rng):
 def test_gpu_tile_rule():
     """3x3 and larger forward on a GPU: kk-16 tiles, 64x128 while three waves of them fill the
     device, else 64x64; thin GEMMs keep the small tile; 1x1 keeps its rule."""
-    gpu = SimpleNamespace(info=SimpleNamespace(is_gpu=True, compute_units=132,
-                                               max_work_group_size=1024), memo={})
+    gpu = SimpleNamespace(info=SimpleNamespace(name="a GPU", vendor="nvidia", is_gpu=True,
+                                               compute_units=132, max_work_group_size=1024),
+                          memo={}, plans=dp.context.PlanCache())
     rule = algorithms.ImplicitGemm()
     desc = dp.ConvolutionDesc(1, 2)
     l2 = make_problem((64, 128, 56, 56), (128, 128, 3, 3), desc)
@@ -108,7 +109,7 @@ def test_immediate_choices_on_a_gpu():
     gpu = SimpleNamespace(info=SimpleNamespace(name="a GPU", vendor="nvidia", is_gpu=True,
                                                compute_units=132, max_work_group_size=1024,
                                                max_alloc_size=2 ** 36, local_mem_size=49152),
-                          memo={})
+                          memo={}, plans=dp.context.PlanCache())
     s1 = make_problem((64, 128, 28, 28), (128, 128, 3, 3), dp.ConvolutionDesc(1, 1))
     s2 = make_problem((64, 128, 56, 56), (128, 128, 3, 3), dp.ConvolutionDesc(1, 2))
     stem = make_problem((64, 3, 224, 224), (32, 3, 3, 3), dp.ConvolutionDesc(1, 2))
@@ -158,7 +159,7 @@ def test_nvidia_rule_for_small_1x1_filter_gradients():
                                                     is_gpu=True, compute_units=132,
                                                     max_work_group_size=1024,
                                                     max_alloc_size=2 ** 36, local_mem_size=49152),
-                               memo={})
+                               memo={}, plans=dp.context.PlanCache())
     one = dp.ConvolutionDesc(0, 1)
     cases = {((64, 192, 14, 14), (64, 192, 1, 1)): "implicit_gemm",
              ((64, 32, 28, 28), (192, 32, 1, 1)): "implicit_gemm",
@@ -172,3 +173,27 @@ def test_nvidia_rule_for_small_1x1_filter_gradients():
         assert selection.immediate(gpu("nvidia"), p, "backward_filter") == expected, (xs, ws)
         assert selection.immediate(gpu("amd"), p, "backward_filter") == "gemm", (xs, ws)
         assert selection.immediate(gpu("nvidia"), p, "forward") == "gemm", (xs, ws)
+
+
+def test_tile_rule_from_a_user_database(ctx, rng, tuning_rules):
+    """The implicit GEMM's tile comes from tuning_db/conv_implicit_gemm.json: a device rule in
+    the user's database replaces it, and the convolution with that tile is still right."""
+    from dlprim_py.ops.conv.problem import ConvolutionDesc
+    desc = ConvolutionDesc(1, 1)
+    xs, ws = (2, 6, 9, 9), (8, 6, 3, 3)
+    problem = make_problem(xs, ws, desc)
+    rule = algorithms.ImplicitGemm()
+    assert rule.choose_tile(ctx, problem, "forward") == (
+        algorithms.TILE_MEDIUM_K16 if ctx.info.is_gpu else algorithms.TILE_SMALL)
+    tuning_rules("conv_implicit_gemm", [{"when": {"direction": "forward"}, "params": dict(
+        tile_m=64, tile_n=64, tile_k=16, thread_m=4, thread_n=4)}])
+    assert rule.choose_tile(ctx, problem, "forward") == algorithms.TILE_MEDIUM_K16
+    if not ctx.info.is_gpu:   # the user's rule names forward only: the shipped ones serve the rest
+        assert rule.choose_tile(ctx, problem, "backward_data") == algorithms.TILE_SMALL
+    x, w = random(rng, xs), random(rng, ws)
+    conv = dp.Convolution(ctx, dp.TensorDesc(xs), dp.TensorDesc(ws), desc)
+    y = poisoned(ctx, problem.y_shape)
+    conv.forward(dp.Tensor.from_numpy(ctx, x), dp.Tensor.from_numpy(ctx, w), y,
+                 algo="implicit_gemm")
+    ref = F.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), padding=1).numpy()
+    assert_close(y.numpy(), ref)

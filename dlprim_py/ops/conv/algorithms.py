@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyopencl as cl
 
-from ... import program
+from ... import program, tuning
 from ...errors import ShapeError
 from ..pointwise import launch_size
 
@@ -290,26 +290,23 @@ class ImplicitGemm(Algorithm):
                 and tile.local_bytes <= ctx.info.local_mem_size)
 
     def choose_tile(self, ctx, problem, direction):
+        """The fixed tile, else the first rule of ``tuning_db/conv_implicit_gemm.json`` that
+        holds for the direction's GEMM (device -> architecture -> vendor -> default), chosen
+        once per problem and direction."""
         if self.tile is not None:
             return self.tile
-        if not ctx.info.is_gpu:
-            return TILE_SMALL
-        gm, gn, gk = _gemm_dims(problem, direction)
-        if direction == "forward" and problem.r * problem.s > 1 and gm > 32 and gn > 32:
-            # Measured on an H200 over the ResNet-50 3x3 layers (batch 64): kk steps of 16 beat
-            # 8 by 5-25%; 64x128 tiles win while there are three waves of them, else 64x64.
-            waves = math.ceil(gm / 64) * math.ceil(gn / 128) / ctx.info.compute_units
-            return TILE_WIDE_K16 if waves >= 3 else TILE_MEDIUM_K16
-        # backward_filter fills the device by splitting kk, so it can afford large tiles.
-        fills = (direction == "backward_filter"
-                 or gm * gn >= 128 * 128 * ctx.info.compute_units // 2)
-        if gm >= 128 and gn >= 128 and fills:
-            return TILE_LARGE
-        if gm <= 32 or gn <= 32:
-            return TILE_SMALL
-        if gn >= 128 and (fills or gm * gn >= 64 * 128 * ctx.info.compute_units // 2):
-            return TILE_WIDE
-        return TILE_MEDIUM
+        key = ("conv.implicit_gemm_tile", problem, direction, tuning.generation)
+        tile = ctx.plans.get(key)
+        if tile is None:
+            gm, gn, gk = _gemm_dims(problem, direction)
+            units = ctx.info.compute_units
+            features = {"direction": direction, "gm": gm, "gn": gn, "gk": gk,
+                        "rs": problem.r * problem.s, "gpu": int(ctx.info.is_gpu),
+                        "waves_64x128": math.ceil(gm / 64) * math.ceil(gn / 128) / units,
+                        "mn_per_cu": gm * gn / units}
+            params, _ = tuning.lookup(ctx.info, "conv_implicit_gemm", features)
+            tile = ctx.plans.put(key, GemmTile(**params))
+        return tile
 
     def splits(self, ctx, problem, direction, tile):
         """kk split factor and the kk range per split (a multiple of tile_k)."""
