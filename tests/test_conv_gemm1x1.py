@@ -315,6 +315,7 @@ def test_long_k_split_rule():
 
     class Info:
         is_gpu, compute_units = True, 132
+        name, vendor = "a GPU", "nvidia"
 
     params = dict(DEFAULT_TILED)   # 32 x 32 tiles
     split = _split_long_k(params, Info, 64, 64, 64 * 3136, 1)["split_k"]
@@ -361,3 +362,17 @@ def test_conv_order_epilogue_gemm_level(ctx, rng):
     with pytest.raises(dp.ShapeError, match="residual buffer holds"):
         GemmPlan(ctx, M, N, K, A.buffer, 0, K, B.buffer, 0, N, C.buffer, 0, ldc, order="conv",
                  residual_buf=S.buffer)
+
+
+def test_long_k_split_rule_is_data(ctx, tuning_rules):
+    """The long-K split's numbers come from tuning_db/gemm_split.json: the shipped rules leave
+    a CPU alone; a user rule for this device splits there too."""
+    from dlprim_py.ops.gemm import DEFAULT_TILED, _split_long_k
+    params = dict(DEFAULT_TILED)
+    if not ctx.info.is_gpu:
+        assert _split_long_k(params, ctx.info, 64, 64, 64 * 3136, 1) == params
+    tuning_rules("gemm_split", [{"when": {"min_k": 4096}, "params": dict(
+        items_per_unit=64 * ctx.info.compute_units, min_groups_per_unit=2, min_chunk=2048)}])
+    # One 32 x 32 output tile: fewer tiles than compute units on any device.
+    split = _split_long_k(params, ctx.info, 32, 32, 64 * 3136, 1)
+    assert split["solver"] == "splitk" and 2 <= split["split_k"] <= 64 * 3136 // 2048

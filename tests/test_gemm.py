@@ -317,6 +317,7 @@ def test_tuner_split_candidates():
 
     class Info:
         is_gpu, compute_units = True, 132
+        name, vendor = "a GPU", "nvidia"
 
     base = [dict(TILED), dict(SMALL)]
     found = {p.get("split_k", 1) for p in _with_splits(base, 64, 64, 64 * 3136, Info)}

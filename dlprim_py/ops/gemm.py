@@ -587,8 +587,8 @@ def select_params(ctx, M, N, K, batch=1, algorithm=None):
     a long K then split where the rule's tiles leave a GPU idle (``_split_long_k``). Memoized
     per context."""
     forced = algorithm or config.forced_algorithm("gemm")
-    key = ("gemm.select", M, N, K, batch, forced)
-    found = ctx.memo.get(key)
+    key = ("gemm.select", M, N, K, batch, forced, tuning.generation)
+    found = ctx.plans.get(key)
     if found is not None:
         return dict(found)
     problem = GemmProblem(M, N, K, batch)
@@ -597,7 +597,7 @@ def select_params(ctx, M, N, K, batch=1, algorithm=None):
     else:
         chosen = solver.select(ctx, "gemm", problem)
     params = chosen.forced(ctx, problem) if forced is not None else _tuned(ctx, problem, chosen)
-    ctx.memo[key] = params
+    ctx.plans.put(key, params)
     return dict(params)
 
 
@@ -616,19 +616,24 @@ def _tuned(ctx, problem, chosen):
 
 
 def _split_long_k(params, info, M, N, K, batch):
-    """Split K when the output tiles would leave most of a GPU idle and K is long (the filter
-    gradient of a convolution: a few channels squared, summed over batch * pixels): about 1024
-    work-items (at least two work-groups) per compute unit, chunks of at least 1024 along K so
-    that the partial sums stay a small extra pass. A rule's own split_k stands when it already
+    """Split K when the output tiles would leave most of a GPU idle and K is long, as the
+    rule of ``tuning_db/gemm_split.json`` says (its text gives the reasons): about
+    ``items_per_unit`` work-items (at least ``min_groups_per_unit`` work-groups) per compute
+    unit, chunks of at least ``min_chunk`` along K. A rule's own split_k stands when it already
     fills the device (a measured rule also serves shapes near the one it was measured on, with
     other tile counts). Tiled parameters split this way become the "splitk" solver's."""
-    if params.get("solver") not in ("tiled", "splitk") or not info.is_gpu or K < 4096:
+    if params.get("solver") not in ("tiled", "splitk"):
+        return params
+    rule, _ = tuning.lookup(info, "gemm_split",
+                            {"m": M, "n": N, "k": K, "batch": batch, "gpu": int(info.is_gpu)})
+    if not rule["items_per_unit"]:
         return params
     tiles = batch * math.ceil(M / params["tile_m"]) * math.ceil(N / params["tile_n"])
     if tiles * max(1, params.get("split_k", 1)) >= info.compute_units:
         return params
-    target = info.compute_units * max(2, 1024 // tiled_threads(params))
-    split = min(math.ceil(target / tiles), K // 1024)
+    target = info.compute_units * max(rule["min_groups_per_unit"],
+                                      rule["items_per_unit"] // tiled_threads(params))
+    split = min(math.ceil(target / tiles), K // rule["min_chunk"])
     return dict(params, solver="splitk", split_k=split) if split >= 2 else params
 
 
