@@ -174,17 +174,14 @@ def _choices(ctx, variant, vector, cached, row_items, group_size, backward_hold,
     "backward_hints", "backward_hold", "prefetch" and "recompute" (kernels/softmax.cl.mako),
     and "groups_per_unit" (the launch's cap: work-groups per compute unit, looping over rows)."""
     nvidia = ctx.info.vendor == "nvidia"
-    choice = dict(reduce="tree", hints=None, backward_hints=None, backward_hold=backward_hold,
-                  groups_per_unit=4 if ctx.info.is_cpu else 64, prefetch=0, recompute=False)
-    if nvidia and variant == "row" and vector > 1 and cached and row_items == group_size == 1024:
-        # Rows of 4097 to 32768 held in registers by 1024 items, one row per group: the
-        # variant measured fastest on an H200 over (2097, 32000) (benchmarks/pointwise_probe.py,
-        # results/softmax-h200/NOTES.md): warp reductions; the forward keeps x and stores
-        # exp(x - max - log(sum)) while the next row's first two vectors per item stream into
-        # local memory, two groups per SM looping over rows; the backward reads y twice and
-        # moves dy and dx with evict-first hints.
-        choice.update(reduce="warp", prefetch=2, recompute=True, groups_per_unit=2,
-                      backward_hints=(".cs", ".cs"))
+    features = {"variant": variant, "vector": vector, "cached": int(cached or 0),
+                "row_items": row_items, "group_size": group_size,
+                "gpu": int(ctx.info.is_gpu), "cpu": int(ctx.info.is_cpu)}
+    choice = tuning.merged_params(ctx.info, "softmax_kernel", features)
+    choice["backward_hold"] = backward_hold
+    for key in ("hints", "backward_hints"):
+        if choice.get(key) is not None:
+            choice[key] = tuple(choice[key])
     unknown = set(options or {}) - set(choice)
     if unknown:
         raise UnsupportedError(f"softmax: unknown options {sorted(unknown)}; known: {sorted(choice)}")
