@@ -37,7 +37,7 @@ from dlprim_py.timing import time_enqueued  # noqa: E402
 from conv import distinct, mobilenet_v2_layers  # noqa: E402
 
 
-def rows_variant(outputs, local_bytes=depthwise.DepthwiseRows.LOCAL_BYTES):
+def rows_variant(outputs, local_bytes=16384):
     cls = type("RowsVariant", (depthwise.DepthwiseRows,),
                {"OUTPUTS_PER_GROUP": outputs, "LOCAL_BYTES": local_bytes})
     return cls(name=f"rows_{outputs}_{local_bytes // 1024}k")

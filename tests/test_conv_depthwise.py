@@ -123,7 +123,7 @@ def test_rows_large_plane_is_cut_into_bands(ctx):
         out_h = p.ho if direction == "forward" else p.h
         rows, cols = algo.staged_shape(p, direction, bands.band_h)
         assert bands.planes == 1 and bands.band_h < out_h
-        assert rows * cols * 4 <= algo.LOCAL_BYTES
+        assert rows * cols * 4 <= algo.local_bytes(ctx)
         assert direction == "forward" or bands.band_h % 2 == 0
 
 
@@ -197,3 +197,17 @@ def test_rows_ranks(ctx):
         assert (forward, backward) == ("depthwise", "depthwise")
     order = selection.applicable(ctx, p, "forward")
     assert order.index("depthwise_rows") > order.index("depthwise") or not ctx.info.is_gpu
+
+
+def test_rows_budgets_from_a_user_database(ctx, tuning_rules):
+    """depthwise_rows' staging budget and outputs per group are tuning values: a device rule
+    with a smaller budget cuts a plane into shorter bands, within it."""
+    algo = depthwise.DepthwiseRows()
+    p = make_problem((64, 96, 112, 112), (96, 1, 3, 3), dp.ConvolutionDesc(1, 2, 1, 96))
+    shipped = algo.choose_bands(ctx, p, "forward")
+    tuning_rules("conv_depthwise", [{"when": {}, "params": {"rows_local_bytes": 4096}}])
+    assert algo.local_bytes(ctx) == 4096
+    assert algo.outputs_per_group(ctx) == 2048        # the shipped value, not in the device rule
+    small = algo.choose_bands(ctx, p, "forward")
+    rows, cols = algo.staged_shape(p, "forward", small.band_h)
+    assert rows * cols * 4 <= 4096 and small.band_h < shipped.band_h

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyopencl as cl
 
-from ... import program
+from ... import program, tuning
 from ...errors import ShapeError
 from ..pointwise import launch_size
 from .algorithms import NO_EPILOGUE, Algorithm, _buf, launch
@@ -165,19 +165,27 @@ class DepthwiseTiled(Algorithm):
                 _I32(tiles_w), _I32(tiles)])
 
 
-# Staged bytes per work item at most: a memory-bound kernel needs many resident work items,
-# and local memory is what limits them (an H200 SM holds 228 KiB for up to 2048 items).
-_DW_LOCAL_BYTES_PER_ITEM = 160
+def tunables(ctx):
+    """The depthwise kernels' budgets for the device (``tuning_db/conv_depthwise.json``):
+    ``tiled_local_bytes_per_item``, ``rows_local_bytes``, ``rows_outputs_per_group``."""
+    key = ("conv.depthwise_tunables", tuning.generation)
+    found = ctx.plans.get(key)
+    if found is None:
+        found = ctx.plans.put(key, tuning.merged_params(ctx.info, "conv_depthwise",
+                                                        {"gpu": int(ctx.info.is_gpu)}))
+    return found
 
 
 def _choose_dw_tile(ctx, problem):
     """The tile with the least global traffic per plane (staged input words, halo included, plus
     padded output words), ties to more rows per item (more reuse of each staged row), among
-    those within _DW_LOCAL_BYTES_PER_ITEM if any is."""
-    key = ("conv.depthwise_tile", problem.ho, problem.wo, problem.r, problem.s, problem.stride_h)
+    those within the rule's tiled_local_bytes_per_item if any is."""
+    key = ("conv.depthwise_tile", problem.ho, problem.wo, problem.r, problem.s, problem.stride_h,
+           tuning.generation)
     found = ctx.plans.get(key)
     if found is not None:
         return found[0]
+    per_item = tunables(ctx)["tiled_local_bytes_per_item"]
     best, best_cost = None, None
     # At least 8 work items along a row (32-byte runs of stores) unless the row is shorter.
     for gx in (4, 8, 16, 32) if problem.wo < 8 else (8, 16, 32):
@@ -194,7 +202,7 @@ def _choose_dw_tile(ctx, problem):
                 if not DepthwiseTiled._fits(ctx, problem, tile):
                     continue
                 rows, cols = tile.input_block(problem)
-                crowded = rows * cols * 4 > _DW_LOCAL_BYTES_PER_ITEM * gx * gy   # per plane
+                crowded = rows * cols * 4 > per_item * gx * gy   # per plane
                 bh, bw = gy * th, gx * tw
                 tiles = math.ceil(problem.ho / bh) * math.ceil(problem.wo / bw)
                 cost = (crowded, tiles * (rows * cols + bh * bw), -th)
@@ -225,13 +233,10 @@ class DepthwiseRows(Algorithm):
 
     ``bands``: a fixed DepthwiseBands, or None to choose per problem (``choose_bands``)."""
     directions = ("forward", "backward_data")
-    # Staged bytes per work group at most: 16 KiB lets an H200 SM hold its 2048 items' worth
-    # of groups (8 x 256) with local memory to spare.
-    LOCAL_BYTES = 16384
-    # Outputs per work group aimed at: 8 per item of a 256-item group (on the H200, 2048 gave
-    # the data gradient of MobileNetV2's depthwise layers 1.45x cuDNN's speed, 1024 1.39x and
-    # 512 1.25x, geomeans of one run).
-    OUTPUTS_PER_GROUP = 2048
+    # Staged bytes per work group at most and outputs per work group aimed at: None takes the
+    # device's rule (tunables()); a subclass may fix them (a probe's variants).
+    LOCAL_BYTES = None
+    OUTPUTS_PER_GROUP = None
 
     def __init__(self, bands=None, name="depthwise_rows"):
         self.bands = bands
@@ -275,11 +280,19 @@ class DepthwiseRows(Algorithm):
             return self.bands
         key = ("conv.depthwise_bands", problem.n * problem.k, problem.h, problem.w, problem.r,
                problem.s, problem.pad_h, problem.pad_w, problem.stride_h, direction,
-               self.OUTPUTS_PER_GROUP, self.LOCAL_BYTES)
+               self.outputs_per_group(ctx), self.local_bytes(ctx))
         bands = ctx.plans.get(key)
         if bands is None:
             bands = ctx.plans.put(key, self._choose(ctx, problem, direction))
         return bands
+
+    def local_bytes(self, ctx):
+        """Staged bytes per work group at most."""
+        return self.LOCAL_BYTES or tunables(ctx)["rows_local_bytes"]
+
+    def outputs_per_group(self, ctx):
+        """Outputs per work group aimed at."""
+        return self.OUTPUTS_PER_GROUP or tunables(ctx)["rows_outputs_per_group"]
 
     def _choose(self, ctx, problem, direction):
         p, st = problem, problem.stride_h
@@ -288,8 +301,8 @@ class DepthwiseRows(Algorithm):
         gx = min(32, max(8, 1 << (out_w - 1).bit_length()))
         group = min(256, ctx.info.max_work_group_size)
         gy = max(1, group // gx)
-        rows_wanted = max(1, self.OUTPUTS_PER_GROUP // out_w)
-        budget = min(self.LOCAL_BYTES, ctx.info.local_mem_size // 2)
+        rows_wanted = max(1, self.outputs_per_group(ctx) // out_w)
+        budget = min(self.local_bytes(ctx), ctx.info.local_mem_size // 2)
         if out_h <= rows_wanted:
             band_h, planes = out_h, max(1, rows_wanted // out_h)
             # Enough groups to fill the device twice over.
