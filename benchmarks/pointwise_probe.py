@@ -495,8 +495,9 @@ def nvidia_build_report(ctx, table, out_dir):
     kernels += [("copy", ("y = x;", [("x", f32)], [])), ("add", ("y = a + b;", [("a", f32), ("b", f32)], []))]
     for name, (statement, inputs, scalars) in kernels:
         k = PointwiseKernel(f"report_{name}", inputs, [("y", f32)], statement, scalars=scalars)
-        params = k.template_params(1, "int", k.VECTOR, k.VECTOR_LAUNCH.unroll, (True,) * len(inputs),
-                                   k.VECTOR_LAUNCH.interleave, grid_stride=False)
+        _, vector, launch, _ = k.launches(ctx)
+        params = k.template_params(1, "int", vector, launch.unroll, (True,) * len(inputs),
+                                   launch.interleave, grid_stride=False)
         source = program.render("pointwise", **params)
         built = cl.Program(ctx.cl_context, source).build(options=["-cl-nv-verbose"])
         log = built.get_build_info(ctx.device, cl.program_build_info.LOG)

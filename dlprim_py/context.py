@@ -5,6 +5,7 @@ and queue, or wraps a host application's own ``pyopencl.CommandQueue`` so that a
 enqueued there (the embedding use case).
 """
 import re
+from collections import OrderedDict
 import threading
 
 import pyopencl as cl
@@ -165,27 +166,30 @@ def _has_double_config(device):
 
 
 class PlanCache:
-    """Plans by key, bounded: past ``capacity`` the oldest entry is dropped (and rebuilt from
-    the in-memory program cache if it is needed again). Keys are tuples whose first item names
-    the operator family.
+    """Plans by key, bounded: past ``capacity`` the least recently used is dropped (and rebuilt
+    from the in-memory program cache if it is needed again). Keys are tuples whose first item
+    names the operator family.
 
-    A lookup is one dictionary probe and moves nothing: every call of every operator makes one,
-    and a least-recently-used order would cost each of them a reordering. A working set larger
-    than the capacity (thousands of distinct shapes in a loop) rebuilds plans from built
-    programs, never programs."""
+    Least recently used, not oldest: a loop's plans stay while it runs, however many other
+    plans came and went (dropping the oldest would rebuild a hot plan once per pass through a
+    working set larger than the capacity)."""
 
     def __init__(self, capacity=4096):
         self.capacity = capacity
-        self._plans = {}
-        # get(key): the plan stored under ``key``, or None.
-        self.get = self._plans.get
+        self._plans = OrderedDict()
+
+    def get(self, key):
+        """The plan stored under ``key``, or None."""
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+        return plan
 
     def put(self, key, plan):
         """Store ``plan`` under ``key`` and return it."""
-        plans = self._plans
-        plans[key] = plan
-        if len(plans) > self.capacity:
-            del plans[next(iter(plans))]
+        self._plans[key] = plan
+        if len(self._plans) > self.capacity:
+            self._plans.popitem(last=False)
         return plan
 
     def clear(self):

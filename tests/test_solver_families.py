@@ -198,3 +198,24 @@ def test_shipped_databases_name_only_known_solvers():
         for entry in entries:
             for rule in entry["rules"]:
                 assert rule["params"]["solver"] in solver.family(name).solvers, (name, rule)
+
+
+def test_pointwise_launches_from_a_user_database(ctx, rng, tuning_rules):
+    """The pointwise solvers' launches are tuning values (tuning_db/pointwise_launch.json): a
+    device rule changes the scalar launch and the vector width, the rest comes from the shipped
+    rule, and calls stay right."""
+    from dlprim_py.ops.pointwise import Launch
+    kernel = PointwiseKernel("launch_rule_scale", [("x", np.float32)], [("y", np.float32)],
+                             "y = 3.0f * x;")
+    shipped = kernel.launches(ctx)
+    tuning_rules("pointwise_launch", [{"when": {}, "params": {
+        "scalar": {"unroll": 1, "interleave": "grid", "group_size": 64, "groups_per_unit": 4},
+        "vector": 2}}])
+    scalar, vector, vector_launch, _ = kernel.launches(ctx)
+    assert scalar == Launch(1, "grid", 64, 4) and vector == 2
+    assert vector_launch == shipped[2]
+    for algorithm in ("scalar", "vector"):
+        x = dp.Tensor.from_numpy(ctx, rng.standard_normal(1030).astype(np.float32))
+        y = dp.Tensor.full(ctx, (1030,), np.nan)
+        kernel([x], [y], algorithm=algorithm)
+        np.testing.assert_allclose(y.numpy(), 3.0 * x.numpy(), rtol=1e-6)

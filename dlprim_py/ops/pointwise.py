@@ -175,21 +175,13 @@ class PointwiseKernel:
     forces. The launches below are class attributes so that a subclass can measure others.
     """
 
-    # The scalar variant: four elements per work item and loop step, so that each item keeps
-    # several loads in flight (one reached about 70% of the copy bandwidth on an H200).
-    SCALAR_LAUNCH = Launch(unroll=4, interleave="grid", group_size=256, groups_per_unit=64)
-    # The vector variant: elements per access, and the launch for a one-dimensional index space
-    # and for more dimensions. Measured on an H200 (2^26 float32, benchmarks/pointwise_probe.py,
-    # results/pointwise-h200/NOTES.md): two accesses per item one work-group apart, 128 items per
-    # group and no loop (PyTorch's layout) ran copy, relu, hardswish and gelu at 0.98x PyTorch, add
-    # at 0.983x and a bias broadcast over two dimensions at 1.46x (1.42x with the grid capped at 64
-    # groups per unit and a loop). One access per item, 256 per group, was within 0.7% on all but
-    # gelu (0.957x: its 32-register statement leaves too few items, each with one load, in flight).
-    # Capped grids, 8 elements per access, 512 and 1024 items per group were all slower. From
-    # 2^16 to 2^22 elements the launches timed alike (the call's host time dominates there).
-    VECTOR = 4
-    VECTOR_LAUNCH = Launch(unroll=2, interleave="block", group_size=128, groups_per_unit=None)
-    VECTOR_LAUNCH_ND = VECTOR_LAUNCH
+    # The launches (scalar; vector width, its launch in one dimension and in more): None takes
+    # the device's rule (tuning_db/pointwise_launch.json, with the measurements behind it); a
+    # subclass may fix them to measure others.
+    SCALAR_LAUNCH = None
+    VECTOR = None
+    VECTOR_LAUNCH = None
+    VECTOR_LAUNCH_ND = None
     # None: 32-bit index arithmetic wherever every index fits; "long" forces 64-bit.
     INDEX_T = None
 
@@ -205,9 +197,17 @@ class PointwiseKernel:
         # up without re-keying the program cache (whose key freezes every template parameter).
         self._kernels = weakref.WeakKeyDictionary()
 
+    def launches(self, ctx):
+        """(scalar launch, vector width, vector launch in one dimension, in more) on ``ctx``:
+        the class's where it fixes them, else the device's rule."""
+        shipped = _launches(ctx)
+        return tuple(shipped[k] if mine is None else mine
+                     for k, mine in enumerate((self.SCALAR_LAUNCH, self.VECTOR,
+                                               self.VECTOR_LAUNCH, self.VECTOR_LAUNCH_ND)))
+
     def _kernel(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid",
                 grid_stride=True):
-        unroll = self.SCALAR_LAUNCH.unroll if unroll is None else unroll
+        unroll = self.launches(ctx)[0].unroll if unroll is None else unroll
         per_ctx = self._kernels.get(ctx)
         if per_ctx is None:
             per_ctx = self._kernels[ctx] = {}
@@ -218,11 +218,11 @@ class PointwiseKernel:
                                                 interleave, grid_stride)
         return kernel
 
-    def template_params(self, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid",
+    def template_params(self, ndim, index_t, vector, unroll, vector_inputs=(), interleave="grid",
                         grid_stride=True):
         """The parameters of ``kernels/pointwise.cl.mako`` for one variant of this kernel."""
         params = dict(
-            name=self.name, ndim=ndim, unroll=self.SCALAR_LAUNCH.unroll if unroll is None else unroll,
+            name=self.name, ndim=ndim, unroll=unroll,
             index_t=index_t, vector=vector, vector_inputs=list(vector_inputs),
             statement=self.statement, preamble=self.preamble,
             inputs=[(n, cl_name(t)) for n, t in self.inputs],
@@ -236,16 +236,18 @@ class PointwiseKernel:
             params["grid_stride"] = False
         return params
 
-    def _build(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid",
+    def _build(self, ctx, ndim, index_t, vector, unroll, vector_inputs=(), interleave="grid",
                grid_stride=True):
         params = self.template_params(ndim, index_t, vector, unroll, vector_inputs, interleave,
                                       grid_stride)
         return program.kernel(ctx, "pointwise", self.name, params)
 
-    def vector_layout(self, sizes, strides, inputs, outputs):
-        """Which inputs the vector variant reads VECTOR-wide (a tuple of bools), or None where
-        the variant does not apply to these merged ``sizes``/``strides`` and operands."""
-        v = self.VECTOR
+    def vector_layout(self, sizes, strides, inputs, outputs, v=None):
+        """Which inputs the vector variant reads ``v``-wide (default: this kernel's vector
+        width on the outputs' device; a tuple of bools), or None where the variant does not
+        apply to these merged ``sizes``/``strides`` and operands."""
+        if v is None:
+            v = self.launches(outputs[0].ctx)[1]
         if v <= 1 or math.prod(sizes) < v or (len(sizes) > 1 and sizes[-1] % v):
             return None
         if any(t.offset_elements % v for t in outputs):
@@ -324,18 +326,21 @@ class PointwiseKernel:
         in_strides = [broadcast_strides(t.shape, out_shape) for t in inputs]
         sizes, strides = merge_dimensions(out_shape, in_strides + [broadcast_strides(out_shape, out_shape)])
         strides = strides[:len(inputs)]
+        scalar_launch, vector_width, vector_launch, vector_launch_nd = self.launches(ctx)
         problem = PointwiseProblem(total, len(sizes),
-                                   self.vector_layout(sizes, strides, inputs, outputs))
+                                   self.vector_layout(sizes, strides, inputs, outputs,
+                                                      vector_width))
         if algorithm == "vector" and problem.vector_inputs is None:
             algorithm = "scalar"   # the keyword's contract: vector where it applies
         chosen = solver.select(ctx, "pointwise", problem, forced=algorithm).name
         wide = problem.vector_inputs if chosen == "vector" else None
         if wide is None:
-            vector, launch, groups, tail = 1, self.SCALAR_LAUNCH, total, None
+            vector, launch, groups, tail = 1, scalar_launch, total, None
         else:
-            # The innermost dimension and the inputs' strides along it count in groups of VECTOR.
-            vector = self.VECTOR
-            launch = self.VECTOR_LAUNCH if len(sizes) == 1 else self.VECTOR_LAUNCH_ND
+            # The innermost dimension and the inputs' strides along it count in groups of the
+            # vector width.
+            vector = vector_width
+            launch = vector_launch if len(sizes) == 1 else vector_launch_nd
             groups, tail = total // vector, total % vector
             sizes = sizes[:-1] + [sizes[-1] // vector]
             strides = [st[:-1] + [st[-1] * vector] for st in strides]
@@ -375,6 +380,20 @@ class PointwiseKernel:
 
 # A plan for an empty output: nothing to enqueue.
 _EMPTY = object()
+
+
+def _launches(ctx):
+    """The device's rule of ``tuning_db/pointwise_launch.json``: (scalar launch, vector width,
+    vector launch in one dimension, in more), read once per context and database generation."""
+    key = ("pointwise.launches", tuning.generation)
+    found = ctx.plans.get(key)
+    if found is None:
+        rule = tuning.merged_params(ctx.info, "pointwise_launch",
+                                    {"gpu": int(ctx.info.is_gpu), "cpu": int(ctx.info.is_cpu)})
+        found = ctx.plans.put(key, (Launch(**rule["scalar"]), rule["vector"],
+                                    Launch(**rule["vector_launch"]),
+                                    Launch(**rule["vector_launch_nd"])))
+    return found
 
 
 def _scalar_cl_name(dtype):
