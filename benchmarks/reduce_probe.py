@@ -13,7 +13,7 @@ indices), then timed three ways, medians:
 * ``host``: host seconds to enqueue one call.
 
 Variants are forced through the switches (``DLPRIM_REDUCE_PARTIALS_ALGO``, the reduce solvers'
-tuning values in a user tuning database, ``loss.RANGE_CHECK``); the int64-index argmax is built here as it was.
+tuning values in a user tuning database, ``DLPRIM_RANGE_CHECK_ALGO``); the int64-index argmax is built here as it was.
 cross_entropy is not gated (in the immediate range-check mode the call waits for its check,
 which a held queue never runs): its ``span`` is the figure; each range-check mode is a row. Groups: sum/mean/norm of everything, argmax, the reductions
 that met their target already (kept), cross_entropy with the log-sum-exp kernel and softmax. PyTorch is timed with CUDA events the same way
@@ -246,15 +246,20 @@ def cross_entropy_cases(ctx, baseline, rows, rng, n, lean):
     ref = torch.nn.functional.cross_entropy(dc, t_torch).cpu().numpy()
     name = f"cross_entropy {shape[0]}x{shape[1]}"
     for k, mode in enumerate(L.RANGE_CHECKS):
-        saved = L.RANGE_CHECK
-        L.RANGE_CHECK = mode
+        saved = os.environ.get("DLPRIM_RANGE_CHECK_ALGO")
+        os.environ["DLPRIM_RANGE_CHECK_ALGO"] = mode
+        dp.config.reload()
         try:
             measure(ctx, baseline, rows, name, f"{mode}{' (auto)' if mode == L.DEFAULT_RANGE_CHECK else ''}",
                     c.nbytes, lambda: F.cross_entropy(xc, t_ours),
                     lambda: error_metric(F.cross_entropy(xc, t_ours).numpy(), ref),
                     (lambda: torch.nn.functional.cross_entropy(tc, t_torch)) if k == 0 else None, {}, gated=False)
         finally:
-            L.RANGE_CHECK = saved
+            if saved is None:
+                os.environ.pop("DLPRIM_RANGE_CHECK_ALGO", None)
+            else:
+                os.environ["DLPRIM_RANGE_CHECK_ALGO"] = saved
+            dp.config.reload()
     lse = dp.Tensor.empty(ctx, (shape[0], 1))
     sums = dp.Tensor.empty(ctx, (shape[0], 1))
     ref_lse = torch.logsumexp(dc, -1, keepdim=True).cpu().numpy()

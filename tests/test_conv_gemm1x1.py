@@ -44,11 +44,10 @@ def cases_for(kernel):
     return CASES if kernel == "tiled" else CASES[:1] + CASES[2:3]
 
 
-def force(monkeypatch, kernel):
+def force(tuning_rules, kernel):
     """Every GEMM the convolution plans runs ``kernel`` with fixed parameters."""
-    params = FORCED[kernel]
-    monkeypatch.setattr(gemm_ops, "select_params",
-                        lambda ctx, M, N, K, batch=1, algorithm=None: dict(params))
+    # A rule of this device's entry in a user tuning database, ahead of the shipped ones.
+    tuning_rules("gemm", [{"when": {}, "params": dict(FORCED[kernel])}])
 
 
 def reference(x, w, dy, stride):
@@ -78,8 +77,8 @@ def at_offset(ctx, a, pad):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_forward(ctx, rng, monkeypatch, kernel):
-    force(monkeypatch, kernel)
+def test_forward(ctx, rng, monkeypatch, kernel, tuning_rules):
+    force(tuning_rules, kernel)
     T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
     for case in cases_for(kernel):
         conv, x, w, dy, (y_ref, _, _) = make(ctx, rng, case)
@@ -98,8 +97,8 @@ def test_forward(ctx, rng, monkeypatch, kernel):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_backward_data(ctx, rng, monkeypatch, kernel):
-    force(monkeypatch, kernel)
+def test_backward_data(ctx, rng, monkeypatch, kernel, tuning_rules):
+    force(tuning_rules, kernel)
     T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
     for case in cases_for(kernel):
         conv, x, w, dy, (_, dx_ref, _) = make(ctx, rng, case)
@@ -114,9 +113,9 @@ def test_backward_data(ctx, rng, monkeypatch, kernel):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_backward_filter(ctx, rng, monkeypatch, kernel):
+def test_backward_filter(ctx, rng, monkeypatch, kernel, tuning_rules):
     """dw = dy (K x N*P) @ x^T: the fold runs along the GEMM's reduction dimension."""
-    force(monkeypatch, kernel)
+    force(tuning_rules, kernel)
     T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
     for case in cases_for(kernel):
         conv, x, w, dy, (_, _, dw_ref) = make(ctx, rng, case)
@@ -131,9 +130,9 @@ def test_backward_filter(ctx, rng, monkeypatch, kernel):
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=["s1", "s2"])
-def test_offsets(ctx, rng, monkeypatch, case):
+def test_offsets(ctx, rng, monkeypatch, case, tuning_rules):
     """Every tensor starts inside its buffer (element offsets that break vector alignment)."""
-    force(monkeypatch, "tiled")
+    force(tuning_rules, "tiled")
     conv, x, w, dy, (y_ref, dx_ref, dw_ref) = make(ctx, rng, case)
     bias = random(rng, (case[4],))
     X, W, DY, B = (at_offset(ctx, a, pad) for a, pad in ((x, 3), (w, 1), (dy, 5), (bias, 2)))
@@ -157,10 +156,10 @@ def fused_expected(y_ref, alpha, scale, shift, z, residual_alpha, beta, y_old):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_fused_epilogue(ctx, rng, monkeypatch, kernel):
+def test_fused_epilogue(ctx, rng, monkeypatch, kernel, tuning_rules):
     """The convolution's whole epilogue in the GEMM's store, activation before beta * y_old:
     strided (scalar stores) and P = 64 (vector stores)."""
-    force(monkeypatch, kernel)
+    force(tuning_rules, kernel)
     T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
     for case in (CASES[2], CASES[3]) if kernel == "tiled" else (CASES[2],):
         conv, x, w, dy, (y_ref, _, _) = make(ctx, rng, case)
@@ -175,10 +174,10 @@ def test_fused_epilogue(ctx, rng, monkeypatch, kernel):
 
 @pytest.mark.parametrize("algo,case", [("gemm", CASES[0]), ("gemm_per_image", CASES[2])],
                          ids=["folded", "per_image"])
-def test_fused_epilogue_per_position(ctx, rng, monkeypatch, algo, case):
+def test_fused_epilogue_per_position(ctx, rng, monkeypatch, algo, case, tuning_rules):
     """Scale and shift per output position (per-activation batch norm folded in), read at
     (k, oh, ow) of each image, folded or per image, odd P."""
-    force(monkeypatch, "tiled")
+    force(tuning_rules, "tiled")
     T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
     for case in (case,):
         conv, x, w, dy, (y_ref, _, _) = make(ctx, rng, case)
@@ -191,9 +190,9 @@ def test_fused_epilogue_per_position(ctx, rng, monkeypatch, algo, case):
         assert_close(y.numpy(), fused_expected(y_ref, 1.0, scale, shift, z, 1.0, 0.0, 0.0))
 
 
-def test_fused_epilogue_nhwc(ctx, rng, monkeypatch):
+def test_fused_epilogue_nhwc(ctx, rng, monkeypatch, tuning_rules):
     """NHWC: output channels are the GEMM's columns (scale and shift per column)."""
-    force(monkeypatch, "tiled")
+    force(tuning_rules, "tiled")
     n, c, h, w, k, stride = CASES[2]
     conv, x, wt, dy, (y_ref, _, _) = make(ctx, rng, CASES[2])
     nhwc = lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1))  # noqa: E731
@@ -218,10 +217,10 @@ def test_no_workspace_for_strided_forward(ctx, rng):
 
 
 @pytest.mark.parametrize("direction", ["forward", "backward_data"])
-def test_per_image_variant(ctx, rng, monkeypatch, direction):
+def test_per_image_variant(ctx, rng, monkeypatch, direction, tuning_rules):
     """"gemm_per_image", the unfolded per-image batched GEMM, stride 1 and 2 (it does not do
     NCHW filter gradients, and NHWC is "gemm" itself): registered, ranked after "gemm"."""
-    force(monkeypatch, "tiled")
+    force(tuning_rules, "tiled")
     algo = selection.algorithm("gemm_per_image")
     assert algo.per_image and isinstance(algo, Gemm1x1)
     for case in (CASES[0], CASES[2]):

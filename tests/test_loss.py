@@ -143,8 +143,8 @@ def test_range_flag_is_cleared_after_an_error(ctx, rng, mode, monkeypatch):
     at the next synchronizing call, immediate in the call), and the flag lives across calls, so
     a good call after one that raised passes, also when the target was written by the queue's
     last command."""
-    from dlprim_py.ops import loss as L
-    monkeypatch.setattr(L, "RANGE_CHECK", mode)
+    monkeypatch.setenv("DLPRIM_RANGE_CHECK_ALGO", mode)
+    dp.config.reload()
 
     def call(op, *args):
         out = op(*args)

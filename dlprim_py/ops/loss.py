@@ -40,8 +40,7 @@ from .softmax import log_softmax, softmax_backward
 _f32 = np.float32
 _REDUCTIONS = ("none", "mean", "sum")
 RANGE_CHECKS = ("deferred", "immediate")
-# None: DLPRIM_RANGE_CHECK_ALGO, else DEFAULT_RANGE_CHECK.
-RANGE_CHECK = None
+# Without DLPRIM_RANGE_CHECK_ALGO.
 DEFAULT_RANGE_CHECK = "deferred"
 _kernels = {}
 
@@ -126,7 +125,7 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
 
 
 def _range_check_mode():
-    mode = RANGE_CHECK or config.forced_algorithm("range_check") or DEFAULT_RANGE_CHECK
+    mode = config.forced_algorithm("range_check") or DEFAULT_RANGE_CHECK
     if mode not in RANGE_CHECKS:
         raise UnsupportedError(f"range check must be one of {RANGE_CHECKS}, got {mode!r}")
     return mode
