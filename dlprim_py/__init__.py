@@ -10,7 +10,7 @@ from .autograd import enable_grad, no_grad
 from .context import Context, DeviceInfo, default_context, devices
 from .dtypes import float16, float32, int32, int64
 from .errors import (CacheWarning, DeviceError, DeviceMemoryError, DlprimError, DTypeError,
-                     KernelBuildError, NumericsError, ShapeError, UnsupportedError)
+                     GraphError, KernelBuildError, NumericsError, ShapeError, UnsupportedError)
 from .tensor import Tensor, TensorDesc
 from .ops.gemm import gemm, gemm_batched
 from . import tensor_methods  # noqa: F401  (sets the operator methods on Tensor)
@@ -25,6 +25,7 @@ __all__ = [
     "Activation", "ActivationDesc", "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",
     "no_grad", "enable_grad", "float16", "float32", "int32", "int64",
     "DlprimError", "ShapeError", "DTypeError", "DeviceError", "DeviceMemoryError", "NumericsError", "UnsupportedError",
+    "GraphError",
     "KernelBuildError", "CacheWarning", "__version__", "Convolution", "ConvolutionDesc",
 ]
 __all__ += ["gemm", "gemm_batched"]

@@ -8,7 +8,7 @@ operators, and accumulates into ``.grad`` of the leaves that require gradients.
 import contextlib
 import threading
 
-from .errors import ShapeError
+from .errors import GraphError, ShapeError
 
 _state = threading.local()
 
@@ -98,7 +98,11 @@ def _accumulate(current, extra):
         return current + extra
 
 
-def backward(root, grad=None):
+def backward(root, grad=None, retain_graph=False):
+    """Run the graph behind ``root`` backwards (see ``Tensor.backward``). Each node's backward
+    (and the tensors it saved) is released after it runs unless ``retain_graph``: running
+    through it again raises GraphError, as torch does, instead of silently adding the same
+    gradients again."""
     Tensor = type(root)
     if not root.requires_grad:
         raise ShapeError("backward() on a tensor that does not require grad "
@@ -113,8 +117,15 @@ def backward(root, grad=None):
     elif grad.shape != root.shape:
         raise ShapeError(f"grad has shape {grad.shape}, the tensor has {root.shape}")
     grads = {id(root): grad}
+    order = _topological_order(root)
+    for tensor in order:
+        node = tensor.grad_fn
+        if node is not None and node.backward is None:
+            raise GraphError(f"backward through the graph a second time: {node.name}'s saved "
+                             f"tensors were freed by an earlier backward; pass "
+                             f"retain_graph=True to that backward to run the graph again")
     with no_grad():
-        for tensor in _topological_order(root):
+        for tensor in order:
             g = grads.pop(id(tensor), None)
             if g is None:
                 continue
@@ -123,6 +134,8 @@ def backward(root, grad=None):
                 tensor.grad = _accumulate(tensor.grad, g)
                 continue
             input_grads = node.backward(g)
+            if not retain_graph:
+                node.backward = None
             if len(input_grads) != len(node.inputs):
                 raise RuntimeError(f"{node.name} backward returned {len(input_grads)} gradients "
                                    f"for {len(node.inputs)} inputs")

@@ -30,6 +30,11 @@ class NumericsError(DlprimError, ArithmeticError):
     inputs."""
 
 
+class GraphError(DlprimError, RuntimeError):
+    """A backward through part of an autograd graph that an earlier backward already ran and
+    freed (pass retain_graph=True to the first to run it again)."""
+
+
 class UnsupportedError(DlprimError, NotImplementedError):
     """A valid request that this library (or this device, or this algorithm) does not do."""
 

@@ -332,12 +332,14 @@ class Tensor:
         self.requires_grad = bool(flag)
         return self
 
-    def backward(self, grad=None):
+    def backward(self, grad=None, retain_graph=False):
         """Accumulate d(self)/d(leaf) * grad into ``.grad`` of every leaf that requires it.
 
-        ``grad`` defaults to ones for a one-element tensor and is required otherwise.
+        ``grad`` defaults to ones for a one-element tensor and is required otherwise. The graph's
+        saved tensors are freed as it runs: a second backward through it raises GraphError
+        unless this one is given ``retain_graph=True`` (torch's rule).
         """
-        autograd.backward(self, grad)
+        autograd.backward(self, grad, retain_graph)
 
     def zero_grad(self):
         self.grad = None

@@ -74,3 +74,34 @@ def test_detach_cuts_the_graph(ctx, rng):
     t = dp.Tensor.from_numpy(ctx, random(rng, (3,)), requires_grad=True)
     d = (t * 2.0).detach()
     assert not d.requires_grad and d.grad_fn is None
+
+
+def test_second_backward_raises_unless_the_graph_is_retained(ctx, rng):
+    """As torch: a backward frees the graph's saved tensors; a second one through it raises
+    GraphError (and changes no gradient) unless the first was given retain_graph=True, which
+    lets the second add the same gradients again."""
+    import dlprim_py.functional as F
+    x_np = random(rng, (3, 5))
+    x = dp.Tensor.from_numpy(ctx, x_np, requires_grad=True)
+    loss = F.sum(F.relu(x * 2.0))
+    loss.backward()
+    expected = np.where(x_np > 0, 2.0, 0.0)
+    assert_close(x.grad.numpy(), expected)
+    with pytest.raises(dp.GraphError, match="retain_graph=True"):
+        loss.backward()
+    assert_close(x.grad.numpy(), expected)
+
+    x.grad = None
+    loss = F.sum(F.relu(x * 2.0))
+    loss.backward(retain_graph=True)
+    loss.backward()
+    assert_close(x.grad.numpy(), 2 * expected)
+    with pytest.raises(dp.GraphError):
+        loss.backward()
+
+    # A leaf has no graph: its backward adds its gradient each time, as torch's.
+    leaf = dp.Tensor.from_numpy(ctx, random(rng, (4,)), requires_grad=True)
+    ones = dp.Tensor.full(ctx, (4,), 1.0)
+    leaf.backward(ones)
+    leaf.backward(ones)
+    assert_close(leaf.grad.numpy(), np.full(4, 2.0))
