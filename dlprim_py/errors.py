@@ -61,3 +61,13 @@ def check(condition, error_class, message):
     """Raise ``error_class(message)`` unless ``condition`` holds."""
     if not condition:
         raise error_class(message)
+
+
+def not_a_tensor(what, value):
+    """The DTypeError for ``value`` given where a Tensor belongs (``what`` names the argument,
+    with its operator): a numpy array gets the call that makes a tensor of it."""
+    hint = ""
+    if type(value).__module__ == "numpy":
+        hint = ("; make one with dp.Tensor.from_numpy(array) (the default context) or "
+                "dp.Tensor.from_numpy(ctx, array)")
+    return DTypeError(f"{what} must be a dlprim_py.Tensor, got {type(value).__name__}{hint}")

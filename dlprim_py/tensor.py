@@ -49,6 +49,10 @@ def _check_context(ctx):
     return ctx
 
 
+# from_numpy's array when only the array is given (None is an array-like of its own).
+_NO_ARRAY = object()
+
+
 class TensorDesc:
     """The shape and dtype of a tensor, without memory (the fusion API describes with it)."""
 
@@ -141,8 +145,12 @@ class Tensor:
         return t
 
     @classmethod
-    def from_numpy(cls, ctx, array, requires_grad=False):
-        """A copy of the numpy array ``array`` on the device (same dtype; C order)."""
+    def from_numpy(cls, ctx, array=_NO_ARRAY, requires_grad=False):
+        """A copy of the numpy array ``array`` on the device of ``ctx`` (same dtype; C order).
+        ``Tensor.from_numpy(array)`` takes the thread's default context
+        (``dlprim_py.default_context()``)."""
+        if array is _NO_ARRAY:
+            ctx, array = default_context(), ctx
         ctx = _check_context(ctx)
         if not isinstance(array, np.ndarray):
             array = np.asarray(array)
@@ -274,9 +282,20 @@ class Tensor:
         return out
 
     def copy_(self, source):
-        """Copy ``source`` (same shape and dtype, same context) into this tensor in place."""
+        """Copy ``source`` (same shape and dtype; a Tensor of the same context, or a numpy
+        array, copied from the host) into this tensor in place."""
+        if isinstance(source, np.ndarray):
+            if source.shape != self.shape or source.dtype != self.dtype:
+                raise ShapeError(f"copy_ needs the same shape and dtype: {self.shape} "
+                                 f"{self.dtype} <- array {source.shape} {source.dtype}")
+            if self.size:
+                cl.enqueue_copy(self.ctx.queue, self.buffer, np.ascontiguousarray(source),
+                                dst_offset=self.offset, is_blocking=True)
+                command_enqueued()
+            return self
         if not isinstance(source, Tensor):
-            raise DTypeError(f"copy_ expects a Tensor, got {type(source).__name__}")
+            raise DTypeError(f"copy_ expects a Tensor or a numpy array, got "
+                             f"{type(source).__name__}")
         if source.shape != self.shape or source.dtype != self.dtype:
             raise ShapeError(f"copy_ needs the same shape and dtype: {self.shape} {self.dtype} "
                              f"<- {source.shape} {source.dtype}")

@@ -213,3 +213,25 @@ def test_torch_conveniences(ctx, rng):
     assert_close(tg.grad.numpy(), np.ones((3, 4)) @ b64.T)
     z = t.clone().zero_()
     assert not z.numpy().any()
+
+
+def test_numpy_arrays_are_named_where_tensors_belong(ctx, rng):
+    """A numpy array passed to an operator is a DTypeError (a TypeError) that says how to make
+    a tensor of it; Tensor.from_numpy(array) alone takes the default context."""
+    import dlprim_py.functional as F
+    a = rng.standard_normal((2, 3)).astype(np.float32)
+    t = dp.Tensor.from_numpy(ctx, a)
+    for call in (lambda: F.relu(a), lambda: F.softmax(a, dim=1), lambda: F.sum(a),
+                 lambda: F.conv2d(a[None, None], a[None, None]),
+                 lambda: F.linear(a, t), lambda: F.dropout(a), lambda: F.max_pool2d(a, 2),
+                 lambda: t + a):
+        with pytest.raises(TypeError, match="from_numpy"):
+            call()
+    default = dp.Tensor.from_numpy(a)
+    assert default.ctx is dp.default_context()
+    np.testing.assert_array_equal(default.numpy(), a)
+    assert dp.Tensor.from_numpy(a, requires_grad=True).requires_grad
+    target = dp.Tensor.zeros(ctx, (2, 3))
+    np.testing.assert_array_equal(target.copy_(a).numpy(), a)
+    with pytest.raises(dp.ShapeError):
+        target.copy_(a.T)

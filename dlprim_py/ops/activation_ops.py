@@ -16,7 +16,7 @@ import numpy as np
 from .. import autograd, config, logcmd
 from ..activation import Activation, ActivationDesc, as_activation, from_torch_name, number
 from ..context import check_same_context
-from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor, output_like
 from .pointwise import PointwiseKernel
 
@@ -64,7 +64,7 @@ def backward_kernel(desc, accumulate):
 
 def _check(t, what, shape=None):
     if not isinstance(t, Tensor):
-        raise DTypeError(f"{what} must be a Tensor, got {type(t).__name__}")
+        raise not_a_tensor(what, t)
     if t.dtype != np.float32:
         raise DTypeError(f"{what} must be float32, got {t.dtype}")
     if shape is not None and t.shape != shape:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import autograd, config, program, solver, tuning
-from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from ..launch import bind
 from .pointwise import launch_size
@@ -170,7 +170,7 @@ def dropout(input, p=0.5, training=True, inplace=False, *, seed=None, stream=Non
     exactly; without a seed the process-wide generator supplies both (see ``manual_seed``).
     """
     if not isinstance(input, Tensor):
-        raise DTypeError(f"dropout: expected a Tensor, got {type(input).__name__}")
+        raise not_a_tensor("dropout: input", input)
     if input.dtype != np.float32:
         raise DTypeError(f"dropout: only float32 is supported, got {input.dtype}")
     if not isinstance(p, (int, float, np.floating)) or not 0.0 <= p <= 1.0:

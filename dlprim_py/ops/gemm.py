@@ -42,7 +42,7 @@ import pyopencl as cl
 from .. import config, logcmd, program, solver, tuning
 from ..activation import as_activation
 from ..dtypes import as_dtype, check_dtype
-from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError
+from ..errors import DTypeError, DeviceError, ShapeError, UnsupportedError, not_a_tensor
 from ..launch import BoundKernel, Recording, alias_pattern, buffer_arguments, enqueue_bound
 from ..tensor import Tensor, allocate
 
@@ -988,7 +988,7 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
 
 def _check_tensor(t, name, ndim):
     if not isinstance(t, Tensor):
-        raise DTypeError(f"{name} must be a dlprim_py.Tensor, got {type(t).__name__}")
+        raise not_a_tensor(name, t)
     check_dtype(t, (np.float32,), name)
     if t.ndim != ndim:
         raise ShapeError(f"{name} must be {ndim}-d, got shape {t.shape}")

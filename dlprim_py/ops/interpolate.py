@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import autograd, program
 from ..dtypes import float32
-from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from .pointwise import launch_size
 
@@ -110,7 +110,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     the modes "bicubic", "trilinear" and "nearest-exact", and ``antialias``.
     """
     if not isinstance(input, Tensor):
-        raise DTypeError(f"interpolate expects a Tensor, got {type(input).__name__}")
+        raise not_a_tensor("interpolate: input", input)
     if input.dtype != float32:
         raise DTypeError(f"interpolate: input must be float32, got {input.dtype}")
     if mode not in MODES:

@@ -10,7 +10,7 @@ import math
 from .. import autograd
 from ..context import check_same_context
 from ..dtypes import float32
-from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from .gemm import enqueue_gemm
 
@@ -28,7 +28,7 @@ def _check(input, weight, bias):
         if t is None and what == "bias":
             continue
         if not isinstance(t, Tensor):
-            raise DTypeError(f"linear: {what} must be a Tensor, got {type(t).__name__}")
+            raise not_a_tensor(f"linear: {what}", t)
         if t.dtype != float32:
             raise DTypeError(f"linear: {what} must be float32, got {t.dtype}")
     check_same_context(input, weight, bias)

@@ -27,7 +27,7 @@ import pyopencl as cl
 
 from .. import autograd, program
 from ..context import check_same_context
-from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from .. import config
 from ..launch import bind, run_planned_on
@@ -59,7 +59,7 @@ def _check_reduction(reduction, name):
 
 def _check_float(t, what):
     if not isinstance(t, Tensor):
-        raise DTypeError(f"{what} must be a Tensor, got {type(t).__name__}")
+        raise not_a_tensor(what, t)
     if t.dtype != np.float32:
         raise DTypeError(f"{what} must be float32, got {t.dtype}")
 
@@ -73,7 +73,7 @@ def _view(t, shape):
 def _nll_geometry(x, target):
     _check_float(x, "nll_loss: input")
     if not isinstance(target, Tensor):
-        raise DTypeError(f"nll_loss: target must be a Tensor, got {type(target).__name__}")
+        raise not_a_tensor("nll_loss: target", target)
     if target.dtype != np.int64:
         raise DTypeError(f"nll_loss: class targets must be int64, got {target.dtype}")
     if x.ndim == 1:

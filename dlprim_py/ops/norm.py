@@ -31,7 +31,7 @@ from .. import autograd, config, logcmd, program, solver, tuning
 from ..activation import as_activation
 from ..context import PlanCache, check_same_context
 from ..dtypes import float32
-from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor, output
 from ..launch import bind, run_planned_on
 from .pointwise import PointwiseKernel, group_size
@@ -98,7 +98,7 @@ def _check_float(what, t, required=True):
             raise ShapeError(f"{what} is required")
         return
     if not isinstance(t, Tensor):
-        raise DTypeError(f"{what} must be a Tensor, got {type(t).__name__}")
+        raise not_a_tensor(what, t)
     if t.dtype != float32:
         raise DTypeError(f"{what} must be float32, got {t.dtype}")
 

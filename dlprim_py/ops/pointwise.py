@@ -471,7 +471,10 @@ def binary(op, a, b):
         raise DTypeError(f"{op}: operands have different dtypes {a.dtype} and {b.dtype}")
     for x in (a, b):
         if not isinstance(x, Tensor) and not isinstance(x, (int, float, np.number)):
-            raise DTypeError(f"{op}: operands must be Tensors or numbers, got {type(x).__name__}")
+            hint = "; make a tensor with dp.Tensor.from_numpy(array)" \
+                if type(x).__module__ == "numpy" else ""
+            raise DTypeError(f"{op}: operands must be Tensors or numbers, got "
+                             f"{type(x).__name__}{hint}")
     if ref.dtype.kind != "f":
         raise DTypeError(f"{op}: only floating point tensors are supported, got {ref.dtype}")
     if ref.dtype == np.float16:

@@ -19,7 +19,7 @@ import numpy as np
 from .. import autograd, config, logcmd, program, solver, tuning
 from ..context import check_same_context
 from ..dtypes import float32, int64
-from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from ..launch import bind, run_planned_on
 from .pointwise import group_size, launch_size
@@ -247,7 +247,7 @@ class Pool2d:
     def _check(self, x, y, indices, x_what, y_what):
         for t, what in ((x, x_what), (y, y_what)):
             if not isinstance(t, Tensor):
-                raise DTypeError(f"{what} must be a Tensor, got {type(t).__name__}")
+                raise not_a_tensor(what, t)
             if t.dtype != float32:
                 raise DTypeError(f"{what} must be float32, got {t.dtype}")
         check_same_context(x, y, indices)
@@ -312,7 +312,7 @@ def _operator(ctx, *key, **kwargs):
 
 def _run(op, x, return_indices=False):
     if not isinstance(x, Tensor):
-        raise DTypeError(f"pooling expects a Tensor, got {type(x).__name__}")
+        raise not_a_tensor("pooling: input", x)
     ctx = x.ctx
     y_shape = op.shapes.get(x.shape)
     if y_shape is None:
@@ -373,7 +373,7 @@ def adaptive_max_pool2d(input, output_size, return_indices=False):
 
 def _ctx_of(x):
     if not isinstance(x, Tensor):
-        raise DTypeError(f"pooling expects a Tensor, got {type(x).__name__}")
+        raise not_a_tensor("pooling: input", x)
     return x.ctx
 
 

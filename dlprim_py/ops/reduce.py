@@ -41,7 +41,7 @@ import numpy as np
 from .. import autograd, config, program, solver, tuning
 from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
-from ..errors import DlprimError, DTypeError, ShapeError, UnsupportedError
+from ..errors import DTypeError, DlprimError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from ..launch import BoundKernel, current
 from .pointwise import (PointwiseKernel, _scalar_cl_name, binary, broadcast_shapes,
@@ -270,7 +270,7 @@ class ReduceKernel:
             raise ShapeError(f"{self.name}: expected {len(self.scalars)} scalars, got {len(scalars)}")
         for (n, dt), t in zip(self.inputs + self.outputs, list(inputs) + list(outputs)):
             if not isinstance(t, Tensor):
-                raise DTypeError(f"{self.name}: {n} must be a Tensor, got {type(t).__name__}")
+                raise not_a_tensor(f"{self.name}: {n}", t)
             if t.dtype != dt:
                 raise DTypeError(f"{self.name}: {n} must be {dt}, got {t.dtype}")
         ctx = check_same_context(*inputs, *outputs)
@@ -621,7 +621,7 @@ def _view(t, shape):
 
 def _check_float(x, name):
     if not isinstance(x, Tensor):
-        raise DTypeError(f"{name}: expected a Tensor, got {type(x).__name__}")
+        raise not_a_tensor(f"{name}: input", x)
     if x.dtype != np.float32:
         raise DTypeError(f"{name}: only float32 tensors are supported, got {x.dtype}")
 

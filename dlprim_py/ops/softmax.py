@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import autograd, config, logcmd, program, solver, tuning
 from ..context import check_same_context
-from ..errors import DlprimError, DTypeError, ShapeError, UnsupportedError
+from ..errors import DTypeError, DlprimError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from ..launch import BoundKernel
 
@@ -215,7 +215,7 @@ def _choices(ctx, variant, vector, cached, row_items, group_size, backward_hold,
 
 def _geometry(x, dim, name):
     if not isinstance(x, Tensor):
-        raise DTypeError(f"{name}: expected a Tensor, got {type(x).__name__}")
+        raise not_a_tensor(f"{name}: input", x)
     if x.dtype != np.float32:
         raise DTypeError(f"{name}: only float32 is supported, got {x.dtype}")
     if dim is None:

@@ -18,7 +18,7 @@ import numpy as np
 from .. import autograd, config, program, solver, tuning
 from ..context import check_same_context
 from ..dtypes import cl_name
-from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from .pointwise import launch_size, merge_dimensions
 
@@ -37,7 +37,7 @@ def dense_strides(shape):
 
 def _check_tensor(x, what):
     if not isinstance(x, Tensor):
-        raise DTypeError(f"{what}: expected a Tensor, got {type(x).__name__}")
+        raise not_a_tensor(f"{what}: input", x)
 
 
 def normalise_dim(dim, ndim, what):

@@ -6,7 +6,7 @@ import pyopencl as cl
 from ... import autograd, config, logcmd
 from ...activation import as_activation
 from ...context import PlanCache, check_same_context
-from ...errors import DTypeError, ShapeError, UnsupportedError
+from ...errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ...tensor import Tensor, TensorDesc, output
 
 from ...launch import run_planned, run_planned_on
@@ -17,7 +17,7 @@ from . import selection
 
 def _check_tensor(t, shape, what):
     if not isinstance(t, Tensor):
-        raise DTypeError(f"{what} must be a dlprim_py.Tensor, got {type(t).__name__}")
+        raise not_a_tensor(what, t)
     if t.dtype != np.float32:
         raise DTypeError(f"{what} must be float32, got {t.dtype}")
     if tuple(t.shape) != tuple(shape):
@@ -274,7 +274,7 @@ def _padding(padding, kernel_size, stride, dilation):
 
 def _check_input(x, what):
     if not isinstance(x, Tensor):
-        raise DTypeError(f"{what} must be a dlprim_py.Tensor, got {type(x).__name__}")
+        raise not_a_tensor(what, x)
 
 
 def _check_layout(layout):
