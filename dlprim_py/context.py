@@ -320,9 +320,18 @@ def check_same_context(*tensors):
     if not present:
         return None
     ctx = present[0].ctx
-    for t in present[1:]:
+    for k, t in enumerate(present[1:], start=1):
         if t.ctx.cl_context != ctx.cl_context:
-            raise DeviceError(f"tensors live in different OpenCL contexts: {ctx!r} and {t.ctx!r}")
+            same_device = t.ctx.device == ctx.device
+            raise DeviceError(
+                f"tensors of one call must share one dlprim_py.Context (these live in "
+                f"different OpenCL contexts): operand 0 "
+                f"({'x'.join(map(str, present[0].shape))} {present[0].dtype}) lives in "
+                f"{ctx!r} at 0x{id(ctx):x}, operand {k} ({'x'.join(map(str, t.shape))} "
+                f"{t.dtype}) in {t.ctx!r} at 0x{id(t.ctx):x}"
+                + ("; the two contexts are on the same device, but OpenCL does not share "
+                   "buffers between contexts: make both tensors with one Context (or "
+                   "dp.default_context())" if same_device else ""))
     return ctx
 
 

@@ -149,8 +149,14 @@ def test_tensors_of_different_contexts_do_not_mix(ctx, rng):
     other = dp.Context(dp.devices()[0][0])
     a = dp.Tensor.from_numpy(ctx, random(rng, 4))
     b = dp.Tensor.from_numpy(other, random(rng, 4))
-    with pytest.raises(dp.DeviceError, match="different OpenCL contexts"):
+    with pytest.raises(dp.DeviceError, match="different OpenCL contexts") as raised:
         a + b
+    # The message says which objects they are and what to do.
+    message = str(raised.value)
+    assert "share one dlprim_py.Context" in message
+    assert f"0x{id(ctx):x}" in message and f"0x{id(other):x}" in message
+    if other.device == ctx.device:
+        assert "same device" in message
 
 
 def test_arithmetic_matches_numpy(ctx, rng):
