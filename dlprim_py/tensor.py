@@ -228,8 +228,20 @@ class Tensor:
         return self.shape[0]
 
     def __repr__(self):
+        """The values as numpy prints them (small tensors whole, large ones abbreviated), with
+        the shape and dtype, as torch's. Reading them waits for the queue, but leaves a
+        deferred check's error (a bad class target) to the next synchronizing call."""
         grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"Tensor(shape={self.shape}, dtype={self.dtype}{grad})"
+        try:
+            host = np.empty(self.shape, self.dtype)
+            if host.size:
+                cl.enqueue_copy(self.ctx.queue, host, self.buffer, src_offset=self.offset,
+                                is_blocking=True)
+            values = np.array2string(host, separator=", ", threshold=200, edgeitems=3,
+                                     prefix="Tensor(")
+        except (cl.Error, ValueError, MemoryError) as error:   # a repr must not raise
+            values = f"<values unreadable: {error}>"
+        return f"Tensor({values}, shape={self.shape}, dtype={self.dtype}{grad})"
 
     # ---- torch's conveniences ------------------------------------------------------------
 

@@ -10,11 +10,11 @@ import numpy as np
 import pyopencl as cl
 
 from . import autograd
-from .errors import DTypeError, UnsupportedError
+from .errors import DTypeError, ShapeError, UnsupportedError
 from .launch import command_enqueued
 from .ops import arithmetic, linear, pointwise, reduce, tensor_ops
 from .ops.gemm import gemm
-from .tensor import Tensor
+from .tensor import Tensor, _checked
 
 
 def fill_(self, value):
@@ -33,7 +33,7 @@ def fill_(self, value):
     return self
 
 
-def sum(self, dim=None, keepdim=False):  # noqa: A001  (torch's method name)
+def sum_(self, dim=None, keepdim=False):
     return reduce.sum(self, dim, keepdim)
 
 
@@ -41,7 +41,7 @@ def mean(self, dim=None, keepdim=False):
     return reduce.mean(self, dim, keepdim)
 
 
-def max(self, dim=None, keepdim=False):  # noqa: A001
+def max_(self, dim=None, keepdim=False):
     """The largest element (a 0-d tensor); with ``dim``, (values, indices) along it, as torch
     returns them."""
     if dim is None:
@@ -85,6 +85,85 @@ def matmul(self, other):
     return gemm(self, other)
 
 
+def getitem(self, index):
+    """Basic indexing, as numpy's and torch's: ints (negative from the end), slices with step 1
+    and one ``...``. A selection that is one contiguous run of memory (single indices, then
+    one range, then whole dimensions: ``t[0]``, ``t[2:5]``, ``t[1, :3]``) is a view sharing this
+    tensor's buffer; any other (``t[:, 1:3]``, ``t[..., -1]``) is a copy, through ``narrow``.
+    Gradients flow back either way. Steps other than 1, None (new axes) and advanced indexing
+    (lists, arrays, tensors, masks) raise UnsupportedError."""
+    items = index if isinstance(index, tuple) else (index,)
+    ellipses = sum(1 for i in items if i is Ellipsis)
+    if ellipses > 1:
+        raise ShapeError("an index can hold one ellipsis (...) at most")
+    for i in items:
+        if i is None:
+            raise UnsupportedError("indexing with None (a new axis) is not supported; use "
+                                   "reshape")
+        if i is Ellipsis or isinstance(i, slice) or (
+                isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_))):
+            continue
+        raise UnsupportedError(f"advanced indexing (by {type(i).__name__}) is not supported: "
+                               f"index with ints, slices of step 1 and ...")
+    given = len(items) - ellipses
+    if given > self.ndim:
+        raise ShapeError(f"too many indices ({given}) for a tensor of {self.ndim} dimensions")
+    if ellipses:
+        k = items.index(Ellipsis)
+        items = items[:k] + (slice(None),) * (self.ndim - given) + items[k + 1:]
+    else:
+        items = items + (slice(None),) * (self.ndim - given)
+    spec = []   # per dimension: (start, length, kept in the result)
+    for dim, (i, size) in enumerate(zip(items, self.shape)):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(size)
+            if step != 1:
+                raise UnsupportedError(f"slices with a step ({step}) are not supported")
+            spec.append((start, max(0, stop - start), True))
+        else:
+            j = int(i) + (size if i < 0 else 0)
+            if not 0 <= j < size:
+                raise ShapeError(f"index {int(i)} is out of range for dimension {dim} of size "
+                                 f"{size}")
+            spec.append((j, 1, False))
+    shape = tuple(length for _, length, kept in spec if kept)
+    partial = [d for d, (start, length, kept) in enumerate(spec)
+               if not kept or length != self.shape[d]]
+    if not partial:
+        return self.reshape(shape)
+    last = partial[-1]
+    if all(not spec[d][2] or self.shape[d] == 1 for d in range(last)):
+        return _view(self, spec, shape)
+    x = self
+    for dim, (start, length, _) in enumerate(spec):
+        if length != self.shape[dim]:
+            x = tensor_ops.narrow(x, dim, start, length)
+    return x.reshape(shape)
+
+
+def _view(self, spec, shape):
+    """The contiguous selection ``spec`` of ``self`` as a view, its gradient written into the
+    same run of a zero tensor shaped like ``self``."""
+    strides, step = [], 1
+    for size in reversed(self.shape):
+        strides.append(step)
+        step *= size
+    first = sum(start * stride for (start, _, _), stride in zip(spec, reversed(strides)))
+    offset = first * self.dtype.itemsize
+    out = _checked(self.ctx, self.buffer, shape, self.dtype, self.offset + offset)
+    if not autograd.needs_grad(self):
+        return out
+    ctx, source_shape, dtype = self.ctx, self.shape, self.dtype
+
+    def backward(g):
+        grad = Tensor.zeros(ctx, source_shape, dtype)
+        if g.size:
+            _checked(ctx, grad.buffer, shape, dtype, grad.offset + offset).copy_(g)
+        return (grad,)
+
+    return autograd.record(out, (self,), backward, "index")
+
+
 def _rsub(self, other):
     return arithmetic.sub(other, self)
 
@@ -99,9 +178,9 @@ def _neg(self):
 
 def install():
     """Set the methods on ``Tensor`` (once, at package import)."""
-    for name, method in (("fill_", fill_), ("sum", sum), ("mean", mean), ("max", max),
+    for name, method in (("fill_", fill_), ("sum", sum_), ("mean", mean), ("max", max_),
                          ("argmax", argmax), ("permute", permute), ("transpose", transpose),
-                         ("__matmul__", matmul),
+                         ("__matmul__", matmul), ("__getitem__", getitem),
                          ("__add__", arithmetic.add), ("__radd__", arithmetic.add),
                          ("__sub__", arithmetic.sub), ("__rsub__", _rsub),
                          ("__mul__", arithmetic.mul), ("__rmul__", arithmetic.mul),

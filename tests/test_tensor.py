@@ -3,6 +3,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cl_array
 import pytest
+import torch
 
 import dlprim_py as dp
 from conftest import assert_close, random
@@ -241,3 +242,64 @@ def test_numpy_arrays_are_named_where_tensors_belong(ctx, rng):
     np.testing.assert_array_equal(target.copy_(a).numpy(), a)
     with pytest.raises(dp.ShapeError):
         target.copy_(a.T)
+
+
+INDICES = [0, -1, (1, 2), (0, slice(1, 3)), (slice(None), slice(1, 3)), (Ellipsis, -1),
+           (1, Ellipsis), slice(0, 1), (1, 2, 3), (slice(None), 0), (Ellipsis,), (),
+           slice(5, 9), (0, slice(2, 1)), (slice(-1, None), slice(None), slice(1, -1)),
+           (np.int64(1), -2)]
+
+
+@pytest.mark.parametrize("index", INDICES, ids=repr)
+def test_basic_indexing_matches_numpy_and_torch_gradients(ctx, rng, index):
+    """t[index] holds numpy's a[index]; a contiguous selection shares the buffer (a write into
+    it shows in the parent), any other is a copy; the gradient is torch's."""
+    a = random(rng, (2, 3, 4))
+    t = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    out = t[index]
+    np.testing.assert_array_equal(out.numpy(), a[index])
+    ref = torch.from_numpy(a.astype(np.float64)).requires_grad_(True)
+    ref_out = ref[index]
+    g = random(rng, ref_out.shape)
+    ref_out.backward(torch.from_numpy(g.astype(np.float64)))
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    np.testing.assert_allclose(t.grad.numpy(), ref.grad.numpy(), rtol=1e-6, atol=0)
+    plain = dp.Tensor.from_numpy(ctx, a)
+    view = plain[index]
+    if view.buffer is plain.buffer and view.size:
+        view.copy_(np.full(view.shape, 7.0, np.float32))
+        expected = a.copy()
+        expected[index] = 7.0
+        np.testing.assert_array_equal(plain.numpy(), expected)
+
+
+def test_indexing_refuses_what_it_does_not_do(ctx, rng):
+    t = dp.Tensor.from_numpy(ctx, random(rng, (2, 3)))
+    for index, error, text in [((slice(None, None, 2),), dp.UnsupportedError, "step"),
+                               ((None,), dp.UnsupportedError, "reshape"),
+                               (([0, 1],), dp.UnsupportedError, "advanced indexing"),
+                               ((True,), dp.UnsupportedError, "advanced indexing"),
+                               ((t,), dp.UnsupportedError, "advanced indexing"),
+                               ((0, 0, 0), dp.ShapeError, "too many indices"),
+                               ((2,), dp.ShapeError, "out of range"),
+                               ((0, -4), dp.ShapeError, "out of range"),
+                               ((Ellipsis, 0, Ellipsis), dp.ShapeError, "ellipsis")]:
+        with pytest.raises(error, match=text):
+            t[index if len(index) > 1 else index[0]]
+
+
+def test_repr_shows_values_and_leaves_deferred_errors_to_the_next_sync(ctx, rng):
+    """print(t) shows the values as numpy does (large tensors abbreviated); reading them does
+    not swallow a deferred check's error, which the next synchronizing call raises."""
+    import dlprim_py.functional as F
+    small = dp.Tensor.from_numpy(ctx, np.arange(6, dtype=np.float32).reshape(2, 3))
+    text = repr(small)
+    assert "[[0., 1., 2.]" in text and "shape=(2, 3)" in text and "float32" in text
+    big = dp.Tensor.from_numpy(ctx, np.arange(5000, dtype=np.float32))
+    assert "..." in repr(big) and len(repr(big)) < 400
+    logits = dp.Tensor.from_numpy(ctx, random(rng, (2, 4)))
+    bad = dp.Tensor.from_numpy(ctx, np.array([1, 9], np.int64))
+    loss = F.cross_entropy(logits, bad)
+    repr(loss)
+    with pytest.raises(dp.ShapeError):
+        loss.numpy()
