@@ -431,3 +431,22 @@ def test_all_algorithms_lists_forced_cases_and_skips_those_that_do_not_apply(sma
     row = measure(small_bench, CaseSpec("conv", "x", lambda: conv_suite._forced_case(
         small_bench, shape, "fwd", "depthwise")))
     assert row.status.startswith("skipped: algorithm 'depthwise' does not apply")
+
+
+def test_plot_without_matplotlib_stops_before_measuring(monkeypatch, capsys, tmp_path):
+    """dlprim-bench --plot checks for matplotlib first: without it, it names the plot extra and
+    exits non-zero before running any suite."""
+    import builtins
+    import dlprim_py.bench as bench_cli
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    monkeypatch.setattr(bench_cli, "run", lambda args: pytest.fail("a suite ran"))
+    assert bench_cli.main(["--quick", "--suite", "peak", "--plot", str(tmp_path / "p.png")]) == 2
+    assert "dlprim_py[plot]" in capsys.readouterr().err
+    assert not (tmp_path / "p.png").exists()

@@ -226,8 +226,13 @@ def run(args, out=None):
 
 def main(argv=None):
     from . import record
-    from .plot import plot_ratios
+    from .plot import missing_matplotlib, plot_ratios
     args = parse_args(argv)
+    if args.plot:
+        reason = missing_matplotlib()
+        if reason is not None:
+            print(f"dlprim-bench: {reason}", file=sys.stderr)
+            return 2
     _, rows, rec = run(args)
     if rec is None:
         return 0
@@ -239,4 +244,4 @@ def main(argv=None):
         print(f"wrote {args.plot}" if reason is None else f"no plot: {reason}",
               file=sys.stdout if reason is None else sys.stderr)
     failed = [r for r in rows if r.status.startswith("failed")]
-    return 1 if failed else 0
+    return 1 if failed or (args.plot and reason is not None) else 0

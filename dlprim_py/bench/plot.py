@@ -1,6 +1,17 @@
 """``--plot FILE.png``: the speed relative to PyTorch per case (needs matplotlib)."""
 
 
+def missing_matplotlib():
+    """None where matplotlib imports, else what to do about it (checked before a suite runs,
+    so that --plot does not find out after the measurements)."""
+    try:
+        import matplotlib  # noqa: F401
+    except Exception as e:   # ImportError, or a broken installation
+        return (f"--plot needs matplotlib ({type(e).__name__}: {e}); install the plot extra: "
+                f"pip install 'dlprim_py[plot]'")
+    return None
+
+
 def plot_ratios(rows, path, title=""):
     """Draw torch time / library time per measured case (1.0 = as fast as PyTorch).
 
