@@ -525,7 +525,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         entry = ctx.plans.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: checked below
         key = entry = None
-    if entry is None:
+    first = entry is None
+    if first:
         _check_float("input", input)
         if momentum is None:
             raise UnsupportedError("momentum=None (cumulative average) belongs to the module's "
@@ -550,7 +551,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                        lambda: batch_norm_forward_inference(input, y, weight, bias, running_mean,
                                                             running_var, eps), plans)
         mean, invstd = running_mean, None
-    if key is not None and ctx.plans.get(key) is None:
+    if first and key is not None:
         # Kept only now: the first call's checks passed (the run raises on bad operands).
         ctx.plans.put(key, entry)
     if not autograd.needs_grad(input, weight, bias):
