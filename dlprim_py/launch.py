@@ -506,9 +506,8 @@ def run_planned_on(ctx, key, tensors, run, plans=None):
     """``run_planned`` on the buffers of ``tensors`` (None allowed), after checking that they
     share ``ctx``'s OpenCL context; unplanned while DLPRIM_LOG_CMD asks every call to log.
 
-    Every repeated operator call comes through here, so it is one function: the buffers, their
-    handles and the alias pattern (as ``alias_pattern`` makes it) in one pass, one plan lookup,
-    then the plan's run."""
+    Every repeated operator call comes through here: the buffers, their handles and the alias
+    pattern (as ``alias_pattern`` makes it) in one pass, then the plan's lookup and run."""
     if ctx.thread != get_ident():
         ctx.check_thread()
     buffers, handles = [], []
@@ -525,18 +524,7 @@ def run_planned_on(ctx, key, tensors, run, plans=None):
     if config.switches().log_cmd:
         run()
         return
-    plans = ctx.plans if plans is None else plans
-    key = (key, _pattern(handles))
-    plan = plans.get(key)
-    if plan is None:
-        with Recording() as recording:
-            run()
-        plan = recording.plan(ctx.queue, buffers)
-        plans.put(key, _UNPLANNABLE if plan is None else plan)
-    elif plan is _UNPLANNABLE:
-        run()
-    else:
-        plan.run(buffers)
+    _replay(ctx, ctx.plans if plans is None else plans, (key, _pattern(handles)), buffers, run)
 
 
 # A key whose run cannot become a plan (it has non-kernel commands): it runs unrecorded.
@@ -555,8 +543,13 @@ def run_planned(ctx, key, operands, run, plans=None):
     uses them again."""
     if ctx.thread != get_ident():
         ctx.check_thread()
-    plans = ctx.plans if plans is None else plans
-    key = (key, alias_pattern(operands))
+    _replay(ctx, ctx.plans if plans is None else plans, (key, alias_pattern(operands)),
+            operands, run)
+
+
+def _replay(ctx, plans, key, operands, run):
+    """The plan under ``key`` (which holds the alias pattern) run on ``operands``: recorded
+    from ``run()`` the first time, ``run()`` itself where it cannot be a plan."""
     plan = plans.get(key)
     if plan is None:
         with Recording() as recording:
