@@ -4,14 +4,13 @@ BnFwdTrgActivationFused / BnBwdTrgActivationFused): the library's one training b
 ``F.batch_norm`` run the same kernels."""
 import math
 
-from .. import solver
 from ..activation import Activation, ActivationDesc
 from ..context import check_same_context
 from ..dtypes import float32
 from ..errors import ShapeError
 from ..ops import norm
 from ..tensor import TensorDesc
-from .ops import VERTICAL, activation_of, chain_message
+from .ops import VERTICAL, FusedSolver, activation_of, chain_message
 
 
 def _bn_layout(shape):
@@ -78,7 +77,7 @@ class _TrainRun:
                                  f"{self.param_size} ({self.bn.mode})")
 
 
-class BatchNormTrainForward(solver.Solver):
+class BatchNormTrainForward(FusedSolver):
     """``batchnorm_forward [activation]``: statistics, saved mean and inverse std, running
     averages, normalisation and activation."""
     name = "batchnorm_train_forward"
@@ -98,9 +97,6 @@ class BatchNormTrainForward(solver.Solver):
                               f"{ops[op.index - 1].describe()} in a training batch-norm plan; "
                               f"{chain_message()}")
         return None
-
-    def applies(self, ctx, problem):
-        return self.refusal(problem) is None
 
     def prepare(self, ctx, problem):
         ops = problem.ops
@@ -123,7 +119,7 @@ class BatchNormTrainForwardRun(_TrainRun):
             self._algorithm(x.shape))
 
 
-class BatchNormTrainBackward(solver.Solver):
+class BatchNormTrainBackward(FusedSolver):
     """``batchnorm_backward`` with ``activation_backward`` (either order): dx, dscale, dbias of
     act(batchnorm_train(x)); the activation's input is recomputed from x and the saved
     statistics."""
@@ -145,9 +141,6 @@ class BatchNormTrainBackward(solver.Solver):
             return len(problem.ops), (f"activation_backward alone is not a fusion; add a "
                                       f"batchnorm_backward op; {chain_message()}")
         return None
-
-    def applies(self, ctx, problem):
-        return self.refusal(problem) is None
 
     def prepare(self, ctx, problem):
         bn = next(op for op in problem.ops if op.kind == "batchnorm_backward")

@@ -4,17 +4,16 @@ import math
 
 import pyopencl as cl
 
-from .. import solver
 from ..dtypes import float32
 from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError
 from ..launch import enqueue
 from ..tensor import Tensor, TensorDesc
-from .ops import (BN_PER_ACTIVATION, HORIZONTAL, VERTICAL, FusionProblem, OpSpec, activation_desc,
-                  activation_of, chain_message, chain_parameters, check_param_desc,
-                  check_param_tensor, param_view)
+from .ops import (BN_PER_ACTIVATION, HORIZONTAL, VERTICAL, FusedSolver, FusionProblem, OpSpec,
+                  activation_desc, activation_of, chain_message, chain_parameters,
+                  check_param_desc, check_param_tensor, param_view)
 
 
-class ConvChain(solver.Solver):
+class ConvChain(FusedSolver):
     """``conv [bias | batchnorm_inference]* [activation]``: the convolution kernel applies the
     epilogue ``act(alpha * acc * scale + shift) + beta * y_old`` for every algorithm. A bias
     alone is the shift; a batch norm (or several biases) is a chain whose scale and shift the
@@ -40,9 +39,6 @@ class ConvChain(solver.Solver):
                 return op.index, (f"op {op.index} ({op.describe()}) cannot follow a "
                                   f"convolution in one kernel; {chain_message()}")
         return None
-
-    def applies(self, ctx, problem):
-        return self.refusal(problem) is None
 
     def prepare(self, ctx, problem):
         return ConvChainRun(ctx, problem)
@@ -188,7 +184,7 @@ def _conv_geometry(conv):
     return (tuple(conv.desc.shape[1:]), *conv.geometry)
 
 
-class HorizontalConvs(solver.Solver):
+class HorizontalConvs(FusedSolver):
     """Sibling convolutions of one input (HORIZONTAL; MIOpen refuses these plans): each conv
     may be followed by its own bias, one activation may end the plan and applies to every
     branch. The output is the branches' outputs concatenated along channels, in op order,
@@ -224,9 +220,6 @@ class HorizontalConvs(solver.Solver):
                                  f"convolutions, got groups={first.geometry[3]}; "
                                  f"{HORIZONTAL_MESSAGE}")
         return None
-
-    def applies(self, ctx, problem):
-        return self.refusal(problem) is None
 
     def prepare(self, ctx, problem):
         return HorizontalConvsRun(ctx, problem)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import solver
 from ..activation import Activation, ActivationDesc
 from ..dtypes import float32
 from ..errors import DeviceError, DlprimError, DTypeError, ShapeError, UnsupportedError
@@ -118,6 +119,18 @@ class OpSpec:
 
 # ---- operators -------------------------------------------------------------------------------
 
+class FusedSolver(solver.Solver):
+    """A fused solver of the "fusion" family: ``refusal(problem)`` is None where it fuses the
+    chain, else (index of the op that breaks it, why), which the plan reports when no solver
+    fuses the chain; it applies where it has no refusal."""
+
+    def refusal(self, problem):
+        raise NotImplementedError
+
+    def applies(self, ctx, problem):
+        return self.refusal(problem) is None
+
+
 class FusionOp:
     """One operator of a plan; ``index`` is its position (``plan.get_op(index)``)."""
 
@@ -177,8 +190,8 @@ class BatchNormInferenceOp(FusionOp):
         return OpSpec(self.index, self.name, self.mode, self.bn_desc)
 
 
-class ActivationForwardOp(FusionOp):
-    name = "activation"
+class _ActivationOp(FusionOp):
+    """An activation (forward or backward) of ``mode``."""
 
     def __init__(self, plan, index, mode):
         super().__init__(plan, index)
@@ -186,6 +199,10 @@ class ActivationForwardOp(FusionOp):
 
     def spec(self):
         return OpSpec(self.index, self.name, self.mode)
+
+
+class ActivationForwardOp(_ActivationOp):
+    name = "activation"
 
 
 class BatchNormForwardOp(FusionOp):
@@ -213,15 +230,8 @@ class BatchNormBackwardOp(FusionOp):
         return OpSpec(self.index, self.name, self.mode)
 
 
-class ActivationBackwardOp(FusionOp):
+class ActivationBackwardOp(_ActivationOp):
     name = "activation_backward"
-
-    def __init__(self, plan, index, mode):
-        super().__init__(plan, index)
-        self.mode = ActivationDesc(mode).mode
-
-    def spec(self):
-        return OpSpec(self.index, self.name, self.mode)
 
 
 # ---- operator arguments ----------------------------------------------------------------------

@@ -4,19 +4,19 @@ import math
 
 import numpy as np
 
-from .. import program, solver
+from .. import program
 from ..context import check_same_context
 from ..dtypes import float32
 from ..errors import ShapeError
 from ..launch import BoundKernel
 from ..tensor import TensorDesc
-from .ops import (BN_PER_ACTIVATION, VERTICAL, activation_of, chain_message, chain_parameters,
-                  check_param_desc, check_param_tensor, param_view)
+from .ops import (BN_PER_ACTIVATION, VERTICAL, FusedSolver, activation_of, chain_message,
+                  chain_parameters, check_param_desc, check_param_tensor, param_view)
 
 POINTWISE_KINDS = ("bias", "batchnorm_inference", "activation")
 
 
-class PointwiseChain(solver.Solver):
+class PointwiseChain(FusedSolver):
     """``[bias | batchnorm_inference | activation]+``: one pass of float4 packets when every
     parameter is per channel and the activation comes last (kernels/fusion_fold.cl.mako),
     else the pointwise generator with the parameters broadcast."""
@@ -32,9 +32,6 @@ class PointwiseChain(solver.Solver):
                 return op.index, (f"op {op.index} ({op.describe()}) cannot follow "
                                   f"{first.describe()} in one kernel; {chain_message()}")
         return None
-
-    def applies(self, ctx, problem):
-        return self.refusal(problem) is None
 
     def prepare(self, ctx, problem):
         return PointwiseChainRun(ctx, problem)
