@@ -184,6 +184,18 @@ def tunables(ctx, family_name, problem, solver_name):
     return params
 
 
+def device_params(ctx, family_name):
+    """Tuning values that depend on the device alone: the params of every rule of the family's
+    database that holds for it (features ``gpu`` and ``cpu``; the first rule giving a key
+    wins), read once per context and database generation."""
+    key = ("solver.device_params", family_name, tuning.generation)
+    found = ctx.plans.get(key)
+    if found is None:
+        found = ctx.plans.put(key, tuning.merged_params(
+            ctx.info, family_name, {"gpu": int(ctx.info.is_gpu), "cpu": int(ctx.info.is_cpu)}))
+    return found
+
+
 def find(ctx, fam, problem):
     """The find-mode winner's name: the find-db's record when it names a solver that applies,
     else the family's measurement of the applicable solvers, stored in the find-db."""

@@ -144,11 +144,8 @@ def getitem(self, index):
 def _view(self, spec, shape):
     """The contiguous selection ``spec`` of ``self`` as a view, its gradient written into the
     same run of a zero tensor shaped like ``self``."""
-    strides, step = [], 1
-    for size in reversed(self.shape):
-        strides.append(step)
-        step *= size
-    first = sum(start * stride for (start, _, _), stride in zip(spec, reversed(strides)))
+    strides = pointwise.broadcast_strides(self.shape, self.shape)   # 0 where a size is 1
+    first = sum(start * stride for (start, _, _), stride in zip(spec, strides))
     offset = first * self.dtype.itemsize
     out = _checked(self.ctx, self.buffer, shape, self.dtype, self.offset + offset)
     if not autograd.needs_grad(self):

@@ -384,16 +384,10 @@ _EMPTY = object()
 
 def _launches(ctx):
     """The device's rule of ``tuning_db/pointwise_launch.json``: (scalar launch, vector width,
-    vector launch in one dimension, in more), read once per context and database generation."""
-    key = ("pointwise.launches", tuning.generation)
-    found = ctx.plans.get(key)
-    if found is None:
-        rule = tuning.merged_params(ctx.info, "pointwise_launch",
-                                    {"gpu": int(ctx.info.is_gpu), "cpu": int(ctx.info.is_cpu)})
-        found = ctx.plans.put(key, (Launch(**rule["scalar"]), rule["vector"],
-                                    Launch(**rule["vector_launch"]),
-                                    Launch(**rule["vector_launch_nd"])))
-    return found
+    vector launch in one dimension, in more)."""
+    rule = solver.device_params(ctx, "pointwise_launch")
+    return (Launch(**rule["scalar"]), rule["vector"], Launch(**rule["vector_launch"]),
+            Launch(**rule["vector_launch_nd"]))
 
 
 def _scalar_cl_name(dtype):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyopencl as cl
 
-from ... import program, tuning
+from ... import program, solver, tuning
 from ...errors import ShapeError
 from ..pointwise import launch_size
 from .algorithms import NO_EPILOGUE, Algorithm, _buf, launch
@@ -168,12 +168,7 @@ class DepthwiseTiled(Algorithm):
 def tunables(ctx):
     """The depthwise kernels' budgets for the device (``tuning_db/conv_depthwise.json``):
     ``tiled_local_bytes_per_item``, ``rows_local_bytes``, ``rows_outputs_per_group``."""
-    key = ("conv.depthwise_tunables", tuning.generation)
-    found = ctx.plans.get(key)
-    if found is None:
-        found = ctx.plans.put(key, tuning.merged_params(ctx.info, "conv_depthwise",
-                                                        {"gpu": int(ctx.info.is_gpu)}))
-    return found
+    return solver.device_params(ctx, "conv_depthwise")
 
 
 def _choose_dw_tile(ctx, problem):
