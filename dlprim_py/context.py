@@ -5,7 +5,6 @@ and queue, or wraps a host application's own ``pyopencl.CommandQueue`` so that a
 enqueued there (the embedding use case).
 """
 import re
-from collections import OrderedDict
 import threading
 
 import pyopencl as cl
@@ -166,37 +165,54 @@ def _has_double_config(device):
 
 
 class PlanCache:
-    """Plans by key, bounded: past ``capacity`` the least recently used is dropped (and rebuilt
-    from the in-memory program cache if it is needed again). Keys are tuples whose first item
-    names the operator family.
+    """Plans by key, bounded: at most ``capacity`` of them, the ones used least recently
+    dropped first (and rebuilt from the in-memory program cache if they are needed again).
+    Keys are tuples whose first item names the operator family.
 
-    Least recently used, not oldest: a loop's plans stay while it runs, however many other
+    Recently used, not recently made: a loop's plans stay while it runs, however many other
     plans came and went (dropping the oldest would rebuild a hot plan once per pass through a
-    working set larger than the capacity)."""
+    working set larger than the capacity). The order is kept in two generations rather than
+    by moving an entry on every hit: a hit in the current generation is one dictionary probe
+    (every repeated operator call makes one); a hit in the previous one moves the entry to the
+    current; when the current holds half the capacity it becomes the previous and the previous
+    is dropped. So an entry used once per capacity / 2 insertions is never dropped."""
 
     def __init__(self, capacity=4096):
+        if capacity < 2:
+            raise ValueError(f"PlanCache capacity must be at least 2, got {capacity!r}")
         self.capacity = capacity
-        self._plans = OrderedDict()
+        self._half = capacity // 2
+        self._current = {}
+        self._previous = {}
 
     def get(self, key):
         """The plan stored under ``key``, or None."""
-        plan = self._plans.get(key)
-        if plan is not None:
-            self._plans.move_to_end(key)
+        plan = self._current.get(key)
+        if plan is None and self._previous:
+            plan = self._previous.pop(key, None)
+            if plan is not None:
+                self._insert(key, plan)
         return plan
 
     def put(self, key, plan):
         """Store ``plan`` under ``key`` and return it."""
-        self._plans[key] = plan
-        if len(self._plans) > self.capacity:
-            self._plans.popitem(last=False)
+        self._previous.pop(key, None)
+        self._insert(key, plan)
         return plan
 
+    def _insert(self, key, plan):
+        current = self._current
+        if key not in current and len(current) >= self._half:
+            self._previous = current
+            current = self._current = {}
+        current[key] = plan
+
     def clear(self):
-        self._plans.clear()
+        self._current.clear()
+        self._previous.clear()
 
     def __len__(self):
-        return len(self._plans)
+        return len(self._current) + len(self._previous)
 
 
 class Context:

@@ -347,11 +347,17 @@ class Recording:
         self.opaque = False
 
     def __enter__(self):
+        global _recordings_open
         self._outer = getattr(_state, "recording", None)
         _state.recording = self
+        with _recordings_lock:
+            _recordings_open += 1
         return self
 
     def __exit__(self, *exc):
+        global _recordings_open
+        with _recordings_lock:
+            _recordings_open -= 1
         _state.recording = self._outer
         if self._outer is not None:
             self._outer.steps.extend(self.steps)
@@ -413,7 +419,7 @@ class Plan:
         nested plan): where its owner is not this step, every recorded argument is set again
         where it differs; otherwise only the operands that changed."""
         queue, queue_handle = self.queue, self.queue_handle
-        outer = getattr(_state, "recording", None)
+        outer = getattr(_state, "recording", None) if _recordings_open else None
         for kernel, work, rebind, fixed, template, token in self.steps:
             if kernel.owner is not token:
                 kernel.restore(template)
@@ -432,15 +438,24 @@ class Plan:
         return len(self.steps)
 
 
+# Recordings open in any thread: while there are none (every repeated call), ``current`` is one
+# global test, not a thread-local lookup. Counted under a lock: a count that two threads' updates
+# left low would let a launch escape its recording.
+_recordings_open = 0
+_recordings_lock = threading.Lock()
+
+
 def current():
     """The open recording, or None."""
+    if not _recordings_open:
+        return None
     return getattr(_state, "recording", None)
 
 
 def command_enqueued():
     """Tell the open recording (if any) that a command other than a kernel launch (a fill, a
     copy) was enqueued: it can then not become a rebinding plan."""
-    recording = getattr(_state, "recording", None)
+    recording = getattr(_state, "recording", None) if _recordings_open else None
     if recording is not None:
         recording.opaque = True
 
@@ -449,7 +464,7 @@ def enqueue(step):
     """Run ``step()`` (a command that is not a kernel launch) and add it to the open recording,
     which can then replay but not become a rebinding plan."""
     step()
-    recording = getattr(_state, "recording", None)
+    recording = getattr(_state, "recording", None) if _recordings_open else None
     if recording is not None:
         recording.steps.append(step)
         recording.opaque = True
@@ -460,7 +475,7 @@ def enqueue_bound(queue, kernel, global_size, local_size, args=None, buffers=Non
     (its buffer arguments from ``args``, the full argument list, or ``buffers``, the (index,
     buffer) pairs)."""
     enqueue_kernel(queue, native_handle(queue), kernel, work_size(global_size, local_size))
-    recording = getattr(_state, "recording", None)
+    recording = getattr(_state, "recording", None) if _recordings_open else None
     if recording is not None:
         kernel.owner = None
         if buffers is None:
@@ -479,7 +494,7 @@ def launch(ctx, built, name, global_size, local_size, args):
     Inside a recording the launch gets a kernel object of its own (a plan replays it later);
     outside, the program's shared kernel for ``name`` is used, with its arguments set where they
     changed."""
-    if getattr(_state, "recording", None) is not None:
+    if _recordings_open and getattr(_state, "recording", None) is not None:
         kernel = BoundKernel(new_kernel(built.program, name))
     else:
         kernel = bind(built.kernel(name))

@@ -2,7 +2,8 @@
 ## (per-row statistics), and local response norm across channels.
 ##
 ## Batch norm sees x as (N, C, S): spatial mode has S = H*W..., per-activation mode folds every
-## non-batch position into C and has S = 1. It runs in three steps, all sizes at run time:
+## non-batch position into C and has S = 1. Training runs in two launches (reduce, then the
+## elementwise step that finalizes the sums), inference in one; all sizes at run time:
 ##   channel_partial_sums   grid (GROUP_SIZE * chunks, C): work group (chunk j, channel c) reduces
 ##                          its slice of the N*S elements of channel c to two sums (tree in local
 ##                          memory), written to partials[(j*C + c)*2 + {0, 1}]:
@@ -15,13 +16,17 @@
 ##                                           gradients of layer norm and group norm.
 ##   channel_column_sums    the same sums for S == 1 with one work item per (channel, chunk of
 ##                          rows): coalesced where the channels are the fastest dimension.
-##   channel_finalize_*     one work item per channel: mean, invstd, running-stat update and the
-##                          coefficients of the elementwise step, or the weight/bias gradients.
-##   channel_apply          out = act((u - coef0) * coef1 + (v - coef2) * coef3 + coef4) per
-##                          channel, v optional; grid (tile, rows) with row = n*C + c, so no
-##                          per-element integer division.
-##   channel_apply_inference  the same for batch norm with given statistics, the coefficients
-##                          computed per row from them (one kernel instead of two).
+##   channel_apply_batch_stats  out = act((x - mean) * gamma * invstd + beta); each work group
+##                          sums its rows' channel partials itself, and the first work item of
+##                          each channel's first row keeps the running and saved statistics.
+##   channel_apply_batch_grad   dx from dy (through act' with a fused activation) and the "grad"
+##                          sums, finalized the same way; the weight and bias gradients too.
+##   channel_apply_inference  batch norm with given statistics, the coefficients computed per
+##                          row from them.
+##   channel_finalize_*, channel_apply  group norm's "split" path (below): one work item per
+##                          channel finalizes coefficients, then out = (u - coef0) * coef1 +
+##                          (v - coef2) * coef3 + coef4 per channel, v optional; grid (tile,
+##                          rows) with row = n*C + c, so no per-element integer division.
 ## Layer norm and group norm see x as rows of D contiguous elements: one work group per row
 ## computes the statistics and writes the normalized row (row_norm_forward), or the gradient
 ## (row_norm_backward). Group norm with few long rows runs instead through the batch-norm
@@ -44,7 +49,7 @@
 ##                variables z and a = act(z); ``activation`` is then act(v_act). It adds the
 ##                weight, bias and invstd operands to the "grad" sums, which reduce
 ##                dz = dy * act'(z) with z = (x - mean) * invstd * weight + bias recomputed per
-##                element, and renders channel_apply_grad, the data gradient from dz.
+##                element, and channel_apply_batch_grad's data gradient from dz.
 #define GROUP_SIZE ${group_size}
 #define VECTOR ${vector}
 % if vector == 4:
@@ -90,6 +95,57 @@ inline float shifted_variance(float mean_square, float shifted_mean)
 {
     const float v = mean_square - shifted_mean * shifted_mean;
     return v < 0.0f ? 0.0f : v;
+}
+// Chunks first, first + step, ... of the partials of channel c, with compensated (Kahan)
+// summation: a long channel is cut into up to a few thousand chunks, and their sum must not lose
+// what the trees kept. Once the sum is infinite there is nothing to compensate: inf - inf would
+// make the compensation, and every later sum, NaN where torch's mean is that infinity.
+inline float2 sum_chunks_from(__global const float* partials, int first, int step, int chunks,
+                              int C, int c)
+{
+    float2 total = (float2)(0.0f, 0.0f), lost = (float2)(0.0f, 0.0f);
+    for (int j = first; j < chunks; j += step) {
+        const float2 term = vload2((long)j * C + c, partials) - lost;
+        const float2 next = total + term;
+        lost = select((float2)(0.0f, 0.0f), (next - total) - term, isfinite(next));
+        total = next;
+    }
+    return total;
+}
+
+inline float2 sum_chunks(__global const float* partials, int chunks, int C, int c)
+{
+    return sum_chunks_from(partials, 0, 1, chunks, C, c);
+}
+
+// Training statistics of a channel from the sums of x - K and (x - K)^2 over its count values
+// (K = stats_shift(first)): (mean, biased variance).
+inline float2 batch_stats(float2 total, float count, float first)
+{
+    const float shifted_mean = total.x / count;
+    return (float2)(stats_shift(first) + shifted_mean,
+                    shifted_variance(total.y / count, shifted_mean));
+}
+
+// What training batch norm keeps of a channel's statistics: the running mean and the unbiased
+// running variance (as torch's), and the batch mean and invstd for the backward; each optional.
+inline void keep_batch_stats(int c, float mean, float var, float invstd, float count,
+                             float momentum
+    , __global float* running_mean, long running_mean_off
+    , __global float* running_var, long running_var_off
+    , __global float* save_mean, long save_mean_off
+    , __global float* save_invstd, long save_invstd_off)
+{
+    if (running_mean) {
+        running_mean[running_mean_off + c] = (1.0f - momentum) * running_mean[running_mean_off + c]
+                                             + momentum * mean;
+        running_var[running_var_off + c] = (1.0f - momentum) * running_var[running_var_off + c]
+                                           + momentum * var * count / (count - 1.0f);
+    }
+    if (save_mean) {
+        save_mean[save_mean_off + c] = mean;
+        save_invstd[save_invstd_off + c] = invstd;
+    }
 }
 % if derivative:
 
@@ -328,55 +384,122 @@ __kernel void channel_apply_inference(int rows, int C, int SV, float eps
     const float c4 = bias ? bias[bias_off + c] : 0.0f;
 ${apply_rows(False)}
 }
-% if derivative:
+// The elementwise steps of training batch norm finalize their channels' sums in each work group
+// (one launch where a finalize kernel and an elementwise one were two): the local0 work items of
+// a row sum its channel's chunk partials between them (compensated per item, then a tree).
+// Local sizes are powers of two along rows, at most APPLY_LOCAL items in all; every work item
+// takes part (rows past the end with the last row's channel), since the tree has barriers.
+#define APPLY_LOCAL 256
+inline float2 channel_totals(__global const float* partials, int chunks, int C, int c,
+                             __local float2* scratch)
+{
+    const int lid0 = get_local_id(0), local0 = get_local_size(0);
+    __local float2* mine = scratch + get_local_id(1) * local0;
+    mine[lid0] = sum_chunks_from(partials, lid0, local0, chunks, C, c);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // A fixed number of steps, not log2(local0): PoCL ran a side effect after a barrier loop of
+    // no iterations (local0 == 1) twice for the first work item.
+    for (int width = APPLY_LOCAL / 2; width > 0; width >>= 1) {
+        if (lid0 < width && lid0 + width < local0)
+            mine[lid0] += mine[lid0 + width];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return mine[0];
+}
 
-// The data gradient of act(batch_norm(x)): channel_apply's (u - c0) * c1 + (x - c2) * c3 + c4
-// (c2 the mean) on u = dz = dy * act'(z), z recomputed per element from x and the statistics.
-__kernel void channel_apply_grad(int rows, int C, int SV, __global const float* restrict coef
-    , __global const float* restrict dy, long dy_off
-    , __global const float* restrict x, long x_off
+// The work item that writes a channel's per-channel results: the first of its first row (n = 0).
+inline bool channel_keeper(int C)
+{
+    return get_global_id(1) < C && get_global_id(0) == 0;
+}
+
+// Training forward: channel_apply with the statistics of the "stats" sums; the keeper of each
+// channel writes the running and saved statistics.
+__kernel void channel_apply_batch_stats(int rows, int C, int SV, int N, int S, int chunks
+    , float eps, float momentum, __global const float* restrict partials
     , __global const float* restrict weight, long weight_off
     , __global const float* restrict bias, long bias_off
-    , __global const float* restrict invstd, long invstd_off
+    , __global float* restrict running_mean, long running_mean_off
+    , __global float* restrict running_var, long running_var_off
+    , __global float* restrict save_mean, long save_mean_off
+    , __global float* restrict save_invstd, long save_invstd_off
+    , __global const float* restrict u, long u_off
     , __global float* restrict out, long out_off)
 {
+    __local float2 scratch[APPLY_LOCAL];
+    const int c = min((int)get_global_id(1), rows - 1) % C;
+    const float count = (float)((long)N * S);
+    const float2 stats = batch_stats(channel_totals(partials, chunks, C, c, scratch), count,
+                                     u[u_off + (long)c * S]);
+    const float invstd = rsqrt(stats.y + eps);
+    if (channel_keeper(C))
+        keep_batch_stats(c, stats.x, stats.y, invstd, count, momentum, running_mean,
+                         running_mean_off, running_var, running_var_off, save_mean,
+                         save_mean_off, save_invstd, save_invstd_off);
     const int row = get_global_id(1);
     if (row >= rows)
         return;
-    const int c = row % C;
-    const float c0 = coef[c * 5 + 0], c1 = coef[c * 5 + 1], c2 = coef[c * 5 + 2];
-    const float c3 = coef[c * 5 + 3], c4 = coef[c * 5 + 4];
-    const float gain = (weight ? weight[weight_off + c] : 1.0f) * invstd[invstd_off + c];
+    const float c0 = stats.x;
+    const float c1 = (weight ? weight[weight_off + c] : 1.0f) * invstd;
+    const float c4 = bias ? bias[bias_off + c] : 0.0f;
+${apply_rows(False)}
+}
+
+// Backward, from the "grad" sums sum(dy), sum(dy * (x - mean)) (of dz = dy * act'(z) with a
+// fused activation, z recomputed per element): the keeper of each channel writes dweight and
+// dbias, and out (dx, when given) = (dz - c0) * c1 + (x - mean) * c3 with, for batch statistics
+// (training), c0 = mean(dz), c3 = -gamma * invstd^3 * mean(dz * (x - mean)); for fixed ones
+// c0 = c3 = 0; c1 = gamma * invstd.
+__kernel void channel_apply_batch_grad(int rows, int C, int SV, int N, int S, int chunks
+    , int training, __global const float* restrict partials
+    , __global const float* restrict mean, long mean_off
+    , __global const float* restrict invstd, long invstd_off
+    , __global const float* restrict weight, long weight_off
+    , __global const float* restrict bias, long bias_off
+    , __global float* restrict dweight, long dweight_off
+    , __global float* restrict dbias, long dbias_off
+    , __global const float* restrict dy, long dy_off
+    , __global const float* restrict x, long x_off
+    , __global float* restrict out, long out_off)
+{
+    __local float2 scratch[APPLY_LOCAL];
+    const int c = min((int)get_global_id(1), rows - 1) % C;
+    const float2 total = channel_totals(partials, chunks, C, c, scratch);
+    const float istd = invstd[invstd_off + c];
+    if (channel_keeper(C)) {
+        if (dweight)
+            dweight[dweight_off + c] = total.y * istd;
+        if (dbias)
+            dbias[dbias_off + c] = total.x;
+    }
+    const int row = get_global_id(1);
+    if (row >= rows || !out)
+        return;
+    const float count = (float)((long)N * S);
+    const float gamma = weight ? weight[weight_off + c] : 1.0f;
+    const float c0 = training ? total.x / count : 0.0f;
+    const float c1 = gamma * istd;
+    const float c2 = mean[mean_off + c];
+    const float c3 = training ? -c1 * istd * istd * total.y / count : 0.0f;
+% if derivative:
     const float beta = bias ? bias[bias_off + c] : 0.0f;
+% endif
     const long base = (long)row * SV;
     __global const floatv* dyv = (__global const floatv*)(dy + dy_off) + base;
     __global const floatv* xv = (__global const floatv*)(x + x_off) + base;
     __global floatv* outv = (__global floatv*)(out + out_off) + base;
     for (int s = get_global_id(0); s < SV; s += get_global_size(0)) {
         const floatv xm = xv[s] - c2;
-        const floatv dz = grad_through_activation(dyv[s], xm, gain, beta);
-        outv[s] = (dz - c0) * c1 + xm * c3 + c4;
+% if derivative:
+        const floatv dz = grad_through_activation(dyv[s], xm, c1, beta);
+% else:
+        const floatv dz = dyv[s];
+% endif
+        outv[s] = (dz - c0) * c1 + xm * c3;
     }
 }
-% endif
 
 % else:
-// The chunk partials of channel c, with compensated (Kahan) summation: a long channel is cut
-// into up to a few thousand chunks, and their sum must not lose what the trees kept. Once the
-// sum is infinite there is nothing to compensate: inf - inf would make the compensation, and
-// every later sum, NaN where torch's mean is that infinity.
-inline float2 sum_chunks(__global const float* partials, int chunks, int C, int c)
-{
-    float2 total = (float2)(0.0f, 0.0f), lost = (float2)(0.0f, 0.0f);
-    for (int j = 0; j < chunks; ++j) {
-        const float2 term = vload2((long)j * C + c, partials) - lost;
-        const float2 next = total + term;
-        lost = select((float2)(0.0f, 0.0f), (next - total) - term, isfinite(next));
-        total = next;
-    }
-    return total;
-}
-
 // coef[c*5 + k] of channel_apply: y = (x - mean) * (gamma * invstd) + beta.
 __kernel void channel_finalize_stats(int N, int C, int S, int chunks, float eps, float momentum
     , __global const float* restrict x, long x_off, __global const float* restrict partials
@@ -391,23 +514,14 @@ __kernel void channel_finalize_stats(int N, int C, int S, int chunks, float eps,
     const int c = get_global_id(0);
     if (c >= C)
         return;
-    const float2 total = sum_chunks(partials, chunks, C, c);
     const float count = (float)((long)N * S);
-    const float shifted_mean = total.x / count;
-    const float mean = stats_shift(x[x_off + (long)c * S]) + shifted_mean;
-    const float var = shifted_variance(total.y / count, shifted_mean);
+    const float2 stats = batch_stats(sum_chunks(partials, chunks, C, c), count,
+                                      x[x_off + (long)c * S]);
+    const float mean = stats.x, var = stats.y;
     const float invstd = rsqrt(var + eps);
-    if (running_mean) {
-        running_mean[running_mean_off + c] = (1.0f - momentum) * running_mean[running_mean_off + c]
-                                             + momentum * mean;
-        // The running variance is the unbiased estimate, as in torch.
-        running_var[running_var_off + c] = (1.0f - momentum) * running_var[running_var_off + c]
-                                           + momentum * var * count / (count - 1.0f);
-    }
-    if (save_mean) {
-        save_mean[save_mean_off + c] = mean;
-        save_invstd[save_invstd_off + c] = invstd;
-    }
+    keep_batch_stats(c, mean, var, invstd, count, momentum, running_mean, running_mean_off,
+                     running_var, running_var_off, save_mean, save_mean_off, save_invstd,
+                     save_invstd_off);
     const float gamma = weight ? weight[weight_off + c] : 1.0f;
     coef[c * 5 + 0] = mean;
     coef[c * 5 + 1] = gamma * invstd;

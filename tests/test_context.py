@@ -170,3 +170,27 @@ def test_oversized_tensor_is_refused_with_its_size(ctx):
             dp.Tensor.empty(ctx, shape)
         with pytest.raises(dp.DlprimError):
             dp.Tensor.zeros(ctx, shape)
+
+
+def test_plan_cache_is_bounded_and_keeps_what_is_used():
+    from dlprim_py.context import PlanCache
+    cache = PlanCache(8)
+    hot = ("hot",)
+    cache.put(hot, "plan")
+    for i in range(100):
+        cache.put(("cold", i), i)
+        assert len(cache) <= 8
+        if i % 3 == 0:   # used once per 3 insertions, well within capacity / 2
+            assert cache.get(hot) == "plan"
+    assert cache.get(hot) == "plan"
+    # Entries not used since capacity insertions are gone; the newest are there.
+    assert cache.get(("cold", 0)) is None
+    assert cache.get(("cold", 99)) == 99
+    # put replaces, in either generation.
+    cache.put(("cold", 98), "again")
+    assert cache.get(("cold", 98)) == "again"
+    assert len(cache) <= 8
+    cache.clear()
+    assert len(cache) == 0 and cache.get(hot) is None
+    with pytest.raises(ValueError):
+        PlanCache(1)

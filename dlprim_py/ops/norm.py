@@ -48,7 +48,7 @@ _plain_programs = weakref.WeakKeyDictionary()
 def _program(ctx, part="other", mode="stats", activation=None, vector=1, derivative=False):
     """The built ``part`` of norm.cl.mako; parameters a part does not use are left at their
     defaults, so that they do not multiply its builds. ``derivative``: the backward of the
-    activation as well (the "grad" sums and channel_apply_grad)."""
+    activation as well (the "grad" sums and channel_apply_batch_grad)."""
     if activation is None:
         memo = _plain_programs.get(ctx)
         if memo is None:
@@ -320,33 +320,18 @@ def _apply_local_size(positions, limit):
     return local0, max(1, limit // local0)
 
 
-def _apply(ctx, N, C, S, coef, u, v, out, activation=None, scalar_loads=False):
+def _apply(ctx, N, C, S, coef, u, v, out, scalar_loads=False):
     rows = N * C
     if rows == 0 or S == 0:
         return
     vector = 1 if scalar_loads else vector_width(S, u, v, out)
     positions = S // vector
     local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
-    kernel = bind(_program(ctx, "apply", activation=activation, vector=vector).kernel("channel_apply"))
+    kernel = bind(_program(ctx, "apply", vector=vector).kernel("channel_apply"))
     gsize = (-(-positions // local0) * local0, -(-rows // local1) * local1)
     kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
            coef.buffer, u.buffer, np.int64(u.offset_elements), *_buf(v), out.buffer,
            np.int64(out.offset_elements))
-
-
-def _apply_grad(ctx, N, C, S, coef, dy, x, dx, weight, bias, invstd, activation, scalar_loads):
-    """dx of act(batch_norm(x)) from the finalized coefficients: channel_apply_grad."""
-    rows = N * C
-    vector = 1 if scalar_loads else vector_width(S, dy, x, dx)
-    positions = S // vector
-    local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
-    kernel = bind(_program(ctx, "apply", activation=activation, vector=vector, derivative=True)
-                  .kernel("channel_apply_grad"))
-    gsize = (-(-positions // local0) * local0, -(-rows // local1) * local1)
-    kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
-           coef.buffer, dy.buffer, np.int64(dy.offset_elements), x.buffer,
-           np.int64(x.offset_elements), *_buf(weight), *_buf(bias), *_buf(invstd), dx.buffer,
-           np.int64(dx.offset_elements))
 
 
 # ---- batch norm, MIOpen style -------------------------------------------------------------
@@ -409,14 +394,19 @@ def batch_norm_forward_training(x, y, weight=None, bias=None, running_mean=None,
     ctx = x.ctx
     sums = prepared_sums(ctx, "stats", N, C, S, (x,), chunks, algorithm)
     partials = sums.run(x)
-    coef = Tensor.empty(ctx, (C, 5), float32)
-    kernel = bind(_program(ctx).kernel("channel_finalize_stats"))
-    _per_channel_launch(ctx, kernel, C, np.int32(N), np.int32(C), np.int32(S),
-                        np.int32(sums.chunks), np.float32(eps), np.float32(momentum), x.buffer,
-                        np.int64(x.offset_elements), partials.buffer, *_buf(weight), *_buf(bias),
-                        *_buf(running_mean), *_buf(running_var), *_buf(save_mean),
-                        *_buf(save_invstd), coef.buffer)
-    _apply(ctx, N, C, S, coef, x, None, y, activation, sums.scalar_loads)
+    # The statistics are finalized inside the elementwise step (channel_apply_batch_stats).
+    vector = 1 if sums.scalar_loads else vector_width(S, x, y)
+    positions = S // vector
+    local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
+    kernel = bind(_program(ctx, "apply", activation=activation, vector=vector)
+                  .kernel("channel_apply_batch_stats"))
+    rows = N * C
+    gsize = (-(-positions // local0) * local0, -(-rows // local1) * local1)
+    kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
+           np.int32(N), np.int32(S), np.int32(sums.chunks), np.float32(eps),
+           np.float32(momentum), partials.buffer, *_buf(weight), *_buf(bias),
+           *_buf(running_mean), *_buf(running_var), *_buf(save_mean), *_buf(save_invstd),
+           x.buffer, np.int64(x.offset_elements), y.buffer, np.int64(y.offset_elements))
 
 
 def _check_count(x, count, mode):
@@ -488,18 +478,21 @@ def batch_norm_backward(x, dy, dx, weight=None, mean=None, invstd=None, dweight=
     ctx = x.ctx
     sums = prepared_sums(ctx, "grad", N, C, S, (x, dy), chunks, algorithm, desc)
     partials = sums.run(x, dy=dy, mean=mean, weight=weight, bias=bias, invstd=invstd)
-    coef = Tensor.empty(ctx, (C, 5), float32)
-    kernel = bind(_program(ctx).kernel("channel_finalize_grad"))
-    _per_channel_launch(ctx, kernel, C, np.int32(N), np.int32(C), np.int32(S),
-                        np.int32(sums.chunks), np.int32(bool(training)), partials.buffer,
-                        *_buf(mean), *_buf(invstd), *_buf(weight), *_buf(dweight), *_buf(dbias),
-                        coef.buffer)
-    if dx is None:
-        return
-    if desc is None:
-        _apply(ctx, N, C, S, coef, dy, x, dx, scalar_loads=sums.scalar_loads)
-    else:
-        _apply_grad(ctx, N, C, S, coef, dy, x, dx, weight, bias, invstd, desc, sums.scalar_loads)
+    # The weight and bias gradients and dx's coefficients are finalized inside the elementwise
+    # step (channel_apply_batch_grad), which runs without dx too, for them.
+    operands = (dy, x) if dx is None else (dy, x, dx)
+    vector = 1 if sums.scalar_loads else vector_width(S, *operands)
+    positions = S // vector
+    local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
+    kernel = bind(_program(ctx, "apply", activation=desc, vector=vector, derivative=True)
+                  .kernel("channel_apply_batch_grad"))
+    rows = N * C
+    gsize = (-(-positions // local0) * local0, -(-rows // local1) * local1)
+    kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
+           np.int32(N), np.int32(S), np.int32(sums.chunks), np.int32(bool(training)),
+           partials.buffer, *_buf(mean), *_buf(invstd), *_buf(weight), *_buf(bias),
+           *_buf(dweight), *_buf(dbias), dy.buffer, np.int64(dy.offset_elements), x.buffer,
+           np.int64(x.offset_elements), *_buf(dx))
 
 
 _invstd_kernel = PointwiseKernel("bn_invstd", [("var", float32)], [("invstd", float32)],

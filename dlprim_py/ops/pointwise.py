@@ -295,11 +295,18 @@ class PointwiseKernel:
         if plan is _EMPTY:
             return
         kernel, work, queue_handle, buffer_slots, scalar_slots = plan
-        set_buffer, set_scalar = kernel.set_buffer, kernel.set
+        # BoundKernel.set_buffer inlined (every call of every pointwise op passes here).
+        kernel.owner = None
+        bound, set_arg = kernel._bound, kernel.kernel.set_arg
         for index, t in zip(buffer_slots, operands):
-            set_buffer(index, t.buffer)
-        for (index, kind), value in zip(scalar_slots, scalars):
-            set_scalar(index, value, kind)
+            buffer = t.buffer
+            if bound[index] != buffer.int_ptr:
+                set_arg(index, buffer)
+                bound[index] = buffer.int_ptr
+        if scalars:
+            set_scalar = kernel.set
+            for (index, kind), value in zip(scalar_slots, scalars):
+                set_scalar(index, value, kind)
         if current() is None:
             enqueue_kernel(ctx.queue, queue_handle, kernel, work)
         else:
