@@ -5,6 +5,8 @@
 ##                                       t = (n, th, tw)
 ##   M[e][m][t]  = sum_kk U[e][m][kk] V[e][kk][t]                     (the GEMM)
 ##   out         = epilogue(A^T M A)     each tile gives an m x m block of the output
+## The weight and input transforms of forward and backward data run as one launch
+## (winograd_transforms).
 ## Forward: m = k, kk = c, input x, output y. Backward data is the forward convolution of dy
 ## with the filter rotated by 180 degrees and transposed (m = c, kk = k) and padding 2 - pad.
 ## Tensors are addressed through (n, channel, h, w) element strides given at run time.
@@ -45,13 +47,13 @@ def combination(coefficients, terms):
 %>
 % if output_tile == 2:
 
-// g -> G g G^T for GM x GK 3x3 filters. `rotate`: read w[kk][m][2-r][2-s] (backward data).
-__kernel void winograd_weight_transform(int GM, int GK, int rotate,
+// Filter i of GM x GK 3x3 filters g -> G g G^T. `rotate`: read w[kk][m][2-r][2-s] (backward data).
+inline void weight_transform_at(int i, int GM, int GK, int rotate,
     __global const float *w, int w_off, int wsK, int wsC, int wsR, int wsS,
     __global float *U, int U_off)
 {
     const int total = GM * GK;
-    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+    {
         int m = i / GK, kk = i - m * GK;
         float g[3][3];
         for (int r = 0; r < 3; ++r)
@@ -79,14 +81,15 @@ __kernel void winograd_weight_transform(int GM, int GK, int rotate,
     }
 }
 
-// d (4x4 input tile, zero outside the image) -> B^T d B, into V[e][c][t].
-__kernel void winograd_input_transform(int N, int CH, int H, int W, int pad_h, int pad_w,
+// Input tile i (of channel c, tile t) d (4x4, zero outside the image) -> B^T d B, into
+// V[e][c][t].
+inline void input_transform_at(int i, int N, int CH, int H, int W, int pad_h, int pad_w,
     int TH, int TW, __global const float *x, int x_off, int sN, int sC, int sH, int sW,
     __global float *V, int V_off)
 {
     const int T = N * TH * TW;
     const int total = CH * T;
-    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+    {
         int c = i / T, t = i - c * T;
         int n = t / (TH * TW), p = t - n * (TH * TW);
         int th = p / TW, tw = p - th * TW;
@@ -228,14 +231,14 @@ ${common.store_scaled("dw", "dw_off", "k * wsK + c * wsC + r * wsR + s * wsS", "
     tile_in = output_tile + 2
     e_count = tile_in * tile_in
 %>
-// g -> G g G^T for GM x GK 3x3 filters into U[e][m][kk], e over the 6x6 transform tile.
+// Filter i of GM x GK 3x3 filters g -> G g G^T into U[e][m][kk], e over the 6x6 transform tile.
 // `rotate`: read w[kk][m][2-r][2-s] (backward data).
-__kernel void winograd_weight_transform(int GM, int GK, int rotate,
+inline void weight_transform_at(int i, int GM, int GK, int rotate,
     __global const float *w, int w_off, int wsK, int wsC, int wsR, int wsS,
     __global float *U, int U_off)
 {
     const int total = GM * GK;
-    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+    {
         int m = i / GK, kk = i - m * GK;
         float g[3][3];
         for (int r = 0; r < 3; ++r)
@@ -257,14 +260,15 @@ __kernel void winograd_weight_transform(int GM, int GK, int rotate,
     }
 }
 
-// d (6x6 input tile at 4x4 output steps, zero outside the image) -> B^T d B, into V[e][c][t].
-__kernel void winograd_input_transform(int N, int CH, int H, int W, int pad_h, int pad_w,
+// Input tile i (of channel c, tile t) d (6x6 at 4x4 output steps, zero outside the image) ->
+// B^T d B, into V[e][c][t].
+inline void input_transform_at(int i, int N, int CH, int H, int W, int pad_h, int pad_w,
     int TH, int TW, __global const float *x, int x_off, int sN, int sC, int sH, int sW,
     __global float *V, int V_off)
 {
     const int T = N * TH * TW;
     const int total = CH * T;
-    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+    {
         int c = i / T, t = i - c * T;
         int n = t / (TH * TW), p = t - n * (TH * TW);
         int th = p / TW, tw = p - th * TW;
@@ -398,3 +402,34 @@ ${common.store_scaled("dw", "dw_off", "k * wsK + c * wsC + r * wsR + s * wsS", "
     }
 }
 % endif
+
+// The input transform alone (backward filter: its weights side is dy's transform).
+__kernel void winograd_input_transform(int N, int CH, int H, int W, int pad_h, int pad_w,
+    int TH, int TW, __global const float *x, int x_off, int sN, int sC, int sH, int sW,
+    __global float *V, int V_off)
+{
+    const int total = CH * N * TH * TW;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0))
+        input_transform_at(i, N, CH, H, W, pad_h, pad_w, TH, TW, x, x_off, sN, sC, sH, sW, V,
+                           V_off);
+}
+
+// Forward and backward data: the weight and input transforms in one launch (they are
+// independent), work items 0 .. GM*GK-1 on filters and the rest on input tiles.
+__kernel void winograd_transforms(int GM, int GK, int rotate,
+    __global const float *w, int w_off, int wsK, int wsC, int wsR, int wsS,
+    __global float *U, int U_off,
+    int N, int H, int W, int pad_h, int pad_w,
+    int TH, int TW, __global const float *x, int x_off, int sN, int sC, int sH, int sW,
+    __global float *V, int V_off)
+{
+    const int filters = GM * GK;
+    const int total = filters + GK * N * TH * TW;
+    for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
+        if (i < filters)
+            weight_transform_at(i, GM, GK, rotate, w, w_off, wsK, wsC, wsR, wsS, U, U_off);
+        else
+            input_transform_at(i - filters, N, GK, H, W, pad_h, pad_w, TH, TW, x, x_off, sN,
+                               sC, sH, sW, V, V_off);
+    }
+}

@@ -8,7 +8,8 @@
   and infinity, the best conditioned of the sets drawn from 0, +-1, +-2, +-1/2 for float32
   (relative error about 3x F(2x2)'s).
 
-The transforms run in their own kernels and the per-element channel GEMMs run as one batched
+The transforms run in their own kernels (the weight and input transforms of forward and
+backward data in one launch) and the per-element channel GEMMs run as one batched
 GEMM of the tuned GEMM engine (``dlprim_py.ops.gemm``); the epilogue is applied in the output
 transform. Workspace: U (E x GM x GK), V (E x GK x T), M (E x GM x T) floats with E transform
 elements and T = N * ceil(Ho/m) * ceil(Wo/m) tiles."""
@@ -165,16 +166,15 @@ class Winograd(Algorithm):
         V = Tensor(ctx, workspace.buffer, (1, e * gk, 1, tiles), offset=(base + u_size) * 4)
         M = Tensor(ctx, workspace.buffer, (1, e * gm, 1, tiles),
                    offset=(base + u_size + v_size) * 4)
-        ws = problem.w_strides()
-        gsize, lsize = launch_size(ctx, gm * gk)
-        launch(ctx, built, "winograd_weight_transform", gsize, lsize,
-               [_I32(gm), _I32(gk), _I32(direction != "forward"), *_buf(other),
-                *(_I32(s) for s in ws), *_buf(U)])
         in_strides = problem.x_strides() if direction == "forward" else problem.y_strides()
         out_strides = problem.y_strides() if direction == "forward" else problem.x_strides()
-        gsize, lsize = launch_size(ctx, gk * tiles)
-        launch(ctx, built, "winograd_input_transform", gsize, lsize,
-               [_I32(problem.n), _I32(gk), _I32(hi), _I32(wi), _I32(pad_h), _I32(pad_w),
+        # The weight and input transforms in one launch (one work item per filter, then one
+        # per input tile): at batch 1 a launch's host time is most of a transform's cost.
+        gsize, lsize = launch_size(ctx, gm * gk + gk * tiles)
+        launch(ctx, built, "winograd_transforms", gsize, lsize,
+               [_I32(gm), _I32(gk), _I32(direction != "forward"), *_buf(other),
+                *(_I32(s) for s in problem.w_strides()), *_buf(U),
+                _I32(problem.n), _I32(hi), _I32(wi), _I32(pad_h), _I32(pad_w),
                 _I32(th), _I32(tw), *_buf(src), *(_I32(s) for s in in_strides), *_buf(V)])
         self._gemm_plan(ctx, problem, direction, workspace).enqueue()
         gsize, lsize = launch_size(ctx, gm * tiles)
