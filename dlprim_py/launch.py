@@ -420,15 +420,23 @@ class Plan:
         where it differs; otherwise only the operands that changed."""
         queue, queue_handle = self.queue, self.queue_handle
         outer = getattr(_state, "recording", None) if _recordings_open else None
+        native = _clEnqueueNDRangeKernel if not _collecting else None
         for kernel, work, rebind, fixed, template, token in self.steps:
             if kernel.owner is not token:
                 kernel.restore(template)
                 for index, buf in fixed:
                     kernel._put_buffer(index, buf)
                 kernel.owner = token
+            # BoundKernel._put_buffer and enqueue_kernel inlined: every step of every repeated
+            # call passes here.
+            bound = kernel._bound
             for index, slot in rebind:
-                kernel._put_buffer(index, operands[slot])
-            enqueue_kernel(queue, queue_handle, kernel, work)
+                buf = operands[slot]
+                if bound[index] != buf.int_ptr:
+                    kernel.kernel.set_arg(index, buf)
+                    bound[index] = buf.int_ptr
+            if native is None or native(queue_handle, kernel.handle, *work.native):
+                enqueue_kernel(queue, queue_handle, kernel, work)
             if outer is not None:
                 kernel.owner = None
                 outer.steps.append(Step(queue, kernel, work.global_size, work.local_size,
