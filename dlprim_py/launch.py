@@ -190,9 +190,16 @@ class BoundKernel:
         self._scalars = []
 
     def __call__(self, queue, global_size, local_size, *args):
-        """Set every argument from ``args`` (buffers, None, numpy scalars) and enqueue."""
-        self.set_all(args)
-        enqueue_bound(queue, self, global_size, local_size, args)
+        """Set every argument from ``args`` (buffers, None, numpy scalars) and enqueue. Inside
+        a recording the launch goes to a kernel object of its own, as ``launch`` gives it: a
+        plan step on a kernel object that other calls share (``bind``'s, one per program
+        kernel) would have every argument set again whenever another call used it between
+        two runs, which for one family's calls on several shapes is every run."""
+        kernel = self
+        if _recordings_open and getattr(_state, "recording", None) is not None:
+            kernel = BoundKernel(new_kernel(self.kernel.program, self.kernel.function_name))
+        kernel.set_all(args)
+        enqueue_bound(queue, kernel, global_size, local_size, args)
 
     def set_all(self, args):
         """Set every argument from ``args`` (buffers, None, numpy scalars) where it changed."""
