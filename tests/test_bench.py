@@ -92,6 +92,9 @@ class _Clock:
     def perf_counter(self):
         return self.now
 
+    def time(self):
+        return self.now
+
 
 def _timer(values, clock=None, step=0.0):
     """A fake once(): returns ``values`` in turn (the last one again when they run out),
