@@ -16,7 +16,7 @@ index into the applicable ones), -s 1 find mode (benchmark the applicable algori
 remember the winner), -i timed iterations, --device "P:D" or a piece of the device name.
 It prints the algorithm, the time and the verification result; the exit status is 1 when a
 verification fails. ``DLPRIM_LOG_CMD=1`` makes every operator call print the command that
-reproduces it here.
+reproduces it here, ``-t 1`` included (see ``dlprim_py.logcmd``).
 """
 import math
 import os
@@ -878,12 +878,12 @@ def main(argv=None):
 
 
 def split_logged(line):
-    """The argv of a ``DLPRIM_LOG_CMD: dlprim-driver ...`` log line (quotes as a shell reads
-    them), without the prefix."""
+    """The argv of a ``DLPRIM_LOG_CMD: dlprim-driver ...`` log line (quotes and a trailing
+    ``# not carried: ...`` comment as a shell reads them), without the prefix."""
     line = line.strip()
     if line.startswith("DLPRIM_LOG_CMD:"):
         line = line[len("DLPRIM_LOG_CMD:"):]
-    argv = shlex.split(line)
+    argv = shlex.split(line, comments=True)
     if argv and argv[0] == "dlprim-driver":
         argv = argv[1:]
     return argv
