@@ -22,7 +22,8 @@ rest of the budget, so that it gets a rule). Every step starts only when its est
 sizes) fits; what does not fit is skipped and named, in the progress lines and in the report.
 A step that takes longer than its estimate overruns the budget by the difference (at most one
 step: a kernel build, seconds on a CPU, or a run longer than predicted); the last line says
-by how much.
+by how much. The command's budget counts from the start of ``main`` (device set-up included;
+the Python imports before it, about a second, are not).
 
 Without ``--output`` the database under the cache directory is written, which lookups read
 before the shipped one. ``--merge`` keeps the device's other rules (from that database, else
