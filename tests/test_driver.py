@@ -169,13 +169,16 @@ def test_time_flags_must_make_sense(capsys, argv):
 
 
 def test_find_mode_flag_sets_find_mode(capsys, monkeypatch):
-    monkeypatch.delenv("DLPRIM_FIND_MODE", raising=False)
+    # Set (not deleted) first, so that monkeypatch puts back what was there before the driver
+    # set it: a delete of an absent variable records nothing, and a later delete would record
+    # the driver's "find" and restore it for the tests after this one.
+    monkeypatch.setenv("DLPRIM_FIND_MODE", "immediate")
     rc, out = _run(capsys, "conv -n 1 -c 3 -H 5 -W 5 -k 4 -y 3 -x 3 -F 1 -s 1".split())
     assert rc == 0 and "verifies OK" in out
     import os
     assert os.environ["DLPRIM_FIND_MODE"] == "find"
     assert dp.config.find_mode() == "find"
-    monkeypatch.delenv("DLPRIM_FIND_MODE")
+    monkeypatch.setenv("DLPRIM_FIND_MODE", "immediate")
     dp.config.reload()
 
 
@@ -202,6 +205,8 @@ def test_parse_plan_reads_a_logged_description():
 def test_logged_commands_reproduce_the_call(ctx, rng, capsys, monkeypatch):
     """DLPRIM_LOG_CMD=1: each operator call prints a dlprim-driver line that runs on its own."""
     from dlprim_py import fusion
+    # A line with -s 1 sets find mode in this process: monkeypatch puts the variable back.
+    monkeypatch.setenv("DLPRIM_FIND_MODE", "immediate")
     monkeypatch.setenv("DLPRIM_LOG_CMD", "1")
     dp.config.reload()
     x = dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, (1, 4, 6, 6)).astype(np.float32))

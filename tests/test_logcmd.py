@@ -20,6 +20,7 @@ def logged(monkeypatch, capsys):
     """``logged(call)``: the (command, flags, comment) of each line ``call()`` logs, the flags as
     the driver parses them."""
     monkeypatch.setenv("DLPRIM_LOG_CMD", "1")
+    monkeypatch.setenv("DLPRIM_FIND_MODE", "immediate")
     dp.config.reload()
 
     def run(call):
