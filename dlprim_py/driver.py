@@ -9,13 +9,14 @@
     dlprim-driver CBAInfer -n 32 -c 64 -H 56 -W 56 -k 64 -y 3 -x 3 -p 1 -q 1 -F 4 -m 3 -t 1
 
 Common flags: -F direction (conv: 1 forward, 2 backward-data, 4 backward-filter, sums of them,
-0 all three), -t 1 time the call (OpenCL profiling events, median of -i runs after a warm-up),
+0 all three), -t 1 time the call (OpenCL profiling events, median of exactly -i runs after
+--warmup untimed ones; --max_time caps the timed runs, and the time line then says it did),
 -V 1 verify it against a float64 reference (PyTorch), -S force an algorithm (a name, or an
 index into the applicable ones), -s 1 find mode (benchmark the applicable algorithms once and
 remember the winner), -i timed iterations, --device "P:D" or a piece of the device name.
 It prints the algorithm, the time and the verification result; the exit status is 1 when a
 verification fails. ``DLPRIM_LOG_CMD=1`` makes every operator call print the command that
-reproduces it here.
+reproduces it here, ``-t 1`` included (see ``dlprim_py.logcmd``).
 """
 import math
 import os
@@ -58,7 +59,11 @@ class Flag:
 
 
 COMMON = [
-    Flag("i", "iter", "10", int, "timed iterations (after a warm-up)"),
+    Flag("i", "iter", "10", int, "timed iterations (after the warm-up), exactly this many unless "
+                                 "--max_time cuts them short"),
+    Flag(None, "warmup", "3", int, "untimed runs before the timed ones"),
+    Flag(None, "max_time", "0", float, "seconds of timed iterations after which no more start "
+                                       "(0: no cap); the time line then says so"),
     Flag("V", "verify", "1", int, "verify against a float64 reference (1) or not (0)"),
     Flag("t", "time", "0", int, "time the call with OpenCL profiling events (1)"),
     Flag("w", "wall", "0", int, "also report host wall-clock time per call (1)"),
@@ -773,6 +778,16 @@ BUILDERS = {"conv": conv_jobs, "pool": pool_jobs, "bnorm": bnorm_jobs, "activ": 
 
 # ---- running -------------------------------------------------------------------------------
 
+def timing_note(timing, flags):
+    """"median of 10 after 3 warm-up runs", or where --max_time stopped the runs short of -i,
+    "median of 6 of -i 10: capped at 60 s by --max_time"."""
+    count = len(timing.samples)
+    if timing.capped is not None:
+        return (f"median of {count} of -i {flags['iter']}: capped at {timing.capped:g} s by "
+                f"--max_time")
+    return f"median of {count} after {flags['warmup']} warm-up runs"
+
+
 def run_command(command, flags, out=None):
     """Run one driver command with parsed ``flags``; returns the exit status."""
     import time
@@ -784,9 +799,15 @@ def run_command(command, flags, out=None):
         os.environ["DLPRIM_FIND_MODE"] = "find"
         config.reload()
     ctx = Context(flags.get("device") or None)
-    iterations = max(1, flags["iter"])
-    measurement = Measurement(warmup=3, repeat=iterations, min_repeat=iterations,
-                              budget_s=math.inf)
+    if flags["iter"] < 1 or flags["warmup"] < 0 or flags["max_time"] < 0:
+        raise UsageError(f"-i must be >= 1, --warmup >= 0 and --max_time >= 0; got -i "
+                         f"{flags['iter']}, --warmup {flags['warmup']}, --max_time "
+                         f"{flags['max_time']:g}")
+    iterations = flags["iter"]
+    # Exactly --warmup untimed and -i timed runs, whatever they cost, unless --max_time.
+    measurement = Measurement(warmup=flags["warmup"], repeat=iterations, min_repeat=iterations,
+                              budget_s=math.inf, exact=True,
+                              max_time=flags["max_time"] or None)
     bench = Bench(ctx, measurement=measurement)
     _, bench.reference, torch_note = torch_baseline.make(ctx, use_baseline=False)
     jobs, problem = BUILDERS[command](bench, flags)
@@ -813,9 +834,8 @@ def run_command(command, flags, out=None):
             rate = ""
             if case.unit in ("GFLOP/s", "GB/s") and timing.median > 0:
                 rate = f", {case.work / timing.median / 1e9:.4g} {case.unit}"
-            print(f"{label}: kernel time {timing.median * 1e3:.4f} ms (median of "
-                  f"{len(timing.samples)}; p20 {timing.p20 * 1e3:.4f}, p80 {timing.p80 * 1e3:.4f})"
-                  f"{rate}", file=out)
+            print(f"{label}: kernel time {timing.median * 1e3:.4f} ms ({timing_note(timing, flags)}; "
+                  f"p20 {timing.p20 * 1e3:.4f}, p80 {timing.p80 * 1e3:.4f}){rate}", file=out)
             if flags["wall"]:
                 ctx.synchronize()
                 started = time.perf_counter()
@@ -858,12 +878,12 @@ def main(argv=None):
 
 
 def split_logged(line):
-    """The argv of a ``DLPRIM_LOG_CMD: dlprim-driver ...`` log line (quotes as a shell reads
-    them), without the prefix."""
+    """The argv of a ``DLPRIM_LOG_CMD: dlprim-driver ...`` log line (quotes and a trailing
+    ``# not carried: ...`` comment as a shell reads them), without the prefix."""
     line = line.strip()
     if line.startswith("DLPRIM_LOG_CMD:"):
         line = line[len("DLPRIM_LOG_CMD:"):]
-    argv = shlex.split(line)
+    argv = shlex.split(line, comments=True)
     if argv and argv[0] == "dlprim-driver":
         argv = argv[1:]
     return argv

@@ -11,10 +11,12 @@ This is the only place that builds OpenCL programs. Two caches sit in front of t
   ``CacheWarning`` per file, and a cache folder that cannot be written is reported once and
   the builds go on without it. ``DLPRIM_CACHE_DIR`` moves it, ``DLPRIM_NO_CACHE=1`` disables it.
 """
+import contextlib
 import hashlib
 import re
 import struct
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -113,6 +115,33 @@ class BuiltProgram:
         return kernel
 
 
+class NotBuilt(Exception):
+    """Raised inside ``probe_builds()`` by the first ``build`` that the context does not hold
+    yet, instead of building it: ``on_disk`` says whether the disk cache has its binary (a load,
+    not a compile)."""
+
+    def __init__(self, template, on_disk):
+        super().__init__(f"{template}: not built yet ({'on disk' if on_disk else 'to compile'})")
+        self.template = template
+        self.on_disk = on_disk
+
+
+_probing = threading.local()
+
+
+@contextlib.contextmanager
+def probe_builds():
+    """Inside, ``build`` builds nothing: a program the context does not hold raises
+    ``NotBuilt`` (what would be built, and whether from the disk cache), so that a caller can
+    tell what constructing an object would cost (the tuner, before it spends its budget)."""
+    outer = getattr(_probing, "on", False)
+    _probing.on = True
+    try:
+        yield
+    finally:
+        _probing.on = outer
+
+
 def build(ctx, template, params=None, options=()):
     """Render ``template`` with ``params``, build it for ``ctx`` and return a ``BuiltProgram``.
 
@@ -124,6 +153,10 @@ def build(ctx, template, params=None, options=()):
     built = ctx.programs.get(key)
     if built is None:
         source = render(template, **params)
+        if getattr(_probing, "on", False):
+            on_disk = not config.no_cache() and _cache_path(
+                _disk_key(ctx, source, options)).is_file()
+            raise NotBuilt(template, on_disk)
         built = ctx.programs[key] = build_source(ctx, source, options, label=template)
     return built
 

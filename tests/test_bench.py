@@ -83,6 +83,126 @@ def test_measurement_bounds_repeats():
     assert m.repeats_for(0.0) == 20
 
 
+class _Clock:
+    """A stand-in for the time module in the harness: seconds advance only when told."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def time(self):
+        return self.now
+
+
+def _timer(values, clock=None, step=0.0):
+    """A fake once(): returns ``values`` in turn (the last one again when they run out),
+    advancing ``clock`` by ``step`` a run; counts the calls."""
+    values = list(values)
+
+    def once():
+        once.calls += 1
+        if clock is not None:
+            clock.now += step
+        return values[min(once.calls - 1, len(values) - 1)]
+    once.calls = 0
+    return once
+
+
+def test_measurement_collect_warms_up_then_takes_more_runs_while_they_spread(monkeypatch):
+    from dlprim_py.bench import harness
+    monkeypatch.setattr(harness, "time", _Clock())
+    m = Measurement(warmup=2, repeat=5, min_repeat=3, budget_s=10.0, max_spread=1.25)
+    # Two warm-up runs, slow (the first call of a shape), left out; five steady runs.
+    once = _timer([0.1, 0.05] + [1e-3] * 5)
+    timing = m.collect(once)
+    assert once.calls == 7 and len(timing.samples) == 5 and timing.median == 1e-3
+    assert m.ranks(timing)
+    # Runs alternating between 1 and 3 ms: p80/p20 of 3, so more runs, up to twice the repeats.
+    noisy = _timer([1e-3, 1e-3] + [1e-3, 3e-3] * 20)
+    timing = m.collect(noisy)
+    assert len(timing.samples) == 10 and noisy.calls == 12
+    assert timing.spread > 1.25 and not m.ranks(timing)
+    # ... and for at most budget_s more seconds.
+    clock = _Clock()
+    monkeypatch.setattr(harness, "time", clock)
+    slow = _timer([1e-3, 1e-3] + [1e-3, 3e-3] * 20, clock, step=4.0)
+    m.budget_s = 10.0
+    timing = m.collect(slow)
+    assert len(timing.samples) == 5 + 3
+    # warmup 0: the first run is the first sample.
+    m0 = Measurement(warmup=0, repeat=3, min_repeat=3, budget_s=1.0)
+    assert list(m0.collect(_timer([1.1e-3, 1e-3, 1e-3])).samples) == [1.1e-3, 1e-3, 1e-3]
+
+
+def test_measurement_exact_runs_what_it_is_told_unless_capped(monkeypatch):
+    from dlprim_py.bench import harness
+    clock = _Clock()
+    monkeypatch.setattr(harness, "time", clock)
+    # The driver's -i 4 after 3 warm-up runs: exactly that many, however slow or noisy.
+    m = Measurement(warmup=3, repeat=4, exact=True, budget_s=math.inf)
+    once = _timer([100.0, 1.0] + [1.0, 9.0] * 10, clock, step=30.0)
+    timing = m.collect(once)
+    assert once.calls == 7 and len(timing.samples) == 4 and timing.capped is None
+    # A cap of 50 s of timed runs: a run starts only while less than that has passed.
+    m.max_time = 50.0
+    once = _timer([1.0] * 10, clock, step=30.0)
+    timing = m.collect(once)
+    assert len(timing.samples) == 2 and timing.capped == 50.0
+
+
+def _quiet_case(bench):
+    def prepare():
+        return Case(lambda: None, lambda: 0.0, 1e6, "GFLOP/s", torch_run=lambda: None)
+    return CaseSpec("t", "case", prepare)
+
+
+@pytest.mark.parametrize("torch_times, rankable", [([2e-3] * 40, True),
+                                                   ([1e-3, 4e-3] * 20, False)])
+def test_the_torch_time_is_sampled_as_ours_and_a_wide_spread_does_not_rank(
+        ctx, monkeypatch, torch_times, rankable):
+    """Both sides go through Measurement.collect (fake timers here, not the wall clock): ours
+    steady at 1 ms; PyTorch's steady at 2 ms ranks as 2.00x, PyTorch's alternating between 1
+    and 4 ms does not, and the summary says so instead of a speed-up."""
+    torch = pytest.importorskip("torch")
+    from dlprim_py.bench import harness
+    from dlprim_py.timing import Timing
+    monkeypatch.setattr(harness, "time_enqueued",
+                        lambda ctx, run, **kwargs: Timing([1e-3]))
+    baseline = TorchBaseline(torch, "cpu")
+    once = _timer(torch_times)
+    monkeypatch.setattr(baseline, "_once", lambda run, wall_clock=False: once())
+    m = Measurement(warmup=2, repeat=6, min_repeat=3, budget_s=10.0, max_spread=1.25)
+    b = Bench(ctx, measurement=m, torch=baseline)
+    row = measure(b, _quiet_case(b))
+    assert row.ok, row.status
+    assert row.median_ms == pytest.approx(1.0) and row.samples == 6
+    assert row.rankable is rankable
+    text = report.summary([row], m.max_spread)
+    table = report.format_table([row])
+    if rankable:
+        assert row.torch_samples == 6 and row.speedup_vs_torch == pytest.approx(2.0)
+        assert text.endswith("geometric mean speed vs torch 2.00x over 1 cases")
+        assert " 2.00 " in table
+    else:
+        # The same two warm-up runs, then more runs while they spread: twice the repeats.
+        assert row.torch_samples == 12 and once.calls == 2 + 12
+        assert "geometric mean" not in text and "not rankable" in text and "1.25" in text
+        assert f"({row.speedup_vs_torch:.2f})" in table
+
+
+def test_summary_ranks_only_the_tight_ratios():
+    rows = _rows()
+    loose = Row("gemm", "1024 NN")
+    loose.median_ms, loose.torch_median_ms = 1.0, 8.0
+    loose.speedup_vs_torch, loose.rankable = 8.0, False
+    rows[0].rankable = True
+    text = report.summary(rows + [loose])
+    assert "geometric mean speed vs torch 2.00x over 1 cases" in text
+    assert "1 more cases not rankable" in text
+
+
 def _failing_spec(error):
     def prepare():
         def verify():
@@ -418,7 +538,8 @@ def test_network_totals_weight_layers_by_count():
     bad.params = {"direction": "fwd"}
     totals = report.network_totals(rows + [bad])
     assert totals == [{"net": "resnet50", "direction": "fwd", "layers": 2, "convolutions": 4,
-                       "ms": 7.0, "torch_ms": 8.0, "speedup_vs_torch": 8.0 / 7.0}]
+                       "ms": 7.0, "torch_ms": 8.0, "speedup_vs_torch": 8.0 / 7.0,
+                       "rankable": True}]
     assert "resnet50" in report.format_totals(totals)
 
 

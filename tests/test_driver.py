@@ -110,14 +110,75 @@ def test_every_command_runs_verified(capsys, monkeypatch, argv, labels):
         assert out.count("kernel time") == len(labels)
 
 
+class _Clock:
+    """The harness's time module, advanced by the fake timer alone."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def time(self):
+        return self.now
+
+
+def _counted_timer(monkeypatch, seconds_per_run=0.0):
+    """Replace the harness's timer with one that counts the runs it times (each of
+    ``seconds_per_run`` on a fake clock, 1 ms as measured); returns the list of runs."""
+    from dlprim_py.bench import harness
+    from dlprim_py.timing import Timing
+    clock, runs = _Clock(), []
+    monkeypatch.setattr(harness, "time", clock)
+
+    def fake(ctx, run, warmup=3, repeat=20, **kwargs):
+        assert (warmup, repeat) == (0, 1)
+        run()
+        runs.append(1)
+        clock.now += seconds_per_run
+        return Timing([1e-3])
+
+    monkeypatch.setattr(harness, "time_enqueued", fake)
+    return runs
+
+
+def test_time_runs_exactly_the_iterations_asked_for(capsys, monkeypatch):
+    """-i 7 --warmup 2: two untimed runs, then exactly seven timed ones (a slow case, 100 s a
+    run on the fake clock, is not cut short), and the line says so."""
+    runs = _counted_timer(monkeypatch, seconds_per_run=100.0)
+    rc, out = _run(capsys, "gemm -m 8 -n 8 -k 8 -V 0 -t 1 -i 7 --warmup 2".split())
+    assert rc == 0, out
+    assert len(runs) == 2 + 7
+    assert "median of 7 after 2 warm-up runs" in out
+
+
+def test_max_time_caps_the_iterations_and_says_why(capsys, monkeypatch):
+    """--max_time 250 with 100 s a run: the timed runs starting before 250 s have passed
+    (0, 100, 200 s) run, the others do not, and the line says why there are 3 and not 10."""
+    runs = _counted_timer(monkeypatch, seconds_per_run=100.0)
+    rc, out = _run(capsys, "gemm -m 8 -n 8 -k 8 -V 0 -t 1 -i 10 --max_time 250".split())
+    assert rc == 0, out
+    assert len(runs) == 3 + 3
+    assert "median of 3 of -i 10: capped at 250 s by --max_time" in out
+
+
+@pytest.mark.parametrize("argv", ["gemm -i 0 -t 1", "gemm --warmup -1", "gemm --max_time -2"])
+def test_time_flags_must_make_sense(capsys, argv):
+    assert main(argv.split()) == 2
+    assert "-i must be >= 1" in capsys.readouterr().err
+
+
 def test_find_mode_flag_sets_find_mode(capsys, monkeypatch):
-    monkeypatch.delenv("DLPRIM_FIND_MODE", raising=False)
+    # Set (not deleted) first, so that monkeypatch puts back what was there before the driver
+    # set it: a delete of an absent variable records nothing, and a later delete would record
+    # the driver's "find" and restore it for the tests after this one.
+    monkeypatch.setenv("DLPRIM_FIND_MODE", "immediate")
     rc, out = _run(capsys, "conv -n 1 -c 3 -H 5 -W 5 -k 4 -y 3 -x 3 -F 1 -s 1".split())
     assert rc == 0 and "verifies OK" in out
     import os
     assert os.environ["DLPRIM_FIND_MODE"] == "find"
     assert dp.config.find_mode() == "find"
-    monkeypatch.delenv("DLPRIM_FIND_MODE")
+    monkeypatch.setenv("DLPRIM_FIND_MODE", "immediate")
     dp.config.reload()
 
 
@@ -144,6 +205,8 @@ def test_parse_plan_reads_a_logged_description():
 def test_logged_commands_reproduce_the_call(ctx, rng, capsys, monkeypatch):
     """DLPRIM_LOG_CMD=1: each operator call prints a dlprim-driver line that runs on its own."""
     from dlprim_py import fusion
+    # A line with -s 1 sets find mode in this process: monkeypatch puts the variable back.
+    monkeypatch.setenv("DLPRIM_FIND_MODE", "immediate")
     monkeypatch.setenv("DLPRIM_LOG_CMD", "1")
     dp.config.reload()
     x = dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, (1, 4, 6, 6)).astype(np.float32))
@@ -179,7 +242,9 @@ def test_logged_commands_reproduce_the_call(ctx, rng, capsys, monkeypatch):
     monkeypatch.delenv("DLPRIM_LOG_CMD")
     dp.config.reload()
     for line in dict.fromkeys(logged):
+        # Every line times the call (-t 1); one timed run here, to keep the test short.
         argv = split_logged(line)
-        rc, out = _run(capsys, argv)
+        assert argv[-2:] == ["-t", "1"], line
+        rc, out = _run(capsys, argv + ["-i", "1", "--warmup", "0"])
         assert rc == 0, f"{line}\n{out}"
-        assert "verifies OK" in out, out
+        assert "verifies OK" in out and "kernel time" in out, out

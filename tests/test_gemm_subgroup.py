@@ -353,11 +353,12 @@ def test_rule_chooses_subgroup(intel, rng):
 
 @on_intel
 def test_tuner_times_subgroup_candidates(intel, monkeypatch, tmp_path):
-    """The tuner on a tiny budget: subgroup candidates are checked against the reference, timed,
-    and can win; a wrong candidate is rejected (here a tiled one given a broken tile)."""
+    """The tuner on a small budget (two candidates): subgroup candidates are checked against
+    the reference, timed, and can win; a wrong candidate is rejected (here a tiled one given a
+    broken tile)."""
     candidates = [SG16, SG8]
     monkeypatch.setattr(tune, "gemm_candidates", lambda info, space="quick": list(candidates))
-    rules, report = tune.tune_gemm(intel, [(64, 48, 40)], budget=2.0, log=lambda s: None)
+    rules, report = tune.tune_gemm(intel, [(64, 48, 40)], budget=60.0, log=lambda s: None)
     timed = [e for e in report if "ms" in e]
     assert {e["params"]["sg_size"] for e in timed} == {8, 16}
     assert all(e["verify_error"] <= tune.TOLERANCE for e in timed)

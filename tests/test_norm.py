@@ -304,7 +304,7 @@ def test_command_log(ctx, rng, monkeypatch, capsys):
                                      running_var=stats, activation="relu")
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("DLPRIM_LOG_CMD")]
     assert lines == ["DLPRIM_LOG_CMD: dlprim-driver bnorm -n 2 -c 3 -H 5 -W 1 -m 1 -F 1 -b 0 -s 0 "
-                     "-r 1 --activation relu"]
+                     "-r 1 --activation relu -t 1"]
 
 
 def test_batch_norm_scalar_arguments_must_be_numbers(ctx, rng):

@@ -154,8 +154,8 @@ def test_command_log(ctx, rng, monkeypatch, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("DLPRIM_LOG_CMD")]
     assert lines == [
         "DLPRIM_LOG_CMD: dlprim-driver pool -n 2 -c 3 -H 9 -W 8 -y 3 -x 3 -u 2 -v 2 -p 1 -q 1 "
-        "--dilation_h 1 --dilation_w 1 --ceil_mode 0 --divisor 0 -m avg -F 1",
-        "DLPRIM_LOG_CMD: dlprim-driver pool -n 2 -c 3 -H 9 -W 8 --adaptive 2x8 -m max -F 1"]
+        "--dilation_h 1 --dilation_w 1 --ceil_mode 0 --divisor 0 -m avg -F 1 -t 1",
+        "DLPRIM_LOG_CMD: dlprim-driver pool -n 2 -c 3 -H 9 -W 8 --adaptive 2x8 -m max -F 1 -t 1"]
 
 
 @pytest.mark.parametrize("algo", ["window", "plane"])

@@ -10,7 +10,10 @@ Every case is checked against a float64 reference before it is timed; times are 
 (and 20th/80th percentiles) after a warm-up of OpenCL profiling-event times, or for ``nets``
 and ``dispatch`` of the wall clock with the device drained after each call; rates are compared
 with the measured device peak, and the same work in PyTorch (CUDA with TF32 off on NVIDIA,
-else CPU) is timed in the same run, the same way.
+else CPU) is timed in the same run, the same way (``harness.Measurement.collect``: the same
+warm-up and repeats, more runs while they spread widely). A ratio to PyTorch ranks the two only
+where both sides' p80/p20 are within --max-spread: the others are shown in parentheses and the
+summary counts them as not rankable instead of averaging them into a speed-up.
 
     dlprim-bench --quick                      # a few minutes on a 2-core CPU (PoCL)
     dlprim-bench --json out.json --plot out.png
@@ -53,6 +56,9 @@ def parse_args(argv=None):
     parser.add_argument("--repeat", type=int, default=None, help="most timed runs per case")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds of timed runs per case (fewer repeats for slow cases)")
+    parser.add_argument("--max-spread", type=float, default=None,
+                        help="p80/p20 of a case's times above which its ratio to PyTorch is "
+                             "reported as not rankable (default 1.25)")
     parser.add_argument("--time-limit", type=float, default=480.0,
                         help="seconds after which the remaining cases are reported as skipped "
                              "(default 480; 0: no limit)")
@@ -78,6 +84,8 @@ def parse_args(argv=None):
         parser.error(f"--time-limit must be >= 0, got {args.time_limit}")
     if args.budget is not None and args.budget <= 0:
         parser.error(f"--budget must be > 0, got {args.budget}")
+    if args.max_spread is not None and not args.max_spread >= 1:
+        parser.error(f"--max-spread must be >= 1, got {args.max_spread}")
     from .layers import NETS
     nets = [n.strip() for n in args.nets.split(",") if n.strip()]
     unknown = [n for n in nets if n not in NETS]
@@ -96,8 +104,9 @@ def parse_args(argv=None):
 
 def measurement_for(args):
     from .harness import Measurement
+    # The library's work and PyTorch's are both timed by this (Measurement.collect).
     if args.quick:
-        m = Measurement(warmup=1, repeat=5, min_repeat=2, budget_s=0.25)
+        m = Measurement(warmup=1, repeat=7, min_repeat=3, budget_s=0.25)
     else:
         m = Measurement(warmup=3, repeat=20, min_repeat=3, budget_s=0.2)
     if args.warmup is not None:
@@ -107,6 +116,8 @@ def measurement_for(args):
         m.min_repeat = min(m.min_repeat, args.repeat)
     if args.budget is not None:
         m.budget_s = args.budget
+    if args.max_spread is not None:
+        m.max_spread = args.max_spread
     return m
 
 
@@ -209,13 +220,14 @@ def run(args, out=None):
         print("", file=out)
         print(format_totals(totals), file=out)
     print("", file=out)
-    print(summary(rows), file=out)
+    print(summary(rows, bench.measurement.max_spread), file=out)
     elapsed = time.perf_counter() - started
     options = {"suites": args.suites, "quick": args.quick, "batch": args.batch,
                "nets": args.nets, "directions": args.directions,
                "all_algorithms": args.all_algorithms,
                "warmup": bench.measurement.warmup, "repeat": bench.measurement.repeat,
-               "budget_s": bench.measurement.budget_s, "time_limit_s": args.time_limit}
+               "budget_s": bench.measurement.budget_s,
+               "max_spread": bench.measurement.max_spread, "time_limit_s": args.time_limit}
     torch_info = baseline.describe() if baseline else {"note": torch_note or "not timed"}
     rec = record.build_record(bench, rows, options, torch_info, elapsed,
                               commit=getattr(args, "commit", None))

@@ -180,7 +180,8 @@ def conv_case(bench, shape, direction, algo=None, bias=False, layout="NCHW"):
         F = tb.torch.nn.functional
         tx, tw = tb.tensor(x_host), tb.tensor(w_host)
         if direction == "fwd":
-            torch_run = lambda: F.conv2d(tx, tw, None, stride, pad, dil, groups)  # noqa: E731
+            tbias = tb.tensor(bias_host) if bias_host is not None else None
+            torch_run = lambda: F.conv2d(tx, tw, tbias, stride, pad, dil, groups)  # noqa: E731
         elif direction == "bwd-data":
             tdy = tb.tensor(dy_host)
             torch_run = lambda: tb.torch.nn.grad.conv2d_input(  # noqa: E731

@@ -21,6 +21,9 @@ from ..timing import Timing, time_enqueued
 
 # float32 results land far below this for the operators measured (MIOpen's metric).
 DEFAULT_TOLERANCE = 1e-5
+# A ratio of two medians ranks the two only where both were measured tightly: with p80 / p20 of
+# either side above this, the report calls the ratio not rankable instead of a speed-up.
+MAX_SPREAD = 1.25
 
 
 class Skip(Exception):
@@ -79,8 +82,9 @@ class Row:
     """One line of the report (also one record of the JSON file)."""
 
     FIELDS = ("suite", "group", "name", "status", "algorithm", "median_ms", "p20_ms", "p80_ms",
-              "unit", "work", "rate", "peak_percent", "torch_median_ms", "torch_p20_ms",
-              "torch_p80_ms", "speedup_vs_torch", "error", "tolerance", "wall_s", "params")
+              "samples", "unit", "work", "rate", "peak_percent", "torch_median_ms", "torch_p20_ms",
+              "torch_p80_ms", "torch_samples", "speedup_vs_torch", "rankable", "error",
+              "tolerance", "wall_s", "params")
 
     def __init__(self, suite, name, group=""):
         self.suite = suite
@@ -93,8 +97,12 @@ class Row:
         self.work = None
         self.rate = None
         self.peak_percent = None
+        self.samples = self.torch_samples = None
         self.torch_median_ms = self.torch_p20_ms = self.torch_p80_ms = None
         self.speedup_vs_torch = None
+        # Whether both medians were measured tightly enough (p80 / p20 within the
+        # measurement's max_spread) for speedup_vs_torch to rank them; None without a torch time.
+        self.rankable = None
         self.error = None
         self.tolerance = None
         self.wall_s = None
@@ -119,41 +127,79 @@ def rate_of(work, unit, seconds):
 
 
 class Measurement:
-    """Warm-up and repeat counts, and a cap on the time spent per case.
+    """How a case is timed, the library's work and PyTorch's alike (``collect``): warm-up and
+    repeat counts, a cap on the time spent per case, and the widest spread of samples whose
+    median ranks.
 
-    The first timed run sets how many more fit into ``budget_s`` (at least ``min_repeat``, at most
-    ``repeat``), so a slow case costs a bounded time and a fast one gets its full repeats.
+    The first run sets how many timed runs fit into ``budget_s`` (at least ``min_repeat``, at
+    most ``repeat``), so a slow case costs a bounded time and a fast one gets its full repeats.
+    ``exact``: ``warmup`` warm-up runs and ``repeat`` timed runs whatever they cost (the
+    driver's -i), no more than ``max_time`` seconds of timed runs when that is given.
     """
 
-    def __init__(self, warmup=3, repeat=20, min_repeat=3, budget_s=1.0):
+    def __init__(self, warmup=3, repeat=20, min_repeat=3, budget_s=1.0, max_spread=MAX_SPREAD,
+                 exact=False, max_time=None):
         self.warmup = warmup
         self.repeat = repeat
         self.min_repeat = min_repeat
         self.budget_s = budget_s
+        self.max_spread = max_spread
+        self.exact = exact
+        self.max_time = max_time
 
     def repeats_for(self, seconds):
+        if self.exact:
+            return self.repeat
         if seconds <= 0:
             return self.repeat
         return int(max(self.min_repeat, min(self.repeat, self.budget_s // seconds)))
 
+    def collect(self, once):
+        """A Timing of the seconds ``once()`` returns, one run each.
+
+        The first run sizes the repeat count and is the first warm-up run (the first timed run
+        when ``warmup`` is 0); then up to ``warmup - 1`` more warm-up runs (at most half the
+        repeats, for slow cases; exactly that many when ``exact``), then the timed runs. While
+        their spread (p80 / p20) is above ``max_spread``, more timed runs follow, up to twice
+        the repeat count and ``budget_s`` more seconds (not when ``exact``): a median of more
+        samples moves less."""
+        first = once()
+        repeat = self.repeats_for(first)
+        samples = [] if self.warmup > 0 else [first]
+        extra = max(0, self.warmup - 1)
+        for _ in range(extra if self.exact else min(extra, repeat // 2)):
+            once()
+        started = time.perf_counter()
+        while len(samples) < repeat:
+            if self.max_time is not None and samples and \
+                    time.perf_counter() - started > self.max_time:
+                return Timing(samples, capped=self.max_time)
+            samples.append(once())
+        timing = Timing(samples)
+        if self.exact:
+            return timing
+        until = time.perf_counter() + self.budget_s
+        while (timing.spread > self.max_spread and len(samples) < 2 * repeat
+               and time.perf_counter() < until):
+            samples.append(once())
+            timing = Timing(samples)
+        return timing
+
+    def ranks(self, *timings):
+        """Whether every one of ``timings`` is tight enough (p80 / p20 within max_spread) for
+        a ratio of their medians to rank them."""
+        return all(t.spread <= self.max_spread for t in timings)
+
 
 def time_case(ctx, case, measurement):
     """Device time of ``case.run`` (per operation; wall clock with the device drained for a
-    ``wall_clock`` case): a Timing of seconds."""
-    # verify() already ran the case once (kernels built, memory touched); the probe run that
-    # sizes the repeat count is the first warm-up run.
+    ``wall_clock`` case), sampled by ``measurement.collect``: a Timing of seconds."""
+    # verify() already ran the case once (kernels built, memory touched).
     wall = case.wall_clock
-    probe = time_enqueued(ctx, case.run, warmup=0, repeat=1, wall_clock=wall)
-    repeat = measurement.repeats_for(probe.median)
-    warmup = max(0, min(measurement.warmup - 1, repeat // 2))
-    if warmup == 0:
-        # Nothing more to warm up: the probe is the first timed run.
-        timing = time_enqueued(ctx, case.run, warmup=0, repeat=max(1, repeat - 1), wall_clock=wall)
-        timing = Timing(np.concatenate([probe.samples, timing.samples]))
-    else:
-        timing = time_enqueued(ctx, case.run, warmup=warmup, repeat=repeat, wall_clock=wall)
+    timing = measurement.collect(
+        lambda: time_enqueued(ctx, case.run, warmup=0, repeat=1, wall_clock=wall).median)
     if case.per_call != 1:
-        timing = Timing(timing.samples / case.per_call)
+        timing = Timing(timing.samples / case.per_call, capped=timing.capped)
     return timing
 
 
@@ -199,6 +245,7 @@ def _measure(bench, spec):
         return row
     row.median_ms, row.p20_ms, row.p80_ms = (timing.median * 1e3, timing.p20 * 1e3,
                                              timing.p80 * 1e3)
+    row.samples = len(timing.samples)
     row.rate = rate_of(case.work, case.unit, timing.median)
     peak = bench.peak_for(case.unit)
     if row.rate is not None and peak:
@@ -210,8 +257,10 @@ def _measure(bench, spec):
                 t = Timing(t.samples / case.per_call)
             row.torch_median_ms, row.torch_p20_ms, row.torch_p80_ms = (t.median * 1e3, t.p20 * 1e3,
                                                                        t.p80 * 1e3)
+            row.torch_samples = len(t.samples)
             if t.median > 0:
                 row.speedup_vs_torch = t.median / timing.median
+                row.rankable = bench.measurement.ranks(timing, t)
         except Exception as e:
             row.params["torch_error"] = f"{type(e).__name__}: {_first_line(e)}"
     return row

@@ -30,14 +30,17 @@ def plot_ratios(rows, path, title=""):
     ratios = [r.speedup_vs_torch for r in measured]
     height = max(3.0, 0.22 * len(labels) + 1.0)
     fig, ax = plt.subplots(figsize=(9, height))
-    colors = ["tab:green" if x >= 1 else "tab:red" for x in ratios]
+    # A ratio whose medians do not rank (their runs spread too widely) is drawn grey.
+    colors = ["tab:gray" if r.rankable is False else "tab:green" if x >= 1 else "tab:red"
+              for r, x in zip(measured, ratios)]
     ax.barh(range(len(labels)), ratios, color=colors)
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(labels)))
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.set_xlabel("speed relative to PyTorch (torch time / dlprim_py time)")
+    ax.set_xlabel("speed relative to PyTorch (torch time / dlprim_py time; grey: the times "
+                  "spread too widely to rank)")
     ax.set_title(title or "dlprim_py vs PyTorch")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

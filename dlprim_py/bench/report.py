@@ -1,8 +1,18 @@
-"""The text table of results: one row per case, grouped by suite."""
+"""The text table of results: one row per case, grouped by suite. A ratio to PyTorch whose
+medians do not rank (either side's p80 / p20 above the measurement's max_spread) is shown in
+parentheses and left out of the summary's geometric mean."""
+import math
+
+from .harness import MAX_SPREAD
 
 
 def _num(value, fmt):
     return "-" if value is None else format(value, fmt)
+
+
+def _ratio(value, rankable):
+    text = _num(value, ".2f")
+    return f"({text})" if value is not None and rankable is False else text
 
 
 COLUMNS = ("case", "algorithm", "median ms", "p20-p80 ms", "rate", "% peak", "torch ms",
@@ -17,7 +27,7 @@ def format_row(row):
     rate = "-" if row.rate is None else f"{row.rate:.4g} {row.unit}"
     return [row.name, row.algorithm or "-", _num(row.median_ms, ".4g"), spread, rate,
             _num(row.peak_percent, ".1f"), _num(row.torch_median_ms, ".4g"),
-            _num(row.speedup_vs_torch, ".2f"), _num(row.error, ".1e")]
+            _ratio(row.speedup_vs_torch, row.rankable), _num(row.error, ".1e")]
 
 
 def format_table(rows, title=None):
@@ -42,17 +52,26 @@ def format_table(rows, title=None):
     return "\n".join(out)
 
 
-def summary(rows):
-    """One line: counts of ok / failed / skipped rows, and the geometric mean of x torch."""
+def summary(rows, max_spread=MAX_SPREAD):
+    """One line: counts of ok / failed / skipped rows, and the geometric mean of x torch over
+    the rows whose ratio ranks; the others are counted as not rankable (their p80 / p20 above
+    ``max_spread`` on one side), and when none ranks the line says so instead of a speed-up."""
     ok = [r for r in rows if r.ok]
     failed = [r for r in rows if r.status.startswith("failed")]
     skipped = [r for r in rows if r.status.startswith("skipped")]
-    ratios = [r.speedup_vs_torch for r in ok if r.speedup_vs_torch]
+    compared = [r for r in ok if r.speedup_vs_torch]
+    ranked = [r.speedup_vs_torch for r in compared if r.rankable is not False]
+    unranked = len(compared) - len(ranked)
     text = f"{len(ok)} measured, {len(failed)} failed, {len(skipped)} skipped"
-    if ratios:
-        import math
-        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        text += f"; geometric mean speed vs torch {geo:.2f}x over {len(ratios)} cases"
+    if ranked:
+        geo = math.exp(sum(math.log(x) for x in ranked) / len(ranked))
+        text += f"; geometric mean speed vs torch {geo:.2f}x over {len(ranked)} cases"
+    why = f"p80/p20 above {max_spread:g} on a side; ratios in parentheses"
+    if unranked and ranked:
+        text += f"; {unranked} more cases not rankable ({why})"
+    elif unranked:
+        text += (f"; speed vs torch not rankable: the times spread too widely in all "
+                 f"{unranked} cases ({why})")
     return text
 
 
@@ -79,7 +98,9 @@ def network_totals(rows):
             theirs = sum(c * m.torch_median_ms for c, m in zip(count, members))
         totals.append({"net": net, "direction": direction, "layers": len(members),
                        "convolutions": sum(count), "ms": ours, "torch_ms": theirs,
-                       "speedup_vs_torch": theirs / ours if theirs else None})
+                       "speedup_vs_torch": theirs / ours if theirs else None,
+                       "rankable": (all(m.rankable is not False for m in members)
+                                    if theirs else None)})
     return totals
 
 
@@ -92,5 +113,5 @@ def format_totals(totals):
     for t in totals:
         lines.append(f"{t['net']:<13} {t['direction']:<11} {t['layers']:<7} {t['convolutions']:<6} "
                      f"{t['ms']:<10.4g} {_num(t['torch_ms'], '<10.4g')} "
-                     f"{_num(t['speedup_vs_torch'], '.2f')}")
+                     f"{_ratio(t['speedup_vs_torch'], t.get('rankable'))}")
     return "\n".join(lines)

@@ -3,7 +3,8 @@
 Baseline: the same work in PyTorch on the matching device, CUDA when the OpenCL device is an
 NVIDIA GPU and ``torch.cuda.is_available()`` (TF32 off, so that cuBLAS/cuDNN compute in FP32 as
 the library does), else the CPU. CUDA work is timed with ``torch.cuda.Event`` pairs, CPU work with
-the host clock; the median of the timed runs after a warm-up is reported.
+the host clock; the runs are sampled as the library's are (``Measurement.collect``: the median
+of the timed runs after a warm-up, more runs while they spread widely).
 
 Reference: float64 PyTorch on the baseline's device (a float64 convolution of a full layer is
 far too slow on a host CPU when a GPU is there).
@@ -12,7 +13,6 @@ import time
 
 import numpy as np
 
-from ..timing import Timing
 from .harness import Skip
 
 
@@ -68,22 +68,15 @@ class TorchBaseline:
             self.torch.cuda.synchronize()
 
     def time(self, run, measurement, wall_clock=False):
-        """Timing (seconds) of ``run()``: warm-up, then timed repeats bounded like the library's;
+        """Timing (seconds) of ``run()``, sampled as the library's work is
+        (``measurement.collect``: warm-up, median of enough timed runs, more of them while they
+        spread widely): one untimed call first, as the library's case ran once to be checked;
         device events, or with ``wall_clock`` the host's clock around the call and a drain."""
         torch = self.torch
         with torch.no_grad():
             run()
             self.synchronize()
-            probe = self._once(run, wall_clock)
-            repeat = measurement.repeats_for(probe)
-            warmup = max(0, min(measurement.warmup - 1, repeat // 2))
-            for _ in range(warmup):
-                run()
-            self.synchronize()
-            # As for the library: without further warm-up the probe is the first sample.
-            samples = [probe] if warmup == 0 else []
-            samples += [self._once(run, wall_clock) for _ in range(repeat - len(samples))]
-        return Timing(samples)
+            return measurement.collect(lambda: self._once(run, wall_clock))
 
     def median(self, run, warmup=3, repeat=10):
         """Median seconds of ``repeat`` timed runs of ``run()`` after ``warmup`` untimed ones."""

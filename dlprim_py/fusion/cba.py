@@ -2,7 +2,8 @@
 from .. import autograd
 from ..context import check_same_context
 from ..errors import ShapeError
-from ..logcmd import log_command
+from .. import config
+from ..logcmd import activation_flags, log_command, quiet
 from ..tensor import Tensor
 from .ops import check_tensor, param_view
 
@@ -45,16 +46,34 @@ def conv_bias_activation(x, w, bias=None, z=None, alpha1=1.0, alpha2=0.0, activa
         out = Tensor.empty(ctx, y_shape)
     elif out.shape != y_shape:
         raise ShapeError(f"out has shape {out.shape}, expected {y_shape}")
-    log_command("CBAInfer", {"n": x.shape[0], "c": x.shape[1], "H": x.shape[2], "W": x.shape[3],
-                             "k": k, "y": w.shape[2], "x": w.shape[3],
-                             "p": conv_desc.padding[0], "q": conv_desc.padding[1],
-                             "u": conv_desc.stride[0], "v": conv_desc.stride[1],
-                             "l": conv_desc.dilation[0], "j": conv_desc.dilation[1],
-                             "g": conv_desc.groups, "b": int(bias is not None),
-                             "z": int(z is not None),
-                             "activation": act.mode.name if act is not None else "none"})
-    with autograd.no_grad():
+    if config.log_cmd():
+        _log_call(x, w, k, conv_desc, bias, z, alpha1, alpha2, act, algo)
+    # The convolution inside logs nothing: the line above reproduces the whole call.
+    with autograd.no_grad(), quiet():
         convolution.forward(x, w, out, alpha=float(alpha1), beta=0.0, activation=act, algo=algo,
                             shift=None if bias is None else param_view(bias, (k,)),
                             residual=z, residual_alpha=float(alpha2))
     return out
+
+
+def _log_call(x, w, k, conv_desc, bias, z, alpha1, alpha2, act, algo):
+    """The ``dlprim-driver CBAInfer`` command of a conv_bias_activation call (DLPRIM_LOG_CMD=1):
+    the geometry, -b / -z for a bias / residual, --activation; -S names a forced algorithm and
+    -s 1 find mode; alpha1 other than 1 and (with z) alpha2 other than 1 are not carried (the
+    driver runs 1 and 1)."""
+    missing = []
+    flags = {"n": x.shape[0], "c": x.shape[1], "H": x.shape[2], "W": x.shape[3], "k": k,
+             "y": w.shape[2], "x": w.shape[3], "p": conv_desc.padding[0],
+             "q": conv_desc.padding[1], "u": conv_desc.stride[0], "v": conv_desc.stride[1],
+             "l": conv_desc.dilation[0], "j": conv_desc.dilation[1], "g": conv_desc.groups,
+             "b": int(bias is not None), "z": int(z is not None), **activation_flags(act)}
+    if float(alpha1) != 1:
+        missing.append(f"alpha1 {float(alpha1):g}")
+    if z is not None and float(alpha2) != 1:
+        missing.append(f"alpha2 {float(alpha2):g}")
+    forced = algo or config.forced_algorithm("conv")
+    if forced:
+        flags["S"] = forced
+    if config.find_mode() == "find":
+        flags["s"] = 1
+    log_command("CBAInfer", flags, missing)

@@ -915,6 +915,33 @@ def _round_up(value, multiple):
     return (value + multiple - 1) // multiple * multiple
 
 
+def _log_call(M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta, bias_buf, bias_per,
+              activation, batch, stride_a, stride_b, stride_c, algorithm):
+    """The ``dlprim-driver gemm`` command of an ``enqueue_gemm`` call (DLPRIM_LOG_CMD=1): sizes,
+    transposes, alpha, beta, batch, bias, activation; -S names a solver the call or
+    DLPRIM_GEMM_ALGO forced. The driver's operands are packed: leading dimensions or batch
+    strides other than packed ones are named as not carried."""
+    flags = {"m": M, "n": N, "k": K, "u": int(bool(trans_a)), "v": int(bool(trans_b)),
+             "A": alpha, "B": beta, "b": batch}
+    missing = []
+    if bias_buf is not None:
+        flags["bias"] = bias_per
+    act = as_activation(activation)
+    if act is not None:
+        flags["activation"], missing = logcmd.activation_named(act)
+    forced = algorithm or config.forced_algorithm("gemm")
+    if forced:
+        flags["S"] = forced
+    a_rows, a_cols = (K, M) if trans_a else (M, K)
+    b_rows, b_cols = (N, K) if trans_b else (K, N)
+    packed = {"lda": (lda, a_cols), "ldb": (ldb, b_cols), "ldc": (ldc, N)}
+    if batch > 1:
+        packed.update(stride_a=(stride_a, a_rows * a_cols), stride_b=(stride_b, b_rows * b_cols),
+                      stride_c=(stride_c, M * N))
+    missing += [f"{name} {got}" for name, (got, dense) in packed.items() if got != dense]
+    logcmd.log_command("gemm", flags, missing)
+
+
 def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc, *,
                  trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias_buf=None, bias_off=0,
                  bias_per="n", activation=None, batch=1, stride_a=0, stride_b=0, stride_c=0,
@@ -933,13 +960,8 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
     has checked that, as the tensor API does).
     """
     if config.log_cmd():
-        flags = {"m": M, "n": N, "k": K, "u": int(bool(trans_a)), "v": int(bool(trans_b)),
-                 "A": alpha, "B": beta, "b": batch}
-        if bias_buf is not None:
-            flags["bias"] = bias_per
-        if as_activation(activation) is not None:
-            flags["activation"] = as_activation(activation).mode.value
-        logcmd.log_command("gemm", flags)
+        _log_call(M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta, bias_buf, bias_per,
+                  activation, batch, stride_a, stride_b, stride_c, extra.get("algorithm"))
     operands = (a_buf, b_buf, c_buf, bias_buf)
     key = None
     if set(extra) <= {"algorithm"}:

@@ -336,19 +336,26 @@ def _apply(ctx, N, C, S, coef, u, v, out, scalar_loads=False):
 
 # ---- batch norm, MIOpen style -------------------------------------------------------------
 
-def _log_bnorm(x, mode, forw, back=0, save=0, run=0, activation=None):
+def _log_bnorm(x, mode, forw, back=0, save=0, run=0, activation=None, eps=1e-5, momentum=0.1):
     """The ``dlprim-driver bnorm`` command of this call (DLPRIM_LOG_CMD=1); an input of another
-    rank than 4 is logged as (N, C, prod(spatial), 1), which has the same statistics."""
+    rank than 4 is logged as (N, C, prod(spatial), 1), which has the same statistics. The
+    driver's eps is 1e-5 and its momentum 0.1: others are named as not carried, as are an
+    activation's parameters."""
     if not config.log_cmd():
         return
     n, c = x.shape[:2]
     h, w = (x.shape[2], x.shape[3]) if x.ndim == 4 else (math.prod(x.shape[2:]), 1)
     flags = {"n": n, "c": c, "H": h, "W": w, "m": int(mode == "spatial"), "F": forw, "b": back,
              "s": save, "r": run}
+    missing = []
     desc = as_activation(activation)
     if desc is not None and not desc.is_identity:
-        flags["activation"] = desc.mode.value
-    logcmd.log_command("bnorm", flags)
+        flags["activation"], missing = logcmd.activation_named(desc)
+    if float(eps) != 1e-5:
+        missing.append(f"eps {float(eps):g}")
+    if run and forw == 1 and float(momentum) != 0.1:
+        missing.append(f"momentum {float(momentum):g}")
+    logcmd.log_command("bnorm", flags, missing)
 
 
 def _check_bn(x, y, mode, named, y_name="y"):
@@ -388,7 +395,7 @@ def batch_norm_forward_training(x, y, weight=None, bias=None, running_mean=None,
         raise ShapeError("give running_mean with running_var, and save_mean with save_invstd")
     _check_count(x, N * S, mode)
     _log_bnorm(x, mode, 1, save=int(save_mean is not None), run=int(running_mean is not None),
-               activation=activation)
+               activation=activation, eps=eps, momentum=momentum)
     if N * S == 0:
         return
     ctx = x.ctx
@@ -425,7 +432,7 @@ def batch_norm_forward_inference(x, y, weight=None, bias=None, running_mean=None
                                          running_var=running_var))
     if running_mean is None or running_var is None:
         raise ShapeError("batch norm inference needs running_mean and running_var")
-    _log_bnorm(x, mode, 2, activation=activation)
+    _log_bnorm(x, mode, 2, activation=activation, eps=eps)
     ctx = x.ctx
     rows = N * C
     if rows == 0 or S == 0:

@@ -124,9 +124,48 @@ class Convolution:
             resolved = self._resolved[(name, direction)] = (name, algorithm, need)
         return resolved
 
+    def _log_call(self, direction, algo, epilogue, ep):
+        """The ``dlprim-driver`` command of this call (DLPRIM_LOG_CMD=1): conv, with -b 1 for a
+        bias; a forward with an activation or a residual (NCHW, no scale) is CBAInfer's
+        conv_bias_activation. -S names an algorithm the call or DLPRIM_CONV_ALGO forced, -s 1
+        find mode; the rest (alpha, beta, a scale) is named as not carried."""
+        flags = self.problem.driver_flags(direction)
+        missing = []
+        family = "conv"
+        if direction == "forward":
+            fused = epilogue.activation is not None or epilogue.has_residual
+            plain = not (epilogue.has_scale or epilogue.affine_per_position or epilogue.chain)
+            if fused and plain and self.layout == "NCHW":
+                family = "CBAInfer"
+                flags = {f: v for f, v in flags.items() if f not in ("F", "I")}
+                flags.update({"b": int(epilogue.has_shift), "z": int(epilogue.has_residual),
+                              **logcmd.activation_flags(epilogue.activation)})
+                if epilogue.has_residual and ep.residual_alpha != 1:
+                    missing.append(f"residual alpha {ep.residual_alpha:g}")
+            else:
+                if epilogue.has_shift and plain:
+                    flags["b"] = 1
+                if epilogue.activation is not None:
+                    missing.append(f"activation {epilogue.activation.mode.value}")
+                if epilogue.has_residual:
+                    missing.append("residual")
+                if not plain:
+                    missing.append("a fused scale and shift" if not epilogue.chain
+                                   else "a fused bias / batch-norm chain")
+        if ep.alpha != 1:
+            missing.append(f"alpha {ep.alpha:g}")
+        if ep.beta != 0:
+            missing.append(f"beta {ep.beta:g}")
+        forced = algo or config.forced_algorithm("conv")
+        if forced:
+            flags["S"] = forced
+        if config.find_mode() == "find":
+            flags["s"] = 1
+        logcmd.log_command(family, flags, missing)
+
     def _run(self, direction, algo, src, other, dst, ep, epilogue=Epilogue(), workspace=None):
         if config.log_cmd():
-            logcmd.log_command("conv", self.problem.driver_flags(direction))
+            self._log_call(direction, algo, epilogue, ep)
         name, algorithm, need = self._resolve(algo, direction)
         if need and (workspace is None or workspace.nbytes < need):
             if workspace is not None:
