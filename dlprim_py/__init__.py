@@ -8,7 +8,8 @@
 from .activation import Activation, ActivationDesc
 from .autograd import enable_grad, no_grad
 from .context import Context, DeviceInfo, default_context, devices
-from .dtypes import float16, float32, int32, int64
+from .dtypes import bool_, float16, float32, int32, int64
+from .dtypes import bool_ as bool  # noqa: A004,F401  (torch's name: dp.bool, as torch.bool)
 from .errors import (CacheWarning, DeviceError, DeviceMemoryError, DlprimError, DTypeError,
                      GraphError, KernelBuildError, NumericsError, ShapeError, UnsupportedError)
 from .tensor import Tensor, TensorDesc
@@ -23,7 +24,7 @@ from . import fusion  # noqa: E402
 
 __all__ = [
     "Activation", "ActivationDesc", "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",
-    "no_grad", "enable_grad", "float16", "float32", "int32", "int64",
+    "no_grad", "enable_grad", "float16", "float32", "int32", "int64", "bool_",
     "DlprimError", "ShapeError", "DTypeError", "DeviceError", "DeviceMemoryError", "NumericsError", "UnsupportedError",
     "GraphError",
     "KernelBuildError", "CacheWarning", "__version__", "Convolution", "ConvolutionDesc",

@@ -405,7 +405,7 @@ def pool_jobs(bench, flags):
             y.fill_(np.nan)
             run()
             return error_metric(y.numpy(), bench.reference.compute(torch_pool, x_host))
-        return Case(run, verify, moved, "GB/s", algorithm=f"{method} pool{' + indices' if indices else ''}")
+        return Case(run, verify, moved, "GB/s", algorithm=f"{method} pool{' + indices' if indices is not None else ''}")
 
     def backward_case():
         dy = Tensor.from_numpy(ctx, dy_host)

@@ -1,7 +1,9 @@
 """The element types the library knows, with their OpenCL C names.
 
 float32 is the type every operator supports; float16 storage, int32 and int64 (class targets,
-indices) are designed in so that operators add them without changing their interfaces.
+indices) are designed in so that operators add them without changing their interfaces. bool
+(masks: what comparisons return) is numpy's ``np.bool_``, one byte per element holding 0 or 1,
+``uchar`` in OpenCL C (whose ``bool`` cannot be stored in a buffer).
 """
 import numpy as np
 
@@ -11,8 +13,9 @@ float32 = np.dtype(np.float32)
 float16 = np.dtype(np.float16)
 int32 = np.dtype(np.int32)
 int64 = np.dtype(np.int64)
+bool_ = np.dtype(np.bool_)
 
-_CL_NAMES = {float32: "float", float16: "half", int32: "int", int64: "long"}
+_CL_NAMES = {float32: "float", float16: "half", int32: "int", int64: "long", bool_: "uchar"}
 SUPPORTED = tuple(_CL_NAMES)
 # What ``as_dtype`` is most often given (the dtypes themselves and their numpy types), mapped
 # without a call to np.dtype: it runs for every tensor an operator makes.
@@ -35,7 +38,7 @@ def as_dtype(dtype):
 
 
 def cl_name(dtype):
-    """The OpenCL C type name of a supported dtype: float32 -> "float"."""
+    """The OpenCL C type name of a supported dtype: float32 -> "float", bool -> "uchar"."""
     return _CL_NAMES[as_dtype(dtype)]
 
 

@@ -5,6 +5,9 @@ per operator family.
 """
 from .ops.arithmetic import add, div, maximum, minimum, mul, sub  # noqa: F401
 from .ops.reduce import amax, amin, argmax, argmin, mean, norm, sum  # noqa: F401,A004
+from .ops.reduce import all_ as all, any_ as any  # noqa: F401,A004
+from .ops.masks import (eq, ge, gt, le, logical_and, logical_not, logical_or,  # noqa: F401
+                        logical_xor, lt, ne)
 from .ops.activation_ops import (abs, activation, activation_backward, activation_forward,  # noqa: F401,A004
                                  elu, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu, relu,
                                  relu6, sigmoid, silu, softplus, tanh)

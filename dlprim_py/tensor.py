@@ -227,6 +227,18 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
+    # Identity, as torch's: == and != compare elementwise (dlprim_py/tensor_methods.py sets
+    # them), and tensors still serve as dict keys and set members by identity.
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        """The truth of a one-element tensor's value (waits for queued work), as torch's; any
+        other size is ambiguous and raises ShapeError (use ``.any()`` or ``.all()``)."""
+        if self.size != 1:
+            raise ShapeError(f"the truth value of a tensor of {self.size} elements (shape "
+                             f"{self.shape}) is ambiguous; use .any() or .all()")
+        return bool(self.item())
+
     def __repr__(self):
         """The values as numpy prints them (small tensors whole, large ones abbreviated), with
         the shape and dtype, as torch's. Reading them waits for the queue, but leaves a

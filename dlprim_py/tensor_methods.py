@@ -1,5 +1,6 @@
-"""The Tensor methods that run operators: ``fill_``, arithmetic, reductions, ``permute`` /
-``transpose`` / ``T`` and ``@``.
+"""The Tensor methods that run operators: ``fill_``, arithmetic, comparisons and the mask
+operators ``~ & | ^``, reductions, casts (``to``, ``float`` ...), ``permute`` / ``transpose`` /
+``T`` and ``@``.
 
 They are defined here, above the operator families they call, and set on ``Tensor`` when the
 package loads (``dlprim_py/__init__.py`` imports this module), so that ``tensor.py`` imports no
@@ -12,14 +13,15 @@ import pyopencl as cl
 from . import autograd
 from .errors import DTypeError, ShapeError, UnsupportedError
 from .launch import command_enqueued
-from .ops import arithmetic, linear, pointwise, reduce, tensor_ops
+from .dtypes import bool_, float16, float32, int32, int64
+from .ops import arithmetic, linear, masks, pointwise, reduce, tensor_ops
 from .ops.gemm import gemm
 from .tensor import Tensor, _checked
 
 
 def fill_(self, value):
     """Set every element to ``value`` (a number) in place."""
-    if not isinstance(value, (int, float, np.number)):
+    if not isinstance(value, (int, float, np.number, np.bool_)):
         raise DTypeError(f"fill_ needs a number, got {value!r}")
     if self.size:
         kernel = pointwise.fill_kernel(self.dtype)
@@ -51,6 +53,53 @@ def max_(self, dim=None, keepdim=False):
 
 def argmax(self, dim=None, keepdim=False):
     return reduce.argmax(self, dim, keepdim)
+
+
+def any_(self, dim=None, keepdim=False):
+    return reduce.any_(self, dim, keepdim)
+
+
+def all_(self, dim=None, keepdim=False):
+    return reduce.all_(self, dim, keepdim)
+
+
+def to(self, dtype):
+    """This tensor converted to ``dtype`` (``self`` where it has it already); see
+    ``dlprim_py.ops.masks.cast`` for the rules (torch's: nonzero -> True)."""
+    return masks.cast(self, dtype)
+
+
+def _cast_method(dtype, name):
+    def method(self):
+        return masks.cast(self, dtype)
+    method.__name__ = name
+    method.__doc__ = f"``self.to({dtype})``."
+    return method
+
+
+def _foreign(other):
+    """True for an operand the operators leave to Python (``t == None`` is False, ``t < "a"`` a
+    TypeError): neither a Tensor nor a number nor a numpy value (which gets a DTypeError
+    saying how to make a tensor of it)."""
+    return (not isinstance(other, Tensor) and masks.scalar_kind(other) is None
+            and type(other).__module__ != "numpy")
+
+
+def _comparison(op):
+    def method(self, other):
+        if _foreign(other):
+            return NotImplemented
+        return masks.compare(op, self, other)
+    method.__name__ = f"__{op}__"
+    return method
+
+
+def _mask_operator(symbol, reflected):
+    def method(self, other):
+        if _foreign(other):
+            return NotImplemented
+        return masks.bitwise(symbol, other, self) if reflected else masks.bitwise(symbol, self, other)
+    return method
 
 
 def permute(self, *dims):
@@ -182,8 +231,17 @@ def install():
                          ("__sub__", arithmetic.sub), ("__rsub__", _rsub),
                          ("__mul__", arithmetic.mul), ("__rmul__", arithmetic.mul),
                          ("__truediv__", arithmetic.div), ("__rtruediv__", _rtruediv),
-                         ("__neg__", _neg)):
+                         ("__neg__", _neg), ("any", any_), ("all", all_), ("to", to),
+                         ("__invert__", masks.invert)):
         setattr(Tensor, name, method)
+    for op in masks.COMPARISONS:
+        setattr(Tensor, f"__{op}__", _comparison(op))
+    for symbol, name in (("&", "and"), ("|", "or"), ("^", "xor")):
+        setattr(Tensor, f"__{name}__", _mask_operator(symbol, False))
+        setattr(Tensor, f"__r{name}__", _mask_operator(symbol, True))
+    for dtype, name in ((float32, "float"), (float16, "half"), (int32, "int"), (int64, "long"),
+                        (bool_, "bool")):
+        setattr(Tensor, name, _cast_method(dtype, name))
     Tensor.T = property(T)
 
 

@@ -81,6 +81,9 @@ def _cases(ctx, rng):
         "linear": lambda: backward(F.linear(x2, w2, b2)),
         "gemm": lambda: (dp.gemm(a, b), dp.gemm(a, b, bias=bias4, activation="relu")),
         "gemm_batched": lambda: dp.gemm_batched(a.reshape(1, 3, 5), b.reshape(1, 5, 4)),
+        "masks": lambda: (backward(x4 * ((x4 > 0.25) & ~(0.75 <= x4)).float()),
+                          F.logical_or(x4 == x4, x4 != 0.5).all(1), (x4 < bias8[:6]).sum(),
+                          x4.long().bool().any()),
     }
 
 
@@ -97,7 +100,8 @@ CASES = ("add", "sub_div_max", "relu", "gelu_silu", "relu6_hardswish", "softmax"
          "sum_all", "amax_argmax", "cross_entropy", "mse", "bce_logits", "dropout", "tensor_ops",
          "pad_narrow", "flatten", "max_pool", "avg_pool", "adaptive_avg_pool", "conv3x3",
          "conv1x1", "conv_stride2", "conv_depthwise", "conv_transpose", "batch_norm_train",
-         "batch_norm_eval", "group_layer_norm", "interpolate", "linear", "gemm", "gemm_batched")
+         "batch_norm_eval", "group_layer_norm", "interpolate", "linear", "gemm", "gemm_batched",
+         "masks")
 
 
 def test_every_case_is_listed(cases):

@@ -824,7 +824,7 @@ def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
         gsize, lsize = launch_size(ctx, total)
         bind(prog.kernel("lrn_forward"))(ctx.queue, gsize, lsize, np.int64(total), *params, np.float32(k),
                                    input.buffer, np.int64(input.offset_elements), y.buffer,
-                                   np.int64(y.offset_elements), scale.buffer if scale else None)
+                                   np.int64(y.offset_elements), scale.buffer if scale is not None else None)
 
     def backward(g):
         dx = Tensor.empty(ctx, input.shape, float32)

@@ -28,9 +28,10 @@ fold is exact, keep their index in the kernel's index type and may put fewer ite
 output (the ``exact_fold`` rule's ``max_segment``).
 
 The functional reductions (``sum``, ``mean``, ``amax``, ``amin``, ``argmax``, ``argmin``,
-``norm``) take torch's arguments (``dim`` an int, a sequence of ints or None; ``keepdim``) and
-record their backward on the tape. ``sum_to_shape`` folds a broadcast gradient back to the shape
-of an operand.
+``norm``, ``any``, ``all``) take torch's arguments (``dim`` an int, a sequence of ints or None;
+``keepdim``) and record their backward on the tape. ``sum`` of a bool, int32 or int64 tensor is
+int64 (a mask's count of True), ``any`` and ``all`` of any dtype are bool, as torch's.
+``sum_to_shape`` folds a broadcast gradient back to the shape of an operand.
 """
 import math
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ import numpy as np
 
 from .. import autograd, config, program, solver, tuning
 from ..context import check_same_context
-from ..dtypes import as_dtype, cl_name
+from ..dtypes import as_dtype, bool_, cl_name
 from ..errors import DTypeError, DlprimError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from ..launch import BoundKernel, current
@@ -661,13 +662,17 @@ def _compute_shapes(x, dim, keepdim, name):
     return axes, keep_dims, result
 
 
+# The reductions with a value over nothing (an empty dimension), and that value.
+_EMPTY_VALUES = {"sum": 0, "norm": 0, "any": 0, "all": 1}
+
+
 def _reduce(kernel, x, dim, keepdim, name, extra_inputs=(), scalars=()):
     axes, keep_dims, result = _shapes(x, dim, keepdim, name)
-    if x.size == 0 and math.prod(keep_dims) != 0 and name not in ("sum", "norm"):
+    if x.size == 0 and math.prod(keep_dims) != 0 and name not in _EMPTY_VALUES:
         raise ShapeError(f"{name}: cannot reduce an empty dimension of a {x.shape} tensor")
     out = Tensor.empty(x.ctx, result, kernel.outputs[0][1])
     if x.size == 0:
-        out.fill_(0)
+        out.fill_(_EMPTY_VALUES[name])
         return out, keep_dims
     kernel([x, *extra_inputs], [_view(out, keep_dims)], scalars)
     return out, keep_dims
@@ -701,8 +706,23 @@ def sum_to_shape(grad, shape):
     return out
 
 
+# The dtypes whose sum is int64, as torch's (bool counts its True elements).
+_INTEGER_SUMS = (np.dtype(np.bool_), np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _integer_sum_kernel(dtype):
+    return _kernel(("sum", dtype), lambda: ReduceKernel(
+        f"reduce_sum_{dtype.name}", [("x", dtype)], [("y", np.int64)], "y = (long)x;", "sum"))
+
+
 def sum(x, dim=None, keepdim=False):  # noqa: A001 - torch's name
-    """torch.sum: float32 ``x`` summed over ``dim`` (int, ints, or None for all)."""
+    """torch.sum: ``x`` summed over ``dim`` (int, ints, or None for all): float32 to float32,
+    with its gradient; bool, int32 and int64 to int64 (a mask's count of True elements)."""
+    if isinstance(x, Tensor) and x.dtype in _INTEGER_SUMS:
+        return _reduce(_integer_sum_kernel(x.dtype), x, dim, keepdim, "sum")[0]
+    if isinstance(x, Tensor) and x.dtype != np.float32:
+        raise DTypeError(f"sum: float32, bool, int32 and int64 tensors are supported, got "
+                         f"{x.dtype}")
     _check_float(x, "sum")
     out, keep_dims = _reduce(_sum_kernel(), x, dim, keepdim, "sum")
     shape = x.shape
@@ -727,6 +747,41 @@ def mean(x, dim=None, keepdim=False):
         return (expand(_view(binary("mul", g, 1.0 / max(count, 1)), keep_dims), shape),)
 
     return autograd.record(out, (x,), backward, "mean")
+
+
+# any and all: the elements' truth values (nonzero, NaN included) folded by | or &.
+_TRUTH_FOLDS = {"any": ("acc_y = acc_y | y;", "0"), "all": ("acc_y = acc_y & y;", "1")}
+_TRUTH_DTYPES = (np.dtype(np.bool_), np.dtype(np.int32), np.dtype(np.int64),
+                 np.dtype(np.float32), np.dtype(np.float16))
+
+
+def _truth_reduce(x, dim, keepdim, kind):
+    if not isinstance(x, Tensor):
+        raise not_a_tensor(f"{kind}: input", x)
+    if x.dtype not in _TRUTH_DTYPES:
+        raise DTypeError(f"{kind}: unsupported dtype {x.dtype}")
+    if x.dtype == np.float16 and not x.ctx.info.has_fp16:
+        raise UnsupportedError(f"{kind}: float16 needs the cl_khr_fp16 extension, which "
+                               f"{x.ctx.info.name} lacks")
+    combine, identity = _TRUTH_FOLDS[kind]
+    kernel = _kernel((kind, x.dtype), lambda: ReduceKernel(
+        f"reduce_{kind}_{x.dtype.name}", [("x", x.dtype)], [("y", bool_)],
+        f"y = (x != ({cl_name(x.dtype)})0);", combine, {"y": identity}))
+    return _reduce(kernel, x, dim, keepdim, kind)[0]
+
+
+# any_ and all_: functional exports them as any and all (here they would hide the builtins
+# this module uses).
+def any_(x, dim=None, keepdim=False):
+    """torch.any: a bool tensor, True where some element of ``x`` over ``dim`` (int, ints, or
+    None for all) is nonzero (NaN included); False over nothing. No gradient."""
+    return _truth_reduce(x, dim, keepdim, "any")
+
+
+def all_(x, dim=None, keepdim=False):
+    """torch.all: a bool tensor, True where every element of ``x`` over ``dim`` (int, ints, or
+    None for all) is nonzero (NaN included); True over nothing. No gradient."""
+    return _truth_reduce(x, dim, keepdim, "all")
 
 
 def _extremum_kernel(kind):
