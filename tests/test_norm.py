@@ -324,3 +324,35 @@ def test_group_norm_refuses_what_torch_refuses(ctx, rng):
     x = random(rng, (2, 3, 1, 1))
     assert_close(F.group_norm(dp.Tensor.from_numpy(ctx, x), 3).numpy(),
                  torch.nn.functional.group_norm(torch.from_numpy(x).double(), 3).numpy())
+
+
+def test_batch_norm_training_long_rows_loop_within_work_groups(ctx, rng, tuning_rules):
+    """Where the rows alone fill the device, training batch norm's elementwise steps give each
+    row fewer work groups than its length needs, each item looping over more of it: forward
+    and backward still match torch on poisoned outputs, running statistics included. (A rule
+    asking for one work group per compute unit makes that so on any device.)"""
+    tuning_rules("norm", [{"when": {}, "params": {"solver": "groups", "apply_groups_per_unit": 1}}])
+    shape = (16, 32, 48, 48)
+    N, C, S = shape[0], shape[1], shape[2] * shape[3]
+    sums = norm.prepared_sums(ctx, "stats", N, C, S, (None,))
+    vector, positions, gsize, lsize = norm.batch_apply_geometry(ctx, sums, N, C, S)
+    assert gsize[0] < -(-positions // lsize[0]) * lsize[0], "the geometry did not shorten rows"
+    x, w, b = random(rng, shape, 1, 4), random(rng, (C,)), random(rng, (C,))
+    rm, rv = random(rng, (C,)), np.abs(random(rng, (C,))) + 0.5
+    tx, tw, tb = _t(x, True), _t(w, True), _t(b, True)
+    trm, trv = torch.tensor(rm, dtype=torch.float64), torch.tensor(rv, dtype=torch.float64)
+    ref = torch.nn.functional.batch_norm(tx, trm, trv, tw, tb, training=True, momentum=0.3)
+    y, mean, invstd = poisoned(ctx, shape), poisoned(ctx, (C,)), poisoned(ctx, (C,))
+    drm, drv = _d(ctx, rm), _d(ctx, rv)
+    dx_, dxw, dxb = _d(ctx, x), _d(ctx, w), _d(ctx, b)
+    norm.batch_norm_forward_training(dx_, y, dxw, dxb, drm, drv, mean, invstd, momentum=0.3)
+    assert_close(y.numpy(), ref.detach().numpy())
+    assert_close(drm.numpy(), trm.numpy())
+    assert_close(drv.numpy(), trv.numpy())
+    grad = random(rng, shape)
+    ref.backward(_t(grad))
+    gx, gw, gb = poisoned(ctx, shape), poisoned(ctx, (C,)), poisoned(ctx, (C,))
+    norm.batch_norm_backward(dx_, _d(ctx, grad), gx, dxw, mean, invstd, gw, gb)
+    assert_close(gx.numpy(), tx.grad.numpy())
+    assert_close(gw.numpy(), tw.grad.numpy())
+    assert_close(gb.numpy(), tb.grad.numpy())

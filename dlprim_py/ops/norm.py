@@ -166,8 +166,11 @@ class ChannelSums:
     elementwise step after it keeps to scalar loads too (groups_scalar)."""
 
     def __init__(self, ctx, problem, kernel_name, vector, chunks, per_chunk, global_size,
-                 local_size, sizes, scalar_loads):
+                 local_size, sizes, scalar_loads, apply_groups_per_unit):
         self.ctx = ctx
+        # How many work groups per compute unit the elementwise step that finalizes these sums
+        # needs before it gives a row fewer of them (``batch_apply_geometry``).
+        self.apply_groups_per_unit = apply_groups_per_unit
         self.problem = problem
         self.vector = vector
         self.chunks = chunks
@@ -198,11 +201,11 @@ class ChannelSums:
 
 class _ChannelSolver(solver.Solver):
     def tunables(self, ctx, problem):
-        """This solver's params in tuning_db/norm.json (the first rule naming it that holds)."""
+        """This solver's params in tuning_db/norm.json: of the rules naming it that hold, each
+        value from the first that gives it (a device's rule may give only what it changes)."""
         features = dict(problem.features(), gpu=int(ctx.info.is_gpu))
-        params, _ = tuning.lookup(ctx.info, "norm", features,
-                                  lambda params: params.get("solver") == self.name)
-        return params
+        return tuning.merged_params(ctx.info, "norm", features,
+                                    lambda params: params.get("solver") == self.name)
 
 
 class GroupSums(_ChannelSolver):
@@ -217,8 +220,8 @@ class GroupSums(_ChannelSolver):
         vector = 4 if problem.aligned and not self.scalar else 1
         M = problem.n * (problem.s // vector)
         chunks = problem.chunks
+        params = self.tunables(ctx, problem)
         if chunks is None:
-            params = self.tunables(ctx, problem)
             group = group_size(ctx)
             chunks = max(-(-params["groups_per_unit"] * ctx.info.compute_units // problem.c),
                          -(-M // (params["positions_per_item"] * group)))
@@ -227,7 +230,8 @@ class GroupSums(_ChannelSolver):
         group = group_size(ctx)
         return ChannelSums(ctx, problem, "channel_partial_sums", vector, chunks, per_chunk,
                            (group * chunks, problem.c), (group, 1),
-                           (problem.n, problem.c, problem.s // vector), self.scalar)
+                           (problem.n, problem.c, problem.s // vector), self.scalar,
+                           params["apply_groups_per_unit"])
 
 
 class ColumnSums(_ChannelSolver):
@@ -240,8 +244,8 @@ class ColumnSums(_ChannelSolver):
 
     def prepare(self, ctx, problem):
         chunks = problem.chunks
+        params = self.tunables(ctx, problem)
         if chunks is None:
-            params = self.tunables(ctx, problem)
             chunks = min(params["max_chunks"],
                          -(-ctx.info.compute_units * params["items_per_unit"] // problem.c),
                          -(-problem.n // params["min_rows_per_chunk"]))
@@ -249,7 +253,7 @@ class ColumnSums(_ChannelSolver):
         local = min(64, ctx.info.max_work_group_size)
         return ChannelSums(ctx, problem, "channel_column_sums", 1, chunks, per_chunk,
                            (-(-problem.c // local) * local, chunks), (local, 1),
-                           (problem.n, problem.c), False)
+                           (problem.n, problem.c), False, params["apply_groups_per_unit"])
 
 
 def _split(M, chunks):
@@ -283,7 +287,7 @@ def prepared_sums(ctx, mode, N, C, S, operands, chunks=None, algorithm=None, act
     aligned = S % 4 == 0 and all(t is None or t.offset_elements % 4 == 0 for t in operands)
     problem = ChannelSumsProblem(mode, N, C, S, aligned, chunks, activation)
     chosen = select_algorithm(ctx, problem, algorithm)
-    key = ("norm.sums", chosen.name, problem)
+    key = ("norm.sums", chosen.name, problem, tuning.generation)
     prepared = ctx.plans.get(key)
     if prepared is None:
         prepared = ctx.plans.put(key, chosen.prepare(ctx, problem))
@@ -318,6 +322,22 @@ def _apply_local_size(positions, limit):
             break
         local0 //= 2
     return local0, max(1, limit // local0)
+
+
+def batch_apply_geometry(ctx, sums, N, C, S, *tensors):
+    """(vector width, positions per row, global size, local size) of channel_apply_batch_stats
+    and channel_apply_batch_grad after the sums ``sums``: every work group of theirs sums its
+    channel's partials before its elementwise work, so where the rows alone give the device
+    enough work groups (``apply_groups_per_unit`` per compute unit) a row gets fewer of them,
+    each item looping over more of it."""
+    vector = 1 if sums.scalar_loads else vector_width(S, *tensors)
+    positions = S // vector
+    local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
+    per_row, row_groups = -(-positions // local0), -(-(N * C) // local1)
+    enough = sums.apply_groups_per_unit * ctx.info.compute_units
+    while per_row > 1 and -(-per_row // 2) * row_groups >= enough:
+        per_row = -(-per_row // 2)
+    return vector, positions, (per_row * local0, row_groups * local1), (local0, local1)
 
 
 def _apply(ctx, N, C, S, coef, u, v, out, scalar_loads=False):
@@ -402,14 +422,10 @@ def batch_norm_forward_training(x, y, weight=None, bias=None, running_mean=None,
     sums = prepared_sums(ctx, "stats", N, C, S, (x,), chunks, algorithm)
     partials = sums.run(x)
     # The statistics are finalized inside the elementwise step (channel_apply_batch_stats).
-    vector = 1 if sums.scalar_loads else vector_width(S, x, y)
-    positions = S // vector
-    local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
+    vector, positions, gsize, lsize = batch_apply_geometry(ctx, sums, N, C, S, x, y)
     kernel = bind(_program(ctx, "apply", activation=activation, vector=vector)
                   .kernel("channel_apply_batch_stats"))
-    rows = N * C
-    gsize = (-(-positions // local0) * local0, -(-rows // local1) * local1)
-    kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
+    kernel(ctx.queue, gsize, lsize, np.int32(N * C), np.int32(C), np.int32(positions),
            np.int32(N), np.int32(S), np.int32(sums.chunks), np.float32(eps),
            np.float32(momentum), partials.buffer, *_buf(weight), *_buf(bias),
            *_buf(running_mean), *_buf(running_var), *_buf(save_mean), *_buf(save_invstd),
@@ -488,14 +504,10 @@ def batch_norm_backward(x, dy, dx, weight=None, mean=None, invstd=None, dweight=
     # The weight and bias gradients and dx's coefficients are finalized inside the elementwise
     # step (channel_apply_batch_grad), which runs without dx too, for them.
     operands = (dy, x) if dx is None else (dy, x, dx)
-    vector = 1 if sums.scalar_loads else vector_width(S, *operands)
-    positions = S // vector
-    local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
+    vector, positions, gsize, lsize = batch_apply_geometry(ctx, sums, N, C, S, *operands)
     kernel = bind(_program(ctx, "apply", activation=desc, vector=vector, derivative=True)
                   .kernel("channel_apply_batch_grad"))
-    rows = N * C
-    gsize = (-(-positions // local0) * local0, -(-rows // local1) * local1)
-    kernel(ctx.queue, gsize, (local0, local1), np.int32(rows), np.int32(C), np.int32(positions),
+    kernel(ctx.queue, gsize, lsize, np.int32(N * C), np.int32(C), np.int32(positions),
            np.int32(N), np.int32(S), np.int32(sums.chunks), np.int32(bool(training)),
            partials.buffer, *_buf(mean), *_buf(invstd), *_buf(weight), *_buf(bias),
            *_buf(dweight), *_buf(dbias), dy.buffer, np.int64(dy.offset_elements), x.buffer,
