@@ -540,17 +540,12 @@ def run_planned_on(ctx, key, tensors, run, plans=None):
     pattern (as ``alias_pattern`` makes it) in one pass, then the plan's lookup and run."""
     if ctx.thread != get_ident():
         ctx.check_thread()
-    buffers, handles = [], []
+    # Comprehensions, not appends in a loop: this runs for every operand of every call.
+    buffers = [None if t is None else t.buffer for t in tensors]
+    handles = [None if b is None else b.int_ptr for b in buffers]
     for t in tensors:
-        if t is None:
-            buffers.append(None)
-            handles.append(None)
-        else:
-            if t.ctx is not ctx:
-                check_same_context(*tensors)
-            buffer = t.buffer
-            buffers.append(buffer)
-            handles.append(buffer.int_ptr)
+        if t is not None and t.ctx is not ctx:
+            check_same_context(*tensors)
     if config.switches().log_cmd:
         run()
         return

@@ -369,7 +369,11 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
         switches = config.switches()
         key = ("F.conv2d", x.shape, x.dtype, x.offset, weight.shape, weight.dtype, weight.offset,
                None if bias is None else (bias.shape, bias.dtype, bias.offset),
-               _arg_key(stride), _arg_key(padding), _arg_key(dilation), _arg_key(groups), layout,
+               # _arg_key inlined for the usual ints (one call each otherwise).
+               stride if stride.__class__ is int else _arg_key(stride),
+               padding if padding.__class__ is int else _arg_key(padding),
+               dilation if dilation.__class__ is int else _arg_key(dilation),
+               groups if groups.__class__ is int else _arg_key(groups), layout,
                switches.forced.get("conv"), switches.find_mode)
         ctx = x.ctx
         entry = ctx.plans.get(key)
