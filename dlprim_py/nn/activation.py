@@ -3,14 +3,15 @@
 ``functional`` function. No parameters."""
 from .. import functional as F
 from ..errors import ShapeError
-from .module import Module
+from .module import Module, check_ctx
 
 
 class _Inplace(Module):
     _function = None
 
-    def __init__(self, inplace=False):
+    def __init__(self, inplace=False, *, ctx=None):
         super().__init__()
+        check_ctx(ctx)
         self.inplace = inplace
 
     def forward(self, input):
@@ -41,8 +42,9 @@ class Hardsigmoid(_Inplace):
 
 
 class LeakyReLU(Module):
-    def __init__(self, negative_slope=0.01, inplace=False):
+    def __init__(self, negative_slope=0.01, inplace=False, *, ctx=None):
         super().__init__()
+        check_ctx(ctx)
         self.negative_slope = negative_slope
         self.inplace = inplace
 
@@ -56,8 +58,9 @@ class LeakyReLU(Module):
 class GELU(Module):
     """``approximate``: "none" (erf) or "tanh"."""
 
-    def __init__(self, approximate="none"):
+    def __init__(self, approximate="none", *, ctx=None):
         super().__init__()
+        check_ctx(ctx)
         if approximate not in ("none", "tanh"):
             raise ShapeError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
         self.approximate = approximate
@@ -70,11 +73,19 @@ class GELU(Module):
 
 
 class Sigmoid(Module):
+    def __init__(self, *, ctx=None):
+        super().__init__()
+        check_ctx(ctx)
+
     def forward(self, input):
         return F.sigmoid(input)
 
 
 class Tanh(Module):
+    def __init__(self, *, ctx=None):
+        super().__init__()
+        check_ctx(ctx)
+
     def forward(self, input):
         return F.tanh(input)
 
@@ -83,8 +94,9 @@ class Softmax(Module):
     """Softmax over ``dim``; ``dim=None`` takes torch's legacy choice (0 for 0-, 1- and 3-d
     inputs, else 1)."""
 
-    def __init__(self, dim=None):
+    def __init__(self, dim=None, *, ctx=None):
         super().__init__()
+        check_ctx(ctx)
         self.dim = dim
 
     def forward(self, input):

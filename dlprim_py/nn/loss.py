@@ -4,9 +4,9 @@ torch keeps them); they may be given as dp.Tensors or numpy arrays (copied to ``
 import numpy as np
 
 from .. import functional as F
-from ..errors import ShapeError
+from ..errors import ShapeError, UnsupportedError
 from ..tensor import Tensor
-from .module import Module, module_context
+from .module import Module, check_ctx, module_context
 
 REDUCTIONS = ("none", "mean", "sum")
 
@@ -20,8 +20,9 @@ def _tensor(value, ctx, what):
 
 
 class _Loss(Module):
-    def __init__(self, reduction="mean"):
+    def __init__(self, reduction="mean", *, ctx=None):
         super().__init__()
+        check_ctx(ctx)
         if reduction not in REDUCTIONS:
             raise ShapeError(f"reduction must be one of {', '.join(REDUCTIONS)}, "
                              f"got {reduction!r}")
@@ -32,11 +33,15 @@ class _Loss(Module):
 
 
 class CrossEntropyLoss(_Loss):
-    """``functional.cross_entropy``: class-index targets (int64) or class probabilities."""
+    """``functional.cross_entropy``: class-index targets (int64) or class probabilities.
+    ``label_smoothing`` other than 0 raises UnsupportedError (the functional has none)."""
 
     def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
                  *, ctx=None):
-        super().__init__(reduction)
+        super().__init__(reduction, ctx=ctx)
+        if label_smoothing != 0.0:
+            raise UnsupportedError(f"CrossEntropyLoss: label_smoothing is not supported "
+                                   f"(functional.cross_entropy has none), got {label_smoothing}")
         self.register_buffer("weight", _tensor(weight, ctx, "weight"))
         self.ignore_index = ignore_index
         self.label_smoothing = label_smoothing
@@ -48,7 +53,7 @@ class CrossEntropyLoss(_Loss):
 
 class NLLLoss(_Loss):
     def __init__(self, weight=None, ignore_index=-100, reduction="mean", *, ctx=None):
-        super().__init__(reduction)
+        super().__init__(reduction, ctx=ctx)
         self.register_buffer("weight", _tensor(weight, ctx, "weight"))
         self.ignore_index = ignore_index
 
@@ -63,7 +68,7 @@ class MSELoss(_Loss):
 
 class BCEWithLogitsLoss(_Loss):
     def __init__(self, weight=None, reduction="mean", pos_weight=None, *, ctx=None):
-        super().__init__(reduction)
+        super().__init__(reduction, ctx=ctx)
         self.register_buffer("weight", _tensor(weight, ctx, "weight"))
         self.register_buffer("pos_weight", _tensor(pos_weight, ctx, "pos_weight"))
 

@@ -420,3 +420,10 @@ def module_context(ctx):
     if ctx is not None and not hasattr(ctx, "cl_context"):
         raise DeviceError(f"ctx must be a dlprim_py.Context, got {type(ctx).__name__}")
     return _check_context(ctx)
+
+
+def check_ctx(ctx):
+    """The ``ctx=`` of a module without tensors: None or a Context (kept for a uniform
+    signature; such a module computes wherever its input lives)."""
+    if ctx is not None and not hasattr(ctx, "cl_context"):
+        raise DeviceError(f"ctx must be a dlprim_py.Context, got {type(ctx).__name__}")

@@ -1,15 +1,16 @@
 """Pooling modules (torch.nn's): ``MaxPool2d``, ``AvgPool2d``, ``AdaptiveAvgPool2d`` and
 ``AdaptiveMaxPool2d``. No parameters."""
 from .. import functional as F
-from .module import Module
+from .module import Module, check_ctx
 
 
 class MaxPool2d(Module):
     """``stride`` defaults to ``kernel_size``; ``return_indices`` returns (values, indices)."""
 
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False,
-                 ceil_mode=False):
+                 ceil_mode=False, *, ctx=None):
         super().__init__()
+        check_ctx(ctx)
         self.kernel_size = kernel_size
         self.stride = stride if stride is not None else kernel_size
         self.padding, self.dilation = padding, dilation
@@ -26,8 +27,9 @@ class MaxPool2d(Module):
 
 class AvgPool2d(Module):
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False,
-                 count_include_pad=True, divisor_override=None):
+                 count_include_pad=True, divisor_override=None, *, ctx=None):
         super().__init__()
+        check_ctx(ctx)
         self.kernel_size = kernel_size
         self.stride = stride if stride is not None else kernel_size
         self.padding, self.ceil_mode = padding, ceil_mode
@@ -42,8 +44,9 @@ class AvgPool2d(Module):
 
 
 class AdaptiveAvgPool2d(Module):
-    def __init__(self, output_size):
+    def __init__(self, output_size, *, ctx=None):
         super().__init__()
+        check_ctx(ctx)
         self.output_size = output_size
 
     def forward(self, input):
@@ -54,8 +57,9 @@ class AdaptiveAvgPool2d(Module):
 
 
 class AdaptiveMaxPool2d(Module):
-    def __init__(self, output_size, return_indices=False):
+    def __init__(self, output_size, return_indices=False, *, ctx=None):
         super().__init__()
+        check_ctx(ctx)
         self.output_size = output_size
         self.return_indices = return_indices
 
