@@ -294,3 +294,40 @@ def test_unsupported_arguments_raise_at_construction(ctx):
         nn.CrossEntropyLoss(label_smoothing=0.1)
     with pytest.raises(dp.ShapeError, match="reduction"):
         nn.MSELoss(reduction="avg")
+
+
+# ---- repeated calls --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum", "cumulative"])
+def test_repeated_training_step_builds_nothing_and_leaves_no_cycle(ctx, rng, momentum):
+    """A module's call costs the functional calls and no more: after the first training step,
+    later ones render, build and create nothing, and free everything by reference counting."""
+    import gc
+
+    from dlprim_py import program
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, ctx=ctx),
+                          nn.BatchNorm2d(4, momentum=momentum, ctx=ctx), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3, ctx=ctx))
+    criterion = nn.CrossEntropyLoss()
+    x = dp.Tensor.from_numpy(ctx, rng.standard_normal((2, 3, 6, 6)).astype(np.float32))
+    target = dp.Tensor.from_numpy(ctx, np.array([0, 2], np.int64))
+
+    def step():
+        model.zero_grad()
+        criterion(model(x), target).backward()
+
+    step()
+    before = dict(program.stats)
+    step()
+    step()
+    ctx.synchronize()
+    assert dict(program.stats) == before
+    gc.collect()
+    gc.disable()
+    try:
+        step()
+        found = gc.collect()
+    finally:
+        gc.enable()
+    assert found == 0
+    assert model.state_dict()["1.num_batches_tracked"] == 4

@@ -10,7 +10,7 @@ In training mode the batch statistics normalize and, with ``track_running_stats`
 import numpy as np
 
 from .. import autograd, functional as F
-from ..dtypes import int64
+from ..dtypes import float32, int64
 from ..errors import DTypeError, ShapeError
 from ..ops.pointwise import PointwiseKernel
 from ..tensor import Tensor
@@ -19,6 +19,16 @@ from .module import Module, Parameter, module_context
 
 # num_batches_tracked += 1 on the device, in place: no host round trip per training step.
 _count_step = PointwiseKernel("bn_count_step", [("n", int64)], [("y", int64)], "y = n + 1;")
+
+# momentum=None: the running statistics move by 1 / count toward the batch's (torch's update
+# with that factor). functional.batch_norm keys its plans by momentum, so passing 1 / count would
+# make a plan per step; it runs with momentum 1 into scratch statistics (the batch's own,
+# unbiased variance) and this kernel, whose factor is a run-time argument, folds them in.
+_cumulative = PointwiseKernel(
+    "bn_cumulative", [("mean", float32), ("batch_mean", float32), ("var", float32),
+                      ("batch_var", float32)], [("new_mean", float32), ("new_var", float32)],
+    "new_mean = (1 - f) * mean + f * batch_mean; new_var = (1 - f) * var + f * batch_var;",
+    scalars=[("f", np.float32)])
 
 
 class _BatchNorm(Module):
@@ -56,6 +66,7 @@ class _BatchNorm(Module):
         # The host's copy of num_batches_tracked, for momentum=None's factor; None: read it
         # from the device on next need (after a load, or an assignment to the buffer).
         self._batches = (None, 0)
+        self._scratch = None   # momentum=None's batch statistics (zeros at first: see forward)
         self.reset_parameters()
 
     def reset_running_stats(self):
@@ -102,6 +113,9 @@ class _BatchNorm(Module):
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             with autograd.no_grad():
                 count = self._step_count()
+            if self.momentum is None and self.running_mean is not None \
+                    and self.running_var is not None:
+                return self._cumulative_forward(input, count)
             if self.momentum is None:
                 factor = 1.0 / count
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
@@ -109,6 +123,18 @@ class _BatchNorm(Module):
         return F.batch_norm(input, self.running_mean if tracked else None,
                             self.running_var if tracked else None, self.weight, self.bias,
                             bn_training, float(factor), self.eps)
+
+    def _cumulative_forward(self, input, count):
+        mean, var = self.running_mean, self.running_var
+        scratch = self._scratch
+        if scratch is None or scratch[0].shape != mean.shape or scratch[0].ctx is not mean.ctx:
+            # Zeros, not uninitialised memory: momentum 1 still reads them, times 0.
+            scratch = self._scratch = (Tensor.zeros(mean.ctx, mean.shape),
+                                       Tensor.zeros(var.ctx, var.shape))
+        y = F.batch_norm(input, scratch[0], scratch[1], self.weight, self.bias, True, 1.0,
+                         self.eps)
+        _cumulative([mean, scratch[0], var, scratch[1]], [mean, var], [np.float32(1.0 / count)])
+        return y
 
     def extra_repr(self):
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
