@@ -227,3 +227,35 @@ def test_containers(ctx):
     seq.append(nn.Linear(3, 1, ctx=ctx))
     assert seq(dp.Tensor.zeros(ctx, (4, 2))).shape == (4, 1)
     assert "(first): Linear(in_features=2, out_features=3, bias=True)" in repr(seq)
+
+
+# ---- gradient clipping --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])
+def test_clip_grad_norm_matches_torch(ctx, rng, norm_type, max_norm):
+    shapes = [(3, 4), (5,), (2, 1, 3), (4,)]
+    ours = [nn.Parameter(dp.Tensor.zeros(ctx, s)) for s in shapes]
+    theirs = [torch.zeros(s, dtype=torch.float64, requires_grad=True) for s in shapes]
+    for p, t in list(zip(ours, theirs))[:-1]:   # the last one has no gradient
+        g = rng.standard_normal(p.shape).astype(np.float32)
+        p.grad = dp.Tensor.from_numpy(ctx, g)
+        t.grad = torch.from_numpy(g).double()
+    total = nn.utils.clip_grad_norm_(ours, max_norm, norm_type)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm, norm_type)
+    assert total.shape == ()
+    np.testing.assert_allclose(total.item(), expected.item(), rtol=1e-6)
+    for p, t in list(zip(ours, theirs))[:-1]:
+        np.testing.assert_allclose(p.grad.numpy(), t.grad.numpy(), rtol=1e-6, atol=1e-7)
+    assert ours[-1].grad is None
+
+
+def test_clip_grad_value_and_nonfinite_norms(ctx):
+    p = nn.Parameter(dp.Tensor.zeros(ctx, (4,)))
+    p.grad = dp.Tensor.from_numpy(ctx, np.array([-3.0, -0.5, 0.25, 7.0], np.float32))
+    nn.utils.clip_grad_value_(p, 1.0)
+    np.testing.assert_array_equal(p.grad.numpy(), [-1.0, -0.5, 0.25, 1.0])
+    p.grad = dp.Tensor.from_numpy(ctx, np.array([np.inf, 1.0, 0.0, 0.0], np.float32))
+    with pytest.raises(dp.NumericsError, match="non-finite"):
+        nn.utils.clip_grad_norm_([p], 1.0, error_if_nonfinite=True)
+    assert nn.utils.clip_grad_norm_([], 1.0).item() == 0.0

@@ -14,7 +14,7 @@ default ``dp.default_context()``). Initial weights follow torch's schemes (``dp.
 numbers from this library's generator (``dp.manual_seed``), not torch's.
 """
 from .. import functional  # noqa: F401  (dp.nn.functional, as torch.nn.functional)
-from . import init  # noqa: F401
+from . import init, utils  # noqa: F401
 from .activation import (GELU, Hardsigmoid, Hardswish, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU,
                          Softmax, Tanh)
 from .batchnorm import BatchNorm1d, BatchNorm2d
