@@ -76,6 +76,18 @@ def test_attribute_assignment_rules(ctx):
         Early()
 
 
+def test_apply_and_get_submodule(ctx):
+    m = Block(nn, ctx=ctx)
+    seen = []
+    assert m.apply(lambda x: seen.append(type(x).__name__)) is m
+    assert seen == ["Conv2d", "BatchNorm2d", "ReLU", "Flatten", "Linear", "Sequential", "Block"]
+    m.apply(lambda x: nn.init.zeros_(x.weight) if isinstance(x, nn.Linear) else None)
+    assert not m.head[1].weight.numpy().any()
+    assert m.get_submodule("head.1") is m.head[1] and m.get_submodule("") is m
+    with pytest.raises(AttributeError, match="no submodule 'x'"):
+        m.get_submodule("head.x")
+
+
 def test_shared_modules_and_parameters_are_listed_once(ctx):
     shared = nn.Linear(3, 3, ctx=ctx)
     seq = nn.Sequential(shared, nn.ReLU(), shared)

@@ -284,6 +284,25 @@ class Module:
         for _, b in self.named_buffers(recurse=recurse):
             yield b
 
+    def apply(self, fn):
+        """Call ``fn(module)`` on every descendant, children first, then on this module (as
+        torch: ``model.apply(init_weights)``); returns self."""
+        for module in self.children():
+            module.apply(fn)
+        fn(self)
+        return self
+
+    def get_submodule(self, target):
+        """The descendant at dotted path ``target`` ("" is this module)."""
+        module = self
+        for part in target.split(".") if target else ():
+            child = module._modules.get(part)
+            if child is None:
+                raise AttributeError(f"{type(module).__name__} has no submodule {part!r} "
+                                     f"(looking up {target!r})")
+            module = child
+        return module
+
     # ---- modes and gradients ------------------------------------------------------------
 
     def train(self, mode=True):
