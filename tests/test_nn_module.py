@@ -214,6 +214,11 @@ def test_load_state_dict_names_missing_unexpected_and_misshaped_keys(ctx):
     assert result.missing_keys == ["bn.running_var", "head.1.bias"]
     assert result.unexpected_keys == ["bn.extra"]
     np.testing.assert_array_equal(m.conv.weight.numpy(), good["conv.weight"] + 1)
+    # A batch counter may be absent (older checkpoints), as torch allows; it keeps its value.
+    m.bn.num_batches_tracked.fill_(3)
+    old = {k: v for k, v in good.items() if k != "bn.num_batches_tracked"}
+    assert m.load_state_dict(old) == ([], [])
+    assert m.state_dict()["bn.num_batches_tracked"] == 3
     with pytest.raises(dp.DTypeError, match="'conv.weight' is a list"):
         m.load_state_dict({**good, "conv.weight": [1, 2]})
     with pytest.raises(dp.DTypeError, match="mapping"):

@@ -33,6 +33,8 @@ _cumulative = PointwiseKernel(
 
 class _BatchNorm(Module):
     _dims = ()
+    # torch loads state dicts without version metadata (older checkpoints) lacking the counter.
+    _optional_state = ("num_batches_tracked",)
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, *, ctx=None):

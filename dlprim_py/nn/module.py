@@ -362,6 +362,8 @@ class Module:
     def load_state_dict(self, state_dict, strict=True):
         """Copy ``state_dict``'s values (numpy arrays, torch tensors, dp.Tensors or numbers,
         converted to each tensor's dtype) into this module's parameters and persistent buffers.
+        A batch norm's ``num_batches_tracked`` may be absent (it keeps its value), as torch
+        allows for state dicts without version metadata, which older checkpoints are.
 
         Every key and shape is checked before anything is copied: a shape that differs raises
         ``StateDictError`` always, and so do missing or unexpected keys when ``strict``; the
@@ -370,7 +372,10 @@ class Module:
             raise DTypeError(f"load_state_dict expects a mapping of names to values, got "
                              f"{type(state_dict).__name__}")
         targets = OrderedDict(self._state_entries())
-        missing = [k for k in targets if k not in state_dict]
+        optional = {f"{prefix}.{name}" if prefix else name
+                    for prefix, module in self.named_modules()
+                    for name in module._optional_state}
+        missing = [k for k in targets if k not in state_dict and k not in optional]
         unexpected = [k for k in state_dict if k not in targets]
         mismatched, values = [], []
         for key, target in targets.items():
@@ -408,6 +413,9 @@ class Module:
         for module in self.modules():
             module._state_loaded()
         return _IncompatibleKeys(missing, unexpected)
+
+    # Names of this module's state entries that a state dict may lack (the value stays).
+    _optional_state = ()
 
     def _state_loaded(self):
         """Called on every module after ``load_state_dict`` copied values in (batch norm
