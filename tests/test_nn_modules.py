@@ -59,6 +59,7 @@ LAYERS = [
     ("Conv2d", (3, 4, 3), {"stride": 2, "padding": 1}, (2, 3, 9, 9)),
     ("Conv2d", (4, 6, (3, 1)), {"groups": 2, "dilation": (2, 1), "bias": False}, (2, 4, 8, 7)),
     ("Conv2d", (2, 3, 3), {"padding": "same"}, (1, 2, 6, 5)),
+    ("Conv2d", (2, 3, (3, 2)), {"padding": "valid", "stride": (1, 2)}, (1, 2, 6, 5)),
     ("Conv2d", (2, 3, 3), {"padding": 1, "padding_mode": "reflect"}, (1, 2, 6, 5)),
     ("Conv2d", (2, 3, 3), {"padding": (2, 1), "padding_mode": "replicate"}, (1, 2, 6, 5)),
     ("ConvTranspose2d", (4, 2, 3), {"stride": 2, "padding": 1, "output_padding": 1},
@@ -331,3 +332,42 @@ def test_repeated_training_step_builds_nothing_and_leaves_no_cycle(ctx, rng, mom
         gc.enable()
     assert found == 0
     assert model.state_dict()["1.num_batches_tracked"] == 4
+
+
+def test_twenty_training_steps_stay_with_torch(ctx, rng):
+    """A small CNN (conv, batch norm, relu, pooling, dropout off, linear) trained 20 steps with
+    plain gradient descent written out here (the update is not under test): the losses, the
+    final weights and the running statistics stay within float32 drift of torch's float64 run."""
+    def build(lib, **kw):
+        return lib.Sequential(lib.Conv2d(1, 6, 3, padding=1, **kw), lib.BatchNorm2d(6, **kw),
+                              lib.ReLU(), lib.MaxPool2d(2), lib.Conv2d(6, 8, 3, **kw),
+                              lib.GroupNorm(2, 8, **kw), lib.SiLU(), lib.AdaptiveAvgPool2d(1),
+                              lib.Flatten(), lib.Dropout(0.0), lib.Linear(8, 4, **kw))
+    dp.manual_seed(1)
+    ours = build(nn, ctx=ctx)
+    initial = ours.state_dict()
+    theirs = build(torch.nn).double()
+    theirs.load_state_dict({k: to_torch(v) for k, v in ours.state_dict().items()})
+    criterion, tcriterion = nn.CrossEntropyLoss(), torch.nn.CrossEntropyLoss()
+    x_all = rng.standard_normal((20, 8, 1, 10, 10)).astype(np.float32)
+    t_all = rng.integers(0, 4, (20, 8))
+    lr = 0.1
+    for step in range(20):
+        ours.zero_grad()
+        theirs.zero_grad()
+        loss = criterion(ours(dp.Tensor.from_numpy(ctx, x_all[step])),
+                         dp.Tensor.from_numpy(ctx, t_all[step]))
+        tloss = tcriterion(theirs(to_torch(x_all[step])), to_torch(t_all[step]))
+        loss.backward()
+        tloss.backward()
+        assert abs(loss.item() - tloss.item()) < 1e-4, step
+        with dp.no_grad():
+            for p in ours.parameters():
+                p.copy_(p - lr * p.grad)
+        with torch.no_grad():
+            for p in theirs.parameters():
+                p -= lr * p.grad
+    assert not np.allclose(ours.state_dict()["0.weight"], initial["0.weight"], atol=1e-3)
+    for key, value in theirs.state_dict().items():
+        np.testing.assert_allclose(ours.state_dict()[key], value.numpy(), rtol=1e-3, atol=1e-4,
+                                   err_msg=key)
