@@ -244,6 +244,14 @@ def test_containers(ctx):
     seq.append(nn.Linear(3, 1, ctx=ctx))
     assert seq(dp.Tensor.zeros(ctx, (4, 2))).shape == (4, 1)
     assert "(first): Linear(in_features=2, out_features=3, bias=True)" in repr(seq)
+    heads = nn.ModuleDict({"a": nn.Linear(2, 2, ctx=ctx)})
+    heads.update([("b", nn.Linear(2, 1, ctx=ctx))])
+    heads["c"] = nn.ReLU()
+    assert list(heads) == ["a", "b", "c"] and "b" in heads and len(heads) == 3
+    assert list(heads.state_dict()) == ["a.weight", "a.bias", "b.weight", "b.bias"]
+    assert isinstance(heads.pop("c"), nn.ReLU) and list(heads.keys()) == ["a", "b"]
+    del heads["a"]
+    assert [n for n, _ in heads.named_parameters()] == ["b.weight", "b.bias"]
 
 
 # ---- gradient clipping --------------------------------------------------------------------------

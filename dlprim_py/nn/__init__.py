@@ -18,7 +18,7 @@ from . import init, utils  # noqa: F401
 from .activation import (GELU, Hardsigmoid, Hardswish, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU,
                          Softmax, Tanh)
 from .batchnorm import BatchNorm1d, BatchNorm2d
-from .container import ModuleList, Sequential
+from .container import ModuleDict, ModuleList, Sequential
 from .conv import Conv2d, ConvTranspose2d
 from .dropout import Dropout
 from .flatten import Flatten
@@ -29,7 +29,7 @@ from .normalization import GroupNorm, LayerNorm
 from .pooling import AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d
 
 __all__ = [
-    "Module", "Parameter", "StateDictError", "Sequential", "ModuleList",
+    "Module", "Parameter", "StateDictError", "Sequential", "ModuleList", "ModuleDict",
     "Conv2d", "ConvTranspose2d", "Linear", "Identity", "Flatten",
     "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm",
     "ReLU", "ReLU6", "LeakyReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid",

@@ -1,4 +1,5 @@
-"""Containers: ``Sequential`` and ``ModuleList`` (torch.nn's, children named "0", "1", ...)."""
+"""Containers (torch.nn's): ``Sequential`` and ``ModuleList`` (children named "0", "1", ...) and
+``ModuleDict`` (children by name)."""
 from collections import OrderedDict
 
 from ..errors import DTypeError, ShapeError
@@ -91,3 +92,52 @@ class ModuleList(Module):
         self._modules.clear()
         for i, m in enumerate(items):
             self.add_module(str(i), m)
+
+
+class ModuleDict(Module):
+    """Modules by name, in insertion order, registered as children of those names (no forward
+    of its own)."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key):
+        return self._modules[key]
+
+    def __setitem__(self, key, module):
+        self.add_module(key, module)
+
+    def __delitem__(self, key):
+        del self._modules[key]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def __contains__(self, key):
+        return key in self._modules
+
+    def keys(self):
+        return self._modules.keys()
+
+    def items(self):
+        return self._modules.items()
+
+    def values(self):
+        return self._modules.values()
+
+    def pop(self, key):
+        return self._modules.pop(key)
+
+    def clear(self):
+        self._modules.clear()
+
+    def update(self, modules):
+        """Add ``modules``: a mapping, or (name, module) pairs."""
+        items = modules.items() if hasattr(modules, "items") else modules
+        for key, module in items:
+            self[key] = module
