@@ -133,6 +133,11 @@ def test_train_eval_and_zero_grad(ctx, rng):
     assert not any(p.requires_grad for p in m.parameters())
 
 
+def test_nn_functional_is_the_functional_module():
+    import dlprim_py.nn.functional as NF
+    assert NF is dp.functional and nn.functional is dp.functional
+
+
 def test_default_context_when_no_ctx_is_given():
     m = nn.Linear(2, 3)
     assert m.weight.ctx is dp.default_context()
@@ -140,6 +145,20 @@ def test_default_context_when_no_ctx_is_given():
     assert y.shape == (1, 3)
     with pytest.raises(dp.DeviceError):
         nn.Linear(2, 3, ctx="cpu")
+
+
+def test_to_moves_parameters_and_buffers_to_another_context(ctx, rng):
+    m = Block(nn)   # the default context
+    assert m.conv.weight.ctx is not ctx
+    weight, state = m.conv.weight, m.state_dict()
+    assert m.to(ctx) is m
+    assert m.conv.weight is weight and weight.ctx is ctx
+    assert all(t.ctx is ctx for t in [*m.parameters(), *m.buffers()])
+    for k, v in m.state_dict().items():
+        np.testing.assert_array_equal(v, state[k])
+    x = dp.Tensor.from_numpy(ctx, rng.standard_normal((2, 3, 3, 3)).astype(np.float32))
+    m.head(m.act(m.bn(m.conv(x)))).sum().backward()
+    assert m.state_dict()["bn.num_batches_tracked"] == 1 and weight.grad.ctx is ctx
 
 
 # ---- state dicts ----------------------------------------------------------------------------

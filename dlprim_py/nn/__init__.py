@@ -9,11 +9,17 @@
     loss.backward()                      # .grad of every model.parameters()
     model.load_state_dict(torch_model.state_dict())   # torch's keys and shapes
 
+``dp.nn.functional`` is ``dp.functional`` (also as ``import dlprim_py.nn.functional as F``).
 Modules take torch's arguments and an optional ``ctx=`` keyword (where their tensors live;
 default ``dp.default_context()``). Initial weights follow torch's schemes (``dp.nn.init``) with
 numbers from this library's generator (``dp.manual_seed``), not torch's.
 """
-from .. import functional  # noqa: F401  (dp.nn.functional, as torch.nn.functional)
+import sys
+
+from .. import functional
+# dp.nn.functional is dp.functional itself, importable by that name too, as torch's
+# "import torch.nn.functional as F" is (the same module object, so nothing is copied).
+sys.modules[__name__ + ".functional"] = functional
 from . import init, utils  # noqa: F401
 from .activation import (GELU, Hardsigmoid, Hardswish, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU,
                          Softmax, Tanh)

@@ -317,6 +317,25 @@ class Module:
         """``train(False)``."""
         return self.train(False)
 
+    def to(self, ctx):
+        """Move every parameter and buffer to the Context ``ctx`` (through the host), as torch's
+        ``.to(device)``; returns self. Parameters stay the same objects (an optimizer holding
+        them keeps working) and their gradients move with them."""
+        ctx = module_context(ctx)
+        for module in self.modules():
+            for p in module._parameters.values():
+                if p is None or p.ctx is ctx:
+                    continue
+                moved = Tensor.from_numpy(ctx, p.numpy())
+                p.ctx, p.buffer, p.offset = moved.ctx, moved.buffer, moved.offset
+                if p.grad is not None:
+                    p.grad = Tensor.from_numpy(ctx, p.grad.numpy())
+            for name, b in module._buffers.items():
+                if b is not None and b.ctx is not ctx:
+                    module._buffers[name] = Tensor.from_numpy(ctx, b.numpy())
+            module._state_loaded()
+        return self
+
     def requires_grad_(self, requires_grad=True):
         for p in self.parameters():
             p.requires_grad_(requires_grad)
