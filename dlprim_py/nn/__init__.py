@@ -17,9 +17,6 @@ numbers from this library's generator (``dp.manual_seed``), not torch's.
 import sys
 
 from .. import functional
-# dp.nn.functional is dp.functional itself, importable by that name too, as torch's
-# "import torch.nn.functional as F" is (the same module object, so nothing is copied).
-sys.modules[__name__ + ".functional"] = functional
 from . import init, utils  # noqa: F401
 from .activation import (GELU, Hardsigmoid, Hardswish, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU,
                          Softmax, Tanh)
@@ -33,6 +30,10 @@ from .loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss
 from .module import Module, Parameter, StateDictError
 from .normalization import GroupNorm, LayerNorm
 from .pooling import AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d
+
+# dp.nn.functional is dp.functional itself, importable by that name too, as torch's
+# "import torch.nn.functional as F" is (the same module object, so nothing is copied).
+sys.modules[__name__ + ".functional"] = functional
 
 __all__ = [
     "Module", "Parameter", "StateDictError", "Sequential", "ModuleList", "ModuleDict",
