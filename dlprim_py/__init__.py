@@ -16,11 +16,13 @@ from .tensor import Tensor, TensorDesc
 from .ops.gemm import gemm, gemm_batched
 from . import tensor_methods  # noqa: F401  (sets the operator methods on Tensor)
 from .ops.conv import Convolution, ConvolutionDesc
-from .ops.dropout import manual_seed
+from .seed import manual_seed
 from .version import __version__
 from . import config  # noqa: E402
 from . import functional  # noqa: E402
 from . import fusion  # noqa: E402
+from . import nn  # noqa: E402
+from . import models  # noqa: E402
 
 __all__ = [
     "Activation", "ActivationDesc", "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",
