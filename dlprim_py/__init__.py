@@ -21,6 +21,8 @@ from .version import __version__
 from . import config  # noqa: E402
 from . import functional  # noqa: E402
 from . import fusion  # noqa: E402
+from . import optim  # noqa: E402
+from . import nn  # noqa: E402
 
 __all__ = [
     "Activation", "ActivationDesc", "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",

@@ -1,0 +1,2 @@
+"""torch.nn for dlprim_py."""
+from . import utils  # noqa: F401

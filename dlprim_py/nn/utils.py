@@ -1,0 +1,4 @@
+"""torch.nn.utils: ``clip_grad_norm_`` (implemented in ``dlprim_py.nn_utils``)."""
+from ..nn_utils import clip_grad_norm_  # noqa: F401
+
+__all__ = ["clip_grad_norm_"]
