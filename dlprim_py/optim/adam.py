@@ -11,8 +11,8 @@ from .optimizer import Optimizer, check_number
 
 
 class Adam(Optimizer):
-    """Adam with torch's semantics (``weight_decay`` added to the gradient; AdamW decouples
-    it), per parameter and step t (the parameter's own count of steps with a gradient):
+    """Adam with torch's semantics (``weight_decay`` added to the gradient; AdamW, or
+    ``decoupled_weight_decay=True``, decouples it), per parameter and step t (the parameter's own count of steps with a gradient):
 
         d = -g if maximize else g;  d += weight_decay * p          (Adam)
         p *= 1 - lr * weight_decay                                 (AdamW)
@@ -24,16 +24,16 @@ class Adam(Optimizer):
     ``exp_avg_sq`` and with amsgrad ``max_exp_avg_sq`` (dp.Tensors)."""
 
     name = "Adam"
-    decoupled = False
     tensor_state = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
                  amsgrad=False, *, foreach=None, maximize=False, capturable=False,
-                 differentiable=False, fused=None):
+                 differentiable=False, fused=None, decoupled_weight_decay=False):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       amsgrad=amsgrad, foreach=foreach, maximize=maximize,
                                       capturable=capturable, differentiable=differentiable,
-                                      fused=fused))
+                                      fused=fused,
+                                      decoupled_weight_decay=bool(decoupled_weight_decay)))
 
     def _check_group(self, group):
         what = self.name
@@ -72,7 +72,7 @@ class Adam(Optimizer):
         index_t, index = fused.index_type(tensors)
         ibytes = np.dtype(index).itemsize
         slots = fused.slot_count(ctx, fused.slot_bytes(5 if amsgrad else 4, 2, ibytes))
-        mode = 2 if self.decoupled else int(decay != 0)
+        mode = 0 if decay == 0 else 2 if group.get("decoupled_weight_decay") else 1
         params_key = (("kernel", "adam"), ("slots", slots), ("index_t", index_t),
                       ("decay", mode), ("amsgrad", int(amsgrad)),
                       ("maximize", int(bool(group["maximize"]))))
@@ -107,11 +107,11 @@ class AdamW(Adam):
     torch's default weight_decay 1e-2."""
 
     name = "AdamW"
-    decoupled = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, foreach=None, maximize=False, capturable=False,
                  differentiable=False, fused=None):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
                          maximize=maximize, capturable=capturable,
-                         differentiable=differentiable, fused=fused)
+                         differentiable=differentiable, fused=fused,
+                         decoupled_weight_decay=True)

@@ -14,6 +14,8 @@ renders no template, builds no program and creates no kernel object. Plans (``ru
 not fit here: they replay their scalar arguments as recorded, while a learning rate or a bias
 correction changes on every step.
 """
+from threading import get_ident
+
 import numpy as np
 
 from .. import program
@@ -76,6 +78,8 @@ def run(ctx, name, params, position, head, slots, slot_args, elements, group=Non
     """Launch kernel ``name`` for one chunk: ``head`` (the arguments before the slots),
     ``slot_args`` (per used slot, its arguments), padded to ``slots`` with unused slots whose
     count is 0 and whose buffers are slot 0's; ``elements`` the largest slot's elements."""
+    if ctx.thread != get_ident():
+        ctx.check_thread()
     kernel = bound_kernel(ctx, name, params, position)
     args = list(head)
     first = slot_args[0]
