@@ -11,7 +11,7 @@
 ## corrections of each parameter's step count) is a run-time scalar argument; the template's
 ## parameters are the slot count, the index type and the options that select code paths.
 ##
-## sgd_step(lr, weight_decay, momentum, dampening, fresh,
+## sgd_step(lr, weight_decay, momentum, one_minus_dampening, fresh,
 ##          per slot k: n_k, p_k, p_off_k, g_k, g_off_k [, buf_k, buf_off_k])
 ##   torch.optim.SGD's update (torch's _single_tensor_sgd, in float32):
 ##     d = maximize ? -g : g;  d += weight_decay * p  (when decay)
@@ -19,7 +19,7 @@
 ##                    d = nesterov ? d + momentum * buf : buf
 ##     p -= lr * d
 ##
-## adam_step(beta1, beta2, eps, decay_factor, weight_decay,
+## adam_step(beta2, one_minus_beta1, one_minus_beta2, eps, decay_factor, weight_decay,
 ##           per slot k: n_k, step_size_k, bc2_sqrt_k, p_k, p_off_k, g_k, g_off_k,
 ##                       m_k, m_off_k, v_k, v_off_k [, vmax_k, vmax_off_k])
 ##   torch.optim.Adam / AdamW (torch's _single_tensor_adam, in float32):
@@ -29,6 +29,8 @@
 ##     m = lerp(m, d, 1 - beta1);  v = beta2 * v + (1 - beta2) * d * d
 ##     amsgrad: vmax = max(vmax, v), read in place of v below
 ##     p -= step_size * m / (sqrt(v) / bc2_sqrt + eps)
+##   1 - beta1, 1 - beta2, 1 - dampening and decay_factor are computed in double on the host, as
+##   torch computes these scalars before they meet a float32 tensor.
 ##   step_size_k = lr / (1 - beta1^step) and bc2_sqrt_k = sqrt(1 - beta2^step) are computed in
 ##   double on the host from slot k's own step count.
 ##
@@ -53,7 +55,8 @@
     K = range(slots)
 %>
 % if kernel == "sgd":
-__kernel void sgd_step(float lr, float weight_decay, float momentum, float dampening, uint fresh
+__kernel void sgd_step(float lr, float weight_decay, float momentum, float one_minus_dampening,
+                       uint fresh
 % for k in K:
                        , ${index_t} n${k}, __global float* p${k}, ${index_t} p_off${k}
                        , __global const float* g${k}, ${index_t} g_off${k}
@@ -80,7 +83,7 @@ __kernel void sgd_step(float lr, float weight_decay, float momentum, float dampe
             b = d;
         } else {
             b = buf${k}[buf_off${k} + i] * momentum;
-            b = b + (1.0f - dampening) * d;
+            b = b + one_minus_dampening * d;
         }
         buf${k}[buf_off${k} + i] = b;
         % if nesterov:
@@ -94,7 +97,8 @@ __kernel void sgd_step(float lr, float weight_decay, float momentum, float dampe
 % endfor
 }
 % elif kernel == "adam":
-__kernel void adam_step(float beta1, float beta2, float eps, float decay_factor, float weight_decay
+__kernel void adam_step(float beta2, float one_minus_beta1, float one_minus_beta2, float eps,
+                        float decay_factor, float weight_decay
 % for k in K:
                         , ${index_t} n${k}, float step_size${k}, float bc2_sqrt${k}
                         , __global float* p${k}, ${index_t} p_off${k}
@@ -108,8 +112,6 @@ __kernel void adam_step(float beta1, float beta2, float eps, float decay_factor,
                         )
 {
     const ${index_t} step = get_global_size(0);
-    const float one_minus_beta1 = 1.0f - beta1;
-    const float one_minus_beta2 = 1.0f - beta2;
 % for k in K:
     for (${index_t} i = get_global_id(0); i < n${k}; i += step) {
         float w = p${k}[p_off${k} + i];

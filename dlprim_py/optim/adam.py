@@ -76,7 +76,8 @@ class Adam(Optimizer):
         params_key = (("kernel", "adam"), ("slots", slots), ("index_t", index_t),
                       ("decay", mode), ("amsgrad", int(amsgrad)),
                       ("maximize", int(bool(group["maximize"]))))
-        head = (np.float32(beta1), np.float32(beta2), np.float32(group["eps"]),
+        head = (np.float32(beta2), np.float32(1 - beta1), np.float32(1 - beta2),
+                np.float32(group["eps"]),
                 np.float32(1.0 - lr * decay), np.float32(decay))
         for position, start in enumerate(range(0, len(params), slots)):
             chunk = range(start, min(start + slots, len(params)))

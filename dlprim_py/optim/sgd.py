@@ -66,7 +66,7 @@ class SGD(Optimizer):
                       ("maximize", int(bool(group["maximize"]))))
         lr = np.float32(group["lr"])
         head_common = (lr, np.float32(decay), np.float32(momentum),
-                       np.float32(group["dampening"]))
+                       np.float32(1 - float(group["dampening"])))
         for position, start in enumerate(range(0, len(params), slots)):
             chunk = range(start, min(start + slots, len(params)))
             mask = 0
