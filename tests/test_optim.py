@@ -447,3 +447,24 @@ def test_parameter_on_another_context_is_refused(ctx, rng):
     b.grad = dp.Tensor.zeros(other, (3,))
     with pytest.raises(dp.DeviceError, match="more than one context"):
         dp.nn.utils.clip_grad_norm_([a, b], 1.0)
+
+
+def test_optim_bench_suite_checks_and_times_both_sides(ctx):
+    from dlprim_py.bench import EXTRA_SUITES
+    from dlprim_py.bench import optim as optim_suite
+    from dlprim_py.bench.harness import Bench, Measurement, measure
+    from dlprim_py.bench.torch_baseline import make
+    assert "optim" in EXTRA_SUITES
+    baseline, reference, _ = make(ctx)
+    bench = Bench(ctx, quick=True, batch=1, torch=baseline,
+                  measurement=Measurement(warmup=1, repeat=3, min_repeat=2, budget_s=0.05))
+    bench.reference = reference
+    specs = optim_suite.cases(bench)
+    assert [s.name for s in specs] == ["sgd momentum step", "adamw step"]
+    for spec in specs:
+        row = measure(bench, spec)
+        assert row.ok, f"{spec.name}: {row.status}"
+        assert row.error <= row.tolerance and row.median_ms > 0
+        assert row.torch_median_ms is not None
+    assert len(optim_suite.resnet18_shapes()) == 62
+    assert sum(math.prod(s) for s in optim_suite.resnet18_shapes()) == 11689512
