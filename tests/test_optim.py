@@ -468,3 +468,92 @@ def test_optim_bench_suite_checks_and_times_both_sides(ctx):
         assert row.torch_median_ms is not None
     assert len(optim_suite.resnet18_shapes()) == 62
     assert sum(math.prod(s) for s in optim_suite.resnet18_shapes()) == 11689512
+
+
+@pytest.mark.parametrize("name,options", [("SGD", dict(lr=0.1, momentum=0.9)),
+                                          ("Adam", dict(lr=0.01, amsgrad=True)),
+                                          ("AdamW", dict(lr=0.01))])
+def test_views_at_offsets_and_empty_parameters(ctx, rng, name, options):
+    """Parameters and gradients that are views into shared buffers at element offsets, and
+    an empty parameter (state, no launch slot), as torch."""
+    weights = _weights(rng)
+    flat = np.concatenate([np.zeros(3, np.float32)] + [w.ravel() for w in weights])
+    flat_grad = np.zeros(flat.size + 5, np.float32)
+    store = dp.Tensor.from_numpy(ctx, flat)
+    ours, offset = [], 3
+    for w in weights:
+        ours.append(dp.Tensor(ctx, store.buffer, w.shape, offset=offset * 4, requires_grad=True))
+        offset += w.size
+    ours.append(dp.Tensor.from_numpy(ctx, np.zeros((0, 3), np.float32), requires_grad=True))
+    theirs = [torch.tensor(w, requires_grad=True) for w in weights]
+    theirs.append(torch.zeros((0, 3), requires_grad=True))
+    mine = getattr(optim, name)(ours, **options)
+    reference = getattr(torch.optim, name)(theirs, **options)
+    for _ in range(3):
+        grads = [rng.uniform(-1, 1, w.shape).astype(np.float32) for w in weights]
+        offset = 5
+        for g in grads:
+            flat_grad[offset:offset + g.size] = g.ravel()
+            offset += g.size
+        grad_store = dp.Tensor.from_numpy(ctx, flat_grad)
+        offset = 5
+        for p, t, g in zip(ours, theirs, grads):
+            p.grad = dp.Tensor(ctx, grad_store.buffer, g.shape, offset=offset * 4)
+            t.grad = torch.tensor(g)
+            offset += g.size
+        ours[-1].grad = dp.Tensor.zeros(ctx, (0, 3))
+        theirs[-1].grad = torch.zeros((0, 3))
+        mine.step()
+        reference.step()
+    _compare(ours[:-1], theirs[:-1])
+    np.testing.assert_array_equal(store.numpy()[:3], 0)
+    if name != "SGD":
+        assert mine.state[ours[-1]]["step"] == 3.0
+        assert mine.state_dict()["state"][len(weights)]["exp_avg"].shape == (0, 3)
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_other_slot_counts_and_long_indices(ctx, rng, monkeypatch, slots):
+    """A device with room for fewer slots per launch, and 64-bit counts and offsets."""
+    from dlprim_py.optim import fused
+    monkeypatch.setattr(fused, "slot_count", lambda ctx, *a, **k: slots)
+    monkeypatch.setattr(fused, "index_type", lambda tensors: ("long", np.int64))
+    for name, options in [("SGD", dict(lr=0.1, momentum=0.9, nesterov=True)),
+                          ("AdamW", dict(lr=0.01, amsgrad=True))]:
+        ours, theirs = _pair(ctx, _weights(rng))
+        mine = getattr(optim, name)(ours, **options)
+        reference = getattr(torch.optim, name)(theirs, **options)
+        for _ in range(3):
+            _set_grads(ctx, rng, ours, theirs, skip=(1,))
+            mine.step()
+            reference.step()
+        _compare(ours, theirs)
+    total = dp.nn.utils.clip_grad_norm_(ours, 0.5)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, 0.5)
+    assert math.isclose(float(total.numpy()), expected.item(), rel_tol=1e-5)
+    for p, t in zip(ours, theirs):
+        if t.grad is not None:
+            assert_close(p.grad.numpy(), t.grad.numpy().astype(np.float64))
+
+
+def test_repeated_step_sets_only_what_changed(ctx, rng, monkeypatch):
+    """Two groups, each with kernel objects of its own: a step on the same gradients with the
+    same options sets no kernel argument; a new lr sets that argument alone, once per launch."""
+    from dlprim_py import launch
+    ours, theirs = _pair(ctx, _weights(rng))
+    opt = optim.SGD([{"params": ours[:9]}, {"params": ours[9:], "lr": 0.5}], lr=0.1,
+                    momentum=0.9)
+    _set_grads(ctx, rng, ours, theirs)
+    opt.step()
+    opt.step()   # the first-step mask changes once
+    calls = []
+    real = launch.set_argument
+    monkeypatch.setattr(launch, "set_argument",
+                        lambda kernel, index, value: (calls.append(index), real(kernel, index, value)))
+    opt.step()
+    assert calls == []
+    opt.param_groups[0]["lr"] = 0.05
+    opt.step()
+    slots = optim.fused.slot_count(ctx, optim.fused.slot_bytes(3, 0, 4))
+    assert calls == [0] * math.ceil(9 / slots)   # lr is argument 0 of each of group 0's launches
+    ctx.synchronize()

@@ -65,6 +65,12 @@ class Adam(Optimizer):
                 state["max_exp_avg_sq"] = Tensor.zeros(ctx, p.shape)
             state["step"] = float(state["step"]) + 1.0
             states.append(state)
+        # Empty parameters have state and a step count (as in torch) but take no slot.
+        live = [i for i, p in enumerate(params) if p.size]
+        if not live:
+            return
+        params = [params[i] for i in live]
+        states = [states[i] for i in live]
         tensors = [t for p in params for t in (p, p.grad)]
         tensors += [s[n] for s in states for n in ("exp_avg", "exp_avg_sq")]
         if amsgrad:
@@ -100,7 +106,8 @@ class Adam(Optimizer):
                     args += [vmax.buffer, index(vmax.offset_elements)]
                 slot_args.append(args)
             elements = max(params[i].size for i in chunk)
-            fused.run(ctx, "adam_step", params_key, position, head, slots, slot_args, elements)
+            fused.run(ctx, "adam_step", params_key, position, head, slots, slot_args, elements,
+                      owner=self._kernel_owner(group))
 
 
 class AdamW(Adam):

@@ -7,8 +7,9 @@ cut into chunks of ``slots``; each chunk is one launch. The slot count is the la
 ``MAX_SLOTS``, whose arguments fit the device's ``CL_DEVICE_MAX_PARAMETER_SIZE`` (1024 bytes at
 least on every full-profile device, which holds 8 slots of Adam with amsgrad).
 
-Each chunk position has a kernel object of its own, made once and kept in the context's plan
-cache under (kernel, template parameters, chunk position): the arguments of a repeated step are
+Each chunk position has a kernel object of its own, made once and kept by the optimizer (per
+parameter group) or in the context's plan cache (clipping) under (kernel, template parameters,
+chunk position): the arguments of a repeated step are
 set only where they changed (a new gradient buffer, a new learning rate), and a repeated step
 renders no template, builds no program and creates no kernel object. Plans (``run_planned``) do
 not fit here: they replay their scalar arguments as recorded, while a learning rate or a bias
@@ -61,10 +62,21 @@ def groups_for(ctx, elements, group):
     return max(1, min(-(-elements // group), ctx.info.compute_units * (4 if ctx.info.is_cpu else 16)))
 
 
-def bound_kernel(ctx, name, params, position):
+def bound_kernel(ctx, name, params, position, owner=None):
     """The kernel object of chunk ``position`` for kernel ``name`` of ``optim.cl.mako`` with
-    ``params`` (a tuple of (name, value) pairs): made once per context."""
+    ``params`` (a tuple of (name, value) pairs): made once per context, or once per ``owner``
+    (a tuple (dict, key) where a caller keeps kernel objects of its own: an optimizer, one set
+    per parameter group, so that two groups do not set each other's arguments on every
+    step)."""
     key = ("optim-kernel", name, params, position)
+    if owner is not None:
+        kernels, prefix = owner
+        key = (prefix, key)
+        kernel = kernels.get(key)
+        if kernel is None:
+            built = program.build(ctx, "optim", {**_TEMPLATE_DEFAULTS, **dict(params)})
+            kernel = kernels[key] = BoundKernel(program.new_kernel(built.program, name))
+        return kernel
     kernel = ctx.plans.get(key)
     if kernel is None:
         # Every template parameter is given (Mako's strict names): the ones a kernel does not
@@ -74,13 +86,14 @@ def bound_kernel(ctx, name, params, position):
     return kernel
 
 
-def run(ctx, name, params, position, head, slots, slot_args, elements, group=None):
+def run(ctx, name, params, position, head, slots, slot_args, elements, group=None, owner=None):
     """Launch kernel ``name`` for one chunk: ``head`` (the arguments before the slots),
     ``slot_args`` (per used slot, its arguments), padded to ``slots`` with unused slots whose
-    count is 0 and whose buffers are slot 0's; ``elements`` the largest slot's elements."""
+    count is 0 and whose buffers are slot 0's; ``elements`` the largest slot's elements;
+    ``owner`` as for ``bound_kernel``."""
     if ctx.thread != get_ident():
         ctx.check_thread()
-    kernel = bound_kernel(ctx, name, params, position)
+    kernel = bound_kernel(ctx, name, params, position, owner)
     args = list(head)
     first = slot_args[0]
     for k in range(slots):

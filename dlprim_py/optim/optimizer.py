@@ -184,14 +184,19 @@ class Optimizer:
                                      f"of shape {p.shape}")
                 if g.dtype != np.float32:
                     raise DTypeError(f"{self.name}: gradient is {g.dtype}, expected float32")
-                if p.size:
-                    with_grad.append(p)
+                with_grad.append(p)
             if with_grad:
                 self._step_group(group, with_grad)
         return loss
 
     def _step_group(self, group, params):
         raise NotImplementedError
+
+    def _kernel_owner(self, group):
+        """Where this group's kernel objects live (``dlprim_py.optim.fused.bound_kernel``): one
+        set per group, so that groups do not reset each other's arguments on every step."""
+        kernels = self.__dict__.setdefault("_kernels", {})
+        return kernels, id(group["params"])
 
     # ---- state ----------------------------------------------------------------------------
 

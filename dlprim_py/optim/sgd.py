@@ -57,6 +57,13 @@ class SGD(Optimizer):
             if buf is None:
                 buf = state["momentum_buffer"] = Tensor.empty(ctx, p.shape)
             buffers.append(buf)
+        # Empty parameters have state (as in torch) but take no slot.
+        live = [i for i, p in enumerate(params) if p.size]
+        if not live:
+            return
+        params = [params[i] for i in live]
+        fresh = [fresh[i] for i in live]
+        buffers = [buffers[i] for i in live]
         index_t, index = fused.index_type([t for p in params for t in (p, p.grad)] + buffers)
         ibytes = np.dtype(index).itemsize
         slots = fused.slot_count(ctx, fused.slot_bytes(3 if with_momentum else 2, 0, ibytes))
@@ -82,4 +89,5 @@ class SGD(Optimizer):
                 slot_args.append(args)
             elements = max(params[i].size for i in chunk)
             fused.run(ctx, "sgd_step", params_key, position, head_common + (np.uint32(mask),),
-                      slots, slot_args, elements)
+                      slots, slot_args, elements,
+                      owner=self._kernel_owner(group))
