@@ -20,7 +20,8 @@
 ##     p -= lr * d
 ##
 ## adam_step(beta2, one_minus_beta1, one_minus_beta2, eps, decay_factor, weight_decay,
-##           per slot k: n_k, step_size_k, bc2_sqrt_k, p_k, p_off_k, g_k, g_off_k,
+##           [step_size, bc2_sqrt,]
+##           per slot k: n_k, [step_size_k, bc2_sqrt_k,] p_k, p_off_k, g_k, g_off_k,
 ##                       m_k, m_off_k, v_k, v_off_k [, vmax_k, vmax_off_k])
 ##   torch.optim.Adam / AdamW (torch's _single_tensor_adam, in float32):
 ##     d = maximize ? -g : g
@@ -32,7 +33,9 @@
 ##   1 - beta1, 1 - beta2, 1 - dampening and decay_factor are computed in double on the host, as
 ##   torch computes these scalars before they meet a float32 tensor.
 ##   step_size_k = lr / (1 - beta1^step) and bc2_sqrt_k = sqrt(1 - beta2^step) are computed in
-##   double on the host from slot k's own step count.
+##   double on the host from slot k's own step count; where every slot of a launch has the same
+##   count (the usual case) they are passed once, before the slots (per_slot = 0), so that a
+##   step sets two scalar arguments per launch rather than two per slot.
 ##
 ## norm_partial(partials, base, power, per slot k: n_k, g_k, g_off_k)
 ##   Work group w writes partials[base + w]: the sum over its share of every slot's elements of
@@ -49,7 +52,8 @@
 ##   slots       tensors per launch
 ##   index_t     "int" when every count and offset fits in 31 bits, else "long"
 ##   sgd:  decay, momentum, nesterov, maximize (0/1)
-##   adam: decay (0: none, 1: added to the gradient, 2: decoupled), amsgrad, maximize (0/1)
+##   adam: decay (0: none, 1: added to the gradient, 2: decoupled), amsgrad, maximize (0/1),
+##         per_slot (1: bias corrections per slot, 0: one pair for the launch)
 ##   norm: norm ("2", "1", "inf", "p"), group (work-group size, a power of two)
 <%
     K = range(slots)
@@ -97,10 +101,20 @@ __kernel void sgd_step(float lr, float weight_decay, float momentum, float one_m
 % endfor
 }
 % elif kernel == "adam":
+<%
+    step_size = (lambda k: f"step_size{k}") if per_slot else (lambda k: "step_size")
+    bc2_sqrt = (lambda k: f"bc2_sqrt{k}") if per_slot else (lambda k: "bc2_sqrt")
+%>
 __kernel void adam_step(float beta2, float one_minus_beta1, float one_minus_beta2, float eps,
                         float decay_factor, float weight_decay
+% if not per_slot:
+                        , float step_size, float bc2_sqrt
+% endif
 % for k in K:
-                        , ${index_t} n${k}, float step_size${k}, float bc2_sqrt${k}
+                        , ${index_t} n${k}
+    % if per_slot:
+                        , float step_size${k}, float bc2_sqrt${k}
+    % endif
                         , __global float* p${k}, ${index_t} p_off${k}
                         , __global const float* g${k}, ${index_t} g_off${k}
                         , __global float* m${k}, ${index_t} m_off${k}
@@ -139,8 +153,8 @@ __kernel void adam_step(float beta2, float one_minus_beta1, float one_minus_beta
         v = fmax(vmax${k}[vmax_off${k} + i], v);
         vmax${k}[vmax_off${k} + i] = v;
     % endif
-        const float denom = sqrt(v) / bc2_sqrt${k} + eps;
-        p${k}[p_off${k} + i] = w + (-step_size${k}) * (m / denom);
+        const float denom = sqrt(v) / ${bc2_sqrt(k)} + eps;
+        p${k}[p_off${k} + i] = w + (-${step_size(k)}) * (m / denom);
     }
 % endfor
 }

@@ -557,3 +557,28 @@ def test_repeated_step_sets_only_what_changed(ctx, rng, monkeypatch):
     slots = optim.fused.slot_count(ctx, optim.fused.slot_bytes(3, 0, 4))
     assert calls == [0] * math.ceil(9 / slots)   # lr is argument 0 of each of group 0's launches
     ctx.synchronize()
+
+
+def test_adam_step_sets_its_bias_corrections_once_per_launch(ctx, rng, monkeypatch):
+    """Parameters at one step count share one pair of bias-correction arguments per launch;
+    a parameter skipped once (another count) moves its launch to per-slot corrections."""
+    from dlprim_py import launch
+    ours, theirs = _pair(ctx, _weights(rng))
+    opt, reference = optim.Adam(ours, lr=0.01), torch.optim.Adam(theirs, lr=0.01)
+    _set_grads(ctx, rng, ours, theirs)
+    opt.step()
+    reference.step()
+    calls = []
+    real = launch.set_argument
+    monkeypatch.setattr(launch, "set_argument",
+                        lambda kernel, index, value: (calls.append(index), real(kernel, index, value)))
+    opt.step()
+    reference.step()
+    slots = optim.fused.slot_count(ctx, optim.fused.slot_bytes(4, 2, 4))
+    assert calls == [6, 7] * math.ceil(len(SHAPES) / slots)
+    monkeypatch.setattr(launch, "set_argument", real)
+    for skip in [(1,), ()]:
+        _set_grads(ctx, rng, ours, theirs, skip=skip)
+        opt.step()
+        reference.step()
+    _compare(ours, theirs)

@@ -13,7 +13,8 @@ parameters has count 0.
 What changes from step to step is a scalar kernel argument: the learning rate (which a
 scheduler writes into ``param_groups``), momentum and betas (OneCycleLR cycles them), and per
 slot Adam's step size lr / (1 - beta1^t) and sqrt(1 - beta2^t) from the parameter's own step
-count t; SGD's first-step momentum buffers are a bit mask argument. The template parameters are
+count t (passed once per launch where all its parameters share t, the usual case); SGD's
+first-step momentum buffers are a bit mask argument. The template parameters are
 only the slot count, the index type and the code paths (weight decay or not, momentum,
 nesterov, amsgrad, maximize, decoupled decay). Every chunk position keeps a kernel object of
 its own (``dlprim_py.optim.fused``), whose arguments are set only where they changed, so a

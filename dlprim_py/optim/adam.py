@@ -79,34 +79,43 @@ class Adam(Optimizer):
         ibytes = np.dtype(index).itemsize
         slots = fused.slot_count(ctx, fused.slot_bytes(5 if amsgrad else 4, 2, ibytes))
         mode = 0 if decay == 0 else 2 if group.get("decoupled_weight_decay") else 1
-        params_key = (("kernel", "adam"), ("slots", slots), ("index_t", index_t),
-                      ("decay", mode), ("amsgrad", int(amsgrad)),
-                      ("maximize", int(bool(group["maximize"]))))
         head = (np.float32(beta2), np.float32(1 - beta1), np.float32(1 - beta2),
-                np.float32(group["eps"]),
-                np.float32(1.0 - lr * decay), np.float32(decay))
+                np.float32(group["eps"]), np.float32(1.0 - lr * decay), np.float32(decay))
+        corrections = {}
         for position, start in enumerate(range(0, len(params), slots)):
             chunk = range(start, min(start + slots, len(params)))
-            slot_args = []
+            scalars = []
             for i in chunk:
+                # float32 step counts, as torch keeps them, then double arithmetic.
+                step = float(np.float32(states[i]["step"]))
+                pair = corrections.get(step)
+                if pair is None:
+                    bias_correction1 = 1 - beta1 ** step
+                    bias_correction2 = 1 - beta2 ** step
+                    pair = corrections[step] = (np.float32(lr / bias_correction1),
+                                                np.float32(math.sqrt(bias_correction2)))
+                scalars.append(pair)
+            # One pair for the launch where every slot has the same step count.
+            per_slot = any(pair is not scalars[0] for pair in scalars)
+            slot_args = []
+            for i, pair in zip(chunk, scalars):
                 p, g, state = params[i], params[i].grad, states[i]
-                step = state["step"]
-                # float32 steps, as torch keeps its step count, then double arithmetic.
-                step = float(np.float32(step))
-                bias_correction1 = 1 - beta1 ** step
-                bias_correction2 = 1 - beta2 ** step
-                step_size = lr / bias_correction1
                 m, v = state["exp_avg"], state["exp_avg_sq"]
-                args = [index(p.size), np.float32(step_size),
-                        np.float32(math.sqrt(bias_correction2)),
-                        p.buffer, index(p.offset_elements), g.buffer, index(g.offset_elements),
-                        m.buffer, index(m.offset_elements), v.buffer, index(v.offset_elements)]
+                args = [index(p.size)]
+                if per_slot:
+                    args += pair
+                args += [p.buffer, index(p.offset_elements), g.buffer, index(g.offset_elements),
+                         m.buffer, index(m.offset_elements), v.buffer, index(v.offset_elements)]
                 if amsgrad:
                     vmax = state["max_exp_avg_sq"]
                     args += [vmax.buffer, index(vmax.offset_elements)]
                 slot_args.append(args)
+            params_key = (("kernel", "adam"), ("slots", slots), ("index_t", index_t),
+                          ("decay", mode), ("amsgrad", int(amsgrad)),
+                          ("maximize", int(bool(group["maximize"]))), ("per_slot", int(per_slot)))
             elements = max(params[i].size for i in chunk)
-            fused.run(ctx, "adam_step", params_key, position, head, slots, slot_args, elements,
+            fused.run(ctx, "adam_step", params_key, position,
+                      head if per_slot else head + scalars[0], slots, slot_args, elements,
                       owner=self._kernel_owner(group))
 
 

@@ -24,8 +24,8 @@ from ..launch import BoundKernel, enqueue_bound
 from ..ops.pointwise import launch_size
 
 MAX_SLOTS = 8
-_TEMPLATE_DEFAULTS = dict(decay=0, momentum=0, nesterov=0, maximize=0, amsgrad=0, norm="2",
-                          group=1)
+_TEMPLATE_DEFAULTS = dict(decay=0, momentum=0, nesterov=0, maximize=0, amsgrad=0, per_slot=0,
+                          norm="2", group=1)
 _POINTER = 8
 
 
