@@ -582,3 +582,81 @@ def test_adam_step_sets_its_bias_corrections_once_per_launch(ctx, rng, monkeypat
         opt.step()
         reference.step()
     _compare(ours, theirs)
+
+
+@pytest.mark.parametrize("setup", ["sgd_step_lr", "adamw_one_cycle_clip"])
+def test_training_loop_follows_torch(ctx, rng, setup):
+    """A two-layer classifier trained 30 steps with dp.functional, an optimizer, a scheduler
+    and clipping: losses and weights stay within float32 drift of torch's run."""
+    import torch.nn.functional as TF
+    F = dp.functional
+    shapes = [(32, 10), (32,), (4, 32), (4,)]
+    weights = [rng.uniform(-0.3, 0.3, s).astype(np.float32) for s in shapes]
+    x = rng.standard_normal((64, 10)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64) + 2 * (x[:, 1] > 0)
+    ours, theirs = _pair(ctx, weights)
+    xd, yd = dp.Tensor.from_numpy(ctx, x), dp.Tensor.from_numpy(ctx, y)
+    xt, yt = torch.tensor(x), torch.tensor(y)
+    if setup == "sgd_step_lr":
+        mine = optim.SGD(ours, lr=0.2, momentum=0.9, weight_decay=1e-3)
+        reference = torch.optim.SGD(theirs, lr=0.2, momentum=0.9, weight_decay=1e-3)
+        sched = lr_scheduler.StepLR(mine, 10, 0.5)
+        ref_sched = torch.optim.lr_scheduler.StepLR(reference, 10, 0.5)
+        clip = None
+    else:
+        mine = optim.AdamW(ours, lr=0.01)
+        reference = torch.optim.AdamW(theirs, lr=0.01)
+        sched = lr_scheduler.OneCycleLR(mine, max_lr=0.05, total_steps=30)
+        ref_sched = torch.optim.lr_scheduler.OneCycleLR(reference, max_lr=0.05, total_steps=30)
+        clip = 0.5
+    for step in range(30):
+        mine.zero_grad()
+        reference.zero_grad()
+        w1, b1, w2, b2 = ours
+        loss = F.cross_entropy(F.linear(F.relu(F.linear(xd, w1, b1)), w2, b2), yd)
+        loss.backward()
+        t1, c1, t2, c2 = theirs
+        ref_loss = TF.cross_entropy(TF.linear(TF.relu(TF.linear(xt, t1, c1)), t2, c2), yt)
+        ref_loss.backward()
+        assert math.isclose(float(loss.numpy()), ref_loss.item(), rel_tol=1e-4), step
+        if clip is not None:
+            total = dp.nn.utils.clip_grad_norm_(ours, clip)
+            ref_total = torch.nn.utils.clip_grad_norm_(theirs, clip)
+            assert math.isclose(float(total.numpy()), ref_total.item(), rel_tol=1e-4), step
+        mine.step()
+        reference.step()
+        sched.step()
+        ref_sched.step()
+    for p, t in zip(ours, theirs):
+        assert_close(p.numpy(), t.detach().numpy().astype(np.float64), tol=1e-4)
+    assert float(loss.numpy()) < 0.5 * math.log(4)
+
+
+def test_scheduler_epoch_argument_and_limits(ctx, rng):
+    """step(epoch) takes the closed form (with torch's deprecation warning); OneCycleLR past
+    its total steps raises a ValueError as torch does."""
+    ours, theirs = _pair(ctx, _weights(rng, [(3,)]))
+    mine, reference = optim.SGD(ours, lr=0.1), torch.optim.SGD(theirs, lr=0.1)
+    for make in (lambda m, o: m.StepLR(o, 3, 0.5), lambda m, o: m.CosineAnnealingLR(o, 7, 0.01)):
+        a, b = make(lr_scheduler, mine), make(torch.optim.lr_scheduler, reference)
+        for epoch in (4, 9, 2, 20):
+            with pytest.warns(UserWarning):
+                a.step(epoch)
+            with pytest.warns(UserWarning):
+                b.step(epoch)
+            assert a.get_last_lr() == pytest.approx(b.get_last_lr(), rel=1e-12)
+    opt = optim.SGD(ours, lr=0.1, momentum=0.9)
+    sched = lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=3)
+    for _ in range(2):
+        sched.step()
+    sched.step()   # the last step lands on total_steps
+    with pytest.raises(dp.ShapeError, match="total steps"):
+        sched.step()
+    with pytest.raises(dp.ShapeError, match="total_steps"):
+        lr_scheduler.OneCycleLR(opt, max_lr=0.1)
+    with pytest.raises(dp.ShapeError, match="anneal_strategy"):
+        lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=5, anneal_strategy="exp")
+    with pytest.raises(dp.ShapeError, match="momentum or betas"):
+        class Plain(optim.Optimizer):
+            pass
+        lr_scheduler.OneCycleLR(Plain(ours, dict(lr=0.1)), max_lr=0.1, total_steps=5)
