@@ -59,7 +59,8 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("name,options", CONFIGS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CONFIGS)])
+@pytest.mark.parametrize("name,options", CONFIGS,
+                         ids=[f"{n}-{i}" for i, (n, _) in enumerate(CONFIGS)])
 def test_optimizer_matches_torch(ctx, rng, name, options):
     ours, theirs = _pair(ctx, _weights(rng))
     mine = getattr(optim, name)(ours, **options)
@@ -548,8 +549,8 @@ def test_repeated_step_sets_only_what_changed(ctx, rng, monkeypatch):
     opt.step()   # the first-step mask changes once
     calls = []
     real = launch.set_argument
-    monkeypatch.setattr(launch, "set_argument",
-                        lambda kernel, index, value: (calls.append(index), real(kernel, index, value)))
+    monkeypatch.setattr(launch, "set_argument", lambda kernel, index, value: (
+        calls.append(index), real(kernel, index, value)))
     opt.step()
     assert calls == []
     opt.param_groups[0]["lr"] = 0.05
@@ -570,8 +571,8 @@ def test_adam_step_sets_its_bias_corrections_once_per_launch(ctx, rng, monkeypat
     reference.step()
     calls = []
     real = launch.set_argument
-    monkeypatch.setattr(launch, "set_argument",
-                        lambda kernel, index, value: (calls.append(index), real(kernel, index, value)))
+    monkeypatch.setattr(launch, "set_argument", lambda kernel, index, value: (
+        calls.append(index), real(kernel, index, value)))
     opt.step()
     reference.step()
     slots = optim.fused.slot_count(ctx, optim.fused.slot_bytes(4, 2, 4))

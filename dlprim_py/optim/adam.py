@@ -12,7 +12,8 @@ from .optimizer import Optimizer, check_number
 
 class Adam(Optimizer):
     """Adam with torch's semantics (``weight_decay`` added to the gradient; AdamW, or
-    ``decoupled_weight_decay=True``, decouples it), per parameter and step t (the parameter's own count of steps with a gradient):
+    ``decoupled_weight_decay=True``, decouples it), per parameter and step t (the parameter's
+    own count of steps with a gradient):
 
         d = -g if maximize else g;  d += weight_decay * p          (Adam)
         p *= 1 - lr * weight_decay                                 (AdamW)

@@ -59,7 +59,8 @@ def index_type(tensors):
 def groups_for(ctx, elements, group):
     """Work groups of a reducing launch (norm_partial) over a chunk whose largest slot has
     ``elements``."""
-    return max(1, min(-(-elements // group), ctx.info.compute_units * (4 if ctx.info.is_cpu else 16)))
+    per_unit = 4 if ctx.info.is_cpu else 16
+    return max(1, min(-(-elements // group), ctx.info.compute_units * per_unit))
 
 
 def bound_kernel(ctx, name, params, position, owner=None):

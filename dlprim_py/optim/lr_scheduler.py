@@ -107,7 +107,8 @@ class CosineAnnealingLR(LRScheduler):
                     * (1 + math.cos(self.last_epoch * math.pi / self.T_max)) / 2
                     for base_lr in self.base_lrs]
         if (self.last_epoch - 1 - self.T_max) % (2 * self.T_max) == 0:
-            return [group["lr"] + (base_lr - self.eta_min) * (1 - math.cos(math.pi / self.T_max)) / 2
+            return [group["lr"]
+                    + (base_lr - self.eta_min) * (1 - math.cos(math.pi / self.T_max)) / 2
                     for base_lr, group in zip(self.base_lrs, groups)]
         return [(1 + math.cos(math.pi * self.last_epoch / self.T_max))
                 / (1 + math.cos(math.pi * (self.last_epoch - 1) / self.T_max))
@@ -143,7 +144,8 @@ class OneCycleLR(LRScheduler):
                              f"optimizer")
         self.optimizer = optimizer
         if total_steps is not None:
-            if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0:
+            if (isinstance(total_steps, bool) or not isinstance(total_steps, int)
+                    or total_steps <= 0):
                 raise ShapeError(f"OneCycleLR: expected a positive integer total_steps, got "
                                  f"{total_steps!r}")
             self.total_steps = total_steps

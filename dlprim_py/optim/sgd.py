@@ -1,9 +1,10 @@
 """torch.optim.SGD: one fused launch per chunk of parameters (see ``dlprim_py.optim``)."""
 import numpy as np
 
+from ..errors import ShapeError
 from ..tensor import Tensor
 from . import fused
-from .optimizer import Optimizer, check_number, required
+from .optimizer import Optimizer, check_number
 
 
 class SGD(Optimizer):
@@ -28,13 +29,11 @@ class SGD(Optimizer):
 
     def _check_group(self, group):
         what = self.name
-        if group["lr"] is not required:
-            check_number("learning rate", group["lr"], 0.0, what=what)
+        check_number("learning rate", group["lr"], 0.0, what=what)
         momentum = check_number("momentum", group["momentum"], 0.0, what=what)
         dampening = check_number("dampening", group["dampening"], what=what)
         check_number("weight_decay", group["weight_decay"], 0.0, what=what)
         if group["nesterov"] and (momentum <= 0 or dampening != 0):
-            from ..errors import ShapeError
             raise ShapeError(f"{what}: Nesterov momentum requires a momentum and zero dampening "
                              f"(got momentum={momentum}, dampening={dampening})")
 
