@@ -1,4 +1,5 @@
-"""torch.nn.utils's gradient clipping over dp.Tensor parameters (``dp.nn.utils``).
+"""torch.nn.utils's gradient clipping over dp.Tensor parameters (``dp.nn.utils``):
+``clip_grad_norm_`` and ``clip_grad_value_``.
 
 ``clip_grad_norm_`` is fused as the optimizers' updates are (``dlprim_py.optim.fused``): one
 launch per chunk of up to 8 gradients writes each work group's partial (sum of |g|^p, or max
@@ -121,6 +122,28 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         fused.run(ctx, "scale_grads", scale, position, (result.buffer,), slots, slot_args,
                   max(g.size for g in chunk))
     return total
+
+
+def clip_grad_value_(parameters, clip_value, foreach=None):
+    """torch.nn.utils.clip_grad_value_: clamp the gradients of ``parameters`` (a Tensor or an
+    iterable of them; those without a .grad are skipped) in place to [-clip_value, clip_value],
+    one launch per 8 gradients; NaN stays NaN. Returns None."""
+    what = "clip_grad_value_"
+    if isinstance(clip_value, bool) or not isinstance(clip_value, (int, float, np.integer,
+                                                                   np.floating)):
+        raise ShapeError(f"{what}: clip_value must be a number, got {clip_value!r}")
+    clip_value = float(clip_value)
+    grads, ctx = _grads(parameters, what)
+    grads = [g for g in grads if g.size]
+    if not grads:
+        return None
+    index_t, index, slots, chunks = _chunks(ctx, grads, 1)
+    params = (("kernel", "clamp"), ("slots", slots), ("index_t", index_t))
+    for position, chunk in enumerate(chunks):
+        slot_args = [[index(g.size), g.buffer, index(g.offset_elements)] for g in chunk]
+        fused.run(ctx, "clamp_grads", params, position, (np.float32(clip_value),), slots,
+                  slot_args, max(g.size for g in chunk))
+    return None
 
 
 def _scalar_view(result):

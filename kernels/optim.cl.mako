@@ -46,9 +46,11 @@
 ##   clamp leaves it).
 ## scale_grads(result, per slot k: n_k, g_k, g_off_k)
 ##   g *= result[1].
+## clamp_grads(limit, per slot k: n_k, g_k, g_off_k)
+##   g = min(max(g, -limit), limit), NaN kept (torch's clamp).
 ##
 ## Template parameters:
-##   kernel      "sgd", "adam", "norm", "scale"
+##   kernel      "sgd", "adam", "norm", "scale", "clamp"
 ##   slots       tensors per launch
 ##   index_t     "int" when every count and offset fits in 31 bits, else "long"
 ##   sgd:  decay, momentum, nesterov, maximize (0/1)
@@ -246,6 +248,21 @@ __kernel void scale_grads(__global const float* result
 % for k in K:
     for (${index_t} i = get_global_id(0); i < n${k}; i += step)
         g${k}[g_off${k} + i] *= coef;
+% endfor
+}
+% elif kernel == "clamp":
+__kernel void clamp_grads(float limit
+% for k in K:
+                          , ${index_t} n${k}, __global float* g${k}, ${index_t} g_off${k}
+% endfor
+                          )
+{
+    const ${index_t} step = get_global_size(0);
+% for k in K:
+    for (${index_t} i = get_global_id(0); i < n${k}; i += step) {
+        const float x = g${k}[g_off${k} + i];
+        g${k}[g_off${k} + i] = x < -limit ? -limit : (x > limit ? limit : x);
+    }
 % endfor
 }
 % endif

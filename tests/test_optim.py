@@ -661,3 +661,25 @@ def test_scheduler_epoch_argument_and_limits(ctx, rng):
         class Plain(optim.Optimizer):
             pass
         lr_scheduler.OneCycleLR(Plain(ours, dict(lr=0.1)), max_lr=0.1, total_steps=5)
+
+
+def test_clip_grad_value_matches_torch(ctx, rng):
+    ours, theirs = _pair(ctx, _weights(rng))
+    _set_grads(ctx, rng, ours, theirs, skip=(2,))
+    g = ours[0].grad.numpy()
+    g[0, 0] = np.nan
+    ours[0].grad = dp.Tensor.from_numpy(ctx, g)
+    theirs[0].grad = torch.tensor(g)
+    assert dp.nn.utils.clip_grad_value_(ours, 0.3) is None
+    torch.nn.utils.clip_grad_value_(theirs, 0.3)
+    for p, t in zip(ours, theirs):
+        if t.grad is None:
+            assert p.grad is None
+        else:
+            np.testing.assert_array_equal(p.grad.numpy(), t.grad.numpy())
+    with pytest.raises(dp.ShapeError, match="clip_value"):
+        dp.nn.utils.clip_grad_value_(ours, "big")
+    before = _counts()
+    dp.nn.utils.clip_grad_value_(ours, 0.2)
+    ctx.synchronize()
+    assert _counts() == before
