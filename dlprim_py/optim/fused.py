@@ -5,7 +5,8 @@ of slots, each a tensor given by its element count, buffer and element offset (p
 other buffers and scalars: gradient, optimizer state, bias corrections). A list of tensors is
 cut into chunks of ``slots``; each chunk is one launch. The slot count is the largest, up to
 ``MAX_SLOTS``, whose arguments fit the device's ``CL_DEVICE_MAX_PARAMETER_SIZE`` (1024 bytes at
-least on every full-profile device, which holds 8 slots of Adam with amsgrad).
+least on every full-profile device, which holds 8 slots of Adam with amsgrad: 96 bytes each,
+counted with padding).
 
 Each chunk position has a kernel object of its own, made once and kept by the optimizer (per
 parameter group) or in the context's plan cache (clipping) under (kernel, template parameters,
@@ -29,7 +30,7 @@ _TEMPLATE_DEFAULTS = dict(decay=0, momentum=0, nesterov=0, maximize=0, amsgrad=0
 _POINTER = 8
 
 
-def slot_count(ctx, slot_bytes, head_bytes=32):
+def slot_count(ctx, slot_bytes, head_bytes=64):
     """The slots per launch for kernels whose slot takes ``slot_bytes`` of arguments."""
     cached = ctx.plans.get(("optim-slots", slot_bytes, head_bytes))
     if cached is not None:
@@ -41,8 +42,9 @@ def slot_count(ctx, slot_bytes, head_bytes=32):
 
 def slot_bytes(buffers, scalars, index_bytes):
     """Argument bytes of one slot: ``buffers`` pointers with an offset each, ``scalars`` 4-byte
-    scalars and the count."""
-    return buffers * (_POINTER + index_bytes) + scalars * 4 + index_bytes
+    scalars and the count; every offset and the count counted as 8 bytes, for the padding a
+    pointer after a 4-byte argument may take."""
+    return buffers * 2 * _POINTER + scalars * 4 + _POINTER
 
 
 def index_type(tensors):
