@@ -152,7 +152,9 @@ __kernel void adam_step(float beta2, float one_minus_beta1, float one_minus_beta
         m${k}[m_off${k} + i] = m;
         v${k}[v_off${k} + i] = v;
     % if amsgrad:
-        v = fmax(vmax${k}[vmax_off${k} + i], v);
+        // torch.maximum: a NaN in either wins (fmax would drop it).
+        const float held = vmax${k}[vmax_off${k} + i];
+        v = (isnan(held) || isnan(v)) ? NAN : fmax(held, v);
         vmax${k}[vmax_off${k} + i] = v;
     % endif
         const float denom = sqrt(v) / ${bc2_sqrt(k)} + eps;
