@@ -21,6 +21,7 @@ from .version import __version__
 from . import config  # noqa: E402
 from . import functional  # noqa: E402
 from . import fusion  # noqa: E402
+from . import optim  # noqa: E402
 from . import nn  # noqa: E402
 from . import models  # noqa: E402
 

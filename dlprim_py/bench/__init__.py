@@ -5,7 +5,8 @@ Suites: ``peak`` (FP32 multiply-add rate, copy bandwidth, launch cost), ``gemm``
 (ResNet-50, VGG-16 and MobileNetV2 layers; forward, backward-data, backward-filter), ``ops``
 (pooling, batch norm, activations, softmax, reductions) and ``fusion``; ``nets`` (whole
 ResNet-50 / MobileNetV2 inference and training steps) and ``dispatch`` (public calls as users
-make them, host microseconds per call in each row's params) only when named with --suite.
+make them, host microseconds per call in each row's params) and ``optim`` (one optimizer step
+on ResNet-18's parameters, fused update against torch.optim's) only when named with --suite.
 Every case is checked against a float64 reference before it is timed; times are the median
 (and 20th/80th percentiles) after a warm-up of OpenCL profiling-event times, or for ``nets``
 and ``dispatch`` of the wall clock with the device drained after each call; rates are compared
@@ -27,7 +28,8 @@ import time
 SUITES = ("peak", "gemm", "conv", "ops", "fusion")
 # Run only when named with --suite: whole networks (nets.py), inference and a training step;
 # public calls and host time per call (dispatch.py).
-EXTRA_SUITES = ("nets", "dispatch")
+# One optimizer step alone, fused update against torch.optim's (optim.py).
+EXTRA_SUITES = ("nets", "dispatch", "optim")
 
 
 def parse_args(argv=None):
