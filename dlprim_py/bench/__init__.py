@@ -4,13 +4,14 @@ I already have.
 Suites: ``peak`` (FP32 multiply-add rate, copy bandwidth, launch cost), ``gemm``, ``conv``
 (ResNet-50, VGG-16 and MobileNetV2 layers; forward, backward-data, backward-filter), ``ops``
 (pooling, batch norm, activations, softmax, reductions) and ``fusion``; ``nets`` (whole
-ResNet-50 / MobileNetV2 inference and training steps) and ``dispatch`` (public calls as users
-make them, host microseconds per call in each row's params) and ``optim`` (one optimizer step
-on ResNet-18's parameters, fused update against torch.optim's) only when named with --suite.
+ResNet-50 / MobileNetV2 inference and training steps), ``dispatch`` (public calls as users
+make them, host microseconds per call in each row's params), ``optim`` (one optimizer step on
+ResNet-18's parameters, fused update against torch.optim's) and ``train`` (dp.models training
+steps with dp.optim's SGD and AdamW) only when named with --suite.
 Every case is checked against a float64 reference before it is timed; times are the median
-(and 20th/80th percentiles) after a warm-up of OpenCL profiling-event times, or for ``nets``
-and ``dispatch`` of the wall clock with the device drained after each call; rates are compared
-with the measured device peak, and the same work in PyTorch (CUDA with TF32 off on NVIDIA,
+(and 20th/80th percentiles) after a warm-up of OpenCL profiling-event times, or for ``nets``,
+``dispatch`` and ``train`` of the wall clock with the device drained after each call; rates are
+compared with the measured device peak, and the same work in PyTorch (CUDA with TF32 off on NVIDIA,
 else CPU) is timed in the same run, the same way (``harness.Measurement.collect``: the same
 warm-up and repeats, more runs while they spread widely). A ratio to PyTorch ranks the two only
 where both sides' p80/p20 are within --max-spread: the others are shown in parentheses and the
@@ -27,9 +28,9 @@ import time
 
 SUITES = ("peak", "gemm", "conv", "ops", "fusion")
 # Run only when named with --suite: whole networks (nets.py), inference and a training step;
-# public calls and host time per call (dispatch.py).
-# One optimizer step alone, fused update against torch.optim's (optim.py).
-EXTRA_SUITES = ("nets", "dispatch", "optim")
+# public calls and host time per call (dispatch.py); one optimizer step alone, fused update
+# against torch.optim's (optim.py); dp.models training steps with dp.optim (train.py).
+EXTRA_SUITES = ("nets", "dispatch", "optim", "train")
 
 
 def parse_args(argv=None):
