@@ -89,7 +89,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     grads, ctx = _grads(parameters, what)
     grads = [g for g in grads if g.size]
     if not grads:
-        from .context import default_context
+        from ..context import default_context
         return Tensor.zeros(ctx or default_context(), ())
     index_t, index, slots, chunks = _chunks(ctx, grads, 1)
     per_chunk = [fused.groups_for(ctx, max(g.size for g in chunk), _GROUP) for chunk in chunks]
