@@ -174,8 +174,9 @@ class PlanCache:
     working set larger than the capacity). The order is kept in two generations rather than
     by moving an entry on every hit: a hit in the current generation is one dictionary probe
     (every repeated operator call makes one); a hit in the previous one moves the entry to the
-    current; when the current holds half the capacity it becomes the previous and the previous
-    is dropped. So an entry used once per capacity / 2 insertions is never dropped."""
+    current; storing a new plan when the current holds half the capacity (or both hold all of
+    it) makes the current the previous and drops the previous. So only new plans drop old
+    ones, and an entry used once per capacity / 2 new plans is never dropped."""
 
     def __init__(self, capacity=4096):
         if capacity < 2:
@@ -191,21 +192,24 @@ class PlanCache:
         if plan is None and self._previous:
             plan = self._previous.pop(key, None)
             if plan is not None:
-                self._insert(key, plan)
+                # Moved without a rotation: a hit never drops plans. Dropping one frees its
+                # kernel objects, whose PyOpenCL invokers are reference cycles, and a repeated
+                # call would leave them to the cycle collector.
+                self._current[key] = plan
         return plan
 
     def put(self, key, plan):
         """Store ``plan`` under ``key`` and return it."""
         self._previous.pop(key, None)
-        self._insert(key, plan)
-        return plan
-
-    def _insert(self, key, plan):
         current = self._current
-        if key not in current and len(current) >= self._half:
+        if key not in current and (len(current) >= self._half
+                                   or len(current) + len(self._previous) >= self.capacity):
             self._previous = current
             current = self._current = {}
+            if len(self._previous) >= self.capacity:   # hits moved everything into it
+                del self._previous[next(iter(self._previous))]
         current[key] = plan
+        return plan
 
     def clear(self):
         self._current.clear()

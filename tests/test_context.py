@@ -194,3 +194,20 @@ def test_plan_cache_is_bounded_and_keeps_what_is_used():
     assert len(cache) == 0 and cache.get(hot) is None
     with pytest.raises(ValueError):
         PlanCache(1)
+
+
+def test_plan_cache_hits_drop_nothing():
+    """Only storing a new plan drops old ones: a repeated call (all hits) frees no plan, so it
+    leaves no kernel object's reference cycles to the collector."""
+    from dlprim_py.context import PlanCache
+    cache = PlanCache(8)
+    for i in range(8):
+        cache.put(i, i)
+    held = len(cache)
+    for _ in range(3):
+        for i in range(8):
+            value = cache.get(i)
+            assert value is None or value == i
+    assert len(cache) == held
+    survivors = [i for i in range(8) if cache.get(i) is not None]
+    assert len(survivors) == held
