@@ -10,7 +10,7 @@ Every case is checked against a float64 reference before it is timed; times are 
 (and 20th/80th percentiles) after a warm-up of OpenCL profiling-event times, or for ``nets``
 and ``dispatch`` of the wall clock with the device drained after each call; rates are compared
 with the measured device peak, and the same work in PyTorch (CUDA with TF32 off on NVIDIA,
-else CPU) is timed in the same run, the same way.
+else CPU) is timed in the same run, the same way. Examples::
 
     dlprim-bench --quick                      # a few minutes on a 2-core CPU (PoCL)
     dlprim-bench --json out.json --plot out.png
