@@ -14,6 +14,17 @@ from .errors import DlprimError, DTypeError, UnsupportedError
 
 
 class Activation(enum.Enum):
+    """An activation mode: MIOpen's ``miopenActivationMode_t`` with its meanings, then torch's
+    activations that MIOpen lacks. ``alpha``, ``beta`` and ``gamma`` are the parameters of an
+    ``ActivationDesc``.
+
+    * PASTHRU: x; LOGISTIC: 1 / (1 + exp(-x)); TANH: beta * tanh(alpha * x)
+    * RELU: max(0, x); SOFTRELU: log(1 + exp(x)); ABS: ``|x|``
+    * POWER: (alpha + beta * x) ^ gamma; CLIPPEDRELU: min(alpha, max(0, x))
+    * LEAKYRELU: x, or alpha * x where x <= 0; ELU: x, or alpha * (exp(x) - 1) where x <= 0
+    * HARDTANH: min(beta, max(alpha, x)); GELU: x * Phi(x); GELU_TANH: its tanh approximation
+    * SILU: x * sigmoid(x); HARDSWISH: x * relu6(x + 3) / 6; HARDSIGMOID: relu6(x + 3) / 6
+    """
     # MIOpen's miopenActivationMode_t, same meanings.
     PASTHRU = "passthru"          # x
     LOGISTIC = "logistic"         # 1 / (1 + exp(-x))

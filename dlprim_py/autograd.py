@@ -30,6 +30,7 @@ def no_grad():
 
 @contextlib.contextmanager
 def enable_grad():
+    """Inside this block operators record on the tape again (within a ``no_grad`` block)."""
     previous = grad_enabled()
     _state.enabled = True
     try:

@@ -268,6 +268,7 @@ class Context:
 
     @property
     def vendor(self):
+        """The device's vendor: "nvidia", "amd", "intel", "apple", "arm", "pocl" or "other"."""
         return self.info.vendor
 
     def synchronize(self):

@@ -1,5 +1,7 @@
 """``dlprim-driver``: one operator call from the command line, in MIOpenDriver's syntax.
 
+Examples::
+
     dlprim-driver conv -n 64 -c 64 -H 56 -W 56 -k 64 -y 3 -x 3 -p 1 -q 1 -u 1 -v 1 -l 1 -j 1 -g 1 -F 1 -t 1 -V 1
     dlprim-driver pool -n 32 -c 64 -H 112 -W 112 -y 3 -x 3 -p 1 -q 1 -u 2 -v 2 -m max -t 1
     dlprim-driver bnorm -n 32 -c 256 -H 56 -W 56 -m 1 -F 1 -b 1 -t 1

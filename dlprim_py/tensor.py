@@ -62,10 +62,12 @@ class TensorDesc:
 
     @property
     def size(self):
+        """Number of elements."""
         return math.prod(self.shape)
 
     @property
     def ndim(self):
+        """Number of dimensions."""
         return len(self.shape)
 
     def __eq__(self, other):
@@ -136,10 +138,12 @@ class Tensor:
 
     @classmethod
     def zeros(cls, ctx, shape, dtype=np.float32, requires_grad=False):
+        """A tensor of zeros."""
         return cls.full(ctx, shape, 0, dtype, requires_grad=requires_grad)
 
     @classmethod
     def full(cls, ctx, shape, value, dtype=np.float32, requires_grad=False):
+        """A tensor with every element ``value``."""
         t = cls.empty(ctx, shape, dtype, requires_grad=requires_grad)
         t.fill_(value)
         return t
@@ -199,14 +203,17 @@ class Tensor:
 
     @property
     def size(self):
+        """Number of elements."""
         return math.prod(self.shape)
 
     @property
     def ndim(self):
+        """Number of dimensions."""
         return len(self.shape)
 
     @property
     def nbytes(self):
+        """Bytes of the data."""
         return self.size * self.dtype.itemsize
 
     @property
@@ -216,10 +223,12 @@ class Tensor:
 
     @property
     def desc(self):
+        """The tensor's shape and dtype as a ``TensorDesc``."""
         return TensorDesc(self.shape, self.dtype)
 
     @property
     def is_leaf(self):
+        """Whether the tensor was made by the caller rather than by a recorded operator."""
         return self.grad_fn is None
 
     def __len__(self):
@@ -259,7 +268,7 @@ class Tensor:
 
     @property
     def device(self):
-        """The tensor's Context (what torch's ``.device`` names: where it lives)."""
+        """The tensor's Context (what torch's ``.device`` names, where it lives)."""
         return self.ctx
 
     def item(self):
@@ -370,6 +379,7 @@ class Tensor:
     # ---- autograd -----------------------------------------------------------------------
 
     def requires_grad_(self, flag=True):
+        """Make this (floating-point) tensor a leaf that gathers a gradient in ``.grad``."""
         if flag and self.dtype.kind != "f":
             raise DTypeError(f"only floating point tensors can require gradients, got {self.dtype}")
         self.requires_grad = bool(flag)
@@ -385,6 +395,7 @@ class Tensor:
         autograd.backward(self, grad, retain_graph)
 
     def zero_grad(self):
+        """Drop the gathered gradient (``.grad`` becomes None)."""
         self.grad = None
 
 def _checked(ctx, buffer, shape, dtype, offset):

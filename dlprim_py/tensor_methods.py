@@ -36,10 +36,12 @@ def fill_(self, value):
 
 
 def sum_(self, dim=None, keepdim=False):
+    """The sum of the elements, or along ``dim`` (``functional.sum``)."""
     return reduce.sum(self, dim, keepdim)
 
 
 def mean(self, dim=None, keepdim=False):
+    """The mean of the elements, or along ``dim`` (``functional.mean``)."""
     return reduce.mean(self, dim, keepdim)
 
 
@@ -52,6 +54,7 @@ def max_(self, dim=None, keepdim=False):
 
 
 def argmax(self, dim=None, keepdim=False):
+    """The index of the largest element, or along ``dim`` (``functional.argmax``)."""
     return reduce.argmax(self, dim, keepdim)
 
 

@@ -1,5 +1,7 @@
 """``dlprim-tune``: search kernel parameters on the current device and store the winners.
 
+Usage::
+
     dlprim-tune gemm [--sizes 1024,4096,256x3136x576] [--budget SECONDS] [--output PATH]
                      [--device SPEC] [--space quick|full] [--merge] [--report PATH]
 

@@ -15,7 +15,7 @@ compared with the measured device peak, and the same work in PyTorch (CUDA with 
 else CPU) is timed in the same run, the same way (``harness.Measurement.collect``: the same
 warm-up and repeats, more runs while they spread widely). A ratio to PyTorch ranks the two only
 where both sides' p80/p20 are within --max-spread: the others are shown in parentheses and the
-summary counts them as not rankable instead of averaging them into a speed-up.
+summary counts them as not rankable instead of averaging them into a speed-up. Examples::
 
     dlprim-bench --quick                      # a few minutes on a 2-core CPU (PoCL)
     dlprim-bench --json out.json --plot out.png

@@ -273,6 +273,7 @@ class OperatorArgs:
         self.version += 1
 
     def get(self, op):
+        """The arguments set for ``op``; DlprimError when none were."""
         try:
             return self.values[op]
         except KeyError:
@@ -284,6 +285,7 @@ class OperatorArgs:
                                           w=check_tensor(w, "conv weights")))
 
     def set_bias_forward(self, op, alpha, beta, bias):
+        """``x + bias`` per channel (``alpha`` 1 and ``beta`` 0, as in every op after the first)."""
         _scaling(alpha, beta, "bias")
         self._set(op, BiasForwardOp, dict(bias=check_tensor(bias, "bias")))
 
@@ -296,6 +298,7 @@ class OperatorArgs:
             variance=check_tensor(variance, "estimated variance"), epsilon=float(epsilon)))
 
     def set_activation_forward(self, op, alpha, beta, activ_alpha, activ_beta, activ_gamma):
+        """``act(x)`` with the mode's parameters (those the mode does not use are ignored)."""
         _scaling(alpha, beta, "activation")
         self._set(op, ActivationForwardOp, dict(
             activation=activation_desc(op.mode, activ_alpha, activ_beta, activ_gamma)))

@@ -81,24 +81,35 @@ class FusionPlan:
         return op
 
     def create_op_conv_forward(self, conv_desc, w_desc):
+        """Append a convolution (``ConvolutionDesc``, the weights' ``TensorDesc``); it comes
+        first."""
         return self._add(ConvForwardOp, conv_desc, w_desc)
 
     def create_op_bias_forward(self, b_desc):
+        """Append a per-channel bias of shape (1, C, 1, 1) or (C,)."""
         return self._add(BiasForwardOp, b_desc)
 
     def create_op_batchnorm_inference(self, mode, bn_desc):
+        """Append a batch norm with estimated statistics (mode ``BN_SPATIAL`` or
+        ``BN_PER_ACTIVATION``)."""
         return self._add(BatchNormInferenceOp, mode, bn_desc)
 
     def create_op_activation_forward(self, mode):
+        """Append an activation (an ``ACTIVATION_*`` mode; its parameters come with the
+        arguments)."""
         return self._add(ActivationForwardOp, mode)
 
     def create_op_batchnorm_forward(self, mode, running_mean_variance=True):
+        """Append a batch norm in training mode (batch statistics; running averages updated
+        when ``running_mean_variance``)."""
         return self._add(BatchNormForwardOp, mode, running_mean_variance)
 
     def create_op_batchnorm_backward(self, mode):
+        """Append the backward of a training batch norm."""
         return self._add(BatchNormBackwardOp, mode)
 
     def create_op_activation_backward(self, mode):
+        """Append the backward of an activation."""
         return self._add(ActivationBackwardOp, mode)
 
     def get_op(self, index):
@@ -110,6 +121,7 @@ class FusionPlan:
     # ---- compiling -----------------------------------------------------------------------
 
     def describe(self):
+        """The chain as text: the ops' descriptions joined by arrows."""
         return " -> ".join(op.describe() for op in self.ops) or "(empty)"
 
     def problem(self):
@@ -151,6 +163,7 @@ class FusionPlan:
         return names if request_count is None else names[:int(request_count)]
 
     def set_conv_algorithm(self, algo):
+        """Run the chain with ``algo``, one of ``conv_algorithms()``."""
         self._conv_runner().set_algorithm(algo)
         self._forget_recording()
 

@@ -182,22 +182,27 @@ def _torch_apply(name, x, inplace=False, **kwargs):
 
 
 def relu(x, inplace=False):
+    """torch's relu: max(0, x); ``inplace`` writes into ``x``."""
     return _torch_apply("relu", x, inplace)
 
 
 def relu6(x, inplace=False):
+    """torch's relu6: min(max(0, x), 6)."""
     return _torch_apply("relu6", x, inplace)
 
 
 def leaky_relu(x, negative_slope=0.01, inplace=False):
+    """torch's leaky_relu: x where x > 0, else ``negative_slope`` * x."""
     return _torch_apply("leaky_relu", x, inplace, negative_slope=negative_slope)
 
 
 def elu(x, alpha=1.0, inplace=False):
+    """torch's elu: x where x > 0, else ``alpha`` * (exp(x) - 1)."""
     return _torch_apply("elu", x, inplace, alpha=alpha)
 
 
 def hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
+    """torch's hardtanh: x clamped to [``min_val``, ``max_val``]."""
     min_val, max_val = number(min_val, "hardtanh: min_val"), number(max_val, "hardtanh: max_val")
     if min_val > max_val:
         raise ShapeError(f"hardtanh: min_val ({min_val}) must not exceed max_val ({max_val})")
@@ -205,10 +210,12 @@ def hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
 
 
 def sigmoid(x):
+    """torch's sigmoid: 1 / (1 + exp(-x))."""
     return _torch_apply("sigmoid", x, False)
 
 
 def tanh(x):
+    """torch's tanh."""
     return _torch_apply("tanh", x, False)
 
 
@@ -241,24 +248,29 @@ def softplus(x, beta=1.0, threshold=20.0):
 
 
 def gelu(x, approximate="none"):
+    """torch's gelu: x * Phi(x), or its tanh approximation with ``approximate="tanh"``."""
     if approximate not in ("none", "tanh"):
         raise UnsupportedError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return _torch_apply("gelu", x, False, approximate=approximate)
 
 
 def silu(x, inplace=False):
+    """torch's silu: x * sigmoid(x)."""
     return _torch_apply("silu", x, inplace)
 
 
 def hardswish(x, inplace=False):
+    """torch's hardswish: x * relu6(x + 3) / 6."""
     return _torch_apply("hardswish", x, inplace)
 
 
 def hardsigmoid(x, inplace=False):
+    """torch's hardsigmoid: relu6(x + 3) / 6."""
     return _torch_apply("hardsigmoid", x, inplace)
 
 
 def abs(x):  # noqa: A001 - torch's name
+    """torch's abs: ``|x|``."""
     return _torch_apply("abs", x, False)
 
 

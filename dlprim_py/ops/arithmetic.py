@@ -21,6 +21,7 @@ def _is_tensor(x):
 
 
 def add(a, b):
+    """``a + b`` with numpy broadcasting (a number is allowed for one side)."""
     out = binary("add", a, b)
     if not autograd.needs_grad(a, b):
         return out
@@ -30,6 +31,7 @@ def add(a, b):
 
 
 def sub(a, b):
+    """``a - b`` with numpy broadcasting (a number is allowed for one side)."""
     out = binary("sub", a, b)
     if not autograd.needs_grad(a, b):
         return out
@@ -39,6 +41,7 @@ def sub(a, b):
 
 
 def mul(a, b):
+    """``a * b`` with numpy broadcasting (a number is allowed for one side)."""
     out = binary("mul", a, b)
     if not autograd.needs_grad(a, b):
         return out
@@ -48,6 +51,7 @@ def mul(a, b):
 
 
 def div(a, b):
+    """``a / b`` with numpy broadcasting (a number is allowed for one side)."""
     out = binary("div", a, b)
     if not autograd.needs_grad(a, b):
         return out
