@@ -104,7 +104,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
                   (partials.buffer, index(base), np.float32(power)), slots, slot_args,
                   max(g.size for g in chunk), group=_GROUP)
         base += per_chunk[position]
-    finish = fused.bound_kernel(ctx, "norm_finish", params, 0)
+    finish = fused.bound_kernel(ctx, "norm_finish", params, 0)[0]
     args = (partials.buffer, np.int32(base), result.buffer, np.float32(max_norm),
             np.float32(1.0 / power))
     finish.set_all(args)

@@ -98,26 +98,43 @@ class Adam(Optimizer):
                 scalars.append(pair)
             # One pair for the launch where every slot has the same step count.
             per_slot = any(pair is not scalars[0] for pair in scalars)
-            slot_args = []
-            for i, pair in zip(chunk, scalars):
-                p, g, state = params[i], params[i].grad, states[i]
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                args = [index(p.size)]
-                if per_slot:
-                    args += pair
-                args += [p.buffer, index(p.offset_elements), g.buffer, index(g.offset_elements),
-                         m.buffer, index(m.offset_elements), v.buffer, index(v.offset_elements)]
-                if amsgrad:
-                    vmax = state["max_exp_avg_sq"]
-                    args += [vmax.buffer, index(vmax.offset_elements)]
-                slot_args.append(args)
+
+            def slot_args(chunk=chunk, scalars=scalars, per_slot=per_slot):
+                made = []
+                for i, pair in zip(chunk, scalars):
+                    p, g, state = params[i], params[i].grad, states[i]
+                    m, v = state["exp_avg"], state["exp_avg_sq"]
+                    args = [index(p.size)]
+                    if per_slot:
+                        args += pair
+                    args += [p.buffer, index(p.offset_elements), g.buffer,
+                             index(g.offset_elements), m.buffer, index(m.offset_elements),
+                             v.buffer, index(v.offset_elements)]
+                    if amsgrad:
+                        vmax = state["max_exp_avg_sq"]
+                        args += [vmax.buffer, index(vmax.offset_elements)]
+                    made.append(args)
+                return made
+
+            # Every slot argument as plain numbers, where the bias corrections are the launch's
+            # (per slot they change every step: no signature, the arguments are compared).
+            signature = None
+            if not per_slot:
+                signature = [index_t]
+                for i in chunk:
+                    p, g, state = params[i], params[i].grad, states[i]
+                    signature += (p.size, p.buffer.int_ptr, p.offset, g.buffer.int_ptr, g.offset)
+                    for n in (("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if amsgrad
+                              else ("exp_avg", "exp_avg_sq")):
+                        signature += (state[n].buffer.int_ptr, state[n].offset)
+                signature = tuple(signature)
             params_key = (("kernel", "adam"), ("slots", slots), ("index_t", index_t),
                           ("decay", mode), ("amsgrad", int(amsgrad)),
                           ("maximize", int(bool(group["maximize"]))), ("per_slot", int(per_slot)))
             elements = max(params[i].size for i in chunk)
             fused.run(ctx, "adam_step", params_key, position,
                       head if per_slot else head + scalars[0], slots, slot_args, elements,
-                      owner=self._kernel_owner(group))
+                      owner=self._kernel_owner(group), signature=signature)
 
 
 class AdamW(Adam):

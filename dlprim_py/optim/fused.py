@@ -19,9 +19,10 @@ correction changes on every step.
 from threading import get_ident
 
 import numpy as np
+import pyopencl as cl
 
 from .. import program
-from ..launch import BoundKernel, enqueue_bound
+from ..launch import BoundKernel, current, enqueue_bound
 from ..ops.pointwise import launch_size
 
 MAX_SLOTS = 8
@@ -66,11 +67,11 @@ def groups_for(ctx, elements, group):
 
 
 def bound_kernel(ctx, name, params, position, owner=None):
-    """The kernel object of chunk ``position`` for kernel ``name`` of ``optim.cl.mako`` with
-    ``params`` (a tuple of (name, value) pairs): made once per context, or once per ``owner``
-    (a tuple (dict, key) where a caller keeps kernel objects of its own: an optimizer, one set
-    per parameter group, so that two groups do not set each other's arguments on every
-    step)."""
+    """(the kernel object of chunk ``position`` for kernel ``name`` of ``optim.cl.mako`` with
+    ``params`` (a tuple of (name, value) pairs), the dict that keeps it and its key there): made
+    once per context, or once per ``owner`` (a tuple (dict, key) where a caller keeps kernel
+    objects of its own: an optimizer, one set per parameter group, so that two groups do not
+    set each other's arguments on every step)."""
     key = ("optim-kernel", name, params, position)
     if owner is not None:
         kernels, prefix = owner
@@ -79,24 +80,55 @@ def bound_kernel(ctx, name, params, position, owner=None):
         if kernel is None:
             built = program.build(ctx, "optim", {**_TEMPLATE_DEFAULTS, **dict(params)})
             kernel = kernels[key] = BoundKernel(program.new_kernel(built.program, name))
-        return kernel
+        return kernel, kernels, key
     kernel = ctx.plans.get(key)
     if kernel is None:
         # Every template parameter is given (Mako's strict names): the ones a kernel does not
         # use keep their defaults.
         built = program.build(ctx, "optim", {**_TEMPLATE_DEFAULTS, **dict(params)})
         kernel = ctx.plans.put(key, BoundKernel(program.new_kernel(built.program, name)))
-    return kernel
+    return kernel, ctx.plans, key
 
 
-def run(ctx, name, params, position, head, slots, slot_args, elements, group=None, owner=None):
+def _slot_signature(slot_args):
+    """What the slot arguments are, as plain numbers (buffers by handle): equal signatures set
+    the same arguments."""
+    return tuple(a.int_ptr if isinstance(a, cl.MemoryObjectHolder) else (a.dtype.char, a.tobytes())
+                 for args in slot_args for a in args)
+
+
+def run(ctx, name, params, position, head, slots, slot_args, elements, group=None, owner=None,
+        signature=None):
     """Launch kernel ``name`` for one chunk: ``head`` (the arguments before the slots),
     ``slot_args`` (per used slot, its arguments), padded to ``slots`` with unused slots whose
     count is 0 and whose buffers are slot 0's; ``elements`` the largest slot's elements;
     ``owner`` as for ``bound_kernel``."""
     if ctx.thread != get_ident():
         ctx.check_thread()
-    kernel = bound_kernel(ctx, name, params, position, owner)
+    kernel, store, key = bound_kernel(ctx, name, params, position, owner)
+    if group is None:
+        gsize, lsize = launch_size(ctx, max(elements, 1))
+    else:
+        lsize = (group,)
+        gsize = (groups_for(ctx, elements, group) * group,)
+    # A step's slots are the same tensors as the last step's (the parameters, their state and,
+    # from the memory pool, mostly the same gradient buffers): where their signature is the
+    # last one, only the head (learning rate, bias corrections, ...) is set again, not the
+    # 60-90 arguments of the slots, each compared as bytes by BoundKernel.
+    # ``signature``: the caller's (plain numbers standing for every slot argument, made without
+    # the arguments themselves; ``slot_args`` may then be a callable that makes them).
+    if signature is None:
+        slot_args = slot_args() if callable(slot_args) else slot_args
+        signature = _slot_signature(slot_args)
+    signature = (len(head), signature)
+    signature_key = ("optim-slot-arguments", key)
+    if current() is None and store.get(signature_key) == signature:
+        for index, value in enumerate(head):
+            kernel.set(index, value)
+        enqueue_bound(ctx.queue, kernel, gsize, lsize, buffers=())
+        return gsize[0] // lsize[0]
+    if callable(slot_args):
+        slot_args = slot_args()
     args = list(head)
     first = slot_args[0]
     for k in range(slots):
@@ -105,11 +137,10 @@ def run(ctx, name, params, position, head, slots, slot_args, elements, group=Non
         else:
             args.append(first[0].__class__(0))
             args.extend(first[1:])
-    if group is None:
-        gsize, lsize = launch_size(ctx, max(elements, 1))
-    else:
-        lsize = (group,)
-        gsize = (groups_for(ctx, elements, group) * group,)
     kernel.set_all(args)
     enqueue_bound(ctx.queue, kernel, gsize, lsize, args)
+    if isinstance(store, dict):
+        store[signature_key] = signature
+    else:
+        store.put(signature_key, signature)
     return gsize[0] // lsize[0]

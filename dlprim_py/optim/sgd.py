@@ -76,17 +76,29 @@ class SGD(Optimizer):
         for position, start in enumerate(range(0, len(params), slots)):
             chunk = range(start, min(start + slots, len(params)))
             mask = 0
-            slot_args = []
+            signature = []
             for k, i in enumerate(chunk):
                 p, g = params[i], params[i].grad
-                args = [index(p.size), p.buffer, index(p.offset_elements), g.buffer,
-                        index(g.offset_elements)]
+                signature += (p.size, p.buffer.int_ptr, p.offset, g.buffer.int_ptr, g.offset)
                 if with_momentum:
-                    args += [buffers[i].buffer, index(buffers[i].offset_elements)]
+                    signature += (buffers[i].buffer.int_ptr, buffers[i].offset)
                     if fresh[i]:
                         mask |= 1 << k
-                slot_args.append(args)
+
+            def slot_args(chunk=chunk):
+                made = []
+                for i in chunk:
+                    p, g = params[i], params[i].grad
+                    args = [index(p.size), p.buffer, index(p.offset_elements), g.buffer,
+                            index(g.offset_elements)]
+                    if with_momentum:
+                        args += [buffers[i].buffer, index(buffers[i].offset_elements)]
+                    made.append(args)
+                return made
+
             elements = max(params[i].size for i in chunk)
+            # The signature (every slot argument as plain numbers) lets a step whose slots are
+            # the last step's set only the head.
             fused.run(ctx, "sgd_step", params_key, position, head_common + (np.uint32(mask),),
-                      slots, slot_args, elements,
-                      owner=self._kernel_owner(group))
+                      slots, slot_args, elements, owner=self._kernel_owner(group),
+                      signature=(index_t, tuple(signature)))
