@@ -196,7 +196,7 @@ class BoundKernel:
         kernel) would have every argument set again whenever another call used it between
         two runs, which for one family's calls on several shapes is every run."""
         kernel = self
-        if _recordings_open and getattr(_state, "recording", None) is not None:
+        if current() is not None:
             kernel = BoundKernel(new_kernel(self.kernel.program, self.kernel.function_name))
         kernel.set_all(args)
         enqueue_bound(queue, kernel, global_size, local_size, args)
@@ -426,7 +426,7 @@ class Plan:
         nested plan): where its owner is not this step, every recorded argument is set again
         where it differs; otherwise only the operands that changed."""
         queue, queue_handle = self.queue, self.queue_handle
-        outer = getattr(_state, "recording", None) if _recordings_open else None
+        outer = current()
         native = _clEnqueueNDRangeKernel if not _collecting else None
         for kernel, work, rebind, fixed, template, token in self.steps:
             if kernel.owner is not token:
@@ -470,7 +470,7 @@ def current():
 def command_enqueued():
     """Tell the open recording (if any) that a command other than a kernel launch (a fill, a
     copy) was enqueued: it can then not become a rebinding plan."""
-    recording = getattr(_state, "recording", None) if _recordings_open else None
+    recording = current()
     if recording is not None:
         recording.opaque = True
 
@@ -479,7 +479,7 @@ def enqueue(step):
     """Run ``step()`` (a command that is not a kernel launch) and add it to the open recording,
     which can then replay but not become a rebinding plan."""
     step()
-    recording = getattr(_state, "recording", None) if _recordings_open else None
+    recording = current()
     if recording is not None:
         recording.steps.append(step)
         recording.opaque = True
@@ -490,7 +490,7 @@ def enqueue_bound(queue, kernel, global_size, local_size, args=None, buffers=Non
     (its buffer arguments from ``args``, the full argument list, or ``buffers``, the (index,
     buffer) pairs)."""
     enqueue_kernel(queue, native_handle(queue), kernel, work_size(global_size, local_size))
-    recording = getattr(_state, "recording", None) if _recordings_open else None
+    recording = current()
     if recording is not None:
         kernel.owner = None
         if buffers is None:
@@ -509,7 +509,7 @@ def launch(ctx, built, name, global_size, local_size, args):
     Inside a recording the launch gets a kernel object of its own (a plan replays it later);
     outside, the program's shared kernel for ``name`` is used, with its arguments set where they
     changed."""
-    if _recordings_open and getattr(_state, "recording", None) is not None:
+    if current() is not None:
         kernel = BoundKernel(new_kernel(built.program, name))
     else:
         kernel = bind(built.kernel(name))
