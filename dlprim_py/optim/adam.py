@@ -121,12 +121,11 @@ class Adam(Optimizer):
             signature = None
             if not per_slot:
                 signature = [index_t]
+                names = (("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if amsgrad
+                         else ("exp_avg", "exp_avg_sq"))
                 for i in chunk:
-                    p, g, state = params[i], params[i].grad, states[i]
-                    signature += (p.size, p.buffer.int_ptr, p.offset, g.buffer.int_ptr, g.offset)
-                    for n in (("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if amsgrad
-                              else ("exp_avg", "exp_avg_sq")):
-                        signature += (state[n].buffer.int_ptr, state[n].offset)
+                    signature += fused.tensors_signature(params[i], params[i].grad,
+                                                         *(states[i][n] for n in names))
                 signature = tuple(signature)
             params_key = (("kernel", "adam"), ("slots", slots), ("index_t", index_t),
                           ("decay", mode), ("amsgrad", int(amsgrad)),

@@ -90,6 +90,16 @@ def bound_kernel(ctx, name, params, position, owner=None):
     return kernel, ctx.plans, key
 
 
+def tensors_signature(parameter, *others):
+    """A slot's tensors as plain numbers, for ``run``'s ``signature``: the parameter's element
+    count, then the buffer handle and byte offset of it and of each of ``others`` (gradient,
+    optimizer state), in the order the slot passes them."""
+    numbers = [parameter.size]
+    for t in (parameter, *others):
+        numbers += (t.buffer.int_ptr, t.offset)
+    return tuple(numbers)
+
+
 def _slot_signature(slot_args):
     """What the slot arguments are, as plain numbers (buffers by handle): equal signatures set
     the same arguments."""

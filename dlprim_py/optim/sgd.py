@@ -78,12 +78,10 @@ class SGD(Optimizer):
             mask = 0
             signature = []
             for k, i in enumerate(chunk):
-                p, g = params[i], params[i].grad
-                signature += (p.size, p.buffer.int_ptr, p.offset, g.buffer.int_ptr, g.offset)
-                if with_momentum:
-                    signature += (buffers[i].buffer.int_ptr, buffers[i].offset)
-                    if fresh[i]:
-                        mask |= 1 << k
+                state = (buffers[i],) if with_momentum else ()
+                signature += fused.tensors_signature(params[i], params[i].grad, *state)
+                if with_momentum and fresh[i]:
+                    mask |= 1 << k
 
             def slot_args(chunk=chunk):
                 made = []
