@@ -117,10 +117,11 @@ def onnx_source_coordinates(in_size, out_size, mode, scale):
         return (o + half) / scale - half
     if mode == "half_pixel_symmetric":
         # The centre of the input stays the centre of the output when the output size is not
-        # scale * input size exactly.
+        # scale * input size exactly (onnxruntime: the offset in float32, the rest in double).
         adjustment = f(out_size) / (scale * f(in_size))
         offset = f(in_size) / f(2) * (f(1) - adjustment)
-        return offset + (o + half) / scale - half
+        o = o.astype(np.float64)
+        return (np.float64(offset) + (o + 0.5) / np.float64(scale) - 0.5).astype(np.float32)
     if mode == "pytorch_half_pixel":
         return (o + half) / scale - half if out_size > 1 else np.zeros(out_size, np.float32)
     if mode == "align_corners":
@@ -139,7 +140,7 @@ def onnx_taps(in_size, out_size, mode, coordinate_mode, nearest_mode, cubic_coef
     """(index, weight) arrays of shape (out_size, taps) of one axis for ONNX Resize;
     ``scale``: the model's scale of the axis, else None (then out_size / in_size)."""
     scale = np.float32(scale) if scale is not None else np.float32(out_size) / np.float32(in_size)
-    if mode != "nearest" and scale == 1:
+    if scale == 1:
         # onnxruntime takes the output coordinate as it is where an axis keeps its scale.
         source = np.arange(out_size, dtype=np.float32)
     else:
@@ -500,6 +501,9 @@ def resize(x, out_size, *, mode="nearest", coordinate_transformation_mode="half_
         nearest_mode = None
     a = float(cubic_coeff_a) if mode == "cubic" else None
     exclude = bool(exclude_outside) and mode == "cubic"
+    if sizes == tuple(x.shape[2:]):
+        # onnxruntime copies the input when the output has its shape, whatever the scales.
+        scales = (1.0, 1.0)
     options = (mode, coordinate_transformation_mode, nearest_mode, a, exclude)
     ctx = x.ctx
     key = ("resize.geometry", options, x.shape, sizes, scales)
