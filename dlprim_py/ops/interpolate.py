@@ -56,10 +56,11 @@ def _clamped_taps(first, count, in_size):
     return np.clip(first[:, None] + np.arange(count)[None, :], 0, in_size - 1)
 
 
-def torch_taps(in_size, out_size, mode, align_corners=False, scale_factor=None):
+def torch_taps(in_size, out_size, mode, align_corners=False, scale_factor=None, spatial=2):
     """(index, weight) arrays of shape (out_size, taps) of one axis for torch's ``mode``;
     ``scale_factor``: the user's factor when the output size came from it (torch then uses
-    1 / factor as the step)."""
+    1 / factor as the step); ``spatial``: the input's spatial rank (torch's 2-d nearest
+    takes sizes equal and doubled as they are, whatever the factor; its 1-d and 3-d do not)."""
     o = np.arange(out_size)
     if mode in ("nearest", "nearest-exact"):
         # torch computes these steps in float32 whatever the tensor's dtype (nearest_idx,
@@ -69,9 +70,9 @@ def torch_taps(in_size, out_size, mode, align_corners=False, scale_factor=None):
         if mode == "nearest-exact":
             # floorf((o + 0.5) * step): the product in double, rounded to float by floorf.
             source = np.floor(((o + 0.5) * np.float64(step)).astype(np.float32))
-        elif out_size == in_size:
+        elif out_size == in_size and spatial == 2:
             source = o
-        elif out_size == 2 * in_size:
+        elif out_size == 2 * in_size and spatial == 2:
             source = o >> 1
         else:
             source = np.floor(o.astype(np.float32) * step)
@@ -407,8 +408,9 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     ctx = input.ctx
     key = ("interpolate.geometry", mode, align, input.shape, sizes, factors)
     return _resample(input, key, sizes, lambda: _Tables(
-        ctx, lambda axis: (mode, align, factors[axis]),
-        lambda axis, n, m: torch_taps(n, m, mode, align, factors[axis]), _TAPS[mode] != 0),
+        ctx, lambda axis: (mode, align, factors[axis], spatial == 2),
+        lambda axis, n, m: torch_taps(n, m, mode, align, factors[axis], spatial),
+        _TAPS[mode] != 0),
         f"interpolate_{mode}")
 
 
