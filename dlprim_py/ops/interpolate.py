@@ -363,7 +363,15 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     Returns
     -------
     Tensor
-        (N, C, *size), with its backward on the tape.
+        ``(N, C) + size``, with its backward on the tape.
+
+    Notes
+    -----
+    The backward is the exact transpose of the forward. torch's own 1-d and 3-d "nearest"
+    backward departs from its forward in one case: with a ``scale_factor`` whose output size
+    is the input size or twice it (2.2 on 4 elements, say), its forward steps by
+    1 / factor but its backward takes each input once or twice in order, so its gradient is
+    not its forward's; here both follow the forward.
 
     Raises
     ------
@@ -454,6 +462,16 @@ def resize(x, out_size, *, mode="nearest", coordinate_transformation_mode="half_
     -------
     Tensor
         (N, C, OH, OW); its backward (the transposed weights) is on the tape.
+
+    Notes
+    -----
+    Source coordinates are computed in float32 in onnxruntime's order of operations, so that
+    the nearest mode rounds as onnxruntime does; where a coordinate lies within a float32
+    rounding of a half (or of an integer for floor and ceil), onnxruntime's compiled arithmetic
+    can land on the other side (seen for asymmetric round_prefer_ceil at 7 -> 4, and for
+    half_pixel_symmetric with scales such as 0.6), and so may the element chosen.
+    Where an axis keeps its size with a scale of 1, or the output has the input's shape,
+    the input is taken as it is, as onnxruntime does.
 
     Raises
     ------
