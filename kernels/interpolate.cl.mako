@@ -1,5 +1,6 @@
 ## Separable resampling of (planes, D, H, W) volumes: torch's interpolate (nearest,
-## nearest-exact, linear, bilinear, bicubic, trilinear, area) and ONNX's Resize.
+## nearest-exact, linear, bilinear, bicubic, trilinear, area, antialiased bilinear and bicubic)
+## and ONNX's Resize.
 ##
 ## Every output element is a weighted sum of input elements, separable over the three axes: an
 ## axis with input size n and output size m has, for each output o, T taps (input index, weight).
@@ -19,8 +20,8 @@
 ##
 ## Template parameters:
 ##   taps     (T_D, T_H, T_W) taps per axis fixed at compile time (1 nearest, 2 linear, 4 cubic),
-##            0 where the count is the run-time argument (area: the longest window); the
-##            run-time counts are passed either way (they place the backward lists)
+##            0 where the count is the run-time argument (area, antialiasing: the longest
+##            window); the run-time counts are passed either way (they place the backward lists)
 ##   index_t  "int" when every element index fits in 31 bits, else "long" (64-bit division is
 ##            many times slower on GPUs)
 #define I ${index_t}

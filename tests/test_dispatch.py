@@ -84,7 +84,8 @@ def _cases(ctx, rng):
             backward(F.interpolate(x4, size=(9, 4), mode="bicubic", align_corners=True)),
             backward(F.interpolate(x4, scale_factor=0.6, mode="nearest-exact")),
             backward(F.interpolate(x5, size=(5, 3, 7), mode="trilinear")),
-            backward(F.interpolate(x5, size=(2, 3, 3), mode="area"))),
+            backward(F.interpolate(x5, size=(2, 3, 3), mode="area")),
+            backward(F.interpolate(x4, size=(3, 4), mode="bilinear", antialias=True))),
         "resize": lambda: (
             backward(resize(x4, (9, 4), mode="cubic", exclude_outside=True)),
             resize(x4, (3, 13), mode="nearest", coordinate_transformation_mode="asymmetric",

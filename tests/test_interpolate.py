@@ -1,6 +1,6 @@
 """interpolate against torch (float64): every mode (nearest, nearest-exact, linear, bilinear,
-bicubic, trilinear, area) on 1 to 3 spatial axes, with and without align_corners, up- and
-downsampling, non-integer ratios, sizes of 1, scale factors with and without
+bicubic, trilinear, area, antialiased bilinear and bicubic) on 1 to 3 spatial axes, with and
+without align_corners, up- and downsampling, non-integer ratios, sizes of 1, scale factors with and without
 recompute_scale_factor; forward and gradients, outputs poisoned. resize against onnxruntime
 (one-node Resize models, opsets 13 and 19) for every mode and attribute combination."""
 import numpy as np
@@ -73,6 +73,12 @@ CASES = [
     ((1, 2, 3, 5, 4), dict(size=(7, 2, 4), mode="trilinear", align_corners=True)),
     ((2, 1, 4, 3, 5), dict(scale_factor=(0.5, 1.7, 2), mode="trilinear")),
     ((1, 1, 1, 2, 3), dict(size=(2, 1, 5), mode="trilinear", align_corners=True)),
+    # antialias (bilinear, bicubic): the filter widened where the output shrinks, normalised.
+    ((2, 3, 9, 7), dict(size=(4, 3), mode="bilinear", antialias=True)),
+    ((2, 3, 9, 7), dict(size=(4, 11), mode="bicubic", antialias=True)),
+    ((2, 3, 9, 7), dict(size=(4, 11), mode="bicubic", antialias=True, align_corners=True)),
+    ((1, 2, 16, 13), dict(scale_factor=(0.3, 0.45), mode="bilinear", antialias=True)),
+    ((1, 2, 5, 4), dict(size=(1, 1), mode="bicubic", antialias=True)),
     # area: adaptive average pooling, divisible or not, up and down, 1 to 3 axes.
     ((2, 3, 8, 6), dict(size=(3, 4), mode="area")),
     ((1, 2, 7, 5), dict(size=(3, 9), mode="area")),
@@ -91,14 +97,16 @@ def test_interpolate(ctx, rng, shape, kwargs):
 @pytest.mark.parametrize("mode,spatial", [("nearest", 1), ("nearest", 2), ("nearest", 3),
                                           ("nearest-exact", 2), ("nearest-exact", 3),
                                           ("bilinear", 2), ("bicubic", 2), ("trilinear", 3),
-                                          ("area", 1), ("area", 2), ("area", 3)])
+                                          ("area", 1), ("area", 2), ("area", 3),
+                                          ("bilinear-antialias", 2), ("bicubic-antialias", 2)])
 def test_random_sizes(ctx, rng, mode, spatial):
     """Seeded random input and output sizes in both directions (by size or by factor), each
     mode, with gradients."""
+    mode, antialias = mode.split("-antialias")[0], mode.endswith("-antialias")
     for _ in range(3):
-        shape = (1, int(rng.integers(1, 3))) + tuple(int(rng.integers(1, 7))
+        shape = (1, int(rng.integers(1, 3))) + tuple(int(rng.integers(1, 9 if antialias else 7))
                                                      for _ in range(spatial))
-        kwargs = dict(mode=mode)
+        kwargs = dict(mode=mode, antialias=antialias)
         if mode in ("bilinear", "bicubic", "trilinear"):
             kwargs["align_corners"] = bool(rng.integers(0, 2))
         if rng.integers(0, 2):
@@ -137,12 +145,10 @@ def test_bad_input(ctx, rng):
         F.interpolate(t(1, 1, 2, 2, 2, 2), size=2, mode="area")
     with pytest.raises(dp.UnsupportedError, match="mode"):
         F.interpolate(x, size=2, mode="cubic")
-    with pytest.raises(dp.UnsupportedError, match="antialias"):
-        F.interpolate(x, size=2, mode="bilinear", antialias=True)
-    with pytest.raises(dp.UnsupportedError, match="antialias"):
-        F.interpolate(x, size=2, mode="bicubic", antialias=True)
     with pytest.raises(dp.ShapeError, match="antialias"):
         F.interpolate(x, size=2, mode="nearest", antialias=True)
+    with pytest.raises(dp.ShapeError, match="antialias"):
+        F.interpolate(t(1, 2, 3, 3, 3), size=2, mode="trilinear", antialias=True)
     with pytest.raises(dp.ShapeError, match="recompute_scale_factor"):
         F.interpolate(x, size=2, recompute_scale_factor=True)
     with pytest.raises(dp.ShapeError, match=">= 1"):
@@ -223,7 +229,8 @@ def test_repeated_calls_build_nothing(ctx, rng):
     modes = [((1, 2, 5, 4), dict(mode="nearest")), ((1, 2, 5, 4), dict(mode="nearest-exact")),
              ((1, 2, 5), dict(mode="linear")), ((1, 2, 5, 4), dict(mode="bilinear")),
              ((1, 2, 5, 4), dict(mode="bicubic")), ((1, 2, 3, 5, 4), dict(mode="trilinear")),
-             ((1, 2, 5, 4), dict(mode="area"))]
+             ((1, 2, 5, 4), dict(mode="area")),
+             ((1, 2, 5, 4), dict(mode="bicubic", antialias=True))]
     for shape, kwargs in modes:
         spatial = len(shape) - 2
         x = dp.Tensor.from_numpy(ctx, random(rng, shape), requires_grad=True)

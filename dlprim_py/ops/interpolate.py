@@ -1,5 +1,5 @@
 """Resampling: torch.nn.functional.interpolate (modes nearest, nearest-exact, linear, bilinear,
-bicubic, trilinear, area) and ONNX's Resize (``resize``: nearest, linear, cubic with every
+bicubic, trilinear, area; antialiased bilinear and bicubic) and ONNX's Resize (``resize``: nearest, linear, cubic with every
 coordinate transformation and rounding mode).
 
 Every mode is a separable weighted sum: each axis gets a small table of taps (source indices
@@ -8,7 +8,8 @@ input, with their weights), made once per (sizes, mode, options) on the host wit
 reference's own arithmetic and kept on the device. The kernels
 (``kernels/interpolate.cl.mako``) read them, so one compile per tap count serves every size:
 nearest and nearest-exact have one tap per axis, the linear modes two, the cubic modes four,
-area (adaptive average pooling) a run-time count (the longest window). Layout N, C, then one to
+area (adaptive average pooling) and the antialiased modes a run-time count (the longest
+window). Layout N, C, then one to
 three spatial axes, float32.
 """
 import math
@@ -105,6 +106,46 @@ def torch_taps(in_size, out_size, mode, align_corners=False, scale_factor=None, 
         return _clamped_taps(first - 1, 4, in_size), _cubic_coefficients(lam, -0.75)
     second = first + (first < in_size - 1)
     return np.stack([first, second], axis=1), np.stack([1.0 - lam, lam], axis=1)
+
+
+def _antialias_filter(mode, x):
+    """torch's antialiasing filters (Pillow's): the triangle, and Keys' cubic with a = -0.5."""
+    x = np.abs(x)
+    if mode == "bilinear":
+        return np.where(x < 1.0, 1.0 - x, 0.0)
+    a = -0.5
+    return np.where(x < 1.0, ((a + 2.0) * x - (a + 3.0)) * x * x + 1,
+                    np.where(x < 2.0, (((x - 5) * x + 8) * x - 4) * a, 0.0))
+
+
+def antialias_taps(in_size, out_size, mode, align_corners=False, scale_factor=None):
+    """(index, weight) arrays of one axis for torch's bilinear or bicubic with
+    ``antialias=True``: where it shrinks, the filter stretched by the scale over a window of
+    the inputs around each output's centre, its weights normalised to sum to 1 (ATen's
+    _compute_indices_min_size_weights_aa, float path)."""
+    if align_corners:
+        scale = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    else:
+        scale = 1.0 / scale_factor if scale_factor else in_size / out_size
+    half = 1.0 if mode == "bilinear" else 2.0
+    support = half * scale if scale >= 1.0 else half
+    longest = int(math.ceil(support)) * 2 + 1
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    index = np.zeros((out_size, longest), np.int64)
+    weight = np.zeros((out_size, longest))
+    for o in range(out_size):
+        center = scale * (o + 0.5)
+        first = max(int(center - support + 0.5), 0)   # int(): truncation, as in C
+        count = min(max(min(int(center + support + 0.5), in_size) - first, 0), longest)
+        taps = np.arange(count)
+        w = _antialias_filter(mode, (taps + first - center + 0.5) * invscale)
+        total = w.sum()
+        if total != 0.0:
+            w = w / total
+        index[o, :count] = first + taps
+        index[o, count:] = min(first, in_size - 1)
+        weight[o, :count] = w
+    return index, weight
 
 
 def onnx_source_coordinates(in_size, out_size, mode, scale):
@@ -358,7 +399,8 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     recompute_scale_factor : bool, optional
         With ``scale_factor``: compute the coordinates from the output size, not the factor.
     antialias : bool
-        Only False: True raises UnsupportedError.
+        "bilinear" and "bicubic" only: where the output is smaller, the filter widens with the
+        scale (torch's and Pillow's antialiasing; the cubic's coefficient is then -0.5).
 
     Returns
     -------
@@ -381,7 +423,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
         ``recompute_scale_factor`` with ``size``, an empty input or output (but "area" may
         give an empty output, as in torch), ``antialias`` outside 4-d bilinear and bicubic.
     UnsupportedError
-        An unknown mode, or ``antialias=True``.
+        An unknown mode.
     """
     if not isinstance(input, Tensor):
         raise not_a_tensor("interpolate: input", input)
@@ -398,11 +440,10 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     if align_corners is not None and not linear:
         raise ShapeError(f"interpolate: align_corners applies to the linear and cubic modes, "
                          f"not {mode!r}")
-    if antialias:
-        if mode in ("bilinear", "bicubic"):
-            raise UnsupportedError("interpolate: antialias=True is not supported")
+    if antialias and mode not in ("bilinear", "bicubic"):
         raise ShapeError(f"interpolate: antialias applies to 4-d bilinear and bicubic only, not "
                          f"{mode!r}")
+    antialias = bool(antialias)
     if recompute_scale_factor and size is not None:
         raise ShapeError("interpolate: recompute_scale_factor is not meaningful with an "
                          "explicit size")
@@ -414,7 +455,13 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
         factors = (None,) * spatial
     align = bool(align_corners) if linear else False
     ctx = input.ctx
-    key = ("interpolate.geometry", mode, align, input.shape, sizes, factors)
+    key = ("interpolate.geometry", mode, align, antialias, input.shape, sizes, factors)
+    if antialias:
+        # Windows whose length depends on the sizes: area's run-time tap counts.
+        return _resample(input, key, sizes, lambda: _Tables(
+            ctx, lambda axis: (mode, "antialias", align, factors[axis]),
+            lambda axis, n, m: antialias_taps(n, m, mode, align, factors[axis]), False),
+            f"interpolate_{mode}_antialias")
     return _resample(input, key, sizes, lambda: _Tables(
         ctx, lambda axis: (mode, align, factors[axis], spatial == 2),
         lambda axis, n, m: torch_taps(n, m, mode, align, factors[axis], spatial),
@@ -493,7 +540,7 @@ def resize(x, out_size, *, mode="nearest", coordinate_transformation_mode="half_
         _check_choice("nearest_mode", nearest_mode, RESIZE_NEAREST_MODES)
     if not _is_number(cubic_coeff_a) or not math.isfinite(cubic_coeff_a):
         raise ShapeError(f"resize: cubic_coeff_a must be a finite number, got {cubic_coeff_a!r}")
-    sizes = tuple(out_size) if isinstance(out_size, (tuple, list)) else None
+    sizes = tuple(out_size) if isinstance(out_size, (tuple, list, np.ndarray)) else None
     if sizes is None or len(sizes) not in (2, 4) or not all(_is_int(s) and s >= 1 for s in sizes):
         raise ShapeError(f"resize: out_size must be 2 (or 4) ints >= 1, got {out_size!r}")
     if len(sizes) == 4:
