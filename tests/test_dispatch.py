@@ -13,6 +13,7 @@ import pytest
 import dlprim_py as dp
 import dlprim_py.functional as F
 from dlprim_py import fusion, program
+from dlprim_py.ops.interpolate import resize
 
 from conftest import assert_close, random
 
@@ -35,6 +36,7 @@ def _cases(ctx, rng):
     running_mean = dp.Tensor.from_numpy(ctx, random(rng, (8,)))
     running_var = dp.Tensor.from_numpy(ctx, random(rng, (8,), 0.5, 1.5))
     x2, w2, b2 = t(4, 16), t(10, 16), t(10)
+    x5 = t(1, 2, 3, 4, 4)
     target = dp.Tensor.from_numpy(ctx, np.array([1, 0, 9, 3], np.int64))
     a, b, bias4 = t(3, 5), t(5, 4), t(4)
 
@@ -78,6 +80,17 @@ def _cases(ctx, rng):
                                                           (6,))),
         "interpolate": lambda: backward(F.interpolate(x4, scale_factor=2, mode="bilinear",
                                                       align_corners=False)),
+        "interpolate_modes": lambda: (
+            backward(F.interpolate(x4, size=(9, 4), mode="bicubic", align_corners=True)),
+            backward(F.interpolate(x4, scale_factor=0.6, mode="nearest-exact")),
+            backward(F.interpolate(x5, size=(5, 3, 7), mode="trilinear")),
+            backward(F.interpolate(x5, size=(2, 3, 3), mode="area")),
+            backward(F.interpolate(x4, size=(3, 4), mode="bilinear", antialias=True))),
+        "resize": lambda: (
+            backward(resize(x4, (9, 4), mode="cubic", exclude_outside=True)),
+            resize(x4, (3, 13), mode="nearest", coordinate_transformation_mode="asymmetric",
+                   nearest_mode="floor"),
+            resize(x4, (5, 5), mode="linear", scales=(0.9, 0.9))),
         "linear": lambda: backward(F.linear(x2, w2, b2)),
         "gemm": lambda: (dp.gemm(a, b), dp.gemm(a, b, bias=bias4, activation="relu")),
         "gemm_batched": lambda: dp.gemm_batched(a.reshape(1, 3, 5), b.reshape(1, 5, 4)),
@@ -100,7 +113,8 @@ CASES = ("add", "sub_div_max", "relu", "gelu_silu", "relu6_hardswish", "softmax"
          "sum_all", "amax_argmax", "cross_entropy", "mse", "bce_logits", "dropout", "tensor_ops",
          "pad_narrow", "flatten", "max_pool", "avg_pool", "adaptive_avg_pool", "conv3x3",
          "conv1x1", "conv_stride2", "conv_depthwise", "conv_transpose", "batch_norm_train",
-         "batch_norm_eval", "group_layer_norm", "interpolate", "linear", "gemm", "gemm_batched",
+         "batch_norm_eval", "group_layer_norm", "interpolate", "interpolate_modes", "resize",
+         "linear", "gemm", "gemm_batched",
          "masks")
 
 

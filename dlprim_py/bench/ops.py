@@ -149,6 +149,18 @@ def specs(bench):
         OpSpec("sum spatial", "sum", [(n, 2048, 7, 7)], dict(dim=(2, 3)), torch_namespace="torch"),
         OpSpec("mean channels", "mean", [feature], dict(dim=1), torch_namespace="torch"),
         OpSpec("amax rows", "amax", [(rows, 4096)], dict(dim=-1), torch_namespace="torch"),
+        OpSpec("interpolate nearest 2x", "interpolate", [(n, 64, 56, 56)],
+               dict(scale_factor=2, mode="nearest")),
+        OpSpec("interpolate nearest-exact 0.6x", "interpolate", [(n, 64, 56, 56)],
+               dict(scale_factor=0.6, mode="nearest-exact")),
+        OpSpec("interpolate bilinear 2x", "interpolate", [(n, 64, 56, 56)],
+               dict(scale_factor=2, mode="bilinear", align_corners=False)),
+        OpSpec("interpolate bicubic 224->299", "interpolate", [(n, 3, 224, 224)],
+               dict(size=(299, 299), mode="bicubic", align_corners=False)),
+        OpSpec("interpolate trilinear 2x", "interpolate", [(n, 16, 16, 32, 32)],
+               dict(scale_factor=2, mode="trilinear", align_corners=False)),
+        OpSpec("interpolate area 56->7", "interpolate", [(n, 256, 56, 56)],
+               dict(size=(7, 7), mode="area")),
     ]
 
 
