@@ -9,8 +9,10 @@ from .ops.reduce import all_ as all, any_ as any  # noqa: F401,A004
 from .ops.masks import (eq, ge, gt, le, logical_and, logical_not, logical_or,  # noqa: F401
                         logical_xor, lt, ne)
 from .ops.activation_ops import (abs, activation, activation_backward, activation_forward,  # noqa: F401,A004
-                                 elu, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu, relu,
-                                 relu6, sigmoid, silu, softplus, tanh)
+                                 celu, elu, gelu, glu, hardshrink, hardsigmoid, hardswish,
+                                 hardtanh, leaky_relu, logsigmoid, mish, prelu, relu, relu6,
+                                 rrelu, selu, sigmoid, silu, softmin, softplus, softshrink,
+                                 softsign, tanh, tanhshrink, threshold)
 from .ops.softmax import log_softmax, softmax  # noqa: F401
 from .ops.loss import (binary_cross_entropy_with_logits, cross_entropy, mse_loss,  # noqa: F401
                        nll_loss)

@@ -18,8 +18,9 @@ import sys
 
 from .. import functional
 from . import init, utils  # noqa: F401
-from .activation import (GELU, Hardsigmoid, Hardswish, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU,
-                         Softmax, Tanh)
+from .activation import (CELU, GELU, GLU, SELU, Hardshrink, Hardsigmoid, Hardswish, LeakyReLU,
+                         LogSigmoid, Mish, PReLU, ReLU, ReLU6, RReLU, Sigmoid, SiLU, Softmax,
+                         Softmin, Softshrink, Softsign, Tanh, Tanhshrink, Threshold)
 from .batchnorm import BatchNorm1d, BatchNorm2d
 from .container import ModuleDict, ModuleList, Sequential
 from .conv import Conv2d, ConvTranspose2d
@@ -40,6 +41,7 @@ __all__ = [
     "Conv2d", "ConvTranspose2d", "Linear", "Identity", "Flatten",
     "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm",
     "ReLU", "ReLU6", "LeakyReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid",
-    "Softmax", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Dropout",
+    "Softmax", "Mish", "SELU", "CELU", "LogSigmoid", "Softsign", "Softshrink", "Hardshrink",
+    "Tanhshrink", "Threshold", "RReLU", "GLU", "Softmin", "PReLU", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Dropout",
     "CrossEntropyLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss",
 ]
