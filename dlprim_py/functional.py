@@ -14,8 +14,11 @@ from .ops.activation_ops import (abs, activation, activation_backward, activatio
                                  rrelu, selu, sigmoid, silu, softmin, softplus, softshrink,
                                  softsign, tanh, tanhshrink, threshold)
 from .ops.softmax import log_softmax, softmax  # noqa: F401
-from .ops.loss import (binary_cross_entropy_with_logits, cross_entropy, mse_loss,  # noqa: F401
-                       nll_loss)
+from .ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits,  # noqa: F401
+                       cross_entropy, gaussian_nll_loss, hinge_embedding_loss, huber_loss,
+                       kl_div, l1_loss, margin_ranking_loss, mse_loss,
+                       multilabel_soft_margin_loss, nll_loss, poisson_nll_loss,
+                       smooth_l1_loss, soft_margin_loss)
 from .ops.dropout import dropout  # noqa: F401
 from .ops.tensor_ops import (cat, flatten, narrow, pad, permute, reshape, split, squeeze,  # noqa: F401
                              transpose, unsqueeze)

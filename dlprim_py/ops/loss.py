@@ -519,3 +519,303 @@ def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean
         "dt = gs * (-x + (pw - 1.0f) * sp);", scalars=[("scale", _f32)]))
     return _fused_loss("bce_with_logits", [input, target, w, pw], _BCE, reduction, backward,
                        [input, target, w, pw], (input, target))
+
+
+# ---- elementwise losses: one map (+ reduce) kernel forward, one kernel backward -------------
+
+def _elementwise_loss(name, operands, forward, backward, grads, reduction, params=(),
+                      divisor=None, rows=False):
+    """An elementwise loss over ``operands`` broadcast together, reduced; its backward on the
+    tape.
+
+    ``forward``: C code assigning ``y`` from ``in0``, ``in1``, ... and the ``params`` (pairs
+    (name, value), float scalars of both kernels). ``backward``: C code assigning ``d<k>`` for
+    each operand index k in ``grads`` from the operands, the incoming gradient ``g`` and
+    ``scale`` (the reduction's factor, already in ``g``'s place: multiply by it). "mean"
+    divides by ``divisor`` (default: the number of elements). ``rows``: the loss of an element
+    is summed over the last dimension and divided by its size first (one value per row:
+    "none" gives a loss per row, "mean" averages the rows)."""
+    ctx = check_same_context(*operands)
+    shape = broadcast_shapes(*(t.shape for t in operands))
+    names = [f"in{k}" for k in range(len(operands))]
+    scalar_names = [n for n, _ in params]
+    values = [float(v) for _, v in params]
+    count = math.prod(shape)
+    row_size = shape[-1] if rows and shape else 1
+    if reduction == "none" and not rows:
+        kernel = _memo((name, "none"), lambda: PointwiseKernel(
+            f"{name}_none", [(n, _f32) for n in names], [("y", _f32)], forward,
+            scalars=[(n, _f32) for n in scalar_names]))
+        out = Tensor.empty(ctx, shape)
+        kernel(list(operands), [out], values)
+        scale = 1.0
+    else:
+        kernel = _memo((name, "reduce"), lambda: ReduceKernel(
+            f"{name}_reduce", [(n, _f32) for n in names], [("y", _f32)], forward, "sum",
+            finalize="acc_y = acc_y * scale;",
+            scalars=[("scale", _f32)] + [(n, _f32) for n in scalar_names]))
+        if reduction == "none":          # rows
+            out = Tensor.empty(ctx, shape[:-1])
+            scale = 1.0 / row_size if row_size else math.nan
+            kept = shape[:-1] + (1,)
+        else:
+            out = Tensor.empty(ctx, ())
+            kept = None
+            if reduction == "mean":
+                total = (count // row_size if row_size else 0) if divisor is None else divisor
+                scale = 1.0 / (total * row_size) if total and row_size else math.nan
+            else:
+                scale = 1.0 / row_size if row_size else math.nan
+        if count:
+            kernel(list(operands), [out if kept is None else _view(out, kept)], [scale, *values],
+                   axes=None if kept is None else (len(shape) - 1,))
+        else:
+            out.fill_(math.nan if reduction == "mean" or rows and not row_size else 0.0)
+    sources = [t.detach() for t in operands]
+
+    def backward_fn(g):
+        kernel = _memo((name, "backward"), lambda: PointwiseKernel(
+            f"{name}_backward", [(n, _f32) for n in names] + [("g", _f32)],
+            [(f"d{k}", _f32) for k in grads], backward,
+            scalars=[("scale", _f32)] + [(n, _f32) for n in scalar_names]))
+        if rows and reduction == "none":
+            g = _view(g, shape[:-1] + (1,))
+        result = [Tensor.empty(ctx, shape) for _ in grads]
+        if count:
+            kernel([*sources, g], result, [scale, *values])
+        by_index = dict(zip(grads, result))
+        return tuple(reduce_to_shape(by_index[k], t.shape) if k in by_index else None
+                     for k, t in enumerate(operands))
+
+    return autograd.record(out, [t if k in grads else None for k, t in enumerate(operands)],
+                           backward_fn, name)
+
+
+def _loss_inputs(name, reduction, *tensors, same_shape=False, reductions=_REDUCTIONS):
+    """Check a loss's reduction and float32 tensor operands (named), broadcastable (or of one
+    shape with ``same_shape``)."""
+    if reduction not in reductions:
+        raise UnsupportedError(f"{name}: reduction must be one of {reductions}, got {reduction!r}")
+    for what, t in tensors:
+        _check_float(t, f"{name}: {what}")
+    first = tensors[0][1]
+    for what, t in tensors[1:]:
+        if same_shape and t.shape != first.shape:
+            raise ShapeError(f"{name}: {what} must have the input's shape {first.shape}, got "
+                             f"{t.shape}")
+    broadcast_shapes(*(t.shape for _, t in tensors))
+
+
+def _param(value, what, positive=False, non_negative=False):
+    if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
+        raise DTypeError(f"{what} must be a number, got {value!r}")
+    value = float(value)
+    if positive and not value > 0:
+        raise ShapeError(f"{what} must be > 0, got {value}")
+    if non_negative and not value >= 0:
+        raise ShapeError(f"{what} must be >= 0, got {value}")
+    return value
+
+
+_SIGN = "((d > 0.0f) ? 1.0f : ((d < 0.0f) ? -1.0f : 0.0f))"
+
+
+def l1_loss(input, target, reduction="mean"):
+    """torch.nn.functional.l1_loss: |input - target|, broadcast, reduced; gradients to both."""
+    _loss_inputs("l1_loss", reduction, ("input", input), ("target", target))
+    return _elementwise_loss(
+        "l1_loss", [input, target], "y = fabs(in0 - in1);",
+        f"float d = in0 - in1; d0 = {_SIGN} * g * scale; d1 = -d0;", (0, 1), reduction)
+
+
+def smooth_l1_loss(input, target, reduction="mean", beta=1.0):
+    """torch.nn.functional.smooth_l1_loss: 0.5 d^2 / beta where |d| < ``beta``, else
+    |d| - 0.5 beta (d = input - target); beta = 0 is l1_loss."""
+    _loss_inputs("smooth_l1_loss", reduction, ("input", input), ("target", target))
+    beta = _param(beta, "smooth_l1_loss: beta", non_negative=True)
+    return _elementwise_loss(
+        "smooth_l1_loss", [input, target],
+        "float d = fabs(in0 - in1); y = d < beta ? 0.5f * d * d / beta : d - 0.5f * beta;",
+        "float d = in0 - in1;"
+        "d0 = g * scale * (d < -beta ? -1.0f : (d > beta ? 1.0f : (beta == 0.0f ? 0.0f : d / beta)));"
+        "d1 = -d0;", (0, 1), reduction, [("beta", beta)])
+
+
+def huber_loss(input, target, reduction="mean", delta=1.0):
+    """torch.nn.functional.huber_loss: 0.5 d^2 where |d| < ``delta``, else
+    delta (|d| - 0.5 delta) (d = input - target); delta > 0."""
+    _loss_inputs("huber_loss", reduction, ("input", input), ("target", target))
+    delta = _param(delta, "huber_loss: delta", positive=True)
+    return _elementwise_loss(
+        "huber_loss", [input, target],
+        "float d = fabs(in0 - in1); y = d < delta ? 0.5f * d * d : delta * (d - 0.5f * delta);",
+        "float d = in0 - in1;"
+        "d0 = g * scale * (d < -delta ? -delta : (d > delta ? delta : d)); d1 = -d0;",
+        (0, 1), reduction, [("delta", delta)])
+
+
+def kl_div(input, target, reduction="mean", log_target=False):
+    """torch.nn.functional.kl_div: target (log target - input), the input being
+    log-probabilities; ``log_target``: the target is given as log-probabilities too.
+    ``reduction`` "batchmean" divides the sum by the batch size (input.shape[0]); "mean"
+    averages every element, as torch's. A target of 0 adds 0 (torch's xlogy)."""
+    _loss_inputs("kl_div", reduction, ("input", input), ("target", target),
+                 reductions=_REDUCTIONS + ("batchmean",))
+    divisor = None
+    if reduction == "batchmean":
+        reduction, divisor = "mean", (input.shape[0] if input.ndim else 1)
+    if log_target:
+        return _elementwise_loss(
+            "kl_div_log_target", [input, target], "y = exp(in1) * (in1 - in0);",
+            "float e = exp(in1) * g * scale; d0 = -e; d1 = e * (in1 - in0 + 1.0f);", (0, 1),
+            reduction, divisor=divisor)
+    return _elementwise_loss(
+        "kl_div", [input, target],
+        "y = (in1 == 0.0f ? 0.0f : in1 * log(in1)) - in1 * in0;",
+        "d0 = -in1 * g * scale; d1 = g * scale * ((in1 == 0.0f ? 0.0f : log(in1) + 1.0f) - in0);",
+        (0, 1), reduction, divisor=divisor)
+
+
+def binary_cross_entropy(input, target, weight=None, reduction="mean"):
+    """torch.nn.functional.binary_cross_entropy: -w (t log x + (1 - t) log(1 - x)), each log
+    clamped to >= -100 as torch's; ``weight`` broadcasts to the input. Gradients to input and
+    target. An input outside [0, 1] gives NaN (torch raises on the host)."""
+    _loss_inputs("binary_cross_entropy", reduction, ("input", input), ("target", target),
+                 same_shape=True)
+    operands = [input, target]
+    if weight is not None:
+        _check_float(weight, "binary_cross_entropy: weight")
+        if broadcast_shapes(input.shape, weight.shape) != input.shape:
+            raise ShapeError(f"binary_cross_entropy: weight {weight.shape} must broadcast to the "
+                             f"input shape {input.shape}")
+        operands.append(weight)
+    else:
+        operands.append(Tensor.full(input.ctx, (), 1.0))
+    return _elementwise_loss(
+        "binary_cross_entropy", operands,
+        "float lx = log(in0); lx = lx < -100.0f ? -100.0f : lx;"
+        "float l1x = log1p(-in0); l1x = l1x < -100.0f ? -100.0f : l1x;"
+        "y = -in2 * (in1 * lx + (1.0f - in1) * l1x);",
+        "float lx = log(in0); lx = lx < -100.0f ? -100.0f : lx;"
+        "float l1x = log1p(-in0); l1x = l1x < -100.0f ? -100.0f : l1x;"
+        "float gw = g * scale * in2;"
+        "d0 = gw * (in0 - in1) / fmax((1.0f - in0) * in0, 1e-12f);"
+        "d1 = gw * (l1x - lx);", (0, 1), reduction)
+
+
+def poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-8,
+                     reduce=None, reduction="mean"):
+    """torch.nn.functional.poisson_nll_loss: exp(input) - target input (``log_input``), else
+    input - target log(input + ``eps``); ``full`` adds Stirling's term where target > 1.
+    ``size_average``/``reduce`` (deprecated in torch) must be None."""
+    if size_average is not None or reduce is not None:
+        raise UnsupportedError("poisson_nll_loss: size_average and reduce are deprecated; "
+                               "use reduction")
+    _loss_inputs("poisson_nll_loss", reduction, ("input", input), ("target", target))
+    eps = _param(eps, "poisson_nll_loss: eps")
+    stirling = "(in1 > 1.0f ? in1 * log(in1) - in1 + 0.5f * log(6.283185307179586f * in1) : 0.0f)"
+    stirling_grad = "(in1 > 1.0f ? log(in1) + 0.5f / in1 : 0.0f)"
+    return _elementwise_loss(
+        "poisson_nll_loss", [input, target],
+        f"y = (log_input != 0.0f ? exp(in0) - in1 * in0 : in0 - in1 * log(in0 + eps))"
+        f" + (full != 0.0f ? {stirling} : 0.0f);",
+        "float gs = g * scale;"
+        "d0 = gs * (log_input != 0.0f ? exp(in0) - in1 : 1.0f - in1 / (in0 + eps));"
+        f"d1 = gs * ((log_input != 0.0f ? -in0 : -log(in0 + eps))"
+        f" + (full != 0.0f ? {stirling_grad} : 0.0f));",
+        (0, 1), reduction, [("log_input", bool(log_input)), ("full", bool(full)), ("eps", eps)])
+
+
+def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
+    """torch.nn.functional.gaussian_nll_loss: 0.5 (log v + (input - target)^2 / v) with
+    v = max(var, ``eps``) (the gradient to var as if unclamped, as torch's), plus
+    0.5 log(2 pi) with ``full``. ``var``: the input's shape, or one dimension short of it (the
+    last), or of the input's rank with size 1 in the one dimension where they differ; or a
+    float. A negative var gives NaN (torch raises on the host)."""
+    _check_reduction(reduction, "gaussian_nll_loss")
+    _check_float(input, "gaussian_nll_loss: input")
+    _check_float(target, "gaussian_nll_loss: target")
+    if isinstance(var, (int, float, np.number)) and not isinstance(var, bool):
+        if var < 0:
+            raise ShapeError(f"gaussian_nll_loss: var must be >= 0, got {var}")
+        var = Tensor.full(input.ctx, (), float(var))
+    _check_float(var, "gaussian_nll_loss: var")
+    original = var
+    if var.shape != input.shape:
+        if input.shape[:-1] == var.shape and input.ndim:
+            var = var.reshape(var.shape + (1,))
+        elif not (input.ndim == var.ndim and sum(v for i, v in zip(input.shape, var.shape)
+                                                 if i != v) == 1) and var.ndim:
+            raise ShapeError(f"gaussian_nll_loss: var of shape {var.shape} does not fit the "
+                             f"input {input.shape} (expected {input.shape}, "
+                             f"{input.shape[:-1]}, or the input's shape with 1 in one "
+                             f"dimension)")
+    broadcast_shapes(input.shape, target.shape, var.shape)
+    eps = _param(eps, "gaussian_nll_loss: eps")
+    return _elementwise_loss(
+        "gaussian_nll_loss", [input, target, var],
+        "float v = fmax(in2, eps); float d = in0 - in1;"
+        "y = 0.5f * (log(v) + d * d / v) + (full != 0.0f ? 0.9189385332046727f : 0.0f);",
+        "float v = fmax(in2, eps); float d = in0 - in1; float gs = g * scale;"
+        "d0 = gs * d / v; d1 = -d0; d2 = gs * 0.5f * (1.0f / v - d * d / (v * v));",
+        (0, 1, 2), reduction, [("full", bool(full)), ("eps", eps)])
+
+
+def hinge_embedding_loss(input, target, margin=1.0, reduction="mean"):
+    """torch.nn.functional.hinge_embedding_loss: input where target is 1, max(0, margin -
+    input) where it is -1 (both terms where it is neither, as torch's); gradient to input."""
+    _loss_inputs("hinge_embedding_loss", reduction, ("input", input), ("target", target))
+    margin = _param(margin, "hinge_embedding_loss: margin")
+    return _elementwise_loss(
+        "hinge_embedding_loss", [input, target],
+        "y = (in1 != 1.0f ? fmax(margin - in0, 0.0f) : 0.0f) + (in1 != -1.0f ? in0 : 0.0f);",
+        "d0 = g * scale * ((in1 != 1.0f && margin - in0 >= 0.0f ? -1.0f : 0.0f)"
+        " + (in1 != -1.0f ? 1.0f : 0.0f));", (0,), reduction, [("margin", margin)])
+
+
+def margin_ranking_loss(input1, input2, target, margin=0.0, reduction="mean"):
+    """torch.nn.functional.margin_ranking_loss: max(0, -target (input1 - input2) + margin);
+    the three have one rank and broadcast. Gradients to all three."""
+    _loss_inputs("margin_ranking_loss", reduction, ("input1", input1), ("input2", input2),
+                 ("target", target))
+    if not input1.ndim == input2.ndim == target.ndim:
+        raise ShapeError(f"margin_ranking_loss: the inputs and target must have one rank, got "
+                         f"{input1.shape}, {input2.shape} and {target.shape}")
+    margin = _param(margin, "margin_ranking_loss: margin")
+    return _elementwise_loss(
+        "margin_ranking_loss", [input1, input2, target],
+        "y = fmax(-in2 * (in0 - in1) + margin, 0.0f);",
+        "float s = (-in2 * (in0 - in1) + margin >= 0.0f) ? g * scale : 0.0f;"
+        "d0 = -in2 * s; d1 = in2 * s; d2 = -(in0 - in1) * s;", (0, 1, 2), reduction,
+        [("margin", margin)])
+
+
+def soft_margin_loss(input, target, reduction="mean"):
+    """torch.nn.functional.soft_margin_loss: log(1 + exp(-target input)); gradient to the
+    input (torch's target has none)."""
+    _loss_inputs("soft_margin_loss", reduction, ("input", input), ("target", target))
+    return _elementwise_loss(
+        "soft_margin_loss", [input, target], "y = log1p(exp(-in1 * in0));",
+        "d0 = -in1 * g * scale / (1.0f + exp(in1 * in0));", (0,), reduction)
+
+
+def multilabel_soft_margin_loss(input, target, weight=None, reduction="mean"):
+    """torch.nn.functional.multilabel_soft_margin_loss: -(t logsigmoid(x) + (1 - t)
+    logsigmoid(-x)) times ``weight`` (broadcast), averaged over the classes (the last
+    dimension) of each sample, then reduced over the samples. Gradients to input and
+    target."""
+    _loss_inputs("multilabel_soft_margin_loss", reduction, ("input", input), ("target", target))
+    if input.ndim == 0:
+        raise ShapeError("multilabel_soft_margin_loss: the input must have a class dimension, "
+                         "got a 0-d tensor")
+    if weight is None:
+        weight = Tensor.full(input.ctx, (), 1.0)
+    _check_float(weight, "multilabel_soft_margin_loss: weight")
+    # logsigmoid(x) = min(x, 0) - log1p(exp(-|x|)), and logsigmoid(-x) = logsigmoid(x) - x.
+    return _elementwise_loss(
+        "multilabel_soft_margin_loss", [input, target, weight],
+        "float ls = fmin(in0, 0.0f) - log1p(exp(-fabs(in0)));"
+        "y = -in2 * (in1 * ls + (1.0f - in1) * (ls - in0));",
+        "float gs = g * scale * in2;"
+        "d0 = gs * (1.0f / (1.0f + exp(-in0)) - in1); d1 = -gs * in0;", (0, 1), reduction,
+        rows=True)
