@@ -819,3 +819,92 @@ def multilabel_soft_margin_loss(input, target, weight=None, reduction="mean"):
         "float gs = g * scale * in2;"
         "d0 = gs * (1.0f / (1.0f + exp(-in0)) - in1); d1 = -gs * in0;", (0, 1), reduction,
         rows=True)
+
+
+# ---- losses over distances -----------------------------------------------------------------
+
+def cosine_embedding_loss(input1, input2, target, margin=0.0, reduction="mean"):
+    """torch.nn.functional.cosine_embedding_loss: 1 - cos where target is 1, max(0, cos -
+    ``margin``) where it is -1 (0 elsewhere), cos over the last dimension of (N, D) or (D)
+    inputs with torch's 1e-12 added to each squared norm. Gradients to both inputs."""
+    _check_reduction(reduction, "cosine_embedding_loss")
+    for what, t in (("input1", input1), ("input2", input2), ("target", target)):
+        _check_float(t, f"cosine_embedding_loss: {what}")
+    ctx = check_same_context(input1, input2, target)
+    if input1.shape != input2.shape or input1.ndim not in (1, 2):
+        raise ShapeError(f"cosine_embedding_loss: the inputs must be (N, D) or (D) of one shape, "
+                         f"got {input1.shape} and {input2.shape}")
+    if target.shape != input1.shape[:-1]:
+        raise ShapeError(f"cosine_embedding_loss: target must have shape {input1.shape[:-1]} for "
+                         f"inputs {input1.shape}, got {target.shape}")
+    margin = _param(margin, "cosine_embedding_loss: margin")
+    rows = input1.shape[:-1] + (1,)
+    dot, s1, s2 = (Tensor.empty(ctx, rows) for _ in range(3))
+    if math.prod(rows):
+        if input1.shape[-1]:
+            _memo("cosine_sums", lambda: ReduceKernel(
+                "cosine_sums", [("a", _f32), ("b", _f32)],
+                [("c", _f32), ("s1", _f32), ("s2", _f32)], "c = a * b; s1 = a * a; s2 = b * b;",
+                "sum"))([input1, input2], [dot, s1, s2], axes=(input1.ndim - 1,))
+        else:
+            for t in (dot, s1, s2):
+                t.fill_(0.0)
+    cos = "float r = sqrt((in1 + 1e-12f) * (in2 + 1e-12f)); float cs = in0 / r;"
+    with autograd.no_grad():
+        out = _elementwise_loss(
+            "cosine_embedding_loss", [dot, s1, s2, _view(target, rows)],
+            cos + "y = in3 == 1.0f ? 1.0f - cs : (in3 == -1.0f ? fmax(cs - margin, 0.0f) : 0.0f);",
+            "", (), reduction, [("margin", margin)])
+    if out.ndim == 2:
+        out = _view(out, out.shape[:1])
+    elif out.ndim == 1 and reduction == "none":
+        out = _view(out, ())
+    scale = (1.0 / math.prod(rows) if math.prod(rows) else math.nan) if reduction == "mean" else 1.0
+    sources = (input1.detach(), input2.detach(), _view(target, rows))
+
+    def backward(g):
+        kernel = _memo("cosine_embedding_backward", lambda: PointwiseKernel(
+            "cosine_embedding_loss_backward",
+            [("a", _f32), ("b", _f32), ("t", _f32), ("c", _f32), ("s1", _f32), ("s2", _f32),
+             ("g", _f32)], [("da", _f32), ("db", _f32)],
+            "float p = s1 + 1e-12f, q = s2 + 1e-12f, r = sqrt(p * q), cs = c / r;"
+            "float dc = t == 1.0f ? -1.0f : ((t == -1.0f && cs - margin >= 0.0f) ? 1.0f : 0.0f);"
+            "dc *= g * scale;"
+            "da = dc * (b / r - cs * a / p); db = dc * (a / r - cs * b / q);",
+            scalars=[("scale", _f32), ("margin", _f32)]))
+        da, db = Tensor.empty(ctx, input1.shape), Tensor.empty(ctx, input1.shape)
+        if input1.size:
+            kernel([sources[0], sources[1], sources[2], dot, s1, s2,
+                    g if g.ndim == 0 else _view(g, rows)], [da, db], [scale, margin])
+        return da, db, None
+
+    return autograd.record(out, (input1, input2, None), backward, "cosine_embedding_loss")
+
+
+def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6, swap=False,
+                        size_average=None, reduce=None, reduction="mean"):
+    """torch.nn.functional.triplet_margin_loss: max(d(a, p) - d(a, n) + ``margin``, 0) with d
+    ``pairwise_distance`` (``p``, ``eps``); ``swap`` takes min(d(a, n), d(p, n)) for the
+    negative distance. Inputs (N, D) or (D), of one rank. Gradients to all three."""
+    from .arithmetic import minimum
+    from .distance import pairwise_distance
+    if size_average is not None or reduce is not None:
+        raise UnsupportedError("triplet_margin_loss: size_average and reduce are deprecated; "
+                               "use reduction")
+    _check_reduction(reduction, "triplet_margin_loss")
+    for what, t in (("anchor", anchor), ("positive", positive), ("negative", negative)):
+        _check_float(t, f"triplet_margin_loss: {what}")
+    if not anchor.ndim == positive.ndim == negative.ndim or anchor.ndim not in (1, 2):
+        raise ShapeError(f"triplet_margin_loss: anchor, positive and negative must all be (N, D) "
+                         f"or (D), got {anchor.shape}, {positive.shape} and {negative.shape}")
+    margin = _param(margin, "triplet_margin_loss: margin")
+    if margin <= 0:
+        raise ShapeError(f"triplet_margin_loss: margin must be > 0, got {margin}")
+    to_positive = pairwise_distance(anchor, positive, p, eps)
+    to_negative = pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        to_negative = minimum(to_negative, pairwise_distance(positive, negative, p, eps))
+    return _elementwise_loss(
+        "triplet_margin_loss", [to_positive, to_negative], "y = fmax(margin + in0 - in1, 0.0f);",
+        "float s = margin + in0 - in1 >= 0.0f ? g * scale : 0.0f; d0 = s; d1 = -s;", (0, 1),
+        reduction, [("margin", margin)])
