@@ -26,7 +26,8 @@ from .ops.tensor_ops import (cat, flatten, narrow, pad, permute, reshape, split,
 from .ops.pool import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d,  # noqa: F401
                        max_pool2d)
 from .ops.conv import conv2d, conv_transpose2d  # noqa: F401
-from .ops.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401
+from .ops.norm import (batch_norm, group_norm, instance_norm, layer_norm,  # noqa: F401
+                       local_response_norm, normalize, rms_norm)
 from .ops.interpolate import interpolate  # noqa: F401
 from .ops.linear import bilinear, linear  # noqa: F401
 

@@ -29,7 +29,8 @@ from .flatten import Flatten
 from .linear import Identity, Linear
 from .loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss
 from .module import Module, Parameter, StateDictError
-from .normalization import GroupNorm, LayerNorm
+from .normalization import (GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, LayerNorm,
+                            RMSNorm)
 from .pooling import AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d
 
 # dp.nn.functional is dp.functional itself, importable by that name too, as torch's
@@ -39,7 +40,8 @@ sys.modules[__name__ + ".functional"] = functional
 __all__ = [
     "Module", "Parameter", "StateDictError", "Sequential", "ModuleList", "ModuleDict",
     "Conv2d", "ConvTranspose2d", "Linear", "Identity", "Flatten",
-    "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm",
+    "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm", "InstanceNorm1d",
+    "InstanceNorm2d", "InstanceNorm3d",
     "ReLU", "ReLU6", "LeakyReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid",
     "Softmax", "Mish", "SELU", "CELU", "LogSigmoid", "Softsign", "Softshrink", "Hardshrink",
     "Tanhshrink", "Threshold", "RReLU", "GLU", "Softmin", "PReLU", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Dropout",
