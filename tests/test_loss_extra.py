@@ -9,7 +9,7 @@ import torch.nn.functional as TF
 import dlprim_py as dp
 from dlprim_py import program
 
-from conftest import random
+from conftest import assert_close, random
 from test_activation_extra import check
 
 F = dp.functional
@@ -180,6 +180,139 @@ def test_repeated_calls_build_nothing(ctx, rng):
                       F.multilabel_soft_margin_loss(a, t, reduction=reduction)):
                 y.backward(dp.Tensor.full(ctx, y.shape, 0.5))
         a.grad = None
+
+    run()
+    before = dict(program.stats)
+    run()
+    ctx.synchronize()
+    assert dict(program.stats) == before
+
+
+def _with_targets(ours, theirs, target, *extra):
+    """Calls of a loss with an int64 target (and other fixed operands)."""
+    return (lambda x: ours(x, target[0], *extra[0]), lambda x: theirs(x, target[1], *extra[1]))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("p,weighted,shape", [(1, False, (5, 4)), (2, True, (5, 4)), (1, True, (6,))])
+def test_multi_margin_loss(ctx, rng, reduction, p, weighted, shape):
+    c = shape[-1]
+    t = rng.integers(0, c, size=shape[:-1]).astype(np.int64)
+    w = random(rng, (c,), 0.5, 2)
+    ours, theirs = _with_targets(
+        lambda x, t_, w_: F.multi_margin_loss(x, t_, p, 0.6, w_, reduction=reduction),
+        lambda x, t_, w_: TF.multi_margin_loss(x, t_, p, 0.6, w_, reduction=reduction),
+        (dp.Tensor.from_numpy(ctx, t), torch.tensor(t)),
+        (dp.Tensor.from_numpy(ctx, w) if weighted else None,),
+        (torch.tensor(w, dtype=torch.float64) if weighted else None,))
+    check(ctx, rng, ours, theirs, [random(rng, shape, -1, 1)])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("batched", [True, False])
+def test_multilabel_margin_loss(ctx, rng, reduction, batched):
+    t = np.array([[1, 3, -1, 0, 0], [0, 1, 2, 3, 4], [-1, 2, 0, 0, 0], [4, -1, 1, 1, 1]], np.int64)
+    if not batched:
+        t = t[0]
+    ours, theirs = _with_targets(
+        lambda x, t_: F.multilabel_margin_loss(x, t_, reduction=reduction),
+        lambda x, t_: TF.multilabel_margin_loss(x, t_, reduction=reduction),
+        (dp.Tensor.from_numpy(ctx, t), torch.tensor(t)), (), ())
+    check(ctx, rng, ours, theirs, [random(rng, t.shape, -1, 1)])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape,weighted", [((5, 4), True), ((3, 4, 2, 3), False), ((6,), True)])
+def test_cross_entropy_label_smoothing(ctx, rng, reduction, shape, weighted):
+    c = shape[0] if len(shape) == 1 else shape[1]
+    t = rng.integers(0, c, size=() if len(shape) == 1 else (shape[0],) + shape[2:]).astype(np.int64)
+    if t.size > 1:
+        t.flat[1] = -100
+    w = random(rng, (c,), 0.5, 2)
+    ours, theirs = _with_targets(
+        lambda x, t_, w_: F.cross_entropy(x, t_, w_, reduction=reduction, label_smoothing=0.2),
+        lambda x, t_, w_: TF.cross_entropy(x, t_, w_, reduction=reduction, label_smoothing=0.2),
+        (dp.Tensor.from_numpy(ctx, t), torch.tensor(t)),
+        (dp.Tensor.from_numpy(ctx, w) if weighted else None,),
+        (torch.tensor(w, dtype=torch.float64) if weighted else None,))
+    check(ctx, rng, ours, theirs, [random(rng, shape, -2, 2)])
+
+
+def test_cross_entropy_label_smoothing_with_probabilities(ctx, rng):
+    probs = rng.dirichlet(np.ones(4), size=5).astype(np.float32)
+    check(ctx, rng, lambda x, p: F.cross_entropy(x, p, label_smoothing=0.3),
+          lambda x, p: TF.cross_entropy(x, p, label_smoothing=0.3),
+          [random(rng, (5, 4), -2, 2), probs], grads=(0,))
+
+
+def test_margin_losses_refuse(ctx, rng):
+    x = dp.Tensor.from_numpy(ctx, random(rng, (4, 5)))
+    t = dp.Tensor.from_numpy(ctx, np.array([1, 0, 4, 2], np.int64))
+    with pytest.raises(dp.UnsupportedError, match="p must be"):
+        F.multi_margin_loss(x, t, p=3)
+    with pytest.raises(dp.DTypeError, match="int64"):
+        F.multi_margin_loss(x, x)
+    with pytest.raises(dp.ShapeError, match="target of shape"):
+        F.multilabel_margin_loss(x, t)
+    with pytest.raises(dp.ShapeError, match="weight"):
+        F.multi_margin_loss(x, t, weight=dp.Tensor.from_numpy(ctx, random(rng, (4,))))
+    # A target outside [0, C) is reported at the next synchronizing call.
+    F.multi_margin_loss(x, dp.Tensor.from_numpy(ctx, np.array([1, 7, 0, 0], np.int64)))
+    with pytest.raises(dp.ShapeError, match="out of range"):
+        ctx.synchronize()
+
+
+def test_loss_modules(ctx, rng):
+    a, b = random(rng, (4, 5), 0.1, 0.9), random(rng, (4, 5), 0.1, 0.9)
+    x, y = dp.Tensor.from_numpy(ctx, a), dp.Tensor.from_numpy(ctx, b)
+    xt, yt = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    sign = _sign(rng, (4,))
+    s, st = dp.Tensor.from_numpy(ctx, sign), torch.tensor(sign, dtype=torch.float64)
+    labels = np.array([1, 0, 4, 2], np.int64)
+    lab, labt = dp.Tensor.from_numpy(ctx, labels), torch.tensor(labels)
+    multi = np.array([[1, -1, 0, 0, 0]] * 4, np.int64)
+    m, mt = dp.Tensor.from_numpy(ctx, multi), torch.tensor(multi)
+    nn, tnn = dp.nn, torch.nn
+    pairs = [
+        (nn.L1Loss()(x, y), tnn.L1Loss()(xt, yt)),
+        (nn.SmoothL1Loss(beta=0.5)(x, y), tnn.SmoothL1Loss(beta=0.5)(xt, yt)),
+        (nn.HuberLoss(reduction="sum", delta=0.5)(x, y), tnn.HuberLoss("sum", 0.5)(xt, yt)),
+        (nn.KLDivLoss(reduction="batchmean")(x, y), tnn.KLDivLoss(reduction="batchmean")(xt, yt)),
+        (nn.BCELoss()(x, y), tnn.BCELoss()(xt, yt)),
+        (nn.PoissonNLLLoss(log_input=False)(x, y), tnn.PoissonNLLLoss(log_input=False)(xt, yt)),
+        (nn.GaussianNLLLoss()(x, y, y), tnn.GaussianNLLLoss()(xt, yt, yt)),
+        (nn.HingeEmbeddingLoss(0.5)(x, y), tnn.HingeEmbeddingLoss(0.5)(xt, yt)),
+        (nn.SoftMarginLoss()(x, y), tnn.SoftMarginLoss()(xt, yt)),
+        (nn.MultiLabelSoftMarginLoss()(x, y), tnn.MultiLabelSoftMarginLoss()(xt, yt)),
+        (nn.MarginRankingLoss(0.1)(x, y, y), tnn.MarginRankingLoss(0.1)(xt, yt, yt)),
+        (nn.CosineEmbeddingLoss(0.1)(x, y, s), tnn.CosineEmbeddingLoss(0.1)(xt, yt, st)),
+        (nn.TripletMarginLoss(0.5)(x, y, y * 0.5), tnn.TripletMarginLoss(0.5)(xt, yt, yt * 0.5)),
+        (nn.MultiMarginLoss(p=2)(x, lab), tnn.MultiMarginLoss(p=2)(xt, labt)),
+        (nn.MultiLabelMarginLoss()(x, m), tnn.MultiLabelMarginLoss()(xt, mt)),
+        (nn.CrossEntropyLoss(label_smoothing=0.1)(x, lab),
+         tnn.CrossEntropyLoss(label_smoothing=0.1)(xt, labt)),
+        (nn.CosineSimilarity()(x, y), tnn.CosineSimilarity()(xt, yt)),
+        (nn.PairwiseDistance(p=1.0)(x, y), tnn.PairwiseDistance(p=1.0)(xt, yt)),
+    ]
+    for ours, theirs in pairs:
+        assert_close(ours.numpy(), theirs.numpy())
+    bilinear = nn.Bilinear(5, 5, 3, ctx=ctx)
+    assert bilinear(x, y).shape == (4, 3)
+    assert sorted(n for n, _ in bilinear.named_parameters()) == ["bias", "weight"]
+
+
+def test_margin_losses_build_nothing_when_repeated(ctx, rng):
+    x = dp.Tensor.from_numpy(ctx, random(rng, (4, 5)), requires_grad=True)
+    t = dp.Tensor.from_numpy(ctx, np.array([1, 0, 4, 2], np.int64))
+    m = dp.Tensor.from_numpy(ctx, np.array([[1, -1, 0, 0, 0]] * 4, np.int64))
+
+    def run():
+        for reduction in REDUCTIONS:
+            for y in (F.multi_margin_loss(x, t, reduction=reduction),
+                      F.multilabel_margin_loss(x, m, reduction=reduction),
+                      F.cross_entropy(x, t, reduction=reduction, label_smoothing=0.1)):
+                y.backward(dp.Tensor.full(ctx, y.shape, 0.5))
+        x.grad = None
 
     run()
     before = dict(program.stats)

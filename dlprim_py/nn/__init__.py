@@ -26,8 +26,13 @@ from .container import ModuleDict, ModuleList, Sequential
 from .conv import Conv2d, ConvTranspose2d
 from .dropout import Dropout
 from .flatten import Flatten
-from .linear import Identity, Linear
-from .loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss
+from .distance import CosineSimilarity, PairwiseDistance
+from .linear import Bilinear, Identity, Linear
+from .loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropyLoss,
+                   GaussianNLLLoss, HingeEmbeddingLoss, HuberLoss, KLDivLoss, L1Loss,
+                   MarginRankingLoss, MSELoss, MultiLabelMarginLoss, MultiLabelSoftMarginLoss,
+                   MultiMarginLoss, NLLLoss, PoissonNLLLoss, SmoothL1Loss, SoftMarginLoss,
+                   TripletMarginLoss)
 from .module import Module, Parameter, StateDictError
 from .normalization import (GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, LayerNorm,
                             RMSNorm)
@@ -39,11 +44,15 @@ sys.modules[__name__ + ".functional"] = functional
 
 __all__ = [
     "Module", "Parameter", "StateDictError", "Sequential", "ModuleList", "ModuleDict",
-    "Conv2d", "ConvTranspose2d", "Linear", "Identity", "Flatten",
+    "Conv2d", "ConvTranspose2d", "Linear", "Bilinear", "Identity", "Flatten",
     "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm", "InstanceNorm1d",
     "InstanceNorm2d", "InstanceNorm3d",
     "ReLU", "ReLU6", "LeakyReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid",
     "Softmax", "Mish", "SELU", "CELU", "LogSigmoid", "Softsign", "Softshrink", "Hardshrink",
     "Tanhshrink", "Threshold", "RReLU", "GLU", "Softmin", "PReLU", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Dropout",
-    "CrossEntropyLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss",
+    "CrossEntropyLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss", "L1Loss", "SmoothL1Loss",
+    "HuberLoss", "KLDivLoss", "BCELoss", "PoissonNLLLoss", "GaussianNLLLoss",
+    "HingeEmbeddingLoss", "MarginRankingLoss", "CosineEmbeddingLoss", "SoftMarginLoss",
+    "MultiLabelSoftMarginLoss", "MultiLabelMarginLoss", "MultiMarginLoss", "TripletMarginLoss",
+    "CosineSimilarity", "PairwiseDistance",
 ]

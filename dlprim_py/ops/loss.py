@@ -376,14 +376,23 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
                   label_smoothing=0.0):
     """torch.nn.functional.cross_entropy: log_softmax over dim 1 (dim 0 for a (C) input), then
     nll_loss for int64 class targets, or -sum(weight * target * log p) over the classes for a
-    float32 probability target shaped like the input (mean averages over all positions)."""
+    float32 probability target shaped like the input (mean averages over all positions).
+
+    ``label_smoothing`` ε in [0, 1]: a probability target becomes target (1 - ε) + ε / C; with
+    class targets the loss is (1 - ε) nll + ε / C times the sum of -weight * log p over the
+    classes of each non-ignored position, reduced as torch reduces it ("mean" divides by the
+    targets' weight sum)."""
     _check_reduction(reduction, "cross_entropy")
     _check_float(input, "cross_entropy: input")
-    if label_smoothing != 0.0:
-        raise UnsupportedError(f"cross_entropy: label_smoothing is not supported, got {label_smoothing}")
+    label_smoothing = _param(label_smoothing, "cross_entropy: label_smoothing")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ShapeError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     if input.ndim == 0:
         raise ShapeError(f"cross_entropy: input must be (C), (N, C) or (N, C, d1, ...), got {input.shape}")
     class_dim = 0 if input.ndim == 1 else 1
+    if label_smoothing != 0.0:
+        return _smoothed_cross_entropy(input, target, weight, ignore_index, reduction,
+                                       label_smoothing, class_dim)
     if isinstance(target, Tensor) and target.dtype == np.int64:
         # One read of the logits: their max and log-sum-exp over the classes, then the picked
         # logit minus them. The backward forms log_softmax then.
@@ -908,3 +917,208 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6,
         "triplet_margin_loss", [to_positive, to_negative], "y = fmax(margin + in0 - in1, 0.0f);",
         "float s = margin + in0 - in1 >= 0.0f ? g * scale : 0.0f; d0 = s; d1 = -s;", (0, 1),
         reduction, [("margin", margin)])
+
+
+# ---- multi-class margin losses ------------------------------------------------------------
+
+def _class_indices(ctx, classes):
+    """0, 1, ..., classes - 1 as float32 (C,), kept per context: the class of an element as an
+    operand that broadcasts (exact below 2^24 classes)."""
+    key = ("class_indices", classes)
+    t = ctx.memo.get(key)
+    if t is None:
+        t = ctx.memo[key] = Tensor.from_numpy(ctx, np.arange(classes, dtype=np.float32))
+    return t
+
+
+def _class_geometry(name, input, target, target_like_input=False):
+    """(N, C, input as (N, C), target as (N, 1) or (N, C)) of an (N, C) or (C) input."""
+    _check_float(input, f"{name}: input")
+    if not isinstance(target, Tensor):
+        raise not_a_tensor(f"{name}: target", target)
+    if target.dtype != np.int64:
+        raise DTypeError(f"{name}: target must be int64 class indices, got {target.dtype}")
+    check_same_context(input, target)
+    if input.ndim not in (1, 2) or input.shape[-1] == 0:
+        raise ShapeError(f"{name}: input must be (N, C) or (C) with C > 0, got {input.shape}")
+    n, c = (1, input.shape[0]) if input.ndim == 1 else input.shape
+    expected = input.shape if target_like_input else input.shape[:-1]
+    if target.shape != expected:
+        raise ShapeError(f"{name}: input {input.shape} needs a target of shape {expected}, got "
+                         f"{target.shape}")
+    # The input's view is on the tape (its gradient reaches the input).
+    return n, c, input.reshape(n, c), _view(target, (n, c) if target_like_input else (n, 1))
+
+
+def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None,
+                      reduce=None, reduction="mean"):
+    """torch.nn.functional.multi_margin_loss: for each sample, the sum over the classes i other
+    than its target y of max(0, ``margin`` - x[y] + x[i])^p (p 1 or 2), times weight[y], over C.
+    Input (N, C) or (C), int64 target (N) or (). A target outside [0, C) raises ShapeError at
+    the next synchronizing call, as nll_loss's. Gradient to the input."""
+    if size_average is not None or reduce is not None:
+        raise UnsupportedError("multi_margin_loss: size_average and reduce are deprecated; use "
+                               "reduction")
+    _check_reduction(reduction, "multi_margin_loss")
+    if p not in (1, 2) or isinstance(p, bool):
+        raise UnsupportedError(f"multi_margin_loss: p must be 1 or 2, got {p!r}")
+    margin = _param(margin, "multi_margin_loss: margin")
+    n, c, x, t = _class_geometry("multi_margin_loss", input, target)
+    ctx = input.ctx
+    if weight is not None:
+        _check_float(weight, "multi_margin_loss: weight")
+        if weight.shape != (c,):
+            raise ShapeError(f"multi_margin_loss: weight must have shape ({c},), got {weight.shape}")
+        w = _view(weight, (1, c))
+    else:
+        w = Tensor.full(ctx, (), 1.0)
+    # The target's range, checked on the device as nll_loss checks it (no ignore_index here).
+    setup = _nll_setup(input, target, None, "sum", False, -(2 ** 63))
+    mode = _range_check_mode()
+    _enqueue_range_check(setup, target)
+    read = _read_range_flag(ctx) if mode == "immediate" and setup.total else None
+    classes = _view(_class_indices(ctx, c), (1, c))
+    # Per sample: its target's logit and weight, and the target as a float (one kernel).
+    picked, picked_weight, target_class = (Tensor.empty(ctx, (n, 1)) for _ in range(3))
+    _memo("margin_pick", lambda: ReduceKernel(
+        "multi_margin_pick", [("x", _f32), ("t", np.int64), ("w", _f32), ("k", _f32)],
+        [("xt", _f32), ("wt", _f32), ("tf", _f32)],
+        "bool hit = (float)t == k; xt = hit ? x : 0.0f; wt = hit ? w : 0.0f; tf = (float)t;",
+        "acc_xt += xt; acc_wt += wt; acc_tf = fmax(acc_tf, tf);",
+        {"xt": "0.0f", "wt": "0.0f", "tf": "-INFINITY"}))([x, t, w, classes],
+                                                     [picked, picked_weight, target_class])
+    _finish_range_check(setup, mode, read)
+    source, classes_source, target_source = x.detach(), classes, target_class
+    if autograd.needs_grad(input):
+        def pick_backward(g):
+            dx = Tensor.empty(ctx, (n, c))
+            _memo("margin_pick_backward", lambda: PointwiseKernel(
+                "multi_margin_pick_backward", [("g", _f32), ("k", _f32), ("tf", _f32)],
+                [("dx", _f32)], "dx = k == tf ? g : 0.0f;"))([g, classes_source, target_source],
+                                                              [dx])
+            return (dx,)
+
+        picked = autograd.record(picked, (x,), pick_backward, "multi_margin_pick")
+    out = _elementwise_loss(
+        "multi_margin_loss", [x, picked, picked_weight, target_class, classes],
+        "float z = margin - in1 + in0;"
+        "y = (in4 != in3 && z > 0.0f) ? in2 * (power == 1.0f ? z : z * z) : 0.0f;",
+        "float z = margin - in1 + in0;"
+        "float dz = (in4 != in3 && z > 0.0f) ? in2 * (power == 1.0f ? 1.0f : 2.0f * z) : 0.0f;"
+        "d0 = dz * g * scale; d1 = -d0;", (0, 1), reduction,
+        [("margin", margin), ("power", float(p))], rows=True)
+    if input.ndim == 1 and reduction == "none":
+        out = out.reshape(())
+    return out
+
+
+def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """torch.nn.functional.multilabel_margin_loss: for each sample, the target classes are
+    the entries of its int64 target row up to the first negative one; the loss sums
+    max(0, 1 - (x[j] - x[i])) over target classes j and non-target classes i, over C. Input and
+    target (N, C) or (C). Entries at or past C are not checked (they match no class). Gradient
+    to the input."""
+    if size_average is not None or reduce is not None:
+        raise UnsupportedError("multilabel_margin_loss: size_average and reduce are deprecated; "
+                               "use reduction")
+    _check_reduction(reduction, "multilabel_margin_loss")
+    n, c, x, t = _class_geometry("multilabel_margin_loss", input, target, target_like_input=True)
+    ctx = input.ctx
+    classes = _class_indices(ctx, c)
+    # The first negative entry of each row, then which classes are targets (1) or not (0).
+    first = Tensor.empty(ctx, (n, 1))
+    _memo("multilabel_first", lambda: ReduceKernel(
+        "multilabel_first_stop", [("t", np.int64), ("k", _f32)], [("f", _f32)],
+        "f = t < 0 ? k : classes;", "min", scalars=[("classes", _f32)]))(
+        [t, _view(classes, (1, c))], [first], [float(c)])
+    is_target = Tensor.empty(ctx, (n, c, 1))
+    _memo("multilabel_mask", lambda: ReduceKernel(
+        "multilabel_is_target", [("t", np.int64), ("f", _f32), ("kj", _f32), ("ki", _f32)],
+        [("m", _f32)], "m = (kj < f && (float)t == ki) ? 1.0f : 0.0f;", "max"))(
+        [_view(t, (n, 1, c)), _view(first, (n, 1, 1)), _view(classes, (1, 1, c)),
+         _view(classes, (1, c, 1))], [is_target])
+    operands = [_view(x, (n, c, 1)), _view(x, (n, 1, c)), is_target, _view(is_target, (n, 1, c))]
+    if reduction == "none":
+        out = Tensor.empty(ctx, (n,))
+        target_view, axes, scale = _view(out, (n, 1, 1)), (1, 2), 1.0 / c
+    else:
+        out = Tensor.empty(ctx, ())
+        target_view, axes = out, None
+        scale = 1.0 / (c * n) if reduction == "mean" else 1.0 / c
+    if n:
+        _memo("multilabel_margin", lambda: ReduceKernel(
+            "multilabel_margin_loss", [("xj", _f32), ("xi", _f32), ("mj", _f32), ("mi", _f32)],
+            [("y", _f32)], "y = (mj > 0.0f && mi == 0.0f) ? fmax(1.0f - xj + xi, 0.0f) : 0.0f;",
+            "sum", finalize="acc_y = acc_y * scale;", scalars=[("scale", _f32)]))(
+            operands, [target_view], [scale], axes=axes)
+    else:
+        out.fill_(math.nan if reduction == "mean" else 0.0)
+    sources = [o.detach() for o in operands]
+
+    def backward(g):
+        dx = Tensor.empty(ctx, input.shape)
+        if n:
+            _memo("multilabel_margin_backward", lambda: ReduceKernel(
+                "multilabel_margin_backward",
+                [("xk", _f32), ("xm", _f32), ("mk", _f32), ("mm", _f32), ("g", _f32)],
+                [("d", _f32)],
+                "d = ((mk > 0.0f && mm == 0.0f && 1.0f - xk + xm > 0.0f) ? -1.0f : 0.0f)"
+                " + ((mk == 0.0f && mm > 0.0f && 1.0f - xm + xk > 0.0f) ? 1.0f : 0.0f);"
+                "d *= g * scale;", "sum", scalars=[("scale", _f32)]))(
+                [*sources, g if g.ndim == 0 else _view(g, (n, 1, 1))], [_view(dx, (n, c, 1))],
+                [scale], axes=(2,))
+        return (dx,)
+
+    if input.ndim == 1 and reduction == "none":
+        out = _view(out, ())
+    return autograd.record(out, (input,), backward, "multilabel_margin_loss")
+
+
+def _smoothed_cross_entropy(input, target, weight, ignore_index, reduction, smoothing, class_dim):
+    """cross_entropy with label smoothing, as torch composes it."""
+    from .arithmetic import add, div
+    classes = input.shape[class_dim]
+    if isinstance(target, Tensor) and target.dtype == np.float32:
+        if target.shape != input.shape:
+            raise ShapeError(f"cross_entropy: a probability target must have the input's shape "
+                             f"{input.shape}, got {target.shape}")
+        smoothed = add(mul(target, 1.0 - smoothing), smoothing / classes)
+        return cross_entropy(input, smoothed, weight, ignore_index, reduction, 0.0)
+    nll = cross_entropy(input, target, weight, ignore_index, reduction, 0.0)
+    ctx = input.ctx
+    n = 1 if input.ndim == 1 else input.shape[0]
+    s = math.prod(input.shape[2:])
+    logp = log_softmax(input, class_dim).reshape(n, classes, s)
+    t = _view(target, (n, 1, s))
+    w = _view(weight, (1, classes, 1)) if weight is not None else Tensor.full(ctx, (), 1.0)
+    # -sum_c w_c log p_c at each non-ignored position.
+    smooth = Tensor.empty(ctx, (n, 1, s))
+    _memo("smooth_sum", lambda: ReduceKernel(
+        "label_smoothing_sum", [("lp", _f32), ("w", _f32), ("t", np.int64)], [("y", _f32)],
+        "y = t != ignore ? -w * lp : 0.0f;", "sum", scalars=[("ignore", np.int64)]))(
+        [logp, w, t], [smooth], [ignore_index], axes=(1,))
+    w_source, t_source = w.detach(), t
+
+    def smooth_backward(g):
+        dlogp = Tensor.empty(ctx, (n, classes, s))
+        _memo("smooth_backward", lambda: PointwiseKernel(
+            "label_smoothing_backward", [("w", _f32), ("t", np.int64), ("g", _f32)],
+            [("d", _f32)], "d = t != ignore ? -w * g : 0.0f;",
+            scalars=[("ignore", np.int64)]))([w_source, t_source, g], [dlogp], [ignore_index])
+        return (dlogp,)
+
+    smooth = autograd.record(smooth, (logp,), smooth_backward, "label_smoothing")
+    smooth = smooth.reshape(target.shape)
+    if reduction == "none":
+        term = smooth
+    elif reduction == "sum":
+        term = R.sum(smooth)
+    else:
+        # torch's divisor: the weights of the non-ignored targets (their count without weights).
+        divisor = Tensor.empty(ctx, ())
+        _memo("smooth_divisor", lambda: ReduceKernel(
+            "label_smoothing_divisor", [("t", np.int64), ("w", _f32), ("k", _f32)],
+            [("y", _f32)], "y = (float)t == k ? w : 0.0f;", "sum"))(
+            [t, w, _view(_class_indices(ctx, classes), (1, classes, 1))], [divisor])
+        term = div(R.sum(smooth), divisor)
+    return add(mul(nll, 1.0 - smoothing), mul(term, smoothing / classes))
