@@ -362,12 +362,12 @@ def celu(x, alpha=1.0, inplace=False):
 
 
 def logsigmoid(x):
-    """torch's logsigmoid: log(1 / (1 + exp(-x))), computed as min(x, 0) - log1p(exp(-|x|))."""
+    """torch's logsigmoid: log(1 / (1 + exp(-x))), computed as min(x, 0) - log1p(exp(-abs(x)))."""
     return _parametric("logsigmoid", x)
 
 
 def softsign(x):
-    """torch's softsign: x / (1 + |x|)."""
+    """torch's softsign: x / (1 + abs(x))."""
     return _parametric("softsign", x)
 
 
@@ -384,7 +384,7 @@ def softshrink(x, lambd=0.5):
 
 
 def hardshrink(x, lambd=0.5):
-    """torch's hardshrink: x where |x| > ``lambd``, else 0."""
+    """torch's hardshrink: x where abs(x) > ``lambd``, else 0."""
     return _parametric("hardshrink", x, (number(lambd, "hardshrink: lambd"),))
 
 

@@ -630,7 +630,7 @@ _SIGN = "((d > 0.0f) ? 1.0f : ((d < 0.0f) ? -1.0f : 0.0f))"
 
 
 def l1_loss(input, target, reduction="mean"):
-    """torch.nn.functional.l1_loss: |input - target|, broadcast, reduced; gradients to both."""
+    """torch.nn.functional.l1_loss: abs(input - target), broadcast, reduced; gradients to both."""
     _loss_inputs("l1_loss", reduction, ("input", input), ("target", target))
     return _elementwise_loss(
         "l1_loss", [input, target], "y = fabs(in0 - in1);",
@@ -638,8 +638,8 @@ def l1_loss(input, target, reduction="mean"):
 
 
 def smooth_l1_loss(input, target, reduction="mean", beta=1.0):
-    """torch.nn.functional.smooth_l1_loss: 0.5 d^2 / beta where |d| < ``beta``, else
-    |d| - 0.5 beta (d = input - target); beta = 0 is l1_loss."""
+    """torch.nn.functional.smooth_l1_loss: 0.5 d^2 / beta where abs(d) < ``beta``, else
+    abs(d) - 0.5 beta (d = input - target); beta = 0 is l1_loss."""
     _loss_inputs("smooth_l1_loss", reduction, ("input", input), ("target", target))
     beta = _param(beta, "smooth_l1_loss: beta", non_negative=True)
     return _elementwise_loss(
@@ -651,8 +651,8 @@ def smooth_l1_loss(input, target, reduction="mean", beta=1.0):
 
 
 def huber_loss(input, target, reduction="mean", delta=1.0):
-    """torch.nn.functional.huber_loss: 0.5 d^2 where |d| < ``delta``, else
-    delta (|d| - 0.5 delta) (d = input - target); delta > 0."""
+    """torch.nn.functional.huber_loss: 0.5 d^2 where abs(d) < ``delta``, else
+    delta (abs(d) - 0.5 delta) (d = input - target); delta > 0."""
     _loss_inputs("huber_loss", reduction, ("input", input), ("target", target))
     delta = _param(delta, "huber_loss: delta", positive=True)
     return _elementwise_loss(
