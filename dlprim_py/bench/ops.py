@@ -149,6 +149,16 @@ def specs(bench):
         OpSpec("sum spatial", "sum", [(n, 2048, 7, 7)], dict(dim=(2, 3)), torch_namespace="torch"),
         OpSpec("mean channels", "mean", [feature], dict(dim=1), torch_namespace="torch"),
         OpSpec("amax rows", "amax", [(rows, 4096)], dict(dim=-1), torch_namespace="torch"),
+        OpSpec("mish", "mish", [feature]),
+        OpSpec("glu channels", "glu", [feature], dict(dim=1)),
+        OpSpec("rms_norm rows", "rms_norm", [(rows, 768), (768,)],
+               dict(normalized_shape=(768,)), keyword_tensors=("weight",)),
+        OpSpec("normalize rows", "normalize", [(rows, 768)], dict(dim=-1)),
+        OpSpec("cosine_similarity rows", "cosine_similarity", [(rows, 768), (rows, 768)],
+               dict(dim=-1)),
+        OpSpec("smooth_l1_loss mean", "smooth_l1_loss", [feature, feature]),
+        OpSpec("kl_div batchmean", "kl_div", [(rows, 1000), (rows, 1000)],
+               dict(reduction="batchmean"), positive=(1,)),
     ]
 
 
