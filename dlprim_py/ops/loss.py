@@ -532,6 +532,15 @@ def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean
 
 # ---- elementwise losses: one map (+ reduce) kernel forward, one kernel backward -------------
 
+def unit_weight(ctx):
+    """A 0-d 1.0 kept per context: the weight operand of a call without one (nothing writes
+    it; a fresh one per call would cost a fill)."""
+    one = ctx.memo.get("unit_weight")
+    if one is None:
+        one = ctx.memo["unit_weight"] = Tensor.full(ctx, (), 1.0)
+    return one
+
+
 def _elementwise_loss(name, operands, forward, backward, grads, reduction, params=(),
                       divisor=None, rows=False):
     """An elementwise loss over ``operands`` broadcast together, reduced; its backward on the
@@ -699,7 +708,7 @@ def binary_cross_entropy(input, target, weight=None, reduction="mean"):
                              f"input shape {input.shape}")
         operands.append(weight)
     else:
-        operands.append(Tensor.full(input.ctx, (), 1.0))
+        operands.append(unit_weight(input.ctx))
     return _elementwise_loss(
         "binary_cross_entropy", operands,
         "float lx = log(in0); lx = lx < -100.0f ? -100.0f : lx;"
@@ -818,7 +827,7 @@ def multilabel_soft_margin_loss(input, target, weight=None, reduction="mean"):
         raise ShapeError("multilabel_soft_margin_loss: the input must have a class dimension, "
                          "got a 0-d tensor")
     if weight is None:
-        weight = Tensor.full(input.ctx, (), 1.0)
+        weight = unit_weight(input.ctx)
     _check_float(weight, "multilabel_soft_margin_loss: weight")
     # logsigmoid(x) = min(x, 0) - log1p(exp(-|x|)), and logsigmoid(-x) = logsigmoid(x) - x.
     return _elementwise_loss(
@@ -971,7 +980,7 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
             raise ShapeError(f"multi_margin_loss: weight must have shape ({c},), got {weight.shape}")
         w = _view(weight, (1, c))
     else:
-        w = Tensor.full(ctx, (), 1.0)
+        w = unit_weight(ctx)
     # The target's range, checked on the device as nll_loss checks it (no ignore_index here).
     setup = _nll_setup(input, target, None, "sum", False, -(2 ** 63))
     mode = _range_check_mode()
@@ -1090,7 +1099,7 @@ def _smoothed_cross_entropy(input, target, weight, ignore_index, reduction, smoo
     s = math.prod(input.shape[2:])
     logp = log_softmax(input, class_dim).reshape(n, classes, s)
     t = _view(target, (n, 1, s))
-    w = _view(weight, (1, classes, 1)) if weight is not None else Tensor.full(ctx, (), 1.0)
+    w = _view(weight, (1, classes, 1)) if weight is not None else unit_weight(ctx)
     # -sum_c w_c log p_c at each non-ignored position.
     smooth = Tensor.empty(ctx, (n, 1, s))
     _memo("smooth_sum", lambda: ReduceKernel(

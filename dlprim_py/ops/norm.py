@@ -908,6 +908,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     """torch.nn.functional.rms_norm: input / sqrt(mean(input^2) + eps) over the trailing
     ``normalized_shape`` dimensions, times ``weight`` (that shape, optional); ``eps`` None is
     float32's machine epsilon, as torch's. Gradients to input and weight."""
+    from .loss import unit_weight
     from .reduce import ReduceKernel
     _check_float("input", input)
     if isinstance(normalized_shape, (int, np.integer)):
@@ -925,7 +926,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     D = math.prod(normalized_shape)
     rows = input.size // D if D else 0
     x = _view(input, (rows, D))
-    w = _view(weight, (1, D)) if weight is not None else Tensor.full(ctx, (), 1.0)
+    w = _view(weight, (1, D)) if weight is not None else unit_weight(ctx)
     rstd = Tensor.empty(ctx, (rows, 1), float32)
     y = Tensor.empty(ctx, input.shape, float32)
     if rows and D:
