@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import autograd
 from ..context import check_same_context
-from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
+from ..errors import DTypeError, ShapeError, not_a_tensor
 from ..tensor import Tensor
 from .arithmetic import reduce_to_shape
 from .pointwise import PointwiseKernel, broadcast_shapes
