@@ -63,7 +63,7 @@ def test_bilinear(ctx, rng, lead, bias):
 @pytest.mark.parametrize("shape", [(6, 5), (5,)])
 def test_cosine_embedding_loss(ctx, rng, reduction, shape):
     target = np.array([1, -1, 1, -1, -1, 1][:shape[0]] if len(shape) == 2 else -1.0, np.float32)
-    check(ctx, rng, lambda a, b, t: F.cosine_embedding_loss(a, b, t, -0.2, reduction),
+    check(ctx, rng, lambda a, b, t: F.cosine_embedding_loss(a, b, t, -0.2, reduction=reduction),
           lambda a, b, t: TF.cosine_embedding_loss(a, b, t, -0.2, reduction=reduction),
           [random(rng, shape), random(rng, shape), target], grads=(0, 1))
 

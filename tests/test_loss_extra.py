@@ -111,7 +111,7 @@ def test_loss(ctx, rng, name, reduction):
 
 def test_kl_div_batchmean(ctx, rng):
     for log_target in (False, True):
-        check(ctx, rng, lambda a, b: F.kl_div(a, b, "batchmean", log_target),
+        check(ctx, rng, lambda a, b: F.kl_div(a, b, reduction="batchmean", log_target=log_target),
               lambda a, b: TF.kl_div(a, b, reduction="batchmean", log_target=log_target),
               [random(rng, (3, 4, 2), -3, 0), _probability(rng, (3, 4, 2))])
 
@@ -154,8 +154,11 @@ def test_bad_arguments(ctx, rng):
         F.soft_margin_loss(a, dp.Tensor.from_numpy(ctx, np.ones((4, 5), np.int64)))
     with pytest.raises(dp.DTypeError, match="Tensor"):
         F.kl_div(a, np.ones((4, 5), np.float32))
-    with pytest.raises(dp.UnsupportedError, match="size_average"):
-        F.poisson_nll_loss(a, a, size_average=True)
+    # torch's deprecated size_average / reduce decide the reduction where given.
+    for size_average, reduce, reduction in ((False, None, "sum"), (None, False, "none"),
+                                            (True, True, "mean")):
+        assert_close(F.l1_loss(a, a * 0.5, size_average, reduce).numpy(),
+                     F.l1_loss(a, a * 0.5, reduction=reduction).numpy())
 
 
 def test_gaussian_nll_loss_with_a_float_var(ctx, rng):
@@ -169,14 +172,15 @@ def test_repeated_calls_build_nothing(ctx, rng):
 
     def run():
         for reduction in REDUCTIONS:
-            for y in (F.l1_loss(a, t, reduction), F.smooth_l1_loss(a, t, reduction),
-                      F.huber_loss(a, t, reduction), F.kl_div(a, t, reduction),
+            for y in (F.l1_loss(a, t, reduction=reduction),
+                      F.smooth_l1_loss(a, t, reduction=reduction),
+                      F.huber_loss(a, t, reduction), F.kl_div(a, t, reduction=reduction),
                       F.binary_cross_entropy(a, t, reduction=reduction),
                       F.poisson_nll_loss(a, t, reduction=reduction),
                       F.gaussian_nll_loss(a, t, t, reduction=reduction),
                       F.hinge_embedding_loss(a, t, reduction=reduction),
                       F.margin_ranking_loss(a, t, t, reduction=reduction),
-                      F.soft_margin_loss(a, t, reduction),
+                      F.soft_margin_loss(a, t, reduction=reduction),
                       F.multilabel_soft_margin_loss(a, t, reduction=reduction)):
                 y.backward(dp.Tensor.full(ctx, y.shape, 0.5))
         a.grad = None

@@ -80,7 +80,7 @@ class BCEWithLogitsLoss(_Loss):
 
 class L1Loss(_Loss):
     def forward(self, input, target):
-        return F.l1_loss(input, target, self.reduction)
+        return F.l1_loss(input, target, reduction=self.reduction)
 
 
 class SmoothL1Loss(_Loss):
@@ -89,7 +89,7 @@ class SmoothL1Loss(_Loss):
         self.beta = beta
 
     def forward(self, input, target):
-        return F.smooth_l1_loss(input, target, self.reduction, self.beta)
+        return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
 
 
 class HuberLoss(_Loss):
@@ -109,7 +109,7 @@ class KLDivLoss(_Loss):
         self.reduction, self.log_target = reduction, log_target
 
     def forward(self, input, target):
-        return F.kl_div(input, target, self.reduction, self.log_target)
+        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
 
 
 class BCELoss(_Loss):
@@ -118,7 +118,7 @@ class BCELoss(_Loss):
         self.register_buffer("weight", _tensor(weight, ctx, "weight"))
 
     def forward(self, input, target):
-        return F.binary_cross_entropy(input, target, self.weight, self.reduction)
+        return F.binary_cross_entropy(input, target, self.weight, reduction=self.reduction)
 
 
 class PoissonNLLLoss(_Loss):
@@ -154,7 +154,7 @@ class _MarginLoss(_Loss):
 
 class HingeEmbeddingLoss(_MarginLoss):
     def forward(self, input, target):
-        return F.hinge_embedding_loss(input, target, self.margin, self.reduction)
+        return F.hinge_embedding_loss(input, target, self.margin, reduction=self.reduction)
 
 
 class MarginRankingLoss(_MarginLoss):
@@ -162,7 +162,8 @@ class MarginRankingLoss(_MarginLoss):
         super().__init__(margin, reduction, ctx=ctx)
 
     def forward(self, input1, input2, target):
-        return F.margin_ranking_loss(input1, input2, target, self.margin, self.reduction)
+        return F.margin_ranking_loss(input1, input2, target, self.margin,
+                                     reduction=self.reduction)
 
 
 class CosineEmbeddingLoss(_MarginLoss):
@@ -170,12 +171,13 @@ class CosineEmbeddingLoss(_MarginLoss):
         super().__init__(margin, reduction, ctx=ctx)
 
     def forward(self, input1, input2, target):
-        return F.cosine_embedding_loss(input1, input2, target, self.margin, self.reduction)
+        return F.cosine_embedding_loss(input1, input2, target, self.margin,
+                                       reduction=self.reduction)
 
 
 class SoftMarginLoss(_Loss):
     def forward(self, input, target):
-        return F.soft_margin_loss(input, target, self.reduction)
+        return F.soft_margin_loss(input, target, reduction=self.reduction)
 
 
 class MultiLabelSoftMarginLoss(_Loss):
@@ -184,7 +186,8 @@ class MultiLabelSoftMarginLoss(_Loss):
         self.register_buffer("weight", _tensor(weight, ctx, "weight"))
 
     def forward(self, input, target):
-        return F.multilabel_soft_margin_loss(input, target, self.weight, self.reduction)
+        return F.multilabel_soft_margin_loss(input, target, self.weight,
+                                             reduction=self.reduction)
 
 
 class MultiLabelMarginLoss(_Loss):

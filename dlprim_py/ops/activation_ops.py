@@ -463,7 +463,7 @@ def _scalar_view(t):
     return Tensor(t.ctx, t.buffer, (1,), t.dtype, offset=t.offset)
 
 
-def softmin(x, dim=None, dtype=None):
+def softmin(x, dim=None, _stacklevel=3, dtype=None):
     """torch's softmin: softmax(-x) over ``dim`` (None: torch's legacy choice, 0 for 0-, 1-
     and 3-d inputs, else 1)."""
     from .softmax import softmax

@@ -609,6 +609,17 @@ def _elementwise_loss(name, operands, forward, backward, grads, reduction, param
                            backward_fn, name)
 
 
+def legacy_reduction(size_average, reduce, reduction):
+    """torch's rule for the deprecated ``size_average`` and ``reduce`` arguments: where either
+    is given, they decide the reduction (each True when None): "none" without ``reduce``, else
+    "mean" with ``size_average`` and "sum" without."""
+    if size_average is None and reduce is None:
+        return reduction
+    reduce = True if reduce is None else reduce
+    size_average = True if size_average is None else size_average
+    return "none" if not reduce else ("mean" if size_average else "sum")
+
+
 def _loss_inputs(name, reduction, *tensors, same_shape=False, reductions=_REDUCTIONS):
     """Check a loss's reduction and float32 tensor operands (named), broadcastable (or of one
     shape with ``same_shape``)."""
@@ -638,17 +649,19 @@ def _param(value, what, positive=False, non_negative=False):
 _SIGN = "((d > 0.0f) ? 1.0f : ((d < 0.0f) ? -1.0f : 0.0f))"
 
 
-def l1_loss(input, target, reduction="mean"):
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """torch.nn.functional.l1_loss: abs(input - target), broadcast, reduced; gradients to both."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _loss_inputs("l1_loss", reduction, ("input", input), ("target", target))
     return _elementwise_loss(
         "l1_loss", [input, target], "y = fabs(in0 - in1);",
         f"float d = in0 - in1; d0 = {_SIGN} * g * scale; d1 = -d0;", (0, 1), reduction)
 
 
-def smooth_l1_loss(input, target, reduction="mean", beta=1.0):
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
     """torch.nn.functional.smooth_l1_loss: 0.5 d^2 / beta where abs(d) < ``beta``, else
     abs(d) - 0.5 beta (d = input - target); beta = 0 is l1_loss."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _loss_inputs("smooth_l1_loss", reduction, ("input", input), ("target", target))
     beta = _param(beta, "smooth_l1_loss: beta", non_negative=True)
     return _elementwise_loss(
@@ -672,11 +685,12 @@ def huber_loss(input, target, reduction="mean", delta=1.0):
         (0, 1), reduction, [("delta", delta)])
 
 
-def kl_div(input, target, reduction="mean", log_target=False):
+def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
     """torch.nn.functional.kl_div: target (log target - input), the input being
     log-probabilities; ``log_target``: the target is given as log-probabilities too.
     ``reduction`` "batchmean" divides the sum by the batch size (input.shape[0]); "mean"
     averages every element, as torch's. A target of 0 adds 0 (torch's xlogy)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _loss_inputs("kl_div", reduction, ("input", input), ("target", target),
                  reductions=_REDUCTIONS + ("batchmean",))
     divisor = None
@@ -694,10 +708,12 @@ def kl_div(input, target, reduction="mean", log_target=False):
         (0, 1), reduction, divisor=divisor)
 
 
-def binary_cross_entropy(input, target, weight=None, reduction="mean"):
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
+                         reduction="mean"):
     """torch.nn.functional.binary_cross_entropy: -w (t log x + (1 - t) log(1 - x)), each log
     clamped to >= -100 as torch's; ``weight`` broadcasts to the input. Gradients to input and
     target. An input outside [0, 1] gives NaN (torch raises on the host)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _loss_inputs("binary_cross_entropy", reduction, ("input", input), ("target", target),
                  same_shape=True)
     operands = [input, target]
@@ -725,10 +741,8 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
                      reduce=None, reduction="mean"):
     """torch.nn.functional.poisson_nll_loss: exp(input) - target input (``log_input``), else
     input - target log(input + ``eps``); ``full`` adds Stirling's term where target > 1.
-    ``size_average``/``reduce`` (deprecated in torch) must be None."""
-    if size_average is not None or reduce is not None:
-        raise UnsupportedError("poisson_nll_loss: size_average and reduce are deprecated; "
-                               "use reduction")
+    ``size_average``/``reduce``: torch's deprecated form of ``reduction``."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _loss_inputs("poisson_nll_loss", reduction, ("input", input), ("target", target))
     eps = _param(eps, "poisson_nll_loss: eps")
     stirling = "(in1 > 1.0f ? in1 * log(in1) - in1 + 0.5f * log(6.283185307179586f * in1) : 0.0f)"
@@ -779,9 +793,11 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
         (0, 1, 2), reduction, [("full", bool(full)), ("eps", eps)])
 
 
-def hinge_embedding_loss(input, target, margin=1.0, reduction="mean"):
+def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None,
+                         reduction="mean"):
     """torch.nn.functional.hinge_embedding_loss: input where target is 1, max(0, margin -
     input) where it is -1 (both terms where it is neither, as torch's); gradient to input."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _loss_inputs("hinge_embedding_loss", reduction, ("input", input), ("target", target))
     margin = _param(margin, "hinge_embedding_loss: margin")
     return _elementwise_loss(
@@ -791,9 +807,11 @@ def hinge_embedding_loss(input, target, margin=1.0, reduction="mean"):
         " + (in1 != -1.0f ? 1.0f : 0.0f));", (0,), reduction, [("margin", margin)])
 
 
-def margin_ranking_loss(input1, input2, target, margin=0.0, reduction="mean"):
+def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None,
+                        reduction="mean"):
     """torch.nn.functional.margin_ranking_loss: max(0, -target (input1 - input2) + margin);
     the three have one rank and broadcast. Gradients to all three."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _loss_inputs("margin_ranking_loss", reduction, ("input1", input1), ("input2", input2),
                  ("target", target))
     if not input1.ndim == input2.ndim == target.ndim:
@@ -808,20 +826,23 @@ def margin_ranking_loss(input1, input2, target, margin=0.0, reduction="mean"):
         [("margin", margin)])
 
 
-def soft_margin_loss(input, target, reduction="mean"):
+def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """torch.nn.functional.soft_margin_loss: log(1 + exp(-target input)); gradient to the
     input (torch's target has none)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _loss_inputs("soft_margin_loss", reduction, ("input", input), ("target", target))
     return _elementwise_loss(
         "soft_margin_loss", [input, target], "y = log1p(exp(-in1 * in0));",
         "d0 = -in1 * g * scale / (1.0f + exp(in1 * in0));", (0,), reduction)
 
 
-def multilabel_soft_margin_loss(input, target, weight=None, reduction="mean"):
+def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None,
+                                reduction="mean"):
     """torch.nn.functional.multilabel_soft_margin_loss: -(t logsigmoid(x) + (1 - t)
     logsigmoid(-x)) times ``weight`` (broadcast), averaged over the classes (the last
     dimension) of each sample, then reduced over the samples. Gradients to input and
     target."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _loss_inputs("multilabel_soft_margin_loss", reduction, ("input", input), ("target", target))
     if input.ndim == 0:
         raise ShapeError("multilabel_soft_margin_loss: the input must have a class dimension, "
@@ -841,10 +862,12 @@ def multilabel_soft_margin_loss(input, target, weight=None, reduction="mean"):
 
 # ---- losses over distances -----------------------------------------------------------------
 
-def cosine_embedding_loss(input1, input2, target, margin=0.0, reduction="mean"):
+def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None,
+                          reduction="mean"):
     """torch.nn.functional.cosine_embedding_loss: 1 - cos where target is 1, max(0, cos -
     ``margin``) where it is -1 (0 elsewhere), cos over the last dimension of (N, D) or (D)
     inputs with torch's 1e-12 added to each squared norm. Gradients to both inputs."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction, "cosine_embedding_loss")
     for what, t in (("input1", input1), ("input2", input2), ("target", target)):
         _check_float(t, f"cosine_embedding_loss: {what}")
@@ -906,9 +929,7 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6,
     negative distance. Inputs (N, D) or (D), of one rank. Gradients to all three."""
     from .arithmetic import minimum
     from .distance import pairwise_distance
-    if size_average is not None or reduce is not None:
-        raise UnsupportedError("triplet_margin_loss: size_average and reduce are deprecated; "
-                               "use reduction")
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction, "triplet_margin_loss")
     for what, t in (("anchor", anchor), ("positive", positive), ("negative", negative)):
         _check_float(t, f"triplet_margin_loss: {what}")
@@ -965,9 +986,7 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     than its target y of max(0, ``margin`` - x[y] + x[i])^p (p 1 or 2), times weight[y], over C.
     Input (N, C) or (C), int64 target (N) or (). A target outside [0, C) raises ShapeError at
     the next synchronizing call, as nll_loss's. Gradient to the input."""
-    if size_average is not None or reduce is not None:
-        raise UnsupportedError("multi_margin_loss: size_average and reduce are deprecated; use "
-                               "reduction")
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction, "multi_margin_loss")
     if p not in (1, 2) or isinstance(p, bool):
         raise UnsupportedError(f"multi_margin_loss: p must be 1 or 2, got {p!r}")
@@ -1027,9 +1046,7 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
     max(0, 1 - (x[j] - x[i])) over target classes j and non-target classes i, over C. Input and
     target (N, C) or (C). Entries at or past C are not checked (they match no class). Gradient
     to the input."""
-    if size_average is not None or reduce is not None:
-        raise UnsupportedError("multilabel_margin_loss: size_average and reduce are deprecated; "
-                               "use reduction")
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction, "multilabel_margin_loss")
     n, c, x, t = _class_geometry("multilabel_margin_loss", input, target, target_like_input=True)
     ctx = input.ctx
