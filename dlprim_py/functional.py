@@ -9,20 +9,28 @@ from .ops.reduce import all_ as all, any_ as any  # noqa: F401,A004
 from .ops.masks import (eq, ge, gt, le, logical_and, logical_not, logical_or,  # noqa: F401
                         logical_xor, lt, ne)
 from .ops.activation_ops import (abs, activation, activation_backward, activation_forward,  # noqa: F401,A004
-                                 elu, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu, relu,
-                                 relu6, sigmoid, silu, softplus, tanh)
+                                 celu, elu, gelu, glu, hardshrink, hardsigmoid, hardswish,
+                                 hardtanh, leaky_relu, logsigmoid, mish, prelu, relu, relu6,
+                                 rrelu, selu, sigmoid, silu, softmin, softplus, softshrink,
+                                 softsign, tanh, tanhshrink, threshold)
 from .ops.softmax import log_softmax, softmax  # noqa: F401
-from .ops.loss import (binary_cross_entropy_with_logits, cross_entropy, mse_loss,  # noqa: F401
-                       nll_loss)
+from .ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits,  # noqa: F401
+                       cosine_embedding_loss, cross_entropy, gaussian_nll_loss,
+                       hinge_embedding_loss, huber_loss, kl_div, l1_loss, margin_ranking_loss,
+                       mse_loss, multi_margin_loss, multilabel_margin_loss,
+                       multilabel_soft_margin_loss, nll_loss, poisson_nll_loss, smooth_l1_loss,
+                       soft_margin_loss, triplet_margin_loss)
+from .ops.distance import cosine_similarity, pairwise_distance, pdist  # noqa: F401
 from .ops.dropout import dropout  # noqa: F401
 from .ops.tensor_ops import (cat, flatten, narrow, pad, permute, reshape, split, squeeze,  # noqa: F401
                              transpose, unsqueeze)
 from .ops.pool import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d,  # noqa: F401
                        max_pool2d)
 from .ops.conv import conv2d, conv_transpose2d  # noqa: F401
-from .ops.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401
+from .ops.norm import (batch_norm, group_norm, instance_norm, layer_norm,  # noqa: F401
+                       local_response_norm, normalize, rms_norm)
 from .ops.interpolate import interpolate  # noqa: F401
-from .ops.linear import linear  # noqa: F401
+from .ops.linear import bilinear, linear  # noqa: F401
 
 
 def _install_numerics_checks(switches):

@@ -161,6 +161,16 @@ def specs(bench):
                dict(scale_factor=2, mode="trilinear", align_corners=False)),
         OpSpec("interpolate area 56->7", "interpolate", [(n, 256, 56, 56)],
                dict(size=(7, 7), mode="area")),
+        OpSpec("mish", "mish", [feature]),
+        OpSpec("glu channels", "glu", [feature], dict(dim=1)),
+        OpSpec("rms_norm rows", "rms_norm", [(rows, 768), (768,)],
+               dict(normalized_shape=(768,)), keyword_tensors=("weight",)),
+        OpSpec("normalize rows", "normalize", [(rows, 768)], dict(dim=-1)),
+        OpSpec("cosine_similarity rows", "cosine_similarity", [(rows, 768), (rows, 768)],
+               dict(dim=-1)),
+        OpSpec("smooth_l1_loss mean", "smooth_l1_loss", [feature, feature]),
+        OpSpec("kl_div batchmean", "kl_div", [(rows, 1000), (rows, 1000)],
+               dict(reduction="batchmean"), positive=(1,)),
     ]
 
 

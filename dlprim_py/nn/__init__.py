@@ -18,17 +18,24 @@ import sys
 
 from .. import functional
 from . import init, utils  # noqa: F401
-from .activation import (GELU, Hardsigmoid, Hardswish, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU,
-                         Softmax, Tanh)
+from .activation import (CELU, GELU, GLU, SELU, Hardshrink, Hardsigmoid, Hardswish, LeakyReLU,
+                         LogSigmoid, Mish, PReLU, ReLU, ReLU6, RReLU, Sigmoid, SiLU, Softmax,
+                         Softmin, Softshrink, Softsign, Tanh, Tanhshrink, Threshold)
 from .batchnorm import BatchNorm1d, BatchNorm2d
 from .container import ModuleDict, ModuleList, Sequential
 from .conv import Conv2d, ConvTranspose2d
 from .dropout import Dropout
 from .flatten import Flatten
-from .linear import Identity, Linear
-from .loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss
+from .distance import CosineSimilarity, PairwiseDistance
+from .linear import Bilinear, Identity, Linear
+from .loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropyLoss,
+                   GaussianNLLLoss, HingeEmbeddingLoss, HuberLoss, KLDivLoss, L1Loss,
+                   MarginRankingLoss, MSELoss, MultiLabelMarginLoss, MultiLabelSoftMarginLoss,
+                   MultiMarginLoss, NLLLoss, PoissonNLLLoss, SmoothL1Loss, SoftMarginLoss,
+                   TripletMarginLoss)
 from .module import Module, Parameter, StateDictError
-from .normalization import GroupNorm, LayerNorm
+from .normalization import (GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, LayerNorm,
+                            RMSNorm)
 from .pooling import AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d
 
 # dp.nn.functional is dp.functional itself, importable by that name too, as torch's
@@ -37,9 +44,15 @@ sys.modules[__name__ + ".functional"] = functional
 
 __all__ = [
     "Module", "Parameter", "StateDictError", "Sequential", "ModuleList", "ModuleDict",
-    "Conv2d", "ConvTranspose2d", "Linear", "Identity", "Flatten",
-    "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm",
+    "Conv2d", "ConvTranspose2d", "Linear", "Bilinear", "Identity", "Flatten",
+    "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm", "InstanceNorm1d",
+    "InstanceNorm2d", "InstanceNorm3d",
     "ReLU", "ReLU6", "LeakyReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid",
-    "Softmax", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Dropout",
-    "CrossEntropyLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss",
+    "Softmax", "Mish", "SELU", "CELU", "LogSigmoid", "Softsign", "Softshrink", "Hardshrink",
+    "Tanhshrink", "Threshold", "RReLU", "GLU", "Softmin", "PReLU", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Dropout",
+    "CrossEntropyLoss", "NLLLoss", "MSELoss", "BCEWithLogitsLoss", "L1Loss", "SmoothL1Loss",
+    "HuberLoss", "KLDivLoss", "BCELoss", "PoissonNLLLoss", "GaussianNLLLoss",
+    "HingeEmbeddingLoss", "MarginRankingLoss", "CosineEmbeddingLoss", "SoftMarginLoss",
+    "MultiLabelSoftMarginLoss", "MultiLabelMarginLoss", "MultiMarginLoss", "TripletMarginLoss",
+    "CosineSimilarity", "PairwiseDistance",
 ]

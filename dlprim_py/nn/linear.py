@@ -53,3 +53,34 @@ class Linear(Module):
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
+
+
+class Bilinear(Module):
+    """y = x1^T W x2 + b: weight (out_features, in1_features, in2_features), bias
+    (out_features,). Initialised as torch: U(-1/sqrt(in1_features), 1/sqrt(in1_features))."""
+
+    def __init__(self, in1_features, in2_features, out_features, bias=True, *, ctx=None):
+        super().__init__()
+        ctx = module_context(ctx)
+        self.in1_features = _positive(in1_features, "in1_features")
+        self.in2_features = _positive(in2_features, "in2_features")
+        self.out_features = _positive(out_features, "out_features")
+        self.weight = Parameter(Tensor.empty(ctx, (out_features, in1_features, in2_features)))
+        if bias:
+            self.bias = Parameter(Tensor.empty(ctx, (out_features,)))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        bound = 1 / math.sqrt(self.in1_features)
+        init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input1, input2):
+        return F.bilinear(input1, input2, self.weight, self.bias)
+
+    def extra_repr(self):
+        return (f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}")

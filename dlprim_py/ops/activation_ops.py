@@ -274,6 +274,247 @@ def abs(x):  # noqa: A001 - torch's name
     return _torch_apply("abs", x, False)
 
 
+# ---- activations with run-time parameters ----------------------------------------------------
+# Each is one pointwise kernel forward and one backward; their parameters (lambd, alpha, the
+# threshold, ...) are scalar arguments, so one compile serves every value.
+
+def _pointwise_pair(name, forward_statement, backward_statement, scalars=()):
+    """The memoized (forward, backward) kernels of an activation: forward ``y`` from ``x``,
+    backward ``dx`` from ``x``, ``y`` and ``dy``."""
+    names = [(n, _f32) for n in scalars]
+    return (_memo((name, "fwd"), lambda: PointwiseKernel(
+                f"{name}_fwd", [("x", _f32)], [("y", _f32)], forward_statement, scalars=names)),
+            _memo((name, "bwd"), lambda: PointwiseKernel(
+                f"{name}_bwd", [("x", _f32), ("y", _f32), ("dy", _f32)], [("dx", _f32)],
+                backward_statement, scalars=names)))
+
+
+_PARAMETRIC = {
+    # name: (forward, backward (of x, y, dy), scalar names)
+    "mish": ("float sp = x > 20.0f ? x : log1p(exp(x)); y = x * tanh(sp);",
+             "float sp = x > 20.0f ? x : log1p(exp(x)); float t = tanh(sp);"
+             "float s = 1.0f / (1.0f + exp(-x));"
+             "dx = dy * (t + x * s * (1.0f - t * t));", ()),
+    "selu": ("y = x > 0.0f ? 1.0507009873554805f * x"
+             " : 1.0507009873554805f * 1.6732632423543772f * (exp(x) - 1.0f);",
+             "dx = x > 0.0f ? dy * 1.0507009873554805f"
+             " : dy * 1.0507009873554805f * 1.6732632423543772f * exp(x);", ()),
+    "celu": ("y = x > 0.0f ? x : alpha * (exp(x / alpha) - 1.0f);",
+             "dx = x > 0.0f ? dy : dy * exp(x / alpha);", ("alpha",)),
+    "logsigmoid": ("y = fmin(x, 0.0f) - log1p(exp(-fabs(x)));",
+                   "dx = dy / (1.0f + exp(x));", ()),
+    "softsign": ("y = x / (1.0f + fabs(x));",
+                 "float d = 1.0f + fabs(x); dx = dy / (d * d);", ()),
+    "softshrink": ("y = x > lambd ? x - lambd : (x < -lambd ? x + lambd : 0.0f);",
+                   "dx = (x > lambd || x < -lambd) ? dy : 0.0f;", ("lambd",)),
+    "hardshrink": ("y = (x >= -lambd && x <= lambd) ? 0.0f : x;",
+                   "dx = (x >= -lambd && x <= lambd) ? 0.0f : dy;", ("lambd",)),
+    "tanhshrink": ("y = x - tanh(x);", "float t = tanh(x); dx = dy * t * t;", ()),
+    "threshold": ("y = x > threshold ? x : value;",
+                  "dx = x > threshold ? dy : 0.0f;", ("threshold", "value")),
+}
+
+
+def _parametric(name, x, values=(), inplace=False):
+    """``name`` of _PARAMETRIC applied to ``x`` with its scalar ``values``, backward on the
+    tape; ``inplace`` writes the result into ``x``."""
+    _check(x, f"{name}: input")
+    forward_statement, backward_statement, scalars = _PARAMETRIC[name]
+    forward, backward_kernel_ = _pointwise_pair(name, forward_statement, backward_statement,
+                                                scalars)
+    grad = autograd.needs_grad(x)
+    if inplace and grad:
+        raise UnsupportedError(f"{name}: inplace=True on a tensor that requires grad; "
+                               f"use inplace=False")
+    y = output_like(x)
+    forward([x], [y], values)
+    if inplace:
+        return x.copy_(y)
+    if not grad:
+        return y
+    source, result = x.detach(), y.detach()
+
+    def backward(g):
+        dx = Tensor.empty(g.ctx, g.shape)
+        backward_kernel_([source, result, g], [dx], values)
+        return (dx,)
+
+    return autograd.record(y, (x,), backward, name)
+
+
+def mish(x, inplace=False):
+    """torch's mish: x * tanh(softplus(x))."""
+    return _parametric("mish", x, (), inplace)
+
+
+def selu(x, inplace=False):
+    """torch's selu: scale * (max(0, x) + min(0, alpha * (exp(x) - 1))) with torch's fixed
+    alpha = 1.6732632... and scale = 1.0507009...."""
+    return _parametric("selu", x, (), inplace)
+
+
+def celu(x, alpha=1.0, inplace=False):
+    """torch's celu: max(0, x) + min(0, ``alpha`` * (exp(x / alpha) - 1)); alpha non-zero."""
+    alpha = number(alpha, "celu: alpha")
+    if alpha == 0:
+        raise ShapeError("celu: alpha must be non-zero (it divides x), got 0")
+    return _parametric("celu", x, (alpha,), inplace)
+
+
+def logsigmoid(x):
+    """torch's logsigmoid: log(1 / (1 + exp(-x))), computed as min(x, 0) - log1p(exp(-abs(x)))."""
+    return _parametric("logsigmoid", x)
+
+
+def softsign(x):
+    """torch's softsign: x / (1 + abs(x))."""
+    return _parametric("softsign", x)
+
+
+def _lambd(value, name):
+    value = number(value, f"{name}: lambd")
+    if value < 0:
+        raise ShapeError(f"{name}: lambd must be >= 0, got {value}")
+    return value
+
+
+def softshrink(x, lambd=0.5):
+    """torch's softshrink: x - lambd above ``lambd``, x + lambd below -lambd, else 0."""
+    return _parametric("softshrink", x, (_lambd(lambd, "softshrink"),))
+
+
+def hardshrink(x, lambd=0.5):
+    """torch's hardshrink: x where abs(x) > ``lambd``, else 0."""
+    return _parametric("hardshrink", x, (number(lambd, "hardshrink: lambd"),))
+
+
+def tanhshrink(x):
+    """torch's tanhshrink: x - tanh(x)."""
+    return _parametric("tanhshrink", x)
+
+
+def threshold(x, threshold, value, inplace=False):  # noqa: F811 - torch's argument name
+    """torch's threshold: x where x > ``threshold``, else ``value``."""
+    return _parametric("threshold", x, (number(threshold, "threshold: threshold"),
+                                        number(value, "threshold: value")), inplace)
+
+
+def rrelu(x, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
+    """torch's rrelu in evaluation (``training=False``): leaky_relu with the slope
+    (lower + upper) / 2. The training form (a random slope per element) is not supported."""
+    lower, upper = number(lower, "rrelu: lower"), number(upper, "rrelu: upper")
+    if training:
+        raise UnsupportedError("rrelu: training=True (a random slope per element) is not "
+                               "supported; pass training=False")
+    if lower > upper:
+        raise ShapeError(f"rrelu: lower ({lower}) must not exceed upper ({upper})")
+    return leaky_relu(x, (lower + upper) / 2, inplace)
+
+
+def glu(x, dim=-1):
+    """torch's glu: a * sigmoid(b), where a and b are the halves of ``x`` along ``dim`` (whose
+    size must be even).
+
+    One kernel each way: the output's element reads its two halves straight from the input's
+    buffer (the input enters the kernel as a broadcast scalar, so no slice is copied)."""
+    _check(x, "glu: input")
+    if x.ndim == 0:
+        raise ShapeError("glu: the input must have at least one dimension, got a 0-d tensor")
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool) or not -x.ndim <= dim < x.ndim:
+        raise ShapeError(f"glu: dim must be an int in [{-x.ndim}, {x.ndim - 1}], got {dim!r}")
+    dim = int(dim) % x.ndim
+    if x.shape[dim] % 2:
+        raise ShapeError(f"glu: the size of dimension {dim} must be even, got {x.shape[dim]} "
+                         f"(input {x.shape})")
+    half = x.shape[dim] // 2
+    inner = math.prod(x.shape[dim + 1:]) * half   # elements of one half of one outer slice
+    out_shape = x.shape[:dim] + (half,) + x.shape[dim + 1:]
+    # The half-slices: output element i lies in outer slice i / inner at i % inner; its a is
+    # there in the input's slice of 2 * inner, its b inner elements further.
+    forward = _memo("glu_fwd", lambda: PointwiseKernel(
+        "glu_fwd", [("x", _f32)], [("y", _f32)],
+        "long o = (long)i / inner, r = (long)i % inner;"
+        "long at = x_off + o * 2 * inner + r;"
+        "y = x_buf[at] / (1.0f + exp(-x_buf[at + inner]));", scalars=[("inner", np.int64)]))
+    backward_kernel_ = _memo("glu_bwd", lambda: PointwiseKernel(
+        "glu_bwd", [("x", _f32), ("g", _f32)], [("dx", _f32)],
+        "long o = (long)i / (2 * inner), r = (long)i % (2 * inner);"
+        "long at = x_off + o * 2 * inner + (r < inner ? r : r - inner);"
+        "float a = x_buf[at], s = 1.0f / (1.0f + exp(-x_buf[at + inner]));"
+        "float gy = g_buf[g_off + o * inner + (r < inner ? r : r - inner)];"
+        "dx = r < inner ? gy * s : gy * a * s * (1.0f - s);", scalars=[("inner", np.int64)]))
+    y = Tensor.empty(x.ctx, out_shape)
+    forward([_scalar_view(x)], [y], (inner,))
+    if not autograd.needs_grad(x):
+        return y
+    source = x.detach()
+
+    def backward(g):
+        dx = Tensor.empty(g.ctx, source.shape)
+        backward_kernel_([source, _scalar_view(g)], [dx], (inner,))
+        return (dx,)
+
+    return autograd.record(y, (x,), backward, "glu")
+
+
+def _scalar_view(t):
+    """``t``'s buffer seen as one element at its offset: an input the pointwise kernel
+    broadcasts, whose statement indexes ``<name>_buf`` itself."""
+    return Tensor(t.ctx, t.buffer, (1,), t.dtype, offset=t.offset)
+
+
+def softmin(x, dim=None, _stacklevel=3, dtype=None):
+    """torch's softmin: softmax(-x) over ``dim`` (None: torch's legacy choice, 0 for 0-, 1-
+    and 3-d inputs, else 1)."""
+    from .softmax import softmax
+    _check(x, "softmin: input")
+    if dtype is not None and np.dtype(dtype) != np.float32:
+        raise DTypeError(f"softmin: only float32 is supported, got dtype={dtype}")
+    if dim is None:
+        dim = 0 if x.ndim in (0, 1, 3) else 1
+    from .arithmetic import mul
+    return softmax(mul(x, -1.0), dim)
+
+
+def prelu(x, weight):
+    """torch's prelu: x where x > 0, else weight * x, with ``weight`` one value or one per
+    channel (dimension 1 of the input; a 0-d or 1-d input has one channel, as in torch).
+    Gradients flow to both."""
+    from .arithmetic import reduce_to_shape
+    _check(x, "prelu: input")
+    _check(weight, "prelu: weight")
+    check_same_context(x, weight)
+    if weight.ndim > 1:
+        raise ShapeError(f"prelu: weight must be 0-d or 1-d, got shape {weight.shape}")
+    channels = x.shape[1] if x.ndim >= 2 else 1
+    if weight.size not in (1, channels):
+        raise ShapeError(f"prelu: weight must hold 1 value or one per channel ({channels} for "
+                         f"input {x.shape}), got {weight.size}")
+    if weight.size == 1:
+        w = Tensor(weight.ctx, weight.buffer, (), weight.dtype, offset=weight.offset)
+    else:
+        w = Tensor(weight.ctx, weight.buffer, (channels,) + (1,) * (x.ndim - 2), weight.dtype,
+                   offset=weight.offset)
+    forward = _memo("prelu_fwd", lambda: PointwiseKernel(
+        "prelu_fwd", [("x", _f32), ("w", _f32)], [("y", _f32)], "y = x > 0.0f ? x : w * x;"))
+    backward_kernel_ = _memo("prelu_bwd", lambda: PointwiseKernel(
+        "prelu_bwd", [("x", _f32), ("w", _f32), ("g", _f32)], [("dx", _f32), ("dw", _f32)],
+        "dx = x > 0.0f ? g : w * g; dw = x > 0.0f ? 0.0f : x * g;"))
+    y = output_like(x)
+    forward([x, w], [y])
+    if not autograd.needs_grad(x, weight):
+        return y
+    source, w_source, weight_shape = x.detach(), w.detach(), weight.shape
+
+    def backward(g):
+        dx = Tensor.empty(g.ctx, g.shape)
+        dw = Tensor.empty(g.ctx, g.shape)
+        backward_kernel_([source, w_source, g], [dx, dw])
+        return dx, reduce_to_shape(dw, w_source.shape).reshape(weight_shape)
+
+    return autograd.record(y, (x, weight), backward, "prelu")
+
+
 def activation(x, desc, inplace=False):
     """Any descriptor (MIOpen mode with its parameters, or a torch name) as an operator."""
     return apply(_desc(desc), x, inplace)
@@ -281,4 +522,6 @@ def activation(x, desc, inplace=False):
 
 __all__ = ["ActivationDesc", "activation", "activation_forward", "activation_backward", "relu",
            "relu6", "leaky_relu", "elu", "hardtanh", "sigmoid", "tanh", "softplus", "gelu", "silu",
-           "hardswish", "hardsigmoid", "abs"]
+           "hardswish", "hardsigmoid", "abs", "mish", "selu", "celu", "logsigmoid", "softsign",
+           "softshrink", "hardshrink", "tanhshrink", "threshold", "rrelu", "glu", "softmin",
+           "prelu"]

@@ -4,6 +4,7 @@ pointwise family's ``binary``. A broadcast operand's gradient is summed back to 
 reduce family, so this module stands above both.
 """
 from .. import autograd
+from ..errors import UnsupportedError
 from ..tensor import Tensor
 from . import reduce
 from .pointwise import PointwiseKernel, binary
@@ -50,11 +51,28 @@ def mul(a, b):
         reduce_to_shape(binary("mul", g, a), b.shape) if _is_tensor(b) else None), "mul")
 
 
-def div(a, b):
-    """``a / b`` with numpy broadcasting (a number is allowed for one side)."""
-    out = binary("div", a, b)
+_ROUNDING_MODES = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}
+
+
+def div(a, b, *, rounding_mode=None):
+    """torch.div: ``a / b`` with numpy broadcasting (a number is allowed for one side).
+
+    ``rounding_mode``: None (true division), "trunc" (rounded toward zero) or "floor" (rounded
+    down, as torch's floor division of floats: the floor of the exact quotient). A rounded
+    quotient's gradient is zero for both operands, as torch's."""
+    op = _ROUNDING_MODES.get(rounding_mode) if isinstance(rounding_mode, (str, type(None))) else None
+    if op is None:
+        raise UnsupportedError(f"div: rounding_mode must be None, 'trunc' or 'floor', got "
+                               f"{rounding_mode!r}")
+    out = binary(op, a, b)
     if not autograd.needs_grad(a, b):
         return out
+    if rounding_mode is not None:
+        def zeros(x):
+            return Tensor.zeros(x.ctx, x.shape) if _is_tensor(x) else None
+
+        return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)],
+                               lambda g: (zeros(a), zeros(b)), "div")
     # A detached view: the closure must not hold out, whose grad_fn holds the closure.
     result = out.detach()
 

@@ -104,3 +104,45 @@ def linear(input, weight, bias=None):
 
 
 __all__ = ["linear"]
+
+
+def bilinear(input1, input2, weight, bias=None):
+    """torch.nn.functional.bilinear: y[..., o] = sum_ij input1[..., i] weight[o, i, j]
+    input2[..., j] + bias[o]; input1 (..., I), input2 (..., J) with the same leading shape,
+    weight (O, I, J), bias (O,). Gradients to all four.
+
+    A GEMM (input1 against the weight laid out as (O * J, I)), then the product with input2
+    summed over J, composed of the library's operators: the backward is theirs, through the
+    tape."""
+    from . import reduce
+    from .arithmetic import add, mul
+    from .tensor_ops import permute
+    for what, t in (("input1", input1), ("input2", input2), ("weight", weight), ("bias", bias)):
+        if t is None and what == "bias":
+            continue
+        if not isinstance(t, Tensor):
+            raise not_a_tensor(f"bilinear: {what}", t)
+        if t.dtype != float32:
+            raise DTypeError(f"bilinear: {what} must be float32, got {t.dtype}")
+    check_same_context(input1, input2, weight, bias)
+    if weight.ndim != 3:
+        raise ShapeError(f"bilinear: weight must be (out_features, in1_features, in2_features), "
+                         f"got {weight.shape}")
+    out_features, in1, in2 = weight.shape
+    if input1.ndim == 0 or input1.shape[-1] != in1 or input2.ndim == 0 or input2.shape[-1] != in2:
+        raise ShapeError(f"bilinear: inputs must end in {in1} and {in2} features for a weight "
+                         f"{weight.shape}, got {input1.shape} and {input2.shape}")
+    if input1.shape[:-1] != input2.shape[:-1]:
+        raise ShapeError(f"bilinear: the inputs' leading shapes must match, got {input1.shape} "
+                         f"and {input2.shape}")
+    if bias is not None and bias.shape != (out_features,):
+        raise ShapeError(f"bilinear: bias must have shape ({out_features},), got {bias.shape}")
+    lead = input1.shape[:-1]
+    rows = math.prod(lead)
+    # t[n, o * J + j] = sum_i input1[n, i] weight[o, i, j]
+    stacked = permute(weight, (0, 2, 1)).reshape(out_features * in2, in1)
+    t = linear(input1.reshape(rows, in1), stacked).reshape(rows, out_features, in2)
+    y = reduce.sum(mul(t, input2.reshape(rows, 1, in2)), 2)
+    if bias is not None:
+        y = add(y, bias)
+    return y.reshape(lead + (out_features,))

@@ -376,14 +376,23 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
                   label_smoothing=0.0):
     """torch.nn.functional.cross_entropy: log_softmax over dim 1 (dim 0 for a (C) input), then
     nll_loss for int64 class targets, or -sum(weight * target * log p) over the classes for a
-    float32 probability target shaped like the input (mean averages over all positions)."""
+    float32 probability target shaped like the input (mean averages over all positions).
+
+    ``label_smoothing`` ε in [0, 1]: a probability target becomes target (1 - ε) + ε / C; with
+    class targets the loss is (1 - ε) nll + ε / C times the sum of -weight * log p over the
+    classes of each non-ignored position, reduced as torch reduces it ("mean" divides by the
+    targets' weight sum)."""
     _check_reduction(reduction, "cross_entropy")
     _check_float(input, "cross_entropy: input")
-    if label_smoothing != 0.0:
-        raise UnsupportedError(f"cross_entropy: label_smoothing is not supported, got {label_smoothing}")
+    label_smoothing = _param(label_smoothing, "cross_entropy: label_smoothing")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ShapeError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     if input.ndim == 0:
         raise ShapeError(f"cross_entropy: input must be (C), (N, C) or (N, C, d1, ...), got {input.shape}")
     class_dim = 0 if input.ndim == 1 else 1
+    if label_smoothing != 0.0:
+        return _smoothed_cross_entropy(input, target, weight, ignore_index, reduction,
+                                       label_smoothing, class_dim)
     if isinstance(target, Tensor) and target.dtype == np.int64:
         # One read of the logits: their max and log-sum-exp over the classes, then the picked
         # logit minus them. The backward forms log_softmax then.
@@ -519,3 +528,623 @@ def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean
         "dt = gs * (-x + (pw - 1.0f) * sp);", scalars=[("scale", _f32)]))
     return _fused_loss("bce_with_logits", [input, target, w, pw], _BCE, reduction, backward,
                        [input, target, w, pw], (input, target))
+
+
+# ---- elementwise losses: one map (+ reduce) kernel forward, one kernel backward -------------
+
+def unit_weight(ctx):
+    """A 0-d 1.0 kept per context: the weight operand of a call without one (nothing writes
+    it; a fresh one per call would cost a fill)."""
+    one = ctx.memo.get("unit_weight")
+    if one is None:
+        one = ctx.memo["unit_weight"] = Tensor.full(ctx, (), 1.0)
+    return one
+
+
+def _elementwise_loss(name, operands, forward, backward, grads, reduction, params=(),
+                      divisor=None, rows=False):
+    """An elementwise loss over ``operands`` broadcast together, reduced; its backward on the
+    tape.
+
+    ``forward``: C code assigning ``y`` from ``in0``, ``in1``, ... and the ``params`` (pairs
+    (name, value), float scalars of both kernels). ``backward``: C code assigning ``d<k>`` for
+    each operand index k in ``grads`` from the operands, the incoming gradient ``g`` and
+    ``scale`` (the reduction's factor, already in ``g``'s place: multiply by it). "mean"
+    divides by ``divisor`` (default: the number of elements). ``rows``: the loss of an element
+    is summed over the last dimension and divided by its size first (one value per row:
+    "none" gives a loss per row, "mean" averages the rows)."""
+    ctx = check_same_context(*operands)
+    shape = broadcast_shapes(*(t.shape for t in operands))
+    names = [f"in{k}" for k in range(len(operands))]
+    scalar_names = [n for n, _ in params]
+    values = [float(v) for _, v in params]
+    count = math.prod(shape)
+    row_size = shape[-1] if rows and shape else 1
+    if reduction == "none" and not rows:
+        kernel = _memo((name, "none"), lambda: PointwiseKernel(
+            f"{name}_none", [(n, _f32) for n in names], [("y", _f32)], forward,
+            scalars=[(n, _f32) for n in scalar_names]))
+        out = Tensor.empty(ctx, shape)
+        kernel(list(operands), [out], values)
+        scale = 1.0
+    else:
+        kernel = _memo((name, "reduce"), lambda: ReduceKernel(
+            f"{name}_reduce", [(n, _f32) for n in names], [("y", _f32)], forward, "sum",
+            finalize="acc_y = acc_y * scale;",
+            scalars=[("scale", _f32)] + [(n, _f32) for n in scalar_names]))
+        if reduction == "none":          # rows
+            out = Tensor.empty(ctx, shape[:-1])
+            scale = 1.0 / row_size if row_size else math.nan
+            kept = shape[:-1] + (1,)
+        else:
+            out = Tensor.empty(ctx, ())
+            kept = None
+            if reduction == "mean":
+                total = (count // row_size if row_size else 0) if divisor is None else divisor
+                scale = 1.0 / (total * row_size) if total and row_size else math.nan
+            else:
+                scale = 1.0 / row_size if row_size else math.nan
+        if count:
+            kernel(list(operands), [out if kept is None else _view(out, kept)], [scale, *values],
+                   axes=None if kept is None else (len(shape) - 1,))
+        else:
+            out.fill_(math.nan if reduction == "mean" or rows and not row_size else 0.0)
+    sources = [t.detach() for t in operands]
+
+    def backward_fn(g):
+        kernel = _memo((name, "backward"), lambda: PointwiseKernel(
+            f"{name}_backward", [(n, _f32) for n in names] + [("g", _f32)],
+            [(f"d{k}", _f32) for k in grads], backward,
+            scalars=[("scale", _f32)] + [(n, _f32) for n in scalar_names]))
+        if rows and reduction == "none":
+            g = _view(g, shape[:-1] + (1,))
+        result = [Tensor.empty(ctx, shape) for _ in grads]
+        if count:
+            kernel([*sources, g], result, [scale, *values])
+        by_index = dict(zip(grads, result))
+        return tuple(reduce_to_shape(by_index[k], t.shape) if k in by_index else None
+                     for k, t in enumerate(operands))
+
+    return autograd.record(out, [t if k in grads else None for k, t in enumerate(operands)],
+                           backward_fn, name)
+
+
+def legacy_reduction(size_average, reduce, reduction):
+    """torch's rule for the deprecated ``size_average`` and ``reduce`` arguments: where either
+    is given, they decide the reduction (each True when None): "none" without ``reduce``, else
+    "mean" with ``size_average`` and "sum" without."""
+    if size_average is None and reduce is None:
+        return reduction
+    reduce = True if reduce is None else reduce
+    size_average = True if size_average is None else size_average
+    return "none" if not reduce else ("mean" if size_average else "sum")
+
+
+def _loss_inputs(name, reduction, *tensors, same_shape=False, reductions=_REDUCTIONS):
+    """Check a loss's reduction and float32 tensor operands (named), broadcastable (or of one
+    shape with ``same_shape``)."""
+    if reduction not in reductions:
+        raise UnsupportedError(f"{name}: reduction must be one of {reductions}, got {reduction!r}")
+    for what, t in tensors:
+        _check_float(t, f"{name}: {what}")
+    first = tensors[0][1]
+    for what, t in tensors[1:]:
+        if same_shape and t.shape != first.shape:
+            raise ShapeError(f"{name}: {what} must have the input's shape {first.shape}, got "
+                             f"{t.shape}")
+    broadcast_shapes(*(t.shape for _, t in tensors))
+
+
+def _param(value, what, positive=False, non_negative=False):
+    if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
+        raise DTypeError(f"{what} must be a number, got {value!r}")
+    value = float(value)
+    if positive and not value > 0:
+        raise ShapeError(f"{what} must be > 0, got {value}")
+    if non_negative and not value >= 0:
+        raise ShapeError(f"{what} must be >= 0, got {value}")
+    return value
+
+
+_SIGN = "((d > 0.0f) ? 1.0f : ((d < 0.0f) ? -1.0f : 0.0f))"
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """torch.nn.functional.l1_loss: abs(input - target), broadcast, reduced; gradients to both."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _loss_inputs("l1_loss", reduction, ("input", input), ("target", target))
+    return _elementwise_loss(
+        "l1_loss", [input, target], "y = fabs(in0 - in1);",
+        f"float d = in0 - in1; d0 = {_SIGN} * g * scale; d1 = -d0;", (0, 1), reduction)
+
+
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    """torch.nn.functional.smooth_l1_loss: 0.5 d^2 / beta where abs(d) < ``beta``, else
+    abs(d) - 0.5 beta (d = input - target); beta = 0 is l1_loss."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _loss_inputs("smooth_l1_loss", reduction, ("input", input), ("target", target))
+    beta = _param(beta, "smooth_l1_loss: beta", non_negative=True)
+    return _elementwise_loss(
+        "smooth_l1_loss", [input, target],
+        "float d = fabs(in0 - in1); y = d < beta ? 0.5f * d * d / beta : d - 0.5f * beta;",
+        "float d = in0 - in1;"
+        "d0 = g * scale * (d < -beta ? -1.0f : (d > beta ? 1.0f : (beta == 0.0f ? 0.0f : d / beta)));"
+        "d1 = -d0;", (0, 1), reduction, [("beta", beta)])
+
+
+def huber_loss(input, target, reduction="mean", delta=1.0):
+    """torch.nn.functional.huber_loss: 0.5 d^2 where abs(d) < ``delta``, else
+    delta (abs(d) - 0.5 delta) (d = input - target); delta > 0."""
+    _loss_inputs("huber_loss", reduction, ("input", input), ("target", target))
+    delta = _param(delta, "huber_loss: delta", positive=True)
+    return _elementwise_loss(
+        "huber_loss", [input, target],
+        "float d = fabs(in0 - in1); y = d < delta ? 0.5f * d * d : delta * (d - 0.5f * delta);",
+        "float d = in0 - in1;"
+        "d0 = g * scale * (d < -delta ? -delta : (d > delta ? delta : d)); d1 = -d0;",
+        (0, 1), reduction, [("delta", delta)])
+
+
+def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    """torch.nn.functional.kl_div: target (log target - input), the input being
+    log-probabilities; ``log_target``: the target is given as log-probabilities too.
+    ``reduction`` "batchmean" divides the sum by the batch size (input.shape[0]); "mean"
+    averages every element, as torch's. A target of 0 adds 0 (torch's xlogy)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _loss_inputs("kl_div", reduction, ("input", input), ("target", target),
+                 reductions=_REDUCTIONS + ("batchmean",))
+    divisor = None
+    if reduction == "batchmean":
+        reduction, divisor = "mean", (input.shape[0] if input.ndim else 1)
+    if log_target:
+        return _elementwise_loss(
+            "kl_div_log_target", [input, target], "y = exp(in1) * (in1 - in0);",
+            "float e = exp(in1) * g * scale; d0 = -e; d1 = e * (in1 - in0 + 1.0f);", (0, 1),
+            reduction, divisor=divisor)
+    return _elementwise_loss(
+        "kl_div", [input, target],
+        "y = (in1 == 0.0f ? 0.0f : in1 * log(in1)) - in1 * in0;",
+        "d0 = -in1 * g * scale; d1 = g * scale * ((in1 == 0.0f ? 0.0f : log(in1) + 1.0f) - in0);",
+        (0, 1), reduction, divisor=divisor)
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
+                         reduction="mean"):
+    """torch.nn.functional.binary_cross_entropy: -w (t log x + (1 - t) log(1 - x)), each log
+    clamped to >= -100 as torch's; ``weight`` broadcasts to the input. Gradients to input and
+    target. An input outside [0, 1] gives NaN (torch raises on the host)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _loss_inputs("binary_cross_entropy", reduction, ("input", input), ("target", target),
+                 same_shape=True)
+    operands = [input, target]
+    if weight is not None:
+        _check_float(weight, "binary_cross_entropy: weight")
+        if broadcast_shapes(input.shape, weight.shape) != input.shape:
+            raise ShapeError(f"binary_cross_entropy: weight {weight.shape} must broadcast to the "
+                             f"input shape {input.shape}")
+        operands.append(weight)
+    else:
+        operands.append(unit_weight(input.ctx))
+    return _elementwise_loss(
+        "binary_cross_entropy", operands,
+        "float lx = log(in0); lx = lx < -100.0f ? -100.0f : lx;"
+        "float l1x = log1p(-in0); l1x = l1x < -100.0f ? -100.0f : l1x;"
+        "y = -in2 * (in1 * lx + (1.0f - in1) * l1x);",
+        "float lx = log(in0); lx = lx < -100.0f ? -100.0f : lx;"
+        "float l1x = log1p(-in0); l1x = l1x < -100.0f ? -100.0f : l1x;"
+        "float gw = g * scale * in2;"
+        "d0 = gw * (in0 - in1) / fmax((1.0f - in0) * in0, 1e-12f);"
+        "d1 = gw * (l1x - lx);", (0, 1), reduction)
+
+
+def poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-8,
+                     reduce=None, reduction="mean"):
+    """torch.nn.functional.poisson_nll_loss: exp(input) - target input (``log_input``), else
+    input - target log(input + ``eps``); ``full`` adds Stirling's term where target > 1.
+    ``size_average``/``reduce``: torch's deprecated form of ``reduction``."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _loss_inputs("poisson_nll_loss", reduction, ("input", input), ("target", target))
+    eps = _param(eps, "poisson_nll_loss: eps")
+    stirling = "(in1 > 1.0f ? in1 * log(in1) - in1 + 0.5f * log(6.283185307179586f * in1) : 0.0f)"
+    stirling_grad = "(in1 > 1.0f ? log(in1) + 0.5f / in1 : 0.0f)"
+    return _elementwise_loss(
+        "poisson_nll_loss", [input, target],
+        f"y = (log_input != 0.0f ? exp(in0) - in1 * in0 : in0 - in1 * log(in0 + eps))"
+        f" + (full != 0.0f ? {stirling} : 0.0f);",
+        "float gs = g * scale;"
+        "d0 = gs * (log_input != 0.0f ? exp(in0) - in1 : 1.0f - in1 / (in0 + eps));"
+        f"d1 = gs * ((log_input != 0.0f ? -in0 : -log(in0 + eps))"
+        f" + (full != 0.0f ? {stirling_grad} : 0.0f));",
+        (0, 1), reduction, [("log_input", bool(log_input)), ("full", bool(full)), ("eps", eps)])
+
+
+def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
+    """torch.nn.functional.gaussian_nll_loss: 0.5 (log v + (input - target)^2 / v) with
+    v = max(var, ``eps``) (the gradient to var as if unclamped, as torch's), plus
+    0.5 log(2 pi) with ``full``. ``var``: the input's shape, or one dimension short of it (the
+    last), or of the input's rank with size 1 in the one dimension where they differ; or a
+    float. A negative var gives NaN (torch raises on the host)."""
+    _check_reduction(reduction, "gaussian_nll_loss")
+    _check_float(input, "gaussian_nll_loss: input")
+    _check_float(target, "gaussian_nll_loss: target")
+    if isinstance(var, (int, float, np.number)) and not isinstance(var, bool):
+        if var < 0:
+            raise ShapeError(f"gaussian_nll_loss: var must be >= 0, got {var}")
+        var = Tensor.full(input.ctx, (), float(var))
+    _check_float(var, "gaussian_nll_loss: var")
+    original = var
+    if var.shape != input.shape:
+        if input.shape[:-1] == var.shape and input.ndim:
+            var = var.reshape(var.shape + (1,))
+        elif not (input.ndim == var.ndim and sum(v for i, v in zip(input.shape, var.shape)
+                                                 if i != v) == 1) and var.ndim:
+            raise ShapeError(f"gaussian_nll_loss: var of shape {var.shape} does not fit the "
+                             f"input {input.shape} (expected {input.shape}, "
+                             f"{input.shape[:-1]}, or the input's shape with 1 in one "
+                             f"dimension)")
+    broadcast_shapes(input.shape, target.shape, var.shape)
+    eps = _param(eps, "gaussian_nll_loss: eps")
+    return _elementwise_loss(
+        "gaussian_nll_loss", [input, target, var],
+        "float v = fmax(in2, eps); float d = in0 - in1;"
+        "y = 0.5f * (log(v) + d * d / v) + (full != 0.0f ? 0.9189385332046727f : 0.0f);",
+        "float v = fmax(in2, eps); float d = in0 - in1; float gs = g * scale;"
+        "d0 = gs * d / v; d1 = -d0; d2 = gs * 0.5f * (1.0f / v - d * d / (v * v));",
+        (0, 1, 2), reduction, [("full", bool(full)), ("eps", eps)])
+
+
+def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None,
+                         reduction="mean"):
+    """torch.nn.functional.hinge_embedding_loss: input where target is 1, max(0, margin -
+    input) where it is -1 (both terms where it is neither, as torch's); gradient to input."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _loss_inputs("hinge_embedding_loss", reduction, ("input", input), ("target", target))
+    margin = _param(margin, "hinge_embedding_loss: margin")
+    return _elementwise_loss(
+        "hinge_embedding_loss", [input, target],
+        "y = (in1 != 1.0f ? fmax(margin - in0, 0.0f) : 0.0f) + (in1 != -1.0f ? in0 : 0.0f);",
+        "d0 = g * scale * ((in1 != 1.0f && margin - in0 >= 0.0f ? -1.0f : 0.0f)"
+        " + (in1 != -1.0f ? 1.0f : 0.0f));", (0,), reduction, [("margin", margin)])
+
+
+def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None,
+                        reduction="mean"):
+    """torch.nn.functional.margin_ranking_loss: max(0, -target (input1 - input2) + margin);
+    the three have one rank and broadcast. Gradients to all three."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _loss_inputs("margin_ranking_loss", reduction, ("input1", input1), ("input2", input2),
+                 ("target", target))
+    if not input1.ndim == input2.ndim == target.ndim:
+        raise ShapeError(f"margin_ranking_loss: the inputs and target must have one rank, got "
+                         f"{input1.shape}, {input2.shape} and {target.shape}")
+    margin = _param(margin, "margin_ranking_loss: margin")
+    return _elementwise_loss(
+        "margin_ranking_loss", [input1, input2, target],
+        "y = fmax(-in2 * (in0 - in1) + margin, 0.0f);",
+        "float s = (-in2 * (in0 - in1) + margin >= 0.0f) ? g * scale : 0.0f;"
+        "d0 = -in2 * s; d1 = in2 * s; d2 = -(in0 - in1) * s;", (0, 1, 2), reduction,
+        [("margin", margin)])
+
+
+def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """torch.nn.functional.soft_margin_loss: log(1 + exp(-target input)); gradient to the
+    input (torch's target has none)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _loss_inputs("soft_margin_loss", reduction, ("input", input), ("target", target))
+    return _elementwise_loss(
+        "soft_margin_loss", [input, target], "y = log1p(exp(-in1 * in0));",
+        "d0 = -in1 * g * scale / (1.0f + exp(in1 * in0));", (0,), reduction)
+
+
+def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None,
+                                reduction="mean"):
+    """torch.nn.functional.multilabel_soft_margin_loss: -(t logsigmoid(x) + (1 - t)
+    logsigmoid(-x)) times ``weight`` (broadcast), averaged over the classes (the last
+    dimension) of each sample, then reduced over the samples. Gradients to input and
+    target."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _loss_inputs("multilabel_soft_margin_loss", reduction, ("input", input), ("target", target))
+    if input.ndim == 0:
+        raise ShapeError("multilabel_soft_margin_loss: the input must have a class dimension, "
+                         "got a 0-d tensor")
+    if weight is None:
+        weight = unit_weight(input.ctx)
+    _check_float(weight, "multilabel_soft_margin_loss: weight")
+    # logsigmoid(x) = min(x, 0) - log1p(exp(-|x|)), and logsigmoid(-x) = logsigmoid(x) - x.
+    return _elementwise_loss(
+        "multilabel_soft_margin_loss", [input, target, weight],
+        "float ls = fmin(in0, 0.0f) - log1p(exp(-fabs(in0)));"
+        "y = -in2 * (in1 * ls + (1.0f - in1) * (ls - in0));",
+        "float gs = g * scale * in2;"
+        "d0 = gs * (1.0f / (1.0f + exp(-in0)) - in1); d1 = -gs * in0;", (0, 1), reduction,
+        rows=True)
+
+
+# ---- losses over distances -----------------------------------------------------------------
+
+def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None,
+                          reduction="mean"):
+    """torch.nn.functional.cosine_embedding_loss: 1 - cos where target is 1, max(0, cos -
+    ``margin``) where it is -1 (0 elsewhere), cos over the last dimension of (N, D) or (D)
+    inputs with torch's 1e-12 added to each squared norm. Gradients to both inputs."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction, "cosine_embedding_loss")
+    for what, t in (("input1", input1), ("input2", input2), ("target", target)):
+        _check_float(t, f"cosine_embedding_loss: {what}")
+    ctx = check_same_context(input1, input2, target)
+    if input1.shape != input2.shape or input1.ndim not in (1, 2):
+        raise ShapeError(f"cosine_embedding_loss: the inputs must be (N, D) or (D) of one shape, "
+                         f"got {input1.shape} and {input2.shape}")
+    if target.shape != input1.shape[:-1]:
+        raise ShapeError(f"cosine_embedding_loss: target must have shape {input1.shape[:-1]} for "
+                         f"inputs {input1.shape}, got {target.shape}")
+    margin = _param(margin, "cosine_embedding_loss: margin")
+    rows = input1.shape[:-1] + (1,)
+    dot, s1, s2 = (Tensor.empty(ctx, rows) for _ in range(3))
+    if math.prod(rows):
+        if input1.shape[-1]:
+            _memo("cosine_sums", lambda: ReduceKernel(
+                "cosine_sums", [("a", _f32), ("b", _f32)],
+                [("c", _f32), ("s1", _f32), ("s2", _f32)], "c = a * b; s1 = a * a; s2 = b * b;",
+                "sum"))([input1, input2], [dot, s1, s2], axes=(input1.ndim - 1,))
+        else:
+            for t in (dot, s1, s2):
+                t.fill_(0.0)
+    cos = "float r = sqrt((in1 + 1e-12f) * (in2 + 1e-12f)); float cs = in0 / r;"
+    with autograd.no_grad():
+        out = _elementwise_loss(
+            "cosine_embedding_loss", [dot, s1, s2, _view(target, rows)],
+            cos + "y = in3 == 1.0f ? 1.0f - cs : (in3 == -1.0f ? fmax(cs - margin, 0.0f) : 0.0f);",
+            "", (), reduction, [("margin", margin)])
+    if out.ndim == 2:
+        out = _view(out, out.shape[:1])
+    elif out.ndim == 1 and reduction == "none":
+        out = _view(out, ())
+    scale = (1.0 / math.prod(rows) if math.prod(rows) else math.nan) if reduction == "mean" else 1.0
+    sources = (input1.detach(), input2.detach(), _view(target, rows))
+
+    def backward(g):
+        kernel = _memo("cosine_embedding_backward", lambda: PointwiseKernel(
+            "cosine_embedding_loss_backward",
+            [("a", _f32), ("b", _f32), ("t", _f32), ("c", _f32), ("s1", _f32), ("s2", _f32),
+             ("g", _f32)], [("da", _f32), ("db", _f32)],
+            "float p = s1 + 1e-12f, q = s2 + 1e-12f, r = sqrt(p * q), cs = c / r;"
+            "float dc = t == 1.0f ? -1.0f : ((t == -1.0f && cs - margin >= 0.0f) ? 1.0f : 0.0f);"
+            "dc *= g * scale;"
+            "da = dc * (b / r - cs * a / p); db = dc * (a / r - cs * b / q);",
+            scalars=[("scale", _f32), ("margin", _f32)]))
+        da, db = Tensor.empty(ctx, input1.shape), Tensor.empty(ctx, input1.shape)
+        if input1.size:
+            kernel([sources[0], sources[1], sources[2], dot, s1, s2,
+                    g if g.ndim == 0 else _view(g, rows)], [da, db], [scale, margin])
+        return da, db, None
+
+    return autograd.record(out, (input1, input2, None), backward, "cosine_embedding_loss")
+
+
+def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6, swap=False,
+                        size_average=None, reduce=None, reduction="mean"):
+    """torch.nn.functional.triplet_margin_loss: max(d(a, p) - d(a, n) + ``margin``, 0) with d
+    ``pairwise_distance`` (``p``, ``eps``); ``swap`` takes min(d(a, n), d(p, n)) for the
+    negative distance. Inputs (N, D) or (D), of one rank. Gradients to all three."""
+    from .arithmetic import minimum
+    from .distance import pairwise_distance
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction, "triplet_margin_loss")
+    for what, t in (("anchor", anchor), ("positive", positive), ("negative", negative)):
+        _check_float(t, f"triplet_margin_loss: {what}")
+    if not anchor.ndim == positive.ndim == negative.ndim or anchor.ndim not in (1, 2):
+        raise ShapeError(f"triplet_margin_loss: anchor, positive and negative must all be (N, D) "
+                         f"or (D), got {anchor.shape}, {positive.shape} and {negative.shape}")
+    margin = _param(margin, "triplet_margin_loss: margin")
+    if margin <= 0:
+        raise ShapeError(f"triplet_margin_loss: margin must be > 0, got {margin}")
+    to_positive = pairwise_distance(anchor, positive, p, eps)
+    to_negative = pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        to_negative = minimum(to_negative, pairwise_distance(positive, negative, p, eps))
+    return _elementwise_loss(
+        "triplet_margin_loss", [to_positive, to_negative], "y = fmax(margin + in0 - in1, 0.0f);",
+        "float s = margin + in0 - in1 >= 0.0f ? g * scale : 0.0f; d0 = s; d1 = -s;", (0, 1),
+        reduction, [("margin", margin)])
+
+
+# ---- multi-class margin losses ------------------------------------------------------------
+
+def _class_indices(ctx, classes):
+    """0, 1, ..., classes - 1 as float32 (C,), kept per context: the class of an element as an
+    operand that broadcasts (exact below 2^24 classes)."""
+    key = ("class_indices", classes)
+    t = ctx.memo.get(key)
+    if t is None:
+        t = ctx.memo[key] = Tensor.from_numpy(ctx, np.arange(classes, dtype=np.float32))
+    return t
+
+
+def _class_geometry(name, input, target, target_like_input=False):
+    """(N, C, input as (N, C), target as (N, 1) or (N, C)) of an (N, C) or (C) input."""
+    _check_float(input, f"{name}: input")
+    if not isinstance(target, Tensor):
+        raise not_a_tensor(f"{name}: target", target)
+    if target.dtype != np.int64:
+        raise DTypeError(f"{name}: target must be int64 class indices, got {target.dtype}")
+    check_same_context(input, target)
+    if input.ndim not in (1, 2) or input.shape[-1] == 0:
+        raise ShapeError(f"{name}: input must be (N, C) or (C) with C > 0, got {input.shape}")
+    n, c = (1, input.shape[0]) if input.ndim == 1 else input.shape
+    expected = input.shape if target_like_input else input.shape[:-1]
+    if target.shape != expected:
+        raise ShapeError(f"{name}: input {input.shape} needs a target of shape {expected}, got "
+                         f"{target.shape}")
+    # The input's view is on the tape (its gradient reaches the input).
+    return n, c, input.reshape(n, c), _view(target, (n, c) if target_like_input else (n, 1))
+
+
+def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None,
+                      reduce=None, reduction="mean"):
+    """torch.nn.functional.multi_margin_loss: for each sample, the sum over the classes i other
+    than its target y of max(0, ``margin`` - x[y] + x[i])^p (p 1 or 2), times weight[y], over C.
+    Input (N, C) or (C), int64 target (N) or (). A target outside [0, C) raises ShapeError at
+    the next synchronizing call, as nll_loss's. Gradient to the input."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction, "multi_margin_loss")
+    if p not in (1, 2) or isinstance(p, bool):
+        raise UnsupportedError(f"multi_margin_loss: p must be 1 or 2, got {p!r}")
+    margin = _param(margin, "multi_margin_loss: margin")
+    n, c, x, t = _class_geometry("multi_margin_loss", input, target)
+    ctx = input.ctx
+    if weight is not None:
+        _check_float(weight, "multi_margin_loss: weight")
+        if weight.shape != (c,):
+            raise ShapeError(f"multi_margin_loss: weight must have shape ({c},), got {weight.shape}")
+        w = _view(weight, (1, c))
+    else:
+        w = unit_weight(ctx)
+    # The target's range, checked on the device as nll_loss checks it (no ignore_index here).
+    setup = _nll_setup(input, target, None, "sum", False, -(2 ** 63))
+    mode = _range_check_mode()
+    _enqueue_range_check(setup, target)
+    read = _read_range_flag(ctx) if mode == "immediate" and setup.total else None
+    classes = _view(_class_indices(ctx, c), (1, c))
+    # Per sample: its target's logit and weight, and the target as a float (one kernel).
+    picked, picked_weight, target_class = (Tensor.empty(ctx, (n, 1)) for _ in range(3))
+    _memo("margin_pick", lambda: ReduceKernel(
+        "multi_margin_pick", [("x", _f32), ("t", np.int64), ("w", _f32), ("k", _f32)],
+        [("xt", _f32), ("wt", _f32), ("tf", _f32)],
+        "bool hit = (float)t == k; xt = hit ? x : 0.0f; wt = hit ? w : 0.0f; tf = (float)t;",
+        "acc_xt += xt; acc_wt += wt; acc_tf = fmax(acc_tf, tf);",
+        {"xt": "0.0f", "wt": "0.0f", "tf": "-INFINITY"}))([x, t, w, classes],
+                                                     [picked, picked_weight, target_class])
+    _finish_range_check(setup, mode, read)
+    source, classes_source, target_source = x.detach(), classes, target_class
+    if autograd.needs_grad(input):
+        def pick_backward(g):
+            dx = Tensor.empty(ctx, (n, c))
+            _memo("margin_pick_backward", lambda: PointwiseKernel(
+                "multi_margin_pick_backward", [("g", _f32), ("k", _f32), ("tf", _f32)],
+                [("dx", _f32)], "dx = k == tf ? g : 0.0f;"))([g, classes_source, target_source],
+                                                              [dx])
+            return (dx,)
+
+        picked = autograd.record(picked, (x,), pick_backward, "multi_margin_pick")
+    out = _elementwise_loss(
+        "multi_margin_loss", [x, picked, picked_weight, target_class, classes],
+        "float z = margin - in1 + in0;"
+        "y = (in4 != in3 && z > 0.0f) ? in2 * (power == 1.0f ? z : z * z) : 0.0f;",
+        "float z = margin - in1 + in0;"
+        "float dz = (in4 != in3 && z > 0.0f) ? in2 * (power == 1.0f ? 1.0f : 2.0f * z) : 0.0f;"
+        "d0 = dz * g * scale; d1 = -d0;", (0, 1), reduction,
+        [("margin", margin), ("power", float(p))], rows=True)
+    if input.ndim == 1 and reduction == "none":
+        out = out.reshape(())
+    return out
+
+
+def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """torch.nn.functional.multilabel_margin_loss: for each sample, the target classes are
+    the entries of its int64 target row up to the first negative one; the loss sums
+    max(0, 1 - (x[j] - x[i])) over target classes j and non-target classes i, over C. Input and
+    target (N, C) or (C). Entries at or past C are not checked (they match no class). Gradient
+    to the input."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction, "multilabel_margin_loss")
+    n, c, x, t = _class_geometry("multilabel_margin_loss", input, target, target_like_input=True)
+    ctx = input.ctx
+    classes = _class_indices(ctx, c)
+    # The first negative entry of each row, then which classes are targets (1) or not (0).
+    first = Tensor.empty(ctx, (n, 1))
+    _memo("multilabel_first", lambda: ReduceKernel(
+        "multilabel_first_stop", [("t", np.int64), ("k", _f32)], [("f", _f32)],
+        "f = t < 0 ? k : classes;", "min", scalars=[("classes", _f32)]))(
+        [t, _view(classes, (1, c))], [first], [float(c)])
+    is_target = Tensor.empty(ctx, (n, c, 1))
+    _memo("multilabel_mask", lambda: ReduceKernel(
+        "multilabel_is_target", [("t", np.int64), ("f", _f32), ("kj", _f32), ("ki", _f32)],
+        [("m", _f32)], "m = (kj < f && (float)t == ki) ? 1.0f : 0.0f;", "max"))(
+        [_view(t, (n, 1, c)), _view(first, (n, 1, 1)), _view(classes, (1, 1, c)),
+         _view(classes, (1, c, 1))], [is_target])
+    operands = [_view(x, (n, c, 1)), _view(x, (n, 1, c)), is_target, _view(is_target, (n, 1, c))]
+    if reduction == "none":
+        out = Tensor.empty(ctx, (n,))
+        target_view, axes, scale = _view(out, (n, 1, 1)), (1, 2), 1.0 / c
+    else:
+        out = Tensor.empty(ctx, ())
+        target_view, axes = out, None
+        scale = 1.0 / (c * n) if reduction == "mean" else 1.0 / c
+    if n:
+        _memo("multilabel_margin", lambda: ReduceKernel(
+            "multilabel_margin_loss", [("xj", _f32), ("xi", _f32), ("mj", _f32), ("mi", _f32)],
+            [("y", _f32)], "y = (mj > 0.0f && mi == 0.0f) ? fmax(1.0f - xj + xi, 0.0f) : 0.0f;",
+            "sum", finalize="acc_y = acc_y * scale;", scalars=[("scale", _f32)]))(
+            operands, [target_view], [scale], axes=axes)
+    else:
+        out.fill_(math.nan if reduction == "mean" else 0.0)
+    sources = [o.detach() for o in operands]
+
+    def backward(g):
+        dx = Tensor.empty(ctx, input.shape)
+        if n:
+            _memo("multilabel_margin_backward", lambda: ReduceKernel(
+                "multilabel_margin_backward",
+                [("xk", _f32), ("xm", _f32), ("mk", _f32), ("mm", _f32), ("g", _f32)],
+                [("d", _f32)],
+                "d = ((mk > 0.0f && mm == 0.0f && 1.0f - xk + xm > 0.0f) ? -1.0f : 0.0f)"
+                " + ((mk == 0.0f && mm > 0.0f && 1.0f - xm + xk > 0.0f) ? 1.0f : 0.0f);"
+                "d *= g * scale;", "sum", scalars=[("scale", _f32)]))(
+                [*sources, g if g.ndim == 0 else _view(g, (n, 1, 1))], [_view(dx, (n, c, 1))],
+                [scale], axes=(2,))
+        return (dx,)
+
+    if input.ndim == 1 and reduction == "none":
+        out = _view(out, ())
+    return autograd.record(out, (input,), backward, "multilabel_margin_loss")
+
+
+def _smoothed_cross_entropy(input, target, weight, ignore_index, reduction, smoothing, class_dim):
+    """cross_entropy with label smoothing, as torch composes it."""
+    from .arithmetic import add, div
+    classes = input.shape[class_dim]
+    if isinstance(target, Tensor) and target.dtype == np.float32:
+        if target.shape != input.shape:
+            raise ShapeError(f"cross_entropy: a probability target must have the input's shape "
+                             f"{input.shape}, got {target.shape}")
+        smoothed = add(mul(target, 1.0 - smoothing), smoothing / classes)
+        return cross_entropy(input, smoothed, weight, ignore_index, reduction, 0.0)
+    nll = cross_entropy(input, target, weight, ignore_index, reduction, 0.0)
+    ctx = input.ctx
+    n = 1 if input.ndim == 1 else input.shape[0]
+    s = math.prod(input.shape[2:])
+    logp = log_softmax(input, class_dim).reshape(n, classes, s)
+    t = _view(target, (n, 1, s))
+    w = _view(weight, (1, classes, 1)) if weight is not None else unit_weight(ctx)
+    # -sum_c w_c log p_c at each non-ignored position.
+    smooth = Tensor.empty(ctx, (n, 1, s))
+    _memo("smooth_sum", lambda: ReduceKernel(
+        "label_smoothing_sum", [("lp", _f32), ("w", _f32), ("t", np.int64)], [("y", _f32)],
+        "y = t != ignore ? -w * lp : 0.0f;", "sum", scalars=[("ignore", np.int64)]))(
+        [logp, w, t], [smooth], [ignore_index], axes=(1,))
+    w_source, t_source = w.detach(), t
+
+    def smooth_backward(g):
+        dlogp = Tensor.empty(ctx, (n, classes, s))
+        _memo("smooth_backward", lambda: PointwiseKernel(
+            "label_smoothing_backward", [("w", _f32), ("t", np.int64), ("g", _f32)],
+            [("d", _f32)], "d = t != ignore ? -w * g : 0.0f;",
+            scalars=[("ignore", np.int64)]))([w_source, t_source, g], [dlogp], [ignore_index])
+        return (dlogp,)
+
+    smooth = autograd.record(smooth, (logp,), smooth_backward, "label_smoothing")
+    smooth = smooth.reshape(target.shape)
+    if reduction == "none":
+        term = smooth
+    elif reduction == "sum":
+        term = R.sum(smooth)
+    else:
+        # torch's divisor: the weights of the non-ignored targets (their count without weights).
+        divisor = Tensor.empty(ctx, ())
+        _memo("smooth_divisor", lambda: ReduceKernel(
+            "label_smoothing_divisor", [("t", np.int64), ("w", _f32), ("k", _f32)],
+            [("y", _f32)], "y = (float)t == k ? w : 0.0f;", "sum"))(
+            [t, w, _view(_class_indices(ctx, classes), (1, classes, 1))], [divisor])
+        term = div(R.sum(smooth), divisor)
+    return add(mul(nll, 1.0 - smoothing), mul(term, smoothing / classes))

@@ -849,3 +849,183 @@ def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
         return (dx,)
 
     return autograd.record(y, (input,), backward, "local_response_norm")
+
+
+# ---- normalize, rms_norm, instance_norm: compositions over the reduce and pointwise kernels ----
+
+_compose_kernels = {}
+
+
+def _compose_kernel(key, factory):
+    k = _compose_kernels.get(key)
+    if k is None:
+        k = _compose_kernels[key] = factory()
+    return k
+
+
+def _view(t, shape):
+    return Tensor(t.ctx, t.buffer, shape, t.dtype, offset=t.offset)
+
+
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    """torch.nn.functional.normalize: input / max(||input||_p over ``dim``, ``eps``). ``dim``
+    an int or a sequence of ints. Gradient to the input (none through the clamp where the norm
+    is below eps, as torch's)."""
+    from .reduce import ReduceKernel, norm
+    _check_float("input", input)
+    if out is not None:
+        raise UnsupportedError("normalize: out= is not supported; use the returned tensor")
+    eps = float(eps)
+    norms = norm(input, p, dim, keepdim=True)
+    y = Tensor.empty(input.ctx, input.shape, float32)
+    divide = _compose_kernel("normalize", lambda: PointwiseKernel(
+        "normalize_divide", [("x", float32), ("n", float32)], [("y", float32)],
+        "y = x / fmax(n, eps);", scalars=[("eps", float32)]))
+    divide([input, norms], [y], [eps])
+    if not autograd.needs_grad(input):
+        return y
+    source, norms_source, keep = input.detach(), norms.detach(), norms.shape
+
+    def backward(g):
+        dx = Tensor.empty(g.ctx, g.shape, float32)
+        dn = Tensor.empty(g.ctx, keep, float32)
+        _compose_kernel("normalize_dx", lambda: PointwiseKernel(
+            "normalize_dx", [("g", float32), ("n", float32)], [("dx", float32)],
+            "dx = g / fmax(n, eps);", scalars=[("eps", float32)]))([g, norms_source], [dx], [eps])
+        if g.size:
+            _compose_kernel("normalize_dn", lambda: ReduceKernel(
+                "normalize_dn", [("g", float32), ("x", float32), ("n", float32)],
+                [("dn", float32)], "dn = n >= eps ? -g * x / (n * n) : 0.0f;", "sum",
+                scalars=[("eps", float32)]))([g, source, norms_source], [dn], [eps])
+        else:
+            dn.fill_(0.0)
+        return dx, dn
+
+    return autograd.record(y, (input, norms), backward, "normalize")
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """torch.nn.functional.rms_norm: input / sqrt(mean(input^2) + eps) over the trailing
+    ``normalized_shape`` dimensions, times ``weight`` (that shape, optional); ``eps`` None is
+    float32's machine epsilon, as torch's. Gradients to input and weight."""
+    from .loss import unit_weight
+    from .reduce import ReduceKernel
+    _check_float("input", input)
+    if isinstance(normalized_shape, (int, np.integer)):
+        normalized_shape = (int(normalized_shape),)
+    normalized_shape = tuple(normalized_shape)
+    k = len(normalized_shape)
+    if k == 0 or k > input.ndim or input.shape[input.ndim - k:] != normalized_shape:
+        raise ShapeError(f"rms_norm: normalized_shape {normalized_shape} must be the trailing "
+                         f"dimensions of the input shape {input.shape}")
+    _check_float("weight", weight, required=False)
+    if weight is not None and weight.shape != normalized_shape:
+        raise ShapeError(f"rms_norm: weight must have shape {normalized_shape}, got {weight.shape}")
+    ctx = check_same_context(input, weight)
+    eps = float(np.finfo(np.float32).eps) if eps is None else float(eps)
+    D = math.prod(normalized_shape)
+    rows = input.size // D if D else 0
+    x = _view(input, (rows, D))
+    w = _view(weight, (1, D)) if weight is not None else unit_weight(ctx)
+    rstd = Tensor.empty(ctx, (rows, 1), float32)
+    y = Tensor.empty(ctx, input.shape, float32)
+    if rows and D:
+        _compose_kernel("rms", lambda: ReduceKernel(
+            "rms_norm_rstd", [("x", float32)], [("r", float32)], "r = x * x;", "sum",
+            finalize="acc_r = rsqrt(acc_r / (float)reduce_size + eps);",
+            scalars=[("eps", float32)]))([x], [rstd], [eps])
+        _compose_kernel("rms_apply", lambda: PointwiseKernel(
+            "rms_norm_apply", [("x", float32), ("r", float32), ("w", float32)], [("y", float32)],
+            "y = x * r * w;"))([x, rstd, w], [_view(y, (rows, D))])
+    if not autograd.needs_grad(input, weight):
+        return y
+    source = x.detach()
+    w_source = w.detach()
+
+    def backward(g):
+        g2 = _view(g, (rows, D))
+        dx = Tensor.empty(ctx, input.shape, float32)
+        dweight = Tensor.empty(ctx, normalized_shape, float32) if weight is not None else None
+        if not (rows and D):
+            for t in (dx, dweight):
+                if t is not None:
+                    t.fill_(0.0)
+            return dx, dweight
+        dots = Tensor.empty(ctx, (rows, 1), float32)
+        _compose_kernel("rms_dot", lambda: ReduceKernel(
+            "rms_norm_dot", [("g", float32), ("w", float32), ("x", float32)], [("s", float32)],
+            "s = g * w * x;", "sum"))([g2, w_source, source], [dots])
+        _compose_kernel("rms_dx", lambda: PointwiseKernel(
+            "rms_norm_dx", [("g", float32), ("w", float32), ("x", float32), ("r", float32),
+                            ("s", float32)], [("dx", float32)],
+            "dx = r * (g * w - x * r * r * s / (float)size);",
+            scalars=[("size", float32)]))([g2, w_source, source, rstd, dots],
+                                          [_view(dx, (rows, D))], [float(D)])
+        if dweight is not None:
+            _compose_kernel("rms_dw", lambda: ReduceKernel(
+                "rms_norm_dw", [("g", float32), ("x", float32), ("r", float32)],
+                [("dw", float32)], "dw = g * x * r;", "sum"))([g2, source, rstd],
+                                                               [_view(dweight, (1, D))])
+        return dx, dweight
+
+    return autograd.record(y, (input, weight), backward, "rms_norm")
+
+
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
+                  use_input_stats=True, momentum=0.1, eps=1e-5):
+    """torch.nn.functional.instance_norm on (N, C, ...): statistics per sample and channel
+    (group norm with a group per channel), ``weight`` and ``bias`` per channel. With
+    ``running_mean``/``running_var`` given, they move toward the batch's average of the
+    instances' means and unbiased variances by ``momentum`` (in place). With
+    ``use_input_stats=False`` the running statistics normalize instead (as batch norm in
+    evaluation). Gradients to input, weight and bias."""
+    from .reduce import ReduceKernel
+    _check_float("input", input)
+    if input.ndim < 2:
+        raise ShapeError(f"instance_norm expects an (N, C, ...) input, got shape {input.shape}")
+    N, C = input.shape[:2]
+    S = math.prod(input.shape[2:])
+    for what, t in (("running_mean", running_mean), ("running_var", running_var),
+                    ("weight", weight), ("bias", bias)):
+        _check_float(what, t, required=False)
+        _check_size(what, t, C)
+    if (running_mean is None) != (running_var is None):
+        raise ShapeError("instance_norm: running_mean and running_var go together; got one")
+    if not isinstance(momentum, (int, float, np.number)) or isinstance(momentum, bool):
+        raise DTypeError(f"instance_norm: momentum must be a number, got {momentum!r}")
+    ctx = check_same_context(input, running_mean, running_var, weight, bias)
+    if not use_input_stats:
+        if running_mean is None:
+            raise ShapeError("instance_norm: use_input_stats=False needs running_mean and "
+                             "running_var")
+        return batch_norm(input, running_mean, running_var, weight, bias, training=False,
+                          eps=eps)
+    if S <= 1:
+        raise ShapeError(f"instance_norm: expected more than 1 spatial element when using "
+                         f"the input's statistics, got input {input.shape}")
+    y = group_norm(input, C, weight, bias, eps)
+    if running_mean is not None and N:
+        x = _view(input, (N, C, S))
+        means = Tensor.empty(ctx, (N, C, 1), float32)
+        variances = Tensor.empty(ctx, (N, C, 1), float32)
+        _compose_kernel("instance_mean", lambda: ReduceKernel(
+            "instance_mean", [("x", float32)], [("m", float32)], "m = x;", "sum",
+            finalize="acc_m = acc_m / (float)reduce_size;"))([x], [means])
+        _compose_kernel("instance_var", lambda: ReduceKernel(
+            "instance_var", [("x", float32), ("m", float32)], [("v", float32)],
+            "float d = x - m; v = d * d;", "sum",
+            finalize="acc_v = acc_v / (float)(reduce_size - 1);"))([x, means], [variances])
+        # The batch's average folded into the running values: each instance adds its share.
+        new_mean = Tensor.empty(ctx, (1, C), float32)
+        new_var = Tensor.empty(ctx, (1, C), float32)
+        _compose_kernel("instance_running", lambda: ReduceKernel(
+            "instance_running", [("m", float32), ("v", float32), ("rm", float32), ("rv", float32)],
+            [("nm", float32), ("nv", float32)],
+            "nm = (momentum * m + (1.0f - momentum) * rm) / batch;"
+            "nv = (momentum * v + (1.0f - momentum) * rv) / batch;", "sum",
+            scalars=[("momentum", float32), ("batch", float32)]))(
+            [_view(means, (N, C)), _view(variances, (N, C)), _view(running_mean, (1, C)),
+             _view(running_var, (1, C))], [new_mean, new_var], [float(momentum), float(N)])
+        running_mean.copy_(_view(new_mean, (C,)))
+        running_var.copy_(_view(new_var, (C,)))
+    return y

@@ -428,6 +428,14 @@ _BINARY = {
     "sub": "y = a - b;",
     "mul": "y = a * b;",
     "div": "y = a / b;",
+    "div_trunc": "y = trunc(a / b);",
+    # torch's floor division of floats: from fmod, so that the quotient is the floor of the
+    # exact a / b (floor(a / b) may round up past it), rounded to the nearest integer.
+    "div_floor": "if (b == 0) { y = a / b; } else {"
+                 " float m = fmod(a, b); float d = (a - m) / b;"
+                 " if (m != 0 && ((b < 0) != (m < 0))) d -= 1;"
+                 " float f = floor(d); if (d - f > 0.5f) f += 1;"
+                 " y = d != 0 ? f : copysign(0.0f, a / b); }",
     "maximum": "y = (a != a || b != b) ? (a + b) : max(a, b);",
     "minimum": "y = (a != a || b != b) ? (a + b) : min(a, b);",
 }
