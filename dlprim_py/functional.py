@@ -23,6 +23,10 @@ from .ops.conv import conv2d, conv_transpose2d  # noqa: F401
 from .ops.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401
 from .ops.interpolate import interpolate  # noqa: F401
 from .ops.linear import linear  # noqa: F401
+from .ops.indexing import (arange, count_nonzero, embedding, embedding_bag, gather,  # noqa: F401
+                           index_add, index_select, isfinite, isin, isinf, isnan, isneginf,
+                           isposinf, linspace, masked_fill, one_hot, scatter, scatter_add, tril,
+                           triu, where)
 
 
 def _install_numerics_checks(switches):
