@@ -27,6 +27,7 @@ from .ops.indexing import (arange, count_nonzero, embedding, embedding_bag, gath
                            index_add, index_select, isfinite, isin, isinf, isnan, isneginf,
                            isposinf, linspace, masked_fill, one_hot, scatter, scatter_add, tril,
                            triu, where)
+from .ops.scan import cumsum, sort, topk  # noqa: F401
 
 
 def _install_numerics_checks(switches):
