@@ -229,7 +229,8 @@ __kernel void embedding_renorm(index_t count, index_t E, long V, __global const 
 }
 
 // The bag b of embedding_bag: positions [start, end) of the flat index, clamped to [0, N).
-// ``fixed`` > 0: a 2-d input, bags of ``fixed`` positions each; else from ``offsets``.
+// ``fixed`` > 0: a 2-d input, bags of ``fixed`` positions each; else from ``offsets``, the
+// last of the ``bags_given`` bags ending at N.
 inline void bag_range(index_t b, index_t N, index_t fixed, __global const long* offsets,
                       index_t off_off, index_t bags_given, index_t* start, index_t* end)
 {

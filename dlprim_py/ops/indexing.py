@@ -196,7 +196,8 @@ def gather(input, dim, index, *, sparse_grad=False):
 
 
 def _scatter_add_new(y, dim, index, src, alpha=1):
-    """y (dense, a fresh tensor) += the scatter_add of src (fitted to index) along dim."""
+    """y (dense, a fresh tensor of index's shape outside ``dim``) += the scatter_add of src
+    (fitted to index) along dim."""
     if not index.size:
         return y
     O, L, I = _split(_as_1d(index).shape, dim)
@@ -212,6 +213,25 @@ def _scatter_add_new(y, dim, index, src, alpha=1):
          L * I, I, 1, y.buffer, y.offset_elements, _SCALAR_TYPES[y.dtype](alpha),
          range_flag(ctx))
     return y
+
+
+def _region(out, index, dim):
+    """(the part of ``out`` that ``index`` covers outside ``dim``, its shape): ``out`` itself
+    where the index spans it, else a copy to scatter into and write back (``_write_back``)."""
+    shape = list(_as_1d(index).shape)
+    shape[dim] = _as_1d(out).shape[dim]
+    shape = tuple(shape)
+    if shape == _as_1d(out).shape:
+        return out, None
+    with autograd.no_grad():
+        return _fit(out.detach(), shape, dim, "scatter"), shape
+
+
+def _write_back(out, region, shape):
+    if shape is not None and region.size:
+        tensor_ops.strided_copy(out.ctx, shape, out.dtype, region.buffer, region.offset_elements,
+                                tensor_ops.dense_strides(shape), out.buffer, out.offset_elements,
+                                tensor_ops.dense_strides(_as_1d(out).shape))
 
 
 def _prepare_scatter(name, input, dim, index, src):
@@ -261,14 +281,16 @@ def scatter(input, dim, index, src=None, value=None, *, reduce=None):
         D = _as_1d(input).shape[dim]
         ctx = input.ctx
         number = _SCALAR_TYPES[input.dtype](0 if tensor_src else src)
-        source = src_fit if tensor_src else out
+        target, shape = _region(out, index, dim)
+        source = src_fit if tensor_src else target
         _run(ctx, "scatter_dim", input.dtype, O * L * I,
              max(O * D * I, source.offset_elements + source.size,
-                 index.offset_elements + index.size),
+                 index.offset_elements + index.size, target.offset_elements + target.size),
              O * L * I, L, I, np.int64(D), source.buffer,
              source.offset_elements if tensor_src else 0, number, np.int32(not tensor_src),
-             index.buffer, index.offset_elements, out.buffer, out.offset_elements,
+             index.buffer, index.offset_elements, target.buffer, target.offset_elements,
              range_flag(ctx))
+        _write_back(out, target, shape)
     inputs = (input, src_fit) if tensor_src else (input,)
     if not autograd.needs_grad(*inputs):
         return out
@@ -293,7 +315,9 @@ def scatter_add(input, dim, index, src):
     if input.dtype == bool_ if isinstance(input, Tensor) else False:
         raise DTypeError("scatter_add: bool tensors cannot be added")
     index, dim, src_fit = _prepare_scatter("scatter_add", input, dim, index, src)
-    out = _scatter_add_new(input.clone(), dim, index, src_fit)
+    out = input.clone()
+    target, shape = _region(out, index, dim)
+    _write_back(out, _scatter_add_new(target, dim, index, src_fit), shape)
     if not autograd.needs_grad(input, src_fit):
         return out
     index = index.detach()
@@ -887,10 +911,11 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         offsets_t = _index(offsets, "embedding_bag: offsets", allow_int32=True)
         if offsets_t.ndim != 1:
             raise ShapeError(f"embedding_bag: offsets must be 1-d, got shape {offsets_t.shape}")
-        given = offsets_t.size
-        B = given - 1 if include_last_offset else given
-        if B < 0 or (include_last_offset and given < 1):
+        B = offsets_t.size - 1 if include_last_offset else offsets_t.size
+        if B < 0:
             raise ShapeError("embedding_bag: include_last_offset needs at least one offset")
+        # The last bag ends at the end of the input (torch's, whatever the last offset says).
+        given = B
         fixed = 0
     else:
         raise ShapeError(f"embedding_bag: input must be 1-d (with offsets) or 2-d, got shape "
