@@ -17,7 +17,7 @@ TF = torch.nn.functional
 
 
 def t_(ctx, array, grad=False):
-    return dp.Tensor.from_numpy(ctx, np.ascontiguousarray(array), requires_grad=grad)
+    return dp.Tensor.from_numpy(ctx, np.array(array, order="C"), requires_grad=grad)
 
 
 def ref(array, grad=False):

@@ -121,6 +121,10 @@ def cumsum(input, dim, *, dtype=None):
     elif x.dtype not in (float32, int32, int64, bool_):
         raise DTypeError(f"cumsum: float32, int32, int64 and bool tensors are supported, got "
                          f"{x.dtype}")
+    if x.dtype in (int32, bool_):
+        # Summed as int64 (torch's result type): converted first, so that one scan kernel per
+        # result type serves every input type.
+        x = masks.cast(x, int64)
     out = _cumsum(x, dim, 0)
     if out.dtype != float32 or not autograd.needs_grad(x):
         return out
