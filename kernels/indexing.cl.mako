@@ -49,12 +49,14 @@
 % endif
 #define index_t ${index_t}
 
-// Records a bad index for the host (any one of them, when there are several).
+// Records a bad index for the host: the first item to claim the flag (an atomic on its low
+// 32 bits) writes the index and the size, so that no two items write the same word.
 inline void report(__global long* flag, long value, long size)
 {
-    flag[1] = value;
-    flag[2] = size;
-    flag[0] = 1;
+    if (atomic_cmpxchg((volatile __global int*)flag, 0, 1) == 0) {
+        flag[1] = value;
+        flag[2] = size;
+    }
 }
 
 __kernel void gather_dim(index_t total, index_t L, index_t I, long D,
@@ -337,6 +339,44 @@ __kernel void embedding_bag_expand(index_t total, index_t E, index_t N,
             }
             expanded[(index_t)p * E + e] = out;
         }
+    }
+}
+
+// The gradient of per_sample_weights (mode "sum"): out[p] = the dot product of the output's
+// gradient row of p's bag with the weight row idx[p] (0 for padding_idx and for positions no
+// bag covers). A position's bag: p / fixed, or the last bag starting at or before p.
+__kernel void embedding_bag_psw_grad(index_t N, index_t E, long V,
+                                     __global const long* idx, index_t idx_off,
+                                     __global const long* offsets, index_t off_off,
+                                     index_t bags_given, index_t fixed,
+                                     __global const float* w, index_t w_off,
+                                     __global const float* grad, index_t grad_off,
+                                     long padding_idx, __global float* out)
+{
+    for (index_t p = get_global_id(0); p < N; p += get_global_size(0)) {
+        index_t b;
+        if (fixed > 0) {
+            b = p / fixed;
+        } else {
+            index_t lo = 0, hi = bags_given - 1;
+            while (lo < hi) {
+                const index_t mid = (lo + hi + 1) / 2;
+                if (offsets[off_off + mid] <= (long)p)
+                    lo = mid;
+                else
+                    hi = mid - 1;
+            }
+            b = lo;
+        }
+        index_t start, end;
+        bag_range(b, N, fixed, offsets, off_off, bags_given, &start, &end);
+        const long v = idx[idx_off + p];
+        float acc = 0.0f;
+        if (p >= start && p < end && v != padding_idx && v >= 0 && v < V) {
+            for (index_t e = 0; e < E; ++e)
+                acc += grad[grad_off + b * E + e] * w[w_off + (index_t)v * E + e];
+        }
+        out[p] = acc;
     }
 }
 % endif

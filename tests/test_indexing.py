@@ -322,11 +322,19 @@ def test_embedding_bag_2d_and_per_sample_weights(ctx, rng):
     index = rng.integers(0, 9, (4, 5))
     psw = random(rng, (4, 5))
     W, WR = t_(ctx, w, True), ref(w, True)
-    out = F.embedding_bag(t_(ctx, index), W, mode="sum", per_sample_weights=t_(ctx, psw))
-    out_ref = TF.embedding_bag(torch.tensor(index), WR, mode="sum",
-                               per_sample_weights=ref(psw))
+    P, PR = t_(ctx, psw, True), ref(psw, True)
+    out = F.embedding_bag(t_(ctx, index), W, mode="sum", per_sample_weights=P, padding_idx=4)
+    out_ref = TF.embedding_bag(torch.tensor(index), WR, mode="sum", per_sample_weights=PR,
+                               padding_idx=4)
     assert_close(out.numpy(), out_ref.detach().numpy())
-    backward_check(ctx, rng, out, out_ref, [(W, WR)])
+    backward_check(ctx, rng, out, out_ref, [(W, WR), (P, PR)])
+    flat, offsets = index.reshape(-1), np.array([0, 2, 2, 9])
+    P, PR = t_(ctx, psw.reshape(-1), True), ref(psw.reshape(-1), True)
+    out = F.embedding_bag(t_(ctx, flat), t_(ctx, w), t_(ctx, offsets), mode="sum",
+                          per_sample_weights=P)
+    out_ref = TF.embedding_bag(torch.tensor(flat), ref(w), torch.tensor(offsets), mode="sum",
+                               per_sample_weights=PR)
+    backward_check(ctx, rng, out, out_ref, [(P, PR)])
     with pytest.raises(dp.UnsupportedError, match="mode='sum'"):
         F.embedding_bag(t_(ctx, index), W, mode="mean", per_sample_weights=t_(ctx, psw))
     with pytest.raises(dp.ShapeError, match="offsets"):

@@ -879,8 +879,8 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     ``per_sample_weights`` (``input``'s shape, float32) scale the rows, mode "sum" only.
     ``padding_idx`` entries are left out (and not counted by the mean). An empty bag gives
     zeros. ``max_norm`` renorms the named rows in place as ``embedding``'s does. Gradients: the
-    weight's (deterministic), and ``per_sample_weights``' is not computed (UnsupportedError
-    where it requires one). ``scale_grad_by_freq`` and ``sparse`` are not supported.
+    weight's (deterministic) and ``per_sample_weights``'. ``scale_grad_by_freq`` and ``sparse``
+    are not supported.
     """
     _tensor(input, "embedding_bag: input")
     _check_weight("embedding_bag", weight)
@@ -931,9 +931,6 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
             raise ShapeError(f"embedding_bag: per_sample_weights must be float32 of input's "
                              f"shape {index.shape}, got {per_sample_weights.dtype} "
                              f"{per_sample_weights.shape}")
-        if autograd.needs_grad(per_sample_weights):
-            raise UnsupportedError("embedding_bag: the gradient of per_sample_weights is not "
-                                   "supported")
         check_same_context(index, per_sample_weights)
     psw = per_sample_weights if use_psw else weight
     N = index.size
@@ -956,20 +953,36 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
          np.int64(V), *bag_args(psw), weight.buffer, weight.offset_elements, psw.buffer,
          psw.offset_elements, np.int32(use_psw), m, pad, out.buffer, out.offset_elements,
          arg.buffer, arg.offset_elements, range_flag(ctx))
-    if not autograd.needs_grad(weight):
+    inputs = (weight, per_sample_weights) if use_psw else (weight,)
+    if not autograd.needs_grad(*inputs):
         return out
-    keep = (index.detach(), offsets_t.detach(), psw.detach(), arg)
+    keep = (index.detach(), offsets_t.detach(), psw.detach(), arg, weight.detach())
+    weight_grad = autograd.needs_grad(weight)
 
     def backward(g):
-        idx_t, off_t, psw_t, arg_t = keep
-        expanded = Tensor.zeros(g.ctx, (N, E), float32)
-        _run(g.ctx, "embedding_bag_expand", float32, B * E, extent, B * E, *common,
-             idx_t.buffer, idx_t.offset_elements, off_t.buffer, off_t.offset_elements, given,
-             fixed, psw_t.buffer, psw_t.offset_elements, np.int32(use_psw), m, pad, g.buffer,
-             g.offset_elements, arg_t.buffer, arg_t.offset_elements, expanded.buffer)
-        return (_weight_grad(expanded, idx_t.reshape((N,)), V, E, padding_idx),)
+        idx_t, off_t, psw_t, arg_t, w_t = keep
+        grads = []
+        if weight_grad:
+            expanded = Tensor.zeros(g.ctx, (N, E), float32)
+            _run(g.ctx, "embedding_bag_expand", float32, B * E, extent, B * E, *common,
+                 idx_t.buffer, idx_t.offset_elements, off_t.buffer, off_t.offset_elements,
+                 given, fixed, psw_t.buffer, psw_t.offset_elements, np.int32(use_psw), m, pad,
+                 g.buffer, g.offset_elements, arg_t.buffer, arg_t.offset_elements,
+                 expanded.buffer)
+            grads.append(_weight_grad(expanded, idx_t.reshape((N,)), V, E, padding_idx))
+        else:
+            grads.append(None)
+        if use_psw:
+            # The weight as it was read (max_norm renormed it before the forward's read).
+            d_psw = Tensor.empty(g.ctx, index.shape, float32)
+            _run(g.ctx, "embedding_bag_psw_grad", float32, N, extent, N, E, np.int64(V),
+                 idx_t.buffer, idx_t.offset_elements, off_t.buffer, off_t.offset_elements,
+                 given, fixed, w_t.buffer, w_t.offset_elements, g.buffer, g.offset_elements,
+                 pad, d_psw.buffer)
+            grads.append(d_psw)
+        return tuple(grads)
 
-    return autograd.record(out, (weight,), backward, "embedding_bag")
+    return autograd.record(out, inputs, backward, "embedding_bag")
 
 
 def one_hot(tensor, num_classes=-1):
