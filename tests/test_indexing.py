@@ -429,3 +429,21 @@ def test_repeated_calls_build_nothing(ctx, rng, index_add_algo):
     run()
     ctx.synchronize()
     assert dict(program.stats) == before
+
+
+def test_a_user_rule_chooses_the_index_add_solver(ctx, rng, tuning_rules):
+    """The rules choose "loop" for a short index and "sorted" otherwise; a rule of a user
+    database for this device overrides them, and "sorted" forced where it is chosen anyway
+    gives the same numbers."""
+    from dlprim_py.ops.indexing import _index_add_algorithm
+    assert _index_add_algorithm(ctx, 8, 5, 3, None) == "loop"
+    assert _index_add_algorithm(ctx, 100, 5, 3, None) == "sorted"
+    tuning_rules("index_add", [{"when": {}, "params": {"solver": "loop"}}])
+    dp.config.reload()
+    assert _index_add_algorithm(ctx, 100, 5, 3, None) == "loop"
+    x, src, index = random(rng, (5, 3)), random(rng, (100, 3)), rng.integers(0, 5, 100)
+    looped = F.index_add(t_(ctx, x), 0, t_(ctx, index), t_(ctx, src)).numpy()
+    assert _index_add_algorithm(ctx, 100, 5, 3, "sorted") == "sorted"
+    expected = x.astype(np.float64)
+    np.add.at(expected, index, src)
+    assert_close(looped, expected)

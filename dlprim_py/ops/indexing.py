@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import autograd, config, program, solver
+from .. import autograd, config, program, solver, tuning
 from ..context import check_same_context, default_context, Context
 from ..dtypes import as_dtype, bool_, cl_name, float16, float32, int32, int64
 from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError, not_a_tensor
@@ -358,7 +358,8 @@ INDEX_ADD_ALGORITHMS = tuple(FAMILY.solvers)
 
 
 def _index_add_algorithm(ctx, L, D, I, forced):
-    key = ("index_add_choice", L, D, I, forced, config.switches().forced.get("index_add"))
+    key = ("index_add_choice", L, D, I, forced, config.switches().forced.get("index_add"),
+           tuning.generation)
     name = ctx.plans.get(key)
     if name is None:
         name = ctx.plans.put(key, solver.select(ctx, "index_add", IndexAddProblem(L, D, I),
