@@ -30,13 +30,13 @@ from ..context import check_same_context, default_context, Context
 from ..dtypes import as_dtype, bool_, cl_name, float16, float32, int32, int64
 from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..launch import bind
-from ..tensor import Tensor, _checked, normalise_shape
+from ..tensor import Tensor, _checked
 from . import masks, reduce, tensor_ops
 from .arithmetic import reduce_to_shape
 from .pointwise import PointwiseKernel, broadcast_shapes, launch_size
 
 _INT32_LIMIT = 2 ** 31 - 1
-_SCALAR_TYPES = {float32: np.float32, float16: np.float32, int32: np.int32, int64: np.int64,
+_SCALAR_TYPES = {float32: np.float32, float16: np.float16, int32: np.int32, int64: np.int64,
                  bool_: np.uint8}
 
 
@@ -53,6 +53,22 @@ def _kernel(ctx, name, dtype, index_t):
     return kernel
 
 
+# (numpy type, Python int) -> the numpy scalar passed for it: the same object on every call,
+# so that a bound kernel recognises an unchanged argument by identity and sets nothing.
+_scalars = {}
+
+
+def scalar(kind, value):
+    """``kind(value)`` for an int ``value``, one object per (kind, value) (bounded)."""
+    key = (kind, value)
+    s = _scalars.get(key)
+    if s is None:
+        if len(_scalars) > 65536:
+            _scalars.clear()
+        s = _scalars[key] = kind(value)
+    return s
+
+
 def _run(ctx, name, dtype, total, extent, *args):
     """Enqueue kernel ``name`` over ``total`` items (a grid-stride loop); ``extent``: the
     largest index it computes (32-bit arithmetic below 2^31). Python ints among ``args`` are
@@ -60,9 +76,13 @@ def _run(ctx, name, dtype, total, extent, *args):
     if total <= 0:
         return
     index_t, ix = ("int", np.int32) if extent < _INT32_LIMIT else ("long", np.int64)
-    kernel = _kernel(ctx, name, dtype, index_t)
-    gsize, lsize = launch_size(ctx, total)
-    kernel(ctx.queue, gsize, lsize, *[ix(a) if a.__class__ is int else a for a in args])
+    key = ("indexing_launch", total, ctx.info.compute_units)
+    launch = ctx.plans.get(key)
+    if launch is None:
+        launch = ctx.plans.put(key, launch_size(ctx, total))
+    _kernel(ctx, name, dtype, index_t)(ctx.queue, launch[0], launch[1],
+                                       *[scalar(ix, a) if a.__class__ is int else a
+                                         for a in args])
 
 
 def range_flag(ctx):
@@ -127,10 +147,6 @@ def _as_1d(x):
     return x.reshape((1,)) if x.ndim == 0 else x
 
 
-def _check_float_grad(x):
-    return x.dtype in (float32, float16)
-
-
 # ---- gather / scatter / scatter_add -------------------------------------------------------------
 
 def _check_index_shape(name, input, dim, index, src=None):
@@ -159,7 +175,7 @@ def _gather_into(y, x, dim, index):
     ctx = x.ctx
     _run(ctx, "gather_dim", x.dtype, O * L * I, max(O * L * I, x.offset_elements + x.size,
                                                    index.offset_elements + index.size),
-         O * L * I, L, I, np.int64(D), x.buffer, x.offset_elements, index.buffer,
+         O * L * I, L, I, scalar(np.int64, D), x.buffer, x.offset_elements, index.buffer,
          index.offset_elements, L * I, I, 1, y.buffer, y.offset_elements, range_flag(ctx))
 
 
@@ -286,8 +302,8 @@ def scatter(input, dim, index, src=None, value=None, *, reduce=None):
         _run(ctx, "scatter_dim", input.dtype, O * L * I,
              max(O * D * I, source.offset_elements + source.size,
                  index.offset_elements + index.size, target.offset_elements + target.size),
-             O * L * I, L, I, np.int64(D), source.buffer,
-             source.offset_elements if tensor_src else 0, number, np.int32(not tensor_src),
+             O * L * I, L, I, scalar(np.int64, D), source.buffer,
+             source.offset_elements if tensor_src else 0, number, scalar(np.int32, not tensor_src),
              index.buffer, index.offset_elements, target.buffer, target.offset_elements,
              range_flag(ctx))
         _write_back(out, target, shape)
@@ -389,7 +405,7 @@ def _index_add_into(y, dim, index, src, alpha, algorithm=None):
     with autograd.no_grad():
         keys, perm = sort(index.reshape((L,)), stable=True)
     _run(ctx, "index_add_sorted", y.dtype, O * L * I, extent,
-         O * L * I, L, I, np.int64(D), keys.buffer, perm.buffer, src.buffer,
+         O * L * I, L, I, scalar(np.int64, D), keys.buffer, perm.buffer, src.buffer,
          src.offset_elements, y.buffer, y.offset_elements, alpha, range_flag(ctx))
     return y
 
@@ -422,7 +438,8 @@ def index_select(input, dim, index):
         _run(ctx, "gather_dim", input.dtype, O * L * I,
              max(O * max(L, D) * I, input.offset_elements + input.size,
                  index.offset_elements + index.size),
-             O * L * I, L, I, np.int64(D), input.buffer, input.offset_elements, index.buffer,
+             O * L * I, L, I, scalar(np.int64, D), input.buffer, input.offset_elements,
+             index.buffer,
              index.offset_elements, 0, 1, 0, out.buffer, out.offset_elements, range_flag(ctx))
     if not autograd.needs_grad(input):
         return out
@@ -471,7 +488,7 @@ def index_add(input, dim, index, source, *, alpha=1):
     return autograd.record(out, (input, source), backward, "index_add")
 
 
-# ---- where / masked_fill / the is* tests ----------------------------------------------------------
+# ---- where / masked_fill / the is* tests --------------------------------------------------
 
 _pointwise = {}
 
@@ -669,7 +686,7 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
             _run(ctx, "isin_any", dtype, out.size,
                  max(out.size, x.offset_elements + x.size, t.offset_elements + t.size),
                  out.size, x.buffer, x.offset_elements, t.buffer, t.offset_elements, t.size,
-                 np.int32(bool(invert)), out.buffer, out.offset_elements)
+                 scalar(np.int32, bool(invert)), out.buffer, out.offset_elements)
     return out
 
 
@@ -692,7 +709,7 @@ def _triangle(name, input, diagonal, upper):
     R, C = input.shape[-2:]
     out = Tensor.empty(input.ctx, input.shape, input.dtype)
     _run(input.ctx, "triangle", input.dtype, out.size, out.size + input.offset_elements,
-         out.size, R, C, np.int64(diagonal), np.int32(upper), input.buffer,
+         out.size, R, C, scalar(np.int64, diagonal), scalar(np.int32, upper), input.buffer,
          input.offset_elements, out.buffer, out.offset_elements)
     if not autograd.needs_grad(input):
         return out
@@ -811,7 +828,7 @@ def _renorm(weight, flat, max_norm, norm_type):
         keys, _ = sort(flat, stable=True)
     V, E = weight.shape
     _run(weight.ctx, "embedding_renorm", float32, flat.size,
-         max(flat.size, weight.offset_elements + weight.size), flat.size, E, np.int64(V),
+         max(flat.size, weight.offset_elements + weight.size), flat.size, E, scalar(np.int64, V),
          keys.buffer, weight.buffer, weight.offset_elements, np.float32(max_norm),
          np.float32(norm_type))
 
@@ -940,19 +957,19 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         _renorm(weight, flat, float(max_norm), float(norm_type))
     out = Tensor.empty(ctx, (B, E), float32)
     arg = Tensor.empty(ctx, (B, E) if mode == "max" else (1,), int64)
-    pad = np.int64(-1 if padding_idx is None else padding_idx)
-    m = np.int32(_MODES[mode])
+    pad = scalar(np.int64, -1 if padding_idx is None else padding_idx)
+    m = scalar(np.int32, _MODES[mode])
     extent = max(B * E, N * E, V * E + weight.offset_elements, N + index.offset_elements,
                  offsets_t.offset_elements + offsets_t.size, psw.offset_elements + psw.size)
     common = (E, N)
 
-    def bag_args(t_psw):
+    def bag_args():
         return (index.buffer, index.offset_elements, offsets_t.buffer,
                 offsets_t.offset_elements, given, fixed)
 
     _run(ctx, "embedding_bag_forward", float32, B * E, extent, B * E, *common,
-         np.int64(V), *bag_args(psw), weight.buffer, weight.offset_elements, psw.buffer,
-         psw.offset_elements, np.int32(use_psw), m, pad, out.buffer, out.offset_elements,
+         scalar(np.int64, V), *bag_args(), weight.buffer, weight.offset_elements, psw.buffer,
+         psw.offset_elements, scalar(np.int32, use_psw), m, pad, out.buffer, out.offset_elements,
          arg.buffer, arg.offset_elements, range_flag(ctx))
     inputs = (weight, per_sample_weights) if use_psw else (weight,)
     if not autograd.needs_grad(*inputs):
@@ -967,7 +984,8 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
             expanded = Tensor.zeros(g.ctx, (N, E), float32)
             _run(g.ctx, "embedding_bag_expand", float32, B * E, extent, B * E, *common,
                  idx_t.buffer, idx_t.offset_elements, off_t.buffer, off_t.offset_elements,
-                 given, fixed, psw_t.buffer, psw_t.offset_elements, np.int32(use_psw), m, pad,
+                 given, fixed, psw_t.buffer, psw_t.offset_elements,
+                 scalar(np.int32, use_psw), m, pad,
                  g.buffer, g.offset_elements, arg_t.buffer, arg_t.offset_elements,
                  expanded.buffer)
             grads.append(_weight_grad(expanded, idx_t.reshape((N,)), V, E, padding_idx))
@@ -976,7 +994,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         if use_psw:
             # The weight as it was read (max_norm renormed it before the forward's read).
             d_psw = Tensor.empty(g.ctx, index.shape, float32)
-            _run(g.ctx, "embedding_bag_psw_grad", float32, N, extent, N, E, np.int64(V),
+            _run(g.ctx, "embedding_bag_psw_grad", float32, N, extent, N, E, scalar(np.int64, V),
                  idx_t.buffer, idx_t.offset_elements, off_t.buffer, off_t.offset_elements,
                  given, fixed, w_t.buffer, w_t.offset_elements, g.buffer, g.offset_elements,
                  pad, d_psw.buffer)
@@ -1003,7 +1021,7 @@ def one_hot(tensor, num_classes=-1):
     out = Tensor.empty(index.ctx, index.shape + (C,), int64)
     if out.size:
         _run(index.ctx, "one_hot", int64, out.size, out.size + index.offset_elements + index.size,
-             out.size, np.int64(C), index.buffer, index.offset_elements, out.buffer,
+             out.size, scalar(np.int64, C), index.buffer, index.offset_elements, out.buffer,
              out.offset_elements, range_flag(index.ctx))
     elif index.size and C == 0:
         raise ShapeError("one_hot: num_classes=0 with a non-empty tensor: every class is out "

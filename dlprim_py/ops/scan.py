@@ -53,8 +53,14 @@ def _index_type(extent):
     return ("int", np.int32) if extent < _INT32_LIMIT else ("long", np.int64)
 
 
+def _flag(value):
+    from .indexing import scalar
+    return scalar(np.int32, int(value))
+
+
 def _args(ix, args):
-    return [ix(a) if a.__class__ is int else a for a in args]
+    from .indexing import scalar
+    return [scalar(ix, a) if a.__class__ is int else a for a in args]
 
 
 # ---- cumsum --------------------------------------------------------------------------------
@@ -70,14 +76,14 @@ def _scan_rows(ctx, x, x_off, y, y_off, rows, N, reverse, src, acc):
     kernel = _kernel(ctx, "scan_chunks", index_t, **params)
     kernel(ctx.queue, (rows * chunks * group,), (group,),
            *_args(ix, (N, chunks, x, x_off, y, y_off,
-                       partial.buffer if partial is not None else y, np.int32(reverse))))
+                       partial.buffer if partial is not None else y, _flag(reverse))))
     if chunks > 1:
         # The chunk totals scanned in place (always forwards: they are in scan order already).
         _scan_rows(ctx, partial.buffer, 0, partial.buffer, 0, rows, chunks, 0, acc, acc)
         gsize, lsize = launch_size(ctx, rows * N)
         _kernel(ctx, "scan_add", index_t, **params)(
             ctx.queue, gsize, lsize,
-            *_args(ix, (rows * N, N, chunks, partial.buffer, y, y_off, np.int32(reverse))))
+            *_args(ix, (rows * N, N, chunks, partial.buffer, y, y_off, _flag(reverse))))
 
 
 def _cumsum(x, dim, reverse):
@@ -100,7 +106,7 @@ def _cumsum(x, dim, reverse):
         _kernel(ctx, "scan_columns", index_t, **params)(
             ctx.queue, gsize, lsize,
             *_args(ix, (O * I, N, I, x.buffer, x.offset_elements, out.buffer,
-                        out.offset_elements, np.int32(reverse))))
+                        out.offset_elements, _flag(reverse))))
     return out
 
 
@@ -176,18 +182,18 @@ class _Tiles:
         segment = self.tile if segment is None else segment
         groups = -(-rows // (self.tile // segment)) * tiles
         self.tile_kernel(self.ctx.queue, (groups * self.group,), (self.group,),
-                         *_args(self.ix, (rows, n, tiles, np.int32(segment), kin, kin_off,
+                         *_args(self.ix, (rows, n, tiles, _flag(segment), kin, kin_off,
                                           kin_stride,
                                           iin if iin is not None else kout, 0,
-                                          np.int32(has_idx), kout, kout_off, kout_stride, iout,
-                                          iout_off, keep, merge_k, np.int32(local_dir),
-                                          np.int32(desc))))
+                                          _flag(has_idx), kout, kout_off, kout_stride, iout,
+                                          iout_off, keep, merge_k, _flag(local_dir),
+                                          _flag(desc))))
 
     def step(self, rows, P, k, j, keys, idx, desc):
         pairs = rows * P // 2
         gsize, lsize = launch_size(self.ctx, pairs)
         self.step_kernel(self.ctx.queue, gsize, lsize,
-                         *_args(self.ix, (pairs, P, k, j, keys, idx, np.int32(desc))))
+                         *_args(self.ix, (pairs, P, k, j, keys, idx, _flag(desc))))
 
 
 def _sort_rows(x, desc, keep=None):
