@@ -416,14 +416,8 @@ def _check_vector_index(name, index):
                          f"{index.shape}")
 
 
-def index_select(input, dim, index):
-    """torch.index_select: the entries ``index`` (a vector of int64 or int32) of ``input``
-    along ``dim``; their gradient is added back at ``index`` (index_add, deterministic)."""
-    _tensor(input, "index_select: input")
-    index = _index(index, "index_select: index", allow_int32=True)
-    check_same_context(input, index)
-    _check_vector_index("index_select", index)
-    dim = _dim(dim, input.ndim, "index_select")
+def _select(input, dim, index):
+    """index_select's result (checked arguments, no gradient recorded)."""
     shape = list(_as_1d(input).shape)
     D = shape[dim]
     shape[dim] = index.size
@@ -439,8 +433,20 @@ def index_select(input, dim, index):
              max(O * max(L, D) * I, input.offset_elements + input.size,
                  index.offset_elements + index.size),
              O * L * I, L, I, scalar(np.int64, D), input.buffer, input.offset_elements,
-             index.buffer,
-             index.offset_elements, 0, 1, 0, out.buffer, out.offset_elements, range_flag(ctx))
+             index.buffer, index.offset_elements, 0, 1, 0, out.buffer, out.offset_elements,
+             range_flag(ctx))
+    return out
+
+
+def index_select(input, dim, index):
+    """torch.index_select: the entries ``index`` (a vector of int64 or int32) of ``input``
+    along ``dim``; their gradient is added back at ``index`` (index_add, deterministic)."""
+    _tensor(input, "index_select: input")
+    index = _index(index, "index_select: index", allow_int32=True)
+    check_same_context(input, index)
+    _check_vector_index("index_select", index)
+    dim = _dim(dim, input.ndim, "index_select")
+    out = _select(input, dim, index)
     if not autograd.needs_grad(input):
         return out
     in_shape = input.shape
@@ -864,17 +870,15 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
         raise UnsupportedError("embedding: sparse=True is not supported (dense gradients only)")
     V, E = weight.shape
     padding_idx = _padding_index("embedding", padding_idx, V)
-    flat = index.reshape((index.size,))
+    flat = _checked(index.ctx, index.buffer, (index.size,), int64, index.offset)
     if max_norm is not None:
         if masks.scalar_kind(max_norm) not in (1, 2):
             raise DTypeError(f"embedding: max_norm must be a number, got {max_norm!r}")
         _renorm(weight, flat, float(max_norm), float(norm_type))
-    with autograd.no_grad():
-        rows = index_select(weight, 0, flat)
-    out = rows.reshape(index.shape + (E,))
+    rows = _select(weight, 0, flat)
+    out = _checked(rows.ctx, rows.buffer, index.shape + (E,), float32, rows.offset)
     if not autograd.needs_grad(weight):
         return out
-    out = rows.detach().reshape(index.shape + (E,))
     flat = flat.detach()
 
     def backward(g):
