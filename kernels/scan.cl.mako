@@ -40,12 +40,15 @@
 % if part == "cumsum":
 #define PER 8
 #define CHUNK (GROUP * PER)
+// Local index of chunk element e: one padding word every 32, so that the items' strided reads
+// of their PER neighbours fall in distinct banks.
+#define AT(e) ((e) + (e) / 32)
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void scan_chunks(index_t N, index_t chunks, __global const ${src}* x, index_t x_off,
                  __global ${acc}* y, index_t y_off, __global ${acc}* partial, int reverse)
 {
-    __local ${acc} buf[CHUNK];
+    __local ${acc} buf[CHUNK + CHUNK / 32];
     __local ${acc} sums[GROUP];
     const int lid = get_local_id(0);
     const index_t c = get_group_id(0) % chunks;
@@ -54,12 +57,12 @@ void scan_chunks(index_t N, index_t chunks, __global const ${src}* x, index_t x_
     for (int e = lid; e < CHUNK; e += GROUP) {
         const index_t p = first + e;
         const index_t q = reverse ? N - 1 - p : p;
-        buf[e] = p < N ? (${acc})x[x_off + row * N + q] : (${acc})0;
+        buf[AT(e)] = p < N ? (${acc})x[x_off + row * N + q] : (${acc})0;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     ${acc} own = (${acc})0;
     for (int m = 0; m < PER; ++m)
-        own += buf[lid * PER + m];
+        own += buf[AT(lid * PER + m)];
     sums[lid] = own;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int offset = 1; offset < GROUP; offset <<= 1) {
@@ -70,14 +73,14 @@ void scan_chunks(index_t N, index_t chunks, __global const ${src}* x, index_t x_
     }
     ${acc} run = sums[lid] - own;
     for (int m = 0; m < PER; ++m) {
-        run += buf[lid * PER + m];
-        buf[lid * PER + m] = run;
+        run += buf[AT(lid * PER + m)];
+        buf[AT(lid * PER + m)] = run;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int e = lid; e < CHUNK; e += GROUP) {
         const index_t p = first + e;
         if (p < N)
-            y[y_off + row * N + (reverse ? N - 1 - p : p)] = buf[e];
+            y[y_off + row * N + (reverse ? N - 1 - p : p)] = buf[AT(e)];
     }
     if (lid == GROUP - 1 && chunks > 1)
         partial[row * chunks + c] = sums[GROUP - 1];
