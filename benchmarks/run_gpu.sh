@@ -4,8 +4,8 @@
 # timed in the same run.
 #   bash benchmarks/run_gpu.sh OUTPUT_DIR [COMMIT] [STEP ...]
 # STEP: conv, fusion, ops, gemm, bench, indexing (benchmarks/indexing.py), tests,
-# tests-fusion-gemm, gemm-probe (GEMM variants at 4096^3 and 8192^3; winners over 1% become rules in DLPRIM_CACHE_DIR's database, which the
-# gemm step then reads), and for the 1x1 and GEMM
+# tests-fusion-gemm, gemm-probe (GEMM variants at 4096^3 and 8192^3; winners over 1% become
+# rules in DLPRIM_CACHE_DIR's database, which the gemm step then reads), and for the 1x1 and GEMM
 # work gemm1x1-probe (the device's OpenCL extensions; folded against per-image and implicit
 # GEMM on every 1x1 layer), tune-gemm (dlprim-tune on the GEMM shapes that were under 0.8x of
 # the vendor library, merged into this device's rules under DLPRIM_CACHE_DIR, which later
