@@ -616,25 +616,24 @@ def masked_fill(input, mask, value):
     return autograd.record(out, (input,), lambda g: (where(cond, 0.0, g),), "masked_fill")
 
 
-_TESTS = {
-    "isnan": ("(x != x)", "0"),
-    "isinf": ("isinf(x)", "0"),
-    "isposinf": ("(isinf(x) && x > 0)", "0"),
-    "isneginf": ("(isinf(x) && x < 0)", "0"),
-    "isfinite": ("isfinite(x)", "1"),
-}
+# The tests by number: one kernel per dtype computes any of them, chosen by a run-time
+# argument (a compile per test and dtype would be five).
+_TESTS = {"isnan": 0, "isinf": 1, "isposinf": 2, "isneginf": 3, "isfinite": 4}
+_FLOAT_TESTS = ("y = (test == 0) ? (x != x) : (test == 1) ? (isinf(x) != 0) : "
+                "(test == 2) ? (isinf(x) && x > 0) : (test == 3) ? (isinf(x) && x < 0) : "
+                "(isfinite(x) != 0);")
+_INTEGER_TESTS = "y = (test == 4);"      # integers are finite, never NaN or infinite
 
 
 def _test(name, input):
     _tensor(input, f"{name}: input")
     masks._check_fp16(name, [input])
-    float_code, int_code = _TESTS[name]
     is_float = masks._KIND[input.dtype] == 2
-    kernel = _memo((name, input.dtype), lambda: PointwiseKernel(
-        f"{name}_{cl_name(input.dtype)}", [("x", input.dtype)], [("y", bool_)],
-        f"y = {float_code if is_float else int_code} ? 1 : 0;"))
+    kernel = _memo(("nonfinite_tests", input.dtype), lambda: PointwiseKernel(
+        f"nonfinite_tests_{cl_name(input.dtype)}", [("x", input.dtype)], [("y", bool_)],
+        _FLOAT_TESTS if is_float else _INTEGER_TESTS, scalars=[("test", int32)]))
     out = Tensor.empty(input.ctx, input.shape, bool_)
-    kernel([input], [out])
+    kernel([input], [out], [scalar(np.int32, _TESTS[name])])
     return out
 
 
