@@ -3,9 +3,9 @@
 # and the test suite on the GPU, each checked against a reference before it is timed, PyTorch
 # timed in the same run.
 #   bash benchmarks/run_gpu.sh OUTPUT_DIR [COMMIT] [STEP ...]
-# STEP: conv, fusion, ops, gemm, bench, tests, tests-fusion-gemm, gemm-probe (GEMM variants at
-# 4096^3 and 8192^3; winners over 1% become rules in DLPRIM_CACHE_DIR's database, which the
-# gemm step then reads), and for the 1x1 and GEMM
+# STEP: conv, fusion, ops, gemm, bench, indexing (benchmarks/indexing.py), tests,
+# tests-fusion-gemm, gemm-probe (GEMM variants at 4096^3 and 8192^3; winners over 1% become
+# rules in DLPRIM_CACHE_DIR's database, which the gemm step then reads), and for the 1x1 and GEMM
 # work gemm1x1-probe (the device's OpenCL extensions; folded against per-image and implicit
 # GEMM on every 1x1 layer), tune-gemm (dlprim-tune on the GEMM shapes that were under 0.8x of
 # the vendor library, merged into this device's rules under DLPRIM_CACHE_DIR, which later
@@ -64,6 +64,8 @@ for s in $steps; do
     conv1x1) step conv1x1 65 python3 benchmarks/conv.py --directions forward backward_data \
               backward_filter --only 1x1 down project expand head --time-limit 48 \
               --commit "$commit" --output "$out/conv-h200-1x1.json" ;;
+    indexing) step indexing 120 python3 benchmarks/indexing.py --commit "$commit" \
+              --json "$out/indexing-h200.json" ;;
     *) echo "unknown step $s"; exit 2 ;;
     esac
 done

@@ -14,6 +14,7 @@ from .errors import (CacheWarning, DeviceError, DeviceMemoryError, DlprimError, 
                      GraphError, KernelBuildError, NumericsError, ShapeError, UnsupportedError)
 from .tensor import Tensor, TensorDesc
 from .ops.gemm import gemm, gemm_batched
+from .ops.indexing import arange, linspace
 from . import tensor_methods  # noqa: F401  (sets the operator methods on Tensor)
 from .ops.conv import Convolution, ConvolutionDesc
 from .seed import manual_seed
@@ -34,3 +35,4 @@ __all__ = [
 ]
 __all__ += ["gemm", "gemm_batched"]
 __all__ += ["manual_seed"]
+__all__ += ["arange", "linspace"]

@@ -31,6 +31,11 @@ from .ops.norm import (batch_norm, group_norm, instance_norm, layer_norm,  # noq
                        local_response_norm, normalize, rms_norm)
 from .ops.interpolate import interpolate  # noqa: F401
 from .ops.linear import bilinear, linear  # noqa: F401
+from .ops.indexing import (arange, count_nonzero, embedding, embedding_bag, gather,  # noqa: F401
+                           index_add, index_select, isfinite, isin, isinf, isnan, isneginf,
+                           isposinf, linspace, masked_fill, one_hot, scatter, scatter_add, tril,
+                           triu, where)
+from .ops.scan import cumsum, sort, topk  # noqa: F401
 
 
 def _install_numerics_checks(switches):

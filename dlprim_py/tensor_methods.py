@@ -14,7 +14,7 @@ from . import autograd
 from .errors import DTypeError, ShapeError, UnsupportedError
 from .launch import command_enqueued
 from .dtypes import bool_, float16, float32, int32, int64
-from .ops import arithmetic, linear, masks, pointwise, reduce, tensor_ops
+from .ops import arithmetic, indexing, linear, masks, pointwise, reduce, scan, tensor_ops
 from .ops.gemm import gemm
 from .tensor import Tensor, _checked
 
@@ -225,8 +225,45 @@ def _neg(self):
     return arithmetic.mul(self, -1.0)
 
 
+def _where_method(self, condition, other):
+    """``self`` where ``condition`` is True, else ``other`` (torch's ``Tensor.where``)."""
+    return indexing.where(condition, self, other)
+
+
+def _method(function, name):
+    """``function(self, ...)`` as the method ``name`` (torch's Tensor method of that name)."""
+    def method(self, *args, **kwargs):
+        return function(self, *args, **kwargs)
+    method.__name__ = name
+    method.__doc__ = f"``dlprim_py.functional.{function.__name__}(self, ...)``."
+    return method
+
+
+# The indexing, selection, scan and sort methods: torch's Tensor methods of the same names.
+_FUNCTION_METHODS = {
+    "gather": indexing.gather, "scatter": indexing.scatter,
+    "scatter_add": indexing.scatter_add, "index_select": indexing.index_select,
+    "index_add": indexing.index_add, "masked_fill": indexing.masked_fill,
+    "isnan": indexing.isnan, "isinf": indexing.isinf, "isposinf": indexing.isposinf,
+    "isneginf": indexing.isneginf, "isfinite": indexing.isfinite,
+    "count_nonzero": indexing.count_nonzero, "tril": indexing.tril, "triu": indexing.triu,
+    "cumsum": scan.cumsum, "sort": scan.sort, "topk": scan.topk,
+}
+
+
 def install():
     """Set the methods on ``Tensor`` (once, at package import)."""
+    for name, function in _FUNCTION_METHODS.items():
+        setattr(Tensor, name, _method(function, name))
+    Tensor.where = _where_method
+    Tensor.arange = classmethod(lambda cls, ctx, *args, **kwargs:
+                                indexing.arange(*args, ctx=ctx, **kwargs))
+    Tensor.arange.__func__.__doc__ = ("``Tensor.arange(ctx, start, end, step, dtype=...)``: "
+                                      "``dlprim_py.arange`` on ``ctx``.")
+    Tensor.linspace = classmethod(lambda cls, ctx, *args, **kwargs:
+                                  indexing.linspace(*args, ctx=ctx, **kwargs))
+    Tensor.linspace.__func__.__doc__ = ("``Tensor.linspace(ctx, start, end, steps, "
+                                        "dtype=...)``: ``dlprim_py.linspace`` on ``ctx``.")
     for name, method in (("fill_", fill_), ("sum", sum_), ("mean", mean), ("max", max_),
                          ("argmax", argmax), ("permute", permute), ("transpose", transpose),
                          ("__matmul__", matmul), ("__getitem__", getitem),

@@ -1,0 +1,297 @@
+"""Scans and sorting along a dimension, with torch's semantics and gradients: ``cumsum``,
+``sort`` and ``topk`` (kernels/scan.cl.mako).
+
+``cumsum`` scans rows (the last dimension) by work-group chunks in local memory, with a second
+pass adding each chunk's prefix where a row has several (the chunk totals are scanned the same
+way, recursively); any other dimension by one work item per column. Integer and bool inputs
+sum to int64, as torch's; ``dtype`` converts the input first.
+
+``sort`` and ``topk`` order keys ascending or descending with NaN greater than every number
+(torch's order) and equal keys by position: every sort is stable, so ``stable=False`` gives
+the same result as ``stable=True`` and indices are reproducible. Rows up to one tile (twice the
+work-group size, 1024 entries on most devices) are sorted by one work-group in local memory;
+longer rows by a bitonic network whose steps below the tile size run in local memory and the
+others as one launch each. ``topk`` keeps the best ``k`` of every tile, then of the survivors,
+until one tile is left (``k`` up to half a tile; a full sort beyond), so it reads a long row
+once. The values' gradient goes back to the positions they came from.
+"""
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import autograd, program
+from ..dtypes import as_dtype, bool_, cl_name, float32, int32, int64
+from ..errors import DTypeError, ShapeError, not_a_tensor
+from ..launch import bind
+from ..tensor import Tensor
+from . import masks, tensor_ops
+from .pointwise import group_size, launch_size
+
+_INT32_LIMIT = 2 ** 31 - 1
+_PER = 8          # elements per work item in a cumsum chunk (kernels/scan.cl.mako's PER)
+_SORT_KEYS = (float32, int32, int64)
+
+
+class SortResult(NamedTuple):
+    """What ``sort`` and ``topk`` return, as torch's named tuples: ``values``, ``indices``
+    (int64)."""
+    values: Tensor
+    indices: Tensor
+
+
+def _kernel(ctx, name, index_t, **params):
+    key = ("scan", name, index_t, tuple(sorted(params.items())))
+    kernel = ctx.plans.get(key)
+    if kernel is None:
+        kernel = ctx.plans.put(key, bind(program.kernel(ctx, "scan", name,
+                                                        dict(params, index_t=index_t))))
+    return kernel
+
+
+def _index_type(extent):
+    return ("int", np.int32) if extent < _INT32_LIMIT else ("long", np.int64)
+
+
+def _flag(value):
+    from .indexing import scalar
+    return scalar(np.int32, int(value))
+
+
+def _args(ix, args):
+    from .indexing import scalar
+    return [scalar(ix, a) if a.__class__ is int else a for a in args]
+
+
+# ---- cumsum --------------------------------------------------------------------------------
+
+def _scan_rows(ctx, x, x_off, y, y_off, rows, N, reverse, src, acc):
+    """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x (into y's)."""
+    group = group_size(ctx, 256)
+    chunk = group * _PER
+    chunks = -(-N // chunk)
+    index_t, ix = _index_type(max(rows * N + max(x_off, y_off), rows * chunks * chunk))
+    params = dict(part="cumsum", src=cl_name(src), acc=cl_name(acc), key="", group=group)
+    partial = Tensor.empty(ctx, (rows * chunks,), acc) if chunks > 1 else None
+    kernel = _kernel(ctx, "scan_chunks", index_t, **params)
+    kernel(ctx.queue, (rows * chunks * group,), (group,),
+           *_args(ix, (N, chunks, x, x_off, y, y_off,
+                       partial.buffer if partial is not None else y, _flag(reverse))))
+    if chunks > 1:
+        # The chunk totals scanned in place (always forwards: they are in scan order already).
+        _scan_rows(ctx, partial.buffer, 0, partial.buffer, 0, rows, chunks, 0, acc, acc)
+        gsize, lsize = launch_size(ctx, rows * N)
+        _kernel(ctx, "scan_add", index_t, **params)(
+            ctx.queue, gsize, lsize,
+            *_args(ix, (rows * N, N, chunks, partial.buffer, y, y_off, _flag(reverse))))
+
+
+def _cumsum(x, dim, reverse):
+    """The inclusive scan of dense ``x`` along ``dim`` (from the end with ``reverse``)."""
+    acc = float32 if x.dtype == float32 else int64
+    out = Tensor.empty(x.ctx, x.shape, acc)
+    if not x.size:
+        return out
+    shape = x.shape if x.ndim else (1,)
+    O, N, I = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    ctx = x.ctx
+    if I == 1:
+        _scan_rows(ctx, x.buffer, x.offset_elements, out.buffer, out.offset_elements, O, N,
+                   reverse, x.dtype, acc)
+    else:
+        index_t, ix = _index_type(x.size + x.offset_elements)
+        params = dict(part="cumsum", src=cl_name(x.dtype), acc=cl_name(acc), key="",
+                      group=group_size(ctx, 256))
+        gsize, lsize = launch_size(ctx, O * I)
+        _kernel(ctx, "scan_columns", index_t, **params)(
+            ctx.queue, gsize, lsize,
+            *_args(ix, (O * I, N, I, x.buffer, x.offset_elements, out.buffer,
+                        out.offset_elements, _flag(reverse))))
+    return out
+
+
+def cumsum(input, dim, *, dtype=None):
+    """torch.cumsum: the running sums of ``input`` along ``dim``. float32 stays float32;
+    bool, int32 and int64 sum to int64 (torch's rule); ``dtype`` (float32 or int64) converts
+    the input to it first. The gradient (float32) is the reversed running sum of the output's.
+    """
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("cumsum: input", input)
+    dim = tensor_ops.normalise_dim(dim, input.ndim, "cumsum")
+    x = input
+    if dtype is not None:
+        dtype = as_dtype(dtype)
+        if dtype not in (float32, int64):
+            raise DTypeError(f"cumsum: dtype must be float32 or int64, got {dtype}")
+        x = masks.cast(input, dtype)
+    elif x.dtype not in (float32, int32, int64, bool_):
+        raise DTypeError(f"cumsum: float32, int32, int64 and bool tensors are supported, got "
+                         f"{x.dtype}")
+    if x.dtype in (int32, bool_):
+        # Summed as int64 (torch's result type): converted first, so that one scan kernel per
+        # result type serves every input type.
+        x = masks.cast(x, int64)
+    out = _cumsum(x, dim, 0)
+    if out.dtype != float32 or not autograd.needs_grad(x):
+        return out
+    return autograd.record(out, (x,), lambda g: (_cumsum(g, dim, 1),), "cumsum")
+
+
+# ---- sort / topk ---------------------------------------------------------------------------
+
+def _check_sortable(name, input, dim):
+    if not isinstance(input, Tensor):
+        raise not_a_tensor(f"{name}: input", input)
+    if input.dtype not in _SORT_KEYS:
+        raise DTypeError(f"{name}: float32, int32 and int64 tensors are supported, got "
+                         f"{input.dtype}")
+    return tensor_ops.normalise_dim(dim, input.ndim, name)
+
+
+def _rows_last(x, dim):
+    """``x`` with ``dim`` moved last (a copy where it is not last already), no gradient."""
+    if x.ndim <= 1 or dim == x.ndim - 1:
+        return x.detach()
+    with autograd.no_grad():
+        return tensor_ops.transpose(x.detach(), dim, -1)
+
+
+def _back(t, dim, ndim):
+    if ndim <= 1 or dim == ndim - 1:
+        return t
+    with autograd.no_grad():
+        return tensor_ops.transpose(t, dim, -1)
+
+
+class _Tiles:
+    """The sort kernels of one key type on one context: tile size and launches."""
+
+    def __init__(self, ctx, key, extent):
+        self.ctx = ctx
+        # 1024-entry tiles on GPUs; CPUs (PoCL) compile the barrier-heavy network per
+        # work-group size, and a smaller group keeps that compile short.
+        self.group = group_size(ctx, 64 if ctx.info.is_cpu else 512)
+        self.tile = 2 * self.group
+        self.index_t, self.ix = _index_type(extent)
+        params = dict(part="sort", key=cl_name(key), src="", acc="", group=self.group)
+        self.tile_kernel = _kernel(ctx, "sort_tile", self.index_t, **params)
+        self.step_kernel = _kernel(ctx, "sort_step", self.index_t, **params)
+
+    def tile_pass(self, rows, n, tiles, kin, kin_off, kin_stride, iin, has_idx, kout, kout_off,
+                  kout_stride, iout, iout_off, keep, merge_k, local_dir, desc, segment=None):
+        segment = self.tile if segment is None else segment
+        groups = -(-rows // (self.tile // segment)) * tiles
+        self.tile_kernel(self.ctx.queue, (groups * self.group,), (self.group,),
+                         *_args(self.ix, (rows, n, tiles, _flag(segment), kin, kin_off,
+                                          kin_stride,
+                                          iin if iin is not None else kout, 0,
+                                          _flag(has_idx), kout, kout_off, kout_stride, iout,
+                                          iout_off, keep, merge_k, _flag(local_dir),
+                                          _flag(desc))))
+
+    def step(self, rows, P, k, j, keys, idx, desc):
+        pairs = rows * P // 2
+        gsize, lsize = launch_size(self.ctx, pairs)
+        self.step_kernel(self.ctx.queue, gsize, lsize,
+                         *_args(self.ix, (pairs, P, k, j, keys, idx, _flag(desc))))
+
+
+def _sort_rows(x, desc, keep=None):
+    """(values, indices) of the dense rows of ``x`` (last dimension) sorted, the first
+    ``keep`` of each (all by default)."""
+    ctx = x.ctx
+    shape = x.shape if x.ndim else (1,)
+    n = shape[-1]
+    rows = x.size // n if n else 0
+    keep = n if keep is None else keep
+    out_shape = x.shape[:-1] + (keep,) if x.ndim else x.shape
+    values = Tensor.empty(ctx, out_shape, x.dtype)
+    indices = Tensor.empty(ctx, out_shape, int64)
+    if not values.size:
+        return values, indices
+    P = 1 << max(0, (n - 1).bit_length())
+    tiles = _Tiles(ctx, x.dtype, max(rows * P, x.offset_elements + x.size) + 1)
+    T = tiles.tile
+    if n <= T:
+        # Short rows share a work-group, each in a segment of its padded length.
+        tiles.tile_pass(rows, n, 1, x.buffer, x.offset_elements, n, None, 0, values.buffer,
+                        values.offset_elements, keep, indices.buffer, indices.offset_elements,
+                        keep, 0, 1, desc, segment=P)
+        return values, indices
+    if keep <= T // 2:
+        # topk: the best ``keep`` of every tile, then of the survivors, down to one tile.
+        source, source_off, source_idx, count = x.buffer, x.offset_elements, None, n
+        while count > T:
+            count_tiles = -(-count // T)
+            kept = Tensor.empty(ctx, (rows * count_tiles * keep,), x.dtype)
+            kept_idx = Tensor.empty(ctx, (rows * count_tiles * keep,), int64)
+            tiles.tile_pass(rows, count, count_tiles, source, source_off, count, source_idx,
+                            source_idx is not None, kept.buffer, 0, count_tiles * keep,
+                            kept_idx.buffer, 0, keep, 0, 1, desc)
+            source, source_off, source_idx = kept.buffer, 0, kept_idx.buffer
+            count = count_tiles * keep
+        tiles.tile_pass(rows, count, 1, source, source_off, count, source_idx, 1,
+                        values.buffer, values.offset_elements, keep, indices.buffer,
+                        indices.offset_elements, keep, 0, 1, desc)
+        return values, indices
+    # The whole bitonic network over rows padded to P.
+    keys = Tensor.empty(ctx, (rows * P,), x.dtype)
+    idx = Tensor.empty(ctx, (rows * P,), int64)
+    tiles.tile_pass(rows, n, P // T, x.buffer, x.offset_elements, n, None, 0, keys.buffer, 0,
+                    P, idx.buffer, 0, T, 0, 0, desc)
+    k = 2 * T
+    while k <= P:
+        j = k // 2
+        while j >= T:
+            tiles.step(rows, P, k, j, keys.buffer, idx.buffer, desc)
+            j //= 2
+        tiles.tile_pass(rows, P, P // T, keys.buffer, 0, P, idx.buffer, 1, keys.buffer, 0, P,
+                        idx.buffer, 0, T, k, 0, desc)
+        k *= 2
+    for source, target in ((keys, values), (idx, indices)):
+        tensor_ops.strided_copy(ctx, (rows, keep), target.dtype, source.buffer, 0, (P, 1),
+                                target.buffer, target.offset_elements, (keep, 1))
+    return values, indices
+
+
+def _record(values, indices, input, dim, name):
+    if not autograd.needs_grad(input):
+        return SortResult(values, indices)
+    from .indexing import scatter
+    shape, idx = input.shape, indices.detach()
+
+    def backward(g):
+        return (scatter(Tensor.zeros(g.ctx, shape, g.dtype), dim, idx, g),)
+
+    return SortResult(autograd.record(values, (input,), backward, name), indices)
+
+
+def sort(input, dim=-1, descending=False, *, stable=False):
+    """torch.sort: (values, indices) of ``input`` sorted along ``dim``, ascending or
+    ``descending``; NaN sorts as greater than every number. Equal keys keep their order
+    (every sort here is stable, whatever ``stable`` says). float32, int32 and int64; the
+    values' gradient goes back to where they came from."""
+    dim = _check_sortable("sort", input, dim)
+    if not isinstance(descending, (bool, np.bool_)) or not isinstance(stable, (bool, np.bool_)):
+        raise DTypeError("sort: descending and stable must be bools")
+    x = _rows_last(input, dim)
+    values, indices = _sort_rows(x, int(descending))
+    values, indices = _back(values, dim, input.ndim), _back(indices, dim, input.ndim)
+    return _record(values, indices, input, dim, "sort")
+
+
+def topk(input, k, dim=-1, largest=True, sorted=True):  # noqa: A002 - torch's name
+    """torch.topk: (values, indices) of the ``k`` largest (``largest=False``: smallest) entries
+    of ``input`` along ``dim``, best first (also with ``sorted=False``); NaN counts as the
+    largest. Ties go to the lower position. float32, int32 and int64; the values' gradient goes
+    back to where they came from."""
+    dim = _check_sortable("topk", input, dim)
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
+        raise DTypeError(f"topk: k must be an int, got {k!r}")
+    n = input.shape[dim] if input.ndim else 1
+    if not 0 <= k <= n:
+        raise ShapeError(f"topk: k ({k}) must be in [0, {n}] (the size of dimension {dim})")
+    x = _rows_last(input, dim)
+    values, indices = _sort_rows(x, int(bool(largest)), int(k))
+    values, indices = _back(values, dim, input.ndim), _back(indices, dim, input.ndim)
+    return _record(values, indices, input, dim, "topk")

@@ -1,0 +1,231 @@
+## Scans and sorting along one dimension (dlprim_py/ops/scan.py): cumsum, sort, topk.
+##
+## The tensor is seen as (O, N, I): N the scanned / sorted dimension. Sorting works on rows
+## (I = 1: the caller moves the dimension last); sizes, offsets and strides are run-time
+## arguments, in elements.
+##
+## part == "cumsum" (template parameters src, acc: input and output element types):
+##   scan_chunks(N, chunks, x, x_off, y, y_off, partial, reverse)
+##     One work-group per chunk of CHUNK = GROUP * PER consecutive elements of a row (I = 1):
+##     the chunk is loaded into local memory (coalesced), each item sums PER neighbours, the
+##     group scans those sums (Hillis-Steele), each item writes its running sums back, and
+##     the chunk is stored (coalesced); the chunk's total goes to partial[row * chunks + c].
+##     ``reverse``: the scan runs from the end of the row (cumsum's backward).
+##   scan_add(total, N, chunks, partial, y, y_off, reverse)
+##     y[row, p] += the inclusive scan of the partials up to the chunk before p's: the second
+##     pass where a row has several chunks.
+##   scan_columns(total, N, I, x, x_off, y, y_off, reverse)
+##     I > 1: one work item per (o, i) column walking its N elements (coalesced across i).
+##
+## part == "sort" (template parameter key: the key type):
+##   The order: keys ascending (descending with ``desc``), NaN after every number (before it
+##   descending), equal keys by position (a stable sort, so results do not depend on the
+##   schedule); entries with a negative position are padding and come after everything.
+##   Bitonic networks over rows padded to a power of two.
+##   sort_tile(rows, n, tiles, segment, kin, kin_off, kin_stride, iin, iin_off, has_idx, kout,
+##             kout_off, kout_stride, iout, iout_off, keep, merge_k, local_dir, desc)
+##     One work-group per tile of TILE = 2 * GROUP consecutive entries of a row, in local
+##     memory; or, for rows of at most ``segment`` < TILE entries, TILE / segment rows. merge_k == 0: the whole network up to TILE (the tile sorted, or, with
+##     local_dir == 0, the bitonic stages of the whole row up to TILE); merge_k > 0: the
+##     steps of stage merge_k below TILE. Writes the tile's first ``keep`` entries to
+##     out[row * kout_stride + tile * keep + e]. Without ``has_idx`` positions are the
+##     entries' own.
+##   sort_step(pairs, P, k, j, keys, idx, desc)
+##     One compare-exchange step (stage k, distance j >= TILE) over rows of P entries.
+##
+## Template parameters: part, src / acc or key (OpenCL C types), group (work-group size, a
+## power of two), index_t ("int" where every index fits in 31 bits, else "long").
+#define index_t ${index_t}
+#define GROUP ${group}
+% if part == "cumsum":
+#define PER 8
+#define CHUNK (GROUP * PER)
+// Local index of chunk element e: one padding word every 32, so that the items' strided reads
+// of their PER neighbours fall in distinct banks.
+#define AT(e) ((e) + (e) / 32)
+
+__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
+void scan_chunks(index_t N, index_t chunks, __global const ${src}* x, index_t x_off,
+                 __global ${acc}* y, index_t y_off, __global ${acc}* partial, int reverse)
+{
+    __local ${acc} buf[CHUNK + CHUNK / 32];
+    __local ${acc} sums[GROUP];
+    const int lid = get_local_id(0);
+    const index_t c = get_group_id(0) % chunks;
+    const index_t row = get_group_id(0) / chunks;
+    const index_t first = c * CHUNK;
+    for (int e = lid; e < CHUNK; e += GROUP) {
+        const index_t p = first + e;
+        const index_t q = reverse ? N - 1 - p : p;
+        buf[AT(e)] = p < N ? (${acc})x[x_off + row * N + q] : (${acc})0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ${acc} own = (${acc})0;
+    for (int m = 0; m < PER; ++m)
+        own += buf[AT(lid * PER + m)];
+    sums[lid] = own;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int offset = 1; offset < GROUP; offset <<= 1) {
+        const ${acc} add = lid >= offset ? sums[lid - offset] : (${acc})0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        sums[lid] += add;
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    ${acc} run = sums[lid] - own;
+    for (int m = 0; m < PER; ++m) {
+        run += buf[AT(lid * PER + m)];
+        buf[AT(lid * PER + m)] = run;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int e = lid; e < CHUNK; e += GROUP) {
+        const index_t p = first + e;
+        if (p < N)
+            y[y_off + row * N + (reverse ? N - 1 - p : p)] = buf[AT(e)];
+    }
+    if (lid == GROUP - 1 && chunks > 1)
+        partial[row * chunks + c] = sums[GROUP - 1];
+}
+
+__kernel void scan_add(index_t total, index_t N, index_t chunks, __global const ${acc}* partial,
+                       __global ${acc}* y, index_t y_off, int reverse)
+{
+    for (index_t g = get_global_id(0); g < total; g += get_global_size(0)) {
+        const index_t row = g / N;
+        const index_t p = g % N;
+        const index_t c = p / CHUNK;
+        if (c > 0)
+            y[y_off + row * N + (reverse ? N - 1 - p : p)] += partial[row * chunks + c - 1];
+    }
+}
+
+__kernel void scan_columns(index_t total, index_t N, index_t I, __global const ${src}* x,
+                           index_t x_off, __global ${acc}* y, index_t y_off, int reverse)
+{
+    for (index_t g = get_global_id(0); g < total; g += get_global_size(0)) {
+        const index_t i = g % I;
+        const index_t base = (g / I) * N * I + i;
+        ${acc} run = (${acc})0;
+        for (index_t s = 0; s < N; ++s) {
+            const index_t at = base + (reverse ? N - 1 - s : s) * I;
+            run += (${acc})x[x_off + at];
+            y[y_off + at] = run;
+        }
+    }
+}
+% else:
+#define TILE (2 * GROUP)
+#define KEY ${key}
+
+// Whether (a, ia) comes before (b, ib) in the order above.
+inline int before(KEY a, long ia, KEY b, long ib, int desc)
+{
+    if (ia < 0)
+        return 0;
+    if (ib < 0)
+        return 1;
+% if key in ("float", "half"):
+    const int an = isnan(a), bn = isnan(b);
+    if (an || bn) {
+        if (an && bn)
+            return ia < ib;
+        return desc ? an : bn;
+    }
+% endif
+    if (a != b)
+        return desc ? a > b : a < b;
+    return ia < ib;
+}
+
+inline void exchange(__local KEY* lk, __local long* li, int i, int partner, int ascending,
+                     int desc)
+{
+    const KEY a = lk[i], b = lk[partner];
+    const long ia = li[i], ib = li[partner];
+    if (ascending ? before(b, ib, a, ia, desc) : before(a, ia, b, ib, desc)) {
+        lk[i] = b;
+        lk[partner] = a;
+        li[i] = ib;
+        li[partner] = ia;
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
+void sort_tile(index_t rows, index_t n, index_t tiles, int segment,
+               __global const KEY* kin, index_t kin_off, index_t kin_stride,
+               __global const long* iin, index_t iin_off, int has_idx,
+               __global KEY* kout, index_t kout_off, index_t kout_stride,
+               __global long* iout, index_t iout_off, index_t keep,
+               index_t merge_k, int local_dir, int desc)
+{
+    __local KEY lk[TILE];
+    __local long li[TILE];
+    const int lid = get_local_id(0);
+    // segment < TILE (short rows, tiles == 1): TILE / segment rows share the work-group, each
+    // in a segment of its own.
+    const int per = TILE / segment;
+    const index_t tile = get_group_id(0) % tiles;
+    const index_t first_row = (get_group_id(0) / tiles) * per;
+    const index_t base = tile * TILE;
+    for (int e = lid; e < TILE; e += GROUP) {
+        const index_t row = first_row + e / segment;
+        const index_t p = base + e % segment;
+        if (row < rows && p < n) {
+            lk[e] = kin[kin_off + row * kin_stride + p];
+            li[e] = has_idx ? iin[iin_off + row * kin_stride + p] : (long)p;
+        } else {
+            lk[e] = (KEY)0;
+            li[e] = -1;
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // Each item exchanges one pair per step: TILE / 2 == GROUP pairs. With local_dir the last
+    // stage sorts every segment ascending; without, directions follow the row's network.
+    const index_t offset = local_dir ? 0 : base;
+    if (merge_k == 0) {
+        for (int k = 2; k <= segment; k <<= 1) {
+            for (int j = k >> 1; j > 0; j >>= 1) {
+                const int i = (lid / j) * 2 * j + lid % j;
+                const int ascending = (local_dir && k == segment) || ((offset + i) & k) == 0;
+                exchange(lk, li, i, i + j, ascending, desc);
+                barrier(CLK_LOCAL_MEM_FENCE);
+            }
+        }
+    } else {
+        for (int j = TILE >> 1; j > 0; j >>= 1) {
+            const int i = (lid / j) * 2 * j + lid % j;
+            exchange(lk, li, i, i + j, ((base + i) & merge_k) == 0, desc);
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+    }
+    for (int e = lid; e < per * keep; e += GROUP) {
+        const index_t row = first_row + e / keep;
+        const int q = e % keep;
+        if (row < rows) {
+            const index_t at = row * kout_stride + tile * keep + q;
+            kout[kout_off + at] = lk[(e / keep) * segment + q];
+            iout[iout_off + at] = li[(e / keep) * segment + q];
+        }
+    }
+}
+
+__kernel void sort_step(index_t pairs, index_t P, index_t k, index_t j, __global KEY* keys,
+                        __global long* idx, int desc)
+{
+    const index_t half_row = P / 2;
+    for (index_t t = get_global_id(0); t < pairs; t += get_global_size(0)) {
+        const index_t row = t / half_row;
+        const index_t q = t % half_row;
+        const index_t i = (q / j) * 2 * j + q % j;
+        const index_t a = row * P + i, b = a + j;
+        const KEY ka = keys[a], kb = keys[b];
+        const long ia = idx[a], ib = idx[b];
+        const int ascending = (i & k) == 0;
+        if (ascending ? before(kb, ib, ka, ia, desc) : before(ka, ia, kb, ib, desc)) {
+            keys[a] = kb;
+            keys[b] = ka;
+            idx[a] = ib;
+            idx[b] = ia;
+        }
+    }
+}
+% endif

@@ -1,0 +1,449 @@
+"""Indexing and selection (dlprim_py/ops/indexing.py) against torch on the CPU in float64, on
+seeded data with duplicate indices: forward, gradients through the tape, both index_add
+solvers forced, out-of-range indices, refusals, empty tensors, repeated calls building
+nothing."""
+import numpy as np
+import pyopencl as cl
+import pytest
+import torch
+
+import dlprim_py as dp
+import dlprim_py.functional as F
+from dlprim_py import program
+
+from conftest import assert_close, random
+
+TF = torch.nn.functional
+
+
+def t_(ctx, array, grad=False):
+    return dp.Tensor.from_numpy(ctx, np.array(array, order="C"), requires_grad=grad)
+
+
+def ref(array, grad=False):
+    a = torch.tensor(array)
+    if a.dtype == torch.float32:
+        a = a.double()
+    return a.requires_grad_(grad)
+
+
+def poison_pool(ctx, nbytes=(8, 64, 256, 1024, 4096, 16384)):
+    """Leave blocks full of 0xFF bytes (NaN as float, -1 as int) in the memory pool, so that an
+    output the next call takes from it fails where a kernel does not write it."""
+    held = []
+    for n in nbytes:
+        for _ in range(4):
+            t = dp.Tensor.empty(ctx, (n,), np.uint8 if False else dp.bool)
+            cl.enqueue_fill_buffer(ctx.queue, t.buffer, np.uint8(0xFF), t.offset, n)
+            held.append(t)
+    ctx.synchronize()
+    del held
+
+
+def backward_check(ctx, rng, out, out_ref, leaves):
+    """Backpropagate the same random gradient through both and compare the leaves'."""
+    g = random(rng, out.shape)
+    out.backward(t_(ctx, g))
+    out_ref.backward(torch.tensor(g, dtype=torch.float64))
+    for mine, theirs in leaves:
+        assert_close(mine.grad.numpy(), theirs.grad.numpy())
+
+
+@pytest.fixture(params=["sorted", "loop"])
+def index_add_algo(request, monkeypatch):
+    monkeypatch.setenv("DLPRIM_INDEX_ADD_ALGO", request.param)
+    dp.config.reload()
+    return request.param
+
+
+# ---- gather / scatter / scatter_add ----------------------------------------------------------
+
+@pytest.mark.parametrize("shape,dim,index_shape", [
+    ((3, 5, 4), 1, (3, 7, 4)), ((3, 5, 4), -1, (2, 5, 6)), ((6, 4), 0, (9, 3)), ((5,), 0, (8,))])
+def test_gather_and_its_gradient(ctx, rng, shape, dim, index_shape):
+    x = random(rng, shape)
+    index = rng.integers(0, shape[dim], index_shape)     # duplicates, a smaller index
+    poison_pool(ctx)
+    X, XR = t_(ctx, x, True), ref(x, True)
+    out = F.gather(X, dim, t_(ctx, index))
+    out_ref = torch.gather(XR, dim, torch.tensor(index))
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(X, XR)])
+
+
+def test_gather_other_dtypes_and_method(ctx, rng):
+    x = rng.integers(-9, 9, (4, 6)).astype(np.int64)
+    index = rng.integers(0, 6, (4, 3))
+    out = t_(ctx, x).gather(1, t_(ctx, index))
+    np.testing.assert_array_equal(out.numpy(), np.take_along_axis(x, index, 1))
+
+
+@pytest.mark.parametrize("dim", [0, -1])
+def test_scatter_src_and_value(ctx, rng, dim):
+    shape = (5, 6)
+    x, src = random(rng, shape), random(rng, (6, 7))
+    # Distinct targets along dim (torch leaves duplicates unspecified).
+    if dim == 0:
+        index = np.stack([rng.permutation(5)[:4] for _ in range(5)], axis=1)    # (4, 5)
+    else:
+        index = np.stack([rng.permutation(6)[:5] for _ in range(4)], axis=0)    # (4, 5)
+    poison_pool(ctx)
+    larger = F.scatter(t_(ctx, x), dim, t_(ctx, index), t_(ctx, src))     # src larger than index
+    assert_close(larger.numpy(), torch.scatter(ref(x), dim, torch.tensor(index),
+                                               ref(src)).numpy())
+    src = src[:4, :5]      # torch's backward takes a src of index's shape only
+    X, S, XR, SR = t_(ctx, x, True), t_(ctx, src, True), ref(x, True), ref(src, True)
+    out = F.scatter(X, dim, t_(ctx, index), S)
+    out_ref = torch.scatter(XR, dim, torch.tensor(index), SR)
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(X, XR), (S, SR)])
+    filled = X.scatter(dim, t_(ctx, index), value=2.5)
+    assert_close(filled.numpy(), torch.scatter(ref(x), dim, torch.tensor(index), 2.5).numpy())
+
+
+def test_scatter_add_duplicates_and_gradient(ctx, rng):
+    x, src = random(rng, (4, 5, 3)), random(rng, (4, 8, 2))
+    index = rng.integers(0, 5, (4, 8, 2))     # narrower than x in the last dimension
+    X, S, XR, SR = t_(ctx, x, True), t_(ctx, src, True), ref(x, True), ref(src, True)
+    poison_pool(ctx)
+    out = F.scatter_add(X, 1, t_(ctx, index), S)
+    out_ref = torch.scatter_add(XR, 1, torch.tensor(index), SR)
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    again = F.scatter_add(X, 1, t_(ctx, index), S)
+    np.testing.assert_array_equal(out.numpy(), again.numpy())    # deterministic
+    backward_check(ctx, rng, out, out_ref, [(X, XR), (S, SR)])
+
+
+# ---- index_select / index_add ------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,dim", [((7, 5, 3), 0), ((4, 6, 2), -2), ((3, 40), 1)])
+def test_index_select_and_its_gradient(ctx, rng, index_add_algo, shape, dim):
+    x = random(rng, shape)
+    index = rng.integers(0, shape[dim], 45)
+    X, XR = t_(ctx, x, True), ref(x, True)
+    poison_pool(ctx)
+    out = F.index_select(X, dim, t_(ctx, index))
+    out_ref = torch.index_select(XR, dim, torch.tensor(index))
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(X, XR)])
+
+
+def test_index_select_int32_index(ctx, rng):
+    x = random(rng, (6, 3))
+    index = np.array([5, 0, 0, 2], np.int32)
+    out = t_(ctx, x).index_select(0, t_(ctx, index))
+    np.testing.assert_array_equal(out.numpy(), x[index])
+
+
+@pytest.mark.parametrize("alpha", [1, -0.5])
+def test_index_add_and_its_gradient(ctx, rng, index_add_algo, alpha):
+    x, src = random(rng, (3, 8, 2)), random(rng, (3, 50, 2))
+    index = rng.integers(0, 8, 50)
+    X, S, XR, SR = t_(ctx, x, True), t_(ctx, src, True), ref(x, True), ref(src, True)
+    poison_pool(ctx)
+    out = F.index_add(X, 1, t_(ctx, index), S, alpha=alpha)
+    out_ref = torch.index_add(XR, 1, torch.tensor(index), SR, alpha=alpha)
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    np.testing.assert_array_equal(out.numpy(), X.index_add(1, t_(ctx, index), S,
+                                                           alpha=alpha).numpy())
+    backward_check(ctx, rng, out, out_ref, [(X, XR), (S, SR)])
+
+
+def test_index_add_integers(ctx, rng, index_add_algo):
+    x, src = rng.integers(-5, 5, (6,)), rng.integers(-5, 5, (40,))
+    index = rng.integers(0, 6, 40)
+    out = F.index_add(t_(ctx, x), 0, t_(ctx, index), t_(ctx, src), alpha=2)
+    expected = x.copy()
+    np.add.at(expected, index, 2 * src)
+    np.testing.assert_array_equal(out.numpy(), expected)
+
+
+# ---- where / masked_fill / tests --------------------------------------------------------------
+
+def test_where_broadcasts_promotes_and_differentiates(ctx, rng):
+    c = rng.random((3, 1, 4)) > 0.5
+    a, b = random(rng, (3, 5, 4)), random(rng, (5, 1))
+    A, B, AR, BR = t_(ctx, a, True), t_(ctx, b, True), ref(a, True), ref(b, True)
+    poison_pool(ctx)
+    out = F.where(t_(ctx, c), A, B)
+    out_ref = torch.where(torch.tensor(c), AR, BR)
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(A, AR), (B, BR)])
+    assert_close(F.where(t_(ctx, c), 0.5, A).numpy(), np.where(c, 0.5, a))
+    ints = F.where(t_(ctx, c), t_(ctx, np.arange(4)), 2.5)
+    assert ints.dtype == dp.float32
+    np.testing.assert_array_equal(ints.numpy(), np.where(c, np.arange(4), 2.5))
+    longs = F.where(t_(ctx, c), t_(ctx, np.arange(4)), -1)
+    assert longs.dtype == dp.int64
+    np.testing.assert_array_equal(A.where(t_(ctx, c), 0.0).numpy(), np.where(c, a, 0))
+    with pytest.raises(dp.UnsupportedError, match="where\\(condition\\)"):
+        F.where(t_(ctx, c))
+    with pytest.raises(dp.DTypeError, match="bool"):
+        F.where(t_(ctx, c.astype(np.float32)), A, B)
+
+
+def test_masked_fill(ctx, rng):
+    x = random(rng, (4, 5))
+    mask = rng.random((1, 5)) > 0.5
+    X, XR = t_(ctx, x, True), ref(x, True)
+    out = X.masked_fill(t_(ctx, mask), -1e9)
+    out_ref = XR.masked_fill(torch.tensor(mask), -1e9)
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(X, XR)])
+    with pytest.raises(dp.ShapeError, match="broadcast"):
+        F.masked_fill(X, t_(ctx, rng.random((4, 5, 2)) > 0.5), 0.0)
+    with pytest.raises(dp.DTypeError, match="bool"):
+        F.masked_fill(X, t_(ctx, mask.astype(np.int64)), 0.0)
+
+
+def test_nonfinite_tests(ctx):
+    x = np.array([1.0, np.nan, np.inf, -np.inf, -0.0, 3e38], np.float32)
+    X = t_(ctx, x)
+    for name in ("isnan", "isinf", "isposinf", "isneginf", "isfinite"):
+        np.testing.assert_array_equal(getattr(F, name)(X).numpy(),
+                                      getattr(torch, name)(torch.tensor(x)).numpy(), name)
+        ints = getattr(F, name)(t_(ctx, np.arange(3)))
+        assert ints.dtype == dp.bool
+        np.testing.assert_array_equal(ints.numpy(), getattr(torch, name)(torch.arange(3)).numpy())
+
+
+def test_isin_and_count_nonzero(ctx, rng):
+    x = rng.integers(0, 10, (4, 6))
+    test = np.array([3, 7, 7, 0])
+    for invert in (False, True):
+        np.testing.assert_array_equal(
+            F.isin(t_(ctx, x), t_(ctx, test), invert=invert).numpy(),
+            torch.isin(torch.tensor(x), torch.tensor(test), invert=invert).numpy())
+    np.testing.assert_array_equal(F.isin(t_(ctx, x), 3).numpy(), x == 3)
+    np.testing.assert_array_equal(F.isin(t_(ctx, x.astype(np.float32)), t_(ctx, test)).numpy(),
+                                  np.isin(x, test))
+    f = np.where(rng.random((3, 5)) > 0.5, random(rng, (3, 5)), 0).astype(np.float32)
+    for dim in (None, 0, -1, (0, 1)):
+        got = F.count_nonzero(t_(ctx, f), dim)
+        want = torch.count_nonzero(torch.tensor(f), dim)
+        assert got.dtype == dp.int64
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("diagonal", [0, -1, 2])
+def test_tril_triu(ctx, rng, diagonal):
+    x = random(rng, (2, 4, 5))
+    for name in ("tril", "triu"):
+        X, XR = t_(ctx, x, True), ref(x, True)
+        out = getattr(F, name)(X, diagonal)
+        out_ref = getattr(torch, name)(XR, diagonal)
+        np.testing.assert_array_equal(out.numpy(), out_ref.detach().numpy().astype(np.float32))
+        backward_check(ctx, rng, out, out_ref, [(X, XR)])
+    with pytest.raises(dp.ShapeError, match="2 dimensions"):
+        F.tril(t_(ctx, x[0, 0]))
+
+
+def test_arange_linspace(ctx):
+    cases = [((5,), {}), ((2, 9, 3), {}), ((1.0, 2.0, 0.25), {}), ((5, -3, -2), {}),
+             ((0, 1, 0.1), {}), ((3,), {"dtype": dp.float32}), ((-2.5, 4), {"dtype": dp.int64})]
+    for args, kwargs in cases:
+        got = dp.arange(*args, ctx=ctx, **kwargs)
+        torch_kwargs = {"dtype": {dp.float32: torch.float32, dp.int64: torch.int64}[
+            kwargs["dtype"]]} if kwargs else {}
+        want = torch.arange(*args, **torch_kwargs).numpy()
+        assert got.dtype == want.dtype and got.shape == want.shape, args
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+    for args in ((0, 1, 5), (-3.0, 7.5, 11), (2, 2, 1), (1, 0, 0), (0, 10, 7)):
+        np.testing.assert_allclose(F.linspace(*args, ctx=ctx).numpy(),
+                                   torch.linspace(*args).numpy(), rtol=1e-6, atol=1e-6)
+    assert dp.Tensor.arange(ctx, 4).tolist() == [0, 1, 2, 3]
+    with pytest.raises(dp.ShapeError, match="step"):
+        dp.arange(0, 5, 0, ctx=ctx)
+    with pytest.raises(dp.ShapeError, match="direction"):
+        dp.arange(5, 0, 1, ctx=ctx)
+    with pytest.raises(dp.ShapeError, match="steps"):
+        dp.linspace(0, 1, -1, ctx=ctx)
+
+
+# ---- embedding / embedding_bag / one_hot ------------------------------------------------------
+
+@pytest.mark.parametrize("padding_idx", [None, 3, -1])
+def test_embedding_and_its_gradient(ctx, rng, index_add_algo, padding_idx):
+    w = random(rng, (12, 5))
+    index = rng.integers(0, 12, (4, 9))
+    W, WR = t_(ctx, w, True), ref(w, True)
+    poison_pool(ctx)
+    out = F.embedding(t_(ctx, index), W, padding_idx=padding_idx)
+    out_ref = TF.embedding(torch.tensor(index), WR, padding_idx=padding_idx)
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(W, WR)])
+
+
+def test_embedding_max_norm_renorms_the_weight(ctx, rng):
+    w = random(rng, (10, 6), -2, 2)
+    index = np.array([[1, 4, 4], [9, 1, 0]])
+    for norm_type in (2.0, 1.0):
+        W, WR = t_(ctx, w), torch.tensor(w)
+        out = F.embedding(t_(ctx, index), W, max_norm=1.5, norm_type=norm_type)
+        out_ref = TF.embedding(torch.tensor(index), WR, max_norm=1.5, norm_type=norm_type)
+        assert_close(out.numpy(), out_ref.numpy())
+        assert_close(W.numpy(), WR.numpy())
+
+
+def test_embedding_refusals(ctx, rng):
+    W = t_(ctx, random(rng, (5, 3)))
+    index = t_(ctx, np.array([0, 1]))
+    with pytest.raises(dp.UnsupportedError, match="scale_grad_by_freq"):
+        F.embedding(index, W, scale_grad_by_freq=True)
+    with pytest.raises(dp.UnsupportedError, match="sparse"):
+        F.embedding(index, W, sparse=True)
+    with pytest.raises(dp.DTypeError, match="int64"):
+        F.embedding(t_(ctx, np.array([0.0], np.float32)), W)
+    with pytest.raises(dp.ShapeError, match="padding_idx"):
+        F.embedding(index, W, padding_idx=5)
+    with pytest.raises(dp.ShapeError, match="2-d"):
+        F.embedding(index, t_(ctx, random(rng, (5,))))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_offsets(ctx, rng, index_add_algo, mode):
+    w = random(rng, (15, 4))
+    index = rng.integers(0, 15, 20)
+    offsets = np.array([0, 3, 3, 11, 19])          # an empty bag
+    W, WR = t_(ctx, w, True), ref(w, True)
+    for include_last, padding_idx in ((False, None), (True, 2)):
+        W.grad, WR.grad = None, None
+        poison_pool(ctx)
+        out = F.embedding_bag(t_(ctx, index), W, t_(ctx, offsets), mode=mode,
+                              include_last_offset=include_last, padding_idx=padding_idx)
+        out_ref = TF.embedding_bag(torch.tensor(index), WR, torch.tensor(offsets), mode=mode,
+                                   include_last_offset=include_last, padding_idx=padding_idx)
+        assert_close(out.numpy(), out_ref.detach().numpy())
+        backward_check(ctx, rng, out, out_ref, [(W, WR)])
+
+
+def test_embedding_bag_2d_and_per_sample_weights(ctx, rng):
+    w = random(rng, (9, 3))
+    index = rng.integers(0, 9, (4, 5))
+    psw = random(rng, (4, 5))
+    W, WR = t_(ctx, w, True), ref(w, True)
+    P, PR = t_(ctx, psw, True), ref(psw, True)
+    out = F.embedding_bag(t_(ctx, index), W, mode="sum", per_sample_weights=P, padding_idx=4)
+    out_ref = TF.embedding_bag(torch.tensor(index), WR, mode="sum", per_sample_weights=PR,
+                               padding_idx=4)
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(W, WR), (P, PR)])
+    flat, offsets = index.reshape(-1), np.array([0, 2, 2, 9])
+    P, PR = t_(ctx, psw.reshape(-1), True), ref(psw.reshape(-1), True)
+    out = F.embedding_bag(t_(ctx, flat), t_(ctx, w), t_(ctx, offsets), mode="sum",
+                          per_sample_weights=P)
+    out_ref = TF.embedding_bag(torch.tensor(flat), ref(w), torch.tensor(offsets), mode="sum",
+                               per_sample_weights=PR)
+    backward_check(ctx, rng, out, out_ref, [(P, PR)])
+    with pytest.raises(dp.UnsupportedError, match="mode='sum'"):
+        F.embedding_bag(t_(ctx, index), W, mode="mean", per_sample_weights=t_(ctx, psw))
+    with pytest.raises(dp.ShapeError, match="offsets"):
+        F.embedding_bag(t_(ctx, index[0]), W)
+    with pytest.raises(dp.UnsupportedError, match="mode"):
+        F.embedding_bag(t_(ctx, index), W, mode="median")
+
+
+def test_one_hot(ctx, rng):
+    index = rng.integers(0, 6, (3, 4))
+    for classes in (-1, 8):
+        np.testing.assert_array_equal(F.one_hot(t_(ctx, index), classes).numpy(),
+                                      TF.one_hot(torch.tensor(index), classes).numpy())
+    with pytest.raises(dp.ShapeError, match="empty"):
+        F.one_hot(t_(ctx, np.zeros(0, np.int64)))
+
+
+# ---- out of range, refusals, empty tensors --------------------------------------------------------
+
+def test_out_of_range_indices_raise_at_the_next_synchronization(ctx, rng):
+    x = t_(ctx, random(rng, (3, 4)))
+    bad = t_(ctx, np.array([[0, 4, 1, -1]] * 3))
+    calls = [lambda: F.gather(x, 1, bad), lambda: F.index_select(x, 0, t_(ctx, np.array([3]))),
+             lambda: F.embedding(t_(ctx, np.array([7])), x),
+             lambda: F.scatter_add(x, 1, bad, x), lambda: F.scatter(x, 1, bad, x),
+             lambda: F.index_add(x, 0, t_(ctx, np.array([0, -2, 1])), t_(ctx, random(rng, (3, 4)))),
+             lambda: F.one_hot(t_(ctx, np.array([0, 5])), 3)]
+    for call in calls:
+        out = call()
+        with pytest.raises(dp.ShapeError, match="out of range"):
+            out.numpy()
+        out.numpy()       # reported once
+
+
+def test_refusals(ctx, rng):
+    x = t_(ctx, random(rng, (3, 4)))
+    index = t_(ctx, np.array([[0, 1]]))
+    with pytest.raises(dp.DTypeError, match="int64"):
+        F.gather(x, 1, t_(ctx, np.array([[0, 1]], np.int32)))
+    with pytest.raises(dp.ShapeError, match="dimensions"):
+        F.gather(x, 1, t_(ctx, np.array([0, 1])))
+    with pytest.raises(dp.ShapeError, match="larger"):
+        F.gather(x, 1, t_(ctx, np.zeros((4, 1), np.int64)))
+    with pytest.raises(dp.ShapeError, match="out of range"):
+        F.gather(x, 2, index)
+    with pytest.raises(dp.UnsupportedError, match="reduce"):
+        F.scatter(x, 1, index, x, reduce="add")
+    with pytest.raises(dp.DTypeError, match="dtype"):
+        F.scatter_add(x, 1, index, t_(ctx, np.zeros((3, 4), np.int64)))
+    with pytest.raises(dp.ShapeError, match="vector"):
+        F.index_select(x, 0, index)
+    with pytest.raises(dp.ShapeError, match="source must have shape"):
+        F.index_add(x, 0, t_(ctx, np.array([0, 1])), x)
+    with pytest.raises(dp.DTypeError, match="Tensor"):
+        F.gather(np.zeros((3, 4)), 1, index)
+
+
+def test_empty_tensors(ctx, rng):
+    x = t_(ctx, random(rng, (3, 4)))
+    empty_index = t_(ctx, np.zeros((3, 0), np.int64))
+    assert F.gather(x, 1, empty_index).shape == (3, 0)
+    assert F.index_select(x, 1, t_(ctx, np.zeros(0, np.int64))).shape == (3, 0)
+    np.testing.assert_array_equal(F.scatter_add(x, 1, empty_index, x).numpy(), x.numpy())
+    assert F.embedding(t_(ctx, np.zeros((2, 0), np.int64)), x).shape == (2, 0, 4)
+    assert F.tril(t_(ctx, np.zeros((0, 3), np.float32))).shape == (0, 3)
+    assert dp.arange(0, ctx=ctx).shape == (0,)
+
+
+# ---- repeated calls ------------------------------------------------------------------------------
+
+def test_repeated_calls_build_nothing(ctx, rng, index_add_algo):
+    x = t_(ctx, random(rng, (4, 6)), True)
+    w = t_(ctx, random(rng, (10, 3)), True)
+    index = t_(ctx, rng.integers(0, 6, (4, 6)))
+    vec = t_(ctx, rng.integers(0, 4, 40))
+    words = t_(ctx, rng.integers(0, 10, (3, 4)))
+    mask = t_(ctx, rng.random((4, 6)) > 0.5)
+
+    def run():
+        y = (F.gather(x, 1, index) + F.scatter_add(x, 1, index, x) + F.scatter(x, 1, index, 1.0)
+             + F.where(mask, x, 0.0) + F.masked_fill(x, mask, 2.0) + F.triu(x, 1))
+        z = F.index_select(x, 0, vec).sum() + F.embedding(words, w).sum() + \
+            F.embedding_bag(words, w, mode="mean").sum()
+        (y.sum() + z).backward()
+        F.isin(index, vec), F.isnan(x), F.count_nonzero(x, 1), F.one_hot(vec, 4)
+        dp.arange(7, ctx=ctx), dp.linspace(0, 1, 5, ctx=ctx)
+        x.grad = w.grad = None
+
+    run()
+    before = dict(program.stats)
+    run()
+    run()
+    ctx.synchronize()
+    assert dict(program.stats) == before
+
+
+def test_a_user_rule_chooses_the_index_add_solver(ctx, rng, tuning_rules):
+    """The rules choose "loop" for a short index and "sorted" otherwise; a rule of a user
+    database for this device overrides them, and "sorted" forced where it is chosen anyway
+    gives the same numbers."""
+    from dlprim_py.ops.indexing import _index_add_algorithm
+    assert _index_add_algorithm(ctx, 8, 5, 3, None) == "loop"
+    assert _index_add_algorithm(ctx, 100, 5, 3, None) == "sorted"
+    tuning_rules("index_add", [{"when": {}, "params": {"solver": "loop"}}])
+    dp.config.reload()
+    assert _index_add_algorithm(ctx, 100, 5, 3, None) == "loop"
+    x, src, index = random(rng, (5, 3)), random(rng, (100, 3)), rng.integers(0, 5, 100)
+    looped = F.index_add(t_(ctx, x), 0, t_(ctx, index), t_(ctx, src)).numpy()
+    assert _index_add_algorithm(ctx, 100, 5, 3, "sorted") == "sorted"
+    expected = x.astype(np.float64)
+    np.add.at(expected, index, src)
+    assert_close(looped, expected)
