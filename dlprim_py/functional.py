@@ -17,8 +17,9 @@ from .ops.loss import (binary_cross_entropy_with_logits, cross_entropy, mse_loss
 from .ops.dropout import dropout  # noqa: F401
 from .ops.tensor_ops import (cat, flatten, narrow, pad, permute, reshape, split, squeeze,  # noqa: F401
                              transpose, unsqueeze)
-from .ops.pool import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d,  # noqa: F401
-                       max_pool2d)
+from .ops.pool import (adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d,  # noqa: F401
+                       adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d,
+                       avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d, max_pool3d)
 from .ops.conv import conv2d, conv_transpose2d  # noqa: F401
 from .ops.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401
 from .ops.interpolate import interpolate  # noqa: F401
