@@ -20,7 +20,8 @@ from .ops.tensor_ops import (cat, flatten, narrow, pad, permute, reshape, split,
 from .ops.pool import (adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d,  # noqa: F401
                        adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d,
                        avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d, max_pool3d)
-from .ops.conv import conv1d, conv2d, conv_transpose1d, conv_transpose2d  # noqa: F401
+from .ops.conv import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d,  # noqa: F401
+                       conv_transpose3d)
 from .ops.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401
 from .ops.interpolate import interpolate  # noqa: F401
 from .ops.linear import linear  # noqa: F401
