@@ -23,7 +23,7 @@ from ..tensor import Tensor
 from .pointwise import launch_size, merge_dimensions
 
 _INT32_LIMIT = 2 ** 31 - 1
-PAD_MODES = ("constant", "reflect", "replicate")
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
 def dense_strides(shape):
@@ -363,10 +363,6 @@ def _pad_pairs(pad, ndim, mode):
             raise UnsupportedError(f"pad: mode {mode!r} pads the last 1 to 3 dimensions of a "
                                    f"tensor with at least one more dimension; got {count} padded "
                                    f"dimensions on a {ndim}-d tensor")
-        if any(p < 0 for p in pad):
-            # torch crops there; the backward kernels of these modes assume no cropping.
-            raise UnsupportedError(f"pad: mode {mode!r} supports no negative padding (cropping), "
-                                   f"got {pad}; crop with narrow first")
     befores, afters = [0] * ndim, [0] * ndim
     for k in range(count):
         befores[ndim - 1 - k], afters[ndim - 1 - k] = pad[2 * k], pad[2 * k + 1]
@@ -375,16 +371,20 @@ def _pad_pairs(pad, ndim, mode):
 
 def pad(x, pad, mode="constant", value=None):
     """torch.nn.functional.pad: ``pad`` = (left, right, top, bottom, ...) from the last dimension
-    backwards. ``mode``: "constant" (``value``, default 0; negative pads crop), "reflect" (mirror without
-    repeating the edge; each pad must be smaller than its dimension) or "replicate" (repeat the
-    edge; the dimension must not be empty).
-
-    Limitations (UnsupportedError): "circular" mode, and negative pads (cropping) in "reflect"
-    and "replicate" modes, which torch accepts."""
+    backwards; negative pads crop. ``mode``: "constant" (``value``, default 0), "reflect" (mirror
+    without repeating the edge; each pad must be smaller than its dimension), "replicate"
+    (repeat the edge; the dimension must not be empty) or "circular" (wrap around; each pad at
+    most the dimension's size). The last three pad the last 1 to 3 dimensions of a tensor with
+    at least one more; as torch, they crop first and pad the cropped tensor."""
     _check_tensor(x, "pad")
     if mode not in PAD_MODES:
         raise UnsupportedError(f"pad: mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
     befores, afters = _pad_pairs(pad, x.ndim, mode)
+    if mode != "constant" and min(befores + afters, default=0) < 0:
+        # Crop (a constant pad by the negative amounts), then pad by the positive ones.
+        crop = [min(int(p), 0) for p in pad]
+        grow = [max(int(p), 0) for p in pad]
+        return _pad(_pad(x, crop), grow, mode)
     value = 0.0 if value is None else value
     if not isinstance(value, (int, float, np.number)):
         raise DTypeError(f"pad: value must be a number, got {value!r}")
@@ -397,6 +397,9 @@ def pad(x, pad, mode="constant", value=None):
                              f"of size {s}")
         if mode == "replicate" and (b or a) and s == 0:
             raise ShapeError(f"pad: replicate padding of the empty dimension {k}")
+        if mode == "circular" and (b or a) and (b > s or a > s):
+            raise ShapeError(f"pad: circular padding ({b}, {a}) must be at most dimension {k} "
+                             f"of size {s} (it would wrap around more than once)")
     out = Tensor.empty(x.ctx, shape, x.dtype)
     total = math.prod(shape)
     if total:
@@ -420,6 +423,9 @@ def pad(x, pad, mode="constant", value=None):
         return (g,)
 
     return autograd.record(out, (x,), backward, "pad")
+
+
+_pad = pad
 
 
 def _pad_backward_1d(grad, dim, in_len, before, after, mode):
