@@ -15,13 +15,15 @@ from .ops.softmax import log_softmax, softmax  # noqa: F401
 from .ops.loss import (binary_cross_entropy_with_logits, cross_entropy, mse_loss,  # noqa: F401
                        nll_loss)
 from .ops.dropout import dropout  # noqa: F401
-from .ops.tensor_ops import (cat, flatten, narrow, pad, permute, reshape, split, squeeze,  # noqa: F401
-                             transpose, unsqueeze)
+from .ops.tensor_ops import (cat, channel_shuffle, flatten, narrow, pad, permute,  # noqa: F401
+                             pixel_shuffle, pixel_unshuffle, reshape, split, squeeze, transpose,
+                             unsqueeze)
 from .ops.pool import (adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d,  # noqa: F401
                        adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d,
                        avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d, max_pool3d)
 from .ops.conv import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d,  # noqa: F401
                        conv_transpose3d)
+from .ops.conv.fold import fold, unfold  # noqa: F401
 from .ops.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401
 from .ops.interpolate import interpolate  # noqa: F401
 from .ops.linear import linear  # noqa: F401

@@ -442,3 +442,63 @@ def _pad_backward_1d(grad, dim, in_len, before, after, mode):
                index_np(grad.shape[dim]), index_np(inner), index_np(before), index_np(after),
                grad.buffer, index_np(grad.offset_elements), out.buffer, index_np(out.offset_elements))
     return out
+
+
+def _positive_int(value, what):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+        raise ShapeError(f"{what} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def pixel_shuffle(x, upscale_factor):
+    """torch.nn.functional.pixel_shuffle: (*, C * r^2, H, W) -> (*, C, H * r, W * r) with
+    r = ``upscale_factor`` (a reshape, one permuting copy and a reshape, on the tape)."""
+    _check_tensor(x, "pixel_shuffle")
+    r = _positive_int(upscale_factor, "pixel_shuffle: upscale_factor")
+    if x.ndim < 3:
+        raise ShapeError(f"pixel_shuffle expects an input of at least 3 dimensions "
+                         f"(*, C * r^2, H, W), got shape {x.shape}")
+    *lead, c, h, w = x.shape
+    if c % (r * r):
+        raise ShapeError(f"pixel_shuffle: channels {c} are not divisible by upscale_factor^2 "
+                         f"= {r * r}")
+    lead = tuple(lead)
+    b = len(lead)
+    y = x.reshape(lead + (c // (r * r), r, r, h, w))
+    y = permute(y, tuple(range(b)) + (b, b + 3, b + 1, b + 4, b + 2))
+    return y.reshape(lead + (c // (r * r), h * r, w * r))
+
+
+def pixel_unshuffle(x, downscale_factor):
+    """torch.nn.functional.pixel_unshuffle: (*, C, H * r, W * r) -> (*, C * r^2, H, W) with
+    r = ``downscale_factor``, the inverse of ``pixel_shuffle``."""
+    _check_tensor(x, "pixel_unshuffle")
+    r = _positive_int(downscale_factor, "pixel_unshuffle: downscale_factor")
+    if x.ndim < 3:
+        raise ShapeError(f"pixel_unshuffle expects an input of at least 3 dimensions "
+                         f"(*, C, H * r, W * r), got shape {x.shape}")
+    *lead, c, h, w = x.shape
+    if h % r or w % r:
+        raise ShapeError(f"pixel_unshuffle: height {h} and width {w} must be divisible by "
+                         f"downscale_factor {r}")
+    lead = tuple(lead)
+    b = len(lead)
+    y = x.reshape(lead + (c, h // r, r, w // r, r))
+    y = permute(y, tuple(range(b)) + (b, b + 2, b + 4, b + 1, b + 3))
+    return y.reshape(lead + (c * r * r, h // r, w // r))
+
+
+def channel_shuffle(x, groups):
+    """torch.nn.functional.channel_shuffle: (N, C, *) with its C channels seen as
+    (groups, C / groups) and transposed to (C / groups, groups) (ShuffleNet's shuffle)."""
+    _check_tensor(x, "channel_shuffle")
+    g = _positive_int(groups, "channel_shuffle: groups")
+    if x.ndim < 3:
+        raise ShapeError(f"channel_shuffle expects an input of more than 2 dimensions "
+                         f"(N, C, *), got shape {x.shape}")
+    n, c = x.shape[:2]
+    if c % g:
+        raise ShapeError(f"channel_shuffle: channels {c} are not divisible by groups {g}")
+    rest = math.prod(x.shape[2:])
+    y = permute(x.reshape(n, g, c // g, rest), (0, 2, 1, 3))
+    return y.reshape(x.shape)
