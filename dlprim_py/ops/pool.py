@@ -6,7 +6,7 @@ its kernels (``kernels/pool.cl.mako``) in its setup and then only enqueues, forw
 on caller-owned tensors (MIOpen's pooling descriptor in spirit). The functional names below
 allocate outputs and record the backward on the autograd tape, with torch's semantics.
 
-Layout: (N, C, *spatial) (or (C, *spatial), taken as N = 1), float32; the kernels see every rank
+Layout: ``(N, C, *spatial)`` (or ``(C, *spatial)``, taken as N = 1), float32; the kernels see every rank
 as D x H x W planes. Sizes are run-time kernel arguments, so one
 compile serves every shape of a (method, window kind) pair. Two forward solvers of the "pool"
 family (``dlprim_py.solver``, ``DLPRIM_POOL_ALGO`` forces one): a work item per output
@@ -96,8 +96,8 @@ def pooled_size(size, kernel, stride, pad, dilation, ceil_mode):
 
 
 class Pool:
-    """A 1-, 2- or 3-D pooling operator on (N, C, *spatial) or (C, *spatial) float32 tensors
-    (``dims`` spatial dimensions).
+    """A 1-, 2- or 3-D pooling operator on ``(N, C, *spatial)`` or ``(C, *spatial)`` float32
+    tensors (``dims`` spatial dimensions).
 
     ``method``: "max" or "avg". Fixed windows: ``kernel_size``, ``stride`` (default: the kernel),
     ``padding``, ``dilation`` (max only), ``ceil_mode``, ``count_include_pad`` and
@@ -175,8 +175,8 @@ class Pool:
         return f"{self.method}_pool{self.dims}d"
 
     def output_shape(self, input_shape):
-        """The output shape for an (N, C, *spatial) or (C, *spatial) input; ShapeError if it is
-        empty."""
+        """The output shape for an ``(N, C, *spatial)`` or ``(C, *spatial)`` input; ShapeError if
+        it is empty."""
         input_shape = tuple(input_shape)
         n = self.dims
         if len(input_shape) not in (n + 1, n + 2):

@@ -451,7 +451,7 @@ def _positive_int(value, what):
 
 
 def pixel_shuffle(x, upscale_factor):
-    """torch.nn.functional.pixel_shuffle: (*, C * r^2, H, W) -> (*, C, H * r, W * r) with
+    """torch.nn.functional.pixel_shuffle: ``(*, C * r^2, H, W)`` -> ``(*, C, H * r, W * r)`` with
     r = ``upscale_factor`` (a reshape, one permuting copy and a reshape, on the tape)."""
     _check_tensor(x, "pixel_shuffle")
     r = _positive_int(upscale_factor, "pixel_shuffle: upscale_factor")
@@ -470,7 +470,7 @@ def pixel_shuffle(x, upscale_factor):
 
 
 def pixel_unshuffle(x, downscale_factor):
-    """torch.nn.functional.pixel_unshuffle: (*, C, H * r, W * r) -> (*, C * r^2, H, W) with
+    """torch.nn.functional.pixel_unshuffle: ``(*, C, H * r, W * r)`` -> ``(*, C * r^2, H, W)`` with
     r = ``downscale_factor``, the inverse of ``pixel_shuffle``."""
     _check_tensor(x, "pixel_unshuffle")
     r = _positive_int(downscale_factor, "pixel_unshuffle: downscale_factor")
@@ -489,7 +489,7 @@ def pixel_unshuffle(x, downscale_factor):
 
 
 def channel_shuffle(x, groups):
-    """torch.nn.functional.channel_shuffle: (N, C, *) with its C channels seen as
+    """torch.nn.functional.channel_shuffle: ``(N, C, *)`` with its C channels seen as
     (groups, C / groups) and transposed to (C / groups, groups) (ShuffleNet's shuffle)."""
     _check_tensor(x, "channel_shuffle")
     g = _positive_int(groups, "channel_shuffle: groups")

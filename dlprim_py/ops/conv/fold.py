@@ -102,9 +102,10 @@ def _col2im(x, size, kernel, dilation, padding, stride):
 
 
 def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
-    """torch.nn.functional.unfold (im2col): (N, C, H, W) or (C, H, W) float32 ->
-    (N, C * kH * kW, L) (or unbatched), L the number of sliding blocks; row c * kH * kW +
-    i * kW + j holds input channel c at kernel position (i, j) of every block."""
+    """torch.nn.functional.unfold (im2col): ``(N, C, H, W)`` or ``(C, H, W)`` float32 ->
+    ``(N, C * kH * kW, L)`` (or unbatched), L the number of sliding blocks; row
+    ``c * kH * kW + i * kW + j`` holds input channel c at kernel position (i, j) of every
+    block."""
     _check(input, "unfold")
     if input.ndim == 3:
         out = unfold(input.reshape((1,) + input.shape), kernel_size, dilation, padding, stride)
@@ -119,9 +120,9 @@ def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
 
 
 def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
-    """torch.nn.functional.fold (col2im): (N, C * kH * kW, L) or (C * kH * kW, L) float32 ->
-    (N, C, *output_size) (or unbatched), summing the entries that overlap; the inverse
-    arrangement of ``unfold``."""
+    """torch.nn.functional.fold (col2im): ``(N, C * kH * kW, L)`` or ``(C * kH * kW, L)``
+    float32 -> ``(N, C, *output_size)`` (or unbatched), summing the entries that overlap; the
+    inverse arrangement of ``unfold``."""
     _check(input, "fold")
     if input.ndim == 2:
         out = fold(input.reshape((1,) + input.shape), output_size, kernel_size, dilation,
