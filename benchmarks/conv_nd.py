@@ -29,11 +29,13 @@ from dlprim_py.bench.harness import error_metric  # noqa: E402
 
 
 def cases(quick):
-    """(name, function name, input shapes (input, weight, bias...), keyword arguments, tolerance)."""
+    """(name, function name, input shapes (input, weight, bias...), keyword arguments,
+    tolerance)."""
     if quick:
         n, c, s = 2, 4, 6
         return [
-            ("conv3d 3x3x3", "conv3d", [(n, c, s, s, s), (8, c, 3, 3, 3), (8,)], dict(padding=1), 1e-4),
+            ("conv3d 3x3x3", "conv3d", [(n, c, s, s, s), (8, c, 3, 3, 3), (8,)],
+             dict(padding=1), 1e-4),
             ("conv3d depthwise", "conv3d", [(n, c, s, s, s), (c, 1, 3, 3, 3)],
              dict(padding=1, groups=c), 1e-4),
             ("conv_transpose3d s2", "conv_transpose3d", [(n, c, 4, 4, 4), (c, 4, 2, 2, 2)],

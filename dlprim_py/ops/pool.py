@@ -1,18 +1,19 @@
 """Pooling over 1, 2 or 3 spatial dimensions: max_pool{1,2,3}d, avg_pool{1,2,3}d,
 adaptive_avg_pool{1,2,3}d, adaptive_max_pool{1,2,3}d.
 
-``Pool`` is the operator (``Pool2d`` its 2-D form): built once for a pooling description, it validates shapes, compiles
-its kernels (``kernels/pool.cl.mako``) in its setup and then only enqueues, forward and backward,
-on caller-owned tensors (MIOpen's pooling descriptor in spirit). The functional names below
-allocate outputs and record the backward on the autograd tape, with torch's semantics.
+``Pool`` is the operator (``Pool2d`` its 2-D form): built once for a pooling description, it
+validates shapes, compiles its kernels (``kernels/pool.cl.mako``) in its setup and then only
+enqueues, forward and backward, on caller-owned tensors (MIOpen's pooling descriptor in spirit).
+The functional names below allocate outputs and record the backward on the autograd tape, with
+torch's semantics.
 
-Layout: ``(N, C, *spatial)`` (or ``(C, *spatial)``, taken as N = 1), float32; the kernels see every rank
-as D x H x W planes. Sizes are run-time kernel arguments, so one
-compile serves every shape of a (method, window kind) pair. Two forward solvers of the "pool"
-family (``dlprim_py.solver``, ``DLPRIM_POOL_ALGO`` forces one): a work item per output
-("window"), and for windows covering the whole plane (global pooling) work items sharing a plane
-("plane"); the rules of ``tuning_db/pool.json`` prefer "plane" where it applies. Backward
-gathers per input element.
+Layout: ``(N, C, *spatial)`` (or ``(C, *spatial)``, taken as N = 1), float32; the kernels see
+every rank as D x H x W planes. Sizes are run-time kernel arguments, so one compile serves every
+shape and rank of a (method, window kind) pair. Two forward solvers of the "pool" family
+(``dlprim_py.solver``, ``DLPRIM_POOL_ALGO`` forces one): a work item per output ("window"), and
+for windows covering the whole plane (global pooling) work items sharing a plane ("plane"); the
+rules of ``tuning_db/pool.json`` prefer "plane" where it applies. Backward gathers per
+input element.
 """
 from dataclasses import dataclass
 

@@ -24,6 +24,7 @@ from ... import autograd, config, program, solver, tuning
 from ...context import check_same_context
 from ...errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ...launch import launch, run_planned_on
+from ...tensor import Tensor
 from ..pointwise import launch_size
 
 _I32 = np.int32
@@ -214,7 +215,6 @@ class Vol2colGemm(_Solver):
         return max(1, min(problem.n, limit // per_image))
 
     def run(self, ctx, task, tensors, params):
-        from ...tensor import Tensor
         from ..gemm import GemmPlan
         p = task.problem
         built = self._built(ctx)
@@ -277,11 +277,7 @@ def _buf(t):
     return [t.buffer, _I32(t.offset_elements)]
 
 
-class _Conv3dFamily(solver.Family):
-    pass
-
-
-FAMILY = solver.register(_Conv3dFamily("conv3d", (Vol2colGemm(), Direct3d()),
+FAMILY = solver.register(solver.Family("conv3d", (Vol2colGemm(), Direct3d()),
                                        title="3-D convolution algorithm"))
 ALGORITHMS = tuple(FAMILY.solvers)
 
@@ -311,9 +307,6 @@ def _check_input(t, what):
         raise not_a_tensor(what, t)
     if t.dtype != np.float32:
         raise DTypeError(f"{what} must be float32, got {t.dtype}")
-
-
-from ...tensor import Tensor  # noqa: E402
 
 
 def _check_bias(bias, channels):
