@@ -21,8 +21,9 @@
 ##   ndim        number of dimensions of strided_copy and pad (>= 1)
 ##   batch_dims  number of batch dimensions of transpose_tiles (>= 0)
 ##   index_t   "int" when every index fits in 31 bits, else "long"
-##   mode      padding mode: "constant", "reflect", "replicate" or "circular" (the latter three
-##             with pads >= 0; circular pads are at most the dimension's size)
+##   mode      padding mode: "constant", "reflect", "replicate" or "circular" (circular with
+##             pads >= 0, at most the dimension's size; the others take negative pads, which
+##             crop, reading the input at the same coordinates as torch does)
 <%
     dims = range(ndim)
     batch = range(batch_dims)
@@ -130,7 +131,10 @@ __kernel void pad_backward_1d(I total, I in_len, I out_len, I inner, I before, I
         if (o >= 0 && o < out_len)
             sum = row[o * inner];
 % elif mode == "reflect":
-        sum = row[(c + before) * inner];
+        // Pads may be negative (torch reads the input at the same coordinates then): the direct
+        // position may fall outside the output.
+        if (c + before >= 0 && c + before < out_len)
+            sum = row[(c + before) * inner];
         if (c >= 1 && c <= before)
             sum += row[(before - c) * inner];
         if (c >= in_len - 1 - after && c <= in_len - 2)
@@ -140,8 +144,9 @@ __kernel void pad_backward_1d(I total, I in_len, I out_len, I inner, I before, I
         for (I o = c + before - (c + before) / in_len * in_len; o < out_len; o += in_len)
             sum += row[o * inner];
 % else:
-        I lo = c == 0 ? 0 : c + before;
-        I hi = c == in_len - 1 ? out_len - 1 : c + before;
+        // Clipped to the output: negative pads crop it.
+        I lo = max(c == 0 ? (I)0 : c + before, (I)0);
+        I hi = min(c == in_len - 1 ? out_len - 1 : c + before, out_len - 1);
         for (I o = lo; o <= hi; ++o)
             sum += row[o * inner];
 % endif

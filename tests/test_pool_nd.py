@@ -40,6 +40,8 @@ def _run(ctx, rng, shape, ours, theirs):
     ("avg_pool3d", (1, 2, 5, 6, 7), dict(kernel_size=(2, 3, 2), stride=2, padding=(1, 1, 0),
                                          ceil_mode=True, count_include_pad=False)),
     ("avg_pool3d", (2, 4, 4, 4), dict(kernel_size=2, divisor_override=3)),
+    ("avg_pool3d", (1, 2, 4, 5, 4), dict(kernel_size=(2, 2, 3), stride=(2, 2, 1),
+                                         divisor_override=-2)),    # torch takes any non-zero
 ])
 def test_pool(ctx, rng, name, shape, kwargs):
     _run(ctx, rng, shape, lambda x: getattr(F, name)(x, **kwargs),
@@ -107,5 +109,7 @@ def test_bad_input(ctx, rng):
         F.avg_pool3d(x5, 5)
     with pytest.raises(dp.ShapeError, match="output_size"):
         F.adaptive_avg_pool3d(x5, (1, 2))
+    with pytest.raises(dp.ShapeError, match="non-zero"):
+        F.avg_pool3d(x5, 2, divisor_override=0)
     with pytest.raises(dp.UnsupportedError, match="1, 2 or 3"):
         Pool(ctx, "max", kernel_size=2, dims=4)

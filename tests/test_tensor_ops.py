@@ -109,10 +109,13 @@ def test_views(ctx, rng):
     ("circular", (2, 3, 5, 4), (4, 1, 2, 5)),
     ("circular", (2, 3, 4), (3, 0)),
     ("circular", (1, 2, 3, 4, 5), (1, 2, 0, 4, 3, 1)),
-    # Negative pads crop first, then the mode pads the cropped tensor (torch's order).
+    # Negative pads crop: circular wraps around the cropped tensor, reflect and replicate read
+    # the input where positive pads would (the whole of it: (-4, 5) on 4 repeats the last).
     ("circular", (2, 3, 5), (-1, 2)),
     ("reflect", (2, 3, 5, 4), (1, -1, -2, 2)),
+    ("reflect", (2, 4), (-2, 2)),
     ("replicate", (2, 3, 5), (-2, 3)),
+    ("replicate", (2, 3, 4), (-4, 5)),
 ])
 def test_pad(ctx, rng, mode, shape, pads):
     x, t = _pair(ctx, rng, shape, offset_elements=2)

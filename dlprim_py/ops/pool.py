@@ -160,8 +160,9 @@ class Pool:
                     raise ShapeError(f"padding {self.padding} must be >= 0 and at most half the "
                                      f"kernel size {self.kernel}")
         if divisor_override is not None and (not isinstance(divisor_override, (int, np.integer))
-                                             or divisor_override <= 0):
-            raise ShapeError(f"divisor_override must be a positive int, got {divisor_override!r}")
+                                             or isinstance(divisor_override, bool)
+                                             or divisor_override == 0):
+            raise ShapeError(f"divisor_override must be a non-zero int, got {divisor_override!r}")
         self.ceil_mode = bool(ceil_mode)
         self.count_include_pad = bool(count_include_pad)
         self.divisor_override = int(divisor_override or 0)

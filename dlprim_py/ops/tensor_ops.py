@@ -375,13 +375,17 @@ def pad(x, pad, mode="constant", value=None):
     without repeating the edge; each pad must be smaller than its dimension), "replicate"
     (repeat the edge; the dimension must not be empty) or "circular" (wrap around; each pad at
     most the dimension's size). The last three pad the last 1 to 3 dimensions of a tensor with
-    at least one more; as torch, they crop first and pad the cropped tensor."""
+    at least one more. As in torch, negative pads crop: "reflect" and "replicate" then read the
+    input at the same coordinates as with the positive pads, "circular" wraps around the cropped
+    tensor."""
     _check_tensor(x, "pad")
     if mode not in PAD_MODES:
         raise UnsupportedError(f"pad: mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
     befores, afters = _pad_pairs(pad, x.ndim, mode)
-    if mode != "constant" and min(befores + afters, default=0) < 0:
-        # Crop (a constant pad by the negative amounts), then pad by the positive ones.
+    if mode == "circular" and min(befores + afters, default=0) < 0:
+        # torch crops first, then wraps around the cropped tensor: a constant pad by the
+        # negative amounts, then a circular one by the positive ones. (Reflect and replicate
+        # read the input at coordinates o - before whatever the signs, as the kernel does.)
         crop = [min(int(p), 0) for p in pad]
         grow = [max(int(p), 0) for p in pad]
         return _pad(_pad(x, crop), grow, mode)
