@@ -209,10 +209,11 @@ class Vol2colGemm(_Solver):
 
     @staticmethod
     def chunk(ctx, problem, params):
-        """Images per chunk: as many as fit ``chunk_bytes`` of columns (at least one)."""
-        per_image = problem.c * problem.taps * problem.positions * 4
-        limit = min(int(params.get("chunk_bytes", 1 << 26)), ctx.info.max_alloc_size)
-        return max(1, min(problem.n, limit // per_image))
+        """Images per chunk: as many as fit ``chunk_bytes`` of columns (at least one), and
+        fewer than 2^31 column elements (the kernels index them with ints)."""
+        per_image = problem.c * problem.taps * problem.positions
+        limit = min(int(params.get("chunk_bytes", 1 << 26)), ctx.info.max_alloc_size) // 4
+        return max(1, min(problem.n, limit // per_image, _INT32_LIMIT // per_image))
 
     def run(self, ctx, task, tensors, params):
         from ..gemm import GemmPlan
