@@ -12,6 +12,7 @@ DLPRIM_CHECK_NUMERICS "1": raise at the first dlprim_py.functional call that mak
                    from finite inputs (a debugging mode: every call waits and reads back)
 DLPRIM_FIND_MODE   "immediate" (default) or "find" for algorithm selection
 DLPRIM_CONV_ALGO   force one convolution algorithm by name
+DLPRIM_CONV3D_ALGO force one 3-D convolution solver: vol2col_gemm, direct
 DLPRIM_GEMM_ALGO   force one GEMM solver: tiled, splitk, small, subgroup (where it applies)
 DLPRIM_NORM_ALGO   force one batch-norm reduction algorithm: groups, groups_scalar, columns
 DLPRIM_COPY_ALGO   force one strided-copy solver (permute, cat, narrow): gather, tiles (transpositions)

@@ -22,11 +22,15 @@ from .ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits,  
                        soft_margin_loss, triplet_margin_loss)
 from .ops.distance import cosine_similarity, pairwise_distance, pdist  # noqa: F401
 from .ops.dropout import dropout  # noqa: F401
-from .ops.tensor_ops import (cat, flatten, narrow, pad, permute, reshape, split, squeeze,  # noqa: F401
-                             transpose, unsqueeze)
-from .ops.pool import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d,  # noqa: F401
-                       max_pool2d)
-from .ops.conv import conv2d, conv_transpose2d  # noqa: F401
+from .ops.tensor_ops import (cat, channel_shuffle, flatten, narrow, pad, permute,  # noqa: F401
+                             pixel_shuffle, pixel_unshuffle, reshape, split, squeeze, transpose,
+                             unsqueeze)
+from .ops.pool import (adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d,  # noqa: F401
+                       adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d,
+                       avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d, max_pool3d)
+from .ops.conv import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d,  # noqa: F401
+                       conv_transpose3d)
+from .ops.conv.fold import fold, unfold  # noqa: F401
 from .ops.norm import (batch_norm, group_norm, instance_norm, layer_norm,  # noqa: F401
                        local_response_norm, normalize, rms_norm)
 from .ops.interpolate import interpolate  # noqa: F401

@@ -1,8 +1,10 @@
-## 2-D pooling over NCHW (any N*C planes): max and average, with fixed windows (kernel, stride,
-## padding, dilation, as torch's max_pool2d / avg_pool2d) or adaptive windows (torch's
-## adaptive_*_pool2d: output o covers [floor(o*In/Out), ceil((o+1)*In/Out))).
+## 1-, 2- and 3-D pooling over (N*C) planes of D x H x W (a 2-D pool has D = 1, a 1-D one
+## D = H = 1; sizes are run-time arguments, so one compile serves every rank): max and average,
+## with fixed windows (kernel, stride, padding, dilation, as torch's max_pool{1,2,3}d /
+## avg_pool{1,2,3}d) or adaptive windows (torch's adaptive_*_pool{1,2,3}d: output o covers
+## [floor(o*In/Out), ceil((o+1)*In/Out)) along each dimension).
 ##
-## pool_forward: one work item per output element (grid-stride loop over N*C*OH*OW).
+## pool_forward: one work item per output element (grid-stride loop over N*C*OD*OH*OW).
 ## pool_backward: one work item per input element; it gathers the gradients of every window that
 ## holds it (for max: the windows whose saved argmax is this element), so no atomics are needed
 ## and the summation order is fixed.
@@ -11,7 +13,8 @@
 ## group of GROUP_SIZE holds GROUP_SIZE / PLANE_THREADS planes. Max keeps torch's choice without
 ## depending on the order of combination: the largest value, the first position among equals,
 ## and a NaN over any number (the last NaN, as torch's scan keeps replacing).
-## Indices (max only) are flat positions h*W + w inside the input plane, as torch returns them.
+## Indices (max only) are flat positions (d*H + h)*W + w inside the input plane, as torch
+## returns them.
 ##
 ## Template parameters:
 ##   method        "max" or "avg"
@@ -22,40 +25,43 @@
 #define I ${index_t}
 #define GROUP_SIZE ${group_size}
 
-<%def name="window_h(o)">
+## The window of output coordinate o${dim} along one dimension: its start (and for adaptive
+## windows its end).
+<%def name="window_bounds(dim, size, osize)">
 % if window == "regular":
-        const int h_start = ${o}h * stride_h - pad_h;
+        const int ${dim}_start = o${dim} * stride_${dim} - pad_${dim};
 % else:
-        const int h_start = (int)(((long)${o}h * H) / OH);
-        const int h_end = (int)((((long)${o}h + 1) * H + OH - 1) / OH);
-% endif
-</%def>
-<%def name="window_w(o)">
-% if window == "regular":
-        const int w_start = ${o}w * stride_w - pad_w;
-% else:
-        const int w_start = (int)(((long)${o}w * W) / OW);
-        const int w_end = (int)((((long)${o}w + 1) * W + OW - 1) / OW);
+        const int ${dim}_start = (int)(((long)o${dim} * ${size}) / ${osize});
+        const int ${dim}_end = (int)((((long)o${dim} + 1) * ${size} + ${osize} - 1) / ${osize});
 % endif
 </%def>
 
-#define POOL_ARGS I total, int H, int W, int OH, int OW, int kernel_h, int kernel_w, \
-    int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, \
+#define POOL_ARGS I total, int D, int H, int W, int OD, int OH, int OW, \
+    int kernel_d, int kernel_h, int kernel_w, int stride_d, int stride_h, int stride_w, \
+    int pad_d, int pad_h, int pad_w, int dilation_d, int dilation_h, int dilation_w, \
     int count_include_pad, int divisor_override
 
 % if method == "avg" and window == "regular":
+// The clipped length of a window along one dimension: to the padded input (count_include_pad)
+// or to the input.
+inline int avg_extent(int start, int size, int window, int pad, int count_include_pad)
+{
+    const int end = min(start + window, size + pad);
+    if (count_include_pad)
+        return end - start;
+    return min(end, size) - max(start, 0);
+}
+
 // torch's divisor: the window clipped to the padded input (count_include_pad) or to the input.
-inline float avg_divisor(int h_start, int w_start, int H, int W, int kernel_h, int kernel_w,
-                         int pad_h, int pad_w, int count_include_pad, int divisor_override)
+inline float avg_divisor(int d_start, int h_start, int w_start, int D, int H, int W,
+                         int kernel_d, int kernel_h, int kernel_w, int pad_d, int pad_h,
+                         int pad_w, int count_include_pad, int divisor_override)
 {
     if (divisor_override)
         return (float)divisor_override;
-    int h_end = min(h_start + kernel_h, H + pad_h);
-    int w_end = min(w_start + kernel_w, W + pad_w);
-    int padded = (h_end - h_start) * (w_end - w_start);
-    if (count_include_pad)
-        return (float)padded;
-    return (float)((min(h_end, H) - max(h_start, 0)) * (min(w_end, W) - max(w_start, 0)));
+    return (float)(avg_extent(d_start, D, kernel_d, pad_d, count_include_pad)
+                   * avg_extent(h_start, H, kernel_h, pad_h, count_include_pad)
+                   * avg_extent(w_start, W, kernel_w, pad_w, count_include_pad));
 }
 % endif
 
@@ -68,33 +74,43 @@ __kernel void pool_forward(POOL_ARGS,
 {
     for (I i = get_global_id(0); i < total; i += get_global_size(0)) {
         const int ow = (int)(i % OW);
-        const I r = i / OW;
+        I r = i / OW;
         const int oh = (int)(r % OH);
-        const I plane = r / OH;
-        __global const float* src = x + x_off + plane * H * W;
-        ${window_h("o")}
-        ${window_w("o")}
+        r /= OH;
+        const int od = (int)(r % OD);
+        const I plane = r / OD;
+        __global const float* src = x + x_off + plane * D * H * W;
+        ${window_bounds("d", "D", "OD")}
+        ${window_bounds("h", "H", "OH")}
+        ${window_bounds("w", "W", "OW")}
 % if method == "max":
         float best = -INFINITY;
         int best_index = -1;
     % if window == "regular":
-        for (int kh = 0; kh < kernel_h; ++kh) {
-            const int ih = h_start + kh * dilation_h;
-            if (ih < 0 || ih >= H)
+        for (int kd = 0; kd < kernel_d; ++kd) {
+            const int id = d_start + kd * dilation_d;
+            if (id < 0 || id >= D)
                 continue;
-            for (int kw = 0; kw < kernel_w; ++kw) {
-                const int iw = w_start + kw * dilation_w;
-                if (iw < 0 || iw >= W)
+            for (int kh = 0; kh < kernel_h; ++kh) {
+                const int ih = h_start + kh * dilation_h;
+                if (ih < 0 || ih >= H)
                     continue;
+                for (int kw = 0; kw < kernel_w; ++kw) {
+                    const int iw = w_start + kw * dilation_w;
+                    if (iw < 0 || iw >= W)
+                        continue;
     % else:
-        for (int ih = h_start; ih < h_end; ++ih) {
-            for (int iw = w_start; iw < w_end; ++iw) {
+        for (int id = d_start; id < d_end; ++id) {
+            for (int ih = h_start; ih < h_end; ++ih) {
+                for (int iw = w_start; iw < w_end; ++iw) {
     % endif
-                const float v = src[ih * W + iw];
-                // torch's rule: the first maximum wins, a NaN wins over any number.
-                if (best_index < 0 || v > best || isnan(v)) {
-                    best = v;
-                    best_index = ih * W + iw;
+                    const int e = (id * H + ih) * W + iw;
+                    const float v = src[e];
+                    // torch's rule: the first maximum wins, a NaN wins over any number.
+                    if (best_index < 0 || v > best || isnan(v)) {
+                        best = v;
+                        best_index = e;
+                    }
                 }
             }
         }
@@ -105,22 +121,47 @@ __kernel void pool_forward(POOL_ARGS,
 % else:
         float sum = 0.0f;
     % if window == "regular":
+        const int d_lo = max(d_start, 0), d_hi = min(d_start + kernel_d, D);
         const int h_lo = max(h_start, 0), h_hi = min(h_start + kernel_h, H);
         const int w_lo = max(w_start, 0), w_hi = min(w_start + kernel_w, W);
-        for (int ih = h_lo; ih < h_hi; ++ih)
-            for (int iw = w_lo; iw < w_hi; ++iw)
-                sum += src[ih * W + iw];
-        y[y_off + i] = sum / avg_divisor(h_start, w_start, H, W, kernel_h, kernel_w, pad_h, pad_w,
-                                         count_include_pad, divisor_override);
+        for (int id = d_lo; id < d_hi; ++id)
+            for (int ih = h_lo; ih < h_hi; ++ih)
+                for (int iw = w_lo; iw < w_hi; ++iw)
+                    sum += src[(id * H + ih) * W + iw];
+        y[y_off + i] = sum / avg_divisor(d_start, h_start, w_start, D, H, W, kernel_d, kernel_h,
+                                         kernel_w, pad_d, pad_h, pad_w, count_include_pad,
+                                         divisor_override);
     % else:
-        for (int ih = h_start; ih < h_end; ++ih)
-            for (int iw = w_start; iw < w_end; ++iw)
-                sum += src[ih * W + iw];
-        y[y_off + i] = sum / (float)((h_end - h_start) * (w_end - w_start));
+        for (int id = d_start; id < d_end; ++id)
+            for (int ih = h_start; ih < h_end; ++ih)
+                for (int iw = w_start; iw < w_end; ++iw)
+                    sum += src[(id * H + ih) * W + iw];
+        y[y_off + i] = sum / (float)((d_end - d_start) * (h_end - h_start) * (w_end - w_start));
     % endif
 % endif
     }
 }
+
+## The outputs along one dimension whose window can hold input coordinate i${dim}: a loop
+## header opening a block (closed by the caller); "continue" skips the others.
+<%def name="outputs_holding(dim, size, osize)">
+% if window == "regular":
+            for (int k${dim} = 0; k${dim} < kernel_${dim}; ++k${dim}) {
+                const int t${dim} = i${dim} + pad_${dim} - k${dim} * dilation_${dim};
+                if (t${dim} < 0 || t${dim} % stride_${dim})
+                    continue;
+                const int o${dim} = t${dim} / stride_${dim};
+                if (o${dim} >= ${osize})
+                    continue;
+% else:
+            const int o${dim}_lo = (int)(((long)i${dim} * ${osize}) / ${size});
+            const int o${dim}_hi = min((int)((((long)i${dim} + 1) * ${osize} + ${size} - 1) / ${size}), ${osize});
+            for (int o${dim} = o${dim}_lo; o${dim} < o${dim}_hi; ++o${dim}) {
+                ${window_bounds(dim, size, osize)}
+                if (i${dim} < ${dim}_start || i${dim} >= ${dim}_end)
+                    continue;
+% endif
+</%def>
 
 // total counts input elements here.
 __kernel void pool_backward(POOL_ARGS,
@@ -132,52 +173,30 @@ __kernel void pool_backward(POOL_ARGS,
 {
     for (I i = get_global_id(0); i < total; i += get_global_size(0)) {
         const int iw = (int)(i % W);
-        const I r = i / W;
+        I r = i / W;
         const int ih = (int)(r % H);
-        const I plane = r / H;
-        const I out_plane = plane * OH * OW;
+        r /= H;
+        const int id = (int)(r % D);
+        const I plane = r / D;
+        const I out_plane = plane * OD * OH * OW;
         float sum = 0.0f;
-% if window == "regular":
-        for (int kh = 0; kh < kernel_h; ++kh) {
-            const int th = ih + pad_h - kh * dilation_h;
-            if (th < 0 || th % stride_h)
-                continue;
-            const int oh = th / stride_h;
-            if (oh >= OH)
-                continue;
-            for (int kw = 0; kw < kernel_w; ++kw) {
-                const int tw = iw + pad_w - kw * dilation_w;
-                if (tw < 0 || tw % stride_w)
-                    continue;
-                const int ow = tw / stride_w;
-                if (ow >= OW)
-                    continue;
-% else:
-        // Outputs whose adaptive window can hold ih (resp. iw); each is checked below.
-        const int oh_lo = (int)(((long)ih * OH) / H);
-        const int oh_hi = (int)((((long)ih + 1) * OH + H - 1) / H);
-        const int ow_lo = (int)(((long)iw * OW) / W);
-        const int ow_hi = (int)((((long)iw + 1) * OW + W - 1) / W);
-        for (int oh = oh_lo; oh < min(oh_hi, OH); ++oh) {
-            ${window_h("o")}
-            if (ih < h_start || ih >= h_end)
-                continue;
-            for (int ow = ow_lo; ow < min(ow_hi, OW); ++ow) {
-                ${window_w("o")}
-                if (iw < w_start || iw >= w_end)
-                    continue;
-% endif
-                const I o = out_plane + oh * OW + ow;
+        ${outputs_holding("d", "D", "OD")}
+        ${outputs_holding("h", "H", "OH")}
+        ${outputs_holding("w", "W", "OW")}
+                const I o = out_plane + (od * OH + oh) * OW + ow;
 % if method == "max":
-                if (indices[indices_off + o] == ih * W + iw)
+                if (indices[indices_off + o] == (id * H + ih) * W + iw)
                     sum += dy[dy_off + o];
 % elif window == "regular":
-                sum += dy[dy_off + o] / avg_divisor(oh * stride_h - pad_h, ow * stride_w - pad_w, H, W,
-                    kernel_h, kernel_w, pad_h, pad_w, count_include_pad, divisor_override);
+                sum += dy[dy_off + o] / avg_divisor(od * stride_d - pad_d, oh * stride_h - pad_h,
+                    ow * stride_w - pad_w, D, H, W, kernel_d, kernel_h, kernel_w, pad_d, pad_h,
+                    pad_w, count_include_pad, divisor_override);
 % else:
-                sum += dy[dy_off + o] / (float)((h_end - h_start) * (w_end - w_start));
+                sum += dy[dy_off + o]
+                    / (float)((d_end - d_start) * (h_end - h_start) * (w_end - w_start));
 % endif
             }
+          }
         }
         dx[dx_off + i] = sum;
     }

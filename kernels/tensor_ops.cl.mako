@@ -1,5 +1,5 @@
 ## Data movement between dense tensors: strided copies (narrow, split, cat, permute) and padding
-## (constant, reflect, replicate) with its backward.
+## (constant, reflect, replicate, circular) with its backward.
 ##
 ## strided_copy walks an index space of NDIM dimensions (the caller merges dimensions that are
 ## contiguous in both source and destination) and copies src[src_off + sum c_k*src_stride_k] to
@@ -21,7 +21,9 @@
 ##   ndim        number of dimensions of strided_copy and pad (>= 1)
 ##   batch_dims  number of batch dimensions of transpose_tiles (>= 0)
 ##   index_t   "int" when every index fits in 31 bits, else "long"
-##   mode      padding mode: "constant", "reflect" or "replicate"
+##   mode      padding mode: "constant", "reflect", "replicate" or "circular" (circular with
+##             pads >= 0, at most the dimension's size; the others take negative pads, which
+##             crop, reading the input at the same coordinates as torch does)
 <%
     dims = range(ndim)
     batch = range(batch_dims)
@@ -93,6 +95,9 @@ __kernel void pad(I total
     % elif mode == "reflect":
             j = max(j, -j);   // |j|
             j = j >= in_size${k} ? 2 * (in_size${k} - 1) - j : j;
+    % elif mode == "circular":
+            // -in_size <= j < 2 * in_size (pads are at most the size): one wrap either way.
+            j = j < 0 ? j + in_size${k} : (j >= in_size${k} ? j - in_size${k} : j);
     % else:
             j = clamp(j, (I)0, in_size${k} - 1);
     % endif
@@ -126,14 +131,22 @@ __kernel void pad_backward_1d(I total, I in_len, I out_len, I inner, I before, I
         if (o >= 0 && o < out_len)
             sum = row[o * inner];
 % elif mode == "reflect":
-        sum = row[(c + before) * inner];
+        // Pads may be negative (torch reads the input at the same coordinates then): the direct
+        // position may fall outside the output.
+        if (c + before >= 0 && c + before < out_len)
+            sum = row[(c + before) * inner];
         if (c >= 1 && c <= before)
             sum += row[(before - c) * inner];
         if (c >= in_len - 1 - after && c <= in_len - 2)
             sum += row[(before + 2 * (in_len - 1) - c) * inner];
+% elif mode == "circular":
+        // The output positions c + before + m * in_len inside [0, out_len).
+        for (I o = c + before - (c + before) / in_len * in_len; o < out_len; o += in_len)
+            sum += row[o * inner];
 % else:
-        I lo = c == 0 ? 0 : c + before;
-        I hi = c == in_len - 1 ? out_len - 1 : c + before;
+        // Clipped to the output: negative pads crop it.
+        I lo = max(c == 0 ? (I)0 : c + before, (I)0);
+        I hi = min(c == in_len - 1 ? out_len - 1 : c + before, out_len - 1);
         for (I o = lo; o <= hi; ++o)
             sum += row[o * inner];
 % endif

@@ -74,7 +74,11 @@ def test_nhwc_bad_input(ctx, rng):
     w_nchw = dp.Tensor.from_numpy(ctx, random(rng, (2, 4, 3, 3)))
     with pytest.raises(dp.ShapeError, match="channels"):
         dp.functional.conv2d(x, w_nchw, layout="NHWC")
-    with pytest.raises(dp.ShapeError, match=r"rank 4 \(N, H, W, C\)"):
-        dp.functional.conv2d(x.reshape(5, 5, 4), w, layout="NHWC")
+    with pytest.raises(dp.ShapeError, match=r"rank 4 or 3 \(N, H, W, C\) or \(H, W, C\)"):
+        dp.functional.conv2d(x.reshape(25, 4), w, layout="NHWC")
+    # Unbatched (H, W, C) is a batch of one.
+    unbatched = dp.functional.conv2d(x.reshape(5, 5, 4), w, layout="NHWC")
+    np.testing.assert_array_equal(unbatched.numpy(),
+                                  dp.functional.conv2d(x, w, layout="NHWC").numpy()[0])
     with pytest.raises(dp.ShapeError, match=r"rank 4 \(Cin, R, S, Cout/groups\)"):
         dp.functional.conv_transpose2d(x, w.reshape(2, 9, 4), layout="NHWC")

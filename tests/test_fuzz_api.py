@@ -36,7 +36,7 @@ FUZZ_COMPILING = settings(FUZZ, max_examples=6)
 # Requests torch accepts and this library refuses on purpose, with UnsupportedError (each
 # operator's docstring names them); a refusal outside this list fails.
 LIMITATIONS = ("label_smoothing", "asymmetric padding", "mode must be one of",
-               "negative padding", "1-d weight", "broadcast over", "empty weight", "antialias")
+               "1-d weight", "broadcast over", "empty weight", "antialias")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -106,6 +106,16 @@ def test_views(ctx, rng):
     ("reflect", (2, 6), (5, 5)),
     ("replicate", (2, 3, 5, 4), (1, 3, 2, 0)),
     ("replicate", (1, 2, 1, 1, 3), (2, 1, 3, 0, 1, 2)),
+    ("circular", (2, 3, 5, 4), (4, 1, 2, 5)),
+    ("circular", (2, 3, 4), (3, 0)),
+    ("circular", (1, 2, 3, 4, 5), (1, 2, 0, 4, 3, 1)),
+    # Negative pads crop: circular wraps around the cropped tensor, reflect and replicate read
+    # the input where positive pads would (the whole of it: (-4, 5) on 4 repeats the last).
+    ("circular", (2, 3, 5), (-1, 2)),
+    ("reflect", (2, 3, 5, 4), (1, -1, -2, 2)),
+    ("reflect", (2, 4), (-2, 2)),
+    ("replicate", (2, 3, 5), (-2, 3)),
+    ("replicate", (2, 3, 4), (-4, 5)),
 ])
 def test_pad(ctx, rng, mode, shape, pads):
     x, t = _pair(ctx, rng, shape, offset_elements=2)
@@ -144,11 +154,11 @@ def test_bad_input(ctx, rng):
     with pytest.raises(dp.ShapeError, match="smaller than dimension"):
         F.pad(x, (4, 0), mode="reflect")
     with pytest.raises(dp.UnsupportedError, match="mode"):
-        F.pad(x, (1, 1), mode="circular")
-    for mode in ("reflect", "replicate"):
-        # torch crops with negative pads in these modes; a documented limitation here.
-        with pytest.raises(dp.UnsupportedError, match="negative padding"):
-            F.pad(x, (1, -1), mode=mode)
+        F.pad(x, (1, 1), mode="wrap")
+    with pytest.raises(dp.ShapeError, match="more than once"):
+        F.pad(x, (5, 0), mode="circular")
+    with pytest.raises(dp.UnsupportedError, match="last 1 to 3"):
+        F.pad(dp.Tensor.from_numpy(ctx, random(rng, (4,))), (1, 1), mode="circular")
     with pytest.raises(dp.ShapeError, match="pairs"):
         F.pad(x, (1, 1, 1))
     with pytest.raises(dp.ShapeError, match="negative size"):

@@ -1,4 +1,5 @@
-"""Suite ``ops``: memory-bound operators (pooling, normalization, activations, softmax, reductions)
+"""Suite ``ops``: memory-bound operators (pooling, normalization, activations, softmax, reductions,
+data layout)
 through ``dlprim_py.functional``, whose names and semantics are torch.nn.functional's; so the
 same call with the same arguments is the PyTorch baseline and, in float64, the reference.
 
@@ -123,6 +124,7 @@ def specs(bench):
     feature = (n, c, 56, 56)
     stats = (c,)
     rows = max(1, n) * 64
+    video = (n, 64, 8, 56, 56)
     return [
         OpSpec("max_pool2d 3x3 s2", "max_pool2d", [(n, 64, 112, 112)],
                dict(kernel_size=3, stride=2, padding=1)),
@@ -134,6 +136,15 @@ def specs(bench):
                dict(training=True, momentum=0.1, eps=1e-5), positive=(2,)),
         OpSpec("adaptive_avg_pool2d 1x1", "adaptive_avg_pool2d", [(n, 2048, 7, 7)],
                dict(output_size=1)),
+        OpSpec("max_pool3d 3x3x3 s2", "max_pool3d", [video],
+               dict(kernel_size=3, stride=2, padding=1)),
+        OpSpec("avg_pool3d 2x2x2 s2", "avg_pool3d", [video], dict(kernel_size=2, stride=2)),
+        OpSpec("adaptive_avg_pool3d 1x1x1", "adaptive_avg_pool3d", [(n, 512, 4, 7, 7)],
+               dict(output_size=1)),
+        OpSpec("max_pool1d 3 s2", "max_pool1d", [(n, 256, 4096)],
+               dict(kernel_size=3, stride=2, padding=1)),
+        OpSpec("pixel_shuffle x2", "pixel_shuffle", [(n, 256, 56, 56)], dict(upscale_factor=2)),
+        OpSpec("unfold 3x3", "unfold", [(n, 64, 56, 56)], dict(kernel_size=3, padding=1)),
         OpSpec("group_norm 32 groups", "group_norm", [feature, stats, stats],
                dict(num_groups=32, eps=1e-5), keyword_tensors=("weight", "bias")),
         OpSpec("layer_norm rows", "layer_norm", [(rows, 768), (768,), (768,)],

@@ -10,7 +10,7 @@ from . import init
 from .module import Module, Parameter, module_context
 
 # torch's padding modes; "circular" has no pad mode here (functional.pad's limitation).
-PADDING_MODES = ("zeros", "reflect", "replicate")
+PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 
 
 def _pair(value, what):
@@ -64,9 +64,9 @@ class _ConvNd(Module):
 
 class Conv2d(_ConvNd):
     """2-d convolution over (N, C, H, W): weight (out_channels, in_channels / groups, kH, kW),
-    bias (out_channels,). ``padding``: ints, a pair, "valid" or "same" (odd kernels; even ones
-    need asymmetric padding, which ``functional.conv2d`` does not do). ``padding_mode``:
-    "zeros", "reflect" or "replicate" ("circular" raises UnsupportedError)."""
+    bias (out_channels,). ``padding``: ints, a pair, "valid" or "same" (an even kernel span pads
+    one more on the right and bottom, as torch does). ``padding_mode``: "zeros", "reflect",
+    "replicate" or "circular"."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  groups=1, bias=True, padding_mode="zeros", *, ctx=None):
@@ -86,21 +86,20 @@ class Conv2d(_ConvNd):
                                  f"got {padding!r}")
             if padding == "same" and self.stride != (1, 1):
                 raise ShapeError("Conv2d: padding='same' needs stride 1")
-            if padding == "same" and any(d * (k - 1) % 2 for d, k in zip(self.dilation,
-                                                                          self.kernel_size)):
-                raise UnsupportedError("Conv2d: padding='same' with an even (dilated) kernel "
-                                       "size needs asymmetric padding, which conv2d does not do")
             self.padding = padding
         else:
             self.padding = _pair(padding, "padding")
         self.padding_mode = padding_mode
-        # torch's F.pad amounts for the non-zero modes: (left, right, top, bottom).
+        # torch's F.pad amounts for the non-zero modes: (left, right, top, bottom); "same" with
+        # an even kernel span pads one more on the right and bottom, as torch does.
         if isinstance(self.padding, str):
-            pads = (0, 0) if self.padding == "valid" else tuple(
-                d * (k - 1) // 2 for d, k in zip(self.dilation, self.kernel_size))
+            totals = ((0, 0) if self.padding == "valid" else
+                      tuple(d * (k - 1) for d, k in zip(self.dilation, self.kernel_size)))
+            top, left = (t // 2 for t in totals)
+            self._pad = (left, totals[1] - left, top, totals[0] - top)
         else:
             pads = self.padding
-        self._pad = (pads[1], pads[1], pads[0], pads[0])
+            self._pad = (pads[1], pads[1], pads[0], pads[0])
         kh, kw = self.kernel_size
         self.weight = Parameter(Tensor.empty(ctx, (out_channels, in_channels // groups, kh, kw)))
         if bias:

@@ -1,16 +1,19 @@
-"""2-D pooling: max_pool2d, avg_pool2d, adaptive_avg_pool2d, adaptive_max_pool2d.
+"""Pooling over 1, 2 or 3 spatial dimensions: max_pool{1,2,3}d, avg_pool{1,2,3}d,
+adaptive_avg_pool{1,2,3}d, adaptive_max_pool{1,2,3}d.
 
-``Pool2d`` is the operator: built once for a pooling description, it validates shapes, compiles
-its kernels (``kernels/pool.cl.mako``) in its setup and then only enqueues, forward and backward,
-on caller-owned tensors (MIOpen's pooling descriptor in spirit). The functional names below
-allocate outputs and record the backward on the autograd tape, with torch's semantics.
+``Pool`` is the operator (``Pool2d`` its 2-D form): built once for a pooling description, it
+validates shapes, compiles its kernels (``kernels/pool.cl.mako``) in its setup and then only
+enqueues, forward and backward, on caller-owned tensors (MIOpen's pooling descriptor in spirit).
+The functional names below allocate outputs and record the backward on the autograd tape, with
+torch's semantics.
 
-Layout: NCHW (or CHW, taken as N = 1), float32. Sizes are run-time kernel arguments, so one
-compile serves every shape of a (method, window kind) pair. Two forward solvers of the "pool"
-family (``dlprim_py.solver``, ``DLPRIM_POOL_ALGO`` forces one): a work item per output
-("window"), and for windows covering the whole plane (global pooling) work items sharing a plane
-("plane"); the rules of ``tuning_db/pool.json`` prefer "plane" where it applies. Backward
-gathers per input element.
+Layout: ``(N, C, *spatial)`` (or ``(C, *spatial)``, taken as N = 1), float32; the kernels see
+every rank as D x H x W planes. Sizes are run-time kernel arguments, so one compile serves every
+shape and rank of a (method, window kind) pair. Two forward solvers of the "pool" family
+(``dlprim_py.solver``, ``DLPRIM_POOL_ALGO`` forces one): a work item per output ("window"), and
+for windows covering the whole plane (global pooling) work items sharing a plane ("plane"); the
+rules of ``tuning_db/pool.json`` prefer "plane" where it applies. Backward gathers per
+input element.
 """
 from dataclasses import dataclass
 
@@ -27,18 +30,25 @@ from .pointwise import group_size, launch_size
 _INT32_LIMIT = 2 ** 31 - 1
 
 
-def _pair(value, what):
+def _tuple(value, what, n=2):
+    """An n-tuple of ints from an int, a 1-sequence or an n-sequence (torch's convention)."""
+    kind = "an int" if n == 1 else f"an int or {n} ints"
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return int(value), int(value)
+        return (int(value),) * n
     try:
         items = tuple(value)
     except TypeError:
-        raise ShapeError(f"{what} must be an int or a pair of ints, got {value!r}") from None
+        raise ShapeError(f"{what} must be {kind}, got {value!r}") from None
     if len(items) == 1:
-        items = items * 2
-    if len(items) != 2 or not all(isinstance(v, (int, np.integer)) for v in items):
-        raise ShapeError(f"{what} must be an int or a pair of ints, got {value!r}")
-    return int(items[0]), int(items[1])
+        items = items * n
+    if len(items) != n or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                  for v in items):
+        raise ShapeError(f"{what} must be {kind}, got {value!r}")
+    return tuple(int(v) for v in items)
+
+
+def _pair(value, what):
+    return _tuple(value, what, 2)
 
 
 @dataclass(frozen=True)
@@ -86,64 +96,73 @@ def pooled_size(size, kernel, stride, pad, dilation, ceil_mode):
     return out
 
 
-class Pool2d:
-    """A 2-D pooling operator on NCHW float32 tensors.
+class Pool:
+    """A 1-, 2- or 3-D pooling operator on ``(N, C, *spatial)`` or ``(C, *spatial)`` float32
+    tensors (``dims`` spatial dimensions).
 
     ``method``: "max" or "avg". Fixed windows: ``kernel_size``, ``stride`` (default: the kernel),
     ``padding``, ``dilation`` (max only), ``ceil_mode``, ``count_include_pad`` and
-    ``divisor_override`` (avg only). Adaptive windows: ``output_size`` instead (an int or a pair;
-    None in a pair keeps that input size).
+    ``divisor_override`` (avg only), each an int or ``dims`` ints. Adaptive windows:
+    ``output_size`` instead (an int or ``dims`` entries; None in them keeps that input size).
+    The kernels see every rank as D x H x W planes (D = 1 for 2-D, D = H = 1 for 1-D).
     """
 
     def __init__(self, ctx, method, kernel_size=None, stride=None, padding=0, dilation=1,
-                 ceil_mode=False, count_include_pad=True, divisor_override=None, output_size=None):
+                 ceil_mode=False, count_include_pad=True, divisor_override=None, output_size=None,
+                 dims=2):
         if method not in ("max", "avg"):
             raise UnsupportedError(f"pooling method must be 'max' or 'avg', got {method!r}")
+        if dims not in (1, 2, 3):
+            raise UnsupportedError(f"pooling has 1, 2 or 3 spatial dimensions, got {dims!r}")
         self.ctx = ctx
         self.method = method
+        self.dims = dims
         # Input shape -> output shape, for the calls after the first.
         self.shapes = {}
         self.adaptive = output_size is not None
+        ones, zeros = (1,) * dims, (0,) * dims
         if self.adaptive:
             if kernel_size is not None:
                 raise ShapeError("adaptive pooling takes output_size, not kernel_size")
+            what = (f"output_size must be a non-negative int or {dims} of them (or None), "
+                    f"got {output_size!r}")
             if isinstance(output_size, (int, np.integer)):
-                output_size = (int(output_size), int(output_size))
+                output_size = (int(output_size),) * dims
             if not isinstance(output_size, (tuple, list)):
-                raise ShapeError(f"output_size must be a non-negative int or a pair of them "
-                                 f"(or None), got {output_size!r}")
+                raise ShapeError(what)
             output_size = tuple(output_size)
             if len(output_size) == 1:
-                output_size = output_size * 2
+                output_size = output_size * dims
             # 0 is allowed, as in torch: an empty output.
-            if len(output_size) != 2 or any(s is not None and (not isinstance(s, (int, np.integer))
-                                                               or isinstance(s, bool) or s < 0)
-                                            for s in output_size):
-                raise ShapeError(f"output_size must be a non-negative int or a pair of them "
-                                 f"(or None), got {output_size!r}")
+            if len(output_size) != dims or any(
+                    s is not None and (not isinstance(s, (int, np.integer))
+                                       or isinstance(s, bool) or s < 0) for s in output_size):
+                raise ShapeError(what)
             self.output_size = output_size
-            self.kernel = self.stride = (1, 1)
-            self.padding, self.dilation = (0, 0), (1, 1)
+            self.kernel = self.stride = ones
+            self.padding, self.dilation = zeros, ones
         else:
             if kernel_size is None:
                 raise ShapeError("pooling needs kernel_size (or output_size for adaptive pooling)")
-            self.kernel = _pair(kernel_size, "kernel_size")
-            self.stride = self.kernel if stride is None or stride == () or stride == [] else _pair(stride, "stride")
-            self.padding = _pair(padding, "padding")
-            self.dilation = _pair(dilation, "dilation")
+            self.kernel = _tuple(kernel_size, "kernel_size", dims)
+            self.stride = (self.kernel if stride is None or stride == () or stride == []
+                           else _tuple(stride, "stride", dims))
+            self.padding = _tuple(padding, "padding", dims)
+            self.dilation = _tuple(dilation, "dilation", dims)
             if min(self.kernel) <= 0 or min(self.stride) <= 0 or min(self.dilation) <= 0:
                 raise ShapeError(f"kernel_size {self.kernel}, stride {self.stride} and dilation "
                                  f"{self.dilation} must be positive")
-            if method == "avg" and self.dilation != (1, 1):
-                raise UnsupportedError("avg_pool2d has no dilation")
+            if method == "avg" and self.dilation != ones:
+                raise UnsupportedError(f"avg_pool{dims}d has no dilation")
             for k, p in zip(self.kernel, self.padding):
                 # torch's limit, the same with dilation.
                 if p < 0 or p > k // 2:
                     raise ShapeError(f"padding {self.padding} must be >= 0 and at most half the "
                                      f"kernel size {self.kernel}")
         if divisor_override is not None and (not isinstance(divisor_override, (int, np.integer))
-                                             or divisor_override <= 0):
-            raise ShapeError(f"divisor_override must be a positive int, got {divisor_override!r}")
+                                             or isinstance(divisor_override, bool)
+                                             or divisor_override == 0):
+            raise ShapeError(f"divisor_override must be a non-zero int, got {divisor_override!r}")
         self.ceil_mode = bool(ceil_mode)
         self.count_include_pad = bool(count_include_pad)
         self.divisor_override = int(divisor_override or 0)
@@ -153,31 +172,42 @@ class Pool2d:
         # (input shape, forced solver, tuning generation) -> the solver's name
         self._solvers = {}
 
+    @property
+    def _name(self):
+        return f"{self.method}_pool{self.dims}d"
+
     def output_shape(self, input_shape):
-        """The output shape for an (N, C, H, W) or (C, H, W) input; ShapeError if it is empty."""
+        """The output shape for an ``(N, C, *spatial)`` or ``(C, *spatial)`` input; ShapeError if
+        it is empty."""
         input_shape = tuple(input_shape)
-        if len(input_shape) not in (3, 4):
-            raise ShapeError(f"{self.method} pooling expects a (N, C, H, W) or (C, H, W) input, "
-                             f"got shape {input_shape}")
-        H, W = input_shape[-2:]
+        n = self.dims
+        if len(input_shape) not in (n + 1, n + 2):
+            names = ("L",), ("H", "W"), ("D", "H", "W")
+            spatial = ", ".join(names[n - 1])
+            raise ShapeError(f"{self._name if not self.adaptive else 'adaptive ' + self._name} "
+                             f"expects a (N, C, {spatial}) or (C, {spatial}) input, got shape "
+                             f"{input_shape}")
+        sizes = input_shape[-n:]
         if self.adaptive:
-            if H == 0 or W == 0:
+            if 0 in sizes:
                 raise ShapeError(f"adaptive pooling of an empty plane {input_shape}")
-            OH = H if self.output_size[0] is None else self.output_size[0]
-            OW = W if self.output_size[1] is None else self.output_size[1]
+            out = tuple(s if o is None else o for s, o in zip(sizes, self.output_size))
         else:
-            OH = pooled_size(H, self.kernel[0], self.stride[0], self.padding[0], self.dilation[0],
-                             self.ceil_mode)
-            OW = pooled_size(W, self.kernel[1], self.stride[1], self.padding[1], self.dilation[1],
-                             self.ceil_mode)
-            if OH <= 0 or OW <= 0:
+            out = tuple(pooled_size(s, k, st, p, d, self.ceil_mode) for s, k, st, p, d in
+                        zip(sizes, self.kernel, self.stride, self.padding, self.dilation))
+            if min(out) <= 0:
                 raise ShapeError(f"{self.method} pooling with kernel {self.kernel}, stride "
                                  f"{self.stride}, padding {self.padding}, dilation {self.dilation} "
                                  f"gives an empty output for input {input_shape}")
-        return input_shape[:-2] + (OH, OW)
+        return input_shape[:-n] + out
 
     def _log(self, x_shape, y_shape, forward_only):
         """The ``dlprim-driver pool`` command of this call (DLPRIM_LOG_CMD=1)."""
+        if self.dims != 2:
+            # The driver's pool command is 2-D; other ranks log the call's shape by name.
+            logcmd.log_command("pool", {"I": "x".join(map(str, x_shape)), "m": self.method,
+                                        "F": int(forward_only)}, [f"{self.dims}-D pooling"])
+            return
         n, c, h, w = (1,) * (4 - len(x_shape)) + tuple(x_shape)
         flags = {"n": n, "c": c, "H": h, "W": w}
         if self.adaptive:
@@ -208,41 +238,47 @@ class Pool2d:
         key = (tuple(input_shape), config.switches().forced.get("pool"), tuning.generation)
         name = self._solvers.get(key)
         if name is None:
-            H, W = input_shape[-2:]
+            n = self.dims
+            sizes = tuple(input_shape[-n:])
             if self.adaptive:
-                whole = self.output_shape(input_shape)[-2:] == (1, 1)
+                whole = self.output_shape(input_shape)[-n:] == (1,) * n
             else:
-                whole = (self.kernel == (H, W) and self.padding == (0, 0)
-                         and self.dilation == (1, 1))
-            problem = PoolProblem(int(np.prod(input_shape[:-2], dtype=np.int64)), H, W, whole)
+                whole = (self.kernel == sizes and self.padding == (0,) * n
+                         and self.dilation == (1,) * n)
+            problem = PoolProblem(int(np.prod(input_shape[:-n], dtype=np.int64)),
+                                  int(np.prod(sizes[:-1], dtype=np.int64)), sizes[-1], whole)
             name = self._solvers[key] = solver.select(self.ctx, "pool", problem).name
         return name
 
     def _forward_plane(self, x, y, indices, index_t, index_np):
-        H, W = x.shape[-2:]
+        plane_size = int(np.prod(x.shape[-self.dims:], dtype=np.int64))
         planes = y.size
         group = group_size(self.ctx)
         plane_threads = 1
-        while plane_threads * 2 <= min(H * W, group):
+        while plane_threads * 2 <= min(plane_size, group):
             plane_threads *= 2
-        divisor = float(self.divisor_override or H * W)
+        divisor = float(self.divisor_override or plane_size)
         # The plane kernel lives in the adaptive build, whatever the window kind.
         kernel = self._kernel("pool_plane_forward", index_t, indices is not None, "adaptive")
-        args = [index_np(planes), np.int32(H * W), np.int32(plane_threads), np.float32(divisor),
-                x.buffer, index_np(x.offset_elements), y.buffer, index_np(y.offset_elements)]
+        args = [index_np(planes), np.int32(plane_size), np.int32(plane_threads),
+                np.float32(divisor), x.buffer, index_np(x.offset_elements), y.buffer,
+                index_np(y.offset_elements)]
         if indices is not None:
             args += [indices.buffer, index_np(indices.offset_elements)]
         per_group = group // plane_threads
         kernel(self.ctx.queue, (-(-planes // per_group) * group,), (group,), *args)
 
     def _common_args(self, total, in_shape, out_shape, index_np):
-        H, W = in_shape[-2:]
-        OH, OW = out_shape[-2:]
+        pad = 3 - self.dims
+
+        def three(values, fill):
+            return (fill,) * pad + tuple(values)
+
         i32 = np.int32
-        return [index_np(total), i32(H), i32(W), i32(OH), i32(OW), i32(self.kernel[0]),
-                i32(self.kernel[1]), i32(self.stride[0]), i32(self.stride[1]), i32(self.padding[0]),
-                i32(self.padding[1]), i32(self.dilation[0]), i32(self.dilation[1]),
-                i32(self.count_include_pad), i32(self.divisor_override)]
+        values = (three(in_shape[-self.dims:], 1) + three(out_shape[-self.dims:], 1)
+                  + three(self.kernel, 1) + three(self.stride, 1) + three(self.padding, 0)
+                  + three(self.dilation, 1) + (int(self.count_include_pad), self.divisor_override))
+        return [index_np(total)] + [i32(v) for v in values]
 
     def _check(self, x, y, indices, x_what, y_what):
         for t, what in ((x, x_what), (y, y_what)):
@@ -265,7 +301,8 @@ class Pool2d:
 
     def forward(self, x, y, indices=None):
         """Enqueue y = pool(x). ``indices`` (max only, int64, y's shape) receives each window's
-        argmax as a flat position h*W + w in its input plane; backward of max needs it."""
+        argmax as a flat position in its input plane ((d*H + h)*W + w); backward of max needs
+        it."""
         index_t, index_np = self._check(x, y, indices, "x", "y")
         self._log(x.shape, y.shape, True)
         if y.size == 0:
@@ -303,10 +340,19 @@ class Pool2d:
         kernel(self.ctx.queue, gsize, lsize, *args)
 
 
+class Pool2d(Pool):
+    """A 2-D pooling operator on NCHW (or CHW) float32 tensors: ``Pool`` with ``dims=2``."""
+
+    def __init__(self, ctx, method, kernel_size=None, stride=None, padding=0, dilation=1,
+                 ceil_mode=False, count_include_pad=True, divisor_override=None, output_size=None):
+        super().__init__(ctx, method, kernel_size, stride, padding, dilation, ceil_mode,
+                         count_include_pad, divisor_override, output_size, dims=2)
+
+
 def _operator(ctx, *key, **kwargs):
-    op = ctx.plans.get(("pool2d operator",) + key)
+    op = ctx.plans.get(("pool operator",) + key)
     if op is None:
-        op = ctx.plans.put(("pool2d operator",) + key, Pool2d(ctx, **kwargs))
+        op = ctx.plans.put(("pool operator",) + key, Pool(ctx, **kwargs))
     return op
 
 
@@ -323,7 +369,7 @@ def _run(op, x, return_indices=False):
         indices = Tensor.empty(ctx, y_shape, int64)
     # A call replays the plan of its key (the first call with it ran the operator's checks and
     # chose its solver: the forced one and the tuning databases' generation are in the key).
-    key = ("pool2d", op, x.shape, x.dtype, x.offset, indices is not None,
+    key = ("pool", op, x.shape, x.dtype, x.offset, indices is not None,
            config.switches().forced.get("pool"), tuning.generation)
     run_planned_on(ctx, key, (x, y, indices), lambda: op.forward(x, y, indices))
 
@@ -333,7 +379,7 @@ def _run(op, x, return_indices=False):
                  lambda: op.backward(g, dx, indices))
         return (dx,)
 
-    autograd.record(y, (x,), backward, f"{op.method}_pool2d")
+    autograd.record(y, (x,), backward, op._name)
     return (y, indices) if return_indices else y
 
 
@@ -367,6 +413,73 @@ def adaptive_avg_pool2d(input, output_size):
 def adaptive_max_pool2d(input, output_size, return_indices=False):
     """torch.nn.functional.adaptive_max_pool2d: any output size (windows may overlap)."""
     kwargs = dict(method="max", output_size=output_size)
+    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    return _run(op, input, return_indices)
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    """torch.nn.functional.max_pool1d on (N, C, L) or (C, L) float32. With ``return_indices``
+    also returns int64 positions l of each maximum."""
+    kwargs = dict(method="max", kernel_size=kernel_size, stride=stride, padding=padding,
+                  dilation=dilation, ceil_mode=ceil_mode, dims=1)
+    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    return _run(op, input, return_indices)
+
+
+def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    """torch.nn.functional.max_pool3d on (N, C, D, H, W) or (C, D, H, W) float32. With
+    ``return_indices`` also returns int64 flat positions (d*H + h)*W + w of each maximum."""
+    kwargs = dict(method="max", kernel_size=kernel_size, stride=stride, padding=padding,
+                  dilation=dilation, ceil_mode=ceil_mode, dims=3)
+    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    return _run(op, input, return_indices)
+
+
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True):
+    """torch.nn.functional.avg_pool1d on (N, C, L) or (C, L) float32."""
+    kwargs = dict(method="avg", kernel_size=kernel_size, stride=stride, padding=padding,
+                  ceil_mode=ceil_mode, count_include_pad=count_include_pad, dims=1)
+    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    return _run(op, input)
+
+
+def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """torch.nn.functional.avg_pool3d on (N, C, D, H, W) or (C, D, H, W) float32."""
+    kwargs = dict(method="avg", kernel_size=kernel_size, stride=stride, padding=padding,
+                  ceil_mode=ceil_mode, count_include_pad=count_include_pad,
+                  divisor_override=divisor_override, dims=3)
+    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    return _run(op, input)
+
+
+def adaptive_avg_pool1d(input, output_size):
+    """torch.nn.functional.adaptive_avg_pool1d on (N, C, L) or (C, L) float32."""
+    kwargs = dict(method="avg", output_size=output_size, dims=1)
+    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    return _run(op, input)
+
+
+def adaptive_avg_pool3d(input, output_size):
+    """torch.nn.functional.adaptive_avg_pool3d on (N, C, D, H, W) or (C, D, H, W) float32."""
+    kwargs = dict(method="avg", output_size=output_size, dims=3)
+    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    return _run(op, input)
+
+
+def adaptive_max_pool1d(input, output_size, return_indices=False):
+    """torch.nn.functional.adaptive_max_pool1d on (N, C, L) or (C, L) float32."""
+    kwargs = dict(method="max", output_size=output_size, dims=1)
+    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    return _run(op, input, return_indices)
+
+
+def adaptive_max_pool3d(input, output_size, return_indices=False):
+    """torch.nn.functional.adaptive_max_pool3d on (N, C, D, H, W) or (C, D, H, W) float32."""
+    kwargs = dict(method="max", output_size=output_size, dims=3)
     op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
     return _run(op, input, return_indices)
 

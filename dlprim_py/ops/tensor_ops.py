@@ -23,7 +23,7 @@ from ..tensor import Tensor
 from .pointwise import launch_size, merge_dimensions
 
 _INT32_LIMIT = 2 ** 31 - 1
-PAD_MODES = ("constant", "reflect", "replicate")
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
 def dense_strides(shape):
@@ -363,10 +363,6 @@ def _pad_pairs(pad, ndim, mode):
             raise UnsupportedError(f"pad: mode {mode!r} pads the last 1 to 3 dimensions of a "
                                    f"tensor with at least one more dimension; got {count} padded "
                                    f"dimensions on a {ndim}-d tensor")
-        if any(p < 0 for p in pad):
-            # torch crops there; the backward kernels of these modes assume no cropping.
-            raise UnsupportedError(f"pad: mode {mode!r} supports no negative padding (cropping), "
-                                   f"got {pad}; crop with narrow first")
     befores, afters = [0] * ndim, [0] * ndim
     for k in range(count):
         befores[ndim - 1 - k], afters[ndim - 1 - k] = pad[2 * k], pad[2 * k + 1]
@@ -375,16 +371,24 @@ def _pad_pairs(pad, ndim, mode):
 
 def pad(x, pad, mode="constant", value=None):
     """torch.nn.functional.pad: ``pad`` = (left, right, top, bottom, ...) from the last dimension
-    backwards. ``mode``: "constant" (``value``, default 0; negative pads crop), "reflect" (mirror without
-    repeating the edge; each pad must be smaller than its dimension) or "replicate" (repeat the
-    edge; the dimension must not be empty).
-
-    Limitations (UnsupportedError): "circular" mode, and negative pads (cropping) in "reflect"
-    and "replicate" modes, which torch accepts."""
+    backwards; negative pads crop. ``mode``: "constant" (``value``, default 0), "reflect" (mirror
+    without repeating the edge; each pad must be smaller than its dimension), "replicate"
+    (repeat the edge; the dimension must not be empty) or "circular" (wrap around; each pad at
+    most the dimension's size). The last three pad the last 1 to 3 dimensions of a tensor with
+    at least one more. As in torch, negative pads crop: "reflect" and "replicate" then read the
+    input at the same coordinates as with the positive pads, "circular" wraps around the cropped
+    tensor."""
     _check_tensor(x, "pad")
     if mode not in PAD_MODES:
         raise UnsupportedError(f"pad: mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
     befores, afters = _pad_pairs(pad, x.ndim, mode)
+    if mode == "circular" and min(befores + afters, default=0) < 0:
+        # torch crops first, then wraps around the cropped tensor: a constant pad by the
+        # negative amounts, then a circular one by the positive ones. (Reflect and replicate
+        # read the input at coordinates o - before whatever the signs, as the kernel does.)
+        crop = [min(int(p), 0) for p in pad]
+        grow = [max(int(p), 0) for p in pad]
+        return _pad(_pad(x, crop), grow, mode)
     value = 0.0 if value is None else value
     if not isinstance(value, (int, float, np.number)):
         raise DTypeError(f"pad: value must be a number, got {value!r}")
@@ -397,6 +401,9 @@ def pad(x, pad, mode="constant", value=None):
                              f"of size {s}")
         if mode == "replicate" and (b or a) and s == 0:
             raise ShapeError(f"pad: replicate padding of the empty dimension {k}")
+        if mode == "circular" and (b or a) and (b > s or a > s):
+            raise ShapeError(f"pad: circular padding ({b}, {a}) must be at most dimension {k} "
+                             f"of size {s} (it would wrap around more than once)")
     out = Tensor.empty(x.ctx, shape, x.dtype)
     total = math.prod(shape)
     if total:
@@ -422,6 +429,9 @@ def pad(x, pad, mode="constant", value=None):
     return autograd.record(out, (x,), backward, "pad")
 
 
+_pad = pad
+
+
 def _pad_backward_1d(grad, dim, in_len, before, after, mode):
     shape = list(grad.shape)
     shape[dim] = in_len
@@ -436,3 +446,63 @@ def _pad_backward_1d(grad, dim, in_len, before, after, mode):
                index_np(grad.shape[dim]), index_np(inner), index_np(before), index_np(after),
                grad.buffer, index_np(grad.offset_elements), out.buffer, index_np(out.offset_elements))
     return out
+
+
+def _positive_int(value, what):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+        raise ShapeError(f"{what} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def pixel_shuffle(x, upscale_factor):
+    """torch.nn.functional.pixel_shuffle: ``(*, C * r^2, H, W)`` -> ``(*, C, H * r, W * r)`` with
+    r = ``upscale_factor`` (a reshape, one permuting copy and a reshape, on the tape)."""
+    _check_tensor(x, "pixel_shuffle")
+    r = _positive_int(upscale_factor, "pixel_shuffle: upscale_factor")
+    if x.ndim < 3:
+        raise ShapeError(f"pixel_shuffle expects an input of at least 3 dimensions "
+                         f"(*, C * r^2, H, W), got shape {x.shape}")
+    *lead, c, h, w = x.shape
+    if c % (r * r):
+        raise ShapeError(f"pixel_shuffle: channels {c} are not divisible by upscale_factor^2 "
+                         f"= {r * r}")
+    lead = tuple(lead)
+    b = len(lead)
+    y = x.reshape(lead + (c // (r * r), r, r, h, w))
+    y = permute(y, tuple(range(b)) + (b, b + 3, b + 1, b + 4, b + 2))
+    return y.reshape(lead + (c // (r * r), h * r, w * r))
+
+
+def pixel_unshuffle(x, downscale_factor):
+    """torch.nn.functional.pixel_unshuffle: ``(*, C, H * r, W * r)`` -> ``(*, C * r^2, H, W)`` with
+    r = ``downscale_factor``, the inverse of ``pixel_shuffle``."""
+    _check_tensor(x, "pixel_unshuffle")
+    r = _positive_int(downscale_factor, "pixel_unshuffle: downscale_factor")
+    if x.ndim < 3:
+        raise ShapeError(f"pixel_unshuffle expects an input of at least 3 dimensions "
+                         f"(*, C, H * r, W * r), got shape {x.shape}")
+    *lead, c, h, w = x.shape
+    if h % r or w % r:
+        raise ShapeError(f"pixel_unshuffle: height {h} and width {w} must be divisible by "
+                         f"downscale_factor {r}")
+    lead = tuple(lead)
+    b = len(lead)
+    y = x.reshape(lead + (c, h // r, r, w // r, r))
+    y = permute(y, tuple(range(b)) + (b, b + 2, b + 4, b + 1, b + 3))
+    return y.reshape(lead + (c * r * r, h // r, w // r))
+
+
+def channel_shuffle(x, groups):
+    """torch.nn.functional.channel_shuffle: ``(N, C, *)`` with its C channels seen as
+    (groups, C / groups) and transposed to (C / groups, groups) (ShuffleNet's shuffle)."""
+    _check_tensor(x, "channel_shuffle")
+    g = _positive_int(groups, "channel_shuffle: groups")
+    if x.ndim < 3:
+        raise ShapeError(f"channel_shuffle expects an input of more than 2 dimensions "
+                         f"(N, C, *), got shape {x.shape}")
+    n, c = x.shape[:2]
+    if c % g:
+        raise ShapeError(f"channel_shuffle: channels {c} are not divisible by groups {g}")
+    rest = math.prod(x.shape[2:])
+    y = permute(x.reshape(n, g, c // g, rest), (0, 2, 1, 3))
+    return y.reshape(x.shape)

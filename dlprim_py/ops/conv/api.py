@@ -295,20 +295,67 @@ def _plan(ctx, input_shape, weight_shape, conv_desc, layout="NCHW"):
 
 
 def _padding(padding, kernel_size, stride, dilation):
+    """The symmetric padding of a call: ints as given, "valid" as 0, "same" as the padding on
+    the left (top), which is also the right's unless the kernel's span is even (``_same_extra``
+    gives the rest)."""
     if isinstance(padding, str):
+        n = len(kernel_size)
         if padding == "valid":
-            return (0, 0)
+            return (0,) * n
         if padding == "same":
-            if pair(stride, "stride") != (1, 1):
+            if _ntuple(stride, "stride", n) != (1,) * n:
                 raise UnsupportedError("padding='same' needs stride 1 (torch's rule)")
-            dh, dw = pair(dilation, "dilation")
-            total = (dh * (kernel_size[0] - 1), dw * (kernel_size[1] - 1))
-            if total[0] % 2 or total[1] % 2:
-                raise UnsupportedError("padding='same' with an even kernel needs asymmetric "
-                                       "padding, which is not supported")
-            return (total[0] // 2, total[1] // 2)
-        raise ShapeError(f"padding must be an int, a pair, 'same' or 'valid', got {padding!r}")
+            dilation = _ntuple(dilation, "dilation", n)
+            return tuple(d * (k - 1) // 2 for d, k in zip(dilation, kernel_size))
+        raise ShapeError(f"padding must be an int, ints, 'same' or 'valid', got {padding!r}")
     return padding
+
+
+def _same_extra(padding, kernel_size, dilation):
+    """Per spatial dimension, the padding "same" adds on the right (bottom) beyond the left's:
+    1 where dilation * (kernel - 1) is odd (torch pads asymmetrically there), else 0; all 0
+    for any other padding."""
+    if not (isinstance(padding, str) and padding == "same"):
+        return (0,) * len(kernel_size)
+    dilation = _ntuple(dilation, "dilation", len(kernel_size))
+    return tuple(d * (k - 1) % 2 for d, k in zip(dilation, kernel_size))
+
+
+def _ntuple(value, name, n):
+    """n ints from an int or a sequence of 1 or n ints (torch's argument convention)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return (int(value),) * n
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ShapeError(f"{name} must be an int or {n} ints, got {value!r}") from None
+    if len(items) == 1:
+        items *= n
+    if len(items) != n or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                  for v in items):
+        raise ShapeError(f"{name} must be an int or {n} ints, got {value!r}")
+    return tuple(int(v) for v in items)
+
+
+def _add_batch(x):
+    """An unbatched input as a batch of one (a view on the tape)."""
+    return x.reshape((1,) + tuple(x.shape))
+
+
+def _drop_batch(y):
+    return y.reshape(tuple(y.shape[1:]))
+
+
+def _pad_right(x, extra, layout="NCHW"):
+    """x (N, C, *spatial) (or channels last) with ``extra`` zeros after each spatial
+    dimension (F.pad, on the tape)."""
+    from ..tensor_ops import pad
+    pads = []
+    for e in reversed(extra):
+        pads += [0, e]
+    if layout == "NHWC":
+        pads = [0, 0] + pads
+    return pad(x, pads)
 
 
 def _check_input(x, what):
@@ -361,8 +408,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
     as the Convolution operator stores them) and the result (N, Ho, Wo, K); the same numbers as
     NCHW with every tensor permuted.
 
-    An empty batch (N = 0) gives an empty result. Limitation (UnsupportedError):
-    padding="same" with an even kernel size, which needs asymmetric padding."""
+    An unbatched input (C, H, W) gives a (K, Ho, Wo) result. ``padding="same"`` with an even
+    (dilated) kernel size pads one more on the right and bottom, as torch does. An empty batch
+    (N = 0) gives an empty result."""
     # A call with the arguments of an earlier one (whose checks passed) takes its operator
     # and output shape from the context's plan cache and replays that call's plan.
     try:
@@ -391,12 +439,23 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
     _check_layout(layout)
     _check_input(x, "input")
     _check_input(weight, "weight")
-    wdims, xdims = (("(K, C/groups, R, S)", "(N, C, H, W)") if layout == "NCHW"
-                    else ("(K, R, S, C/groups)", "(N, H, W, C)"))
+    wdims, xdims = (("(K, C/groups, R, S)", "(N, C, H, W) or (C, H, W)") if layout == "NCHW"
+                    else ("(K, R, S, C/groups)", "(N, H, W, C) or (H, W, C)"))
     if weight.ndim != 4:
         raise ShapeError(f"conv2d weight must have rank 4 {wdims}, got {weight.shape}")
+    if x.ndim == 3:
+        # Unbatched, as torch takes it: a batch of one, viewed (no copy).
+        return _drop_batch(conv2d(_add_batch(x), weight, bias, stride, padding, dilation, groups,
+                                  layout=layout))
     if x.ndim != 4:
-        raise ShapeError(f"conv2d input must have rank 4 {xdims}, got {x.shape}")
+        raise ShapeError(f"conv2d input must have rank 4 or 3 {xdims}, got {x.shape}")
+    extra = _same_extra(padding, _kernel_size(weight, layout), dilation)
+    if any(extra):
+        # An even kernel span: torch pads one more on the right and bottom; the input is
+        # padded there and the convolution pads symmetrically.
+        return conv2d(_pad_right(x, extra, layout), weight, bias, stride,
+                      _padding(padding, _kernel_size(weight, layout), stride, dilation),
+                      dilation, groups, layout=layout)
     ctx = check_same_context(x, weight, bias)
     desc = ConvolutionDesc(_padding(padding, _kernel_size(weight, layout), stride, dilation),
                            stride, dilation, groups)
@@ -467,8 +526,12 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     if weight.ndim != 4:
         raise ShapeError(f"conv_transpose2d weight must have rank 4 {wdims}, "
                          f"got {weight.shape}")
+    if x.ndim == 3:
+        # Unbatched, as torch takes it: a batch of one, viewed (no copy).
+        return _drop_batch(conv_transpose2d(_add_batch(x), weight, bias, stride, padding,
+                                            output_padding, groups, dilation, layout=layout))
     if x.ndim != 4:
-        raise ShapeError(f"conv_transpose2d input must have rank 4 {xdims}, got {x.shape}")
+        raise ShapeError(f"conv_transpose2d input must have rank 4 or 3 {xdims}, got {x.shape}")
     ctx = check_same_context(x, weight, bias)
     desc = ConvolutionDesc(padding, stride, dilation, groups)
     oph, opw = pair(output_padding, "output_padding")
@@ -536,3 +599,55 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
         return gx, gw, gb
 
     return autograd.record(y, (x, weight, bias), backward, "conv_transpose2d")
+
+
+def _check_1d(x, weight, name, wdims):
+    _check_input(x, "input")
+    _check_input(weight, "weight")
+    if weight.ndim != 3:
+        raise ShapeError(f"{name} weight must have rank 3 {wdims}, got {weight.shape}")
+    if x.ndim not in (2, 3):
+        raise ShapeError(f"{name} input must have rank 3 (N, C, L) or 2 (C, L), got {x.shape}")
+
+
+def _as_2d(x, weight):
+    """(N, C, L) and a (A, B, k) weight viewed as (N, C, 1, L) and (A, B, 1, k) (no copy)."""
+    return (x.reshape(x.shape[:-1] + (1, x.shape[-1])),
+            weight.reshape(weight.shape[:2] + (1, weight.shape[2])))
+
+
+def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv1d: x (N, C, L) or unbatched (C, L), weight (K, C/groups, k),
+    bias (K,) or None; float32. Returns (N, K, Lo) (or (K, Lo)); gradients flow to x, weight
+    and bias. ``padding``: an int, "valid" or "same" (stride 1; an even kernel span pads one
+    more on the right, as torch does).
+
+    Computed by the 2-D convolution on views of height 1 (no copy)."""
+    _check_1d(x, weight, "conv1d", "(K, C/groups, k)")
+    if x.ndim == 2:
+        return _drop_batch(conv1d(_add_batch(x), weight, bias, stride, padding, dilation, groups))
+    x2, w2 = _as_2d(x, weight)
+    if not isinstance(padding, str):
+        padding = (0, _ntuple(padding, "padding", 1)[0])
+    y = conv2d(x2, w2, bias, (1, _ntuple(stride, "stride", 1)[0]), padding,
+               (1, _ntuple(dilation, "dilation", 1)[0]), groups)
+    return y.reshape(y.shape[:2] + (y.shape[3],))
+
+
+def conv_transpose1d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
+                     dilation=1):
+    """torch.nn.functional.conv_transpose1d: x (N, Cin, L) or unbatched (Cin, L), weight
+    (Cin, Cout/groups, k), bias (Cout,) or None; float32. Returns (N, Cout, Lo) with
+    Lo = (L - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1.
+
+    Computed by the 2-D transposed convolution on views of height 1 (no copy)."""
+    _check_1d(x, weight, "conv_transpose1d", "(Cin, Cout/groups, k)")
+    if x.ndim == 2:
+        return _drop_batch(conv_transpose1d(_add_batch(x), weight, bias, stride, padding,
+                                            output_padding, groups, dilation))
+    x2, w2 = _as_2d(x, weight)
+    y = conv_transpose2d(x2, w2, bias, (1, _ntuple(stride, "stride", 1)[0]),
+                         (0, _ntuple(padding, "padding", 1)[0]),
+                         (0, _ntuple(output_padding, "output_padding", 1)[0]), groups,
+                         (1, _ntuple(dilation, "dilation", 1)[0]))
+    return y.reshape(y.shape[:2] + (y.shape[3],))
