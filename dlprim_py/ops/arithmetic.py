@@ -4,6 +4,7 @@ pointwise family's ``binary``. A broadcast operand's gradient is summed back to 
 reduce family, so this module stands above both.
 """
 from .. import autograd
+from ..errors import UnsupportedError
 from ..tensor import Tensor
 from . import reduce
 from .pointwise import PointwiseKernel, binary
@@ -20,8 +21,16 @@ def _is_tensor(x):
     return isinstance(x, Tensor)
 
 
-def add(a, b):
-    """``a + b`` with numpy broadcasting (a number is allowed for one side)."""
+def _scaled(b, alpha):
+    """``alpha * b`` of torch's add/sub(a, b, alpha=...), through mul where b is a Tensor (so
+    its gradient is scaled as well)."""
+    return mul(b, alpha) if _is_tensor(b) else b * alpha
+
+
+def add(a, b, *, alpha=1):
+    """``a + alpha * b`` with numpy broadcasting (a number is allowed for one side)."""
+    if alpha != 1:
+        b = _scaled(b, alpha)
     out = binary("add", a, b)
     if not autograd.needs_grad(a, b):
         return out
@@ -30,8 +39,10 @@ def add(a, b):
         reduce_to_shape(g, b.shape) if _is_tensor(b) else None), "add")
 
 
-def sub(a, b):
-    """``a - b`` with numpy broadcasting (a number is allowed for one side)."""
+def sub(a, b, *, alpha=1):
+    """``a - alpha * b`` with numpy broadcasting (a number is allowed for one side)."""
+    if alpha != 1:
+        b = _scaled(b, alpha)
     out = binary("sub", a, b)
     if not autograd.needs_grad(a, b):
         return out
@@ -50,8 +61,12 @@ def mul(a, b):
         reduce_to_shape(binary("mul", g, a), b.shape) if _is_tensor(b) else None), "mul")
 
 
-def div(a, b):
-    """``a / b`` with numpy broadcasting (a number is allowed for one side)."""
+def div(a, b, *, rounding_mode=None):
+    """``a / b`` with numpy broadcasting (a number is allowed for one side). ``rounding_mode``:
+    None (true division) only."""
+    if rounding_mode is not None:
+        raise UnsupportedError(f"div: rounding_mode must be None (true division), got "
+                               f"{rounding_mode!r}")
     out = binary("div", a, b)
     if not autograd.needs_grad(a, b):
         return out
