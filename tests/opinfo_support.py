@@ -72,27 +72,32 @@ CALL_ADAPTERS = {
 }
 
 
-def _dropout_random(kw):
-    p = kw.get("p", 0.5)
-    return kw.get("training", True) and 0 < p < 1
+def _dropout_random(a):
+    return a.get("training") and 0 < a.get("p", 0) < 1
 
 
 # Samples that draw random numbers, whose values cannot be compared with torch's: key ->
-# predicate(args, kwargs). Their outputs and gradients are checked for shape, dtype and
-# finiteness only (and a dropout's output for being 0 or input / (1 - p), its gradient for
-# matching the output's mask).
+# predicate(arguments by name, torch's defaults filled in). Their outputs and gradients are
+# checked for shape, dtype and finiteness only (and a dropout's output for being 0 or
+# input / (1 - p)).
 RANDOM_SAMPLES = {
-    "nn.functional.dropout": lambda args, kw: _dropout_random(kw),
-    "nn.functional.dropout2d": lambda args, kw: _dropout_random(kw),
-    "nn.functional.dropout3d": lambda args, kw: _dropout_random(kw),
-    "nn.functional.alpha_dropout": lambda args, kw: _dropout_random(kw),
-    "nn.functional.feature_alpha_dropout.with_train": lambda args, kw: _dropout_random(kw),
-    "nn.functional.rrelu": lambda args, kw: kw.get("training", False),
-    "nn.functional.fractional_max_pool2d": lambda args, kw: True,
-    "nn.functional.fractional_max_pool3d": lambda args, kw: True,
-    "nn.functional.scaled_dot_product_attention": lambda args, kw: kw.get("dropout_p", 0.0) > 0,
+    "nn.functional.dropout": _dropout_random,
+    "nn.functional.dropout2d": _dropout_random,
+    "nn.functional.dropout3d": _dropout_random,
+    "nn.functional.alpha_dropout": _dropout_random,
+    "nn.functional.feature_alpha_dropout.with_train": _dropout_random,
+    "nn.functional.rrelu": lambda a: a.get("training"),
+    "nn.functional.fractional_max_pool2d": lambda a: True,
+    "nn.functional.fractional_max_pool3d": lambda a: True,
+    "nn.functional.scaled_dot_product_attention": lambda a: a.get("dropout_p", 0.0) > 0,
     "nn.functional.multi_head_attention_forward":
-        lambda args, kw: kw.get("training", True) and kw.get("dropout_p", 0.0) > 0,
+        lambda a: a.get("training", True) and a.get("dropout_p", 0.0) > 0,
+}
+
+# Keyword arguments of torch's that are dropped before the call: name -> why.
+TORCH_ONLY_KEYWORDS = {
+    "device": "a torch device ('cpu'); a dlprim_py result lives in its inputs' (or the default) "
+              "context",
 }
 
 # Tolerances of their own, with the reason: key -> (rtol, atol).
@@ -394,14 +399,27 @@ def _signature_mismatch(function, args, kwargs):
     return None
 
 
+def _arguments(op, sample_input):
+    """The sample's arguments by the name torch's function gives them, its defaults filled in
+    (the keywords alone where the function shows no signature)."""
+    name = op.opinfo.name.removeprefix("nn.functional.")
+    function = getattr(torch.nn.functional, name, None) or getattr(torch, name, None)
+    try:
+        bound = inspect.signature(function).bind(sample_input.input, *sample_input.args,
+                                                 **sample_input.kwargs)
+    except (TypeError, ValueError):
+        return dict(sample_input.kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
 def _call(op, function, x, args, kwargs):
     adapter = CALL_ADAPTERS.get(op.key)
     return adapter(function, x, args, kwargs) if adapter else function(x, *args, **kwargs)
 
 
-def _check_dropout_like(out, x, kwargs):
+def _check_dropout_like(out, x, p):
     """A dropout's output: each element 0 or x / (1 - p)."""
-    p = kwargs.get("p", 0.5)
     ours, x = out.numpy().astype(np.float64), _numpy(x).astype(np.float64)
     kept = np.isclose(ours, x / (1 - p), rtol=1e-5, atol=1e-6)
     if not (kept | (ours == 0)).all():
@@ -418,6 +436,7 @@ def run_sample(ctx, op, sample, seed=0):
                            converter.to_ours(dict(s.kwargs)))
     except _Refused as refused:
         return _refusal(refused.stage, refused.error)
+    kwargs = {k: v for k, v in kwargs.items() if k not in TORCH_ONLY_KEYWORDS}
     function = getattr(F, op.functional_name)
     adapter = CALL_ADAPTERS.get(op.key)
     mismatch = None if adapter else _signature_mismatch(function, (x, *args), kwargs)
@@ -443,10 +462,15 @@ def run_sample(ctx, op, sample, seed=0):
     if len(outputs) != len(ref_outputs):
         return Outcome("wrong", f"{len(outputs)} outputs, expected {len(ref_outputs)}")
 
-    random_sample = RANDOM_SAMPLES.get(op.key, lambda a, k: False)(s.args, s.kwargs)
+    random_sample = op.key in RANDOM_SAMPLES and RANDOM_SAMPLES[op.key](_arguments(op, s))
     rtol, atol = TOLERANCES.get(op.key, (RTOL, ATOL))
     for k, (ours, ref) in enumerate(zip(outputs, ref_outputs)):
         what = "output" if len(outputs) == 1 else f"output {k}"
+        if ref is None or ours is None:
+            if ref is not None or ours is not None:
+                return Outcome("wrong", f"{what}: {type(ours).__name__}, expected "
+                                        f"{type(ref).__name__}")
+            continue
         if not isinstance(ours, dp.Tensor) and isinstance(ref, torch.Tensor):
             return Outcome("wrong", f"{what}: a {type(ours).__name__}, expected a tensor")
         ours_array, ref_array = _numpy(ours), _numpy(ref)
@@ -457,7 +481,7 @@ def run_sample(ctx, op, sample, seed=0):
         if message:
             return Outcome("wrong", message)
     if random_sample and op.key == "nn.functional.dropout":
-        message = _check_dropout_like(outputs[0], s.input, s.kwargs)
+        message = _check_dropout_like(outputs[0], s.input, _arguments(op, s)["p"])
         if message:
             return Outcome("wrong", message)
 

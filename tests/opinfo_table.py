@@ -13,6 +13,7 @@ import argparse
 import collections
 import pprint
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -139,7 +140,8 @@ def main(argv=None):
           f"{kinds['refused']} refused, {kinds['crashed']} crashed; op_db entries run: {len(ops)}")
     print(f"torch.nn.functional variants of op_db with float32 samples: {len(variants)}, "
           f"{len(variants) - len(missing)} covered, {len(missing)} missing:")
-    print("  " + ", ".join(missing))
+    print(textwrap.fill(", ".join(missing), width=100, initial_indent="  ",
+                        subsequent_indent="  ", break_on_hyphens=False))
 
     if args.write:
         write_table(found, known_wrong)

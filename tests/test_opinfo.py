@@ -97,6 +97,16 @@ def test_harness_sees_a_missing_gradient(ctx, monkeypatch):
     assert outcome.kind == "wrong" and outcome.message.startswith("gradient of tensor 0")
 
 
+def test_harness_sees_a_wrong_gradient(ctx, monkeypatch):
+    import dlprim_py as dp
+    F = dp.functional
+    relu = F.relu
+    # relu(x) + x - x: the forward exactly relu's, the gradient one more than relu's.
+    monkeypatch.setattr(F, "relu", lambda x, inplace=False: F.sub(F.add(relu(x), x), x.detach()))
+    _, outcome = _first_outcome(ctx, _relu_op())
+    assert outcome.kind == "wrong" and outcome.message.startswith("gradient of tensor 0")
+
+
 def test_harness_judges_refusals_against_the_table(ctx, monkeypatch):
     import dlprim_py as dp
 
