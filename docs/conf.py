@@ -6,8 +6,9 @@ each a warning (and so, under ``-W``, a failed build):
 
 * every public name (``dlprim_py.__all__``, ``dlprim_py.fusion.__all__``, the functions of
   ``dlprim_py.functional``) has an entry;
-* every ``DLPRIM_*`` variable the package reads, and ``DLPRIM_<FAMILY>_ALGO`` for every
-  registered solver family, is named on environment.rst, and that page names no other;
+* every ``DLPRIM_*`` variable the package or its test suite reads, and
+  ``DLPRIM_<FAMILY>_ALGO`` for every registered solver family, is named on environment.rst,
+  and that page names no other;
 * no page has a block quote: in a docstring one is an example that lost its ``::``.
 
 Two directives produce text from the code at build time: ``cli-help`` (a program's ``--help``
@@ -139,11 +140,11 @@ def public_names():
 
 
 def environment_variables():
-    """The DLPRIM_* variables the package reads: named in its source, and one _ALGO switch per
-    solver family."""
+    """The DLPRIM_* variables the package and its tests read: named in their source, and one
+    _ALGO switch per solver family."""
     from dlprim_py import solver
     found = set()
-    for path in (ROOT / "dlprim_py").rglob("*.py"):
+    for path in [*(ROOT / "dlprim_py").rglob("*.py"), *(ROOT / "tests").glob("*.py")]:
         found |= set(re.findall(r"\bDLPRIM_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
     found |= {f"DLPRIM_{family.upper()}_ALGO" for family in solver.FAMILIES}
     return found

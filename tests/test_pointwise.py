@@ -223,6 +223,33 @@ def test_functional_arithmetic_with_gradients(ctx, rng, op):
     assert_close(tb.grad.numpy(), rb.grad.numpy())
 
 
+@pytest.mark.parametrize("op", ["add", "sub"])
+def test_add_sub_alpha_scales_the_second_operand_and_its_gradient(ctx, rng, op):
+    a, b = random(rng, (3, 4)), random(rng, (4,))
+    ta = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    tb = dp.Tensor.from_numpy(ctx, b, requires_grad=True)
+    out = getattr(dp.functional, op)(ta, tb, alpha=-2.5)
+    ra = torch.tensor(a, dtype=torch.float64, requires_grad=True)
+    rb = torch.tensor(b, dtype=torch.float64, requires_grad=True)
+    ref = getattr(torch, op)(ra, rb, alpha=-2.5)
+    assert_close(out.numpy(), ref.detach().numpy())
+    g = random(rng, ref.shape)
+    ref.backward(torch.tensor(g, dtype=torch.float64))
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    assert_close(ta.grad.numpy(), ra.grad.numpy())
+    assert_close(tb.grad.numpy(), rb.grad.numpy())
+    number = getattr(dp.functional, op)(ta, 2.0, alpha=3)
+    assert_close(number.numpy(), getattr(torch, op)(ra, 2.0, alpha=3).detach().numpy())
+
+
+def test_div_refuses_unknown_rounding_modes(ctx, rng):
+    a = dp.Tensor.from_numpy(ctx, random(rng, (3,)))
+    assert_close(dp.functional.div(a, 2.0, rounding_mode=None).numpy(), a.numpy() / 2)
+    for mode in ("round", "TRUNC", 1):
+        with pytest.raises(dp.UnsupportedError, match="rounding_mode must be None, 'trunc' or"):
+            dp.functional.div(a, 2.0, rounding_mode=mode)
+
+
 def test_arithmetic_bad_input(ctx, rng):
     a = dp.Tensor.from_numpy(ctx, random(rng, (3,)))
     with pytest.raises(dp.DTypeError):

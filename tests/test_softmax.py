@@ -73,6 +73,11 @@ def test_bad_input(ctx):
         F.softmax(dp.Tensor.zeros(ctx, (2, 5000)), 1, cached=2)
     with pytest.raises(dp.ShapeError, match="dy"):
         softmax_backward(x, dp.Tensor.zeros(ctx, (4, 3)), 1)
+    # torch's dtype argument: float32, the only one there is here, or None.
+    assert F.log_softmax(x, 1, dtype=np.float32).shape == (3, 4)
+    for f in (F.softmax, F.log_softmax):
+        with pytest.raises(dp.DTypeError, match="dtype must be float32.*float64"):
+            f(x, 1, dtype=np.float64)
 
 
 @pytest.mark.parametrize("variant, cached", VARIANTS, ids=["row-registers", "row-streaming", "column"])

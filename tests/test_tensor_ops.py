@@ -41,6 +41,16 @@ def test_narrow(ctx, rng, shape, dim, start, length):
         _check_grad(rng, out, ref, [(x, t)])
 
 
+def test_narrow_start_as_a_0d_tensor(ctx, rng):
+    """torch.narrow takes a 0-d integer tensor for start (PyTorch's OpInfo samples pass one)."""
+    x, t = _pair(ctx, rng, (5, 6))
+    start = dp.Tensor.from_numpy(ctx, np.array(-4, np.int64))
+    out = F.narrow(x, 1, start, 3)
+    assert_close(out.numpy(), t.narrow(1, torch.tensor(-4), 3).detach().numpy())
+    with pytest.raises(dp.ShapeError, match="must be ints"):
+        F.narrow(x, 1, dp.Tensor.from_numpy(ctx, np.array([1], np.int64)), 3)
+
+
 @pytest.mark.parametrize("sections", [2, [1, 4, 2], 7])
 def test_split(ctx, rng, sections):
     x, t = _pair(ctx, rng, (3, 7, 2))

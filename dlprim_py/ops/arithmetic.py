@@ -21,8 +21,16 @@ def _is_tensor(x):
     return isinstance(x, Tensor)
 
 
-def add(a, b):
-    """``a + b`` with numpy broadcasting (a number is allowed for one side)."""
+def _scaled(b, alpha):
+    """``alpha * b`` of torch's add/sub(a, b, alpha=...), through mul where b is a Tensor (so
+    its gradient is scaled as well)."""
+    return mul(b, alpha) if _is_tensor(b) else b * alpha
+
+
+def add(a, b, *, alpha=1):
+    """``a + alpha * b`` with numpy broadcasting (a number is allowed for one side)."""
+    if alpha != 1:
+        b = _scaled(b, alpha)
     out = binary("add", a, b)
     if not autograd.needs_grad(a, b):
         return out
@@ -31,8 +39,10 @@ def add(a, b):
         reduce_to_shape(g, b.shape) if _is_tensor(b) else None), "add")
 
 
-def sub(a, b):
-    """``a - b`` with numpy broadcasting (a number is allowed for one side)."""
+def sub(a, b, *, alpha=1):
+    """``a - alpha * b`` with numpy broadcasting (a number is allowed for one side)."""
+    if alpha != 1:
+        b = _scaled(b, alpha)
     out = binary("sub", a, b)
     if not autograd.needs_grad(a, b):
         return out

@@ -285,13 +285,23 @@ def _softmax(x, dim, log, variant, cached, name):
     return autograd.record(y, (x,), backward, name)
 
 
-def softmax(x, dim=None, *, variant=None, cached=None):
-    """torch.nn.functional.softmax over ``dim``: float32 in, same shape out, max-subtracted."""
+def _check_result_dtype(dtype, name):
+    """torch's ``dtype`` argument (the input cast to it first): float32, the only one here."""
+    if dtype is not None and np.dtype(dtype) != np.float32:
+        raise DTypeError(f"{name}: dtype must be float32 (or None), got {np.dtype(dtype)}")
+
+
+def softmax(x, dim=None, *, dtype=None, variant=None, cached=None):
+    """torch.nn.functional.softmax over ``dim``: float32 in, same shape out, max-subtracted.
+    ``dtype``: None or float32 (torch casts the input to it first)."""
+    _check_result_dtype(dtype, "softmax")
     return _softmax(x, dim, False, variant, cached, "softmax")
 
 
-def log_softmax(x, dim=None, *, variant=None, cached=None):
-    """torch.nn.functional.log_softmax over ``dim``: x - max - log(sum(exp(x - max)))."""
+def log_softmax(x, dim=None, *, dtype=None, variant=None, cached=None):
+    """torch.nn.functional.log_softmax over ``dim``: x - max - log(sum(exp(x - max))).
+    ``dtype``: None or float32 (torch casts the input to it first)."""
+    _check_result_dtype(dtype, "log_softmax")
     return _softmax(x, dim, True, variant, cached, "log_softmax")
 
 

@@ -198,12 +198,15 @@ def _embed(grad, shape, dim, start):
 
 
 def narrow(x, dim, start, length):
-    """``x`` restricted to [start, start + length) along ``dim`` (a copy; torch.narrow)."""
+    """``x`` restricted to [start, start + length) along ``dim`` (a copy; torch.narrow).
+    ``start`` may be a 0-d integer Tensor, as torch allows (it is read back to the host)."""
     _check_tensor(x, "narrow")
     if x.ndim == 0:
         raise ShapeError("narrow: cannot narrow a 0-d tensor")
     dim = normalise_dim(dim, x.ndim, "narrow")
     size = x.shape[dim]
+    if isinstance(start, Tensor) and start.ndim == 0 and start.dtype.kind in "iu":
+        start = int(start.item())
     if not isinstance(start, (int, np.integer)) or not isinstance(length, (int, np.integer)):
         raise ShapeError(f"narrow: start and length must be ints, got {start!r}, {length!r}")
     if start < 0:
