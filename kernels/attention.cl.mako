@@ -1,0 +1,481 @@
+## Fused scaled dot-product attention, FlashAttention-style: softmax(Q K^T * scale + bias) V without
+## the L x S score matrix in memory. The forward runs an online softmax over tiles of keys and
+## keeps each query row's log-sum-exp (base 2) for the backward; the backward follows
+## FlashAttention-2: a preprocess takes D = rowsum(dO * O), one kernel walks the query rows for a
+## block of keys (dK, dV), another walks the keys for a block of query rows (dQ). No atomics:
+## every gradient element is summed by one work item, in a fixed order.
+##
+## Layout: the caller flattens the broadcast batch dimensions into B batches. Per batch b the
+## table holds the element offsets (from the operands' own offsets) of q, k, v and the mask:
+## table[4 * b + 0..3]; that one table expresses broadcasting and grouped-query heads. q is
+## (L, DK) rows, k (S, DK), v (S, DV), o (B, L, DV) dense, lse and delta (B, L). The mask, where
+## there is one, is read at mask_row * mask_stride_l + key * mask_stride_s (a stride is 0 where
+## the mask broadcasts). Scores are kept in base 2: s2 = (q . k) * scale * log2(e) + bias *
+## log2(e), so exp2 gives the softmax; lse2 = m2 + log2(l) (+inf for a row with no key taking
+## part: its output and gradients are 0, as PyTorch's fused kernels give).
+##
+## Dropout (dropout = True) drops element (b, l, n) of the attention weights as F.dropout does
+## element (b * L + l) * S + n of a (B, L, S) tensor (kernels/dropout.cl.mako: Philox4x32-10 of
+## (element / 4, stream), key = seed, word element % 4, kept when (word >> 8) >= threshold);
+## kept weights are scaled by keep_scale = 1 / (1 - p) and the backward recomputes the mask.
+##
+## Kernels (sizes are run-time arguments; index_t is int or long):
+##   attention_forward(L, S, scale2, table, q, q_off, k, k_off, v, v_off, mask, mask_off,
+##                     mask_stride_l, mask_stride_s, o, o_off, lse, seed0, seed1, stream0,
+##                     stream1, threshold, keep_scale)
+##     global (ceil(L / BLOCK_M) * BLOCK_M, B), local (BLOCK_M, 1): a work item per query row,
+##     holding its q row and output row in registers; the group stages BLOCK_N keys and values
+##     (and the mask's BLOCK_M x BLOCK_N tile) in local memory per step.
+##   attention_delta(rows, o, o_off, dout, dout_off, delta)
+##     delta[r] = sum_e dout[r, e] * o[r, e] for r < rows; a work item per row.
+##   attention_backward_q(L, S, scale2, scale, table, q, ..., mask_stride_s, dout, dout_off,
+##                        lse, delta, dq, seed0, ..., keep_scale)
+##     the forward's geometry: a work item per query row, dq (B, L, DK) dense.
+##   attention_backward_kv(L, S, scale2, scale, table, q, ..., mask_stride_s, dout, dout_off,
+##                         lse, delta, dk, dv, seed0, ..., keep_scale)
+##     global (ceil(S / KV_BLOCK) * KV_BLOCK, B), local (KV_BLOCK, 1): a work item per key,
+##     holding its k and v rows and their gradients in registers; the group stages Q_TILE query
+##     rows (q, dout, lse, delta, the mask's tile) per step. dk, dv (B, S, DK / DV) dense.
+##
+## Template parameters:
+##   dk, dv       head dims of q/k and of v (compile time: the rows live in registers)
+##   block_m      query rows per work-group (forward, dq)     block_n   keys per step (forward, dq)
+##   kv_block     keys per work-group (dk, dv)                q_tile    query rows per step (dk, dv)
+##   mask         "none", "bool" (nonzero: takes part) or "float" (added to the scores)
+##   causal       keys n > l do not take part for query row l (top-left aligned)
+##   dropout      whether the attention weights are dropped
+##   index_t      "int" or "long"
+<%
+    DK4 = (dk + 3) // 4
+    DV4 = (dv + 3) // 4
+    has_mask = mask != "none"
+    mask_t = "uchar" if mask == "bool" else "float"
+%>
+#define DK ${dk}
+#define DV ${dv}
+#define DK4 ${DK4}
+#define DV4 ${DV4}
+#define LOG2E 1.4426950408889634f
+
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u
+#define PHILOX_W1 0xBB67AE85u
+
+uint4 philox4x32_10(uint4 ctr, uint2 key)
+{
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) {
+            key.x += PHILOX_W0;
+            key.y += PHILOX_W1;
+        }
+        uint hi0 = mul_hi(PHILOX_M0, ctr.x), lo0 = PHILOX_M0 * ctr.x;
+        uint hi1 = mul_hi(PHILOX_M1, ctr.z), lo1 = PHILOX_M1 * ctr.z;
+        ctr = (uint4)(hi1 ^ ctr.y ^ key.x, lo1, hi0 ^ ctr.w ^ key.y, lo0);
+    }
+    return ctr;
+}
+
+uint4 block_words(ulong block, uint key0, uint key1, uint stream0, uint stream1)
+{
+    return philox4x32_10((uint4)((uint)block, (uint)(block >> 32), stream0, stream1),
+                         (uint2)(key0, key1));
+}
+
+// Whether element ``i`` of the flattened (B, L, S) weights is kept (the dropout family's rule).
+bool kept_element(ulong i, uint seed0, uint seed1, uint stream0, uint stream1, uint threshold)
+{
+    const uint4 r = block_words(i >> 2, seed0, seed1, stream0, stream1);
+    const uint lane = (uint)(i & 3);
+    const uint word = lane == 0 ? r.x : lane == 1 ? r.y : lane == 2 ? r.z : r.w;
+    return (word >> 8) >= threshold;
+}
+
+## ``out`` = the row of a (registers, float4[n4]) dotted with row b_row of b_local (float4 rows
+## of n4 vectors); four partial sums in a float4 for independent multiply-adds.
+<%def name="dot_row(out, a, b_local, b_row, n4)">
+            float ${out};
+            {
+                float4 sum4 = (float4)(0.0f);
+                for (int e = 0; e < ${n4}; ++e) sum4 = mad(${a}[e], ${b_local}[(${b_row}) * ${n4} + e], sum4);
+                ${out} = (sum4.x + sum4.y) + (sum4.z + sum4.w);
+            }
+</%def>
+
+## Loads rows [first, first + count) of a (rows x width) row-major operand at ``base`` into a local
+## float4 array of ``count`` rows of width4 vectors (zeros past ``limit`` rows and past ``width``
+## columns), cooperatively, consecutive items taking consecutive elements.
+<%def name="stage_rows(dst, base, first, count, limit, width, width4, items, lid)">
+    {
+        __local float *flat = (__local float *)${dst};
+        for (int t = ${lid}; t < ${count} * ${width4} * 4; t += ${items}) {
+            const int r = t / (${width4} * 4);
+            const int e = t - r * (${width4} * 4);
+            const ${index_t} row = ${first} + r;
+            flat[t] = (row < ${limit} && e < ${width}) ? ${base}[row * ${width} + e] : 0.0f;
+        }
+    }
+</%def>
+
+## The mask's (rows x keys) tile from query row row0 and key n0, as base-2 biases, into
+## ``tile[r * pitch + j]``.
+<%def name="stage_bias(tile, rows, keys, pitch, row0, n0, items, lid)">
+% if has_mask:
+    for (int t = ${lid}; t < ${rows} * ${keys}; t += ${items}) {
+        const int r = t / ${keys};
+        const int j = t - r * ${keys};
+        const ${index_t} row = ${row0} + r, key = ${n0} + j;
+        float value = 0.0f;
+        if (row < L && key < S) {
+            const ${mask_t} m = mb[row * mask_stride_l + key * mask_stride_s];
+    % if mask == "bool":
+            value = m ? 0.0f : -INFINITY;
+    % else:
+            value = m * LOG2E;
+    % endif
+        }
+        ${tile}[r * ${pitch} + j] = value;
+    }
+% endif
+</%def>
+
+<%def name="common_args()">
+    const ${index_t} L, const ${index_t} S, const float scale2,
+    __global const ${index_t} *table,
+    __global const float *q, const ${index_t} q_off,
+    __global const float *k, const ${index_t} k_off,
+    __global const float *v, const ${index_t} v_off,
+    __global const ${mask_t} *mask, const ${index_t} mask_off,
+    const ${index_t} mask_stride_l, const ${index_t} mask_stride_s
+</%def>
+<%def name="dropout_args()">
+    const uint seed0, const uint seed1, const uint stream0, const uint stream1,
+    const uint threshold, const float keep_scale
+</%def>
+<%def name="operand_bases()">
+    __global const ${index_t} *offsets = table + 4 * b;
+    __global const float *qb = q + q_off + offsets[0];
+    __global const float *kb = k + k_off + offsets[1];
+    __global const float *vb = v + v_off + offsets[2];
+% if has_mask:
+    __global const ${mask_t} *mb = mask + mask_off + offsets[3];
+% endif
+</%def>
+
+__kernel __attribute__((reqd_work_group_size(${block_m}, 1, 1)))
+void attention_forward(${common_args()},
+                       __global float *o, const ${index_t} o_off,
+                       __global float *lse,
+                       ${dropout_args()})
+{
+    __local float4 k_tile[${block_n} * DK4];
+    __local float4 v_tile[${block_n} * DV4];
+% if has_mask:
+    // Pitch block_n + 1: items read their own rows, one bank apart.
+    __local float bias_tile[${block_m} * (${block_n} + 1)];
+% endif
+    const int lid = get_local_id(0);
+    const ${index_t} b = get_group_id(1);
+    const ${index_t} row0 = (${index_t})get_group_id(0) * ${block_m};
+    const ${index_t} row = row0 + lid;
+    const bool active = row < L;
+    ${operand_bases()}
+
+    // The row of q, scaled so that q . k gives base-2 scores; zero past DK.
+    float4 qr[DK4];
+    for (int e = 0; e < DK4; ++e) {
+        float4 x = (float4)(0.0f);
+        if (active) {
+            __global const float *at = qb + row * DK + 4 * e;
+            x.x = at[0];
+            if (4 * e + 1 < DK) x.y = at[1];
+            if (4 * e + 2 < DK) x.z = at[2];
+            if (4 * e + 3 < DK) x.w = at[3];
+        }
+        qr[e] = x * scale2;
+    }
+    float4 acc[DV4];
+    for (int e = 0; e < DV4; ++e) acc[e] = (float4)(0.0f);
+    float m = -INFINITY, l = 0.0f;
+    // A NaN score that the running maximum skips (fmax ignores NaN) still reaches the output.
+    float nan_seen = 0.0f;
+% if causal:
+    const ${index_t} n_end = min(S, row0 + ${block_m});
+% else:
+    const ${index_t} n_end = S;
+% endif
+% if dropout:
+    const ulong element0 = ((ulong)b * (ulong)L + (ulong)row) * (ulong)S;
+% endif
+
+    for (${index_t} n0 = 0; n0 < n_end; n0 += ${block_n}) {
+        // Every item is done with the previous tiles.
+        barrier(CLK_LOCAL_MEM_FENCE);
+        ${stage_rows("k_tile", "kb", "n0", block_n, "S", "DK", "DK4", block_m, "lid")}
+        ${stage_rows("v_tile", "vb", "n0", block_n, "S", "DV", "DV4", block_m, "lid")}
+        ${stage_bias("bias_tile", block_m, block_n, block_n + 1, "row0", "n0", block_m, "lid")}
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (!active) continue;
+
+        float s[${block_n}];
+        float tile_max = -INFINITY;
+        #pragma unroll
+        for (int j = 0; j < ${block_n}; ++j) {
+            ${dot_row("x", "qr", "k_tile", "j", "DK4")}
+% if has_mask:
+            x += bias_tile[lid * (${block_n} + 1) + j];
+% endif
+            const ${index_t} key = n0 + j;
+% if causal:
+            if (key >= S || key > row) x = -INFINITY;
+% else:
+            if (key >= S) x = -INFINITY;
+% endif
+            if (isnan(x)) nan_seen = x;
+            s[j] = x;
+            tile_max = fmax(tile_max, x);
+        }
+        const float m_new = fmax(m, tile_max);
+        // Nothing takes part yet: exp2(s - m_new) would be NaN for s = m_new = -inf.
+        if (m_new == -INFINITY) continue;
+        const float alpha = exp2(m - m_new);
+        m = m_new;
+        l *= alpha;
+        for (int e = 0; e < DV4; ++e) acc[e] *= alpha;
+% if dropout:
+        // Bit j: whether key n0 + j is kept (Philox blocks covering the tile's elements).
+        ulong keep = 0;
+        {
+            const ulong first = element0 + (ulong)n0;
+            for (int blk = 0; blk <= ${block_n} / 4; ++blk) {
+                const ulong block = (first >> 2) + (ulong)blk;
+                const uint4 r = block_words(block, seed0, seed1, stream0, stream1);
+                const long j0 = (long)(block * 4 - first);
+                const uint words[4] = {r.x, r.y, r.z, r.w};
+                for (int w = 0; w < 4; ++w) {
+                    const long j = j0 + w;
+                    if (j >= 0 && j < ${block_n} && (words[w] >> 8) >= threshold)
+                        keep |= (ulong)1 << j;
+                }
+            }
+        }
+% endif
+        #pragma unroll
+        for (int j = 0; j < ${block_n}; ++j) {
+            const float p = exp2(s[j] - m);
+            l += p;
+% if dropout:
+            const float pv = (keep >> j) & 1 ? p : 0.0f;
+% else:
+            const float pv = p;
+% endif
+            for (int e = 0; e < DV4; ++e) acc[e] = mad((float4)(pv), v_tile[j * DV4 + e], acc[e]);
+        }
+    }
+    if (!active) return;
+% if dropout:
+    const float norm = l > 0.0f ? keep_scale / l : 0.0f;
+% else:
+    const float norm = l > 0.0f ? 1.0f / l : 0.0f;
+% endif
+    __global float *orow = o + o_off + ((${index_t})b * L + row) * DV;
+    for (int e = 0; e < DV4; ++e) {
+        const float4 y = acc[e] * norm + nan_seen;
+        orow[4 * e] = y.x;
+        if (4 * e + 1 < DV) orow[4 * e + 1] = y.y;
+        if (4 * e + 2 < DV) orow[4 * e + 2] = y.z;
+        if (4 * e + 3 < DV) orow[4 * e + 3] = y.w;
+    }
+    lse[(${index_t})b * L + row] = l > 0.0f ? m + log2(l) : (l == 0.0f ? INFINITY : l) + nan_seen;
+}
+
+__kernel void attention_delta(const ${index_t} rows,
+                              __global const float *o, const ${index_t} o_off,
+                              __global const float *dout, const ${index_t} dout_off,
+                              __global float *delta)
+{
+    for (${index_t} r = get_global_id(0); r < rows; r += get_global_size(0)) {
+        __global const float *orow = o + o_off + r * DV;
+        __global const float *grow = dout + dout_off + r * DV;
+        float total = 0.0f;
+        for (int e = 0; e < DV; ++e) total = mad(orow[e], grow[e], total);
+        delta[r] = total;
+    }
+}
+
+## Loads ``count`` elements (a row of ``width``) from ``src`` into a float4 register array, zeros past.
+<%def name="load_row(dst, src, width, width4, active)">
+    for (int e = 0; e < ${width4}; ++e) {
+        float4 x = (float4)(0.0f);
+        if (${active}) {
+            __global const float *at = ${src} + 4 * e;
+            x.x = at[0];
+            if (4 * e + 1 < ${width}) x.y = at[1];
+            if (4 * e + 2 < ${width}) x.z = at[2];
+            if (4 * e + 3 < ${width}) x.w = at[3];
+        }
+        ${dst}[e] = x;
+    }
+</%def>
+<%def name="store_row(dst, src, width, width4, factor)">
+    for (int e = 0; e < ${width4}; ++e) {
+        const float4 y = ${src}[e] * ${factor};
+        ${dst}[4 * e] = y.x;
+        if (4 * e + 1 < ${width}) ${dst}[4 * e + 1] = y.y;
+        if (4 * e + 2 < ${width}) ${dst}[4 * e + 2] = y.z;
+        if (4 * e + 3 < ${width}) ${dst}[4 * e + 3] = y.w;
+    }
+</%def>
+
+__kernel __attribute__((reqd_work_group_size(${block_m}, 1, 1)))
+void attention_backward_q(${common_args()}, const float scale,
+                          __global const float *dout, const ${index_t} dout_off,
+                          __global const float *lse, __global const float *delta,
+                          __global float *dq,
+                          ${dropout_args()})
+{
+    __local float4 k_tile[${block_n} * DK4];
+    __local float4 v_tile[${block_n} * DV4];
+% if has_mask:
+    __local float bias_tile[${block_m} * (${block_n} + 1)];
+% endif
+    const int lid = get_local_id(0);
+    const ${index_t} b = get_group_id(1);
+    const ${index_t} row0 = (${index_t})get_group_id(0) * ${block_m};
+    const ${index_t} row = row0 + lid;
+    const bool active = row < L;
+    ${operand_bases()}
+
+    float4 qr[DK4], gr[DV4], acc[DK4];
+    ${load_row("qr", "(qb + row * DK)", "DK", "DK4", "active")}
+    ${load_row("gr", "(dout + dout_off + ((" + index_t + ")b * L + row) * DV)", "DV", "DV4", "active")}
+    for (int e = 0; e < DK4; ++e) {
+        qr[e] *= scale2;
+        acc[e] = (float4)(0.0f);
+    }
+    const float row_lse = active ? lse[(${index_t})b * L + row] : INFINITY;
+    const float row_delta = active ? delta[(${index_t})b * L + row] : 0.0f;
+% if causal:
+    const ${index_t} n_end = min(S, row0 + ${block_m});
+% else:
+    const ${index_t} n_end = S;
+% endif
+% if dropout:
+    const ulong element0 = ((ulong)b * (ulong)L + (ulong)row) * (ulong)S;
+% endif
+
+    for (${index_t} n0 = 0; n0 < n_end; n0 += ${block_n}) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        ${stage_rows("k_tile", "kb", "n0", block_n, "S", "DK", "DK4", block_m, "lid")}
+        ${stage_rows("v_tile", "vb", "n0", block_n, "S", "DV", "DV4", block_m, "lid")}
+        ${stage_bias("bias_tile", block_m, block_n, block_n + 1, "row0", "n0", block_m, "lid")}
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (!active) continue;
+        for (int j = 0; j < ${block_n}; ++j) {
+            const ${index_t} key = n0 + j;
+% if causal:
+            if (key >= S || key > row) break;
+% else:
+            if (key >= S) break;
+% endif
+            ${dot_row("x", "qr", "k_tile", "j", "DK4")}
+% if has_mask:
+            x += bias_tile[lid * (${block_n} + 1) + j];
+% endif
+            const float p = exp2(x - row_lse);
+            ${dot_row("dp", "gr", "v_tile", "j", "DV4")}
+% if dropout:
+            dp = kept_element(element0 + key, seed0, seed1, stream0, stream1, threshold)
+                 ? dp * keep_scale : 0.0f;
+% endif
+            const float ds = p * (dp - row_delta);
+            for (int e = 0; e < DK4; ++e) acc[e] = mad((float4)(ds), k_tile[j * DK4 + e], acc[e]);
+        }
+    }
+    if (!active) return;
+    __global float *dqrow = dq + ((${index_t})b * L + row) * DK;
+    ${store_row("dqrow", "acc", "DK", "DK4", "scale")}
+}
+
+__kernel __attribute__((reqd_work_group_size(${kv_block}, 1, 1)))
+void attention_backward_kv(${common_args()}, const float scale,
+                           __global const float *dout, const ${index_t} dout_off,
+                           __global const float *lse, __global const float *delta,
+                           __global float *dk, __global float *dv,
+                           ${dropout_args()})
+{
+    __local float4 q_tile[${q_tile} * DK4];
+    __local float4 g_tile[${q_tile} * DV4];
+    __local float lse_tile[${q_tile}], delta_tile[${q_tile}];
+% if has_mask:
+    // Row i, key lid at i * kv_block + lid: the items of a row read consecutive words.
+    __local float bias_tile[${q_tile} * ${kv_block}];
+% endif
+    const int lid = get_local_id(0);
+    const ${index_t} b = get_group_id(1);
+    const ${index_t} kv0 = (${index_t})get_group_id(0) * ${kv_block};
+    const ${index_t} key = kv0 + lid;
+    const bool active = key < S;
+    ${operand_bases()}
+    __global const float *gb = dout + dout_off + (${index_t})b * L * DV;
+
+    float4 kr[DK4], vr[DV4], dkr[DK4], dvr[DV4];
+    ${load_row("kr", "(kb + key * DK)", "DK", "DK4", "active")}
+    ${load_row("vr", "(vb + key * DV)", "DV", "DV4", "active")}
+    for (int e = 0; e < DK4; ++e) {
+        kr[e] *= scale2;
+        dkr[e] = (float4)(0.0f);
+    }
+    for (int e = 0; e < DV4; ++e) dvr[e] = (float4)(0.0f);
+% if causal:
+    // Query rows before the block's first key see none of its keys.
+    const ${index_t} i_begin = kv0;
+% else:
+    const ${index_t} i_begin = 0;
+% endif
+
+    for (${index_t} i0 = i_begin; i0 < L; i0 += ${q_tile}) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        ${stage_rows("q_tile", "qb", "i0", q_tile, "L", "DK", "DK4", kv_block, "lid")}
+        ${stage_rows("g_tile", "gb", "i0", q_tile, "L", "DV", "DV4", kv_block, "lid")}
+        for (int t = lid; t < ${q_tile}; t += ${kv_block}) {
+            const ${index_t} row = i0 + t;
+            lse_tile[t] = row < L ? lse[(${index_t})b * L + row] : INFINITY;
+            delta_tile[t] = row < L ? delta[(${index_t})b * L + row] : 0.0f;
+        }
+        ${stage_bias("bias_tile", q_tile, kv_block, kv_block, "i0", "kv0", kv_block, "lid")}
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (!active) continue;
+        for (int i = 0; i < ${q_tile}; ++i) {
+            const ${index_t} row = i0 + i;
+% if causal:
+            if (row >= L) break;
+            if (key > row) continue;
+% else:
+            if (row >= L) break;
+% endif
+            ${dot_row("x", "kr", "q_tile", "i", "DK4")}
+% if has_mask:
+            x += bias_tile[i * ${kv_block} + lid];
+% endif
+            const float p = exp2(x - lse_tile[i]);
+            ${dot_row("dp", "vr", "g_tile", "i", "DV4")}
+% if dropout:
+            const bool kept = kept_element(((ulong)b * (ulong)L + (ulong)row) * (ulong)S + key,
+                                           seed0, seed1, stream0, stream1, threshold);
+            const float pv = kept ? p * keep_scale : 0.0f;
+            dp = kept ? dp * keep_scale : 0.0f;
+% else:
+            const float pv = p;
+% endif
+            const float ds = p * (dp - delta_tile[i]);
+            for (int e = 0; e < DV4; ++e) dvr[e] = mad((float4)(pv), g_tile[i * DV4 + e], dvr[e]);
+            for (int e = 0; e < DK4; ++e) dkr[e] = mad((float4)(ds), q_tile[i * DK4 + e], dkr[e]);
+        }
+    }
+    if (!active) return;
+    __global float *dkrow = dk + ((${index_t})b * S + key) * DK;
+    __global float *dvrow = dv + ((${index_t})b * S + key) * DV;
+    ${store_row("dkrow", "dkr", "DK", "DK4", "scale")}
+    ${store_row("dvrow", "dvr", "DV", "DV4", "1.0f")}
+}
