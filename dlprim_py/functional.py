@@ -23,7 +23,7 @@ from .ops.conv import conv2d, conv_transpose2d  # noqa: F401
 from .ops.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401
 from .ops.interpolate import interpolate  # noqa: F401
 from .ops.linear import linear  # noqa: F401
-from .ops.attention import scaled_dot_product_attention  # noqa: F401
+from .ops.attention import multi_head_attention_forward, scaled_dot_product_attention  # noqa: F401
 
 
 def _install_numerics_checks(switches):

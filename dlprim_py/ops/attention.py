@@ -401,4 +401,214 @@ def attention_dropout_mask(batch, L, S, dropout_p, seed, stream=0):
     return _dropout.reference_mask(math.prod(shape), dropout_p, seed, stream).reshape(shape)
 
 
-__all__ = ["scaled_dot_product_attention", "attention_dropout_mask"]
+_mask_kernels = {}
+
+
+def _additive_mask(masks):
+    """The float32 sum of ``masks`` (tensors, already shaped to broadcast together) as
+    additive biases: a bool mask gives -inf where True (multi-head attention's convention:
+    True = not allowed), a float mask itself. Off the tape."""
+    from .pointwise import PointwiseKernel
+    kinds = tuple("bool" if m.dtype == bool_ else "float" for m in masks)
+    kernel = _mask_kernels.get(kinds)
+    if kernel is None:
+        terms = [f"(m{i} ? -INFINITY : 0.0f)" if kind == "bool" else f"m{i}"
+                 for i, kind in enumerate(kinds)]
+        kernel = _mask_kernels[kinds] = PointwiseKernel(
+            "attention_mask_" + "_".join(kinds),
+            [(f"m{i}", bool_ if kind == "bool" else float32) for i, kind in enumerate(kinds)],
+            [("y", float32)], "y = " + " + ".join(terms) + ";")
+    out = Tensor.empty(masks[0].ctx, broadcast_shapes(*(m.shape for m in masks)), float32)
+    if out.size:
+        kernel(list(masks), [out])
+    return out
+
+
+def _mha_error(message):
+    return ShapeError(f"multi_head_attention_forward: {message}")
+
+
+def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
+                                 in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p,
+                                 out_proj_weight, out_proj_bias, training=True,
+                                 key_padding_mask=None, need_weights=True, attn_mask=None,
+                                 use_separate_proj_weight=False, q_proj_weight=None,
+                                 k_proj_weight=None, v_proj_weight=None, static_k=None,
+                                 static_v=None, average_attn_weights=True, is_causal=False):
+    """torch.nn.functional.multi_head_attention_forward over the fused attention.
+
+    Parameters
+    ----------
+    query, key, value : Tensor
+        (L, N, E), (S, N, E), (S, N, Ev), or unbatched (L, E), (S, E), (S, Ev) (sequence
+        first, as torch's functional; ``nn.MultiheadAttention(batch_first=True)`` transposes
+        before calling it).
+    embed_dim_to_check, num_heads : int
+        E, and the heads it is split into (E divisible by num_heads).
+    in_proj_weight, in_proj_bias : Tensor or None
+        The packed (3E, E) projection and its (3E,) bias; with ``use_separate_proj_weight``,
+        ``q_proj_weight`` (E, E), ``k_proj_weight`` (E, kdim), ``v_proj_weight`` (E, vdim)
+        instead (the bias stays packed).
+    bias_k, bias_v, add_zero_attn, static_k, static_v
+        Not supported: must be None / False (UnsupportedError).
+    dropout_p : float
+        Dropout on the attention weights when ``training``.
+    out_proj_weight, out_proj_bias : Tensor
+        The output projection (E, E) and its bias.
+    key_padding_mask : Tensor, optional
+        (N, S) (or (S,) unbatched): bool, True = the key is ignored, or float, added.
+    need_weights : bool
+        Also return the attention weights (computed explicitly, off the tape: they carry no
+        gradient), averaged over heads when ``average_attn_weights``.
+    attn_mask : Tensor, optional
+        (L, S) or (N * num_heads, L, S): bool, True = not allowed, or float, added.
+    is_causal : bool
+        A hint that ``attn_mask`` is the causal mask (required with it, as torch); without a
+        key padding mask and weights, the fused kernel's causal mode replaces the mask.
+
+    Returns
+    -------
+    (Tensor, Tensor or None)
+        The output (L, N, E) (or (L, E)) and the weights (N, L, S) / (N, H, L, S) or None.
+        A query row with no key allowed gives zeros (the fused kernel's convention).
+    """
+    from .tensor_ops import narrow, permute, split
+    from .linear import linear
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise not_a_tensor(f"multi_head_attention_forward: {name}", t)
+        if t.dtype != float32:
+            raise DTypeError(f"multi_head_attention_forward: {name} must be float32, got {t.dtype}")
+    for name, given in (("bias_k", bias_k), ("bias_v", bias_v), ("static_k", static_k),
+                        ("static_v", static_v)):
+        if given is not None:
+            raise UnsupportedError(f"multi_head_attention_forward: {name} is not supported "
+                                   f"(pass None)")
+    if add_zero_attn:
+        raise UnsupportedError("multi_head_attention_forward: add_zero_attn=True is not supported")
+    batched = query.ndim == 3
+    if query.ndim not in (2, 3) or key.ndim != query.ndim or value.ndim != query.ndim:
+        raise _mha_error(f"query, key and value must all be 3-d (L, N, E) or all 2-d (L, E), got "
+                         f"{query.shape}, {key.shape}, {value.shape}")
+    if not batched:
+        query, key, value = (t.reshape(t.shape[0], 1, t.shape[1]) for t in (query, key, value))
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.reshape(1, *key_padding_mask.shape)
+    L, N, E = query.shape
+    S = key.shape[0]
+    if E != embed_dim_to_check:
+        raise _mha_error(f"query's embedding dim must be embed_dim_to_check = "
+                         f"{embed_dim_to_check}, got {E}")
+    if not isinstance(num_heads, (int, np.integer)) or num_heads < 1 or E % num_heads:
+        raise _mha_error(f"embed_dim {E} must be divisible by num_heads, got {num_heads!r}")
+    if key.shape[:2] != (S, N) or value.shape[:2] != (S, N):
+        raise _mha_error(f"key and value must be (S, N, ...) with query's N = {N} and one S, "
+                         f"got {key.shape} and {value.shape}")
+    H, hd = int(num_heads), E // int(num_heads)
+    if use_separate_proj_weight:
+        weights = (q_proj_weight, k_proj_weight, v_proj_weight)
+        if any(w is None for w in weights):
+            raise _mha_error("use_separate_proj_weight=True needs q_proj_weight, k_proj_weight "
+                             "and v_proj_weight")
+    elif in_proj_weight is None:
+        raise _mha_error("in_proj_weight is None (pass it, or use_separate_proj_weight=True)")
+    if use_separate_proj_weight or not (query is key and key is value):
+        if use_separate_proj_weight:
+            wq, wk, wv = weights
+        else:
+            if in_proj_weight.ndim != 2 or in_proj_weight.shape[0] != 3 * E:
+                raise _mha_error(f"in_proj_weight must be (3 * {E}, {E}), got "
+                                 f"{in_proj_weight.shape}")
+            wq, wk, wv = (narrow(in_proj_weight, 0, i * E, E) for i in range(3))
+        bq = bk = bv = None
+        if in_proj_bias is not None:
+            if in_proj_bias.shape != (3 * E,):
+                raise _mha_error(f"in_proj_bias must be ({3 * E},), got {in_proj_bias.shape}")
+            bq, bk, bv = (narrow(in_proj_bias, 0, i * E, E) for i in range(3))
+        q, k, v = linear(query, wq, bq), linear(key, wk, bk), linear(value, wv, bv)
+    else:
+        # Self-attention: one GEMM for the three projections.
+        if in_proj_weight.ndim != 2 or in_proj_weight.shape != (3 * E, E):
+            raise _mha_error(f"in_proj_weight must be ({3 * E}, {E}), got {in_proj_weight.shape}")
+        if in_proj_bias is not None and in_proj_bias.shape != (3 * E,):
+            raise _mha_error(f"in_proj_bias must be ({3 * E},), got {in_proj_bias.shape}")
+        q, k, v = split(linear(query, in_proj_weight, in_proj_bias), E, dim=2)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape[-1] != E:
+            raise _mha_error(f"the {name} projection gives {t.shape[-1]} features, expected {E}")
+    # (rows, N, E) -> (N, H, rows, hd)
+    q, k, v = (permute(t.reshape(t.shape[0], N, H, hd), (1, 2, 0, 3)) for t in (q, k, v))
+
+    masks = []
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            raise not_a_tensor("multi_head_attention_forward: attn_mask", attn_mask)
+        if attn_mask.dtype not in (bool_, float32):
+            raise DTypeError(f"multi_head_attention_forward: attn_mask must be bool or float32, "
+                             f"got {attn_mask.dtype}")
+        if attn_mask.shape == (L, S):
+            masks.append(attn_mask.reshape(1, 1, L, S))
+        elif attn_mask.shape == (N * H, L, S):
+            masks.append(attn_mask.reshape(N, H, L, S))
+        else:
+            raise _mha_error(f"attn_mask must be ({L}, {S}) or ({N * H}, {L}, {S}), got "
+                             f"{attn_mask.shape}")
+    elif is_causal:
+        raise _mha_error("is_causal=True needs attn_mask (the causal mask), as torch")
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor):
+            raise not_a_tensor("multi_head_attention_forward: key_padding_mask", key_padding_mask)
+        if key_padding_mask.dtype not in (bool_, float32):
+            raise DTypeError(f"multi_head_attention_forward: key_padding_mask must be bool or "
+                             f"float32, got {key_padding_mask.dtype}")
+        if key_padding_mask.shape != (N, S):
+            raise _mha_error(f"key_padding_mask must be ({N}, {S}), got "
+                             f"{key_padding_mask.shape}")
+        masks.append(key_padding_mask.reshape(N, 1, 1, S))
+    causal = bool(is_causal) and key_padding_mask is None and not need_weights
+    mask = None
+    if masks and not causal:
+        if any(autograd.needs_grad(m) for m in masks):
+            raise UnsupportedError("multi_head_attention_forward: the gradient of a float mask "
+                                   "is not computed; pass it detached")
+        mask = _additive_mask(masks)
+    p = float(dropout_p) if training else 0.0
+    seed, stream = _random_state(p, None, None)
+    attn = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
+                                        seed=seed if p else None, stream=stream if p else None)
+    attn = permute(attn, (2, 0, 1, 3)).reshape(L * N, E)
+    out = linear(attn, out_proj_weight, out_proj_bias).reshape(L, N, E)
+    weights_out = None
+    if need_weights:
+        weights_out = _attention_weights(q, k, mask, p, seed, stream, average_attn_weights)
+        if not batched:
+            weights_out = weights_out.reshape(*weights_out.shape[1:])
+    if not batched:
+        out = out.reshape(L, E)
+    return out, weights_out
+
+
+def _attention_weights(q, k, mask, p, seed, stream, average):
+    """softmax(q k^T / sqrt(hd) + mask), dropped as the fused kernel drops them, (N, H, L, S)
+    or averaged over heads (N, L, S); off the tape."""
+    from .gemm import gemm_batched
+    from .softmax import softmax
+    from .dropout import dropout
+    from .reduce import mean
+    N, H, L, hd = q.shape
+    S = k.shape[2]
+    with autograd.no_grad():
+        scores = gemm_batched(q.detach().reshape(N * H, L, hd), k.detach().reshape(N * H, S, hd),
+                              alpha=1.0 / math.sqrt(hd), trans_b=True).reshape(N, H, L, S)
+        if mask is not None:
+            scores = scores + mask
+        weights = softmax(scores, dim=-1)
+        if p:
+            weights = dropout(weights, p, seed=seed, stream=stream)
+        if average:
+            weights = mean(weights, dim=1)
+    return weights
+
+
+__all__ = ["scaled_dot_product_attention", "attention_dropout_mask",
+           "multi_head_attention_forward"]
