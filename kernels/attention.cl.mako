@@ -10,7 +10,8 @@
 ## table[4 * b + 0..3]; that one table expresses broadcasting and grouped-query heads. q is
 ## (L, DK) rows, k (S, DK), v (S, DV), o (B, L, DV) dense, lse and delta (B, L). The mask, where
 ## there is one, is read at mask_row * mask_stride_l + key * mask_stride_s (a stride is 0 where
-## the mask broadcasts). Scores are kept in base 2: s2 = (q . k) * scale * log2(e) + bias *
+## the mask broadcasts). causal (0 or 1): keys n > l do not take part for query row l
+## (top-left aligned, as torch); a run-time flag, uniform across the launch. Scores are kept in base 2: s2 = (q . k) * scale * log2(e) + bias *
 ## log2(e), so exp2 gives the softmax; lse2 = m2 + log2(l) (+inf for a row with no key taking
 ## part: its output and gradients are 0, as PyTorch's fused kernels give).
 ##
@@ -21,7 +22,7 @@
 ##
 ## Kernels (sizes are run-time arguments; index_t is int or long):
 ##   attention_forward(L, S, scale2, table, q, q_off, k, k_off, v, v_off, mask, mask_off,
-##                     mask_stride_l, mask_stride_s, o, o_off, lse, seed0, seed1, stream0,
+##                     mask_stride_l, mask_stride_s, causal, o, o_off, lse, seed0, seed1, stream0,
 ##                     stream1, threshold, keep_scale)
 ##     global (ceil(L / BLOCK_M) * BLOCK_M, B), local (BLOCK_M, 1): a work item per query row,
 ##     holding its q row and output row in registers; the group stages BLOCK_N keys and values
@@ -42,7 +43,8 @@
 ##   block_m      query rows per work-group (forward, dq)     block_n   keys per step (forward, dq)
 ##   kv_block     keys per work-group (dk, dv)                q_tile    query rows per step (dk, dv)
 ##   mask         "none", "bool" (nonzero: takes part) or "float" (added to the scores)
-##   causal       keys n > l do not take part for query row l (top-left aligned)
+##   unroll       unroll the loops over a step's keys (GPUs: the scores stay in registers;
+##                CPUs compile the rolled loops faster)
 ##   dropout      whether the attention weights are dropped
 ##   index_t      "int" or "long"
 <%
@@ -139,6 +141,12 @@ bool kept_element(ulong i, uint seed0, uint seed1, uint stream0, uint stream1, u
 % endif
 </%def>
 
+<%def name="unroll_pragma()">
+% if unroll:
+        #pragma unroll
+% endif
+</%def>
+
 <%def name="common_args()">
     const ${index_t} L, const ${index_t} S, const float scale2,
     __global const ${index_t} *table,
@@ -146,7 +154,7 @@ bool kept_element(ulong i, uint seed0, uint seed1, uint stream0, uint stream1, u
     __global const float *k, const ${index_t} k_off,
     __global const float *v, const ${index_t} v_off,
     __global const ${mask_t} *mask, const ${index_t} mask_off,
-    const ${index_t} mask_stride_l, const ${index_t} mask_stride_s
+    const ${index_t} mask_stride_l, const ${index_t} mask_stride_s, const int causal
 </%def>
 <%def name="dropout_args()">
     const uint seed0, const uint seed1, const uint stream0, const uint stream1,
@@ -199,11 +207,8 @@ void attention_forward(${common_args()},
     float m = -INFINITY, l = 0.0f;
     // A NaN score that the running maximum skips (fmax ignores NaN) still reaches the output.
     float nan_seen = 0.0f;
-% if causal:
-    const ${index_t} n_end = min(S, row0 + ${block_m});
-% else:
-    const ${index_t} n_end = S;
-% endif
+    // Causal: the block's last row sees keys up to itself.
+    const ${index_t} n_end = causal ? min(S, row0 + ${block_m}) : S;
 % if dropout:
     const ulong element0 = ((ulong)b * (ulong)L + (ulong)row) * (ulong)S;
 % endif
@@ -219,18 +224,14 @@ void attention_forward(${common_args()},
 
         float s[${block_n}];
         float tile_max = -INFINITY;
-        #pragma unroll
+        ${unroll_pragma()}
         for (int j = 0; j < ${block_n}; ++j) {
             ${dot_row("x", "qr", "k_tile", "j", "DK4")}
 % if has_mask:
             x += bias_tile[lid * (${block_n} + 1) + j];
 % endif
             const ${index_t} key = n0 + j;
-% if causal:
-            if (key >= S || key > row) x = -INFINITY;
-% else:
-            if (key >= S) x = -INFINITY;
-% endif
+            if (key >= S || (causal && key > row)) x = -INFINITY;
             if (isnan(x)) nan_seen = x;
             s[j] = x;
             tile_max = fmax(tile_max, x);
@@ -260,7 +261,7 @@ void attention_forward(${common_args()},
             }
         }
 % endif
-        #pragma unroll
+        ${unroll_pragma()}
         for (int j = 0; j < ${block_n}; ++j) {
             const float p = exp2(s[j] - m);
             l += p;
@@ -355,11 +356,8 @@ void attention_backward_q(${common_args()}, const float scale,
     }
     const float row_lse = active ? lse[(${index_t})b * L + row] : INFINITY;
     const float row_delta = active ? delta[(${index_t})b * L + row] : 0.0f;
-% if causal:
-    const ${index_t} n_end = min(S, row0 + ${block_m});
-% else:
-    const ${index_t} n_end = S;
-% endif
+    // Causal: the block's last row sees keys up to itself.
+    const ${index_t} n_end = causal ? min(S, row0 + ${block_m}) : S;
 % if dropout:
     const ulong element0 = ((ulong)b * (ulong)L + (ulong)row) * (ulong)S;
 % endif
@@ -373,11 +371,7 @@ void attention_backward_q(${common_args()}, const float scale,
         if (!active) continue;
         for (int j = 0; j < ${block_n}; ++j) {
             const ${index_t} key = n0 + j;
-% if causal:
-            if (key >= S || key > row) break;
-% else:
-            if (key >= S) break;
-% endif
+            if (key >= S || (causal && key > row)) break;
             ${dot_row("x", "qr", "k_tile", "j", "DK4")}
 % if has_mask:
             x += bias_tile[lid * (${block_n} + 1) + j];
@@ -427,12 +421,8 @@ void attention_backward_kv(${common_args()}, const float scale,
         dkr[e] = (float4)(0.0f);
     }
     for (int e = 0; e < DV4; ++e) dvr[e] = (float4)(0.0f);
-% if causal:
-    // Query rows before the block's first key see none of its keys.
-    const ${index_t} i_begin = kv0;
-% else:
-    const ${index_t} i_begin = 0;
-% endif
+    // Causal: query rows before the block's first key see none of its keys.
+    const ${index_t} i_begin = causal ? kv0 : 0;
 
     for (${index_t} i0 = i_begin; i0 < L; i0 += ${q_tile}) {
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -448,12 +438,8 @@ void attention_backward_kv(${common_args()}, const float scale,
         if (!active) continue;
         for (int i = 0; i < ${q_tile}; ++i) {
             const ${index_t} row = i0 + i;
-% if causal:
             if (row >= L) break;
-            if (key > row) continue;
-% else:
-            if (row >= L) break;
-% endif
+            if (causal && key > row) continue;
             ${dot_row("x", "kr", "q_tile", "i", "DK4")}
 % if has_mask:
             x += bias_tile[i * ${kv_block} + lid];

@@ -110,7 +110,8 @@ class AttentionPlan:
                             int(params["q_tile"]), "kv")
         self.params = dict(dk=problem.dk, dv=problem.dv, block_m=block_m, block_n=block_n,
                            kv_block=kv_block, q_tile=q_tile, mask=problem.mask,
-                           causal=problem.causal, dropout=problem.dropout, index_t=index_t)
+                           dropout=problem.dropout, index_t=index_t,
+                           unroll=bool(params.get("unroll", True)))
         built = program.build(ctx, "attention", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_forward", fresh=True))
         self.delta_kernel = BoundKernel(built.kernel("attention_delta", fresh=True))
@@ -125,6 +126,11 @@ class AttentionPlan:
         rows = batches * L
         group = min(64, limit)
         self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
+
+
+def _empty(ctx, shape, dtype=float32):
+    """A new tensor for an output, a workspace or a gradient (tests poison it)."""
+    return Tensor.empty(ctx, shape, dtype)
 
 
 def _offsets(batch_shape, operand_batch, heads_group=None):
@@ -339,16 +345,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     dropout_p = float(dropout_p)
     seed, stream = _random_state(dropout_p, seed, stream)
     ctx = query.ctx
-    out = Tensor.empty(ctx, batch + (L, Ev), float32)
+    out = _empty(ctx, batch + (L, Ev), float32)
     if out.size == 0:
         return out
     problem = AttentionProblem(E, Ev, L, S, mask_kind, bool(is_causal), dropout_p > 0.0)
     plan = _plan(ctx, problem, batch, query, key, value, attn_mask, table, enable_gqa, algorithm)
     index = plan.index
-    lse = Tensor.empty(ctx, (math.prod(batch) * L,), float32)
+    lse = _empty(ctx, (math.prod(batch) * L,), float32)
     scale2 = scale * math.log2(math.e)
     common = _common_args(plan, problem, scale2, query, key, value, attn_mask)
-    strides = (index(mask_strides[0]), index(mask_strides[1]))
+    strides = (index(mask_strides[0]), index(mask_strides[1]), np.int32(bool(is_causal)))
     drop = _dropout_args(seed, stream, dropout_p)
     plan.forward_kernel(ctx.queue, *plan.rows_size, *common, *strides, out.buffer,
                         index(out.offset_elements), lse.buffer, *drop)
@@ -356,20 +362,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     def backward(g):
         B = math.prod(batch)
-        delta = Tensor.empty(ctx, (B * L,), float32)
+        delta = _empty(ctx, (B * L,), float32)
         plan.delta_kernel(ctx.queue, *plan.delta_size, index(B * L), saved.buffer,
                           index(saved.offset_elements), g.buffer, index(g.offset_elements),
                           delta.buffer)
         dq = dk = dv = None
         if query.requires_grad:
-            dq = Tensor.empty(ctx, batch + (L, E), float32)
+            dq = _empty(ctx, batch + (L, E), float32)
             plan.q_kernel(ctx.queue, *plan.rows_size, *common, *strides, np.float32(scale),
                           g.buffer, index(g.offset_elements), lse.buffer, delta.buffer,
                           dq.buffer, *drop)
             dq = _reduce_to(dq, query.shape, None)
         if key.requires_grad or value.requires_grad:
-            dk = Tensor.empty(ctx, batch + (S, E), float32)
-            dv = Tensor.empty(ctx, batch + (S, Ev), float32)
+            dk = _empty(ctx, batch + (S, E), float32)
+            dv = _empty(ctx, batch + (S, Ev), float32)
             if S:
                 plan.kv_kernel(ctx.queue, *plan.keys_size, *common, *strides, np.float32(scale),
                                g.buffer, index(g.offset_elements), lse.buffer, delta.buffer,
@@ -418,7 +424,7 @@ def _additive_mask(masks):
             "attention_mask_" + "_".join(kinds),
             [(f"m{i}", bool_ if kind == "bool" else float32) for i, kind in enumerate(kinds)],
             [("y", float32)], "y = " + " + ".join(terms) + ";")
-    out = Tensor.empty(masks[0].ctx, broadcast_shapes(*(m.shape for m in masks)), float32)
+    out = _empty(masks[0].ctx, broadcast_shapes(*(m.shape for m in masks)), float32)
     if out.size:
         kernel(list(masks), [out])
     return out
