@@ -24,7 +24,8 @@
 ##   attention_forward(L, S, scale2, table, q, q_off, k, k_off, v, v_off, mask, mask_off,
 ##                     mask_stride_l, mask_stride_s, causal, o, o_off, lse, seed0, seed1, stream0,
 ##                     stream1, threshold, keep_scale)
-##     global (ceil(L / BLOCK_M) * BLOCK_M, B), local (BLOCK_M, 1): a work item per query row,
+##     global (ceil(L / BLOCK_M) * BLOCK_M * LANES, B), local (BLOCK_M * LANES, 1): LANES work
+##     items per query row,
 ##     holding its q row and output row in registers; the group stages BLOCK_N keys and values
 ##     (and the mask's BLOCK_M x BLOCK_N tile) in local memory per step.
 ##   attention_delta(rows, o, o_off, dout, dout_off, delta)
@@ -34,7 +35,8 @@
 ##     the forward's geometry: a work item per query row, dq (B, L, DK) dense.
 ##   attention_backward_kv(L, S, scale2, scale, table, q, ..., mask_stride_s, dout, dout_off,
 ##                         lse, delta, dk, dv, seed0, ..., keep_scale)
-##     global (ceil(S / KV_BLOCK) * KV_BLOCK, B), local (KV_BLOCK, 1): a work item per key,
+##     global (ceil(S / KV_BLOCK) * KV_BLOCK * LANES, B), local (KV_BLOCK * LANES, 1): LANES
+##     work items per key,
 ##     holding its k and v rows and their gradients in registers; the group stages Q_TILE query
 ##     rows (q, dout, lse, delta, the mask's tile) per step. dk, dv (B, S, DK / DV) dense.
 ##
@@ -43,6 +45,11 @@
 ##   block_m      query rows per work-group (forward, dq)     block_n   keys per step (forward, dq)
 ##   kv_block     keys per work-group (dk, dv)                q_tile    query rows per step (dk, dv)
 ##   mask         "none", "bool" (nonzero: takes part) or "float" (added to the scores)
+##   lanes        work items per query row (forward, dq) or key (dk/dv): each holds DK4 / lanes
+##                and DV4 / lanes float4s of the rows (fewer registers per item); their partial
+##                dot products are summed across the lanes (lane_sum)
+##   shuffle      how lanes sum: "ptx" (NVIDIA warp shuffles; a row's lanes are neighbours
+##                in one warp) or "local" (local memory and barriers, any device)
 ##   unroll       unroll the loops over a step's keys (GPUs: the scores stay in registers;
 ##                CPUs compile the rolled loops faster)
 ##   dropout      whether the attention weights are dropped
@@ -50,6 +57,8 @@
 <%
     DK4 = (dk + 3) // 4
     DV4 = (dv + 3) // 4
+    DK4L = DK4 // lanes
+    DV4L = DV4 // lanes
     has_mask = mask != "none"
     mask_t = "uchar" if mask == "bool" else "float"
 %>
@@ -57,6 +66,10 @@
 #define DV ${dv}
 #define DK4 ${DK4}
 #define DV4 ${DV4}
+#define LANES ${lanes}
+// The float4s of a head-dim row that each of a row's LANES items holds.
+#define DK4L ${DK4L}
+#define DV4L ${DV4L}
 #define LOG2E 1.4426950408889634f
 
 #define PHILOX_M0 0xD2511F53u
@@ -95,11 +108,15 @@ bool kept_element(ulong i, uint seed0, uint seed1, uint stream0, uint stream1, u
 
 ## ``out`` = the row of a (registers, float4[n4]) dotted with row b_row of b_local (float4 rows
 ## of n4 vectors); four partial sums in a float4 for independent multiply-adds.
-<%def name="dot_row(out, a, b_local, b_row, n4)">
+
+## ``out`` = this lane's slice of a (registers, float4[n4l]) dotted with the same slice of row
+## b_row of b_local (float4 rows of n4 vectors), four partial sums in a float4.
+<%def name="dot_slice(out, a, b_local, b_row, n4, n4l)">
             float ${out};
             {
+                __local const float4 *brow = ${b_local} + (${b_row}) * ${n4} + lane * ${n4l};
                 float4 sum4 = (float4)(0.0f);
-                for (int e = 0; e < ${n4}; ++e) sum4 = mad(${a}[e], ${b_local}[(${b_row}) * ${n4} + e], sum4);
+                for (int e = 0; e < ${n4l}; ++e) sum4 = mad(${a}[e], brow[e], sum4);
                 ${out} = (sum4.x + sum4.y) + (sum4.z + sum4.w);
             }
 </%def>
@@ -147,6 +164,56 @@ bool kept_element(ulong i, uint seed0, uint seed1, uint stream0, uint stream1, u
 % endif
 </%def>
 
+## Sum the lanes' partial values (names a, b) in place: every lane of a row gets the same sums.
+## Every item of the group must reach it (the local variant has barriers).
+<%def name="lane_sum(a, b=None)">
+% if lanes > 1:
+    % if shuffle == "ptx":
+        % for width in [w for w in (1, 2, 4, 8) if w < lanes]:
+            {
+                float other;
+                asm volatile("shfl.sync.bfly.b32 %0, %1, ${width}, 0x1f, 0xffffffff;" : "=f"(other) : "f"(${a}));
+                ${a} += other;
+            % if b:
+                asm volatile("shfl.sync.bfly.b32 %0, %1, ${width}, 0x1f, 0xffffffff;" : "=f"(other) : "f"(${b}));
+                ${b} += other;
+            % endif
+            }
+        % endfor
+    % else:
+            barrier(CLK_LOCAL_MEM_FENCE);
+            exchange[lid] = ${a};
+        % if b:
+            exchange[GROUP + lid] = ${b};
+        % endif
+            barrier(CLK_LOCAL_MEM_FENCE);
+            {
+                const int first = lid - lane;
+                float sa = 0.0f;
+        % if b:
+                float sb = 0.0f;
+        % endif
+                // The lanes in the same order on every lane: the same sums.
+                for (int t = 0; t < LANES; ++t) {
+                    sa += exchange[first + t];
+        % if b:
+                    sb += exchange[GROUP + first + t];
+        % endif
+                }
+                ${a} = sa;
+        % if b:
+                ${b} = sb;
+        % endif
+            }
+    % endif
+% endif
+</%def>
+<%def name="exchange_buffer()">
+% if lanes > 1 and shuffle == "local":
+    __local float exchange[2 * GROUP];
+% endif
+</%def>
+
 <%def name="common_args()">
     const ${index_t} L, const ${index_t} S, const float scale2,
     __global const ${index_t} *table,
@@ -170,7 +237,36 @@ bool kept_element(ulong i, uint seed0, uint seed1, uint stream0, uint stream1, u
 % endif
 </%def>
 
-__kernel __attribute__((reqd_work_group_size(${block_m}, 1, 1)))
+## This lane's slice (float4s [lane * n4l, (lane + 1) * n4l)) of a row of ``width`` floats at
+## ``src`` into float4 registers ``dst``, zeros past the width (and everywhere unless ``active``).
+<%def name="load_slice(dst, src, width, n4l, active)">
+    for (int e = 0; e < ${n4l}; ++e) {
+        float4 x = (float4)(0.0f);
+        const int at = 4 * (lane * ${n4l} + e);
+        if (${active}) {
+            __global const float *p = ${src} + at;
+            if (at < ${width}) x.x = p[0];
+            if (at + 1 < ${width}) x.y = p[1];
+            if (at + 2 < ${width}) x.z = p[2];
+            if (at + 3 < ${width}) x.w = p[3];
+        }
+        ${dst}[e] = x;
+    }
+</%def>
+<%def name="store_slice(dst, src, width, n4l, factor)">
+    for (int e = 0; e < ${n4l}; ++e) {
+        const float4 y = ${src}[e] * ${factor};
+        const int at = 4 * (lane * ${n4l} + e);
+        if (at < ${width}) ${dst}[at] = y.x;
+        if (at + 1 < ${width}) ${dst}[at + 1] = y.y;
+        if (at + 2 < ${width}) ${dst}[at + 2] = y.z;
+        if (at + 3 < ${width}) ${dst}[at + 3] = y.w;
+    }
+</%def>
+
+#define GROUP (${block_m} * LANES)
+
+__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void attention_forward(${common_args()},
                        __global float *o, const ${index_t} o_off,
                        __global float *lse,
@@ -179,31 +275,24 @@ void attention_forward(${common_args()},
     __local float4 k_tile[${block_n} * DK4];
     __local float4 v_tile[${block_n} * DV4];
 % if has_mask:
-    // Pitch block_n + 1: items read their own rows, one bank apart.
+    // Pitch block_n + 1: the rows' items read their own rows, one bank apart.
     __local float bias_tile[${block_m} * (${block_n} + 1)];
 % endif
+    ${exchange_buffer()}
     const int lid = get_local_id(0);
+    const int lane = lid % LANES, slot = lid / LANES;
     const ${index_t} b = get_group_id(1);
     const ${index_t} row0 = (${index_t})get_group_id(0) * ${block_m};
-    const ${index_t} row = row0 + lid;
+    const ${index_t} row = row0 + slot;
     const bool active = row < L;
     ${operand_bases()}
 
-    // The row of q, scaled so that q . k gives base-2 scores; zero past DK.
-    float4 qr[DK4];
-    for (int e = 0; e < DK4; ++e) {
-        float4 x = (float4)(0.0f);
-        if (active) {
-            __global const float *at = qb + row * DK + 4 * e;
-            x.x = at[0];
-            if (4 * e + 1 < DK) x.y = at[1];
-            if (4 * e + 2 < DK) x.z = at[2];
-            if (4 * e + 3 < DK) x.w = at[3];
-        }
-        qr[e] = x * scale2;
-    }
-    float4 acc[DV4];
-    for (int e = 0; e < DV4; ++e) acc[e] = (float4)(0.0f);
+    // This lane's slice of the q row, scaled so that q . k gives base-2 scores.
+    float4 qr[DK4L];
+    ${load_slice("qr", "(qb + row * DK)", "DK", "DK4L", "active")}
+    for (int e = 0; e < DK4L; ++e) qr[e] *= scale2;
+    float4 acc[DV4L];
+    for (int e = 0; e < DV4L; ++e) acc[e] = (float4)(0.0f);
     float m = -INFINITY, l = 0.0f;
     // A NaN score that the running maximum skips (fmax ignores NaN) still reaches the output.
     float nan_seen = 0.0f;
@@ -216,19 +305,20 @@ void attention_forward(${common_args()},
     for (${index_t} n0 = 0; n0 < n_end; n0 += ${block_n}) {
         // Every item is done with the previous tiles.
         barrier(CLK_LOCAL_MEM_FENCE);
-        ${stage_rows("k_tile", "kb", "n0", block_n, "S", "DK", "DK4", block_m, "lid")}
-        ${stage_rows("v_tile", "vb", "n0", block_n, "S", "DV", "DV4", block_m, "lid")}
-        ${stage_bias("bias_tile", block_m, block_n, block_n + 1, "row0", "n0", block_m, "lid")}
+        ${stage_rows("k_tile", "kb", "n0", block_n, "S", "DK", "DK4", "GROUP", "lid")}
+        ${stage_rows("v_tile", "vb", "n0", block_n, "S", "DV", "DV4", "GROUP", "lid")}
+        ${stage_bias("bias_tile", block_m, block_n, block_n + 1, "row0", "n0", "GROUP", "lid")}
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (!active) continue;
 
+        // Every item runs the scores (the lanes sum across items); inactive rows score zeros.
         float s[${block_n}];
         float tile_max = -INFINITY;
         ${unroll_pragma()}
         for (int j = 0; j < ${block_n}; ++j) {
-            ${dot_row("x", "qr", "k_tile", "j", "DK4")}
+            ${dot_slice("x", "qr", "k_tile", "j", "DK4", "DK4L")}
+            ${lane_sum("x")}
 % if has_mask:
-            x += bias_tile[lid * (${block_n} + 1) + j];
+            x += bias_tile[slot * (${block_n} + 1) + j];
 % endif
             const ${index_t} key = n0 + j;
             if (key >= S || (causal && key > row)) x = -INFINITY;
@@ -242,7 +332,7 @@ void attention_forward(${common_args()},
         const float alpha = exp2(m - m_new);
         m = m_new;
         l *= alpha;
-        for (int e = 0; e < DV4; ++e) acc[e] *= alpha;
+        for (int e = 0; e < DV4L; ++e) acc[e] *= alpha;
 % if dropout:
         // Bit j: whether key n0 + j is kept (Philox blocks covering the tile's elements).
         ulong keep = 0;
@@ -270,7 +360,8 @@ void attention_forward(${common_args()},
 % else:
             const float pv = p;
 % endif
-            for (int e = 0; e < DV4; ++e) acc[e] = mad((float4)(pv), v_tile[j * DV4 + e], acc[e]);
+            __local const float4 *vrow = v_tile + j * DV4 + lane * DV4L;
+            for (int e = 0; e < DV4L; ++e) acc[e] = mad((float4)(pv), vrow[e], acc[e]);
         }
     }
     if (!active) return;
@@ -279,15 +370,11 @@ void attention_forward(${common_args()},
 % else:
     const float norm = l > 0.0f ? 1.0f / l : 0.0f;
 % endif
+    for (int e = 0; e < DV4L; ++e) acc[e] = acc[e] * norm + nan_seen;
     __global float *orow = o + o_off + ((${index_t})b * L + row) * DV;
-    for (int e = 0; e < DV4; ++e) {
-        const float4 y = acc[e] * norm + nan_seen;
-        orow[4 * e] = y.x;
-        if (4 * e + 1 < DV) orow[4 * e + 1] = y.y;
-        if (4 * e + 2 < DV) orow[4 * e + 2] = y.z;
-        if (4 * e + 3 < DV) orow[4 * e + 3] = y.w;
-    }
-    lse[(${index_t})b * L + row] = l > 0.0f ? m + log2(l) : (l == 0.0f ? INFINITY : l) + nan_seen;
+    ${store_slice("orow", "acc", "DV", "DV4L", "1.0f")}
+    if (lane == 0)
+        lse[(${index_t})b * L + row] = l > 0.0f ? m + log2(l) : (l == 0.0f ? INFINITY : l) + nan_seen;
 }
 
 __kernel void attention_delta(const ${index_t} rows,
@@ -304,31 +391,7 @@ __kernel void attention_delta(const ${index_t} rows,
     }
 }
 
-## Loads ``count`` elements (a row of ``width``) from ``src`` into a float4 register array, zeros past.
-<%def name="load_row(dst, src, width, width4, active)">
-    for (int e = 0; e < ${width4}; ++e) {
-        float4 x = (float4)(0.0f);
-        if (${active}) {
-            __global const float *at = ${src} + 4 * e;
-            x.x = at[0];
-            if (4 * e + 1 < ${width}) x.y = at[1];
-            if (4 * e + 2 < ${width}) x.z = at[2];
-            if (4 * e + 3 < ${width}) x.w = at[3];
-        }
-        ${dst}[e] = x;
-    }
-</%def>
-<%def name="store_row(dst, src, width, width4, factor)">
-    for (int e = 0; e < ${width4}; ++e) {
-        const float4 y = ${src}[e] * ${factor};
-        ${dst}[4 * e] = y.x;
-        if (4 * e + 1 < ${width}) ${dst}[4 * e + 1] = y.y;
-        if (4 * e + 2 < ${width}) ${dst}[4 * e + 2] = y.z;
-        if (4 * e + 3 < ${width}) ${dst}[4 * e + 3] = y.w;
-    }
-</%def>
-
-__kernel __attribute__((reqd_work_group_size(${block_m}, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void attention_backward_q(${common_args()}, const float scale,
                           __global const float *dout, const ${index_t} dout_off,
                           __global const float *lse, __global const float *delta,
@@ -340,23 +403,25 @@ void attention_backward_q(${common_args()}, const float scale,
 % if has_mask:
     __local float bias_tile[${block_m} * (${block_n} + 1)];
 % endif
+    ${exchange_buffer()}
     const int lid = get_local_id(0);
+    const int lane = lid % LANES, slot = lid / LANES;
     const ${index_t} b = get_group_id(1);
     const ${index_t} row0 = (${index_t})get_group_id(0) * ${block_m};
-    const ${index_t} row = row0 + lid;
+    const ${index_t} row = row0 + slot;
     const bool active = row < L;
     ${operand_bases()}
 
-    float4 qr[DK4], gr[DV4], acc[DK4];
-    ${load_row("qr", "(qb + row * DK)", "DK", "DK4", "active")}
-    ${load_row("gr", "(dout + dout_off + ((" + index_t + ")b * L + row) * DV)", "DV", "DV4", "active")}
-    for (int e = 0; e < DK4; ++e) {
+    float4 qr[DK4L], gr[DV4L], acc[DK4L];
+    ${load_slice("qr", "(qb + row * DK)", "DK", "DK4L", "active")}
+    ${load_slice("gr", "(dout + dout_off + ((" + index_t + ")b * L + row) * DV)", "DV", "DV4L", "active")}
+    for (int e = 0; e < DK4L; ++e) {
         qr[e] *= scale2;
         acc[e] = (float4)(0.0f);
     }
+    // Inactive rows: lse = +inf gives weights 0.
     const float row_lse = active ? lse[(${index_t})b * L + row] : INFINITY;
     const float row_delta = active ? delta[(${index_t})b * L + row] : 0.0f;
-    // Causal: the block's last row sees keys up to itself.
     const ${index_t} n_end = causal ? min(S, row0 + ${block_m}) : S;
 % if dropout:
     const ulong element0 = ((ulong)b * (ulong)L + (ulong)row) * (ulong)S;
@@ -364,34 +429,39 @@ void attention_backward_q(${common_args()}, const float scale,
 
     for (${index_t} n0 = 0; n0 < n_end; n0 += ${block_n}) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        ${stage_rows("k_tile", "kb", "n0", block_n, "S", "DK", "DK4", block_m, "lid")}
-        ${stage_rows("v_tile", "vb", "n0", block_n, "S", "DV", "DV4", block_m, "lid")}
-        ${stage_bias("bias_tile", block_m, block_n, block_n + 1, "row0", "n0", block_m, "lid")}
+        ${stage_rows("k_tile", "kb", "n0", block_n, "S", "DK", "DK4", "GROUP", "lid")}
+        ${stage_rows("v_tile", "vb", "n0", block_n, "S", "DV", "DV4", "GROUP", "lid")}
+        ${stage_bias("bias_tile", block_m, block_n, block_n + 1, "row0", "n0", "GROUP", "lid")}
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (!active) continue;
-        for (int j = 0; j < ${block_n}; ++j) {
+        // The same count for every item (the lanes sum across items).
+        const int keys = (int)min((${index_t})${block_n}, n_end - n0);
+        for (int j = 0; j < keys; ++j) {
+            ${dot_slice("x", "qr", "k_tile", "j", "DK4", "DK4L")}
+            ${dot_slice("dp", "gr", "v_tile", "j", "DV4", "DV4L")}
+            ${lane_sum("x", "dp")}
             const ${index_t} key = n0 + j;
-            if (key >= S || (causal && key > row)) break;
-            ${dot_row("x", "qr", "k_tile", "j", "DK4")}
 % if has_mask:
-            x += bias_tile[lid * (${block_n} + 1) + j];
+            x += bias_tile[slot * (${block_n} + 1) + j];
 % endif
-            const float p = exp2(x - row_lse);
-            ${dot_row("dp", "gr", "v_tile", "j", "DV4")}
+            const float p = (causal && key > row) ? 0.0f : exp2(x - row_lse);
 % if dropout:
             dp = kept_element(element0 + key, seed0, seed1, stream0, stream1, threshold)
                  ? dp * keep_scale : 0.0f;
 % endif
             const float ds = p * (dp - row_delta);
-            for (int e = 0; e < DK4; ++e) acc[e] = mad((float4)(ds), k_tile[j * DK4 + e], acc[e]);
+            __local const float4 *krow = k_tile + j * DK4 + lane * DK4L;
+            for (int e = 0; e < DK4L; ++e) acc[e] = mad((float4)(ds), krow[e], acc[e]);
         }
     }
     if (!active) return;
     __global float *dqrow = dq + ((${index_t})b * L + row) * DK;
-    ${store_row("dqrow", "acc", "DK", "DK4", "scale")}
+    ${store_slice("dqrow", "acc", "DK", "DK4L", "scale")}
 }
 
-__kernel __attribute__((reqd_work_group_size(${kv_block}, 1, 1)))
+#undef GROUP
+#define GROUP (${kv_block} * LANES)
+
+__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void attention_backward_kv(${common_args()}, const float scale,
                            __global const float *dout, const ${index_t} dout_off,
                            __global const float *lse, __global const float *delta,
@@ -402,50 +472,52 @@ void attention_backward_kv(${common_args()}, const float scale,
     __local float4 g_tile[${q_tile} * DV4];
     __local float lse_tile[${q_tile}], delta_tile[${q_tile}];
 % if has_mask:
-    // Row i, key lid at i * kv_block + lid: the items of a row read consecutive words.
+    // Row i, key slot at i * kv_block + slot: the items of a row read consecutive words.
     __local float bias_tile[${q_tile} * ${kv_block}];
 % endif
+    ${exchange_buffer()}
     const int lid = get_local_id(0);
+    const int lane = lid % LANES, slot = lid / LANES;
     const ${index_t} b = get_group_id(1);
     const ${index_t} kv0 = (${index_t})get_group_id(0) * ${kv_block};
-    const ${index_t} key = kv0 + lid;
+    const ${index_t} key = kv0 + slot;
     const bool active = key < S;
     ${operand_bases()}
     __global const float *gb = dout + dout_off + (${index_t})b * L * DV;
 
-    float4 kr[DK4], vr[DV4], dkr[DK4], dvr[DV4];
-    ${load_row("kr", "(kb + key * DK)", "DK", "DK4", "active")}
-    ${load_row("vr", "(vb + key * DV)", "DV", "DV4", "active")}
-    for (int e = 0; e < DK4; ++e) {
+    float4 kr[DK4L], vr[DV4L], dkr[DK4L], dvr[DV4L];
+    ${load_slice("kr", "(kb + key * DK)", "DK", "DK4L", "active")}
+    ${load_slice("vr", "(vb + key * DV)", "DV", "DV4L", "active")}
+    for (int e = 0; e < DK4L; ++e) {
         kr[e] *= scale2;
         dkr[e] = (float4)(0.0f);
     }
-    for (int e = 0; e < DV4; ++e) dvr[e] = (float4)(0.0f);
+    for (int e = 0; e < DV4L; ++e) dvr[e] = (float4)(0.0f);
     // Causal: query rows before the block's first key see none of its keys.
     const ${index_t} i_begin = causal ? kv0 : 0;
 
     for (${index_t} i0 = i_begin; i0 < L; i0 += ${q_tile}) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        ${stage_rows("q_tile", "qb", "i0", q_tile, "L", "DK", "DK4", kv_block, "lid")}
-        ${stage_rows("g_tile", "gb", "i0", q_tile, "L", "DV", "DV4", kv_block, "lid")}
-        for (int t = lid; t < ${q_tile}; t += ${kv_block}) {
+        ${stage_rows("q_tile", "qb", "i0", q_tile, "L", "DK", "DK4", "GROUP", "lid")}
+        ${stage_rows("g_tile", "gb", "i0", q_tile, "L", "DV", "DV4", "GROUP", "lid")}
+        for (int t = lid; t < ${q_tile}; t += GROUP) {
             const ${index_t} row = i0 + t;
             lse_tile[t] = row < L ? lse[(${index_t})b * L + row] : INFINITY;
             delta_tile[t] = row < L ? delta[(${index_t})b * L + row] : 0.0f;
         }
-        ${stage_bias("bias_tile", q_tile, kv_block, kv_block, "i0", "kv0", kv_block, "lid")}
+        ${stage_bias("bias_tile", q_tile, kv_block, kv_block, "i0", "kv0", "GROUP", "lid")}
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (!active) continue;
-        for (int i = 0; i < ${q_tile}; ++i) {
+        // The same count for every item (the lanes sum across items).
+        const int rows = (int)min((${index_t})${q_tile}, L - i0);
+        for (int i = 0; i < rows; ++i) {
             const ${index_t} row = i0 + i;
-            if (row >= L) break;
-            if (causal && key > row) continue;
-            ${dot_row("x", "kr", "q_tile", "i", "DK4")}
+            ${dot_slice("x", "kr", "q_tile", "i", "DK4", "DK4L")}
+            ${dot_slice("dp", "vr", "g_tile", "i", "DV4", "DV4L")}
+            ${lane_sum("x", "dp")}
 % if has_mask:
-            x += bias_tile[i * ${kv_block} + lid];
+            x += bias_tile[i * ${kv_block} + slot];
 % endif
-            const float p = exp2(x - lse_tile[i]);
-            ${dot_row("dp", "vr", "g_tile", "i", "DV4")}
+            const float p = (causal && key > row) ? 0.0f : exp2(x - lse_tile[i]);
 % if dropout:
             const bool kept = kept_element(((ulong)b * (ulong)L + (ulong)row) * (ulong)S + key,
                                            seed0, seed1, stream0, stream1, threshold);
@@ -455,13 +527,15 @@ void attention_backward_kv(${common_args()}, const float scale,
             const float pv = p;
 % endif
             const float ds = p * (dp - delta_tile[i]);
-            for (int e = 0; e < DV4; ++e) dvr[e] = mad((float4)(pv), g_tile[i * DV4 + e], dvr[e]);
-            for (int e = 0; e < DK4; ++e) dkr[e] = mad((float4)(ds), q_tile[i * DK4 + e], dkr[e]);
+            __local const float4 *grow = g_tile + i * DV4 + lane * DV4L;
+            __local const float4 *qrow = q_tile + i * DK4 + lane * DK4L;
+            for (int e = 0; e < DV4L; ++e) dvr[e] = mad((float4)(pv), grow[e], dvr[e]);
+            for (int e = 0; e < DK4L; ++e) dkr[e] = mad((float4)(ds), qrow[e], dkr[e]);
         }
     }
     if (!active) return;
     __global float *dkrow = dk + ((${index_t})b * S + key) * DK;
     __global float *dvrow = dv + ((${index_t})b * S + key) * DV;
-    ${store_row("dkrow", "dkr", "DK", "DK4", "scale")}
-    ${store_row("dvrow", "dvr", "DV", "DV4", "1.0f")}
+    ${store_slice("dkrow", "dkr", "DK", "DK4L", "scale")}
+    ${store_slice("dvrow", "dvr", "DV", "DV4L", "1.0f")}
 }

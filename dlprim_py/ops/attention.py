@@ -17,9 +17,11 @@ Dropout draws the same numbers as ``F.dropout`` on the (B, L, S) attention weigh
 the same seed and stream (Philox4x32-10 of the element index, ``dlprim_py.ops.dropout``): the
 backward regenerates the mask, and ``attention_dropout_mask`` gives it on the host for tests.
 
-The "attention" family (``dlprim_py.solver``) has one solver, ``rows`` (a work item per query
-row in the forward and dQ, per key in dK/dV, the head dims in registers); its block sizes are
-tuning values (``tuning_db/attention.json``), shrunk where the device's local memory is short.
+The "attention" family (``dlprim_py.solver``) has one solver, ``rows``: a query row per
+``lanes`` work items in the forward and dQ, a key per ``lanes`` items in dK/dV, each item
+holding its share of the head dims in registers (the lanes' partial dot products summed by warp
+shuffles on NVIDIA, through local memory elsewhere). Block sizes and lanes are tuning values
+(``tuning_db/attention.json``); steps shrink where the device's local memory is short.
 """
 import math
 from dataclasses import dataclass
@@ -75,16 +77,19 @@ FAMILY = solver.register(solver.Family("attention", (RowsSolver(),), title="atte
 ALGORITHMS = tuple(FAMILY.solvers)
 
 
-def _fit_local(ctx, dk, dv, mask, rows, keys, kind):
+def _fit_local(ctx, dk, dv, mask, rows, keys, kind, exchange=0):
     """Shrink the steps (``keys`` of the forward, query rows of the key kernel) until the
-    kernel's local memory fits the device; UnsupportedError when even 4 do not fit."""
+    kernel's local memory fits the device (``exchange``: bytes of the lanes' exchange buffer);
+    UnsupportedError when even 4 do not fit."""
     dk4, dv4 = (dk + 3) // 4, (dv + 3) // 4
     limit = ctx.info.local_mem_size
 
     def need(step):
         if kind == "forward":
-            return 16 * step * (dk4 + dv4) + (4 * rows * (step + 1) if mask != "none" else 0)
-        return 16 * step * (dk4 + dv4) + 8 * step + (4 * step * rows if mask != "none" else 0)
+            return 16 * step * (dk4 + dv4) + (4 * rows * (step + 1) if mask != "none" else 0) \
+                + exchange
+        return 16 * step * (dk4 + dv4) + 8 * step + (4 * step * rows if mask != "none" else 0) \
+            + exchange
 
     while need(keys) > limit and keys > 4:
         keys //= 2
@@ -92,6 +97,16 @@ def _fit_local(ctx, dk, dv, mask, rows, keys, kind):
         raise UnsupportedError(f"scaled_dot_product_attention: head dims ({dk}, {dv}) need "
                                f"{need(keys)} bytes of local memory, the device has {limit}")
     return keys
+
+
+def _lanes(ctx, problem, wanted, limit, rows):
+    """Work items per row: ``wanted`` where the head dims' float4s split evenly and the group
+    fits, else the largest power of two below it that does (1 always does)."""
+    lanes = max(1, int(wanted))
+    dk4, dv4 = (problem.dk + 3) // 4, (problem.dv + 3) // 4
+    while lanes > 1 and (dk4 % lanes or dv4 % lanes or rows * lanes > limit):
+        lanes //= 2
+    return lanes
 
 
 class AttentionPlan:
@@ -104,14 +119,19 @@ class AttentionPlan:
         limit = ctx.info.max_work_group_size
         block_m = min(int(params["block_m"]), limit)
         kv_block = min(int(params["kv_block"]), limit)
+        lanes = _lanes(ctx, problem, params.get("lanes", 1), limit, max(block_m, kv_block))
+        # NVIDIA: a row's lanes are neighbours in a warp and sum with warp shuffles (inline
+        # PTX); elsewhere through local memory, with barriers.
+        shuffle = "ptx" if ctx.info.vendor == "nvidia" else "local"
+        exchange = 8 * lanes * max(block_m, kv_block) if lanes > 1 and shuffle == "local" else 0
         block_n = _fit_local(ctx, problem.dk, problem.dv, problem.mask, block_m,
-                             int(params["block_n"]), "forward")
+                             int(params["block_n"]), "forward", exchange)
         q_tile = _fit_local(ctx, problem.dk, problem.dv, problem.mask, kv_block,
-                            int(params["q_tile"]), "kv")
+                            int(params["q_tile"]), "kv", exchange)
         self.params = dict(dk=problem.dk, dv=problem.dv, block_m=block_m, block_n=block_n,
                            kv_block=kv_block, q_tile=q_tile, mask=problem.mask,
-                           dropout=problem.dropout, index_t=index_t,
-                           unroll=bool(params.get("unroll", True)))
+                           dropout=problem.dropout, index_t=index_t, lanes=lanes,
+                           shuffle=shuffle, unroll=bool(params.get("unroll", True)))
         built = program.build(ctx, "attention", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_forward", fresh=True))
         self.delta_kernel = BoundKernel(built.kernel("attention_delta", fresh=True))
@@ -121,8 +141,9 @@ class AttentionPlan:
         self.index = np.int32 if index_t == "int" else np.int64
         self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
         L, S = problem.L, problem.S
-        self.rows_size = ((math.ceil(L / block_m) * block_m, batches), (block_m, 1))
-        self.keys_size = ((math.ceil(S / kv_block) * kv_block, batches), (kv_block, 1))
+        self.rows_size = ((math.ceil(L / block_m) * block_m * lanes, batches), (block_m * lanes, 1))
+        self.keys_size = ((math.ceil(S / kv_block) * kv_block * lanes, batches),
+                          (kv_block * lanes, 1))
         rows = batches * L
         group = min(64, limit)
         self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
