@@ -303,3 +303,44 @@ def test_mha_bad_inputs(ctx, rng):
         mha(x, x, x, 8, 2, w, None, None, None, False, 0.0, o, None, is_causal=True)
     with pytest.raises(ShapeError, match="in_proj_weight"):
         mha(x, x, x, 8, 2, o, None, None, None, False, 0.0, o, None)
+
+
+@pytest.mark.parametrize("lanes, kw, mask_kind", [
+    (2, {"is_causal": True}, None), (4, {"scale": 0.7}, "bool"),
+    (2, {"dropout_p": 0.25, "seed": 99}, None)])
+def test_lanes_summing_through_local_memory(ctx, rng, poison, tuning_rules, lanes, kw, mask_kind):
+    """Several work items per row and per key (the NVIDIA rule's layout), summing their partial
+    dot products through local memory as on devices without warp shuffles."""
+    tuning_rules("attention", [{"when": {}, "params": {
+        "solver": "rows", "block_m": 8, "block_n": 8, "kv_block": 8, "q_tile": 8,
+        "lanes": lanes, "unroll": False}}])
+    plan_params = []
+    original = A.AttentionPlan.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        plan_params.append(self.params)
+    qs, ks = (2, 3, 19, 16), (2, 3, 21, 16)
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.uniform(0, 1, (2, 1, 19, 21)) > 0.3
+        mask[1, 0, 2] = False
+    elif mask_kind == "float":
+        mask = random(rng, (19, 21))
+    import unittest.mock
+    with unittest.mock.patch.object(A.AttentionPlan, "__init__", spy):
+        if "dropout_p" in kw:
+            p, seed = kw["dropout_p"], kw["seed"]
+            q, k, v, g = (random(rng, s) for s in (qs, ks, ks, qs))
+            keep = A.attention_dropout_mask((2, 3), 19, 21, p, seed)
+            ref = _dropout_reference(q, k, v, keep, p, g)
+            ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in (q, k, v)]
+            out = F.scaled_dot_product_attention(*ours, **kw)
+            assert_close(out.numpy(), ref[0], tol=TOL)
+            out.backward(dp.Tensor.from_numpy(ctx, g))
+            for t, r in zip(ours, ref[1:]):
+                assert_close(t.grad.numpy(), r, tol=TOL)
+        else:
+            _check(ctx, rng, qs, ks, ks, mask=mask, **kw)
+    assert plan_params and plan_params[-1]["lanes"] == lanes
+    assert plan_params[-1]["shuffle"] == ("ptx" if ctx.info.vendor == "nvidia" else "local")
