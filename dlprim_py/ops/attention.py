@@ -281,21 +281,44 @@ def _broadcasts(shape, target):
         return False
 
 
-def _plan(ctx, problem, batch, query, key, value, attn_mask, table, enable_gqa, algorithm):
+class _Call:
+    """What a call of one configuration needs, made once (``_call``): the checked geometry, the
+    problem and the plan."""
+
+    def __init__(self, ctx, query, key, value, attn_mask, is_causal, enable_gqa, dropout, wide,
+                 forced):
+        (self.batch, self.L, self.S, self.E, self.Ev, table, mask_kind, mask_strides,
+         self.k_group, self.v_group) = _geometry(query, key, value, attn_mask, is_causal,
+                                                 enable_gqa)
+        self.batches = math.prod(self.batch)
+        self.problem = AttentionProblem(self.E, self.Ev, self.L, self.S, mask_kind,
+                                        bool(is_causal), dropout)
+        self.plan = None
+        if self.batches * self.L * self.Ev:
+            largest = max(int(table.max(initial=0)) + max(t.size for t in (query, key, value)),
+                          self.batches * max(self.L, self.S) * max(self.E, self.Ev))
+            index_t = "long" if wide or largest + 4 * MAX_HEAD_DIM >= 2 ** 31 - 1 else "int"
+            self.plan = AttentionPlan(ctx, self.problem, table, self.batches, index_t, forced)
+            index = self.plan.index
+            self.mask_args = (index(mask_strides[0]), index(mask_strides[1]),
+                              np.int32(bool(is_causal)))
+
+
+def _call(ctx, query, key, value, attn_mask, is_causal, enable_gqa, dropout, algorithm):
+    """The call's ``_Call``, from the plan cache: a repeated call on seen shapes checks and
+    builds nothing."""
     forced = algorithm or config.switches().forced.get("attention")
-    mask_shape = None if attn_mask is None else attn_mask.shape
-    key_ = ("attention", problem, batch, query.shape, key.shape, value.shape, mask_shape,
-            bool(enable_gqa), forced, tuning.generation)
-    plan = ctx.plans.get(key_)
-    if plan is None:
-        largest = max(int(table.max(initial=0)) + max(t.size for t in (query, key, value)),
-                      math.prod(batch) * max(problem.L, problem.S) * max(problem.dk, problem.dv),
-                      *(t.offset_elements + t.size for t in (query, key, value)),
-                      0 if attn_mask is None else attn_mask.offset_elements + attn_mask.size)
-        index_t = "int" if largest + 4 * MAX_HEAD_DIM < 2 ** 31 - 1 else "long"
-        plan = ctx.plans.put(key_, AttentionPlan(ctx, problem, table, math.prod(batch), index_t,
-                                                 forced))
-    return plan
+    # 64-bit indices where an operand reaches past 2^30 elements in its buffer.
+    wide = max(t.offset_elements + t.size for t in (query, key, value)) >= 2 ** 30 or (
+        attn_mask is not None and attn_mask.offset_elements + attn_mask.size >= 2 ** 30)
+    key_ = ("attention", query.shape, key.shape, value.shape,
+            None if attn_mask is None else (attn_mask.shape, attn_mask.dtype), bool(is_causal),
+            bool(enable_gqa), dropout, wide, forced, tuning.generation)
+    call = ctx.plans.get(key_)
+    if call is None:
+        call = ctx.plans.put(key_, _Call(ctx, query, key, value, attn_mask, is_causal,
+                                         enable_gqa, dropout, wide, forced))
+    return call
 
 
 def _common_args(plan, problem, scale2, q, k, v, mask):
@@ -348,41 +371,45 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(name, t)
-    check_same_context(query, key, value, attn_mask if isinstance(attn_mask, Tensor) else None)
+    if attn_mask is not None and not isinstance(attn_mask, Tensor):
+        raise not_a_tensor("scaled_dot_product_attention: attn_mask", attn_mask)
+    check_same_context(query, key, value, attn_mask)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float, np.floating)) \
             or not 0.0 <= dropout_p <= 1.0:
         raise ShapeError(f"scaled_dot_product_attention: dropout_p must be a probability in "
                          f"[0, 1], got {dropout_p!r}")
-    batch, L, S, E, Ev, table, mask_kind, mask_strides, k_group, v_group = _geometry(
-        query, key, value, attn_mask, is_causal, enable_gqa)
-    if scale is None:
-        scale = 1.0 / math.sqrt(E)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)):
+    if scale is not None and (isinstance(scale, bool)
+                              or not isinstance(scale, (int, float, np.floating))):
         raise ShapeError(f"scaled_dot_product_attention: scale must be a number, got {scale!r}")
-    scale = float(scale)
     if attn_mask is not None and autograd.needs_grad(attn_mask):
         raise UnsupportedError("scaled_dot_product_attention: the gradient of attn_mask is not "
                                "computed; pass attn_mask.detach() (or a bool mask)")
-    dropout_p = float(dropout_p)
-    seed, stream = _random_state(dropout_p, seed, stream)
     ctx = query.ctx
+    dropout_p = float(dropout_p)
+    call = _call(ctx, query, key, value, attn_mask, is_causal, enable_gqa, dropout_p > 0.0,
+                 algorithm)
+    seed, stream = _random_state(dropout_p, seed, stream)
+    batch, L, S, E, Ev = call.batch, call.L, call.S, call.E, call.Ev
+    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     out = _empty(ctx, batch + (L, Ev), float32)
-    if out.size == 0:
+    if call.plan is None:
+        if out.size:
+            out.fill_(0.0)
         return out
-    problem = AttentionProblem(E, Ev, L, S, mask_kind, bool(is_causal), dropout_p > 0.0)
-    plan = _plan(ctx, problem, batch, query, key, value, attn_mask, table, enable_gqa, algorithm)
+    plan, problem = call.plan, call.problem
     index = plan.index
-    lse = _empty(ctx, (math.prod(batch) * L,), float32)
+    lse = _empty(ctx, (call.batches * L,), float32)
     scale2 = scale * math.log2(math.e)
     common = _common_args(plan, problem, scale2, query, key, value, attn_mask)
-    strides = (index(mask_strides[0]), index(mask_strides[1]), np.int32(bool(is_causal)))
+    strides = call.mask_args
     drop = _dropout_args(seed, stream, dropout_p)
     plan.forward_kernel(ctx.queue, *plan.rows_size, *common, *strides, out.buffer,
                         index(out.offset_elements), lse.buffer, *drop)
     saved = out.detach()
+    k_group, v_group = call.k_group, call.v_group
 
     def backward(g):
-        B = math.prod(batch)
+        B = call.batches
         delta = _empty(ctx, (B * L,), float32)
         plan.delta_kernel(ctx.queue, *plan.delta_size, index(B * L), saved.buffer,
                           index(saved.offset_elements), g.buffer, index(g.offset_elements),
