@@ -45,6 +45,8 @@
 ##   block_m      query rows per work-group (forward, dq)     block_n   keys per step (forward, dq)
 ##   kv_block     keys per work-group (dk, dv)                q_tile    query rows per step (dk, dv)
 ##   mask         "none", "bool" (nonzero: takes part) or "float" (added to the scores)
+##   rows         query rows per work item in the forward (their k and v reads shared; the
+##                forward's group has block_m / rows * lanes items)
 ##   lanes        work items per query row (forward, dq) or key (dk/dv): each holds DK4 / lanes
 ##                and DV4 / lanes float4s of the rows (fewer registers per item); their partial
 ##                dot products are summed across the lanes (lane_sum)
@@ -264,7 +266,9 @@ bool kept_element(ulong i, uint seed0, uint seed1, uint stream0, uint stream1, u
     }
 </%def>
 
-#define GROUP (${block_m} * LANES)
+// The forward's items: ROWS query rows each (their key and value reads shared), LANES per row.
+#define ROWS ${rows}
+#define GROUP (${block_m} / ROWS * LANES)
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void attention_forward(${common_args()},
@@ -275,7 +279,7 @@ void attention_forward(${common_args()},
     __local float4 k_tile[${block_n} * DK4];
     __local float4 v_tile[${block_n} * DV4];
 % if has_mask:
-    // Pitch block_n + 1: the rows' items read their own rows, one bank apart.
+    // Pitch block_n + 1: the items read their own rows, banks apart.
     __local float bias_tile[${block_m} * (${block_n} + 1)];
 % endif
     ${exchange_buffer()}
@@ -283,24 +287,26 @@ void attention_forward(${common_args()},
     const int lane = lid % LANES, slot = lid / LANES;
     const ${index_t} b = get_group_id(1);
     const ${index_t} row0 = (${index_t})get_group_id(0) * ${block_m};
-    const ${index_t} row = row0 + slot;
-    const bool active = row < L;
     ${operand_bases()}
 
-    // This lane's slice of the q row, scaled so that q . k gives base-2 scores.
-    float4 qr[DK4L];
-    ${load_slice("qr", "(qb + row * DK)", "DK", "DK4L", "active")}
-    for (int e = 0; e < DK4L; ++e) qr[e] *= scale2;
-    float4 acc[DV4L];
-    for (int e = 0; e < DV4L; ++e) acc[e] = (float4)(0.0f);
-    float m = -INFINITY, l = 0.0f;
+    // Rows row0 + slot * ROWS + r: this lane's slice of each q row, scaled so that q . k
+    // gives base-2 scores.
+    float4 qr[ROWS][DK4L], acc[ROWS][DV4L];
+    float m[ROWS], l[ROWS];
     // A NaN score that the running maximum skips (fmax ignores NaN) still reaches the output.
-    float nan_seen = 0.0f;
+    float nan_seen[ROWS];
+    #pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const ${index_t} row = row0 + slot * ROWS + r;
+        ${load_slice("qr[r]", "(qb + row * DK)", "DK", "DK4L", "row < L")}
+        for (int e = 0; e < DK4L; ++e) qr[r][e] *= scale2;
+        for (int e = 0; e < DV4L; ++e) acc[r][e] = (float4)(0.0f);
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        nan_seen[r] = 0.0f;
+    }
     // Causal: the block's last row sees keys up to itself.
     const ${index_t} n_end = causal ? min(S, row0 + ${block_m}) : S;
-% if dropout:
-    const ulong element0 = ((ulong)b * (ulong)L + (ulong)row) * (ulong)S;
-% endif
 
     for (${index_t} n0 = 0; n0 < n_end; n0 += ${block_n}) {
         // Every item is done with the previous tiles.
@@ -310,72 +316,104 @@ void attention_forward(${common_args()},
         ${stage_bias("bias_tile", block_m, block_n, block_n + 1, "row0", "n0", "GROUP", "lid")}
         barrier(CLK_LOCAL_MEM_FENCE);
 
-        // Every item runs the scores (the lanes sum across items); inactive rows score zeros.
-        float s[${block_n}];
-        float tile_max = -INFINITY;
+        // Every item runs the scores (the lanes sum across items); rows past L score zeros.
+        float s[ROWS][${block_n}];
+        float tile_max[ROWS];
+        #pragma unroll
+        for (int r = 0; r < ROWS; ++r) tile_max[r] = -INFINITY;
         ${unroll_pragma()}
         for (int j = 0; j < ${block_n}; ++j) {
-            ${dot_slice("x", "qr", "k_tile", "j", "DK4", "DK4L")}
-            ${lane_sum("x")}
+            __local const float4 *krow = k_tile + j * DK4 + lane * DK4L;
+            float x[ROWS];
+            #pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                float4 sum4 = (float4)(0.0f);
+                for (int e = 0; e < DK4L; ++e) sum4 = mad(qr[r][e], krow[e], sum4);
+                x[r] = (sum4.x + sum4.y) + (sum4.z + sum4.w);
+            }
+            #pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                ${lane_sum("x[r]")}
+                const ${index_t} row = row0 + slot * ROWS + r, key = n0 + j;
 % if has_mask:
-            x += bias_tile[slot * (${block_n} + 1) + j];
+                x[r] += bias_tile[(slot * ROWS + r) * (${block_n} + 1) + j];
 % endif
-            const ${index_t} key = n0 + j;
-            if (key >= S || (causal && key > row)) x = -INFINITY;
-            if (isnan(x)) nan_seen = x;
-            s[j] = x;
-            tile_max = fmax(tile_max, x);
-        }
-        const float m_new = fmax(m, tile_max);
-        // Nothing takes part yet: exp2(s - m_new) would be NaN for s = m_new = -inf.
-        if (m_new == -INFINITY) continue;
-        const float alpha = exp2(m - m_new);
-        m = m_new;
-        l *= alpha;
-        for (int e = 0; e < DV4L; ++e) acc[e] *= alpha;
-% if dropout:
-        // Bit j: whether key n0 + j is kept (Philox blocks covering the tile's elements).
-        ulong keep = 0;
-        {
-            const ulong first = element0 + (ulong)n0;
-            for (int blk = 0; blk <= ${block_n} / 4; ++blk) {
-                const ulong block = (first >> 2) + (ulong)blk;
-                const uint4 r = block_words(block, seed0, seed1, stream0, stream1);
-                const long j0 = (long)(block * 4 - first);
-                const uint words[4] = {r.x, r.y, r.z, r.w};
-                for (int w = 0; w < 4; ++w) {
-                    const long j = j0 + w;
-                    if (j >= 0 && j < ${block_n} && (words[w] >> 8) >= threshold)
-                        keep |= (ulong)1 << j;
-                }
+                if (key >= S || (causal && key > row)) x[r] = -INFINITY;
+                if (isnan(x[r])) nan_seen[r] = x[r];
+                s[r][j] = x[r];
+                tile_max[r] = fmax(tile_max[r], x[r]);
             }
         }
+        float pv[ROWS][${block_n}];
+        #pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const float m_new = fmax(m[r], tile_max[r]);
+            // Nothing takes part yet (m_new = -inf): weights 0, not exp2(-inf + inf).
+            const float alpha = m_new == -INFINITY ? 1.0f : exp2(m[r] - m_new);
+            m[r] = m_new;
+            l[r] *= alpha;
+            for (int e = 0; e < DV4L; ++e) acc[r][e] *= alpha;
+% if dropout:
+            // Bit j: whether key n0 + j is kept (Philox blocks covering the tile's elements).
+            ulong keep = 0;
+            {
+                const ulong first = ((ulong)b * (ulong)L + (ulong)(row0 + slot * ROWS + r))
+                                    * (ulong)S + (ulong)n0;
+                for (int blk = 0; blk <= ${block_n} / 4; ++blk) {
+                    const ulong block = (first >> 2) + (ulong)blk;
+                    const uint4 w4 = block_words(block, seed0, seed1, stream0, stream1);
+                    const long j0 = (long)(block * 4 - first);
+                    const uint words[4] = {w4.x, w4.y, w4.z, w4.w};
+                    for (int w = 0; w < 4; ++w) {
+                        const long j = j0 + w;
+                        if (j >= 0 && j < ${block_n} && (words[w] >> 8) >= threshold)
+                            keep |= (ulong)1 << j;
+                    }
+                }
+            }
 % endif
+            ${unroll_pragma()}
+            for (int j = 0; j < ${block_n}; ++j) {
+                const float p = m_new == -INFINITY ? 0.0f : exp2(s[r][j] - m_new);
+                l[r] += p;
+% if dropout:
+                pv[r][j] = (keep >> j) & 1 ? p : 0.0f;
+% else:
+                pv[r][j] = p;
+% endif
+            }
+        }
         ${unroll_pragma()}
         for (int j = 0; j < ${block_n}; ++j) {
-            const float p = exp2(s[j] - m);
-            l += p;
-% if dropout:
-            const float pv = (keep >> j) & 1 ? p : 0.0f;
-% else:
-            const float pv = p;
-% endif
             __local const float4 *vrow = v_tile + j * DV4 + lane * DV4L;
-            for (int e = 0; e < DV4L; ++e) acc[e] = mad((float4)(pv), vrow[e], acc[e]);
+            for (int e = 0; e < DV4L; ++e) {
+                const float4 ve = vrow[e];
+                #pragma unroll
+                for (int r = 0; r < ROWS; ++r) acc[r][e] = mad((float4)(pv[r][j]), ve, acc[r][e]);
+            }
         }
     }
-    if (!active) return;
+    #pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const ${index_t} row = row0 + slot * ROWS + r;
+        if (row >= L) break;
 % if dropout:
-    const float norm = l > 0.0f ? keep_scale / l : 0.0f;
+        const float norm = l[r] > 0.0f ? keep_scale / l[r] : 0.0f;
 % else:
-    const float norm = l > 0.0f ? 1.0f / l : 0.0f;
+        const float norm = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
 % endif
-    for (int e = 0; e < DV4L; ++e) acc[e] = acc[e] * norm + nan_seen;
-    __global float *orow = o + o_off + ((${index_t})b * L + row) * DV;
-    ${store_slice("orow", "acc", "DV", "DV4L", "1.0f")}
-    if (lane == 0)
-        lse[(${index_t})b * L + row] = l > 0.0f ? m + log2(l) : (l == 0.0f ? INFINITY : l) + nan_seen;
+        for (int e = 0; e < DV4L; ++e) acc[r][e] = acc[r][e] * norm + nan_seen[r];
+        __global float *orow = o + o_off + ((${index_t})b * L + row) * DV;
+        ${store_slice("orow", "acc[r]", "DV", "DV4L", "1.0f")}
+        if (lane == 0)
+            lse[(${index_t})b * L + row] = l[r] > 0.0f ? m[r] + log2(l[r])
+                                           : (l[r] == 0.0f ? INFINITY : l[r]) + nan_seen[r];
+    }
 }
+
+#undef ROWS
+#undef GROUP
+#define GROUP (${block_m} * LANES)
 
 __kernel void attention_delta(const ${index_t} rows,
                               __global const float *o, const ${index_t} o_off,

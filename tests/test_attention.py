@@ -168,6 +168,15 @@ def test_repeated_call_builds_nothing(ctx, rng):
     assert dict(program.stats) == before
 
 
+def test_rows_per_item_without_lanes(ctx, rng, poison, tuning_rules):
+    """Forward items of two query rows, one item per row, on the device's shuffle-free path."""
+    tuning_rules("attention", [{"when": {}, "params": {
+        "solver": "rows", "block_m": 16, "block_n": 8, "kv_block": 16, "q_tile": 8,
+        "lanes": 1, "rows": 2, "unroll": True}}])
+    mask = random(rng, (1, 21))
+    _check(ctx, rng, (2, 3, 19, 16), (2, 3, 21, 16), (2, 3, 21, 16), mask=mask)
+
+
 def test_forced_solver(ctx, rng, monkeypatch):
     q = dp.Tensor.from_numpy(ctx, random(rng, (2, 9, 16)))
     monkeypatch.setenv("DLPRIM_ATTENTION_ALGO", "rows")
@@ -305,15 +314,16 @@ def test_mha_bad_inputs(ctx, rng):
         mha(x, x, x, 8, 2, o, None, None, None, False, 0.0, o, None)
 
 
-@pytest.mark.parametrize("lanes, kw, mask_kind", [
-    (2, {"is_causal": True}, None), (4, {"scale": 0.7}, "bool"),
-    (2, {"dropout_p": 0.25, "seed": 99}, None)])
-def test_lanes_summing_through_local_memory(ctx, rng, poison, tuning_rules, lanes, kw, mask_kind):
+@pytest.mark.parametrize("lanes, rows, kw, mask_kind", [
+    (2, 1, {"is_causal": True}, None), (4, 2, {"scale": 0.7}, "bool"),
+    (2, 2, {"dropout_p": 0.25, "seed": 99}, None)])
+def test_lanes_and_rows_per_item(ctx, rng, poison, tuning_rules, lanes, rows, kw, mask_kind):
     """Several work items per row and per key (the NVIDIA rule's layout), summing their partial
-    dot products through local memory as on devices without warp shuffles."""
+    dot products through local memory as on devices without warp shuffles, and forward items
+    taking two query rows."""
     tuning_rules("attention", [{"when": {}, "params": {
         "solver": "rows", "block_m": 8, "block_n": 8, "kv_block": 8, "q_tile": 8,
-        "lanes": lanes, "unroll": False}}])
+        "lanes": lanes, "rows": rows, "unroll": False}}])
     plan_params = []
     original = A.AttentionPlan.__init__
 
@@ -343,4 +353,5 @@ def test_lanes_summing_through_local_memory(ctx, rng, poison, tuning_rules, lane
         else:
             _check(ctx, rng, qs, ks, ks, mask=mask, **kw)
     assert plan_params and plan_params[-1]["lanes"] == lanes
+    assert plan_params[-1]["rows"] == rows
     assert plan_params[-1]["shuffle"] == ("ptx" if ctx.info.vendor == "nvidia" else "local")

@@ -18,7 +18,8 @@ the same seed and stream (Philox4x32-10 of the element index, ``dlprim_py.ops.dr
 backward regenerates the mask, and ``attention_dropout_mask`` gives it on the host for tests.
 
 The "attention" family (``dlprim_py.solver``) has one solver, ``rows``: a query row per
-``lanes`` work items in the forward and dQ, a key per ``lanes`` items in dK/dV, each item
+``lanes`` work items in the forward and dQ (the forward's items may take ``rows`` query rows
+each, sharing their reads of k and v), a key per ``lanes`` items in dK/dV, each item
 holding its share of the head dims in registers (the lanes' partial dot products summed by warp
 shuffles on NVIDIA, through local memory elsewhere). Block sizes and lanes are tuning values
 (``tuning_db/attention.json``); steps shrink where the device's local memory is short.
@@ -120,6 +121,10 @@ class AttentionPlan:
         block_m = min(int(params["block_m"]), limit)
         kv_block = min(int(params["kv_block"]), limit)
         lanes = _lanes(ctx, problem, params.get("lanes", 1), limit, max(block_m, kv_block))
+        rows = int(params.get("rows", 1))
+        if rows not in (1, 2, 4) or block_m % rows:
+            raise UnsupportedError(f"attention tuning: rows must be 1, 2 or 4 and divide "
+                                   f"block_m = {block_m}, got {rows!r}")
         # NVIDIA: a row's lanes are neighbours in a warp and sum with warp shuffles (inline
         # PTX); elsewhere through local memory, with barriers.
         shuffle = "ptx" if ctx.info.vendor == "nvidia" else "local"
@@ -130,7 +135,7 @@ class AttentionPlan:
                             int(params["q_tile"]), "kv", exchange)
         self.params = dict(dk=problem.dk, dv=problem.dv, block_m=block_m, block_n=block_n,
                            kv_block=kv_block, q_tile=q_tile, mask=problem.mask,
-                           dropout=problem.dropout, index_t=index_t, lanes=lanes,
+                           dropout=problem.dropout, index_t=index_t, lanes=lanes, rows=rows,
                            shuffle=shuffle, unroll=bool(params.get("unroll", True)))
         built = program.build(ctx, "attention", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_forward", fresh=True))
@@ -141,6 +146,9 @@ class AttentionPlan:
         self.index = np.int32 if index_t == "int" else np.int64
         self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
         L, S = problem.L, problem.S
+        forward_items = block_m // rows * lanes
+        self.forward_size = ((math.ceil(L / block_m) * forward_items, batches),
+                             (forward_items, 1))
         self.rows_size = ((math.ceil(L / block_m) * block_m * lanes, batches), (block_m * lanes, 1))
         self.keys_size = ((math.ceil(S / kv_block) * kv_block * lanes, batches),
                           (kv_block * lanes, 1))
@@ -403,7 +411,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     common = _common_args(plan, problem, scale2, query, key, value, attn_mask)
     strides = call.mask_args
     drop = _dropout_args(seed, stream, dropout_p)
-    plan.forward_kernel(ctx.queue, *plan.rows_size, *common, *strides, out.buffer,
+    plan.forward_kernel(ctx.queue, *plan.forward_size, *common, *strides, out.buffer,
                         index(out.offset_elements), lse.buffer, *drop)
     saved = out.detach()
     k_group, v_group = call.k_group, call.v_group
