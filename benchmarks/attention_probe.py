@@ -1,7 +1,9 @@
 """Block sizes of the attention kernels: wall time of forward and forward + backward per
-choice of (block_m, block_n, kv_block, q_tile), overriding the tuning values.
+choice of (block_m, block_n, kv_block, q_tile[, lanes[, rows]]), overriding the tuning values
+(``tuning_db/attention.json``), to choose the rules of a device.
 
-    python benchmarks/attention_probe.py --shape 8,12,1024,64 --choices 128,32,128,32 64,32,64,32
+    python benchmarks/attention_probe.py --shape 8,12,1024,64 \
+        --choices 64,32,64,32,2,1 128,16,64,32,2,2 128,32,128,32,1,1
 """
 import argparse
 import os
@@ -14,6 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import dlprim_py as dp  # noqa: E402
 from dlprim_py import solver  # noqa: E402
 from dlprim_py.bench import nets  # noqa: E402
+from dlprim_py.ops import attention  # noqa: E402
 
 F = dp.functional
 
@@ -33,12 +36,14 @@ def main():
     g = dp.Tensor.from_numpy(ctx, rng.standard_normal(shape).astype(np.float32))
     original = solver.tunables
     for choice in args.choices:
-        bm, bn, kvb, qt = (int(x) for x in choice.split(","))
+        values = [int(x) for x in choice.split(",")]
+        names = ("block_m", "block_n", "kv_block", "q_tile", "lanes", "rows")
+        chosen = dict(zip(names, values))
 
-        def tunables(ctx_, family, problem, name, _c=(bm, bn, kvb, qt)):
+        def tunables(ctx_, family, problem, name, _c=chosen):
             params = original(ctx_, family, problem, name)
             if family == "attention":
-                params.update(block_m=_c[0], block_n=_c[1], kv_block=_c[2], q_tile=_c[3])
+                params.update(_c)
             return params
         solver.tunables = tunables
         ctx.plans.clear()
@@ -52,9 +57,17 @@ def main():
                 t.grad = None
             F.scaled_dot_product_attention(q, k, v, is_causal=args.causal).backward(g)
         try:
+            with dp.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+            # What the plan took (lanes and steps shrink where they do not fit).
+            used = [c.plan.params for c in ctx.plans._current.values()
+                    if isinstance(c, attention._Call) and c.plan is not None]
+            shown = {k: used[-1][k] for k in ("block_m", "block_n", "kv_block", "q_tile",
+                                              "lanes", "rows", "shuffle")} if used else {}
             a = np.median(nets.wall_times(fwd, ctx.queue.finish, 2, args.repeat)) * 1e3
             b = np.median(nets.wall_times(fwd_bwd, ctx.queue.finish, 2, args.repeat)) * 1e3
-            print(f"{choice:20s} fwd {a:8.3f} ms  fwd+bwd {b:8.3f} ms  bwd {b - a:8.3f} ms", flush=True)
+            print(f"{choice:20s} fwd {a:8.3f} ms  fwd+bwd {b:8.3f} ms  bwd {b - a:8.3f} ms  {shown}",
+                  flush=True)
         except Exception as e:  # a choice the device refuses
             print(f"{choice:20s} {type(e).__name__}: {str(e)[:200]}", flush=True)
     solver.tunables = original
