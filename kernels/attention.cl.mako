@@ -99,13 +99,13 @@ uint4 block_words(ulong block, uint key0, uint key1, uint stream0, uint stream1)
                          (uint2)(key0, key1));
 }
 
-// Whether element ``i`` of the flattened (B, L, S) weights is kept (the dropout family's rule).
-bool kept_element(ulong i, uint seed0, uint seed1, uint stream0, uint stream1, uint threshold)
+// The word that decides element ``i`` of the flattened (B, L, S) weights (the dropout family's
+// rule: kept when (word >> 8) >= threshold).
+uint element_word(ulong i, uint seed0, uint seed1, uint stream0, uint stream1)
 {
     const uint4 r = block_words(i >> 2, seed0, seed1, stream0, stream1);
-    const uint lane = (uint)(i & 3);
-    const uint word = lane == 0 ? r.x : lane == 1 ? r.y : lane == 2 ? r.z : r.w;
-    return (word >> 8) >= threshold;
+    const uint words[4] = {r.x, r.y, r.z, r.w};
+    return words[i & 3];
 }
 
 ## ``out`` = the row of a (registers, float4[n4]) dotted with row b_row of b_local (float4 rows
@@ -483,7 +483,7 @@ void attention_backward_q(${common_args()}, const float scale,
 % endif
             const float p = (causal && key > row) ? 0.0f : exp2(x - row_lse);
 % if dropout:
-            dp = kept_element(element0 + key, seed0, seed1, stream0, stream1, threshold)
+            dp = (element_word(element0 + key, seed0, seed1, stream0, stream1) >> 8) >= threshold
                  ? dp * keep_scale : 0.0f;
 % endif
             const float ds = p * (dp - row_delta);
@@ -557,8 +557,8 @@ void attention_backward_kv(${common_args()}, const float scale,
 % endif
             const float p = (causal && key > row) ? 0.0f : exp2(x - lse_tile[i]);
 % if dropout:
-            const bool kept = kept_element(((ulong)b * (ulong)L + (ulong)row) * (ulong)S + key,
-                                           seed0, seed1, stream0, stream1, threshold);
+            const bool kept = (element_word(((ulong)b * (ulong)L + (ulong)row) * (ulong)S + key,
+                                            seed0, seed1, stream0, stream1) >> 8) >= threshold;
             const float pv = kept ? p * keep_scale : 0.0f;
             dp = kept ? dp * keep_scale : 0.0f;
 % else:
