@@ -170,7 +170,8 @@ def block_case(ctx, torch, torch_device, batch, seq, d_model, heads, train, warm
     rng = np.random.default_rng(seed + 1)
     x_np = rng.standard_normal((batch, seq, d_model)).astype(np.float32)
     target_np = rng.standard_normal((batch, seq, d_model)).astype(np.float32)
-    ours_p = {k: dp.Tensor.from_numpy(ctx, v, requires_grad=train) for k, v in block.weights.items()}
+    ours_p = {k: dp.Tensor.from_numpy(ctx, v, requires_grad=train)
+              for k, v in block.weights.items()}
     theirs_p = {k: torch.tensor(v, device=torch_device, requires_grad=train)
                 for k, v in block.weights.items()}
     x, target = dp.Tensor.from_numpy(ctx, x_np), dp.Tensor.from_numpy(ctx, target_np)
@@ -280,7 +281,8 @@ def main(argv=None):
             report(block_case(ctx, torch, torch_device, args.block_batch, args.block_seq,
                               args.d_model, args.d_model // 64 if not args.quick else 4, train,
                               args.warmup, args.repeat))
-    print(f"\n{'case':40s} {'ours ms':>9s} {'torch ms':>9s} {'torch/ours':>10s} {'TFLOP/s':>8s}  status")
+    print(f"\n{'case':40s} {'ours ms':>9s} {'torch ms':>9s} {'torch/ours':>10s} "
+          f"{'TFLOP/s':>8s}  status")
     for r in rows:
         o, t = r["ours"]["median_ms"], r["torch"]["median_ms"]
         r["ratio"] = t / o if o > 0 else None

@@ -66,8 +66,8 @@ def main():
                                               "lanes", "rows", "shuffle")} if used else {}
             a = np.median(nets.wall_times(fwd, ctx.queue.finish, 2, args.repeat)) * 1e3
             b = np.median(nets.wall_times(fwd_bwd, ctx.queue.finish, 2, args.repeat)) * 1e3
-            print(f"{choice:20s} fwd {a:8.3f} ms  fwd+bwd {b:8.3f} ms  bwd {b - a:8.3f} ms  {shown}",
-                  flush=True)
+            print(f"{choice:20s} fwd {a:8.3f} ms  fwd+bwd {b:8.3f} ms  bwd {b - a:8.3f} ms  "
+                  f"{shown}", flush=True)
         except Exception as e:  # a choice the device refuses
             print(f"{choice:20s} {type(e).__name__}: {str(e)[:200]}", flush=True)
     solver.tunables = original

@@ -344,7 +344,7 @@ void attention_forward(${common_args()},
                 tile_max[r] = fmax(tile_max[r], x[r]);
             }
         }
-        float pv[ROWS][${block_n}];
+        // s becomes the weights in place (registers are what limits the items per SM).
         #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             const float m_new = fmax(m[r], tile_max[r]);
@@ -377,9 +377,9 @@ void attention_forward(${common_args()},
                 const float p = m_new == -INFINITY ? 0.0f : exp2(s[r][j] - m_new);
                 l[r] += p;
 % if dropout:
-                pv[r][j] = (keep >> j) & 1 ? p : 0.0f;
+                s[r][j] = (keep >> j) & 1 ? p : 0.0f;
 % else:
-                pv[r][j] = p;
+                s[r][j] = p;
 % endif
             }
         }
@@ -389,7 +389,7 @@ void attention_forward(${common_args()},
             for (int e = 0; e < DV4L; ++e) {
                 const float4 ve = vrow[e];
                 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) acc[r][e] = mad((float4)(pv[r][j]), ve, acc[r][e]);
+                for (int r = 0; r < ROWS; ++r) acc[r][e] = mad((float4)(s[r][j]), ve, acc[r][e]);
             }
         }
     }

@@ -247,9 +247,10 @@ def _geometry(query, key, value, attn_mask, is_causal, enable_gqa):
     try:
         batch = broadcast_shapes(qb, kb, vb)
     except ShapeError as e:
+        hint = " (enable_gqa=True maps fewer key/value heads)" if not enable_gqa else ""
         raise ShapeError(f"scaled_dot_product_attention: the batch dimensions of query "
                          f"{query.shape}, key {key.shape} and value {value.shape} do not "
-                         f"broadcast{' (enable_gqa=True maps key/value heads)' if not enable_gqa and query.ndim >= 3 else ''}: {e}") from None
+                         f"broadcast{hint}: {e}") from None
     tables = [_offsets(batch, qb), _offsets(batch, key.shape[:-2], k_group),
               _offsets(batch, value.shape[:-2], v_group)]
     tables[0] = tables[0] * (L * E)
