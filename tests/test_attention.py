@@ -355,3 +355,17 @@ def test_lanes_and_rows_per_item(ctx, rng, poison, tuning_rules, lanes, rows, kw
     assert plan_params and plan_params[-1]["lanes"] == lanes
     assert plan_params[-1]["rows"] == rows
     assert plan_params[-1]["shuffle"] == ("ptx" if ctx.info.vendor == "nvidia" else "local")
+
+
+def test_shipped_rules_name_the_family_solver():
+    """Every rule of tuning_db/attention.json names a solver of the family, with the block
+    sizes, lanes and rows the plans read."""
+    from dlprim_py import solver, tuning
+    db = tuning.read_db(tuning.shipped_path("attention"), "attention")
+    entries = [db["default"]] + [e for section in tuning.SECTIONS for e in db[section].values()]
+    for entry in entries:
+        for rule in entry["rules"]:
+            params = rule["params"]
+            assert params["solver"] in solver.family("attention").solvers
+            assert {"block_m", "block_n", "kv_block", "q_tile", "lanes", "rows"} <= set(params)
+            assert params["block_m"] % params["rows"] == 0
