@@ -40,6 +40,7 @@ from .ops.indexing import (arange, count_nonzero, embedding, embedding_bag, gath
                            isposinf, linspace, masked_fill, one_hot, scatter, scatter_add, tril,
                            triu, where)
 from .ops.scan import cumsum, sort, topk  # noqa: F401
+from .ops.attention import multi_head_attention_forward, scaled_dot_product_attention  # noqa: F401
 
 
 def _install_numerics_checks(switches):

@@ -1,0 +1,677 @@
+"""Fused scaled dot-product attention (kernels/attention.cl.mako) and multi-head attention.
+
+``scaled_dot_product_attention`` computes softmax(Q K^T * scale + bias) V FlashAttention-style:
+an online softmax over tiles of keys staged in local memory, never the L x S score matrix; it
+saves each query row's log-sum-exp, and its backward (FlashAttention-2) recomputes the weights
+tile by tile: a preprocess takes D = rowsum(dO * O), one kernel sums dK and dV over the query
+rows for a block of keys, another dQ over the keys for a block of query rows. Every gradient
+element is summed by one work item in a fixed order: no atomics, the same bits on every run.
+
+Batch dimensions broadcast as torch's: the call flattens the broadcast batch shape into B
+batches and hands the kernels a table of each batch's offsets into q, k, v and the mask, which
+also maps grouped-query heads (``enable_gqa``: query head h reads key/value head
+h // (Hq / Hkv), repeat_interleave's order). Gradients of operands that broadcast are summed
+over the batches that share them.
+
+Dropout draws the same numbers as ``F.dropout`` on the (B, L, S) attention weights would with
+the same seed and stream (Philox4x32-10 of the element index, ``dlprim_py.ops.dropout``): the
+backward regenerates the mask, and ``attention_dropout_mask`` gives it on the host for tests.
+
+The "attention" family (``dlprim_py.solver``) has one solver, ``rows``: a query row per
+``lanes`` work items in the forward and dQ (the forward's items may take ``rows`` query rows
+each, sharing their reads of k and v), a key per ``lanes`` items in dK/dV, each item
+holding its share of the head dims in registers (the lanes' partial dot products summed by warp
+shuffles on NVIDIA, through local memory elsewhere). Block sizes and lanes are tuning values
+(``tuning_db/attention.json``); steps shrink where the device's local memory is short.
+"""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import autograd, config, program, solver, tuning
+from ..context import check_same_context
+from ..dtypes import bool_, float32
+from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
+from ..launch import BoundKernel
+from ..tensor import Tensor
+from . import dropout as _dropout
+from .pointwise import broadcast_shapes
+
+# The largest head dim the kernels take: a row of q (and of the output or a gradient) lives in
+# each work item's registers.
+MAX_HEAD_DIM = 256
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """An attention of L query rows over S keys, head dims ``dk`` (q, k) and ``dv`` (v);
+    ``mask``: "none", "bool" or "float"; ``causal``; ``dropout``: whether weights are dropped."""
+    dk: int
+    dv: int
+    L: int
+    S: int
+    mask: str
+    causal: bool
+    dropout: bool
+
+    def key(self):
+        return (f"attention-dk{self.dk}-dv{self.dv}-l{self.L}-s{self.S}-m{self.mask}"
+                f"-c{int(self.causal)}-p{int(self.dropout)}")
+
+    def features(self):
+        return {"dk": self.dk, "dv": self.dv, "L": self.L, "S": self.S, "mask": self.mask,
+                "causal": int(self.causal), "dropout": int(self.dropout)}
+
+
+class RowsSolver(solver.Solver):
+    """A work item per query row (forward, dQ) and per key (dK, dV), head dims in registers,
+    key and query tiles staged in local memory."""
+    name = "rows"
+
+    def applies(self, ctx, problem):
+        return max(problem.dk, problem.dv) <= MAX_HEAD_DIM
+
+
+FAMILY = solver.register(solver.Family("attention", (RowsSolver(),), title="attention solver"))
+ALGORITHMS = tuple(FAMILY.solvers)
+
+
+def _fit_local(ctx, dk, dv, mask, rows, keys, kind, exchange=0):
+    """Shrink the steps (``keys`` of the forward, query rows of the key kernel) until the
+    kernel's local memory fits the device (``exchange``: bytes of the lanes' exchange buffer);
+    UnsupportedError when even 4 do not fit."""
+    dk4, dv4 = (dk + 3) // 4, (dv + 3) // 4
+    limit = ctx.info.local_mem_size
+
+    def need(step):
+        if kind == "forward":
+            return 16 * step * (dk4 + dv4) + (4 * rows * (step + 1) if mask != "none" else 0) \
+                + exchange
+        return 16 * step * (dk4 + dv4) + 8 * step + (4 * step * rows if mask != "none" else 0) \
+            + exchange
+
+    while need(keys) > limit and keys > 4:
+        keys //= 2
+    if need(keys) > limit:
+        raise UnsupportedError(f"scaled_dot_product_attention: head dims ({dk}, {dv}) need "
+                               f"{need(keys)} bytes of local memory, the device has {limit}")
+    return keys
+
+
+def _lanes(ctx, problem, wanted, limit, rows):
+    """Work items per row: ``wanted`` where the head dims' float4s split evenly and the group
+    fits, else the largest power of two below it that does (1 always does)."""
+    lanes = max(1, int(wanted))
+    dk4, dv4 = (problem.dk + 3) // 4, (problem.dv + 3) // 4
+    while lanes > 1 and (dk4 % lanes or dv4 % lanes or rows * lanes > limit):
+        lanes //= 2
+    return lanes
+
+
+class AttentionPlan:
+    """The built kernels of one problem (all four from one program), their launch sizes and
+    the batch offset table of one broadcast pattern."""
+
+    def __init__(self, ctx, problem, table, batches, index_t, forced):
+        chosen = solver.select(ctx, "attention", problem, forced=forced)
+        params = solver.tunables(ctx, "attention", problem, chosen.name)
+        limit = ctx.info.max_work_group_size
+        block_m = min(int(params["block_m"]), limit)
+        kv_block = min(int(params["kv_block"]), limit)
+        lanes = _lanes(ctx, problem, params.get("lanes", 1), limit, max(block_m, kv_block))
+        rows = int(params.get("rows", 1))
+        if rows not in (1, 2, 4) or block_m % rows:
+            raise UnsupportedError(f"attention tuning: rows must be 1, 2 or 4 and divide "
+                                   f"block_m = {block_m}, got {rows!r}")
+        # NVIDIA: a row's lanes are neighbours in a warp and sum with warp shuffles (inline
+        # PTX); elsewhere through local memory, with barriers.
+        shuffle = "ptx" if ctx.info.vendor == "nvidia" else "local"
+        exchange = 8 * lanes * max(block_m, kv_block) if lanes > 1 and shuffle == "local" else 0
+        block_n = _fit_local(ctx, problem.dk, problem.dv, problem.mask, block_m,
+                             int(params["block_n"]), "forward", exchange)
+        q_tile = _fit_local(ctx, problem.dk, problem.dv, problem.mask, kv_block,
+                            int(params["q_tile"]), "kv", exchange)
+        self.params = dict(dk=problem.dk, dv=problem.dv, block_m=block_m, block_n=block_n,
+                           kv_block=kv_block, q_tile=q_tile, mask=problem.mask,
+                           dropout=problem.dropout, index_t=index_t, lanes=lanes, rows=rows,
+                           shuffle=shuffle, unroll=bool(params.get("unroll", True)))
+        built = program.build(ctx, "attention", self.params)
+        self.forward_kernel = BoundKernel(built.kernel("attention_forward", fresh=True))
+        self.delta_kernel = BoundKernel(built.kernel("attention_delta", fresh=True))
+        self.q_kernel = BoundKernel(built.kernel("attention_backward_q", fresh=True))
+        self.kv_kernel = BoundKernel(built.kernel("attention_backward_kv", fresh=True))
+        self.solver = chosen.name
+        self.index = np.int32 if index_t == "int" else np.int64
+        self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
+        L, S = problem.L, problem.S
+        forward_items = block_m // rows * lanes
+        self.forward_size = ((math.ceil(L / block_m) * forward_items, batches),
+                             (forward_items, 1))
+        self.rows_size = ((math.ceil(L / block_m) * block_m * lanes, batches), (block_m * lanes, 1))
+        self.keys_size = ((math.ceil(S / kv_block) * kv_block * lanes, batches),
+                          (kv_block * lanes, 1))
+        rows = batches * L
+        group = min(64, limit)
+        self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
+
+
+def _empty(ctx, shape, dtype=float32):
+    """A new tensor for an output, a workspace or a gradient (tests poison it)."""
+    return Tensor.empty(ctx, shape, dtype)
+
+
+def _offsets(batch_shape, operand_batch, heads_group=None):
+    """Per batch (flattened ``batch_shape``, C order) the operand's element offset in units of
+    its batch stride: its dims broadcast (stride 0 where 1), and with ``heads_group`` the last
+    batch dim (heads) mapped h -> h // heads_group (grouped-query attention)."""
+    nb = len(batch_shape)
+    shape = (1,) * (nb - len(operand_batch)) + tuple(operand_batch)
+    strides = [0] * nb
+    step = 1
+    for d in range(nb - 1, -1, -1):
+        strides[d] = step if shape[d] != 1 else 0
+        step *= shape[d]
+    count = math.prod(batch_shape)
+    if nb == 0:
+        return np.zeros(count, np.int64)
+    index = np.indices(batch_shape).reshape(nb, -1).astype(np.int64)
+    if heads_group is not None:
+        index[-1] //= heads_group
+    return (np.asarray(strides, np.int64)[:, None] * index).sum(axis=0)
+
+
+def _check_tensor(name, t):
+    if not isinstance(t, Tensor):
+        raise not_a_tensor(f"scaled_dot_product_attention: {name}", t)
+    if t.dtype != float32:
+        raise DTypeError(f"scaled_dot_product_attention: {name} must be float32, got {t.dtype}")
+    if t.ndim < 2:
+        raise ShapeError(f"scaled_dot_product_attention: {name} must be at least 2-d "
+                         f"(..., rows, head dim), got shape {t.shape}")
+
+
+def _random_state(dropout_p, seed, stream):
+    if dropout_p == 0.0:
+        return 0, 0
+    if seed is None:
+        if stream is not None:
+            raise ShapeError("scaled_dot_product_attention: stream is only meaningful with an "
+                             "explicit seed")
+        return _dropout._next_stream()
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < 2 ** 64:
+        raise ShapeError(f"scaled_dot_product_attention: seed must be an int in [0, 2^64), "
+                         f"got {seed!r}")
+    stream = 0 if stream is None else stream
+    if not isinstance(stream, (int, np.integer)) or isinstance(stream, bool) \
+            or not 0 <= stream < 2 ** 64:
+        raise ShapeError(f"scaled_dot_product_attention: stream must be an int in [0, 2^64), "
+                         f"got {stream!r}")
+    return int(seed), int(stream)
+
+
+def _geometry(query, key, value, attn_mask, is_causal, enable_gqa):
+    """(batch shape, L, S, E, Ev, q/k/v/mask batch offset tables, mask kind, mask strides,
+    groups of k and v heads (None without GQA)) after checking the shapes as torch does."""
+    L, E = query.shape[-2:]
+    S, Ek = key.shape[-2:]
+    Sv, Ev = value.shape[-2:]
+    if Ek != E:
+        raise ShapeError(f"scaled_dot_product_attention: key's head dim must be query's ({E}), "
+                         f"got key {key.shape} for query {query.shape}")
+    if Sv != S:
+        raise ShapeError(f"scaled_dot_product_attention: value must have key's {S} rows, got "
+                         f"value {value.shape} for key {key.shape}")
+    if E == 0:
+        raise UnsupportedError("scaled_dot_product_attention: a head dim of 0 is not supported")
+    if max(E, Ev) > MAX_HEAD_DIM:
+        raise UnsupportedError(f"scaled_dot_product_attention: head dims up to {MAX_HEAD_DIM} "
+                               f"are supported, got {E} (query, key) and {Ev} (value)")
+    qb, kb, vb = query.shape[:-2], key.shape[:-2], value.shape[:-2]
+    k_group = v_group = None
+    if enable_gqa:
+        if min(query.ndim, key.ndim, value.ndim) < 3:
+            raise ShapeError(f"scaled_dot_product_attention: enable_gqa needs a heads dimension "
+                             f"(dim -3) in query, key and value, got {query.shape}, {key.shape}, "
+                             f"{value.shape}")
+        hq, hk, hv = qb[-1], kb[-1], vb[-1]
+        if hk == 0 or hv == 0 or hq % hk or hq % hv:
+            raise ShapeError(f"scaled_dot_product_attention: with enable_gqa the number of key "
+                             f"and value heads ({hk}, {hv}) must divide the number of query "
+                             f"heads ({hq})")
+        if hk != hq:
+            k_group, kb = hq // hk, kb[:-1] + (hq,)
+        if hv != hq:
+            v_group, vb = hq // hv, vb[:-1] + (hq,)
+    try:
+        batch = broadcast_shapes(qb, kb, vb)
+    except ShapeError as e:
+        hint = " (enable_gqa=True maps fewer key/value heads)" if not enable_gqa else ""
+        raise ShapeError(f"scaled_dot_product_attention: the batch dimensions of query "
+                         f"{query.shape}, key {key.shape} and value {value.shape} do not "
+                         f"broadcast{hint}: {e}") from None
+    tables = [_offsets(batch, qb), _offsets(batch, key.shape[:-2], k_group),
+              _offsets(batch, value.shape[:-2], v_group)]
+    tables[0] = tables[0] * (L * E)
+    tables[1] = tables[1] * (S * E)
+    tables[2] = tables[2] * (S * Ev)
+    mask_kind, strides = "none", (0, 0)
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            raise not_a_tensor("scaled_dot_product_attention: attn_mask", attn_mask)
+        if attn_mask.dtype not in (bool_, float32):
+            raise DTypeError(f"scaled_dot_product_attention: attn_mask must be bool (True: takes "
+                             f"part) or float32 (added to the scores), got {attn_mask.dtype}")
+        if is_causal:
+            raise ShapeError("scaled_dot_product_attention: pass attn_mask or is_causal=True, "
+                             "not both (as torch)")
+        mshape = (1,) * max(0, 2 - attn_mask.ndim) + attn_mask.shape
+        ml, ms = mshape[-2:]
+        fits = ml in (1, L) and ms in (1, S) and _broadcasts(mshape[:-2], batch) \
+            and broadcast_shapes(mshape[:-2], batch) == batch
+        if not fits:
+            raise ShapeError(f"scaled_dot_product_attention: attn_mask of shape "
+                             f"{attn_mask.shape} does not broadcast to the scores' shape "
+                             f"{batch + (L, S)}")
+        mask_kind = "bool" if attn_mask.dtype == bool_ else "float"
+        strides = (ms if ml != 1 else 0, 1 if ms != 1 else 0)
+        tables.append(_offsets(batch, mshape[:-2]) * (ml * ms))
+    else:
+        tables.append(np.zeros_like(tables[0]))
+    return batch, L, S, E, Ev, np.stack(tables, axis=1), mask_kind, strides, k_group, v_group
+
+
+def _broadcasts(shape, target):
+    try:
+        broadcast_shapes(shape, target)
+        return True
+    except ShapeError:
+        return False
+
+
+class _Call:
+    """What a call of one configuration needs, made once (``_call``): the checked geometry, the
+    problem and the plan."""
+
+    def __init__(self, ctx, query, key, value, attn_mask, is_causal, enable_gqa, dropout, wide,
+                 forced):
+        (self.batch, self.L, self.S, self.E, self.Ev, table, mask_kind, mask_strides,
+         self.k_group, self.v_group) = _geometry(query, key, value, attn_mask, is_causal,
+                                                 enable_gqa)
+        self.batches = math.prod(self.batch)
+        self.problem = AttentionProblem(self.E, self.Ev, self.L, self.S, mask_kind,
+                                        bool(is_causal), dropout)
+        self.plan = None
+        if self.batches * self.L * self.Ev:
+            largest = max(int(table.max(initial=0)) + max(t.size for t in (query, key, value)),
+                          self.batches * max(self.L, self.S) * max(self.E, self.Ev))
+            index_t = "long" if wide or largest + 4 * MAX_HEAD_DIM >= 2 ** 31 - 1 else "int"
+            self.plan = AttentionPlan(ctx, self.problem, table, self.batches, index_t, forced)
+            index = self.plan.index
+            self.mask_args = (index(mask_strides[0]), index(mask_strides[1]),
+                              np.int32(bool(is_causal)))
+
+
+def _call(ctx, query, key, value, attn_mask, is_causal, enable_gqa, dropout, algorithm):
+    """The call's ``_Call``, from the plan cache: a repeated call on seen shapes checks and
+    builds nothing."""
+    forced = algorithm or config.switches().forced.get("attention")
+    # 64-bit indices where an operand reaches past 2^30 elements in its buffer.
+    wide = max(t.offset_elements + t.size for t in (query, key, value)) >= 2 ** 30 or (
+        attn_mask is not None and attn_mask.offset_elements + attn_mask.size >= 2 ** 30)
+    key_ = ("attention", query.shape, key.shape, value.shape,
+            None if attn_mask is None else (attn_mask.shape, attn_mask.dtype), bool(is_causal),
+            bool(enable_gqa), dropout, wide, forced, tuning.generation)
+    call = ctx.plans.get(key_)
+    if call is None:
+        call = ctx.plans.put(key_, _Call(ctx, query, key, value, attn_mask, is_causal,
+                                         enable_gqa, dropout, wide, forced))
+    return call
+
+
+def _common_args(plan, problem, scale2, q, k, v, mask):
+    index = plan.index
+    return (index(problem.L), index(problem.S), np.float32(scale2), plan.table.buffer,
+            q.buffer, index(q.offset_elements), k.buffer, index(k.offset_elements),
+            v.buffer, index(v.offset_elements),
+            (q if mask is None else mask).buffer,
+            index(0 if mask is None else mask.offset_elements))
+
+
+def _dropout_args(seed, stream, p):
+    keep_scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+    return (np.uint32(seed & _MASK32), np.uint32(seed >> 32), np.uint32(stream & _MASK32),
+            np.uint32(stream >> 32), np.uint32(_dropout._threshold(p)), np.float32(keep_scale))
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False, *, seed=None,
+                                 stream=None, algorithm=None):
+    """torch.nn.functional.scaled_dot_product_attention, fused (no score matrix in memory).
+
+    Parameters
+    ----------
+    query, key, value : Tensor
+        float32 (..., L, E), (..., S, E) and (..., S, Ev); the batch dimensions broadcast.
+    attn_mask : Tensor, optional
+        bool (True: the key takes part) or float32 (added to the scores), broadcastable to
+        (..., L, S). A float mask that requires grad is refused (UnsupportedError).
+    dropout_p : float
+        Probability of dropping an attention weight (applied whenever it is nonzero, as torch).
+    is_causal : bool
+        Query row l sees keys 0..l (top-left aligned, as torch); excludes ``attn_mask``.
+    scale : float, optional
+        Score scale, default 1 / sqrt(E).
+    enable_gqa : bool
+        Key/value may have fewer heads (dim -3) than query, dividing it; query head h reads
+        key/value head h // (Hq / Hkv).
+    seed, stream : int, optional
+        The dropout mask's seed and stream (as ``F.dropout``); without them the process-wide
+        generator (``dp.manual_seed``) supplies both.
+    algorithm : str, optional
+        Force a solver of the "attention" family (``DLPRIM_ATTENTION_ALGO``).
+
+    Returns
+    -------
+    Tensor
+        (..., L, Ev). A query row for which no key takes part (a mask row of all False or all
+        -inf) gives zeros and zero gradients, as PyTorch's fused kernels do.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(name, t)
+    if attn_mask is not None and not isinstance(attn_mask, Tensor):
+        raise not_a_tensor("scaled_dot_product_attention: attn_mask", attn_mask)
+    check_same_context(query, key, value, attn_mask)
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float, np.floating)) \
+            or not 0.0 <= dropout_p <= 1.0:
+        raise ShapeError(f"scaled_dot_product_attention: dropout_p must be a probability in "
+                         f"[0, 1], got {dropout_p!r}")
+    if scale is not None and (isinstance(scale, bool)
+                              or not isinstance(scale, (int, float, np.floating))):
+        raise ShapeError(f"scaled_dot_product_attention: scale must be a number, got {scale!r}")
+    if attn_mask is not None and autograd.needs_grad(attn_mask):
+        raise UnsupportedError("scaled_dot_product_attention: the gradient of attn_mask is not "
+                               "computed; pass attn_mask.detach() (or a bool mask)")
+    ctx = query.ctx
+    dropout_p = float(dropout_p)
+    call = _call(ctx, query, key, value, attn_mask, is_causal, enable_gqa, dropout_p > 0.0,
+                 algorithm)
+    seed, stream = _random_state(dropout_p, seed, stream)
+    batch, L, S, E, Ev = call.batch, call.L, call.S, call.E, call.Ev
+    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    out = _empty(ctx, batch + (L, Ev), float32)
+    if call.plan is None:
+        if out.size:
+            out.fill_(0.0)
+        return out
+    plan, problem = call.plan, call.problem
+    index = plan.index
+    lse = _empty(ctx, (call.batches * L,), float32)
+    scale2 = scale * math.log2(math.e)
+    common = _common_args(plan, problem, scale2, query, key, value, attn_mask)
+    strides = call.mask_args
+    drop = _dropout_args(seed, stream, dropout_p)
+    plan.forward_kernel(ctx.queue, *plan.forward_size, *common, *strides, out.buffer,
+                        index(out.offset_elements), lse.buffer, *drop)
+    saved = out.detach()
+    k_group, v_group = call.k_group, call.v_group
+
+    def backward(g):
+        B = call.batches
+        delta = _empty(ctx, (B * L,), float32)
+        plan.delta_kernel(ctx.queue, *plan.delta_size, index(B * L), saved.buffer,
+                          index(saved.offset_elements), g.buffer, index(g.offset_elements),
+                          delta.buffer)
+        dq = dk = dv = None
+        if query.requires_grad:
+            dq = _empty(ctx, batch + (L, E), float32)
+            plan.q_kernel(ctx.queue, *plan.rows_size, *common, *strides, np.float32(scale),
+                          g.buffer, index(g.offset_elements), lse.buffer, delta.buffer,
+                          dq.buffer, *drop)
+            dq = _reduce_to(dq, query.shape, None)
+        if key.requires_grad or value.requires_grad:
+            dk = _empty(ctx, batch + (S, E), float32)
+            dv = _empty(ctx, batch + (S, Ev), float32)
+            if S:
+                plan.kv_kernel(ctx.queue, *plan.keys_size, *common, *strides, np.float32(scale),
+                               g.buffer, index(g.offset_elements), lse.buffer, delta.buffer,
+                               dk.buffer, dv.buffer, *drop)
+            dk = _reduce_to(dk, key.shape, k_group) if key.requires_grad else None
+            dv = _reduce_to(dv, value.shape, v_group) if value.requires_grad else None
+        return dq, dk, dv
+
+    return autograd.record(out, (query, key, value), backward, "scaled_dot_product_attention")
+
+
+def _reduce_to(grad, shape, group):
+    """``grad`` (the broadcast batch shape + rows) summed to an operand of ``shape``; with
+    ``group``, heads h of the grad go to head h // group of the operand."""
+    from .reduce import sum_to_shape
+    if grad.shape == tuple(shape):
+        return grad
+    if group is not None:
+        split = grad.shape[:-3] + (grad.shape[-3] // group, group) + grad.shape[-2:]
+        target = shape[:-2] + (1,) + shape[-2:]
+        return sum_to_shape(grad.reshape(split), target).reshape(shape)
+    return sum_to_shape(grad, shape)
+
+
+def attention_dropout_mask(batch, L, S, dropout_p, seed, stream=0):
+    """The keep-mask (bool, ``batch + (L, S)``) that ``scaled_dot_product_attention`` applies to
+    the attention weights for this seed and stream, computed on the host."""
+    shape = tuple(batch) + (L, S)
+    return _dropout.reference_mask(math.prod(shape), dropout_p, seed, stream).reshape(shape)
+
+
+_mask_kernels = {}
+
+
+def _additive_mask(masks):
+    """The float32 sum of ``masks`` (tensors, already shaped to broadcast together) as
+    additive biases: a bool mask gives -inf where True (multi-head attention's convention:
+    True = not allowed), a float mask itself. Off the tape."""
+    from .pointwise import PointwiseKernel
+    kinds = tuple("bool" if m.dtype == bool_ else "float" for m in masks)
+    kernel = _mask_kernels.get(kinds)
+    if kernel is None:
+        terms = [f"(m{i} ? -INFINITY : 0.0f)" if kind == "bool" else f"m{i}"
+                 for i, kind in enumerate(kinds)]
+        kernel = _mask_kernels[kinds] = PointwiseKernel(
+            "attention_mask_" + "_".join(kinds),
+            [(f"m{i}", bool_ if kind == "bool" else float32) for i, kind in enumerate(kinds)],
+            [("y", float32)], "y = " + " + ".join(terms) + ";")
+    out = _empty(masks[0].ctx, broadcast_shapes(*(m.shape for m in masks)), float32)
+    if out.size:
+        kernel(list(masks), [out])
+    return out
+
+
+def _mha_error(message):
+    return ShapeError(f"multi_head_attention_forward: {message}")
+
+
+def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
+                                 in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p,
+                                 out_proj_weight, out_proj_bias, training=True,
+                                 key_padding_mask=None, need_weights=True, attn_mask=None,
+                                 use_separate_proj_weight=False, q_proj_weight=None,
+                                 k_proj_weight=None, v_proj_weight=None, static_k=None,
+                                 static_v=None, average_attn_weights=True, is_causal=False):
+    """torch.nn.functional.multi_head_attention_forward over the fused attention.
+
+    Parameters
+    ----------
+    query, key, value : Tensor
+        (L, N, E), (S, N, E), (S, N, Ev), or unbatched (L, E), (S, E), (S, Ev) (sequence
+        first, as torch's functional; ``nn.MultiheadAttention(batch_first=True)`` transposes
+        before calling it).
+    embed_dim_to_check, num_heads : int
+        E, and the heads it is split into (E divisible by num_heads).
+    in_proj_weight, in_proj_bias : Tensor or None
+        The packed (3E, E) projection and its (3E,) bias; with ``use_separate_proj_weight``,
+        ``q_proj_weight`` (E, E), ``k_proj_weight`` (E, kdim), ``v_proj_weight`` (E, vdim)
+        instead (the bias stays packed).
+    bias_k, bias_v, add_zero_attn, static_k, static_v
+        Not supported: must be None / False (UnsupportedError).
+    dropout_p : float
+        Dropout on the attention weights when ``training``.
+    out_proj_weight, out_proj_bias : Tensor
+        The output projection (E, E) and its bias.
+    key_padding_mask : Tensor, optional
+        (N, S) (or (S,) unbatched): bool, True = the key is ignored, or float, added.
+    need_weights : bool
+        Also return the attention weights (computed explicitly, off the tape: they carry no
+        gradient), averaged over heads when ``average_attn_weights``.
+    attn_mask : Tensor, optional
+        (L, S) or (N * num_heads, L, S): bool, True = not allowed, or float, added.
+    is_causal : bool
+        A hint that ``attn_mask`` is the causal mask (required with it, as torch); without a
+        key padding mask and weights, the fused kernel's causal mode replaces the mask.
+
+    Returns
+    -------
+    (Tensor, Tensor or None)
+        The output (L, N, E) (or (L, E)) and the weights (N, L, S) / (N, H, L, S) or None.
+        A query row with no key allowed gives zeros (the fused kernel's convention).
+    """
+    from .tensor_ops import narrow, permute, split
+    from .linear import linear
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise not_a_tensor(f"multi_head_attention_forward: {name}", t)
+        if t.dtype != float32:
+            raise DTypeError(f"multi_head_attention_forward: {name} must be float32, got {t.dtype}")
+    for name, given in (("bias_k", bias_k), ("bias_v", bias_v), ("static_k", static_k),
+                        ("static_v", static_v)):
+        if given is not None:
+            raise UnsupportedError(f"multi_head_attention_forward: {name} is not supported "
+                                   f"(pass None)")
+    if add_zero_attn:
+        raise UnsupportedError("multi_head_attention_forward: add_zero_attn=True is not supported")
+    batched = query.ndim == 3
+    if query.ndim not in (2, 3) or key.ndim != query.ndim or value.ndim != query.ndim:
+        raise _mha_error(f"query, key and value must all be 3-d (L, N, E) or all 2-d (L, E), got "
+                         f"{query.shape}, {key.shape}, {value.shape}")
+    if not batched:
+        query, key, value = (t.reshape(t.shape[0], 1, t.shape[1]) for t in (query, key, value))
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.reshape(1, *key_padding_mask.shape)
+    L, N, E = query.shape
+    S = key.shape[0]
+    if E != embed_dim_to_check:
+        raise _mha_error(f"query's embedding dim must be embed_dim_to_check = "
+                         f"{embed_dim_to_check}, got {E}")
+    if not isinstance(num_heads, (int, np.integer)) or num_heads < 1 or E % num_heads:
+        raise _mha_error(f"embed_dim {E} must be divisible by num_heads, got {num_heads!r}")
+    if key.shape[:2] != (S, N) or value.shape[:2] != (S, N):
+        raise _mha_error(f"key and value must be (S, N, ...) with query's N = {N} and one S, "
+                         f"got {key.shape} and {value.shape}")
+    H, hd = int(num_heads), E // int(num_heads)
+    if use_separate_proj_weight:
+        weights = (q_proj_weight, k_proj_weight, v_proj_weight)
+        if any(w is None for w in weights):
+            raise _mha_error("use_separate_proj_weight=True needs q_proj_weight, k_proj_weight "
+                             "and v_proj_weight")
+    elif in_proj_weight is None:
+        raise _mha_error("in_proj_weight is None (pass it, or use_separate_proj_weight=True)")
+    if use_separate_proj_weight or not (query is key and key is value):
+        if use_separate_proj_weight:
+            wq, wk, wv = weights
+        else:
+            if in_proj_weight.ndim != 2 or in_proj_weight.shape[0] != 3 * E:
+                raise _mha_error(f"in_proj_weight must be (3 * {E}, {E}), got "
+                                 f"{in_proj_weight.shape}")
+            wq, wk, wv = (narrow(in_proj_weight, 0, i * E, E) for i in range(3))
+        bq = bk = bv = None
+        if in_proj_bias is not None:
+            if in_proj_bias.shape != (3 * E,):
+                raise _mha_error(f"in_proj_bias must be ({3 * E},), got {in_proj_bias.shape}")
+            bq, bk, bv = (narrow(in_proj_bias, 0, i * E, E) for i in range(3))
+        q, k, v = linear(query, wq, bq), linear(key, wk, bk), linear(value, wv, bv)
+    else:
+        # Self-attention: one GEMM for the three projections.
+        if in_proj_weight.ndim != 2 or in_proj_weight.shape != (3 * E, E):
+            raise _mha_error(f"in_proj_weight must be ({3 * E}, {E}), got {in_proj_weight.shape}")
+        if in_proj_bias is not None and in_proj_bias.shape != (3 * E,):
+            raise _mha_error(f"in_proj_bias must be ({3 * E},), got {in_proj_bias.shape}")
+        q, k, v = split(linear(query, in_proj_weight, in_proj_bias), E, dim=2)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape[-1] != E:
+            raise _mha_error(f"the {name} projection gives {t.shape[-1]} features, expected {E}")
+    # (rows, N, E) -> (N, H, rows, hd)
+    q, k, v = (permute(t.reshape(t.shape[0], N, H, hd), (1, 2, 0, 3)) for t in (q, k, v))
+
+    masks = []
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            raise not_a_tensor("multi_head_attention_forward: attn_mask", attn_mask)
+        if attn_mask.dtype not in (bool_, float32):
+            raise DTypeError(f"multi_head_attention_forward: attn_mask must be bool or float32, "
+                             f"got {attn_mask.dtype}")
+        if attn_mask.shape == (L, S):
+            masks.append(attn_mask.reshape(1, 1, L, S))
+        elif attn_mask.shape == (N * H, L, S):
+            masks.append(attn_mask.reshape(N, H, L, S))
+        else:
+            raise _mha_error(f"attn_mask must be ({L}, {S}) or ({N * H}, {L}, {S}), got "
+                             f"{attn_mask.shape}")
+    elif is_causal:
+        raise _mha_error("is_causal=True needs attn_mask (the causal mask), as torch")
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor):
+            raise not_a_tensor("multi_head_attention_forward: key_padding_mask", key_padding_mask)
+        if key_padding_mask.dtype not in (bool_, float32):
+            raise DTypeError(f"multi_head_attention_forward: key_padding_mask must be bool or "
+                             f"float32, got {key_padding_mask.dtype}")
+        if key_padding_mask.shape != (N, S):
+            raise _mha_error(f"key_padding_mask must be ({N}, {S}), got "
+                             f"{key_padding_mask.shape}")
+        masks.append(key_padding_mask.reshape(N, 1, 1, S))
+    causal = bool(is_causal) and key_padding_mask is None and not need_weights
+    mask = None
+    if masks and not causal:
+        if any(autograd.needs_grad(m) for m in masks):
+            raise UnsupportedError("multi_head_attention_forward: the gradient of a float mask "
+                                   "is not computed; pass it detached")
+        mask = _additive_mask(masks)
+    p = float(dropout_p) if training else 0.0
+    seed, stream = _random_state(p, None, None)
+    attn = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
+                                        seed=seed if p else None, stream=stream if p else None)
+    attn = permute(attn, (2, 0, 1, 3)).reshape(L * N, E)
+    out = linear(attn, out_proj_weight, out_proj_bias).reshape(L, N, E)
+    weights_out = None
+    if need_weights:
+        weights_out = _attention_weights(q, k, mask, p, seed, stream, average_attn_weights)
+        if not batched:
+            weights_out = weights_out.reshape(*weights_out.shape[1:])
+    if not batched:
+        out = out.reshape(L, E)
+    return out, weights_out
+
+
+def _attention_weights(q, k, mask, p, seed, stream, average):
+    """softmax(q k^T / sqrt(hd) + mask), dropped as the fused kernel drops them, (N, H, L, S)
+    or averaged over heads (N, L, S); off the tape."""
+    from .gemm import gemm_batched
+    from .softmax import softmax
+    from .dropout import dropout
+    from .reduce import mean
+    N, H, L, hd = q.shape
+    S = k.shape[2]
+    with autograd.no_grad():
+        scores = gemm_batched(q.detach().reshape(N * H, L, hd), k.detach().reshape(N * H, S, hd),
+                              alpha=1.0 / math.sqrt(hd), trans_b=True).reshape(N, H, L, S)
+        if mask is not None:
+            scores = scores + mask
+        weights = softmax(scores, dim=-1)
+        if p:
+            weights = dropout(weights, p, seed=seed, stream=stream)
+        if average:
+            weights = mean(weights, dim=1)
+    return weights
+
+
+__all__ = ["scaled_dot_product_attention", "attention_dropout_mask",
+           "multi_head_attention_forward"]
