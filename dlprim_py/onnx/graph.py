@@ -108,10 +108,6 @@ def read_model(source):
     else:
         raise ModelFileError(f"onnx.load expects a path, bytes or an onnx.ModelProto, got "
                              f"{type(source).__name__}")
-    try:
-        onnx.checker.check_model(model)
-    except Exception as exc:
-        raise ModelFileError(f"{what} is not a valid ONNX model: {exc}") from exc
     return model, what
 
 
@@ -196,6 +192,7 @@ class Graph:
             self.nodes.append(Node(n.op_type, n.name or f"{n.op_type}_{k}", n.input, n.output,
                                    _attributes(n), n.domain))
         self.alias = {}
+        self.check_defined()
         self.check_supported()
         self._counter = 0
         self.fold_constants()
@@ -208,6 +205,24 @@ class Graph:
     def unsupported(self, node, why):
         return UnsupportedError(f"{self.what}: {node.op} node {node.name!r} (opset {self.opset}): "
                                 f"{why}")
+
+    def check_defined(self):
+        """ModelFileError where a node reads a value that no graph input, initializer or earlier
+        node defines, or an output is never produced (a truncated or damaged file)."""
+        defined = set(self.constants) | {v.name for v in self.inputs}
+        for node in self.nodes:
+            for name in node.inputs:
+                if name and name not in defined:
+                    raise ModelFileError(f"{self.what} is not a valid ONNX model: {node.op} node "
+                                         f"{node.name!r} reads {name!r}, which no input, "
+                                         f"initializer or earlier node defines")
+            defined.update(o for o in node.outputs if o)
+        for name in self.output_names:
+            if name not in defined:
+                raise ModelFileError(f"{self.what} is not a valid ONNX model: output {name!r} is "
+                                     f"never produced")
+        if not self.output_names:
+            raise ModelFileError(f"{self.what} is not a valid ONNX model: the graph has no outputs")
 
     def check_supported(self):
         """UnsupportedError for the first node whose op or attribute is not supported."""

@@ -395,17 +395,19 @@ def _matmul(planner, node, values):
         y = gemm(a.reshape((-1, a.shape[-1])) if a.ndim != 2 else a, b)
         y = y.reshape(lead + (b.shape[1],))
     else:
-        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
         count = int(np.prod(batch))
 
         def as3(t):
-            tb = int(np.prod(t.shape[:-2]))
-            if tb not in (1, count) or (tb == count and tuple(t.shape[:-2]) != tuple(batch)
-                                         and tb != 1):
-                raise planner.unsupported(node, f"batch broadcasting of {a.shape} @ {b.shape}")
-            return t.reshape((tb,) + tuple(t.shape[-2:]))
+            lead = tuple(t.shape[:-2])
+            if int(np.prod(lead)) == 1:
+                return t.reshape((1,) + tuple(t.shape[-2:]))
+            if (1,) * (len(batch) - len(lead)) + lead != batch:
+                # Broadcast over some batch dimensions: materialised (adding zeros).
+                t = F.add(t, planner.device(np.zeros(batch + (1, 1), np.float32)))
+            return t.reshape((count,) + tuple(t.shape[-2:]))
         y = gemm_batched(as3(a), as3(b))
-        y = y.reshape(tuple(batch) + tuple(y.shape[-2:]))
+        y = y.reshape(batch + tuple(y.shape[-2:]))
     shape = tuple(y.shape)
     if a_vec:
         shape = shape[:-2] + shape[-1:]

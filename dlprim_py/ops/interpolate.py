@@ -13,6 +13,7 @@ import numpy as np
 from .. import autograd, program
 from ..dtypes import float32
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
+from ..launch import bind
 from ..tensor import Tensor
 from .pointwise import launch_size
 
@@ -96,7 +97,8 @@ def _kernel(ctx, kind, name, *tensors):
     (64-bit division is many times slower on GPUs)."""
     largest = max(t.offset_elements + t.size for t in tensors)
     index_t, index_np = ("int", np.int32) if largest < _INT32_LIMIT else ("long", np.int64)
-    return program.kernel(ctx, "interpolate", name, dict(mode=kind, index_t=index_t)), index_np
+    # Bound: a recording (a planned network) keeps its launches.
+    return bind(program.kernel(ctx, "interpolate", name, dict(mode=kind, index_t=index_t))), index_np
 
 
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
