@@ -22,7 +22,11 @@ import platform
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# This file's folder leaves the path: its name would hide the onnx package from torch's
+# exporter ("import onnx" would find this script).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+sys.path.insert(0, os.path.join(_HERE, ".."))
 
 import dlprim_py as dp  # noqa: E402
 from dlprim_py.bench import onnx as onnx_bench  # noqa: E402

@@ -34,9 +34,22 @@ def _regnet():
     return RegNet(params, num_classes=10)
 
 
+def _vgg():
+    """torchvision's VGG with a narrow feature stack (its make_layers) and a small classifier:
+    the plain family without VGG's 100 M-parameter head."""
+    import torch
+    from torchvision.models.vgg import VGG, make_layers
+    model = VGG(make_layers([8, "M", 16, "M", 32, 32, "M"]), num_classes=10, init_weights=False)
+    model.avgpool = torch.nn.AdaptiveAvgPool2d((2, 2))
+    model.classifier = torch.nn.Sequential(
+        torch.nn.Linear(32 * 2 * 2, 64), torch.nn.ReLU(True), torch.nn.Dropout(),
+        torch.nn.Linear(64, 64), torch.nn.ReLU(True), torch.nn.Dropout(), torch.nn.Linear(64, 10))
+    return model
+
+
 MODELS = {
     # name: (constructor, image size)
-    "alexnet": (lambda: torchvision.models.alexnet(num_classes=10), 224),
+    "vgg": (_vgg, 32),
     "resnet18": (lambda: torchvision.models.resnet18(num_classes=10), 32),
     "mobilenet_v2": (lambda: torchvision.models.mobilenet_v2(num_classes=10, width_mult=0.25), 32),
     "mobilenet_v3_small": (lambda: torchvision.models.mobilenet_v3_small(num_classes=10,
@@ -50,15 +63,16 @@ MODELS = {
     "regnet": (_regnet, 32),
 }
 
+# The dynamo exporter takes 5-30 s per model on a small machine: one model goes through it.
 CASES = [
-    ("alexnet", "ts13"),
-    ("resnet18", "ts13"), ("resnet18", "ts17"), ("resnet18", "dynamo"),
-    ("mobilenet_v2", "ts13"), ("mobilenet_v2", "dynamo"),
+    ("vgg", "ts13"),
+    ("resnet18", "ts13"), ("resnet18", "dynamo"),
+    ("mobilenet_v2", "ts13"),
     ("mobilenet_v3_small", "ts13"), ("mobilenet_v3_small", "ts17"),
-    ("densenet", "ts13"), ("densenet", "dynamo"),
+    ("densenet", "ts13"),
     ("googlenet", "ts17"),
     ("squeezenet1_1", "ts13"),
-    ("shufflenet_v2_x0_5", "ts13"), ("shufflenet_v2_x0_5", "dynamo"),
+    ("shufflenet_v2_x0_5", "ts13"),
     ("efficientnet", "ts17"),
     ("regnet", "ts13"),
 ]

@@ -603,3 +603,35 @@ def test_wrong_inputs(ctx, rng):
         model(_rand(rng, 1, 3, 8, 8))
     with pytest.raises(dp.ShapeError, match="1 input"):
         model()
+
+
+def test_unused_nodes_are_pruned(ctx, rng):
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Sigmoid", ["x"], ["unused"])]
+    data = _model(nodes, [("x", (2, 3))], [("y", None)])
+    model = _check(ctx, data, {"x": _rand(rng, 2, 3)})
+    assert [n.op for n in model.graph.nodes] == ["Relu"]
+
+
+def test_dlprim_run(ctx, rng, tmp_path, capsys):
+    from dlprim_py.onnx.cli import main
+    path = tmp_path / "net.onnx"
+    path.write_bytes(_small_net(rng))
+    x = tmp_path / "x.npy"
+    np.save(x, _rand(rng, 2, 3, 8, 8))
+    assert main([str(path), "--batch", "3", "--check", "--bench", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "input  x: (3, 3, 8, 8)" in out and "output y: (3, 4)" in out
+    assert "time per batch" in out and "check y: max |ours - onnxruntime|" in out
+    assert main([str(path), "--input", str(x), "--check"]) == 0
+    assert "input  x: (2, 3, 8, 8)" in capsys.readouterr().out
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"nonsense")
+    assert main([str(bad)]) == 2
+    assert "bad.onnx" in capsys.readouterr().err
+
+
+def test_bench_suite_lists_its_cases(capsys):
+    from dlprim_py.bench import main
+    assert main(["--suite", "onnx", "--list", "--quick", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "onnx: resnet18 n1 64x64" in out and "onnx: mobilenet_v2 n1 64x64" in out

@@ -90,7 +90,15 @@ class _Entry:
 
 
 class Model:
-    """An ONNX model planned for a device (see ``dlprim_py.onnx.load``)."""
+    """An ONNX model planned for a device (made by ``dlprim_py.onnx.load``).
+
+    Parameters
+    ----------
+    source : str, os.PathLike, bytes or onnx.ModelProto
+        The model.
+    ctx : dlprim_py.Context, optional
+        The device (default: the thread's default context).
+    """
 
     def __init__(self, source, ctx=None):
         self.graph = Graph(source)
@@ -98,19 +106,28 @@ class Model:
         self._device_constants = {}
         self._plans = PlanCache(64)
         self._last = None
-        self.input_names = [v.name for v in self.graph.inputs]
-        self.output_names = list(self.graph.output_names)
 
     # ---- what the file declares ----------------------------------------------------------
 
     @property
+    def input_names(self):
+        """The graph inputs' names, in the file's order (initializers excluded)."""
+        return [v.name for v in self.graph.inputs]
+
+    @property
+    def output_names(self):
+        """The graph outputs' names, in the file's order."""
+        return list(self.graph.output_names)
+
+    @property
     def inputs(self):
-        """The graph inputs: ``ValueInfo``s (name, shape with a string for a symbolic dimension,
-        numpy dtype), unpackable as (name, shape, dtype)."""
+        """The graph inputs as ValueInfo objects: name, shape (a string for a symbolic
+        dimension) and numpy dtype, unpackable as (name, shape, dtype)."""
         return list(self.graph.inputs)
 
     @property
     def opset(self):
+        """The opset of the default ONNX domain the file imports."""
         return self.graph.opset
 
     @property
@@ -137,8 +154,21 @@ class Model:
     # ---- running ----------------------------------------------------------------------------
 
     def run(self, feeds, output_names=None):
-        """Run on ``feeds`` ({input name: numpy array or dp.Tensor}); returns {output name:
-        numpy array} (``output_names``: a subset to read back, default all)."""
+        """Run the model and read its outputs back.
+
+        Parameters
+        ----------
+        feeds : dict
+            {input name: numpy array or dp.Tensor}; arrays of another float (int) width are
+            converted to the input's dtype.
+        output_names : list of str, optional
+            The outputs to read back (default all).
+
+        Returns
+        -------
+        dict
+            {output name: numpy array}.
+        """
         if not isinstance(feeds, dict):
             raise DTypeError(f"run expects a dict of input name -> array, got "
                              f"{type(feeds).__name__}")
@@ -172,8 +202,14 @@ class Model:
         return result
 
     def __call__(self, *tensors):
-        """Run on device tensors (the inputs in ``input_names`` order); returns the output
-        tensor, or a tuple of them for several outputs. Nothing is copied to the host."""
+        """Run on device tensors (the inputs in ``input_names`` order).
+
+        Returns
+        -------
+        Tensor or tuple of Tensor
+            The output tensor, or a tuple of them for several outputs, each in a buffer of its
+            own (a later run does not overwrite it). Nothing is copied to the host.
+        """
         if len(tensors) != len(self.input_names):
             raise ShapeError(f"the model takes {len(self.input_names)} input(s) "
                              f"{self.input_names}, got {len(tensors)}")

@@ -199,6 +199,7 @@ class Graph:
         self.fold_batch_norm()
         self.fuse_conv_residual()
         self.fuse_activations()
+        self.prune()
 
     # ---- checks ---------------------------------------------------------------------------
 
@@ -355,6 +356,20 @@ class Graph:
         # The fused convolution runs where its Add ran: z exists by then.
         moved_convs = {id(c) for c in moved.values()}
         self.nodes = [moved.get(id(n), n) for n in self.nodes if id(n) not in moved_convs]
+
+    def prune(self):
+        """Drop the nodes whose outputs nothing reads (what folding and fusion left behind, and
+        side branches the file's outputs do not need)."""
+        needed = {self.resolve(n) for n in self.output_names}
+        kept = []
+        for node in reversed(self.nodes):
+            if any(o in needed for o in node.outputs if o):
+                kept.append(node)
+                needed.update(n for n in node.inputs if n)
+                res = node.fused.get("residual")
+                if res:
+                    needed.add(res)
+        self.nodes = kept[::-1]
 
     def fuse_activations(self):
         """Conv / Gemm / BatchNormalization -> activation (its only consumer): the activation
