@@ -35,9 +35,10 @@ def _input_arrays(model, batch, path, seed):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="dlprim-run", description="Run an ONNX model with dlprim_py: random or given input, "
-                                "the outputs, time per batch (--bench) and the difference from "
-                                "onnxruntime (--check).")
+    p = argparse.ArgumentParser(
+        prog="dlprim-run",
+        description="Run an ONNX model with dlprim_py: random or given input, the outputs, time "
+                    "per batch (--bench) and the difference from onnxruntime (--check).")
     p.add_argument("model", help="the .onnx file")
     p.add_argument("--batch", type=int, default=1, help="size of symbolic dimensions (default 1)")
     p.add_argument("--input", help=".npy file with the input (a model with one input)")
