@@ -36,7 +36,8 @@ from dlprim_py.bench.record import geomean, measured_commit  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(onnx_bench.MODELS),
-                   help=f"comma-separated torchvision models (default {','.join(onnx_bench.MODELS)})")
+                   help="comma-separated torchvision models (default "
+                        f"{','.join(onnx_bench.MODELS)})")
     p.add_argument("--batch", default=None, help="comma-separated batch sizes (default 64,1)")
     p.add_argument("--image-size", type=int, default=None, help="square image side (default 224)")
     p.add_argument("--exporter", default="ts17", choices=("ts13", "ts17", "dynamo"),
@@ -86,7 +87,8 @@ def print_table(results, out=sys.stdout):
         print(f"{r['model']:16s} {r['batch']:5d} {_fmt(r.get('ours_ms'), '9.2f')} "
               f"{_fmt(r.get('torch_ms'), '9.2f')} {_fmt(r.get('ratio'), '10.2f')} "
               f"{_fmt(r.get('error'), '8.1e')} {_fmt(r.get('plan_warm_s'), '11.2f')} "
-              f"{_fmt(r.get('plan_cold_s'), '11.2f')} {_fmt(_mib(r.get('ours_peak_bytes')), '9.1f')} "
+              f"{_fmt(r.get('plan_cold_s'), '11.2f')} "
+              f"{_fmt(_mib(r.get('ours_peak_bytes')), '9.1f')} "
               f"{_fmt(_mib(r.get('torch_peak_bytes')), '9.1f')}  {r.get('status', '')}",
               file=out, flush=True)
 

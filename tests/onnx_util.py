@@ -1,37 +1,13 @@
 """Helpers of the ONNX tests: seeded random weights for torchvision models, export with both
 of torch's exporters (cached per process), and the comparison with onnxruntime."""
 import io
-import math
 import warnings
 
 import numpy as np
 
+from dlprim_py.bench.onnx import randomize
+
 _EXPORTS = {}
-
-
-def randomize(model, seed=0):
-    """Seeded weights of order one through the network (He normal convolutions, batch norms
-    with random statistics), in place; returns the model in eval mode."""
-    import torch
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)):
-                fan_in = m.weight[0].numel()
-                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * math.sqrt(2.0 / fan_in))
-                if m.bias is not None:
-                    m.bias.copy_(torch.rand(m.bias.shape, generator=gen) * 0.2 - 0.1)
-            elif isinstance(m, torch.nn.BatchNorm2d):
-                c = m.num_features
-                m.weight.copy_(torch.rand(c, generator=gen) * 0.5 + 0.5)
-                m.bias.copy_(torch.rand(c, generator=gen) * 0.2 - 0.1)
-                m.running_mean.copy_(torch.rand(c, generator=gen) * 0.2 - 0.1)
-                m.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
-            elif isinstance(m, torch.nn.Linear):
-                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) / math.sqrt(m.in_features))
-                if m.bias is not None:
-                    m.bias.copy_(torch.rand(m.bias.shape, generator=gen) * 0.2 - 0.1)
-    return model.eval()
 
 
 def export(key, make, size, exporter="ts13"):

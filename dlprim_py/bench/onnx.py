@@ -62,7 +62,8 @@ def randomize(model, seed=0):
                 m.running_mean.copy_(torch.rand(c, generator=gen) * 0.2 - 0.1)
                 m.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
             elif isinstance(m, torch.nn.Linear):
-                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) / math.sqrt(m.in_features))
+                m.weight.copy_(torch.randn(m.weight.shape, generator=gen)
+                               / math.sqrt(m.in_features))
                 if m.bias is not None:
                     m.bias.copy_(torch.rand(m.bias.shape, generator=gen) * 0.2 - 0.1)
     return model.eval()

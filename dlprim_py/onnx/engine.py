@@ -192,6 +192,10 @@ class Model:
                         raise DTypeError(f"input {info.name!r} must be {info.dtype}, got "
                                          f"{array.dtype}")
                 value = Tensor.from_numpy(self.ctx, np.ascontiguousarray(array))
+            elif value.ctx is not self.ctx:
+                from ..errors import DeviceError
+                raise DeviceError(f"input {info.name!r} lives in another context than the "
+                                  f"model's")
             tensors.append(value)
         outs = self._forward(tensors)
         names = self.output_names if output_names is None else list(output_names)
@@ -216,6 +220,10 @@ class Model:
         for info, t in zip(self.graph.inputs, tensors):
             if not isinstance(t, Tensor):
                 raise not_a_tensor(f"input {info.name!r}", t)
+            if t.ctx is not self.ctx:
+                from ..errors import DeviceError
+                raise DeviceError(f"input {info.name!r} lives in another context than the "
+                                  f"model's")
         outs = self._forward(list(tensors))
         outs = [v if isinstance(v, Tensor) else Tensor.from_numpy(self.ctx, np.ascontiguousarray(v))
                 for v in outs]
@@ -276,12 +284,9 @@ class Model:
             if array.dtype == np.float64:
                 raise UnsupportedError(f"{self.graph.what}: float64 tensor {name or ''!s} on "
                                        f"the device (the library computes in float32)")
-            if array.dtype == np.bool_:
-                from ..dtypes import bool_
-                t = Tensor.empty(self.ctx, array.shape, bool_)
-                t.copy_(array)
-            else:
-                t = Tensor.from_numpy(self.ctx, np.ascontiguousarray(array))
+            # A blocking upload: inside a recording it is not a launch, and the plan keeps the
+            # buffer with the contents it has now.
+            t = Tensor.from_numpy(self.ctx, np.ascontiguousarray(array))
             self._device_constants[key] = t
         return t
 

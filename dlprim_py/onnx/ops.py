@@ -45,7 +45,8 @@ def _check_pool(node, opset):
     if node.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
         return f"auto_pad={node.attr('auto_pad')!r} is not supported"
     if len(node.attr("kernel_shape", ())) != 2:
-        return f"only 2-D pooling is supported, got kernel_shape {list(node.attr('kernel_shape', ()))}"
+        shape = list(node.attr("kernel_shape", ()))
+        return f"only 2-D pooling is supported, got kernel_shape {shape}"
     if node.op == "MaxPool" and len(node.outputs) > 1 and node.outputs[1]:
         return "the Indices output is not supported"
     if node.op == "AveragePool" and any(d != 1 for d in node.attr("dilations", (1, 1))):
@@ -280,7 +281,8 @@ def _conv(planner, node, values):
 def _conv_transpose(planner, node, values):
     x = planner.device(values[0])
     if x.ndim != 4:
-        raise planner.unsupported(node, f"only 2-D transposed convolutions, got input shape {x.shape}")
+        raise planner.unsupported(node, f"only 2-D transposed convolutions, got input shape "
+                                        f"{x.shape}")
     w = planner.device(values[1], node.inputs[1])
     bias = values[2] if len(values) > 2 else None
     bt = None if bias is None else planner.device(bias, node.input(2))
@@ -303,12 +305,13 @@ def _batch_norm(planner, node, values):
     params = [planner.device(v, node.input(k + 1)) for k, v in enumerate(values[1:5])]
     scale, shift, mean, var = params
     y = Tensor.empty(x.ctx, x.shape, x.dtype)
-    batch_norm_forward_inference(x, y, scale, shift, mean, var, eps=float(node.attr("epsilon", 1e-5)),
+    batch_norm_forward_inference(x, y, scale, shift, mean, var,
+                                 eps=float(node.attr("epsilon", 1e-5)),
                                  activation=node.fused.get("activation"))
     return [y]
 
 
-# ---- pooling ---------------------------------------------------------------------------------------
+# ---- pooling ----------------------------------------------------------------------------------
 
 def _pool(planner, node, values):
     x = planner.device(values[0])
@@ -455,7 +458,7 @@ def _gelu(planner, node, values):
     return [F.activation(planner.device(values[0]), activation_of(node, {}, planner.opset))]
 
 
-# ---- shapes and data movement ---------------------------------------------------------------------
+# ---- shapes and data movement -----------------------------------------------------------------
 
 def _reshape(planner, node, values):
     x = planner.device(values[0])
@@ -472,7 +475,8 @@ def _flatten(planner, node, values):
 def _squeeze(planner, node, values):
     x = planner.device(values[0])
     if planner.opset >= 13:
-        axes = None if len(values) < 2 or values[1] is None else planner.host(node, values[1], "axes")
+        axes = (None if len(values) < 2 or values[1] is None
+                else planner.host(node, values[1], "axes"))
     else:
         axes = node.attr("axes")
     if axes is None:

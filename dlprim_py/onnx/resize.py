@@ -44,7 +44,8 @@ def resize_node(planner, node, values):
     resize = getattr(interp_module, "resize", None)
     if resize is not None:
         return resize(x, size, mode=mode, coordinate_transformation_mode=ctm,
-                      nearest_mode=nearest_mode, cubic_coeff_a=float(node.attr("cubic_coeff_a", -0.75)),
+                      nearest_mode=nearest_mode,
+                      cubic_coeff_a=float(node.attr("cubic_coeff_a", -0.75)),
                       exclude_outside=bool(node.attr("exclude_outside", 0)), scales=scales)
     if mode == "nearest" and ctm == "asymmetric" and nearest_mode == "floor":
         if scales is not None:
