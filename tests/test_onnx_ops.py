@@ -635,3 +635,22 @@ def test_bench_suite_lists_its_cases(capsys):
     assert main(["--suite", "onnx", "--list", "--quick", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "onnx: resnet18 n1 64x64" in out and "onnx: mobilenet_v2 n1 64x64" in out
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_concat_of_convolutions_in_place(ctx, rng, batch):
+    """Concat of convolutions only it reads: at batch 1 they write into slices of its output
+    (one launch each, no copy); at batch 2 the slices are not contiguous and they are copied."""
+    inits = {"w1": _rand(rng, 4, 3, 1, 1), "w2": _rand(rng, 5, 3, 3, 3), "b2": _rand(rng, 5)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["x", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["r1", "c2"], ["cat"], axis=1),
+             helper.make_node("Sigmoid", ["cat"], ["y"])]
+    data = _model(nodes, [("x", ("N", 3, 6, 6))], [("y", None)], inits)
+    model = _check(ctx, data, {"x": _rand(rng, batch, 3, 6, 6)})
+    assert [n.op for n in model.graph.nodes] == ["Concat", "Sigmoid"]
+    if batch == 1:
+        assert model.launch_count == 3
+    x = _rand(rng, batch, 3, 6, 6)
+    assert_matches(model.run({"x": x})["y"], ort_run(data, {"x": x})["y"], 1e-5, "replayed")

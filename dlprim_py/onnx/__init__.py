@@ -9,8 +9,9 @@
 The graph is read and checked when it is loaded (an operator or attribute value the engine does
 not support raises ``UnsupportedError`` naming the op type, the node and the opset; a file that
 cannot be read raises ``ModelFileError`` naming it), constants are folded, BatchNormalization
-is folded into the convolution before it and activations and residual additions into the
-convolution's epilogue. Each new input shape is planned once (shape arithmetic folded on the
+is folded into the convolution before it, activations and residual additions into the
+convolution's epilogue, and convolutions feeding a Concat write into its slices where the layout
+allows. Each new input shape is planned once (shape arithmetic folded on the
 host, one recorded launch list, intermediate buffers shared by liveness) and replayed after.
 Needs the ``onnx`` package (``pip install dlprim_py[onnx]``).
 """

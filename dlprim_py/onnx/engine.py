@@ -300,6 +300,12 @@ class Model:
         produced = {}
         opset = graph.opset
         for node in graph.nodes:
+            if "producers" in node.fused:
+                # A Concat that runs the convolutions it reads (ops._concat_in_place).
+                outs = HANDLERS[node.op](planner, node, None)
+                env[node.outputs[0]] = outs[0]
+                produced[outs[0].buffer.int_ptr] = outs[0].buffer
+                continue
             values = [planner.value(n) for n in node.inputs]
             for n, v in zip(node.inputs, values):
                 if n and v is None:

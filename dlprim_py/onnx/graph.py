@@ -200,6 +200,7 @@ class Graph:
         self.fuse_conv_residual()
         self.fuse_activations()
         self.prune()
+        self.concat_in_place()
 
     # ---- checks ---------------------------------------------------------------------------
 
@@ -356,6 +357,25 @@ class Graph:
         # The fused convolution runs where its Add ran: z exists by then.
         moved_convs = {id(c) for c in moved.values()}
         self.nodes = [moved.get(id(n), n) for n in self.nodes if id(n) not in moved_convs]
+
+    def concat_in_place(self):
+        """Concat nodes whose inputs are all convolutions that nothing else reads take those
+        convolutions in (they run where the Concat runs, into slices of its output where the
+        layout allows: ``ops._concat_in_place``)."""
+        uses = self.consumers()
+        producer = {o: n for n in self.nodes for o in n.outputs}
+        taken = set()
+        for node in self.nodes:
+            if node.op != "Concat" or len(node.inputs) < 2 or len(set(node.inputs)) != len(
+                    node.inputs):
+                continue
+            convs = [producer.get(name) for name in node.inputs]
+            if all(c is not None and c.op == "Conv" and uses.get(name) == 1
+                   and name not in self.output_names and id(c) not in taken
+                   for c, name in zip(convs, node.inputs)):
+                node.fused["producers"] = dict(zip(node.inputs, convs))
+                taken.update(id(c) for c in convs)
+        self.nodes = [n for n in self.nodes if id(n) not in taken]
 
     def prune(self):
         """Drop the nodes whose outputs nothing reads (what folding and fusion left behind, and

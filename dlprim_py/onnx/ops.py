@@ -225,6 +225,13 @@ def _torch_pad(begins, ends):
 
 
 def _conv(planner, node, values):
+    return _prepared_conv(planner, node, values)[1]()
+
+
+def _prepared_conv(planner, node, values):
+    """(output shape, or None where the convolution cannot write into a caller's tensor;
+    ``run(out=None)`` -> [y]) of a Conv node: what is needed before it runs (an asymmetric pad,
+    the weights on the device) is done here, once."""
     from ..fusion import conv_bias_activation
     from ..ops.conv import ConvolutionDesc
     x = planner.device(values[0])
@@ -234,8 +241,7 @@ def _conv(planner, node, values):
         raise planner.unsupported(node, f"only 1-D and 2-D convolutions, got input shape {x.shape}")
     if one_d:
         x = x.reshape(x.shape[:2] + (1, x.shape[2]))
-        w = (w.reshape(w.shape[:2] + (1, w.shape[2])) if isinstance(w, np.ndarray)
-             else w.reshape(w.shape[:2] + (1, w.shape[2])))
+        w = w.reshape(w.shape[:2] + (1, w.shape[2]))
     kernel = tuple(w.shape[2:])
     n = 2
     strides = list(node.attr("strides", [1] * (n - one_d)))
@@ -260,22 +266,26 @@ def _conv(planner, node, values):
     act = node.fused.get("activation")
     z = node.fused.get("residual")
     z = None if z is None else planner.device(planner.value(z))
-    if z is not None:
-        ho = [(s + 2 * p - d * (k - 1) - 1) // st + 1
-              for s, p, d, k, st in zip(x.shape[2:], begins, dilations, kernel, strides)]
-        y_shape = (x.shape[0], wt.shape[0]) + tuple(ho)
-        if tuple(z.shape) != y_shape or z.dtype != x.dtype or one_d:
+    ho = [(s + 2 * p - d * (k - 1) - 1) // st + 1
+          for s, p, d, k, st in zip(x.shape[2:], begins, dilations, kernel, strides)]
+    y_shape = (x.shape[0], wt.shape[0]) + tuple(ho)
+    if z is not None and (tuple(z.shape) != y_shape or z.dtype != x.dtype or one_d):
+        def run_unfused(out=None):
             # The Add broadcasts: run it (and the activation) after the convolution.
             y = conv_bias_activation(x, wt, bt, None, 1.0, 0.0, None, conv_desc=desc)
             if one_d:
                 y = y.reshape(y.shape[:2] + (y.shape[3],))
             y = F.add(y, z)
             return [y if act is None else F.activation(y, act)]
-    y = conv_bias_activation(x, wt, bt, z, 1.0, 1.0 if z is not None else 0.0, act,
-                             conv_desc=desc)
-    if one_d:
-        y = y.reshape(y.shape[:2] + (y.shape[3],))
-    return [y]
+        return None, run_unfused
+
+    def run(out=None):
+        y = conv_bias_activation(x, wt, bt, z, 1.0, 1.0 if z is not None else 0.0, act,
+                                 conv_desc=desc, out=out)
+        if one_d:
+            y = y.reshape(y.shape[:2] + (y.shape[3],))
+        return [y]
+    return (None if one_d or x.dtype != np.float32 else y_shape), run
 
 
 def _conv_transpose(planner, node, values):
@@ -511,12 +521,47 @@ def _transpose(planner, node, values):
 
 
 def _concat(planner, node, values):
+    producers = node.fused.get("producers")
+    if producers:
+        return [_concat_in_place(planner, node, producers)]
     tensors = [planner.device(v, node.inputs[k]) for k, v in enumerate(values) if v is not None]
     axis = int(node.attr("axis"))
     tensors = [t for t in tensors if t.size or len(tensors) == 1]
     if len(tensors) == 1:
         return [tensors[0]]
     return [planner.concat(tensors, axis % tensors[0].ndim)]
+
+
+def _concat_in_place(planner, node, producers):
+    """A Concat whose inputs are all convolutions it alone reads: where each input is one
+    contiguous slice of the output (nothing before the axis but ones: batch 1 on channels),
+    the convolutions write straight into their slices; else they run and the inputs are
+    copied."""
+    from ..tensor import _checked
+    prepared = []
+    for name in node.inputs:
+        conv = producers[name]
+        prepared.append(_prepared_conv(planner, conv, [planner.value(n) for n in conv.inputs]))
+    shapes = [shape for shape, _ in prepared]
+    axis = int(node.attr("axis"))
+    if all(shape is not None for shape in shapes):
+        rank = len(shapes[0])
+        axis %= rank
+        out_shape = list(shapes[0])
+        out_shape[axis] = sum(shape[axis] for shape in shapes)
+        fits = all(len(shape) == rank and all(a == b for k, (a, b) in
+                                              enumerate(zip(shape, shapes[0])) if k != axis)
+                   for shape in shapes)
+        if fits and int(np.prod(out_shape[:axis])) == 1:
+            out = Tensor.empty(planner.ctx, tuple(out_shape))
+            offset = 0
+            for shape, run in prepared:
+                run(_checked(planner.ctx, out.buffer, tuple(shape), out.dtype, offset))
+                offset += int(np.prod(shape)) * out.dtype.itemsize
+            return out
+    tensors = [run()[0] for _, run in prepared]
+    axis %= tensors[0].ndim
+    return planner.concat(tensors, axis)
 
 
 def _split(planner, node, values):
