@@ -11,7 +11,8 @@ from .context import Context, DeviceInfo, default_context, devices
 from .dtypes import bool_, float16, float32, int32, int64
 from .dtypes import bool_ as bool  # noqa: A004,F401  (torch's name: dp.bool, as torch.bool)
 from .errors import (CacheWarning, DeviceError, DeviceMemoryError, DlprimError, DTypeError,
-                     GraphError, KernelBuildError, NumericsError, ShapeError, UnsupportedError)
+                     GraphError, KernelBuildError, ModelFileError, NumericsError, ShapeError,
+                     UnsupportedError)
 from .tensor import Tensor, TensorDesc
 from .ops.gemm import gemm, gemm_batched
 from .ops.indexing import arange, linspace
@@ -25,12 +26,13 @@ from . import fusion  # noqa: E402
 from . import optim  # noqa: E402
 from . import nn  # noqa: E402
 from . import models  # noqa: E402
+from . import onnx  # noqa: E402
 
 __all__ = [
     "Activation", "ActivationDesc", "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",
     "no_grad", "enable_grad", "float16", "float32", "int32", "int64", "bool_",
     "DlprimError", "ShapeError", "DTypeError", "DeviceError", "DeviceMemoryError", "NumericsError", "UnsupportedError",
-    "GraphError",
+    "GraphError", "ModelFileError",
     "KernelBuildError", "CacheWarning", "__version__", "Convolution", "ConvolutionDesc",
 ]
 __all__ += ["gemm", "gemm_batched"]

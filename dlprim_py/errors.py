@@ -39,6 +39,11 @@ class UnsupportedError(DlprimError, NotImplementedError):
     """A valid request that this library (or this device, or this algorithm) does not do."""
 
 
+class ModelFileError(DlprimError, ValueError):
+    """A model file (ONNX) that cannot be read: missing, truncated, damaged or not valid; the
+    message names the file."""
+
+
 class KernelBuildError(DlprimError, RuntimeError):
     """The OpenCL compiler rejected a rendered kernel.
 

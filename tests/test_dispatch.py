@@ -459,3 +459,25 @@ def test_kernel_events_collect_each_launch_with_its_event(ctx, rng):
     with kernel_events() as outer_events:
         F.relu(x)
     assert len(events) >= 2 and len(outer_events) == 1
+
+
+def test_tensor_ops_and_interpolate_launches_are_recorded(ctx, rng):
+    """cat, permute, pad, narrow and interpolate launch through bound kernels: a recording of
+    them (a planned network) replays every copy on other buffers."""
+    from dlprim_py import launch
+    x = _tensor(ctx, rng, (2, 3, 4, 4))
+
+    def chain(t):
+        y = F.cat([F.permute(t, (0, 1, 3, 2)), t], dim=1)
+        y = F.narrow(F.pad(y, (1, 1, 0, 2)), 2, 1, 4)
+        return F.interpolate(y, scale_factor=2, mode="nearest")
+
+    with dp.no_grad():
+        with launch.Recording() as recording:
+            y = chain(x)
+        plan = recording.plan(ctx.queue, [x.buffer, y.buffer])
+        assert plan is not None
+        x2 = _tensor(ctx, rng, (2, 3, 4, 4))
+        y2 = dp.Tensor.full(ctx, y.shape, float("nan"))
+        plan.run([x2.buffer, y2.buffer])
+        assert_close(y2.numpy(), chain(x2).numpy(), 0.0)

@@ -465,3 +465,15 @@ def test_bad_tensor_arguments(ctx, rng):
                  params=dict(TILED, wpt_m=3))
     with pytest.raises(dp.UnsupportedError):
         dp.gemm(a, b, activation="no-such-activation")
+
+
+def test_gemm_with_an_activation_descriptor(ctx, rng):
+    """An ActivationDesc (as the fusion API and dp.onnx pass it) works as a name does."""
+    a, b = random(rng, (5, 7)), random(rng, (7, 3))
+    bias = random(rng, (3,))
+    at, bt, biast = (dp.Tensor.from_numpy(ctx, v) for v in (a, b, bias))
+    for activation in (dp.ActivationDesc("relu"), dp.ActivationDesc("leakyrelu", alpha=0.2)):
+        ref = a.astype(np.float64) @ b + bias
+        ref = np.where(ref > 0, ref, 0.0 if activation.alpha == 0 else activation.alpha * ref)
+        out = dp.gemm(at, bt, bias=biast, activation=activation).numpy()
+        assert_close(out, ref)

@@ -7,7 +7,8 @@ Suites: ``peak`` (FP32 multiply-add rate, copy bandwidth, launch cost), ``gemm``
 ResNet-50 / MobileNetV2 inference and training steps), ``dispatch`` (public calls as users
 make them, host microseconds per call in each row's params), ``optim`` (one optimizer step on
 ResNet-18's parameters, fused update against torch.optim's) and ``train`` (dp.models training
-steps with dp.optim's SGD and AdamW) only when named with --suite.
+steps with dp.optim's SGD and AdamW) and ``onnx`` (torchvision classifiers exported to ONNX and
+run by ``dp.onnx``) only when named with --suite.
 Every case is checked against a float64 reference before it is timed; times are the median
 (and 20th/80th percentiles) after a warm-up of OpenCL profiling-event times, or for ``nets``,
 ``dispatch`` and ``train`` of the wall clock with the device drained after each call; rates are
@@ -29,8 +30,9 @@ import time
 SUITES = ("peak", "gemm", "conv", "ops", "fusion")
 # Run only when named with --suite: whole networks (nets.py), inference and a training step;
 # public calls and host time per call (dispatch.py); one optimizer step alone, fused update
-# against torch.optim's (optim.py); dp.models training steps with dp.optim (train.py).
-EXTRA_SUITES = ("nets", "dispatch", "optim", "train")
+# against torch.optim's (optim.py); dp.models training steps with dp.optim (train.py);
+# torchvision models exported to ONNX and run by dp.onnx (onnx.py).
+EXTRA_SUITES = ("nets", "dispatch", "optim", "train", "onnx")
 
 
 def parse_args(argv=None):

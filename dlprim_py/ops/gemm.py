@@ -965,7 +965,7 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
     operands = (a_buf, b_buf, c_buf, bias_buf)
     key = None
     if set(extra) <= {"algorithm"}:
-        act = activation.key() if hasattr(activation, "key") else activation
+        act = activation.key if hasattr(activation, "key") else activation
         key = ("gemm", M, N, K, a_off, lda, b_off, ldb, c_off, ldc, bool(trans_a),
                bool(trans_b), alpha, beta, bias_off, bias_per if bias_buf is not None else None,
                act, batch, stride_a, stride_b, stride_c, extra.get("algorithm"),

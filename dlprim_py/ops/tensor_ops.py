@@ -19,6 +19,7 @@ from .. import autograd, config, program, solver, tuning
 from ..context import check_same_context
 from ..dtypes import cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
+from ..launch import bind
 from ..tensor import Tensor
 from .pointwise import launch_size, merge_dimensions
 
@@ -55,9 +56,11 @@ def _index_type(*extents):
 
 
 def _kernel(ctx, name, dtype, ndim, index_t, mode="constant", batch_dims=0):
+    # A bound kernel: its arguments are set where they changed, and inside a recording (a
+    # planned network) its launches are kept with the others, so that a replay copies too.
     params = dict(dtype=cl_name(dtype), ndim=ndim, index_t=index_t, mode=mode,
                   batch_dims=batch_dims)
-    return program.kernel(ctx, "tensor_ops", name, params)
+    return bind(program.kernel(ctx, "tensor_ops", name, params))
 
 
 def _transposition(sizes, src_st, dst_st):

@@ -1,0 +1,426 @@
+"""The planned inference engine: an ONNX graph (``graph.Graph``, rewritten at load) run on the
+device as one recorded launch list per input signature.
+
+Planning, once per input shape (and dtype and offset): the rewritten nodes are walked in order;
+a node whose inputs are all known on the host (constants, shapes) is evaluated there with numpy
+(``host.py``), any other runs its handler (``ops.py``) over ``dlprim_py``'s operators and the
+fusion API, inside one ``launch.Recording``. The recording becomes a ``launch.Plan`` whose
+operands are the graph's input buffers and its output buffers; every other buffer the launches
+use is bound in the plan. Memory planning by liveness then gives the buffers that the nodes
+produced (the intermediates) new homes: each one lives from the first launch that uses it to
+the last, and buffers whose lives do not overlap share one allocation (best fit, largest
+first); the first run's buffers go back to the pool. ``memory_bytes`` is what the plan holds:
+those shared allocations, the scratch and workspace buffers the operators keep, and the
+outputs.
+
+A later run with a planned signature binds its input buffers and fresh output buffers and
+enqueues the launch list: no node is walked, nothing is built, nothing but the outputs is
+allocated.
+"""
+import numpy as np
+
+from .. import launch
+from ..autograd import no_grad
+from ..context import PlanCache, default_context
+from ..dtypes import as_dtype
+from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
+from ..tensor import Tensor, _checked, allocate
+from . import host
+from .graph import Graph
+from .ops import HANDLERS
+
+
+class _Planner:
+    """What the op handlers see while one input signature is planned."""
+
+    def __init__(self, model):
+        self.model = model
+        self.ctx = model.ctx
+        self.opset = model.graph.opset
+        self.env = {}
+
+    def value(self, name):
+        if not name:
+            return None
+        value = self.env.get(name)
+        if value is None:
+            value = self.model.graph.constants.get(name)
+        return value
+
+    def device(self, value, name=None):
+        """``value`` as a device tensor: a host constant is uploaded once per model (by value
+        name when it has one, else by contents)."""
+        if isinstance(value, Tensor):
+            return value
+        return self.model._constant(np.asarray(value), name)
+
+    def host(self, node, value, what):
+        """``value`` as a numpy array: UnsupportedError where it is only known on the device
+        (a data-dependent shape)."""
+        if isinstance(value, Tensor):
+            raise self.unsupported(node, f"the {what} input must be known before the run (a "
+                                         f"constant or shape arithmetic), not computed on the "
+                                         f"device")
+        return np.asarray(value)
+
+    def constants_for(self, node, values):
+        return {name: v for name, v in zip(node.inputs, values)
+                if name and isinstance(v, np.ndarray)}
+
+    def unsupported(self, node, why):
+        return self.model.graph.unsupported(node, why)
+
+    def concat(self, tensors, axis):
+        from .. import functional as F
+        return F.cat(tensors, axis)
+
+
+class _Entry:
+    """One planned input signature: the plan (None: replayed unrecorded, see ``_execute``), the
+    output descriptions and the bytes it holds."""
+
+    __slots__ = ("plan", "outputs", "out_sizes", "memory_bytes", "launches")
+
+    def __init__(self, plan, outputs, out_sizes, memory_bytes, launches):
+        self.plan = plan
+        self.outputs = outputs
+        self.out_sizes = out_sizes
+        self.memory_bytes = memory_bytes
+        self.launches = launches
+
+
+class Model:
+    """An ONNX model planned for a device (made by ``dlprim_py.onnx.load``).
+
+    Parameters
+    ----------
+    source : str, os.PathLike, bytes or onnx.ModelProto
+        The model.
+    ctx : dlprim_py.Context, optional
+        The device (default: the thread's default context).
+    """
+
+    def __init__(self, source, ctx=None):
+        self.graph = Graph(source)
+        self.ctx = default_context() if ctx is None else ctx
+        self._device_constants = {}
+        self._plans = PlanCache(64)
+        self._last = None
+
+    # ---- what the file declares ----------------------------------------------------------
+
+    @property
+    def input_names(self):
+        """The graph inputs' names, in the file's order (initializers excluded)."""
+        return [v.name for v in self.graph.inputs]
+
+    @property
+    def output_names(self):
+        """The graph outputs' names, in the file's order."""
+        return list(self.graph.output_names)
+
+    @property
+    def inputs(self):
+        """The graph inputs as ValueInfo objects: name, shape (a string for a symbolic
+        dimension) and numpy dtype, unpackable as (name, shape, dtype)."""
+        return list(self.graph.inputs)
+
+    @property
+    def opset(self):
+        """The opset of the default ONNX domain the file imports."""
+        return self.graph.opset
+
+    @property
+    def memory_bytes(self):
+        """Device bytes the most recently planned input shape holds while it runs: the
+        intermediate buffers after liveness sharing, the operators' scratch and workspace, and
+        the outputs (not the weights: ``weight_bytes``; not the inputs). 0 before a run."""
+        return 0 if self._last is None else self._last.memory_bytes
+
+    @property
+    def weight_bytes(self):
+        """Device bytes of the constants (weights) uploaded so far."""
+        return sum(t.nbytes for t in self._device_constants.values())
+
+    @property
+    def launch_count(self):
+        """Kernel launches in the most recently planned input shape's launch list."""
+        return 0 if self._last is None else self._last.launches
+
+    def __repr__(self):
+        return (f"dlprim_py.onnx.Model({self.graph.what}, opset {self.opset}, inputs "
+                f"{[tuple(v) for v in self.inputs]}, outputs {self.output_names})")
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def run(self, feeds, output_names=None):
+        """Run the model and read its outputs back.
+
+        Parameters
+        ----------
+        feeds : dict
+            {input name: numpy array or dp.Tensor}; arrays of another float (int) width are
+            converted to the input's dtype.
+        output_names : list of str, optional
+            The outputs to read back (default all).
+
+        Returns
+        -------
+        dict
+            {output name: numpy array}.
+        """
+        if not isinstance(feeds, dict):
+            raise DTypeError(f"run expects a dict of input name -> array, got "
+                             f"{type(feeds).__name__}")
+        unknown = [k for k in feeds if k not in self.input_names]
+        missing = [k for k in self.input_names if k not in feeds]
+        if unknown or missing:
+            raise ShapeError(f"run: inputs {self.input_names} expected; "
+                             + (f"missing {missing}" if missing else "")
+                             + ("; " if missing and unknown else "")
+                             + (f"unknown {unknown}" if unknown else ""))
+        tensors = []
+        for info in self.graph.inputs:
+            value = feeds[info.name]
+            if not isinstance(value, Tensor):
+                array = np.asarray(value)
+                if array.dtype != info.dtype:
+                    if array.dtype.kind == info.dtype.kind or (array.dtype.kind in "iu"
+                                                               and info.dtype.kind in "iu"):
+                        array = array.astype(info.dtype)
+                    else:
+                        raise DTypeError(f"input {info.name!r} must be {info.dtype}, got "
+                                         f"{array.dtype}")
+                value = Tensor.from_numpy(self.ctx, np.ascontiguousarray(array))
+            elif value.ctx is not self.ctx:
+                from ..errors import DeviceError
+                raise DeviceError(f"input {info.name!r} lives in another context than the "
+                                  f"model's")
+            tensors.append(value)
+        outs = self._forward(tensors)
+        names = self.output_names if output_names is None else list(output_names)
+        result = {}
+        for name, value in zip(self.output_names, outs):
+            if name in names:
+                result[name] = value.numpy() if isinstance(value, Tensor) else np.array(value)
+        return result
+
+    def __call__(self, *tensors):
+        """Run on device tensors (the inputs in ``input_names`` order).
+
+        Returns
+        -------
+        Tensor or tuple of Tensor
+            The output tensor, or a tuple of them for several outputs, each in a buffer of its
+            own (a later run does not overwrite it). Nothing is copied to the host.
+        """
+        if len(tensors) != len(self.input_names):
+            raise ShapeError(f"the model takes {len(self.input_names)} input(s) "
+                             f"{self.input_names}, got {len(tensors)}")
+        for info, t in zip(self.graph.inputs, tensors):
+            if not isinstance(t, Tensor):
+                raise not_a_tensor(f"input {info.name!r}", t)
+            if t.ctx is not self.ctx:
+                from ..errors import DeviceError
+                raise DeviceError(f"input {info.name!r} lives in another context than the "
+                                  f"model's")
+        outs = self._forward(list(tensors))
+        outs = [v if isinstance(v, Tensor) else Tensor.from_numpy(self.ctx, np.ascontiguousarray(v))
+                for v in outs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _check_inputs(self, tensors):
+        for info, t in zip(self.graph.inputs, tensors):
+            if t.ctx is not self.ctx:
+                from ..errors import DeviceError
+                raise DeviceError(f"input {info.name!r} lives in another context than the "
+                                  f"model's")
+            if np.dtype(t.dtype) != info.dtype:
+                raise DTypeError(f"input {info.name!r} must be {info.dtype}, got "
+                                 f"{np.dtype(t.dtype)}")
+            if info.shape is not None:
+                ok = len(info.shape) == t.ndim and all(
+                    not isinstance(d, int) or d == s for d, s in zip(info.shape, t.shape))
+                if not ok:
+                    raise ShapeError(f"input {info.name!r} must have shape {info.shape} (strings "
+                                     f"are free dimensions), got {t.shape}")
+
+    def _forward(self, tensors):
+        key = tuple((t.shape, t.dtype.str, t.offset) for t in tensors)
+        entry = self._plans.get(key)
+        if entry is None:
+            self._check_inputs(tensors)
+            outs, entry = self._plan(tensors)
+            self._plans.put(key, entry)
+            self._last = entry
+            return outs
+        self._last = entry
+        if entry.plan is None:
+            with no_grad():
+                return self._outputs(self._execute(tensors)[0])
+        return self._replay(entry, tensors)
+
+    def _replay(self, entry, tensors):
+        ctx = self.ctx
+        buffers = [allocate(ctx, size) for size in entry.out_sizes]
+        entry.plan.run([t.buffer for t in tensors] + buffers)
+        outs = []
+        for kind, a, shape, dtype, offset in entry.outputs:
+            if kind == "host":
+                outs.append(a)
+            elif kind == "input":
+                outs.append(_checked(ctx, tensors[a].buffer, shape, dtype, offset))
+            else:
+                outs.append(_checked(ctx, buffers[a], shape, dtype, offset))
+        return outs
+
+    # ---- planning ----------------------------------------------------------------------------
+
+    def _constant(self, array, name=None):
+        """A device tensor of a host constant, uploaded once."""
+        key = name if name else ("value", array.dtype.str, array.shape, array.tobytes())
+        t = self._device_constants.get(key)
+        if t is None:
+            if array.dtype == np.float64:
+                raise UnsupportedError(f"{self.graph.what}: float64 tensor {name or ''!s} on "
+                                       f"the device (the library computes in float32)")
+            # A blocking upload: inside a recording it is not a launch, and the plan keeps the
+            # buffer with the contents it has now.
+            t = Tensor.from_numpy(self.ctx, np.ascontiguousarray(array))
+            self._device_constants[key] = t
+        return t
+
+    def _execute(self, tensors):
+        """Walk the nodes on ``tensors``: (output values, buffers the nodes produced)."""
+        graph = self.graph
+        planner = _Planner(self)
+        env = planner.env
+        for info, t in zip(graph.inputs, tensors):
+            env[info.name] = t
+        produced = {}
+        opset = graph.opset
+        for node in graph.nodes:
+            if "producers" in node.fused:
+                # A Concat that runs the convolutions it reads (ops._concat_in_place).
+                outs = HANDLERS[node.op](planner, node, None)
+                env[node.outputs[0]] = outs[0]
+                produced[outs[0].buffer.int_ptr] = outs[0].buffer
+                continue
+            values = [planner.value(n) for n in node.inputs]
+            for n, v in zip(node.inputs, values):
+                if n and v is None:
+                    raise ShapeError(f"{graph.what}: {node.op} node {node.name!r} reads "
+                                     f"{n!r}, which nothing before it produces")
+            outs = None
+            if all(v is None or isinstance(v, np.ndarray) for v in values):
+                outs = host.evaluate(node, values, opset, graph, small_only=True)
+            if outs is None:
+                handler = HANDLERS.get(node.op)
+                if handler is None:
+                    raise planner.unsupported(node, "computed on the device, which this "
+                                                    "operator is not (only shape arithmetic "
+                                                    "on known values)")
+                outs = handler(planner, node, values)
+            for name, v in zip(node.outputs, outs):
+                if name:
+                    env[name] = v
+                    if isinstance(v, Tensor):
+                        produced[v.buffer.int_ptr] = v.buffer
+        return [planner.value(graph.resolve(n)) for n in graph.output_names], produced
+
+    def _outputs(self, values):
+        return [v if isinstance(v, Tensor) else np.asarray(v) for v in values]
+
+    def _plan(self, tensors):
+        ctx = self.ctx
+        with no_grad():
+            with launch.Recording() as recording:
+                values, produced = self._execute(tensors)
+        outs = self._outputs(values)
+        in_ptrs = {t.buffer.int_ptr: k for k, t in enumerate(tensors)}
+        out_buffers, out_index, outputs = [], {}, []
+        for v in outs:
+            if not isinstance(v, Tensor):
+                outputs.append(("host", v, None, None, None))
+            elif v.buffer.int_ptr in in_ptrs:
+                outputs.append(("input", in_ptrs[v.buffer.int_ptr], v.shape, v.dtype, v.offset))
+            elif v.buffer.int_ptr in self._constant_ptrs():
+                outputs.append(("host", v.numpy(), None, None, None))
+            else:
+                j = out_index.get(v.buffer.int_ptr)
+                if j is None:
+                    j = out_index[v.buffer.int_ptr] = len(out_buffers)
+                    out_buffers.append(v.buffer)
+                outputs.append(("device", j, v.shape, v.dtype, v.offset))
+        operands = [t.buffer for t in tensors] + out_buffers
+        plan = recording.plan(ctx.queue, operands)
+        out_sizes = [b.size for b in out_buffers]
+        steps = len(recording.steps)
+        del recording
+        if plan is None:
+            memory = sum(b.size for p, b in produced.items() if p not in in_ptrs)
+            entry = _Entry(None, outputs, out_sizes, memory, steps)
+        else:
+            plan, memory = self._share_memory(plan, produced, operands)
+            entry = _Entry(plan, outputs, out_sizes, memory + sum(out_sizes), len(plan))
+        del produced
+        ctx.empty_cache()
+        return outs, entry
+
+    def _constant_ptrs(self):
+        return {t.buffer.int_ptr for t in self._device_constants.values()}
+
+    def _share_memory(self, plan, produced, operands):
+        """``plan`` with the node-produced buffers it binds replaced by shared allocations
+        (liveness: first to last launch that uses each), and the bytes it then holds besides
+        its operands and the weights."""
+        operand_ptrs = {b.int_ptr for b in operands}
+        queue = plan.queue
+        constants = self._constant_ptrs()
+        candidates = {p: b for p, b in produced.items()
+                      if p not in operand_ptrs and p not in constants}
+        first, last = {}, {}
+        for i, step in enumerate(plan.steps):
+            for _, buf in step[3]:
+                p = buf.int_ptr
+                if p in candidates:
+                    first.setdefault(p, i)
+                    last[p] = i
+        # Interval colouring: by start; a slot is free once its last user ran before the start.
+        order = sorted(first, key=lambda p: (first[p], -candidates[p].size))
+        slot_of, slot_size, slot_free_at = {}, [], []
+        for p in order:
+            need = candidates[p].size
+            best = None
+            for s, free_at in enumerate(slot_free_at):
+                if free_at < first[p]:
+                    # Best fit: the smallest free slot that holds it, else the largest free one.
+                    if best is None:
+                        best = s
+                    else:
+                        fits, best_fits = slot_size[s] >= need, slot_size[best] >= need
+                        if (fits and (not best_fits or slot_size[s] < slot_size[best])) or (
+                                not fits and not best_fits and slot_size[s] > slot_size[best]):
+                            best = s
+            if best is None:
+                best = len(slot_size)
+                slot_size.append(need)
+                slot_free_at.append(last[p])
+            else:
+                slot_size[best] = max(slot_size[best], need)
+                slot_free_at[best] = last[p]
+            slot_of[p] = best
+        # The first run's buffers go back to the pool before the shared ones are taken from it.
+        kept = [b for b in plan.keep if b.int_ptr not in slot_of]
+        pending = [(k, w, r, tuple((i, slot_of.get(b.int_ptr, b)) for i, b in f), t)
+                   for k, w, r, f, t, _ in plan.steps]
+        plan.keep = plan.steps = None
+        candidates = first = last = None
+        produced.clear()
+        slots = [allocate(self.ctx, size) for size in slot_size]
+        new_steps = [(kernel, work, rebind,
+                      tuple((i, slots[b] if isinstance(b, int) else b) for i, b in fixed),
+                      template, object())
+                     for kernel, work, rebind, fixed, template in pending]
+        memory = sum(slot_size) + sum(b.size for b in kept if b.int_ptr not in constants)
+        return launch.Plan(queue, new_steps, kept + slots), memory
