@@ -1,11 +1,9 @@
-"""ONNX Resize on the device: ``dlprim_py.ops.interpolate.resize`` where the library has it
-(every coordinate transformation and nearest rounding mode), else ``F.interpolate`` for the
-cases it computes exactly as ONNX does (nearest asymmetric/floor; linear half_pixel,
-pytorch_half_pixel and align_corners) and UnsupportedError for the others."""
+"""ONNX Resize on the device through ``dlprim_py.ops.interpolate.resize``: every coordinate
+transformation but tf_crop_and_resize, every nearest rounding mode, cubic with its coefficient
+and exclude_outside, on the two spatial axes of a 4-D input."""
 import numpy as np
 
-from .. import functional as F
-from ..ops import interpolate as interp_module
+from ..ops.interpolate import resize
 
 
 def output_size(planner, node, x, values):
@@ -41,22 +39,6 @@ def resize_node(planner, node, values):
     nearest_mode = node.attr("nearest_mode", "round_prefer_floor")
     if ctm == "tf_crop_and_resize":
         raise planner.unsupported(node, "coordinate_transformation_mode tf_crop_and_resize")
-    resize = getattr(interp_module, "resize", None)
-    if resize is not None:
-        return resize(x, size, mode=mode, coordinate_transformation_mode=ctm,
-                      nearest_mode=nearest_mode,
-                      cubic_coeff_a=float(node.attr("cubic_coeff_a", -0.75)),
-                      exclude_outside=bool(node.attr("exclude_outside", 0)), scales=scales)
-    if mode == "nearest" and ctm == "asymmetric" and nearest_mode == "floor":
-        if scales is not None:
-            return F.interpolate(x, scale_factor=scales, mode="nearest")
-        return F.interpolate(x, size=size, mode="nearest")
-    if mode == "linear" and (ctm == "half_pixel" or (ctm == "pytorch_half_pixel"
-                                                    and min(size) > 1)):
-        if scales is not None:
-            return F.interpolate(x, scale_factor=scales, mode="bilinear", align_corners=False)
-        return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
-    if mode == "linear" and ctm == "align_corners":
-        return F.interpolate(x, size=size, mode="bilinear", align_corners=True)
-    raise planner.unsupported(node, f"mode={mode!r} with coordinate_transformation_mode={ctm!r}"
-                                    f" and nearest_mode={nearest_mode!r}")
+    return resize(x, size, mode=mode, coordinate_transformation_mode=ctm,
+                  nearest_mode=nearest_mode, cubic_coeff_a=float(node.attr("cubic_coeff_a", -0.75)),
+                  exclude_outside=bool(node.attr("exclude_outside", 0)), scales=scales)
