@@ -73,7 +73,24 @@ class RowsSolver(solver.Solver):
         return max(problem.dk, problem.dv) <= MAX_HEAD_DIM
 
 
-FAMILY = solver.register(solver.Family("attention", (RowsSolver(),), title="attention solver"))
+class TiledSolver(solver.Solver):
+    """The forward as register-tiled products (kernels/attention_tiled.cl.mako): a work-group
+    of query rows, each item a tile of several rows by several keys of the scores and several
+    rows by several head dims of the output; the backward is the rows solver's."""
+    name = "tiled"
+
+    def applies(self, ctx, problem):
+        return max(problem.dk, problem.dv) <= TILED_MAX_HEAD_DIM
+
+
+# The largest head dim of the tiled solver: an item's output tile (its rows by a sixteenth of
+# the head dims) lives in registers, and the q rows of a group in local memory.
+TILED_MAX_HEAD_DIM = 128
+# Items sharing a query row in the tiled kernels (kernels/attention_tiled.cl.mako: TILE_X).
+TILE_X = 16
+
+FAMILY = solver.register(solver.Family("attention", (RowsSolver(), TiledSolver()),
+                                       title="attention solver"))
 ALGORITHMS = tuple(FAMILY.solvers)
 
 
@@ -109,13 +126,47 @@ def _lanes(ctx, problem, wanted, limit, rows):
     return lanes
 
 
+def _tiled_local(dk, dv, block_m, block_n, shuffle):
+    """Bytes of local memory of attention_tiled_forward."""
+    dk4, dv4 = (dk + 3) // 4, (dv + 3) // 4
+    kp4 = dk4 + 1 if dk4 % 2 == 0 else dk4
+    vp4 = -(-dv4 // TILE_X) * TILE_X
+    exchange = 4 * block_m * TILE_X if shuffle != "ptx" else 0
+    return 16 * (block_m * dk4 + block_n * (kp4 + vp4)) + 4 * block_m * (block_n + 4) + exchange
+
+
+def _fit_tiled(ctx, problem, params, shuffle):
+    """(block_m, block_n, tile_y) of the tiled forward from the tuning values, halving the keys
+    per step (down to TILE_X), then the rows, until the local memory fits the device and the
+    group its work-group size."""
+    block_m, block_n = int(params["block_m"]), int(params["block_n"])
+    tile_y = min(int(params["tile_y"]), block_m)
+    limit = ctx.info.local_mem_size
+    while TILE_X * tile_y > ctx.info.max_work_group_size and tile_y > 1:
+        tile_y //= 2
+    while _tiled_local(problem.dk, problem.dv, block_m, block_n, shuffle) > limit:
+        if block_n > TILE_X:
+            block_n //= 2
+        elif block_m > 1:
+            block_m //= 2
+            tile_y = min(tile_y, block_m)
+        else:
+            raise UnsupportedError(f"scaled_dot_product_attention: head dims ({problem.dk}, "
+                                   f"{problem.dv}) do not fit the device's local memory")
+    if block_m % tile_y or block_n % TILE_X:
+        raise UnsupportedError(f"attention tiled solver: block_m {block_m} must be a multiple "
+                               f"of tile_y {tile_y} and block_n {block_n} of {TILE_X}")
+    return block_m, block_n, tile_y
+
+
 class AttentionPlan:
     """The built kernels of one problem (all four from one program), their launch sizes and
     the batch offset table of one broadcast pattern."""
 
     def __init__(self, ctx, problem, table, batches, index_t, forced):
         chosen = solver.select(ctx, "attention", problem, forced=forced)
-        params = solver.tunables(ctx, "attention", problem, chosen.name)
+        # The tiled solver's backward is the rows solver's, with the rows solver's values.
+        params = solver.tunables(ctx, "attention", problem, "rows")
         limit = ctx.info.max_work_group_size
         block_m = min(int(params["block_m"]), limit)
         kv_block = min(int(params["kv_block"]), limit)
@@ -134,19 +185,34 @@ class AttentionPlan:
                            shuffle=shuffle, unroll=bool(params.get("unroll", True)))
         built = program.build(ctx, "attention", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_forward", fresh=True))
+        L, S = problem.L, problem.S
+        self.forward_size = None
+        self.tiled_params = None
+        if chosen.name == "tiled":
+            tiled = solver.tunables(ctx, "attention", problem, "tiled")
+            t_block_m, t_block_n, tile_y = _fit_tiled(ctx, problem, tiled, shuffle)
+            self.tiled_params = dict(dk=problem.dk, dv=problem.dv, block_m=t_block_m,
+                                     block_n=t_block_n, tile_y=tile_y, mask=problem.mask,
+                                     dropout=problem.dropout, index_t=index_t, shuffle=shuffle)
+            built_tiled = program.build(ctx, "attention_tiled", self.tiled_params)
+            self.forward_kernel = BoundKernel(built_tiled.kernel("attention_tiled_forward",
+                                                                 fresh=True))
+            self.forward_size = ((math.ceil(L / t_block_m) * TILE_X * tile_y, batches),
+                                 (TILE_X * tile_y, 1))
         self.delta_kernel = BoundKernel(built.kernel("attention_delta", fresh=True))
         self.q_kernel = BoundKernel(built.kernel("attention_backward_q", fresh=True))
         self.kv_kernel = BoundKernel(built.kernel("attention_backward_kv", fresh=True))
         self.solver = chosen.name
         self.index = np.int32 if index_t == "int" else np.int64
         self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
-        L, S = problem.L, problem.S
         self.rows_size = ((math.ceil(L / block_m) * block_m * lanes, batches), (block_m * lanes, 1))
         self.keys_size = ((math.ceil(S / kv_block) * kv_block * lanes, batches),
                           (kv_block * lanes, 1))
         rows = batches * L
         group = min(64, limit)
         self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
+        if self.forward_size is None:
+            self.forward_size = self.rows_size
 
 
 def _empty(ctx, shape, dtype=float32):
@@ -403,7 +469,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     common = _common_args(plan, problem, scale2, query, key, value, attn_mask)
     strides = call.mask_args
     drop = _dropout_args(seed, stream, dropout_p)
-    plan.forward_kernel(ctx.queue, *plan.rows_size, *common, *strides, out.buffer,
+    plan.forward_kernel(ctx.queue, *plan.forward_size, *common, *strides, out.buffer,
                         index(out.offset_elements), lse.buffer, *drop)
     saved = out.detach()
     k_group, v_group = call.k_group, call.v_group
