@@ -17,11 +17,16 @@ Dropout draws the same numbers as ``F.dropout`` on the (B, L, S) attention weigh
 the same seed and stream (Philox4x32-10 of the element index, ``dlprim_py.ops.dropout``): the
 backward regenerates the mask, and ``attention_dropout_mask`` gives it on the host for tests.
 
-The "attention" family (``dlprim_py.solver``) has one solver, ``rows``: a query row per
+The "attention" family (``dlprim_py.solver``) has two solvers. ``rows``: a query row per
 ``lanes`` work items in the forward and dQ, a key per ``lanes`` items in dK/dV, each item
 holding its share of the head dims in registers (the lanes' partial dot products summed by warp
-shuffles on NVIDIA, through local memory elsewhere). Block sizes and lanes are tuning values
-(``tuning_db/attention.json``); steps shrink where the device's local memory is short.
+shuffles on NVIDIA, through local memory elsewhere); portable, chosen on CPUs. ``tiled``
+(kernels/attention_tiled.cl.mako, head dims up to 128): every kernel's two products as a
+GEMM's register tiles, each item a tile of several rows by several keys of the scores and of
+several rows (or keys) by several head dims of its output, the operands staged in local memory;
+several times fewer local-memory reads per multiply-add, chosen on NVIDIA GPUs. Block sizes,
+tiles and lanes are tuning values (``tuning_db/attention.json``); steps shrink where the
+device's local memory is short.
 """
 import math
 from dataclasses import dataclass
