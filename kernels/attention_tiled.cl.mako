@@ -44,6 +44,8 @@
 ##                of items
 ##   mask, dropout, index_t   as attention.cl.mako
 ##   shuffle      "ptx" (NVIDIA warp shuffles across a row's items) or "local" (any device)
+##   prefetch     load each step's tiles into registers during the previous step (their global
+##                latency hidden behind its products), storing them to local memory at its start
 <%
     TX = tile_x
     DK4 = (dk + 3) // 4
@@ -148,6 +150,71 @@ bool kept_element(ulong i, uint seed0, uint seed1, uint stream0, uint stream1, u
     }
 </%def>
 
+## A step's tiles: each (dst, base, count, limit, width, width4, pitch4) staged as ``stage``
+## does, from row ``first``. Without prefetch: between two barriers. With prefetch (software
+## pipelining): the step's tiles were loaded into registers (``prefetch_first``, or the previous
+## step) and go to local memory here; the next step's (from ``next_first``, while below ``end``)
+## are loaded into registers before this step computes, so their global latency overlaps it.
+<%def name="prefetch_registers(tiles, group)">
+% if prefetch:
+    % for (dst, base, count, limit, width, width4, pitch4) in tiles:
+    float4 ${dst}_next[${-(-(count * pitch4) // group)}];
+    % endfor
+% endif
+</%def>
+<%def name="prefetch_load(tiles, first, group)">
+    % for (dst, base, count, limit, width, width4, pitch4) in tiles:
+    #pragma unroll
+    for (int it = 0; it < ${-(-(count * pitch4) // group)}; ++it) {
+        const int t = lid + it * ${group};
+        const int r = t / ${pitch4};
+        const int e4 = t - r * ${pitch4};
+        const ${index_t} row = ${first} + r;
+        float4 x = (float4)(0.0f);
+        if (t < ${count * pitch4} && row < ${limit} && e4 < ${width4}) {
+            __global const float *p = ${base} + row * ${width} + 4 * e4;
+            if (4 * e4 + 3 < ${width}) {
+                x = vload4(0, p);
+            } else {
+                x.x = p[0];
+                if (4 * e4 + 1 < ${width}) x.y = p[1];
+                if (4 * e4 + 2 < ${width}) x.z = p[2];
+            }
+        }
+        ${dst}_next[it] = x;
+    }
+    % endfor
+</%def>
+<%def name="prefetch_first(tiles, first, group)">
+% if prefetch:
+    ${prefetch_load(tiles, first, group)}
+% endif
+</%def>
+<%def name="step_tiles(tiles, first, next_first, end, group)">
+        // Every item is done with the previous step's tiles.
+        barrier(CLK_LOCAL_MEM_FENCE);
+% if prefetch:
+    % for (dst, base, count, limit, width, width4, pitch4) in tiles:
+        #pragma unroll
+        for (int it = 0; it < ${-(-(count * pitch4) // group)}; ++it) {
+            const int t = lid + it * ${group};
+            if (t < ${count * pitch4}) ${dst}[t] = ${dst}_next[it];
+        }
+    % endfor
+        ${caller.body()}
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (${next_first} < ${end}) {
+            ${prefetch_load(tiles, next_first, group)}
+        }
+% else:
+    % for (dst, base, count, limit, width, width4, pitch4) in tiles:
+        ${stage(dst, base, first, count, limit, width, width4, pitch4)}
+    % endfor
+        ${caller.body()}
+        barrier(CLK_LOCAL_MEM_FENCE);
+% endif
+</%def>
+
 ## In place over ``v[0..TM)``: the maximum (op "max") or sum ("sum") of each entry across the
 ## TILE_X items of the row (every item of the group must reach it); every item gets the same
 ## bits (butterfly partners add the same two values; the local variant sums in one order).
@@ -234,12 +301,12 @@ void attention_tiled_forward(const ${index_t} L, const ${index_t} S, const float
     // Causal: the block's last row sees keys up to itself.
     const ${index_t} n_end = causal ? min(S, row0 + BLOCK_M) : S;
 
+<% fwd_tiles = [("k_tile", "kb", block_n, "S", "DK", "DK4", KP4), ("v_tile", "vb", block_n, "S", "DV", "DV4", VP4)] %>
+    ${prefetch_registers(fwd_tiles, TX * tile_y)}
+    ${prefetch_first(fwd_tiles, "0", TX * tile_y)}
     for (${index_t} n0 = 0; n0 < n_end; n0 += BLOCK_N) {
-        // Every item is done with the previous step's tiles (and q_tile is staged).
-        barrier(CLK_LOCAL_MEM_FENCE);
-        ${stage("k_tile", "kb", "n0", "BLOCK_N", "S", "DK", "DK4", "KP4")}
-        ${stage("v_tile", "vb", "n0", "BLOCK_N", "S", "DV", "DV4", "VP4")}
-        barrier(CLK_LOCAL_MEM_FENCE);
+        <%self:step_tiles tiles="${fwd_tiles}" first="n0" next_first="n0 + BLOCK_N" end="n_end" group="${TX * tile_y}">
+        </%self:step_tiles>
 
         float s[TM][TN];
         #pragma unroll
@@ -530,16 +597,17 @@ void attention_tiled_backward_kv(const ${index_t} L, const ${index_t} S, const f
     // Causal: query rows before the group's first key see none of its keys.
     const ${index_t} i_begin = causal ? kv0 : 0;
 
+<% kv_tiles = [("q_tile", "qb", q_step, "L", "DK", "DK4", KCP4), ("g_tile", "gb", q_step, "L", "DV", "DV4", VCP4)] %>
+    ${prefetch_registers(kv_tiles, TX * kv_tile_y)}
+    ${prefetch_first(kv_tiles, "i_begin", TX * kv_tile_y)}
     for (${index_t} i0 = i_begin; i0 < L; i0 += ${q_step}) {
-        barrier(CLK_LOCAL_MEM_FENCE);
-        ${stage("q_tile", "qb", "i0", q_step, "L", "DK", "DK4", "KCP4")}
-        ${stage("g_tile", "gb", "i0", q_step, "L", "DV", "DV4", "VCP4")}
+        <%self:step_tiles tiles="${kv_tiles}" first="i0" next_first="${'i0 + %d' % q_step}" end="L" group="${TX * kv_tile_y}">
         for (int t = lid; t < ${q_step}; t += GROUP) {
             const ${index_t} row = i0 + t;
             lse_tile[t] = row < L ? lse[(${index_t})b * L + row] : INFINITY;
             delta_tile[t] = row < L ? delta[(${index_t})b * L + row] : 0.0f;
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
+        </%self:step_tiles>
 
         float st[${TKN}][${TQ}], dpt[${TKN}][${TQ}];
         #pragma unroll
@@ -630,11 +698,12 @@ void attention_tiled_backward_q(const ${index_t} L, const ${index_t} S, const fl
     }
     const ${index_t} n_end = causal ? min(S, row0 + ${q_block}) : S;
 
+<% q_tiles = [("k_tile", "kb", k_step, "S", "DK", "DK4", KCP4), ("v_tile", "vb", k_step, "S", "DV", "DV4", VRP4)] %>
+    ${prefetch_registers(q_tiles, TX * q_tile_y)}
+    ${prefetch_first(q_tiles, "0", TX * q_tile_y)}
     for (${index_t} n0 = 0; n0 < n_end; n0 += ${k_step}) {
-        barrier(CLK_LOCAL_MEM_FENCE);
-        ${stage("k_tile", "kb", "n0", k_step, "S", "DK", "DK4", "KCP4")}
-        ${stage("v_tile", "vb", "n0", k_step, "S", "DV", "DV4", VRP4)}
-        barrier(CLK_LOCAL_MEM_FENCE);
+        <%self:step_tiles tiles="${q_tiles}" first="n0" next_first="${'n0 + %d' % k_step}" end="n_end" group="${TX * q_tile_y}">
+        </%self:step_tiles>
 
         float s[${TQM}][${TKS}], dp[${TQM}][${TKS}];
         #pragma unroll

@@ -79,18 +79,20 @@ def test_dropout(ctx, rng, tiled):
         assert_close(t.grad.numpy(), r, tol=TOL)
 
 
-def test_sixteen_items_per_row_and_causal(ctx, rng, tiled, tuning_rules):
+def test_sixteen_items_per_row_prefetch_and_causal(ctx, rng, tiled, tuning_rules):
     """tile_x 16 (the NVIDIA layout: 16 items per row), several rows and keys per item, the
-    row maxima through local memory off NVIDIA; causal with L < S."""
+    row maxima through local memory off NVIDIA; each step's tiles prefetched into registers
+    during the previous step; causal with L < S (several steps, a partial last one)."""
     tuning_rules("attention", [{"when": {}, "params": {
         "solver": "tiled", "tile_x": 16, "block_m": 8, "block_n": 32, "tile_y": 4,
         "kv_block": 8, "q_step": 16, "kv_tile_y": 4, "q_block": 8, "k_step": 16,
-        "q_tile_y": 4}}])
+        "q_tile_y": 4, "prefetch": True}}])
     built, spy = _plans()
     with spy:
         _check(ctx, rng, (2, 2, 35, 16), (2, 2, 50, 16), (2, 2, 50, 12), is_causal=True)
     params = built[-1][1]
     assert params["tile_x"] == 16 and params["block_n"] == 32 and params["tile_y"] == 4
+    assert params["prefetch"]
     assert params["shuffle"] == ("ptx" if ctx.info.vendor == "nvidia" else "local")
 
 

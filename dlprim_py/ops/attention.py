@@ -242,7 +242,8 @@ class AttentionPlan:
                                  block_n=fn, tile_y=fy, kv_block=kb, q_step=ks,
                                  kv_tile_y=ky, q_block=qb, k_step=qs, q_tile_y=qy,
                                  mask=problem.mask, dropout=problem.dropout,
-                                 index_t=index_t, shuffle=shuffle)
+                                 index_t=index_t, shuffle=shuffle,
+                                 prefetch=bool(tiled.get("prefetch", False)))
         built_tiled = program.build(ctx, "attention_tiled", self.params)
         self.forward_kernel = BoundKernel(built_tiled.kernel("attention_tiled_forward",
                                                              fresh=True))
