@@ -120,9 +120,9 @@ bool kept_element(ulong i, uint seed0, uint seed1, uint stream0, uint stream1, u
 {
     const uint4 r = philox4x32_10((uint4)((uint)(i >> 2), (uint)(i >> 34), stream0, stream1),
                                   (uint2)(seed0, seed1));
-    const uint lane = (uint)(i & 3);
-    const uint word = lane == 0 ? r.x : lane == 1 ? r.y : lane == 2 ? r.z : r.w;
-    return (word >> 8) >= threshold;
+    // An array, not a chain of selects on the components (which Oclgrind got wrong).
+    const uint words[4] = {r.x, r.y, r.z, r.w};
+    return (words[i & 3] >> 8) >= threshold;
 }
 % endif
 

@@ -183,28 +183,17 @@ class AttentionPlan:
 
     def __init__(self, ctx, problem, table, batches, index_t, forced):
         chosen = solver.select(ctx, "attention", problem, forced=forced)
-        limit = ctx.info.max_work_group_size
-        # NVIDIA: the items sharing a row are neighbours in a warp and sum with warp shuffles
-        # (inline PTX); elsewhere through local memory, with barriers.
-        shuffle = "ptx" if ctx.info.vendor == "nvidia" else "local"
-        L, S = problem.L, problem.S
-        self.solver = chosen.name
-        self.index = np.int32 if index_t == "int" else np.int64
-        self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
-        rows = batches * L
-        group = min(64, limit)
-        self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
         if chosen.name == "tiled":
-            self._tiled(ctx, problem, batches, index_t, shuffle)
-        else:
-            self._rows(ctx, problem, batches, index_t, shuffle)
-
-    def _rows(self, ctx, problem, batches, index_t, shuffle):
-        params = solver.tunables(ctx, "attention", problem, "rows")
+            self._tiled(ctx, problem, table, batches, index_t)
+            return
+        params = solver.tunables(ctx, "attention", problem, chosen.name)
         limit = ctx.info.max_work_group_size
         block_m = min(int(params["block_m"]), limit)
         kv_block = min(int(params["kv_block"]), limit)
         lanes = _lanes(ctx, problem, params.get("lanes", 1), limit, max(block_m, kv_block))
+        # NVIDIA: a row's lanes are neighbours in a warp and sum with warp shuffles (inline
+        # PTX); elsewhere through local memory, with barriers.
+        shuffle = "ptx" if ctx.info.vendor == "nvidia" else "local"
         exchange = 8 * lanes * max(block_m, kv_block) if lanes > 1 and shuffle == "local" else 0
         block_n = _fit_local(ctx, problem.dk, problem.dv, problem.mask, block_m,
                              int(params["block_n"]), "forward", exchange)
@@ -219,14 +208,32 @@ class AttentionPlan:
         self.delta_kernel = BoundKernel(built.kernel("attention_delta", fresh=True))
         self.q_kernel = BoundKernel(built.kernel("attention_backward_q", fresh=True))
         self.kv_kernel = BoundKernel(built.kernel("attention_backward_kv", fresh=True))
+        self.solver = chosen.name
+        self.index = np.int32 if index_t == "int" else np.int64
+        self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
         L, S = problem.L, problem.S
+        self.forward_size = ((math.ceil(L / block_m) * block_m * lanes, batches),
+                             (block_m * lanes, 1))
         self.rows_size = ((math.ceil(L / block_m) * block_m * lanes, batches), (block_m * lanes, 1))
-        self.forward_size = self.q_size = self.rows_size
         self.keys_size = ((math.ceil(S / kv_block) * kv_block * lanes, batches),
                           (kv_block * lanes, 1))
+        self.q_size = self.rows_size
+        rows = batches * L
+        group = min(64, limit)
+        self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
 
-    def _tiled(self, ctx, problem, batches, index_t, shuffle):
+    def _tiled(self, ctx, problem, table, batches, index_t):
+        limit = ctx.info.max_work_group_size
+        # NVIDIA: the items sharing a row are neighbours in a warp and take the row's maximum
+        # with warp shuffles (inline PTX); elsewhere through local memory, with barriers.
+        shuffle = "ptx" if ctx.info.vendor == "nvidia" else "local"
         L, S = problem.L, problem.S
+        self.solver = "tiled"
+        self.index = np.int32 if index_t == "int" else np.int64
+        self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
+        rows = batches * L
+        group = min(64, limit)
+        self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
         tiled = solver.tunables(ctx, "attention", problem, "tiled")
         tile_x = int(tiled.get("tile_x", 16))
         if tile_x not in (8, 16):
@@ -239,11 +246,10 @@ class AttentionPlan:
         qb, qs, qy = _fit_tiled(ctx, problem, "q", tiled["q_block"], tiled["k_step"],
                                 tiled["q_tile_y"], tile_x, shuffle)
         self.params = dict(dk=problem.dk, dv=problem.dv, tile_x=tile_x, block_m=fm,
-                                 block_n=fn, tile_y=fy, kv_block=kb, q_step=ks,
-                                 kv_tile_y=ky, q_block=qb, k_step=qs, q_tile_y=qy,
-                                 mask=problem.mask, dropout=problem.dropout,
-                                 index_t=index_t, shuffle=shuffle,
-                                 prefetch=bool(tiled.get("prefetch", False)))
+                           block_n=fn, tile_y=fy, kv_block=kb, q_step=ks, kv_tile_y=ky,
+                           q_block=qb, k_step=qs, q_tile_y=qy, mask=problem.mask,
+                           dropout=problem.dropout, index_t=index_t, shuffle=shuffle,
+                           prefetch=bool(tiled.get("prefetch", False)))
         built_tiled = program.build(ctx, "attention_tiled", self.params)
         self.forward_kernel = BoundKernel(built_tiled.kernel("attention_tiled_forward",
                                                              fresh=True))
