@@ -28,7 +28,7 @@ DLPRIM_SOFTMAX_ALGO force one softmax solver: row, column
 DLPRIM_POINTWISE_ALGO force one pointwise solver: vector (aligned layouts; an error elsewhere), scalar
 DLPRIM_DROPOUT_ALGO force one dropout solver: vector (offsets of whole blocks; an error elsewhere), scalar
 DLPRIM_INDEX_ADD_ALGO force how index_add sums repeated indices: sorted, loop
-DLPRIM_ATTENTION_ALGO force one scaled_dot_product_attention solver: rows
+DLPRIM_ATTENTION_ALGO force one scaled_dot_product_attention solver: rows, tiled (head dims up to 128)
 """
 import os
 

@@ -358,8 +358,9 @@ def test_lanes_and_rows_per_item(ctx, rng, poison, tuning_rules, lanes, rows, kw
 
 
 def test_shipped_rules_name_the_family_solver():
-    """Every rule of tuning_db/attention.json names a solver of the family, with the block
-    sizes, lanes and rows the plans read."""
+    """Every rule of tuning_db/attention.json names a solver of the family with the values its
+    plans read: block sizes, lanes and rows for the rows solver, block, step and tile sizes for
+    the tiled one."""
     from dlprim_py import solver, tuning
     db = tuning.read_db(tuning.shipped_path("attention"), "attention")
     entries = [db["default"]] + [e for section in tuning.SECTIONS for e in db[section].values()]
@@ -367,5 +368,9 @@ def test_shipped_rules_name_the_family_solver():
         for rule in entry["rules"]:
             params = rule["params"]
             assert params["solver"] in solver.family("attention").solvers
+            if params["solver"] == "tiled":
+                assert {"block_m", "block_n", "tile_y", "tile_x", "kv_block", "q_step",
+                        "kv_tile_y", "q_block", "k_step", "q_tile_y"} <= set(params)
+                continue
             assert {"block_m", "block_n", "kv_block", "q_tile", "lanes", "rows"} <= set(params)
             assert params["block_m"] % params["rows"] == 0

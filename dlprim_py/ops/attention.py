@@ -17,12 +17,17 @@ Dropout draws the same numbers as ``F.dropout`` on the (B, L, S) attention weigh
 the same seed and stream (Philox4x32-10 of the element index, ``dlprim_py.ops.dropout``): the
 backward regenerates the mask, and ``attention_dropout_mask`` gives it on the host for tests.
 
-The "attention" family (``dlprim_py.solver``) has one solver, ``rows``: a query row per
+The "attention" family (``dlprim_py.solver``) has two solvers. ``rows``: a query row per
 ``lanes`` work items in the forward and dQ (the forward's items may take ``rows`` query rows
 each, sharing their reads of k and v), a key per ``lanes`` items in dK/dV, each item
 holding its share of the head dims in registers (the lanes' partial dot products summed by warp
-shuffles on NVIDIA, through local memory elsewhere). Block sizes and lanes are tuning values
-(``tuning_db/attention.json``); steps shrink where the device's local memory is short.
+shuffles on NVIDIA, through local memory elsewhere); portable, chosen on CPUs. ``tiled``
+(kernels/attention_tiled.cl.mako, head dims up to 128): every kernel's two products as a
+GEMM's register tiles, each item a tile of several rows by several keys of the scores and of
+several rows (or keys) by several head dims of its output, the operands staged in local memory;
+several times fewer local-memory reads per multiply-add, chosen on NVIDIA GPUs. Block sizes,
+tiles and lanes are tuning values (``tuning_db/attention.json``); steps shrink where the
+device's local memory is short.
 """
 import math
 from dataclasses import dataclass
@@ -74,7 +79,23 @@ class RowsSolver(solver.Solver):
         return max(problem.dk, problem.dv) <= MAX_HEAD_DIM
 
 
-FAMILY = solver.register(solver.Family("attention", (RowsSolver(),), title="attention solver"))
+class TiledSolver(solver.Solver):
+    """Register-tiled products (kernels/attention_tiled.cl.mako), as a GEMM's: in the forward
+    a work-group of query rows, each item a tile of several rows by several keys of the scores
+    and of several rows by several head dims of the output; in the backward likewise a group
+    of keys (dK, dV) or of query rows (dQ)."""
+    name = "tiled"
+
+    def applies(self, ctx, problem):
+        return max(problem.dk, problem.dv) <= TILED_MAX_HEAD_DIM
+
+
+# The largest head dim of the tiled solver: an item's output tile (its rows by a sixteenth of
+# the head dims) lives in registers, and the q rows of a group in local memory.
+TILED_MAX_HEAD_DIM = 128
+
+FAMILY = solver.register(solver.Family("attention", (RowsSolver(), TiledSolver()),
+                                       title="attention solver"))
 ALGORITHMS = tuple(FAMILY.solvers)
 
 
@@ -110,12 +131,62 @@ def _lanes(ctx, problem, wanted, limit, rows):
     return lanes
 
 
+def _odd(n):
+    return n + 1 if n % 2 == 0 else n
+
+
+def _tiled_local(kernel, dk, dv, tile_x, rows, step, shuffle):
+    """Bytes of local memory of a tiled kernel ("forward", "kv" or "q"; kernels/
+    attention_tiled.cl.mako): ``rows`` the group's rows (query rows, or keys for "kv"),
+    ``step`` what it walks per step."""
+    dk4, dv4 = (dk + 3) // 4, (dv + 3) // 4
+    td4 = -(-dv4 // tile_x)
+    kp4, vrp4 = _odd(dk4), _odd(dv4)
+    kcp4 = _odd(max(dk4, -(-dk4 // tile_x) * tile_x))
+    vcp4 = _odd(max(dv4, td4 * tile_x))
+    if kernel == "forward":
+        exchange = 4 * rows * tile_x if shuffle != "ptx" else 0
+        return 16 * (rows * kp4 + step * (kp4 + td4 * tile_x)) + 4 * rows * (step + 4) + exchange
+    if kernel == "kv":
+        return 16 * (rows * (kp4 + vrp4) + step * (kcp4 + vcp4)) + 8 * step \
+            + 8 * rows * (step + 4)
+    return 16 * (rows * (kp4 + vrp4) + step * (kcp4 + vrp4)) + 4 * rows * (step + 4)
+
+
+def _fit_tiled(ctx, problem, kernel, rows, step, tile_y, tile_x, shuffle):
+    """(rows, step, tile_y) of a tiled kernel from the tuning values, halving the step (down to
+    tile_x), then the rows, until its local memory fits the device and the group its
+    work-group size."""
+    rows, step, tile_y = int(rows), int(step), min(int(tile_y), int(rows))
+    limit = ctx.info.local_mem_size
+    while tile_x * tile_y > ctx.info.max_work_group_size and tile_y > 1:
+        tile_y //= 2
+    while _tiled_local(kernel, problem.dk, problem.dv, tile_x, rows, step, shuffle) > limit:
+        if step > tile_x:
+            step //= 2
+        elif rows > 1:
+            rows //= 2
+            tile_y = min(tile_y, rows)
+        else:
+            raise UnsupportedError(f"scaled_dot_product_attention: head dims ({problem.dk}, "
+                                   f"{problem.dv}) do not fit the device's local memory")
+    if rows % tile_y or step % tile_x or step % 4:
+        raise UnsupportedError(f"attention tiled solver ({kernel}): {rows} rows must be a "
+                               f"multiple of tile_y {tile_y} and the step {step} of tile_x "
+                               f"{tile_x} and 4")
+    return rows, step, tile_y
+
+
 class AttentionPlan:
-    """The built kernels of one problem (all four from one program), their launch sizes and
-    the batch offset table of one broadcast pattern."""
+    """The built kernels of one problem (all four from one program: kernels/attention.cl.mako
+    for the rows solver, kernels/attention_tiled.cl.mako for the tiled one), their launch
+    sizes and the batch offset table of one broadcast pattern."""
 
     def __init__(self, ctx, problem, table, batches, index_t, forced):
         chosen = solver.select(ctx, "attention", problem, forced=forced)
+        if chosen.name == "tiled":
+            self._tiled(ctx, problem, table, batches, index_t)
+            return
         params = solver.tunables(ctx, "attention", problem, chosen.name)
         limit = ctx.info.max_work_group_size
         block_m = min(int(params["block_m"]), limit)
@@ -146,15 +217,56 @@ class AttentionPlan:
         self.index = np.int32 if index_t == "int" else np.int64
         self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
         L, S = problem.L, problem.S
-        forward_items = block_m // rows * lanes
-        self.forward_size = ((math.ceil(L / block_m) * forward_items, batches),
-                             (forward_items, 1))
+The "attention" family (``dlprim_py.solver``) has two solvers. ``rows``: a query row per
+``lanes`` work items in the forward and dQ (the forward's items may take ``rows`` query rows
+each, sharing their reads of k and v), a key per ``lanes`` items in dK/dV, each item
         self.rows_size = ((math.ceil(L / block_m) * block_m * lanes, batches), (block_m * lanes, 1))
         self.keys_size = ((math.ceil(S / kv_block) * kv_block * lanes, batches),
                           (kv_block * lanes, 1))
+        self.q_size = self.rows_size
         rows = batches * L
         group = min(64, limit)
         self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
+
+    def _tiled(self, ctx, problem, table, batches, index_t):
+        limit = ctx.info.max_work_group_size
+        # NVIDIA: the items sharing a row are neighbours in a warp and take the row's maximum
+        # with warp shuffles (inline PTX); elsewhere through local memory, with barriers.
+        shuffle = "ptx" if ctx.info.vendor == "nvidia" else "local"
+        L, S = problem.L, problem.S
+        self.solver = "tiled"
+        self.index = np.int32 if index_t == "int" else np.int64
+        self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
+        rows = batches * L
+        group = min(64, limit)
+        self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
+        tiled = solver.tunables(ctx, "attention", problem, "tiled")
+        tile_x = int(tiled.get("tile_x", 16))
+        if tile_x not in (8, 16):
+            raise UnsupportedError(f"attention tiled solver: tile_x must be 8 or 16, got "
+                                   f"{tile_x}")
+        fm, fn, fy = _fit_tiled(ctx, problem, "forward", tiled["block_m"], tiled["block_n"],
+                                tiled["tile_y"], tile_x, shuffle)
+        kb, ks, ky = _fit_tiled(ctx, problem, "kv", tiled["kv_block"], tiled["q_step"],
+                                tiled["kv_tile_y"], tile_x, shuffle)
+        qb, qs, qy = _fit_tiled(ctx, problem, "q", tiled["q_block"], tiled["k_step"],
+                                tiled["q_tile_y"], tile_x, shuffle)
+        self.params = dict(dk=problem.dk, dv=problem.dv, tile_x=tile_x, block_m=fm,
+                           block_n=fn, tile_y=fy, kv_block=kb, q_step=ks, kv_tile_y=ky,
+                           q_block=qb, k_step=qs, q_tile_y=qy, mask=problem.mask,
+                           dropout=problem.dropout, index_t=index_t, shuffle=shuffle,
+                           prefetch=bool(tiled.get("prefetch", False)))
+        built_tiled = program.build(ctx, "attention_tiled", self.params)
+        self.forward_kernel = BoundKernel(built_tiled.kernel("attention_tiled_forward",
+                                                             fresh=True))
+        self.delta_kernel = BoundKernel(built_tiled.kernel("attention_delta", fresh=True))
+        self.kv_kernel = BoundKernel(built_tiled.kernel("attention_tiled_backward_kv",
+                                                        fresh=True))
+        self.q_kernel = BoundKernel(built_tiled.kernel("attention_tiled_backward_q",
+                                                       fresh=True))
+        self.forward_size = ((math.ceil(L / fm) * tile_x * fy, batches), (tile_x * fy, 1))
+        self.keys_size = ((math.ceil(S / kb) * tile_x * ky, batches), (tile_x * ky, 1))
+        self.q_size = ((math.ceil(L / qb) * tile_x * qy, batches), (tile_x * qy, 1))
 
 
 def _empty(ctx, shape, dtype=float32):
@@ -426,7 +538,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         dq = dk = dv = None
         if query.requires_grad:
             dq = _empty(ctx, batch + (L, E), float32)
-            plan.q_kernel(ctx.queue, *plan.rows_size, *common, *strides, np.float32(scale),
+            plan.q_kernel(ctx.queue, *plan.q_size, *common, *strides, np.float32(scale),
                           g.buffer, index(g.offset_elements), lse.buffer, delta.buffer,
                           dq.buffer, *drop)
             dq = _reduce_to(dq, query.shape, None)

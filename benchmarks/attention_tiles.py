@@ -1,0 +1,108 @@
+"""The attention solvers at several tile configurations against PyTorch's SDPA (tuning aid).
+
+    python benchmarks/attention_tiles.py              # (8, 12, 512..2048, 64) on CUDA + the GPU
+    PROBE_CONFIGS='[{"solver": "tiled", "block_m": 64, "block_n": 32, "tile_y": 8}]' \
+    PROBE_SEQS=1024 PROBE_BACKWARD=0 OUT=/tmp python benchmarks/attention_tiles.py
+
+Each configuration is put ahead of the shipped rules as a user tuning rule, checked against
+torch's float32 result on the same device (max abs error of the output and the gradients), then
+timed through the public call with the device drained: forward (no tape) and forward + backward,
+median of 10 after 3 warm-ups, torch with TF32 off. One JSON line per case; $OUT/probe.json.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import dlprim_py as dp
+from dlprim_py import tuning
+from dlprim_py.bench import nets
+
+F = dp.functional
+import torch  # noqa: E402
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+ctx = dp.Context()
+print("device", ctx.info.name if hasattr(ctx.info, "name") else ctx.info)
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+quick = dev == "cpu"
+
+
+def set_rules(rules):
+    path = tuning.user_path("attention")
+    tuning.store_device_entry(path, "attention", ctx.info, list(rules))
+    tuning.forget()
+
+
+CONFIGS = json.loads(os.environ.get("PROBE_CONFIGS", "null")) or [
+    {"solver": "rows"},
+    {"solver": "tiled", "block_m": 64, "block_n": 32, "tile_y": 8},
+    {"solver": "tiled", "block_m": 64, "block_n": 32, "tile_y": 16},
+    {"solver": "tiled", "block_m": 32, "block_n": 32, "tile_y": 4},
+    {"solver": "tiled", "block_m": 32, "block_n": 32, "tile_y": 8},
+    {"solver": "tiled", "block_m": 64, "block_n": 16, "tile_y": 8},
+]
+SEQS = [int(s) for s in os.environ.get("PROBE_SEQS", "64" if quick else "512,1024,2048").split(",")]
+B, H, D = (1, 2, 64) if quick else (8, 12, 64)
+BACKWARD = int(os.environ.get("PROBE_BACKWARD", "1"))
+results = []
+for seq in SEQS:
+    rng = np.random.default_rng(0)
+    shape = (B, H, seq, D)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+    grad = rng.standard_normal(shape).astype(np.float32)
+    for causal in (False, True):
+        tq = [torch.tensor(a, device=dev, requires_grad=True) for a in arrays]
+        tg = torch.tensor(grad, device=dev)
+        tout = torch.nn.functional.scaled_dot_product_attention(*tq, is_causal=causal)
+        tout.backward(tg)
+        tref = tout.detach().cpu().numpy()
+        tgrads = [t.grad.cpu().numpy() for t in tq]
+        sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+
+        def tfwd():
+            with torch.no_grad():
+                return torch.nn.functional.scaled_dot_product_attention(*tq, is_causal=causal)
+
+        def tboth():
+            for t in tq:
+                t.grad = None
+            torch.nn.functional.scaled_dot_product_attention(*tq, is_causal=causal).backward(tg)
+        t_f = np.median(nets.wall_times(tfwd, sync, 3, 10)) * 1e3
+        t_b = np.median(nets.wall_times(tboth, sync, 3, 10)) * 1e3 if BACKWARD else 0
+        for cfg in CONFIGS:
+            set_rules([{"when": {}, "params": cfg}])
+            ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in arrays]
+            og = dp.Tensor.from_numpy(ctx, grad)
+            try:
+                out = F.scaled_dot_product_attention(*ours, is_causal=causal)
+                err = float(np.abs(out.numpy() - tref).max())
+                out.backward(og)
+                gerr = max(float(np.abs(o.grad.numpy() - t).max()) for o, t in zip(ours, tgrads))
+
+                def fwd():
+                    with dp.autograd.no_grad():
+                        return F.scaled_dot_product_attention(*ours, is_causal=causal)
+
+                def both():
+                    for t in ours:
+                        t.grad = None
+                    F.scaled_dot_product_attention(*ours, is_causal=causal).backward(og)
+                o_f = np.median(nets.wall_times(fwd, ctx.queue.finish, 3, 10)) * 1e3
+                o_b = np.median(nets.wall_times(both, ctx.queue.finish, 3, 10)) * 1e3 \
+                    if BACKWARD else 0
+                row = dict(seq=seq, causal=causal, cfg=cfg, err=err, gerr=gerr, fwd=o_f,
+                           torch_fwd=t_f, ratio_fwd=t_f / o_f, both=o_b, torch_both=t_b,
+                           ratio_both=(t_b / o_b) if o_b else 0)
+            except Exception as e:  # noqa: BLE001
+                row = dict(seq=seq, causal=causal, cfg=cfg, error=repr(e)[:300])
+            results.append(row)
+            print(json.dumps(row), flush=True)
+out = os.environ.get("OUT")
+if out:
+    with open(os.path.join(out, "probe.json"), "w") as f:
+        json.dump(results, f, indent=1)
