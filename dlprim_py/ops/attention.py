@@ -217,9 +217,9 @@ class AttentionPlan:
         self.index = np.int32 if index_t == "int" else np.int64
         self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
         L, S = problem.L, problem.S
-The "attention" family (``dlprim_py.solver``) has two solvers. ``rows``: a query row per
-``lanes`` work items in the forward and dQ (the forward's items may take ``rows`` query rows
-each, sharing their reads of k and v), a key per ``lanes`` items in dK/dV, each item
+        forward_items = block_m // rows * lanes
+        self.forward_size = ((math.ceil(L / block_m) * forward_items, batches),
+                             (forward_items, 1))
         self.rows_size = ((math.ceil(L / block_m) * block_m * lanes, batches), (block_m * lanes, 1))
         self.keys_size = ((math.ceil(S / kv_block) * kv_block * lanes, batches),
                           (kv_block * lanes, 1))
