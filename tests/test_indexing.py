@@ -248,7 +248,8 @@ def test_arange_linspace(ctx):
         want = torch.arange(*args, **torch_kwargs).numpy()
         assert got.dtype == want.dtype and got.shape == want.shape, args
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
-    for args in ((0, 1, 5), (-3.0, 7.5, 11), (2, 2, 1), (1, 0, 0), (0, 10, 7)):
+    for args in ((0, 1, 5), (-3.0, 7.5, 11), (2, 2, 1), (1, 0, 0), (0, 10, 7),
+                 (-2, -3, 1), (4.3, 50, 1)):  # one step is [start]
         np.testing.assert_allclose(F.linspace(*args, ctx=ctx).numpy(),
                                    torch.linspace(*args).numpy(), rtol=1e-6, atol=1e-6)
     assert dp.Tensor.arange(ctx, 4).tolist() == [0, 1, 2, 3]

@@ -792,8 +792,11 @@ def linspace(start, end, steps, *, dtype=None, ctx=None, requires_grad=False):
     ctx = _factory_context(ctx)
     out = Tensor.empty(ctx, (int(steps),), float32)
     step = (float(end) - float(start)) / (steps - 1) if steps > 1 else 0.0
+    # One step is [start] (torch); the kernel's second half counts back from ``end``, so the
+    # single value would otherwise be ``end``.
+    last = end if steps > 1 else start
     _run(ctx, "linspace_fill", float32, int(steps), int(steps) + 1, int(steps),
-         np.float32(start), np.float32(end), np.float32(step), out.buffer, out.offset_elements)
+         np.float32(start), np.float32(last), np.float32(step), out.buffer, out.offset_elements)
     if dtype != float32:
         out = masks.cast(out, dtype)
     if requires_grad:
