@@ -158,6 +158,28 @@ def test_index_add_integers(ctx, rng, index_add_algo):
     np.testing.assert_array_equal(out.numpy(), expected)
 
 
+
+@pytest.mark.parametrize("index", [[0], 0])
+def test_index_select_and_index_add_on_a_0d_input(ctx, rng, index):
+    """torch treats a 0-d input as one element along dim 0; the results stay 0-d."""
+    x, src = random(rng, ()), random(rng, ())
+    I, IR = t_(ctx, np.array(index, dtype=np.int64)), torch.tensor(index)
+    X, XR = t_(ctx, x, True), ref(x, True)
+    out, out_ref = F.index_select(X, 0, I), torch.index_select(XR, 0, IR)
+    assert out.shape == ()
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(X, XR)])
+    X, XR = t_(ctx, x, True), ref(x, True)
+    S, SR = t_(ctx, src, True), ref(src, True)
+    out, out_ref = F.index_add(X, 0, I, S, alpha=-2), torch.index_add(XR, 0, IR, SR, alpha=-2)
+    assert out.shape == ()
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(X, XR), (S, SR)])
+    with pytest.raises(dp.ShapeError, match="exactly 1 value"):
+        F.index_select(X, 0, t_(ctx, np.array([0, 0])))
+    with pytest.raises(dp.ShapeError, match="exactly 1 value"):
+        F.index_add(X, 0, t_(ctx, np.array([0, 0])), t_(ctx, random(rng, (2,))))
+
 # ---- where / masked_fill / tests --------------------------------------------------------------
 
 def test_where_broadcasts_promotes_and_differentiates(ctx, rng):

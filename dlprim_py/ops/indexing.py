@@ -416,12 +416,20 @@ def _check_vector_index(name, index):
                          f"{index.shape}")
 
 
+def _check_scalar_index(name, input, index):
+    if input.ndim == 0 and index.size != 1:
+        raise ShapeError(f"{name}: the index into a 0-d input must have exactly 1 value, got "
+                         f"{index.size}")
+
+
 def _select(input, dim, index):
     """index_select's result (checked arguments, no gradient recorded)."""
     shape = list(_as_1d(input).shape)
     D = shape[dim]
     shape[dim] = index.size
-    out_shape = tuple(shape) if input.ndim else index.shape
+    # torch treats a 0-d input as one element along dim 0 and keeps the result 0-d
+    _check_scalar_index("index_select", input, index)
+    out_shape = tuple(shape) if input.ndim else ()
     out = Tensor.empty(input.ctx, out_shape, input.dtype)
     if out.size:
         if D == 0:
@@ -477,6 +485,7 @@ def index_add(input, dim, index, source, *, alpha=1):
     if masks.scalar_kind(alpha) is None:
         raise DTypeError(f"index_add: alpha must be a number, got {alpha!r}")
     dim = _dim(dim, input.ndim, "index_add")
+    _check_scalar_index("index_add", input, index)
     expected = list(_as_1d(input).shape)
     expected[dim] = index.size
     if _as_1d(source).shape != tuple(expected) or (source.ndim != input.ndim and input.ndim):
