@@ -218,6 +218,20 @@ def test_masked_fill(ctx, rng):
         F.masked_fill(X, t_(ctx, mask.astype(np.int64)), 0.0)
 
 
+@pytest.mark.parametrize("shape,mask_shape", [((4, 5), (1, 5)), ((), ())])
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_masked_fill_a_tensor_value_gets_its_gradient(ctx, rng, shape, mask_shape, input_grad):
+    """The value's gradient is the sum of the output's gradient where the mask is True."""
+    x, v = random(rng, shape), random(rng, ())
+    mask = np.ones(mask_shape, bool) if not mask_shape else rng.random(mask_shape) > 0.5
+    X, XR = t_(ctx, x, input_grad), ref(x, input_grad)
+    V, VR = t_(ctx, v, True), ref(v, True)
+    out = F.masked_fill(X, t_(ctx, mask), V)
+    out_ref = XR.masked_fill(torch.tensor(mask), VR)
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(X, XR), (V, VR)] if input_grad else [(V, VR)])
+
+
 def test_nonfinite_tests(ctx):
     x = np.array([1.0, np.nan, np.inf, -np.inf, -0.0, 3e38], np.float32)
     X = t_(ctx, x)

@@ -597,7 +597,8 @@ def where(condition, input=None, other=None):
 def masked_fill(input, mask, value):
     """torch.masked_fill: a copy of ``input`` with ``value`` (a number or a one-element
     tensor) where ``mask`` (a bool tensor broadcasting to ``input``'s shape) is True. The
-    gradient passes where the mask is False."""
+    gradient passes where the mask is False; a tensor ``value`` that requires grad gets the
+    sum of the output's gradient where the mask is True."""
     _tensor(input, "masked_fill: input")
     _tensor(mask, "masked_fill: mask")
     check_same_context(input, mask)
@@ -607,7 +608,10 @@ def masked_fill(input, mask, value):
         if value.ndim != 0 and value.size != 1:
             raise ShapeError(f"masked_fill: value must be a number or a 0-d tensor, got a "
                              f"tensor of shape {value.shape}")
+        value_tensor = value
         value = value.item()
+    else:
+        value_tensor = None
     if masks.scalar_kind(value) is None:
         raise DTypeError(f"masked_fill: value must be a number, got {type(value).__name__}")
     if masks._KIND[input.dtype] < 2 and masks.scalar_kind(value) == 2:
@@ -619,10 +623,19 @@ def masked_fill(input, mask, value):
     dtype = input.dtype
     out = Tensor.empty(input.ctx, input.shape, dtype)
     _where_kernel(None, dtype, dtype)([mask, input], [out], [_SCALAR_TYPES[dtype](value)])
-    if not autograd.needs_grad(input):
+    value_grad = value_tensor is not None and autograd.needs_grad(value_tensor)
+    if not (autograd.needs_grad(input) or value_grad):
         return out
     cond = mask.detach()
-    return autograd.record(out, (input,), lambda g: (where(cond, 0.0, g),), "masked_fill")
+    if not value_grad:
+        return autograd.record(out, (input,), lambda g: (where(cond, 0.0, g),), "masked_fill")
+    value_shape = value_tensor.shape
+
+    def backward(g):
+        filled = reduce.sum(where(cond, g, 0.0)).reshape(value_shape)
+        return where(cond, 0.0, g), filled
+
+    return autograd.record(out, (input, value_tensor), backward, "masked_fill")
 
 
 # The tests by number: one kernel per dtype computes any of them, chosen by a run-time
