@@ -1043,7 +1043,8 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
 def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """torch.nn.functional.multilabel_margin_loss: for each sample, the target classes are
     the entries of its int64 target row up to the first negative one; the loss sums
-    max(0, 1 - (x[j] - x[i])) over target classes j and non-target classes i, over C. Input and
+    max(0, 1 - (x[j] - x[i])) over those entries j (a class named twice counts twice) and the
+    classes i named by none of them, over C. Input and
     target (N, C) or (C). Entries at or past C are not checked (they match no class). Gradient
     to the input."""
     reduction = legacy_reduction(size_average, reduce, reduction)
@@ -1051,16 +1052,18 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
     n, c, x, t = _class_geometry("multilabel_margin_loss", input, target, target_like_input=True)
     ctx = input.ctx
     classes = _class_indices(ctx, c)
-    # The first negative entry of each row, then which classes are targets (1) or not (0).
+    # The first negative entry of each row, then how often each class is named before it
+    # (torch's loop runs over target entries, so a class named twice counts twice; a class
+    # named at all is not a non-target class).
     first = Tensor.empty(ctx, (n, 1))
     _memo("multilabel_first", lambda: ReduceKernel(
         "multilabel_first_stop", [("t", np.int64), ("k", _f32)], [("f", _f32)],
         "f = t < 0 ? k : classes;", "min", scalars=[("classes", _f32)]))(
         [t, _view(classes, (1, c))], [first], [float(c)])
     is_target = Tensor.empty(ctx, (n, c, 1))
-    _memo("multilabel_mask", lambda: ReduceKernel(
-        "multilabel_is_target", [("t", np.int64), ("f", _f32), ("kj", _f32), ("ki", _f32)],
-        [("m", _f32)], "m = (kj < f && (float)t == ki) ? 1.0f : 0.0f;", "max"))(
+    _memo("multilabel_count", lambda: ReduceKernel(
+        "multilabel_target_count", [("t", np.int64), ("f", _f32), ("kj", _f32), ("ki", _f32)],
+        [("m", _f32)], "m = (kj < f && (float)t == ki) ? 1.0f : 0.0f;", "sum"))(
         [_view(t, (n, 1, c)), _view(first, (n, 1, 1)), _view(classes, (1, 1, c)),
          _view(classes, (1, c, 1))], [is_target])
     operands = [_view(x, (n, c, 1)), _view(x, (n, 1, c)), is_target, _view(is_target, (n, 1, c))]
@@ -1074,7 +1077,7 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
     if n:
         _memo("multilabel_margin", lambda: ReduceKernel(
             "multilabel_margin_loss", [("xj", _f32), ("xi", _f32), ("mj", _f32), ("mi", _f32)],
-            [("y", _f32)], "y = (mj > 0.0f && mi == 0.0f) ? fmax(1.0f - xj + xi, 0.0f) : 0.0f;",
+            [("y", _f32)], "y = (mj > 0.0f && mi == 0.0f) ? mj * fmax(1.0f - xj + xi, 0.0f) : 0.0f;",
             "sum", finalize="acc_y = acc_y * scale;", scalars=[("scale", _f32)]))(
             operands, [target_view], [scale], axes=axes)
     else:
@@ -1088,8 +1091,8 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
                 "multilabel_margin_backward",
                 [("xk", _f32), ("xm", _f32), ("mk", _f32), ("mm", _f32), ("g", _f32)],
                 [("d", _f32)],
-                "d = ((mk > 0.0f && mm == 0.0f && 1.0f - xk + xm > 0.0f) ? -1.0f : 0.0f)"
-                " + ((mk == 0.0f && mm > 0.0f && 1.0f - xm + xk > 0.0f) ? 1.0f : 0.0f);"
+                "d = ((mk > 0.0f && mm == 0.0f && 1.0f - xk + xm > 0.0f) ? -mk : 0.0f)"
+                " + ((mk == 0.0f && mm > 0.0f && 1.0f - xm + xk > 0.0f) ? mm : 0.0f);"
                 "d *= g * scale;", "sum", scalars=[("scale", _f32)]))(
                 [*sources, g if g.ndim == 0 else _view(g, (n, 1, 1))], [_view(dx, (n, c, 1))],
                 [scale], axes=(2,))
