@@ -21,7 +21,8 @@ from .ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits,  
                        multilabel_soft_margin_loss, nll_loss, poisson_nll_loss, smooth_l1_loss,
                        soft_margin_loss, triplet_margin_loss)
 from .ops.distance import cosine_similarity, pairwise_distance, pdist  # noqa: F401
-from .ops.dropout import dropout  # noqa: F401
+from .ops.dropout import (alpha_dropout, dropout, dropout1d, dropout2d, dropout3d,  # noqa: F401
+                          feature_alpha_dropout)
 from .ops.tensor_ops import (cat, channel_shuffle, flatten, narrow, pad, permute,  # noqa: F401
                              pixel_shuffle, pixel_unshuffle, reshape, split, squeeze, transpose,
                              unsqueeze)
