@@ -34,7 +34,7 @@ from .ops.conv import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2
 from .ops.conv.fold import fold, unfold  # noqa: F401
 from .ops.norm import (batch_norm, group_norm, instance_norm, layer_norm,  # noqa: F401
                        local_response_norm, normalize, rms_norm)
-from .ops.interpolate import interpolate  # noqa: F401
+from .ops.interpolate import interpolate, upsample_bilinear, upsample_nearest  # noqa: F401
 from .ops.linear import bilinear, linear  # noqa: F401
 from .ops.indexing import (arange, count_nonzero, embedding, embedding_bag, gather,  # noqa: F401
                            index_add, index_select, isfinite, isin, isinf, isnan, isneginf,
