@@ -28,7 +28,8 @@ from .ops.tensor_ops import (cat, channel_shuffle, flatten, narrow, pad, permute
                              unsqueeze)
 from .ops.pool import (adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d,  # noqa: F401
                        adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d,
-                       avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d, max_pool3d)
+                       avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d, max_pool3d,
+                       max_unpool1d, max_unpool2d, max_unpool3d)
 from .ops.conv import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d,  # noqa: F401
                        conv_transpose3d)
 from .ops.conv.fold import fold, unfold  # noqa: F401
