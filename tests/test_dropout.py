@@ -169,3 +169,21 @@ def test_channel_and_alpha_dropout_keep_rate_and_bad_input(ctx):
         F.dropout3d(dp.Tensor.full(ctx, (1, 2, 3, 4), 1.0), 1.5)
     with pytest.raises(dp.DTypeError, match="float32"):
         F.alpha_dropout(dp.Tensor.full(ctx, (3,), 1, dtype=dp.int64))
+
+
+def test_channel_and_alpha_dropout_repeated_calls_build_nothing(ctx, rng):
+    from dlprim_py import program
+    g = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 4, 5)))
+
+    def run():
+        x = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 4, 5)), requires_grad=True)
+        (F.dropout2d(x, 0.3) + F.feature_alpha_dropout(x, 0.3, True)
+         + F.alpha_dropout(x, 0.2, True)).backward(g)
+
+    run()
+    ctx.synchronize()
+    before = dict(program.stats)
+    run()
+    run()
+    ctx.synchronize()
+    assert dict(program.stats) == before

@@ -155,3 +155,22 @@ def test_max_unpool_bad_input(ctx, rng):
         F.max_unpool2d(x, idx, 2, output_size=(9, 6))
     with pytest.raises(dp.ShapeError, match="dimensions"):
         F.max_unpool3d(x[0], idx[0], 2)
+
+
+def test_max_unpool_repeated_calls_build_nothing(ctx, rng):
+    from dlprim_py import program
+    a = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 6, 4)))
+    values, idx = F.max_pool2d(a, 2, return_indices=True)
+    g = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 6, 4)))
+
+    def run():
+        x = values.detach().requires_grad_(True)
+        F.max_unpool2d(x, idx, 2).backward(g)
+
+    run()
+    ctx.synchronize()
+    before = dict(program.stats)
+    run()
+    run()
+    ctx.synchronize()
+    assert dict(program.stats) == before
