@@ -16,7 +16,8 @@ from .ops.activation_ops import (abs, activation, activation_backward, activatio
 from .ops.softmax import log_softmax, softmax  # noqa: F401
 from .ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits,  # noqa: F401
                        cosine_embedding_loss, cross_entropy, gaussian_nll_loss,
-                       hinge_embedding_loss, huber_loss, kl_div, l1_loss, margin_ranking_loss,
+                       hinge_embedding_loss, huber_loss, kl_div, l1_loss, linear_cross_entropy,
+                       margin_ranking_loss,
                        mse_loss, multi_margin_loss, multilabel_margin_loss,
                        multilabel_soft_margin_loss, nll_loss, poisson_nll_loss, smooth_l1_loss,
                        soft_margin_loss, triplet_margin_loss)

@@ -1151,3 +1151,52 @@ def _smoothed_cross_entropy(input, target, weight, ignore_index, reduction, smoo
             [t, w, _view(_class_indices(ctx, classes), (1, classes, 1))], [divisor])
         term = div(R.sum(smooth), divisor)
     return add(mul(nll, 1.0 - smoothing), mul(term, smoothing / classes))
+
+
+def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None,
+                         reduction="mean", ignore_index=None, label_smoothing=0.0,
+                         options=None):
+    """torch.nn.functional.linear_cross_entropy: :func:`cross_entropy` of
+    ``linear(input, linear_weight, linear_bias)``.
+
+    ``input`` is (N, in_features) or (in_features); ``linear_weight`` is (C, in_features), or
+    (C, d_1, ..., d_K, in_features) for a K-dimensional loss over logits (N, C, d_1, ..., d_K)
+    (batched input only); ``linear_bias`` has shape (C, d_1, ..., d_K). ``ignore_index`` None
+    means -100 for class targets and none for probability targets. ``options`` (torch's
+    chunking strategy, a memory saving that leaves the result unchanged) is accepted and
+    ignored: the logits are always formed in full."""
+    from .linear import linear
+    for name, value in (("input", input), ("linear_weight", linear_weight),
+                        ("target", target)):
+        if not isinstance(value, Tensor):
+            raise not_a_tensor(f"linear_cross_entropy: {name}", value)
+    if input.ndim not in (1, 2):
+        raise ShapeError(f"linear_cross_entropy: input must be (N, in_features) or "
+                         f"(in_features), got shape {input.shape}")
+    if linear_weight.ndim < 2:
+        raise ShapeError(f"linear_cross_entropy: linear_weight must have at least 2 dimensions "
+                         f"(C, ..., in_features), got shape {linear_weight.shape}")
+    if input.shape[-1] != linear_weight.shape[-1]:
+        raise ShapeError(f"linear_cross_entropy: input's last dimension {input.shape[-1]} must "
+                         f"equal linear_weight's (in_features) {linear_weight.shape[-1]}")
+    classes, out_features = linear_weight.shape[0], linear_weight.shape[1:-1]
+    if linear_bias is not None and linear_bias.shape != (classes,) + out_features:
+        raise ShapeError(f"linear_cross_entropy: linear_bias must have shape "
+                         f"{(classes,) + out_features}, got {linear_bias.shape}")
+    if out_features and input.ndim == 1:
+        raise ShapeError(f"linear_cross_entropy: a K-dimensional loss (linear_weight "
+                         f"{linear_weight.shape}) needs a batched input (N, in_features), got "
+                         f"{input.shape}")
+    logits_shape = input.shape[:-1] + (classes,) + out_features
+    if ignore_index is None:
+        ignore_index = -100
+    elif target.shape == logits_shape:
+        raise ShapeError("linear_cross_entropy: ignore_index cannot be given with probability "
+                         "targets")
+    rows = math.prod((classes,) + out_features)
+    w = linear_weight if not out_features else linear_weight.reshape((rows, input.shape[-1]))
+    b = linear_bias if linear_bias is None or not out_features else linear_bias.reshape((rows,))
+    logits = linear(input, w, b)
+    if out_features:
+        logits = logits.reshape(logits_shape)
+    return cross_entropy(logits, target, weight, ignore_index, reduction, label_smoothing)
