@@ -165,6 +165,8 @@ def test_channel_and_alpha_dropout_keep_rate_and_bad_input(ctx):
         F.dropout1d(dp.Tensor.full(ctx, (3,), 1.0))
     with pytest.raises(dp.ShapeError, match="at least 2"):
         F.feature_alpha_dropout(dp.Tensor.full(ctx, (3,), 1.0), training=True)
+    x = dp.Tensor.full(ctx, (3,), 1.0)
+    assert F.feature_alpha_dropout(x, 0.5, training=False) is x   # as torch: no rank check
     with pytest.raises(dp.ShapeError, match="probability"):
         F.dropout3d(dp.Tensor.full(ctx, (1, 2, 3, 4), 1.0), 1.5)
     with pytest.raises(dp.DTypeError, match="float32"):

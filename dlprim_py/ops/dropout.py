@@ -305,8 +305,10 @@ def feature_alpha_dropout(input, p=0.5, training=False, inplace=False, *, seed=N
                           stream=None):
     """torch.nn.functional.feature_alpha_dropout: :func:`alpha_dropout` with one mask value per
     (sample, channel) of an input of at least 2 dimensions (N, C, ...); the identity unless
-    ``training``."""
+    ``training`` (then any input is taken)."""
     _check_common("feature_alpha_dropout", input, p)
+    if not training or p == 0.0:
+        return input     # torch checks the rank only when it draws a mask
     if input.ndim < 2:
         raise ShapeError(f"feature_alpha_dropout: input must have at least 2 dimensions "
                          f"(N, C, ...), got shape {input.shape}")
