@@ -16,24 +16,27 @@ from .ops.activation_ops import (abs, activation, activation_backward, activatio
 from .ops.softmax import log_softmax, softmax  # noqa: F401
 from .ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits,  # noqa: F401
                        cosine_embedding_loss, cross_entropy, gaussian_nll_loss,
-                       hinge_embedding_loss, huber_loss, kl_div, l1_loss, margin_ranking_loss,
+                       hinge_embedding_loss, huber_loss, kl_div, l1_loss, linear_cross_entropy,
+                       margin_ranking_loss,
                        mse_loss, multi_margin_loss, multilabel_margin_loss,
                        multilabel_soft_margin_loss, nll_loss, poisson_nll_loss, smooth_l1_loss,
                        soft_margin_loss, triplet_margin_loss)
 from .ops.distance import cosine_similarity, pairwise_distance, pdist  # noqa: F401
-from .ops.dropout import dropout  # noqa: F401
+from .ops.dropout import (alpha_dropout, dropout, dropout1d, dropout2d, dropout3d,  # noqa: F401
+                          feature_alpha_dropout)
 from .ops.tensor_ops import (cat, channel_shuffle, flatten, narrow, pad, permute,  # noqa: F401
                              pixel_shuffle, pixel_unshuffle, reshape, split, squeeze, transpose,
                              unsqueeze)
 from .ops.pool import (adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d,  # noqa: F401
                        adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d,
-                       avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d, max_pool3d)
+                       avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d, max_pool3d,
+                       max_unpool1d, max_unpool2d, max_unpool3d)
 from .ops.conv import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d,  # noqa: F401
                        conv_transpose3d)
 from .ops.conv.fold import fold, unfold  # noqa: F401
 from .ops.norm import (batch_norm, group_norm, instance_norm, layer_norm,  # noqa: F401
                        local_response_norm, normalize, rms_norm)
-from .ops.interpolate import interpolate  # noqa: F401
+from .ops.interpolate import interpolate, upsample_bilinear, upsample_nearest  # noqa: F401
 from .ops.linear import bilinear, linear  # noqa: F401
 from .ops.indexing import (arange, count_nonzero, embedding, embedding_bag, gather,  # noqa: F401
                            index_add, index_select, isfinite, isin, isinf, isnan, isneginf,

@@ -68,6 +68,8 @@ CALL_ADAPTERS = {
     # op_db's embedding takes (weight, indices): its sample input is the weight.
     "nn.functional.embedding": lambda fn, x, args, kwargs: fn(args[0], x, *args[1:], **kwargs),
     "nn.functional.embedding_bag": lambda fn, x, args, kwargs: fn(args[0], x, *args[1:], **kwargs),
+    # op_db's where takes (self, condition, other) for torch.where(condition, self, other).
+    "where": lambda fn, x, args, kwargs: fn(args[0], x, *args[1:], **kwargs),
 }
 
 

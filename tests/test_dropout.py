@@ -1,4 +1,6 @@
 """Dropout: the mask is Philox4x32-10 of (seed, stream, index), bit for bit as in numpy."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -109,3 +111,85 @@ def test_bad_input(ctx):
         F.dropout(dp.Tensor.zeros(ctx, (4,), requires_grad=True), inplace=True)
     with pytest.raises(dp.ShapeError, match="seed"):
         D.manual_seed(2 ** 64)
+
+
+# ---- channel-wise and alpha dropout ----------------------------------------------------------
+
+def _torch_alpha(x, keep, p):
+    """torch's alpha dropout formula (aten _dropout_impl) with a given keep mask, float64."""
+    import torch
+    alpha = 1.7580993408473766
+    a = 1.0 / np.sqrt((alpha * alpha * p + 1) * (1 - p))
+    noise = torch.tensor(keep, dtype=torch.float64)
+    b = (noise - 1) * (alpha * a) + alpha * a * p
+    return x * (noise * a) + b
+
+
+@pytest.mark.parametrize("name, shape, noise_shape", [
+    ("dropout1d", (3, 6, 5), (3, 6, 1)), ("dropout1d", (6, 5), (6, 1)),
+    ("dropout2d", (2, 5, 3, 4), (2, 5, 1, 1)), ("dropout2d", (2, 5, 7), (2, 5, 1)),
+    ("dropout3d", (2, 3, 2, 3, 2), (2, 3, 1, 1, 1)), ("dropout3d", (4, 2, 3, 2), (4, 1, 1, 1)),
+    ("alpha_dropout", (4, 9), (4, 9)), ("feature_alpha_dropout", (3, 4, 5), (3, 4, 1))])
+def test_channel_and_alpha_dropout_against_torch_with_the_same_mask(ctx, rng, name, shape,
+                                                                      noise_shape):
+    import torch
+    p, seed, stream = 0.4, 99, 3
+    a = random(rng, shape)
+    x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+    xr = torch.tensor(a, dtype=torch.float64, requires_grad=True)
+    y = getattr(F, name)(x, p, training=True, seed=seed, stream=stream)
+    keep = D.reference_mask(int(np.prod(noise_shape)), p, seed, stream).reshape(noise_shape)
+    if "alpha" in name:
+        yr = _torch_alpha(xr, keep, p)
+    else:
+        yr = xr * torch.tensor(keep / (1 - p))
+    assert_close(y.numpy(), yr.detach().numpy())
+    g = random(rng, shape)
+    y.backward(dp.Tensor.from_numpy(ctx, g))
+    yr.backward(torch.tensor(g, dtype=torch.float64))
+    assert_close(x.grad.numpy(), xr.grad.numpy())
+    # eval is the identity; p == 1 gives zeros (torch); p == 0 the identity
+    assert getattr(F, name)(x, p, training=False) is x
+    assert getattr(F, name)(x, 0.0, training=True) is x
+    with warnings.catch_warnings():   # torch's dropout2d warns about a 3-d input
+        warnings.simplefilter("ignore")
+        zeros = getattr(torch.nn.functional, name)(xr.detach(), 1.0, training=True)
+    assert_close(getattr(F, name)(x, 1.0, training=True).numpy(), zeros.numpy())
+
+
+def test_channel_and_alpha_dropout_keep_rate_and_bad_input(ctx):
+    x = dp.Tensor.full(ctx, (200, 50, 1), 1.0)
+    kept = (F.dropout2d(x, 0.25).numpy() != 0).mean()
+    assert abs(kept - 0.75) < 0.03
+    y = F.alpha_dropout(dp.Tensor.full(ctx, (20000,), 0.5), 0.3, training=True).numpy()
+    assert len(np.unique(y.round(5))) == 2
+    with pytest.raises(dp.ShapeError, match="dimensions"):
+        F.dropout2d(dp.Tensor.full(ctx, (3, 4), 1.0))
+    with pytest.raises(dp.ShapeError, match="dimensions"):
+        F.dropout1d(dp.Tensor.full(ctx, (3,), 1.0))
+    with pytest.raises(dp.ShapeError, match="at least 2"):
+        F.feature_alpha_dropout(dp.Tensor.full(ctx, (3,), 1.0), training=True)
+    x = dp.Tensor.full(ctx, (3,), 1.0)
+    assert F.feature_alpha_dropout(x, 0.5, training=False) is x   # as torch: no rank check
+    with pytest.raises(dp.ShapeError, match="probability"):
+        F.dropout3d(dp.Tensor.full(ctx, (1, 2, 3, 4), 1.0), 1.5)
+    with pytest.raises(dp.DTypeError, match="float32"):
+        F.alpha_dropout(dp.Tensor.full(ctx, (3,), 1, dtype=dp.int64))
+
+
+def test_channel_and_alpha_dropout_repeated_calls_build_nothing(ctx, rng):
+    from dlprim_py import program
+    g = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 4, 5)))
+
+    def run():
+        x = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 4, 5)), requires_grad=True)
+        (F.dropout2d(x, 0.3) + F.feature_alpha_dropout(x, 0.3, True)
+         + F.alpha_dropout(x, 0.2, True)).backward(g)
+
+    run()
+    ctx.synchronize()
+    before = dict(program.stats)
+    run()
+    run()
+    ctx.synchronize()
+    assert dict(program.stats) == before

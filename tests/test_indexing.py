@@ -158,6 +158,28 @@ def test_index_add_integers(ctx, rng, index_add_algo):
     np.testing.assert_array_equal(out.numpy(), expected)
 
 
+
+@pytest.mark.parametrize("index", [[0], 0])
+def test_index_select_and_index_add_on_a_0d_input(ctx, rng, index):
+    """torch treats a 0-d input as one element along dim 0; the results stay 0-d."""
+    x, src = random(rng, ()), random(rng, ())
+    I, IR = t_(ctx, np.array(index, dtype=np.int64)), torch.tensor(index)
+    X, XR = t_(ctx, x, True), ref(x, True)
+    out, out_ref = F.index_select(X, 0, I), torch.index_select(XR, 0, IR)
+    assert out.shape == ()
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(X, XR)])
+    X, XR = t_(ctx, x, True), ref(x, True)
+    S, SR = t_(ctx, src, True), ref(src, True)
+    out, out_ref = F.index_add(X, 0, I, S, alpha=-2), torch.index_add(XR, 0, IR, SR, alpha=-2)
+    assert out.shape == ()
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(X, XR), (S, SR)])
+    with pytest.raises(dp.ShapeError, match="exactly 1 value"):
+        F.index_select(X, 0, t_(ctx, np.array([0, 0])))
+    with pytest.raises(dp.ShapeError, match="exactly 1 value"):
+        F.index_add(X, 0, t_(ctx, np.array([0, 0])), t_(ctx, random(rng, (2,))))
+
 # ---- where / masked_fill / tests --------------------------------------------------------------
 
 def test_where_broadcasts_promotes_and_differentiates(ctx, rng):
@@ -194,6 +216,20 @@ def test_masked_fill(ctx, rng):
         F.masked_fill(X, t_(ctx, rng.random((4, 5, 2)) > 0.5), 0.0)
     with pytest.raises(dp.DTypeError, match="bool"):
         F.masked_fill(X, t_(ctx, mask.astype(np.int64)), 0.0)
+
+
+@pytest.mark.parametrize("shape,mask_shape", [((4, 5), (1, 5)), ((), ())])
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_masked_fill_a_tensor_value_gets_its_gradient(ctx, rng, shape, mask_shape, input_grad):
+    """The value's gradient is the sum of the output's gradient where the mask is True."""
+    x, v = random(rng, shape), random(rng, ())
+    mask = np.ones(mask_shape, bool) if not mask_shape else rng.random(mask_shape) > 0.5
+    X, XR = t_(ctx, x, input_grad), ref(x, input_grad)
+    V, VR = t_(ctx, v, True), ref(v, True)
+    out = F.masked_fill(X, t_(ctx, mask), V)
+    out_ref = XR.masked_fill(torch.tensor(mask), VR)
+    assert_close(out.numpy(), out_ref.detach().numpy())
+    backward_check(ctx, rng, out, out_ref, [(X, XR), (V, VR)] if input_grad else [(V, VR)])
 
 
 def test_nonfinite_tests(ctx):
@@ -248,7 +284,8 @@ def test_arange_linspace(ctx):
         want = torch.arange(*args, **torch_kwargs).numpy()
         assert got.dtype == want.dtype and got.shape == want.shape, args
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
-    for args in ((0, 1, 5), (-3.0, 7.5, 11), (2, 2, 1), (1, 0, 0), (0, 10, 7)):
+    for args in ((0, 1, 5), (-3.0, 7.5, 11), (2, 2, 1), (1, 0, 0), (0, 10, 7),
+                 (-2, -3, 1), (4.3, 50, 1)):  # one step is [start]
         np.testing.assert_allclose(F.linspace(*args, ctx=ctx).numpy(),
                                    torch.linspace(*args).numpy(), rtol=1e-6, atol=1e-6)
     assert dp.Tensor.arange(ctx, 4).tolist() == [0, 1, 2, 3]

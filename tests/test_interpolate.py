@@ -94,6 +94,29 @@ def test_interpolate(ctx, rng, shape, kwargs):
     _check_against_torch(ctx, rng, shape, kwargs)
 
 
+@pytest.mark.parametrize("name,shape,kwargs", [
+    ("upsample_nearest", (2, 3, 5, 4), dict(size=(7, 9))),
+    ("upsample_nearest", (1, 2, 5), dict(scale_factor=2)),
+    ("upsample_bilinear", (2, 3, 5, 4), dict(size=(7, 3))),
+    ("upsample_bilinear", (1, 2, 3, 4), dict(scale_factor=2))])
+def test_deprecated_upsample_wrappers(ctx, rng, name, shape, kwargs):
+    """upsample_nearest / upsample_bilinear (align_corners=True) against torch's, float64."""
+    import warnings
+    data = random(rng, shape)
+    x = dp.Tensor.from_numpy(ctx, data, requires_grad=True)
+    t = torch.tensor(data, dtype=torch.float64, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = getattr(TF, name)(t, **kwargs)
+    poison_pool(ctx, max(ref.numel(), 1) * 4)
+    y = getattr(F, name)(x, **kwargs)
+    assert y.shape == tuple(ref.shape)
+    assert_close(y.numpy(), ref.detach().numpy())
+    grad = random(rng, ref.shape)
+    ref.backward(torch.tensor(grad, dtype=torch.float64))
+    y.backward(dp.Tensor.from_numpy(ctx, grad))
+    assert_close(x.grad.numpy(), t.grad.numpy())
+
 @pytest.mark.parametrize("mode,spatial", [("nearest", 1), ("nearest", 2), ("nearest", 3),
                                           ("nearest-exact", 2), ("nearest-exact", 3),
                                           ("bilinear", 2), ("bicubic", 2), ("trilinear", 3),

@@ -215,9 +215,11 @@ def test_multi_margin_loss(ctx, rng, reduction, p, weighted, shape):
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("batched", [True, False])
 def test_multilabel_margin_loss(ctx, rng, reduction, batched):
-    t = np.array([[1, 3, -1, 0, 0], [0, 1, 2, 3, 4], [-1, 2, 0, 0, 0], [4, -1, 1, 1, 1]], np.int64)
+    # rows 4 and 5 name a class twice before the stop: torch counts it twice
+    t = np.array([[1, 3, -1, 0, 0], [0, 1, 2, 3, 4], [-1, 2, 0, 0, 0], [4, -1, 1, 1, 1],
+                  [2, 2, 0, -1, 3], [3, 1, 3, 3, 1]], np.int64)
     if not batched:
-        t = t[0]
+        t = t[4]
     ours, theirs = _with_targets(
         lambda x, t_: F.multilabel_margin_loss(x, t_, reduction=reduction),
         lambda x, t_: TF.multilabel_margin_loss(x, t_, reduction=reduction),
@@ -323,3 +325,52 @@ def test_margin_losses_build_nothing_when_repeated(ctx, rng):
     run()
     ctx.synchronize()
     assert dict(program.stats) == before
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("case", ["classes", "unbatched", "probabilities", "k_dim"])
+def test_linear_cross_entropy(ctx, rng, reduction, case):
+    """linear_cross_entropy against torch's in float64: loss and the gradients of input,
+    linear_weight and linear_bias, with class weights, ignore_index and label smoothing."""
+    n, f, c = 6, 5, 4
+    in_shape = (f,) if case == "unbatched" else (n, f)
+    w_shape = (c, 3, f) if case == "k_dim" else (c, f)
+    x, w, b = random(rng, in_shape), random(rng, w_shape), random(rng, w_shape[:-1])
+    cw = random(rng, (c,), 0.5, 2)
+    logits = in_shape[:-1] + w_shape[:-1]
+    kwargs = dict(reduction=reduction)
+    if case == "probabilities":
+        t = rng.random(logits).astype(np.float32)
+        t /= t.sum(-1, keepdims=True)
+        kwargs["label_smoothing"] = 0.2
+    else:
+        t = rng.integers(0, c, logits[:1] + logits[2:] if case == "k_dim" else logits[:-1])
+        if case == "classes":
+            t[1] = 2
+            kwargs["ignore_index"] = 2
+    ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in (x, w, b)]
+    theirs = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x, w, b)]
+    tr = torch.tensor(t, dtype=torch.float64 if t.dtype == np.float32 else torch.int64)
+    y = F.linear_cross_entropy(ours[0], ours[1], dp.Tensor.from_numpy(ctx, t),
+                               linear_bias=ours[2], weight=dp.Tensor.from_numpy(ctx, cw), **kwargs)
+    yr = TF.linear_cross_entropy(theirs[0], theirs[1], tr, linear_bias=theirs[2],
+                                 weight=torch.tensor(cw, dtype=torch.float64), **kwargs)
+    assert y.shape == tuple(yr.shape)
+    assert_close(y.numpy(), yr.detach().numpy())
+    g = random(rng, yr.shape)
+    y.backward(dp.Tensor.from_numpy(ctx, g))
+    yr.backward(torch.tensor(g, dtype=torch.float64))
+    for mine, ref in zip(ours, theirs):
+        assert_close(mine.grad.numpy(), ref.grad.numpy())
+
+
+def test_linear_cross_entropy_bad_input(ctx, rng):
+    x = dp.Tensor.from_numpy(ctx, random(rng, (3, 5)))
+    w = dp.Tensor.from_numpy(ctx, random(rng, (4, 5)))
+    t = dp.Tensor.from_numpy(ctx, np.array([0, 1, 3]))
+    with pytest.raises(dp.ShapeError, match="in_features"):
+        F.linear_cross_entropy(x, dp.Tensor.from_numpy(ctx, random(rng, (4, 6))), t)
+    with pytest.raises(dp.ShapeError, match="linear_bias"):
+        F.linear_cross_entropy(x, w, t, linear_bias=dp.Tensor.from_numpy(ctx, random(rng, (5,))))
+    with pytest.raises(dp.ShapeError, match="batched"):
+        F.linear_cross_entropy(x[0], dp.Tensor.from_numpy(ctx, random(rng, (4, 2, 5))), t[0])

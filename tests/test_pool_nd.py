@@ -113,3 +113,64 @@ def test_bad_input(ctx, rng):
         F.avg_pool3d(x5, 2, divisor_override=0)
     with pytest.raises(dp.UnsupportedError, match="1, 2 or 3"):
         Pool(ctx, "max", kernel_size=2, dims=4)
+
+
+@pytest.mark.parametrize("dims, shape, kwargs, output_size", [
+    (1, (2, 3, 9), dict(kernel_size=2), None),
+    (1, (3, 10), dict(kernel_size=3, stride=2, padding=1), (10,)),
+    (2, (2, 3, 6, 7), dict(kernel_size=2), (2, 3, 6, 7)),
+    (2, (3, 5, 6), dict(kernel_size=3, stride=2, padding=1), (5, 6)),
+    (3, (1, 2, 4, 6, 4), dict(kernel_size=2), None),
+    (3, (2, 5, 4, 3), dict(kernel_size=(2, 1, 3), stride=(2, 1, 2)), (5, 4, 4))])
+def test_max_unpool_against_torch(ctx, rng, dims, shape, kwargs, output_size):
+    """max_unpool of max_pool's values and indices, forward and gradient, float64 torch."""
+    a = random(rng, shape)
+    pool, unpool = f"max_pool{dims}d", f"max_unpool{dims}d"
+    values, idx = getattr(TF, pool)(torch.tensor(a, dtype=torch.float64), return_indices=True,
+                                    **kwargs)
+    ours_values, ours_idx = getattr(F, pool)(dp.Tensor.from_numpy(ctx, a), return_indices=True,
+                                             **kwargs)
+    np.testing.assert_array_equal(ours_idx.numpy(), idx.numpy())
+    v = values.numpy().astype(np.float32)
+    x = dp.Tensor.from_numpy(ctx, v, requires_grad=True)
+    xr = torch.tensor(v, dtype=torch.float64, requires_grad=True)
+    y = getattr(F, unpool)(x, ours_idx, output_size=output_size, **kwargs)
+    yr = getattr(TF, unpool)(xr, idx, output_size=output_size, **kwargs)
+    assert y.shape == tuple(yr.shape)
+    assert_close(y.numpy(), yr.detach().numpy())
+    g = random(rng, yr.shape)
+    y.backward(dp.Tensor.from_numpy(ctx, g))
+    yr.backward(torch.tensor(g, dtype=torch.float64))
+    assert_close(x.grad.numpy(), xr.grad.numpy())
+
+
+def test_max_unpool_bad_input(ctx, rng):
+    x = dp.Tensor.from_numpy(ctx, random(rng, (1, 2, 3, 3)))
+    idx = dp.Tensor.from_numpy(ctx, np.zeros((1, 2, 3, 3), np.int64))
+    with pytest.raises(dp.DTypeError, match="int64"):
+        F.max_unpool2d(x, dp.Tensor.from_numpy(ctx, np.zeros((1, 2, 3, 3), np.int32)), 2)
+    with pytest.raises(dp.ShapeError, match="input's shape"):
+        F.max_unpool2d(x, dp.Tensor.from_numpy(ctx, np.zeros((1, 2, 3, 2), np.int64)), 2)
+    with pytest.raises(dp.ShapeError, match="within a stride"):
+        F.max_unpool2d(x, idx, 2, output_size=(9, 6))
+    with pytest.raises(dp.ShapeError, match="dimensions"):
+        F.max_unpool3d(x[0], idx[0], 2)
+
+
+def test_max_unpool_repeated_calls_build_nothing(ctx, rng):
+    from dlprim_py import program
+    a = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 6, 4)))
+    values, idx = F.max_pool2d(a, 2, return_indices=True)
+    g = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 6, 4)))
+
+    def run():
+        x = values.detach().requires_grad_(True)
+        F.max_unpool2d(x, idx, 2).backward(g)
+
+    run()
+    ctx.synchronize()
+    before = dict(program.stats)
+    run()
+    run()
+    ctx.synchronize()
+    assert dict(program.stats) == before

@@ -203,3 +203,115 @@ def dropout(input, p=0.5, training=True, inplace=False, *, seed=None, stream=Non
         return (dx,)
 
     return autograd.record(out, (input,), backward, "dropout")
+
+
+# ---- channel-wise and alpha dropout: a mask of one value per (sample, channel) or element ----
+
+# SELU's negative saturation value -scale * alpha; alpha dropout sets dropped elements to it
+_SELU_SATURATION = 1.7580993408473766
+
+
+def _check_common(name, input, p):
+    if not isinstance(input, Tensor):
+        raise not_a_tensor(f"{name}: input", input)
+    if input.dtype != np.float32:
+        raise DTypeError(f"{name}: only float32 is supported, got {input.dtype}")
+    if not isinstance(p, (int, float, np.floating)) or isinstance(p, bool) or not 0.0 <= p <= 1.0:
+        raise ShapeError(f"{name}: p must be a probability in [0, 1], got {p!r}")
+
+
+def _keep_scaled(ctx, shape, p, seed, stream):
+    """A float32 tensor of ``shape``: 1 / (1 - p) where kept, 0 where dropped (no gradient)."""
+    with autograd.no_grad():
+        return dropout(Tensor.full(ctx, shape, 1.0), p, seed=seed, stream=stream)
+
+
+def _finish(name, input, out, inplace):
+    if not inplace:
+        return out
+    if autograd.needs_grad(input):
+        raise UnsupportedError(f"{name}: inplace=True on a tensor that requires grad; use "
+                               f"inplace=False")
+    return input.copy_(out.detach())
+
+
+def _feature_dropout(name, input, p, training, inplace, batched_ndim, seed, stream):
+    _check_common(name, input, p)
+    if input.ndim not in (batched_ndim - 1, batched_ndim):
+        raise ShapeError(f"{name}: input must have {batched_ndim - 1} (unbatched) or "
+                         f"{batched_ndim} (batched) dimensions, got shape {input.shape}")
+    if not training or p == 0.0:
+        return input
+    # one value per channel: (C, 1, ...) unbatched, (N, C, 1, ...) batched
+    lead = 1 if input.ndim == batched_ndim - 1 else 2
+    noise_shape = input.shape[:lead] + (1,) * (input.ndim - lead)
+    mask = _keep_scaled(input.ctx, noise_shape, float(p), seed, stream)
+    return _finish(name, input, input * mask, inplace)
+
+
+def dropout1d(input, p=0.5, training=True, inplace=False, *, seed=None, stream=None):
+    """torch.nn.functional.dropout1d: zero whole channels of an (N, C, L) or (C, L) input
+    with probability ``p`` and scale the rest by 1 / (1 - p) when ``training``; the identity
+    otherwise. ``seed`` and ``stream`` as in :func:`dropout` (the mask has one value per
+    channel)."""
+    return _feature_dropout("dropout1d", input, p, training, inplace, 3, seed, stream)
+
+
+def dropout2d(input, p=0.5, training=True, inplace=False, *, seed=None, stream=None):
+    """torch.nn.functional.dropout2d: zero whole channels of an (N, C, H, W) input with
+    probability ``p`` and scale the rest by 1 / (1 - p) when ``training``. A 3-d input is taken
+    as (N, C, L), as torch does. ``seed`` and ``stream`` as in :func:`dropout`."""
+    _check_common("dropout2d", input, p)
+    if input.ndim not in (3, 4):
+        raise ShapeError(f"dropout2d: input must have 4 dimensions (N, C, H, W) or 3 (N, C, L), "
+                         f"got shape {input.shape}")
+    return _feature_dropout("dropout2d", input, p, training, inplace, input.ndim, seed, stream)
+
+
+def dropout3d(input, p=0.5, training=True, inplace=False, *, seed=None, stream=None):
+    """torch.nn.functional.dropout3d: zero whole channels of an (N, C, D, H, W) or
+    (C, D, H, W) input with probability ``p`` and scale the rest by 1 / (1 - p) when
+    ``training``. ``seed`` and ``stream`` as in :func:`dropout`."""
+    return _feature_dropout("dropout3d", input, p, training, inplace, 5, seed, stream)
+
+
+def _alpha_dropout(name, input, p, training, inplace, noise_shape, seed, stream):
+    if not training or p == 0.0:
+        return input
+    p = float(p)
+    if p == 1.0:
+        return _finish(name, input, input * 0.0, inplace)
+    # torch's formula: kept elements x * a, dropped ones the saturation value, shifted by b so
+    # that a SELU network keeps mean 0 and variance 1: y = x * keep * a + alpha * a * (keep - 1 + p)
+    a = 1.0 / math.sqrt((_SELU_SATURATION ** 2 * p + 1.0) * (1.0 - p))
+    keep_scaled = _keep_scaled(input.ctx, noise_shape, p, seed, stream)
+    with autograd.no_grad():
+        factor = keep_scaled * ((1.0 - p) * a)
+        shift = keep_scaled * ((1.0 - p) * _SELU_SATURATION * a) + (
+            _SELU_SATURATION * a * (p - 1.0))
+    return _finish(name, input, input * factor + shift, inplace)
+
+
+def alpha_dropout(input, p=0.5, training=False, inplace=False, *, seed=None, stream=None):
+    """torch.nn.functional.alpha_dropout: dropout for SELU networks. When ``training``, each
+    element is dropped with probability ``p`` to SELU's saturation value, then all are scaled
+    and shifted so that mean and variance are kept; the identity otherwise (the default, as
+    torch). ``seed`` and ``stream`` as in :func:`dropout`."""
+    _check_common("alpha_dropout", input, p)
+    return _alpha_dropout("alpha_dropout", input, p, training, inplace, input.shape, seed, stream)
+
+
+def feature_alpha_dropout(input, p=0.5, training=False, inplace=False, *, seed=None,
+                          stream=None):
+    """torch.nn.functional.feature_alpha_dropout: :func:`alpha_dropout` with one mask value per
+    (sample, channel) of an input of at least 2 dimensions (N, C, ...); the identity unless
+    ``training`` (then any input is taken)."""
+    _check_common("feature_alpha_dropout", input, p)
+    if not training or p == 0.0:
+        return input     # torch checks the rank only when it draws a mask
+    if input.ndim < 2:
+        raise ShapeError(f"feature_alpha_dropout: input must have at least 2 dimensions "
+                         f"(N, C, ...), got shape {input.shape}")
+    noise_shape = input.shape[:2] + (1,) * (input.ndim - 2)
+    return _alpha_dropout("feature_alpha_dropout", input, p, training, inplace, noise_shape,
+                          seed, stream)

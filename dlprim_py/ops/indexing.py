@@ -416,12 +416,20 @@ def _check_vector_index(name, index):
                          f"{index.shape}")
 
 
+def _check_scalar_index(name, input, index):
+    if input.ndim == 0 and index.size != 1:
+        raise ShapeError(f"{name}: the index into a 0-d input must have exactly 1 value, got "
+                         f"{index.size}")
+
+
 def _select(input, dim, index):
     """index_select's result (checked arguments, no gradient recorded)."""
     shape = list(_as_1d(input).shape)
     D = shape[dim]
     shape[dim] = index.size
-    out_shape = tuple(shape) if input.ndim else index.shape
+    # torch treats a 0-d input as one element along dim 0 and keeps the result 0-d
+    _check_scalar_index("index_select", input, index)
+    out_shape = tuple(shape) if input.ndim else ()
     out = Tensor.empty(input.ctx, out_shape, input.dtype)
     if out.size:
         if D == 0:
@@ -477,6 +485,7 @@ def index_add(input, dim, index, source, *, alpha=1):
     if masks.scalar_kind(alpha) is None:
         raise DTypeError(f"index_add: alpha must be a number, got {alpha!r}")
     dim = _dim(dim, input.ndim, "index_add")
+    _check_scalar_index("index_add", input, index)
     expected = list(_as_1d(input).shape)
     expected[dim] = index.size
     if _as_1d(source).shape != tuple(expected) or (source.ndim != input.ndim and input.ndim):
@@ -588,7 +597,8 @@ def where(condition, input=None, other=None):
 def masked_fill(input, mask, value):
     """torch.masked_fill: a copy of ``input`` with ``value`` (a number or a one-element
     tensor) where ``mask`` (a bool tensor broadcasting to ``input``'s shape) is True. The
-    gradient passes where the mask is False."""
+    gradient passes where the mask is False; a tensor ``value`` that requires grad gets the
+    sum of the output's gradient where the mask is True."""
     _tensor(input, "masked_fill: input")
     _tensor(mask, "masked_fill: mask")
     check_same_context(input, mask)
@@ -598,7 +608,10 @@ def masked_fill(input, mask, value):
         if value.ndim != 0 and value.size != 1:
             raise ShapeError(f"masked_fill: value must be a number or a 0-d tensor, got a "
                              f"tensor of shape {value.shape}")
+        value_tensor = value
         value = value.item()
+    else:
+        value_tensor = None
     if masks.scalar_kind(value) is None:
         raise DTypeError(f"masked_fill: value must be a number, got {type(value).__name__}")
     if masks._KIND[input.dtype] < 2 and masks.scalar_kind(value) == 2:
@@ -610,10 +623,19 @@ def masked_fill(input, mask, value):
     dtype = input.dtype
     out = Tensor.empty(input.ctx, input.shape, dtype)
     _where_kernel(None, dtype, dtype)([mask, input], [out], [_SCALAR_TYPES[dtype](value)])
-    if not autograd.needs_grad(input):
+    value_grad = value_tensor is not None and autograd.needs_grad(value_tensor)
+    if not (autograd.needs_grad(input) or value_grad):
         return out
     cond = mask.detach()
-    return autograd.record(out, (input,), lambda g: (where(cond, 0.0, g),), "masked_fill")
+    if not value_grad:
+        return autograd.record(out, (input,), lambda g: (where(cond, 0.0, g),), "masked_fill")
+    value_shape = value_tensor.shape
+
+    def backward(g):
+        filled = reduce.sum(where(cond, g, 0.0)).reshape(value_shape)
+        return where(cond, 0.0, g), filled
+
+    return autograd.record(out, (input, value_tensor), backward, "masked_fill")
 
 
 # The tests by number: one kernel per dtype computes any of them, chosen by a run-time
@@ -792,8 +814,11 @@ def linspace(start, end, steps, *, dtype=None, ctx=None, requires_grad=False):
     ctx = _factory_context(ctx)
     out = Tensor.empty(ctx, (int(steps),), float32)
     step = (float(end) - float(start)) / (steps - 1) if steps > 1 else 0.0
+    # One step is [start] (torch); the kernel's second half counts back from ``end``, so the
+    # single value would otherwise be ``end``.
+    last = end if steps > 1 else start
     _run(ctx, "linspace_fill", float32, int(steps), int(steps) + 1, int(steps),
-         np.float32(start), np.float32(end), np.float32(step), out.buffer, out.offset_elements)
+         np.float32(start), np.float32(last), np.float32(step), out.buffer, out.offset_elements)
     if dtype != float32:
         out = masks.cast(out, dtype)
     if requires_grad:

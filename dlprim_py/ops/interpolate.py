@@ -579,3 +579,15 @@ def resize(x, out_size, *, mode="nearest", coordinate_transformation_mode="half_
         lambda axis, n, m: onnx_taps(n, m, mode, coordinate_transformation_mode, nearest_mode,
                                      a, exclude, scales[axis]), True),
         f"resize_{mode}")
+
+
+def upsample_nearest(input, size=None, scale_factor=None):
+    """torch.nn.functional.upsample_nearest (deprecated there): :func:`interpolate` with mode
+    "nearest"."""
+    return interpolate(input, size, scale_factor, mode="nearest")
+
+
+def upsample_bilinear(input, size=None, scale_factor=None):
+    """torch.nn.functional.upsample_bilinear (deprecated there): :func:`interpolate` of an
+    (N, C, H, W) input with mode "bilinear" and ``align_corners=True``."""
+    return interpolate(input, size, scale_factor, mode="bilinear", align_corners=True)

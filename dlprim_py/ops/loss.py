@@ -1043,7 +1043,8 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
 def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """torch.nn.functional.multilabel_margin_loss: for each sample, the target classes are
     the entries of its int64 target row up to the first negative one; the loss sums
-    max(0, 1 - (x[j] - x[i])) over target classes j and non-target classes i, over C. Input and
+    max(0, 1 - (x[j] - x[i])) over those entries j (a class named twice counts twice) and the
+    classes i named by none of them, over C. Input and
     target (N, C) or (C). Entries at or past C are not checked (they match no class). Gradient
     to the input."""
     reduction = legacy_reduction(size_average, reduce, reduction)
@@ -1051,16 +1052,18 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
     n, c, x, t = _class_geometry("multilabel_margin_loss", input, target, target_like_input=True)
     ctx = input.ctx
     classes = _class_indices(ctx, c)
-    # The first negative entry of each row, then which classes are targets (1) or not (0).
+    # The first negative entry of each row, then how often each class is named before it
+    # (torch's loop runs over target entries, so a class named twice counts twice; a class
+    # named at all is not a non-target class).
     first = Tensor.empty(ctx, (n, 1))
     _memo("multilabel_first", lambda: ReduceKernel(
         "multilabel_first_stop", [("t", np.int64), ("k", _f32)], [("f", _f32)],
         "f = t < 0 ? k : classes;", "min", scalars=[("classes", _f32)]))(
         [t, _view(classes, (1, c))], [first], [float(c)])
     is_target = Tensor.empty(ctx, (n, c, 1))
-    _memo("multilabel_mask", lambda: ReduceKernel(
-        "multilabel_is_target", [("t", np.int64), ("f", _f32), ("kj", _f32), ("ki", _f32)],
-        [("m", _f32)], "m = (kj < f && (float)t == ki) ? 1.0f : 0.0f;", "max"))(
+    _memo("multilabel_count", lambda: ReduceKernel(
+        "multilabel_target_count", [("t", np.int64), ("f", _f32), ("kj", _f32), ("ki", _f32)],
+        [("m", _f32)], "m = (kj < f && (float)t == ki) ? 1.0f : 0.0f;", "sum"))(
         [_view(t, (n, 1, c)), _view(first, (n, 1, 1)), _view(classes, (1, 1, c)),
          _view(classes, (1, c, 1))], [is_target])
     operands = [_view(x, (n, c, 1)), _view(x, (n, 1, c)), is_target, _view(is_target, (n, 1, c))]
@@ -1074,7 +1077,7 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
     if n:
         _memo("multilabel_margin", lambda: ReduceKernel(
             "multilabel_margin_loss", [("xj", _f32), ("xi", _f32), ("mj", _f32), ("mi", _f32)],
-            [("y", _f32)], "y = (mj > 0.0f && mi == 0.0f) ? fmax(1.0f - xj + xi, 0.0f) : 0.0f;",
+            [("y", _f32)], "y = (mj > 0.0f && mi == 0.0f) ? mj * fmax(1.0f - xj + xi, 0.0f) : 0.0f;",
             "sum", finalize="acc_y = acc_y * scale;", scalars=[("scale", _f32)]))(
             operands, [target_view], [scale], axes=axes)
     else:
@@ -1088,8 +1091,8 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
                 "multilabel_margin_backward",
                 [("xk", _f32), ("xm", _f32), ("mk", _f32), ("mm", _f32), ("g", _f32)],
                 [("d", _f32)],
-                "d = ((mk > 0.0f && mm == 0.0f && 1.0f - xk + xm > 0.0f) ? -1.0f : 0.0f)"
-                " + ((mk == 0.0f && mm > 0.0f && 1.0f - xm + xk > 0.0f) ? 1.0f : 0.0f);"
+                "d = ((mk > 0.0f && mm == 0.0f && 1.0f - xk + xm > 0.0f) ? -mk : 0.0f)"
+                " + ((mk == 0.0f && mm > 0.0f && 1.0f - xm + xk > 0.0f) ? mm : 0.0f);"
                 "d *= g * scale;", "sum", scalars=[("scale", _f32)]))(
                 [*sources, g if g.ndim == 0 else _view(g, (n, 1, 1))], [_view(dx, (n, c, 1))],
                 [scale], axes=(2,))
@@ -1148,3 +1151,52 @@ def _smoothed_cross_entropy(input, target, weight, ignore_index, reduction, smoo
             [t, w, _view(_class_indices(ctx, classes), (1, classes, 1))], [divisor])
         term = div(R.sum(smooth), divisor)
     return add(mul(nll, 1.0 - smoothing), mul(term, smoothing / classes))
+
+
+def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None,
+                         reduction="mean", ignore_index=None, label_smoothing=0.0,
+                         options=None):
+    """torch.nn.functional.linear_cross_entropy: :func:`cross_entropy` of
+    ``linear(input, linear_weight, linear_bias)``.
+
+    ``input`` is (N, in_features) or (in_features); ``linear_weight`` is (C, in_features), or
+    (C, d_1, ..., d_K, in_features) for a K-dimensional loss over logits (N, C, d_1, ..., d_K)
+    (batched input only); ``linear_bias`` has shape (C, d_1, ..., d_K). ``ignore_index`` None
+    means -100 for class targets and none for probability targets. ``options`` (torch's
+    chunking strategy, a memory saving that leaves the result unchanged) is accepted and
+    ignored: the logits are always formed in full."""
+    from .linear import linear
+    for name, value in (("input", input), ("linear_weight", linear_weight),
+                        ("target", target)):
+        if not isinstance(value, Tensor):
+            raise not_a_tensor(f"linear_cross_entropy: {name}", value)
+    if input.ndim not in (1, 2):
+        raise ShapeError(f"linear_cross_entropy: input must be (N, in_features) or "
+                         f"(in_features), got shape {input.shape}")
+    if linear_weight.ndim < 2:
+        raise ShapeError(f"linear_cross_entropy: linear_weight must have at least 2 dimensions "
+                         f"(C, ..., in_features), got shape {linear_weight.shape}")
+    if input.shape[-1] != linear_weight.shape[-1]:
+        raise ShapeError(f"linear_cross_entropy: input's last dimension {input.shape[-1]} must "
+                         f"equal linear_weight's (in_features) {linear_weight.shape[-1]}")
+    classes, out_features = linear_weight.shape[0], linear_weight.shape[1:-1]
+    if linear_bias is not None and linear_bias.shape != (classes,) + out_features:
+        raise ShapeError(f"linear_cross_entropy: linear_bias must have shape "
+                         f"{(classes,) + out_features}, got {linear_bias.shape}")
+    if out_features and input.ndim == 1:
+        raise ShapeError(f"linear_cross_entropy: a K-dimensional loss (linear_weight "
+                         f"{linear_weight.shape}) needs a batched input (N, in_features), got "
+                         f"{input.shape}")
+    logits_shape = input.shape[:-1] + (classes,) + out_features
+    if ignore_index is None:
+        ignore_index = -100
+    elif target.shape == logits_shape:
+        raise ShapeError("linear_cross_entropy: ignore_index cannot be given with probability "
+                         "targets")
+    rows = math.prod((classes,) + out_features)
+    w = linear_weight if not out_features else linear_weight.reshape((rows, input.shape[-1]))
+    b = linear_bias if linear_bias is None or not out_features else linear_bias.reshape((rows,))
+    logits = linear(input, w, b)
+    if out_features:
+        logits = logits.reshape(logits_shape)
+    return cross_entropy(logits, target, weight, ignore_index, reduction, label_smoothing)

@@ -501,3 +501,79 @@ def _key(kwargs):
     # skip the validation that refuses a float kernel size. (A module-level function: a nested
     # recursive one is a reference cycle on every call.)
     return tuple(sorted((k, _freeze(v)) for k, v in kwargs.items()))
+
+
+# ---- max_unpool: the inverse of max pooling with return_indices ----------------------------
+
+def _max_unpool(name, dims, input, indices, kernel_size, stride, padding, output_size):
+    """Zeros of the unpooled shape with each input element written at its flat spatial
+    position ``indices`` (torch's scatter along the flattened spatial axes); the gradient is
+    the output gradient gathered at ``indices``."""
+    from .indexing import scatter
+    if not isinstance(input, Tensor):
+        raise not_a_tensor(f"{name}: input", input)
+    if not isinstance(indices, Tensor):
+        raise not_a_tensor(f"{name}: indices", indices)
+    check_same_context(input, indices)
+    if input.dtype != float32:
+        raise DTypeError(f"{name}: input must be float32, got {input.dtype}")
+    if indices.dtype != int64:
+        raise DTypeError(f"{name}: indices must be int64 (max_pool's return_indices), got "
+                         f"{indices.dtype}")
+    if input.ndim not in (dims + 1, dims + 2):
+        raise ShapeError(f"{name}: input must have {dims + 2} (batched) or {dims + 1} "
+                         f"(unbatched) dimensions, got shape {input.shape}")
+    if indices.shape != input.shape:
+        raise ShapeError(f"{name}: indices must have input's shape {input.shape}, got "
+                         f"{indices.shape}")
+    kernel = _tuple(kernel_size, f"{name}: kernel_size", dims)
+    stride = kernel if stride is None else _tuple(stride, f"{name}: stride", dims)
+    padding = _tuple(padding, f"{name}: padding", dims)
+    spatial = input.shape[-dims:]
+    default = tuple((spatial[d] - 1) * stride[d] - 2 * padding[d] + kernel[d]
+                    for d in range(dims))
+    if output_size is None:
+        size = default
+    else:
+        size = tuple(int(v) for v in output_size)
+        if len(size) == dims + 2:       # torch also takes (N, C, *spatial)
+            size = size[2:]
+        if len(size) != dims:
+            raise ShapeError(f"{name}: output_size must have {dims} or {dims + 2} entries, got "
+                             f"{tuple(output_size)}")
+        for d in range(dims):
+            if not default[d] - stride[d] < size[d] < default[d] + stride[d]:
+                raise ShapeError(f"{name}: output_size {size} must be within a stride of the "
+                                 f"default size {default} (stride {stride})")
+    lead = input.shape[:-dims]
+    flat_in = int(np.prod(spatial))
+    flat_out = int(np.prod(size))
+    if flat_out == 0 and flat_in:
+        raise ShapeError(f"{name}: an empty output size {size} for a non-empty input")
+    zeros = Tensor.zeros(input.ctx, lead + (flat_out,), float32)
+    out = scatter(zeros, -1, indices.reshape(lead + (flat_in,)), input.reshape(lead + (flat_in,)))
+    return out.reshape(lead + size)
+
+
+def max_unpool1d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    """torch.nn.functional.max_unpool1d: the (N, C, L) or (C, L) float32 ``input`` written at
+    the positions ``indices`` (int64, from max_pool1d with ``return_indices``) of zeros of
+    length ``(L - 1) * stride - 2 * padding + kernel_size`` or ``output_size``."""
+    return _max_unpool("max_unpool1d", 1, input, indices, kernel_size, stride, padding,
+                       output_size)
+
+
+def max_unpool2d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    """torch.nn.functional.max_unpool2d: the (N, C, H, W) or (C, H, W) float32 ``input``
+    written at the flat positions h*W + w ``indices`` (from max_pool2d with
+    ``return_indices``) of zeros of the unpooled size or ``output_size``."""
+    return _max_unpool("max_unpool2d", 2, input, indices, kernel_size, stride, padding,
+                       output_size)
+
+
+def max_unpool3d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    """torch.nn.functional.max_unpool3d: the (N, C, D, H, W) or (C, D, H, W) float32
+    ``input`` written at the flat positions (d*H + h)*W + w ``indices`` (from max_pool3d with
+    ``return_indices``) of zeros of the unpooled size or ``output_size``."""
+    return _max_unpool("max_unpool3d", 3, input, indices, kernel_size, stride, padding,
+                       output_size)
