@@ -265,6 +265,8 @@ class Context:
         self.memory_pool = cl_tools.MemoryPool(cl_tools.ImmediateAllocator(self.queue))
         # The thread that may call operators on this context (see check_thread).
         self.thread = threading.get_ident()
+        # The scratch tensor operators' algorithms work in (see workspace()).
+        self._workspace = None
 
     @property
     def vendor(self):
@@ -285,6 +287,19 @@ class Context:
         """Bytes of device memory the context's pool holds: live tensors plus freed blocks kept
         for reuse (torch's name)."""
         return self.memory_pool.managed_bytes
+
+    def workspace(self, nbytes):
+        """A float32 scratch tensor of at least ``nbytes`` bytes, shared by every operator call
+        of this context: a call's algorithm writes its workspace before reading it and is done
+        with it when the next call's kernels run (one queue, in order), so one buffer, grown to
+        the largest need seen, serves them all. A planned network then holds one workspace,
+        not one per layer. A plan keeps the buffer it recorded with alive; a call after the
+        buffer grew passes the new one."""
+        from .tensor import Tensor
+        if self._workspace is None or self._workspace.nbytes < nbytes:
+            self._workspace = None
+            self._workspace = Tensor.empty(self, (-(-nbytes // 4),))
+        return self._workspace
 
     def empty_cache(self):
         """Return the freed blocks the pool holds to the driver (live tensors keep theirs)."""

@@ -141,3 +141,31 @@ def test_f4x4_workspace_errors(ctx, rng):
                           dp.ConvolutionDesc(1, 2))
     with pytest.raises(dp.UnsupportedError):
         conv.forward(x, w, poisoned(ctx, conv.output_desc.shape), algo="winograd_f4x4")
+
+
+def test_convolutions_share_the_context_workspace(ctx, rng):
+    """Every convolution of a context works in one workspace, grown to the largest need: a
+    small layer, a larger one (the workspace grows), then the small one again (its replay gets
+    the new buffer) all stay right, and the larger call leaves one buffer for both."""
+    small = ((1, 3, 6, 6), (2, 3, 3, 3))
+    large = ((2, 8, 12, 12), (6, 8, 3, 3))
+    convs, data = [], []
+    for xs, ws in (small, large):
+        convs.append(dp.Convolution(ctx, dp.TensorDesc(xs), dp.TensorDesc(ws),
+                                    dp.ConvolutionDesc(1, 1)))
+        x, w = random(rng, xs), random(rng, ws)
+        data.append((x, w, dp.Tensor.from_numpy(ctx, x), dp.Tensor.from_numpy(ctx, w)))
+
+    def run(i):
+        x, w, X, W = data[i]
+        y = poisoned(ctx, convs[i].output_desc.shape)
+        convs[i].forward(X, W, y, algo="winograd_f4x4")
+        assert_close(y.numpy(), conv_ref(x, w, 1), tol=F4_TOL)
+
+    run(0)
+    first = ctx.workspace(0)
+    run(1)
+    grown = ctx.workspace(0)
+    assert grown.nbytes >= convs[1].workspace_size("winograd_f4x4") > first.nbytes
+    run(0)
+    assert ctx.workspace(0) is grown

@@ -63,7 +63,6 @@ class Convolution:
         self.output_desc = TensorDesc(self.problem.y_shape, input_desc.dtype)
         self._chosen = {}
         self._resolved = {}
-        self._workspaces = {}
         # A call replays the launches recorded by the first call with the same scalars,
         # offsets and aliasing, on its own buffers (dlprim_py/launch.py): plans of this
         # operator's own, which live as long as it does.
@@ -171,11 +170,8 @@ class Convolution:
             if workspace is not None:
                 raise ShapeError(f"{name} {direction} needs a workspace of {need} bytes, "
                                  f"got {workspace.nbytes}")
-            # Kept for the next call: algorithms bind plans to their workspace.
-            workspace = self._workspaces.get((name, direction))
-            if workspace is None:
-                workspace = Tensor.empty(self.ctx, (need // 4,))
-                self._workspaces[(name, direction)] = workspace
+            # The context's shared scratch (a plan binds it as an operand on every run).
+            workspace = self.ctx.workspace(need)
         tensors = (src, other, dst, ep.scale, ep.shift, ep.residual, workspace)
         check_same_context(*tensors)
         operands = [None if t is None else t.buffer for t in tensors]
