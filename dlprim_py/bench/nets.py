@@ -851,17 +851,24 @@ def first_call_in_subprocess(net, mode, batch, image_size=224, num_classes=DEFAU
     """The first call of two fresh processes sharing a new, empty cache directory: ``cold``
     (no kernel binary anywhere: DLPRIM_CACHE_DIR, and the driver caches PoCL and NVIDIA keep,
     point into it) and ``warm_disk`` (the binaries the first one wrote)."""
+    command = [sys.executable, "-m", "dlprim_py.bench.nets", "first-call", "--net", net,
+               "--mode", mode, "--batch", str(batch), "--image-size", str(image_size),
+               "--num-classes", str(num_classes), "--seed", str(seed)]
+    if device:
+        command += ["--device", str(device)]
+    return cold_then_warm(command, timeout, "dlprim-nets-cache-")
+
+
+def cold_then_warm(command, timeout, prefix):
+    """Run ``command`` (a first call that prints its figures as a JSON line) in two fresh
+    processes sharing a new, empty cache directory: {"cold": ..., "warm_disk": ...}, or an
+    "error" entry for a run that failed or timed out (the second is then not run)."""
     out = {}
-    with tempfile.TemporaryDirectory(prefix="dlprim-nets-cache-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         env = dict(os.environ, DLPRIM_CACHE_DIR=os.path.join(tmp, "dlprim"),
                    POCL_CACHE_DIR=os.path.join(tmp, "pocl"),
                    CUDA_CACHE_PATH=os.path.join(tmp, "nv"))
         env.pop("DLPRIM_NO_CACHE", None)
-        command = [sys.executable, "-m", "dlprim_py.bench.nets", "first-call", "--net", net,
-                   "--mode", mode, "--batch", str(batch), "--image-size", str(image_size),
-                   "--num-classes", str(num_classes), "--seed", str(seed)]
-        if device:
-            command += ["--device", str(device)]
         for label in ("cold", "warm_disk"):
             try:
                 done = subprocess.run(command, env=env, capture_output=True, text=True,

@@ -25,7 +25,6 @@ import io
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -154,30 +153,12 @@ def first_call_in_subprocess(onnx_path, batch, image_size, device=None, timeout=
     """Load + first call in two fresh processes sharing a new empty cache directory: ``cold``
     (no kernel binary anywhere: DLPRIM_CACHE_DIR and the PoCL / NVIDIA driver caches point into
     it) and ``warm_disk`` (the binaries the first left)."""
-    out = {}
-    with tempfile.TemporaryDirectory(prefix="dlprim-onnx-cache-") as tmp:
-        env = dict(os.environ, DLPRIM_CACHE_DIR=os.path.join(tmp, "dlprim"),
-                   POCL_CACHE_DIR=os.path.join(tmp, "pocl"),
-                   CUDA_CACHE_PATH=os.path.join(tmp, "nv"))
-        env.pop("DLPRIM_NO_CACHE", None)
-        command = [sys.executable, "-m", "dlprim_py.bench.onnx", "first-call", "--onnx",
-                   onnx_path, "--batch", str(batch), "--image-size", str(image_size)]
-        if device:
-            command += ["--device", str(device)]
-        for label in ("cold", "warm_disk"):
-            try:
-                done = subprocess.run(command, env=env, capture_output=True, text=True,
-                                      timeout=timeout)
-            except subprocess.TimeoutExpired:
-                out[label] = {"error": f"timed out after {timeout} s"}
-                break
-            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-            if done.returncode != 0 or not lines:
-                tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-                out[label] = {"error": f"exit {done.returncode}: {' | '.join(tail)}"}
-                break
-            out[label] = json.loads(lines[-1])
-    return out
+    from .nets import cold_then_warm
+    command = [sys.executable, "-m", "dlprim_py.bench.onnx", "first-call", "--onnx",
+               onnx_path, "--batch", str(batch), "--image-size", str(image_size)]
+    if device:
+        command += ["--device", str(device)]
+    return cold_then_warm(command, timeout, "dlprim-onnx-cache-")
 
 
 def _first_call_main(argv):

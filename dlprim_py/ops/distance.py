@@ -15,9 +15,10 @@ import numpy as np
 
 from .. import autograd
 from ..context import check_same_context
-from ..errors import DTypeError, ShapeError, not_a_tensor
+from ..errors import DTypeError, ShapeError
 from ..tensor import Tensor
 from .arithmetic import reduce_to_shape
+from .loss import _check_float, _view
 from .pointwise import PointwiseKernel, broadcast_shapes
 from .reduce import ReduceKernel, normalize_dims
 
@@ -30,17 +31,6 @@ def _memo(key, factory):
     if k is None:
         k = _kernels[key] = factory()
     return k
-
-
-def _check_float(t, what):
-    if not isinstance(t, Tensor):
-        raise not_a_tensor(what, t)
-    if t.dtype != np.float32:
-        raise DTypeError(f"{what} must be float32, got {t.dtype}")
-
-
-def _view(t, shape):
-    return Tensor(t.ctx, t.buffer, shape, t.dtype, offset=t.offset)
 
 
 def _norm_order(p, name):
