@@ -4,6 +4,7 @@
 and queue, or wraps a host application's own ``pyopencl.CommandQueue`` so that all work is
 enqueued there (the embedding use case).
 """
+import contextlib
 import re
 import threading
 
@@ -265,8 +266,10 @@ class Context:
         self.memory_pool = cl_tools.MemoryPool(cl_tools.ImmediateAllocator(self.queue))
         # The thread that may call operators on this context (see check_thread).
         self.thread = threading.get_ident()
-        # The scratch tensor operators' algorithms work in (see workspace()).
+        # The scratch tensor operators' algorithms work in (see workspace()); while a network
+        # is planned, the sizes asked for and the buffers handed out (see workspace_log()).
         self._workspace = None
+        self._workspace_log = None
 
     @property
     def vendor(self):
@@ -299,7 +302,22 @@ class Context:
         if self._workspace is None or self._workspace.nbytes < nbytes:
             self._workspace = None
             self._workspace = Tensor.empty(self, (-(-nbytes // 4),))
+        if self._workspace_log is not None:
+            self._workspace_log.append((nbytes, self._workspace.buffer))
         return self._workspace
+
+    @contextlib.contextmanager
+    def workspace_log(self):
+        """Within the block, every workspace() call is logged as (bytes asked for, buffer
+        handed out) in the list this yields: a planner (``dlprim_py.onnx``) rebinds the
+        workspaces its launches recorded with, which grew as it went, to the final one, and
+        counts the largest need rather than the buffer's size (the buffer is the context's,
+        shared with every other user)."""
+        outer, self._workspace_log = self._workspace_log, []
+        try:
+            yield self._workspace_log
+        finally:
+            self._workspace_log = outer
 
     def empty_cache(self):
         """Return the freed blocks the pool holds to the driver (live tensors keep theirs)."""

@@ -79,14 +79,15 @@ class _Entry:
     """One planned input signature: the plan (None: replayed unrecorded, see ``_execute``), the
     output descriptions and the bytes it holds."""
 
-    __slots__ = ("plan", "outputs", "out_sizes", "memory_bytes", "launches")
+    __slots__ = ("plan", "outputs", "out_sizes", "memory_bytes", "launches", "memory_parts")
 
-    def __init__(self, plan, outputs, out_sizes, memory_bytes, launches):
+    def __init__(self, plan, outputs, out_sizes, memory_bytes, launches, memory_parts=None):
         self.plan = plan
         self.outputs = outputs
         self.out_sizes = out_sizes
         self.memory_bytes = memory_bytes
         self.launches = launches
+        self.memory_parts = memory_parts or {"buffers": memory_bytes}
 
 
 class Model:
@@ -132,10 +133,18 @@ class Model:
 
     @property
     def memory_bytes(self):
-        """Device bytes the most recently planned input shape holds while it runs: the
-        intermediate buffers after liveness sharing, the operators' scratch and workspace, and
-        the outputs (not the weights: ``weight_bytes``; not the inputs). 0 before a run."""
+        """Device bytes the most recently planned input shape needs while it runs: the
+        intermediate buffers after liveness sharing, the operators' scratch, the convolution
+        workspace and the outputs (not the weights: ``weight_bytes``; not the inputs); by kind
+        in ``memory_parts``. 0 before a run. The workspace counts as the largest size this
+        model's convolutions ask for: the buffer is the context's (``Context.workspace``),
+        shared with its other models and calls, and may be larger."""
         return 0 if self._last is None else self._last.memory_bytes
+
+    @property
+    def memory_parts(self):
+        """``memory_bytes`` by kind: {"intermediates", "scratch", "workspace", "outputs"}."""
+        return {} if self._last is None else dict(self._last.memory_parts)
 
     @property
     def weight_bytes(self):
@@ -333,7 +342,7 @@ class Model:
 
     def _plan(self, tensors):
         ctx = self.ctx
-        with no_grad():
+        with no_grad(), ctx.workspace_log() as workspaces:
             with launch.Recording() as recording:
                 values, produced = self._execute(tensors)
         outs = self._outputs(values)
@@ -361,20 +370,25 @@ class Model:
             memory = sum(b.size for p, b in produced.items() if p not in in_ptrs)
             entry = _Entry(None, outputs, out_sizes, memory, steps)
         else:
-            plan, memory = self._share_memory(plan, produced, operands)
-            entry = _Entry(plan, outputs, out_sizes, memory + sum(out_sizes), len(plan))
-        del produced
+            plan, parts = self._share_memory(plan, produced, operands, workspaces)
+            parts["outputs"] = sum(out_sizes)
+            entry = _Entry(plan, outputs, out_sizes, sum(parts.values()), len(plan), parts)
+        del produced, workspaces
         ctx.empty_cache()
         return outs, entry
 
     def _constant_ptrs(self):
         return {t.buffer.int_ptr for t in self._device_constants.values()}
 
-    def _share_memory(self, plan, produced, operands):
+    def _share_memory(self, plan, produced, operands, workspaces):
         """``plan`` with the node-produced buffers it binds replaced by shared allocations
-        (liveness: first to last launch that uses each), and the bytes it then holds besides
-        its operands and the weights."""
+        (liveness: first to last launch that uses each) and the workspaces its operators were
+        handed (``Context.workspace``, which grew as planning went) replaced by the context's
+        final one; and the bytes it then holds besides its operands and the weights, by kind."""
         operand_ptrs = {b.int_ptr for b in operands}
+        workspace_ptrs = {b.int_ptr for _, b in workspaces}
+        workspace_need = max((n for n, _ in workspaces), default=0)
+        workspace = self.ctx.workspace(workspace_need).buffer if workspaces else None
         queue = plan.queue
         constants = self._constant_ptrs()
         candidates = {p: b for p, b in produced.items()
@@ -411,16 +425,23 @@ class Model:
                 slot_free_at[best] = last[p]
             slot_of[p] = best
         # The first run's buffers go back to the pool before the shared ones are taken from it.
-        kept = [b for b in plan.keep if b.int_ptr not in slot_of]
+        kept = [b for b in plan.keep
+                if b.int_ptr not in slot_of and b.int_ptr not in workspace_ptrs]
+        if workspace is not None:
+            slot_of.update((p, workspace) for p in workspace_ptrs)
         pending = [(k, w, r, tuple((i, slot_of.get(b.int_ptr, b)) for i, b in f), t)
                    for k, w, r, f, t, _ in plan.steps]
         plan.keep = plan.steps = None
         candidates = first = last = None
         produced.clear()
+        workspaces = None
         slots = [allocate(self.ctx, size) for size in slot_size]
         new_steps = [(kernel, work, rebind,
                       tuple((i, slots[b] if isinstance(b, int) else b) for i, b in fixed),
                       template, object())
                      for kernel, work, rebind, fixed, template in pending]
-        memory = sum(slot_size) + sum(b.size for b in kept if b.int_ptr not in constants)
-        return launch.Plan(queue, new_steps, kept + slots), memory
+        parts = {"intermediates": sum(slot_size),
+                 "scratch": sum(b.size for b in kept if b.int_ptr not in constants),
+                 "workspace": workspace_need}
+        keep = kept + slots + ([workspace] if workspace is not None else [])
+        return launch.Plan(queue, new_steps, keep), parts
