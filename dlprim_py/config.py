@@ -1,6 +1,7 @@
 """Every environment variable the library reads, in one place.
 
-The call switches (DLPRIM_LOG_CMD, DLPRIM_FIND_MODE, DLPRIM_*_ALGO, DLPRIM_CHECK_NUMERICS) are read once, at the first
+The call switches (DLPRIM_LOG_CMD, DLPRIM_FIND_MODE, DLPRIM_*_ALGO, DLPRIM_CHECK_NUMERICS,
+DLPRIM_WORKSPACE_LIMIT) are read once, at the first
 call that needs one, and again on ``dlprim_py.config.reload()``; the others where they are used.
 
 DLPRIM_DEVICE      device to use: "P:D" (platform:device indices) or a piece of the device name
@@ -11,6 +12,9 @@ DLPRIM_LOG_CMD     "1": log every operator call as an equivalent dlprim-driver c
 DLPRIM_CHECK_NUMERICS "1": raise at the first dlprim_py.functional call that makes a NaN/inf
                    from finite inputs (a debugging mode: every call waits and reads back)
 DLPRIM_FIND_MODE   "immediate" (default) or "find" for algorithm selection
+DLPRIM_WORKSPACE_LIMIT MiB of workspace a convolution call may use (default: 256 MiB or the
+                   size of the call's output, whichever is larger; 2 GiB at most): an algorithm
+                   that needs more runs on the batch in parts that fit
 DLPRIM_CONV_ALGO   force one convolution algorithm by name
 DLPRIM_CONV3D_ALGO force one 3-D convolution solver: vol2col_gemm, direct
 DLPRIM_GEMM_ALGO   force one GEMM solver: tiled, splitk, small, subgroup (where it applies)
@@ -41,12 +45,13 @@ _snapshot = None
 
 
 class _Switches:
-    __slots__ = ("log_cmd", "find_mode", "forced", "check_numerics")
+    __slots__ = ("log_cmd", "find_mode", "forced", "check_numerics", "workspace_limit")
 
     def __init__(self, environ):
         self.log_cmd = _truthy(environ.get("DLPRIM_LOG_CMD", ""))
         self.check_numerics = _truthy(environ.get("DLPRIM_CHECK_NUMERICS", ""))
         self.find_mode = environ.get("DLPRIM_FIND_MODE", "immediate").strip().lower() or "immediate"
+        self.workspace_limit = _mebibytes(environ, "DLPRIM_WORKSPACE_LIMIT")
         # DLPRIM_<FAMILY>_ALGO -> {"family": value}
         self.forced = {name[len("DLPRIM_"):-len("_ALGO")].lower(): value
                        for name, value in environ.items()
@@ -113,6 +118,26 @@ def find_mode():
 
 def check_numerics():
     return switches().check_numerics
+
+
+def workspace_limit():
+    """DLPRIM_WORKSPACE_LIMIT in bytes, or None (the default rule of
+    ``ops.conv.algorithms.workspace_limit``)."""
+    return switches().workspace_limit
+
+
+def _mebibytes(environ, name):
+    value = environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        mib = float(value)
+    except ValueError:
+        mib = -1
+    if not mib > 0:
+        from .errors import ShapeError
+        raise ShapeError(f"{name} must be a positive number of MiB, got {value!r}")
+    return int(mib * (1 << 20))
 
 
 def forced_algorithm(family):

@@ -10,7 +10,7 @@ as Tensors, with ``dst = alpha * result + beta * dst`` and, for forward, the fus
 Kernels are built on first use per (context, configuration) and memoized by ``program.build``.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyopencl as cl
@@ -18,6 +18,7 @@ import pyopencl as cl
 from ... import program, tuning
 from ...errors import ShapeError
 from ..pointwise import launch_size
+from ...tensor import Tensor
 
 _F32 = np.float32
 _I32 = np.int32
@@ -79,6 +80,70 @@ class EpilogueArgs:
 
 def _buf(t):
     return [t.buffer, _I32(t.offset_elements)]
+
+
+# ---- the workspace limit: runs on parts of the batch ---------------------------------------
+
+# Workspaces are indexed with 32-bit offsets.
+WORKSPACE_CAP = 2 ** 31 - 4
+DEFAULT_WORKSPACE_LIMIT = 256 << 20
+
+
+def workspace_limit(problem, direction):
+    """Bytes of workspace one call may use: DLPRIM_WORKSPACE_LIMIT, else 256 MiB or the pass's
+    output size, whichever is larger (a layer then holds at most about twice its output), and
+    never over WORKSPACE_CAP."""
+    from ... import config
+    limit = config.workspace_limit()
+    if limit is None:
+        out = problem.y_shape if direction == "forward" else (
+            problem.x_shape if direction == "backward_data" else problem.w_shape)
+        limit = max(DEFAULT_WORKSPACE_LIMIT, 4 * math.prod(out))
+    return min(limit, WORKSPACE_CAP)
+
+
+def batch_chunk(ctx, algorithm, problem, direction):
+    """(images per run, workspace bytes per run) of ``algorithm``: the whole batch where its
+    workspace fits the limit, else equal parts of the batch that fit (forward and backward
+    data, whose images are independent; a filter gradient sums over the batch and is not
+    split). A workspace grows linearly with the images (the transformed or unfolded inputs
+    and outputs) on top of a fixed part (a transformed filter)."""
+    need = algorithm.workspace_size(ctx, problem, direction)
+    n = problem.n
+    if n == 1 or direction == "backward_filter" or need <= workspace_limit(problem, direction):
+        return n, need
+    limit = workspace_limit(problem, direction)
+    one = algorithm.workspace_size(ctx, replace(problem, n=1), direction)
+    per_image = (need - one) / (n - 1)
+    chunk = int((limit - (one - per_image)) // per_image) if per_image > 0 else n
+    chunk = max(1, min(n, chunk))
+    runs = -(-n // chunk)
+    chunk = -(-n // runs)
+    return chunk, algorithm.workspace_size(ctx, replace(problem, n=chunk), direction)
+
+
+def _images(t, start, count):
+    """Images ``start:start + count`` of a dense batch-first tensor, as a view."""
+    per_image = math.prod(t.shape[1:])
+    return Tensor(t.ctx, t.buffer, (count,) + tuple(t.shape[1:]), t.dtype,
+                  offset=t.offset + start * per_image * t.dtype.itemsize)
+
+
+def run_in_chunks(ctx, algorithm, problem, direction, chunk, src, other, dst, ep,
+                  epilogue=None, workspace=None):
+    """``algorithm.run`` on the batch ``chunk`` images at a time (``batch_chunk``), in one
+    workspace: src, dst and a residual are viewed per part; the filter and per-channel or
+    per-position operands are shared."""
+    epilogue = NO_EPILOGUE if epilogue is None else epilogue
+    if chunk >= problem.n:
+        algorithm.run(ctx, problem, direction, src, other, dst, ep, epilogue, workspace)
+        return
+    for start in range(0, problem.n, chunk):
+        count = min(chunk, problem.n - start)
+        part_ep = ep if ep.residual is None else replace(
+            ep, residual=_images(ep.residual, start, count))
+        algorithm.run(ctx, replace(problem, n=count), direction, _images(src, start, count),
+                      other, _images(dst, start, count), part_ep, epilogue, workspace)
 
 
 # ---- launches and their recording (dlprim_py/launch.py) ----------------------------------

@@ -10,7 +10,7 @@ from ...errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ...tensor import Tensor, TensorDesc, output
 
 from ...launch import run_planned, run_planned_on
-from .algorithms import Epilogue, EpilogueArgs, backward_bias
+from .algorithms import Epilogue, EpilogueArgs, backward_bias, batch_chunk, run_in_chunks
 from .problem import DIRECTIONS, ConvolutionDesc, ConvProblem, make_problem, pair
 from . import selection
 
@@ -78,7 +78,7 @@ class Convolution:
         (an ``Epilogue``; forward only), its kernels built and its workspace allocated now: a
         ``PreparedRun``, whose ``run(src, other, dst, ep)`` enqueues on the tensors given."""
         self._check_direction(direction)
-        name, algorithm, need = self._resolve(algo, direction)
+        name, algorithm, need, _ = self._resolve(algo, direction)
         algorithm.prepare(self.ctx, self.problem, direction, epilogue)
         workspace = Tensor.empty(self.ctx, (need // 4,)) if need else None
         return PreparedRun(self, direction, name, epilogue, workspace)
@@ -89,9 +89,11 @@ class Convolution:
         return selection.applicable(self.ctx, self.problem, direction)
 
     def workspace_size(self, algo, direction="forward"):
-        """Bytes of workspace ``algo`` needs for ``direction`` (0 for none)."""
+        """Bytes of workspace a call of ``algo`` uses for ``direction`` (0 for none): within the
+        limit (DLPRIM_WORKSPACE_LIMIT), as the call runs the batch in parts where the whole
+        would need more."""
         self._check_direction(direction)
-        return self._algorithm(algo, direction).workspace_size(self.ctx, self.problem, direction)
+        return self._resolve(algo, direction)[2]
 
     def _check_direction(self, direction):
         if direction not in DIRECTIONS:
@@ -112,15 +114,17 @@ class Convolution:
         return algorithm
 
     def _resolve(self, algo, direction):
-        """(name, algorithm, workspace bytes) of a call; the checks run once per pair, since
-        the problem is fixed (a small layer's call costs about as much host time as its
-        kernel's device time)."""
+        """(name, algorithm, workspace bytes, images per run) of a call: an algorithm whose
+        workspace for the whole batch would pass the limit runs on parts of it
+        (``algorithms.batch_chunk``). The checks run once per pair, since the problem is fixed
+        (a small layer's call costs about as much host time as its kernel's device time)."""
         name = algo or self._choose(direction)
-        resolved = self._resolved.get((name, direction))
+        key = (name, direction, config.workspace_limit())
+        resolved = self._resolved.get(key)
         if resolved is None:
             algorithm = self._algorithm(name, direction)
-            need = algorithm.workspace_size(self.ctx, self.problem, direction)
-            resolved = self._resolved[(name, direction)] = (name, algorithm, need)
+            chunk, need = batch_chunk(self.ctx, algorithm, self.problem, direction)
+            resolved = self._resolved[key] = (name, algorithm, need, chunk)
         return resolved
 
     def _log_call(self, direction, algo, epilogue, ep):
@@ -165,7 +169,7 @@ class Convolution:
     def _run(self, direction, algo, src, other, dst, ep, epilogue=Epilogue(), workspace=None):
         if config.log_cmd():
             self._log_call(direction, algo, epilogue, ep)
-        name, algorithm, need = self._resolve(algo, direction)
+        name, algorithm, need, chunk = self._resolve(algo, direction)
         if need and (workspace is None or workspace.nbytes < need):
             if workspace is not None:
                 raise ShapeError(f"{name} {direction} needs a workspace of {need} bytes, "
@@ -181,8 +185,9 @@ class Convolution:
                tuple(None if t is None else t.offset_elements for t in tensors),
                tuple(float(a) for a in ep.chain_args if not isinstance(a, cl.MemoryObjectHolder)))
         run_planned(self.ctx, key, operands,
-                    lambda: algorithm.run(self.ctx, self.problem, direction, src, other, dst, ep,
-                                          epilogue, workspace), plans=self._plans)
+                    lambda: run_in_chunks(self.ctx, algorithm, self.problem, direction, chunk,
+                                          src, other, dst, ep, epilogue, workspace),
+                    plans=self._plans)
         return dst
 
     def forward(self, x, w, y, bias=None, alpha=1.0, beta=0.0, activation=None, algo=None,

@@ -19,7 +19,8 @@ import pyopencl as cl
 from ... import solver
 from ...timing import time_enqueued
 from .algorithms import (Direct, DirectPhased, DirectSmall, EpilogueArgs, ImplicitGemm, Im2colGemm,
-                         Recording, _gemm_dims, implicit_gemm_variants)
+                         Recording, _gemm_dims, batch_chunk, implicit_gemm_variants,
+                         run_in_chunks)
 from .depthwise import Depthwise, DepthwiseRows, DepthwiseTiled
 from .gemm1x1 import Gemm1x1
 from .problem import ConvProblem
@@ -146,12 +147,14 @@ def measure(ctx, problem, direction, names=None):
     times = {}
     for candidate in candidates:
         algo = ALGORITHMS[candidate]
-        size = algo.workspace_size(ctx, problem, direction)
+        chunk, size = batch_chunk(ctx, algo, problem, direction)
         workspace = Tensor.empty(ctx, (max(size // 4, 1),)) if size else None
-        # Time replays of a recorded run, as an operator call on the same tensors runs: device
-        # time then decides, not the host's cost of binding arguments.
+        # Time replays of a recorded run, as an operator call on the same tensors runs (on
+        # parts of the batch where the workspace limit says so): device time then decides,
+        # not the host's cost of binding arguments.
         with Recording() as recording:
-            algo.run(ctx, problem, direction, src, other, dst, EpilogueArgs(), workspace=workspace)
+            run_in_chunks(ctx, algo, problem, direction, chunk, src, other, dst, EpilogueArgs(),
+                          workspace=workspace)
         samples = list(time_enqueued(ctx, recording.replay, warmup=0, repeat=1).samples)
         best = min(times.values(), default=None)
         if best is None or samples[0] < FIND_DROP * best:

@@ -14,6 +14,7 @@ GEMM of the tuned GEMM engine (``dlprim_py.ops.gemm``); the epilogue is applied 
 transform. Workspace: U (E x GM x GK), V (E x GK x T), M (E x GM x T) floats with E transform
 elements and T = N * ceil(Ho/m) * ceil(Wo/m) tiles."""
 import functools
+from dataclasses import replace
 from fractions import Fraction
 import math
 
@@ -23,7 +24,7 @@ from ... import program
 from ...errors import ShapeError
 from ...tensor import Tensor
 from ..pointwise import launch_size
-from .algorithms import NO_EPILOGUE, Algorithm, _buf, launch
+from .algorithms import NO_EPILOGUE, WORKSPACE_CAP, Algorithm, _buf, launch
 
 _I32 = np.int32
 _F32 = np.float32
@@ -95,11 +96,14 @@ class Winograd(Algorithm):
         self.directions = ("forward", "backward_data", "backward_filter")
 
     def applies(self, ctx, problem, direction):
+        # Forward and data-gradient calls run on parts of the batch whose workspace fits the
+        # limit (algorithms.batch_chunk), so one image's must fit; a filter gradient's is whole.
         p = problem
         return (direction in self.directions and p.r == 3 and p.s == 3 and p.groups == 1
                 and p.stride_h == p.stride_w == 1 and p.dil_h == p.dil_w == 1
                 and p.pad_h <= 2 and p.pad_w <= 2
-                and self._sizes(p, direction)[-1] * 4 < 2 ** 31)
+                and self._sizes(p if direction == "backward_filter" else replace(p, n=1),
+                                direction)[-1] * 4 <= WORKSPACE_CAP)
 
     def _sizes(self, problem, direction):
         """Tiles and the float counts of the three workspace parts and their sum."""
