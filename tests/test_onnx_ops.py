@@ -511,6 +511,60 @@ def test_memory_is_shared_by_liveness(ctx, rng):
     assert model.launch_count == 8
 
 
+def _dense_block(rng):
+    """A DenseNet-style block: each layer reads the concatenation of every earlier feature."""
+    inits, nodes, feats = {}, [], ["x"]
+    for k in range(5):
+        cin = 4 + 2 * k
+        inits[f"w{k}"] = _rand(rng, 2, cin, 3, 3) * 0.3
+        nodes.append(helper.make_node("Concat", list(feats), [f"cat{k}"], axis=1))
+        nodes.append(helper.make_node("Relu", [f"cat{k}"], [f"r{k}"]))
+        nodes.append(helper.make_node("Conv", [f"r{k}", f"w{k}"], [f"f{k}"], pads=[1, 1, 1, 1]))
+        feats.append(f"f{k}")
+    nodes.append(helper.make_node("Concat", list(feats), ["y"], axis=1))
+    return _model(nodes, [("x", (2, 4, 12, 12))], [("y", None)], inits)
+
+
+def test_intermediates_share_one_arena(ctx, rng):
+    """The intermediates live in one arena at offsets packed by liveness: a dense block's
+    growing concatenations fit in gaps that slots grown to their largest occupant waste, and
+    the arena holds no more than that slot colouring would."""
+    from dlprim_py.onnx import engine
+    data = _dense_block(rng)
+    model = _check(ctx, data, {"x": _rand(rng, 2, 4, 12, 12)})
+    parts = model.memory_parts
+    assert set(parts) == {"intermediates", "scratch", "workspace", "outputs"}
+    assert sum(parts.values()) == model.memory_bytes
+    # Five concatenations (the largest 2 x 12 channels) and five ReLUs of them: far less
+    # than their sum.
+    every = sum(2 * 2 * (4 + 2 * k) * 12 * 12 * 4 for k in range(5))
+    assert 0 < parts["intermediates"] < every / 2
+
+
+def test_arena_offsets_reuse_gaps():
+    from dlprim_py.onnx import engine
+    # a (big) lives 0-1, b 1-2, c (small) 2-3: c fits where a was, beside b.
+    sizes = {"a": 1000, "b": 600, "c": 300}
+    first = {"a": 0, "b": 1, "c": 2}
+    last = {"a": 1, "b": 2, "c": 3}
+    offsets, arena = engine._arena_offsets(sizes, first, last, 256)
+    assert offsets["a"] == 0 and offsets["b"] == 1024 and offsets["c"] == 0
+    assert arena == 1024 + 600
+    for p in sizes:
+        assert offsets[p] % 256 == 0
+
+
+def test_slots_where_the_arena_is_past_the_largest_allocation(ctx, rng, monkeypatch):
+    """A device whose largest allocation is smaller than the arena gets slots instead (each
+    grown to its largest occupant: no less memory than the arena), with the same results."""
+    data = _dense_block(rng)
+    x = _rand(rng, 2, 4, 12, 12)
+    arena = _check(ctx, data, {"x": x}).memory_parts["intermediates"]
+    monkeypatch.setattr(ctx.info, "max_alloc_size", arena - 1)
+    model = _check(ctx, data, {"x": x})
+    assert model.memory_parts["intermediates"] > arena
+
+
 def test_call_with_tensors(ctx, rng):
     data = _small_net(rng)
     model = dp.onnx.load(data, ctx)
