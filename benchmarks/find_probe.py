@@ -1,8 +1,10 @@
-"""The 1x1 filter gradients of ResNet-50 and MobileNetV2: every applicable algorithm timed
-through the Convolution operator (its plan replayed, device drained), with what the immediate
-rule picks and what find mode's measurement picks, to check the rule against the device.
+"""Convolution layers of networks (default: the 1x1 filter gradients of ResNet-50 and
+MobileNetV2): every applicable algorithm timed through the Convolution operator (its plan
+replayed, device drained), with what the immediate rule picks and which is fastest, to check
+the rule against the device.
 
     python benchmarks/find_probe.py [--batch 64,32] [--direction backward_filter]
+    python benchmarks/find_probe.py --nets densenet121 --kernels 3 --direction forward
 """
 import argparse, json, os, sys, time
 import numpy as np
@@ -12,9 +14,31 @@ from dlprim_py.ops.conv.problem import make_problem
 sys.path.insert(0, os.path.dirname(__file__))
 from conv import distinct, mobilenet_v2_layers, resnet50_layers  # noqa: E402
 
+
+def densenet121_layers():
+    """DenseNet-121's distinct convolutions past the stem (name, c, k, h, r, stride, pad,
+    groups): per block, the 1x1 bottlenecks (growing inputs to 128) and the 3x3 128 -> 32
+    layers, and the transitions' 1x1 halvings."""
+    layers, c = [], 64
+    for block, (count, h) in enumerate(zip((6, 12, 24, 16), (56, 28, 14, 7))):
+        for i in range(count):
+            layers.append((f"dense{block}.{i}.conv1", c + 32 * i, 128, h, 1, 1, 0, 1))
+        layers.append((f"dense{block}.conv2", 128, 32, h, 3, 1, 1, 1))
+        c += 32 * count
+        if block < 3:
+            layers.append((f"transition{block}", c, c // 2, h, 1, 1, 0, 1))
+            c //= 2
+    return layers
+
+
+NETS = {"resnet50": resnet50_layers, "mobilenet_v2": mobilenet_v2_layers,
+        "densenet121": densenet121_layers}
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--batch", default="64,32")
 parser.add_argument("--direction", default="backward_filter")
+parser.add_argument("--nets", default="resnet50,mobilenet_v2")
+parser.add_argument("--kernels", default="1", help="filter sizes to take (default 1)")
 parser.add_argument("--json")
 args = parser.parse_args()
 ctx = dp.Context()
@@ -22,13 +46,15 @@ print(ctx.info.name)
 rng = np.random.default_rng(0)
 rows = []
 for batch in map(int, args.batch.split(",")):
-    for name, c, k, h, r, stride, pad, groups in distinct(resnet50_layers() + mobilenet_v2_layers()):
-        if r != 1 or stride != 1 or groups != 1:
+    layers = [l for net in args.nets.split(",") for l in NETS[net]()]
+    for name, c, k, h, r, stride, pad, groups in distinct(layers):
+        if str(r) not in args.kernels.split(",") or stride != 1 or groups != 1:
             continue
-        xs, ws = (batch, c, h, h), (k, c, 1, 1)
-        p = make_problem(xs, ws, dp.ConvolutionDesc(0, 1))
+        xs, ws = (batch, c, h, h), (k, c, r, r)
+        desc = dp.ConvolutionDesc(pad, 1)
+        p = make_problem(xs, ws, desc)
         d = args.direction
-        conv = dp.Convolution(ctx, dp.TensorDesc(xs), dp.TensorDesc(ws), dp.ConvolutionDesc(0, 1))
+        conv = dp.Convolution(ctx, dp.TensorDesc(xs), dp.TensorDesc(ws), desc)
         x = dp.Tensor.from_numpy(ctx, rng.standard_normal(xs).astype(np.float32))
         dy = dp.Tensor.from_numpy(ctx, rng.standard_normal(p.y_shape).astype(np.float32))
         w = dp.Tensor.from_numpy(ctx, rng.standard_normal(ws).astype(np.float32))
