@@ -8,10 +8,10 @@ fusion API, inside one ``launch.Recording``. The recording becomes a ``launch.Pl
 operands are the graph's input buffers and its output buffers; every other buffer the launches
 use is bound in the plan. Memory planning by liveness then gives the buffers that the nodes
 produced (the intermediates) new homes: each one lives from the first launch that uses it to
-the last, and buffers whose lives do not overlap share one allocation (best fit, largest
-first); the first run's buffers go back to the pool. ``memory_bytes`` is what the plan holds:
-those shared allocations, the scratch and workspace buffers the operators keep, and the
-outputs.
+the last, and buffers whose lives do not overlap share one allocation (``_shared_slots``); the
+convolutions' workspaces become the context's final one; the first run's buffers go back to the
+pool. ``memory_bytes`` is what the plan needs: those shared allocations, the scratch buffers the
+operators keep, the largest workspace asked for, and the outputs.
 
 A later run with a planned signature binds its input buffers and fresh output buffers and
 enqueues the launch list: no node is walked, nothing is built, nothing but the outputs is
@@ -23,7 +23,7 @@ from .. import launch
 from ..autograd import no_grad
 from ..context import PlanCache, default_context
 from ..dtypes import as_dtype
-from ..errors import DeviceMemoryError, DTypeError, ShapeError, UnsupportedError, not_a_tensor
+from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor, _checked, allocate
 from . import host
 from .graph import Graph
@@ -400,102 +400,53 @@ class Model:
                 if p in candidates:
                     first.setdefault(p, i)
                     last[p] = i
-        sizes = {p: candidates[p].size for p in first}
-        offsets, arena_size = _arena_offsets(sizes, first, last,
-                                             max(256, self.ctx.info.base_addr_align_bytes))
-        one_arena = arena_size <= self.ctx.info.max_alloc_size
-        if one_arena:
-            home_of = {p: (offsets[p], sizes[p]) for p in offsets}
-        else:
-            home_of, slot_size = _interval_slots(sizes, first, last)
+        slot_of, slot_size = _shared_slots({p: candidates[p].size for p in first}, first, last)
         if workspace is not None:
-            home_of.update((p, workspace) for p in workspace_ptrs)
+            slot_of.update((p, workspace) for p in workspace_ptrs)
         # The first run's buffers go back to the pool before the shared ones are taken from it.
-        kept = [b for b in plan.keep if b.int_ptr not in home_of]
-        pending = [(k, w, r, tuple((i, home_of.get(b.int_ptr, b)) for i, b in f), t)
+        kept = [b for b in plan.keep if b.int_ptr not in slot_of]
+        pending = [(k, w, r, tuple((i, slot_of.get(b.int_ptr, b)) for i, b in f), t)
                    for k, w, r, f, t, _ in plan.steps]
         plan.keep = plan.steps = None
         candidates = first = last = workspaces = None
         produced.clear()
-        if one_arena:
-            # Each intermediate is a sub-buffer of the arena at its offset (one per offset and
-            # size; a sub-buffer keeps its arena alive).
-            arena = _arena(self.ctx, arena_size) if arena_size else None
-            homes = {place: arena.get_sub_region(*place)
-                     for place in set(home_of.values()) if isinstance(place, tuple)}
-            intermediates = arena_size
-        else:
-            homes = dict(enumerate(allocate(self.ctx, size) for size in slot_size))
-            intermediates = sum(slot_size)
+        slots = [allocate(self.ctx, size) for size in slot_size]
         new_steps = [(kernel, work, rebind,
-                      tuple((i, homes[b] if isinstance(b, (int, tuple)) else b) for i, b in fixed),
+                      tuple((i, slots[b] if isinstance(b, int) else b) for i, b in fixed),
                       template, object())
                      for kernel, work, rebind, fixed, template in pending]
+        intermediates = sum(slot_size)
         parts = {"intermediates": intermediates,
                  "scratch": sum(b.size for b in kept if b.int_ptr not in constants),
                  "workspace": workspace_need}
-        keep = kept + list(homes.values())
-        keep += [b for b in (workspace, arena if one_arena else None) if b is not None]
+        keep = kept + slots + ([workspace] if workspace is not None else [])
         return launch.Plan(queue, new_steps, keep), parts
 
 
-def _arena(ctx, nbytes):
-    """A buffer of its own for a plan's intermediates (sub-buffers are made of a plain buffer,
-    not of a pool's block)."""
-    import pyopencl as cl
-    try:
-        return cl.Buffer(ctx.cl_context, cl.mem_flags.READ_WRITE, nbytes)
-    except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as error:
-        raise DeviceMemoryError(f"could not allocate the {nbytes} bytes of a planned model's "
-                                f"intermediates on {ctx.info.name}: {error}") from None
-
-
-def _arena_offsets(sizes, first, last, align):
-    """Offsets in one arena for buffers that live from launch ``first[p]`` to ``last[p]``:
-    largest first, each at the lowest aligned offset clear of every placed buffer whose life
-    overlaps its own (greedy by size, as TensorFlow Lite's planner); and the arena's size.
-    Unlike slots that grow to their largest occupant, a buffer can sit in the gap that a larger
-    one left, so the arena approaches the peak of live bytes."""
-    placed = []
-    offsets = {}
+def _shared_slots(sizes, first, last):
+    """Buffers that live from launch ``first[p]`` to ``last[p]`` assigned to shared slots:
+    largest first, each into the smallest slot none of whose occupants' lives overlaps its own,
+    else a new slot of its size (greedy by size, as TensorFlow Lite's shared-object planner).
+    Slots are sized by the buffer that opened them, so a small buffer never grows one; whole
+    buffers rather than offsets into one arena, since sub-buffers cost NVIDIA's driver time on
+    every launch that passes one. {buffer: slot}, [slot sizes]."""
+    import bisect
+    slot_of, slot_size, starts, ends = {}, [], [], []
     for p in sorted(sizes, key=lambda p: (-sizes[p], first[p])):
-        busy = sorted((o, o + n) for o, n, f, l in placed if f <= last[p] and first[p] <= l)
-        offset = 0
-        for lo, hi in busy:
-            if offset + sizes[p] <= lo:
-                break
-            offset = max(offset, -(-hi // align) * align)
-        offsets[p] = offset
-        placed.append((offset, sizes[p], first[p], last[p]))
-    return offsets, max((o + n for o, n, _, _ in placed), default=0)
-
-
-def _interval_slots(sizes, first, last):
-    """Slots for buffers that live from ``first[p]`` to ``last[p]`` (interval colouring, by
-    start; a slot is free once its last user ran before the start, and grows to its largest
-    occupant): {buffer: slot}, [slot sizes]. For an arena past the device's largest
-    allocation."""
-    order = sorted(first, key=lambda p: (first[p], -sizes[p]))
-    slot_of, slot_size, slot_free_at = {}, [], []
-    for p in order:
-        need = sizes[p]
+        f, l = first[p], last[p]
         best = None
-        for s, free_at in enumerate(slot_free_at):
-            if free_at < first[p]:
-                # Best fit: the smallest free slot that holds it, else the largest free one.
-                if best is None:
-                    best = s
-                else:
-                    fits, best_fits = slot_size[s] >= need, slot_size[best] >= need
-                    if (fits and (not best_fits or slot_size[s] < slot_size[best])) or (
-                            not fits and not best_fits and slot_size[s] > slot_size[best]):
-                        best = s
+        for s in range(len(slot_size)):
+            # A slot's lives are disjoint, so sorted by start they are sorted by end too.
+            i = bisect.bisect_right(starts[s], l) - 1
+            if (i < 0 or ends[s][i] < f) and (best is None or slot_size[s] < slot_size[best]):
+                best = s
         if best is None:
             best = len(slot_size)
-            slot_size.append(need)
-            slot_free_at.append(last[p])
-        else:
-            slot_size[best] = max(slot_size[best], need)
-            slot_free_at[best] = last[p]
+            slot_size.append(sizes[p])
+            starts.append([])
+            ends.append([])
+        i = bisect.bisect_left(starts[best], f)
+        starts[best].insert(i, f)
+        ends[best].insert(i, l)
         slot_of[p] = best
     return slot_of, slot_size
