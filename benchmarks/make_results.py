@@ -193,11 +193,12 @@ def load(results_dir):
 
 
 def load_user_records(results_dir):
-    """The records of benchmarks/dispatch.py and benchmarks/nets.py under ``*/``: (name,
-    record) pairs, dispatch and nets runs in name order."""
+    """The records of benchmarks/dispatch.py, benchmarks/nets.py and benchmarks/onnx.py under
+    ``*/``: (name, record) pairs, dispatch, nets and onnx runs in name order."""
     found = []
     for path in sorted(Path(results_dir).glob("*/dispatch-*.json")) + \
-            sorted(Path(results_dir).glob("*/nets-*.json")):
+            sorted(Path(results_dir).glob("*/nets-*.json")) + \
+            sorted(Path(results_dir).glob("*/onnx-run*.json")):
         try:
             found.append((f"{path.parent.name}/{path.name}", json.loads(path.read_text())))
         except (OSError, ValueError) as e:
@@ -209,12 +210,32 @@ def user_section(records):
     """What users see: public calls and whole networks, wall clock with the device drained,
     against PyTorch timed the same way in the same process."""
     lines = ["## As users call it (wall clock, device drained, against PyTorch eager)", "",
-             "From `benchmarks/dispatch.py` and `benchmarks/nets.py` (the same cases as "
-             "`dlprim-bench --suite dispatch` / `--suite nets`). Ratios are PyTorch time / ours; "
-             "the device span column of the public calls is OpenCL profiling time between "
-             "markers around the call (where the time goes, not the headline).", ""]
+             "From `benchmarks/dispatch.py`, `benchmarks/nets.py` and `benchmarks/onnx.py` (the "
+             "same cases as `dlprim-bench --suite dispatch` / `--suite nets` / `--suite onnx`). "
+             "Ratios are PyTorch time / ours; the device span column of the public calls is "
+             "OpenCL profiling time between markers around the call (where the time goes, not "
+             "the headline). ONNX models: `model(x)` of `dp.onnx.load`, peak memory ours = "
+             "`memory_bytes` + weights + input, PyTorch's = `max_memory_allocated`.", ""]
     for name, rec in records:
-        if "public" in rec:
+        if rec.get("benchmark") == "onnx":
+            torch = rec.get("torch", "?")
+            torch = torch.get("version", "?") if isinstance(torch, dict) else torch
+            lines += [f"### `{name}` ({rec.get('device', '?')}, driver {rec.get('driver', '?')}, "
+                      f"torch {torch}, commit {rec.get('commit', '?')})", "",
+                      "| model | batch | ours ms | torch ms | torch / ours | ours MiB | "
+                      "torch MiB | plan s | plan cold s | error | status |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|"]
+            for r in rec.get("results", []):
+                mib = [None if r.get(k) is None else r[k] / 2 ** 20
+                       for k in ("ours_peak_bytes", "torch_peak_bytes")]
+                lines.append(f"| {r.get('model')} | {r.get('batch')} | "
+                             f"{_fmt(r.get('ours_ms'), '.2f')} | {_fmt(r.get('torch_ms'), '.2f')} | "
+                             f"{_fmt(r.get('ratio'), '.2f')}x | {_fmt(mib[0], '.0f')} | "
+                             f"{_fmt(mib[1], '.0f')} | {_fmt(r.get('plan_warm_s'), '.2f')} | "
+                             f"{_fmt(r.get('plan_cold_s'), '.2f')} | "
+                             f"{_fmt(r.get('error'), '.1e')} | {r.get('status', '')} |")
+            lines.append("")
+        elif "public" in rec:
             lines += [f"### `{name}` ({rec.get('device', '?')}, driver {rec.get('driver', '?')}, "
                       f"torch {rec.get('torch', '?')} on {rec.get('torch_device', '?')})", "",
                       "| public call | ours ms | torch ms | torch / ours | device span ms | error |",
