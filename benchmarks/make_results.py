@@ -215,7 +215,10 @@ def user_section(records):
              "Ratios are PyTorch time / ours; the device span column of the public calls is "
              "OpenCL profiling time between markers around the call (where the time goes, not "
              "the headline). ONNX models: `model(x)` of `dp.onnx.load`, peak memory ours = "
-             "`memory_bytes` + weights + input, PyTorch's = `max_memory_allocated`.", ""]
+             "`memory_bytes` + weights + input, PyTorch's = `max_memory_allocated`; plan s = load + "
+             "first call in the benchmark's process (its kernel cache may be empty on a fresh "
+             "machine), plan cold s = the same in a fresh process with every kernel cache "
+             "empty.", ""]
     for name, rec in records:
         if rec.get("benchmark") == "onnx":
             torch = rec.get("torch", "?")
