@@ -408,7 +408,7 @@ class Recording:
 class Plan:
     """Recorded launches that ``run`` enqueues again on the operands it is given."""
 
-    __slots__ = ("queue", "queue_handle", "steps", "keep")
+    __slots__ = ("queue", "queue_handle", "steps", "keep", "_launches")
 
     def __init__(self, queue, steps, keep):
         self.queue = queue
@@ -418,17 +418,25 @@ class Plan:
         # kernel object as bound by this step).
         self.steps = steps
         self.keep = keep
+        # What run reads per launch, with the native enqueue's arguments made once: (kernel,
+        # rebind, fixed, template, token, work, (queue handle, kernel handle, *work.native)).
+        self._launches = tuple(
+            (kernel, rebind, fixed, template, token, work,
+             (self.queue_handle, kernel.handle) + work.native)
+            for kernel, work, rebind, fixed, template, token in steps)
 
-    def run(self, operands):
-        """Bind ``operands`` (buffers, in the order the plan was made with) and enqueue.
+    def run(self, operands, handles=None):
+        """Bind ``operands`` (buffers, in the order the plan was made with) and enqueue;
+        ``handles``: their ``int_ptr`` (None for None), where the caller has them already.
 
         A kernel object may serve other calls between two runs (a family's shared kernel, a
         nested plan): where its owner is not this step, every recorded argument is set again
         where it differs; otherwise only the operands that changed."""
-        queue, queue_handle = self.queue, self.queue_handle
-        outer = current()
+        if handles is None:
+            handles = [None if b is None else b.int_ptr for b in operands]
+        outer = current() if _recordings_open else None
         native = _clEnqueueNDRangeKernel if not _collecting else None
-        for kernel, work, rebind, fixed, template, token in self.steps:
+        for kernel, rebind, fixed, template, token, work, native_args in self._launches:
             if kernel.owner is not token:
                 kernel.restore(template)
                 for index, buf in fixed:
@@ -438,15 +446,15 @@ class Plan:
             # call passes here.
             bound = kernel._bound
             for index, slot in rebind:
-                buf = operands[slot]
-                if bound[index] != buf.int_ptr:
-                    kernel.kernel.set_arg(index, buf)
-                    bound[index] = buf.int_ptr
-            if native is None or native(queue_handle, kernel.handle, *work.native):
-                enqueue_kernel(queue, queue_handle, kernel, work)
+                handle = handles[slot]
+                if bound[index] != handle:
+                    kernel.kernel.set_arg(index, operands[slot])
+                    bound[index] = handle
+            if native is None or native(*native_args):
+                enqueue_kernel(self.queue, self.queue_handle, kernel, work)
             if outer is not None:
                 kernel.owner = None
-                outer.steps.append(Step(queue, kernel, work.global_size, work.local_size,
+                outer.steps.append(Step(self.queue, kernel, work.global_size, work.local_size,
                                         tuple((i, operands[j]) for i, j in rebind) + fixed))
 
     def __len__(self):
@@ -540,16 +548,25 @@ def run_planned_on(ctx, key, tensors, run, plans=None):
     pattern (as ``alias_pattern`` makes it) in one pass, then the plan's lookup and run."""
     if ctx.thread != get_ident():
         ctx.check_thread()
-    # Comprehensions, not appends in a loop: this runs for every operand of every call.
-    buffers = [None if t is None else t.buffer for t in tensors]
-    handles = [None if b is None else b.int_ptr for b in buffers]
+    # One loop for the buffers, their handles and the context check: this runs for every
+    # operand of every call.
+    buffers, handles = [], []
+    add_buffer, add_handle = buffers.append, handles.append
     for t in tensors:
-        if t is not None and t.ctx is not ctx:
-            check_same_context(*tensors)
+        if t is None:
+            add_buffer(None)
+            add_handle(None)
+        else:
+            if t.ctx is not ctx:
+                check_same_context(*tensors)
+            buffer = t.buffer
+            add_buffer(buffer)
+            add_handle(buffer.int_ptr)
     if config.switches().log_cmd:
         run()
         return
-    _replay(ctx, ctx.plans if plans is None else plans, (key, _pattern(handles)), buffers, run)
+    _replay(ctx, ctx.plans if plans is None else plans, (key, _pattern(handles)), buffers,
+            handles, run)
 
 
 # A key whose run cannot become a plan (it has non-kernel commands): it runs unrecorded.
@@ -568,13 +585,15 @@ def run_planned(ctx, key, operands, run, plans=None):
     uses them again."""
     if ctx.thread != get_ident():
         ctx.check_thread()
-    _replay(ctx, ctx.plans if plans is None else plans, (key, alias_pattern(operands)),
-            operands, run)
+    handles = [None if b is None else b.int_ptr for b in operands]
+    _replay(ctx, ctx.plans if plans is None else plans, (key, _pattern(handles)), operands,
+            handles, run)
 
 
-def _replay(ctx, plans, key, operands, run):
-    """The plan under ``key`` (which holds the alias pattern) run on ``operands``: recorded
-    from ``run()`` the first time, ``run()`` itself where it cannot be a plan."""
+def _replay(ctx, plans, key, operands, handles, run):
+    """The plan under ``key`` (which holds the alias pattern) run on ``operands`` (whose
+    handles are ``handles``): recorded from ``run()`` the first time, ``run()`` itself where it
+    cannot be a plan."""
     plan = plans.get(key)
     if plan is None:
         with Recording() as recording:
@@ -584,4 +603,4 @@ def _replay(ctx, plans, key, operands, run):
     elif plan is _UNPLANNABLE:
         run()
     else:
-        plan.run(operands)
+        plan.run(operands, handles)

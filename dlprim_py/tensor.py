@@ -402,7 +402,7 @@ def _checked(ctx, buffer, shape, dtype, offset):
     """A Tensor of fields that have passed the constructor's checks already (a normalised shape,
     a supported dtype, a valid offset): every operator's output and view is made here, without
     running them again."""
-    t = Tensor.__new__(Tensor)
+    t = _new_tensor(Tensor)
     t.ctx, t.buffer, t.shape, t.dtype, t.offset = ctx, buffer, shape, dtype, offset
     t.grad = t.grad_fn = None
     t.requires_grad = False
@@ -412,15 +412,43 @@ def _checked(ctx, buffer, shape, dtype, offset):
 def output(ctx, shape, nbytes):
     """An uninitialised float32 tensor of a normalised ``shape`` whose ``nbytes`` is known (an
     operator's output on a repeated call, the checks done when its plan was made)."""
-    return _checked(ctx, allocate(ctx, nbytes), shape, _FLOAT32, 0)
+    # _checked and allocate inlined (every repeated operator call makes its output here). No
+    # test against the device's largest allocation: every caller's size is that of a tensor
+    # that exists (an input, or a first call's output), or less.
+    if ctx.thread != get_ident():
+        ctx.check_thread()
+    try:
+        buffer = ctx.memory_pool.allocate(nbytes)
+    except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as error:
+        raise _allocation_error(ctx, nbytes, error) from None
+    t = _new_tensor(Tensor)
+    t.ctx, t.buffer, t.shape, t.dtype, t.offset = ctx, buffer, shape, _FLOAT32, 0
+    t.grad = t.grad_fn = None
+    t.requires_grad = False
+    return t
 
 
 def output_like(t):
     """An uninitialised tensor of ``t``'s shape and dtype in ``t``'s context (an operator's
     output; ``t``'s shape is normalised already)."""
-    itemsize = t.dtype.itemsize
-    return _checked(t.ctx, allocate(t.ctx, max(math.prod(t.shape) * itemsize, itemsize)),
-                    t.shape, t.dtype, 0)
+    # As output: no test against the largest allocation, since t exists.
+    ctx, shape, dtype = t.ctx, t.shape, t.dtype
+    if ctx.thread != get_ident():
+        ctx.check_thread()
+    itemsize = dtype.itemsize
+    nbytes = max(math.prod(shape) * itemsize, itemsize)
+    try:
+        buffer = ctx.memory_pool.allocate(nbytes)
+    except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as error:
+        raise _allocation_error(ctx, nbytes, error) from None
+    out = _new_tensor(Tensor)
+    out.ctx, out.buffer, out.shape, out.dtype, out.offset = ctx, buffer, shape, dtype, 0
+    out.grad = out.grad_fn = None
+    out.requires_grad = False
+    return out
+
+
+_new_tensor = object.__new__
 
 
 def allocate(ctx, nbytes):
@@ -435,10 +463,14 @@ def allocate(ctx, nbytes):
     try:
         return ctx.memory_pool.allocate(nbytes)
     except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as error:
-        raise DeviceMemoryError(f"could not allocate {nbytes} bytes on {ctx.info.name} "
-                                f"({ctx.memory_allocated()} bytes in tensors, "
-                                f"{ctx.memory_reserved()} held by the pool, "
-                                f"{ctx.info.global_mem_size} of global memory): {error}") from None
+        raise _allocation_error(ctx, nbytes, error) from None
+
+
+def _allocation_error(ctx, nbytes, error):
+    return DeviceMemoryError(f"could not allocate {nbytes} bytes on {ctx.info.name} "
+                             f"({ctx.memory_allocated()} bytes in tensors, "
+                             f"{ctx.memory_reserved()} held by the pool, "
+                             f"{ctx.info.global_mem_size} of global memory): {error}")
 
 
 _FLOAT32 = np.dtype(np.float32)

@@ -21,6 +21,7 @@ from ..tensor import Tensor, output_like
 from .pointwise import PointwiseKernel
 
 _f32 = np.float32
+_F32_DTYPE = np.dtype(np.float32)
 _kernels = {}
 
 
@@ -133,8 +134,10 @@ def apply(desc, x, inplace=False, name=None, kernels=None):
     into ``x`` and returns ``x`` (not allowed when x takes part in autograd). ``kernels``: the
     descriptor's (forward, backward) kernels, where the caller keeps them."""
     name = name or desc.mode.value
-    _check(x, f"{name}: input")
-    grad = autograd.needs_grad(x)
+    if x.__class__ is not Tensor or x.dtype is not _F32_DTYPE:
+        # The usual float32 tensor passes without building the message.
+        _check(x, f"{name}: input")
+    grad = x.requires_grad and autograd.grad_enabled()
     if inplace and grad:
         raise UnsupportedError(f"{name}: inplace=True on a tensor that requires grad; "
                                f"use inplace=False")
@@ -177,7 +180,9 @@ def _torch_entry(name, **kwargs):
 
 
 def _torch_apply(name, x, inplace=False, **kwargs):
-    desc, kernels = _torch_entry(name, **kwargs)
+    # _torch_entry's lookup inlined for the activations without parameters (relu, relu6...).
+    entry = None if kwargs else _torch_entries.get(name)
+    desc, kernels = entry or _torch_entry(name, **kwargs)
     return apply(desc, x, inplace, name, kernels)
 
 

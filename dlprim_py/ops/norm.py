@@ -530,9 +530,15 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     # alias). The numbers' types are in the key: True == 1, but only 1 passes the checks.
     params = (input, weight, bias, running_mean, running_var)
     try:
+        # The input's fields flat, the optional tensors' in a tuple each (or None).
         key = ("batch_norm", bool(training), momentum, momentum.__class__, eps, eps.__class__,
-               config.switches().forced.get("norm"),
-               *[None if t is None else (t.shape, t.dtype, t.offset) for t in params])
+               config.switches().forced.get("norm"), input.shape, input.dtype, input.offset,
+               None if weight is None else (weight.shape, weight.dtype, weight.offset),
+               None if bias is None else (bias.shape, bias.dtype, bias.offset),
+               None if running_mean is None else (running_mean.shape, running_mean.dtype,
+                                                  running_mean.offset),
+               None if running_var is None else (running_var.shape, running_var.dtype,
+                                                 running_var.offset))
         ctx = input.ctx
         entry = ctx.plans.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: checked below

@@ -20,6 +20,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from .. import config, program, solver, tuning
+from .. import launch as _launch
 from ..context import check_same_context
 from ..dtypes import as_dtype, cl_name
 from ..errors import DTypeError, ShapeError, UnsupportedError
@@ -193,6 +194,7 @@ class PointwiseKernel:
         self.statement = statement
         self.preamble = preamble
         self._operand_count = len(self.inputs) + len(self.outputs)
+        self._input_count = len(self.inputs)
         # ctx -> {(ndim, index_t, vector, unroll, vector_inputs): kernel}: a call looks its kernel
         # up without re-keying the program cache (whose key freezes every template parameter).
         self._kernels = weakref.WeakKeyDictionary()
@@ -270,22 +272,31 @@ class PointwiseKernel:
         solver does not apply), else the tuning rules ("vector" where it applies).
         """
         operands = [*inputs, *outputs]
-        if len(operands) != self._operand_count or len(inputs) != len(self.inputs):
+        if len(operands) != self._operand_count or len(inputs) != self._input_count:
             raise ShapeError(f"{self.name}: expected {len(self.inputs)} inputs and "
                              f"{len(self.outputs)} outputs")
         ctx = operands[0].ctx
-        for t in operands:
-            if t.ctx is not ctx:
-                check_same_context(*operands)
-                break
         if ctx.thread != get_ident():
             ctx.check_thread()
         # Everything but the buffers and the scalars' values follows from this key (with the
         # forced solver and the tuning databases' generation): validate and lay out a call once,
         # then only bind the buffers and scalars and enqueue (the host's time per call is what a
-        # small operator costs).
-        key = (self, algorithm, config.switches().forced.get("pointwise"), tuning.generation,
-               *[(t.shape, t.offset, t.dtype) for t in operands])
+        # small operator costs). The operands' fields go in flat for one or two operands, the
+        # usual counts (the kernel fixes the count, so the two forms never meet), and the
+        # context check rides on the same pass.
+        forced = config.switches().forced.get("pointwise")
+        if len(operands) == 2:
+            a, b = operands
+            if b.ctx is not ctx:
+                check_same_context(*operands)
+            key = (self, algorithm, forced, tuning.generation, a.shape, a.offset, a.dtype,
+                   b.shape, b.offset, b.dtype)
+        else:
+            for t in operands:
+                if t.ctx is not ctx:
+                    check_same_context(*operands)
+            key = (self, algorithm, forced, tuning.generation,
+                   *[(t.shape, t.offset, t.dtype) for t in operands])
         plan = ctx.plans.get(key)
         if plan is None:
             for (n, dt), t in zip(self.inputs + self.outputs, operands):
@@ -297,17 +308,21 @@ class PointwiseKernel:
         kernel, work, queue_handle, buffer_slots, scalar_slots = plan
         # BoundKernel.set_buffer inlined (every call of every pointwise op passes here).
         kernel.owner = None
-        bound, set_arg = kernel._bound, kernel.kernel.set_arg
+        bound = kernel._bound
         for index, t in zip(buffer_slots, operands):
             buffer = t.buffer
-            if bound[index] != buffer.int_ptr:
-                set_arg(index, buffer)
-                bound[index] = buffer.int_ptr
+            handle = buffer.int_ptr
+            if bound[index] != handle:
+                kernel.kernel.set_arg(index, buffer)
+                bound[index] = handle
         if scalars:
-            set_scalar = kernel.set
+            # BoundKernel.set's first test inlined: a call passes its constants (alpha = 1.0,
+            # say) as the same objects every time.
+            last = kernel._scalars
             for (index, kind), value in zip(scalar_slots, scalars):
-                set_scalar(index, value, kind)
-        if current() is None:
+                if value is not last[index]:
+                    kernel.set(index, value, kind)
+        if not _launch._recordings_open or current() is None:
             enqueue_kernel(ctx.queue, queue_handle, kernel, work)
         else:
             enqueue_bound(ctx.queue, kernel, work.global_size, work.local_size,

@@ -428,7 +428,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
         y = output(ctx, y_shape, y_bytes)
         run_planned_on(ctx, None, (x, weight, y, bias),
                        lambda: conv.forward(x, weight, y, bias=bias), plans)
-        if autograd.needs_grad(x, weight, bias):
+        # autograd.needs_grad inlined: the entry says x and weight are tensors.
+        if ((x.requires_grad or weight.requires_grad
+             or (bias is not None and bias.requires_grad)) and autograd.grad_enabled()):
             autograd.record(y, (x, weight, bias), _conv2d_backward(conv, key, x, weight, bias),
                             "conv2d")
         return y
