@@ -29,6 +29,7 @@ same pattern of aliasing between operands (two operands in one buffer): callers 
 all of that (``alias_pattern``). Recordings nest: the steps of an inner recording, and of a plan
 run while a recording is open, belong to the open recording too.
 """
+import functools
 import threading
 from threading import get_ident
 
@@ -457,6 +458,30 @@ class Plan:
                 outer.steps.append(Step(self.queue, kernel, work.global_size, work.local_size,
                                         tuple((i, operands[j]) for i, j in rebind) + fixed))
 
+    def run_on(self, tensors, handles):
+        """``run`` on the buffers of ``tensors`` (Tensors or None) whose ``handle`` fields are
+        ``handles``: a buffer is read only where its argument changes (``run_planned_on``'s
+        path, which has the handles and not the buffers)."""
+        if _recordings_open and current() is not None:
+            self.run([None if t is None else t.buffer for t in tensors], handles)
+            return
+        native = _clEnqueueNDRangeKernel if not _collecting else None
+        # run's loop without the recording.
+        for kernel, rebind, fixed, template, token, work, native_args in self._launches:
+            if kernel.owner is not token:
+                kernel.restore(template)
+                for index, buf in fixed:
+                    kernel._put_buffer(index, buf)
+                kernel.owner = token
+            bound = kernel._bound
+            for index, slot in rebind:
+                handle = handles[slot]
+                if bound[index] != handle:
+                    kernel.kernel.set_arg(index, tensors[slot].buffer)
+                    bound[index] = handle
+            if native is None or native(*native_args):
+                enqueue_kernel(self.queue, self.queue_handle, kernel, work)
+
     def __len__(self):
         return len(self.steps)
 
@@ -540,33 +565,40 @@ def _pattern(handles):
     return tuple([-1 if h is None else handles.index(h) for h in handles])
 
 
-def run_planned_on(ctx, key, tensors, run, plans=None):
+def run_planned_on(ctx, key, tensors, run, plans=None, args=None):
     """``run_planned`` on the buffers of ``tensors`` (None allowed), after checking that they
     share ``ctx``'s OpenCL context; unplanned while DLPRIM_LOG_CMD asks every call to log.
+    ``args``: what ``run`` is called with (none by default), so that a caller need not make a
+    closure on every call for a run that a repeated call never makes.
 
-    Every repeated operator call comes through here: the buffers, their handles and the alias
+    Every repeated operator call comes through here: the tensors' handles and the alias
     pattern (as ``alias_pattern`` makes it) in one pass, then the plan's lookup and run."""
     if ctx.thread != get_ident():
         ctx.check_thread()
-    # One loop for the buffers, their handles and the context check: this runs for every
-    # operand of every call.
-    buffers, handles = [], []
-    add_buffer, add_handle = buffers.append, handles.append
+    # The handles (kept on the tensors) and the context check in one pass: this runs for every
+    # operand of every call. The buffers are read only where an argument changes.
+    handles = []
+    add = handles.append
     for t in tensors:
         if t is None:
-            add_buffer(None)
-            add_handle(None)
+            add(None)
         else:
             if t.ctx is not ctx:
                 check_same_context(*tensors)
-            buffer = t.buffer
-            add_buffer(buffer)
-            add_handle(buffer.int_ptr)
+            add(t.handle)
     if config.switches().log_cmd:
-        run()
+        run(*args) if args is not None else run()
         return
-    _replay(ctx, ctx.plans if plans is None else plans, (key, _pattern(handles)), buffers,
-            handles, run)
+    if plans is None:
+        plans = ctx.plans
+    key = (key, _pattern(handles))
+    plan = plans.hit(key)
+    if plan is None or plan is _UNPLANNABLE:
+        if args is not None:
+            run = functools.partial(run, *args)
+        _replay(ctx, plans, key, [None if t is None else t.buffer for t in tensors], handles, run)
+    else:
+        plan.run_on(tensors, handles)
 
 
 # A key whose run cannot become a plan (it has non-kernel commands): it runs unrecorded.

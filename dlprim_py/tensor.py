@@ -90,8 +90,10 @@ class Tensor:
 
     # Fixed fields: every operator call makes a tensor, and one without a __dict__ is made and
     # freed faster (and is not tracked by the cycle collector for its fields alone).
-    __slots__ = ("ctx", "buffer", "shape", "dtype", "offset", "grad", "grad_fn", "requires_grad",
-                 "__weakref__")
+    # ``handle``: the buffer's ``int_ptr``, read once here (the property costs a call into
+    # PyOpenCL) for the plans that compare it on every call.
+    __slots__ = ("ctx", "buffer", "handle", "shape", "dtype", "offset", "grad", "grad_fn",
+                 "requires_grad", "__weakref__")
 
     def __init__(self, ctx, buffer, shape, dtype=np.float32, offset=0, requires_grad=False):
         """A tensor over ``buffer`` (validated: a buffer of ``ctx``'s OpenCL context that holds
@@ -102,6 +104,7 @@ class Tensor:
             raise DeviceError(f"expected a pyopencl Buffer, got {type(buffer).__name__}")
         self.ctx = ctx
         self.buffer = buffer
+        self.handle = buffer.int_ptr
         self.shape = normalise_shape(shape)
         self.dtype = as_dtype(dtype)
         if (not isinstance(offset, (int, np.integer)) or isinstance(offset, bool) or offset < 0
@@ -403,7 +406,8 @@ def _checked(ctx, buffer, shape, dtype, offset):
     a supported dtype, a valid offset): every operator's output and view is made here, without
     running them again."""
     t = _new_tensor(Tensor)
-    t.ctx, t.buffer, t.shape, t.dtype, t.offset = ctx, buffer, shape, dtype, offset
+    t.ctx, t.buffer, t.handle, t.shape, t.dtype, t.offset = (ctx, buffer, buffer.int_ptr, shape,
+                                                             dtype, offset)
     t.grad = t.grad_fn = None
     t.requires_grad = False
     return t
@@ -422,7 +426,8 @@ def output(ctx, shape, nbytes):
     except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as error:
         raise _allocation_error(ctx, nbytes, error) from None
     t = _new_tensor(Tensor)
-    t.ctx, t.buffer, t.shape, t.dtype, t.offset = ctx, buffer, shape, _FLOAT32, 0
+    t.ctx, t.buffer, t.handle, t.shape, t.dtype, t.offset = (ctx, buffer, buffer.int_ptr, shape,
+                                                             _FLOAT32, 0)
     t.grad = t.grad_fn = None
     t.requires_grad = False
     return t
@@ -442,7 +447,8 @@ def output_like(t):
     except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as error:
         raise _allocation_error(ctx, nbytes, error) from None
     out = _new_tensor(Tensor)
-    out.ctx, out.buffer, out.shape, out.dtype, out.offset = ctx, buffer, shape, dtype, 0
+    out.ctx, out.buffer, out.handle, out.shape, out.dtype, out.offset = (
+        ctx, buffer, buffer.int_ptr, shape, dtype, 0)
     out.grad = out.grad_fn = None
     out.requires_grad = False
     return out

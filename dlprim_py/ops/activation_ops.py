@@ -150,16 +150,21 @@ def apply(desc, x, inplace=False, name=None, kernels=None):
         return x.copy_(y)
     if not grad:
         return y
-    # Detached views: the closure must not hold y, whose grad_fn holds the closure.
-    source, result = x.detach(), y.detach()
+    # Detached views: the closure must not hold y, whose grad_fn holds the closure. Made
+    # elsewhere, so that this function's variables are not cells on every call.
+    return autograd.record(y, (x,), _backward(desc, backward_kernel_, x.detach(), y.detach()),
+                           name)
 
+
+def _backward(desc, kernel, source, result):
+    """The backward of ``apply``: dy * act'(x) from the forward's input and result."""
     def backward(g):
         dx = Tensor.empty(g.ctx, g.shape)
         _log_activ(desc, g.shape, False)
-        backward_kernel_([source, result, g], [dx], _UNSCALED)
+        kernel([source, result, g], [dx], _UNSCALED)
         return (dx,)
 
-    return autograd.record(y, (x,), backward, name)
+    return backward
 
 
 _torch_entries = {}

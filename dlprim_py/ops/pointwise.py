@@ -297,7 +297,9 @@ class PointwiseKernel:
                     check_same_context(*operands)
             key = (self, algorithm, forced, tuning.generation,
                    *[(t.shape, t.offset, t.dtype) for t in operands])
-        plan = ctx.plans.get(key)
+        plan = ctx.plans.hit(key)
+        if plan is None:
+            plan = ctx.plans.get(key)
         if plan is None:
             for (n, dt), t in zip(self.inputs + self.outputs, operands):
                 if t.dtype != dt:
@@ -305,15 +307,14 @@ class PointwiseKernel:
             plan = ctx.plans.put(key, self._plan(ctx, inputs, outputs, algorithm))
         if plan is _EMPTY:
             return
-        kernel, work, queue_handle, buffer_slots, scalar_slots = plan
+        kernel, work, queue_handle, buffer_slots, scalar_slots, native_args = plan
         # BoundKernel.set_buffer inlined (every call of every pointwise op passes here).
         kernel.owner = None
         bound = kernel._bound
         for index, t in zip(buffer_slots, operands):
-            buffer = t.buffer
-            handle = buffer.int_ptr
+            handle = t.handle
             if bound[index] != handle:
-                kernel.kernel.set_arg(index, buffer)
+                kernel.kernel.set_arg(index, t.buffer)
                 bound[index] = handle
         if scalars:
             # BoundKernel.set's first test inlined: a call passes its constants (alpha = 1.0,
@@ -323,7 +324,10 @@ class PointwiseKernel:
                 if value is not last[index]:
                     kernel.set(index, value, kind)
         if not _launch._recordings_open or current() is None:
-            enqueue_kernel(ctx.queue, queue_handle, kernel, work)
+            # enqueue_kernel inlined: the native enqueue, else PyOpenCL's.
+            native = _launch._clEnqueueNDRangeKernel
+            if native is None or _launch._collecting or native(*native_args):
+                enqueue_kernel(ctx.queue, queue_handle, kernel, work)
         else:
             enqueue_bound(ctx.queue, kernel, work.global_size, work.local_size,
                           buffers=[(i, t.buffer) for i, t in zip(buffer_slots, operands)])
@@ -331,8 +335,8 @@ class PointwiseKernel:
     def _plan(self, ctx, inputs, outputs, algorithm):
         """Validate the operands' shapes and choose the kernel, its launch and its static
         arguments: (kernel with them set, WorkSize, the queue's native handle, argument index of
-        each operand's buffer, (argument index, numpy type) of each scalar), or _EMPTY when there
-        is nothing to compute."""
+        each operand's buffer, (argument index, numpy type) of each scalar, the native
+        enqueue's arguments), or _EMPTY when there is nothing to compute."""
         out_shape = outputs[0].shape
         for t in outputs:
             if t.shape != out_shape:
@@ -396,8 +400,10 @@ class PointwiseKernel:
         if tail is not None:
             args.append(index_np(tail))
         kernel.set_all(args)
-        return (kernel, WorkSize(gsize, lsize), native_handle(ctx.queue), tuple(buffer_slots),
-                tuple(scalar_slots))
+        work = WorkSize(gsize, lsize)
+        queue_handle = native_handle(ctx.queue)
+        return (kernel, work, queue_handle, tuple(buffer_slots), tuple(scalar_slots),
+                (queue_handle, kernel.handle) + work.native)
 
 
 # A plan for an empty output: nothing to enqueue.
@@ -465,10 +471,14 @@ def _binary_kernel(op, dtype, a_scalar, b_scalar):
         k = _binary_kernels[cache_key] = PointwiseKernel(
             f"{op}_{'s' if a_scalar else 't'}{'s' if b_scalar else 't'}", inputs, [("y", dtype)],
             _BINARY[op], scalars=scalars)
+        if dtype == np.float32 and not (a_scalar or b_scalar):
+            _float32_tensors[op] = k
     return k
 
 
 _binary_kernels = {}
+# op -> the kernel of two float32 tensors (the residual add's), looked up by op alone.
+_float32_tensors = {}
 _FLOAT32 = np.dtype(np.float32)
 
 
@@ -480,7 +490,8 @@ def binary(op, a, b):
         # kernel's call checks the context; the dtype says no float16 rules apply).
         if b.__class__ is Tensor and b.shape == a.shape and b.dtype is _FLOAT32:
             out = output_like(a)
-            _binary_kernel(op, _FLOAT32, False, False)([a, b], [out])
+            kernel = _float32_tensors.get(op) or _binary_kernel(op, _FLOAT32, False, False)
+            kernel([a, b], [out])
             return out
         if b.__class__ in (int, float):
             out = output_like(a)
