@@ -591,7 +591,12 @@ def run_planned_on(ctx, key, tensors, run, plans=None, args=None):
         return
     if plans is None:
         plans = ctx.plans
-    key = (key, _pattern(handles))
+    # _pattern inlined for its common case, no buffer passed twice.
+    distinct = set(handles)
+    if len(distinct) == len(handles):
+        key = (key, handles.index(None) if None in distinct else -2)
+    else:
+        key = (key, _pattern(handles))
     plan = plans.hit(key)
     if plan is None or plan is _UNPLANNABLE:
         if args is not None:

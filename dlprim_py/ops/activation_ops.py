@@ -193,12 +193,15 @@ def _torch_apply(name, x, inplace=False, **kwargs):
 
 def relu(x, inplace=False):
     """torch's relu: max(0, x); ``inplace`` writes into ``x``."""
-    return _torch_apply("relu", x, inplace)
+    # _torch_apply inlined for the activations of every network.
+    desc, kernels = _torch_entries.get("relu") or _torch_entry("relu")
+    return apply(desc, x, inplace, "relu", kernels)
 
 
 def relu6(x, inplace=False):
     """torch's relu6: min(max(0, x), 6)."""
-    return _torch_apply("relu6", x, inplace)
+    desc, kernels = _torch_entries.get("relu6") or _torch_entry("relu6")
+    return apply(desc, x, inplace, "relu6", kernels)
 
 
 def leaky_relu(x, negative_slope=0.01, inplace=False):

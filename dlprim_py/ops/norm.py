@@ -573,7 +573,9 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if first and key is not None:
         # Kept only now: the first call's checks passed (the run raises on bad operands).
         ctx.plans.put(key, entry)
-    if not autograd.needs_grad(input, weight, bias):
+    # autograd.needs_grad inlined: the input is a tensor (its checks passed).
+    if not ((input.requires_grad or (weight is not None and weight.requires_grad)
+             or (bias is not None and bias.requires_grad)) and autograd.grad_enabled()):
         return y
     return autograd.record(y, (input, weight, bias),
                            _batch_norm_backward(ctx, key, params, training, eps, mean, invstd),

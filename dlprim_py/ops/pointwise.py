@@ -272,9 +272,11 @@ class PointwiseKernel:
         solver does not apply), else the tuning rules ("vector" where it applies).
         """
         operands = [*inputs, *outputs]
-        if len(operands) != self._operand_count or len(inputs) != self._input_count:
+        if len(inputs) != self._input_count or not operands:
             raise ShapeError(f"{self.name}: expected {len(self.inputs)} inputs and "
                              f"{len(self.outputs)} outputs")
+        # The outputs' count is tested where there is no plan: a key made of another count of
+        # operands has another length than every key that has one.
         ctx = operands[0].ctx
         if ctx.thread != get_ident():
             ctx.check_thread()
@@ -301,6 +303,9 @@ class PointwiseKernel:
         if plan is None:
             plan = ctx.plans.get(key)
         if plan is None:
+            if len(operands) != self._operand_count:
+                raise ShapeError(f"{self.name}: expected {len(self.inputs)} inputs and "
+                                 f"{len(self.outputs)} outputs")
             for (n, dt), t in zip(self.inputs + self.outputs, operands):
                 if t.dtype != dt:
                     raise DTypeError(f"{self.name}: {n} must be {dt}, got {t.dtype}")
