@@ -372,12 +372,17 @@ class Tensor:
         shape = normalise_shape(shape)
         if math.prod(shape) != self.size:
             raise ShapeError(f"cannot reshape {self.shape} ({self.size} elements) to {shape}")
-        out = _checked(self.ctx, self.buffer, shape, self.dtype, self.offset)
-        source_shape = self.shape
-        autograd.record(out, (self,), lambda g: (g.reshape(source_shape),), "reshape")
-        return out
+        return self._view(shape)
 
     view = reshape
+
+    def _view(self, shape):
+        """A view with ``shape``, a normalised shape of this tensor's size (reshape's checks
+        passed, or the caller made it from this tensor's dimensions)."""
+        out = _checked(self.ctx, self.buffer, shape, self.dtype, self.offset)
+        if self.requires_grad and autograd.grad_enabled():
+            autograd.record(out, (self,), _reshape_back(self.shape), "reshape")
+        return out
 
     # ---- autograd -----------------------------------------------------------------------
 
@@ -400,6 +405,11 @@ class Tensor:
     def zero_grad(self):
         """Drop the gathered gradient (``.grad`` becomes None)."""
         self.grad = None
+
+def _reshape_back(shape):
+    """The backward of a view: the gradient viewed with the source's ``shape``."""
+    return lambda g: (g.reshape(shape),)
+
 
 def _checked(ctx, buffer, shape, dtype, offset):
     """A Tensor of fields that have passed the constructor's checks already (a normalised shape,
