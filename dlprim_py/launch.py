@@ -458,30 +458,6 @@ class Plan:
                 outer.steps.append(Step(self.queue, kernel, work.global_size, work.local_size,
                                         tuple((i, operands[j]) for i, j in rebind) + fixed))
 
-    def run_on(self, tensors, handles):
-        """``run`` on the buffers of ``tensors`` (Tensors or None) whose ``handle`` fields are
-        ``handles``: a buffer is read only where its argument changes (``run_planned_on``'s
-        path, which has the handles and not the buffers)."""
-        if _recordings_open and current() is not None:
-            self.run([None if t is None else t.buffer for t in tensors], handles)
-            return
-        native = _clEnqueueNDRangeKernel if not _collecting else None
-        # run's loop without the recording.
-        for kernel, rebind, fixed, template, token, work, native_args in self._launches:
-            if kernel.owner is not token:
-                kernel.restore(template)
-                for index, buf in fixed:
-                    kernel._put_buffer(index, buf)
-                kernel.owner = token
-            bound = kernel._bound
-            for index, slot in rebind:
-                handle = handles[slot]
-                if bound[index] != handle:
-                    kernel.kernel.set_arg(index, tensors[slot].buffer)
-                    bound[index] = handle
-            if native is None or native(*native_args):
-                enqueue_kernel(self.queue, self.queue_handle, kernel, work)
-
     def __len__(self):
         return len(self.steps)
 
@@ -598,12 +574,28 @@ def run_planned_on(ctx, key, tensors, run, plans=None, args=None):
     else:
         key = (key, _pattern(handles))
     plan = plans.hit(key)
-    if plan is None or plan is _UNPLANNABLE:
+    if plan is None or plan is _UNPLANNABLE or (_recordings_open and current() is not None):
         if args is not None:
             run = functools.partial(run, *args)
         _replay(ctx, plans, key, [None if t is None else t.buffer for t in tensors], handles, run)
-    else:
-        plan.run_on(tensors, handles)
+        return
+    # Plan.run inlined, outside a recording, reading a tensor's buffer only where its argument
+    # changes (every repeated operator call passes here).
+    native = _clEnqueueNDRangeKernel if not _collecting else None
+    for kernel, rebind, fixed, template, token, work, native_args in plan._launches:
+        if kernel.owner is not token:
+            kernel.restore(template)
+            for index, buf in fixed:
+                kernel._put_buffer(index, buf)
+            kernel.owner = token
+        bound = kernel._bound
+        for index, slot in rebind:
+            handle = handles[slot]
+            if bound[index] != handle:
+                kernel.kernel.set_arg(index, tensors[slot].buffer)
+                bound[index] = handle
+        if native is None or native(*native_args):
+            enqueue_kernel(plan.queue, plan.queue_handle, kernel, work)
 
 
 # A key whose run cannot become a plan (it has non-kernel commands): it runs unrecorded.
