@@ -22,12 +22,18 @@ ctx = dp.Context()
 print(ctx.info.name)
 
 
-def host_ms(model, x, repeat):
-    best = []
-    for _ in range(repeat):
-        t0 = time.perf_counter(); model(x); t1 = time.perf_counter(); ctx.synchronize()
-        best.append(t1 - t0)
-    return 1e3 * float(np.median(best))
+def host_ms(model, x, repeat, rounds=5):
+    """Host ms per forward: the best of ``rounds`` means over ``repeat`` forwards, each timed
+    from the call to its return and drained after (a shared machine's other load only ever
+    adds time)."""
+    best = float("inf")
+    for _ in range(rounds):
+        total = 0.0
+        for _ in range(repeat):
+            t0 = time.perf_counter(); model(x); t1 = time.perf_counter(); ctx.synchronize()
+            total += t1 - t0
+        best = min(best, total / repeat)
+    return 1e3 * best
 
 
 for net in args.nets:

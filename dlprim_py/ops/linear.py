@@ -81,6 +81,9 @@ def linear(input, weight, bias=None):
         operands = (input, weight, out, bias)
         run_planned_on(ctx, None, operands, _forward, plans,
                        (ctx, rows, out_features, in_features) + operands)
+    else:
+        # run_planned_on checks the contexts of a call that computes something.
+        check_same_context(input, weight, bias)
     if first and key is not None:
         # Kept only now: the first call's checks passed.
         ctx.plans.put(key, entry)
