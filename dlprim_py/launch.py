@@ -29,6 +29,7 @@ same pattern of aliasing between operands (two operands in one buffer): callers 
 all of that (``alias_pattern``). Recordings nest: the steps of an inner recording, and of a plan
 run while a recording is open, belong to the open recording too.
 """
+import functools
 import threading
 from threading import get_ident
 
@@ -408,7 +409,7 @@ class Recording:
 class Plan:
     """Recorded launches that ``run`` enqueues again on the operands it is given."""
 
-    __slots__ = ("queue", "queue_handle", "steps", "keep")
+    __slots__ = ("queue", "queue_handle", "steps", "keep", "_launches")
 
     def __init__(self, queue, steps, keep):
         self.queue = queue
@@ -418,17 +419,25 @@ class Plan:
         # kernel object as bound by this step).
         self.steps = steps
         self.keep = keep
+        # What run reads per launch, with the native enqueue's arguments made once: (kernel,
+        # rebind, fixed, template, token, work, (queue handle, kernel handle, *work.native)).
+        self._launches = tuple(
+            (kernel, rebind, fixed, template, token, work,
+             (self.queue_handle, kernel.handle) + work.native)
+            for kernel, work, rebind, fixed, template, token in steps)
 
-    def run(self, operands):
-        """Bind ``operands`` (buffers, in the order the plan was made with) and enqueue.
+    def run(self, operands, handles=None):
+        """Bind ``operands`` (buffers, in the order the plan was made with) and enqueue;
+        ``handles``: their ``int_ptr`` (None for None), where the caller has them already.
 
         A kernel object may serve other calls between two runs (a family's shared kernel, a
         nested plan): where its owner is not this step, every recorded argument is set again
         where it differs; otherwise only the operands that changed."""
-        queue, queue_handle = self.queue, self.queue_handle
-        outer = current()
+        if handles is None:
+            handles = [None if b is None else b.int_ptr for b in operands]
+        outer = current() if _recordings_open else None
         native = _clEnqueueNDRangeKernel if not _collecting else None
-        for kernel, work, rebind, fixed, template, token in self.steps:
+        for kernel, rebind, fixed, template, token, work, native_args in self._launches:
             if kernel.owner is not token:
                 kernel.restore(template)
                 for index, buf in fixed:
@@ -438,15 +447,15 @@ class Plan:
             # call passes here.
             bound = kernel._bound
             for index, slot in rebind:
-                buf = operands[slot]
-                if bound[index] != buf.int_ptr:
-                    kernel.kernel.set_arg(index, buf)
-                    bound[index] = buf.int_ptr
-            if native is None or native(queue_handle, kernel.handle, *work.native):
-                enqueue_kernel(queue, queue_handle, kernel, work)
+                handle = handles[slot]
+                if bound[index] != handle:
+                    kernel.kernel.set_arg(index, operands[slot])
+                    bound[index] = handle
+            if native is None or native(*native_args):
+                enqueue_kernel(self.queue, self.queue_handle, kernel, work)
             if outer is not None:
                 kernel.owner = None
-                outer.steps.append(Step(queue, kernel, work.global_size, work.local_size,
+                outer.steps.append(Step(self.queue, kernel, work.global_size, work.local_size,
                                         tuple((i, operands[j]) for i, j in rebind) + fixed))
 
     def __len__(self):
@@ -532,24 +541,61 @@ def _pattern(handles):
     return tuple([-1 if h is None else handles.index(h) for h in handles])
 
 
-def run_planned_on(ctx, key, tensors, run, plans=None):
+def run_planned_on(ctx, key, tensors, run, plans=None, args=None):
     """``run_planned`` on the buffers of ``tensors`` (None allowed), after checking that they
     share ``ctx``'s OpenCL context; unplanned while DLPRIM_LOG_CMD asks every call to log.
+    ``args``: what ``run`` is called with (none by default), so that a caller need not make a
+    closure on every call for a run that a repeated call never makes.
 
-    Every repeated operator call comes through here: the buffers, their handles and the alias
+    Every repeated operator call comes through here: the tensors' handles and the alias
     pattern (as ``alias_pattern`` makes it) in one pass, then the plan's lookup and run."""
     if ctx.thread != get_ident():
         ctx.check_thread()
-    # Comprehensions, not appends in a loop: this runs for every operand of every call.
-    buffers = [None if t is None else t.buffer for t in tensors]
-    handles = [None if b is None else b.int_ptr for b in buffers]
+    # The handles (kept on the tensors) and the context check in one pass: this runs for every
+    # operand of every call. The buffers are read only where an argument changes.
+    handles = []
+    add = handles.append
     for t in tensors:
-        if t is not None and t.ctx is not ctx:
-            check_same_context(*tensors)
+        if t is None:
+            add(None)
+        else:
+            if t.ctx is not ctx:
+                check_same_context(*tensors)
+            add(t.handle)
     if config.switches().log_cmd:
-        run()
+        run(*args) if args is not None else run()
         return
-    _replay(ctx, ctx.plans if plans is None else plans, (key, _pattern(handles)), buffers, run)
+    if plans is None:
+        plans = ctx.plans
+    # _pattern inlined for its common case, no buffer passed twice.
+    distinct = set(handles)
+    if len(distinct) == len(handles):
+        key = (key, handles.index(None) if None in distinct else -2)
+    else:
+        key = (key, _pattern(handles))
+    plan = plans.hit(key)
+    if plan is None or plan is _UNPLANNABLE or (_recordings_open and current() is not None):
+        if args is not None:
+            run = functools.partial(run, *args)
+        _replay(ctx, plans, key, [None if t is None else t.buffer for t in tensors], handles, run)
+        return
+    # Plan.run inlined, outside a recording, reading a tensor's buffer only where its argument
+    # changes (every repeated operator call passes here).
+    native = _clEnqueueNDRangeKernel if not _collecting else None
+    for kernel, rebind, fixed, template, token, work, native_args in plan._launches:
+        if kernel.owner is not token:
+            kernel.restore(template)
+            for index, buf in fixed:
+                kernel._put_buffer(index, buf)
+            kernel.owner = token
+        bound = kernel._bound
+        for index, slot in rebind:
+            handle = handles[slot]
+            if bound[index] != handle:
+                kernel.kernel.set_arg(index, tensors[slot].buffer)
+                bound[index] = handle
+        if native is None or native(*native_args):
+            enqueue_kernel(plan.queue, plan.queue_handle, kernel, work)
 
 
 # A key whose run cannot become a plan (it has non-kernel commands): it runs unrecorded.
@@ -568,13 +614,15 @@ def run_planned(ctx, key, operands, run, plans=None):
     uses them again."""
     if ctx.thread != get_ident():
         ctx.check_thread()
-    _replay(ctx, ctx.plans if plans is None else plans, (key, alias_pattern(operands)),
-            operands, run)
+    handles = [None if b is None else b.int_ptr for b in operands]
+    _replay(ctx, ctx.plans if plans is None else plans, (key, _pattern(handles)), operands,
+            handles, run)
 
 
-def _replay(ctx, plans, key, operands, run):
-    """The plan under ``key`` (which holds the alias pattern) run on ``operands``: recorded
-    from ``run()`` the first time, ``run()`` itself where it cannot be a plan."""
+def _replay(ctx, plans, key, operands, handles, run):
+    """The plan under ``key`` (which holds the alias pattern) run on ``operands`` (whose
+    handles are ``handles``): recorded from ``run()`` the first time, ``run()`` itself where it
+    cannot be a plan."""
     plan = plans.get(key)
     if plan is None:
         with Recording() as recording:
@@ -584,4 +632,4 @@ def _replay(ctx, plans, key, operands, run):
     elif plan is _UNPLANNABLE:
         run()
     else:
-        plan.run(operands)
+        plan.run(operands, handles)

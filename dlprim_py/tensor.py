@@ -90,8 +90,10 @@ class Tensor:
 
     # Fixed fields: every operator call makes a tensor, and one without a __dict__ is made and
     # freed faster (and is not tracked by the cycle collector for its fields alone).
-    __slots__ = ("ctx", "buffer", "shape", "dtype", "offset", "grad", "grad_fn", "requires_grad",
-                 "__weakref__")
+    # ``handle``: the buffer's ``int_ptr``, read once here (the property costs a call into
+    # PyOpenCL) for the plans that compare it on every call.
+    __slots__ = ("ctx", "buffer", "handle", "shape", "dtype", "offset", "grad", "grad_fn",
+                 "requires_grad", "__weakref__")
 
     def __init__(self, ctx, buffer, shape, dtype=np.float32, offset=0, requires_grad=False):
         """A tensor over ``buffer`` (validated: a buffer of ``ctx``'s OpenCL context that holds
@@ -102,6 +104,7 @@ class Tensor:
             raise DeviceError(f"expected a pyopencl Buffer, got {type(buffer).__name__}")
         self.ctx = ctx
         self.buffer = buffer
+        self.handle = buffer.int_ptr
         self.shape = normalise_shape(shape)
         self.dtype = as_dtype(dtype)
         if (not isinstance(offset, (int, np.integer)) or isinstance(offset, bool) or offset < 0
@@ -369,12 +372,17 @@ class Tensor:
         shape = normalise_shape(shape)
         if math.prod(shape) != self.size:
             raise ShapeError(f"cannot reshape {self.shape} ({self.size} elements) to {shape}")
-        out = _checked(self.ctx, self.buffer, shape, self.dtype, self.offset)
-        source_shape = self.shape
-        autograd.record(out, (self,), lambda g: (g.reshape(source_shape),), "reshape")
-        return out
+        return self._view(shape)
 
     view = reshape
+
+    def _view(self, shape):
+        """A view with ``shape``, a normalised shape of this tensor's size (reshape's checks
+        passed, or the caller made it from this tensor's dimensions)."""
+        out = _checked(self.ctx, self.buffer, shape, self.dtype, self.offset)
+        if self.requires_grad and autograd.grad_enabled():
+            autograd.record(out, (self,), _reshape_back(self.shape), "reshape")
+        return out
 
     # ---- autograd -----------------------------------------------------------------------
 
@@ -398,12 +406,18 @@ class Tensor:
         """Drop the gathered gradient (``.grad`` becomes None)."""
         self.grad = None
 
+def _reshape_back(shape):
+    """The backward of a view: the gradient viewed with the source's ``shape``."""
+    return lambda g: (g.reshape(shape),)
+
+
 def _checked(ctx, buffer, shape, dtype, offset):
     """A Tensor of fields that have passed the constructor's checks already (a normalised shape,
     a supported dtype, a valid offset): every operator's output and view is made here, without
     running them again."""
-    t = Tensor.__new__(Tensor)
-    t.ctx, t.buffer, t.shape, t.dtype, t.offset = ctx, buffer, shape, dtype, offset
+    t = _new_tensor(Tensor)
+    t.ctx, t.buffer, t.handle, t.shape, t.dtype, t.offset = (ctx, buffer, buffer.int_ptr, shape,
+                                                             dtype, offset)
     t.grad = t.grad_fn = None
     t.requires_grad = False
     return t
@@ -412,15 +426,45 @@ def _checked(ctx, buffer, shape, dtype, offset):
 def output(ctx, shape, nbytes):
     """An uninitialised float32 tensor of a normalised ``shape`` whose ``nbytes`` is known (an
     operator's output on a repeated call, the checks done when its plan was made)."""
-    return _checked(ctx, allocate(ctx, nbytes), shape, _FLOAT32, 0)
+    # _checked and allocate inlined (every repeated operator call makes its output here). No
+    # test against the device's largest allocation: every caller's size is that of a tensor
+    # that exists (an input, or a first call's output), or less.
+    if ctx.thread != get_ident():
+        ctx.check_thread()
+    try:
+        buffer = ctx.memory_pool.allocate(nbytes)
+    except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as error:
+        raise _allocation_error(ctx, nbytes, error) from None
+    t = _new_tensor(Tensor)
+    t.ctx, t.buffer, t.handle, t.shape, t.dtype, t.offset = (ctx, buffer, buffer.int_ptr, shape,
+                                                             _FLOAT32, 0)
+    t.grad = t.grad_fn = None
+    t.requires_grad = False
+    return t
 
 
 def output_like(t):
     """An uninitialised tensor of ``t``'s shape and dtype in ``t``'s context (an operator's
     output; ``t``'s shape is normalised already)."""
-    itemsize = t.dtype.itemsize
-    return _checked(t.ctx, allocate(t.ctx, max(math.prod(t.shape) * itemsize, itemsize)),
-                    t.shape, t.dtype, 0)
+    # As output: no test against the largest allocation, since t exists.
+    ctx, shape, dtype = t.ctx, t.shape, t.dtype
+    if ctx.thread != get_ident():
+        ctx.check_thread()
+    itemsize = dtype.itemsize
+    nbytes = max(math.prod(shape) * itemsize, itemsize)
+    try:
+        buffer = ctx.memory_pool.allocate(nbytes)
+    except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as error:
+        raise _allocation_error(ctx, nbytes, error) from None
+    out = _new_tensor(Tensor)
+    out.ctx, out.buffer, out.handle, out.shape, out.dtype, out.offset = (
+        ctx, buffer, buffer.int_ptr, shape, dtype, 0)
+    out.grad = out.grad_fn = None
+    out.requires_grad = False
+    return out
+
+
+_new_tensor = object.__new__
 
 
 def allocate(ctx, nbytes):
@@ -435,10 +479,14 @@ def allocate(ctx, nbytes):
     try:
         return ctx.memory_pool.allocate(nbytes)
     except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as error:
-        raise DeviceMemoryError(f"could not allocate {nbytes} bytes on {ctx.info.name} "
-                                f"({ctx.memory_allocated()} bytes in tensors, "
-                                f"{ctx.memory_reserved()} held by the pool, "
-                                f"{ctx.info.global_mem_size} of global memory): {error}") from None
+        raise _allocation_error(ctx, nbytes, error) from None
+
+
+def _allocation_error(ctx, nbytes, error):
+    return DeviceMemoryError(f"could not allocate {nbytes} bytes on {ctx.info.name} "
+                             f"({ctx.memory_allocated()} bytes in tensors, "
+                             f"{ctx.memory_reserved()} held by the pool, "
+                             f"{ctx.info.global_mem_size} of global memory): {error}")
 
 
 _FLOAT32 = np.dtype(np.float32)

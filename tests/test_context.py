@@ -196,6 +196,25 @@ def test_plan_cache_is_bounded_and_keeps_what_is_used():
         PlanCache(1)
 
 
+def test_plan_cache_hit_follows_rotations():
+    """``hit`` is the current generation's dict.get, bound once: the generation must be emptied
+    in place on every rotation, so that hit keeps seeing what put stores; what it no longer
+    sees (the previous generation) get still finds."""
+    from dlprim_py.context import PlanCache
+    cache = PlanCache(8)
+    hit = cache.hit
+    for i in range(50):
+        cache.put(i, str(i))
+        assert cache.hit is hit and hit(i) == str(i)
+        if i >= 1:
+            older = cache.get(i - 1)
+            assert older == str(i - 1) and hit(i - 1) == older   # moved back into the current
+    cache.clear()
+    assert hit(49) is None and cache.get(49) is None
+    cache.put("again", 1)
+    assert hit("again") == 1
+
+
 def test_plan_cache_hits_drop_nothing():
     """Only storing a new plan drops old ones: a repeated call (all hits) frees no plan, so it
     leaves no kernel object's reference cycles to the collector."""

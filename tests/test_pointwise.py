@@ -192,6 +192,23 @@ def test_generator_rejects_bad_operands(ctx, rng):
         SCALE_SHIFT([x, x], [poisoned(ctx, (3, 4)), poisoned(ctx, (4, 3))], [1.0])
 
 
+def test_wrong_operand_counts_are_refused_after_a_planned_call(ctx, rng):
+    """A repeated call tests only the inputs' count before its plan lookup; a call with
+    another count of outputs must still fail, not find a plan made for other operands."""
+    relu = dp.functional.relu
+    x = dp.Tensor.from_numpy(ctx, random(rng, (3, 4)))
+    relu(x)
+    relu(x)   # planned
+    from dlprim_py.ops.activation_ops import _torch_entry
+    forward = _torch_entry("relu")[1][0]
+    y = poisoned(ctx, (3, 4))
+    for inputs, outputs in (([x], [y, y]), ([x, y], []), ([x], []), ([], [])):
+        with pytest.raises(dp.ShapeError, match="expected 1 inputs and 1 outputs"):
+            forward(inputs, outputs, (1.0, 0.0))
+    forward([x], [y], (1.0, 0.0))
+    np.testing.assert_array_equal(y.numpy(), np.maximum(x.numpy(), 0))
+
+
 def test_merge_dimensions():
     # Dense operands merge into one dimension; a broadcast one keeps the split.
     assert merge_dimensions((2, 3, 4), [[12, 4, 1], [12, 4, 1]]) == ([24], [[1], [1]])

@@ -43,8 +43,8 @@ class Parameter(Tensor):
             raise DTypeError(f"Parameter needs a dlprim_py.Tensor, got {type(data).__name__}; "
                              f"make one with dp.Tensor.from_numpy(array)")
         p = Tensor.__new__(cls)
-        p.ctx, p.buffer, p.shape, p.dtype, p.offset = (data.ctx, data.buffer, data.shape,
-                                                       data.dtype, data.offset)
+        p.ctx, p.buffer, p.handle, p.shape, p.dtype, p.offset = (
+            data.ctx, data.buffer, data.handle, data.shape, data.dtype, data.offset)
         p.grad = p.grad_fn = None
         p.requires_grad = False
         if requires_grad:

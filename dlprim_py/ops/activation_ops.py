@@ -21,6 +21,7 @@ from ..tensor import Tensor, output_like
 from .pointwise import PointwiseKernel
 
 _f32 = np.float32
+_F32_DTYPE = np.dtype(np.float32)
 _kernels = {}
 
 
@@ -133,8 +134,10 @@ def apply(desc, x, inplace=False, name=None, kernels=None):
     into ``x`` and returns ``x`` (not allowed when x takes part in autograd). ``kernels``: the
     descriptor's (forward, backward) kernels, where the caller keeps them."""
     name = name or desc.mode.value
-    _check(x, f"{name}: input")
-    grad = autograd.needs_grad(x)
+    if x.__class__ is not Tensor or x.dtype is not _F32_DTYPE:
+        # The usual float32 tensor passes without building the message.
+        _check(x, f"{name}: input")
+    grad = x.requires_grad and autograd.grad_enabled()
     if inplace and grad:
         raise UnsupportedError(f"{name}: inplace=True on a tensor that requires grad; "
                                f"use inplace=False")
@@ -147,16 +150,21 @@ def apply(desc, x, inplace=False, name=None, kernels=None):
         return x.copy_(y)
     if not grad:
         return y
-    # Detached views: the closure must not hold y, whose grad_fn holds the closure.
-    source, result = x.detach(), y.detach()
+    # Detached views: the closure must not hold y, whose grad_fn holds the closure. Made
+    # elsewhere, so that this function's variables are not cells on every call.
+    return autograd.record(y, (x,), _backward(desc, backward_kernel_, x.detach(), y.detach()),
+                           name)
 
+
+def _backward(desc, kernel, source, result):
+    """The backward of ``apply``: dy * act'(x) from the forward's input and result."""
     def backward(g):
         dx = Tensor.empty(g.ctx, g.shape)
         _log_activ(desc, g.shape, False)
-        backward_kernel_([source, result, g], [dx], _UNSCALED)
+        kernel([source, result, g], [dx], _UNSCALED)
         return (dx,)
 
-    return autograd.record(y, (x,), backward, name)
+    return backward
 
 
 _torch_entries = {}
@@ -177,18 +185,23 @@ def _torch_entry(name, **kwargs):
 
 
 def _torch_apply(name, x, inplace=False, **kwargs):
-    desc, kernels = _torch_entry(name, **kwargs)
+    # _torch_entry's lookup inlined for the activations without parameters (relu, relu6...).
+    entry = None if kwargs else _torch_entries.get(name)
+    desc, kernels = entry or _torch_entry(name, **kwargs)
     return apply(desc, x, inplace, name, kernels)
 
 
 def relu(x, inplace=False):
     """torch's relu: max(0, x); ``inplace`` writes into ``x``."""
-    return _torch_apply("relu", x, inplace)
+    # _torch_apply inlined for the activations of every network.
+    desc, kernels = _torch_entries.get("relu") or _torch_entry("relu")
+    return apply(desc, x, inplace, "relu", kernels)
 
 
 def relu6(x, inplace=False):
     """torch's relu6: min(max(0, x), 6)."""
-    return _torch_apply("relu6", x, inplace)
+    desc, kernels = _torch_entries.get("relu6") or _torch_entry("relu6")
+    return apply(desc, x, inplace, "relu6", kernels)
 
 
 def leaky_relu(x, negative_slope=0.01, inplace=False):

@@ -8,10 +8,11 @@ float32, dense row-major; every operand may sit at any element offset in its buf
 import math
 
 from .. import autograd
-from ..context import check_same_context
+from ..context import PlanCache, check_same_context
 from ..dtypes import float32
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
-from ..tensor import Tensor
+from ..launch import run_planned_on
+from ..tensor import Tensor, output
 from .gemm import enqueue_gemm
 
 
@@ -56,19 +57,55 @@ def linear(input, weight, bias=None):
 
     Limitations (UnsupportedError), all accepted by torch: a 1-d weight, a bias that broadcasts
     (shape () or (1,)) instead of (out_features,), and an empty weight."""
-    out_features, in_features = _check(input, weight, bias)
-    ctx = input.ctx
-    rows = math.prod(input.shape[:-1])
-    out = Tensor.empty(ctx, input.shape[:-1] + (out_features,), float32)
+    # A call with the operands' layout of an earlier one (whose checks passed) takes that
+    # call's entry from the plan cache: its output shape and sizes, and its replay plans (by
+    # how the buffers alias), as conv2d does.
+    try:
+        key = ("F.linear", input.shape, input.dtype, input.offset, weight.shape, weight.dtype,
+               weight.offset, None if bias is None else (bias.shape, bias.dtype, bias.offset))
+        ctx = input.ctx
+        entry = ctx.plans.hit(key) or ctx.plans.get(key)
+    except AttributeError:   # not tensors: checked below
+        key = entry = None
+    first = entry is None
+    if first:
+        out_features, in_features = _check(input, weight, bias)
+        ctx = input.ctx
+        rows = math.prod(input.shape[:-1])
+        out_shape = input.shape[:-1] + (out_features,)
+        entry = (out_shape, max(4 * math.prod(out_shape), 4), rows, out_features, in_features,
+                 PlanCache(4))
+    out_shape, nbytes, rows, out_features, in_features, plans = entry
+    out = output(ctx, out_shape, nbytes)
     if rows:
-        enqueue_gemm(ctx, rows, out_features, in_features,
-                     input.buffer, input.offset_elements, in_features,
-                     weight.buffer, weight.offset_elements, in_features,
-                     out.buffer, out.offset_elements, out_features, trans_b=True,
-                     bias_buf=None if bias is None else bias.buffer,
-                     bias_off=0 if bias is None else bias.offset_elements, bias_per="n",
-                     checked=True)
+        operands = (input, weight, out, bias)
+        run_planned_on(ctx, None, operands, _forward, plans,
+                       (ctx, rows, out_features, in_features) + operands)
+    else:
+        # run_planned_on checks the contexts of a call that computes something.
+        check_same_context(input, weight, bias)
+    if first and key is not None:
+        # Kept only now: the first call's checks passed.
+        ctx.plans.put(key, entry)
+    if not ((input.requires_grad or weight.requires_grad
+             or (bias is not None and bias.requires_grad)) and autograd.grad_enabled()):
+        return out
+    return autograd.record(out, (input, weight, bias),
+                           _backward(ctx, input, weight, bias, rows, out_features, in_features),
+                           "linear")
 
+
+def _forward(ctx, rows, out_features, in_features, input, weight, out, bias):
+    enqueue_gemm(ctx, rows, out_features, in_features,
+                 input.buffer, input.offset_elements, in_features,
+                 weight.buffer, weight.offset_elements, in_features,
+                 out.buffer, out.offset_elements, out_features, trans_b=True,
+                 bias_buf=None if bias is None else bias.buffer,
+                 bias_off=0 if bias is None else bias.offset_elements, bias_per="n",
+                 checked=True)
+
+
+def _backward(ctx, input, weight, bias, rows, out_features, in_features):
     def backward(g):
         dx = dweight = dbias = None
         if input.requires_grad:
@@ -100,7 +137,7 @@ def linear(input, weight, bias=None):
                 dbias.fill_(0.0)
         return dx, dweight, dbias
 
-    return autograd.record(out, (input, weight, bias), backward, "linear")
+    return backward
 
 
 __all__ = ["linear"]

@@ -530,11 +530,17 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     # alias). The numbers' types are in the key: True == 1, but only 1 passes the checks.
     params = (input, weight, bias, running_mean, running_var)
     try:
+        # The input's fields flat, the optional tensors' in a tuple each (or None).
         key = ("batch_norm", bool(training), momentum, momentum.__class__, eps, eps.__class__,
-               config.switches().forced.get("norm"),
-               *[None if t is None else (t.shape, t.dtype, t.offset) for t in params])
+               config.switches().forced.get("norm"), input.shape, input.dtype, input.offset,
+               None if weight is None else (weight.shape, weight.dtype, weight.offset),
+               None if bias is None else (bias.shape, bias.dtype, bias.offset),
+               None if running_mean is None else (running_mean.shape, running_mean.dtype,
+                                                  running_mean.offset),
+               None if running_var is None else (running_var.shape, running_var.dtype,
+                                                 running_var.offset))
         ctx = input.ctx
-        entry = ctx.plans.get(key)
+        entry = ctx.plans.hit(key) or ctx.plans.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: checked below
         key = entry = None
     first = entry is None
@@ -551,23 +557,36 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         entry = (max(input.nbytes, 4), channels, PlanCache(4))
     nbytes, channels, plans = entry
     y = output(ctx, input.shape, nbytes)
+    # No closures in this function (its variables would be cells, made on every call): the
+    # runs are called with their arguments where there is no plan, the backward is made by
+    # _batch_norm_backward.
     if training:
         mean = output(ctx, (channels,), 4 * channels)
         invstd = output(ctx, (channels,), 4 * channels)
-        run_planned_on(ctx, None, (*params, y, mean, invstd),
-                       lambda: batch_norm_forward_training(input, y, weight, bias, running_mean,
-                                                           running_var, mean, invstd, momentum,
-                                                           eps), plans)
+        run_planned_on(ctx, None, (*params, y, mean, invstd), batch_norm_forward_training, plans,
+                       (input, y, weight, bias, running_mean, running_var, mean, invstd,
+                        momentum, eps))
     else:
-        run_planned_on(ctx, None, (*params, y),
-                       lambda: batch_norm_forward_inference(input, y, weight, bias, running_mean,
-                                                            running_var, eps), plans)
+        run_planned_on(ctx, None, (*params, y), batch_norm_forward_inference, plans,
+                       (input, y, weight, bias, running_mean, running_var, eps))
         mean, invstd = running_mean, None
     if first and key is not None:
         # Kept only now: the first call's checks passed (the run raises on bad operands).
         ctx.plans.put(key, entry)
-    if not autograd.needs_grad(input, weight, bias):
+    # autograd.needs_grad inlined: the input is a tensor (its checks passed).
+    if not ((input.requires_grad or (weight is not None and weight.requires_grad)
+             or (bias is not None and bias.requires_grad)) and autograd.grad_enabled()):
         return y
+    return autograd.record(y, (input, weight, bias),
+                           _batch_norm_backward(ctx, key, params, training, eps, mean, invstd),
+                           "batch_norm")
+
+
+def _batch_norm_backward(ctx, key, params, training, eps, mean, invstd):
+    """The backward of F.batch_norm (``params``: its input, weight, bias, running mean and
+    var; ``mean``/``invstd``: the statistics the forward used), replayed as one plan per
+    forward key and gradient layout."""
+    input, weight, bias, running_mean, running_var = params
 
     def backward(g):
         dx = Tensor.empty(ctx, input.shape, float32)
@@ -587,7 +606,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                        (*params, g, dx, dweight, dbias, mean, stats_invstd), run)
         return dx, dweight, dbias
 
-    return autograd.record(y, (input, weight, bias), backward, "batch_norm")
+    return backward
 
 
 # ---- layer norm and group norm --------------------------------------------------------------

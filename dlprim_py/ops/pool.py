@@ -364,23 +364,64 @@ def _run(op, x, return_indices=False):
     if y_shape is None:
         y_shape = op.shapes[x.shape] = op.output_shape(x.shape)
     y = Tensor.empty(ctx, y_shape, x.dtype)
+    grad = x.requires_grad and autograd.grad_enabled()
     indices = None
-    if op.method == "max" and (return_indices or autograd.needs_grad(x)):
+    if op.method == "max" and (return_indices or grad):
         indices = Tensor.empty(ctx, y_shape, int64)
     # A call replays the plan of its key (the first call with it ran the operator's checks and
     # chose its solver: the forced one and the tuning databases' generation are in the key).
+    # No closures here (their variables would be cells on every call): the forward is called
+    # with its operands where there is no plan, the backward is made by _backward.
     key = ("pool", op, x.shape, x.dtype, x.offset, indices is not None,
            config.switches().forced.get("pool"), tuning.generation)
-    run_planned_on(ctx, key, (x, y, indices), lambda: op.forward(x, y, indices))
+    operands = (x, y, indices)
+    run_planned_on(ctx, key, operands, op.forward, None, operands)
+    if grad:
+        autograd.record(y, (x,), _backward(ctx, op, key, x, indices), op._name)
+    return (y, indices) if return_indices else y
 
+
+def _backward(ctx, op, key, x, indices):
     def backward(g):
         dx = Tensor.empty(ctx, x.shape, x.dtype)
         run_planned_on(ctx, ("backward", key, g.shape, g.dtype, g.offset), (g, dx, indices),
-                 lambda: op.backward(g, dx, indices))
+                       lambda: op.backward(g, dx, indices))
         return (dx,)
 
-    autograd.record(y, (x,), backward, op._name)
-    return (y, indices) if return_indices else y
+    return backward
+
+
+def _plain_key(name, input, values):
+    """A plan-cache key for the operator of ``name`` with arguments ``values``, where every
+    one is an int, a bool, None or a tuple of ints (the types are in it: 2.0 == 2 and True ==
+    1, but only some of them pass the checks); None otherwise, or when ``input`` is not a
+    tensor (those calls take _key's way, which freezes any value)."""
+    if input.__class__ is not Tensor:
+        return None
+    types = []
+    for value in values:
+        kind = value.__class__
+        if kind is tuple:
+            for item in value:
+                if item.__class__ is not int:
+                    return None
+        elif kind is not int and kind is not bool and value is not None:
+            return None
+        types.append(kind)
+    return ("pool operator by arguments", name, values, tuple(types))
+
+
+def _operator_by(input, name, values, kwargs):
+    """The Pool for ``kwargs`` (the call's arguments ``values`` as keywords): found by
+    ``_plain_key`` where it applies (a repeated call builds no other key), else by ``_key``."""
+    key = _plain_key(name, input, values)
+    if key is not None:
+        ctx = input.ctx
+        op = ctx.plans.hit(key) or ctx.plans.get(key)
+        if op is None:
+            op = ctx.plans.put(key, _operator(ctx, *_key(kwargs), **kwargs))
+        return op
+    return _operator(_ctx_of(input), *_key(kwargs), **kwargs)
 
 
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
@@ -389,7 +430,8 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     ``return_indices`` also returns int64 flat positions h*W + w of each maximum."""
     kwargs = dict(method="max", kernel_size=kernel_size, stride=stride, padding=padding,
                   dilation=dilation, ceil_mode=ceil_mode)
-    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    op = _operator_by(input, "max_pool2d", (kernel_size, stride, padding, dilation, ceil_mode),
+                      kwargs)
     return _run(op, input, return_indices)
 
 
@@ -399,14 +441,15 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
     kwargs = dict(method="avg", kernel_size=kernel_size, stride=stride, padding=padding,
                   ceil_mode=ceil_mode, count_include_pad=count_include_pad,
                   divisor_override=divisor_override)
-    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    op = _operator_by(input, "avg_pool2d", (kernel_size, stride, padding, ceil_mode,
+                                            count_include_pad, divisor_override), kwargs)
     return _run(op, input)
 
 
 def adaptive_avg_pool2d(input, output_size):
     """torch.nn.functional.adaptive_avg_pool2d: any output size (windows may overlap)."""
     kwargs = dict(method="avg", output_size=output_size)
-    op = _operator(_ctx_of(input), *_key(kwargs), **kwargs)
+    op = _operator_by(input, "adaptive_avg_pool2d", (output_size,), kwargs)
     return _run(op, input)
 
 

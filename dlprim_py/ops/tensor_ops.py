@@ -324,14 +324,21 @@ def reshape(x, shape):
 def flatten(x, start_dim=0, end_dim=-1):
     """A view with dimensions start_dim..end_dim merged into one."""
     _check_tensor(x, "flatten")
-    if x.ndim == 0:
+    ndim = len(x.shape)
+    if ndim == 0:
         return x.reshape((1,))
-    start = normalise_dim(start_dim, x.ndim, "flatten")
-    end = normalise_dim(end_dim, x.ndim, "flatten")
+    if (start_dim.__class__ is int and end_dim.__class__ is int
+            and -ndim <= start_dim < ndim and -ndim <= end_dim < ndim):
+        # normalise_dim's checks for plain ints in range (every network's flatten).
+        start, end = start_dim % ndim, end_dim % ndim
+    else:
+        start = normalise_dim(start_dim, ndim, "flatten")
+        end = normalise_dim(end_dim, ndim, "flatten")
     if start > end:
         raise ShapeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
     shape = x.shape[:start] + (math.prod(x.shape[start:end + 1]),) + x.shape[end + 1:]
-    return x.reshape(shape)
+    # A shape of x's size made of x's own dimensions: the view without reshape's checks.
+    return x._view(shape)
 
 
 def squeeze(x, dim=None):

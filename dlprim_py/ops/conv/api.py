@@ -425,15 +425,18 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
                groups if groups.__class__ is int else _arg_key(groups), layout,
                switches.forced.get("conv"), switches.find_mode)
         ctx = x.ctx
-        entry = ctx.plans.get(key)
+        entry = ctx.plans.hit(key) or ctx.plans.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: checked below
         key = entry = None
     if entry is not None:
         conv, y_shape, y_bytes, plans = entry
         y = output(ctx, y_shape, y_bytes)
-        run_planned_on(ctx, None, (x, weight, y, bias),
-                       lambda: conv.forward(x, weight, y, bias=bias), plans)
-        if autograd.needs_grad(x, weight, bias):
+        # No closure: conv.forward is called with the operands only when there is no plan.
+        operands = (x, weight, y, bias)
+        run_planned_on(ctx, None, operands, conv.forward, plans, operands)
+        # autograd.needs_grad inlined: the entry says x and weight are tensors.
+        if ((x.requires_grad or weight.requires_grad
+             or (bias is not None and bias.requires_grad)) and autograd.grad_enabled()):
             autograd.record(y, (x, weight, bias), _conv2d_backward(conv, key, x, weight, bias),
                             "conv2d")
         return y
