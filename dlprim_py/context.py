@@ -226,6 +226,8 @@ class Context:
     CPU. ``Context("0:1")`` or ``Context("H200")`` picks one by index or name.
     ``Context(queue=q)`` wraps a host application's ``pyopencl.CommandQueue``: its context and
     device are used and every kernel is enqueued on ``q``.
+    ``ctx.allow_tf32``: None (default) follows ``dlprim_py.backends.allow_tf32``; True or False
+    allows or forbids TF32 GEMM on this context alone (see ``dlprim_py.backends``).
     """
 
     def __init__(self, device=None, *, queue=None, profiling=True):
@@ -267,6 +269,8 @@ class Context:
         self.thread = threading.get_ident()
         # The scratch tensor operators' algorithms work in (see workspace()).
         self._workspace = None
+        # TF32 GEMM on this context: None follows dlprim_py.backends.allow_tf32.
+        self.allow_tf32 = None
 
     @property
     def vendor(self):
