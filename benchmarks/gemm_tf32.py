@@ -27,6 +27,7 @@ import sys
 import time
 
 import numpy as np
+import pyopencl as cl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -43,18 +44,21 @@ RESNET = [
     ("r50 l3 1x1 256->1024", 64 * 14 * 14, 1024, 256),
     ("r50 l4 1x1 2048->512", 64 * 7 * 7, 512, 2048),
 ]
+BASE = dict(tile_m=128, tile_n=128, tile_k=16, warps_m=2, warps_n=4, stages=2)
 VARIANTS = [
-    dict(tile_m=128, tile_n=128, tile_k=16, warps_m=2, warps_n=4, stages=2),
-    dict(tile_m=128, tile_n=128, tile_k=16, warps_m=2, warps_n=4, stages=2, tile_group=8),
-    dict(tile_m=128, tile_n=128, tile_k=8, warps_m=2, warps_n=4, stages=3),
-    dict(tile_m=128, tile_n=128, tile_k=8, warps_m=2, warps_n=4, stages=4),
-    dict(tile_m=128, tile_n=128, tile_k=16, warps_m=4, warps_n=2, stages=2),
-    dict(tile_m=128, tile_n=64, tile_k=16, warps_m=2, warps_n=2, stages=2),
-    dict(tile_m=128, tile_n=64, tile_k=16, warps_m=4, warps_n=1, stages=2),
-    dict(tile_m=64, tile_n=128, tile_k=16, warps_m=2, warps_n=2, stages=2),
-    dict(tile_m=128, tile_n=256, tile_k=8, warps_m=2, warps_n=4, stages=2),
-    dict(tile_m=256, tile_n=128, tile_k=8, warps_m=4, warps_n=2, stages=2),
-    dict(tile_m=64, tile_n=64, tile_k=16, warps_m=2, warps_n=2, stages=3),
+    BASE,
+    dict(BASE, round="int"),
+    dict(BASE, staged=1),
+    dict(BASE, staged=1, round="int"),
+    dict(BASE, warps_m=4, warps_n=2, tile_group=8),
+    dict(BASE, warps_m=4, warps_n=2, tile_group=8, staged=1, round="int"),
+    dict(BASE, warps_m=2, warps_n=2),
+    dict(BASE, warps_m=2, warps_n=2, staged=1, round="int"),
+    dict(BASE, warps_m=2, warps_n=2, round="int", tile_group=8),
+    dict(BASE, tile_n=64, warps_m=4, warps_n=1),
+    dict(BASE, tile_n=64, warps_m=4, warps_n=1, staged=1, round="int"),
+    dict(BASE, tile_n=64, warps_m=2, warps_n=1, round="int"),
+    dict(BASE, tile_n=64, warps_m=2, warps_n=1, staged=1, round="int"),
 ]
 # TF32 keeps 10 of float32's 23 mantissa bits: each operand is off by at most 2^-11 relative
 # (round to nearest), so a product by about 2^-10 and a sum of K of them by about
@@ -74,6 +78,21 @@ def check(c, a, b, rows):
     err = float(np.abs(c[rows] - ref).max())
     bound = BOUND * math.sqrt(a.shape[1]) * float(np.abs(a).max()) * float(np.abs(b).max())
     return err, bound
+
+
+def ptxas_info(ctx, params, M, N, K):
+    """NVIDIA's compiler report (registers, spills, shared memory) of the kernel of ``params``
+    for a packed M x N x K problem, or '' elsewhere."""
+    if ctx.info.vendor != "nvidia":
+        return ""
+    mma = gemm_ops.FAMILY.solvers["mma"]
+    cfg = mma.configure(ctx, gemm_ops.GemmProblem(M, N, K, 1, True), params,
+                        gemm_ops.GemmLayout(lda=K, ldb=N, ldc=N))
+    prg = cl.Program(ctx.cl_context, gemm_ops.kernel_source(params, cfg))
+    prg.build(options=["-cl-nv-verbose"])
+    log = prg.get_build_info(ctx.device, cl.program_build_info.LOG)
+    return "; ".join(line.strip() for line in log.splitlines()
+                     if "registers" in line or "spill" in line)
 
 
 def wall(run, finish, warmup=3, repeat=20):
@@ -172,6 +191,11 @@ def main():
                 if why:
                     print(f"  {name:22} {v}: {why}")
                     continue
+                if name == "square 4096":
+                    try:
+                        print(f"  ptxas {json.dumps(v)}: {ptxas_info(ctx, params, M, N, K)}")
+                    except cl.Error as e:
+                        print(f"  ptxas {json.dumps(v)}: {str(e)[:300]}")
                 try:
                     plan = gemm_ops.GemmPlan(ctx, M, N, K, A.buffer, 0, K, B.buffer, 0, N,
                                              C.buffer, 0, N, params=params)
@@ -186,7 +210,7 @@ def main():
                 results["variants"].append({"case": name, "params": v, "ok": err <= bound,
                                             "kernel_ms": t * 1e3,
                                             "tflops": 2.0 * M * N * K / t / 1e12})
-                print(f"  {name:22} {json.dumps(v):100} err/bound {err / bound:6.3f} "
+                print(f"  {name:22} {json.dumps(v):110} err/bound {err / bound:6.3f} "
                       f"{2.0 * M * N * K / t / 1e12:7.1f} TFLOP/s", flush=True)
             del A, B, C
     if args.json:

@@ -18,6 +18,7 @@ operators that hold a ``GemmPlan`` of their own (convolutions) stay float32. Whe
 kernel applies (other devices, folded operands) the call runs in float32 as before.
 """
 
+#: Whether GEMM calls may compute in TF32 where a TF32 kernel applies (default False: float32).
 allow_tf32 = False
 
 

@@ -20,6 +20,16 @@ ${common.header()}
 //                 checks leading dimensions, offsets and batch strides); 1: of 4 bytes
 //   NV_ASYNC      1: copies are cp.async (PTX); 0: plain loads and stores
 //   GROUP_M       as gemm_tiled's: > 1 walks GROUP_M rows of tiles down M before stepping N
+//   CVEC          2: rows of C start on 8-byte boundaries (the host checks ldc, offset and
+//                 batch stride): work-groups inside C store their two adjacent accumulators
+//                 at once ("gemm" epilogue without a chain); 1: one at a time
+//   ROUND         "cvt": operands rounded to TF32 by cvt.rna.tf32.f32; "int": the same
+//                 rounding (nearest, ties away from zero) in two integer operations, NaN kept
+//   STAGED        0: slices copied straight into local memory (cp.async with NV_ASYNC), each
+//                 work-item rounding the fragments it reads to TF32 (a value is rounded by
+//                 every warp that reads it). 1: slices go global -> registers -> local memory,
+//                 rounded once on the way; two stages, the next slice's loads in flight while
+//                 the current one is multiplied (STAGES must be 2, NV_ASYNC unused)
 //   EMULATE       0: mma.sync and cvt.rna.tf32.f32 as PTX (NVIDIA only). 1: the same
 //                 instruction, fragment for fragment, computed by the warp's work-items through
 //                 local memory, with TF32 rounding done in integer arithmetic: it runs on any
@@ -76,15 +86,25 @@ def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC):
 
 ${access.async_copies(bool(NV_ASYNC))}
 
-% if EMULATE:
-// TF32 of x, rounded to nearest with ties away from zero on the 13 dropped mantissa bits
-// (cvt.rna.tf32.f32), kept as the float bit pattern; infinities and NaN pass unchanged.
+% if EMULATE or ROUND == "int":
+// TF32 of x as cvt.rna.tf32.f32 rounds it (to nearest, ties away from zero, on the 13 dropped
+// mantissa bits), in two integer operations, kept as the float bit pattern; infinities pass
+// unchanged and a NaN stays a NaN.
 inline uint to_tf32(float x)
 {
     const uint u = as_uint(x);
-    return (u & 0x7f800000u) == 0x7f800000u ? u : (u + 0x1000u) & 0xffffe000u;
+    return isnan(x) ? u : (u + 0x1000u) & 0xffffe000u;
 }
+% else:
+inline uint to_tf32(float x)
+{
+    uint r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+% endif
 
+% if EMULATE:
 // One m16n8k8 mma of a warp: every work-item puts its fragments (a0..a3, b0, b1) into the
 // warp's 32 x 6 words of `x`, then reads the rows and columns of its four accumulators
 // (fragment layout as PTX documents it for .tf32; groupID = lane / 4, t = lane % 4):
@@ -121,13 +141,6 @@ inline float4 mma_emulated(float4 c, uint a0, uint a1, uint a2, uint a3, uint b0
                                       mma_scratch + warp * 192, lane); \
     d0 = mma_d.x; d1 = mma_d.y; d2 = mma_d.z; d3 = mma_d.w; }
 % else:
-inline uint to_tf32(float x)
-{
-    uint r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-
 // D = A (16 x 8, row) * B (8 x 8, col) + D on the warp's tensor cores; separate output and
 // input operands for the accumulators (PTX registers are virtual: no tie is needed).
 #define MMA(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) \
@@ -248,10 +261,54 @@ void gemm_mma(int M, int N, int K,
 %   endfor
 % endfor
 
+<%def name="load_slice(k)">
+<%
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    gtype = "float4" if GVEC == 4 else "float"
+    a_rows, a_cols, a_r0, a_c0 = ("K", "M", k, "m0") if TRANS_A else ("M", "K", "m0", k)
+    b_rows, b_cols, b_r0, b_c0 = ("N", "K", "n0", k) if TRANS_B else ("K", "N", k, "n0")
+%>
+        {
+% for name, copies, rows, cols, r0, c0, inside in (("a", L["a_copies"], a_rows, a_cols, a_r0, a_c0, "a_inside"), ("b", L["b_copies"], b_rows, b_cols, b_r0, b_c0, "b_inside")):
+            __global const float *${name}_slice = ${name.upper()} + (long)(${r0}) * ${"lda" if name == "a" else "ldb"} + (${c0});
+            if (${inside} && ${k} + TILE_K <= K) {
+%   for r in range(copies):
+                ${name}_reg${r} = *(__global const ${gtype} *)(${name}_slice + ${name}_src${r});
+%   endfor
+            } else {
+%   for r in range(copies):
+%     for v in range(GVEC):
+                ${name}_reg${r}${".s%d" % v if GVEC > 1 else ""} = (${r0}) + ${name}_s${r} < ${rows} && (${c0}) + ${name}_x${r} + ${v} < ${cols} ? ${name}_slice[${name}_src${r} + ${v}] : 0.0f;
+%     endfor
+%   endfor
+            }
+% endfor
+        }
+</%def>
+
+<%def name="store_slice(stage)">
+<%
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+%>
+% for name, copies in (("a", L["a_copies"]), ("b", L["b_copies"])):
+%   for r in range(copies):
+%     if GVEC == 4:
+        *(__local float4 *)(${name}_stage + (${stage}) * STAGE_${name.upper()} + ${name}_dst${r}) = (float4)(
+            as_float(to_tf32(${name}_reg${r}.x)), as_float(to_tf32(${name}_reg${r}.y)),
+            as_float(to_tf32(${name}_reg${r}.z)), as_float(to_tf32(${name}_reg${r}.w)));
+%     else:
+        ${name}_stage[(${stage}) * STAGE_${name.upper()} + ${name}_dst${r}] = as_float(to_tf32(${name}_reg${r}));
+%     endif
+%   endfor
+% endfor
+</%def>
+
 <%def name="multiply(stage)">
 <%
     L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
     lda, ldb, mt_count, nt_count = L["lda"], L["ldb"], L["mt_count"], L["nt_count"]
+    # Staged slices hold TF32 bit patterns already.
+    conv = "as_uint" if STAGED else "to_tf32"
 %>
         {
         __local const float *a_at = a_stage + (${stage}) * STAGE_A + a_frag;
@@ -260,24 +317,24 @@ void gemm_mma(int M, int N, int K,
         {
 %   for mt in range(mt_count):
 %     if TRANS_A:
-            const uint a${mt}_0 = to_tf32(a_at[${kb * 8 * lda + mt * 16}]);
-            const uint a${mt}_1 = to_tf32(a_at[${kb * 8 * lda + mt * 16 + 8}]);
-            const uint a${mt}_2 = to_tf32(a_at[${(kb * 8 + 1) * lda + mt * 16}]);
-            const uint a${mt}_3 = to_tf32(a_at[${(kb * 8 + 1) * lda + mt * 16 + 8}]);
+            const uint a${mt}_0 = ${conv}(a_at[${kb * 8 * lda + mt * 16}]);
+            const uint a${mt}_1 = ${conv}(a_at[${kb * 8 * lda + mt * 16 + 8}]);
+            const uint a${mt}_2 = ${conv}(a_at[${(kb * 8 + 1) * lda + mt * 16}]);
+            const uint a${mt}_3 = ${conv}(a_at[${(kb * 8 + 1) * lda + mt * 16 + 8}]);
 %     else:
             const float2 a${mt}_lo = *(__local const float2 *)(a_at + ${mt * 16 * lda + kb * 8});
             const float2 a${mt}_hi = *(__local const float2 *)(a_at + ${(mt * 16 + 8) * lda + kb * 8});
-            const uint a${mt}_0 = to_tf32(a${mt}_lo.x), a${mt}_2 = to_tf32(a${mt}_lo.y);
-            const uint a${mt}_1 = to_tf32(a${mt}_hi.x), a${mt}_3 = to_tf32(a${mt}_hi.y);
+            const uint a${mt}_0 = ${conv}(a${mt}_lo.x), a${mt}_2 = ${conv}(a${mt}_lo.y);
+            const uint a${mt}_1 = ${conv}(a${mt}_hi.x), a${mt}_3 = ${conv}(a${mt}_hi.y);
 %     endif
 %   endfor
 %   for nt in range(nt_count):
 %     if TRANS_B:
             const float2 b${nt}_v = *(__local const float2 *)(b_at + ${nt * 8 * ldb + kb * 8});
-            const uint b${nt}_0 = to_tf32(b${nt}_v.x), b${nt}_1 = to_tf32(b${nt}_v.y);
+            const uint b${nt}_0 = ${conv}(b${nt}_v.x), b${nt}_1 = ${conv}(b${nt}_v.y);
 %     else:
-            const uint b${nt}_0 = to_tf32(b_at[${kb * 8 * ldb + nt * 8}]);
-            const uint b${nt}_1 = to_tf32(b_at[${(kb * 8 + 1) * ldb + nt * 8}]);
+            const uint b${nt}_0 = ${conv}(b_at[${kb * 8 * ldb + nt * 8}]);
+            const uint b${nt}_1 = ${conv}(b_at[${(kb * 8 + 1) * ldb + nt * 8}]);
 %     endif
 %   endfor
 %   for mt in range(mt_count):
@@ -291,6 +348,35 @@ void gemm_mma(int M, int N, int K,
         }
 </%def>
 
+% if STAGED:
+<%
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+%>
+% for name in ("a", "b"):
+%   for r in range(L[name + "_copies"]):
+    ${"float4" if GVEC == 4 else "float"} ${name}_reg${r};
+%   endfor
+% endfor
+    // Slice s + 1 is loaded into registers while slice s is multiplied, then rounded into the
+    // other stage; the barrier after it publishes that stage, and tells that every warp is done
+    // with slice s, whose stage the next step refills.
+    ${load_slice("0")}
+    ${store_slice(0)}
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int stage = 0;
+    for (int k = 0; k < K; k += TILE_K) {
+        const bool more = k + TILE_K < K;
+        if (more) {
+            ${load_slice("(k + TILE_K)")}
+        }
+        ${multiply("stage")}
+        if (more) {
+            ${store_slice("(stage ^ 1)")}
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        stage ^= 1;
+    }
+% else:
     // Slices s + 1 .. s + STAGES - 1 are in flight while slice s is multiplied. Copy groups
     // are committed once per slice (empty past K's end), so that waiting until STAGES - 2
     // groups remain pending means slice s has landed.
@@ -318,9 +404,43 @@ void gemm_mma(int M, int N, int K,
         stage = stage == STAGES - 1 ? 0 : stage + 1;
         copy_stage = copy_stage == STAGES - 1 ? 0 : copy_stage + 1;
     }
+% endif
 
     C += c_off + batch * stride_c;
     R += r_off + batch * stride_c;
+% if CVEC == 2 and EPILOGUE == "gemm" and not CHAIN and BIAS in (0, 1, 2):
+    if (m0 + TILE_M <= M && n0 + TILE_N <= N) {
+        // Whole tile inside C, rows on 8-byte boundaries: accumulators r and r + 1 are
+        // adjacent columns, stored as one float2.
+%   for mt in range(mt_count):
+%     for half in range(2):
+        {
+            const int row = m0 + wm * ${wtm} + ${mt * 16 + half * 8} + g;
+%       for nt in range(nt_count):
+            {
+                const int col = n0 + wn * ${wtn} + ${nt * 8} + 2 * t;
+                __global float2 *target = (__global float2 *)(C + (long)row * ldc + col);
+                float2 value = alpha * (float2)(c${mt}_${nt}_${half * 2}, c${mt}_${nt}_${half * 2 + 1});
+                if (beta != 0.0f)
+                    value += beta * *target;
+%         if BIAS == 1:
+                value += vload2(0, bias + bias_off + col);
+%         elif BIAS == 2:
+                value += bias[bias_off + row];
+%         endif
+%         if ACTIVATION:
+                { float x = value.s0; value.s0 = ${ACTIVATION}; }
+                { float x = value.s1; value.s1 = ${ACTIVATION}; }
+%         endif
+                *target = value;
+            }
+%       endfor
+        }
+%     endfor
+%   endfor
+        return;
+    }
+% endif
     // Accumulator r of mma tile (mt, nt): row g (+ 8 for r >= 2), column 2t (+ 1 for odd r).
 % for mt in range(mt_count):
 %   for half in range(2):

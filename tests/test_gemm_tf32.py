@@ -181,7 +181,8 @@ def test_mma_parameter_checks():
                         ({"stages": 5}, "stages must be"),
                         ({"tile_m": 256, "stages": 3}, "local memory"),
                         ({"warps_m": 8, "warps_n": 8}, "work-items"),
-                        ({"emulate": 2}, "emulate must")):
+                        ({"emulate": 2}, "emulate must"), ({"round": "rz"}, "round must"),
+                        ({"staged": 1, "stages": 3}, "staged slices take 2 stages")):
         assert why in gemm_ops.params_problem(dict(good, **change), info), change
     assert "lack" in gemm_ops.params_problem({"solver": "mma"}, info)
 
@@ -269,6 +270,19 @@ def test_emulated_mma_strides_batches_epilogue(ctx, rng):
     assert_close(c, tf32_round(a) @ tf32_round(b))
 
 
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
+def test_emulated_mma_staged_slices(ctx, rng, ta, tb):
+    """Slices rounded once on their way through registers (staged), ragged and whole tiles,
+    with the float2 stores of C (even leading dimension) and without (odd)."""
+    params = dict(EMULATED, staged=1)
+    for M, N, K, pad in ((37, 45, 29, 0), (64, 32, 48, 0), (64, 32, 48, 1)):
+        c, a, b, _, _ = _run(ctx, rng, M, N, K, ta, tb, params, pad=pad)
+        assert_close(c, tf32_round(a) @ tf32_round(b))
+    c, a, b, cin, bias = _run(ctx, rng, 64, 32, 48, ta, tb, params, beta=0.5, bias=True,
+                              activation="relu")
+    assert_close(c, np.maximum(tf32_round(a) @ tf32_round(b) + 0.5 * cin + bias, 0))
+
+
 def test_folded_operands_fall_back_to_float32(ctx, rng):
     """A plan that may use TF32 but whose operand is folded (the mma kernel does not address
     folds) runs the float32 choice; forcing mma on it is an error."""
@@ -296,17 +310,23 @@ def test_mma_kernel_against_float64(ctx, rng, ta, tb, tf32_off, monkeypatch):
     if not has_mma(ctx):
         pytest.skip(f"no TF32 mma here: {gemm_ops.mma_device_problem(ctx.info)}")
     monkeypatch.setattr(backends, "allow_tf32", True)
+    variants = (gemm_ops.DEFAULT_MMA, dict(gemm_ops.DEFAULT_MMA, tile_n=64, warps_n=2),
+                dict(gemm_ops.DEFAULT_MMA, staged=1, round="int", tile_group=4),
+                dict(gemm_ops.DEFAULT_MMA, warps_m=2, warps_n=2, round="int"))
     for M, N, K in ((300, 260, 70), (128, 128, 64), (1000, 64, 333), (77, 513, 1031)):
-        for params in (None, dict(gemm_ops.DEFAULT_MMA, tile_n=64, warps_n=2)):
-            c, a, b, _, _ = _run(ctx, rng, M, N, K, ta, tb, params or dict(gemm_ops.DEFAULT_MMA))
+        for params in variants:
+            c, a, b, _, _ = _run(ctx, rng, M, N, K, ta, tb, dict(params))
             err = np.abs(c - a.astype(np.float64) @ b.astype(np.float64)).max()
             assert err <= tf32_bound(a, b), (M, N, K, params, err)
             # TF32 indeed: the error is TF32's, not float32's (which lands near 1e-6 here).
             assert_close(c, tf32_round(a) @ tf32_round(b), tol=1e-5)
     # Strides, batches, epilogue, and the public calls with the default choice.
-    c, a, b, cin, bias = _run(ctx, rng, 130, 200, 96, ta, tb, dict(gemm_ops.DEFAULT_MMA),
-                              batch=3, pad=3, offset=5, beta=0.5, bias=True, activation="relu")
-    assert_close(c, np.maximum(tf32_round(a) @ tf32_round(b) + 0.5 * cin + bias, 0), tol=1e-5)
+    for pad, offset in ((3, 5), (0, 0)):    # scalar and float2 stores of C
+        c, a, b, cin, bias = _run(ctx, rng, 130, 256, 96, ta, tb, dict(gemm_ops.DEFAULT_MMA),
+                                  batch=3, pad=pad, offset=offset, beta=0.5, bias=True,
+                                  activation="relu")
+        assert_close(c, np.maximum(tf32_round(a) @ tf32_round(b) + 0.5 * cin + bias, 0),
+                     tol=1e-5)
     a = random(rng, (4, 512, 384))
     b = random(rng, (4, 384, 640))
     out = dp.gemm_batched(dp.Tensor.from_numpy(ctx, a), dp.Tensor.from_numpy(ctx, b),

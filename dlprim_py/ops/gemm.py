@@ -230,6 +230,11 @@ def _mma_problem(params, info):
     emulate = params.get("emulate", 0)
     if emulate not in (0, 1):
         return f"emulate must be 0 or 1, got {emulate!r}"
+    if params.get("round", "cvt") not in ("cvt", "int"):
+        return f"round must be 'cvt' or 'int', got {params.get('round')!r}"
+    staged = params.get("staged", 0)
+    if staged not in (0, 1) or (staged and stages != 2):
+        return f"staged must be 0 or 1, and staged slices take 2 stages (got {staged!r}, {stages})"
     if mma_local_bytes(params) > info.local_mem_size:
         return f"{mma_local_bytes(params)} bytes of local memory > device {info.local_mem_size}"
     return None if emulate else mma_device_problem(info)
@@ -663,14 +668,20 @@ class MmaSolver(GemmSolver):
                                           layout.stride_a, layout.stride_b))
         emulate = params.get("emulate", 0)
         nv_async = int(not emulate and params.get("async_copy", 1) != 0 and _has_cp_async(ctx))
-        return GemmConfig(global_vec=4 if aligned else 1, nv_async=nv_async)
+        # Pairs of adjacent accumulators stored as one float2 where every row of C starts on
+        # an 8-byte boundary.
+        c_pairs = not any(x % 2 for x in (layout.ldc, layout.c_off, layout.stride_c))
+        return GemmConfig(global_vec=4 if aligned else 1, c_vec=2 if c_pairs else 1,
+                          nv_async=nv_async)
 
     def template_params(self, params, config):
         return {"TILE_M": params["tile_m"], "TILE_N": params["tile_n"],
                 "TILE_K": params["tile_k"], "WARPS_M": params["warps_m"],
                 "WARPS_N": params["warps_n"], "STAGES": params["stages"],
                 "GVEC": config.global_vec, "NV_ASYNC": config.nv_async,
-                "GROUP_M": params.get("tile_group", 1), "EMULATE": params.get("emulate", 0)}
+                "GROUP_M": params.get("tile_group", 1), "EMULATE": params.get("emulate", 0),
+                "CVEC": config.c_vec, "ROUND": params.get("round", "cvt"),
+                "STAGED": params.get("staged", 0)}
 
     def launches(self, ctx, problem, params, config, args, workspace):
         threads = 32 * params["warps_m"] * params["warps_n"]
