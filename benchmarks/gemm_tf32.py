@@ -59,7 +59,12 @@ VARIANTS = [
     dict(BASE, tile_n=64, warps_m=4, warps_n=1, staged=1, round="int"),
     dict(BASE, tile_n=64, warps_m=2, warps_n=1, round="int"),
     dict(BASE, tile_n=64, warps_m=2, warps_n=1, staged=1, round="int"),
+    dict(BASE, tile_m=64, tile_n=64, warps_m=2, warps_n=2, stages=3),
+    dict(BASE, tile_m=64, tile_n=64, warps_m=2, warps_n=2, staged=1, round="int"),
+    dict(BASE, tile_m=64, tile_n=128, warps_m=2, warps_n=2, round="int"),
 ]
+# Small-tile variants only on the small squares (their tile counts are what they are for).
+SMALL_SQUARES = ("square 1024", "square 2048")
 # TF32 keeps 10 of float32's 23 mantissa bits: each operand is off by at most 2^-11 relative
 # (round to nearest), so a product by about 2^-10 and a sum of K of them by about
 # 2^-10 * sqrt(K) * |a||b| for random signs. The check allows 3e-3 * sqrt(K) * max|a| * max|b|
@@ -177,8 +182,8 @@ def main():
     if args.variants:
         print("variants (kernel time, GemmPlan with the parameters given):")
         for name, M, N, K in cases(args.only):
-            if name not in ("square 4096", "square 8192", "r50 l1 1x1 256->64",
-                            "r50 l1 1x1 64->256", "r50 l3 1x1 256->1024"):
+            if name not in SMALL_SQUARES + ("square 4096", "square 8192", "r50 l1 1x1 256->64",
+                                            "r50 l1 1x1 64->256", "r50 l3 1x1 256->1024"):
                 continue
             a = rng.uniform(-1, 1, (M, K)).astype(np.float32)
             b = rng.uniform(-1, 1, (K, N)).astype(np.float32)
@@ -186,6 +191,9 @@ def main():
             C = dp.Tensor.empty(ctx, (M, N))
             rows = np.sort(rng.choice(M, size=min(M, 256), replace=False))
             for v in VARIANTS:
+                if name in SMALL_SQUARES and v["tile_m"] * v["tile_n"] > 64 * 128 \
+                        and v is not BASE:
+                    continue
                 params = dict(v, solver="mma")
                 why = gemm_ops.params_problem(params, ctx.info)
                 if why:
