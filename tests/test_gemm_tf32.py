@@ -139,6 +139,8 @@ def test_mma_chosen_by_default_where_it_pays_on_the_h200():
     assert gemm_ops.select_params(h200, 4096, 4096, 4096, tf32=True)["solver"] == "mma"
     narrow = gemm_ops.select_params(h200, 200704, 64, 256, tf32=True)
     assert narrow["solver"] == "mma" and narrow["tile_n"] == 64
+    assert gemm_ops.select_params(h200, 1024, 1024, 1024, tf32=True)["tile_n"] == 64
+    assert gemm_ops.select_params(h200, 8192, 8192, 8192, tf32=True)["warps_n"] == 2
     # Small problems and TF32 off keep the float32 kernels.
     assert gemm_ops.select_params(h200, 64, 64, 64, tf32=True)["solver"] != "mma"
     assert gemm_ops.select_params(h200, 4096, 4096, 4096)["solver"] == "tiled"
@@ -310,9 +312,12 @@ def test_mma_kernel_against_float64(ctx, rng, ta, tb, tf32_off, monkeypatch):
     if not has_mma(ctx):
         pytest.skip(f"no TF32 mma here: {gemm_ops.mma_device_problem(ctx.info)}")
     monkeypatch.setattr(backends, "allow_tf32", True)
-    variants = (gemm_ops.DEFAULT_MMA, dict(gemm_ops.DEFAULT_MMA, tile_n=64, warps_n=2),
-                dict(gemm_ops.DEFAULT_MMA, staged=1, round="int", tile_group=4),
-                dict(gemm_ops.DEFAULT_MMA, warps_m=2, warps_n=2, round="int"))
+    # The default and the parameters of the shipped NVIDIA rules (tuning_db/gemm.json).
+    variants = (gemm_ops.DEFAULT_MMA,
+                dict(gemm_ops.DEFAULT_MMA, tile_n=64, warps_n=1, staged=1, round="int"),
+                dict(gemm_ops.DEFAULT_MMA, tile_n=64, warps_m=4, warps_n=1, staged=1,
+                     round="int"),
+                dict(gemm_ops.DEFAULT_MMA, warps_n=2, staged=1, round="int", tile_group=4))
     for M, N, K in ((300, 260, 70), (128, 128, 64), (1000, 64, 333), (77, 513, 1031)):
         for params in variants:
             c, a, b, _, _ = _run(ctx, rng, M, N, K, ta, tb, dict(params))
