@@ -639,6 +639,10 @@ class MmaSolver(GemmSolver):
     in local memory through cp.async (``kernels/gemm_mma.cl.mako``). Applies where TF32 is
     allowed and the device is an NVIDIA GPU of compute capability 8.0 or later; every
     transpose, offset, leading dimension, batch stride and epilogue, but no folded operand.
+    Tunables: ``tile_m``, ``tile_n``, ``tile_k``, ``warps_m``, ``warps_n``, ``stages`` (the
+    kernel header says what each means), optionally ``tile_group``, ``staged`` (1: slices go
+    through registers and are rounded to TF32 once, 2 stages) and ``round`` ("cvt":
+    cvt.rna.tf32.f32; "int": the same rounding in integer operations).
     Parameters with ``"emulate": 1`` compute the same mma fragments through local memory on
     any device (the kernel's addressing checked where no tensor core is); they are given as a
     plan's ``params``, never chosen."""
