@@ -119,9 +119,13 @@ def test_problem_key_and_features():
 
 # ---- applicability, choice, forcing -------------------------------------------------------
 
-def test_mma_is_listed_and_applies_only_with_tf32_on_nvidia_sm80():
+def test_mma_is_listed_and_applies_only_with_tf32_on_nvidia_sm80(ctx):
     assert "mma" in gemm_ops.ALGORITHMS and "mma" in solver.family("gemm").solvers
     fam = gemm_ops.FAMILY
+    # This device: applicable with TF32 allowed only where it has the tensor-core kernel
+    # (never on PoCL), never with TF32 off.
+    assert ("mma" in fam.applicable(ctx, GemmProblem(512, 512, 512, 1, True))) == has_mma(ctx)
+    assert "mma" not in fam.applicable(ctx, GemmProblem(512, 512, 512))
     h200 = fake_context()
     assert "mma" in fam.applicable(h200, GemmProblem(1024, 1024, 1024, 1, True))
     assert "mma" not in fam.applicable(h200, GemmProblem(1024, 1024, 1024))
