@@ -20,6 +20,7 @@ from . import tensor_methods  # noqa: F401  (sets the operator methods on Tensor
 from .ops.conv import Convolution, ConvolutionDesc
 from .seed import manual_seed
 from .version import __version__
+from . import backends  # noqa: E402
 from . import config  # noqa: E402
 from . import functional  # noqa: E402
 from . import fusion  # noqa: E402

@@ -231,6 +231,8 @@ class Context:
     CPU. ``Context("0:1")`` or ``Context("H200")`` picks one by index or name.
     ``Context(queue=q)`` wraps a host application's ``pyopencl.CommandQueue``: its context and
     device are used and every kernel is enqueued on ``q``.
+    ``ctx.allow_tf32``: None (default) follows ``dlprim_py.backends.allow_tf32``; True or False
+    allows or forbids TF32 GEMM on this context alone (see ``dlprim_py.backends``).
     """
 
     def __init__(self, device=None, *, queue=None, profiling=True):
@@ -274,6 +276,8 @@ class Context:
         # is planned, the sizes asked for and the buffers handed out (see workspace_log()).
         self._workspace = None
         self._workspace_log = None
+        # TF32 GEMM on this context: None follows dlprim_py.backends.allow_tf32.
+        self.allow_tf32 = None
 
     @property
     def vendor(self):

@@ -57,7 +57,8 @@ def test_choices_match_the_table(table, device):
             (device, M, N, K, batch, algorithm)
 
 
-@pytest.mark.parametrize("algorithm", gemm_ops.ALGORITHMS)
+# "mma" (TF32) applies to no problem of the table (TF32 off): test_gemm_tf32.py forces it.
+@pytest.mark.parametrize("algorithm", [a for a in gemm_ops.ALGORITHMS if a != "mma"])
 def test_forcing_through_the_environment_matches_the_table(table, monkeypatch, algorithm):
     monkeypatch.setenv("DLPRIM_GEMM_ALGO", algorithm)
     dp.config.reload()
@@ -93,6 +94,11 @@ def test_every_solver_forced(ctx, rng, monkeypatch, algorithm):
         with pytest.raises(dp.UnsupportedError, match="DLPRIM_GEMM_ALGO=subgroup does not apply"):
             gemm_ops.select_params(ctx, 37, 45, 29)
         pytest.skip("no Intel subgroups here: test_gemm_subgroup.py runs it on Intel's runtime")
+    if algorithm == "mma":
+        # TF32 is off by default: forced, it is refused; test_gemm_tf32.py runs it.
+        with pytest.raises(dp.UnsupportedError, match="DLPRIM_GEMM_ALGO=mma does not apply"):
+            gemm_ops.select_params(ctx, 37, 45, 29)
+        pytest.skip("TF32 off: test_gemm_tf32.py runs the mma solver")
     for M, N, K in ((37, 45, 29), (64, 64, 64)):
         a, b = random(rng, (M, K)), random(rng, (K, N))
         A, B = dp.Tensor.from_numpy(ctx, a), dp.Tensor.from_numpy(ctx, b)
@@ -219,7 +225,8 @@ def test_plan_keeps_the_tuned_parameters(ctx, rng):
 def test_problem_and_family():
     problem = GemmProblem(3, 4, 5, 2)
     assert problem.key() == "gemm-m3-n4-k5-b2"
-    assert problem.features() == {"m": 3, "n": 4, "k": 5, "mn": 12, "mnk": 60, "batch": 2}
+    assert problem.features() == {"m": 3, "n": 4, "k": 5, "mn": 12, "mnk": 60, "batch": 2,
+                                  "tf32": 0}
     assert problem == GemmProblem(3, 4, 5, 2) and hash(problem) == hash(GemmProblem(3, 4, 5, 2))
     with pytest.raises(dataclasses.FrozenInstanceError):
         problem.m = 4

@@ -28,7 +28,10 @@ to four slices ahead, through cp.async on NVIDIA GPUs of compute capability 8.0 
 ``gemm_splitk.cl.mako``'s reduction), "small" (``gemm_small.cl.mako``: one work-item per
 element, for problems too small to fill the device) and "subgroup" (``gemm_subgroup.cl.mako``,
 devices with Intel subgroups: a register block per work-item, A broadcast across the subgroup
-with shuffles instead of local memory). ``DLPRIM_GEMM_ALGO`` forces one; otherwise the first
+with shuffles instead of local memory) and "mma" (``gemm_mma.cl.mako``: TF32 on NVIDIA tensor
+cores through warp-level ``mma.sync`` in inline PTX, compute capability 8.0 and later; only where
+TF32 is allowed, ``dlprim_py.backends.allow_tf32`` or ``ctx.allow_tf32``, and the operands are not
+folded; otherwise the GEMM stays float32). ``DLPRIM_GEMM_ALGO`` forces one; otherwise the first
 rule of ``tuning_db/gemm.json`` (device -> architecture -> vendor -> default) that holds for the
 problem and runs on the device names the solver and gives its tunable parameters
 (``{"solver": "tiled", "tile_m": 64, ...}``).
@@ -39,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyopencl as cl
 
-from .. import config, logcmd, program, solver, tuning
+from .. import backends, config, logcmd, program, solver, tuning
 from ..activation import as_activation
 from ..dtypes import as_dtype, check_dtype
 from ..errors import DTypeError, DeviceError, ShapeError, UnsupportedError, not_a_tensor
@@ -47,11 +50,12 @@ from ..launch import BoundKernel, Recording, alias_pattern, buffer_arguments, en
 from ..tensor import Tensor, allocate
 
 # The solvers' names: the values of DLPRIM_GEMM_ALGO and of the rules' "solver".
-ALGORITHMS = ("tiled", "splitk", "small", "subgroup")
+ALGORITHMS = ("tiled", "splitk", "small", "subgroup", "mma")
 _INT32_MAX = 2 ** 31 - 1
 _TILED_KEYS = ("tile_m", "tile_n", "tile_k", "wpt_m", "wpt_n", "vec", "pad", "double_buffer")
 _SMALL_KEYS = ("small_m", "small_n")
 _SUBGROUP_KEYS = ("sg_size", "wpt_m", "wpt_n", "sg_groups")
+_MMA_KEYS = ("tile_m", "tile_n", "tile_k", "warps_m", "warps_n", "stages")
 # The extensions the subgroup kernel is written in.
 SUBGROUP_EXTENSIONS = ("cl_intel_subgroups", "cl_intel_required_subgroup_size")
 # Parameters that run on any OpenCL device, for forced solvers no database rule names.
@@ -60,6 +64,10 @@ DEFAULT_TILED = {"solver": "tiled", "tile_m": 32, "tile_n": 32, "tile_k": 16, "w
                  "wpt_n": 4, "vec": 4, "pad": 4, "double_buffer": 1, "split_k": 1,
                  "global_vec": 1}
 DEFAULT_SUBGROUP = {"solver": "subgroup", "sg_size": 16, "wpt_m": 8, "wpt_n": 1, "sg_groups": 1}
+# 8 warps of 64 x 32 accumulators (4 x 4 mma tiles each), two 16-deep stages: at most 48 KiB of
+# local memory in every layout.
+DEFAULT_MMA = {"solver": "mma", "tile_m": 128, "tile_n": 128, "tile_k": 16, "warps_m": 2,
+               "warps_n": 4, "stages": 2}
 # A forced "splitk" whose rule does not split: this many chunks.
 DEFAULT_SPLITS = 4
 
@@ -162,6 +170,76 @@ def _subgroup_problem(params, info):
     return None
 
 
+def mma_device_problem(info):
+    """Why the device ``info`` (a DeviceInfo) cannot run the mma kernel's PTX (TF32 mma.sync
+    and cp.async need an NVIDIA GPU of compute capability 8.0 or later), or None."""
+    if info.vendor != "nvidia":
+        return f"TF32 mma.sync runs on NVIDIA GPUs only, the device's vendor is {info.vendor!r}"
+    arch = getattr(info, "architecture", None) or ""
+    if not arch.startswith("nvidia:sm_") or not arch[len("nvidia:sm_"):].isdigit():
+        return "the driver does not report the device's compute capability"
+    digits = arch[len("nvidia:sm_"):]
+    if int(digits[:-1]) < 8:
+        return (f"TF32 mma.sync needs compute capability 8.0 or later, the device has "
+                f"{digits[:-1]}.{digits[-1]}")
+    return None
+
+
+def _mma_ld(tile, k_contiguous):
+    """Words per local-memory row of a slice (as gemm_mma.cl.mako lays it out)."""
+    if not k_contiguous:
+        return tile + 4
+    ld = tile + 8
+    return ld if (ld // 8) % 2 == 1 else tile + 16
+
+
+def mma_local_bytes(params, trans_a=None, trans_b=None):
+    """Local memory of the mma kernel: its stages (for the transposes given, else the largest
+    of any) and, emulated, the warps' exchange words."""
+    tm, tn, tk = params["tile_m"], params["tile_n"], params["tile_k"]
+    a_trans, a_plain = tk * _mma_ld(tm, False), tm * _mma_ld(tk, True)
+    b_trans, b_plain = tn * _mma_ld(tk, True), tk * _mma_ld(tn, False)
+    a = max(a_trans, a_plain) if trans_a is None else a_trans if trans_a else a_plain
+    b = max(b_trans, b_plain) if trans_b is None else b_trans if trans_b else b_plain
+    threads = 32 * params["warps_m"] * params["warps_n"]
+    return 4 * (params["stages"] * (a + b) + (6 * threads if params.get("emulate") else 0))
+
+
+def _mma_problem(params, info):
+    tm, tn, tk = params["tile_m"], params["tile_n"], params["tile_k"]
+    wm, wn, stages = params["warps_m"], params["warps_n"], params["stages"]
+    values = (tm, tn, tk, wm, wn, stages)
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in values):
+        return f"mma tile parameters must be ints >= 1, got {dict(zip(_MMA_KEYS, values))}"
+    if any(x & (x - 1) for x in (tm, tn, tk, wm, wn)):
+        return f"tile {tm}x{tn}x{tk} and warps {wm}x{wn} must be powers of two"
+    if tk % 8 or tm % (16 * wm) or tn % (8 * wn):
+        return (f"tile {tm}x{tn}x{tk} must be whole mma tiles per warp: TILE_K a multiple of 8, "
+                f"TILE_M of 16 x warps_m {wm}, TILE_N of 8 x warps_n {wn}")
+    threads = 32 * wm * wn
+    if threads > info.max_work_group_size:
+        return f"{threads} work-items > device maximum {info.max_work_group_size}"
+    if (tm * tk) % (4 * threads) or (tn * tk) % (4 * threads):
+        return (f"{threads} work-items cannot share the {tm}x{tk} and {tk}x{tn} slice copies of "
+                f"16 bytes evenly")
+    if stages not in (2, 3, 4):
+        return f"stages must be 2, 3 or 4, got {stages}"
+    group = params.get("tile_group", 1)
+    if not isinstance(group, int) or group < 1:
+        return f"tile_group must be an int >= 1, got {group!r}"
+    emulate = params.get("emulate", 0)
+    if emulate not in (0, 1):
+        return f"emulate must be 0 or 1, got {emulate!r}"
+    if params.get("round", "cvt") not in ("cvt", "int"):
+        return f"round must be 'cvt' or 'int', got {params.get('round')!r}"
+    staged = params.get("staged", 0)
+    if staged not in (0, 1) or (staged and stages != 2):
+        return f"staged must be 0 or 1, and staged slices take 2 stages (got {staged!r}, {stages})"
+    if mma_local_bytes(params) > info.local_mem_size:
+        return f"{mma_local_bytes(params)} bytes of local memory > device {info.local_mem_size}"
+    return None if emulate else mma_device_problem(info)
+
+
 class Fold:
     """Folded addressing of an operand's contiguous dimension: column j is position
     p = j % positions of image n = j // positions, at element ``n * image_stride + map(p)``
@@ -246,26 +324,30 @@ def _fold_args(fold, strided=True):
     return fold.args(strided)
 
 
-def features(M, N, K, batch=1):
-    """The shape features tuning rules are written in."""
-    return {"m": M, "n": N, "k": K, "mn": M * N, "mnk": M * N * K, "batch": batch}
+def features(M, N, K, batch=1, tf32=False):
+    """The shape features tuning rules are written in (``tf32``: 1 where TF32 is allowed)."""
+    return {"m": M, "n": N, "k": K, "mn": M * N, "mnk": M * N * K, "batch": batch,
+            "tf32": int(bool(tf32))}
 
 
 @dataclass(frozen=True)
 class GemmProblem:
     """What the choice of a GEMM solver and its parameters depends on: the sizes (op(A) M x K,
-    op(B) K x N, ``batch`` products). Where the operands lie (transposes, offsets, folds) and
-    the epilogue do not change the choice; a plan derives its ``GemmConfig`` from them."""
+    op(B) K x N, ``batch`` products) and whether TF32 is allowed (``tf32``: the "mma" solver
+    applies only then). Where the operands lie (transposes, offsets, folds) and the epilogue
+    do not change the choice; a plan derives its ``GemmConfig`` from them (and falls back to
+    float32 where the mma kernel cannot address them, ``GemmSolver.layout_refusal``)."""
     m: int
     n: int
     k: int
     batch: int = 1
+    tf32: bool = False
 
     def key(self):
-        return f"gemm-m{self.m}-n{self.n}-k{self.k}-b{self.batch}"
+        return f"gemm-m{self.m}-n{self.n}-k{self.k}-b{self.batch}{'-tf32' if self.tf32 else ''}"
 
     def features(self):
-        return features(self.m, self.n, self.k, self.batch)
+        return features(self.m, self.n, self.k, self.batch, self.tf32)
 
 
 @dataclass(frozen=True)
@@ -343,6 +425,11 @@ class GemmSolver(solver.Solver):
 
     def refusal(self, ctx, problem):
         """Why the solver cannot compute ``problem`` here, or None (``applies``)."""
+        return None
+
+    def layout_refusal(self, layout):
+        """Why the solver's kernel cannot address operands laid out as ``layout`` (a
+        ``GemmLayout``), or None."""
         return None
 
     def applies(self, ctx, problem):
@@ -547,6 +634,66 @@ class SubgroupSolver(GemmSolver):
                  (sg, groups, 1), [*args.ab, *args.c, *args.out, *args.folds, *args.chain])]
 
 
+class MmaSolver(GemmSolver):
+    """TF32 on NVIDIA tensor cores: warp-level mma.sync m16n8k8 in inline PTX, slices staged
+    in local memory through cp.async (``kernels/gemm_mma.cl.mako``). Applies where TF32 is
+    allowed and the device is an NVIDIA GPU of compute capability 8.0 or later; every
+    transpose, offset, leading dimension, batch stride and epilogue, but no folded operand.
+    Tunables: ``tile_m``, ``tile_n``, ``tile_k``, ``warps_m``, ``warps_n``, ``stages`` (the
+    kernel header says what each means), optionally ``tile_group``, ``staged`` (1: slices go
+    through registers and are rounded to TF32 once, 2 stages) and ``round`` ("cvt":
+    cvt.rna.tf32.f32; "int": the same rounding in integer operations).
+    Parameters with ``"emulate": 1`` compute the same mma fragments through local memory on
+    any device (the kernel's addressing checked where no tensor core is); they are given as a
+    plan's ``params``, never chosen."""
+    name = "mma"
+    template = "gemm_mma"
+    keys = _MMA_KEYS
+    defaults = DEFAULT_MMA
+    rule_solvers = ("mma",)
+
+    def refusal(self, ctx, problem):
+        if not problem.tf32:
+            return ("TF32 is not allowed (dlprim_py.backends.allow_tf32 and the context's "
+                    "allow_tf32 are False)")
+        return mma_device_problem(ctx.info)
+
+    def layout_refusal(self, layout):
+        if any(f is not None for f in layout.folds):
+            return "the mma kernel does not address folded operands"
+        return None
+
+    def params_problem(self, params, info):
+        return self.missing(params) or _mma_problem(params, info)
+
+    def configure(self, ctx, problem, params, layout):
+        # 16-byte copies need every row of A and B to start on a 16-byte boundary.
+        aligned = not any(x % 4 for x in (layout.lda, layout.ldb, layout.a_off, layout.b_off,
+                                          layout.stride_a, layout.stride_b))
+        emulate = params.get("emulate", 0)
+        nv_async = int(not emulate and params.get("async_copy", 1) != 0 and _has_cp_async(ctx))
+        # Pairs of adjacent accumulators stored as one float2 where every row of C starts on
+        # an 8-byte boundary.
+        c_pairs = not any(x % 2 for x in (layout.ldc, layout.c_off, layout.stride_c))
+        return GemmConfig(global_vec=4 if aligned else 1, c_vec=2 if c_pairs else 1,
+                          nv_async=nv_async)
+
+    def template_params(self, params, config):
+        return {"TILE_M": params["tile_m"], "TILE_N": params["tile_n"],
+                "TILE_K": params["tile_k"], "WARPS_M": params["warps_m"],
+                "WARPS_N": params["warps_n"], "STAGES": params["stages"],
+                "GVEC": config.global_vec, "NV_ASYNC": config.nv_async,
+                "GROUP_M": params.get("tile_group", 1), "EMULATE": params.get("emulate", 0),
+                "CVEC": config.c_vec, "ROUND": params.get("round", "cvt"),
+                "STAGED": params.get("staged", 0)}
+
+    def launches(self, ctx, problem, params, config, args, workspace):
+        threads = 32 * params["warps_m"] * params["warps_n"]
+        return [("gemm_mma", (math.ceil(problem.n / params["tile_n"]) * threads,
+                              math.ceil(problem.m / params["tile_m"]), problem.batch),
+                 (threads, 1, 1), [*args.ab, *args.c, *args.out, *args.folds, *args.chain])]
+
+
 class _GemmFamily(solver.Family):
     def usable(self, ctx, problem, params):
         """A rule names parameters that run on this device (a rule measured on another one
@@ -555,7 +702,7 @@ class _GemmFamily(solver.Family):
 
 
 FAMILY = solver.register(_GemmFamily(
-    "gemm", (TiledSolver(), SplitKSolver(), SmallSolver(), SubgroupSolver()),
+    "gemm", (TiledSolver(), SplitKSolver(), SmallSolver(), SubgroupSolver(), MmaSolver()),
     title="GEMM algorithm"))
 # Rules written before the solver layer name the kernel (solver_params reads them).
 tuning.upgrade_params("gemm", solver_params)
@@ -579,19 +726,21 @@ def _argument_solver(ctx, problem, name):
     return chosen
 
 
-def select_params(ctx, M, N, K, batch=1, algorithm=None):
-    """Solver parameters for a problem (``{"solver": name, ...}``): the solver ``algorithm``
+def select_params(ctx, M, N, K, batch=1, algorithm=None, tf32=False):
+    """Solver parameters for a problem (``{"solver": name, ...}``; ``tf32``: whether TF32 is
+    allowed, which the "mma" solver needs): the solver ``algorithm``
     names, else the solver layer's choice (``solver.select``: forced by ``DLPRIM_GEMM_ALGO``,
     else tuned). A forced solver takes its parameters from the first rule that gives them
     (``GemmSolver.forced``), a tuned one from the rule that chose it (``tuning_db/gemm.json``),
     a long K then split where the rule's tiles leave a GPU idle (``_split_long_k``). Memoized
     per context."""
     forced = algorithm or config.forced_algorithm("gemm")
-    key = ("gemm.select", M, N, K, batch, forced, tuning.generation)
+    tf32 = bool(tf32)
+    key = ("gemm.select", M, N, K, batch, forced, tf32, tuning.generation)
     found = ctx.plans.get(key)
     if found is not None:
         return dict(found)
-    problem = GemmProblem(M, N, K, batch)
+    problem = GemmProblem(M, N, K, batch, tf32)
     if algorithm is not None:
         chosen = _argument_solver(ctx, problem, algorithm)
     else:
@@ -734,7 +883,9 @@ class GemmPlan:
     ``ALGORITHMS``) and ``params`` (a full solver parameter dict, as the tuner uses; the form
     before the solver layer, ``{"kernel": ...}``, is read as well) override the database's
     choice (the "subgroup" solver only where the device reports ``SUBGROUP_EXTENSIONS``, and
-    never split along K); ``dtype`` must be float32; ``fold_a``, ``fold_b``, ``fold_c``:
+    never split along K); ``allow_tf32`` (default False: float32) lets the choice take the
+    TF32 "mma" solver where it applies (``algorithm="mma"`` needs it; ``params`` naming "mma"
+    do not, being the kernel asked for); ``dtype`` must be float32; ``fold_a``, ``fold_b``, ``fold_c``:
     ``Fold`` addressing of an operand's contiguous dimension (A along K only, C densely only).
     ``params`` keeps the parameters as chosen; ``config`` (a ``GemmConfig``) what the plan
     derived from them; ``solver`` the solver; ``algorithm`` what runs ("splitk" only where K
@@ -760,7 +911,7 @@ class GemmPlan:
                  fold_a=None, fold_b=None, fold_c=None, order="gemm", scale_buf=None,
                  scale_off=0, scale_per="m", residual_buf=None, residual_off=0,
                  residual_alpha=1.0, chain=(), chain_args=(), chain_per="m", dtype=np.float32,
-                 algorithm=None, params=None):
+                 algorithm=None, params=None, allow_tf32=False):
         dtype = as_dtype(dtype)
         if dtype != np.float32:
             raise DTypeError(f"GEMM supports float32 only, got {dtype}")
@@ -834,20 +985,32 @@ class GemmPlan:
         act = as_activation(activation)
         act_code = act.forward_code("x") if act is not None else ""
 
-        problem = GemmProblem(M, N, K, batch)
+        allow_tf32 = bool(allow_tf32)
+        problem = GemmProblem(M, N, K, batch, allow_tf32)
+        layout = GemmLayout(bool(trans_a), bool(trans_b), a_off, lda, stride_a, b_off, ldb,
+                            stride_b, c_off, ldc, stride_c, fold_a, fold_b, fold_c)
+        explicit = params is not None or algorithm is not None \
+            or config.forced_algorithm("gemm") is not None
         if params is None:
-            params = select_params(ctx, M, N, K, batch, algorithm)
+            params = select_params(ctx, M, N, K, batch, algorithm, allow_tf32)
         params = solver_params(params)
         chosen = FAMILY.solvers.get(params.get("solver"))
         why = params_problem(params, ctx.info)
         if why is not None:
             raise UnsupportedError(f"GEMM kernel parameters {params} do not run here: {why}")
+        why = chosen.layout_refusal(layout)
+        if why is not None:
+            if explicit:
+                raise UnsupportedError(f"GEMM algorithm {chosen.name!r} does not run this call: "
+                                       f"{why}")
+            # Chosen for the sizes alone (the TF32 kernel): the float32 choice instead.
+            params = select_params(ctx, M, N, K, batch, None, False)
+            chosen = FAMILY.solvers[params["solver"]]
+            problem = GemmProblem(M, N, K, batch)
         # The tuned parameters as given; what this plan derives from them is self.config.
         self.params = params
         self.solver = chosen
-        self.config = chosen.configure(ctx, problem, params, GemmLayout(
-            bool(trans_a), bool(trans_b), a_off, lda, stride_a, b_off, ldb, stride_b, c_off, ldc,
-            stride_c, fold_a, fold_b, fold_c))
+        self.config = chosen.configure(ctx, problem, params, layout)
 
         f32 = np.float32
         i32 = np.int32
@@ -945,14 +1108,16 @@ def _log_call(M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta, bias_buf, b
 def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc, *,
                  trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias_buf=None, bias_off=0,
                  bias_per="n", activation=None, batch=1, stride_a=0, stride_b=0, stride_c=0,
-                 checked=False, **extra):
+                 checked=False, allow_tf32=None, **extra):
     """Enqueue C = act(alpha * op(A) @ op(B) + beta * C + bias) on ``ctx.queue``.
 
     Row-major float32; offsets, leading dimensions and batch strides in elements. op(A) is
     M x K (A stored K x M when ``trans_a``), op(B) is K x N (B stored N x K when ``trans_b``),
     C is M x N. ``bias_per="n"``: bias[N] added to every row (linear layers); ``"m"``: bias[M]
     added to every column (convolution, M = output channels). ``activation``: None, a name or
-    an ``ActivationDesc``. beta == 0 never reads C. Keyword-only extras as ``GemmPlan``.
+    an ``ActivationDesc``. beta == 0 never reads C. ``allow_tf32``: None follows the context's
+    and the module's switch (``dlprim_py.backends``), read here, at every call, into the plan's
+    key. Keyword-only extras as ``GemmPlan``.
 
     The first call with given sizes, offsets, scalars and options builds a ``GemmPlan`` and
     records it; later calls replay the recording on their own buffers (after checking that each
@@ -963,13 +1128,14 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
         _log_call(M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta, bias_buf, bias_per,
                   activation, batch, stride_a, stride_b, stride_c, extra.get("algorithm"))
     operands = (a_buf, b_buf, c_buf, bias_buf)
+    tf32 = backends.tf32_allowed(ctx) if allow_tf32 is None else bool(allow_tf32)
     key = None
     if set(extra) <= {"algorithm"}:
         act = activation.key if hasattr(activation, "key") else activation
         key = ("gemm", M, N, K, a_off, lda, b_off, ldb, c_off, ldc, bool(trans_a),
                bool(trans_b), alpha, beta, bias_off, bias_per if bias_buf is not None else None,
                act, batch, stride_a, stride_b, stride_c, extra.get("algorithm"),
-               config.forced_algorithm("gemm"), alias_pattern(operands))
+               config.forced_algorithm("gemm"), tf32, alias_pattern(operands))
         try:
             entry = ctx.plans.get(key)
         except TypeError:   # an unhashable argument: checked and refused by GemmPlan below
@@ -989,7 +1155,7 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
                          trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta,
                          bias_buf=bias_buf, bias_off=bias_off, bias_per=bias_per,
                          activation=activation, batch=batch, stride_a=stride_a,
-                         stride_b=stride_b, stride_c=stride_c, **extra)
+                         stride_b=stride_b, stride_c=stride_c, allow_tf32=tf32, **extra)
     if key is None:
         gemm_plan.enqueue()
         return
@@ -1074,7 +1240,13 @@ def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, bias=N
     a: (M, K) float32, or (K, M) with ``trans_a``; b: (K, N), or (N, K) with ``trans_b``;
     c: (M, N) (needed when beta != 0). bias: (N,) added to every row (``bias_per="n"``) or
     (M,) added to every column (``bias_per="m"``). activation: None, a name ("relu", ...) or an
-    ``ActivationDesc``. Returns the (M, N) result tensor.
+    ``ActivationDesc``. Returns the (M, N) result tensor. ``algorithm``: a solver of
+    ``ALGORITHMS`` to force (an error where it does not apply).
+
+    Float32 unless TF32 is allowed (``dlprim_py.backends.allow_tf32``, or ``a.ctx.allow_tf32``
+    where not None; read at each call): on NVIDIA GPUs of compute capability 8.0 and later the
+    product then runs on tensor cores in TF32 (operands rounded to 10 mantissa bits, float32
+    sums), as ``torch.backends.cuda.matmul.allow_tf32`` does; elsewhere it stays float32.
     """
     return _gemm_tensors(a, b, c, alpha, beta, trans_a, trans_b, bias, activation, bias_per,
                          False, algorithm)

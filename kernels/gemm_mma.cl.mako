@@ -1,0 +1,463 @@
+## gemm_mma: the C tile of a work-group computed on NVIDIA tensor cores in TF32, by warp-level
+## mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 issued as inline PTX. The "mma" solver of
+## ops/gemm.py (compute capability 8.0 and later, TF32 allowed).
+##
+## Why mma.sync: NVIDIA's OpenCL compiles for sm_90, not sm_90a, so Hopper's wgmma (the
+## instruction cuBLAS reaches ~400 TFLOP/s of TF32 with) cannot be issued from OpenCL; the
+## warp-level mma.sync of Ampere is the ceiling of this path.
+<%namespace name="common" file="gemm_common.cl.mako"/>
+<%namespace name="access" file="memory_access.cl.mako"/>
+${common.header()}
+// gemm_mma only:
+//   TILE_M, TILE_N  the C tile one work-group computes
+//   TILE_K        depth of the A and B slices staged in local memory per step (multiple of 8)
+//   WARPS_M, WARPS_N  warps of 32 work-items along M and N; warp (wm, wn) owns the
+//                 WTM x WTN = TILE_M / WARPS_M x TILE_N / WARPS_N block of the tile, as
+//                 WTM / 16 x WTN / 8 mma tiles of 16 x 8 accumulators (4 per work-item)
+//   STAGES        local-memory stages (>= 2): the copies of slice s + STAGES - 1 are in flight
+//                 while slice s is multiplied; one barrier per slice
+//   GVEC          4: copies of 16 bytes (rows of A and B start on 16-byte boundaries: the host
+//                 checks leading dimensions, offsets and batch strides); 1: of 4 bytes
+//   NV_ASYNC      1: copies are cp.async (PTX); 0: plain loads and stores
+//   GROUP_M       as gemm_tiled's: > 1 walks GROUP_M rows of tiles down M before stepping N
+//   CVEC          2: rows of C start on 8-byte boundaries (the host checks ldc, offset and
+//                 batch stride): work-groups inside C store their two adjacent accumulators
+//                 at once ("gemm" epilogue without a chain); 1: one at a time
+//   ROUND         "cvt": operands rounded to TF32 by cvt.rna.tf32.f32; "int": the same
+//                 rounding (nearest, ties away from zero) in two integer operations, NaN kept
+//   STAGED        0: slices copied straight into local memory (cp.async with NV_ASYNC), each
+//                 work-item rounding the fragments it reads to TF32 (a value is rounded by
+//                 every warp that reads it). 1: slices go global -> registers -> local memory,
+//                 rounded once on the way; two stages, the next slice's loads in flight while
+//                 the current one is multiplied (STAGES must be 2, NV_ASYNC unused)
+//   EMULATE       0: mma.sync and cvt.rna.tf32.f32 as PTX (NVIDIA only). 1: the same
+//                 instruction, fragment for fragment, computed by the warp's work-items through
+//                 local memory, with TF32 rounding done in integer arithmetic: it runs on any
+//                 OpenCL device, to check this kernel's addressing where no tensor core is
+//
+// Local memory. Each operand's slice is stored as it lies in global memory (rows of its
+// contiguous dimension), so that the copies need no transposition and can be cp.async:
+//   A (not TRANS_A): [TILE_M][LDA], LDA = TILE_K + pad; TRANS_A: [TILE_K][LDA], LDA = TILE_M + 4
+//   B (TRANS_B):     [TILE_N][LDB], LDB = TILE_K + pad; else:    [TILE_K][LDB], LDB = TILE_N + 4
+// Within each 8-deep step the K index of the mma fragments is permuted, the same way for A and
+// B (the sum over K does not change): fragment column t (t = lane % 4) reads K offset 2t and
+// column t + 4 reads 2t + 1. Where K is contiguous a work-item's two values are then adjacent
+// (one 8-byte load); rows of LDA = TILE_K + pad words with LDA / 8 odd put the 8 rows of a
+// half-warp's 8-byte loads on distinct banks, and rows of TILE_M + 4 (TILE_N + 4) words do so
+// for the 4-byte loads where M (N) is contiguous.
+<%!
+def k_contiguous_ld(tile_k):
+    """Row length in words of a slice stored with K contiguous: at least TILE_K + 8, with
+    LD / 8 odd (the 8-byte fragment loads of a half-warp then meet distinct banks)."""
+    ld = tile_k + 8
+    return ld if (ld // 8) % 2 == 1 else tile_k + 16
+
+
+def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC):
+    """The derived constants of the header, as a dict: work-items, warp tile and mma tile
+    counts, local row lengths, each operand's slice as (contiguous, strided) extents in its
+    storage order and the copies per work-item."""
+    nthreads = WARPS_M * WARPS_N * 32
+    d = dict(nthreads=nthreads, wtm=TILE_M // WARPS_M, wtn=TILE_N // WARPS_N)
+    d["mt_count"], d["nt_count"] = d["wtm"] // 16, d["wtn"] // 8
+    d["lda"] = TILE_M + 4 if TRANS_A else k_contiguous_ld(TILE_K)
+    d["ldb"] = k_contiguous_ld(TILE_K) if TRANS_B else TILE_N + 4
+    d["a_x"], d["a_s"] = (TILE_M, TILE_K) if TRANS_A else (TILE_K, TILE_M)
+    d["b_x"], d["b_s"] = (TILE_K, TILE_N) if TRANS_B else (TILE_N, TILE_K)
+    d["a_copies"] = d["a_x"] * d["a_s"] // (GVEC * nthreads)
+    d["b_copies"] = d["b_x"] * d["b_s"] // (GVEC * nthreads)
+    return d
+%>
+<%
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    nthreads, wtm, wtn, lda, ldb = L["nthreads"], L["wtm"], L["wtn"], L["lda"], L["ldb"]
+    mt_count, nt_count = L["mt_count"], L["nt_count"]
+    a_x, a_s, b_x, b_s, a_copies, b_copies = (L[k] for k in ("a_x", "a_s", "b_x", "b_s", "a_copies", "b_copies"))
+%>
+#define NTHREADS ${nthreads}
+#define TILE_M ${TILE_M}
+#define TILE_N ${TILE_N}
+#define TILE_K ${TILE_K}
+#define LDA ${lda}
+#define LDB ${ldb}
+#define STAGE_A ${lda * (TILE_K if TRANS_A else TILE_M)}
+#define STAGE_B ${ldb * (TILE_N if TRANS_B else TILE_K)}
+#define STAGES ${STAGES}
+
+${access.async_copies(bool(NV_ASYNC))}
+
+% if EMULATE or ROUND == "int":
+// TF32 of x as cvt.rna.tf32.f32 rounds it (to nearest, ties away from zero, on the 13 dropped
+// mantissa bits), in two integer operations, kept as the float bit pattern; infinities pass
+// unchanged and a NaN stays a NaN.
+inline uint to_tf32(float x)
+{
+    const uint u = as_uint(x);
+    return isnan(x) ? u : (u + 0x1000u) & 0xffffe000u;
+}
+% else:
+inline uint to_tf32(float x)
+{
+    uint r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+% endif
+
+% if EMULATE:
+// One m16n8k8 mma of a warp: every work-item puts its fragments (a0..a3, b0, b1) into the
+// warp's 32 x 6 words of `x`, then reads the rows and columns of its four accumulators
+// (fragment layout as PTX documents it for .tf32; groupID = lane / 4, t = lane % 4):
+//   a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); b0 (t, g), b1 (t + 4, g);
+//   c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
+// Every work-item of the group calls it the same number of times (it holds barriers).
+inline float4 mma_emulated(float4 c, uint a0, uint a1, uint a2, uint a3, uint b0, uint b1,
+                           __local uint *x, int lane)
+{
+    x[lane * 6 + 0] = a0;
+    x[lane * 6 + 1] = a1;
+    x[lane * 6 + 2] = a2;
+    x[lane * 6 + 3] = a3;
+    x[lane * 6 + 4] = b0;
+    x[lane * 6 + 5] = b1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int g = lane / 4, t = lane % 4;
+    for (int k = 0; k < 8; ++k) {
+        const int hi = k / 4;
+        const float a_g = as_float(x[(g * 4 + k % 4) * 6 + 2 * hi]);
+        const float a_g8 = as_float(x[(g * 4 + k % 4) * 6 + 1 + 2 * hi]);
+        const float b_0 = as_float(x[((2 * t) * 4 + k % 4) * 6 + 4 + hi]);
+        const float b_1 = as_float(x[((2 * t + 1) * 4 + k % 4) * 6 + 4 + hi]);
+        c.x = fma(a_g, b_0, c.x);
+        c.y = fma(a_g, b_1, c.y);
+        c.z = fma(a_g8, b_0, c.z);
+        c.w = fma(a_g8, b_1, c.w);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return c;
+}
+#define MMA(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) { \
+    const float4 mma_d = mma_emulated((float4)(d0, d1, d2, d3), a0, a1, a2, a3, b0, b1, \
+                                      mma_scratch + warp * 192, lane); \
+    d0 = mma_d.x; d1 = mma_d.y; d2 = mma_d.z; d3 = mma_d.w; }
+% else:
+// D = A (16 x 8, row) * B (8 x 8, col) + D on the warp's tensor cores; separate output and
+// input operands for the accumulators (PTX registers are virtual: no tie is needed).
+#define MMA(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) \
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, " \
+        "{%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};" \
+        : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3) \
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), \
+          "f"(d0), "f"(d1), "f"(d2), "f"(d3))
+% endif
+
+__kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
+void gemm_mma(int M, int N, int K,
+              __global const float *restrict A, long a_off, int lda, long stride_a,
+              __global const float *restrict B, long b_off, int ldb, long stride_b,
+              __global float *C, long c_off, int ldc, long stride_c,
+              float alpha, float beta,
+              __global const float *restrict bias, long bias_off,
+              __global const float *restrict scale, long scale_off,
+              __global const float *restrict R, long r_off, float residual_alpha,
+              int fa_p, long fa_img, int fa_w, int fa_row, int fa_col,
+              int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
+              int fc_p, long fc_img
+              ${common.chain_params()})
+{
+    __local float a_stage[STAGES * STAGE_A] __attribute__((aligned(16)));
+    __local float b_stage[STAGES * STAGE_B] __attribute__((aligned(16)));
+% if EMULATE:
+    __local uint mma_scratch[NTHREADS * 6];
+% endif
+    const int lid = get_local_id(0);
+    const int lane = lid % 32;
+    const int warp = lid / 32;
+    const int wm = warp % ${WARPS_M};
+    const int wn = warp / ${WARPS_M};
+    const int g = lane / 4;
+    const int t = lane % 4;
+% if GROUP_M > 1:
+    // Tile t (row-major over the groups) -> GROUP_M tile rows walked down M first.
+    const int tiles_n = get_num_groups(0);
+    const int tiles_m = get_num_groups(1);
+    const int tile = get_group_id(1) * tiles_n + get_group_id(0);
+    const int band = tile / (${GROUP_M} * tiles_n);
+    const int band_rows = min(tiles_m - band * ${GROUP_M}, ${GROUP_M});
+    const int in_band = tile - band * ${GROUP_M} * tiles_n;
+    const int m0 = (band * ${GROUP_M} + in_band % band_rows) * TILE_M;
+    const int n0 = (in_band / band_rows) * TILE_N;
+% else:
+    const int m0 = get_group_id(1) * TILE_M;
+    const int n0 = get_group_id(0) * TILE_N;
+% endif
+    const int batch = get_group_id(2);
+    A += a_off + batch * stride_a;
+    B += b_off + batch * stride_b;
+
+    // Copy r of this work-item: chunk lid + r * NTHREADS of the slice, GVEC elements of the
+    // contiguous dimension (x) in row s; consecutive work-items take consecutive chunks.
+% for name, xs, ss, copies, ld in (("a", a_x, a_s, a_copies, "lda"), ("b", b_x, b_s, b_copies, "ldb")):
+%   for r in range(copies):
+    const int ${name}_s${r} = (lid + ${r * nthreads}) / ${xs // GVEC};
+    const int ${name}_x${r} = ((lid + ${r * nthreads}) % ${xs // GVEC}) * ${GVEC};
+    const int ${name}_src${r} = ${name}_s${r} * ${ld} + ${name}_x${r};
+    const int ${name}_dst${r} = ${name}_s${r} * LD${name.upper()} + ${name}_x${r};
+%   endfor
+% endfor
+    // Slices of work-groups whose tile rows (columns) lie inside A (B) copy without checks,
+    // but the last one along K when K is not a multiple of TILE_K.
+    const bool a_inside = m0 + TILE_M <= M;
+    const bool b_inside = n0 + TILE_N <= N;
+
+<%def name="copy_slice(k, stage)">
+<%
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    a_copies, b_copies = L["a_copies"], L["b_copies"]
+    wide = {1: "copy4", 4: "copy16"}[GVEC]
+    # (rows, columns) of each operand's storage and the origin of the slice in it.
+    a_rows, a_cols, a_r0, a_c0 = ("K", "M", k, "m0") if TRANS_A else ("M", "K", "m0", k)
+    b_rows, b_cols, b_r0, b_c0 = ("N", "K", "n0", k) if TRANS_B else ("K", "N", k, "n0")
+%>
+        {
+% for name, copies, rows, cols, r0, c0, inside in (("a", a_copies, a_rows, a_cols, a_r0, a_c0, "a_inside"), ("b", b_copies, b_rows, b_cols, b_r0, b_c0, "b_inside")):
+<%  M_ = name.upper() %>\
+            __global const float *${name}_slice = ${M_} + (long)(${r0}) * ${"lda" if name == "a" else "ldb"} + (${c0});
+            __local float *${name}_to = ${name}_stage + (${stage}) * STAGE_${M_};
+            if (${inside} && ${k} + TILE_K <= K) {
+%   for r in range(copies):
+                ${wide}(${name}_to + ${name}_dst${r}, ${name}_slice + ${name}_src${r});
+%   endfor
+            } else {
+                // Elements outside the matrix are zeros; their source address is the
+                // matrix's first element (never read).
+%   for r in range(copies):
+%     for v in range(GVEC):
+                { const bool ok = (${r0}) + ${name}_s${r} < ${rows} && (${c0}) + ${name}_x${r} + ${v} < ${cols};
+                  copy4_masked(${name}_to + ${name}_dst${r} + ${v}, ok ? ${name}_slice + ${name}_src${r} + ${v} : ${M_}, ok); }
+%     endfor
+%   endfor
+            }
+% endfor
+        }
+</%def>
+
+    // This work-item's fragments in a stage: the element (row, K offset 2t) of its first mma
+    // tile, in the permuted K order of the header.
+% if TRANS_A:
+    const int a_frag = (2 * t) * LDA + wm * ${wtm} + g;
+% else:
+    const int a_frag = (wm * ${wtm} + g) * LDA + 2 * t;
+% endif
+% if TRANS_B:
+    const int b_frag = (wn * ${wtn} + g) * LDB + 2 * t;
+% else:
+    const int b_frag = (2 * t) * LDB + wn * ${wtn} + g;
+% endif
+
+% for mt in range(mt_count):
+%   for nt in range(nt_count):
+    float c${mt}_${nt}_0 = 0.0f, c${mt}_${nt}_1 = 0.0f, c${mt}_${nt}_2 = 0.0f, c${mt}_${nt}_3 = 0.0f;
+%   endfor
+% endfor
+
+<%def name="load_slice(k)">
+<%
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    gtype = "float4" if GVEC == 4 else "float"
+    a_rows, a_cols, a_r0, a_c0 = ("K", "M", k, "m0") if TRANS_A else ("M", "K", "m0", k)
+    b_rows, b_cols, b_r0, b_c0 = ("N", "K", "n0", k) if TRANS_B else ("K", "N", k, "n0")
+%>
+        {
+% for name, copies, rows, cols, r0, c0, inside in (("a", L["a_copies"], a_rows, a_cols, a_r0, a_c0, "a_inside"), ("b", L["b_copies"], b_rows, b_cols, b_r0, b_c0, "b_inside")):
+            __global const float *${name}_slice = ${name.upper()} + (long)(${r0}) * ${"lda" if name == "a" else "ldb"} + (${c0});
+            if (${inside} && ${k} + TILE_K <= K) {
+%   for r in range(copies):
+                ${name}_reg${r} = *(__global const ${gtype} *)(${name}_slice + ${name}_src${r});
+%   endfor
+            } else {
+%   for r in range(copies):
+%     for v in range(GVEC):
+                ${name}_reg${r}${".s%d" % v if GVEC > 1 else ""} = (${r0}) + ${name}_s${r} < ${rows} && (${c0}) + ${name}_x${r} + ${v} < ${cols} ? ${name}_slice[${name}_src${r} + ${v}] : 0.0f;
+%     endfor
+%   endfor
+            }
+% endfor
+        }
+</%def>
+
+<%def name="store_slice(stage)">
+<%
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+%>
+% for name, copies in (("a", L["a_copies"]), ("b", L["b_copies"])):
+%   for r in range(copies):
+%     if GVEC == 4:
+        *(__local float4 *)(${name}_stage + (${stage}) * STAGE_${name.upper()} + ${name}_dst${r}) = (float4)(
+            as_float(to_tf32(${name}_reg${r}.x)), as_float(to_tf32(${name}_reg${r}.y)),
+            as_float(to_tf32(${name}_reg${r}.z)), as_float(to_tf32(${name}_reg${r}.w)));
+%     else:
+        ${name}_stage[(${stage}) * STAGE_${name.upper()} + ${name}_dst${r}] = as_float(to_tf32(${name}_reg${r}));
+%     endif
+%   endfor
+% endfor
+</%def>
+
+<%def name="multiply(stage)">
+<%
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    lda, ldb, mt_count, nt_count = L["lda"], L["ldb"], L["mt_count"], L["nt_count"]
+    # Staged slices hold TF32 bit patterns already.
+    conv = "as_uint" if STAGED else "to_tf32"
+%>
+        {
+        __local const float *a_at = a_stage + (${stage}) * STAGE_A + a_frag;
+        __local const float *b_at = b_stage + (${stage}) * STAGE_B + b_frag;
+% for kb in range(TILE_K // 8):
+        {
+%   for mt in range(mt_count):
+%     if TRANS_A:
+            const uint a${mt}_0 = ${conv}(a_at[${kb * 8 * lda + mt * 16}]);
+            const uint a${mt}_1 = ${conv}(a_at[${kb * 8 * lda + mt * 16 + 8}]);
+            const uint a${mt}_2 = ${conv}(a_at[${(kb * 8 + 1) * lda + mt * 16}]);
+            const uint a${mt}_3 = ${conv}(a_at[${(kb * 8 + 1) * lda + mt * 16 + 8}]);
+%     else:
+            const float2 a${mt}_lo = *(__local const float2 *)(a_at + ${mt * 16 * lda + kb * 8});
+            const float2 a${mt}_hi = *(__local const float2 *)(a_at + ${(mt * 16 + 8) * lda + kb * 8});
+            const uint a${mt}_0 = ${conv}(a${mt}_lo.x), a${mt}_2 = ${conv}(a${mt}_lo.y);
+            const uint a${mt}_1 = ${conv}(a${mt}_hi.x), a${mt}_3 = ${conv}(a${mt}_hi.y);
+%     endif
+%   endfor
+%   for nt in range(nt_count):
+%     if TRANS_B:
+            const float2 b${nt}_v = *(__local const float2 *)(b_at + ${nt * 8 * ldb + kb * 8});
+            const uint b${nt}_0 = ${conv}(b${nt}_v.x), b${nt}_1 = ${conv}(b${nt}_v.y);
+%     else:
+            const uint b${nt}_0 = ${conv}(b_at[${kb * 8 * ldb + nt * 8}]);
+            const uint b${nt}_1 = ${conv}(b_at[${(kb * 8 + 1) * ldb + nt * 8}]);
+%     endif
+%   endfor
+%   for mt in range(mt_count):
+%     for nt in range(nt_count):
+            MMA(c${mt}_${nt}_0, c${mt}_${nt}_1, c${mt}_${nt}_2, c${mt}_${nt}_3,
+                a${mt}_0, a${mt}_1, a${mt}_2, a${mt}_3, b${nt}_0, b${nt}_1);
+%     endfor
+%   endfor
+        }
+% endfor
+        }
+</%def>
+
+% if STAGED:
+<%
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+%>
+% for name in ("a", "b"):
+%   for r in range(L[name + "_copies"]):
+    ${"float4" if GVEC == 4 else "float"} ${name}_reg${r};
+%   endfor
+% endfor
+    // Slice s + 1 is loaded into registers while slice s is multiplied, then rounded into the
+    // other stage; the barrier after it publishes that stage, and tells that every warp is done
+    // with slice s, whose stage the next step refills.
+    ${load_slice("0")}
+    ${store_slice(0)}
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int stage = 0;
+    for (int k = 0; k < K; k += TILE_K) {
+        const bool more = k + TILE_K < K;
+        if (more) {
+            ${load_slice("(k + TILE_K)")}
+        }
+        ${multiply("stage")}
+        if (more) {
+            ${store_slice("(stage ^ 1)")}
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        stage ^= 1;
+    }
+% else:
+    // Slices s + 1 .. s + STAGES - 1 are in flight while slice s is multiplied. Copy groups
+    // are committed once per slice (empty past K's end), so that waiting until STAGES - 2
+    // groups remain pending means slice s has landed.
+    int k_copy = 0;
+% for s in range(STAGES - 1):
+    if (k_copy < K) {
+        ${copy_slice("k_copy", s)}
+    }
+    k_copy += TILE_K;
+    COPY_COMMIT();
+% endfor
+    int stage = 0;
+    int copy_stage = STAGES - 1;
+    for (int k = 0; k < K; k += TILE_K) {
+        COPY_WAIT(${STAGES - 2});
+        // Publishes slice s to every work-item, and frees the stage multiplied last step,
+        // which the copies issued next refill.
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (k_copy < K) {
+            ${copy_slice("k_copy", "copy_stage")}
+        }
+        k_copy += TILE_K;
+        COPY_COMMIT();
+        ${multiply("stage")}
+        stage = stage == STAGES - 1 ? 0 : stage + 1;
+        copy_stage = copy_stage == STAGES - 1 ? 0 : copy_stage + 1;
+    }
+% endif
+
+    C += c_off + batch * stride_c;
+    R += r_off + batch * stride_c;
+% if CVEC == 2 and EPILOGUE == "gemm" and not CHAIN and BIAS in (0, 1, 2):
+    if (m0 + TILE_M <= M && n0 + TILE_N <= N) {
+        // Whole tile inside C, rows on 8-byte boundaries: accumulators r and r + 1 are
+        // adjacent columns, stored as one float2.
+%   for mt in range(mt_count):
+%     for half in range(2):
+        {
+            const int row = m0 + wm * ${wtm} + ${mt * 16 + half * 8} + g;
+%       for nt in range(nt_count):
+            {
+                const int col = n0 + wn * ${wtn} + ${nt * 8} + 2 * t;
+                __global float2 *target = (__global float2 *)(C + (long)row * ldc + col);
+                float2 value = alpha * (float2)(c${mt}_${nt}_${half * 2}, c${mt}_${nt}_${half * 2 + 1});
+                if (beta != 0.0f)
+                    value += beta * *target;
+%         if BIAS == 1:
+                value += vload2(0, bias + bias_off + col);
+%         elif BIAS == 2:
+                value += bias[bias_off + row];
+%         endif
+%         if ACTIVATION:
+                { float x = value.s0; value.s0 = ${ACTIVATION}; }
+                { float x = value.s1; value.s1 = ${ACTIVATION}; }
+%         endif
+                *target = value;
+            }
+%       endfor
+        }
+%     endfor
+%   endfor
+        return;
+    }
+% endif
+    // Accumulator r of mma tile (mt, nt): row g (+ 8 for r >= 2), column 2t (+ 1 for odd r).
+% for mt in range(mt_count):
+%   for half in range(2):
+    {
+        const int row = m0 + wm * ${wtm} + ${mt * 16 + half * 8} + g;
+        if (row < M) {
+%     for nt in range(nt_count):
+%       for odd in range(2):
+            {
+                const int col = n0 + wn * ${wtn} + ${nt * 8 + odd} + 2 * t;
+                if (col < N)
+                    ${common.epilogue(f"c{mt}_{nt}_{half * 2 + odd}", "row", "col", "(long)row * ldc + col")}
+            }
+%       endfor
+%     endfor
+        }
+    }
+%   endfor
+% endfor
+}
