@@ -660,6 +660,7 @@ def test_dlprim_run(ctx, rng, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "input  x: (3, 3, 8, 8)" in out and "output y: (3, 4)" in out
     assert "time per batch" in out and "check y: max |ours - onnxruntime|" in out
+    assert "intermediates" in out and "workspace" in out
     assert main([str(path), "--input", str(x), "--check"]) == 0
     assert "input  x: (2, 3, 8, 8)" in capsys.readouterr().out
     bad = tmp_path / "bad.onnx"

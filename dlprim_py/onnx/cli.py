@@ -71,8 +71,9 @@ def main(argv=None):
     outs = outs if isinstance(outs, tuple) else (outs,)
     print(f"{args.model}: opset {model.opset} on {ctx.info.name}; loaded in {loaded:.3f} s, "
           f"first run (planning) {planned:.3f} s, {model.launch_count} launches, "
-          f"{model.memory_bytes / 2**20:.1f} MiB of activations and scratch, "
-          f"{model.weight_bytes / 2**20:.1f} MiB of weights")
+          f"{model.memory_bytes / 2**20:.1f} MiB ("
+          + ", ".join(f"{kind} {n / 2**20:.1f}" for kind, n in model.memory_parts.items())
+          + f") and {model.weight_bytes / 2**20:.1f} MiB of weights")
     for info in model.inputs:
         print(f"  input  {info.name}: {tuple(arrays[info.name].shape)} "
               f"{np.dtype(arrays[info.name].dtype).name} (file: {info.shape})")
