@@ -9,8 +9,12 @@
 # work gemm1x1-probe (the device's OpenCL extensions; folded against per-image and implicit
 # GEMM on every 1x1 layer), tune-gemm (dlprim-tune on the GEMM shapes that were under 0.8x of
 # the vendor library, merged into this device's rules under DLPRIM_CACHE_DIR, which later
-# steps read) and conv1x1 (benchmarks/conv.py on the 1x1 layers, all directions)
-# (default: conv fusion ops bench). COMMIT is recorded in the JSON files (the copy on a lent
+# steps read) and conv1x1 (benchmarks/conv.py on the 1x1 layers, all directions); onnx
+# (benchmarks/onnx.py, each model in a process of its own, so that one model's context state
+# does not enter another's figures), onnx-cold (ResNet-50's load + plan in fresh processes,
+# with empty kernel caches and with the cache that left), nets-b1 (the dp.functional networks at
+# batch 1, the host-bound case) and gemm-tf32 (benchmarks/gemm_tf32.py: the TF32 GEMM against
+# cuBLAS TF32) (default: conv fusion ops bench). COMMIT is recorded in the JSON files (the copy on a lent
 # machine may have no git metadata).
 # Each step is bounded so that the whole run fits one call of the lent GPU machine. ARCHIVE=FILE
 # packs the output folder into FILE after every step.
@@ -66,6 +70,15 @@ for s in $steps; do
               --commit "$commit" --output "$out/conv-h200-1x1.json" ;;
     indexing) step indexing 120 python3 benchmarks/indexing.py --commit "$commit" \
               --json "$out/indexing-h200.json" ;;
+    onnx) for m in resnet50 mobilenet_v2 resnet18 vgg16 densenet121 efficientnet_b0; do
+              step "onnx-$m" 60 python3 benchmarks/onnx.py --models "$m" --commit "$commit" \
+                  --json "$out/onnx-$m.json"
+          done ;;
+    onnx-cold) step onnx-cold 60 python3 benchmarks/onnx.py --models resnet50 \
+              --batch 1 --first-call --commit "$commit" --json "$out/onnx-cold.json" ;;
+    nets-b1) step nets-b1 90 python3 benchmarks/nets.py --modes infer --infer-batches 1 \
+              --commit "$commit" --json "$out/nets-b1.json" ;;
+    gemm-tf32) step gemm-tf32 90 python3 benchmarks/gemm_tf32.py --json "$out/gemm-tf32.json" ;;
     *) echo "unknown step $s"; exit 2 ;;
     esac
 done
