@@ -97,3 +97,5 @@ def test_model_matches_onnxruntime(ctx, name, exporter):
     x3 = rng.standard_normal((2, 3, size, size)).astype(np.float32)
     assert_matches(model.run({"x": x3})[out_name], ort_run(data, {"x": x3})[out_name],
                    what=f"{name} batch 2 replayed")
+    assert_matches(model.run({"x": x3[1:]})[out_name], ort_run(data, {"x": x3[1:]})[out_name],
+                   what=f"{name} batch 1 replayed")

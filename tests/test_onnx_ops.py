@@ -511,7 +511,7 @@ def test_memory_is_shared_by_liveness(ctx, rng):
     assert model.launch_count == 8
 
 
-def _dense_block(rng):
+def _dense_block(rng, batch=2):
     """A DenseNet-style block: each layer reads the concatenation of every earlier feature."""
     inits, nodes, feats = {}, [], ["x"]
     for k in range(5):
@@ -522,7 +522,7 @@ def _dense_block(rng):
         nodes.append(helper.make_node("Conv", [f"r{k}", f"w{k}"], [f"f{k}"], pads=[1, 1, 1, 1]))
         feats.append(f"f{k}")
     nodes.append(helper.make_node("Concat", list(feats), ["y"], axis=1))
-    return _model(nodes, [("x", (2, 4, 12, 12))], [("y", None)], inits)
+    return _model(nodes, [("x", (batch, 4, 12, 12))], [("y", None)], inits)
 
 
 def test_dense_block_memory(ctx, rng):
@@ -534,6 +534,19 @@ def test_dense_block_memory(ctx, rng):
     assert sum(parts.values()) == model.memory_bytes
     every = sum(2 * 2 * (4 + 2 * k) * 12 * 12 * 4 for k in range(5))
     assert 0 < parts["intermediates"] < every / 2
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_dense_block_concatenations_share_one_buffer(ctx, rng, batch):
+    """At batch 1 the block's concatenations are prefixes of one buffer that each feature is
+    copied into once (6 copies: the input and five features) instead of one copy per input per
+    concatenation (2 + 3 + ... + 6 = 20, the first, single-input one being its input); at
+    batch 2 (prefixes are not contiguous) each is made on its own. Right either way."""
+    data = _dense_block(rng, batch)
+    model = _check(ctx, data, {"x": _rand(rng, batch, 4, 12, 12)})
+    assert any("family" in n.fused for n in model.graph.nodes)
+    copies = model.launch_count - 10          # five ReLUs and five convolutions
+    assert copies == (6 if batch == 1 else 2 + 3 + 4 + 5 + 6), model.launch_count
 
 
 def test_shared_slots_are_sized_by_the_largest_first():

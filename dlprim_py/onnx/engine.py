@@ -38,6 +38,8 @@ class _Planner:
         self.ctx = model.ctx
         self.opset = model.graph.opset
         self.env = {}
+        # Concat families being filled (ops._concat_family): key -> [buffer, inputs copied].
+        self.families = {}
 
     def value(self, name):
         if not name:

@@ -201,6 +201,7 @@ class Graph:
         self.fuse_activations()
         self.prune()
         self.concat_in_place()
+        self.concat_families(model)
 
     # ---- checks ---------------------------------------------------------------------------
 
@@ -377,6 +378,41 @@ class Graph:
                 taken.update(id(c) for c in convs)
         self.nodes = [n for n in self.nodes if id(n) not in taken]
 
+    def concat_families(self, model):
+        """Concat nodes whose inputs are a prefix of a larger Concat's (DenseNet: each layer
+        reads the concatenation of every earlier feature) form a family around the largest:
+        where the batch is 1 (nothing before the axis but ones), every member is a prefix of
+        one buffer that each input is copied into once (``ops._concat_family``), instead of a
+        new concatenation per member. Needs the inputs' sizes along the axis before they are
+        computed: ONNX shape inference's, where static."""
+        concats = [n for n in self.nodes if n.op == "Concat" and "producers" not in n.fused
+                   and n.inputs and all(n.inputs) and len(set(n.inputs)) == len(n.inputs)]
+        if len(concats) < 2:
+            return
+        largest = {}
+        for node in concats:
+            axis = node.attr("axis")
+            for other in concats:
+                if (other.attr("axis") == axis and len(other.inputs) >= len(node.inputs)
+                        and list(other.inputs[:len(node.inputs)]) == list(node.inputs)
+                        and len(other.inputs) > len(largest.get(id(node), node).inputs)):
+                    largest[id(node)] = other
+        members = {}
+        for node in concats:
+            top = largest.get(id(node), node)
+            members.setdefault(id(top), (top, []))[1].append(node)
+        families = [(top, group) for top, group in members.values() if len(group) > 1]
+        if not families:
+            return
+        sizes = _static_axis_sizes(model, [(tuple(top.inputs), top.attr("axis"))
+                                           for top, _ in families])
+        for top, group in families:
+            found = sizes.get(tuple(top.inputs))
+            if found is None:
+                continue
+            for node in group:
+                node.fused["family"] = (top.outputs[0], tuple(top.inputs), found)
+
     def prune(self):
         """Drop the nodes whose outputs nothing reads (what folding and fusion left behind, and
         side branches the file's outputs do not need)."""
@@ -431,6 +467,37 @@ class Graph:
                         removed.add(id(sig))
                         break
         self.nodes = [n for n in self.nodes if id(n) not in removed]
+
+
+def _static_axis_sizes(model, families):
+    """{largest concat's output: (each input's size along the axis, ...)} for the families
+    (input names, axis) whose every input ONNX shape inference gives a static size; none where
+    inference fails."""
+    onnx = _onnx()
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - inference is an optimisation's input, not a check
+        return {}
+    shapes = {}
+    for v in list(inferred.graph.value_info) + list(inferred.graph.input) + list(
+            inferred.graph.output):
+        if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"):
+            shapes[v.name] = [d.dim_value if d.HasField("dim_value") else None
+                              for d in v.type.tensor_type.shape.dim]
+    out = {}
+    for names, axis in families:
+        sizes = []
+        for name in names:
+            shape = shapes.get(name)
+            if not shape or axis is None or not -len(shape) <= axis < len(shape):
+                break
+            size = shape[axis]
+            if not size:
+                break
+            sizes.append(int(size))
+        else:
+            out[names] = tuple(sizes)
+    return out
 
 
 def prod(values):

@@ -526,10 +526,53 @@ def _concat(planner, node, values):
         return [_concat_in_place(planner, node, producers)]
     tensors = [planner.device(v, node.inputs[k]) for k, v in enumerate(values) if v is not None]
     axis = int(node.attr("axis"))
+    family = node.fused.get("family")
+    if family is not None and len(tensors) == len(node.inputs):
+        out = _concat_family(planner, tensors, axis % tensors[0].ndim, family)
+        if out is not None:
+            return [out]
     tensors = [t for t in tensors if t.size or len(tensors) == 1]
     if len(tensors) == 1:
         return [tensors[0]]
     return [planner.concat(tensors, axis % tensors[0].ndim)]
+
+
+def _concat_family(planner, tensors, axis, family):
+    """A member of a Concat family (``Graph.concat_families``) at batch 1: a prefix of the
+    family's buffer, which holds the largest member; the inputs this member adds are copied
+    into their slices (each input once for the whole family). None where the layout does not
+    allow it (something before the axis is not 1) or a shape differs from what inference said:
+    the member is then concatenated on its own."""
+    from ..ops.tensor_ops import dense_strides, strided_copy
+    from ..tensor import _checked
+    key, names, sizes = family
+    first = tensors[0]
+    if (math.prod(first.shape[:axis]) != 1 or any(
+            t.dtype != first.dtype or t.ndim != first.ndim or t.shape[axis] != sizes[k]
+            or any(a != b for d, (a, b) in enumerate(zip(t.shape, first.shape)) if d != axis)
+            for k, t in enumerate(tensors))):
+        return None
+    state = planner.families.get(key)
+    if state is None:
+        shape = list(first.shape)
+        shape[axis] = sum(sizes)
+        buffer = Tensor.empty(planner.ctx, tuple(shape), first.dtype)
+        state = planner.families[key] = [buffer, 0]
+    buffer, written = state
+    if buffer.dtype != first.dtype or any(a != b for d, (a, b) in enumerate(
+            zip(buffer.shape, first.shape)) if d != axis):
+        return None
+    inner = math.prod(first.shape[axis + 1:])
+    strides = dense_strides(buffer.shape)
+    for k in range(written, len(tensors)):
+        t = tensors[k]
+        strided_copy(planner.ctx, t.shape, t.dtype, t.buffer, t.offset_elements,
+                     dense_strides(t.shape), buffer.buffer,
+                     buffer.offset_elements + sum(sizes[:k]) * inner, strides)
+    state[1] = max(written, len(tensors))
+    shape = list(buffer.shape)
+    shape[axis] = sum(sizes[:len(tensors)])
+    return _checked(planner.ctx, buffer.buffer, tuple(shape), buffer.dtype, buffer.offset)
 
 
 def _concat_in_place(planner, node, producers):
