@@ -435,31 +435,41 @@ class Plan:
         where it differs; otherwise only the operands that changed."""
         if handles is None:
             handles = [None if b is None else b.int_ptr for b in operands]
-        outer = current() if _recordings_open else None
-        native = _clEnqueueNDRangeKernel if not _collecting else None
-        for kernel, rebind, fixed, template, token, work, native_args in self._launches:
-            if kernel.owner is not token:
-                kernel.restore(template)
-                for index, buf in fixed:
-                    kernel._put_buffer(index, buf)
-                kernel.owner = token
-            # BoundKernel._put_buffer and enqueue_kernel inlined: every step of every repeated
-            # call passes here.
-            bound = kernel._bound
-            for index, slot in rebind:
-                handle = handles[slot]
-                if bound[index] != handle:
-                    kernel.kernel.set_arg(index, operands[slot])
-                    bound[index] = handle
-            if native is None or native(*native_args):
-                enqueue_kernel(self.queue, self.queue_handle, kernel, work)
-            if outer is not None:
-                kernel.owner = None
-                outer.steps.append(Step(self.queue, kernel, work.global_size, work.local_size,
-                                        tuple((i, operands[j]) for i, j in rebind) + fixed))
+        _run_launches(self, operands, handles, current() if _recordings_open else None, False)
 
     def __len__(self):
         return len(self.steps)
+
+
+def _run_launches(plan, operands, handles, outer, tensors):
+    """``plan``'s launches on ``operands`` (whose handles are ``handles``): buffers, or with
+    ``tensors`` tensors, whose buffer is read only where an argument changes; each step is
+    added to the recording ``outer`` where one is open. ``Plan.run`` and every repeated
+    operator call (``run_planned_on``) come here."""
+    queue, queue_handle = plan.queue, plan.queue_handle
+    native = _clEnqueueNDRangeKernel if not _collecting else None
+    for kernel, rebind, fixed, template, token, work, native_args in plan._launches:
+        if kernel.owner is not token:
+            kernel.restore(template)
+            for index, buf in fixed:
+                kernel._put_buffer(index, buf)
+            kernel.owner = token
+        # BoundKernel._put_buffer and enqueue_kernel inlined: every step of every repeated
+        # call passes here.
+        bound = kernel._bound
+        for index, slot in rebind:
+            handle = handles[slot]
+            if bound[index] != handle:
+                operand = operands[slot]
+                kernel.kernel.set_arg(index, operand.buffer if tensors else operand)
+                bound[index] = handle
+        if native is None or native(*native_args):
+            enqueue_kernel(queue, queue_handle, kernel, work)
+        if outer is not None:
+            kernel.owner = None
+            outer.steps.append(Step(queue, kernel, work.global_size, work.local_size,
+                                    tuple((i, operands[j].buffer if tensors else operands[j])
+                                          for i, j in rebind) + fixed))
 
 
 # Recordings open in any thread: while there are none (every repeated call), ``current`` is one
@@ -579,23 +589,8 @@ def run_planned_on(ctx, key, tensors, run, plans=None, args=None):
             run = functools.partial(run, *args)
         _replay(ctx, plans, key, [None if t is None else t.buffer for t in tensors], handles, run)
         return
-    # Plan.run inlined, outside a recording, reading a tensor's buffer only where its argument
-    # changes (every repeated operator call passes here).
-    native = _clEnqueueNDRangeKernel if not _collecting else None
-    for kernel, rebind, fixed, template, token, work, native_args in plan._launches:
-        if kernel.owner is not token:
-            kernel.restore(template)
-            for index, buf in fixed:
-                kernel._put_buffer(index, buf)
-            kernel.owner = token
-        bound = kernel._bound
-        for index, slot in rebind:
-            handle = handles[slot]
-            if bound[index] != handle:
-                kernel.kernel.set_arg(index, tensors[slot].buffer)
-                bound[index] = handle
-        if native is None or native(*native_args):
-            enqueue_kernel(plan.queue, plan.queue_handle, kernel, work)
+    # Outside a recording, reading a tensor's buffer only where its argument changes.
+    _run_launches(plan, tensors, handles, None, True)
 
 
 # A key whose run cannot become a plan (it has non-kernel commands): it runs unrecorded.
