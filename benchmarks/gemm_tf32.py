@@ -22,9 +22,7 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import pyopencl as cl
@@ -33,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import dlprim_py as dp  # noqa: E402
 from dlprim_py.ops import gemm as gemm_ops  # noqa: E402
+from dlprim_py.bench.dispatch import wall_ms  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
 SQUARES = [1024, 2048, 4096, 8192]
@@ -100,17 +99,9 @@ def ptxas_info(ctx, params, M, N, K):
                      if "registers" in line or "spill" in line)
 
 
-def wall(run, finish, warmup=3, repeat=20):
-    for _ in range(warmup):
-        run()
-    finish()
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        run()
-        finish()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+def wall(run, finish, repeat=20):
+    """Median seconds of ``run(); finish()`` after 3 warm-up calls."""
+    return wall_ms(run, finish, repeat) / 1e3
 
 
 def main():

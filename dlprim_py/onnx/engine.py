@@ -417,8 +417,7 @@ class Model:
                       tuple((i, slots[b] if isinstance(b, int) else b) for i, b in fixed),
                       template, object())
                      for kernel, work, rebind, fixed, template in pending]
-        intermediates = sum(slot_size)
-        parts = {"intermediates": intermediates,
+        parts = {"intermediates": sum(slot_size),
                  "scratch": sum(b.size for b in kept if b.int_ptr not in constants),
                  "workspace": workspace_need}
         keep = kept + slots + ([workspace] if workspace is not None else [])

@@ -411,7 +411,7 @@ class Graph:
             if found is None:
                 continue
             for node in group:
-                node.fused["family"] = (top.outputs[0], tuple(top.inputs), found)
+                node.fused["family"] = (top.outputs[0], found)
 
     def prune(self):
         """Drop the nodes whose outputs nothing reads (what folding and fusion left behind, and
@@ -470,9 +470,9 @@ class Graph:
 
 
 def _static_axis_sizes(model, families):
-    """{largest concat's output: (each input's size along the axis, ...)} for the families
-    (input names, axis) whose every input ONNX shape inference gives a static size; none where
-    inference fails."""
+    """{input names: (each input's size along the axis, ...)} for the families (input names of
+    the largest member, axis) whose every input ONNX shape inference gives a static size; none
+    where inference fails."""
     onnx = _onnx()
     try:
         inferred = onnx.shape_inference.infer_shapes(model)

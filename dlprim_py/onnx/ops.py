@@ -545,12 +545,11 @@ def _concat_family(planner, tensors, axis, family):
     the member is then concatenated on its own."""
     from ..ops.tensor_ops import dense_strides, strided_copy
     from ..tensor import _checked
-    key, names, sizes = family
+    key, sizes = family
     first = tensors[0]
     if (math.prod(first.shape[:axis]) != 1 or any(
-            t.dtype != first.dtype or t.ndim != first.ndim or t.shape[axis] != sizes[k]
-            or any(a != b for d, (a, b) in enumerate(zip(t.shape, first.shape)) if d != axis)
-            for k, t in enumerate(tensors))):
+            t.dtype != first.dtype or t.shape[axis] != sizes[k]
+            or not _same_outside(t.shape, first.shape, axis) for k, t in enumerate(tensors))):
         return None
     state = planner.families.get(key)
     if state is None:
@@ -559,8 +558,7 @@ def _concat_family(planner, tensors, axis, family):
         buffer = Tensor.empty(planner.ctx, tuple(shape), first.dtype)
         state = planner.families[key] = [buffer, 0]
     buffer, written = state
-    if buffer.dtype != first.dtype or any(a != b for d, (a, b) in enumerate(
-            zip(buffer.shape, first.shape)) if d != axis):
+    if buffer.dtype != first.dtype or not _same_outside(buffer.shape, first.shape, axis):
         return None
     inner = math.prod(first.shape[axis + 1:])
     strides = dense_strides(buffer.shape)
@@ -573,6 +571,12 @@ def _concat_family(planner, tensors, axis, family):
     shape = list(buffer.shape)
     shape[axis] = sum(sizes[:len(tensors)])
     return _checked(planner.ctx, buffer.buffer, tuple(shape), buffer.dtype, buffer.offset)
+
+
+def _same_outside(shape, other, axis):
+    """Whether two shapes have one rank and agree everywhere but along ``axis``."""
+    return len(shape) == len(other) and all(
+        a == b for d, (a, b) in enumerate(zip(shape, other)) if d != axis)
 
 
 def _concat_in_place(planner, node, producers):
@@ -592,9 +596,7 @@ def _concat_in_place(planner, node, producers):
         axis %= rank
         out_shape = list(shapes[0])
         out_shape[axis] = sum(shape[axis] for shape in shapes)
-        fits = all(len(shape) == rank and all(a == b for k, (a, b) in
-                                              enumerate(zip(shape, shapes[0])) if k != axis)
-                   for shape in shapes)
+        fits = all(_same_outside(shape, shapes[0], axis) for shape in shapes)
         if fits and int(np.prod(out_shape[:axis])) == 1:
             out = Tensor.empty(planner.ctx, tuple(out_shape))
             offset = 0

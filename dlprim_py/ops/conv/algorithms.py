@@ -18,7 +18,7 @@ import pyopencl as cl
 from ... import program, tuning
 from ...errors import ShapeError
 from ..pointwise import launch_size
-from ...tensor import Tensor
+from ...tensor import _checked
 
 _F32 = np.float32
 _I32 = np.int32
@@ -110,9 +110,11 @@ def batch_chunk(ctx, algorithm, problem, direction):
     and outputs) on top of a fixed part (a transformed filter)."""
     need = algorithm.workspace_size(ctx, problem, direction)
     n = problem.n
-    if n == 1 or direction == "backward_filter" or need <= workspace_limit(problem, direction):
+    if n == 1 or direction == "backward_filter":
         return n, need
     limit = workspace_limit(problem, direction)
+    if need <= limit:
+        return n, need
     one = algorithm.workspace_size(ctx, replace(problem, n=1), direction)
     per_image = (need - one) / (n - 1)
     chunk = int((limit - (one - per_image)) // per_image) if per_image > 0 else n
@@ -125,8 +127,8 @@ def batch_chunk(ctx, algorithm, problem, direction):
 def _images(t, start, count):
     """Images ``start:start + count`` of a dense batch-first tensor, as a view."""
     per_image = math.prod(t.shape[1:])
-    return Tensor(t.ctx, t.buffer, (count,) + tuple(t.shape[1:]), t.dtype,
-                  offset=t.offset + start * per_image * t.dtype.itemsize)
+    return _checked(t.ctx, t.buffer, (count,) + t.shape[1:], t.dtype,
+                    t.offset + start * per_image * t.dtype.itemsize)
 
 
 def run_in_chunks(ctx, algorithm, problem, direction, chunk, src, other, dst, ep,
