@@ -15,6 +15,8 @@ float64 (numpy, on 256 sampled rows of C) within TF32's error bound, then timed:
   wall clock around the call and ``torch.cuda.synchronize()``, median after a warm-up;
 * ``fp32``: our float32 GEMM (TF32 off) wall clock, for the gain.
 
+First the ceiling: the rate of TF32 ``mma.sync`` issued from registers (no memory traffic,
+``kernels/peak.cl.mako``), what a warp-level tensor-core GEMM from OpenCL cannot exceed.
 ``--variants`` also times mma kernel parameter sets on a few shapes (kernel time, each checked
 first), to choose the tuning rules.
 """
@@ -23,6 +25,7 @@ import json
 import math
 import os
 import sys
+import types
 
 import numpy as np
 import pyopencl as cl
@@ -31,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import dlprim_py as dp  # noqa: E402
 from dlprim_py.ops import gemm as gemm_ops  # noqa: E402
+from dlprim_py.bench import peak  # noqa: E402
 from dlprim_py.bench.dispatch import wall_ms  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
@@ -104,6 +108,25 @@ def wall(run, finish, repeat=20):
     return wall_ms(run, finish, repeat) / 1e3
 
 
+def mma_ceiling(ctx):
+    """TF32 mma.sync issue rate from registers (``bench.peak.MmaProbe``), checked, for a few
+    occupancies and chain counts: the ceiling of any mma.sync GEMM from OpenCL on this device.
+    Empty where the device has no mma.sync."""
+    if gemm_ops.mma_device_problem(ctx.info) is not None:
+        return []
+    rows = []
+    for warps_per_cu in (4, 8, 16, 32):
+        for chains in (4, 8):
+            probe = peak.MmaProbe(types.SimpleNamespace(ctx=ctx),
+                                  ctx.info.compute_units * warps_per_cu, chains)
+            probe.calibrate(0.005)
+            error = probe.verify()
+            seconds = time_enqueued(ctx, probe.run, repeat=10).median
+            rows.append({"warps_per_cu": warps_per_cu, "chains": chains, "error": error,
+                         "tflops": probe.flops / seconds / 1e12 if error <= 1e-6 else 0.0})
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device")
@@ -126,6 +149,14 @@ def main():
     results = {"device": ctx.info.name, "driver": ctx.info.driver_version,
                "architecture": ctx.info.architecture, "torch": torch.__version__ if torch else None,
                "commit": os.environ.get("DLPRIM_COMMIT"), "cases": [], "variants": []}
+    ceiling = mma_ceiling(ctx)
+    if ceiling:
+        results["mma_ceiling"] = ceiling
+        best = max(ceiling, key=lambda r: r["tflops"])
+        print(f"mma.sync TF32 ceiling (registers only): {best['tflops']:.1f} TFLOP/s "
+              f"({best['warps_per_cu']} warps per compute unit, {best['chains']} chains); "
+              + ", ".join(f"{r['warps_per_cu']}w x{r['chains']}: {r['tflops']:.0f}"
+                          for r in ceiling))
     header = (f"{'case':24} {'M':>7} {'N':>5} {'K':>5} {'solver':>7} {'err/bound':>9} "
               f"{'ours TF/s':>9} {'kernel':>8} {'torch':>8} {'ratio':>6} {'fp32':>7}")
     print(header)

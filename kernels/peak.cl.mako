@@ -11,6 +11,12 @@
 ##   host checks that tensor offsets are multiples of 4 floats so that loads stay 16-byte wide).
 ## launch_probe: one work item increments counter[off]; K launches leave K there, which proves
 ##   every launch ran.
+## tf32_mma_peak (only rendered with mma=1, NVIDIA compute capability 8.0+): every warp issues
+##   CHAINS independent mma.sync.m16n8k8 TF32 products per step from registers (no memory
+##   traffic), UNROLL steps per loop trip, `trips` trips, every fragment element a or b; each
+##   accumulator ends at 8 * a * b * steps, and y gets the sum of a work item's accumulators,
+##   which the host checks. Work: 2048 * CHAINS * UNROLL * trips flops per warp. The ceiling of
+##   warp-level TF32 tensor-core math from OpenCL, against which the mma GEMM is measured.
 ##
 ## Template parameters:
 ##   chains   number of independent float4 chains per work item (hides multiply-add latency)
@@ -41,6 +47,34 @@ __kernel void fma_peak(__global const float* restrict x, int x_off,
     y[y_off + i] = total.s0 + total.s1 + total.s2 + total.s3;
 }
 
+% if mma:
+__kernel void tf32_mma_peak(__global float* restrict y, int y_off, int trips, float a, float b)
+{
+    uint ta, tb;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(ta) : "f"(a));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(tb) : "f"(b));
+% for k in range(chains):
+    float c${k}0 = 0.0f, c${k}1 = 0.0f, c${k}2 = 0.0f, c${k}3 = 0.0f;
+% endfor
+    for (int t = 0; t < trips; ++t) {
+% for u in range(unroll):
+  % for k in range(chains):
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
+                     : "=f"(c${k}0), "=f"(c${k}1), "=f"(c${k}2), "=f"(c${k}3)
+                     : "r"(ta), "r"(ta), "r"(ta), "r"(ta), "r"(tb), "r"(tb),
+                       "f"(c${k}0), "f"(c${k}1), "f"(c${k}2), "f"(c${k}3));
+  % endfor
+% endfor
+    }
+    float total = 0.0f;
+% for k in range(chains):
+    total += (c${k}0 + c${k}1) + (c${k}2 + c${k}3);
+% endfor
+    y[y_off + get_global_id(0)] = total;
+}
+
+% endif
 __kernel void copy_float4(__global const float4* restrict src, long src_off,
                           __global float4* restrict dst, long dst_off, long n4)
 {

@@ -3,6 +3,9 @@
 * FP32 multiply-add rate: independent float4 chains per work item (``kernels/peak.cl.mako``),
   sized by a calibration run so that one run takes a few milliseconds;
 * copy bandwidth: a float4 copy kernel, bytes read + bytes written per second;
+* TF32 tensor-core rate (NVIDIA, compute capability 8.0+): warp-level ``mma.sync`` m16n8k8 from
+  registers, the ceiling of the "mma" GEMM solver (what OpenCL can reach without Hopper's
+  ``wgmma``);
 * kernel-launch cost: back-to-back launches of a one-work-item kernel with arguments bound once,
   device time per launch; the row's params add the host enqueue time per launch and clpeak's
   latency (queued to start of a single launch on an idle queue).
@@ -17,6 +20,7 @@ import pyopencl as cl
 
 from .. import program
 from ..errors import ShapeError
+from ..ops.gemm import mma_device_problem
 from ..tensor import Tensor
 from ..timing import time_enqueued
 from .harness import Case, CaseSpec
@@ -24,6 +28,9 @@ from .harness import Case, CaseSpec
 CHAINS = 8
 UNROLL = 4
 FLOPS_PER_TRIP = 8 * CHAINS * UNROLL
+PARAMS = dict(chains=CHAINS, unroll=UNROLL, mma=0)
+MMA_PARAMS = dict(chains=CHAINS, unroll=UNROLL, mma=1)
+FLOPS_PER_MMA = 2 * 16 * 8 * 8
 MULTIPLIER = np.float32(0.999)
 ADDEND = np.float32(0.001)
 
@@ -51,7 +58,7 @@ class FmaProbe:
     def __init__(self, bench, items):
         ctx = bench.ctx
         self.ctx = ctx
-        self.kernel = program.kernel(ctx, "peak", "fma_peak", dict(chains=CHAINS, unroll=UNROLL),
+        self.kernel = program.kernel(ctx, "peak", "fma_peak", PARAMS,
                                      fresh=True)
         local = _local_size(ctx)
         if local:
@@ -99,6 +106,49 @@ class FmaProbe:
         return float(np.max(np.abs(out - ref) / np.abs(ref))) if np.isfinite(out).all() else math.inf
 
 
+class MmaProbe:
+    """``warps`` warps, each ``trips * UNROLL`` steps of CHAINS TF32 mma.sync m16n8k8 products
+    from registers; every fragment element is A_VALUE or B_VALUE (exact in TF32), so each
+    accumulator ends at 8 * A_VALUE * B_VALUE * steps, exact in float32 for the step counts the
+    calibration reaches (a multiple of 2^-6 below 2^24 * 2^-6)."""
+
+    A_VALUE, B_VALUE = 0.5, 0.25
+    GROUP = 128
+
+    def __init__(self, bench, warps, chains=CHAINS):
+        ctx = bench.ctx
+        self.ctx = ctx
+        self.chains = chains
+        self.kernel = program.kernel(ctx, "peak", "tf32_mma_peak", dict(MMA_PARAMS, chains=chains),
+                                     fresh=True)
+        self.items = max(self.GROUP, warps * 32 // self.GROUP * self.GROUP)
+        self.y = Tensor.empty(ctx, (self.items,))
+        self.trips = 1
+
+    def set_trips(self, trips):
+        self.trips = int(trips)
+        self.kernel.set_args(self.y.buffer, np.int32(self.y.offset_elements), np.int32(self.trips),
+                             np.float32(self.A_VALUE), np.float32(self.B_VALUE))
+
+    @property
+    def flops(self):
+        return float(self.items // 32) * self.trips * UNROLL * self.chains * FLOPS_PER_MMA
+
+    def run(self):
+        cl.enqueue_nd_range_kernel(self.ctx.queue, self.kernel, (self.items,), (self.GROUP,))
+
+    calibrate = FmaProbe.calibrate
+
+    def verify(self):
+        self.y.fill_(np.nan)
+        self.run()
+        out = self.y.numpy().astype(np.float64)
+        steps = self.trips * UNROLL
+        expected = self.chains * 4 * 8 * self.A_VALUE * self.B_VALUE * steps
+        return float(np.max(np.abs(out - expected)) / expected) if np.isfinite(out).all() \
+            else math.inf
+
+
 class CopyProbe:
     """A float4 copy of ``floats`` float32 values (rounded down to a multiple of 4)."""
 
@@ -114,7 +164,7 @@ class CopyProbe:
             if t.offset_elements % 4:
                 raise ShapeError(f"the copy probe needs tensor offsets that are multiples of 4 "
                                  f"floats, got {t.offset_elements}")
-        self.kernel = program.kernel(ctx, "peak", "copy_float4", dict(chains=CHAINS, unroll=UNROLL),
+        self.kernel = program.kernel(ctx, "peak", "copy_float4", PARAMS,
                                      fresh=True)
         n4 = floats // 4
         self.local = _local_size(ctx)
@@ -147,7 +197,7 @@ class LaunchProbe:
         self.ctx = ctx
         self.launches = launches
         self.counter = Tensor.zeros(ctx, (1,), np.int32)
-        self.kernel = program.kernel(ctx, "peak", "launch_probe", dict(chains=CHAINS, unroll=UNROLL),
+        self.kernel = program.kernel(ctx, "peak", "launch_probe", PARAMS,
                                      fresh=True)
         self.kernel.set_args(self.counter.buffer, np.int32(self.counter.offset_elements))
         self.host_enqueue_us = None
@@ -203,6 +253,16 @@ def fma_case(bench, items=None, target_s=None):
                                         "peak_of": "GFLOP/s"})
 
 
+def mma_case(bench, warps=None, target_s=None):
+    _, default_target, _, _ = sizes(bench)
+    # 16 warps per compute unit: enough to cover mma.sync's latency with CHAINS chains each.
+    probe = MmaProbe(bench, warps or bench.ctx.info.compute_units * 16)
+    probe.calibrate(target_s or default_target)
+    return Case(probe.run, probe.verify, probe.flops, "GFLOP/s",
+                algorithm=f"tf32 mma.sync m16n8k8 x{CHAINS}", tolerance=1e-6,
+                params={"items": probe.items, "trips": probe.trips, "peak_of": "TF32 GFLOP/s"})
+
+
 def copy_case(bench, floats=None):
     _, _, default_floats, _ = sizes(bench)
     probe = CopyProbe(bench, floats or default_floats)
@@ -237,5 +297,7 @@ def cases(bench):
     return [
         CaseSpec("peak", "fp32 multiply-add", lambda: fma_case(bench)),
         CaseSpec("peak", "copy bandwidth", lambda: copy_case(bench)),
+        *([CaseSpec("peak", "tf32 mma.sync", lambda: mma_case(bench))]
+          if mma_device_problem(bench.ctx.info) is None else []),
         CaseSpec("peak", "kernel launch", lambda: launch_case(bench)),
     ]
