@@ -319,7 +319,14 @@ def test_long_k_split_rule():
     params = dict(DEFAULT_TILED)   # 32 x 32 tiles
     split = _split_long_k(params, Info, 64, 64, 64 * 3136, 1)["split_k"]
     assert split == 196   # 4 tiles of 64 work-items: up to 16 groups per unit, chunks >= 1024
+    assert _split_long_k(params, Info, 64, 64, 512, 1)["split_k"] == 1         # short K
+    # NVIDIA's rule for 576 <= K < 4096 on small outputs (batch-1 1x1 convolutions): chunks
+    # of 128 and more.
+    assert _split_long_k(params, Info, 512, 49, 2048, 1)["split_k"] == 16
+    assert _split_long_k(params, Info, 160, 49, 960, 1)["split_k"] == 7
+    Info.vendor = "amd"
     assert _split_long_k(params, Info, 64, 64, 2048, 1)["split_k"] == 1        # short K
+    Info.vendor = "nvidia"
     assert _split_long_k(params, Info, 1024, 1024, 1 << 16, 1)["split_k"] == 1  # many tiles
     # A measured split that already fills the device stands; one that leaves it idle does not.
     assert _split_long_k(dict(params, split_k=3), Info, 512, 512, 1 << 20, 1)["split_k"] == 3

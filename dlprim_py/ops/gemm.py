@@ -774,7 +774,8 @@ def _split_long_k(params, info, M, N, K, batch):
     if params.get("solver") not in ("tiled", "splitk"):
         return params
     rule, _ = tuning.lookup(info, "gemm_split",
-                            {"m": M, "n": N, "k": K, "batch": batch, "gpu": int(info.is_gpu)})
+                            {"m": M, "n": N, "k": K, "mn": M * N, "batch": batch,
+                             "gpu": int(info.is_gpu)})
     if not rule["items_per_unit"]:
         return params
     tiles = batch * math.ceil(M / params["tile_m"]) * math.ceil(N / params["tile_n"])
