@@ -30,13 +30,19 @@ ${common.header()}
 //                 every warp that reads it). 1: slices go global -> registers -> local memory,
 //                 rounded once on the way; two stages, the next slice's loads in flight while
 //                 the current one is multiplied (STAGES must be 2, NV_ASYNC unused)
+//   KMAJOR        1: every slice is stored K-major in local memory ([TILE_K][TILE_M + 4] for A,
+//                 [TILE_K][TILE_N + 4] for B), an operand whose K is contiguous in global
+//                 memory transposed on its way in (4-byte copies where they are cp.async): no
+//                 padding along K, so shallow slices (TILE_K 8) fit several more stages in the
+//                 48 KiB of local memory, and more bytes are in flight. 0: as it lies in global
 //   EMULATE       0: mma.sync and cvt.rna.tf32.f32 as PTX (NVIDIA only). 1: the same
 //                 instruction, fragment for fragment, computed by the warp's work-items through
 //                 local memory, with TF32 rounding done in integer arithmetic: it runs on any
 //                 OpenCL device, to check this kernel's addressing where no tensor core is
 //
-// Local memory. Each operand's slice is stored as it lies in global memory (rows of its
-// contiguous dimension), so that the copies need no transposition and can be cp.async:
+// Local memory. Without KMAJOR each operand's slice is stored as it lies in global memory (rows
+// of its contiguous dimension), so that the copies need no transposition and can be 16-byte
+// cp.async:
 //   A (not TRANS_A): [TILE_M][LDA], LDA = TILE_K + pad; TRANS_A: [TILE_K][LDA], LDA = TILE_M + 4
 //   B (TRANS_B):     [TILE_N][LDB], LDB = TILE_K + pad; else:    [TILE_K][LDB], LDB = TILE_N + 4
 // Within each 8-deep step the K index of the mma fragments is permuted, the same way for A and
@@ -53,15 +59,18 @@ def k_contiguous_ld(tile_k):
     return ld if (ld // 8) % 2 == 1 else tile_k + 16
 
 
-def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC):
+def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR=0):
     """The derived constants of the header, as a dict: work-items, warp tile and mma tile
-    counts, local row lengths, each operand's slice as (contiguous, strided) extents in its
-    storage order and the copies per work-item."""
+    counts, which slices are K-major in local memory (a_km, b_km) and which of them are
+    transposed on the way in (a_tr, b_tr), local row lengths, each operand's slice as
+    (contiguous, strided) extents in its global storage order and the copies per work-item."""
     nthreads = WARPS_M * WARPS_N * 32
     d = dict(nthreads=nthreads, wtm=TILE_M // WARPS_M, wtn=TILE_N // WARPS_N)
     d["mt_count"], d["nt_count"] = d["wtm"] // 16, d["wtn"] // 8
-    d["lda"] = TILE_M + 4 if TRANS_A else k_contiguous_ld(TILE_K)
-    d["ldb"] = k_contiguous_ld(TILE_K) if TRANS_B else TILE_N + 4
+    d["a_km"], d["b_km"] = bool(TRANS_A or KMAJOR), bool(not TRANS_B or KMAJOR)
+    d["a_tr"], d["b_tr"] = bool(KMAJOR and not TRANS_A), bool(KMAJOR and TRANS_B)
+    d["lda"] = TILE_M + 4 if d["a_km"] else k_contiguous_ld(TILE_K)
+    d["ldb"] = TILE_N + 4 if d["b_km"] else k_contiguous_ld(TILE_K)
     d["a_x"], d["a_s"] = (TILE_M, TILE_K) if TRANS_A else (TILE_K, TILE_M)
     d["b_x"], d["b_s"] = (TILE_K, TILE_N) if TRANS_B else (TILE_N, TILE_K)
     d["a_copies"] = d["a_x"] * d["a_s"] // (GVEC * nthreads)
@@ -69,8 +78,9 @@ def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC):
     return d
 %>
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR)
     nthreads, wtm, wtn, lda, ldb = L["nthreads"], L["wtm"], L["wtn"], L["lda"], L["ldb"]
+    a_km, b_km, a_tr, b_tr = L["a_km"], L["b_km"], L["a_tr"], L["b_tr"]
     mt_count, nt_count = L["mt_count"], L["nt_count"]
     a_x, a_s, b_x, b_s, a_copies, b_copies = (L[k] for k in ("a_x", "a_s", "b_x", "b_s", "a_copies", "b_copies"))
 %>
@@ -80,8 +90,8 @@ def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC):
 #define TILE_K ${TILE_K}
 #define LDA ${lda}
 #define LDB ${ldb}
-#define STAGE_A ${lda * (TILE_K if TRANS_A else TILE_M)}
-#define STAGE_B ${ldb * (TILE_N if TRANS_B else TILE_K)}
+#define STAGE_A ${lda * (TILE_K if a_km else TILE_M)}
+#define STAGE_B ${ldb * (TILE_K if b_km else TILE_N)}
 #define STAGES ${STAGES}
 
 ${access.async_copies(bool(NV_ASYNC))}
@@ -196,13 +206,18 @@ void gemm_mma(int M, int N, int K,
     B += b_off + batch * stride_b;
 
     // Copy r of this work-item: chunk lid + r * NTHREADS of the slice, GVEC elements of the
-    // contiguous dimension (x) in row s; consecutive work-items take consecutive chunks.
-% for name, xs, ss, copies, ld in (("a", a_x, a_s, a_copies, "lda"), ("b", b_x, b_s, b_copies, "ldb")):
+    // contiguous dimension (x) in row s; consecutive work-items take consecutive chunks. A
+    // transposed slice (KMAJOR) puts element (s, x + v) at local (x + v, s).
+% for name, xs, ss, copies, ld, tr in (("a", a_x, a_s, a_copies, "lda", a_tr), ("b", b_x, b_s, b_copies, "ldb", b_tr)):
 %   for r in range(copies):
     const int ${name}_s${r} = (lid + ${r * nthreads}) / ${xs // GVEC};
     const int ${name}_x${r} = ((lid + ${r * nthreads}) % ${xs // GVEC}) * ${GVEC};
     const int ${name}_src${r} = ${name}_s${r} * ${ld} + ${name}_x${r};
+%     if tr:
+    const int ${name}_dst${r} = ${name}_x${r} * LD${name.upper()} + ${name}_s${r};
+%     else:
     const int ${name}_dst${r} = ${name}_s${r} * LD${name.upper()} + ${name}_x${r};
+%     endif
 %   endfor
 % endfor
     // Slices of work-groups whose tile rows (columns) lie inside A (B) copy without checks,
@@ -212,9 +227,12 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="copy_slice(k, stage)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR)
     a_copies, b_copies = L["a_copies"], L["b_copies"]
     wide = {1: "copy4", 4: "copy16"}[GVEC]
+    # Local step between the elements v of a chunk: 1, or a row where the slice is transposed
+    # (GVEC is then 1: the host never gives 16-byte copies to a transposed slice).
+    step = {"a": "LDA" if L["a_tr"] else "1", "b": "LDB" if L["b_tr"] else "1"}
     # (rows, columns) of each operand's storage and the origin of the slice in it.
     a_rows, a_cols, a_r0, a_c0 = ("K", "M", k, "m0") if TRANS_A else ("M", "K", "m0", k)
     b_rows, b_cols, b_r0, b_c0 = ("N", "K", "n0", k) if TRANS_B else ("K", "N", k, "n0")
@@ -234,7 +252,7 @@ void gemm_mma(int M, int N, int K,
 %   for r in range(copies):
 %     for v in range(GVEC):
                 { const bool ok = (${r0}) + ${name}_s${r} < ${rows} && (${c0}) + ${name}_x${r} + ${v} < ${cols};
-                  copy4_masked(${name}_to + ${name}_dst${r} + ${v}, ok ? ${name}_slice + ${name}_src${r} + ${v} : ${M_}, ok); }
+                  copy4_masked(${name}_to + ${name}_dst${r} + ${v} * ${step[name]}, ok ? ${name}_slice + ${name}_src${r} + ${v} : ${M_}, ok); }
 %     endfor
 %   endfor
             }
@@ -244,12 +262,12 @@ void gemm_mma(int M, int N, int K,
 
     // This work-item's fragments in a stage: the element (row, K offset 2t) of its first mma
     // tile, in the permuted K order of the header.
-% if TRANS_A:
+% if a_km:
     const int a_frag = (2 * t) * LDA + wm * ${wtm} + g;
 % else:
     const int a_frag = (wm * ${wtm} + g) * LDA + 2 * t;
 % endif
-% if TRANS_B:
+% if not b_km:
     const int b_frag = (wn * ${wtn} + g) * LDB + 2 * t;
 % else:
     const int b_frag = (2 * t) * LDB + wn * ${wtn} + g;
@@ -263,7 +281,7 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="load_slice(k)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR)
     gtype = "float4" if GVEC == 4 else "float"
     a_rows, a_cols, a_r0, a_c0 = ("K", "M", k, "m0") if TRANS_A else ("M", "K", "m0", k)
     b_rows, b_cols, b_r0, b_c0 = ("N", "K", "n0", k) if TRANS_B else ("K", "N", k, "n0")
@@ -288,11 +306,19 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="store_slice(stage)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR)
 %>
 % for name, copies in (("a", L["a_copies"]), ("b", L["b_copies"])):
 %   for r in range(copies):
-%     if GVEC == 4:
+%     if GVEC == 4 and L[name + "_tr"]:
+        {
+            __local float *to = ${name}_stage + (${stage}) * STAGE_${name.upper()} + ${name}_dst${r};
+            to[0] = as_float(to_tf32(${name}_reg${r}.x));
+            to[LD${name.upper()}] = as_float(to_tf32(${name}_reg${r}.y));
+            to[2 * LD${name.upper()}] = as_float(to_tf32(${name}_reg${r}.z));
+            to[3 * LD${name.upper()}] = as_float(to_tf32(${name}_reg${r}.w));
+        }
+%     elif GVEC == 4:
         *(__local float4 *)(${name}_stage + (${stage}) * STAGE_${name.upper()} + ${name}_dst${r}) = (float4)(
             as_float(to_tf32(${name}_reg${r}.x)), as_float(to_tf32(${name}_reg${r}.y)),
             as_float(to_tf32(${name}_reg${r}.z)), as_float(to_tf32(${name}_reg${r}.w)));
@@ -305,7 +331,7 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="multiply(stage)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR)
     lda, ldb, mt_count, nt_count = L["lda"], L["ldb"], L["mt_count"], L["nt_count"]
     # Staged slices hold TF32 bit patterns already.
     conv = "as_uint" if STAGED else "to_tf32"
@@ -316,7 +342,7 @@ void gemm_mma(int M, int N, int K,
 % for kb in range(TILE_K // 8):
         {
 %   for mt in range(mt_count):
-%     if TRANS_A:
+%     if L["a_km"]:
             const uint a${mt}_0 = ${conv}(a_at[${kb * 8 * lda + mt * 16}]);
             const uint a${mt}_1 = ${conv}(a_at[${kb * 8 * lda + mt * 16 + 8}]);
             const uint a${mt}_2 = ${conv}(a_at[${(kb * 8 + 1) * lda + mt * 16}]);
@@ -329,7 +355,7 @@ void gemm_mma(int M, int N, int K,
 %     endif
 %   endfor
 %   for nt in range(nt_count):
-%     if TRANS_B:
+%     if not L["b_km"]:
             const float2 b${nt}_v = *(__local const float2 *)(b_at + ${nt * 8 * ldb + kb * 8});
             const uint b${nt}_0 = ${conv}(b${nt}_v.x), b${nt}_1 = ${conv}(b${nt}_v.y);
 %     else:
@@ -350,7 +376,7 @@ void gemm_mma(int M, int N, int K,
 
 % if STAGED:
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR)
 %>
 % for name in ("a", "b"):
 %   for r in range(L[name + "_copies"]):

@@ -184,7 +184,7 @@ def test_mma_parameter_checks():
     assert gemm_ops.params_problem(good, info) is None
     assert gemm_ops.mma_local_bytes(good) <= 49152
     for change, why in (({"tile_k": 12}, "powers of two"), ({"tile_n": 16}, "whole mma tiles"),
-                        ({"stages": 5}, "stages must be"),
+                        ({"stages": 9}, "stages must be"),
                         ({"tile_m": 256, "stages": 3}, "local memory"),
                         ({"warps_m": 8, "warps_n": 8}, "work-items"),
                         ({"emulate": 2}, "emulate must"), ({"round": "rz"}, "round must"),
@@ -289,6 +289,22 @@ def test_emulated_mma_staged_slices(ctx, rng, ta, tb):
     assert_close(c, np.maximum(tf32_round(a) @ tf32_round(b) + 0.5 * cin + bias, 0))
 
 
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("staged", [0, 1])
+def test_emulated_mma_kmajor_slices(ctx, rng, ta, tb, staged):
+    """Slices stored K-major in local memory whatever the operands' layout (a K-contiguous
+    operand transposed on its way in): 8-deep slices in four stages (element copies), and
+    staged (16-byte loads stored as four elements); ragged and whole tiles, an epilogue."""
+    params = dict(EMULATED, kmajor=1, tile_k=8, tile_n=32, stages=4) if not staged else \
+        dict(EMULATED, kmajor=1, staged=1)
+    for M, N, K in ((37, 45, 29), (64, 32, 48)):
+        c, a, b, _, _ = _run(ctx, rng, M, N, K, ta, tb, params)
+        assert_close(c, tf32_round(a) @ tf32_round(b))
+    c, a, b, cin, bias = _run(ctx, rng, 33, 40, 40, ta, tb, params, batch=2, pad=3, offset=5,
+                              beta=0.5, bias=True, activation="relu")
+    assert_close(c, np.maximum(tf32_round(a) @ tf32_round(b) + 0.5 * cin + bias, 0))
+
+
 def test_folded_operands_fall_back_to_float32(ctx, rng):
     """A plan that may use TF32 but whose operand is folded (the mma kernel does not address
     folds) runs the float32 choice; forcing mma on it is an error."""
@@ -321,7 +337,9 @@ def test_mma_kernel_against_float64(ctx, rng, ta, tb, tf32_off, monkeypatch):
                 dict(gemm_ops.DEFAULT_MMA, tile_n=64, warps_n=1, staged=1, round="int"),
                 dict(gemm_ops.DEFAULT_MMA, tile_n=64, warps_m=4, warps_n=1, staged=1,
                      round="int"),
-                dict(gemm_ops.DEFAULT_MMA, warps_n=2, staged=1, round="int", tile_group=4))
+                dict(gemm_ops.DEFAULT_MMA, warps_n=2, staged=1, round="int", tile_group=4),
+                dict(gemm_ops.DEFAULT_MMA, tile_k=8, warps_n=2, stages=5, kmajor=1),
+                dict(gemm_ops.DEFAULT_MMA, warps_n=2, staged=1, round="int", kmajor=1))
     for M, N, K in ((300, 260, 70), (128, 128, 64), (1000, 64, 333), (77, 513, 1031)):
         for params in variants:
             c, a, b, _, _ = _run(ctx, rng, M, N, K, ta, tb, dict(params))

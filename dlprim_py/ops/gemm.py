@@ -195,10 +195,13 @@ def _mma_ld(tile, k_contiguous):
 
 def mma_local_bytes(params, trans_a=None, trans_b=None):
     """Local memory of the mma kernel: its stages (for the transposes given, else the largest
-    of any) and, emulated, the warps' exchange words."""
+    of any) and, emulated, the warps' exchange words. With ``kmajor`` every slice is K-major
+    whatever the transposes."""
     tm, tn, tk = params["tile_m"], params["tile_n"], params["tile_k"]
     a_trans, a_plain = tk * _mma_ld(tm, False), tm * _mma_ld(tk, True)
     b_trans, b_plain = tn * _mma_ld(tk, True), tk * _mma_ld(tn, False)
+    if params.get("kmajor"):
+        a_plain, b_trans = a_trans, b_plain
     a = max(a_trans, a_plain) if trans_a is None else a_trans if trans_a else a_plain
     b = max(b_trans, b_plain) if trans_b is None else b_trans if trans_b else b_plain
     threads = 32 * params["warps_m"] * params["warps_n"]
@@ -219,17 +222,22 @@ def _mma_problem(params, info):
     threads = 32 * wm * wn
     if threads > info.max_work_group_size:
         return f"{threads} work-items > device maximum {info.max_work_group_size}"
-    if (tm * tk) % (4 * threads) or (tn * tk) % (4 * threads):
+    # Slices are copied 16 bytes at a time where the rows allow, but element by element into
+    # K-major local memory (kmajor without staging).
+    width = 1 if params.get("kmajor") and not params.get("staged") else 4
+    if (tm * tk) % (width * threads) or (tn * tk) % (width * threads):
         return (f"{threads} work-items cannot share the {tm}x{tk} and {tk}x{tn} slice copies of "
-                f"16 bytes evenly")
-    if stages not in (2, 3, 4):
-        return f"stages must be 2, 3 or 4, got {stages}"
+                f"{4 * width} bytes evenly")
+    if not 2 <= stages <= 8:
+        return f"stages must be 2 to 8, got {stages}"
     group = params.get("tile_group", 1)
     if not isinstance(group, int) or group < 1:
         return f"tile_group must be an int >= 1, got {group!r}"
     emulate = params.get("emulate", 0)
     if emulate not in (0, 1):
         return f"emulate must be 0 or 1, got {emulate!r}"
+    if params.get("kmajor", 0) not in (0, 1):
+        return f"kmajor must be 0 or 1, got {params.get('kmajor')!r}"
     if params.get("round", "cvt") not in ("cvt", "int"):
         return f"round must be 'cvt' or 'int', got {params.get('round')!r}"
     staged = params.get("staged", 0)
@@ -641,8 +649,9 @@ class MmaSolver(GemmSolver):
     transpose, offset, leading dimension, batch stride and epilogue, but no folded operand.
     Tunables: ``tile_m``, ``tile_n``, ``tile_k``, ``warps_m``, ``warps_n``, ``stages`` (the
     kernel header says what each means), optionally ``tile_group``, ``staged`` (1: slices go
-    through registers and are rounded to TF32 once, 2 stages) and ``round`` ("cvt":
-    cvt.rna.tf32.f32; "int": the same rounding in integer operations).
+    through registers and are rounded to TF32 once, 2 stages), ``kmajor`` (1: every slice
+    K-major in local memory, no padding along K, so shallow slices fit more stages) and
+    ``round`` ("cvt": cvt.rna.tf32.f32; "int": the same rounding in integer operations).
     Parameters with ``"emulate": 1`` compute the same mma fragments through local memory on
     any device (the kernel's addressing checked where no tensor core is); they are given as a
     plan's ``params``, never chosen."""
@@ -667,9 +676,13 @@ class MmaSolver(GemmSolver):
         return self.missing(params) or _mma_problem(params, info)
 
     def configure(self, ctx, problem, params, layout):
-        # 16-byte copies need every row of A and B to start on a 16-byte boundary.
+        # 16-byte copies need every row of A and B to start on a 16-byte boundary; a slice
+        # transposed into K-major local memory is copied element by element (staged slices
+        # load 16 bytes and store them as four).
         aligned = not any(x % 4 for x in (layout.lda, layout.ldb, layout.a_off, layout.b_off,
                                           layout.stride_a, layout.stride_b))
+        if params.get("kmajor") and not params.get("staged"):
+            aligned = False
         emulate = params.get("emulate", 0)
         nv_async = int(not emulate and params.get("async_copy", 1) != 0 and _has_cp_async(ctx))
         # Pairs of adjacent accumulators stored as one float2 where every row of C starts on
@@ -685,7 +698,7 @@ class MmaSolver(GemmSolver):
                 "GVEC": config.global_vec, "NV_ASYNC": config.nv_async,
                 "GROUP_M": params.get("tile_group", 1), "EMULATE": params.get("emulate", 0),
                 "CVEC": config.c_vec, "ROUND": params.get("round", "cvt"),
-                "STAGED": params.get("staged", 0)}
+                "STAGED": params.get("staged", 0), "KMAJOR": params.get("kmajor", 0)}
 
     def launches(self, ctx, problem, params, config, args, workspace):
         threads = 32 * params["warps_m"] * params["warps_n"]
