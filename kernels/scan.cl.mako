@@ -17,6 +17,26 @@
 ##   scan_columns(total, N, I, x, x_off, y, y_off, reverse)
 ##     I > 1: one work item per (o, i) column walking its N elements (coalesced across i).
 ##
+## part == "lookback" (template parameters acc: the element type; vec: 1 where whole tiles may be
+## read and written as 4-vectors):
+##   scan_lookback(N, chunks, tiles, x, x_off, y, y_off, status, reverse)
+##     The single-pass scan (decoupled look-back): one work-group per tile of TILE = GROUP * LPER
+##     elements of a row, ``tiles`` = rows * chunks of them. A group takes its tile from a
+##     ticket counter, not from its group id, so that tiles start in order: a tile waits only
+##     for tiles that have started already, which makes the wait safe on any implementation
+##     that runs a started work-group to completion (the ids' order of execution is not
+##     promised). The group scans its tile in local memory, publishes its total (flag AGG), looks
+##     back over its predecessors' totals until one has published its inclusive prefix (flag
+##     PREFIX; a row's first tile publishes that at once), publishes its own inclusive prefix
+##     and writes its tile out: each element is read once and written once.
+##     ``status`` (ints, zero before the first launch): [0] the ticket counter, [1] the count of
+##     finished groups, then per tile a flag, then the totals, then the inclusive prefixes
+##     (WORDS ints each). Every access to it is atomic; a value is written before its flag,
+##     behind a global fence, and read after it, and a total and a prefix have words of their
+##     own, so a reader never pairs a flag with another value. The group that finishes last
+##     sets the flags and counters back to zero for the next launch (launches on one in-order
+##     queue: the host keeps one status buffer per context).
+##
 ## part == "sort" (template parameter key: the key type):
 ##   The order: keys ascending (descending with ``desc``), NaN after every number (before it
 ##   descending), equal keys by position (a stable sort, so results do not depend on the
@@ -109,6 +129,190 @@ __kernel void scan_columns(index_t total, index_t N, index_t I, __global const $
             const index_t at = base + (reverse ? N - 1 - s : s) * I;
             run += (${acc})x[x_off + at];
             y[y_off + at] = run;
+        }
+    }
+}
+% elif part == "lookback":
+#define LPER 16
+#define TILE (GROUP * LPER)
+#define ACC ${acc}
+#define ACC4 ${acc}4
+// Local index of tile element e: one padding word every 32 (the items' reads of their LPER
+// neighbours fall in distinct banks); 4-aligned runs stay contiguous.
+#define AT(e) ((e) + (e) / 32)
+#define WINDOW 32
+#define FLAG_AGG 1
+#define FLAG_PREFIX 2
+% if acc == "long":
+#define WORDS 2
+% else:
+#define WORDS 1
+% endif
+
+// A value as WORDS ints written with atomic exchanges, and read back with atomic reads.
+inline void put_value(volatile __global int* at, ACC v)
+{
+% if acc == "long":
+    const int2 w = as_int2(v);
+    atomic_xchg(at, w.x);
+    atomic_xchg(at + 1, w.y);
+% else:
+    atomic_xchg(at, as_int(v));
+% endif
+}
+
+inline ACC get_value(volatile __global int* at)
+{
+% if acc == "long":
+    return as_long((int2)(atomic_or(at, 0), atomic_or(at + 1, 0)));
+% else:
+    return as_${acc}(atomic_or(at, 0));
+% endif
+}
+
+__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
+void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, index_t x_off,
+                   __global ACC* y, index_t y_off, volatile __global int* status, int reverse)
+{
+    __local ACC buf[TILE + TILE / 32];
+    __local ACC sums[GROUP];
+    __local ACC window_value[WINDOW];
+    __local int window_flag[WINDOW];
+    __local int l_tile, l_look, l_done;
+    __local ACC l_prefix;
+    volatile __global int* flags = status + 2;
+    volatile __global int* totals = flags + tiles;
+    volatile __global int* prefixes = totals + tiles * WORDS;
+    const int lid = get_local_id(0);
+    if (lid == 0)
+        l_tile = atomic_inc(status);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int tile = l_tile;
+    const index_t row = tile / chunks;
+    const index_t c = tile % chunks;
+    const index_t first = c * TILE;
+    const index_t x_row = x_off + row * N, y_row = y_off + row * N;
+% if vec:
+    // A whole tile read forwards: 4-vectors (the host passes vec only where every row starts
+    // on a 4-element boundary of both buffers).
+    const int whole = !reverse && first + TILE <= N;
+    if (whole) {
+        __global const ACC4* xv = (__global const ACC4*)(x + x_row + first);
+        for (int v = lid; v < TILE / 4; v += GROUP) {
+            const ACC4 a = xv[v];
+            buf[AT(4 * v)] = a.x;
+            buf[AT(4 * v) + 1] = a.y;
+            buf[AT(4 * v) + 2] = a.z;
+            buf[AT(4 * v) + 3] = a.w;
+        }
+    } else
+% endif
+    for (int e = lid; e < TILE; e += GROUP) {
+        const index_t p = first + e;
+        buf[AT(e)] = p < N ? x[x_row + (reverse ? N - 1 - p : p)] : (ACC)0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ACC own = (ACC)0;
+    for (int m = 0; m < LPER; ++m)
+        own += buf[AT(lid * LPER + m)];
+    sums[lid] = own;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int offset = 1; offset < GROUP; offset <<= 1) {
+        const ACC add = lid >= offset ? sums[lid - offset] : (ACC)0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        sums[lid] += add;
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const ACC total = sums[GROUP - 1];
+    if (lid == 0) {
+        if (c == 0) {
+            put_value(prefixes + tile * WORDS, total);
+            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            atomic_xchg(flags + tile, FLAG_PREFIX);
+        } else {
+            put_value(totals + tile * WORDS, total);
+            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            atomic_xchg(flags + tile, FLAG_AGG);
+        }
+        l_prefix = (ACC)0;
+        l_look = tile - 1;
+        l_done = c == 0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // The look-back: WINDOW items read the flags (and values) of the WINDOW tiles before l_look;
+    // item 0 adds the totals up to the nearest inclusive prefix, or up to the first tile not
+    // published yet (the window then starts again from there). The row's first tile publishes
+    // a prefix at once, so the walk never leaves the row. Every item runs the loop (barriers),
+    // l_done deciding for all.
+    while (!l_done) {
+        if (lid < WINDOW) {
+            const int t = l_look - lid;
+            int f = 0;
+            ACC v = (ACC)0;
+            if (t >= tile - c) {
+                f = atomic_or(flags + t, 0);
+                mem_fence(CLK_GLOBAL_MEM_FENCE);
+                if (f == FLAG_PREFIX)
+                    v = get_value(prefixes + t * WORDS);
+                else if (f == FLAG_AGG)
+                    v = get_value(totals + t * WORDS);
+            }
+            window_flag[lid] = f;
+            window_value[lid] = v;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid == 0) {
+            int w = 0;
+            ACC run = l_prefix;
+            while (w < WINDOW && window_flag[w] == FLAG_AGG)
+                run += window_value[w++];
+            if (w < WINDOW && window_flag[w] == FLAG_PREFIX) {
+                run += window_value[w];
+                l_done = 1;
+            }
+            l_prefix = run;
+            l_look -= w;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const ACC prefix = l_prefix;
+    if (lid == 0 && c > 0) {
+        put_value(prefixes + tile * WORDS, prefix + total);
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        atomic_xchg(flags + tile, FLAG_PREFIX);
+    }
+    ACC run = prefix + sums[lid] - own;
+    for (int m = 0; m < LPER; ++m) {
+        run += buf[AT(lid * LPER + m)];
+        buf[AT(lid * LPER + m)] = run;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+% if vec:
+    if (whole) {
+        __global ACC4* yv = (__global ACC4*)(y + y_row + first);
+        for (int v = lid; v < TILE / 4; v += GROUP)
+            yv[v] = (ACC4)(buf[AT(4 * v)], buf[AT(4 * v) + 1], buf[AT(4 * v) + 2],
+                           buf[AT(4 * v) + 3]);
+    } else
+% endif
+    for (int e = lid; e < TILE; e += GROUP) {
+        const index_t p = first + e;
+        if (p < N)
+            y[y_row + (reverse ? N - 1 - p : p)] = buf[AT(e)];
+    }
+    // The last group to finish sets the status back to zero for the next launch: every other
+    // group has made its last access to it before counting itself finished.
+    if (lid == 0) {
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        l_done = atomic_inc(status + 1) == tiles - 1;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (l_done) {
+        for (int t = lid; t < tiles; t += GROUP)
+            atomic_xchg(flags + t, 0);
+        if (lid == 0) {
+            atomic_xchg(status, 0);
+            atomic_xchg(status + 1, 0);
         }
     }
 }
