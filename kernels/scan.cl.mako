@@ -37,6 +37,20 @@
 ##     sets the flags and counters back to zero for the next launch (launches on one in-order
 ##     queue: the host keeps one status buffer per context).
 ##
+## part == "select" (template parameter key: the key type; group must be 256, one item per
+## digit):
+##   topk_radix(n, k, x, x_off, values, v_off, indices, i_off, largest)
+##     One work-group per row of n entries: the k-th best entry's key by radix select, then the
+##     k best gathered and sorted in local memory. Keys are mapped to unsigned integers whose
+##     order is the wanted one (floats: sign-magnitude to biased, NaN to the largest, -0.0 to
+##     0.0; integers: the sign bit flipped; largest=0: complemented). Each pass histograms one
+##     8-bit digit, most significant first, of the entries that agree with the digits chosen
+##     so far, and picks the digit holding the k-th best (a suffix scan of the histogram); it
+##     stops early once every entry agreeing with the chosen digits is needed. The k best are
+##     the entries above the chosen prefix plus, of those equal to it, the first by position
+##     (in position order where more are equal than needed), sorted by key then position
+##     (bitonic, k <= KMAX), so results are the same on every run.
+##
 ## part == "sort" (template parameter key: the key type):
 ##   The order: keys ascending (descending with ``desc``), NaN after every number (before it
 ##   descending), equal keys by position (a stable sort, so results do not depend on the
@@ -314,6 +328,178 @@ void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, 
             atomic_xchg(status, 0);
             atomic_xchg(status + 1, 0);
         }
+    }
+}
+% elif part == "select":
+#define KEY ${key}
+#define KMAX (4 * GROUP)
+#define DIGITS 256
+% if key == "long":
+#define UKEY ulong
+#define KEY_BITS 64
+% else:
+#define UKEY uint
+#define KEY_BITS 32
+% endif
+
+// The order-preserving unsigned key of v (larger: better).
+inline UKEY order_key(KEY v, int largest)
+{
+% if key == "float":
+    uint b = as_uint(v);
+    if (isnan(v))
+        b = 0xffffffffu;
+    else if (v == 0.0f)
+        b = 0x80000000u;
+    else
+        b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+% elif key == "long":
+    UKEY b = as_ulong(v) ^ 0x8000000000000000ul;
+% else:
+    UKEY b = as_uint(v) ^ 0x80000000u;
+% endif
+    return largest ? b : ~b;
+}
+
+// Inclusive scan of scan[0..GROUP) in place (Hillis-Steele); every item calls it.
+inline void group_scan(__local int* scan, int lid)
+{
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int offset = 1; offset < GROUP; offset <<= 1) {
+        const int add = lid >= offset ? scan[lid - offset] : 0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        scan[lid] += add;
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
+void topk_radix(int n, int k, __global const KEY* x, index_t x_off, __global KEY* values,
+                index_t v_off, __global long* indices, index_t i_off, int largest)
+{
+    __local int hist[DIGITS];
+    __local int scan[GROUP];
+    __local UKEY lkey[KMAX];
+    __local int lidx[KMAX];
+    __local UKEY l_prefix, l_mask;
+    __local int l_need, l_equal, l_above, l_taken;
+    const int lid = get_local_id(0);
+    const index_t row = get_group_id(0);
+    __global const KEY* src = x + x_off + row * n;
+    if (lid == 0) {
+        l_prefix = 0;
+        l_mask = 0;
+        l_need = k;
+        l_equal = n;
+    }
+    for (int shift = KEY_BITS - 8; shift >= 0; shift -= 8) {
+        hist[lid] = 0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const UKEY prefix = l_prefix, mask = l_mask;
+        const int need = l_need;
+        // Once every entry agreeing with the chosen digits is needed, the prefix decides: the
+        // remaining passes count nothing (and keep their barriers, outside any branch).
+        const int done = l_equal == need;
+        for (int p = done ? n : lid; p < n; p += GROUP) {
+            const UKEY u = order_key(src[p], largest);
+            if ((u & mask) == prefix)
+                atomic_inc(&hist[(int)(u >> shift) & (DIGITS - 1)]);
+        }
+        // Counts from the largest digit down: item i holds digits 255 - i and up.
+        barrier(CLK_LOCAL_MEM_FENCE);
+        scan[lid] = hist[DIGITS - 1 - lid];
+        group_scan(scan, lid);
+        const int above = lid > 0 ? scan[lid - 1] : 0;
+        if (!done && scan[lid] >= need && above < need) {
+            const int digit = DIGITS - 1 - lid;
+            l_prefix = prefix | ((UKEY)digit << shift);
+            l_mask = mask | ((UKEY)(DIGITS - 1) << shift);
+            l_need = need - above;
+            l_equal = hist[digit];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const UKEY prefix = l_prefix, mask = l_mask;
+    const int need = l_need;
+    const int all_equal = l_equal == need;
+    if (lid == 0) {
+        l_above = 0;
+        l_taken = 0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // Entries above the prefix (k - need of them) in slots [0, k - need), in any order (the sort
+    // below orders them); those equal to it after them, all of them where all are needed.
+    for (int p = lid; p < n; p += GROUP) {
+        const UKEY u = order_key(src[p], largest);
+        const UKEY top = u & mask;
+        int slot = -1;
+        if (top > prefix)
+            slot = atomic_inc(&l_above);
+        else if (all_equal && top == prefix)
+            slot = k - need + atomic_inc(&l_taken);
+        if (slot >= 0) {
+            lkey[slot] = u;
+            lidx[slot] = p;
+        }
+    }
+    // Where more entries equal the k-th key than are needed: the first ``need`` by position.
+    // Item i counts the equal entries of its run of positions, an exclusive scan of the counts
+    // gives its first slot, and it takes its entries while slots remain. (The scan's barriers
+    // stay outside the condition: PoCL does not keep barriers in a branch apart.)
+    const int run = (n + GROUP - 1) / GROUP;
+    const int begin = min(n, lid * run), end = min(n, begin + run);
+    int count = 0;
+    if (!all_equal)
+        for (int p = begin; p < end; ++p)
+            count += order_key(src[p], largest) == prefix;
+    scan[lid] = count;
+    group_scan(scan, lid);
+    if (!all_equal) {
+        int slot = k - need + scan[lid] - count;
+        for (int p = begin; p < end && slot < k; ++p) {
+            const UKEY u = order_key(src[p], largest);
+            if (u == prefix) {
+                lkey[slot] = u;
+                lidx[slot] = p;
+                ++slot;
+            }
+        }
+    }
+    // Padding up to a power of two, after every entry.
+    int P = 1;
+    while (P < k)
+        P <<= 1;
+    for (int e = k + lid; e < P; e += GROUP) {
+        lkey[e] = 0;
+        lidx[e] = -1;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // Bitonic sort: larger key first, then lower position; padding (position -1) last.
+    for (int size = 2; size <= P; size <<= 1) {
+        for (int j = size >> 1; j > 0; j >>= 1) {
+            for (int q = lid; q < P / 2; q += GROUP) {
+                const int i = (q / j) * 2 * j + q % j;
+                const int partner = i + j;
+                const UKEY a = lkey[i], b = lkey[partner];
+                const int ia = lidx[i], ib = lidx[partner];
+                // Whether b belongs before a.
+                const int b_first = ia < 0 ? ib >= 0
+                                  : ib >= 0 && (b > a || (b == a && ib < ia));
+                const int first_half = (i & size) == 0;
+                if (first_half ? b_first : (!b_first && ia != ib)) {
+                    lkey[i] = b;
+                    lkey[partner] = a;
+                    lidx[i] = ib;
+                    lidx[partner] = ia;
+                }
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+    }
+    for (int e = lid; e < k; e += GROUP) {
+        const int p = lidx[e];
+        values[v_off + row * k + e] = src[p];
+        indices[i_off + row * k + e] = p;
     }
 }
 % else:

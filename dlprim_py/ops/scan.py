@@ -12,6 +12,10 @@ chunks in local memory with a second pass adding each chunk's prefix where a row
 where its extra pass is small. Any other dimension is scanned by one work item per column.
 Integer and bool inputs sum to int64, as torch's; ``dtype`` converts the input first.
 
+``topk`` is the "topk" family (``DLPRIM_TOPK_ALGO`` or ``algorithm=`` forces one): "radix", a
+work-group per row finding the k-th best key by 8-bit radix passes, then gathering and sorting
+the k best in local memory (k up to 1024), and "bitonic", the sorting networks below.
+
 ``sort`` and ``topk`` order keys ascending or descending with NaN greater than every number
 (torch's order) and equal keys by position: every sort is stable, so ``stable=False`` gives
 the same result as ``stable=True`` and indices are reproducible. Rows up to one tile (twice the
@@ -389,18 +393,94 @@ def sort(input, dim=-1, descending=False, *, stable=False):
     return _record(values, indices, input, dim, "sort")
 
 
-def topk(input, k, dim=-1, largest=True, sorted=True):  # noqa: A002 - torch's name
+# ---- topk ----------------------------------------------------------------------------------
+
+_RADIX_GROUP = 256     # one item per 8-bit digit (kernels/scan.cl.mako's select part)
+RADIX_KMAX = 4 * _RADIX_GROUP
+
+
+@dataclass(frozen=True)
+class TopkProblem:
+    """The best ``k`` of each of ``rows`` rows of ``n`` entries."""
+    rows: int
+    n: int
+    k: int
+
+    def key(self):
+        return f"topk-r{self.rows}-n{self.n}-k{self.k}"
+
+    def features(self):
+        return {"rows": self.rows, "n": self.n, "k": self.k}
+
+
+class RadixSolver(solver.Solver):
+    """A work-group per row: the k-th best key by 8-bit radix passes over the row, then the k
+    best gathered and sorted in local memory (k up to RADIX_KMAX)."""
+    name = "radix"
+
+    def applies(self, ctx, problem):
+        return (ctx.info.max_work_group_size >= _RADIX_GROUP and 1 <= problem.k <= RADIX_KMAX
+                and problem.n < _INT32_LIMIT)
+
+
+class BitonicSolver(solver.Solver):
+    """Bitonic sorting networks: the best k of every tile, then of the survivors, until one
+    tile is left (k up to half a tile), else the whole row sorted."""
+    name = "bitonic"
+
+
+TOPK_FAMILY = solver.register(solver.Family("topk", (RadixSolver(), BitonicSolver()),
+                                            title="topk algorithm"))
+TOPK_ALGORITHMS = tuple(TOPK_FAMILY.solvers)
+
+
+def _topk_algorithm(ctx, rows, n, k, forced):
+    key = ("topk_choice", rows, n, k, forced, config.switches().forced.get("topk"),
+           tuning.generation)
+    name = ctx.plans.get(key)
+    if name is None:
+        name = ctx.plans.put(key, solver.select(ctx, "topk", TopkProblem(rows, n, k),
+                                                forced=forced).name)
+    return name
+
+
+def _topk_radix(x, k, largest):
+    """(values, indices) of the best ``k`` (>= 1) of every dense row of ``x``, by radix select."""
+    ctx = x.ctx
+    n = x.shape[-1] if x.ndim else 1
+    rows = x.size // n
+    values = Tensor.empty(ctx, x.shape[:-1] + (k,) if x.ndim else x.shape, x.dtype)
+    indices = Tensor.empty(ctx, values.shape, int64)
+    index_t, ix = _index_type(max(x.offset_elements + x.size, values.offset_elements + rows * k,
+                                  indices.offset_elements + rows * k))
+    kernel = _kernel(ctx, "topk_radix", index_t, part="select", key=cl_name(x.dtype),
+                     group=_RADIX_GROUP)
+    kernel(ctx.queue, (rows * _RADIX_GROUP,), (_RADIX_GROUP,),
+           *_args(ix, (_flag(n), _flag(k), x.buffer, x.offset_elements, values.buffer,
+                       values.offset_elements, indices.buffer, indices.offset_elements,
+                       _flag(largest))))
+    return values, indices
+
+
+def topk(input, k, dim=-1, largest=True, sorted=True, *, algorithm=None):  # noqa: A002
     """torch.topk: (values, indices) of the ``k`` largest (``largest=False``: smallest) entries
     of ``input`` along ``dim``, best first (also with ``sorted=False``); NaN counts as the
     largest. Ties go to the lower position. float32, int32 and int64; the values' gradient goes
-    back to where they came from."""
+    back to where they came from. ``algorithm``: a "topk" solver ("radix", "bitonic"; also
+    ``DLPRIM_TOPK_ALGO``), an error where it does not apply."""
     dim = _check_sortable("topk", input, dim)
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
         raise DTypeError(f"topk: k must be an int, got {k!r}")
     n = input.shape[dim] if input.ndim else 1
     if not 0 <= k <= n:
         raise ShapeError(f"topk: k ({k}) must be in [0, {n}] (the size of dimension {dim})")
+    if algorithm is not None:
+        TOPK_FAMILY.solver(algorithm)
     x = _rows_last(input, dim)
-    values, indices = _sort_rows(x, int(bool(largest)), int(k))
+    rows = x.size // n if n else 0
+    if k and rows and _topk_algorithm(x.ctx, rows, n, int(k), algorithm) == "radix":
+        values, indices = _topk_radix(x, int(k), int(bool(largest)))
+    else:
+        values, indices = _sort_rows(x, int(bool(largest)), int(k))
     values, indices = _back(values, dim, input.ndim), _back(indices, dim, input.ndim)
     return _record(values, indices, input, dim, "topk")
