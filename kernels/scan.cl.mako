@@ -37,8 +37,8 @@
 ##     sets the flags and counters back to zero for the next launch (launches on one in-order
 ##     queue: the host keeps one status buffer per context).
 ##
-## part == "select" (template parameter key: the key type; group must be 256, one item per
-## digit):
+## part == "select" (template parameters key: the key type; group >= 256, the digits; vec: 1
+## where every row starts on a 4-entry boundary, read as 4-vectors):
 ##   topk_radix(n, k, x, x_off, values, v_off, indices, i_off, largest)
 ##     One work-group per row of n entries: the k-th best entry's key by radix select, then the
 ##     k best gathered and sorted in local memory. Keys are mapped to unsigned integers whose
@@ -49,7 +49,7 @@
 ##     stops early once every entry agreeing with the chosen digits is needed. The k best are
 ##     the entries above the chosen prefix plus, of those equal to it, the first by position
 ##     (in position order where more are equal than needed), sorted by key then position
-##     (bitonic, k <= KMAX), so results are the same on every run.
+##     (bitonic, k <= KMAX = 1024), so results are the same on every run.
 ##
 ## part == "sort" (template parameter key: the key type):
 ##   The order: keys ascending (descending with ``desc``), NaN after every number (before it
@@ -332,8 +332,14 @@ void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, 
 }
 % elif part == "select":
 #define KEY ${key}
-#define KMAX (4 * GROUP)
+#define KEY4 ${key}4
+#define KMAX 1024
 #define DIGITS 256
+// Copies of the histogram, one per 32 items (NVIDIA's warps), so that items hitting the same
+// digit at once spread over copies (shared-memory atomics on one address serialise).
+#define COPIES (GROUP / 32 < 8 ? GROUP / 32 : 8)
+// Vectors each item loads before counting any: several loads in flight per item.
+#define UNROLL 4
 % if key == "long":
 #define UKEY ulong
 #define KEY_BITS 64
@@ -361,23 +367,69 @@ inline UKEY order_key(KEY v, int largest)
     return largest ? b : ~b;
 }
 
-// Inclusive scan of scan[0..GROUP) in place (Hillis-Steele); every item calls it.
-inline void group_scan(__local int* scan, int lid)
+// Inclusive scan of scan[0..len) in place (Hillis-Steele, len <= GROUP); every item calls it.
+inline void group_scan(__local int* scan, int len, int lid)
 {
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int offset = 1; offset < GROUP; offset <<= 1) {
-        const int add = lid >= offset ? scan[lid - offset] : 0;
+    for (int offset = 1; offset < len; offset <<= 1) {
+        const int add = lid < len && lid >= offset ? scan[lid - offset] : 0;
         barrier(CLK_LOCAL_MEM_FENCE);
-        scan[lid] += add;
+        if (lid < len)
+            scan[lid] += add;
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 }
+
+## Runs ``body`` for every entry p of the row with its key u, the items' loads of UNROLL
+## vectors (or entries) issued before any body runs.
+<%def name="each_key(body)">
+    {
+% if vec:
+        __global const KEY4* srcv = (__global const KEY4*)src;
+        const int nv = n / 4;
+        for (int v0 = lid; v0 < nv; v0 += GROUP * UNROLL) {
+            KEY4 a[UNROLL];
+            for (int r = 0; r < UNROLL; ++r)
+                if (v0 + r * GROUP < nv)
+                    a[r] = srcv[v0 + r * GROUP];
+            for (int r = 0; r < UNROLL; ++r) {
+                if (v0 + r * GROUP < nv) {
+                    const KEY e[4] = {a[r].x, a[r].y, a[r].z, a[r].w};
+                    for (int c = 0; c < 4; ++c) {
+                        const int p = 4 * (v0 + r * GROUP) + c;
+                        const UKEY u = order_key(e[c], largest);
+                        ${body}
+                    }
+                }
+            }
+        }
+        for (int p = 4 * nv + lid; p < n; p += GROUP) {
+            const UKEY u = order_key(src[p], largest);
+            ${body}
+        }
+% else:
+        for (int p0 = lid; p0 < n; p0 += GROUP * UNROLL) {
+            KEY a[UNROLL];
+            for (int r = 0; r < UNROLL; ++r)
+                if (p0 + r * GROUP < n)
+                    a[r] = src[p0 + r * GROUP];
+            for (int r = 0; r < UNROLL; ++r) {
+                if (p0 + r * GROUP < n) {
+                    const int p = p0 + r * GROUP;
+                    const UKEY u = order_key(a[r], largest);
+                    ${body}
+                }
+            }
+        }
+% endif
+    }
+</%def>
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void topk_radix(int n, int k, __global const KEY* x, index_t x_off, __global KEY* values,
                 index_t v_off, __global long* indices, index_t i_off, int largest)
 {
-    __local int hist[DIGITS];
+    __local int hist[COPIES * DIGITS];
     __local int scan[GROUP];
     __local UKEY lkey[KMAX];
     __local int lidx[KMAX];
@@ -386,6 +438,7 @@ void topk_radix(int n, int k, __global const KEY* x, index_t x_off, __global KEY
     const int lid = get_local_id(0);
     const index_t row = get_group_id(0);
     __global const KEY* src = x + x_off + row * n;
+    __local int* own_hist = hist + ((lid / 32) % COPIES) * DIGITS;
     if (lid == 0) {
         l_prefix = 0;
         l_mask = 0;
@@ -393,29 +446,35 @@ void topk_radix(int n, int k, __global const KEY* x, index_t x_off, __global KEY
         l_equal = n;
     }
     for (int shift = KEY_BITS - 8; shift >= 0; shift -= 8) {
-        hist[lid] = 0;
+        for (int d = lid; d < COPIES * DIGITS; d += GROUP)
+            hist[d] = 0;
         barrier(CLK_LOCAL_MEM_FENCE);
         const UKEY prefix = l_prefix, mask = l_mask;
         const int need = l_need;
         // Once every entry agreeing with the chosen digits is needed, the prefix decides: the
-        // remaining passes count nothing (and keep their barriers, outside any branch).
+        // remaining passes count nothing (and keep their barriers, outside any branch: PoCL
+        // does not keep barriers in a branch apart).
         const int done = l_equal == need;
-        for (int p = done ? n : lid; p < n; p += GROUP) {
-            const UKEY u = order_key(src[p], largest);
-            if ((u & mask) == prefix)
-                atomic_inc(&hist[(int)(u >> shift) & (DIGITS - 1)]);
-        }
-        // Counts from the largest digit down: item i holds digits 255 - i and up.
+        if (!done)
+            ${each_key("if ((u & mask) == prefix) atomic_inc(&own_hist[(int)(u >> shift) & (DIGITS - 1)]);")}
+        // Counts from the largest digit down: item i < DIGITS holds digits 255 - i and up.
         barrier(CLK_LOCAL_MEM_FENCE);
-        scan[lid] = hist[DIGITS - 1 - lid];
-        group_scan(scan, lid);
-        const int above = lid > 0 ? scan[lid - 1] : 0;
-        if (!done && scan[lid] >= need && above < need) {
-            const int digit = DIGITS - 1 - lid;
-            l_prefix = prefix | ((UKEY)digit << shift);
-            l_mask = mask | ((UKEY)(DIGITS - 1) << shift);
-            l_need = need - above;
-            l_equal = hist[digit];
+        if (lid < DIGITS) {
+            int count = 0;
+            for (int c = 0; c < COPIES; ++c)
+                count += hist[c * DIGITS + DIGITS - 1 - lid];
+            scan[lid] = count;
+        }
+        group_scan(scan, DIGITS, lid);
+        if (!done && lid < DIGITS) {
+            const int above = lid > 0 ? scan[lid - 1] : 0;
+            if (scan[lid] >= need && above < need) {
+                const int digit = DIGITS - 1 - lid;
+                l_prefix = prefix | ((UKEY)digit << shift);
+                l_mask = mask | ((UKEY)(DIGITS - 1) << shift);
+                l_need = need - above;
+                l_equal = scan[lid] - above;
+            }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
@@ -429,23 +488,19 @@ void topk_radix(int n, int k, __global const KEY* x, index_t x_off, __global KEY
     barrier(CLK_LOCAL_MEM_FENCE);
     // Entries above the prefix (k - need of them) in slots [0, k - need), in any order (the sort
     // below orders them); those equal to it after them, all of them where all are needed.
-    for (int p = lid; p < n; p += GROUP) {
-        const UKEY u = order_key(src[p], largest);
-        const UKEY top = u & mask;
-        int slot = -1;
-        if (top > prefix)
-            slot = atomic_inc(&l_above);
-        else if (all_equal && top == prefix)
-            slot = k - need + atomic_inc(&l_taken);
-        if (slot >= 0) {
-            lkey[slot] = u;
-            lidx[slot] = p;
-        }
-    }
+    ${each_key("""const UKEY top = u & mask;
+                        int slot = -1;
+                        if (top > prefix)
+                            slot = atomic_inc(&l_above);
+                        else if (all_equal && top == prefix)
+                            slot = k - need + atomic_inc(&l_taken);
+                        if (slot >= 0) {
+                            lkey[slot] = u;
+                            lidx[slot] = p;
+                        }""")}
     // Where more entries equal the k-th key than are needed: the first ``need`` by position.
     // Item i counts the equal entries of its run of positions, an exclusive scan of the counts
-    // gives its first slot, and it takes its entries while slots remain. (The scan's barriers
-    // stay outside the condition: PoCL does not keep barriers in a branch apart.)
+    // gives its first slot, and it takes its entries while slots remain.
     const int run = (n + GROUP - 1) / GROUP;
     const int begin = min(n, lid * run), end = min(n, begin + run);
     int count = 0;
@@ -453,7 +508,7 @@ void topk_radix(int n, int k, __global const KEY* x, index_t x_off, __global KEY
         for (int p = begin; p < end; ++p)
             count += order_key(src[p], largest) == prefix;
     scan[lid] = count;
-    group_scan(scan, lid);
+    group_scan(scan, GROUP, lid);
     if (!all_equal) {
         int slot = k - need + scan[lid] - count;
         for (int p = begin; p < end && slot < k; ++p) {

@@ -395,8 +395,14 @@ def sort(input, dim=-1, descending=False, *, stable=False):
 
 # ---- topk ----------------------------------------------------------------------------------
 
-_RADIX_GROUP = 256     # one item per 8-bit digit (kernels/scan.cl.mako's select part)
-RADIX_KMAX = 4 * _RADIX_GROUP
+_RADIX_DIGITS = 256    # the smallest work-group: one item per 8-bit digit
+RADIX_KMAX = 1024      # kernels/scan.cl.mako's KMAX: the most entries sorted in local memory
+
+
+def _radix_group(ctx):
+    # 1024 items on GPUs: a row's loads in flight at once (at 64 rows, one group per compute
+    # unit is all the parallelism there is); 256 on CPUs, where a group runs as a loop.
+    return group_size(ctx, 256 if ctx.info.is_cpu else 1024)
 
 
 @dataclass(frozen=True)
@@ -419,7 +425,7 @@ class RadixSolver(solver.Solver):
     name = "radix"
 
     def applies(self, ctx, problem):
-        return (ctx.info.max_work_group_size >= _RADIX_GROUP and 1 <= problem.k <= RADIX_KMAX
+        return (ctx.info.max_work_group_size >= _RADIX_DIGITS and 1 <= problem.k <= RADIX_KMAX
                 and problem.n < _INT32_LIMIT)
 
 
@@ -453,9 +459,12 @@ def _topk_radix(x, k, largest):
     indices = Tensor.empty(ctx, values.shape, int64)
     index_t, ix = _index_type(max(x.offset_elements + x.size, values.offset_elements + rows * k,
                                   indices.offset_elements + rows * k))
+    group = _radix_group(ctx)
+    # 4-vectors where every row starts on a 4-entry boundary.
+    vec = int(x.offset_elements % 4 == 0 and n % 4 == 0)
     kernel = _kernel(ctx, "topk_radix", index_t, part="select", key=cl_name(x.dtype),
-                     group=_RADIX_GROUP)
-    kernel(ctx.queue, (rows * _RADIX_GROUP,), (_RADIX_GROUP,),
+                     group=group, vec=vec)
+    kernel(ctx.queue, (rows * group,), (group,),
            *_args(ix, (_flag(n), _flag(k), x.buffer, x.offset_elements, values.buffer,
                        values.offset_elements, indices.buffer, indices.offset_elements,
                        _flag(largest))))
