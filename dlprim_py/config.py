@@ -32,6 +32,8 @@ DLPRIM_SOFTMAX_ALGO force one softmax solver: row, column
 DLPRIM_POINTWISE_ALGO force one pointwise solver: vector (aligned layouts; an error elsewhere), scalar
 DLPRIM_DROPOUT_ALGO force one dropout solver: vector (offsets of whole blocks; an error elsewhere), scalar
 DLPRIM_INDEX_ADD_ALGO force how index_add sums repeated indices: sorted, loop
+DLPRIM_CUMSUM_ALGO force how cumsum scans along the last dimension: lookback (in-order queues), chunks
+DLPRIM_TOPK_ALGO   force one topk solver: radix (k up to 1024), bitonic
 DLPRIM_ATTENTION_ALGO force one scaled_dot_product_attention solver: rows, tiled (head dims up to 128)
 """
 import os

@@ -17,6 +17,40 @@
 ##   scan_columns(total, N, I, x, x_off, y, y_off, reverse)
 ##     I > 1: one work item per (o, i) column walking its N elements (coalesced across i).
 ##
+## part == "lookback" (template parameters acc: the element type; vec: 1 where whole tiles may be
+## read and written as 4-vectors):
+##   scan_lookback(N, chunks, tiles, x, x_off, y, y_off, status, reverse)
+##     The single-pass scan (decoupled look-back): one work-group per tile of TILE = GROUP * LPER
+##     elements of a row, ``tiles`` = rows * chunks of them. A group takes its tile from a
+##     ticket counter, not from its group id, so that tiles start in order: a tile waits only
+##     for tiles that have started already, which makes the wait safe on any implementation
+##     that runs a started work-group to completion (the ids' order of execution is not
+##     promised). The group scans its tile in local memory, publishes its total (flag AGG), looks
+##     back over its predecessors' totals until one has published its inclusive prefix (flag
+##     PREFIX; a row's first tile publishes that at once), publishes its own inclusive prefix
+##     and writes its tile out: each element is read once and written once.
+##     ``status`` (ints, zero before the first launch): [0] the ticket counter, [1] the count of
+##     finished groups, then per tile a flag, then the totals, then the inclusive prefixes
+##     (WORDS ints each). Every access to it is atomic; a value is written before its flag,
+##     behind a global fence, and read after it, and a total and a prefix have words of their
+##     own, so a reader never pairs a flag with another value. The group that finishes last
+##     sets the flags and counters back to zero for the next launch (launches on one in-order
+##     queue: the host keeps one status buffer per context).
+##
+## part == "select" (template parameters key: the key type; group >= 256, the digits; vec: 1
+## where every row starts on a 4-entry boundary, read as 4-vectors):
+##   topk_radix(n, k, x, x_off, values, v_off, indices, i_off, largest)
+##     One work-group per row of n entries: the k-th best entry's key by radix select, then the
+##     k best gathered and sorted in local memory. Keys are mapped to unsigned integers whose
+##     order is the wanted one (floats: sign-magnitude to biased, NaN to the largest, -0.0 to
+##     0.0; integers: the sign bit flipped; largest=0: complemented). Each pass histograms one
+##     8-bit digit, most significant first, of the entries that agree with the digits chosen
+##     so far, and picks the digit holding the k-th best (a suffix scan of the histogram); it
+##     stops early once every entry agreeing with the chosen digits is needed. The k best are
+##     the entries above the chosen prefix plus, of those equal to it, the first by position
+##     (in position order where more are equal than needed), sorted by key then position
+##     (bitonic, k <= KMAX = 1024), so results are the same on every run.
+##
 ## part == "sort" (template parameter key: the key type):
 ##   The order: keys ascending (descending with ``desc``), NaN after every number (before it
 ##   descending), equal keys by position (a stable sort, so results do not depend on the
@@ -110,6 +144,417 @@ __kernel void scan_columns(index_t total, index_t N, index_t I, __global const $
             run += (${acc})x[x_off + at];
             y[y_off + at] = run;
         }
+    }
+}
+% elif part == "lookback":
+#define LPER 16
+#define TILE (GROUP * LPER)
+#define ACC ${acc}
+#define ACC4 ${acc}4
+// Local index of tile element e: one padding word every 32 (the items' reads of their LPER
+// neighbours fall in distinct banks); 4-aligned runs stay contiguous.
+#define AT(e) ((e) + (e) / 32)
+#define WINDOW 32
+#define FLAG_AGG 1
+#define FLAG_PREFIX 2
+% if acc == "long":
+#define WORDS 2
+% else:
+#define WORDS 1
+% endif
+
+// A value as WORDS ints written with atomic exchanges, and read back with atomic reads.
+inline void put_value(volatile __global int* at, ACC v)
+{
+% if acc == "long":
+    const int2 w = as_int2(v);
+    atomic_xchg(at, w.x);
+    atomic_xchg(at + 1, w.y);
+% else:
+    atomic_xchg(at, as_int(v));
+% endif
+}
+
+inline ACC get_value(volatile __global int* at)
+{
+% if acc == "long":
+    return as_long((int2)(atomic_or(at, 0), atomic_or(at + 1, 0)));
+% else:
+    return as_${acc}(atomic_or(at, 0));
+% endif
+}
+
+__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
+void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, index_t x_off,
+                   __global ACC* y, index_t y_off, volatile __global int* status, int reverse)
+{
+    __local ACC buf[TILE + TILE / 32];
+    __local ACC sums[GROUP];
+    __local ACC window_value[WINDOW];
+    __local int window_flag[WINDOW];
+    __local int l_tile, l_look, l_done;
+    __local ACC l_prefix;
+    volatile __global int* flags = status + 2;
+    volatile __global int* totals = flags + tiles;
+    volatile __global int* prefixes = totals + tiles * WORDS;
+    const int lid = get_local_id(0);
+    if (lid == 0)
+        l_tile = atomic_inc(status);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int tile = l_tile;
+    const index_t row = tile / chunks;
+    const index_t c = tile % chunks;
+    const index_t first = c * TILE;
+    const index_t x_row = x_off + row * N, y_row = y_off + row * N;
+% if vec:
+    // A whole tile read forwards: 4-vectors (the host passes vec only where every row starts
+    // on a 4-element boundary of both buffers).
+    const int whole = !reverse && first + TILE <= N;
+    if (whole) {
+        __global const ACC4* xv = (__global const ACC4*)(x + x_row + first);
+        for (int v = lid; v < TILE / 4; v += GROUP) {
+            const ACC4 a = xv[v];
+            buf[AT(4 * v)] = a.x;
+            buf[AT(4 * v) + 1] = a.y;
+            buf[AT(4 * v) + 2] = a.z;
+            buf[AT(4 * v) + 3] = a.w;
+        }
+    } else
+% endif
+    for (int e = lid; e < TILE; e += GROUP) {
+        const index_t p = first + e;
+        buf[AT(e)] = p < N ? x[x_row + (reverse ? N - 1 - p : p)] : (ACC)0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ACC own = (ACC)0;
+    for (int m = 0; m < LPER; ++m)
+        own += buf[AT(lid * LPER + m)];
+    sums[lid] = own;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int offset = 1; offset < GROUP; offset <<= 1) {
+        const ACC add = lid >= offset ? sums[lid - offset] : (ACC)0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        sums[lid] += add;
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const ACC total = sums[GROUP - 1];
+    if (lid == 0) {
+        if (c == 0) {
+            put_value(prefixes + tile * WORDS, total);
+            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            atomic_xchg(flags + tile, FLAG_PREFIX);
+        } else {
+            put_value(totals + tile * WORDS, total);
+            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            atomic_xchg(flags + tile, FLAG_AGG);
+        }
+        l_prefix = (ACC)0;
+        l_look = tile - 1;
+        l_done = c == 0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // The look-back: WINDOW items read the flags (and values) of the WINDOW tiles before l_look;
+    // item 0 adds the totals up to the nearest inclusive prefix, or up to the first tile not
+    // published yet (the window then starts again from there). The row's first tile publishes
+    // a prefix at once, so the walk never leaves the row. Every item runs the loop (barriers),
+    // l_done deciding for all.
+    while (!l_done) {
+        if (lid < WINDOW) {
+            const int t = l_look - lid;
+            int f = 0;
+            ACC v = (ACC)0;
+            if (t >= tile - c) {
+                f = atomic_or(flags + t, 0);
+                mem_fence(CLK_GLOBAL_MEM_FENCE);
+                if (f == FLAG_PREFIX)
+                    v = get_value(prefixes + t * WORDS);
+                else if (f == FLAG_AGG)
+                    v = get_value(totals + t * WORDS);
+            }
+            window_flag[lid] = f;
+            window_value[lid] = v;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid == 0) {
+            int w = 0;
+            ACC run = l_prefix;
+            while (w < WINDOW && window_flag[w] == FLAG_AGG)
+                run += window_value[w++];
+            if (w < WINDOW && window_flag[w] == FLAG_PREFIX) {
+                run += window_value[w];
+                l_done = 1;
+            }
+            l_prefix = run;
+            l_look -= w;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const ACC prefix = l_prefix;
+    if (lid == 0 && c > 0) {
+        put_value(prefixes + tile * WORDS, prefix + total);
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        atomic_xchg(flags + tile, FLAG_PREFIX);
+    }
+    ACC run = prefix + sums[lid] - own;
+    for (int m = 0; m < LPER; ++m) {
+        run += buf[AT(lid * LPER + m)];
+        buf[AT(lid * LPER + m)] = run;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+% if vec:
+    if (whole) {
+        __global ACC4* yv = (__global ACC4*)(y + y_row + first);
+        for (int v = lid; v < TILE / 4; v += GROUP)
+            yv[v] = (ACC4)(buf[AT(4 * v)], buf[AT(4 * v) + 1], buf[AT(4 * v) + 2],
+                           buf[AT(4 * v) + 3]);
+    } else
+% endif
+    for (int e = lid; e < TILE; e += GROUP) {
+        const index_t p = first + e;
+        if (p < N)
+            y[y_row + (reverse ? N - 1 - p : p)] = buf[AT(e)];
+    }
+    // The last group to finish sets the status back to zero for the next launch: every other
+    // group has made its last access to it before counting itself finished.
+    if (lid == 0) {
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        l_done = atomic_inc(status + 1) == tiles - 1;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (l_done) {
+        for (int t = lid; t < tiles; t += GROUP)
+            atomic_xchg(flags + t, 0);
+        if (lid == 0) {
+            atomic_xchg(status, 0);
+            atomic_xchg(status + 1, 0);
+        }
+    }
+}
+% elif part == "select":
+#define KEY ${key}
+#define KEY4 ${key}4
+#define KMAX 1024
+#define DIGITS 256
+// Copies of the histogram, one per 32 items (NVIDIA's warps), so that items hitting the same
+// digit at once spread over copies (shared-memory atomics on one address serialise).
+#define COPIES (GROUP / 32 < 8 ? GROUP / 32 : 8)
+// Vectors each item loads before counting any: several loads in flight per item.
+#define UNROLL 4
+% if key == "long":
+#define UKEY ulong
+#define KEY_BITS 64
+% else:
+#define UKEY uint
+#define KEY_BITS 32
+% endif
+
+// The order-preserving unsigned key of v (larger: better).
+inline UKEY order_key(KEY v, int largest)
+{
+% if key == "float":
+    uint b = as_uint(v);
+    if (isnan(v))
+        b = 0xffffffffu;
+    else if (v == 0.0f)
+        b = 0x80000000u;
+    else
+        b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+% elif key == "long":
+    UKEY b = as_ulong(v) ^ 0x8000000000000000ul;
+% else:
+    UKEY b = as_uint(v) ^ 0x80000000u;
+% endif
+    return largest ? b : ~b;
+}
+
+// Inclusive scan of scan[0..len) in place (Hillis-Steele, len <= GROUP); every item calls it.
+inline void group_scan(__local int* scan, int len, int lid)
+{
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int offset = 1; offset < len; offset <<= 1) {
+        const int add = lid < len && lid >= offset ? scan[lid - offset] : 0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid < len)
+            scan[lid] += add;
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+}
+
+## Runs ``body`` for every entry p of the row with its key u, the items' loads of UNROLL
+## vectors (or entries) issued before any body runs.
+<%def name="each_key(body)">
+    {
+% if vec:
+        __global const KEY4* srcv = (__global const KEY4*)src;
+        const int nv = n / 4;
+        for (int v0 = lid; v0 < nv; v0 += GROUP * UNROLL) {
+            KEY4 a[UNROLL];
+            for (int r = 0; r < UNROLL; ++r)
+                if (v0 + r * GROUP < nv)
+                    a[r] = srcv[v0 + r * GROUP];
+            for (int r = 0; r < UNROLL; ++r) {
+                if (v0 + r * GROUP < nv) {
+                    const KEY e[4] = {a[r].x, a[r].y, a[r].z, a[r].w};
+                    for (int c = 0; c < 4; ++c) {
+                        const int p = 4 * (v0 + r * GROUP) + c;
+                        const UKEY u = order_key(e[c], largest);
+                        ${body}
+                    }
+                }
+            }
+        }
+        for (int p = 4 * nv + lid; p < n; p += GROUP) {
+            const UKEY u = order_key(src[p], largest);
+            ${body}
+        }
+% else:
+        for (int p0 = lid; p0 < n; p0 += GROUP * UNROLL) {
+            KEY a[UNROLL];
+            for (int r = 0; r < UNROLL; ++r)
+                if (p0 + r * GROUP < n)
+                    a[r] = src[p0 + r * GROUP];
+            for (int r = 0; r < UNROLL; ++r) {
+                if (p0 + r * GROUP < n) {
+                    const int p = p0 + r * GROUP;
+                    const UKEY u = order_key(a[r], largest);
+                    ${body}
+                }
+            }
+        }
+% endif
+    }
+</%def>
+
+__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
+void topk_radix(int n, int k, __global const KEY* x, index_t x_off, __global KEY* values,
+                index_t v_off, __global long* indices, index_t i_off, int largest)
+{
+    __local int hist[COPIES * DIGITS];
+    __local int scan[GROUP];
+    __local UKEY lkey[KMAX];
+    __local int lidx[KMAX];
+    __local UKEY l_prefix, l_mask;
+    __local int l_need, l_equal, l_above, l_taken;
+    const int lid = get_local_id(0);
+    const index_t row = get_group_id(0);
+    __global const KEY* src = x + x_off + row * n;
+    __local int* own_hist = hist + ((lid / 32) % COPIES) * DIGITS;
+    if (lid == 0) {
+        l_prefix = 0;
+        l_mask = 0;
+        l_need = k;
+        l_equal = n;
+    }
+    for (int shift = KEY_BITS - 8; shift >= 0; shift -= 8) {
+        for (int d = lid; d < COPIES * DIGITS; d += GROUP)
+            hist[d] = 0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const UKEY prefix = l_prefix, mask = l_mask;
+        const int need = l_need;
+        // Once every entry agreeing with the chosen digits is needed, the prefix decides: the
+        // remaining passes count nothing (and keep their barriers, outside any branch: PoCL
+        // does not keep barriers in a branch apart).
+        const int done = l_equal == need;
+        if (!done)
+            ${each_key("if ((u & mask) == prefix) atomic_inc(&own_hist[(int)(u >> shift) & (DIGITS - 1)]);")}
+        // Counts from the largest digit down: item i < DIGITS holds digits 255 - i and up.
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid < DIGITS) {
+            int count = 0;
+            for (int c = 0; c < COPIES; ++c)
+                count += hist[c * DIGITS + DIGITS - 1 - lid];
+            scan[lid] = count;
+        }
+        group_scan(scan, DIGITS, lid);
+        if (!done && lid < DIGITS) {
+            const int above = lid > 0 ? scan[lid - 1] : 0;
+            if (scan[lid] >= need && above < need) {
+                const int digit = DIGITS - 1 - lid;
+                l_prefix = prefix | ((UKEY)digit << shift);
+                l_mask = mask | ((UKEY)(DIGITS - 1) << shift);
+                l_need = need - above;
+                l_equal = scan[lid] - above;
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const UKEY prefix = l_prefix, mask = l_mask;
+    const int need = l_need;
+    const int all_equal = l_equal == need;
+    if (lid == 0) {
+        l_above = 0;
+        l_taken = 0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // Entries above the prefix (k - need of them) in slots [0, k - need), in any order (the sort
+    // below orders them); those equal to it after them, all of them where all are needed.
+    ${each_key("""const UKEY top = u & mask;
+                        int slot = -1;
+                        if (top > prefix)
+                            slot = atomic_inc(&l_above);
+                        else if (all_equal && top == prefix)
+                            slot = k - need + atomic_inc(&l_taken);
+                        if (slot >= 0) {
+                            lkey[slot] = u;
+                            lidx[slot] = p;
+                        }""")}
+    // Where more entries equal the k-th key than are needed: the first ``need`` by position.
+    // Item i counts the equal entries of its run of positions, an exclusive scan of the counts
+    // gives its first slot, and it takes its entries while slots remain.
+    const int run = (n + GROUP - 1) / GROUP;
+    const int begin = min(n, lid * run), end = min(n, begin + run);
+    int count = 0;
+    if (!all_equal)
+        for (int p = begin; p < end; ++p)
+            count += order_key(src[p], largest) == prefix;
+    scan[lid] = count;
+    group_scan(scan, GROUP, lid);
+    if (!all_equal) {
+        int slot = k - need + scan[lid] - count;
+        for (int p = begin; p < end && slot < k; ++p) {
+            const UKEY u = order_key(src[p], largest);
+            if (u == prefix) {
+                lkey[slot] = u;
+                lidx[slot] = p;
+                ++slot;
+            }
+        }
+    }
+    // Padding up to a power of two, after every entry.
+    int P = 1;
+    while (P < k)
+        P <<= 1;
+    for (int e = k + lid; e < P; e += GROUP) {
+        lkey[e] = 0;
+        lidx[e] = -1;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // Bitonic sort: larger key first, then lower position; padding (position -1) last.
+    for (int size = 2; size <= P; size <<= 1) {
+        for (int j = size >> 1; j > 0; j >>= 1) {
+            for (int q = lid; q < P / 2; q += GROUP) {
+                const int i = (q / j) * 2 * j + q % j;
+                const int partner = i + j;
+                const UKEY a = lkey[i], b = lkey[partner];
+                const int ia = lidx[i], ib = lidx[partner];
+                // Whether b belongs before a.
+                const int b_first = ia < 0 ? ib >= 0
+                                  : ib >= 0 && (b > a || (b == a && ib < ia));
+                const int first_half = (i & size) == 0;
+                if (first_half ? b_first : (!b_first && ia != ib)) {
+                    lkey[i] = b;
+                    lkey[partner] = a;
+                    lidx[i] = ib;
+                    lidx[partner] = ia;
+                }
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+    }
+    for (int e = lid; e < k; e += GROUP) {
+        const int p = lidx[e];
+        values[v_off + row * k + e] = src[p];
+        indices[i_off + row * k + e] = p;
     }
 }
 % else:

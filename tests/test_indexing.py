@@ -484,3 +484,44 @@ def test_a_user_rule_chooses_the_index_add_solver(ctx, rng, tuning_rules):
     expected = x.astype(np.float64)
     np.add.at(expected, index, src)
     assert_close(looped, expected)
+
+
+def test_repeated_selections_replay_their_plan(ctx, rng, monkeypatch):
+    """A repeated index_select / embedding with the same shapes, dtypes and offsets replays the
+    first call's launch with only its buffers bound: new tables, new indices and outputs from a
+    poisoned pool all give the right rows, an out-of-range index still raises at the next
+    synchronization, and arguments the first call refused are refused again."""
+    from dlprim_py.ops import indexing as ix
+    for _ in range(3):
+        table = random(rng, (50, 7))
+        idx = rng.integers(0, 50, (4, 9))
+        W, I = t_(ctx, table), t_(ctx, idx)
+        poison_pool(ctx)
+        np.testing.assert_array_equal(F.embedding(I, W).numpy(), table[idx])
+        poison_pool(ctx)
+        flat = t_(ctx, idx.reshape(-1))
+        np.testing.assert_array_equal(F.index_select(W, 0, flat).numpy(), table[idx.reshape(-1)])
+        np.testing.assert_array_equal(F.index_select(W, 1, t_(ctx, np.array([6, 0, 6]))).numpy(),
+                                      table[:, [6, 0, 6]])
+    # Repeated calls check nothing again and build nothing.
+    checked = []
+    monkeypatch.setattr(ix, "_check_weight", lambda *a: checked.append(a))
+    monkeypatch.setattr(ix, "_check_vector_index", lambda *a: checked.append(a))
+    before = dict(program.stats)
+    F.embedding(I, W), F.index_select(W, 0, flat)
+    assert dict(program.stats) == before and not checked
+    monkeypatch.undo()
+    bad = t_(ctx, np.full((4, 9), 50))
+    with pytest.raises(dp.ShapeError, match="out of range"):
+        F.embedding(bad, W).numpy()
+    with pytest.raises(dp.ShapeError, match="out of range"):
+        F.index_select(W, 0, t_(ctx, np.full(36, -1))).numpy()
+    F.embedding(I, W, padding_idx=1)
+    with pytest.raises(dp.DTypeError, match="padding_idx"):
+        F.embedding(I, W, padding_idx=True)
+    F.index_select(W, 1, t_(ctx, np.array([6, 0, 6])))
+    with pytest.raises(dp.ShapeError, match="dim must be an int"):
+        F.index_select(W, True, t_(ctx, np.array([6, 0, 6])))
+    # int32 indices take the checked path on every call (converted first).
+    np.testing.assert_array_equal(F.embedding(t_(ctx, idx.astype(np.int32)), W).numpy(),
+                                  table[idx])

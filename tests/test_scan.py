@@ -1,7 +1,8 @@
 """cumsum, sort and topk (dlprim_py/ops/scan.py) against torch on the CPU in float64 on seeded
 data: every path (one chunk / several, rows / columns; one tile / several rows per tile /
-the whole bitonic network; topk by tile rounds and by a full sort), ties and NaN, gradients,
-refusals, empty tensors, repeated calls building nothing."""
+the whole bitonic network; topk by tile rounds and by a full sort), every algorithm of the
+"cumsum" and "topk" families forced on its own (look-back / chunks, radix / bitonic), ties and
+NaN, gradients, refusals, empty tensors, repeated calls building nothing."""
 import numpy as np
 import pytest
 import torch
@@ -49,6 +50,96 @@ def test_cumsum_dtypes(ctx, rng):
         F.cumsum(t_(ctx, ints), 0, dtype=dp.int32)
     with pytest.raises(dp.ShapeError, match="out of range"):
         F.cumsum(t_(ctx, ints), 2)
+
+
+# ---- cumsum's algorithms, each forced ----------------------------------------------------------
+
+_POISON = (8, 64, 256, 1024, 4096, 16384, 65536, 262144)
+
+
+def _offset(ctx, data, offset):
+    """A tensor holding ``data`` at ``offset`` elements into a larger buffer."""
+    whole = np.concatenate([np.full(offset, 7, data.dtype), data.ravel()])
+    base = dp.Tensor.from_numpy(ctx, whole)
+    return dp.Tensor(ctx, base.buffer, data.shape, dtype=base.dtype,
+                     offset=base.offset + data.itemsize * offset)
+
+
+def _tile(ctx):
+    from dlprim_py.ops import scan
+    return scan.group_size(ctx, 256) * scan._LOOKBACK_PER
+
+
+@pytest.mark.parametrize("algorithm", ["lookback", "chunks"])
+def test_cumsum_algorithms_forced(ctx, rng, algorithm):
+    """Each algorithm on its own against float64: one element, tile multiples and one either
+    side (look-back tiles and chunks), several tiles, several rows, every dimension of a 3-d
+    tensor, an input at an offset that breaks 4-vectors, and the gradient (a reversed scan)."""
+    T = _tile(ctx)
+    shapes = [(1,), (5,), (T - 1,), (T,), (T + 1,), (3 * T - 1,), (3 * T,), (3 * T + 1,),
+              (3, 2 * T + 3), (4, T // 2 + 1), (2, 3, T + 5)]
+    for shape in shapes:
+        x = random(rng, shape)
+        poison_pool(ctx, _POISON)
+        out = F.cumsum(t_(ctx, x), -1, algorithm=algorithm)
+        assert_close(out.numpy(), np.cumsum(x.astype(np.float64), -1))
+    x = random(rng, (3, 5, 2 * T + 7))
+    for dim in range(3):
+        out = F.cumsum(t_(ctx, x), dim, algorithm=algorithm)
+        assert_close(out.numpy(), np.cumsum(x.astype(np.float64), dim))
+    # Non-contiguous inputs become dense rows first (a permuted view, a row at an odd offset).
+    permuted = F.permute(t_(ctx, x), (0, 2, 1))
+    assert_close(F.cumsum(permuted, 1, algorithm=algorithm).numpy(),
+                 np.cumsum(x.transpose(0, 2, 1).astype(np.float64), 1))
+    long = random(rng, (2 * T + 9,))
+    for offset in (1, 3, 4):
+        poison_pool(ctx, _POISON)
+        out = F.cumsum(_offset(ctx, long, offset), 0, algorithm=algorithm)
+        assert_close(out.numpy(), np.cumsum(long.astype(np.float64)))
+    g = random(rng, (2, 3 * T + 1))
+    X, XR = t_(ctx, g, True), ref(g, True)
+    out = F.cumsum(X, 1, algorithm=algorithm)
+    backward_check(ctx, rng, out, torch.cumsum(XR, 1), [(X, XR)])
+
+
+@pytest.mark.parametrize("algorithm", ["lookback", "chunks"])
+def test_cumsum_algorithms_integers(ctx, rng, algorithm, monkeypatch):
+    """int64 sums (int32 and bool inputs converted), exact; through DLPRIM_CUMSUM_ALGO."""
+    monkeypatch.setenv("DLPRIM_CUMSUM_ALGO", algorithm)
+    dp.config.reload()
+    T = _tile(ctx)
+    ints = rng.integers(-2 ** 40, 2 ** 40, (3, 2 * T + 1))
+    for array in (ints, (ints % 1000).astype(np.int32), ints > 0):
+        poison_pool(ctx, _POISON)
+        got = t_(ctx, array).cumsum(1)
+        np.testing.assert_array_equal(got.numpy(), np.cumsum(array.astype(np.int64), 1))
+
+
+def test_lookback_launches_in_a_row(ctx, rng):
+    """The status buffer is set back by each launch: many launches of changing tile counts
+    (more, then fewer, then more) in a row, without a wait between them, all correct."""
+    T = _tile(ctx)
+    inputs = [random(rng, (n,)) for n in (7 * T + 3, T + 1, 2, 5 * T, 3 * T - 1)]
+    outs = [F.cumsum(t_(ctx, x), 0, algorithm="lookback") for x in inputs * 2]
+    for x, out in zip(inputs * 2, outs):
+        assert_close(out.numpy(), np.cumsum(x.astype(np.float64)))
+
+
+def test_cumsum_algorithm_choice_and_refusals(ctx, rng, monkeypatch):
+    from dlprim_py import solver
+    from dlprim_py.ops import scan
+    assert set(solver.family("cumsum").solvers) == {"lookback", "chunks"}
+    # The rules: look-back for long rows on GPUs, chunks for rows of two chunks and on CPUs.
+    long_choice = scan._cumsum_algorithm(ctx, 1, 1 << 24, None)
+    assert long_choice == ("lookback" if ctx.info.is_gpu else "chunks")
+    assert scan._cumsum_algorithm(ctx, 4096, 4096, None) == "chunks"
+    x = t_(ctx, random(rng, (3, 10)))
+    with pytest.raises(dp.UnsupportedError, match="cumsum algorithm"):
+        F.cumsum(x, 1, algorithm="bogus")
+    monkeypatch.setenv("DLPRIM_CUMSUM_ALGO", "bogus")
+    dp.config.reload()
+    with pytest.raises(dp.UnsupportedError, match="bogus"):
+        F.cumsum(x, 1)
 
 
 # ---- sort ------------------------------------------------------------------------------------
@@ -100,6 +191,61 @@ def test_topk(ctx, rng, shape, k, dim, largest):
     np.testing.assert_array_equal(indices.numpy(), want.indices.numpy())
 
 
+@pytest.fixture(params=["radix", "radix1024", "bitonic"])
+def topk_algorithm(request, ctx, monkeypatch):
+    """Each topk algorithm forced; "radix1024": radix with the GPUs' 1024-item work-groups."""
+    name = request.param
+    if name == "radix1024":
+        from dlprim_py.ops import scan
+        if ctx.info.max_work_group_size < 1024:
+            pytest.skip("work-groups of 1024 items are not available")
+        monkeypatch.setattr(scan, "_radix_group", lambda ctx: 1024)
+        name = "radix"
+    monkeypatch.setenv("DLPRIM_TOPK_ALGO", name)
+    dp.config.reload()
+    return name
+
+
+@pytest.mark.parametrize("shape,k", [((3, 20), 4), ((2, 1000), 5), ((3, 1001), 1),
+                                     ((2, 300), 100), ((4, 7), 7), ((2, 3001), 1024),
+                                     ((1, 5), 1), ((5, 1), 1)])
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_algorithms_forced(ctx, rng, topk_algorithm, shape, k, largest):
+    """Each algorithm on its own: values exactly with ties and NaN, indices pointing at them and
+    the same as the lowest positions among equal values (torch's stable sort's); distinct
+    values give torch's indices; k = 1, k = n, rows shorter than a tile and not whole 4-vectors;
+    int32 and int64 keys; an input at an offset."""
+    if k > 512 and topk_algorithm == "bitonic" and ctx.info.is_cpu:
+        pytest.skip("the full bitonic network at this size is slow on a CPU")
+    for x in (ties(rng, shape), rng.permutation(np.prod(shape)).reshape(shape).astype(np.float32),
+              rng.integers(-2 ** 40, 2 ** 40, shape), rng.integers(-9, 9, shape).astype(np.int32)):
+        poison_pool(ctx)
+        values, indices = F.topk(t_(ctx, x), k, -1, largest=largest)
+        want = torch.sort(torch.tensor(x), dim=-1, descending=largest, stable=True)
+        np.testing.assert_array_equal(values.numpy(), want.values[..., :k].numpy())
+        np.testing.assert_array_equal(indices.numpy(), want.indices[..., :k].numpy())
+    x = ties(rng, shape)
+    values, indices = F.topk(_offset(ctx, x, 3), k, -1, largest=largest)
+    want = torch.sort(torch.tensor(x), dim=-1, descending=largest, stable=True)
+    np.testing.assert_array_equal(values.numpy(), want.values[..., :k].numpy())
+    np.testing.assert_array_equal(indices.numpy(), want.indices[..., :k].numpy())
+
+
+def test_topk_algorithm_choice_and_refusals(ctx, rng):
+    from dlprim_py import solver
+    from dlprim_py.ops import scan
+    assert set(solver.family("topk").solvers) == {"radix", "bitonic"}
+    assert scan._topk_algorithm(ctx, 64, 32000, 50, None) == "radix"
+    assert scan._topk_algorithm(ctx, 64, 32000, 2000, None) == "bitonic"
+    x = t_(ctx, random(rng, (2, 3000)))
+    with pytest.raises(dp.UnsupportedError, match="does not apply"):
+        F.topk(x, 1025, algorithm="radix")
+    with pytest.raises(dp.UnsupportedError, match="topk algorithm"):
+        F.topk(x, 3, algorithm="heap")
+    values, _ = F.topk(x, 2000)
+    np.testing.assert_array_equal(values.numpy(), np.sort(x.numpy(), -1)[:, ::-1][:, :2000])
+
+
 def test_topk_gradient_and_refusals(ctx, rng):
     x = random(rng, (3, 40))
     X, XR = t_(ctx, x, True), ref(x, True)
@@ -126,7 +272,11 @@ def test_repeated_calls_build_nothing(ctx, rng):
 
     def run():
         y = F.cumsum(x, 1).sum() + F.sort(x, 1, descending=True).values.sum() + \
-            F.topk(x, 3).values.sum() + F.topk(x, 100).values.sum()
+            F.topk(x, 3).values.sum() + F.topk(x, 100).values.sum() + \
+            F.cumsum(x, 1, algorithm="lookback").sum() + \
+            F.cumsum(x, 1, algorithm="chunks").sum() + \
+            F.topk(x, 3, algorithm="radix").values.sum() + \
+            F.topk(x, 3, algorithm="bitonic").values.sum()
         y.backward()
         x.grad = None
 

@@ -29,7 +29,7 @@ from .. import autograd, config, program, solver, tuning
 from ..context import check_same_context, default_context, Context
 from ..dtypes import as_dtype, bool_, cl_name, float16, float32, int32, int64
 from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError, not_a_tensor
-from ..launch import bind
+from ..launch import bind, run_planned_on
 from ..tensor import Tensor, _checked
 from . import masks, reduce, tensor_ops
 from .arithmetic import reduce_to_shape
@@ -422,8 +422,10 @@ def _check_scalar_index(name, input, index):
                          f"{index.size}")
 
 
-def _select(input, dim, index):
-    """index_select's result (checked arguments, no gradient recorded)."""
+def _select(input, dim, index, plan_key=None):
+    """index_select's result (checked arguments, no gradient recorded). ``plan_key``: the
+    launch goes through the plan of that key (``run_planned_on``; it must hold the shapes,
+    dtypes and offsets of ``input`` and ``index``)."""
     shape = list(_as_1d(input).shape)
     D = shape[dim]
     shape[dim] = index.size
@@ -435,26 +437,80 @@ def _select(input, dim, index):
         if D == 0:
             raise ShapeError(f"index_select: index into an empty dimension {dim} of input "
                              f"{input.shape}")
-        O, L, I = _split(tuple(shape), dim)
-        ctx = input.ctx
-        _run(ctx, "gather_dim", input.dtype, O * L * I,
-             max(O * max(L, D) * I, input.offset_elements + input.size,
-                 index.offset_elements + index.size),
-             O * L * I, L, I, scalar(np.int64, D), input.buffer, input.offset_elements,
-             index.buffer, index.offset_elements, 0, 1, 0, out.buffer, out.offset_elements,
-             range_flag(ctx))
+        if plan_key is None:
+            _select_into(input, dim, index, out)
+        else:
+            run_planned_on(input.ctx, plan_key, (input, index, out), _select_into, None,
+                           (input, dim, index, out))
     return out
+
+
+def _select_into(input, dim, index, out):
+    """out = input's entries ``index`` along ``dim`` (one launch)."""
+    shape = _as_1d(out).shape
+    D = _as_1d(input).shape[dim]
+    O, L, I = _split(shape, dim)
+    ctx = input.ctx
+    _run(ctx, "gather_dim", input.dtype, O * L * I,
+         max(O * max(L, D) * I, input.offset_elements + input.size,
+             index.offset_elements + index.size),
+         O * L * I, L, I, scalar(np.int64, D), input.buffer, input.offset_elements,
+         index.buffer, index.offset_elements, 0, 1, 0, out.buffer, out.offset_elements,
+         range_flag(ctx))
+
+
+# Repeated index_select and embedding calls: a call whose arguments match an earlier checked
+# call's (the key below: shapes, dtypes, offsets, dim / padding_idx with their types) skips the
+# checks and replays that call's launch, binding only the buffers that changed
+# (``run_planned_on``); the range flag's check is still deferred to the next synchronization.
+# The first call (and every call that the key does not cover: int32 indices, max_norm, empty
+# results) takes the checked path, which records the plan.
+
+def _select_planned(key, input, dim, index, out_shape):
+    ctx = input.ctx
+    out = Tensor.empty(ctx, out_shape, input.dtype)
+    ctx.defer_check("index_range", _raise_on_flag)
+    run_planned_on(ctx, key, (input, index, out), _select_into, None, (input, dim, index, out))
+    return out
+
+
+def _embedding_into(weight, index, out):
+    """out (index.shape + (E,)) = the rows of weight that index (int64) names."""
+    flat = _checked(index.ctx, index.buffer, (index.size,), int64, index.offset)
+    rows = _checked(out.ctx, out.buffer, (index.size, weight.shape[1]), float32, out.offset)
+    _select_into(weight, 0, flat, rows)
+
+
+def _index_select_checked(key, input, dim, index):
+    """(index_select's result, dim normalised) after every check; a call that ``key`` covers
+    (int64 index, a result that is not empty) is recorded for ``_select_planned``."""
+    _tensor(input, "index_select: input")
+    original = index
+    index = _index(index, "index_select: index", allow_int32=True)
+    check_same_context(input, index)
+    _check_vector_index("index_select", index)
+    dim = _dim(dim, input.ndim, "index_select")
+    plannable = key is not None and index is original and index.size and input.size
+    out = _select(input, dim, index, key if plannable else None)
+    if plannable:
+        input.ctx.plans.put(key, (dim, out.shape))
+    return out, dim
 
 
 def index_select(input, dim, index):
     """torch.index_select: the entries ``index`` (a vector of int64 or int32) of ``input``
     along ``dim``; their gradient is added back at ``index`` (index_add, deterministic)."""
-    _tensor(input, "index_select: input")
-    index = _index(index, "index_select: index", allow_int32=True)
-    check_same_context(input, index)
-    _check_vector_index("index_select", index)
-    dim = _dim(dim, input.ndim, "index_select")
-    out = _select(input, dim, index)
+    if input.__class__ is Tensor and index.__class__ is Tensor:
+        key = ("index_select", input.shape, input.dtype, input.offset, index.shape,
+               index.dtype, index.offset, dim, dim.__class__)
+        checked = input.ctx.plans.get(key)
+        if checked is not None:
+            dim = checked[0]
+            out = _select_planned(key, input, dim, index, checked[1])
+        else:
+            out, dim = _index_select_checked(key, input, dim, index)
+    else:
+        out, dim = _index_select_checked(None, input, dim, index)
     if not autograd.needs_grad(input):
         return out
     in_shape = input.shape
@@ -884,6 +940,14 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     gradients per index deterministically. ``scale_grad_by_freq`` and ``sparse`` are not
     supported.
     """
+    key = None
+    if input.__class__ is Tensor and weight.__class__ is Tensor and max_norm is None and \
+            not scale_grad_by_freq and not sparse:
+        key = ("embedding", input.shape, input.dtype, input.offset, weight.shape, weight.dtype,
+               weight.offset, padding_idx, padding_idx.__class__)
+        checked = weight.ctx.plans.get(key)
+        if checked is not None:
+            return _embedding_planned(key, input, weight, *checked)
     _tensor(input, "embedding: input")
     _check_weight("embedding", weight)
     index = _index(input, "embedding: input", allow_int32=True)
@@ -894,6 +958,10 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
         raise UnsupportedError("embedding: sparse=True is not supported (dense gradients only)")
     V, E = weight.shape
     padding_idx = _padding_index("embedding", padding_idx, V)
+    if key is not None and index is input and index.size and weight.size:
+        # Checked: this call and the next ones with the same key replay one plan.
+        weight.ctx.plans.put(key, (V, E, padding_idx))
+        return _embedding_planned(key, input, weight, V, E, padding_idx)
     flat = _checked(index.ctx, index.buffer, (index.size,), int64, index.offset)
     if max_norm is not None:
         if masks.scalar_kind(max_norm) not in (1, 2):
@@ -904,6 +972,23 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     if not autograd.needs_grad(weight):
         return out
     flat = flat.detach()
+
+    def backward(g):
+        return (_weight_grad(g.reshape((flat.size, E)), flat, V, E, padding_idx),)
+
+    return autograd.record(out, (weight,), backward, "embedding")
+
+
+def _embedding_planned(key, input, weight, V, E, padding_idx):
+    """embedding of checked arguments (int64 ``input``, no max_norm) through the plan of
+    ``key``."""
+    ctx = weight.ctx
+    out = Tensor.empty(ctx, input.shape + (E,), float32)
+    ctx.defer_check("index_range", _raise_on_flag)
+    run_planned_on(ctx, key, (weight, input, out), _embedding_into, None, (weight, input, out))
+    if not autograd.needs_grad(weight):
+        return out
+    flat = _checked(ctx, input.buffer, (input.size,), int64, input.offset).detach()
 
     def backward(g):
         return (_weight_grad(g.reshape((flat.size, E)), flat, V, E, padding_idx),)

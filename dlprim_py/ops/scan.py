@@ -1,10 +1,20 @@
 """Scans and sorting along a dimension, with torch's semantics and gradients: ``cumsum``,
 ``sort`` and ``topk`` (kernels/scan.cl.mako).
 
-``cumsum`` scans rows (the last dimension) by work-group chunks in local memory, with a second
-pass adding each chunk's prefix where a row has several (the chunk totals are scanned the same
-way, recursively); any other dimension by one work item per column. Integer and bool inputs
-sum to int64, as torch's; ``dtype`` converts the input first.
+``cumsum`` along the last dimension is the "cumsum" family (``dlprim_py.solver``,
+``DLPRIM_CUMSUM_ALGO`` or ``algorithm=`` forces one): "lookback", a single pass (decoupled
+look-back: each work-group scans a tile of 4096 elements in local memory and takes its prefix
+from its predecessors' published totals, so each element is read once and written once; it
+needs an in-order queue, since launches share one status buffer), and "chunks", work-group
+chunks in local memory with a second pass adding each chunk's prefix where a row has several
+(the chunk totals are scanned the same way, recursively). The tuning rules
+(``tuning_db/cumsum.json``) take "lookback" for long rows and "chunks" for rows of a few chunks,
+where its extra pass is small. Any other dimension is scanned by one work item per column.
+Integer and bool inputs sum to int64, as torch's; ``dtype`` converts the input first.
+
+``topk`` is the "topk" family (``DLPRIM_TOPK_ALGO`` or ``algorithm=`` forces one): "radix", a
+work-group per row finding the k-th best key by 8-bit radix passes, then gathering and sorting
+the k best in local memory (k up to 1024), and "bitonic", the sorting networks below.
 
 ``sort`` and ``topk`` order keys ascending or descending with NaN greater than every number
 (torch's order) and equal keys by position: every sort is stable, so ``stable=False`` gives
@@ -16,11 +26,13 @@ until one tile is left (``k`` up to half a tile; a full sort beyond), so it read
 once. The values' gradient goes back to the positions they came from.
 """
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+import pyopencl as cl
 
-from .. import autograd, program
+from .. import autograd, config, program, solver, tuning
 from ..dtypes import as_dtype, bool_, cl_name, float32, int32, int64
 from ..errors import DTypeError, ShapeError, not_a_tensor
 from ..launch import bind
@@ -40,7 +52,13 @@ class SortResult(NamedTuple):
     indices: Tensor
 
 
+# Every template parameter of kernels/scan.cl.mako (Mako asks for all of them whatever the
+# part), with the value of a part that does not use it.
+_UNUSED = dict(src="", acc="", key="", vec=0)
+
+
 def _kernel(ctx, name, index_t, **params):
+    params = dict(_UNUSED, **params)
     key = ("scan", name, index_t, tuple(sorted(params.items())))
     kernel = ctx.plans.get(key)
     if kernel is None:
@@ -65,8 +83,98 @@ def _args(ix, args):
 
 # ---- cumsum --------------------------------------------------------------------------------
 
-def _scan_rows(ctx, x, x_off, y, y_off, rows, N, reverse, src, acc):
-    """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x (into y's)."""
+_LOOKBACK_PER = 16   # elements per work item in a look-back tile (kernels/scan.cl.mako's LPER)
+
+
+@dataclass(frozen=True)
+class CumsumProblem:
+    """A scan of ``rows`` dense rows of ``n`` elements each (the last dimension)."""
+    rows: int
+    n: int
+
+    def key(self):
+        return f"cumsum-r{self.rows}-n{self.n}"
+
+    def features(self):
+        return {"rows": self.rows, "n": self.n}
+
+
+class LookbackSolver(solver.Solver):
+    """One pass: a work-group per tile takes its prefix from its predecessors' published totals
+    (decoupled look-back). Launches share one status buffer per context, so the queue must run
+    them in order."""
+    name = "lookback"
+
+    def applies(self, ctx, problem):
+        return not ctx.queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+
+
+class ChunksSolver(solver.Solver):
+    """A work-group scan per chunk, then the chunk totals scanned and added: about four passes
+    over a long row, two launches more than "lookback"; any queue."""
+    name = "chunks"
+
+
+FAMILY = solver.register(solver.Family("cumsum", (LookbackSolver(), ChunksSolver()),
+                                       title="cumsum algorithm"))
+CUMSUM_ALGORITHMS = tuple(FAMILY.solvers)
+
+
+def _cumsum_algorithm(ctx, rows, N, forced):
+    key = ("cumsum_choice", rows, N, forced, config.switches().forced.get("cumsum"),
+           tuning.generation)
+    name = ctx.plans.get(key)
+    if name is None:
+        name = ctx.plans.put(key, solver.select(ctx, "cumsum", CumsumProblem(rows, N),
+                                                forced=forced).name)
+    return name
+
+
+def _status(ctx, tiles):
+    """The look-back status buffer of ``ctx`` (ints, zero between launches: the kernel's last
+    group sets it back), for at least ``tiles`` tiles. Made from zeroed host memory, not by an
+    enqueued fill, so a recording open around the call stays a plan."""
+    found = ctx.plans.get(("scan.status",))
+    if found is None or found[1] < tiles:
+        capacity = max(tiles, 2 * found[1] if found else 1024)
+        words = np.zeros(2 + capacity * 5, np.int32)   # counters, flags, 2-word totals, prefixes
+        buffer = cl.Buffer(ctx.cl_context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                           hostbuf=words)
+        found = ctx.plans.put(("scan.status",), (buffer, capacity))
+    return found[0]
+
+
+def _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
+    """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x, one pass."""
+    group = group_size(ctx, 256)
+    tile = group * _LOOKBACK_PER
+    chunks = -(-N // tile)
+    tiles = rows * chunks
+    if tiles >= _INT32_LIMIT // 8:
+        raise ShapeError(f"cumsum: {tiles} look-back tiles are more than the status buffer "
+                         f"indexes")
+    index_t, ix = _index_type(max(rows * N + max(x_off, y_off), tiles * tile))
+    # 4-vectors where every row starts on a 4-element boundary of both buffers.
+    vec = int(x_off % 4 == 0 and y_off % 4 == 0 and (N % 4 == 0 or rows == 1))
+    kernel = _kernel(ctx, "scan_lookback", index_t, part="lookback", acc=cl_name(acc),
+                     group=group, vec=vec)
+    kernel(ctx.queue, (tiles * group,), (group,),
+           *_args(ix, (N, chunks, _flag(tiles), x, x_off, y, y_off, _status(ctx, tiles),
+                       _flag(reverse))))
+
+
+def _scan_rows(ctx, x, x_off, y, y_off, rows, N, reverse, src, acc, algorithm=None):
+    """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x (into y's), by
+    the "cumsum" family's choice (``algorithm`` forces one)."""
+    if _cumsum_algorithm(ctx, rows, N, algorithm) == "lookback":
+        _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc)
+        return
+    _scan_chunks(ctx, x, x_off, y, y_off, rows, N, reverse, src, acc)
+
+
+def _scan_chunks(ctx, x, x_off, y, y_off, rows, N, reverse, src, acc):
+    """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x (into y's), by
+    chunks and a second pass."""
     group = group_size(ctx, 256)
     chunk = group * _PER
     chunks = -(-N // chunk)
@@ -79,15 +187,16 @@ def _scan_rows(ctx, x, x_off, y, y_off, rows, N, reverse, src, acc):
                        partial.buffer if partial is not None else y, _flag(reverse))))
     if chunks > 1:
         # The chunk totals scanned in place (always forwards: they are in scan order already).
-        _scan_rows(ctx, partial.buffer, 0, partial.buffer, 0, rows, chunks, 0, acc, acc)
+        _scan_chunks(ctx, partial.buffer, 0, partial.buffer, 0, rows, chunks, 0, acc, acc)
         gsize, lsize = launch_size(ctx, rows * N)
         _kernel(ctx, "scan_add", index_t, **params)(
             ctx.queue, gsize, lsize,
             *_args(ix, (rows * N, N, chunks, partial.buffer, y, y_off, _flag(reverse))))
 
 
-def _cumsum(x, dim, reverse):
-    """The inclusive scan of dense ``x`` along ``dim`` (from the end with ``reverse``)."""
+def _cumsum(x, dim, reverse, algorithm=None):
+    """The inclusive scan of dense ``x`` along ``dim`` (from the end with ``reverse``);
+    ``algorithm``: a "cumsum" solver forced for scans along the last dimension."""
     acc = float32 if x.dtype == float32 else int64
     out = Tensor.empty(x.ctx, x.shape, acc)
     if not x.size:
@@ -97,7 +206,7 @@ def _cumsum(x, dim, reverse):
     ctx = x.ctx
     if I == 1:
         _scan_rows(ctx, x.buffer, x.offset_elements, out.buffer, out.offset_elements, O, N,
-                   reverse, x.dtype, acc)
+                   reverse, x.dtype, acc, algorithm)
     else:
         index_t, ix = _index_type(x.size + x.offset_elements)
         params = dict(part="cumsum", src=cl_name(x.dtype), acc=cl_name(acc), key="",
@@ -110,10 +219,12 @@ def _cumsum(x, dim, reverse):
     return out
 
 
-def cumsum(input, dim, *, dtype=None):
+def cumsum(input, dim, *, dtype=None, algorithm=None):
     """torch.cumsum: the running sums of ``input`` along ``dim``. float32 stays float32;
     bool, int32 and int64 sum to int64 (torch's rule); ``dtype`` (float32 or int64) converts
     the input to it first. The gradient (float32) is the reversed running sum of the output's.
+    ``algorithm``: a "cumsum" solver ("lookback", "chunks") for scans along rows (also
+    ``DLPRIM_CUMSUM_ALGO``); an error where it does not apply.
     """
     if not isinstance(input, Tensor):
         raise not_a_tensor("cumsum: input", input)
@@ -131,10 +242,12 @@ def cumsum(input, dim, *, dtype=None):
         # Summed as int64 (torch's result type): converted first, so that one scan kernel per
         # result type serves every input type.
         x = masks.cast(x, int64)
-    out = _cumsum(x, dim, 0)
+    if algorithm is not None:
+        FAMILY.solver(algorithm)
+    out = _cumsum(x, dim, 0, algorithm)
     if out.dtype != float32 or not autograd.needs_grad(x):
         return out
-    return autograd.record(out, (x,), lambda g: (_cumsum(g, dim, 1),), "cumsum")
+    return autograd.record(out, (x,), lambda g: (_cumsum(g, dim, 1, algorithm),), "cumsum")
 
 
 # ---- sort / topk ---------------------------------------------------------------------------
@@ -280,18 +393,103 @@ def sort(input, dim=-1, descending=False, *, stable=False):
     return _record(values, indices, input, dim, "sort")
 
 
-def topk(input, k, dim=-1, largest=True, sorted=True):  # noqa: A002 - torch's name
+# ---- topk ----------------------------------------------------------------------------------
+
+_RADIX_DIGITS = 256    # the smallest work-group: one item per 8-bit digit
+RADIX_KMAX = 1024      # kernels/scan.cl.mako's KMAX: the most entries sorted in local memory
+
+
+def _radix_group(ctx):
+    # 1024 items on GPUs: a row's loads in flight at once (at 64 rows, one group per compute
+    # unit is all the parallelism there is); 256 on CPUs, where a group runs as a loop.
+    return group_size(ctx, 256 if ctx.info.is_cpu else 1024)
+
+
+@dataclass(frozen=True)
+class TopkProblem:
+    """The best ``k`` of each of ``rows`` rows of ``n`` entries."""
+    rows: int
+    n: int
+    k: int
+
+    def key(self):
+        return f"topk-r{self.rows}-n{self.n}-k{self.k}"
+
+    def features(self):
+        return {"rows": self.rows, "n": self.n, "k": self.k}
+
+
+class RadixSolver(solver.Solver):
+    """A work-group per row: the k-th best key by 8-bit radix passes over the row, then the k
+    best gathered and sorted in local memory (k up to RADIX_KMAX)."""
+    name = "radix"
+
+    def applies(self, ctx, problem):
+        return (ctx.info.max_work_group_size >= _RADIX_DIGITS and 1 <= problem.k <= RADIX_KMAX
+                and problem.n < _INT32_LIMIT)
+
+
+class BitonicSolver(solver.Solver):
+    """Bitonic sorting networks: the best k of every tile, then of the survivors, until one
+    tile is left (k up to half a tile), else the whole row sorted."""
+    name = "bitonic"
+
+
+TOPK_FAMILY = solver.register(solver.Family("topk", (RadixSolver(), BitonicSolver()),
+                                            title="topk algorithm"))
+TOPK_ALGORITHMS = tuple(TOPK_FAMILY.solvers)
+
+
+def _topk_algorithm(ctx, rows, n, k, forced):
+    key = ("topk_choice", rows, n, k, forced, config.switches().forced.get("topk"),
+           tuning.generation)
+    name = ctx.plans.get(key)
+    if name is None:
+        name = ctx.plans.put(key, solver.select(ctx, "topk", TopkProblem(rows, n, k),
+                                                forced=forced).name)
+    return name
+
+
+def _topk_radix(x, k, largest):
+    """(values, indices) of the best ``k`` (>= 1) of every dense row of ``x``, by radix select."""
+    ctx = x.ctx
+    n = x.shape[-1] if x.ndim else 1
+    rows = x.size // n
+    values = Tensor.empty(ctx, x.shape[:-1] + (k,) if x.ndim else x.shape, x.dtype)
+    indices = Tensor.empty(ctx, values.shape, int64)
+    index_t, ix = _index_type(max(x.offset_elements + x.size, values.offset_elements + rows * k,
+                                  indices.offset_elements + rows * k))
+    group = _radix_group(ctx)
+    # 4-vectors where every row starts on a 4-entry boundary.
+    vec = int(x.offset_elements % 4 == 0 and n % 4 == 0)
+    kernel = _kernel(ctx, "topk_radix", index_t, part="select", key=cl_name(x.dtype),
+                     group=group, vec=vec)
+    kernel(ctx.queue, (rows * group,), (group,),
+           *_args(ix, (_flag(n), _flag(k), x.buffer, x.offset_elements, values.buffer,
+                       values.offset_elements, indices.buffer, indices.offset_elements,
+                       _flag(largest))))
+    return values, indices
+
+
+def topk(input, k, dim=-1, largest=True, sorted=True, *, algorithm=None):  # noqa: A002
     """torch.topk: (values, indices) of the ``k`` largest (``largest=False``: smallest) entries
     of ``input`` along ``dim``, best first (also with ``sorted=False``); NaN counts as the
     largest. Ties go to the lower position. float32, int32 and int64; the values' gradient goes
-    back to where they came from."""
+    back to where they came from. ``algorithm``: a "topk" solver ("radix", "bitonic"; also
+    ``DLPRIM_TOPK_ALGO``), an error where it does not apply."""
     dim = _check_sortable("topk", input, dim)
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
         raise DTypeError(f"topk: k must be an int, got {k!r}")
     n = input.shape[dim] if input.ndim else 1
     if not 0 <= k <= n:
         raise ShapeError(f"topk: k ({k}) must be in [0, {n}] (the size of dimension {dim})")
+    if algorithm is not None:
+        TOPK_FAMILY.solver(algorithm)
     x = _rows_last(input, dim)
-    values, indices = _sort_rows(x, int(bool(largest)), int(k))
+    rows = x.size // n if n else 0
+    if k and rows and _topk_algorithm(x.ctx, rows, n, int(k), algorithm) == "radix":
+        values, indices = _topk_radix(x, int(k), int(bool(largest)))
+    else:
+        values, indices = _sort_rows(x, int(bool(largest)), int(k))
     values, indices = _back(values, dim, input.ndim), _back(indices, dim, input.ndim)
     return _record(values, indices, input, dim, "topk")
