@@ -157,6 +157,14 @@ __kernel void scan_columns(index_t total, index_t N, index_t I, __global const $
 #define WINDOW 32
 #define FLAG_AGG 1
 #define FLAG_PREFIX 2
+// Orders a work-item's status accesses as every other work-group sees them: OpenCL 1.2's
+// mem_fence promises order only as the work-item's own group observes it, and NVIDIA's
+// relaxed atomics take no ordering from it across SMs, so there a GPU-scope fence in PTX.
+% if ptx_fence:
+#define DEVICE_FENCE() asm volatile("membar.gl;" ::: "memory")
+% else:
+#define DEVICE_FENCE() mem_fence(CLK_GLOBAL_MEM_FENCE)
+% endif
 % if acc == "long":
 #define WORDS 2
 % else:
@@ -241,11 +249,11 @@ void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, 
     if (lid == 0) {
         if (c == 0) {
             put_value(prefixes + tile * WORDS, total);
-            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            DEVICE_FENCE();
             atomic_xchg(flags + tile, FLAG_PREFIX);
         } else {
             put_value(totals + tile * WORDS, total);
-            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            DEVICE_FENCE();
             atomic_xchg(flags + tile, FLAG_AGG);
         }
         l_prefix = (ACC)0;
@@ -265,7 +273,7 @@ void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, 
             ACC v = (ACC)0;
             if (t >= tile - c) {
                 f = atomic_or(flags + t, 0);
-                mem_fence(CLK_GLOBAL_MEM_FENCE);
+                DEVICE_FENCE();
                 if (f == FLAG_PREFIX)
                     v = get_value(prefixes + t * WORDS);
                 else if (f == FLAG_AGG)
@@ -292,7 +300,7 @@ void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, 
     const ACC prefix = l_prefix;
     if (lid == 0 && c > 0) {
         put_value(prefixes + tile * WORDS, prefix + total);
-        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        DEVICE_FENCE();
         atomic_xchg(flags + tile, FLAG_PREFIX);
     }
     ACC run = prefix + sums[lid] - own;
@@ -317,7 +325,7 @@ void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, 
     // The last group to finish sets the status back to zero for the next launch: every other
     // group has made its last access to it before counting itself finished.
     if (lid == 0) {
-        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        DEVICE_FENCE();
         l_done = atomic_inc(status + 1) == tiles - 1;
     }
     barrier(CLK_LOCAL_MEM_FENCE);

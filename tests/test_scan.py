@@ -286,3 +286,16 @@ def test_repeated_calls_build_nothing(ctx, rng):
     run()
     ctx.synchronize()
     assert dict(program.stats) == before
+
+
+def test_lookback_long_rows_repeated(ctx, rng):
+    """Long rows of many tiles, scanned again and again forwards and backwards (the published
+    totals and prefixes of one launch, the reset status of the last): every result against
+    float64. Where publication is misordered across work-groups this fails now and then."""
+    n = (1 << 20) + 3
+    x = random(rng, (n,))
+    inputs = (dp.Tensor.from_numpy(ctx, x), dp.Tensor.from_numpy(ctx, x[::-1].copy()))
+    wants = (np.cumsum(x.astype(np.float64)), np.cumsum(x[::-1].astype(np.float64)))
+    for _ in range(4):
+        for X, want in zip(inputs, wants):
+            assert_close(F.cumsum(X, 0, algorithm="lookback").numpy(), want)

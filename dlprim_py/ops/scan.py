@@ -54,7 +54,7 @@ class SortResult(NamedTuple):
 
 # Every template parameter of kernels/scan.cl.mako (Mako asks for all of them whatever the
 # part), with the value of a part that does not use it.
-_UNUSED = dict(src="", acc="", key="", vec=0)
+_UNUSED = dict(src="", acc="", key="", vec=0, ptx_fence=0)
 
 
 def _kernel(ctx, name, index_t, **params):
@@ -157,7 +157,7 @@ def _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
     # 4-vectors where every row starts on a 4-element boundary of both buffers.
     vec = int(x_off % 4 == 0 and y_off % 4 == 0 and (N % 4 == 0 or rows == 1))
     kernel = _kernel(ctx, "scan_lookback", index_t, part="lookback", acc=cl_name(acc),
-                     group=group, vec=vec)
+                     group=group, vec=vec, ptx_fence=int(ctx.info.vendor == "nvidia"))
     kernel(ctx.queue, (tiles * group,), (group,),
            *_args(ix, (N, chunks, _flag(tiles), x, x_off, y, y_off, _status(ctx, tiles),
                        _flag(reverse))))
