@@ -116,12 +116,16 @@ class BuiltProgram:
         return kernel
 
 
-class NotBuilt(Exception):
+class NotBuilt(BaseException):
     """Raised inside ``probe_builds()`` by the first ``build`` that the context does not hold
     yet, instead of building it: ``on_disk`` says whether the disk cache has its binary (a load,
     not a compile). Inside a ``BuildAhead``'s ``collecting()``, ``on_disk`` is None and
     ``recipes`` holds what is missing (``Recipe``s, several where a caller gathered them, as
-    find mode's timing of several candidates does)."""
+    find mode's timing of several candidates does).
+
+    A BaseException, as KeyboardInterrupt is: it says where a walk stopped, not what went
+    wrong, so an operator's ``except Exception`` (one that turns any failure into a library
+    error, or falls back to another algorithm) must not take it for a failure."""
 
     def __init__(self, template, on_disk, recipes=()):
         state = "to build" if on_disk is None else "on disk" if on_disk else "to compile"
