@@ -8,6 +8,9 @@ DLPRIM_DEVICE      device to use: "P:D" (platform:device indices) or a piece of 
 DLPRIM_CACHE_DIR   where compiled program binaries and find results are kept
 DLPRIM_NO_CACHE    "1": never read or write the on-disk program cache
 DLPRIM_DEBUG       "1": print each program build (and cache hits) to stderr
+DLPRIM_BUILD_THREADS how many programs a planner that meets several at once (dp.onnx's, per
+                   input shape) builds concurrently (default: the host's cores, 8 at most);
+                   "1": one at a time, as they are met
 DLPRIM_LOG_CMD     "1": log every operator call as an equivalent dlprim-driver command line
 DLPRIM_CHECK_NUMERICS "1": raise at the first dlprim_py.functional call that makes a NaN/inf
                    from finite inputs (a debugging mode: every call waits and reads back)
@@ -108,6 +111,21 @@ def no_cache():
 
 def debug():
     return _flag("DLPRIM_DEBUG")
+
+
+def build_threads():
+    """DLPRIM_BUILD_THREADS, else min(8, cores): 1 builds programs one at a time."""
+    value = os.environ.get("DLPRIM_BUILD_THREADS", "").strip()
+    if not value:
+        return max(1, min(8, os.cpu_count() or 1))
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        from .errors import ShapeError
+        raise ShapeError(f"DLPRIM_BUILD_THREADS must be a positive integer, got {value!r}")
+    return threads
 
 
 def log_cmd():

@@ -85,6 +85,7 @@ def _freeze(value):
 # (templates rendered to source), "builds" (programs built, from source or from a cached binary)
 # and "kernels" (cl.Kernel objects created). Tests assert that a repeated call adds to none.
 stats = {"renders": 0, "builds": 0, "kernels": 0}
+_stats_lock = threading.Lock()
 
 
 def new_kernel(program, name):
@@ -115,15 +116,36 @@ class BuiltProgram:
         return kernel
 
 
-class NotBuilt(Exception):
+class NotBuilt(BaseException):
     """Raised inside ``probe_builds()`` by the first ``build`` that the context does not hold
     yet, instead of building it: ``on_disk`` says whether the disk cache has its binary (a load,
-    not a compile)."""
+    not a compile). Inside a ``BuildAhead``'s ``collecting()``, ``on_disk`` is None and
+    ``recipes`` holds what is missing (``Recipe``s, several where a caller gathered them, as
+    find mode's timing of several candidates does).
 
-    def __init__(self, template, on_disk):
-        super().__init__(f"{template}: not built yet ({'on disk' if on_disk else 'to compile'})")
+    A BaseException, as KeyboardInterrupt is: it says where a walk stopped, not what went
+    wrong, so an operator's ``except Exception`` (one that turns any failure into a library
+    error, or falls back to another algorithm) must not take it for a failure."""
+
+    def __init__(self, template, on_disk, recipes=()):
+        state = "to build" if on_disk is None else "on disk" if on_disk else "to compile"
+        super().__init__(f"{template}: not built yet ({state})")
         self.template = template
         self.on_disk = on_disk
+        self.recipes = list(recipes)
+
+
+class Recipe:
+    """What ``build`` would build: the memo key, the rendered source, the options and the label
+    its messages use."""
+
+    __slots__ = ("key", "source", "options", "label")
+
+    def __init__(self, key, source, options, label):
+        self.key = key
+        self.source = source
+        self.options = options
+        self.label = label
 
 
 _probing = threading.local()
@@ -142,6 +164,106 @@ def probe_builds():
         _probing.on = outer
 
 
+class BuildAhead:
+    """Programs gathered from a walk that builds nothing, then built concurrently.
+
+    A planner that launches many kernels (``dlprim_py.onnx``'s, once per input shape) would
+    otherwise build its programs one after the other as it meets them, each a compiler run of
+    0.2-0.7 s, while the host has cores to spare and the drivers compile from several threads
+    at once (PyOpenCL lets go of the GIL in clBuildProgram). So: inside ``collecting()`` a
+    ``build`` of a program the context does not hold raises ``NotBuilt`` with its ``Recipe``
+    (rendered once per session); the caller gathers them from its walk and passes them to
+    ``build``, which compiles them in a pool of ``threads`` through ``build_source`` (the disk
+    cache, its checks and its errors as ever) and stores the results in ``ctx.programs``, from
+    the calling thread, under the keys ``build`` uses. A build that fails is kept and raised
+    again, the same ``KernelBuildError``, by the first ``build`` of that program inside
+    ``active()`` (the walk for real), at the point where building one at a time would have
+    raised it. Nothing else changes: the programs built are the ones ``build`` would build, so
+    the walk for real finds them built.
+    """
+
+    def __init__(self, ctx, threads):
+        self.ctx = ctx
+        self.threads = max(1, int(threads))
+        self.collecting_now = False
+        self.recipes = {}   # key -> Recipe, rendered once
+        self.failed = {}    # key -> the KernelBuildError its build raised
+        self.built = 0
+
+    def recipe(self, key, template, params, options):
+        recipe = self.recipes.get(key)
+        if recipe is None:
+            recipe = self.recipes[key] = Recipe(key, render(template, **params), options,
+                                                template)
+        return recipe
+
+    @contextlib.contextmanager
+    def active(self):
+        """Inside, ``build`` for this context raises kept failures and reuses rendered sources."""
+        outer = getattr(_probing, "ahead", None)
+        _probing.ahead = self
+        try:
+            yield self
+        finally:
+            _probing.ahead = outer
+
+    @contextlib.contextmanager
+    def collecting(self):
+        """Inside, ``build`` of a program the context does not hold raises ``NotBuilt``."""
+        with self.active():
+            outer, self.collecting_now = self.collecting_now, True
+            try:
+                yield self
+            finally:
+                self.collecting_now = outer
+
+    def build(self, recipes):
+        """Build ``recipes`` (duplicates dropped) concurrently and store them in
+        ``ctx.programs``; failures are kept (``failed``). Returns how many were attempted.
+        Programs of one source and options are built one per call (the others, by a later
+        call, come from the disk cache as they would one at a time)."""
+        todo, seen_keys, seen_sources = [], set(), set()
+        for recipe in recipes:
+            same = (recipe.source, recipe.options)
+            if (recipe.key in seen_keys or recipe.key in self.ctx.programs
+                    or recipe.key in self.failed or same in seen_sources):
+                continue
+            seen_keys.add(recipe.key)
+            seen_sources.add(same)
+            todo.append(recipe)
+        if not todo:
+            return 0
+        ctx = self.ctx
+
+        def one(recipe):
+            try:
+                return build_source(ctx, recipe.source, recipe.options, label=recipe.label), None
+            except KernelBuildError as e:
+                return None, e
+
+        if self.threads == 1 or len(todo) == 1:
+            results = [one(r) for r in todo]
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(min(self.threads, len(todo)),
+                                    thread_name_prefix="dlprim-build") as pool:
+                results = list(pool.map(one, todo))
+        for recipe, (built, error) in zip(todo, results):
+            if error is not None:
+                self.failed[recipe.key] = error
+            else:
+                ctx.programs[recipe.key] = built
+        self.built += len(todo)
+        return len(todo)
+
+
+def collecting():
+    """Whether ``build`` raises ``NotBuilt`` for what it would build (inside a ``BuildAhead``'s
+    ``collecting()``), so that a caller trying several programs may gather them all."""
+    ahead = getattr(_probing, "ahead", None)
+    return ahead is not None and ahead.collecting_now
+
+
 def build(ctx, template, params=None, options=()):
     """Render ``template`` with ``params``, build it for ``ctx`` and return a ``BuiltProgram``.
 
@@ -152,7 +274,17 @@ def build(ctx, template, params=None, options=()):
     key = (template, _freeze(params), options)
     built = ctx.programs.get(key)
     if built is None:
-        source = render(template, **params)
+        ahead = getattr(_probing, "ahead", None)
+        if ahead is not None and ahead.ctx is ctx:
+            failed = ahead.failed.get(key)
+            if failed is not None:
+                raise failed
+            recipe = ahead.recipe(key, template, params, options)
+            if ahead.collecting_now:
+                raise NotBuilt(template, None, [recipe])
+            source = recipe.source
+        else:
+            source = render(template, **params)
         if getattr(_probing, "on", False):
             on_disk = not config.no_cache() and _cache_path(
                 _disk_key(ctx, source, options)).is_file()
@@ -237,7 +369,8 @@ def _warn_entry(path, reason):
 def build_source(ctx, source, options=(), label="<source>"):
     """Build OpenCL C ``source`` for ``ctx`` through the on-disk binary cache."""
     options = tuple(options)
-    stats["builds"] += 1
+    with _stats_lock:   # BuildAhead builds from several threads
+        stats["builds"] += 1
     key = None if config.no_cache() else _disk_key(ctx, source, options)
     path = None if key is None else _cache_path(key)
     started = time.perf_counter()

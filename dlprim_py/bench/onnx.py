@@ -181,7 +181,7 @@ def _first_call_main(argv):
     ctx.queue.finish()
     first = time.perf_counter() - t1
     print(json.dumps({"import_s": imported, "load_s": loaded, "first_call_s": first,
-                      "plan_s": loaded + first}))
+                      "plan_s": loaded + first, "build_threads": dp.config.build_threads()}))
     return 0
 
 

@@ -17,13 +17,18 @@ A later run with a planned signature binds its input buffers and fresh output bu
 enqueues the launch list: no node is walked, nothing is built, nothing but the outputs is
 allocated.
 """
-import numpy as np
+import contextlib
+import sys
+import time
 
-from .. import launch
+import numpy as np
+import pyopencl as cl
+
+from .. import config, launch, program
 from ..autograd import no_grad
 from ..context import PlanCache, default_context
 from ..dtypes import as_dtype
-from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
+from ..errors import DlprimError, DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor, _checked, allocate
 from . import host
 from .graph import Graph
@@ -109,6 +114,8 @@ class Model:
         self._device_constants = {}
         self._plans = PlanCache(64)
         self._last = None
+        # Constants that planning ahead (``_build_ahead``) uploaded, for the walk for real.
+        self._spare = {}
 
     # ---- what the file declares ----------------------------------------------------------
 
@@ -291,6 +298,10 @@ class Model:
         """A device tensor of a host constant, uploaded once."""
         key = name if name else ("value", array.dtype.str, array.shape, array.tobytes())
         t = self._device_constants.get(key)
+        if t is None and self._spare:
+            t = self._spare.pop(key, None)
+            if t is not None:
+                self._device_constants[key] = t
         if t is None:
             if array.dtype == np.float64:
                 raise UnsupportedError(f"{self.graph.what}: float64 tensor {name or ''!s} on "
@@ -301,52 +312,147 @@ class Model:
             self._device_constants[key] = t
         return t
 
-    def _execute(self, tensors):
-        """Walk the nodes on ``tensors``: (output values, buffers the nodes produced)."""
+    def _execute(self, tensors, collect=None, guesses=None):
+        """Walk the nodes on ``tensors``: (output values, buffers the nodes produced).
+
+        With ``collect`` (a list; inside a ``program.BuildAhead``'s ``collecting()``), a node
+        that meets a program not built yet adds what is missing to it, and the walk goes on
+        past the node with zeros of the shapes ONNX shape inference gives its outputs
+        (``guesses()``: {name: (shape, dtype)}), where it gives them; a node that reads a value
+        without a guess is skipped. Returns None then, the walk as usual where nothing was
+        missing."""
         graph = self.graph
         planner = _Planner(self)
         env = planner.env
         for info, t in zip(graph.inputs, tensors):
             env[info.name] = t
         produced = {}
-        opset = graph.opset
         for node in graph.nodes:
-            if "producers" in node.fused:
-                # A Concat that runs the convolutions it reads (ops._concat_in_place).
-                outs = HANDLERS[node.op](planner, node, None)
-                env[node.outputs[0]] = outs[0]
-                produced[outs[0].buffer.int_ptr] = outs[0].buffer
-                continue
-            values = [planner.value(n) for n in node.inputs]
-            for n, v in zip(node.inputs, values):
-                if n and v is None:
-                    raise ShapeError(f"{graph.what}: {node.op} node {node.name!r} reads "
-                                     f"{n!r}, which nothing before it produces")
-            outs = None
-            if all(v is None or isinstance(v, np.ndarray) for v in values):
-                outs = host.evaluate(node, values, opset, graph, small_only=True)
-            if outs is None:
-                handler = HANDLERS.get(node.op)
-                if handler is None:
-                    raise planner.unsupported(node, "computed on the device, which this "
-                                                    "operator is not (only shape arithmetic "
-                                                    "on known values)")
-                outs = handler(planner, node, values)
+            if collect:
+                if any(env.get(n) is _UNKNOWN for n in _reads(node)):
+                    env.update((name, _UNKNOWN) for name in node.outputs if name)
+                    continue
+            if collect is not None:
+                try:
+                    outs = self._node(planner, node)
+                except program.NotBuilt as e:
+                    collect.extend(e.recipes)
+                    shapes = guesses()
+                    outs = [self._guess(name, shapes) for name in node.outputs]
+            else:
+                outs = self._node(planner, node)
             for name, v in zip(node.outputs, outs):
                 if name:
                     env[name] = v
                     if isinstance(v, Tensor):
                         produced[v.buffer.int_ptr] = v.buffer
+        if collect:
+            return None
         return [planner.value(graph.resolve(n)) for n in graph.output_names], produced
+
+    def _node(self, planner, node):
+        """The output values of ``node`` (planned, its launches recorded)."""
+        graph = self.graph
+        if "producers" in node.fused:
+            # A Concat that runs the convolutions it reads (ops._concat_in_place).
+            return HANDLERS[node.op](planner, node, None)[:1]
+        values = [planner.value(n) for n in node.inputs]
+        for n, v in zip(node.inputs, values):
+            if n and v is None:
+                raise ShapeError(f"{graph.what}: {node.op} node {node.name!r} reads "
+                                 f"{n!r}, which nothing before it produces")
+        outs = None
+        if all(v is None or isinstance(v, np.ndarray) for v in values):
+            outs = host.evaluate(node, values, graph.opset, graph, small_only=True)
+        if outs is None:
+            handler = HANDLERS.get(node.op)
+            if handler is None:
+                raise planner.unsupported(node, "computed on the device, which this "
+                                                "operator is not (only shape arithmetic "
+                                                "on known values)")
+            outs = handler(planner, node, values)
+        return outs
+
+    def _guess(self, name, guesses):
+        """Zeros (never garbage: an index read from them is in range) of the shape and dtype
+        shape inference gives value ``name``, or _UNKNOWN."""
+        found = guesses.get(name) if name else None
+        if found is None:
+            return _UNKNOWN if name else None
+        shape, dtype = found
+        try:
+            t = Tensor.empty(self.ctx, shape, dtype)
+        except DlprimError:
+            return _UNKNOWN
+        if t.nbytes:
+            cl.enqueue_fill_buffer(self.ctx.queue, t.buffer, np.uint8(0), t.offset, t.nbytes)
+        return t
+
+    def _walk(self, tensors):
+        """(output values, buffers the nodes produced, workspaces handed out, recording) of a
+        walk over the nodes inside a recording, the programs it needs built first.
+
+        With ``DLPRIM_BUILD_THREADS`` above 1, programs are built ahead (``program.BuildAhead``):
+        a walk gathers the programs its nodes miss instead of building them (going on past such
+        a node on zeros of the shapes shape inference gives), they are built concurrently, and
+        the walk is made again, until one misses nothing: that one is the plan (a node meets a
+        second program once its first is built, so a walk or two more). Otherwise, or once a
+        build has failed, programs are built as the walk meets them. A walk that fails after
+        missing a program is made again once it is built; one that fails before fails as a
+        walk building one program at a time fails there. Each walk records and runs its
+        launches as the plan's does, so that it meets the same programs; the constants a
+        dropped walk uploaded wait (``_spare``) for the next one, which keeps what it uses."""
+        ctx = self.ctx
+        threads = config.build_threads()
+        ahead = program.BuildAhead(ctx, threads) if threads > 1 else None
+        base = dict(self._device_constants)
+        shapes = []
+
+        def guesses():
+            if not shapes:
+                shapes.append(self.graph.value_shapes(
+                    {info.name: t.shape for info, t in zip(self.graph.inputs, tensors)}))
+            return shapes[0]
+
+        gather = ahead is not None
+        try:
+            while True:
+                collect = [] if gather else None
+                with ctx.workspace_log() as workspaces, (
+                        contextlib.nullcontext() if ahead is None else
+                        ahead.active() if collect is None else ahead.collecting()):
+                    with launch.Recording() as recording:
+                        try:
+                            found = self._execute(tensors, collect, guesses)
+                        except Exception:
+                            if not collect:
+                                raise
+                            found = None
+                if found is not None:
+                    return found + (workspaces, recording)
+                del recording, workspaces
+                started = time.perf_counter()
+                count = ahead.build(collect)
+                if config.debug():
+                    print(f"dlprim: planning: a walk met {count} program(s) to build, built "
+                          f"{ahead.threads} at a time in {time.perf_counter() - started:.3f} s",
+                          file=sys.stderr)
+                # After a failed build, the walk for real raises it where it is met (or what it
+                # meets first).
+                gather = count > 0 and not ahead.failed
+                self._spare.update((k, t) for k, t in self._device_constants.items()
+                                   if k not in base)
+                self._device_constants = dict(base)
+        finally:
+            self._spare = {}
 
     def _outputs(self, values):
         return [v if isinstance(v, Tensor) else np.asarray(v) for v in values]
 
     def _plan(self, tensors):
         ctx = self.ctx
-        with no_grad(), ctx.workspace_log() as workspaces:
-            with launch.Recording() as recording:
-                values, produced = self._execute(tensors)
+        with no_grad():
+            values, produced, workspaces, recording = self._walk(tensors)
         outs = self._outputs(values)
         in_ptrs = {t.buffer.int_ptr: k for k, t in enumerate(tensors)}
         out_buffers, out_index, outputs = [], {}, []
@@ -422,6 +528,20 @@ class Model:
                  "workspace": workspace_need}
         keep = kept + slots + ([workspace] if workspace is not None else [])
         return launch.Plan(queue, new_steps, keep), parts
+
+
+# A value that a walk gathering programs (``Model._build_ahead``) could not guess.
+_UNKNOWN = object()
+
+
+def _reads(node):
+    """The value names planning ``node`` reads: its inputs, a fused residual's, and those of
+    the convolutions a Concat runs (``ops._concat_in_place``)."""
+    yield from node.inputs
+    if node.fused.get("residual"):
+        yield node.fused["residual"]
+    for conv in (node.fused.get("producers") or {}).values():
+        yield from _reads(conv)
 
 
 def _shared_slots(sizes, first, last):

@@ -202,6 +202,42 @@ class Graph:
         self.prune()
         self.concat_in_place()
         self.concat_families(model)
+        self._shape_model = _shape_model(model)
+
+    def value_shapes(self, input_shapes):
+        """{value name: (shape, numpy dtype)} of every value ONNX shape inference gives a
+        static shape for, the graph inputs having ``input_shapes`` ({name: shape}); {} where
+        inference fails. A guess for planning ahead (``engine._build_ahead``), never a check:
+        the rewrites keep the file's value names, so the names the planner meets are there."""
+        onnx = _onnx()
+        model = onnx.ModelProto()
+        model.CopyFrom(self._shape_model)
+        for v in model.graph.input:
+            shape = input_shapes.get(v.name)
+            if shape is not None:
+                dims = v.type.tensor_type.shape.dim
+                del dims[:]
+                for size in shape:
+                    dims.add().dim_value = int(size)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False,
+                                                         data_prop=True)
+        except Exception:  # noqa: BLE001 - an optimisation's input, not a check
+            return {}
+        from onnx import helper
+        shapes = {}
+        for v in list(inferred.graph.value_info) + list(inferred.graph.output):
+            t = v.type.tensor_type if v.type.HasField("tensor_type") else None
+            if t is None or not t.HasField("shape") or not t.elem_type:
+                continue
+            if not all(d.HasField("dim_value") for d in t.shape.dim):
+                continue
+            try:
+                dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
+            except Exception:  # noqa: BLE001 - a type numpy lacks: no guess
+                continue
+            shapes[v.name] = (tuple(int(d.dim_value) for d in t.shape.dim), dtype)
+        return shapes
 
     # ---- checks ---------------------------------------------------------------------------
 
@@ -467,6 +503,35 @@ class Graph:
                         removed.add(id(sig))
                         break
         self.nodes = [n for n in self.nodes if id(n) not in removed]
+
+
+def _shape_model(model):
+    """``model`` without its large initializers (declared as inputs of their shape instead): what
+    ``Graph.value_shapes`` runs shape inference on, kept small. Small initializers stay, since
+    shape arithmetic (Reshape's target, Slice's bounds) reads their values."""
+    onnx = _onnx()
+    from onnx import helper
+    light = onnx.ModelProto()
+    light.ir_version = max(model.ir_version, 4)
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    g = light.graph
+    g.name = model.graph.name
+    initializers = {t.name for t in model.graph.initializer}
+    g.input.extend(v for v in model.graph.input if v.name not in initializers)
+    for t in model.graph.initializer:
+        if prod(t.dims) <= 64:
+            g.initializer.append(t)
+        else:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    g.node.extend(model.graph.node)
+    for v in model.graph.output:
+        out = g.output.add()
+        out.CopyFrom(v)
+        if out.type.HasField("tensor_type"):
+            # The file's (symbolic) output shape would stand in for the inferred static one.
+            out.type.tensor_type.ClearField("shape")
+    return light
 
 
 def _static_axis_sizes(model, families):

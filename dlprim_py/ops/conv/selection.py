@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyopencl as cl
 
-from ... import solver
+from ... import program, solver
 from ...timing import time_enqueued
 from .algorithms import (Direct, DirectPhased, DirectSmall, EpilogueArgs, ImplicitGemm, Im2colGemm,
                          Recording, _gemm_dims, batch_chunk, implicit_gemm_variants,
@@ -145,6 +145,9 @@ def measure(ctx, problem, direction, names=None):
     operands = {"forward": (x, w, y), "backward_data": (y, w, x), "backward_filter": (y, x, w)}
     src, other, dst = operands[direction]
     times = {}
+    # Programs not built yet, where a planner gathers them to build at once
+    # (program.collecting()): every candidate's, not the first's alone.
+    missing = []
     for candidate in candidates:
         algo = ALGORITHMS[candidate]
         chunk, size = batch_chunk(ctx, algo, problem, direction)
@@ -152,15 +155,25 @@ def measure(ctx, problem, direction, names=None):
         # Time replays of a recorded run, as an operator call on the same tensors runs (on
         # parts of the batch where the workspace limit says so): device time then decides,
         # not the host's cost of binding arguments.
-        with Recording() as recording:
-            run_in_chunks(ctx, algo, problem, direction, chunk, src, other, dst, EpilogueArgs(),
-                          workspace=workspace)
+        try:
+            with Recording() as recording:
+                run_in_chunks(ctx, algo, problem, direction, chunk, src, other, dst,
+                              EpilogueArgs(), workspace=workspace)
+        except program.NotBuilt as e:
+            if not program.collecting():
+                raise
+            missing += e.recipes
+            continue
+        if missing:
+            continue
         samples = list(time_enqueued(ctx, recording.replay, warmup=0, repeat=1).samples)
         best = min(times.values(), default=None)
         if best is None or samples[0] < FIND_DROP * best:
             while len(samples) < FIND_REPEAT and sum(samples) < FIND_CAP_S:
                 samples += list(time_enqueued(ctx, recording.replay, warmup=0, repeat=1).samples)
         times[candidate] = float(np.median(samples))
+    if missing:
+        raise program.NotBuilt(missing[0].label, None, missing)
     fastest = min(times.values())
     winner = next(n for n in candidates if times[n] <= fastest * (1 + FIND_TIE))
     return winner, times
