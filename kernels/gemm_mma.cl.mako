@@ -16,13 +16,16 @@ ${common.header()}
 //                 WTM / 16 x WTN / 8 mma tiles of 16 x 8 accumulators (4 per work-item)
 //   STAGES        local-memory stages (>= 2): the copies of slice s + STAGES - 1 are in flight
 //                 while slice s is multiplied; one barrier per slice
-//   GVEC          4: copies of 16 bytes (rows of A and B start on 16-byte boundaries: the host
-//                 checks leading dimensions, offsets and batch strides); 1: of 4 bytes
+//   GVEC_A, GVEC_B  4: the operand's copies are of 16 bytes (its rows start on 16-byte
+//                 boundaries, and a folded one's four consecutive columns from a multiple of 4
+//                 lie in one image, contiguously: the host checks leading dimensions, offsets,
+//                 batch strides and folds); 1: of 4 bytes
 //   NV_ASYNC      1: copies are cp.async (PTX); 0: plain loads and stores
 //   GROUP_M       as gemm_tiled's: > 1 walks GROUP_M rows of tiles down M before stepping N
-//   CVEC          2: rows of C start on 8-byte boundaries (the host checks ldc, offset and
-//                 batch stride): work-groups inside C store their two adjacent accumulators
-//                 at once ("gemm" epilogue without a chain); 1: one at a time
+//   CVEC          2: rows of C start on 8-byte boundaries (the host checks ldc, offset, batch
+//                 stride and C's fold: even positions and image stride): work-groups inside C
+//                 store their two adjacent accumulators at once (without a chain and without
+//                 values per position); 1: one at a time
 //   ROUND         "cvt": operands rounded to TF32 by cvt.rna.tf32.f32; "int": the same
 //                 rounding (nearest, ties away from zero) in two integer operations, NaN kept
 //   STAGED        0: slices copied straight into local memory (cp.async with NV_ASYNC), each
@@ -34,6 +37,12 @@ ${common.header()}
 //                 instruction, fragment for fragment, computed by the warp's work-items through
 //                 local memory, with TF32 rounding done in integer arithmetic: it runs on any
 //                 OpenCL device, to check this kernel's addressing where no tensor core is
+//
+// Folded operands (FOLD_A, FOLD_B, FOLD_C of gemm_common): a copy's source is the operand's
+// row times its leading dimension plus the folded offset of its column. Where the folded
+// dimension is the tile's own (B along N, not TRANS_B) a work-item's column offsets are
+// computed once; where it is K (A, or B with TRANS_B) once per slice and copy. C's folded
+// column offsets are computed once per column of accumulators in the epilogue.
 //
 // Local memory. Each operand's slice is stored as it lies in global memory (rows of its
 // contiguous dimension), so that the copies need no transposition and can be cp.async:
@@ -53,7 +62,7 @@ def k_contiguous_ld(tile_k):
     return ld if (ld // 8) % 2 == 1 else tile_k + 16
 
 
-def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC):
+def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B):
     """The derived constants of the header, as a dict: work-items, warp tile and mma tile
     counts, local row lengths, each operand's slice as (contiguous, strided) extents in its
     storage order and the copies per work-item."""
@@ -64,12 +73,34 @@ def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC):
     d["ldb"] = k_contiguous_ld(TILE_K) if TRANS_B else TILE_N + 4
     d["a_x"], d["a_s"] = (TILE_M, TILE_K) if TRANS_A else (TILE_K, TILE_M)
     d["b_x"], d["b_s"] = (TILE_K, TILE_N) if TRANS_B else (TILE_N, TILE_K)
-    d["a_copies"] = d["a_x"] * d["a_s"] // (GVEC * nthreads)
-    d["b_copies"] = d["b_x"] * d["b_s"] // (GVEC * nthreads)
+    d["a_copies"] = d["a_x"] * d["a_s"] // (GVEC_A * nthreads)
+    d["b_copies"] = d["b_x"] * d["b_s"] // (GVEC_B * nthreads)
     return d
+
+
+def operand(name, k, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B):
+    """How a slice of operand ``name`` ("a" or "b") starting at K offset ``k`` is addressed:
+    its storage's (rows, columns), the slice's origin (r0, c0) in it, its leading dimension,
+    copy width, fold mode and whether the folded columns move with K (else they are the
+    work-group's own, fixed)."""
+    if name == "a":
+        rows, cols, r0, c0 = ("K", "M", k, "m0") if TRANS_A else ("M", "K", "m0", k)
+        return dict(rows=rows, cols=cols, r0=r0, c0=c0, ld="lda", gvec=GVEC_A, fold=FOLD_A,
+                    moving=not TRANS_A, base="A")
+    rows, cols, r0, c0 = ("N", "K", "n0", k) if TRANS_B else ("K", "N", k, "n0")
+    return dict(rows=rows, cols=cols, r0=r0, c0=c0, ld="ldb", gvec=GVEC_B, fold=FOLD_B,
+                moving=bool(TRANS_B), base="B")
+
+
+def source(op, name, r):
+    """Address of the first element of copy ``r`` of operand ``name`` (``op``: ``operand``'s
+    dict): in the slice, or for a folded operand the row's start plus the column's offset."""
+    if not op["fold"]:
+        return f"{name}_slice + {name}_src{r}"
+    return f"{op['base']} + (long)(({op['r0']}) + {name}_s{r}) * {op['ld']} + {name}_col{r}"
 %>
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
     nthreads, wtm, wtn, lda, ldb = L["nthreads"], L["wtm"], L["wtn"], L["lda"], L["ldb"]
     mt_count, nt_count = L["mt_count"], L["nt_count"]
     a_x, a_s, b_x, b_s, a_copies, b_copies = (L[k] for k in ("a_x", "a_s", "b_x", "b_s", "a_copies", "b_copies"))
@@ -195,14 +226,20 @@ void gemm_mma(int M, int N, int K,
     A += a_off + batch * stride_a;
     B += b_off + batch * stride_b;
 
-    // Copy r of this work-item: chunk lid + r * NTHREADS of the slice, GVEC elements of the
+    // Copy r of this work-item: chunk lid + r * NTHREADS of the slice, GVEC_A (GVEC_B) elements of the
     // contiguous dimension (x) in row s; consecutive work-items take consecutive chunks.
 % for name, xs, ss, copies, ld in (("a", a_x, a_s, a_copies, "lda"), ("b", b_x, b_s, b_copies, "ldb")):
+<%  op = operand(name, "0", TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B) %>\
 %   for r in range(copies):
-    const int ${name}_s${r} = (lid + ${r * nthreads}) / ${xs // GVEC};
-    const int ${name}_x${r} = ((lid + ${r * nthreads}) % ${xs // GVEC}) * ${GVEC};
+    const int ${name}_s${r} = (lid + ${r * nthreads}) / ${xs // op["gvec"]};
+    const int ${name}_x${r} = ((lid + ${r * nthreads}) % ${xs // op["gvec"]}) * ${op["gvec"]};
     const int ${name}_src${r} = ${name}_s${r} * ${ld} + ${name}_x${r};
     const int ${name}_dst${r} = ${name}_s${r} * LD${name.upper()} + ${name}_x${r};
+%     if op["fold"] and not op["moving"]:
+    // The work-group's own folded columns (clamped into the matrix: the columns past its end
+    // are never read).
+    const long ${name}_col${r} = ${common.attr.fold(op["fold"], name, f"min(({op['c0']}) + {name}_x{r}, {op['cols']} - 1)")};
+%     endif
 %   endfor
 % endfor
     // Slices of work-groups whose tile rows (columns) lie inside A (B) copy without checks,
@@ -212,29 +249,33 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="copy_slice(k, stage)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
-    a_copies, b_copies = L["a_copies"], L["b_copies"]
-    wide = {1: "copy4", 4: "copy16"}[GVEC]
-    # (rows, columns) of each operand's storage and the origin of the slice in it.
-    a_rows, a_cols, a_r0, a_c0 = ("K", "M", k, "m0") if TRANS_A else ("M", "K", "m0", k)
-    b_rows, b_cols, b_r0, b_c0 = ("N", "K", "n0", k) if TRANS_B else ("K", "N", k, "n0")
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
 %>
         {
-% for name, copies, rows, cols, r0, c0, inside in (("a", a_copies, a_rows, a_cols, a_r0, a_c0, "a_inside"), ("b", b_copies, b_rows, b_cols, b_r0, b_c0, "b_inside")):
-<%  M_ = name.upper() %>\
-            __global const float *${name}_slice = ${M_} + (long)(${r0}) * ${"lda" if name == "a" else "ldb"} + (${c0});
+% for name in ("a", "b"):
+<%
+    op = operand(name, k, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B)
+    copies, inside, M_ = L[name + "_copies"], name + "_inside", name.upper()
+    wide = {1: "copy4", 4: "copy16"}[op["gvec"]]
+%>\
+            __global const float *${name}_slice = ${M_} + (long)(${op["r0"]}) * ${op["ld"]} + (${op["c0"]});
             __local float *${name}_to = ${name}_stage + (${stage}) * STAGE_${M_};
+%   if op["fold"] and op["moving"]:
+%     for r in range(copies):
+            const long ${name}_col${r} = ${common.attr.fold(op["fold"], name, f"min(({op['c0']}) + {name}_x{r}, {op['cols']} - 1)")};
+%     endfor
+%   endif
             if (${inside} && ${k} + TILE_K <= K) {
 %   for r in range(copies):
-                ${wide}(${name}_to + ${name}_dst${r}, ${name}_slice + ${name}_src${r});
+                ${wide}(${name}_to + ${name}_dst${r}, ${source(op, name, r)});
 %   endfor
             } else {
                 // Elements outside the matrix are zeros; their source address is the
                 // matrix's first element (never read).
 %   for r in range(copies):
-%     for v in range(GVEC):
-                { const bool ok = (${r0}) + ${name}_s${r} < ${rows} && (${c0}) + ${name}_x${r} + ${v} < ${cols};
-                  copy4_masked(${name}_to + ${name}_dst${r} + ${v}, ok ? ${name}_slice + ${name}_src${r} + ${v} : ${M_}, ok); }
+%     for v in range(op["gvec"]):
+                { const bool ok = (${op["r0"]}) + ${name}_s${r} < ${op["rows"]} && (${op["c0"]}) + ${name}_x${r} + ${v} < ${op["cols"]};
+                  copy4_masked(${name}_to + ${name}_dst${r} + ${v}, ok ? ${source(op, name, r)} + ${v} : ${M_}, ok); }
 %     endfor
 %   endfor
             }
@@ -263,22 +304,29 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="load_slice(k)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
-    gtype = "float4" if GVEC == 4 else "float"
-    a_rows, a_cols, a_r0, a_c0 = ("K", "M", k, "m0") if TRANS_A else ("M", "K", "m0", k)
-    b_rows, b_cols, b_r0, b_c0 = ("N", "K", "n0", k) if TRANS_B else ("K", "N", k, "n0")
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
 %>
         {
-% for name, copies, rows, cols, r0, c0, inside in (("a", L["a_copies"], a_rows, a_cols, a_r0, a_c0, "a_inside"), ("b", L["b_copies"], b_rows, b_cols, b_r0, b_c0, "b_inside")):
-            __global const float *${name}_slice = ${name.upper()} + (long)(${r0}) * ${"lda" if name == "a" else "ldb"} + (${c0});
+% for name in ("a", "b"):
+<%
+    op = operand(name, k, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B)
+    copies, inside = L[name + "_copies"], name + "_inside"
+    gtype = "float4" if op["gvec"] == 4 else "float"
+%>\
+            __global const float *${name}_slice = ${name.upper()} + (long)(${op["r0"]}) * ${op["ld"]} + (${op["c0"]});
+%   if op["fold"] and op["moving"]:
+%     for r in range(copies):
+            const long ${name}_col${r} = ${common.attr.fold(op["fold"], name, f"min(({op['c0']}) + {name}_x{r}, {op['cols']} - 1)")};
+%     endfor
+%   endif
             if (${inside} && ${k} + TILE_K <= K) {
 %   for r in range(copies):
-                ${name}_reg${r} = *(__global const ${gtype} *)(${name}_slice + ${name}_src${r});
+                ${name}_reg${r} = *(__global const ${gtype} *)(${source(op, name, r)});
 %   endfor
             } else {
 %   for r in range(copies):
-%     for v in range(GVEC):
-                ${name}_reg${r}${".s%d" % v if GVEC > 1 else ""} = (${r0}) + ${name}_s${r} < ${rows} && (${c0}) + ${name}_x${r} + ${v} < ${cols} ? ${name}_slice[${name}_src${r} + ${v}] : 0.0f;
+%     for v in range(op["gvec"]):
+                ${name}_reg${r}${".s%d" % v if op["gvec"] > 1 else ""} = (${op["r0"]}) + ${name}_s${r} < ${op["rows"]} && (${op["c0"]}) + ${name}_x${r} + ${v} < ${op["cols"]} ? (${source(op, name, r)})[${v}] : 0.0f;
 %     endfor
 %   endfor
             }
@@ -288,11 +336,11 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="store_slice(stage)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
 %>
-% for name, copies in (("a", L["a_copies"]), ("b", L["b_copies"])):
+% for name, copies, gvec in (("a", L["a_copies"], GVEC_A), ("b", L["b_copies"], GVEC_B)):
 %   for r in range(copies):
-%     if GVEC == 4:
+%     if gvec == 4:
         *(__local float4 *)(${name}_stage + (${stage}) * STAGE_${name.upper()} + ${name}_dst${r}) = (float4)(
             as_float(to_tf32(${name}_reg${r}.x)), as_float(to_tf32(${name}_reg${r}.y)),
             as_float(to_tf32(${name}_reg${r}.z)), as_float(to_tf32(${name}_reg${r}.w)));
@@ -305,7 +353,7 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="multiply(stage)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
     lda, ldb, mt_count, nt_count = L["lda"], L["ldb"], L["mt_count"], L["nt_count"]
     # Staged slices hold TF32 bit patterns already.
     conv = "as_uint" if STAGED else "to_tf32"
@@ -350,11 +398,11 @@ void gemm_mma(int M, int N, int K,
 
 % if STAGED:
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
 %>
-% for name in ("a", "b"):
+% for name, gvec in (("a", GVEC_A), ("b", GVEC_B)):
 %   for r in range(L[name + "_copies"]):
-    ${"float4" if GVEC == 4 else "float"} ${name}_reg${r};
+    ${"float4" if gvec == 4 else "float"} ${name}_reg${r};
 %   endfor
 % endfor
     // Slice s + 1 is loaded into registers while slice s is multiplied, then rounded into the
@@ -408,56 +456,113 @@ void gemm_mma(int M, int N, int K,
 
     C += c_off + batch * stride_c;
     R += r_off + batch * stride_c;
-% if CVEC == 2 and EPILOGUE == "gemm" and not CHAIN and BIAS in (0, 1, 2):
+<%
+    # (mt, half, nt) of every row-half and column of accumulators, in the order of the stores:
+    # rows outer where C is plain; where C is folded, columns outer, so that a column's folded
+    # offset is computed once.
+    if FOLD_C:
+        order = [(mt, half, nt) for nt in range(nt_count) for mt in range(mt_count) for half in range(2)]
+    else:
+        order = [(mt, half, nt) for mt in range(mt_count) for half in range(2) for nt in range(nt_count)]
+    def row_of(mt, half):
+        return f"m0 + wm * {wtm} + {mt * 16 + half * 8} + g"
+    def col_of(nt, odd):
+        return f"n0 + wn * {wtn} + {nt * 8 + odd} + 2 * t"
+    def at(row, col):
+        """Element offset of (row, col) in C: ``col`` the column, or C's folded offset of it."""
+        return f"(long)({row}) * ldc + {'c_col' if FOLD_C else col}"
+%>
+% if CVEC == 2 and not CHAIN and BIAS in (0, 1, 2) and SCALE in (0, 1, 2):
     if (m0 + TILE_M <= M && n0 + TILE_N <= N) {
-        // Whole tile inside C, rows on 8-byte boundaries: accumulators r and r + 1 are
-        // adjacent columns, stored as one float2.
-%   for mt in range(mt_count):
-%     for half in range(2):
+        // Whole tile inside C, rows (a folded C's images) on 8-byte boundaries: accumulators
+        // r and r + 1 are adjacent columns, stored as one float2.
+%   for mt, half, nt in order:
         {
-            const int row = m0 + wm * ${wtm} + ${mt * 16 + half * 8} + g;
-%       for nt in range(nt_count):
-            {
-                const int col = n0 + wn * ${wtn} + ${nt * 8} + 2 * t;
-                __global float2 *target = (__global float2 *)(C + (long)row * ldc + col);
-                float2 value = alpha * (float2)(c${mt}_${nt}_${half * 2}, c${mt}_${nt}_${half * 2 + 1});
-                if (beta != 0.0f)
-                    value += beta * *target;
-%         if BIAS == 1:
-                value += vload2(0, bias + bias_off + col);
-%         elif BIAS == 2:
-                value += bias[bias_off + row];
-%         endif
-%         if ACTIVATION:
-                { float x = value.s0; value.s0 = ${ACTIVATION}; }
-                { float x = value.s1; value.s1 = ${ACTIVATION}; }
-%         endif
-                *target = value;
-            }
-%       endfor
+            const int row = ${row_of(mt, half)};
+            const int col = ${col_of(nt, 0)};
+%     if FOLD_C:
+            const long c_col = ${common.attr.fold(FOLD_C, "c", "col")};
+%     endif
+            __global float2 *target = (__global float2 *)(C + ${at("row", "col")});
+            float2 value = alpha * (float2)(c${mt}_${nt}_${half * 2}, c${mt}_${nt}_${half * 2 + 1});
+%     if EPILOGUE == "conv":
+%       if SCALE == 1:
+            value *= vload2(0, scale + scale_off + col);
+%       elif SCALE == 2:
+            value *= scale[scale_off + row];
+%       endif
+%       if BIAS == 1:
+            value += vload2(0, bias + bias_off + col);
+%       elif BIAS == 2:
+            value += bias[bias_off + row];
+%       endif
+%       if RESIDUAL:
+            value += residual_alpha * vload2(0, R + ${at("row", "col")});
+%       endif
+%       if ACTIVATION:
+            { float x = value.s0; value.s0 = ${ACTIVATION}; }
+            { float x = value.s1; value.s1 = ${ACTIVATION}; }
+%       endif
+            if (beta != 0.0f)
+                value += beta * *target;
+%     else:
+            if (beta != 0.0f)
+                value += beta * *target;
+%       if BIAS == 1:
+            value += vload2(0, bias + bias_off + col);
+%       elif BIAS == 2:
+            value += bias[bias_off + row];
+%       endif
+%       if ACTIVATION:
+            { float x = value.s0; value.s0 = ${ACTIVATION}; }
+            { float x = value.s1; value.s1 = ${ACTIVATION}; }
+%       endif
+%     endif
+            *target = value;
         }
-%     endfor
 %   endfor
         return;
     }
 % endif
     // Accumulator r of mma tile (mt, nt): row g (+ 8 for r >= 2), column 2t (+ 1 for odd r).
-% for mt in range(mt_count):
-%   for half in range(2):
+% if FOLD_C:
+%   for nt in range(nt_count):
+%     for odd in range(2):
     {
-        const int row = m0 + wm * ${wtm} + ${mt * 16 + half * 8} + g;
-        if (row < M) {
-%     for nt in range(nt_count):
-%       for odd in range(2):
+        const int col = ${col_of(nt, odd)};
+        if (col < N) {
+            const long c_col = ${common.attr.fold(FOLD_C, "c", "col")};
+%       for mt in range(mt_count):
+%         for half in range(2):
             {
-                const int col = n0 + wn * ${wtn} + ${nt * 8 + odd} + 2 * t;
-                if (col < N)
-                    ${common.epilogue(f"c{mt}_{nt}_{half * 2 + odd}", "row", "col", "(long)row * ldc + col")}
+                const int row = ${row_of(mt, half)};
+                if (row < M)
+                    ${common.epilogue(f"c{mt}_{nt}_{half * 2 + odd}", "row", "col", at("row", "col"))}
             }
+%         endfor
 %       endfor
-%     endfor
         }
     }
+%     endfor
 %   endfor
-% endfor
+% else:
+%   for mt in range(mt_count):
+%     for half in range(2):
+    {
+        const int row = ${row_of(mt, half)};
+        if (row < M) {
+%       for nt in range(nt_count):
+%         for odd in range(2):
+            {
+                const int col = ${col_of(nt, odd)};
+                if (col < N)
+                    ${common.epilogue(f"c{mt}_{nt}_{half * 2 + odd}", "row", "col", at("row", "col"))}
+            }
+%         endfor
+%       endfor
+        }
+    }
+%     endfor
+%   endfor
+% endif
 }

@@ -30,8 +30,8 @@ element, for problems too small to fill the device) and "subgroup" (``gemm_subgr
 devices with Intel subgroups: a register block per work-item, A broadcast across the subgroup
 with shuffles instead of local memory) and "mma" (``gemm_mma.cl.mako``: TF32 on NVIDIA tensor
 cores through warp-level ``mma.sync`` in inline PTX, compute capability 8.0 and later; only where
-TF32 is allowed, ``dlprim_py.backends.allow_tf32`` or ``ctx.allow_tf32``, and the operands are not
-folded; otherwise the GEMM stays float32). ``DLPRIM_GEMM_ALGO`` forces one; otherwise the first
+TF32 is allowed, ``dlprim_py.backends.allow_tf32`` or ``ctx.allow_tf32``; otherwise the GEMM stays
+float32). ``DLPRIM_GEMM_ALGO`` forces one; otherwise the first
 rule of ``tuning_db/gemm.json`` (device -> architecture -> vendor -> default) that holds for the
 problem and runs on the device names the solver and gives its tunable parameters
 (``{"solver": "tiled", "tile_m": 64, ...}``).
@@ -335,8 +335,7 @@ class GemmProblem:
     """What the choice of a GEMM solver and its parameters depends on: the sizes (op(A) M x K,
     op(B) K x N, ``batch`` products) and whether TF32 is allowed (``tf32``: the "mma" solver
     applies only then). Where the operands lie (transposes, offsets, folds) and the epilogue
-    do not change the choice; a plan derives its ``GemmConfig`` from them (and falls back to
-    float32 where the mma kernel cannot address them, ``GemmSolver.layout_refusal``)."""
+    do not change the choice; a plan derives its ``GemmConfig`` from them."""
     m: int
     n: int
     k: int
@@ -380,12 +379,14 @@ class GemmConfig:
     (never tuned; the tuned parameters stay as the rule or the caller gave them).
 
     ``global_vec``: width of the tiled kernel's global loads (the rule's, 1 where a row of A or
-    B does not start on a vector boundary); ``c_vec``: width of its stores of C (``vec`` where
+    B does not start on a vector boundary; the mma kernel's copies of A); ``global_vec_b``:
+    the mma kernel's copies of B (0: as ``global_vec``); ``c_vec``: width of its stores of C (``vec`` where
     every row of C starts on one, else 1); ``nv_async``: pipelined slices copied with
     cp.async; ``reqd_size``: the kernel declares its work-group size; ``block_a``/``block_b``:
     the subgroup kernel reads rows of A/B with block reads; ``splits``/``k_chunk``: the K
     chunks a split-K GEMM runs (splits 1: one pass); ``options``: build options."""
     global_vec: int = 1
+    global_vec_b: int = 0
     c_vec: int = 1
     nv_async: int = 0
     reqd_size: int = 1
@@ -425,11 +426,6 @@ class GemmSolver(solver.Solver):
 
     def refusal(self, ctx, problem):
         """Why the solver cannot compute ``problem`` here, or None (``applies``)."""
-        return None
-
-    def layout_refusal(self, layout):
-        """Why the solver's kernel cannot address operands laid out as ``layout`` (a
-        ``GemmLayout``), or None."""
         return None
 
     def applies(self, ctx, problem):
@@ -638,7 +634,8 @@ class MmaSolver(GemmSolver):
     """TF32 on NVIDIA tensor cores: warp-level mma.sync m16n8k8 in inline PTX, slices staged
     in local memory through cp.async (``kernels/gemm_mma.cl.mako``). Applies where TF32 is
     allowed and the device is an NVIDIA GPU of compute capability 8.0 or later; every
-    transpose, offset, leading dimension, batch stride and epilogue, but no folded operand.
+    transpose, offset, leading dimension, batch stride, fold (a 1x1 convolution's tensors) and
+    epilogue.
     Tunables: ``tile_m``, ``tile_n``, ``tile_k``, ``warps_m``, ``warps_n``, ``stages`` (the
     kernel header says what each means), optionally ``tile_group``, ``staged`` (1: slices go
     through registers and are rounded to TF32 once, 2 stages) and ``round`` ("cvt":
@@ -658,31 +655,35 @@ class MmaSolver(GemmSolver):
                     "allow_tf32 are False)")
         return mma_device_problem(ctx.info)
 
-    def layout_refusal(self, layout):
-        if any(f is not None for f in layout.folds):
-            return "the mma kernel does not address folded operands"
-        return None
-
     def params_problem(self, params, info):
         return self.missing(params) or _mma_problem(params, info)
 
     def configure(self, ctx, problem, params, layout):
-        # 16-byte copies need every row of A and B to start on a 16-byte boundary.
-        aligned = not any(x % 4 for x in (layout.lda, layout.ldb, layout.a_off, layout.b_off,
-                                          layout.stride_a, layout.stride_b))
+        # 16-byte copies of an operand need every row of it to start on a 16-byte boundary
+        # and, folded, four consecutive columns from a multiple of 4 to lie in one image,
+        # contiguously (whole 4-column groups per image, image strides of 4 elements).
+        def aligned(off, ld, stride, fold):
+            return not any(x % 4 for x in (off, ld, stride)) \
+                and (fold is None or fold.vector_ok(4))
         emulate = params.get("emulate", 0)
         nv_async = int(not emulate and params.get("async_copy", 1) != 0 and _has_cp_async(ctx))
-        # Pairs of adjacent accumulators stored as one float2 where every row of C starts on
-        # an 8-byte boundary.
-        c_pairs = not any(x % 2 for x in (layout.ldc, layout.c_off, layout.stride_c))
-        return GemmConfig(global_vec=4 if aligned else 1, c_vec=2 if c_pairs else 1,
-                          nv_async=nv_async)
+        # Pairs of adjacent accumulators stored as one float2 where every row of C (every
+        # image of a folded C) starts on an 8-byte boundary.
+        c_pairs = not any(x % 2 for x in (layout.ldc, layout.c_off, layout.stride_c)) \
+            and (layout.fold_c is None or layout.fold_c.vector_ok(2))
+        return GemmConfig(
+            global_vec=4 if aligned(layout.a_off, layout.lda, layout.stride_a, layout.fold_a)
+            else 1,
+            global_vec_b=4 if aligned(layout.b_off, layout.ldb, layout.stride_b, layout.fold_b)
+            else 1,
+            c_vec=2 if c_pairs else 1, nv_async=nv_async)
 
     def template_params(self, params, config):
         return {"TILE_M": params["tile_m"], "TILE_N": params["tile_n"],
                 "TILE_K": params["tile_k"], "WARPS_M": params["warps_m"],
                 "WARPS_N": params["warps_n"], "STAGES": params["stages"],
-                "GVEC": config.global_vec, "NV_ASYNC": config.nv_async,
+                "GVEC_A": config.global_vec, "GVEC_B": config.global_vec_b or config.global_vec,
+                "NV_ASYNC": config.nv_async,
                 "GROUP_M": params.get("tile_group", 1), "EMULATE": params.get("emulate", 0),
                 "CVEC": config.c_vec, "ROUND": params.get("round", "cvt"),
                 "STAGED": params.get("staged", 0)}
@@ -989,8 +990,6 @@ class GemmPlan:
         problem = GemmProblem(M, N, K, batch, allow_tf32)
         layout = GemmLayout(bool(trans_a), bool(trans_b), a_off, lda, stride_a, b_off, ldb,
                             stride_b, c_off, ldc, stride_c, fold_a, fold_b, fold_c)
-        explicit = params is not None or algorithm is not None \
-            or config.forced_algorithm("gemm") is not None
         if params is None:
             params = select_params(ctx, M, N, K, batch, algorithm, allow_tf32)
         params = solver_params(params)
@@ -998,15 +997,6 @@ class GemmPlan:
         why = params_problem(params, ctx.info)
         if why is not None:
             raise UnsupportedError(f"GEMM kernel parameters {params} do not run here: {why}")
-        why = chosen.layout_refusal(layout)
-        if why is not None:
-            if explicit:
-                raise UnsupportedError(f"GEMM algorithm {chosen.name!r} does not run this call: "
-                                       f"{why}")
-            # Chosen for the sizes alone (the TF32 kernel): the float32 choice instead.
-            params = select_params(ctx, M, N, K, batch, None, False)
-            chosen = FAMILY.solvers[params["solver"]]
-            problem = GemmProblem(M, N, K, batch)
         # The tuned parameters as given; what this plan derives from them is self.config.
         self.params = params
         self.solver = chosen
