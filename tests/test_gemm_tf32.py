@@ -289,24 +289,42 @@ def test_emulated_mma_staged_slices(ctx, rng, ta, tb):
     assert_close(c, np.maximum(tf32_round(a) @ tf32_round(b) + 0.5 * cin + bias, 0))
 
 
-def test_folded_operands_fall_back_to_float32(ctx, rng):
-    """A plan that may use TF32 but whose operand is folded (the mma kernel does not address
-    folds) runs the float32 choice; forcing mma on it is an error."""
-    M, K, P, images = 8, 12, 10, 2
-    w = random(rng, (M, K))
-    x = random(rng, (images, K, P))
-    W, X = dp.Tensor.from_numpy(ctx, w), dp.Tensor.from_numpy(ctx, x)
-    Y = poisoned(ctx, (images, M, P))
-    fold = Fold(P, K * P)
-    fold_c = Fold(P, M * P)
-    plan = GemmPlan(ctx, M, images * P, K, W.buffer, 0, K, X.buffer, 0, P, Y.buffer, 0, P,
-                    fold_b=fold, fold_c=fold_c, allow_tf32=True)
-    assert plan.algorithm != "mma"
-    plan.enqueue()
-    assert_close(Y.numpy(), np.einsum("mk,ikp->imp", w.astype(np.float64), x))
-    with pytest.raises(dp.UnsupportedError, match="does not address folded operands"):
-        GemmPlan(ctx, M, images * P, K, W.buffer, 0, K, X.buffer, 0, P, Y.buffer, 0, P,
-                 fold_b=fold, fold_c=fold_c, allow_tf32=True, params=EMULATED)
+@pytest.mark.parametrize("params", [EMULATED, dict(EMULATED, staged=1)],
+                         ids=["copies", "staged"])
+def test_emulated_mma_folded_operands(ctx, rng, params):
+    """Folded operands, as a 1x1 convolution folds its NCHW tensors: forward (B folded along
+    N, densely or strided; C folded), data gradient (trans_a, B and C folded) and filter
+    gradient (A folded along K, B transposed and folded along K, densely or strided), with
+    16-byte copies (positions multiples of 4) and 4-byte ones (ragged), against float64 of the
+    TF32-rounded operands."""
+    for n, c, k, h, w, stride in ((2, 12, 20, 5, 7, 1), (3, 16, 40, 4, 4, 1),
+                                  (2, 16, 24, 7, 9, 2)):
+        ho, wo = (h - 1) // stride + 1, (w - 1) // stride + 1
+        P = ho * wo
+        x, wt = random(rng, (n, c, h, w)), random(rng, (k, c))
+        X, W = dp.Tensor.from_numpy(ctx, x), dp.Tensor.from_numpy(ctx, wt)
+        x_fold = Fold(h * w, c * h * w) if stride == 1 else \
+            Fold(P, c * h * w, wo, stride * w, stride)
+        xs = tf32_round(x[:, :, ::stride, ::stride])
+        Y = poisoned(ctx, (n, k, ho, wo))
+        plan = GemmPlan(ctx, k, n * P, c, W.buffer, 0, c, X.buffer, 0, h * w, Y.buffer, 0, P,
+                        fold_b=x_fold, fold_c=Fold(P, k * P), params=params)
+        assert plan.algorithm == "mma"
+        plan.enqueue()
+        assert_close(Y.numpy(), np.einsum("kc,nchw->nkhw", tf32_round(wt), xs))
+        dy = random(rng, (n, k, ho, wo))
+        DY = dp.Tensor.from_numpy(ctx, dy)
+        if stride == 1:
+            DX = poisoned(ctx, (n, c, h, w))
+            GemmPlan(ctx, c, n * h * w, k, W.buffer, 0, c, DY.buffer, 0, h * w, DX.buffer, 0,
+                     h * w, trans_a=True, fold_b=Fold(h * w, k * h * w),
+                     fold_c=Fold(h * w, c * h * w), params=params).enqueue()
+            assert_close(DX.numpy(), np.einsum("kc,nkhw->nchw", tf32_round(wt),
+                                               tf32_round(dy)))
+        DW = poisoned(ctx, (k, c))
+        GemmPlan(ctx, k, c, n * P, DY.buffer, 0, P, X.buffer, 0, h * w, DW.buffer, 0, c,
+                 trans_b=True, fold_a=Fold(P, k * P), fold_b=x_fold, params=params).enqueue()
+        assert_close(DW.numpy(), np.einsum("nkhw,nchw->kc", tf32_round(dy), xs))
 
 
 # ---- the tensor-core kernel (NVIDIA, compute capability 8.0 and later) ---------------------

@@ -19,7 +19,7 @@ allocated.
 """
 import numpy as np
 
-from .. import launch
+from .. import backends, launch
 from ..autograd import no_grad
 from ..context import PlanCache, default_context
 from ..dtypes import as_dtype
@@ -257,7 +257,10 @@ class Model:
                                      f"are free dimensions), got {t.shape}")
 
     def _forward(self, tensors):
-        key = tuple((t.shape, t.dtype.str, t.offset) for t in tensors)
+        # TF32 allowed or not (dlprim_py.backends, ctx.allow_tf32) chooses other convolution
+        # and GEMM kernels: a plan per setting.
+        key = (tuple((t.shape, t.dtype.str, t.offset) for t in tensors),
+               backends.tf32_allowed(self.ctx))
         entry = self._plans.get(key)
         if entry is None:
             self._check_inputs(tensors)

@@ -68,6 +68,10 @@ DEFAULT_SUBGROUP = {"solver": "subgroup", "sg_size": 16, "wpt_m": 8, "wpt_n": 1,
 # local memory in every layout.
 DEFAULT_MMA = {"solver": "mma", "tile_m": 128, "tile_n": 128, "tile_k": 16, "warps_m": 2,
                "warps_n": 4, "stages": 2}
+# The mma kernel emulated (DLPRIM_TF32_EMULATE, ``tf32_params``): 2 warps of 16 x 16
+# accumulators, small enough to build in seconds on a CPU's OpenCL.
+EMULATED_MMA = {"solver": "mma", "tile_m": 32, "tile_n": 16, "tile_k": 16, "warps_m": 2,
+                "warps_n": 1, "stages": 2, "emulate": 1}
 # A forced "splitk" whose rule does not split: this many chunks.
 DEFAULT_SPLITS = 4
 
@@ -749,6 +753,23 @@ def select_params(ctx, M, N, K, batch=1, algorithm=None, tf32=False):
     params = chosen.forced(ctx, problem) if forced is not None else _tuned(ctx, problem, chosen)
     ctx.plans.put(key, params)
     return dict(params)
+
+
+def tf32_params(ctx, M, N, K, batch=1):
+    """Parameters of the "mma" solver for a TF32 GEMM of these sizes, for operators that run
+    their GEMMs in TF32 by choice (the convolution's TF32 algorithms): the first "mma" rule
+    of the tuning database that holds and runs here, else ``DEFAULT_MMA``; on a device without
+    TF32 mma.sync, ``EMULATED_MMA`` (which such operators use only under DLPRIM_TF32_EMULATE).
+    Memoized per context."""
+    key = ("gemm.tf32_params", M, N, K, batch, tuning.generation)
+    found = ctx.plans.get(key)
+    if found is None:
+        if mma_device_problem(ctx.info) is not None:
+            found = dict(EMULATED_MMA)
+        else:
+            found = FAMILY.solvers["mma"].forced(ctx, GemmProblem(M, N, K, batch, True))
+        ctx.plans.put(key, found)
+    return dict(found)
 
 
 def _tuned(ctx, problem, chosen):
