@@ -92,12 +92,30 @@ def operand(name, k, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B):
                 moving=bool(TRANS_B), base="B")
 
 
+def operand_copies(name, k, L, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B):
+    """``operand`` with the copies per work-item ("copies") and their folded column "slots"
+    (``col_slots``), for ``layout``'s dict ``L``."""
+    op = operand(name, k, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B)
+    op["copies"] = L[name + "_copies"]
+    op["slots"] = col_slots(op["copies"], L[name + "_x"] // op["gvec"], L["nthreads"])
+    return op
+
+
+def col_slots(copies, chunks, nthreads):
+    """The copies whose folded column offsets are computed: all of them, or only the first
+    where every copy of a work-item has its column (NTHREADS a multiple of the ``chunks`` per
+    slice row), which the others then share."""
+    return [0] if nthreads % chunks == 0 else list(range(copies))
+
+
 def source(op, name, r):
     """Address of the first element of copy ``r`` of operand ``name`` (``op``: ``operand``'s
-    dict): in the slice, or for a folded operand the row's start plus the column's offset."""
+    dict, with "slots" from col_slots): in the slice, or for a folded operand the row's start
+    plus the column's offset."""
     if not op["fold"]:
         return f"{name}_slice + {name}_src{r}"
-    return f"{op['base']} + (long)(({op['r0']}) + {name}_s{r}) * {op['ld']} + {name}_col{r}"
+    slot = r if r in op["slots"] else 0
+    return f"{op['base']} + (long)(({op['r0']}) + {name}_s{r}) * {op['ld']} + {name}_col{slot}"
 %>
 <%
     L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
@@ -229,13 +247,13 @@ void gemm_mma(int M, int N, int K,
     // Copy r of this work-item: chunk lid + r * NTHREADS of the slice, GVEC_A (GVEC_B) elements of the
     // contiguous dimension (x) in row s; consecutive work-items take consecutive chunks.
 % for name, xs, ss, copies, ld in (("a", a_x, a_s, a_copies, "lda"), ("b", b_x, b_s, b_copies, "ldb")):
-<%  op = operand(name, "0", TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B) %>\
+<%  op = operand_copies(name, "0", L, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B) %>\
 %   for r in range(copies):
     const int ${name}_s${r} = (lid + ${r * nthreads}) / ${xs // op["gvec"]};
     const int ${name}_x${r} = ((lid + ${r * nthreads}) % ${xs // op["gvec"]}) * ${op["gvec"]};
     const int ${name}_src${r} = ${name}_s${r} * ${ld} + ${name}_x${r};
     const int ${name}_dst${r} = ${name}_s${r} * LD${name.upper()} + ${name}_x${r};
-%     if op["fold"] and not op["moving"]:
+%     if op["fold"] and not op["moving"] and r in op["slots"]:
     // The work-group's own folded columns (clamped into the matrix: the columns past its end
     // are never read).
     const long ${name}_col${r} = ${common.attr.fold(op["fold"], name, f"min(({op['c0']}) + {name}_x{r}, {op['cols']} - 1)")};
@@ -254,14 +272,14 @@ void gemm_mma(int M, int N, int K,
         {
 % for name in ("a", "b"):
 <%
-    op = operand(name, k, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B)
+    op = operand_copies(name, k, L, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B)
     copies, inside, M_ = L[name + "_copies"], name + "_inside", name.upper()
     wide = {1: "copy4", 4: "copy16"}[op["gvec"]]
 %>\
             __global const float *${name}_slice = ${M_} + (long)(${op["r0"]}) * ${op["ld"]} + (${op["c0"]});
             __local float *${name}_to = ${name}_stage + (${stage}) * STAGE_${M_};
 %   if op["fold"] and op["moving"]:
-%     for r in range(copies):
+%     for r in op["slots"]:
             const long ${name}_col${r} = ${common.attr.fold(op["fold"], name, f"min(({op['c0']}) + {name}_x{r}, {op['cols']} - 1)")};
 %     endfor
 %   endif
@@ -309,13 +327,13 @@ void gemm_mma(int M, int N, int K,
         {
 % for name in ("a", "b"):
 <%
-    op = operand(name, k, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B)
+    op = operand_copies(name, k, L, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B)
     copies, inside = L[name + "_copies"], name + "_inside"
     gtype = "float4" if op["gvec"] == 4 else "float"
 %>\
             __global const float *${name}_slice = ${name.upper()} + (long)(${op["r0"]}) * ${op["ld"]} + (${op["c0"]});
 %   if op["fold"] and op["moving"]:
-%     for r in range(copies):
+%     for r in op["slots"]:
             const long ${name}_col${r} = ${common.attr.fold(op["fold"], name, f"min(({op['c0']}) + {name}_x{r}, {op['cols']} - 1)")};
 %     endfor
 %   endif
