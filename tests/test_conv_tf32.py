@@ -358,7 +358,7 @@ def test_fusion_plan_and_onnx_engine_use_tf32(ctx, rng, tf32_on):
         ctx.allow_tf32 = allowed
         y = conv_bias_activation(T(case.x), T(case.w), T(bias), activation=None)
         assert _is_tf32(y.numpy() - bias[None, :, None, None], case.x, w2, case.y) == allowed
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[1, 1])], "conv1x1",
