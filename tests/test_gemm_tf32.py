@@ -289,18 +289,24 @@ def test_emulated_mma_staged_slices(ctx, rng, ta, tb):
     assert_close(c, np.maximum(tf32_round(a) @ tf32_round(b) + 0.5 * cin + bias, 0))
 
 
-@pytest.mark.parametrize("params", [EMULATED, dict(EMULATED, staged=1),
-                                    dict(EMULATED, tile_m=16, tile_n=64, tile_k=64, warps_m=1)],
-                         ids=["copies", "staged", "column-per-copy"])
-def test_emulated_mma_folded_operands(ctx, rng, params):
+# (n, c, k, h, w, stride) of the folded tests.
+FOLDED_SHAPES = ((2, 12, 20, 5, 7, 1), (3, 16, 40, 4, 4, 1), (2, 16, 24, 7, 9, 2))
+
+
+@pytest.mark.parametrize("params,shapes", [
+    (EMULATED, FOLDED_SHAPES), (dict(EMULATED, staged=1), FOLDED_SHAPES),
+    (dict(EMULATED, tile_m=16, tile_n=64, warps_m=1), FOLDED_SHAPES[1:2]),
+    (dict(EMULATED, tile_m=16, tile_n=8, tile_k=64, warps_m=1), FOLDED_SHAPES[2:])],
+    ids=["copies", "staged", "n-column-per-copy", "k-column-per-copy"])
+def test_emulated_mma_folded_operands(ctx, rng, params, shapes):
     """Folded operands, as a 1x1 convolution folds its NCHW tensors: forward (B folded along
     N, densely or strided; C folded), data gradient (trans_a, B and C folded) and filter
     gradient (A folded along K, B transposed and folded along K, densely or strided), with
     16-byte copies (positions multiples of 4) and 4-byte ones (ragged), against float64 of the
-    TF32-rounded operands. One warp with 64-wide slices: a work-item's copies lie in columns of
-    their own (each its folded offset), not one shared column."""
-    for n, c, k, h, w, stride in ((2, 12, 20, 5, 7, 1), (3, 16, 40, 4, 4, 1),
-                                  (2, 16, 24, 7, 9, 2)):
+    TF32-rounded operands. One warp with slices 64 wide along N (along K): a work-item's copies
+    of B (of A, B transposed) lie in columns of their own, each with its folded offset, not in
+    one shared column."""
+    for n, c, k, h, w, stride in shapes:
         ho, wo = (h - 1) // stride + 1, (w - 1) // stride + 1
         P = ho * wo
         x, wt = random(rng, (n, c, h, w)), random(rng, (k, c))
