@@ -66,20 +66,7 @@ VARIANTS = [
     dict(BASE, tile_m=64, tile_n=64, warps_m=2, warps_n=2, staged=1, round="int"),
     dict(BASE, tile_m=64, tile_n=128, warps_m=2, warps_n=2, round="int"),
 ]
-# Slices K-major in local memory (no padding along K): 8-deep slices in 4-5 stages, more bytes
-# in flight within the 48 KiB.
-KMAJOR_VARIANTS = [
-    dict(BASE, warps_m=2, warps_n=2, staged=1, round="int"),   # the large-square rule
-    dict(BASE, tile_k=8, warps_m=2, warps_n=2, stages=4, kmajor=1),
-    dict(BASE, tile_k=8, warps_m=2, warps_n=2, stages=5, kmajor=1),
-    dict(BASE, tile_k=8, warps_m=2, warps_n=4, stages=5, kmajor=1),
-    dict(BASE, tile_k=8, warps_m=2, warps_n=2, stages=5, kmajor=1, tile_group=8),
-    dict(BASE, warps_m=2, warps_n=2, stages=2, kmajor=1),
-    dict(BASE, warps_m=2, warps_n=2, staged=1, round="int", kmajor=1),
-    dict(BASE, tile_n=256, tile_k=8, warps_m=2, warps_n=4, stages=3, kmajor=1),
-    dict(BASE, tile_n=64, tile_k=8, warps_m=2, warps_n=1, stages=5, kmajor=1),
-]
-VARIANT_SETS = {"all": VARIANTS, "kmajor": KMAJOR_VARIANTS}
+VARIANT_SETS = {"all": VARIANTS}
 # Small-tile variants only on the small squares (their tile counts are what they are for).
 SMALL_SQUARES = ("square 1024", "square 2048")
 # TF32 keeps 10 of float32's 23 mantissa bits: each operand is off by at most 2^-11 relative

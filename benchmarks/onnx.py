@@ -3,12 +3,15 @@
     python benchmarks/onnx.py                      # six models, batch 64 and 1, 224x224
     python benchmarks/onnx.py --models resnet50 --batch 64 --first-call --json out.json
     python benchmarks/onnx.py --quick --torch-device cpu      # tiny images (PoCL)
+    python benchmarks/onnx.py --models resnet50 --batch 64 --tf32   # TF32 on both sides
 
 Each model (torchvision's, seeded random weights) is exported with torch's TorchScript
 exporter (opset 17, dynamic batch), loaded with ``dp.onnx.load`` and checked against PyTorch in
 float64 on the CPU (MIOpen's metric, under 1e-4 or within 10x PyTorch float32's own error);
 then ``model(x)`` is timed by wall clock with the device drained (``queue.finish()``) against
-PyTorch eager on the same weights and images (TF32 off, ``torch.cuda.synchronize()``), median
+PyTorch eager on the same weights and images (TF32 off, or with --tf32 on for both: our
+``ctx.allow_tf32`` and torch's cudnn / cuda.matmul ``allow_tf32``;
+``torch.cuda.synchronize()``), median
 after a warm-up, in the same process. Also reported: planning time (load + first call) in this
 process (``plan warm``: kernels from the disk cache) and, with --first-call, in fresh processes
 with empty kernel caches (``plan cold``) and with the cache that left (``warm disk``); and peak
@@ -54,6 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--device", default=None, help="OpenCL device (P:D or part of its name)")
     p.add_argument("--json", metavar="FILE", help="write every figure to FILE")
     p.add_argument("--commit", default=None, help="commit to record (a copy without git)")
+    p.add_argument("--tf32", action="store_true",
+                   help="TF32 allowed for us (ctx.allow_tf32) and PyTorch (cudnn and "
+                        "cuda.matmul allow_tf32); the check then takes TF32's error")
     args = p.parse_args(argv)
     if args.quick and args.models == ",".join(onnx_bench.MODELS):
         args.models = "resnet18,mobilenet_v2"
@@ -96,6 +102,7 @@ def print_table(results, out=sys.stdout):
 def main(argv=None):
     args = parse_args(argv)
     ctx = dp.Context(args.device)
+    ctx.allow_tf32 = True if args.tf32 else None
     try:
         import torch
         import torchvision  # noqa: F401
@@ -104,8 +111,8 @@ def main(argv=None):
               file=sys.stderr)
         return 2
     torch_device = onnx_bench.torch_device_for(args.torch_device)
-    onnx_bench.setup_torch_baseline(torch_device)
-    torch_info = {"version": torch.__version__, "device": torch_device, "tf32": False,
+    onnx_bench.setup_torch_baseline(torch_device, args.tf32)
+    torch_info = {"version": torch.__version__, "device": torch_device, "tf32": args.tf32,
                   "cudnn_benchmark": torch_device.startswith("cuda"),
                   "threads": torch.get_num_threads()}
     if torch_device.startswith("cuda"):
@@ -122,7 +129,7 @@ def main(argv=None):
                 r = onnx_bench.run_case(
                     ctx, name, batch, args.image_size, torch_device=torch_device,
                     warmup=args.warmup, repeat=args.repeat, budget_s=args.budget,
-                    first_call=args.first_call, exporter=args.exporter,
+                    first_call=args.first_call, exporter=args.exporter, tf32=args.tf32,
                     log=lambda text: print("  " + text, file=sys.stderr, flush=True))
             except Exception as e:  # keep the other cases; the failure is a result
                 first = (str(e).strip().splitlines() or [""])[0][:200]

@@ -14,7 +14,9 @@
 # does not enter another's figures), onnx-cold (ResNet-50's load + plan in fresh processes,
 # with empty kernel caches and with the cache that left), nets-b1 (the dp.functional networks at
 # batch 1, the host-bound case) and gemm-tf32 (benchmarks/gemm_tf32.py: the TF32 GEMM against
-# cuBLAS TF32) (default: conv fusion ops bench). COMMIT is recorded in the JSON files (the copy on a lent
+# cuBLAS TF32), tf32-tests (tests/test_gemm_tf32.py and tests/test_conv_tf32.py on the tensor
+# cores), conv-tf32 (benchmarks/conv.py --tf32 on ResNet-50's layers, cuDNN TF32 beside) and
+# onnx-tf32 (ResNet-50 at batch 64 with TF32 on both sides) (default: conv fusion ops bench). COMMIT is recorded in the JSON files (the copy on a lent
 # machine may have no git metadata).
 # Each step is bounded so that the whole run fits one call of the lent GPU machine. ARCHIVE=FILE
 # packs the output folder into FILE after every step.
@@ -79,6 +81,12 @@ for s in $steps; do
     nets-b1) step nets-b1 90 python3 benchmarks/nets.py --modes infer --infer-batches 1 \
               --commit "$commit" --json "$out/nets-b1.json" ;;
     gemm-tf32) step gemm-tf32 90 python3 benchmarks/gemm_tf32.py --json "$out/gemm-tf32.json" ;;
+    tf32-tests) step tf32-tests 240 python3 -m pytest tests/test_gemm_tf32.py \
+              tests/test_conv_tf32.py -q -p no:cacheprovider ;;
+    conv-tf32) step conv-tf32 150 python3 benchmarks/conv.py --tf32 --models resnet50 \
+              --time-limit 120 --commit "$commit" --output "$out/conv-h200-tf32.json" ;;
+    onnx-tf32) step onnx-tf32 90 python3 benchmarks/onnx.py --models resnet50 --batch 64 \
+              --tf32 --commit "$commit" --json "$out/onnx-resnet50-tf32.json" ;;
     *) echo "unknown step $s"; exit 2 ;;
     esac
 done

@@ -13,9 +13,12 @@ that context::
 
 Read when a call's plan is made: it is part of the plan's key, so that a change takes effect at
 the next call, and calls on shapes seen before with the same setting build nothing. It applies to
-``dp.gemm``, ``dp.gemm_batched`` and ``ops.gemm.enqueue_gemm`` (so to linear layers);
-operators that hold a ``GemmPlan`` of their own (convolutions) stay float32. Where no TF32
-kernel applies (other devices, folded operands) the call runs in float32 as before.
+``dp.gemm``, ``dp.gemm_batched`` and ``ops.gemm.enqueue_gemm`` (so to linear layers) and, as
+``torch.backends.cudnn.allow_tf32`` does for cuDNN, to convolutions: their choice then takes
+the TF32 algorithms ("gemm_tf32" for 1x1, "winograd_tf32", "im2col_gemm_tf32";
+``dlprim_py.ops.conv.selection``), in ``dp.functional``, the ``Convolution`` operator, fusion
+plans compiled after the change and the ONNX engine. Where no TF32 kernel applies (other
+devices) the call runs in float32 as before.
 """
 
 #: Whether GEMM calls may compute in TF32 where a TF32 kernel applies (default False: float32).

@@ -1,7 +1,7 @@
 """Every environment variable the library reads, in one place.
 
 The call switches (DLPRIM_LOG_CMD, DLPRIM_FIND_MODE, DLPRIM_*_ALGO, DLPRIM_CHECK_NUMERICS,
-DLPRIM_WORKSPACE_LIMIT) are read once, at the first
+DLPRIM_WORKSPACE_LIMIT, DLPRIM_TF32_EMULATE) are read once, at the first
 call that needs one, and again on ``dlprim_py.config.reload()``; the others where they are used.
 
 DLPRIM_DEVICE      device to use: "P:D" (platform:device indices) or a piece of the device name
@@ -19,6 +19,10 @@ DLPRIM_WORKSPACE_LIMIT MiB of workspace a convolution call may use (default: 256
                    size of the call's output, whichever is larger; 2 GiB at most): an algorithm
                    that needs more runs on the batch in parts that fit
 DLPRIM_CONV_ALGO   force one convolution algorithm by name
+DLPRIM_TF32_EMULATE "1": the convolution's TF32 algorithms (gemm_tf32, winograd_tf32, ...) apply
+                   on devices without TF32 tensor cores too, their mma kernels emulated in
+                   portable OpenCL (slow: for testing their addressing and rounding anywhere);
+                   TF32 must still be allowed (dlprim_py.backends)
 DLPRIM_CONV3D_ALGO force one 3-D convolution solver: vol2col_gemm, direct
 DLPRIM_GEMM_ALGO   force one GEMM solver: tiled, splitk, small, subgroup (where it applies)
 DLPRIM_NORM_ALGO   force one batch-norm reduction algorithm: groups, groups_scalar, columns
@@ -50,13 +54,15 @@ _snapshot = None
 
 
 class _Switches:
-    __slots__ = ("log_cmd", "find_mode", "forced", "check_numerics", "workspace_limit")
+    __slots__ = ("log_cmd", "find_mode", "forced", "check_numerics", "workspace_limit",
+                 "tf32_emulate")
 
     def __init__(self, environ):
         self.log_cmd = _truthy(environ.get("DLPRIM_LOG_CMD", ""))
         self.check_numerics = _truthy(environ.get("DLPRIM_CHECK_NUMERICS", ""))
         self.find_mode = environ.get("DLPRIM_FIND_MODE", "immediate").strip().lower() or "immediate"
         self.workspace_limit = _mebibytes(environ, "DLPRIM_WORKSPACE_LIMIT")
+        self.tf32_emulate = _truthy(environ.get("DLPRIM_TF32_EMULATE", ""))
         # DLPRIM_<FAMILY>_ALGO -> {"family": value}
         self.forced = {name[len("DLPRIM_"):-len("_ALGO")].lower(): value
                        for name, value in environ.items()
@@ -158,6 +164,12 @@ def _mebibytes(environ, name):
         from .errors import ShapeError
         raise ShapeError(f"{name} must be a positive number of MiB, got {value!r}")
     return int(mib * (1 << 20))
+
+
+def tf32_emulate():
+    """DLPRIM_TF32_EMULATE: whether the convolution's TF32 algorithms run emulated mma kernels
+    on devices without TF32 tensor cores."""
+    return switches().tf32_emulate
 
 
 def forced_algorithm(family):

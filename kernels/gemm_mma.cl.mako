@@ -16,13 +16,16 @@ ${common.header()}
 //                 WTM / 16 x WTN / 8 mma tiles of 16 x 8 accumulators (4 per work-item)
 //   STAGES        local-memory stages (>= 2): the copies of slice s + STAGES - 1 are in flight
 //                 while slice s is multiplied; one barrier per slice
-//   GVEC          4: copies of 16 bytes (rows of A and B start on 16-byte boundaries: the host
-//                 checks leading dimensions, offsets and batch strides); 1: of 4 bytes
+//   GVEC_A, GVEC_B  4: the operand's copies are of 16 bytes (its rows start on 16-byte
+//                 boundaries, and a folded one's four consecutive columns from a multiple of 4
+//                 lie in one image, contiguously: the host checks leading dimensions, offsets,
+//                 batch strides and folds); 1: of 4 bytes
 //   NV_ASYNC      1: copies are cp.async (PTX); 0: plain loads and stores
 //   GROUP_M       as gemm_tiled's: > 1 walks GROUP_M rows of tiles down M before stepping N
-//   CVEC          2: rows of C start on 8-byte boundaries (the host checks ldc, offset and
-//                 batch stride): work-groups inside C store their two adjacent accumulators
-//                 at once ("gemm" epilogue without a chain); 1: one at a time
+//   CVEC          2: rows of C start on 8-byte boundaries (the host checks ldc, offset, batch
+//                 stride and C's fold: even positions and image stride): work-groups inside C
+//                 store their two adjacent accumulators at once (without a chain and without
+//                 values per position); 1: one at a time
 //   ROUND         "cvt": operands rounded to TF32 by cvt.rna.tf32.f32; "int": the same
 //                 rounding (nearest, ties away from zero) in two integer operations, NaN kept
 //   STAGED        0: slices copied straight into local memory (cp.async with NV_ASYNC), each
@@ -30,19 +33,19 @@ ${common.header()}
 //                 every warp that reads it). 1: slices go global -> registers -> local memory,
 //                 rounded once on the way; two stages, the next slice's loads in flight while
 //                 the current one is multiplied (STAGES must be 2, NV_ASYNC unused)
-//   KMAJOR        1: every slice is stored K-major in local memory ([TILE_K][TILE_M + 4] for A,
-//                 [TILE_K][TILE_N + 4] for B), an operand whose K is contiguous in global
-//                 memory transposed on its way in (4-byte copies where they are cp.async): no
-//                 padding along K, so shallow slices (TILE_K 8) fit several more stages in the
-//                 48 KiB of local memory, and more bytes are in flight. 0: as it lies in global
 //   EMULATE       0: mma.sync and cvt.rna.tf32.f32 as PTX (NVIDIA only). 1: the same
 //                 instruction, fragment for fragment, computed by the warp's work-items through
 //                 local memory, with TF32 rounding done in integer arithmetic: it runs on any
 //                 OpenCL device, to check this kernel's addressing where no tensor core is
 //
-// Local memory. Without KMAJOR each operand's slice is stored as it lies in global memory (rows
-// of its contiguous dimension), so that the copies need no transposition and can be 16-byte
-// cp.async:
+// Folded operands (FOLD_A, FOLD_B, FOLD_C of gemm_common): a copy's source is the operand's
+// row times its leading dimension plus the folded offset of its column. Where the folded
+// dimension is the tile's own (B along N, not TRANS_B) a work-item's column offsets are
+// computed once; where it is K (A, or B with TRANS_B) once per slice and copy. C's folded
+// column offsets are computed once per column of accumulators in the epilogue.
+//
+// Local memory. Each operand's slice is stored as it lies in global memory (rows of its
+// contiguous dimension), so that the copies need no transposition and can be cp.async:
 //   A (not TRANS_A): [TILE_M][LDA], LDA = TILE_K + pad; TRANS_A: [TILE_K][LDA], LDA = TILE_M + 4
 //   B (TRANS_B):     [TILE_N][LDB], LDB = TILE_K + pad; else:    [TILE_K][LDB], LDB = TILE_N + 4
 // Within each 8-deep step the K index of the mma fragments is permuted, the same way for A and
@@ -59,28 +62,64 @@ def k_contiguous_ld(tile_k):
     return ld if (ld // 8) % 2 == 1 else tile_k + 16
 
 
-def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR=0):
+def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B):
     """The derived constants of the header, as a dict: work-items, warp tile and mma tile
-    counts, which slices are K-major in local memory (a_km, b_km) and which of them are
-    transposed on the way in (a_tr, b_tr), local row lengths, each operand's slice as
-    (contiguous, strided) extents in its global storage order and the copies per work-item."""
+    counts, local row lengths, each operand's slice as (contiguous, strided) extents in its
+    storage order and the copies per work-item."""
     nthreads = WARPS_M * WARPS_N * 32
     d = dict(nthreads=nthreads, wtm=TILE_M // WARPS_M, wtn=TILE_N // WARPS_N)
     d["mt_count"], d["nt_count"] = d["wtm"] // 16, d["wtn"] // 8
-    d["a_km"], d["b_km"] = bool(TRANS_A or KMAJOR), bool(not TRANS_B or KMAJOR)
-    d["a_tr"], d["b_tr"] = bool(KMAJOR and not TRANS_A), bool(KMAJOR and TRANS_B)
-    d["lda"] = TILE_M + 4 if d["a_km"] else k_contiguous_ld(TILE_K)
-    d["ldb"] = TILE_N + 4 if d["b_km"] else k_contiguous_ld(TILE_K)
+    d["lda"] = TILE_M + 4 if TRANS_A else k_contiguous_ld(TILE_K)
+    d["ldb"] = k_contiguous_ld(TILE_K) if TRANS_B else TILE_N + 4
     d["a_x"], d["a_s"] = (TILE_M, TILE_K) if TRANS_A else (TILE_K, TILE_M)
     d["b_x"], d["b_s"] = (TILE_K, TILE_N) if TRANS_B else (TILE_N, TILE_K)
-    d["a_copies"] = d["a_x"] * d["a_s"] // (GVEC * nthreads)
-    d["b_copies"] = d["b_x"] * d["b_s"] // (GVEC * nthreads)
+    d["a_copies"] = d["a_x"] * d["a_s"] // (GVEC_A * nthreads)
+    d["b_copies"] = d["b_x"] * d["b_s"] // (GVEC_B * nthreads)
     return d
+
+
+def operand(name, k, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B):
+    """How a slice of operand ``name`` ("a" or "b") starting at K offset ``k`` is addressed:
+    its storage's (rows, columns), the slice's origin (r0, c0) in it, its leading dimension,
+    copy width, fold mode and whether the folded columns move with K (else they are the
+    work-group's own, fixed)."""
+    if name == "a":
+        rows, cols, r0, c0 = ("K", "M", k, "m0") if TRANS_A else ("M", "K", "m0", k)
+        return dict(rows=rows, cols=cols, r0=r0, c0=c0, ld="lda", gvec=GVEC_A, fold=FOLD_A,
+                    moving=not TRANS_A, base="A")
+    rows, cols, r0, c0 = ("N", "K", "n0", k) if TRANS_B else ("K", "N", k, "n0")
+    return dict(rows=rows, cols=cols, r0=r0, c0=c0, ld="ldb", gvec=GVEC_B, fold=FOLD_B,
+                moving=bool(TRANS_B), base="B")
+
+
+def operand_copies(name, k, L, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B):
+    """``operand`` with the copies per work-item ("copies") and their folded column "slots"
+    (``col_slots``), for ``layout``'s dict ``L``."""
+    op = operand(name, k, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B)
+    op["copies"] = L[name + "_copies"]
+    op["slots"] = col_slots(op["copies"], L[name + "_x"] // op["gvec"], L["nthreads"])
+    return op
+
+
+def col_slots(copies, chunks, nthreads):
+    """The copies whose folded column offsets are computed: all of them, or only the first
+    where every copy of a work-item has its column (NTHREADS a multiple of the ``chunks`` per
+    slice row), which the others then share."""
+    return [0] if nthreads % chunks == 0 else list(range(copies))
+
+
+def source(op, name, r):
+    """Address of the first element of copy ``r`` of operand ``name`` (``op``: ``operand``'s
+    dict, with "slots" from col_slots): in the slice, or for a folded operand the row's start
+    plus the column's offset."""
+    if not op["fold"]:
+        return f"{name}_slice + {name}_src{r}"
+    slot = r if r in op["slots"] else 0
+    return f"{op['base']} + (long)(({op['r0']}) + {name}_s{r}) * {op['ld']} + {name}_col{slot}"
 %>
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
     nthreads, wtm, wtn, lda, ldb = L["nthreads"], L["wtm"], L["wtn"], L["lda"], L["ldb"]
-    a_km, b_km, a_tr, b_tr = L["a_km"], L["b_km"], L["a_tr"], L["b_tr"]
     mt_count, nt_count = L["mt_count"], L["nt_count"]
     a_x, a_s, b_x, b_s, a_copies, b_copies = (L[k] for k in ("a_x", "a_s", "b_x", "b_s", "a_copies", "b_copies"))
 %>
@@ -90,8 +129,8 @@ def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMA
 #define TILE_K ${TILE_K}
 #define LDA ${lda}
 #define LDB ${ldb}
-#define STAGE_A ${lda * (TILE_K if a_km else TILE_M)}
-#define STAGE_B ${ldb * (TILE_K if b_km else TILE_N)}
+#define STAGE_A ${lda * (TILE_K if TRANS_A else TILE_M)}
+#define STAGE_B ${ldb * (TILE_N if TRANS_B else TILE_K)}
 #define STAGES ${STAGES}
 
 ${access.async_copies(bool(NV_ASYNC))}
@@ -205,18 +244,19 @@ void gemm_mma(int M, int N, int K,
     A += a_off + batch * stride_a;
     B += b_off + batch * stride_b;
 
-    // Copy r of this work-item: chunk lid + r * NTHREADS of the slice, GVEC elements of the
-    // contiguous dimension (x) in row s; consecutive work-items take consecutive chunks. A
-    // transposed slice (KMAJOR) puts element (s, x + v) at local (x + v, s).
-% for name, xs, ss, copies, ld, tr in (("a", a_x, a_s, a_copies, "lda", a_tr), ("b", b_x, b_s, b_copies, "ldb", b_tr)):
+    // Copy r of this work-item: chunk lid + r * NTHREADS of the slice, GVEC_A (GVEC_B) elements of the
+    // contiguous dimension (x) in row s; consecutive work-items take consecutive chunks.
+% for name, xs, ss, copies, ld in (("a", a_x, a_s, a_copies, "lda"), ("b", b_x, b_s, b_copies, "ldb")):
+<%  op = operand_copies(name, "0", L, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B) %>\
 %   for r in range(copies):
-    const int ${name}_s${r} = (lid + ${r * nthreads}) / ${xs // GVEC};
-    const int ${name}_x${r} = ((lid + ${r * nthreads}) % ${xs // GVEC}) * ${GVEC};
+    const int ${name}_s${r} = (lid + ${r * nthreads}) / ${xs // op["gvec"]};
+    const int ${name}_x${r} = ((lid + ${r * nthreads}) % ${xs // op["gvec"]}) * ${op["gvec"]};
     const int ${name}_src${r} = ${name}_s${r} * ${ld} + ${name}_x${r};
-%     if tr:
-    const int ${name}_dst${r} = ${name}_x${r} * LD${name.upper()} + ${name}_s${r};
-%     else:
     const int ${name}_dst${r} = ${name}_s${r} * LD${name.upper()} + ${name}_x${r};
+%     if op["fold"] and not op["moving"] and r in op["slots"]:
+    // The work-group's own folded columns (clamped into the matrix: the columns past its end
+    // are never read).
+    const long ${name}_col${r} = ${common.attr.fold(op["fold"], name, f"min(({op['c0']}) + {name}_x{r}, {op['cols']} - 1)")};
 %     endif
 %   endfor
 % endfor
@@ -227,32 +267,33 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="copy_slice(k, stage)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR)
-    a_copies, b_copies = L["a_copies"], L["b_copies"]
-    wide = {1: "copy4", 4: "copy16"}[GVEC]
-    # Local step between the elements v of a chunk: 1, or a row where the slice is transposed
-    # (GVEC is then 1: the host never gives 16-byte copies to a transposed slice).
-    step = {"a": "LDA" if L["a_tr"] else "1", "b": "LDB" if L["b_tr"] else "1"}
-    # (rows, columns) of each operand's storage and the origin of the slice in it.
-    a_rows, a_cols, a_r0, a_c0 = ("K", "M", k, "m0") if TRANS_A else ("M", "K", "m0", k)
-    b_rows, b_cols, b_r0, b_c0 = ("N", "K", "n0", k) if TRANS_B else ("K", "N", k, "n0")
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
 %>
         {
-% for name, copies, rows, cols, r0, c0, inside in (("a", a_copies, a_rows, a_cols, a_r0, a_c0, "a_inside"), ("b", b_copies, b_rows, b_cols, b_r0, b_c0, "b_inside")):
-<%  M_ = name.upper() %>\
-            __global const float *${name}_slice = ${M_} + (long)(${r0}) * ${"lda" if name == "a" else "ldb"} + (${c0});
+% for name in ("a", "b"):
+<%
+    op = operand_copies(name, k, L, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B)
+    copies, inside, M_ = L[name + "_copies"], name + "_inside", name.upper()
+    wide = {1: "copy4", 4: "copy16"}[op["gvec"]]
+%>\
+            __global const float *${name}_slice = ${M_} + (long)(${op["r0"]}) * ${op["ld"]} + (${op["c0"]});
             __local float *${name}_to = ${name}_stage + (${stage}) * STAGE_${M_};
+%   if op["fold"] and op["moving"]:
+%     for r in op["slots"]:
+            const long ${name}_col${r} = ${common.attr.fold(op["fold"], name, f"min(({op['c0']}) + {name}_x{r}, {op['cols']} - 1)")};
+%     endfor
+%   endif
             if (${inside} && ${k} + TILE_K <= K) {
 %   for r in range(copies):
-                ${wide}(${name}_to + ${name}_dst${r}, ${name}_slice + ${name}_src${r});
+                ${wide}(${name}_to + ${name}_dst${r}, ${source(op, name, r)});
 %   endfor
             } else {
                 // Elements outside the matrix are zeros; their source address is the
                 // matrix's first element (never read).
 %   for r in range(copies):
-%     for v in range(GVEC):
-                { const bool ok = (${r0}) + ${name}_s${r} < ${rows} && (${c0}) + ${name}_x${r} + ${v} < ${cols};
-                  copy4_masked(${name}_to + ${name}_dst${r} + ${v} * ${step[name]}, ok ? ${name}_slice + ${name}_src${r} + ${v} : ${M_}, ok); }
+%     for v in range(op["gvec"]):
+                { const bool ok = (${op["r0"]}) + ${name}_s${r} < ${op["rows"]} && (${op["c0"]}) + ${name}_x${r} + ${v} < ${op["cols"]};
+                  copy4_masked(${name}_to + ${name}_dst${r} + ${v}, ok ? ${source(op, name, r)} + ${v} : ${M_}, ok); }
 %     endfor
 %   endfor
             }
@@ -262,12 +303,12 @@ void gemm_mma(int M, int N, int K,
 
     // This work-item's fragments in a stage: the element (row, K offset 2t) of its first mma
     // tile, in the permuted K order of the header.
-% if a_km:
+% if TRANS_A:
     const int a_frag = (2 * t) * LDA + wm * ${wtm} + g;
 % else:
     const int a_frag = (wm * ${wtm} + g) * LDA + 2 * t;
 % endif
-% if not b_km:
+% if TRANS_B:
     const int b_frag = (wn * ${wtn} + g) * LDB + 2 * t;
 % else:
     const int b_frag = (2 * t) * LDB + wn * ${wtn} + g;
@@ -281,22 +322,29 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="load_slice(k)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR)
-    gtype = "float4" if GVEC == 4 else "float"
-    a_rows, a_cols, a_r0, a_c0 = ("K", "M", k, "m0") if TRANS_A else ("M", "K", "m0", k)
-    b_rows, b_cols, b_r0, b_c0 = ("N", "K", "n0", k) if TRANS_B else ("K", "N", k, "n0")
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
 %>
         {
-% for name, copies, rows, cols, r0, c0, inside in (("a", L["a_copies"], a_rows, a_cols, a_r0, a_c0, "a_inside"), ("b", L["b_copies"], b_rows, b_cols, b_r0, b_c0, "b_inside")):
-            __global const float *${name}_slice = ${name.upper()} + (long)(${r0}) * ${"lda" if name == "a" else "ldb"} + (${c0});
+% for name in ("a", "b"):
+<%
+    op = operand_copies(name, k, L, TRANS_A, TRANS_B, FOLD_A, FOLD_B, GVEC_A, GVEC_B)
+    copies, inside = L[name + "_copies"], name + "_inside"
+    gtype = "float4" if op["gvec"] == 4 else "float"
+%>\
+            __global const float *${name}_slice = ${name.upper()} + (long)(${op["r0"]}) * ${op["ld"]} + (${op["c0"]});
+%   if op["fold"] and op["moving"]:
+%     for r in op["slots"]:
+            const long ${name}_col${r} = ${common.attr.fold(op["fold"], name, f"min(({op['c0']}) + {name}_x{r}, {op['cols']} - 1)")};
+%     endfor
+%   endif
             if (${inside} && ${k} + TILE_K <= K) {
 %   for r in range(copies):
-                ${name}_reg${r} = *(__global const ${gtype} *)(${name}_slice + ${name}_src${r});
+                ${name}_reg${r} = *(__global const ${gtype} *)(${source(op, name, r)});
 %   endfor
             } else {
 %   for r in range(copies):
-%     for v in range(GVEC):
-                ${name}_reg${r}${".s%d" % v if GVEC > 1 else ""} = (${r0}) + ${name}_s${r} < ${rows} && (${c0}) + ${name}_x${r} + ${v} < ${cols} ? ${name}_slice[${name}_src${r} + ${v}] : 0.0f;
+%     for v in range(op["gvec"]):
+                ${name}_reg${r}${".s%d" % v if op["gvec"] > 1 else ""} = (${op["r0"]}) + ${name}_s${r} < ${op["rows"]} && (${op["c0"]}) + ${name}_x${r} + ${v} < ${op["cols"]} ? (${source(op, name, r)})[${v}] : 0.0f;
 %     endfor
 %   endfor
             }
@@ -306,19 +354,11 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="store_slice(stage)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
 %>
-% for name, copies in (("a", L["a_copies"]), ("b", L["b_copies"])):
+% for name, copies, gvec in (("a", L["a_copies"], GVEC_A), ("b", L["b_copies"], GVEC_B)):
 %   for r in range(copies):
-%     if GVEC == 4 and L[name + "_tr"]:
-        {
-            __local float *to = ${name}_stage + (${stage}) * STAGE_${name.upper()} + ${name}_dst${r};
-            to[0] = as_float(to_tf32(${name}_reg${r}.x));
-            to[LD${name.upper()}] = as_float(to_tf32(${name}_reg${r}.y));
-            to[2 * LD${name.upper()}] = as_float(to_tf32(${name}_reg${r}.z));
-            to[3 * LD${name.upper()}] = as_float(to_tf32(${name}_reg${r}.w));
-        }
-%     elif GVEC == 4:
+%     if gvec == 4:
         *(__local float4 *)(${name}_stage + (${stage}) * STAGE_${name.upper()} + ${name}_dst${r}) = (float4)(
             as_float(to_tf32(${name}_reg${r}.x)), as_float(to_tf32(${name}_reg${r}.y)),
             as_float(to_tf32(${name}_reg${r}.z)), as_float(to_tf32(${name}_reg${r}.w)));
@@ -331,7 +371,7 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="multiply(stage)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
     lda, ldb, mt_count, nt_count = L["lda"], L["ldb"], L["mt_count"], L["nt_count"]
     # Staged slices hold TF32 bit patterns already.
     conv = "as_uint" if STAGED else "to_tf32"
@@ -342,7 +382,7 @@ void gemm_mma(int M, int N, int K,
 % for kb in range(TILE_K // 8):
         {
 %   for mt in range(mt_count):
-%     if L["a_km"]:
+%     if TRANS_A:
             const uint a${mt}_0 = ${conv}(a_at[${kb * 8 * lda + mt * 16}]);
             const uint a${mt}_1 = ${conv}(a_at[${kb * 8 * lda + mt * 16 + 8}]);
             const uint a${mt}_2 = ${conv}(a_at[${(kb * 8 + 1) * lda + mt * 16}]);
@@ -355,7 +395,7 @@ void gemm_mma(int M, int N, int K,
 %     endif
 %   endfor
 %   for nt in range(nt_count):
-%     if not L["b_km"]:
+%     if TRANS_B:
             const float2 b${nt}_v = *(__local const float2 *)(b_at + ${nt * 8 * ldb + kb * 8});
             const uint b${nt}_0 = ${conv}(b${nt}_v.x), b${nt}_1 = ${conv}(b${nt}_v.y);
 %     else:
@@ -376,11 +416,11 @@ void gemm_mma(int M, int N, int K,
 
 % if STAGED:
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC, KMAJOR)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
 %>
-% for name in ("a", "b"):
+% for name, gvec in (("a", GVEC_A), ("b", GVEC_B)):
 %   for r in range(L[name + "_copies"]):
-    ${"float4" if GVEC == 4 else "float"} ${name}_reg${r};
+    ${"float4" if gvec == 4 else "float"} ${name}_reg${r};
 %   endfor
 % endfor
     // Slice s + 1 is loaded into registers while slice s is multiplied, then rounded into the
@@ -434,56 +474,113 @@ void gemm_mma(int M, int N, int K,
 
     C += c_off + batch * stride_c;
     R += r_off + batch * stride_c;
-% if CVEC == 2 and EPILOGUE == "gemm" and not CHAIN and BIAS in (0, 1, 2):
+<%
+    # (mt, half, nt) of every row-half and column of accumulators, in the order of the stores:
+    # rows outer where C is plain; where C is folded, columns outer, so that a column's folded
+    # offset is computed once.
+    if FOLD_C:
+        order = [(mt, half, nt) for nt in range(nt_count) for mt in range(mt_count) for half in range(2)]
+    else:
+        order = [(mt, half, nt) for mt in range(mt_count) for half in range(2) for nt in range(nt_count)]
+    def row_of(mt, half):
+        return f"m0 + wm * {wtm} + {mt * 16 + half * 8} + g"
+    def col_of(nt, odd):
+        return f"n0 + wn * {wtn} + {nt * 8 + odd} + 2 * t"
+    def at(row, col):
+        """Element offset of (row, col) in C: ``col`` the column, or C's folded offset of it."""
+        return f"(long)({row}) * ldc + {'c_col' if FOLD_C else col}"
+%>
+% if CVEC == 2 and not CHAIN and BIAS in (0, 1, 2) and SCALE in (0, 1, 2):
     if (m0 + TILE_M <= M && n0 + TILE_N <= N) {
-        // Whole tile inside C, rows on 8-byte boundaries: accumulators r and r + 1 are
-        // adjacent columns, stored as one float2.
-%   for mt in range(mt_count):
-%     for half in range(2):
+        // Whole tile inside C, rows (a folded C's images) on 8-byte boundaries: accumulators
+        // r and r + 1 are adjacent columns, stored as one float2.
+%   for mt, half, nt in order:
         {
-            const int row = m0 + wm * ${wtm} + ${mt * 16 + half * 8} + g;
-%       for nt in range(nt_count):
-            {
-                const int col = n0 + wn * ${wtn} + ${nt * 8} + 2 * t;
-                __global float2 *target = (__global float2 *)(C + (long)row * ldc + col);
-                float2 value = alpha * (float2)(c${mt}_${nt}_${half * 2}, c${mt}_${nt}_${half * 2 + 1});
-                if (beta != 0.0f)
-                    value += beta * *target;
-%         if BIAS == 1:
-                value += vload2(0, bias + bias_off + col);
-%         elif BIAS == 2:
-                value += bias[bias_off + row];
-%         endif
-%         if ACTIVATION:
-                { float x = value.s0; value.s0 = ${ACTIVATION}; }
-                { float x = value.s1; value.s1 = ${ACTIVATION}; }
-%         endif
-                *target = value;
-            }
-%       endfor
+            const int row = ${row_of(mt, half)};
+            const int col = ${col_of(nt, 0)};
+%     if FOLD_C:
+            const long c_col = ${common.attr.fold(FOLD_C, "c", "col")};
+%     endif
+            __global float2 *target = (__global float2 *)(C + ${at("row", "col")});
+            float2 value = alpha * (float2)(c${mt}_${nt}_${half * 2}, c${mt}_${nt}_${half * 2 + 1});
+%     if EPILOGUE == "conv":
+%       if SCALE == 1:
+            value *= vload2(0, scale + scale_off + col);
+%       elif SCALE == 2:
+            value *= scale[scale_off + row];
+%       endif
+%       if BIAS == 1:
+            value += vload2(0, bias + bias_off + col);
+%       elif BIAS == 2:
+            value += bias[bias_off + row];
+%       endif
+%       if RESIDUAL:
+            value += residual_alpha * vload2(0, R + ${at("row", "col")});
+%       endif
+%       if ACTIVATION:
+            { float x = value.s0; value.s0 = ${ACTIVATION}; }
+            { float x = value.s1; value.s1 = ${ACTIVATION}; }
+%       endif
+            if (beta != 0.0f)
+                value += beta * *target;
+%     else:
+            if (beta != 0.0f)
+                value += beta * *target;
+%       if BIAS == 1:
+            value += vload2(0, bias + bias_off + col);
+%       elif BIAS == 2:
+            value += bias[bias_off + row];
+%       endif
+%       if ACTIVATION:
+            { float x = value.s0; value.s0 = ${ACTIVATION}; }
+            { float x = value.s1; value.s1 = ${ACTIVATION}; }
+%       endif
+%     endif
+            *target = value;
         }
-%     endfor
 %   endfor
         return;
     }
 % endif
     // Accumulator r of mma tile (mt, nt): row g (+ 8 for r >= 2), column 2t (+ 1 for odd r).
-% for mt in range(mt_count):
-%   for half in range(2):
+% if FOLD_C:
+%   for nt in range(nt_count):
+%     for odd in range(2):
     {
-        const int row = m0 + wm * ${wtm} + ${mt * 16 + half * 8} + g;
-        if (row < M) {
-%     for nt in range(nt_count):
-%       for odd in range(2):
+        const int col = ${col_of(nt, odd)};
+        if (col < N) {
+            const long c_col = ${common.attr.fold(FOLD_C, "c", "col")};
+%       for mt in range(mt_count):
+%         for half in range(2):
             {
-                const int col = n0 + wn * ${wtn} + ${nt * 8 + odd} + 2 * t;
-                if (col < N)
-                    ${common.epilogue(f"c{mt}_{nt}_{half * 2 + odd}", "row", "col", "(long)row * ldc + col")}
+                const int row = ${row_of(mt, half)};
+                if (row < M)
+                    ${common.epilogue(f"c{mt}_{nt}_{half * 2 + odd}", "row", "col", at("row", "col"))}
             }
+%         endfor
 %       endfor
-%     endfor
         }
     }
+%     endfor
 %   endfor
-% endfor
+% else:
+%   for mt in range(mt_count):
+%     for half in range(2):
+    {
+        const int row = ${row_of(mt, half)};
+        if (row < M) {
+%       for nt in range(nt_count):
+%         for odd in range(2):
+            {
+                const int col = ${col_of(nt, odd)};
+                if (col < N)
+                    ${common.epilogue(f"c{mt}_{nt}_{half * 2 + odd}", "row", "col", at("row", "col"))}
+            }
+%         endfor
+%       endfor
+        }
+    }
+%     endfor
+%   endfor
+% endif
 }

@@ -184,7 +184,7 @@ def test_mma_parameter_checks():
     assert gemm_ops.params_problem(good, info) is None
     assert gemm_ops.mma_local_bytes(good) <= 49152
     for change, why in (({"tile_k": 12}, "powers of two"), ({"tile_n": 16}, "whole mma tiles"),
-                        ({"stages": 9}, "stages must be"),
+                        ({"stages": 5}, "stages must be"),
                         ({"tile_m": 256, "stages": 3}, "local memory"),
                         ({"warps_m": 8, "warps_n": 8}, "work-items"),
                         ({"emulate": 2}, "emulate must"), ({"round": "rz"}, "round must"),
@@ -289,40 +289,50 @@ def test_emulated_mma_staged_slices(ctx, rng, ta, tb):
     assert_close(c, np.maximum(tf32_round(a) @ tf32_round(b) + 0.5 * cin + bias, 0))
 
 
-@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("staged", [0, 1])
-def test_emulated_mma_kmajor_slices(ctx, rng, ta, tb, staged):
-    """Slices stored K-major in local memory whatever the operands' layout (a K-contiguous
-    operand transposed on its way in): 8-deep slices in four stages (element copies), and
-    staged (16-byte loads stored as four elements); ragged and whole tiles, an epilogue."""
-    params = dict(EMULATED, kmajor=1, tile_k=8, tile_n=32, stages=4) if not staged else \
-        dict(EMULATED, kmajor=1, staged=1)
-    for M, N, K in ((37, 45, 29), (64, 32, 48)):
-        c, a, b, _, _ = _run(ctx, rng, M, N, K, ta, tb, params)
-        assert_close(c, tf32_round(a) @ tf32_round(b))
-    c, a, b, cin, bias = _run(ctx, rng, 33, 40, 40, ta, tb, params, batch=2, pad=3, offset=5,
-                              beta=0.5, bias=True, activation="relu")
-    assert_close(c, np.maximum(tf32_round(a) @ tf32_round(b) + 0.5 * cin + bias, 0))
+# (n, c, k, h, w, stride) of the folded tests.
+FOLDED_SHAPES = ((2, 12, 20, 5, 7, 1), (3, 16, 40, 4, 4, 1), (2, 16, 24, 7, 9, 2))
 
 
-def test_folded_operands_fall_back_to_float32(ctx, rng):
-    """A plan that may use TF32 but whose operand is folded (the mma kernel does not address
-    folds) runs the float32 choice; forcing mma on it is an error."""
-    M, K, P, images = 8, 12, 10, 2
-    w = random(rng, (M, K))
-    x = random(rng, (images, K, P))
-    W, X = dp.Tensor.from_numpy(ctx, w), dp.Tensor.from_numpy(ctx, x)
-    Y = poisoned(ctx, (images, M, P))
-    fold = Fold(P, K * P)
-    fold_c = Fold(P, M * P)
-    plan = GemmPlan(ctx, M, images * P, K, W.buffer, 0, K, X.buffer, 0, P, Y.buffer, 0, P,
-                    fold_b=fold, fold_c=fold_c, allow_tf32=True)
-    assert plan.algorithm != "mma"
-    plan.enqueue()
-    assert_close(Y.numpy(), np.einsum("mk,ikp->imp", w.astype(np.float64), x))
-    with pytest.raises(dp.UnsupportedError, match="does not address folded operands"):
-        GemmPlan(ctx, M, images * P, K, W.buffer, 0, K, X.buffer, 0, P, Y.buffer, 0, P,
-                 fold_b=fold, fold_c=fold_c, allow_tf32=True, params=EMULATED)
+@pytest.mark.parametrize("params,shapes", [
+    (EMULATED, FOLDED_SHAPES), (dict(EMULATED, staged=1), FOLDED_SHAPES),
+    (dict(EMULATED, tile_m=16, tile_n=64, warps_m=1), FOLDED_SHAPES[1:2]),
+    (dict(EMULATED, tile_m=16, tile_n=8, tile_k=64, warps_m=1), FOLDED_SHAPES[2:])],
+    ids=["copies", "staged", "n-column-per-copy", "k-column-per-copy"])
+def test_emulated_mma_folded_operands(ctx, rng, params, shapes):
+    """Folded operands, as a 1x1 convolution folds its NCHW tensors: forward (B folded along
+    N, densely or strided; C folded), data gradient (trans_a, B and C folded) and filter
+    gradient (A folded along K, B transposed and folded along K, densely or strided), with
+    16-byte copies (positions multiples of 4) and 4-byte ones (ragged), against float64 of the
+    TF32-rounded operands. One warp with slices 64 wide along N (along K): a work-item's copies
+    of B (of A, B transposed) lie in columns of their own, each with its folded offset, not in
+    one shared column."""
+    for n, c, k, h, w, stride in shapes:
+        ho, wo = (h - 1) // stride + 1, (w - 1) // stride + 1
+        P = ho * wo
+        x, wt = random(rng, (n, c, h, w)), random(rng, (k, c))
+        X, W = dp.Tensor.from_numpy(ctx, x), dp.Tensor.from_numpy(ctx, wt)
+        x_fold = Fold(h * w, c * h * w) if stride == 1 else \
+            Fold(P, c * h * w, wo, stride * w, stride)
+        xs = tf32_round(x[:, :, ::stride, ::stride])
+        Y = poisoned(ctx, (n, k, ho, wo))
+        plan = GemmPlan(ctx, k, n * P, c, W.buffer, 0, c, X.buffer, 0, h * w, Y.buffer, 0, P,
+                        fold_b=x_fold, fold_c=Fold(P, k * P), params=params)
+        assert plan.algorithm == "mma"
+        plan.enqueue()
+        assert_close(Y.numpy(), np.einsum("kc,nchw->nkhw", tf32_round(wt), xs))
+        dy = random(rng, (n, k, ho, wo))
+        DY = dp.Tensor.from_numpy(ctx, dy)
+        if stride == 1:
+            DX = poisoned(ctx, (n, c, h, w))
+            GemmPlan(ctx, c, n * h * w, k, W.buffer, 0, c, DY.buffer, 0, h * w, DX.buffer, 0,
+                     h * w, trans_a=True, fold_b=Fold(h * w, k * h * w),
+                     fold_c=Fold(h * w, c * h * w), params=params).enqueue()
+            assert_close(DX.numpy(), np.einsum("kc,nkhw->nchw", tf32_round(wt),
+                                               tf32_round(dy)))
+        DW = poisoned(ctx, (k, c))
+        GemmPlan(ctx, k, c, n * P, DY.buffer, 0, P, X.buffer, 0, h * w, DW.buffer, 0, c,
+                 trans_b=True, fold_a=Fold(P, k * P), fold_b=x_fold, params=params).enqueue()
+        assert_close(DW.numpy(), np.einsum("nkhw,nchw->kc", tf32_round(dy), xs))
 
 
 # ---- the tensor-core kernel (NVIDIA, compute capability 8.0 and later) ---------------------
@@ -337,9 +347,7 @@ def test_mma_kernel_against_float64(ctx, rng, ta, tb, tf32_off, monkeypatch):
                 dict(gemm_ops.DEFAULT_MMA, tile_n=64, warps_n=1, staged=1, round="int"),
                 dict(gemm_ops.DEFAULT_MMA, tile_n=64, warps_m=4, warps_n=1, staged=1,
                      round="int"),
-                dict(gemm_ops.DEFAULT_MMA, warps_n=2, staged=1, round="int", tile_group=4),
-                dict(gemm_ops.DEFAULT_MMA, tile_k=8, warps_n=2, stages=5, kmajor=1),
-                dict(gemm_ops.DEFAULT_MMA, warps_n=2, staged=1, round="int", kmajor=1))
+                dict(gemm_ops.DEFAULT_MMA, warps_n=2, staged=1, round="int", tile_group=4))
     for M, N, K in ((300, 260, 70), (128, 128, 64), (1000, 64, 333), (77, 513, 1031)):
         for params in variants:
             c, a, b, _, _ = _run(ctx, rng, M, N, K, ta, tb, dict(params))

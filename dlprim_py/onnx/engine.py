@@ -24,10 +24,9 @@ import time
 import numpy as np
 import pyopencl as cl
 
-from .. import config, launch, program
+from .. import backends, config, launch, program
 from ..autograd import no_grad
 from ..context import PlanCache, default_context
-from ..dtypes import as_dtype
 from ..errors import DlprimError, DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor, _checked, allocate
 from . import host
@@ -264,7 +263,10 @@ class Model:
                                      f"are free dimensions), got {t.shape}")
 
     def _forward(self, tensors):
-        key = tuple((t.shape, t.dtype.str, t.offset) for t in tensors)
+        # TF32 allowed or not (dlprim_py.backends, ctx.allow_tf32) chooses other convolution
+        # and GEMM kernels: a plan per setting.
+        key = (tuple((t.shape, t.dtype.str, t.offset) for t in tensors),
+               backends.tf32_allowed(self.ctx))
         entry = self._plans.get(key)
         if entry is None:
             self._check_inputs(tensors)

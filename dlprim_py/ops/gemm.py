@@ -30,8 +30,8 @@ element, for problems too small to fill the device) and "subgroup" (``gemm_subgr
 devices with Intel subgroups: a register block per work-item, A broadcast across the subgroup
 with shuffles instead of local memory) and "mma" (``gemm_mma.cl.mako``: TF32 on NVIDIA tensor
 cores through warp-level ``mma.sync`` in inline PTX, compute capability 8.0 and later; only where
-TF32 is allowed, ``dlprim_py.backends.allow_tf32`` or ``ctx.allow_tf32``, and the operands are not
-folded; otherwise the GEMM stays float32). ``DLPRIM_GEMM_ALGO`` forces one; otherwise the first
+TF32 is allowed, ``dlprim_py.backends.allow_tf32`` or ``ctx.allow_tf32``; otherwise the GEMM stays
+float32). ``DLPRIM_GEMM_ALGO`` forces one; otherwise the first
 rule of ``tuning_db/gemm.json`` (device -> architecture -> vendor -> default) that holds for the
 problem and runs on the device names the solver and gives its tunable parameters
 (``{"solver": "tiled", "tile_m": 64, ...}``).
@@ -68,6 +68,10 @@ DEFAULT_SUBGROUP = {"solver": "subgroup", "sg_size": 16, "wpt_m": 8, "wpt_n": 1,
 # local memory in every layout.
 DEFAULT_MMA = {"solver": "mma", "tile_m": 128, "tile_n": 128, "tile_k": 16, "warps_m": 2,
                "warps_n": 4, "stages": 2}
+# The mma kernel emulated (DLPRIM_TF32_EMULATE, ``tf32_params``): 2 warps of 16 x 16
+# accumulators, small enough to build in seconds on a CPU's OpenCL.
+EMULATED_MMA = {"solver": "mma", "tile_m": 32, "tile_n": 16, "tile_k": 16, "warps_m": 2,
+                "warps_n": 1, "stages": 2, "emulate": 1}
 # A forced "splitk" whose rule does not split: this many chunks.
 DEFAULT_SPLITS = 4
 
@@ -195,13 +199,10 @@ def _mma_ld(tile, k_contiguous):
 
 def mma_local_bytes(params, trans_a=None, trans_b=None):
     """Local memory of the mma kernel: its stages (for the transposes given, else the largest
-    of any) and, emulated, the warps' exchange words. With ``kmajor`` every slice is K-major
-    whatever the transposes."""
+    of any) and, emulated, the warps' exchange words."""
     tm, tn, tk = params["tile_m"], params["tile_n"], params["tile_k"]
     a_trans, a_plain = tk * _mma_ld(tm, False), tm * _mma_ld(tk, True)
     b_trans, b_plain = tn * _mma_ld(tk, True), tk * _mma_ld(tn, False)
-    if params.get("kmajor"):
-        a_plain, b_trans = a_trans, b_plain
     a = max(a_trans, a_plain) if trans_a is None else a_trans if trans_a else a_plain
     b = max(b_trans, b_plain) if trans_b is None else b_trans if trans_b else b_plain
     threads = 32 * params["warps_m"] * params["warps_n"]
@@ -222,22 +223,17 @@ def _mma_problem(params, info):
     threads = 32 * wm * wn
     if threads > info.max_work_group_size:
         return f"{threads} work-items > device maximum {info.max_work_group_size}"
-    # Slices are copied 16 bytes at a time where the rows allow, but element by element into
-    # K-major local memory (kmajor without staging).
-    width = 1 if params.get("kmajor") and not params.get("staged") else 4
-    if (tm * tk) % (width * threads) or (tn * tk) % (width * threads):
+    if (tm * tk) % (4 * threads) or (tn * tk) % (4 * threads):
         return (f"{threads} work-items cannot share the {tm}x{tk} and {tk}x{tn} slice copies of "
-                f"{4 * width} bytes evenly")
-    if not 2 <= stages <= 8:
-        return f"stages must be 2 to 8, got {stages}"
+                f"16 bytes evenly")
+    if stages not in (2, 3, 4):
+        return f"stages must be 2, 3 or 4, got {stages}"
     group = params.get("tile_group", 1)
     if not isinstance(group, int) or group < 1:
         return f"tile_group must be an int >= 1, got {group!r}"
     emulate = params.get("emulate", 0)
     if emulate not in (0, 1):
         return f"emulate must be 0 or 1, got {emulate!r}"
-    if params.get("kmajor", 0) not in (0, 1):
-        return f"kmajor must be 0 or 1, got {params.get('kmajor')!r}"
     if params.get("round", "cvt") not in ("cvt", "int"):
         return f"round must be 'cvt' or 'int', got {params.get('round')!r}"
     staged = params.get("staged", 0)
@@ -343,8 +339,7 @@ class GemmProblem:
     """What the choice of a GEMM solver and its parameters depends on: the sizes (op(A) M x K,
     op(B) K x N, ``batch`` products) and whether TF32 is allowed (``tf32``: the "mma" solver
     applies only then). Where the operands lie (transposes, offsets, folds) and the epilogue
-    do not change the choice; a plan derives its ``GemmConfig`` from them (and falls back to
-    float32 where the mma kernel cannot address them, ``GemmSolver.layout_refusal``)."""
+    do not change the choice; a plan derives its ``GemmConfig`` from them."""
     m: int
     n: int
     k: int
@@ -388,12 +383,14 @@ class GemmConfig:
     (never tuned; the tuned parameters stay as the rule or the caller gave them).
 
     ``global_vec``: width of the tiled kernel's global loads (the rule's, 1 where a row of A or
-    B does not start on a vector boundary); ``c_vec``: width of its stores of C (``vec`` where
+    B does not start on a vector boundary; the mma kernel's copies of A); ``global_vec_b``:
+    the mma kernel's copies of B (0: as ``global_vec``); ``c_vec``: width of its stores of C (``vec`` where
     every row of C starts on one, else 1); ``nv_async``: pipelined slices copied with
     cp.async; ``reqd_size``: the kernel declares its work-group size; ``block_a``/``block_b``:
     the subgroup kernel reads rows of A/B with block reads; ``splits``/``k_chunk``: the K
     chunks a split-K GEMM runs (splits 1: one pass); ``options``: build options."""
     global_vec: int = 1
+    global_vec_b: int = 0
     c_vec: int = 1
     nv_async: int = 0
     reqd_size: int = 1
@@ -433,11 +430,6 @@ class GemmSolver(solver.Solver):
 
     def refusal(self, ctx, problem):
         """Why the solver cannot compute ``problem`` here, or None (``applies``)."""
-        return None
-
-    def layout_refusal(self, layout):
-        """Why the solver's kernel cannot address operands laid out as ``layout`` (a
-        ``GemmLayout``), or None."""
         return None
 
     def applies(self, ctx, problem):
@@ -646,12 +638,11 @@ class MmaSolver(GemmSolver):
     """TF32 on NVIDIA tensor cores: warp-level mma.sync m16n8k8 in inline PTX, slices staged
     in local memory through cp.async (``kernels/gemm_mma.cl.mako``). Applies where TF32 is
     allowed and the device is an NVIDIA GPU of compute capability 8.0 or later; every
-    transpose, offset, leading dimension, batch stride and epilogue, but no folded operand.
+    transpose, offset, leading dimension, batch stride, fold (a 1x1 convolution's tensors) and
+    epilogue.
     Tunables: ``tile_m``, ``tile_n``, ``tile_k``, ``warps_m``, ``warps_n``, ``stages`` (the
     kernel header says what each means), optionally ``tile_group``, ``staged`` (1: slices go
-    through registers and are rounded to TF32 once, 2 stages), ``kmajor`` (1: every slice
-    K-major in local memory, no padding along K, so shallow slices fit more stages) and
-    ``round`` ("cvt": cvt.rna.tf32.f32; "int": the same rounding in integer operations).
+    through registers and are rounded to TF32 once, 2 stages) and ``round`` ("cvt": cvt.rna.tf32.f32; "int": the same rounding in integer operations).
     Parameters with ``"emulate": 1`` compute the same mma fragments through local memory on
     any device (the kernel's addressing checked where no tensor core is); they are given as a
     plan's ``params``, never chosen."""
@@ -667,38 +658,38 @@ class MmaSolver(GemmSolver):
                     "allow_tf32 are False)")
         return mma_device_problem(ctx.info)
 
-    def layout_refusal(self, layout):
-        if any(f is not None for f in layout.folds):
-            return "the mma kernel does not address folded operands"
-        return None
-
     def params_problem(self, params, info):
         return self.missing(params) or _mma_problem(params, info)
 
     def configure(self, ctx, problem, params, layout):
-        # 16-byte copies need every row of A and B to start on a 16-byte boundary; a slice
-        # transposed into K-major local memory is copied element by element (staged slices
-        # load 16 bytes and store them as four).
-        aligned = not any(x % 4 for x in (layout.lda, layout.ldb, layout.a_off, layout.b_off,
-                                          layout.stride_a, layout.stride_b))
-        if params.get("kmajor") and not params.get("staged"):
-            aligned = False
+        # 16-byte copies of an operand need every row of it to start on a 16-byte boundary
+        # and, folded, four consecutive columns from a multiple of 4 to lie in one image,
+        # contiguously (whole 4-column groups per image, image strides of 4 elements).
+        def aligned(off, ld, stride, fold):
+            return not any(x % 4 for x in (off, ld, stride)) \
+                and (fold is None or fold.vector_ok(4))
         emulate = params.get("emulate", 0)
         nv_async = int(not emulate and params.get("async_copy", 1) != 0 and _has_cp_async(ctx))
-        # Pairs of adjacent accumulators stored as one float2 where every row of C starts on
-        # an 8-byte boundary.
-        c_pairs = not any(x % 2 for x in (layout.ldc, layout.c_off, layout.stride_c))
-        return GemmConfig(global_vec=4 if aligned else 1, c_vec=2 if c_pairs else 1,
-                          nv_async=nv_async)
+        # Pairs of adjacent accumulators stored as one float2 where every row of C (every
+        # image of a folded C) starts on an 8-byte boundary.
+        c_pairs = not any(x % 2 for x in (layout.ldc, layout.c_off, layout.stride_c)) \
+            and (layout.fold_c is None or layout.fold_c.vector_ok(2))
+        return GemmConfig(
+            global_vec=4 if aligned(layout.a_off, layout.lda, layout.stride_a, layout.fold_a)
+            else 1,
+            global_vec_b=4 if aligned(layout.b_off, layout.ldb, layout.stride_b, layout.fold_b)
+            else 1,
+            c_vec=2 if c_pairs else 1, nv_async=nv_async)
 
     def template_params(self, params, config):
         return {"TILE_M": params["tile_m"], "TILE_N": params["tile_n"],
                 "TILE_K": params["tile_k"], "WARPS_M": params["warps_m"],
                 "WARPS_N": params["warps_n"], "STAGES": params["stages"],
-                "GVEC": config.global_vec, "NV_ASYNC": config.nv_async,
+                "GVEC_A": config.global_vec, "GVEC_B": config.global_vec_b or config.global_vec,
+                "NV_ASYNC": config.nv_async,
                 "GROUP_M": params.get("tile_group", 1), "EMULATE": params.get("emulate", 0),
                 "CVEC": config.c_vec, "ROUND": params.get("round", "cvt"),
-                "STAGED": params.get("staged", 0), "KMAJOR": params.get("kmajor", 0)}
+                "STAGED": params.get("staged", 0)}
 
     def launches(self, ctx, problem, params, config, args, workspace):
         threads = 32 * params["warps_m"] * params["warps_n"]
@@ -761,6 +752,23 @@ def select_params(ctx, M, N, K, batch=1, algorithm=None, tf32=False):
     params = chosen.forced(ctx, problem) if forced is not None else _tuned(ctx, problem, chosen)
     ctx.plans.put(key, params)
     return dict(params)
+
+
+def tf32_params(ctx, M, N, K, batch=1):
+    """Parameters of the "mma" solver for a TF32 GEMM of these sizes, for operators that run
+    their GEMMs in TF32 by choice (the convolution's TF32 algorithms): the first "mma" rule
+    of the tuning database that holds and runs here, else ``DEFAULT_MMA``; on a device without
+    TF32 mma.sync, ``EMULATED_MMA`` (which such operators use only under DLPRIM_TF32_EMULATE).
+    Memoized per context."""
+    key = ("gemm.tf32_params", M, N, K, batch, tuning.generation)
+    found = ctx.plans.get(key)
+    if found is None:
+        if mma_device_problem(ctx.info) is not None:
+            found = dict(EMULATED_MMA)
+        else:
+            found = FAMILY.solvers["mma"].forced(ctx, GemmProblem(M, N, K, batch, True))
+        ctx.plans.put(key, found)
+    return dict(found)
 
 
 def _tuned(ctx, problem, chosen):
@@ -1003,8 +1011,6 @@ class GemmPlan:
         problem = GemmProblem(M, N, K, batch, allow_tf32)
         layout = GemmLayout(bool(trans_a), bool(trans_b), a_off, lda, stride_a, b_off, ldb,
                             stride_b, c_off, ldc, stride_c, fold_a, fold_b, fold_c)
-        explicit = params is not None or algorithm is not None \
-            or config.forced_algorithm("gemm") is not None
         if params is None:
             params = select_params(ctx, M, N, K, batch, algorithm, allow_tf32)
         params = solver_params(params)
@@ -1012,15 +1018,6 @@ class GemmPlan:
         why = params_problem(params, ctx.info)
         if why is not None:
             raise UnsupportedError(f"GEMM kernel parameters {params} do not run here: {why}")
-        why = chosen.layout_refusal(layout)
-        if why is not None:
-            if explicit:
-                raise UnsupportedError(f"GEMM algorithm {chosen.name!r} does not run this call: "
-                                       f"{why}")
-            # Chosen for the sizes alone (the TF32 kernel): the float32 choice instead.
-            params = select_params(ctx, M, N, K, batch, None, False)
-            chosen = FAMILY.solvers[params["solver"]]
-            problem = GemmProblem(M, N, K, batch)
         # The tuned parameters as given; what this plan derives from them is self.config.
         self.params = params
         self.solver = chosen

@@ -156,6 +156,8 @@ from ...launch import Recording, enqueue, launch  # noqa: E402,F401  (used by ev
 class Algorithm:
     name = "?"
     directions = ("forward", "backward_data", "backward_filter")
+    # True: a TF32 algorithm, applicable only to TF32 tasks (selection.ConvTask.tf32).
+    tf32 = False
 
     def applies(self, ctx, problem, direction):
         raise NotImplementedError
@@ -323,6 +325,15 @@ TILE_THIN_K16 = GemmTile(32, 256, 16, 4, 8)
 
 # Kernel sizes compiled with R and S as constants (the common ones); others read them at run time.
 _FIXED_KERNELS = ((1, 1), (3, 3))
+
+
+def gemm_plan(ctx, tf32, M, N, K, *args, batch=1, **kwargs):
+    """A ``GemmPlan`` of an algorithm's GEMM: float32 by the GEMM engine's choice, or with
+    ``tf32`` on its TF32 tensor-core kernel ("mma", ``gemm.tf32_params``)."""
+    from ..gemm import GemmPlan, tf32_params
+    if tf32:
+        kwargs["params"] = tf32_params(ctx, M, N, K, batch)
+    return GemmPlan(ctx, M, N, K, *args, batch=batch, **kwargs)
 
 
 def _gemm_dims(problem, direction):
@@ -508,9 +519,16 @@ class Im2colGemm(Algorithm):
     loop repays on the large-K layers (3x3 stride 2, 7x7 stem).
 
     Workspace: forward col [GK][NP] then acc [K][NP]; backward data rows [K][NP] then
-    dcol [GK][NP] (NP = N * Ho * Wo, GK = C * R * S), floats."""
+    dcol [GK][NP] (NP = N * Ho * Wo, GK = C * R * S), floats.
+
+    ``tf32``: "im2col_gemm_tf32", the GEMM on the engine's TF32 tensor-core kernel."""
     name = "im2col_gemm"
     directions = ("forward", "backward_data")
+
+    def __init__(self, tf32=False):
+        self.tf32 = tf32
+        if tf32:
+            self.name = "im2col_gemm_tf32"
 
     @staticmethod
     def _sizes(problem):
@@ -535,18 +553,17 @@ class Im2colGemm(Algorithm):
         return program.build(ctx, "conv_im2col", params)
 
     def _gemm_plan(self, ctx, problem, direction, w, workspace):
-        from ..gemm import GemmPlan
         pixels, taps, _ = self._sizes(problem)
         buf, base = workspace.buffer, workspace.offset_elements
         k = problem.k
         # Built on every run: the Convolution operator records the run once and replays it.
         if direction == "forward":
             # acc [K][NP] = w [K][GK] @ col [GK][NP]
-            return GemmPlan(ctx, k, pixels, taps, w.buffer, w.offset_elements, taps,
-                            buf, base, pixels, buf, base + taps * pixels, pixels)
+            return gemm_plan(ctx, self.tf32, k, pixels, taps, w.buffer, w.offset_elements, taps,
+                             buf, base, pixels, buf, base + taps * pixels, pixels)
         # dcol [GK][NP] = w^T [GK][K] @ rows [K][NP]
-        return GemmPlan(ctx, taps, pixels, k, w.buffer, w.offset_elements, taps,
-                        buf, base, pixels, buf, base + k * pixels, pixels, trans_a=True)
+        return gemm_plan(ctx, self.tf32, taps, pixels, k, w.buffer, w.offset_elements, taps,
+                         buf, base, pixels, buf, base + k * pixels, pixels, trans_a=True)
 
     def run(self, ctx, problem, direction, src, other, dst, ep, epilogue=NO_EPILOGUE,
             workspace=None):

@@ -99,30 +99,43 @@ class Convolution:
         if direction not in DIRECTIONS:
             raise UnsupportedError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
 
-    def _choose(self, direction):
-        name = self._chosen.get(direction)
+    def _choose(self, direction, tf32=None):
+        # TF32 allowed or not (dlprim_py.backends, ctx.allow_tf32) is read at every call.
+        key = (direction, selection.tf32_enabled(self.ctx) if tf32 is None else tf32)
+        name = self._chosen.get(key)
         if name is None:
-            name = self._chosen[direction] = selection.choose(self.ctx, self.problem, direction)
+            name = self._chosen[key] = selection.choose(self.ctx, self.problem, direction)
         return name
 
-    def _algorithm(self, algo, direction):
+    def _algorithm(self, algo, direction, tf32_checked=True):
         algorithm = selection.algorithm(algo)
+        if tf32_checked and algorithm.tf32 and not selection.tf32_enabled(self.ctx):
+            from ... import backends
+            why = selection.tf32_refusal(self.ctx) if backends.tf32_allowed(self.ctx) else \
+                ("TF32 is not allowed (dlprim_py.backends.allow_tf32 and the context's "
+                 "allow_tf32 are False)")
+            raise UnsupportedError(f"algorithm {algo!r} does not apply to "
+                                   f"{self.problem.key(direction)}: {why}; applicable: "
+                                   f"{', '.join(self.algorithms(direction))}")
         if not algorithm.applies(self.ctx, self.problem, direction):
             raise UnsupportedError(f"algorithm {algo!r} does not apply to "
                                    f"{self.problem.key(direction)}; applicable: "
                                    f"{', '.join(self.algorithms(direction))}")
         return algorithm
 
-    def _resolve(self, algo, direction):
+    def _resolve(self, algo, direction, prepared=False):
         """(name, algorithm, workspace bytes, images per run) of a call: an algorithm whose
         workspace for the whole batch would pass the limit runs on parts of it
         (``algorithms.batch_chunk``). The checks run once per pair, since the problem is fixed
-        (a small layer's call costs about as much host time as its kernel's device time)."""
-        name = algo or self._choose(direction)
-        key = (name, direction, config.workspace_limit())
+        (a small layer's call costs about as much host time as its kernel's device time).
+        ``prepared``: ``algo`` is a ``PreparedRun``'s, which keeps its algorithm (a TF32 one
+        too) whatever TF32's switch says later."""
+        tf32 = None if prepared else selection.tf32_enabled(self.ctx)
+        name = algo or self._choose(direction, tf32)
+        key = (name, direction, config.workspace_limit(), tf32)
         resolved = self._resolved.get(key)
         if resolved is None:
-            algorithm = self._algorithm(name, direction)
+            algorithm = self._algorithm(name, direction, tf32_checked=not prepared)
             chunk, need = batch_chunk(self.ctx, algorithm, self.problem, direction)
             resolved = self._resolved[key] = (name, algorithm, need, chunk)
         return resolved
@@ -166,10 +179,11 @@ class Convolution:
             flags["s"] = 1
         logcmd.log_command(family, flags, missing)
 
-    def _run(self, direction, algo, src, other, dst, ep, epilogue=Epilogue(), workspace=None):
+    def _run(self, direction, algo, src, other, dst, ep, epilogue=Epilogue(), workspace=None,
+             prepared=False):
         if config.log_cmd():
             self._log_call(direction, algo, epilogue, ep)
-        name, algorithm, need, chunk = self._resolve(algo, direction)
+        name, algorithm, need, chunk = self._resolve(algo, direction, prepared)
         if need and (workspace is None or workspace.nbytes < need):
             if workspace is not None:
                 raise ShapeError(f"{name} {direction} needs a workspace of {need} bytes, "
@@ -280,7 +294,7 @@ class PreparedRun:
         ``EpilogueArgs``) the epilogue's operands; operands as ``Convolution``'s methods take
         them per direction (forward: x, w, y)."""
         return self.convolution._run(self.direction, self.algorithm, src, other, dst, ep,
-                                     self.epilogue, self.workspace)
+                                     self.epilogue, self.workspace, prepared=True)
 
 
 def _plan(ctx, input_shape, weight_shape, conv_desc, layout="NCHW"):
@@ -423,7 +437,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
                padding if padding.__class__ is int else _arg_key(padding),
                dilation if dilation.__class__ is int else _arg_key(dilation),
                groups if groups.__class__ is int else _arg_key(groups), layout,
-               switches.forced.get("conv"), switches.find_mode)
+               switches.forced.get("conv"), switches.find_mode,
+               # TF32 (dlprim_py.backends): the plans of either mode are kept apart.
+               selection.tf32_enabled(x.ctx))
         ctx = x.ctx
         entry = ctx.plans.hit(key) or ctx.plans.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: checked below

@@ -38,16 +38,22 @@ from ..pointwise import launch_size
 import numpy as np
 
 np_i32, np_f32 = np.int32, np.float32
-from .algorithms import NO_EPILOGUE, Algorithm, EpilogueArgs, _buf, launch
+from .algorithms import NO_EPILOGUE, Algorithm, EpilogueArgs, _buf, gemm_plan, launch
 
 
 class Gemm1x1(Algorithm):
+    """``per_image``: "gemm_per_image" (above); ``tf32``: "gemm_tf32", the folded GEMMs on the
+    GEMM engine's TF32 tensor-core kernel ("mma", which addresses the folds and stores through
+    the same epilogue)."""
     name = "gemm"
 
-    def __init__(self, per_image=False):
+    def __init__(self, per_image=False, tf32=False):
         self.per_image = per_image
+        self.tf32 = tf32
         if per_image:
             self.name = "gemm_per_image"
+        elif tf32:
+            self.name = "gemm_tf32"
 
     def applies(self, ctx, problem, direction):
         p = problem
@@ -124,7 +130,8 @@ class Gemm1x1(Algorithm):
         return Fold(p.ho * p.wo, p.c * p.h * p.w, p.wo, p.stride_h * p.w, p.stride_w)
 
     def _plan(self, ctx, p, direction, src, other, dst, ep, epilogue):
-        from ..gemm import Fold, GemmPlan
+        from ..gemm import Fold
+        tf32 = self.tf32
         off = lambda t: t.offset_elements  # noqa: E731
         common = dict(alpha=ep.alpha, beta=ep.beta)
         if direction == "forward":
@@ -147,36 +154,37 @@ class Gemm1x1(Algorithm):
             hw, pixels = p.h * p.w, p.ho * p.wo
             if direction == "forward":
                 x, w, y = src, other, dst
-                return GemmPlan(ctx, p.k, p.n * pixels, p.c, w.buffer, off(w), p.c,
-                                x.buffer, off(x), hw, y.buffer, off(y), pixels,
-                                fold_b=self._x_fold(p), fold_c=Fold(pixels, p.k * pixels),
-                                **common)
+                return gemm_plan(ctx, tf32, p.k, p.n * pixels, p.c, w.buffer, off(w), p.c,
+                                 x.buffer, off(x), hw, y.buffer, off(y), pixels,
+                                 fold_b=self._x_fold(p), fold_c=Fold(pixels, p.k * pixels),
+                                 **common)
             if direction == "backward_data":   # unit stride here: pixels == hw
                 dy, w, dx = src, other, dst
-                return GemmPlan(ctx, p.c, p.n * hw, p.k, w.buffer, off(w), p.c,
-                                dy.buffer, off(dy), hw, dx.buffer, off(dx), hw, trans_a=True,
-                                fold_b=Fold(hw, p.k * hw), fold_c=Fold(hw, p.c * hw), **common)
+                return gemm_plan(ctx, tf32, p.c, p.n * hw, p.k, w.buffer, off(w), p.c,
+                                 dy.buffer, off(dy), hw, dx.buffer, off(dx), hw, trans_a=True,
+                                 fold_b=Fold(hw, p.k * hw), fold_c=Fold(hw, p.c * hw), **common)
             dy, x, dw = src, other, dst
-            return GemmPlan(ctx, p.k, p.c, p.n * pixels, dy.buffer, off(dy), pixels,
-                            x.buffer, off(x), hw, dw.buffer, off(dw), p.c, trans_b=True,
-                            fold_a=Fold(pixels, p.k * pixels), fold_b=self._x_fold(p), **common)
+            return gemm_plan(ctx, tf32, p.k, p.c, p.n * pixels, dy.buffer, off(dy), pixels,
+                             x.buffer, off(x), hw, dw.buffer, off(dw), p.c, trans_b=True,
+                             fold_a=Fold(pixels, p.k * pixels), fold_b=self._x_fold(p),
+                             **common)
         hw = p.h * p.w
         if direction == "forward":
             x, w, y = src, other, dst
             if p.layout == "NCHW":
-                return GemmPlan(ctx, p.k, hw, p.c, w.buffer, off(w), p.c, x.buffer, off(x), hw,
-                                y.buffer, off(y), hw, batch=p.n, stride_a=0,
-                                stride_b=p.c * hw, stride_c=p.k * hw, **common)
-            return GemmPlan(ctx, p.n * hw, p.k, p.c, x.buffer, off(x), p.c, w.buffer, off(w),
-                            p.c, y.buffer, off(y), p.k, trans_b=True, **common)
+                return gemm_plan(ctx, tf32, p.k, hw, p.c, w.buffer, off(w), p.c, x.buffer,
+                                 off(x), hw, y.buffer, off(y), hw, batch=p.n, stride_a=0,
+                                 stride_b=p.c * hw, stride_c=p.k * hw, **common)
+            return gemm_plan(ctx, tf32, p.n * hw, p.k, p.c, x.buffer, off(x), p.c, w.buffer,
+                             off(w), p.c, y.buffer, off(y), p.k, trans_b=True, **common)
         if direction == "backward_data":
             dy, w, dx = src, other, dst
             if p.layout == "NCHW":
-                return GemmPlan(ctx, p.c, hw, p.k, w.buffer, off(w), p.c, dy.buffer, off(dy), hw,
-                                dx.buffer, off(dx), hw, trans_a=True, batch=p.n, stride_a=0,
-                                stride_b=p.k * hw, stride_c=p.c * hw, **common)
-            return GemmPlan(ctx, p.n * hw, p.c, p.k, dy.buffer, off(dy), p.k, w.buffer, off(w),
-                            p.c, dx.buffer, off(dx), p.c, **common)
+                return gemm_plan(ctx, tf32, p.c, hw, p.k, w.buffer, off(w), p.c, dy.buffer,
+                                 off(dy), hw, dx.buffer, off(dx), hw, trans_a=True, batch=p.n,
+                                 stride_a=0, stride_b=p.k * hw, stride_c=p.c * hw, **common)
+            return gemm_plan(ctx, tf32, p.n * hw, p.c, p.k, dy.buffer, off(dy), p.k, w.buffer,
+                             off(w), p.c, dx.buffer, off(dx), p.c, **common)
         dy, x, dw = src, other, dst
-        return GemmPlan(ctx, p.k, p.c, p.n * hw, dy.buffer, off(dy), p.k, x.buffer, off(x), p.c,
-                        dw.buffer, off(dw), p.c, trans_a=True, **common)
+        return gemm_plan(ctx, tf32, p.k, p.c, p.n * hw, dy.buffer, off(dy), p.k, x.buffer,
+                         off(x), p.c, dw.buffer, off(dw), p.c, trans_a=True, **common)

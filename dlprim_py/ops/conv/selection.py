@@ -10,13 +10,24 @@ and direction (``ConvTask``):
   scratch tensors after a warm-up, the fastest is stored in the device's find-db
   (``dlprim_py.finddb``) under the problem's canonical key and reused by later processes.
 * ``DLPRIM_CONV_ALGO=<name>`` forces one algorithm (an error if it does not apply).
+
+TF32: the algorithms whose GEMM runs on the tensor-core kernel of ``ops/gemm.py`` ("mma")
+are variants of their float32 algorithm with ``_tf32`` after the name ("gemm_tf32",
+"winograd_tf32", "im2col_gemm_tf32"; ``Algorithm.tf32``). F(4x4) Winograd has none: its
+transforms multiply TF32's rounding of the transformed operands about tenfold (16x16 maps of
+108 terms: 0.048 against 0.006 for F(2x2) and 0.003 for the column GEMM, max error against
+float64, inputs in [-1, 1]), past TF32's bound. They apply only
+where TF32 is allowed (``dlprim_py.backends.allow_tf32`` or ``ctx.allow_tf32``) and the device
+runs TF32 mma.sync (NVIDIA, compute capability 8.0 and later; or DLPRIM_TF32_EMULATE); the task
+says whether both hold (``ConvTask.tf32``, part of its key), and the ranks put them first.
+Elsewhere TF32 allowed changes nothing: the float32 algorithms are chosen, as torch falls back.
 """
 from dataclasses import dataclass
 
 import numpy as np
 import pyopencl as cl
 
-from ... import program, solver
+from ... import backends, config, program, solver
 from ...timing import time_enqueued
 from .algorithms import (Direct, DirectPhased, DirectSmall, EpilogueArgs, ImplicitGemm, Im2colGemm,
                          Recording, _gemm_dims, batch_chunk, implicit_gemm_variants,
@@ -27,22 +38,49 @@ from .problem import ConvProblem
 from .winograd import Winograd
 
 # Every algorithm by name; the order is the tie-break order of equal ranks.
-ALGORITHMS = {a.name: a for a in (Gemm1x1(), Gemm1x1(per_image=True),
+ALGORITHMS = {a.name: a for a in (Gemm1x1(tf32=True), Gemm1x1(), Gemm1x1(per_image=True),
+                                  Winograd(tf32=True),
                                   Winograd(), Winograd(output_tile=4),
                                   DepthwiseTiled(), DepthwiseRows(),
                                   Depthwise(),
-                                  ImplicitGemm(), *implicit_gemm_variants(), Im2colGemm(),
+                                  ImplicitGemm(), *implicit_gemm_variants(),
+                                  Im2colGemm(tf32=True), Im2colGemm(),
                                   DirectSmall(), DirectPhased(), Direct())}
+
+
+def tf32_refusal(ctx):
+    """Why the TF32 algorithms do not run on ``ctx``'s device (no TF32 mma.sync, and
+    DLPRIM_TF32_EMULATE off), or None."""
+    emulate = config.tf32_emulate()
+    key = ("conv.tf32_refusal", emulate)
+    if key not in ctx.memo:
+        from ..gemm import mma_device_problem
+        ctx.memo[key] = None if emulate else mma_device_problem(ctx.info)
+    return ctx.memo[key]
+
+
+def tf32_enabled(ctx):
+    """Whether convolutions on ``ctx`` may run in TF32 here: TF32 allowed and a device that
+    runs the TF32 algorithms (``tf32_refusal``)."""
+    return backends.tf32_allowed(ctx) and tf32_refusal(ctx) is None
+
+
+def task(ctx, problem, direction):
+    """The ``ConvTask`` of a problem and direction on ``ctx`` (TF32 as ``tf32_enabled``)."""
+    return ConvTask(problem, direction, tf32_enabled(ctx))
 
 
 @dataclass(frozen=True)
 class ConvTask:
-    """A convolution problem in one direction: what the solver layer chooses for."""
+    """A convolution problem in one direction: what the solver layer chooses for. ``tf32``:
+    TF32 allowed on a device that runs the TF32 algorithms (``tf32_enabled``); they apply only
+    then."""
     problem: ConvProblem
     direction: str
+    tf32: bool = False
 
     def key(self):
-        return self.problem.key(self.direction)
+        return self.problem.key(self.direction) + ("-tf32" if self.tf32 else "")
 
     def features(self):
         p = self.problem
@@ -50,13 +88,16 @@ class ConvTask:
                 "kg": p.kg, "ck": p.cg * p.kg, "hw": p.h * p.w, "groups": p.groups,
                 "rs": p.r * p.s,
                 "stride": max(p.stride_h, p.stride_w),
-                "tiny_gemm": int(_tiny_gemm(p, self.direction))}
+                "tiny_gemm": int(_tiny_gemm(p, self.direction)), "tf32": int(self.tf32)}
 
 
 class _ConvFamily(solver.Family):
-    """Convolution algorithms take the problem and the direction apart."""
+    """Convolution algorithms take the problem and the direction apart; the TF32 ones apply
+    only to TF32 tasks."""
 
     def applies(self, algo, ctx, task):
+        if algo.tf32 and not task.tf32:
+            return False
         return algo.applies(ctx, task.problem, task.direction)
 
 
@@ -75,7 +116,7 @@ def algorithm(name):
 def applicable(ctx, problem, direction):
     """Names of the algorithms that apply, in the immediate rule's order of preference
     (``tuning_db/conv.json``'s ranks)."""
-    return FAMILY.applicable(ctx, ConvTask(problem, direction))
+    return FAMILY.applicable(ctx, task(ctx, problem, direction))
 
 
 def _tiny_gemm(problem, direction):
@@ -85,13 +126,13 @@ def _tiny_gemm(problem, direction):
 
 
 def immediate(ctx, problem, direction):
-    return solver.immediate(ctx, FAMILY, ConvTask(problem, direction)).name
+    return solver.immediate(ctx, FAMILY, task(ctx, problem, direction)).name
 
 
 def choose(ctx, problem, direction):
     """The algorithm name for a problem and direction (``solver.select``: DLPRIM_CONV_ALGO,
     else find mode's winner, else the immediate rule)."""
-    return solver.select(ctx, "conv", ConvTask(problem, direction)).name
+    return solver.select(ctx, "conv", task(ctx, problem, direction)).name
 
 
 # Find's timing rules: one warm-up, then up to FIND_REPEAT runs, stopped early when a candidate's
@@ -107,7 +148,7 @@ FIND_TIE = solver.FIND_TIE
 def find(ctx, problem, direction):
     """Benchmark the applicable algorithms once per problem; the winner's name (stored in the
     find-db)."""
-    return solver.find(ctx, FAMILY, ConvTask(problem, direction))
+    return solver.find(ctx, FAMILY, task(ctx, problem, direction))
 
 
 def _scratch(ctx, shape):

@@ -6,7 +6,9 @@
   multiplies, input and output transforms 2.25x smaller than F(2x2)'s per output), F(3x3, 4x4)
   for backward filter. Its matrices come from ``cook_toom`` with the points 0, 1, -1, 2, -1/2
   and infinity, the best conditioned of the sets drawn from 0, +-1, +-2, +-1/2 for float32
-  (relative error about 3x F(2x2)'s).
+  (relative error about 3x F(2x2)'s);
+* ``winograd_tf32``: F(2x2) with the channel GEMMs in TF32 on the GEMM engine's tensor-core
+  kernel (where TF32 is allowed; ``selection`` says why F(4x4) has no TF32 variant).
 
 The transforms run in their own kernels (the weight and input transforms of forward and
 backward data in one launch) and the per-element channel GEMMs run as one batched
@@ -24,7 +26,7 @@ from ... import program
 from ...errors import ShapeError
 from ...tensor import Tensor
 from ..pointwise import launch_size
-from .algorithms import NO_EPILOGUE, WORKSPACE_CAP, Algorithm, _buf, launch
+from .algorithms import NO_EPILOGUE, WORKSPACE_CAP, Algorithm, _buf, gemm_plan, launch
 
 _I32 = np.int32
 _F32 = np.float32
@@ -83,16 +85,19 @@ def _shape(problem, direction):
 
 
 class Winograd(Algorithm):
-    """F(m x m, 3x3) with ``output_tile`` m = 2 (all three directions) or 4 (forward and
-    backward data)."""
+    """F(m x m, 3x3) with ``output_tile`` m = 2 or 4 (every direction). ``tf32``: the
+    per-element channel GEMMs on the GEMM engine's TF32 tensor-core kernel ("winograd_tf32"
+    for F(2x2)); the transforms stay float32."""
 
-    def __init__(self, output_tile=2, name=None):
+    def __init__(self, output_tile=2, name=None, tf32=False):
         if output_tile not in (2, 4):
             raise ValueError(f"output_tile must be 2 or 4, got {output_tile}")
         self.output_tile = output_tile
         self.elements = (output_tile + 2) ** 2
+        self.tf32 = tf32
         self.name = name or ("winograd" if output_tile == 2 else f"winograd_f{output_tile}x"
-                                                                 f"{output_tile}")
+                                                                 f"{output_tile}") \
+            + ("_tf32" if tf32 else "")
         self.directions = ("forward", "backward_data", "backward_filter")
 
     def applies(self, ctx, problem, direction):
@@ -119,7 +124,6 @@ class Winograd(Algorithm):
         return tiles, u, v, m, u + v + m
 
     def _gemm_plan(self, ctx, problem, direction, workspace):
-        from ..gemm import GemmPlan
         tiles, u_size, v_size, m_size, _ = self._sizes(problem, direction)
         base = workspace.offset_elements
         buf = workspace.buffer
@@ -127,13 +131,14 @@ class Winograd(Algorithm):
         if direction == "backward_filter":
             # M[e] (K x C) = D[e] (K x T) @ V[e]^T (T x C); V at base, D after it.
             k, c = problem.k, problem.c
-            return GemmPlan(ctx, k, c, tiles, buf, base + u_size, tiles, buf, base, tiles,
-                            buf, base + u_size + v_size, c, trans_b=True, batch=self.elements,
-                            stride_a=k * tiles, stride_b=c * tiles, stride_c=k * c)
+            return gemm_plan(ctx, self.tf32, k, c, tiles, buf, base + u_size, tiles, buf,
+                             base, tiles, buf, base + u_size + v_size, c, trans_b=True,
+                             batch=self.elements, stride_a=k * tiles, stride_b=c * tiles,
+                             stride_c=k * c)
         gm, gk = _shape(problem, direction)[:2]
-        return GemmPlan(ctx, gm, tiles, gk, buf, base, gk, buf, base + u_size, tiles,
-                        buf, base + u_size + v_size, tiles, batch=self.elements,
-                        stride_a=gm * gk, stride_b=gk * tiles, stride_c=gm * tiles)
+        return gemm_plan(ctx, self.tf32, gm, tiles, gk, buf, base, gk, buf, base + u_size, tiles,
+                         buf, base + u_size + v_size, tiles, batch=self.elements,
+                         stride_a=gm * gk, stride_b=gk * tiles, stride_c=gm * tiles)
 
     def workspace_size(self, ctx, problem, direction):
         return self._sizes(problem, direction)[-1] * 4
