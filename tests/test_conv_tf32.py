@@ -273,8 +273,9 @@ def _problem(c, h, k, r, stride=1, n=64):
 
 def test_choice_on_an_h200_and_elsewhere(monkeypatch):
     """On a (described) H200 with TF32 allowed the TF32 algorithms come first for ResNet-50's
-    layers in every direction they have; with TF32 off, on a pre-Ampere GPU or on another
-    vendor's, none applies."""
+    layers forward and backward data, and last for filter gradients (the mma kernel does not
+    split the long K there: measured 0.01-0.19x cuDNN TF32); with TF32 off, on a pre-Ampere GPU
+    or on another vendor's, none applies."""
     monkeypatch.setattr(backends, "allow_tf32", False)
     monkeypatch.delenv("DLPRIM_TF32_EMULATE", raising=False)
     config.reload()
@@ -295,7 +296,9 @@ def test_choice_on_an_h200_and_elsewhere(monkeypatch):
                 if not on:
                     assert not has and not chosen.endswith("_tf32"), (fields, tf32, names)
                     continue
-                if name in names:
+                if name in names and direction == "backward_filter":
+                    assert names[-1] == name and not chosen.endswith("_tf32"), (p, names)
+                elif name in names:
                     assert chosen == name and names[0] == name, (p, direction, names)
                 else:
                     assert direction == "backward_filter" and name == "im2col_gemm_tf32"
