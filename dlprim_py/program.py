@@ -120,7 +120,7 @@ class NotBuilt(BaseException):
     """Raised inside ``probe_builds()`` by the first ``build`` that the context does not hold
     yet, instead of building it: ``on_disk`` says whether the disk cache has its binary (a load,
     not a compile). Inside a ``BuildAhead``'s ``collecting()``, ``on_disk`` is None and
-    ``recipes`` holds what is missing (``Recipe``s, several where a caller gathered them, as
+    ``recipes`` holds what is missing (``Recipe`` objects, several where a caller gathered them, as
     find mode's timing of several candidates does).
 
     A BaseException, as KeyboardInterrupt is: it says where a walk stopped, not what went
