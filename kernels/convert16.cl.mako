@@ -16,18 +16,11 @@
 ## even on the 16 dropped bits (overflow to infinity) and keeps a NaN a quiet NaN of the same
 ## sign (rounding would carry a NaN's payload into the exponent otherwise); half <-> bfloat16
 ## go through float, one rounding.
+<%namespace name="access" file="memory_access.cl.mako"/>
 <%
     storage = {"float": "float", "half": "half", "bfloat16": "ushort"}
 %>
-inline float bf16_to_float(ushort bits) { return as_float((uint)bits << 16); }
-
-inline ushort float_to_bf16(float x)
-{
-    const uint u = as_uint(x);
-    if (isnan(x))
-        return (ushort)((u >> 16) | 0x40u);
-    return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+${access.bfloat16_conversions()}
 
 __kernel void convert16(${INDEX_T} n, __global const ${storage[SOURCE]} *src, ${INDEX_T} src_off,
                         __global ${storage[TARGET]} *dst, ${INDEX_T} dst_off)
