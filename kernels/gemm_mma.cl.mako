@@ -47,10 +47,10 @@ ${common.header()}
 //
 // Folded operands (FOLD_A, FOLD_B, FOLD_C of gemm_common; float32 A and B only, as is the
 // "conv" epilogue order): a copy's source is the operand's row times its leading dimension
-// plus the folded offset of its column. Where the folded
-// dimension is the tile's own (B along N, not TRANS_B) a work-item's column offsets are
-// computed once; where it is K (A, or B with TRANS_B) once per slice and copy. C's folded
-// column offsets are computed once per column of accumulators in the epilogue.
+// plus the folded offset of its column. Where the folded dimension is the tile's own (B along
+// N, not TRANS_B) a work-item's column offsets are computed once; where it is K (A, or B with
+// TRANS_B) once per slice and copy. C's folded column offsets are computed once per column of
+// accumulators in the epilogue.
 //
 // Local memory. Each operand's slice is stored as it lies in global memory (rows of its
 // contiguous dimension), so that the copies need no transposition and can be cp.async:

@@ -255,6 +255,16 @@ def test_gemm_batch_and_aligned_copies(ctx, rng, dtype, mode):
 
 
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("mode", ["emulated_deep", "mma_small"])
+def test_gemm_copy_width_per_operand(ctx, rng, dtype, mode):
+    """A on 16-byte boundaries, B three elements off them: A's slices copied 8 values at a
+    time, B's one value at a time, in the same kernel."""
+    plan = run_gemm(ctx, rng, dtype, params_of(ctx, mode), 128, 48, 160, batch=2,
+                    offsets=(0, 3))
+    assert (plan.config.global_vec, plan.config.global_vec_b) == (8, 1)
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("mode", ["small", "emulated", "mma"])
 def test_gemm_epilogue_and_16bit_output(ctx, rng, dtype, mode):
     """alpha, beta, a bias per row or column and an activation, into a 16-bit C (beta reads
@@ -330,6 +340,11 @@ def test_bad_input(ctx, rng):
     with pytest.raises(dp.UnsupportedError, match="epilogue order"):
         GemmPlan(ctx, 8, 8, 8, h.buffer, 0, 8, h.buffer, 0, 8, f.buffer, 0, 8,
                  dtype=dp.float16, order="conv")
+    for folds in ({"fold_a": gemm_ops.Fold(4, 8)}, {"fold_b": gemm_ops.Fold(4, 8)},
+                  {"fold_c": gemm_ops.Fold(4, 8)}):
+        with pytest.raises(dp.UnsupportedError, match="without folds"):
+            GemmPlan(ctx, 8, 8, 8, h.buffer, 0, 8, h.buffer, 0, 8, f.buffer, 0, 8,
+                     dtype=dp.float16, params=EMULATED16, **folds)
     with pytest.raises(dp.ShapeError):
         GemmPlan(ctx, 8, 8, 9, h.buffer, 0, 9, h.buffer, 0, 8, f.buffer, 0, 8,
                  dtype=dp.float16)
