@@ -8,7 +8,7 @@
 from .activation import Activation, ActivationDesc
 from .autograd import enable_grad, no_grad
 from .context import Context, DeviceInfo, default_context, devices
-from .dtypes import bool_, float16, float32, int32, int64
+from .dtypes import bfloat16, bool_, float16, float32, int32, int64
 from .dtypes import bool_ as bool  # noqa: A004,F401  (torch's name: dp.bool, as torch.bool)
 from .errors import (CacheWarning, DeviceError, DeviceMemoryError, DlprimError, DTypeError,
                      GraphError, KernelBuildError, ModelFileError, NumericsError, ShapeError,
@@ -31,7 +31,7 @@ from . import onnx  # noqa: E402
 
 __all__ = [
     "Activation", "ActivationDesc", "Context", "DeviceInfo", "devices", "default_context", "Tensor", "TensorDesc",
-    "no_grad", "enable_grad", "float16", "float32", "int32", "int64", "bool_",
+    "no_grad", "enable_grad", "bfloat16", "float16", "float32", "int32", "int64", "bool_",
     "DlprimError", "ShapeError", "DTypeError", "DeviceError", "DeviceMemoryError", "NumericsError", "UnsupportedError",
     "GraphError", "ModelFileError",
     "KernelBuildError", "CacheWarning", "__version__", "Convolution", "ConvolutionDesc",

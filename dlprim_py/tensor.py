@@ -13,7 +13,7 @@ import pyopencl.array as cl_array
 
 from . import autograd
 from .context import Context, default_context
-from .dtypes import as_dtype
+from .dtypes import as_dtype, bfloat16, bfloat16_to_float32, float16, float32, to_bfloat16_bits
 from .errors import DeviceError, DeviceMemoryError, DTypeError, ShapeError
 from .launch import command_enqueued
 
@@ -152,18 +152,37 @@ class Tensor:
         return t
 
     @classmethod
-    def from_numpy(cls, ctx, array=_NO_ARRAY, requires_grad=False):
-        """A copy of the numpy array ``array`` on the device of ``ctx`` (same dtype; C order).
-        ``Tensor.from_numpy(array)`` takes the thread's default context
-        (``dlprim_py.default_context()``)."""
+    def from_numpy(cls, ctx, array=_NO_ARRAY, requires_grad=False, dtype=None):
+        """A copy of the numpy array ``array`` on the device of ``ctx`` (C order), of the
+        array's dtype or of ``dtype``. ``Tensor.from_numpy(array)`` takes the thread's default
+        context (``dlprim_py.default_context()``).
+
+        ``dtype`` (a floating point dtype: float32, float16, ``dlprim_py.bfloat16``) converts
+        a real array on the host first: to float16 as numpy rounds (nearest even), to bfloat16
+        from float32 rounded to nearest even (``dtypes.to_bfloat16_bits``; a float64 array
+        is first rounded to float32). An array of ``dlprim_py.bfloat16`` (or ml_dtypes')
+        bfloat16 is taken as it is."""
         if array is _NO_ARRAY:
             ctx, array = default_context(), ctx
         ctx = _check_context(ctx)
         if not isinstance(array, np.ndarray):
             array = np.asarray(array)
+        if dtype is not None:
+            dtype = as_dtype(dtype)
+            if dtype not in (float32, float16, bfloat16):
+                raise DTypeError(f"from_numpy converts to float32, float16 or bfloat16 only, "
+                                 f"got dtype={dtype}; convert the array with numpy")
+            if array.dtype.kind == "V" and as_dtype(array.dtype) is bfloat16:
+                array = bfloat16_to_float32(array)
+            if dtype is bfloat16:
+                array = to_bfloat16_bits(array.astype(np.float32, copy=False))
+            else:
+                array = array.astype(dtype, copy=False)
         if array.dtype == np.float64:
             raise DTypeError("float64 arrays are not supported; convert with .astype(np.float32)")
         dtype = as_dtype(array.dtype)
+        if dtype is bfloat16 and array.dtype != bfloat16:    # ml_dtypes' bfloat16: same bits
+            array = np.ascontiguousarray(array).view(np.uint16).view(bfloat16)
         array = np.asarray(array, dtype=dtype, order="C")
         t = cls.empty(ctx, array.shape, dtype, requires_grad=requires_grad)
         if array.size:
@@ -261,11 +280,14 @@ class Tensor:
             if host.size:
                 cl.enqueue_copy(self.ctx.queue, host, self.buffer, src_offset=self.offset,
                                 is_blocking=True)
+            if self.dtype is bfloat16:
+                host = bfloat16_to_float32(host)
             values = np.array2string(host, separator=", ", threshold=200, edgeitems=3,
                                      prefix="Tensor(")
         except (cl.Error, ValueError, MemoryError) as error:   # a repr must not raise
             values = f"<values unreadable: {error}>"
-        return f"Tensor({values}, shape={self.shape}, dtype={self.dtype}{grad})"
+        dtype = "bfloat16" if self.dtype is bfloat16 else self.dtype
+        return f"Tensor({values}, shape={self.shape}, dtype={dtype}{grad})"
 
     # ---- torch's conveniences ------------------------------------------------------------
 
@@ -309,7 +331,15 @@ class Tensor:
 
     def numpy(self):
         """A numpy copy of the data (waits for queued work, and raises what a deferred check
-        of that work found, see ``Context.synchronize``)."""
+        of that work found, see ``Context.synchronize``). A bfloat16 tensor comes back as a
+        float32 array (numpy has no bfloat16; the conversion is exact); ``bits()`` gives its
+        bit patterns."""
+        out = self.bits()
+        return bfloat16_to_float32(out) if self.dtype is bfloat16 else out
+
+    def bits(self):
+        """A numpy copy of the data as stored: ``numpy()``, but a bfloat16 tensor's as an
+        array of ``dlprim_py.bfloat16`` (its bit patterns; ``.view(np.uint16)`` reads them)."""
         out = np.empty(self.shape, self.dtype)
         if out.size:
             cl.enqueue_copy(self.ctx.queue, out, self.buffer, src_offset=self.offset, is_blocking=True)
@@ -388,7 +418,7 @@ class Tensor:
 
     def requires_grad_(self, flag=True):
         """Make this (floating-point) tensor a leaf that gathers a gradient in ``.grad``."""
-        if flag and self.dtype.kind != "f":
+        if flag and self.dtype.kind != "f" and self.dtype is not bfloat16:
             raise DTypeError(f"only floating point tensors can require gradients, got {self.dtype}")
         self.requires_grad = bool(flag)
         return self

@@ -13,7 +13,7 @@ import pyopencl as cl
 from . import autograd
 from .errors import DTypeError, ShapeError, UnsupportedError
 from .launch import command_enqueued
-from .dtypes import bool_, float16, float32, int32, int64
+from .dtypes import bfloat16, bool_, float16, float32, int32, int64, to_bfloat16_bits
 from .ops import arithmetic, indexing, linear, masks, pointwise, reduce, scan, tensor_ops
 from .ops.gemm import gemm
 from .tensor import Tensor, _checked
@@ -23,7 +23,12 @@ def fill_(self, value):
     """Set every element to ``value`` (a number) in place."""
     if not isinstance(value, (int, float, np.number, np.bool_)):
         raise DTypeError(f"fill_ needs a number, got {value!r}")
-    if self.size:
+    if self.size and self.dtype is bfloat16:
+        # No OpenCL C type holds it: the bit pattern, rounded to nearest even on the host.
+        cl.enqueue_fill_buffer(self.ctx.queue, self.buffer, to_bfloat16_bits([value]),
+                               self.offset, self.nbytes)
+        command_enqueued()
+    elif self.size:
         kernel = pointwise.fill_kernel(self.dtype)
         if kernel is not None:
             # A kernel, not clEnqueueFillBuffer: less host time, and a recording keeps it.
@@ -280,7 +285,7 @@ def install():
         setattr(Tensor, f"__{name}__", _mask_operator(symbol, False))
         setattr(Tensor, f"__r{name}__", _mask_operator(symbol, True))
     for dtype, name in ((float32, "float"), (float16, "half"), (int32, "int"), (int64, "long"),
-                        (bool_, "bool")):
+                        (bool_, "bool"), (bfloat16, "bfloat16")):
         setattr(Tensor, name, _cast_method(dtype, name))
     Tensor.T = property(T)
 

@@ -8,6 +8,7 @@
 ## The template parameters every GEMM kernel takes are documented in header(), which renders
 ## them into the source.
 <%namespace name="links" file="fusion_fold.cl.mako"/>
+<%namespace name="access" file="memory_access.cl.mako"/>
 <%!
 def hoists_chain(chain, channel, epilogue):
     """Whether gemm_tiled computes a per-channel chain once per register-block row (channels on
@@ -54,6 +55,12 @@ def fold(mode, op, j):
 //                 gemm_tiled computes a per-channel chain once per register-block row.
 //   CHAIN_CHANNEL 2: the channel is the row (NCHW convolution), 1: the column (NHWC)
 //   ACTIVATION    OpenCL C expression of act(x) in the variable x, or "" for none
+//   AB_TYPE       storage of A and B: "float"; "half" (float16) or "bfloat16", 16-bit values
+//                 (gemm_small and gemm_mma only) held as ushort bit patterns, products summed
+//                 in float32. No cl_khr_fp16 is needed: a half is read by vload_half at a
+//                 `half *` cast from a ushort address (no arithmetic on half pointers)
+//   C_TYPE        storage of C and of the bias: "float", or AB_TYPE's 16-bit type (then the
+//                 "gemm" order only); a result stored in 16 bits rounds to nearest even
 //   FOLD_A, FOLD_B, FOLD_C  how the operand's contiguous (stored column) dimension j is
 //                 addressed: 0 plainly (j); 1 folded, j = n * P + p at n * img + p; 2 folded
 //                 and strided (A and B only), at n * img + (p / fw) * frow + (p % fw) * fcol.
@@ -62,6 +69,33 @@ def fold(mode, op, j):
 //                 x (C x N*H*W), y (K x N*Ho*Wo), or its stride-2 input sampled in place. A may
 //                 be folded only along K (not TRANS_A), B along N (not TRANS_B) or K (TRANS_B),
 //                 C along N. The division by P runs once per tile load or store, not per FMA.
+
+<%
+    storage = {"float": "float", "half": "ushort", "bfloat16": "ushort"}
+%>
+% if "bfloat16" in (AB_TYPE, C_TYPE):
+${access.bfloat16_conversions()}
+% endif
+// Element i of a matrix of AB_TYPE (A and B) or C_TYPE (C, bias) as a float, and a float
+// stored into one of C_TYPE.
+#define AB_T ${storage[AB_TYPE]}
+#define C_T ${storage[C_TYPE]}
+% for prefix, kind in (("AB", AB_TYPE), ("C", C_TYPE)):
+%   if kind == "float":
+#define LOAD_${prefix}(p, i) ((p)[i])
+%   elif kind == "half":
+#define LOAD_${prefix}(p, i) vload_half(0, (__global const half *)((p) + (i)))
+%   else:
+#define LOAD_${prefix}(p, i) bf16_to_float((p)[i])
+%   endif
+% endfor
+% if C_TYPE == "float":
+#define STORE_C(p, i, v) ((p)[i] = (v))
+% elif C_TYPE == "half":
+#define STORE_C(p, i, v) vstore_half_rte((v), 0, (__global half *)((p) + (i)))
+% else:
+#define STORE_C(p, i, v) ((p)[i] = float_to_bf16(v))
+% endif
 
 // Element offset of column j of a folded operand (FOLD 1, then FOLD 2).
 inline long fold_dense(int j, int P, long img)
@@ -111,7 +145,7 @@ ${links.chain_params(CHAIN)}
             x *= scale[scale_off + ${at(SCALE)}];
 %   endif
 %   if BIAS:
-            x += bias[bias_off + ${at(BIAS)}];
+            x += LOAD_C(bias, bias_off + ${at(BIAS)});
 %   endif
 %   if RESIDUAL:
             x += residual_alpha * R[${index}];
@@ -120,17 +154,17 @@ ${links.chain_params(CHAIN)}
             x = ${ACTIVATION};
 %   endif
             if (beta != 0.0f)
-                x += beta * C[${index}];
+                x += beta * LOAD_C(C, ${index});
 % else:
             if (beta != 0.0f)
-                x += beta * C[${index}];
+                x += beta * LOAD_C(C, ${index});
 %   if BIAS:
-            x += bias[bias_off + ${at(BIAS)}];
+            x += LOAD_C(bias, bias_off + ${at(BIAS)});
 %   endif
 %   if ACTIVATION:
             x = ${ACTIVATION};
 %   endif
 % endif
-            C[${index}] = x;
+            STORE_C(C, ${index}, x);
         }
 </%def>

@@ -4,15 +4,16 @@
 ${common.header()}
 // gemm_small only:
 //   SMALL_M, SMALL_N  work-group shape; one work-item per C element, K walked from global memory
-// One work-item per C element; global size (N rounded up to SMALL_N, M rounded up to
+// 16-bit A and B (AB_TYPE) are converted to float32 as they are read: the portable path of
+// float16 / bfloat16 GEMM. One work-item per C element; global size (N rounded up to SMALL_N, M rounded up to
 // SMALL_M, batch). For problems too small to fill a device with tiles.
 __kernel __attribute__((reqd_work_group_size(${SMALL_N}, ${SMALL_M}, 1)))
 void gemm_small(int M, int N, int K,
-                __global const float *restrict A, long a_off, int lda, long stride_a,
-                __global const float *restrict B, long b_off, int ldb, long stride_b,
-                __global float *C, long c_off, int ldc, long stride_c,
+                __global const AB_T *restrict A, long a_off, int lda, long stride_a,
+                __global const AB_T *restrict B, long b_off, int ldb, long stride_b,
+                __global C_T *C, long c_off, int ldc, long stride_c,
                 float alpha, float beta,
-                __global const float *restrict bias, long bias_off,
+                __global const C_T *restrict bias, long bias_off,
                 __global const float *restrict scale, long scale_off,
                 __global const float *restrict R, long r_off, float residual_alpha,
                 int fa_p, long fa_img, int fa_w, int fa_row, int fa_col,
@@ -30,17 +31,17 @@ void gemm_small(int M, int N, int K,
     C += c_off + batch * stride_c;
     R += r_off + batch * stride_c;
 % if TRANS_A:
-    __global const float *a_row = A + row;
+    __global const AB_T *a_row = A + row;
     const int a_step = lda;
 % else:
-    __global const float *a_row = A + (long)row * lda;
+    __global const AB_T *a_row = A + (long)row * lda;
     const int a_step = 1;
 % endif
 % if TRANS_B:
-    __global const float *b_col = B + (long)col * ldb;
+    __global const AB_T *b_col = B + (long)col * ldb;
     const int b_step = 1;
 % else:
-    __global const float *b_col = B + ${common.attr.fold(FOLD_B, "b", "col")};
+    __global const AB_T *b_col = B + ${common.attr.fold(FOLD_B, "b", "col")};
     const int b_step = ldb;
 % endif
 <%
@@ -49,6 +50,6 @@ void gemm_small(int M, int N, int K,
 %>
     float sum = 0.0f;
     for (int k = 0; k < K; ++k)
-        sum = fma(a_row[${a_at("k")}], b_col[${b_at("k")}], sum);
+        sum = fma(LOAD_AB(a_row, ${a_at("k")}), LOAD_AB(b_col, ${b_at("k")}), sum);
     ${common.epilogue("sum", "row", "col", f"(long)row * ldc + {common.attr.fold(FOLD_C, 'c', 'col')}")}
 }

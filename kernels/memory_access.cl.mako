@@ -19,6 +19,10 @@
 ##       COPY_COMMIT() / COPY_WAIT(pending): close the work item's copies issued so far into a
 ##       group / wait until at most `pending` of its groups are in flight. The issuing work
 ##       item sees its copies after COPY_WAIT; others after a barrier that follows it.
+##   bfloat16_conversions()
+##       defines float bf16_to_float(ushort bits) (exact) and ushort float_to_bf16(float x)
+##       (round to nearest even on the 16 dropped bits, overflow to infinity, a NaN kept a
+##       quiet NaN of its sign: rounding would carry a NaN's payload into the exponent)
 ##   warp_reductions()
 ##       defines float warp_max(float v) and float warp_sum(float v): the max / sum over the 32
 ##       lanes of the caller's warp, returned to every lane (shfl.sync.bfly, full mask: every
@@ -47,6 +51,18 @@ inline void store4${suffix}(__global float *p, float4 v)
                  :: "l"((ulong)p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
 }
 % endif
+</%def>
+
+<%def name="bfloat16_conversions()">
+inline float bf16_to_float(ushort bits) { return as_float((uint)bits << 16); }
+
+inline ushort float_to_bf16(float x)
+{
+    const uint u = as_uint(x);
+    if (isnan(x))
+        return (ushort)((u >> 16) | 0x40u);
+    return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 </%def>
 
 <%def name="warp_reductions()">

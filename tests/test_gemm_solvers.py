@@ -226,7 +226,7 @@ def test_problem_and_family():
     problem = GemmProblem(3, 4, 5, 2)
     assert problem.key() == "gemm-m3-n4-k5-b2"
     assert problem.features() == {"m": 3, "n": 4, "k": 5, "mn": 12, "mnk": 60, "batch": 2,
-                                  "tf32": 0}
+                                  "tf32": 0, "ab16": 0}
     assert problem == GemmProblem(3, 4, 5, 2) and hash(problem) == hash(GemmProblem(3, 4, 5, 2))
     with pytest.raises(dataclasses.FrozenInstanceError):
         problem.m = 4

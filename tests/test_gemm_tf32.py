@@ -168,7 +168,7 @@ def test_forcing_mma_where_it_does_not_apply(ctx, rng, tf32_off, monkeypatch):
         pytest.skip("the device runs the mma kernel (test_mma_kernel_against_float64)")
     ctx.allow_tf32 = True
     with pytest.raises(dp.UnsupportedError, match="GEMM algorithm 'mma' does not apply to "
-                                                  "gemm-m16-n16-k16-b1-tf32: TF32 mma.sync"):
+                                                  "gemm-m16-n16-k16-b1-tf32: mma.sync runs"):
         dp.gemm(A, A, algorithm="mma")
     # The kernel's own parameters, not emulated, are refused the same way.
     params = dict(gemm_ops.DEFAULT_MMA)

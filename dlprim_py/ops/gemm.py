@@ -1,4 +1,5 @@
-"""General matrix multiply: C = act(alpha * op(A) @ op(B) + beta * C + bias), float32.
+"""General matrix multiply: C = act(alpha * op(A) @ op(B) + beta * C + bias), float32, or on
+float16 / bfloat16 operands with float32 sums.
 
 Row-major throughout: op(A) is M x K, op(B) is K x N, C is M x N, each stored in a buffer at an
 element offset with a leading dimension (elements between rows). ``trans_a`` means A is stored
@@ -35,6 +36,14 @@ float32). ``DLPRIM_GEMM_ALGO`` forces one; otherwise the first
 rule of ``tuning_db/gemm.json`` (device -> architecture -> vendor -> default) that holds for the
 problem and runs on the device names the solver and gives its tunable parameters
 (``{"solver": "tiled", "tile_m": 64, ...}``).
+
+16-bit operands (``dtype`` float16 or bfloat16, A and B of the same one; C and the bias float32
+or that type): products summed in float32, a 16-bit C rounded to nearest even. Two solvers
+take them: "mma" (m16n8k16 mma.sync on .f16 / .bf16 fragments, NVIDIA compute capability 8.0
+and later, TF32 switch not needed; its rules and parameters carry ``"ab_bits": 16``) and
+"small" (any device: the values converted to float32 as they are read). Neither needs
+cl_khr_fp16. The "gemm" epilogue order only, no folded operand; the other solvers refuse them.
+Convolution on 16-bit tensors comes later.
 """
 import math
 from dataclasses import dataclass
@@ -44,7 +53,8 @@ import pyopencl as cl
 
 from .. import backends, config, logcmd, program, solver, tuning
 from ..activation import as_activation
-from ..dtypes import as_dtype, check_dtype
+from ..dtypes import FLOAT16_TYPES, as_dtype, bfloat16, float16, float32
+from ..dtypes import name as dtype_name
 from ..errors import DTypeError, DeviceError, ShapeError, UnsupportedError, not_a_tensor
 from ..launch import BoundKernel, Recording, alias_pattern, buffer_arguments, enqueue_bound
 from ..tensor import Tensor, allocate
@@ -72,6 +82,12 @@ DEFAULT_MMA = {"solver": "mma", "tile_m": 128, "tile_n": 128, "tile_k": 16, "war
 # accumulators, small enough to build in seconds on a CPU's OpenCL.
 EMULATED_MMA = {"solver": "mma", "tile_m": 32, "tile_n": 16, "tile_k": 16, "warps_m": 2,
                 "warps_n": 1, "stages": 2, "emulate": 1}
+# 16-bit operands: 128 x 128 x 32 tiles, 8 warps of 64 x 32, two stages: 48 KiB of local memory
+# where K is contiguous in both operands (rows of 48 values), less otherwise.
+DEFAULT_MMA16 = {"solver": "mma", "tile_m": 128, "tile_n": 128, "tile_k": 32, "warps_m": 2,
+                 "warps_n": 4, "stages": 2, "ab_bits": 16}
+# The kernels' names of the operand types (template parameters AB_TYPE, C_TYPE).
+_TYPE_NAMES = {float32: "float", float16: "half", bfloat16: "bfloat16"}
 # A forced "splitk" whose rule does not split: this many chunks.
 DEFAULT_SPLITS = 4
 
@@ -175,22 +191,26 @@ def _subgroup_problem(params, info):
 
 
 def mma_device_problem(info):
-    """Why the device ``info`` (a DeviceInfo) cannot run the mma kernel's PTX (TF32 mma.sync
-    and cp.async need an NVIDIA GPU of compute capability 8.0 or later), or None."""
+    """Why the device ``info`` (a DeviceInfo) cannot run the mma kernel's PTX (TF32 and
+    f16 / bf16 mma.sync and cp.async need an NVIDIA GPU of compute capability 8.0 or later), or
+    None."""
     if info.vendor != "nvidia":
-        return f"TF32 mma.sync runs on NVIDIA GPUs only, the device's vendor is {info.vendor!r}"
+        return f"mma.sync runs on NVIDIA GPUs only, the device's vendor is {info.vendor!r}"
     arch = getattr(info, "architecture", None) or ""
     if not arch.startswith("nvidia:sm_") or not arch[len("nvidia:sm_"):].isdigit():
         return "the driver does not report the device's compute capability"
     digits = arch[len("nvidia:sm_"):]
     if int(digits[:-1]) < 8:
-        return (f"TF32 mma.sync needs compute capability 8.0 or later, the device has "
+        return (f"mma.sync (TF32, f16, bf16) needs compute capability 8.0 or later, the device has "
                 f"{digits[:-1]}.{digits[-1]}")
     return None
 
 
-def _mma_ld(tile, k_contiguous):
-    """Words per local-memory row of a slice (as gemm_mma.cl.mako lays it out)."""
+def _mma_ld(tile, k_contiguous, half=False):
+    """Elements per local-memory row of a slice (as gemm_mma.cl.mako lays it out): words for
+    TF32, 16-bit values for ``half``."""
+    if half:
+        return 2 * _mma_ld(tile // 2, True) if k_contiguous else tile + 8
     if not k_contiguous:
         return tile + 4
     ld = tile + 8
@@ -199,14 +219,18 @@ def _mma_ld(tile, k_contiguous):
 
 def mma_local_bytes(params, trans_a=None, trans_b=None):
     """Local memory of the mma kernel: its stages (for the transposes given, else the largest
-    of any) and, emulated, the warps' exchange words."""
+    of any; 16-bit values where ``params["ab_bits"]`` is 16) and, emulated, the warps'
+    exchange words."""
     tm, tn, tk = params["tile_m"], params["tile_n"], params["tile_k"]
-    a_trans, a_plain = tk * _mma_ld(tm, False), tm * _mma_ld(tk, True)
-    b_trans, b_plain = tn * _mma_ld(tk, True), tk * _mma_ld(tn, False)
+    half = params.get("ab_bits", 32) == 16
+    a_trans, a_plain = tk * _mma_ld(tm, False, half), tm * _mma_ld(tk, True, half)
+    b_trans, b_plain = tn * _mma_ld(tk, True, half), tk * _mma_ld(tn, False, half)
     a = max(a_trans, a_plain) if trans_a is None else a_trans if trans_a else a_plain
     b = max(b_trans, b_plain) if trans_b is None else b_trans if trans_b else b_plain
     threads = 32 * params["warps_m"] * params["warps_n"]
-    return 4 * (params["stages"] * (a + b) + (6 * threads if params.get("emulate") else 0))
+    element = 2 if half else 4
+    return (element * params["stages"] * (a + b)
+            + (4 * 6 * threads if params.get("emulate") else 0))
 
 
 def _mma_problem(params, info):
@@ -217,13 +241,17 @@ def _mma_problem(params, info):
         return f"mma tile parameters must be ints >= 1, got {dict(zip(_MMA_KEYS, values))}"
     if any(x & (x - 1) for x in (tm, tn, tk, wm, wn)):
         return f"tile {tm}x{tn}x{tk} and warps {wm}x{wn} must be powers of two"
-    if tk % 8 or tm % (16 * wm) or tn % (8 * wn):
-        return (f"tile {tm}x{tn}x{tk} must be whole mma tiles per warp: TILE_K a multiple of 8, "
-                f"TILE_M of 16 x warps_m {wm}, TILE_N of 8 x warps_n {wn}")
+    bits = params.get("ab_bits", 32)
+    if bits not in (16, 32):
+        return f"ab_bits must be 32 (float32 operands, TF32) or 16 (float16 / bfloat16), got {bits!r}"
+    kstep, per_copy = (16, 8) if bits == 16 else (8, 4)
+    if tk % kstep or tm % (16 * wm) or tn % (8 * wn):
+        return (f"tile {tm}x{tn}x{tk} must be whole mma tiles per warp: TILE_K a multiple of "
+                f"{kstep}, TILE_M of 16 x warps_m {wm}, TILE_N of 8 x warps_n {wn}")
     threads = 32 * wm * wn
     if threads > info.max_work_group_size:
         return f"{threads} work-items > device maximum {info.max_work_group_size}"
-    if (tm * tk) % (4 * threads) or (tn * tk) % (4 * threads):
+    if (tm * tk) % (per_copy * threads) or (tn * tk) % (per_copy * threads):
         return (f"{threads} work-items cannot share the {tm}x{tk} and {tk}x{tn} slice copies of "
                 f"16 bytes evenly")
     if stages not in (2, 3, 4):
@@ -239,6 +267,8 @@ def _mma_problem(params, info):
     staged = params.get("staged", 0)
     if staged not in (0, 1) or (staged and stages != 2):
         return f"staged must be 0 or 1, and staged slices take 2 stages (got {staged!r}, {stages})"
+    if staged and bits == 16:
+        return "staged slices (rounded to TF32 on their way) are for float32 operands only"
     if mma_local_bytes(params) > info.local_mem_size:
         return f"{mma_local_bytes(params)} bytes of local memory > device {info.local_mem_size}"
     return None if emulate else mma_device_problem(info)
@@ -328,10 +358,11 @@ def _fold_args(fold, strided=True):
     return fold.args(strided)
 
 
-def features(M, N, K, batch=1, tf32=False):
-    """The shape features tuning rules are written in (``tf32``: 1 where TF32 is allowed)."""
+def features(M, N, K, batch=1, tf32=False, ab16=False):
+    """The shape features tuning rules are written in (``tf32``: 1 where TF32 is allowed;
+    ``ab16``: 1 for 16-bit operands, float16 or bfloat16)."""
     return {"m": M, "n": N, "k": K, "mn": M * N, "mnk": M * N * K, "batch": batch,
-            "tf32": int(bool(tf32))}
+            "tf32": int(bool(tf32)), "ab16": int(bool(ab16))}
 
 
 @dataclass(frozen=True)
@@ -339,18 +370,32 @@ class GemmProblem:
     """What the choice of a GEMM solver and its parameters depends on: the sizes (op(A) M x K,
     op(B) K x N, ``batch`` products) and whether TF32 is allowed (``tf32``: the "mma" solver
     applies only then). Where the operands lie (transposes, offsets, folds) and the epilogue
-    do not change the choice; a plan derives its ``GemmConfig`` from them."""
+    do not change the choice; a plan derives its ``GemmConfig`` from them.
+    ``dtype``: the operands' storage ("float32", "float16", "bfloat16"; TF32 is for float32
+    only); ``c_dtype``: C's and the bias's ("float32" or ``dtype``)."""
     m: int
     n: int
     k: int
     batch: int = 1
     tf32: bool = False
+    dtype: str = "float32"
+    c_dtype: str = "float32"
+
+    @property
+    def ab16(self):
+        return self.dtype != "float32"
+
+    @property
+    def ab_bits(self):
+        return 16 if self.ab16 else 32
 
     def key(self):
-        return f"gemm-m{self.m}-n{self.n}-k{self.k}-b{self.batch}{'-tf32' if self.tf32 else ''}"
+        types = "" if not self.ab16 else f"-{self.dtype}-c{self.c_dtype}"
+        return (f"gemm-m{self.m}-n{self.n}-k{self.k}-b{self.batch}"
+                f"{'-tf32' if self.tf32 else ''}{types}")
 
     def features(self):
-        return features(self.m, self.n, self.k, self.batch, self.tf32)
+        return features(self.m, self.n, self.k, self.batch, self.tf32, self.ab16)
 
 
 @dataclass(frozen=True)
@@ -428,9 +473,22 @@ class GemmSolver(solver.Solver):
         missing = [k for k in self.keys if k not in params]
         return f"{self.name} kernel parameters lack {missing}" if missing else None
 
+    # Whether the kernel reads 16-bit operands (AB_TYPE half / bfloat16).
+    takes_16bit = False
+
     def refusal(self, ctx, problem):
         """Why the solver cannot compute ``problem`` here, or None (``applies``)."""
+        return self.dtype_refusal(problem)
+
+    def dtype_refusal(self, problem):
+        if problem.ab16 and not self.takes_16bit:
+            return (f"the {self.name} kernel reads float32 operands only (the small and mma "
+                    f"solvers take {problem.dtype})")
         return None
+
+    def params_for(self, problem, params):
+        """``params`` for ``problem``'s operand type (the mma solver marks 16-bit ones)."""
+        return params
 
     def applies(self, ctx, problem):
         return self.refusal(ctx, problem) is None
@@ -441,8 +499,12 @@ class GemmSolver(solver.Solver):
         info = ctx.info
         rule = tuning.first_params(
             info, "gemm", _features(ctx, problem),
-            lambda p: p.get("solver") in self.rule_solvers and params_problem(p, info) is None)
-        return self.force(dict(rule or self.defaults))
+            lambda p: p.get("solver") in self.rule_solvers and params_problem(p, info) is None
+            and _bits_match(p, problem))
+        return self.force(dict(rule or self.defaults_for(problem)))
+
+    def defaults_for(self, problem):
+        return self.defaults
 
     def force(self, params):
         return dict(params, solver=self.name)
@@ -463,6 +525,7 @@ class GemmSolver(solver.Solver):
 class SmallSolver(GemmSolver):
     name = "small"
     template = "gemm_small"
+    takes_16bit = True
     keys = _SMALL_KEYS
     defaults = DEFAULT_SMALL
     rule_solvers = ("small",)
@@ -600,6 +663,9 @@ class SubgroupSolver(GemmSolver):
     rule_solvers = ("subgroup",)
 
     def refusal(self, ctx, problem):
+        why = self.dtype_refusal(problem)
+        if why is not None:
+            return why
         absent = [e for e in SUBGROUP_EXTENSIONS if e not in ctx.info.extensions]
         if absent:
             return f"the subgroup kernel needs {absent}, which the device does not report"
@@ -635,14 +701,18 @@ class SubgroupSolver(GemmSolver):
 
 
 class MmaSolver(GemmSolver):
-    """TF32 on NVIDIA tensor cores: warp-level mma.sync m16n8k8 in inline PTX, slices staged
-    in local memory through cp.async (``kernels/gemm_mma.cl.mako``). Applies where TF32 is
-    allowed and the device is an NVIDIA GPU of compute capability 8.0 or later; every
-    transpose, offset, leading dimension, batch stride, fold (a 1x1 convolution's tensors) and
-    epilogue.
+    """NVIDIA tensor cores: warp-level mma.sync in inline PTX (m16n8k8 TF32 on float32
+    operands, m16n8k16 .f16 / .bf16 on 16-bit ones), slices staged in local memory through
+    cp.async (``kernels/gemm_mma.cl.mako``). Applies where the device is an NVIDIA GPU of
+    compute capability 8.0 or later and, for float32 operands, TF32 is allowed; every
+    transpose, offset, leading dimension, batch stride and, for float32 operands, fold (a 1x1
+    convolution's tensors) and epilogue (16-bit ones: the "gemm" order without folds,
+    ``GemmPlan`` refuses the rest).
     Tunables: ``tile_m``, ``tile_n``, ``tile_k``, ``warps_m``, ``warps_n``, ``stages`` (the
     kernel header says what each means), optionally ``tile_group``, ``staged`` (1: slices go
-    through registers and are rounded to TF32 once, 2 stages) and ``round`` ("cvt": cvt.rna.tf32.f32; "int": the same rounding in integer operations).
+    through registers and are rounded to TF32 once, 2 stages; float32 operands only),
+    ``round`` ("cvt": cvt.rna.tf32.f32; "int": the same rounding in integer operations) and
+    ``ab_bits`` (16: parameters for 16-bit operands; 32, the default, for float32).
     Parameters with ``"emulate": 1`` compute the same mma fragments through local memory on
     any device (the kernel's addressing checked where no tensor core is); they are given as a
     plan's ``params``, never chosen."""
@@ -651,8 +721,19 @@ class MmaSolver(GemmSolver):
     keys = _MMA_KEYS
     defaults = DEFAULT_MMA
     rule_solvers = ("mma",)
+    takes_16bit = True
+
+    def defaults_for(self, problem):
+        return DEFAULT_MMA16 if problem.ab16 else DEFAULT_MMA
+
+    def params_for(self, problem, params):
+        if problem.ab16 and "ab_bits" not in params:
+            return dict(params, ab_bits=16)
+        return params
 
     def refusal(self, ctx, problem):
+        if problem.ab16:
+            return mma_device_problem(ctx.info)
         if not problem.tf32:
             return ("TF32 is not allowed (dlprim_py.backends.allow_tf32 and the context's "
                     "allow_tf32 are False)")
@@ -662,23 +743,27 @@ class MmaSolver(GemmSolver):
         return self.missing(params) or _mma_problem(params, info)
 
     def configure(self, ctx, problem, params, layout):
-        # 16-byte copies of an operand need every row of it to start on a 16-byte boundary
-        # and, folded, four consecutive columns from a multiple of 4 to lie in one image,
-        # contiguously (whole 4-column groups per image, image strides of 4 elements).
+        # 16-byte copies of an operand (4 floats, 8 16-bit values) need every row of it to start
+        # on a 16-byte boundary and, folded (float32 only), a copy's consecutive columns from a
+        # multiple of 4 to lie in one image, contiguously (whole 4-column groups per image,
+        # image strides of 4 elements).
+        per_copy = 8 if problem.ab16 else 4
+
         def aligned(off, ld, stride, fold):
-            return not any(x % 4 for x in (off, ld, stride)) \
-                and (fold is None or fold.vector_ok(4))
+            return not any(x % per_copy for x in (off, ld, stride)) \
+                and (fold is None or fold.vector_ok(per_copy))
         emulate = params.get("emulate", 0)
         nv_async = int(not emulate and params.get("async_copy", 1) != 0 and _has_cp_async(ctx))
-        # Pairs of adjacent accumulators stored as one float2 where every row of C (every
-        # image of a folded C) starts on an 8-byte boundary.
-        c_pairs = not any(x % 2 for x in (layout.ldc, layout.c_off, layout.stride_c)) \
+        # Pairs of adjacent float32 accumulators stored as one float2 where every row of C
+        # (every image of a folded C) starts on an 8-byte boundary.
+        c_pairs = problem.c_dtype == "float32" \
+            and not any(x % 2 for x in (layout.ldc, layout.c_off, layout.stride_c)) \
             and (layout.fold_c is None or layout.fold_c.vector_ok(2))
         return GemmConfig(
-            global_vec=4 if aligned(layout.a_off, layout.lda, layout.stride_a, layout.fold_a)
-            else 1,
-            global_vec_b=4 if aligned(layout.b_off, layout.ldb, layout.stride_b, layout.fold_b)
-            else 1,
+            global_vec=per_copy if aligned(layout.a_off, layout.lda, layout.stride_a,
+                                           layout.fold_a) else 1,
+            global_vec_b=per_copy if aligned(layout.b_off, layout.ldb, layout.stride_b,
+                                             layout.fold_b) else 1,
             c_vec=2 if c_pairs else 1, nv_async=nv_async)
 
     def template_params(self, params, config):
@@ -701,8 +786,14 @@ class MmaSolver(GemmSolver):
 class _GemmFamily(solver.Family):
     def usable(self, ctx, problem, params):
         """A rule names parameters that run on this device (a rule measured on another one
-        may not)."""
-        return params_problem(params, ctx.info) is None
+        may not), for the problem's operand type."""
+        return params_problem(params, ctx.info) is None and _bits_match(params, problem)
+
+
+def _bits_match(params, problem):
+    """Whether mma parameters were written for the problem's operands (``ab_bits`` 16 for
+    16-bit ones, 32, the default, for float32); other solvers' parameters serve both."""
+    return params.get("solver") != "mma" or params.get("ab_bits", 32) == problem.ab_bits
 
 
 FAMILY = solver.register(_GemmFamily(
@@ -730,7 +821,8 @@ def _argument_solver(ctx, problem, name):
     return chosen
 
 
-def select_params(ctx, M, N, K, batch=1, algorithm=None, tf32=False):
+def select_params(ctx, M, N, K, batch=1, algorithm=None, tf32=False, dtype="float32",
+                  c_dtype="float32"):
     """Solver parameters for a problem (``{"solver": name, ...}``; ``tf32``: whether TF32 is
     allowed, which the "mma" solver needs): the solver ``algorithm``
     names, else the solver layer's choice (``solver.select``: forced by ``DLPRIM_GEMM_ALGO``,
@@ -739,12 +831,12 @@ def select_params(ctx, M, N, K, batch=1, algorithm=None, tf32=False):
     a long K then split where the rule's tiles leave a GPU idle (``_split_long_k``). Memoized
     per context."""
     forced = algorithm or config.forced_algorithm("gemm")
-    tf32 = bool(tf32)
-    key = ("gemm.select", M, N, K, batch, forced, tf32, tuning.generation)
+    tf32 = bool(tf32) and dtype == "float32"
+    key = ("gemm.select", M, N, K, batch, forced, tf32, dtype, c_dtype, tuning.generation)
     found = ctx.plans.get(key)
     if found is not None:
         return dict(found)
-    problem = GemmProblem(M, N, K, batch, tf32)
+    problem = GemmProblem(M, N, K, batch, tf32, dtype, c_dtype)
     if algorithm is not None:
         chosen = _argument_solver(ctx, problem, algorithm)
     else:
@@ -778,8 +870,8 @@ def _tuned(ctx, problem, chosen):
     # defaults where it was chosen by rank.
     params = tuning.first_params(info, "gemm", _features(ctx, problem),
                                  lambda p: p.get("solver") == chosen.name
-                                 and params_problem(p, info) is None)
-    params = dict(params or chosen.defaults)
+                                 and params_problem(p, info) is None and _bits_match(p, problem))
+    params = dict(params or chosen.defaults_for(problem))
     if chosen.name in ("tiled", "splitk"):
         params = _split_long_k(params, info, problem.m, problem.n, problem.k, problem.batch)
     return params
@@ -813,12 +905,14 @@ _PER = {None: 0, "n": 1, "m": 2, "position": 3}
 
 def common_template_params(trans_a=False, trans_b=False, bias_per=None, activation_code="",
                            folds=(None, None, None), order="gemm", scale_per=None,
-                           residual=False, chain=(), chain_per="m"):
+                           residual=False, chain=(), chain_per="m", dtype=float32,
+                           c_dtype=float32):
     """The template parameters every GEMM kernel takes (kernels/gemm_common.cl.mako)."""
     base = {"TRANS_A": int(trans_a), "TRANS_B": int(trans_b), "BIAS": _PER[bias_per],
             "ACTIVATION": activation_code, "EPILOGUE": order, "SCALE": _PER[scale_per],
             "RESIDUAL": int(residual), "CHAIN": [tuple(link) for link in chain],
-            "CHAIN_CHANNEL": _PER[chain_per]}
+            "CHAIN_CHANNEL": _PER[chain_per], "AB_TYPE": _TYPE_NAMES[as_dtype(dtype)],
+            "C_TYPE": _TYPE_NAMES[as_dtype(c_dtype)]}
     base.update({f"FOLD_{name}": 0 if fold is None else fold.mode
                  for name, fold in zip("ABC", folds)})
     return base
@@ -841,6 +935,20 @@ def kernel_source(params, config=GemmConfig(), **common):
 
 
 # ---- validation ---------------------------------------------------------------------------
+
+def gemm_dtypes(dtype, c_dtype=None):
+    """(A and B's dtype, C's) checked: float32, float16 or bfloat16 operands; C float32 or the
+    operands' type (None: float32). DTypeError otherwise."""
+    dtype = as_dtype(dtype)
+    if dtype not in _TYPE_NAMES:
+        raise DTypeError(f"GEMM operands must be float32, float16 or bfloat16, got "
+                         f"{dtype_name(dtype)}")
+    c_dtype = float32 if c_dtype is None else as_dtype(c_dtype)
+    if c_dtype not in (float32, dtype):
+        raise DTypeError(f"GEMM on {dtype_name(dtype)} operands writes float32 or "
+                         f"{dtype_name(dtype)}, got C of {dtype_name(c_dtype)}")
+    return dtype, c_dtype
+
 
 def _positive_int(value, name):
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
@@ -907,7 +1015,9 @@ class GemmPlan:
     choice (the "subgroup" solver only where the device reports ``SUBGROUP_EXTENSIONS``, and
     never split along K); ``allow_tf32`` (default False: float32) lets the choice take the
     TF32 "mma" solver where it applies (``algorithm="mma"`` needs it; ``params`` naming "mma"
-    do not, being the kernel asked for); ``dtype`` must be float32; ``fold_a``, ``fold_b``, ``fold_c``:
+    do not, being the kernel asked for); ``dtype``: A's and B's storage, float32, float16 or
+    bfloat16 (16-bit: "gemm" order, no folds; the module docstring); ``c_dtype``: C's and the
+    bias's, float32 (the default) or ``dtype``; ``fold_a``, ``fold_b``, ``fold_c``:
     ``Fold`` addressing of an operand's contiguous dimension (A along K only, C densely only).
     ``params`` keeps the parameters as chosen; ``config`` (a ``GemmConfig``) what the plan
     derived from them; ``solver`` the solver; ``algorithm`` what runs ("splitk" only where K
@@ -933,11 +1043,14 @@ class GemmPlan:
                  fold_a=None, fold_b=None, fold_c=None, order="gemm", scale_buf=None,
                  scale_off=0, scale_per="m", residual_buf=None, residual_off=0,
                  residual_alpha=1.0, chain=(), chain_args=(), chain_per="m", dtype=np.float32,
-                 algorithm=None, params=None, allow_tf32=False):
-        dtype = as_dtype(dtype)
-        if dtype != np.float32:
-            raise DTypeError(f"GEMM supports float32 only, got {dtype}")
-        itemsize = dtype.itemsize
+                 c_dtype=None, algorithm=None, params=None, allow_tf32=False):
+        dtype, c_dtype = gemm_dtypes(dtype, c_dtype)
+        half = dtype in FLOAT16_TYPES
+        if half and (order != "gemm" or any(f is not None for f in (fold_a, fold_b, fold_c))
+                     or scale_buf is not None or residual_buf is not None or chain):
+            raise UnsupportedError(f"GEMM on {dtype_name(dtype)} operands takes the 'gemm' "
+                                   f"epilogue order without folds, scale, residual or chain")
+        ab_size, itemsize = dtype.itemsize, c_dtype.itemsize
         self.ctx = ctx
         M = _positive_int(M, "M")
         N = _positive_int(N, "N")
@@ -953,9 +1066,9 @@ class GemmPlan:
             raise UnsupportedError(f"C can be folded only densely (a Fold without a stride), "
                                    f"got {fold_c!r}")
         a_off, lda, stride_a = _check_operand(ctx, "A", a_buf, a_off, lda, a_rows, a_cols, batch,
-                                              stride_a, itemsize, fold_a)
+                                              stride_a, ab_size, fold_a)
         b_off, ldb, stride_b = _check_operand(ctx, "B", b_buf, b_off, ldb, b_rows, b_cols, batch,
-                                              stride_b, itemsize, fold_b)
+                                              stride_b, ab_size, fold_b)
         c_off, ldc, stride_c = _check_operand(ctx, "C", c_buf, c_off, ldc, M, N, batch, stride_c,
                                               itemsize, fold_c)
         if fold_c is not None and (ldc < min(N, fold_c.positions)
@@ -1003,18 +1116,29 @@ class GemmPlan:
                                    f"'m' or 'n' (got {chain_per!r})")
         chain_args = list(chain_args)
         epilogue = dict(order=order, scale_per=scale_kind, residual=residual_buf is not None,
-                        chain=chain, chain_per=chain_per)
+                        chain=chain, chain_per=chain_per, dtype=dtype, c_dtype=c_dtype)
         act = as_activation(activation)
         act_code = act.forward_code("x") if act is not None else ""
 
-        allow_tf32 = bool(allow_tf32)
-        problem = GemmProblem(M, N, K, batch, allow_tf32)
+        allow_tf32 = bool(allow_tf32) and not half
+        problem = GemmProblem(M, N, K, batch, allow_tf32, dtype_name(dtype), dtype_name(c_dtype))
         layout = GemmLayout(bool(trans_a), bool(trans_b), a_off, lda, stride_a, b_off, ldb,
                             stride_b, c_off, ldc, stride_c, fold_a, fold_b, fold_c)
         if params is None:
-            params = select_params(ctx, M, N, K, batch, algorithm, allow_tf32)
+            params = select_params(ctx, M, N, K, batch, algorithm, allow_tf32, problem.dtype,
+                                   problem.c_dtype)
         params = solver_params(params)
         chosen = FAMILY.solvers.get(params.get("solver"))
+        if chosen is not None:
+            params = chosen.params_for(problem, params)
+            why = chosen.dtype_refusal(problem)
+            if why is not None:
+                raise UnsupportedError(f"GEMM algorithm {chosen.name!r} does not run this call: "
+                                       f"{why}")
+            if not _bits_match(params, problem):
+                raise UnsupportedError(f"mma parameters {params} are for "
+                                       f"{params.get('ab_bits', 32)}-bit operands, the GEMM's "
+                                       f"are {dtype_name(dtype)}")
         why = params_problem(params, ctx.info)
         if why is not None:
             raise UnsupportedError(f"GEMM kernel parameters {params} do not run here: {why}")
@@ -1119,10 +1243,12 @@ def _log_call(M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta, bias_buf, b
 def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_off, ldc, *,
                  trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias_buf=None, bias_off=0,
                  bias_per="n", activation=None, batch=1, stride_a=0, stride_b=0, stride_c=0,
-                 checked=False, allow_tf32=None, **extra):
+                 checked=False, allow_tf32=None, dtype=float32, c_dtype=None, **extra):
     """Enqueue C = act(alpha * op(A) @ op(B) + beta * C + bias) on ``ctx.queue``.
 
-    Row-major float32; offsets, leading dimensions and batch strides in elements. op(A) is
+    Row-major float32 (``dtype``: A's and B's storage, float32, float16 or bfloat16;
+    ``c_dtype``: C's and the bias's, float32 or ``dtype``, None for float32); offsets, leading
+    dimensions and batch strides in elements. op(A) is
     M x K (A stored K x M when ``trans_a``), op(B) is K x N (B stored N x K when ``trans_b``),
     C is M x N. ``bias_per="n"``: bias[N] added to every row (linear layers); ``"m"``: bias[M]
     added to every column (convolution, M = output channels). ``activation``: None, a name or
@@ -1140,13 +1266,14 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
                   activation, batch, stride_a, stride_b, stride_c, extra.get("algorithm"))
     operands = (a_buf, b_buf, c_buf, bias_buf)
     tf32 = backends.tf32_allowed(ctx) if allow_tf32 is None else bool(allow_tf32)
+    dtype, c_dtype = gemm_dtypes(dtype, c_dtype)
     key = None
     if set(extra) <= {"algorithm"}:
         act = activation.key if hasattr(activation, "key") else activation
         key = ("gemm", M, N, K, a_off, lda, b_off, ldb, c_off, ldc, bool(trans_a),
                bool(trans_b), alpha, beta, bias_off, bias_per if bias_buf is not None else None,
                act, batch, stride_a, stride_b, stride_c, extra.get("algorithm"),
-               config.forced_algorithm("gemm"), tf32, alias_pattern(operands))
+               config.forced_algorithm("gemm"), tf32, alias_pattern(operands), dtype, c_dtype)
         try:
             entry = ctx.plans.get(key)
         except TypeError:   # an unhashable argument: checked and refused by GemmPlan below
@@ -1166,7 +1293,8 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
                          trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta,
                          bias_buf=bias_buf, bias_off=bias_off, bias_per=bias_per,
                          activation=activation, batch=batch, stride_a=stride_a,
-                         stride_b=stride_b, stride_c=stride_c, allow_tf32=tf32, **extra)
+                         stride_b=stride_b, stride_c=stride_c, allow_tf32=tf32, dtype=dtype,
+                         c_dtype=c_dtype, **extra)
     if key is None:
         gemm_plan.enqueue()
         return
@@ -1175,9 +1303,9 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
     plan = recording.plan(ctx.queue, operands)
     a_rows, a_cols = (K, M) if trans_a else (M, K)
     b_rows, b_cols = (N, K) if trans_b else (K, N)
-    itemsize = 4
-    needs = ((a_off + (batch - 1) * stride_a + (a_rows - 1) * lda + a_cols) * itemsize,
-             (b_off + (batch - 1) * stride_b + (b_rows - 1) * ldb + b_cols) * itemsize,
+    ab_size, itemsize = dtype.itemsize, c_dtype.itemsize
+    needs = ((a_off + (batch - 1) * stride_a + (a_rows - 1) * lda + a_cols) * ab_size,
+             (b_off + (batch - 1) * stride_b + (b_rows - 1) * ldb + b_cols) * ab_size,
              (c_off + (batch - 1) * stride_c + (M - 1) * ldc + N) * itemsize,
              (bias_off + (N if bias_per == "n" else M)) * itemsize)
     ctx.plans.put(key, (plan, needs))
@@ -1185,19 +1313,30 @@ def enqueue_gemm(ctx, M, N, K, a_buf, a_off, lda, b_buf, b_off, ldb, c_buf, c_of
 
 # ---- tensor API ---------------------------------------------------------------------------
 
-def _check_tensor(t, name, ndim):
+def _check_tensor(t, name, ndim, dtypes=(float32,)):
     if not isinstance(t, Tensor):
         raise not_a_tensor(name, t)
-    check_dtype(t, (np.float32,), name)
+    if t.dtype not in dtypes:
+        raise DTypeError(f"gemm: {name} must be {' or '.join(dtype_name(d) for d in dtypes)}, "
+                         f"got {dtype_name(t.dtype)}")
     if t.ndim != ndim:
         raise ShapeError(f"{name} must be {ndim}-d, got shape {t.shape}")
 
 
 def _gemm_tensors(a, b, c, alpha, beta, trans_a, trans_b, bias, activation, bias_per, batched,
-                  algorithm):
+                  algorithm, out_dtype=None):
     ndim = 3 if batched else 2
-    _check_tensor(a, "a", ndim)
-    _check_tensor(b, "b", ndim)
+    _check_tensor(a, "a", ndim, tuple(_TYPE_NAMES))
+    dtype = a.dtype
+    if isinstance(b, Tensor) and b.dtype != dtype:
+        raise DTypeError(f"gemm: a and b must have the same dtype, got {dtype_name(dtype)} and "
+                         f"{dtype_name(b.dtype)}")
+    _check_tensor(b, "b", ndim, (dtype,))
+    if c is not None and isinstance(c, Tensor):
+        c_dtype = c.dtype
+    else:
+        c_dtype = dtype if out_dtype is None else as_dtype(out_dtype)
+    _, c_dtype = gemm_dtypes(dtype, c_dtype)
     for value, name in ((alpha, "alpha"), (beta, "beta")):
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise DTypeError(f"{name} must be a real number, got {value!r}")
@@ -1219,14 +1358,14 @@ def _gemm_tensors(a, b, c, alpha, beta, trans_a, trans_b, bias, activation, bias
     if c is None:
         if beta != 0:
             raise ShapeError(f"beta = {beta} needs c")
-        c = Tensor.empty(ctx, out_shape)
+        c = Tensor.empty(ctx, out_shape, c_dtype)
     else:
-        _check_tensor(c, "c", ndim)
+        _check_tensor(c, "c", ndim, (c_dtype,))
         if c.shape != out_shape:
             raise ShapeError(f"c must have shape {out_shape}, got {c.shape}")
     bias_buf, bias_off = None, 0
     if bias is not None:
-        _check_tensor(bias, "bias", 1)
+        _check_tensor(bias, "bias", 1, (c_dtype,))
         length = N if bias_per == "n" else M
         if bias.shape != (length,):
             raise ShapeError(f"bias must have shape ({length},) for bias_per={bias_per!r}, "
@@ -1240,12 +1379,13 @@ def _gemm_tensors(a, b, c, alpha, beta, trans_a, trans_b, bias, activation, bias
                  bias_off=bias_off, bias_per=bias_per, activation=activation, batch=batch,
                  stride_a=a_rows * a_cols if a_batch > 1 else 0,
                  stride_b=b_rows * b_cols if b_batch > 1 else 0,
-                 stride_c=M * N, algorithm=algorithm, checked=True)
+                 stride_c=M * N, algorithm=algorithm, checked=True, dtype=dtype,
+                 c_dtype=c_dtype)
     return c
 
 
 def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, bias=None,
-         activation=None, *, bias_per="n", algorithm=None):
+         activation=None, *, bias_per="n", algorithm=None, out_dtype=None):
     """``act(alpha * op(a) @ op(b) + beta * c + bias)``, written into ``c`` when given.
 
     a: (M, K) float32, or (K, M) with ``trans_a``; b: (K, N), or (N, K) with ``trans_b``;
@@ -1258,15 +1398,21 @@ def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, bias=N
     where not None; read at each call): on NVIDIA GPUs of compute capability 8.0 and later the
     product then runs on tensor cores in TF32 (operands rounded to 10 mantissa bits, float32
     sums), as ``torch.backends.cuda.matmul.allow_tf32`` does; elsewhere it stays float32.
+
+    16-bit operands: a and b both float16 or both bfloat16 (DTypeError otherwise); products
+    summed in float32. The result (and c, bias) is of ``out_dtype``: None takes c's dtype
+    where c is given, else a's (as torch.matmul), or float32. On NVIDIA GPUs of compute
+    capability 8.0 and later the "mma" solver runs it on tensor cores (m16n8k16 mma.sync),
+    elsewhere "small" converts the values as it reads them; neither needs cl_khr_fp16.
     """
     return _gemm_tensors(a, b, c, alpha, beta, trans_a, trans_b, bias, activation, bias_per,
-                         False, algorithm)
+                         False, algorithm, out_dtype)
 
 
 def gemm_batched(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, bias=None,
-                 activation=None, *, bias_per="n", algorithm=None):
+                 activation=None, *, bias_per="n", algorithm=None, out_dtype=None):
     """Strided-batched ``gemm``: a (B, M, K), b (B, K, N) (transposed per matrix as in
     ``gemm``), c (B, M, N). A batch size of 1 in a or b shares that matrix across the batch.
-    The bias is the same for every batch entry."""
+    The bias is the same for every batch entry. dtypes as ``gemm``."""
     return _gemm_tensors(a, b, c, alpha, beta, trans_a, trans_b, bias, activation, bias_per,
-                         True, algorithm)
+                         True, algorithm, out_dtype)

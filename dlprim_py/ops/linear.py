@@ -3,13 +3,16 @@ added in the GEMM's epilogue (no separate pass), and its backward as three more 
 dx = dy @ weight, dweight = dy^T @ x, dbias = dy^T @ ones.
 
 x: (..., in_features), weight: (out_features, in_features), bias: (out_features,) or None;
-float32, dense row-major; every operand may sit at any element offset in its buffer.
+float32, dense row-major; every operand may sit at any element offset in its buffer. float16
+and bfloat16 (all operands of one type; the output of that type, sums in float32, see
+``ops/gemm.py``) run forward only: their gradients come later (UnsupportedError).
 """
 import math
 
 from .. import autograd
 from ..context import PlanCache, check_same_context
-from ..dtypes import float32
+from ..dtypes import FLOAT16_TYPES, bfloat16, float16, float32
+from ..dtypes import name as dtype_name
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..launch import run_planned_on
 from ..tensor import Tensor, output
@@ -30,8 +33,12 @@ def _check(input, weight, bias):
             continue
         if not isinstance(t, Tensor):
             raise not_a_tensor(f"linear: {what}", t)
-        if t.dtype != float32:
-            raise DTypeError(f"linear: {what} must be float32, got {t.dtype}")
+        if t.dtype not in (float32, float16, bfloat16):
+            raise DTypeError(f"linear: {what} must be float32, float16 or bfloat16, got "
+                             f"{dtype_name(t.dtype)}")
+        if t.dtype != input.dtype:
+            raise DTypeError(f"linear: {what} must have input's dtype {dtype_name(input.dtype)}, "
+                             f"got {dtype_name(t.dtype)}")
     check_same_context(input, weight, bias)
     if weight.ndim == 1:
         raise UnsupportedError(f"linear: a 1-d weight {weight.shape} (torch's vector form) is not "
@@ -73,10 +80,18 @@ def linear(input, weight, bias=None):
         ctx = input.ctx
         rows = math.prod(input.shape[:-1])
         out_shape = input.shape[:-1] + (out_features,)
-        entry = (out_shape, max(4 * math.prod(out_shape), 4), rows, out_features, in_features,
-                 PlanCache(4))
+        itemsize = input.dtype.itemsize
+        entry = (out_shape, max(itemsize * math.prod(out_shape), itemsize), rows, out_features,
+                 in_features, PlanCache(4))
     out_shape, nbytes, rows, out_features, in_features, plans = entry
-    out = output(ctx, out_shape, nbytes)
+    half = input.dtype in FLOAT16_TYPES
+    if half and autograd.grad_enabled() and (
+            input.requires_grad or weight.requires_grad
+            or (bias is not None and bias.requires_grad)):
+        raise UnsupportedError(f"linear: gradients of {dtype_name(input.dtype)} operands are not "
+                               f"supported yet; run under dp.no_grad() or in float32")
+    out = output(ctx, out_shape, nbytes) if not half else \
+        Tensor.empty(ctx, out_shape, input.dtype)
     if rows:
         operands = (input, weight, out, bias)
         run_planned_on(ctx, None, operands, _forward, plans,
@@ -102,7 +117,7 @@ def _forward(ctx, rows, out_features, in_features, input, weight, out, bias):
                  out.buffer, out.offset_elements, out_features, trans_b=True,
                  bias_buf=None if bias is None else bias.buffer,
                  bias_off=0 if bias is None else bias.offset_elements, bias_per="n",
-                 checked=True)
+                 checked=True, dtype=input.dtype, c_dtype=input.dtype)
 
 
 def _backward(ctx, input, weight, bias, rows, out_features, in_features):

@@ -22,8 +22,10 @@ import numpy as np
 
 from .. import autograd
 from ..context import check_same_context
-from ..dtypes import as_dtype, bool_, cl_name, float16, float32, int32, int64
+from .. import program
+from ..dtypes import as_dtype, bfloat16, bool_, cl_name, float16, float32, int32, int64
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
+from ..launch import launch
 from ..tensor import Tensor, _checked, allocate
 from .pointwise import PointwiseKernel, broadcast_shapes
 
@@ -32,7 +34,7 @@ COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": "
 LOGICAL = {"logical_and": "&&", "logical_or": "||", "logical_xor": "!="}
 
 # torch's kinds for type promotion: bool < integer < floating point.
-_KIND = {bool_: 0, int32: 1, int64: 1, float16: 2, float32: 2}
+_KIND = {bool_: 0, int32: 1, int64: 1, float16: 2, bfloat16: 2, float32: 2}
 
 
 def scalar_kind(value):
@@ -327,15 +329,22 @@ def cast(x, dtype):
     that dtype already, else a new tensor. To bool: nonzero (NaN included) is True; from bool:
     1 and 0; from floating point to an integer: toward zero, NaN to 0, values out of range
     saturated; int64 to int32 keeps the low 32 bits. A cast between floating point types
-    carries the gradient; any other records none."""
+    carries the gradient; any other records none.
+
+    Casts between float32, float16 and bfloat16 need no cl_khr_fp16 (kernels/convert16.cl.mako:
+    float16 through vload_half / vstore_half_rte, bfloat16 in integer operations); to a 16-bit
+    type they round to nearest even, NaN and infinities kept. A cast between a 16-bit type and
+    an integer or bool goes through float32 (the same result: every integer a 16-bit type holds
+    exactly is exact in float32, and one that float32 rounds overflows the 16-bit type)."""
     if not isinstance(x, Tensor):
         raise not_a_tensor("to: input", x)
     dtype = as_dtype(dtype)
     if x.dtype == dtype:
         return x
-    if float16 in (x.dtype, dtype) and not x.ctx.info.has_fp16:
-        raise UnsupportedError(f"to: float16 needs the cl_khr_fp16 extension, which "
-                               f"{x.ctx.info.name} lacks")
+    if x.dtype in _FLOATS16 or dtype in _FLOATS16:
+        if x.dtype in _FLOAT_KINDS and dtype in _FLOAT_KINDS:
+            return _convert16(x, dtype)
+        return cast(cast(x, float32), dtype)
     key = ("cast", x.dtype, dtype, None)
     kernel = _kernels.get(key)
     if kernel is None:
@@ -345,6 +354,31 @@ def cast(x, dtype):
     out = Tensor.empty(x.ctx, x.shape, dtype)
     kernel([x], [out])
     if _KIND[dtype] == 2 and autograd.needs_grad(x):
+        source = x.dtype
+        return autograd.record(out, (x,), lambda g: (cast(g, source),), "to")
+    return out
+
+
+_FLOATS16 = (float16, bfloat16)
+_FLOAT_KINDS = (float32, float16, bfloat16)
+_CONVERT_NAMES = {float32: "float", float16: "half", bfloat16: "bfloat16"}
+
+
+def _convert16(x, dtype):
+    """``x`` converted between float32, float16 and bfloat16 (different types) by convert16."""
+    out = Tensor.empty(x.ctx, x.shape, dtype)
+    n = x.size
+    if n:
+        wide = max(n + x.offset_elements, n + out.offset_elements) >= 2 ** 31 - 1
+        index = np.int64 if wide else np.int32
+        built = program.build(x.ctx, "convert16", {
+            "SOURCE": _CONVERT_NAMES[x.dtype], "TARGET": _CONVERT_NAMES[dtype],
+            "INDEX_T": "long" if wide else "int"})
+        group = min(256, x.ctx.info.max_work_group_size)
+        launch(x.ctx, built, "convert16", ((n + group - 1) // group * group,), (group,),
+               [index(n), x.buffer, index(x.offset_elements), out.buffer,
+                index(out.offset_elements)])
+    if autograd.needs_grad(x):
         source = x.dtype
         return autograd.record(out, (x,), lambda g: (cast(g, source),), "to")
     return out
