@@ -132,7 +132,9 @@ def test_cumsum_algorithm_choice_and_refusals(ctx, rng, monkeypatch):
     # The rules: look-back for long rows on GPUs, chunks for rows of two chunks and on CPUs.
     long_choice = scan._cumsum_algorithm(ctx, 1, 1 << 24, None)
     assert long_choice == ("lookback" if ctx.info.is_gpu else "chunks")
-    assert scan._cumsum_algorithm(ctx, 4096, 4096, None) == "chunks"
+    assert scan._cumsum_algorithm(ctx, 4096, 4096, None) == (
+        "lookback" if ctx.info.is_gpu else "chunks")
+    assert scan._cumsum_algorithm(ctx, 64, 1000, None) == "chunks"
     x = t_(ctx, random(rng, (3, 10)))
     with pytest.raises(dp.UnsupportedError, match="cumsum algorithm"):
         F.cumsum(x, 1, algorithm="bogus")

@@ -144,9 +144,25 @@ def _status(ctx, tiles):
     return found[0]
 
 
+def _lookback_local_bytes(group, itemsize):
+    """Local memory of scan_lookback (kernels/scan.cl.mako): the padded tile, the items' sums,
+    the look-back window's values and flags, and a few words."""
+    tile = group * _LOOKBACK_PER
+    return (tile + tile // 32 + group + 32 + 1) * itemsize + 32 * 4 + 16
+
+
+def _lookback_group(ctx, itemsize):
+    """Work-items per look-back group: up to 256, halved while the tile of ``itemsize``-byte
+    sums does not fit the device's local memory (int64 tiles on a 32 KiB device)."""
+    group = group_size(ctx, 256)
+    while group > 32 and _lookback_local_bytes(group, itemsize) > ctx.info.local_mem_size:
+        group //= 2
+    return group
+
+
 def _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
     """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x, one pass."""
-    group = group_size(ctx, 256)
+    group = _lookback_group(ctx, np.dtype(acc).itemsize)
     tile = group * _LOOKBACK_PER
     chunks = -(-N // tile)
     tiles = rows * chunks
