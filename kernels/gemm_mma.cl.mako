@@ -37,6 +37,9 @@ ${common.header()}
 //                 every warp that reads it). 1: slices go global -> registers -> local memory,
 //                 rounded once on the way; two stages, the next slice's loads in flight while
 //                 the current one is multiplied (STAGES must be 2, NV_ASYNC unused)
+//   SPLIT_K       (float32 operands) 1: each work-group sums only its K chunk (group id 2 =
+//                 batch * splits + split) into a workspace; gemm_splitk_reduce (rendered into
+//                 this program) adds the chunks and applies the epilogue. 0: one pass.
 //   EMULATE       0: mma.sync and cvt.rna.tf32.f32 as PTX (NVIDIA only). 1: the same
 //                 instruction, fragment for fragment, computed by the warp's work-items through
 //                 local memory, with TF32 rounding done in integer arithmetic and 16-bit values
@@ -309,7 +312,7 @@ void gemm_mma(int M, int N, int K,
               __global const float *restrict R, long r_off, float residual_alpha,
               int fa_p, long fa_img, int fa_w, int fa_row, int fa_col,
               int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
-              int fc_p, long fc_img
+              int fc_p, long fc_img, int splits, int k_chunk
               ${common.chain_params()})
 {
     __local STAGE_T a_stage[STAGES * STAGE_A] __attribute__((aligned(16)));
@@ -338,7 +341,16 @@ void gemm_mma(int M, int N, int K,
     const int m0 = get_group_id(1) * TILE_M;
     const int n0 = get_group_id(0) * TILE_N;
 % endif
+% if SPLIT_K:
+    // Group id 2 = batch * splits + split: this work-group sums only K's chunk from k_begin
+    // (K narrowed to the chunk's end, k_chunk a multiple of TILE_K) and stores the raw sums.
+    const int batch = get_group_id(2) / splits;
+    const int k_begin = (get_group_id(2) % splits) * k_chunk;
+    K = min(K, k_begin + k_chunk);
+% else:
     const int batch = get_group_id(2);
+    const int k_begin = 0;
+% endif
     A += a_off + batch * stride_a;
     B += b_off + batch * stride_b;
 
@@ -572,11 +584,11 @@ void gemm_mma(int M, int N, int K,
     // Slice s + 1 is loaded into registers while slice s is multiplied, then rounded into the
     // other stage; the barrier after it publishes that stage, and tells that every warp is done
     // with slice s, whose stage the next step refills.
-    ${load_slice("0")}
+    ${load_slice("k_begin")}
     ${store_slice(0)}
     barrier(CLK_LOCAL_MEM_FENCE);
     int stage = 0;
-    for (int k = 0; k < K; k += TILE_K) {
+    for (int k = k_begin; k < K; k += TILE_K) {
         const bool more = k + TILE_K < K;
         if (more) {
             ${load_slice("(k + TILE_K)")}
@@ -592,7 +604,7 @@ void gemm_mma(int M, int N, int K,
     // Slices s + 1 .. s + STAGES - 1 are in flight while slice s is multiplied. Copy groups
     // are committed once per slice (empty past K's end), so that waiting until STAGES - 2
     // groups remain pending means slice s has landed.
-    int k_copy = 0;
+    int k_copy = k_begin;
 % for s in range(STAGES - 1):
     if (k_copy < K) {
         ${copy_slice("k_copy", s)}
@@ -602,7 +614,7 @@ void gemm_mma(int M, int N, int K,
 % endfor
     int stage = 0;
     int copy_stage = STAGES - 1;
-    for (int k = 0; k < K; k += TILE_K) {
+    for (int k = k_begin; k < K; k += TILE_K) {
         COPY_WAIT(${STAGES - 2});
         // Publishes slice s to every work-item, and frees the stage multiplied last step,
         // which the copies issued next refill.
@@ -618,6 +630,30 @@ void gemm_mma(int M, int N, int K,
     }
 % endif
 
+% if SPLIT_K:
+    // Raw partial sums into the workspace, [batch * splits][M][N], dense; gemm_splitk_reduce
+    // adds them and applies the epilogue.
+    C += (long)get_group_id(2) * M * N;
+%   for mt in range(mt_count):
+%     for half in range(2):
+    {
+        const int row = m0 + wm * ${wtm} + ${mt * 16 + half * 8} + g;
+        if (row < M) {
+%       for nt in range(nt_count):
+%         for odd in range(2):
+            {
+                const int col = n0 + wn * ${wtn} + ${nt * 8 + odd} + 2 * t;
+                if (col < N)
+                    C[(long)row * N + col] = c${mt}_${nt}_${half * 2 + odd};
+            }
+%         endfor
+%       endfor
+        }
+    }
+%     endfor
+%   endfor
+    return;
+% endif
     C += c_off + batch * stride_c;
     R += r_off + batch * stride_c;
 <%
@@ -730,3 +766,5 @@ void gemm_mma(int M, int N, int K,
 %   endfor
 % endif
 }
+
+<%include file="gemm_splitk.cl.mako"/>

@@ -264,6 +264,32 @@ def test_emulated_mma_every_layout(ctx, rng, ta, tb):
         assert np.abs(c - a.astype(np.float64) @ b.astype(np.float64)).max() <= tf32_bound(a, b)
 
 
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
+def test_emulated_mma_split_k(ctx, rng, ta, tb):
+    """K in chunks (work-groups of their own, raw sums into a workspace, the epilogue applied
+    by gemm_splitk_reduce): a chunk count that leaves a short last chunk, one longer than K
+    (one pass), batches with beta, bias and an activation."""
+    for M, N, K, split in ((37, 45, 77, 3), (40, 33, 12, 4)):
+        c, a, b, _, _ = _run(ctx, rng, M, N, K, ta, tb, dict(EMULATED, split_k=split))
+        assert_close(c, tf32_round(a) @ tf32_round(b))
+    c, a, b, cin, bias = _run(ctx, rng, 33, 40, 70, ta, tb, dict(EMULATED, split_k=2),
+                              batch=2, pad=3, offset=5, beta=0.5, bias=True, activation="relu")
+    assert_close(c, np.maximum(tf32_round(a) @ tf32_round(b) + 0.5 * cin + bias, 0))
+
+
+def test_emulated_mma_split_k_plan(ctx, rng):
+    """A split mma plan says what it runs and holds its workspace; 16-bit parameters refuse
+    a split."""
+    M, N, K = 20, 24, 64
+    A, B = dp.Tensor.from_numpy(ctx, random(rng, (M, K))), dp.Tensor.from_numpy(ctx, random(rng, (K, N)))
+    C = poisoned(ctx, (M, N))
+    plan = GemmPlan(ctx, M, N, K, A.buffer, 0, K, B.buffer, 0, N, C.buffer, 0, N,
+                    allow_tf32=True, params=dict(EMULATED, split_k=4))
+    assert plan.algorithm == "mma" and plan.splits == 4 and plan.workspace is not None
+    assert "split_k 1" in gemm_ops.params_problem(dict(gemm_ops.DEFAULT_MMA16, split_k=2),
+                                                   ctx.info)
+
+
 def test_emulated_mma_strides_batches_epilogue(ctx, rng):
     """Offsets, padded leading dimensions and batch strides; beta, bias and activation; three
     stages and several warps along N."""

@@ -244,6 +244,11 @@ def _mma_problem(params, info):
     bits = params.get("ab_bits", 32)
     if bits not in (16, 32):
         return f"ab_bits must be 32 (float32 operands, TF32) or 16 (float16 / bfloat16), got {bits!r}"
+    split = params.get("split_k", 1)
+    if not isinstance(split, int) or isinstance(split, bool) or split < 1:
+        return f"split_k must be an int >= 1, got {split!r}"
+    if split > 1 and bits == 16:
+        return "16-bit operands are not split along K (split_k 1)"
     kstep, per_copy = (16, 8) if bits == 16 else (8, 4)
     if tk % kstep or tm % (16 * wm) or tn % (8 * wn):
         return (f"tile {tm}x{tn}x{tk} must be whole mma tiles per warp: TILE_K a multiple of "
@@ -590,20 +595,16 @@ class TiledSolver(GemmSolver):
         # NVIDIA's compiler ignores the cap for a kernel that declares its work-group size
         # (reqd_size 0 may also be forced, to test the kernel without the declaration).
         reqd_size = 0 if options else int(params.get("reqd_size", 1))
-        split = max(1, int(params.get("split_k", 1)))
-        k_chunk = _round_up(math.ceil(problem.k / split), params["tile_k"])
         return GemmConfig(global_vec=gvec, c_vec=vec if c_aligned else 1, nv_async=nv_async,
-                          reqd_size=reqd_size, splits=math.ceil(problem.k / k_chunk),
-                          k_chunk=k_chunk, options=options)
+                          reqd_size=reqd_size, options=options,
+                          **_split_config(problem, params["tile_k"], params.get("split_k", 1)))
 
     def workspace_size(self, ctx, problem, params=None, config=None):
         """The split-K partial sums: ``batch * splits`` M x N floats (none in one pass)."""
         if config is None:
             config = self.configure(ctx, problem, params or self.forced(ctx, problem),
                                     GemmLayout())
-        if config.splits < 2:
-            return 0
-        return 4 * problem.batch * config.splits * problem.m * problem.n
+        return _split_workspace(problem, config)
 
     def template_params(self, params, config):
         return {"TILE_M": params["tile_m"], "TILE_N": params["tile_n"],
@@ -618,7 +619,7 @@ class TiledSolver(GemmSolver):
 
     def launches(self, ctx, problem, params, config, args, workspace):
         M, N, batch = problem.m, problem.n, problem.batch
-        i32, i64, f32 = np.int32, np.int64, np.float32
+        i32 = np.int32
         threads = tiled_threads(params)
         grid = (math.ceil(N / params["tile_n"]) * threads, math.ceil(M / params["tile_m"]),
                 batch * config.splits)
@@ -626,16 +627,40 @@ class TiledSolver(GemmSolver):
             return [("gemm_tiled", grid, (threads, 1, 1),
                      [*args.ab, *args.c, *args.out, *args.folds, i32(1), i32(problem.k),
                       *args.chain])]
-        # Raw partial sums into the workspace ([batch * splits][M][N], dense: unit alpha, no
-        # beta, no fold of C), then their sum with the epilogue.
-        group = min(64, ctx.info.max_work_group_size)
-        return [("gemm_tiled", grid, (threads, 1, 1),
-                 [*args.ab, workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0), *args.out,
-                  *args.folds[:10], *_fold_args(None, False), i32(config.splits),
-                  i32(config.k_chunk), *args.chain]),
-                ("gemm_splitk_reduce", (_round_up(N, group), M, batch), (group, 1, 1),
-                 [i32(M), i32(N), i32(config.splits), workspace, *args.c, *args.out,
-                  *_fold_args(args.fold_c, False), *args.chain])]
+        return _split_launches(ctx, "gemm_tiled", grid, threads, problem, config, args,
+                               workspace)
+
+
+def _split_config(problem, tile_k, split_k):
+    """GemmConfig's splits and k_chunk for ``split_k`` chunks of K (a multiple of tile_k each;
+    a K shorter than the chunks runs in one pass)."""
+    split = max(1, int(split_k))
+    k_chunk = _round_up(math.ceil(problem.k / split), tile_k)
+    return {"splits": math.ceil(problem.k / k_chunk), "k_chunk": k_chunk}
+
+
+def _split_workspace(problem, config):
+    """Bytes of a split plan's partial sums: ``batch * splits`` M x N floats (none in one
+    pass)."""
+    if config.splits < 2:
+        return 0
+    return 4 * problem.batch * config.splits * problem.m * problem.n
+
+
+def _split_launches(ctx, kernel, grid, threads, problem, config, args, workspace):
+    """A GEMM split along K: ``kernel`` writes raw partial sums into the workspace
+    ([batch * splits][M][N], dense: unit alpha, no beta, no fold of C), then
+    gemm_splitk_reduce (in the same program) adds them with the epilogue."""
+    M, N, batch = problem.m, problem.n, problem.batch
+    i32, i64, f32 = np.int32, np.int64, np.float32
+    group = min(64, ctx.info.max_work_group_size)
+    return [(kernel, grid, (threads, 1, 1),
+             [*args.ab, workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0), *args.out,
+              *args.folds[:10], *_fold_args(None, False), i32(config.splits),
+              i32(config.k_chunk), *args.chain]),
+            ("gemm_splitk_reduce", (_round_up(N, group), M, batch), (group, 1, 1),
+             [i32(M), i32(N), i32(config.splits), workspace, *args.c, *args.out,
+              *_fold_args(args.fold_c, False), *args.chain])]
 
 
 class SplitKSolver(TiledSolver):
@@ -712,7 +737,10 @@ class MmaSolver(GemmSolver):
     kernel header says what each means), optionally ``tile_group``, ``staged`` (1: slices go
     through registers and are rounded to TF32 once, 2 stages; float32 operands only),
     ``round`` ("cvt": cvt.rna.tf32.f32; "int": the same rounding in integer operations) and
-    ``ab_bits`` (16: parameters for 16-bit operands; 32, the default, for float32).
+    ``ab_bits`` (16: parameters for 16-bit operands; 32, the default, for float32) and
+    ``split_k`` (float32 operands: K in that many chunks, work-groups of their own, whose raw
+    sums gemm_splitk_reduce adds with the epilogue, as the splitk solver's; no rule splits yet,
+    it is given as a plan's ``params``).
     Parameters with ``"emulate": 1`` compute the same mma fragments through local memory on
     any device (the kernel's addressing checked where no tensor core is); they are given as a
     plan's ``params``, never chosen."""
@@ -764,7 +792,15 @@ class MmaSolver(GemmSolver):
                                            layout.fold_a) else 1,
             global_vec_b=per_copy if aligned(layout.b_off, layout.ldb, layout.stride_b,
                                              layout.fold_b) else 1,
-            c_vec=2 if c_pairs else 1, nv_async=nv_async)
+            c_vec=2 if c_pairs else 1, nv_async=nv_async,
+            **_split_config(problem, params["tile_k"], params.get("split_k", 1)))
+
+    def workspace_size(self, ctx, problem, params=None, config=None):
+        """The split-K partial sums, as the splitk solver's (none in one pass)."""
+        if config is None:
+            config = self.configure(ctx, problem, params or self.forced(ctx, problem),
+                                    GemmLayout())
+        return _split_workspace(problem, config)
 
     def template_params(self, params, config):
         return {"TILE_M": params["tile_m"], "TILE_N": params["tile_n"],
@@ -774,13 +810,18 @@ class MmaSolver(GemmSolver):
                 "NV_ASYNC": config.nv_async,
                 "GROUP_M": params.get("tile_group", 1), "EMULATE": params.get("emulate", 0),
                 "CVEC": config.c_vec, "ROUND": params.get("round", "cvt"),
-                "STAGED": params.get("staged", 0)}
+                "STAGED": params.get("staged", 0), "SPLIT_K": int(config.splits > 1)}
 
     def launches(self, ctx, problem, params, config, args, workspace):
         threads = 32 * params["warps_m"] * params["warps_n"]
-        return [("gemm_mma", (math.ceil(problem.n / params["tile_n"]) * threads,
-                              math.ceil(problem.m / params["tile_m"]), problem.batch),
-                 (threads, 1, 1), [*args.ab, *args.c, *args.out, *args.folds, *args.chain])]
+        grid = (math.ceil(problem.n / params["tile_n"]) * threads,
+                math.ceil(problem.m / params["tile_m"]), problem.batch * config.splits)
+        if config.splits < 2:
+            return [("gemm_mma", grid, (threads, 1, 1),
+                     [*args.ab, *args.c, *args.out, *args.folds, np.int32(1),
+                      np.int32(problem.k), *args.chain])]
+        return _split_launches(ctx, "gemm_mma", grid, threads, problem, config, args,
+                               workspace)
 
 
 class _GemmFamily(solver.Family):
@@ -1174,8 +1215,8 @@ class GemmPlan:
             self._add_launch(built, name, global_size, local_size, kernel_args)
         self.splits = self.config.splits
         # What runs: a "splitk" plan whose K fits one chunk runs the tiled kernel alone.
-        self.algorithm = "splitk" if self.splits > 1 else \
-            "tiled" if chosen.name == "splitk" else chosen.name
+        self.algorithm = "splitk" if self.splits > 1 and chosen.name in ("tiled", "splitk") \
+            else "tiled" if chosen.name == "splitk" else chosen.name
 
     def _add_launch(self, built, name, global_size, local_size, args):
         """A launch of kernel ``name`` with ``args`` bound once, on a kernel object of its own."""
