@@ -518,7 +518,12 @@ class GemmSolver(solver.Solver):
         return GemmConfig()
 
     def workspace_size(self, ctx, problem, params=None, config=None):
-        return 0
+        """The split-K partial sums of a plan split along K (``config.splits`` > 1):
+        ``batch * splits`` M x N floats; none in one pass."""
+        if config is None:
+            config = self.configure(ctx, problem, params or self.forced(ctx, problem),
+                                    GemmLayout())
+        return _split_workspace(problem, config)
 
     def prepare(self, ctx, problem, params, config, common):
         """The built program of ``params`` and ``config``; ``common``: the template parameters
@@ -598,13 +603,6 @@ class TiledSolver(GemmSolver):
         return GemmConfig(global_vec=gvec, c_vec=vec if c_aligned else 1, nv_async=nv_async,
                           reqd_size=reqd_size, options=options,
                           **_split_config(problem, params["tile_k"], params.get("split_k", 1)))
-
-    def workspace_size(self, ctx, problem, params=None, config=None):
-        """The split-K partial sums: ``batch * splits`` M x N floats (none in one pass)."""
-        if config is None:
-            config = self.configure(ctx, problem, params or self.forced(ctx, problem),
-                                    GemmLayout())
-        return _split_workspace(problem, config)
 
     def template_params(self, params, config):
         return {"TILE_M": params["tile_m"], "TILE_N": params["tile_n"],
@@ -794,13 +792,6 @@ class MmaSolver(GemmSolver):
                                              layout.fold_b) else 1,
             c_vec=2 if c_pairs else 1, nv_async=nv_async,
             **_split_config(problem, params["tile_k"], params.get("split_k", 1)))
-
-    def workspace_size(self, ctx, problem, params=None, config=None):
-        """The split-K partial sums, as the splitk solver's (none in one pass)."""
-        if config is None:
-            config = self.configure(ctx, problem, params or self.forced(ctx, problem),
-                                    GemmLayout())
-        return _split_workspace(problem, config)
 
     def template_params(self, params, config):
         return {"TILE_M": params["tile_m"], "TILE_N": params["tile_n"],
