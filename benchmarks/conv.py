@@ -3,6 +3,7 @@ forward, backward-data and backward-filter, against the vendor library in the sa
 
     python benchmarks/conv.py [--batch 64] [--models resnet50 mobilenet_v2] [--find] [--tf32]
                               [--directions forward backward_data backward_filter]
+                              [--algo NAME]
                               [--output benchmarks/results/conv-X.json]
 
 Every result is checked against a float64 reference of the same inputs before it is timed
@@ -95,7 +96,8 @@ def distinct(layers):
 TF32_TOLERANCE = 3e-3
 
 
-def bench_layer(ctx, layer, batch, directions, device, rng, repeat, tolerance=1e-5):
+def bench_layer(ctx, layer, batch, directions, device, rng, repeat, tolerance=1e-5,
+                forced=None):
     name, c, k, h, r, stride, pad, groups = layer
     x = rng.uniform(-1, 1, (batch, c, h, h)).astype(np.float32)
     w = rng.uniform(-1, 1, (k, c // groups, r, r)).astype(np.float32)
@@ -108,7 +110,12 @@ def bench_layer(ctx, layer, batch, directions, device, rng, repeat, tolerance=1e
     kw = dict(stride=stride, padding=pad, groups=groups)
     results = []
     for direction in directions:
-        algo = selection.choose(ctx, conv.problem, direction)
+        if forced is not None:
+            if forced not in selection.applicable(ctx, conv.problem, direction):
+                continue
+            algo = forced
+        else:
+            algo = selection.choose(ctx, conv.problem, direction)
         if direction == "forward":
             out = dp.Tensor.full(ctx, yshape, np.nan)
             run = lambda: conv.forward(X, W, out, algo=algo)  # noqa: E731
@@ -207,6 +214,8 @@ def main():
                         help="start no new layer after this many seconds (0: no limit)")
     parser.add_argument("--tf32", action="store_true",
                         help="TF32 allowed for us (ctx.allow_tf32) and for cuDNN / cuBLAS")
+    parser.add_argument("--algo", default=None,
+                        help="run this algorithm, on the layers and directions it applies to")
     args = parser.parse_args()
     if args.find:
         os.environ["DLPRIM_FIND_MODE"] = "find"
@@ -231,7 +240,7 @@ def main():
             try:
                 for row in bench_layer(ctx, layer, args.batch, args.directions, device, rng,
                                        args.repeat,
-                                       TF32_TOLERANCE if args.tf32 else 1e-5):
+                                       TF32_TOLERANCE if args.tf32 else 1e-5, args.algo):
                     row["model"] = model
                     results.append(row)
             except Exception as e:  # keep the rest of the run; the failure is recorded

@@ -407,3 +407,24 @@ def test_mma_emulation_matches_the_tensor_cores(ctx, rng):
         c1, a, b, _, _ = _run(ctx, np.random.default_rng(1), 37, 45, 29, ta, tb, EMULATED)
         c2, _, _, _, _ = _run(ctx, np.random.default_rng(1), 37, 45, 29, ta, tb, hw)
         assert_close(c2, c1.astype(np.float64))
+
+
+def test_long_k_splits_in_the_mma_kernel():
+    """A TF32 GEMM with few output tiles and a long K (a 1x1 convolution's filter gradient:
+    K = batch x pixels) splits K in the mma kernel itself, as the tiled solver's rule says;
+    emulated and 16-bit parameters are left alone."""
+    from dlprim_py.ops.gemm import _split_long_k
+
+    class Info:
+        is_gpu, compute_units = True, 132
+        name, vendor = "a GPU", "nvidia"
+
+    params = dict(gemm_ops.DEFAULT_MMA)   # 128 x 128 tiles of 8 warps
+    split = _split_long_k(params, Info, 64, 256, 64 * 3136, 1)
+    # 2 tiles of 256 work-items: 4 groups per unit wanted, chunks of at least 1024.
+    assert split["solver"] == "mma" and split["split_k"] == 196
+    assert _split_long_k(params, Info, 64, 256, 512, 1).get("split_k", 1) == 1       # short K
+    assert _split_long_k(params, Info, 4096, 4096, 1 << 16, 1).get("split_k", 1) == 1  # tiles
+    assert "split_k" not in _split_long_k(dict(EMULATED), Info, 64, 256, 64 * 3136, 1)
+    assert "split_k" not in _split_long_k(dict(gemm_ops.DEFAULT_MMA16), Info, 64, 256,
+                                          64 * 3136, 1)

@@ -737,8 +737,9 @@ class MmaSolver(GemmSolver):
     ``round`` ("cvt": cvt.rna.tf32.f32; "int": the same rounding in integer operations) and
     ``ab_bits`` (16: parameters for 16-bit operands; 32, the default, for float32) and
     ``split_k`` (float32 operands: K in that many chunks, work-groups of their own, whose raw
-    sums gemm_splitk_reduce adds with the epilogue, as the splitk solver's; no rule splits yet,
-    it is given as a plan's ``params``).
+    sums gemm_splitk_reduce adds with the epilogue, as the splitk solver's; set where the
+    output tiles leave the GPU idle and K is long, by ``_split_long_k``, or given as a plan's
+    ``params``).
     Parameters with ``"emulate": 1`` compute the same mma fragments through local memory on
     any device (the kernel's addressing checked where no tensor core is); they are given as a
     plan's ``params``, never chosen."""
@@ -881,7 +882,8 @@ def select_params(ctx, M, N, K, batch=1, algorithm=None, tf32=False, dtype="floa
 def tf32_params(ctx, M, N, K, batch=1):
     """Parameters of the "mma" solver for a TF32 GEMM of these sizes, for operators that run
     their GEMMs in TF32 by choice (the convolution's TF32 algorithms): the first "mma" rule
-    of the tuning database that holds and runs here, else ``DEFAULT_MMA``; on a device without
+    of the tuning database that holds and runs here, else ``DEFAULT_MMA``, split along a long
+    K where its tiles would leave the GPU idle (``_split_long_k``); on a device without
     TF32 mma.sync, ``EMULATED_MMA`` (which such operators use only under DLPRIM_TF32_EMULATE).
     Memoized per context."""
     key = ("gemm.tf32_params", M, N, K, batch, tuning.generation)
@@ -890,7 +892,9 @@ def tf32_params(ctx, M, N, K, batch=1):
         if mma_device_problem(ctx.info) is not None:
             found = dict(EMULATED_MMA)
         else:
-            found = FAMILY.solvers["mma"].forced(ctx, GemmProblem(M, N, K, batch, True))
+            found = _split_long_k(
+                FAMILY.solvers["mma"].forced(ctx, GemmProblem(M, N, K, batch, True)),
+                ctx.info, M, N, K, batch)
         ctx.plans.put(key, found)
     return dict(found)
 
@@ -904,7 +908,7 @@ def _tuned(ctx, problem, chosen):
                                  lambda p: p.get("solver") == chosen.name
                                  and params_problem(p, info) is None and _bits_match(p, problem))
     params = dict(params or chosen.defaults_for(problem))
-    if chosen.name in ("tiled", "splitk"):
+    if chosen.name in ("tiled", "splitk") or (chosen.name == "mma" and not problem.ab16):
         params = _split_long_k(params, info, problem.m, problem.n, problem.k, problem.batch)
     return params
 
@@ -915,8 +919,11 @@ def _split_long_k(params, info, M, N, K, batch):
     ``items_per_unit`` work-items (at least ``min_groups_per_unit`` work-groups) per compute
     unit, chunks of at least ``min_chunk`` along K. A rule's own split_k stands when it already
     fills the device (a measured rule also serves shapes near the one it was measured on, with
-    other tile counts). Tiled parameters split this way become the "splitk" solver's."""
-    if params.get("solver") not in ("tiled", "splitk"):
+    other tile counts). Tiled parameters split this way become the "splitk" solver's; "mma"
+    parameters (float32 operands) split in the mma kernel itself."""
+    solver_name = params.get("solver")
+    if solver_name not in ("tiled", "splitk", "mma") or params.get("emulate") \
+            or params.get("ab_bits", 32) == 16:
         return params
     rule, _ = tuning.lookup(info, "gemm_split",
                             {"m": M, "n": N, "k": K, "mn": M * N, "batch": batch,
@@ -926,10 +933,15 @@ def _split_long_k(params, info, M, N, K, batch):
     tiles = batch * math.ceil(M / params["tile_m"]) * math.ceil(N / params["tile_n"])
     if tiles * max(1, params.get("split_k", 1)) >= info.compute_units:
         return params
+    threads = 32 * params["warps_m"] * params["warps_n"] if solver_name == "mma" \
+        else tiled_threads(params)
     target = info.compute_units * max(rule["min_groups_per_unit"],
-                                      rule["items_per_unit"] // tiled_threads(params))
+                                      rule["items_per_unit"] // threads)
     split = min(math.ceil(target / tiles), K // rule["min_chunk"])
-    return dict(params, solver="splitk", split_k=split) if split >= 2 else params
+    if split < 2:
+        return params
+    return dict(params, split_k=split) if solver_name == "mma" else \
+        dict(params, solver="splitk", split_k=split)
 
 
 _PER = {None: 0, "n": 1, "m": 2, "position": 3}
