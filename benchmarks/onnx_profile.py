@@ -4,6 +4,9 @@ events (one run), and the bytes the plan holds by kind with its largest buffers 
 that bind them.
 
     python benchmarks/onnx_profile.py densenet121 vgg16 --batch 64 [--image-size 224] [--top 12]
+                                      [--tf32]
+
+``--tf32``: TF32 allowed in the context (``ctx.allow_tf32``), as benchmarks/onnx.py --tf32.
 """
 import argparse
 import collections
@@ -71,11 +74,14 @@ def main(argv=None):
     p.add_argument("--batch", default="64")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--tf32", action="store_true", help="TF32 allowed (ctx.allow_tf32)")
     args = p.parse_args(argv)
     for name in args.models:
         for batch in (int(b) for b in args.batch.split(",")):
             # A context per case: the convolution workspace of one does not show in another.
-            profile(dp.Context(), name, batch, args.image_size, args.top)
+            ctx = dp.Context()
+            ctx.allow_tf32 = True if args.tf32 else None
+            profile(ctx, name, batch, args.image_size, args.top)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@
 ##     I > 1: one work item per (o, i) column walking its N elements (coalesced across i).
 ##
 ## part == "lookback" (template parameters acc: the element type; vec: 1 where whole tiles may be
-## read and written as 4-vectors):
+## read and written as 4-vectors; lper: elements per work item, a multiple of 4):
 ##   scan_lookback(N, chunks, tiles, x, x_off, y, y_off, status, reverse)
 ##     The single-pass scan (decoupled look-back): one work-group per tile of TILE = GROUP * LPER
 ##     elements of a row, ``tiles`` = rows * chunks of them. A group takes its tile from a
@@ -147,7 +147,7 @@ __kernel void scan_columns(index_t total, index_t N, index_t I, __global const $
     }
 }
 % elif part == "lookback":
-#define LPER 16
+#define LPER ${lper}
 #define TILE (GROUP * LPER)
 #define ACC ${acc}
 #define ACC4 ${acc}4

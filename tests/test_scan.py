@@ -301,3 +301,21 @@ def test_lookback_long_rows_repeated(ctx, rng):
     for _ in range(4):
         for X, want in zip(inputs, wants):
             assert_close(F.cumsum(X, 0, algorithm="lookback").numpy(), want)
+
+
+@pytest.mark.parametrize("per", [8, 32])
+def test_lookback_tile_lengths(ctx, rng, tuning_rules, per):
+    """A rule's per_item sets the look-back tile (elements per work item): rows across tile
+    boundaries of that length scan right, and a value the kernel cannot take is refused."""
+    from dlprim_py.ops import scan
+    tuning_rules("cumsum", [{"when": {}, "params": {"solver": "lookback", "per_item": per}}])
+    assert scan.lookback_per(ctx, 1, 5000) == per
+    T = scan._lookback_group(ctx, 4, per) * per
+    for shape in ((T - 1,), (T + 1,), (3 * T + 5,), (2, T + 3)):
+        x = random(rng, shape)
+        poison_pool(ctx, _POISON)
+        out = F.cumsum(t_(ctx, x), -1, algorithm="lookback")
+        assert_close(out.numpy(), np.cumsum(x.astype(np.float64), -1))
+    tuning_rules("cumsum", [{"when": {}, "params": {"solver": "lookback", "per_item": 12}}])
+    with pytest.raises(dp.DlprimError, match="per_item"):
+        F.cumsum(t_(ctx, random(rng, (100,))), -1, algorithm="lookback")

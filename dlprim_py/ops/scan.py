@@ -34,7 +34,7 @@ import pyopencl as cl
 
 from .. import autograd, config, program, solver, tuning
 from ..dtypes import as_dtype, bool_, cl_name, float32, int32, int64
-from ..errors import DTypeError, ShapeError, not_a_tensor
+from ..errors import DlprimError, DTypeError, ShapeError, not_a_tensor
 from ..launch import bind
 from ..tensor import Tensor
 from . import masks, tensor_ops
@@ -54,7 +54,7 @@ class SortResult(NamedTuple):
 
 # Every template parameter of kernels/scan.cl.mako (Mako asks for all of them whatever the
 # part), with the value of a part that does not use it.
-_UNUSED = dict(src="", acc="", key="", vec=0, ptx_fence=0)
+_UNUSED = dict(src="", acc="", key="", vec=0, ptx_fence=0, lper=16)
 
 
 def _kernel(ctx, name, index_t, **params):
@@ -83,7 +83,10 @@ def _args(ix, args):
 
 # ---- cumsum --------------------------------------------------------------------------------
 
-_LOOKBACK_PER = 16   # elements per work item in a look-back tile (kernels/scan.cl.mako's LPER)
+# Elements per work item in a look-back tile (kernels/scan.cl.mako's LPER) where no rule gives
+# "per_item"; the values a rule may give (multiples of the kernel's 4-vectors).
+_LOOKBACK_PER = 16
+_LOOKBACK_PERS = (4, 8, 16, 32)
 
 
 @dataclass(frozen=True)
@@ -144,26 +147,46 @@ def _status(ctx, tiles):
     return found[0]
 
 
-def _lookback_local_bytes(group, itemsize):
+def _lookback_local_bytes(group, itemsize, per=_LOOKBACK_PER):
     """Local memory of scan_lookback (kernels/scan.cl.mako): the padded tile, the items' sums,
     the look-back window's values and flags, and a few words."""
-    tile = group * _LOOKBACK_PER
+    tile = group * per
     return (tile + tile // 32 + group + 32 + 1) * itemsize + 32 * 4 + 16
 
 
-def _lookback_group(ctx, itemsize):
+def lookback_per(ctx, rows, N):
+    """Elements per work item of a look-back tile for rows of N: the "per_item" of the first
+    cumsum rule naming "lookback" that holds and gives one (``tuning_db/cumsum.json``), else
+    ``_LOOKBACK_PER``. Longer tiles mean fewer tiles, so a shorter chain of look-backs along
+    a long row."""
+    key = ("cumsum.lookback_per", rows, N, tuning.generation)
+    per = ctx.plans.get(key)
+    if per is None:
+        params = tuning.merged_params(
+            ctx.info, "cumsum", {"rows": rows, "n": N, "gpu": int(ctx.info.is_gpu)},
+            lambda p: p.get("solver") == "lookback" and "per_item" in p)
+        per = params.get("per_item", _LOOKBACK_PER)
+        if per not in _LOOKBACK_PERS:
+            raise DlprimError(f"cumsum rule: per_item must be one of {_LOOKBACK_PERS}, got "
+                              f"{per!r}")
+        ctx.plans.put(key, per)
+    return per
+
+
+def _lookback_group(ctx, itemsize, per=_LOOKBACK_PER):
     """Work-items per look-back group: up to 256, halved while the tile of ``itemsize``-byte
     sums does not fit the device's local memory (int64 tiles on a 32 KiB device)."""
     group = group_size(ctx, 256)
-    while group > 32 and _lookback_local_bytes(group, itemsize) > ctx.info.local_mem_size:
+    while group > 32 and _lookback_local_bytes(group, itemsize, per) > ctx.info.local_mem_size:
         group //= 2
     return group
 
 
 def _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
     """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x, one pass."""
-    group = _lookback_group(ctx, np.dtype(acc).itemsize)
-    tile = group * _LOOKBACK_PER
+    per = lookback_per(ctx, rows, N)
+    group = _lookback_group(ctx, np.dtype(acc).itemsize, per)
+    tile = group * per
     chunks = -(-N // tile)
     tiles = rows * chunks
     if tiles >= _INT32_LIMIT // 8:
@@ -173,7 +196,8 @@ def _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
     # 4-vectors where every row starts on a 4-element boundary of both buffers.
     vec = int(x_off % 4 == 0 and y_off % 4 == 0 and (N % 4 == 0 or rows == 1))
     kernel = _kernel(ctx, "scan_lookback", index_t, part="lookback", acc=cl_name(acc),
-                     group=group, vec=vec, ptx_fence=int(ctx.info.vendor == "nvidia"))
+                     group=group, vec=vec, ptx_fence=int(ctx.info.vendor == "nvidia"),
+                     lper=per)
     kernel(ctx.queue, (tiles * group,), (group,),
            *_args(ix, (N, chunks, _flag(tiles), x, x_off, y, y_off, _status(ctx, tiles),
                        _flag(reverse))))
