@@ -16,6 +16,9 @@
 ##     y[o, l, i] = x[o, idx[o*sO + l*sL + i*sI], i] over the (O, L, I) output: gather with
 ##     the index's own strides (sO, sL, sI) = (L*I, I, 1), index_select and embedding with
 ##     (0, 1, 0).
+##   gather_last4(total4, L, D, x, x_off, idx, idx_off, y, y_off, flag)
+##     gather_dim for I = 1, a dense index and L % 4 == 0: four outputs per item (total4 of
+##     them), the index read as long4.
 ##   scatter_dim(total, L, I, D, src, src_off, value, use_value, idx, idx_off, y, y_off, flag)
 ##     y[o, idx[o, l, i], i] = src[o, l, i] (or ``value``) over the (O, L, I) index; where two
 ##     entries name one element, one of the writes wins (torch leaves it unspecified too).
@@ -77,6 +80,29 @@ __kernel void gather_dim(index_t total, index_t L, index_t I, long D,
         else
             report(flag, v, D);
         y[y_off + g] = out;
+    }
+}
+
+// gather_dim where the gathered dimension is the last (I = 1) and rows of the index hold a
+// multiple of 4: four outputs per item, the index read as one long4 and the four reads of x
+// issued together (the dependent index-then-value loads of gather_dim leave one read of x in
+// flight per item), the outputs written as one 4-vector.
+__kernel void gather_last4(index_t total4, index_t L, long D,
+                           __global const ${T}* x, index_t x_off,
+                           __global const long* idx, index_t idx_off,
+                           __global ${T}* y, index_t y_off, __global long* flag)
+{
+    for (index_t g4 = get_global_id(0); g4 < total4; g4 += get_global_size(0)) {
+        const index_t g = 4 * g4;
+        const index_t o = g / L;
+        const long4 v = vload4(0, idx + idx_off + g);
+        __global const ${T}* row = x + x_off + o * (index_t)D;
+        ${T}4 out = (${T}4)(0);
+        if (v.x >= 0 && v.x < D) out.x = row[v.x]; else report(flag, v.x, D);
+        if (v.y >= 0 && v.y < D) out.y = row[v.y]; else report(flag, v.y, D);
+        if (v.z >= 0 && v.z < D) out.z = row[v.z]; else report(flag, v.z, D);
+        if (v.w >= 0 && v.w < D) out.w = row[v.w]; else report(flag, v.w, D);
+        vstore4(out, 0, y + y_off + g);
     }
 }
 

@@ -59,7 +59,9 @@ def index_add_algo(request, monkeypatch):
 # ---- gather / scatter / scatter_add ----------------------------------------------------------
 
 @pytest.mark.parametrize("shape,dim,index_shape", [
-    ((3, 5, 4), 1, (3, 7, 4)), ((3, 5, 4), -1, (2, 5, 6)), ((6, 4), 0, (9, 3)), ((5,), 0, (8,))])
+    ((3, 5, 4), 1, (3, 7, 4)), ((3, 5, 4), -1, (2, 5, 6)), ((6, 4), 0, (9, 3)), ((5,), 0, (8,)),
+    # along the last dimension, rows of a multiple of 4 (four outputs per work item)
+    ((3, 5, 9), -1, (2, 5, 8)), ((2, 9), 1, (2, 12))])
 def test_gather_and_its_gradient(ctx, rng, shape, dim, index_shape):
     x = random(rng, shape)
     index = rng.integers(0, shape[dim], index_shape)     # duplicates, a smaller index
@@ -74,6 +76,9 @@ def test_gather_and_its_gradient(ctx, rng, shape, dim, index_shape):
 def test_gather_other_dtypes_and_method(ctx, rng):
     x = rng.integers(-9, 9, (4, 6)).astype(np.int64)
     index = rng.integers(0, 6, (4, 3))
+    out = t_(ctx, x).gather(1, t_(ctx, index))
+    np.testing.assert_array_equal(out.numpy(), np.take_along_axis(x, index, 1))
+    index = rng.integers(0, 6, (4, 8))      # four per work item
     out = t_(ctx, x).gather(1, t_(ctx, index))
     np.testing.assert_array_equal(out.numpy(), np.take_along_axis(x, index, 1))
 

@@ -173,10 +173,16 @@ def _gather_into(y, x, dim, index):
     O, L, I = _split(_as_1d(index).shape, dim)
     D = _as_1d(x).shape[dim]
     ctx = x.ctx
-    _run(ctx, "gather_dim", x.dtype, O * L * I, max(O * L * I, x.offset_elements + x.size,
-                                                   index.offset_elements + index.size),
-         O * L * I, L, I, scalar(np.int64, D), x.buffer, x.offset_elements, index.buffer,
-         index.offset_elements, L * I, I, 1, y.buffer, y.offset_elements, range_flag(ctx))
+    extent = max(O * L * I, x.offset_elements + x.size, index.offset_elements + index.size)
+    if I == 1 and L % 4 == 0:
+        # Along the last dimension: four outputs per item (kernels/indexing.cl.mako).
+        _run(ctx, "gather_last4", x.dtype, O * L // 4, extent, O * L // 4, L,
+             scalar(np.int64, D), x.buffer, x.offset_elements, index.buffer,
+             index.offset_elements, y.buffer, y.offset_elements, range_flag(ctx))
+        return
+    _run(ctx, "gather_dim", x.dtype, O * L * I, extent, O * L * I, L, I, scalar(np.int64, D),
+         x.buffer, x.offset_elements, index.buffer, index.offset_elements, L * I, I, 1,
+         y.buffer, y.offset_elements, range_flag(ctx))
 
 
 def gather(input, dim, index, *, sparse_grad=False):
