@@ -164,8 +164,24 @@ class Block:
         return x + m
 
 
+def _print_kernel_profile(ctx, call, label):
+    """Device time per kernel name over one call (profiling events): where the time goes."""
+    from dlprim_py import launch
+    with launch.kernel_events() as events:
+        call()
+    ctx.queue.finish()
+    per = {}
+    for kernel, event in events:
+        n, t = per.get(kernel, (0, 0.0))
+        per[kernel] = (n + 1, t + (event.profile.end - event.profile.start) * 1e-6)
+    busy = sum(t for _, t in per.values())
+    print(f"  {label}: {len(events)} launches, device busy {busy:.3f} ms")
+    for kernel, (n, t) in sorted(per.items(), key=lambda kv: -kv[1][1])[:14]:
+        print(f"     {kernel:40s} {n:4d} x {1e3 * t / n:8.1f} us = {t:7.3f} ms")
+
+
 def block_case(ctx, torch, torch_device, batch, seq, d_model, heads, train, warmup, repeat,
-               seed=0):
+               seed=0, profile=False):
     block = Block(d_model, heads, 4 * d_model, seed)
     rng = np.random.default_rng(seed + 1)
     x_np = rng.standard_normal((batch, seq, d_model)).astype(np.float32)
@@ -215,6 +231,8 @@ def block_case(ctx, torch, torch_device, batch, seq, d_model, heads, train, warm
         else (lambda: None)
     ours_t = nets.wall_times(call, drain, warmup, repeat)
     theirs_t = nets.wall_times(torch_call, torch_drain, warmup, repeat)
+    if profile:
+        _print_kernel_profile(ctx, call, f"block {'train' if train else 'infer'}")
     return {"case": "block", "shape": [batch, seq, d_model, heads], "train": train, "ok": ok,
             "errors": {k: v for k, v in errors.items()}, "ours": nets._summary_ms(ours_t),
             "torch": nets._summary_ms(theirs_t)}
@@ -243,6 +261,8 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes (batch 2, heads 2, seq 64/96, head dim 16; block 2x32x64): a "
                         "run that checks the script on PoCL")
+    p.add_argument("--profile", action="store_true",
+                   help="also print the block's device time per kernel (profiling events)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--device", default=None, help="OpenCL device (P:D or part of its name)")
@@ -280,7 +300,7 @@ def main(argv=None):
         for train in (False, True):
             report(block_case(ctx, torch, torch_device, args.block_batch, args.block_seq,
                               args.d_model, args.d_model // 64 if not args.quick else 4, train,
-                              args.warmup, args.repeat))
+                              args.warmup, args.repeat, profile=args.profile))
     print(f"\n{'case':40s} {'ours ms':>9s} {'torch ms':>9s} {'torch/ours':>10s} "
           f"{'TFLOP/s':>8s}  status")
     for r in rows:
