@@ -83,6 +83,18 @@ def test_tuned_choice_is_the_solver_layers(table):
     assert gemm_ops.select_params(ctx, 64, 64, 200704)["solver"] == "splitk"
 
 
+def test_transformer_shapes_take_their_measured_rules(table):
+    """On the H200 a transformer's projections (4096 tokens, width 768, MLP 3072) take the
+    64 x 128 tiles measured on them, not the nearest square's 64 x 256; the weight gradient
+    its split."""
+    ctx = fake_context(table["devices"]["h200"])
+    for M, N, K in ((4096, 768, 768), (4096, 3072, 768), (4096, 768, 3072)):
+        params = gemm_ops.select_params(ctx, M, N, K)
+        assert (params["solver"], params["tile_m"], params["tile_n"]) == ("tiled", 64, 128)
+    params = gemm_ops.select_params(ctx, 768, 768, 4096)
+    assert (params["solver"], params["split_k"], params["tile_group"]) == ("splitk", 6, 8)
+
+
 @pytest.mark.parametrize("algorithm", gemm_ops.ALGORITHMS)
 def test_every_solver_forced(ctx, rng, monkeypatch, algorithm):
     """Each solver forced through DLPRIM_GEMM_ALGO, against numpy float64 on poisoned outputs:
