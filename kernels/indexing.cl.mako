@@ -19,6 +19,9 @@
 ##   gather_last4(total4, L, D, x, x_off, idx, idx_off, y, y_off, flag)
 ##     gather_dim for I = 1, a dense index and L % 4 == 0: four outputs per item (total4 of
 ##     them), the index read as long4.
+##   select_rows4(total4, L, I4, D, x, x_off, idx, idx_off, y, y_off, flag)
+##     index_select / embedding's gather_dim (index strides (0, 1, 0)) for I = 4 * I4: a
+##     4-vector of a row per item.
 ##   scatter_dim(total, L, I, D, src, src_off, value, use_value, idx, idx_off, y, y_off, flag)
 ##     y[o, idx[o, l, i], i] = src[o, l, i] (or ``value``) over the (O, L, I) index; where two
 ##     entries name one element, one of the writes wins (torch leaves it unspecified too).
@@ -103,6 +106,29 @@ __kernel void gather_last4(index_t total4, index_t L, long D,
         if (v.z >= 0 && v.z < D) out.z = row[v.z]; else report(flag, v.z, D);
         if (v.w >= 0 && v.w < D) out.w = row[v.w]; else report(flag, v.w, D);
         vstore4(out, 0, y + y_off + g);
+    }
+}
+
+// index_select / embedding (gather_dim with index strides (0, 1, 0)) where the rows copied
+// hold a multiple of 4 elements (I = 4 * I4): a 4-vector per item, a quarter of the items and
+// of their index reads.
+__kernel void select_rows4(index_t total4, index_t L, index_t I4, long D,
+                           __global const ${T}* x, index_t x_off,
+                           __global const long* idx, index_t idx_off,
+                           __global ${T}* y, index_t y_off, __global long* flag)
+{
+    for (index_t g4 = get_global_id(0); g4 < total4; g4 += get_global_size(0)) {
+        const index_t i4 = g4 % I4;
+        const index_t r = g4 / I4;
+        const index_t l = r % L;
+        const index_t o = r / L;
+        const long v = idx[idx_off + l];
+        ${T}4 out = (${T}4)(0);
+        if (v >= 0 && v < D)
+            out = vload4(0, x + x_off + ((o * (index_t)D + (index_t)v) * I4 + i4) * 4);
+        else
+            report(flag, v, D);
+        vstore4(out, 0, y + y_off + 4 * g4);
     }
 }
 

@@ -121,7 +121,9 @@ def test_scatter_add_duplicates_and_gradient(ctx, rng):
 
 # ---- index_select / index_add ------------------------------------------------------------------
 
-@pytest.mark.parametrize("shape,dim", [((7, 5, 3), 0), ((4, 6, 2), -2), ((3, 40), 1)])
+@pytest.mark.parametrize("shape,dim", [((7, 5, 3), 0), ((4, 6, 2), -2), ((3, 40), 1),
+                                       # rows of a multiple of 4 (4-vectors per work item)
+                                       ((5, 3, 8), 1), ((9, 12), 0)])
 def test_index_select_and_its_gradient(ctx, rng, index_add_algo, shape, dim):
     x = random(rng, shape)
     index = rng.integers(0, shape[dim], 45)
@@ -304,9 +306,9 @@ def test_arange_linspace(ctx):
 
 # ---- embedding / embedding_bag / one_hot ------------------------------------------------------
 
-@pytest.mark.parametrize("padding_idx", [None, 3, -1])
-def test_embedding_and_its_gradient(ctx, rng, index_add_algo, padding_idx):
-    w = random(rng, (12, 5))
+@pytest.mark.parametrize("padding_idx,width", [(None, 5), (3, 5), (-1, 5), (None, 8)])
+def test_embedding_and_its_gradient(ctx, rng, index_add_algo, padding_idx, width):
+    w = random(rng, (12, width))
     index = rng.integers(0, 12, (4, 9))
     W, WR = t_(ctx, w, True), ref(w, True)
     poison_pool(ctx)

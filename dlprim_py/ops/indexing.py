@@ -457,12 +457,17 @@ def _select_into(input, dim, index, out):
     D = _as_1d(input).shape[dim]
     O, L, I = _split(shape, dim)
     ctx = input.ctx
-    _run(ctx, "gather_dim", input.dtype, O * L * I,
-         max(O * max(L, D) * I, input.offset_elements + input.size,
-             index.offset_elements + index.size),
-         O * L * I, L, I, scalar(np.int64, D), input.buffer, input.offset_elements,
-         index.buffer, index.offset_elements, 0, 1, 0, out.buffer, out.offset_elements,
-         range_flag(ctx))
+    extent = max(O * max(L, D) * I, input.offset_elements + input.size,
+                 index.offset_elements + index.size)
+    if I % 4 == 0:
+        # Rows of a multiple of 4: a 4-vector per work item (kernels/indexing.cl.mako).
+        _run(ctx, "select_rows4", input.dtype, O * L * I // 4, extent, O * L * I // 4, L,
+             I // 4, scalar(np.int64, D), input.buffer, input.offset_elements, index.buffer,
+             index.offset_elements, out.buffer, out.offset_elements, range_flag(ctx))
+        return
+    _run(ctx, "gather_dim", input.dtype, O * L * I, extent, O * L * I, L, I, scalar(np.int64, D),
+         input.buffer, input.offset_elements, index.buffer, index.offset_elements, 0, 1, 0,
+         out.buffer, out.offset_elements, range_flag(ctx))
 
 
 # Repeated index_select and embedding calls: a call whose arguments match an earlier checked
