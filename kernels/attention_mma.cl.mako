@@ -92,37 +92,49 @@ inline uint to_tf32(float x)
     return isnan(x) ? u : (u + 0x1000u) & 0xffffe000u;
 }
 
-// One m16n8k8 mma of a warp (gemm_mma.cl.mako's emulation): every item puts its fragments
-// (a.x..a.w = a0..a3, b.x, b.y = b0, b1) into the warp's 32 x 6 words of `x`, then reads the
-// rows and columns of its four accumulators. Every item of the group calls it the same number
-// of times (it holds barriers).
-inline float4 mma_tf32(float4 c, uint4 a, uint2 b, __local uint *x, int lane)
+// The three m16n8k8 mma of a 3xTF32 product of a warp (gemm_mma.cl.mako's emulation of one,
+// done for the three at once: a third of the barriers, which PoCL builds faster): every item
+// puts its fragments (a.x..a.w = a0..a3, b.x, b.y = b0, b1; big, then small parts) into the
+// warp's 32 x 12 words of `x`, then reads the rows and columns of its four accumulators and
+// adds the products in the PTX path's order: a_small b_big, a_big b_small, a_big b_big, each
+// over k. Every item of the group calls it the same number of times (it holds barriers).
+inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_small,
+                   __local uint *x, int lane)
 {
-    x[lane * 6 + 0] = a.x;
-    x[lane * 6 + 1] = a.y;
-    x[lane * 6 + 2] = a.z;
-    x[lane * 6 + 3] = a.w;
-    x[lane * 6 + 4] = b.x;
-    x[lane * 6 + 5] = b.y;
+    __local uint *mine = x + lane * 12;
+    mine[0] = a_big.x;
+    mine[1] = a_big.y;
+    mine[2] = a_big.z;
+    mine[3] = a_big.w;
+    mine[4] = b_big.x;
+    mine[5] = b_big.y;
+    mine[6] = a_small.x;
+    mine[7] = a_small.y;
+    mine[8] = a_small.z;
+    mine[9] = a_small.w;
+    mine[10] = b_small.x;
+    mine[11] = b_small.y;
     barrier(CLK_LOCAL_MEM_FENCE);
     const int g = lane / 4, t = lane % 4;
-    for (int k = 0; k < 8; ++k) {
-        const int hi = k / 4;
-        const float a_g = as_float(x[(g * 4 + k % 4) * 6 + 2 * hi]);
-        const float a_g8 = as_float(x[(g * 4 + k % 4) * 6 + 1 + 2 * hi]);
-        const float b_0 = as_float(x[((2 * t) * 4 + k % 4) * 6 + 4 + hi]);
-        const float b_1 = as_float(x[((2 * t + 1) * 4 + k % 4) * 6 + 4 + hi]);
-        c.x = fma(a_g, b_0, c.x);
-        c.y = fma(a_g, b_1, c.y);
-        c.z = fma(a_g8, b_0, c.z);
-        c.w = fma(a_g8, b_1, c.w);
+    // (A part, B part) of each product: small = 6 words on.
+    for (int term = 0; term < 3; ++term) {
+        const int a_part = term == 0 ? 6 : 0, b_part = term == 1 ? 6 : 0;
+        for (int k = 0; k < 8; ++k) {
+            const int hi = k / 4;
+            const float a_g = as_float(x[(g * 4 + k % 4) * 12 + a_part + 2 * hi]);
+            const float a_g8 = as_float(x[(g * 4 + k % 4) * 12 + a_part + 1 + 2 * hi]);
+            const float b_0 = as_float(x[((2 * t) * 4 + k % 4) * 12 + b_part + 4 + hi]);
+            const float b_1 = as_float(x[((2 * t + 1) * 4 + k % 4) * 12 + b_part + 4 + hi]);
+            c.x = fma(a_g, b_0, c.x);
+            c.y = fma(a_g, b_1, c.y);
+            c.z = fma(a_g8, b_0, c.z);
+            c.w = fma(a_g8, b_1, c.w);
+        }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     return c;
 }
-#define MMA_AT , mma_scratch + warp * 192, lane
-#define MMA_PARAMS , __local uint *x, int lane
-#define MMA_PASS , x, lane
+#define MMA_AT , mma_scratch + warp * 384, lane
 % else:
 inline uint to_tf32(float x)
 {
@@ -146,8 +158,14 @@ inline float4 mma_tf32(float4 c, uint4 a, uint2 b)
     return (float4)(d0, d1, d2, d3);
 }
 #define MMA_AT
-#define MMA_PARAMS
-#define MMA_PASS
+
+// c + a * b in 3xTF32: the two small cross terms first, then the big product.
+inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_small)
+{
+    c = mma_tf32(c, a_small, b_big);
+    c = mma_tf32(c, a_big, b_small);
+    return mma_tf32(c, a_big, b_big);
+}
 % endif
 
 // The big (TF32) part of each value, and the small part: the TF32 of what big leaves (x - big
@@ -167,14 +185,6 @@ inline uint2 tf32_big2(float2 x)
 inline uint2 tf32_small2(float2 x, uint2 big)
 {
     return tf32_big2(x - as_float2(big));
-}
-
-// c + a * b in 3xTF32: the two small cross terms first, then the big product.
-inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_small MMA_PARAMS)
-{
-    c = mma_tf32(c, a_small, b_big MMA_PASS);
-    c = mma_tf32(c, a_big, b_small MMA_PASS);
-    return mma_tf32(c, a_big, b_big MMA_PASS);
 }
 
 // ``c`` += A * B for A fragment values ``a`` (float4 a0..a3) split here, B values ``b`` (float2).
@@ -332,10 +342,10 @@ inline float masked_score(float x, ${index_t} row, ${index_t} key, ${index_t} L,
         }
 </%def>
 
-## The emulated mma's scratch: 6 words per item.
+## The emulated mma's scratch: 12 words per item.
 <%def name="scratch(nthreads)">
 % if emulate:
-    __local uint mma_scratch[${nthreads * 6}];
+    __local uint mma_scratch[${nthreads * 12}];
 % endif
 </%def>
 

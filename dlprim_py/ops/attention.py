@@ -227,7 +227,7 @@ def _mma_local(kernel, dk, dv, warps, step, emulate):
     """Bytes of local memory of an mma kernel ("forward", "kv" or "q") of ``warps`` warps
     staging ``step`` keys (or query rows) per step."""
     dkp, dvp = -(-dk // 8) * 8, -(-dv // 8) * 8
-    extra = 24 * 32 * warps if emulate else 0
+    extra = 48 * 32 * warps if emulate else 0
     if kernel == "forward":
         return 4 * step * (_mma_ld(dkp, True) + _mma_ld(dvp, False)) + extra \
             + (8 * 32 * warps if emulate else 0)
