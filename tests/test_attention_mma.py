@@ -1,9 +1,9 @@
 """The attention family's mma solver (kernels/attention_mma.cl.mako: mma.sync TF32 with the
 3xTF32 split) forced, against PyTorch on the CPU in float64 at fp32 tolerances (the split must
 give fp32 accuracy: with the small parts dropped, TF32 alone, the error metric is ~1e-4
-against 2e-6): outputs and the
-gradients of q, k, v, every output poisoned; odd sizes (not multiples of the blocks), head dims
-not multiples of 8, masks, causal with L != S, GQA, dropout against the host mask.
+against 2e-6): outputs and the gradients of q, k, v, every output poisoned; odd sizes (not
+multiples of the blocks), head dims not multiples of 8, masks, causal with L != S, GQA, dropout
+against the host mask.
 
 On an NVIDIA GPU of compute capability 8.0 or later the PTX kernels run with the shipped
 values; elsewhere DLPRIM_TF32_EMULATE runs the same fragments through local memory, with small

@@ -17,7 +17,7 @@ Dropout draws the same numbers as ``F.dropout`` on the (B, L, S) attention weigh
 the same seed and stream (Philox4x32-10 of the element index, ``dlprim_py.ops.dropout``): the
 backward regenerates the mask, and ``attention_dropout_mask`` gives it on the host for tests.
 
-The "attention" family (``dlprim_py.solver``) has two solvers. ``rows``: a query row per
+The "attention" family (``dlprim_py.solver``) has three solvers. ``rows``: a query row per
 ``lanes`` work items in the forward and dQ (the forward's items may take ``rows`` query rows
 each, sharing their reads of k and v), a key per ``lanes`` items in dK/dV, each item
 holding its share of the head dims in registers (the lanes' partial dot products summed by warp
@@ -25,9 +25,16 @@ shuffles on NVIDIA, through local memory elsewhere); portable, chosen on CPUs. `
 (kernels/attention_tiled.cl.mako, head dims up to 128): every kernel's two products as a
 GEMM's register tiles, each item a tile of several rows by several keys of the scores and of
 several rows (or keys) by several head dims of its output, the operands staged in local memory;
-several times fewer local-memory reads per multiply-add, chosen on NVIDIA GPUs. Block sizes,
-tiles and lanes are tuning values (``tuning_db/attention.json``); steps shrink where the
-device's local memory is short.
+several times fewer local-memory reads per multiply-add, chosen on NVIDIA GPUs without
+mma.sync. ``mma`` (kernels/attention_mma.cl.mako, head dims up to 128): every product on
+NVIDIA tensor cores, mma.sync m16n8k8 TF32 instructions with the 3xTF32 split (an operand as a
+TF32 big part plus the TF32 of what it leaves, three mma per product: CUTLASS's
+OpMultiplyAddFastF32, as PyTorch's fp32 attention on sm80+), so the results are fp32-accurate:
+it is not TF32 math and runs with TF32 off; a warp owns 16 query rows (or keys) and the softmax
+runs on the mma accumulators, which feed the next product directly; chosen on NVIDIA GPUs of
+compute capability 8.0 and later (``DLPRIM_TF32_EMULATE`` runs its fragments emulated on any
+device, for tests). Block sizes, tiles, lanes and warps are tuning values
+(``tuning_db/attention.json``); steps shrink where the device's local memory is short.
 """
 import math
 from dataclasses import dataclass
