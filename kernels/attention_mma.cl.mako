@@ -45,6 +45,12 @@
 ##   kv_warps, q_step        dK/dV: warps per group (16 keys each), query rows per step
 ##   q_warps, k_step         dQ: warps per group (16 query rows each), keys per step
 ##                 (block_n, q_step, k_step: multiples of 8)
+##   q_split       forward: q's fragments kept split (big and small parts) for the whole walk;
+##                 else kept as floats and split at each step (half the registers, for large
+##                 head dims)
+##   frags         backward: the A fragments of the group's own rows (k and v in dK/dV, q and
+##                 dO in dQ) kept in registers; else read again (through the caches) at each
+##                 step, for large head dims, where the accumulators take the registers
 ##   mask, dropout, index_t  as attention.cl.mako
 ##   emulate       0: mma.sync, cvt.rna.tf32.f32 and shfl.sync as PTX (NVIDIA, compute
 ##                 capability 8.0+). 1: the same mma, fragment for fragment, computed by the
@@ -387,6 +393,7 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
     __global const float *vb = v + v_off + offsets[2];
     __global const ${mask_t} *mb = mask + mask_off + offsets[3];
 
+% if q_split:
     // q (scaled to base-2 scores) as A fragments, split once for the whole walk.
     uint4 q_big[${KS}], q_small[${KS}];
     ${UNROLL}
@@ -396,6 +403,15 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
         q_big[kk] = tf32_big4(a);
         q_small[kk] = tf32_small4(a, q_big[kk]);
     }
+% else:
+    // q (scaled to base-2 scores) as A fragments, split where used (half the registers).
+    float4 q_frag[${KS}];
+    ${UNROLL}
+    for (int kk = 0; kk < ${KS}; ++kk) {
+        const int col = 8 * kk + 2 * t;
+        q_frag[kk] = ${global_a("qb", "r_lo", "col", "L", "DK")} * scale2;
+    }
+% endif
     float4 acc[${VS}];
     ${UNROLL}
     for (int i = 0; i < ${VS}; ++i) acc[i] = (float4)(0.0f);
@@ -418,9 +434,15 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
         for (int j = 0; j < ${NB}; ++j) s[j] = (float4)(0.0f);
         ${UNROLL}
         for (int kk = 0; kk < ${KS}; ++kk) {
+% if not q_split:
+            const uint4 q_big_kk = tf32_big4(q_frag[kk]);
+            const uint4 q_small_kk = tf32_small4(q_frag[kk], q_big_kk);
+% else:
+            const uint4 q_big_kk = q_big[kk], q_small_kk = q_small[kk];
+% endif
             ${UNROLL}
             for (int j = 0; j < ${NB}; ++j)
-                MMA3_SPLIT_B(s[j], q_big[kk], q_small[kk], ${b_rows("k_tile", F_KLD, "8 * j", "8 * kk")});
+                MMA3_SPLIT_B(s[j], q_big_kk, q_small_kk, ${b_rows("k_tile", F_KLD, "8 * j", "8 * kk")});
         }
 
         float max_lo = -INFINITY, max_hi = -INFINITY;
@@ -581,20 +603,25 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
     __global const ${mask_t} *mb = mask + mask_off + offsets[3];
     __global const float *gb = dout + dout_off + (${index_t})b * L * DV;
 
+    float4 dk_acc[${KS}], dv_acc[${VS}];
+    ${UNROLL}
+    for (int kk = 0; kk < ${KS}; ++kk) dk_acc[kk] = (float4)(0.0f);
+    ${UNROLL}
+    for (int kk = 0; kk < ${VS}; ++kk) dv_acc[kk] = (float4)(0.0f);
+% if frags:
     // k (scaled to base-2 scores) and v of the warp's keys as A fragments, in registers.
-    float4 k_frag[${KS}], v_frag[${VS}], dk_acc[${KS}], dv_acc[${VS}];
+    float4 k_frag[${KS}], v_frag[${VS}];
     ${UNROLL}
     for (int kk = 0; kk < ${KS}; ++kk) {
         const int col = 8 * kk + 2 * t;
         k_frag[kk] = ${global_a("kb", "k_lo", "col", "S", "DK")} * scale2;
-        dk_acc[kk] = (float4)(0.0f);
     }
     ${UNROLL}
     for (int kk = 0; kk < ${VS}; ++kk) {
         const int col = 8 * kk + 2 * t;
         v_frag[kk] = ${global_a("vb", "k_lo", "col", "S", "DV")};
-        dv_acc[kk] = (float4)(0.0f);
     }
+% endif
     // Causal: query rows before the group's first key see none of its keys.
     const ${index_t} i_begin = causal ? kv0 : 0;
 
@@ -615,14 +642,26 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
         for (int j = 0; j < ${QB}; ++j) st[j] = dpt[j] = (float4)(0.0f);
         ${UNROLL}
         for (int kk = 0; kk < ${KS}; ++kk) {
-            const uint4 a_big = tf32_big4(k_frag[kk]), a_small = tf32_small4(k_frag[kk], a_big);
+% if frags:
+            const float4 a = k_frag[kk];
+% else:
+            const int col = 8 * kk + 2 * t;
+            const float4 a = ${global_a("kb", "k_lo", "col", "S", "DK")} * scale2;
+% endif
+            const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
             ${UNROLL}
             for (int j = 0; j < ${QB}; ++j)
                 MMA3_SPLIT_B(st[j], a_big, a_small, ${b_rows("q_tile", B_QLD, "8 * j", "8 * kk")});
         }
         ${UNROLL}
         for (int kk = 0; kk < ${VS}; ++kk) {
-            const uint4 a_big = tf32_big4(v_frag[kk]), a_small = tf32_small4(v_frag[kk], a_big);
+% if frags:
+            const float4 a = v_frag[kk];
+% else:
+            const int col = 8 * kk + 2 * t;
+            const float4 a = ${global_a("vb", "k_lo", "col", "S", "DV")};
+% endif
+            const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
             ${UNROLL}
             for (int j = 0; j < ${QB}; ++j)
                 MMA3_SPLIT_B(dpt[j], a_big, a_small, ${b_rows("g_tile", B_GLD, "8 * j", "8 * kk")});
@@ -698,19 +737,23 @@ void attention_mma_backward_q(const ${index_t} L, const ${index_t} S, const floa
     __global const ${mask_t} *mb = mask + mask_off + offsets[3];
     __global const float *gb = dout + dout_off + (${index_t})b * L * DV;
 
+    float4 dq_acc[${KS}];
+    ${UNROLL}
+    for (int kk = 0; kk < ${KS}; ++kk) dq_acc[kk] = (float4)(0.0f);
+% if frags:
     // q (scaled to base-2 scores) and dO of the warp's rows as A fragments, in registers.
-    float4 q_frag[${KS}], g_frag[${VS}], dq_acc[${KS}];
+    float4 q_frag[${KS}], g_frag[${VS}];
     ${UNROLL}
     for (int kk = 0; kk < ${KS}; ++kk) {
         const int col = 8 * kk + 2 * t;
         q_frag[kk] = ${global_a("qb", "r_lo", "col", "L", "DK")} * scale2;
-        dq_acc[kk] = (float4)(0.0f);
     }
     ${UNROLL}
     for (int kk = 0; kk < ${VS}; ++kk) {
         const int col = 8 * kk + 2 * t;
         g_frag[kk] = ${global_a("gb", "r_lo", "col", "L", "DV")};
     }
+% endif
     const float lse_lo = r_lo < L ? lse[(${index_t})b * L + r_lo] : INFINITY;
     const float lse_hi = r_lo + 8 < L ? lse[(${index_t})b * L + r_lo + 8] : INFINITY;
     const float delta_lo = r_lo < L ? delta[(${index_t})b * L + r_lo] : 0.0f;
@@ -728,14 +771,26 @@ void attention_mma_backward_q(const ${index_t} L, const ${index_t} S, const floa
         for (int j = 0; j < ${KB}; ++j) s[j] = dp[j] = (float4)(0.0f);
         ${UNROLL}
         for (int kk = 0; kk < ${KS}; ++kk) {
-            const uint4 a_big = tf32_big4(q_frag[kk]), a_small = tf32_small4(q_frag[kk], a_big);
+% if frags:
+            const float4 a = q_frag[kk];
+% else:
+            const int col = 8 * kk + 2 * t;
+            const float4 a = ${global_a("qb", "r_lo", "col", "L", "DK")} * scale2;
+% endif
+            const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
             ${UNROLL}
             for (int j = 0; j < ${KB}; ++j)
                 MMA3_SPLIT_B(s[j], a_big, a_small, ${b_rows("k_tile", Q_KLD, "8 * j", "8 * kk")});
         }
         ${UNROLL}
         for (int kk = 0; kk < ${VS}; ++kk) {
-            const uint4 a_big = tf32_big4(g_frag[kk]), a_small = tf32_small4(g_frag[kk], a_big);
+% if frags:
+            const float4 a = g_frag[kk];
+% else:
+            const int col = 8 * kk + 2 * t;
+            const float4 a = ${global_a("gb", "r_lo", "col", "L", "DV")};
+% endif
+            const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
             ${UNROLL}
             for (int j = 0; j < ${KB}; ++j)
                 MMA3_SPLIT_B(dp[j], a_big, a_small, ${b_rows("v_tile", Q_VLD, "8 * j", "8 * kk")});

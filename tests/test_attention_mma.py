@@ -71,6 +71,17 @@ def test_matches_torch(ctx, rng, mma, qs, ks, vs, kw):
         _check(ctx, rng, qs, ks, vs, **kw)
     assert built and all(name == "mma" for name, _ in built)
     assert all(params["emulate"] == int(not real_mma(ctx)) for _, params in built)
+    assert all(params["q_split"] and params["frags"] for _, params in built)
+
+
+def test_large_head_dims(ctx, rng, mma):
+    """Head dims past 64 (96 and 72, neither a multiple of 16): q's fragments split at each
+    step in the forward, the backward's own fragments read again at each step."""
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, (1, 2, 37, 96), (1, 2, 35, 96), (1, 2, 35, 72), is_causal=True)
+    params = built[-1][1]
+    assert not params["q_split"] and not params["frags"]
 
 
 def test_larger_values(ctx, rng, mma):

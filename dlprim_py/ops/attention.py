@@ -107,7 +107,8 @@ MMA_MAX_HEAD_DIM = 128
 
 # The mma solver's tuning values where no rule gives them: forward groups of 4 warps (64 query
 # rows) by 64 keys per step; dK/dV groups of 4 warps (64 keys) by 32 query rows per step; dQ
-# groups of 4 warps (64 rows) by 32 keys per step.
+# groups of 4 warps (64 rows) by 32 keys per step. ``q_split`` and ``frags`` (the kernel's
+# header) default to head dims up to 64.
 DEFAULT_MMA = {"warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
                "k_step": 32}
 
@@ -374,9 +375,14 @@ class AttentionPlan:
         fw, fn = _fit_mma(ctx, problem, "forward", tuned["warps"], tuned["block_n"], emulate)
         kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate)
         qw, qs = _fit_mma(ctx, problem, "q", tuned["q_warps"], tuned["k_step"], emulate)
+        # Registers: at head dims up to 64 the warps' own fragments stay in them (q split in
+        # the forward); past 64 they would crowd out the accumulators.
+        small = max(problem.dk, problem.dv) <= 64
         self.params = dict(dk=problem.dk, dv=problem.dv, warps=fw, block_n=fn, kv_warps=kw,
                            q_step=ks, q_warps=qw, k_step=qs, mask=problem.mask,
-                           dropout=problem.dropout, index_t=index_t, emulate=emulate)
+                           dropout=problem.dropout, index_t=index_t, emulate=emulate,
+                           q_split=bool(tuned.get("q_split", small)),
+                           frags=bool(tuned.get("frags", small)))
         built = program.build(ctx, "attention_mma", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_mma_forward", fresh=True))
         self.delta_kernel = BoundKernel(built.kernel("attention_delta", fresh=True))
