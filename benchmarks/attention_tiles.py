@@ -41,7 +41,7 @@ def set_rules(rules):
 
 TILED = {"solver": "tiled", "block_m": 64, "block_n": 32, "tile_y": 8}
 # The mma solver (3xTF32 on tensor cores): forward warps x block_n, dK/dV kv_warps x q_step, dQ
-# q_warps x k_step; the shipped tiled values to compare.
+# q_warps x k_step (the first as shipped); the shipped tiled values to compare.
 MMA_SET = [
     TILED,
     {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
@@ -54,6 +54,9 @@ MMA_SET = [
      "k_step": 32},
     {"solver": "mma", "warps": 2, "block_n": 64, "kv_warps": 2, "q_step": 32, "q_warps": 2,
      "k_step": 32},
+    # Fewer registers: q split at each step, the backward's own fragments read at each step.
+    {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
+     "k_step": 32, "q_split": False, "frags": False},
 ]
 CONFIGS = json.loads(os.environ.get("PROBE_CONFIGS", "null")) or (
     MMA_SET if os.environ.get("PROBE_SET") == "mma" else None) or [

@@ -358,7 +358,6 @@ class AttentionPlan:
         self.keys_size = ((math.ceil(S / kb) * tile_x * ky, batches), (tile_x * ky, 1))
         self.q_size = ((math.ceil(L / qb) * tile_x * qy, batches), (tile_x * qy, 1))
 
-
     def _mma(self, ctx, problem, table, batches, index_t):
         from .gemm import mma_device_problem
         L, S = problem.L, problem.S
