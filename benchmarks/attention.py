@@ -3,6 +3,7 @@
     python benchmarks/attention.py                        # the H200 set: (8, 12, 512..2048, 64)
     python benchmarks/attention.py --quick --torch-device cpu     # tiny sizes (PoCL, CI)
     python benchmarks/attention.py --json benchmarks/results/attention-h200.json
+    python benchmarks/attention.py --solver mma --suites sdpa     # one solver forced
 
 (a) ``F.scaled_dot_product_attention`` at (batch, heads, seq, head dim), causal and not, forward
 alone and forward + backward (the gradients of q, k and v), against
@@ -269,7 +270,13 @@ def main(argv=None):
     p.add_argument("--torch-device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--commit", default=None, help="commit to record (a copy without git)")
+    p.add_argument("--solver", default=None,
+                   help="force an attention solver (rows, tiled, mma: DLPRIM_ATTENTION_ALGO) "
+                        "instead of the tuned choice")
     args = p.parse_args(argv)
+    if args.solver:
+        os.environ["DLPRIM_ATTENTION_ALGO"] = args.solver
+        dp.config.reload()
     if args.quick:
         args.batch, args.heads, args.seqs, args.head_dim = 2, 2, "64,96", 16
         args.block_batch, args.block_seq, args.d_model = 2, 32, 64
@@ -280,7 +287,8 @@ def main(argv=None):
     nets.setup_torch_baseline(torch_device)
     commit = measured_commit(args.commit)
     print(f"dlprim_py attention on {ctx.info.name} (driver {ctx.info.driver_version}); "
-          f"torch {torch.__version__} on {torch_device}; commit {commit}")
+          f"torch {torch.__version__} on {torch_device}; commit {commit}"
+          + (f"; solver {args.solver} forced" if args.solver else ""))
     suites = args.suites.split(",")
     rows = []
 
@@ -314,7 +322,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"device": ctx.info.name, "driver": ctx.info.driver_version,
                        "torch": torch.__version__, "torch_device": str(torch_device),
-                       "commit": commit, "rows": rows}, f, indent=1)
+                       "commit": commit, "solver": args.solver, "rows": rows}, f, indent=1)
         print(f"wrote {args.json}")
     return 0 if all(r["ok"] for r in rows) else 1
 

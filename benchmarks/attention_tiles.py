@@ -3,6 +3,7 @@
     python benchmarks/attention_tiles.py              # (8, 12, 512..2048, 64) on CUDA + the GPU
     PROBE_CONFIGS='[{"solver": "tiled", "block_m": 64, "block_n": 32, "tile_y": 8}]' \
     PROBE_SEQS=1024 PROBE_BACKWARD=0 OUT=/tmp python benchmarks/attention_tiles.py
+    PROBE_SET=mma python benchmarks/attention_tiles.py   # the mma solver's variants and tiled's
 
 Each configuration is put ahead of the shipped rules as a user tuning rule, checked against
 torch's float32 result on the same device (max abs error of the output and the gradients), then
@@ -38,7 +39,27 @@ def set_rules(rules):
     tuning.forget()
 
 
-CONFIGS = json.loads(os.environ.get("PROBE_CONFIGS", "null")) or [
+TILED = {"solver": "tiled", "block_m": 64, "block_n": 32, "tile_y": 8}
+# The mma solver (3xTF32 on tensor cores): forward warps x block_n, dK/dV kv_warps x q_step, dQ
+# q_warps x k_step (the first as shipped); the shipped tiled values to compare.
+MMA_SET = [
+    TILED,
+    {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
+     "k_step": 32},
+    {"solver": "mma", "warps": 4, "block_n": 32, "kv_warps": 4, "q_step": 16, "q_warps": 4,
+     "k_step": 16},
+    {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 64, "q_warps": 4,
+     "k_step": 64},
+    {"solver": "mma", "warps": 8, "block_n": 64, "kv_warps": 8, "q_step": 32, "q_warps": 8,
+     "k_step": 32},
+    {"solver": "mma", "warps": 2, "block_n": 64, "kv_warps": 2, "q_step": 32, "q_warps": 2,
+     "k_step": 32},
+    # Fewer registers: q split at each step, the backward's own fragments read at each step.
+    {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
+     "k_step": 32, "q_split": False, "frags": False},
+]
+CONFIGS = json.loads(os.environ.get("PROBE_CONFIGS", "null")) or (
+    MMA_SET if os.environ.get("PROBE_SET") == "mma" else None) or [
     {"solver": "rows"},
     {"solver": "tiled", "block_m": 64, "block_n": 32, "tile_y": 8},
     {"solver": "tiled", "block_m": 64, "block_n": 32, "tile_y": 16},

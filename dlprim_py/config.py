@@ -22,7 +22,8 @@ DLPRIM_CONV_ALGO   force one convolution algorithm by name
 DLPRIM_TF32_EMULATE "1": the convolution's TF32 algorithms (gemm_tf32, winograd_tf32, ...) apply
                    on devices without TF32 tensor cores too, their mma kernels emulated in
                    portable OpenCL (slow: for testing their addressing and rounding anywhere);
-                   TF32 must still be allowed (dlprim_py.backends)
+                   TF32 must still be allowed (dlprim_py.backends). Likewise the attention
+                   family's "mma" solver (3xTF32, fp32-accurate: no TF32 permission needed)
 DLPRIM_CONV3D_ALGO force one 3-D convolution solver: vol2col_gemm, direct
 DLPRIM_GEMM_ALGO   force one GEMM solver: tiled, splitk, small, subgroup (where it applies)
 DLPRIM_NORM_ALGO   force one batch-norm reduction algorithm: groups, groups_scalar, columns

@@ -360,7 +360,7 @@ def test_lanes_and_rows_per_item(ctx, rng, poison, tuning_rules, lanes, rows, kw
 def test_shipped_rules_name_the_family_solver():
     """Every rule of tuning_db/attention.json names a solver of the family with the values its
     plans read: block sizes, lanes and rows for the rows solver, block, step and tile sizes for
-    the tiled one."""
+    the tiled one, warps and steps (multiples of 8) for the mma one."""
     from dlprim_py import solver, tuning
     db = tuning.read_db(tuning.shipped_path("attention"), "attention")
     entries = [db["default"]] + [e for section in tuning.SECTIONS for e in db[section].values()]
@@ -371,6 +371,11 @@ def test_shipped_rules_name_the_family_solver():
             if params["solver"] == "tiled":
                 assert {"block_m", "block_n", "tile_y", "tile_x", "kv_block", "q_step",
                         "kv_tile_y", "q_block", "k_step", "q_tile_y"} <= set(params)
+                continue
+            if params["solver"] == "mma":
+                assert {"warps", "block_n", "kv_warps", "q_step", "q_warps", "k_step"} \
+                    <= set(params)
+                assert all(params[k] % 8 == 0 for k in ("block_n", "q_step", "k_step"))
                 continue
             assert {"block_m", "block_n", "kv_block", "q_tile", "lanes", "rows"} <= set(params)
             assert params["block_m"] % params["rows"] == 0

@@ -17,7 +17,7 @@ Dropout draws the same numbers as ``F.dropout`` on the (B, L, S) attention weigh
 the same seed and stream (Philox4x32-10 of the element index, ``dlprim_py.ops.dropout``): the
 backward regenerates the mask, and ``attention_dropout_mask`` gives it on the host for tests.
 
-The "attention" family (``dlprim_py.solver``) has two solvers. ``rows``: a query row per
+The "attention" family (``dlprim_py.solver``) has three solvers. ``rows``: a query row per
 ``lanes`` work items in the forward and dQ (the forward's items may take ``rows`` query rows
 each, sharing their reads of k and v), a key per ``lanes`` items in dK/dV, each item
 holding its share of the head dims in registers (the lanes' partial dot products summed by warp
@@ -25,9 +25,16 @@ shuffles on NVIDIA, through local memory elsewhere); portable, chosen on CPUs. `
 (kernels/attention_tiled.cl.mako, head dims up to 128): every kernel's two products as a
 GEMM's register tiles, each item a tile of several rows by several keys of the scores and of
 several rows (or keys) by several head dims of its output, the operands staged in local memory;
-several times fewer local-memory reads per multiply-add, chosen on NVIDIA GPUs. Block sizes,
-tiles and lanes are tuning values (``tuning_db/attention.json``); steps shrink where the
-device's local memory is short.
+several times fewer local-memory reads per multiply-add, chosen on NVIDIA GPUs without
+mma.sync. ``mma`` (kernels/attention_mma.cl.mako, head dims up to 128): every product on
+NVIDIA tensor cores, mma.sync m16n8k8 TF32 instructions with the 3xTF32 split (an operand as a
+TF32 big part plus the TF32 of what it leaves, three mma per product: CUTLASS's
+OpMultiplyAddFastF32, as PyTorch's fp32 attention on sm80+), so the results are fp32-accurate:
+it is not TF32 math and runs with TF32 off; a warp owns 16 query rows (or keys) and the softmax
+runs on the mma accumulators, which feed the next product directly; chosen on NVIDIA GPUs of
+compute capability 8.0 and later (``DLPRIM_TF32_EMULATE`` runs its fragments emulated on any
+device, for tests). Block sizes, tiles, lanes and warps are tuning values
+(``tuning_db/attention.json``); steps shrink where the device's local memory is short.
 """
 import math
 from dataclasses import dataclass
@@ -94,7 +101,44 @@ class TiledSolver(solver.Solver):
 # the head dims) lives in registers, and the q rows of a group in local memory.
 TILED_MAX_HEAD_DIM = 128
 
-FAMILY = solver.register(solver.Family("attention", (RowsSolver(), TiledSolver()),
+# The largest head dim of the mma solver: a warp's 16 rows of q (split into two TF32 parts)
+# and of the output (or its keys' k, v and gradients) live in registers as mma fragments.
+MMA_MAX_HEAD_DIM = 128
+
+# The mma solver's tuning values where no rule gives them: forward groups of 4 warps (64 query
+# rows) by 64 keys per step; dK/dV groups of 4 warps (64 keys) by 32 query rows per step; dQ
+# groups of 4 warps (64 rows) by 32 keys per step. ``q_split`` and ``frags`` (the kernel's
+# header) default to head dims up to 64.
+DEFAULT_MMA = {"warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
+               "k_step": 32}
+
+
+class MmaSolver(solver.Solver):
+    """Every product on NVIDIA tensor cores (kernels/attention_mma.cl.mako): mma.sync m16n8k8
+    TF32 instructions with the 3xTF32 split (each operand as a TF32 big part plus a TF32 small
+    part, three mma per product, as CUTLASS's OpMultiplyAddFastF32 and PyTorch's fp32
+    memory-efficient attention), so the results are fp32-accurate: it is not TF32 math and runs
+    with TF32 off. FlashAttention-2 style: a warp owns 16 query rows (forward, dQ) or 16 keys
+    (dK/dV); the softmax runs on the mma accumulators, which feed the next product directly.
+    Needs compute capability 8.0 or later, or ``DLPRIM_TF32_EMULATE=1`` (the same mma
+    fragments emulated through local memory on any device: slow, for tests)."""
+    name = "mma"
+
+    def refusal(self, ctx, problem):
+        """Why the solver cannot take the problem on this device, or None."""
+        if max(problem.dk, problem.dv) > MMA_MAX_HEAD_DIM:
+            return (f"head dims up to {MMA_MAX_HEAD_DIM} (registers), got ({problem.dk}, "
+                    f"{problem.dv})")
+        if config.tf32_emulate():
+            return None
+        from .gemm import mma_device_problem
+        return mma_device_problem(ctx.info)
+
+    def applies(self, ctx, problem):
+        return self.refusal(ctx, problem) is None
+
+
+FAMILY = solver.register(solver.Family("attention", (RowsSolver(), TiledSolver(), MmaSolver()),
                                        title="attention solver"))
 ALGORITHMS = tuple(FAMILY.solvers)
 
@@ -177,15 +221,61 @@ def _fit_tiled(ctx, problem, kernel, rows, step, tile_y, tile_x, shuffle):
     return rows, step, tile_y
 
 
+def _mma_ld(width, k_contiguous):
+    """Words per local row of an mma kernel's tile (kernels/attention_mma.cl.mako): read by
+    8-byte fragment loads along its rows (``k_contiguous``: width + 8 or + 16, ld / 8 odd),
+    else width + 4."""
+    if not k_contiguous:
+        return width + 4
+    ld = width + 8
+    return ld if (ld // 8) % 2 == 1 else width + 16
+
+
+def _mma_local(kernel, dk, dv, warps, step, emulate):
+    """Bytes of local memory of an mma kernel ("forward", "kv" or "q") of ``warps`` warps
+    staging ``step`` keys (or query rows) per step."""
+    dkp, dvp = -(-dk // 8) * 8, -(-dv // 8) * 8
+    extra = 48 * 32 * warps if emulate else 0
+    if kernel == "forward":
+        return 4 * step * (_mma_ld(dkp, True) + _mma_ld(dvp, False)) + extra \
+            + (8 * 32 * warps if emulate else 0)
+    if kernel == "kv":
+        return 4 * step * (_mma_ld(dkp, False) + _mma_ld(dvp, False)) + 8 * step + extra
+    return 4 * step * (_mma_ld(dkp, False) + _mma_ld(dvp, True)) + extra
+
+
+def _fit_mma(ctx, problem, kernel, warps, step, emulate):
+    """(warps, step) of an mma kernel from the tuning values: the step halved (down to 8) until
+    the kernel's local memory fits the device."""
+    warps, step = int(warps), int(step)
+    if warps not in (1, 2, 4, 8) or 32 * warps > ctx.info.max_work_group_size:
+        raise UnsupportedError(f"attention mma solver ({kernel}): warps must be 1, 2, 4 or 8 "
+                               f"within the device's work-group size, got {warps}")
+    if step < 8 or step % 8:
+        raise UnsupportedError(f"attention mma solver ({kernel}): the step must be a multiple "
+                               f"of 8, got {step}")
+    limit = ctx.info.local_mem_size
+    while _mma_local(kernel, problem.dk, problem.dv, warps, step, emulate) > limit and step > 8:
+        step //= 2
+    if _mma_local(kernel, problem.dk, problem.dv, warps, step, emulate) > limit:
+        raise UnsupportedError(f"scaled_dot_product_attention: head dims ({problem.dk}, "
+                               f"{problem.dv}) do not fit the device's local memory (mma)")
+    return warps, step
+
+
 class AttentionPlan:
     """The built kernels of one problem (all four from one program: kernels/attention.cl.mako
-    for the rows solver, kernels/attention_tiled.cl.mako for the tiled one), their launch
-    sizes and the batch offset table of one broadcast pattern."""
+    for the rows solver, kernels/attention_tiled.cl.mako for the tiled one,
+    kernels/attention_mma.cl.mako for the mma one), their launch sizes and the batch offset
+    table of one broadcast pattern."""
 
     def __init__(self, ctx, problem, table, batches, index_t, forced):
         chosen = solver.select(ctx, "attention", problem, forced=forced)
         if chosen.name == "tiled":
             self._tiled(ctx, problem, table, batches, index_t)
+            return
+        if chosen.name == "mma":
+            self._mma(ctx, problem, table, batches, index_t)
             return
         params = solver.tunables(ctx, "attention", problem, chosen.name)
         limit = ctx.info.max_work_group_size
@@ -267,6 +357,39 @@ class AttentionPlan:
         self.forward_size = ((math.ceil(L / fm) * tile_x * fy, batches), (tile_x * fy, 1))
         self.keys_size = ((math.ceil(S / kb) * tile_x * ky, batches), (tile_x * ky, 1))
         self.q_size = ((math.ceil(L / qb) * tile_x * qy, batches), (tile_x * qy, 1))
+
+    def _mma(self, ctx, problem, table, batches, index_t):
+        from .gemm import mma_device_problem
+        L, S = problem.L, problem.S
+        self.solver = "mma"
+        self.index = np.int32 if index_t == "int" else np.int64
+        self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
+        rows = batches * L
+        group = min(64, ctx.info.max_work_group_size)
+        self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
+        tuned = dict(DEFAULT_MMA, **solver.tunables(ctx, "attention", problem, "mma"))
+        # Emulated where the device has no mma.sync (DLPRIM_TF32_EMULATE), or when a rule
+        # asks for it ("emulate": 1, to compare the two on a GPU).
+        emulate = int(bool(tuned.get("emulate", 0)) or mma_device_problem(ctx.info) is not None)
+        fw, fn = _fit_mma(ctx, problem, "forward", tuned["warps"], tuned["block_n"], emulate)
+        kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate)
+        qw, qs = _fit_mma(ctx, problem, "q", tuned["q_warps"], tuned["k_step"], emulate)
+        # Registers: at head dims up to 64 the warps' own fragments stay in them (q split in
+        # the forward); past 64 they would crowd out the accumulators.
+        small = max(problem.dk, problem.dv) <= 64
+        self.params = dict(dk=problem.dk, dv=problem.dv, warps=fw, block_n=fn, kv_warps=kw,
+                           q_step=ks, q_warps=qw, k_step=qs, mask=problem.mask,
+                           dropout=problem.dropout, index_t=index_t, emulate=emulate,
+                           q_split=bool(tuned.get("q_split", small)),
+                           frags=bool(tuned.get("frags", small)))
+        built = program.build(ctx, "attention_mma", self.params)
+        self.forward_kernel = BoundKernel(built.kernel("attention_mma_forward", fresh=True))
+        self.delta_kernel = BoundKernel(built.kernel("attention_delta", fresh=True))
+        self.kv_kernel = BoundKernel(built.kernel("attention_mma_backward_kv", fresh=True))
+        self.q_kernel = BoundKernel(built.kernel("attention_mma_backward_q", fresh=True))
+        self.forward_size = ((math.ceil(L / (16 * fw)) * 32 * fw, batches), (32 * fw, 1))
+        self.keys_size = ((math.ceil(S / (16 * kw)) * 32 * kw, batches), (32 * kw, 1))
+        self.q_size = ((math.ceil(L / (16 * qw)) * 32 * qw, batches), (32 * qw, 1))
 
 
 def _empty(ctx, shape, dtype=float32):

@@ -1,0 +1,822 @@
+## Fused scaled dot-product attention on NVIDIA tensor cores with fp32 accuracy (the "mma"
+## solver of the attention family; kernels/attention.cl.mako states the shared conventions: the
+## batch offset table, masks, causal, base-2 scores and lse, dropout).
+##
+## Every product is a warp's mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 with the 3xTF32
+## split (as CUTLASS's OpMultiplyAddFastF32, the math of PyTorch's fp32 memory-efficient
+## attention): an operand x is taken as big + small, big = tf32(x), small = tf32(x - big), and
+## a * b ~= a_big * b_big + a_big * b_small + a_small * b_big, three mma into fp32 accumulators
+## (the small terms first; small * small, ~2^-22 relative, is dropped). The result is fp32-level
+## accurate: this is not TF32 math and needs no allow_tf32.
+##
+## Fragments (PTX's layout for .tf32; g = lane / 4, t = lane % 4): a0 (g, t), a1 (g + 8, t),
+## a2 (g, t + 4), a3 (g + 8, t + 4); b0 (k = t, n = g), b1 (k = t + 4, n = g); accumulators c0
+## (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1). Within each 8-deep step the K
+## index is permuted the same way for A and B (as in gemm_mma.cl.mako; the sum over K does not
+## change): fragment column t reads K offset 2t, column t + 4 reads 2t + 1. Then an
+## accumulator tile of S (rows by 8 keys) is directly the A fragment of the next product over
+## those keys: a0 = c0, a1 = c2, a2 = c1, a3 = c3 (P V in the forward, P^T dO and dS^T Q in
+## dK/dV, dS K in dQ), with the B operand's rows (keys or query rows) read permuted the same way.
+## Operands are kept as float4 (a0, a1, a2, a3) and float2 (b0, b1) of fp32 values, split into
+## TF32 pairs (uint4 / uint2 bit patterns) where they meet an mma.
+##
+## Kernels (sizes are run-time arguments; index_t is int or long; all control flow that reaches
+## an mma is uniform across the work-group):
+##   attention_mma_forward(the arguments of attention_forward)
+##     global (ceil(L / (16 * WARPS)) * 32 * WARPS, B), local (32 * WARPS, 1): each warp owns
+##     16 query rows (one m16 tile; q * scale2 split in registers for the whole walk), the group
+##     stages BLOCK_N keys and values per step in local memory; S = Q K^T by mma, the online
+##     softmax on the accumulators (a work item holds rows g and g + 8; their maxima and sums
+##     across the quad of items sharing them by warp shuffles, or local memory), O += P V.
+##   attention_delta(rows, o, o_off, dout, dout_off, delta)   as attention.cl.mako's.
+##   attention_mma_backward_kv(the arguments of attention_backward_kv)
+##     global (ceil(S / (16 * KV_WARPS)) * 32 * KV_WARPS, B): each warp owns 16 keys (k *
+##     scale2 and v as A fragments in registers), the group walks the query rows Q_STEP at a
+##     time (q, dO, lse, delta staged): S^T = K Q^T and dP^T = V dO^T by mma, P^T and dS^T on
+##     the accumulators, dV += P^T dO and dK += dS^T Q.
+##   attention_mma_backward_q(the arguments of attention_backward_q)
+##     global (ceil(L / (16 * Q_WARPS)) * 32 * Q_WARPS, B): each warp owns 16 query rows (q *
+##     scale2 and dO as A fragments in registers), the group walks the keys K_STEP at a time
+##     (k, v staged): S, dP = dO V^T, dS, dQ += dS K.
+##
+## Template parameters:
+##   dk, dv        head dims of q/k and of v (any up to 128: padded with zeros to multiples of 8)
+##   warps, block_n          forward: warps per group (16 query rows each), keys per step
+##   kv_warps, q_step        dK/dV: warps per group (16 keys each), query rows per step
+##   q_warps, k_step         dQ: warps per group (16 query rows each), keys per step
+##                 (block_n, q_step, k_step: multiples of 8)
+##   q_split       forward: q's fragments kept split (big and small parts) for the whole walk;
+##                 else kept as floats and split at each step (half the registers, for large
+##                 head dims)
+##   frags         backward: the A fragments of the group's own rows (k and v in dK/dV, q and
+##                 dO in dQ) kept in registers; else read again (through the caches) at each
+##                 step, for large head dims, where the accumulators take the registers
+##   mask, dropout, index_t  as attention.cl.mako
+##   emulate       0: mma.sync, cvt.rna.tf32.f32 and shfl.sync as PTX (NVIDIA, compute
+##                 capability 8.0+). 1: the same mma, fragment for fragment, computed by the
+##                 warp's items through local memory (gemm_mma.cl.mako's emulation), TF32
+##                 rounding in integer arithmetic, quad reductions through local memory: any
+##                 OpenCL device runs it, which checks this file's addressing where no tensor
+##                 core is.
+<%
+    DKP = -(-dk // 8) * 8
+    DVP = -(-dv // 8) * 8
+    KS = DKP // 8
+    VS = DVP // 8
+    def k_contiguous_ld(width):
+        """Row length (words) of a tile read by 8-byte fragment loads along its rows: at least
+        width + 8 with ld / 8 odd (a half-warp's 8 rows then meet distinct banks), as
+        gemm_mma.cl.mako's."""
+        ld = width + 8
+        return ld if (ld // 8) % 2 == 1 else width + 16
+    # Forward: k read along its rows (8-byte loads), v down its columns (4-byte loads of rows
+    # 2t and 2t + 1: a pitch of DVP + 4 puts the 32 on distinct banks).
+    F_KLD = k_contiguous_ld(DKP)
+    F_VLD = DVP + 4
+    # dK/dV: q and dO read both ways; dQ: k both ways, v along its rows.
+    B_QLD = DKP + 4
+    B_GLD = DVP + 4
+    Q_KLD = DKP + 4
+    Q_VLD = k_contiguous_ld(DVP)
+    NB = block_n // 8
+    QB = q_step // 8
+    KB = k_step // 8
+    UNROLL = "" if emulate else "#pragma unroll"
+    has_mask = mask != "none"
+    mask_t = "uchar" if mask == "bool" else "float"
+%>
+#define DK ${dk}
+#define DV ${dv}
+#define LOG2E 1.4426950408889634f
+
+% if emulate:
+// TF32 of x as cvt.rna.tf32.f32 rounds it (to nearest, ties away from zero, on the 13 dropped
+// mantissa bits), in integer arithmetic, kept as the float bit pattern; a NaN stays a NaN.
+inline uint to_tf32(float x)
+{
+    const uint u = as_uint(x);
+    return isnan(x) ? u : (u + 0x1000u) & 0xffffe000u;
+}
+
+// The three m16n8k8 mma of a 3xTF32 product of a warp (gemm_mma.cl.mako's emulation of one,
+// done for the three at once: a third of the barriers, which PoCL builds faster): every item
+// puts its fragments (a.x..a.w = a0..a3, b.x, b.y = b0, b1; big, then small parts) into the
+// warp's 32 x 12 words of `x`, then reads the rows and columns of its four accumulators and
+// adds the products in the PTX path's order: a_small b_big, a_big b_small, a_big b_big, each
+// over k. Every item of the group calls it the same number of times (it holds barriers).
+inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_small,
+                   __local uint *x, int lane)
+{
+    __local uint *mine = x + lane * 12;
+    mine[0] = a_big.x;
+    mine[1] = a_big.y;
+    mine[2] = a_big.z;
+    mine[3] = a_big.w;
+    mine[4] = b_big.x;
+    mine[5] = b_big.y;
+    mine[6] = a_small.x;
+    mine[7] = a_small.y;
+    mine[8] = a_small.z;
+    mine[9] = a_small.w;
+    mine[10] = b_small.x;
+    mine[11] = b_small.y;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int g = lane / 4, t = lane % 4;
+    // (A part, B part) of each product: small = 6 words on.
+    for (int term = 0; term < 3; ++term) {
+        const int a_part = term == 0 ? 6 : 0, b_part = term == 1 ? 6 : 0;
+        for (int k = 0; k < 8; ++k) {
+            const int hi = k / 4;
+            const float a_g = as_float(x[(g * 4 + k % 4) * 12 + a_part + 2 * hi]);
+            const float a_g8 = as_float(x[(g * 4 + k % 4) * 12 + a_part + 1 + 2 * hi]);
+            const float b_0 = as_float(x[((2 * t) * 4 + k % 4) * 12 + b_part + 4 + hi]);
+            const float b_1 = as_float(x[((2 * t + 1) * 4 + k % 4) * 12 + b_part + 4 + hi]);
+            c.x = fma(a_g, b_0, c.x);
+            c.y = fma(a_g, b_1, c.y);
+            c.z = fma(a_g8, b_0, c.z);
+            c.w = fma(a_g8, b_1, c.w);
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return c;
+}
+#define MMA_AT , mma_scratch + warp * 384, lane
+% else:
+inline uint to_tf32(float x)
+{
+    uint r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// D = A (16 x 8, row) * B (8 x 8, col) + C on the warp's tensor cores (gemm_mma.cl.mako's
+// statement).
+inline float4 mma_tf32(float4 c, uint4 a, uint2 b)
+{
+    const uint a0 = a.x, a1 = a.y, a2 = a.z, a3 = a.w, b0 = b.x, b1 = b.y;
+    const float c0 = c.x, c1 = c.y, c2 = c.z, c3 = c.w;
+    float d0, d1, d2, d3;
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
+        : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1),
+          "f"(c0), "f"(c1), "f"(c2), "f"(c3));
+    return (float4)(d0, d1, d2, d3);
+}
+#define MMA_AT
+
+// c + a * b in 3xTF32: the two small cross terms first, then the big product.
+inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_small)
+{
+    c = mma_tf32(c, a_small, b_big);
+    c = mma_tf32(c, a_big, b_small);
+    return mma_tf32(c, a_big, b_big);
+}
+% endif
+
+// The big (TF32) part of each value, and the small part: the TF32 of what big leaves (x - big
+// is exact in fp32).
+inline uint4 tf32_big4(float4 x)
+{
+    return (uint4)(to_tf32(x.x), to_tf32(x.y), to_tf32(x.z), to_tf32(x.w));
+}
+inline uint4 tf32_small4(float4 x, uint4 big)
+{
+    return tf32_big4(x - as_float4(big));
+}
+inline uint2 tf32_big2(float2 x)
+{
+    return (uint2)(to_tf32(x.x), to_tf32(x.y));
+}
+inline uint2 tf32_small2(float2 x, uint2 big)
+{
+    return tf32_big2(x - as_float2(big));
+}
+
+// ``c`` += A * B for A fragment values ``a`` (float4 a0..a3) split here, B values ``b`` (float2).
+#define MMA3_SPLIT_B(c, a_big, a_small, b) { \
+    const float2 mma_b = (b); \
+    const uint2 mma_bb = tf32_big2(mma_b); \
+    c = mma3(c, a_big, a_small, mma_bb, tf32_small2(mma_b, mma_bb) MMA_AT); }
+
+// The A fragment over 8 keys (or query rows) of an accumulator tile over them: the K
+// permutation makes c0 -> a0, c2 -> a1, c1 -> a2, c3 -> a3.
+#define AS_A(c) ((float4)((c).x, (c).z, (c).y, (c).w))
+
+% if not emulate:
+// The maximum or sum of x over the quad of items sharing rows g and g + 8 (lanes 4g..4g+3);
+// every item gets the same bits.
+inline float quad_max(float x)
+{
+    float other;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, 1, 0x1f, 0xffffffff;" : "=f"(other) : "f"(x));
+    x = fmax(x, other);
+    asm volatile("shfl.sync.bfly.b32 %0, %1, 2, 0x1f, 0xffffffff;" : "=f"(other) : "f"(x));
+    return fmax(x, other);
+}
+inline float quad_sum(float x)
+{
+    float other;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, 1, 0x1f, 0xffffffff;" : "=f"(other) : "f"(x));
+    x += other;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, 2, 0x1f, 0xffffffff;" : "=f"(other) : "f"(x));
+    return x + other;
+}
+% endif
+
+## In place: ``v0`` and ``v1`` (an item's values of rows g and g + 8) reduced ("max" or "sum")
+## over the item's quad; every item of the group must reach it.
+<%def name="quad_reduce(v0, v1, op)">
+% if not emulate:
+    ${v0} = quad_${op}(${v0});
+    ${v1} = quad_${op}(${v1});
+% else:
+    barrier(CLK_LOCAL_MEM_FENCE);
+    exchange[2 * lid] = ${v0};
+    exchange[2 * lid + 1] = ${v1};
+    barrier(CLK_LOCAL_MEM_FENCE);
+    {
+        __local const float *quad = exchange + 2 * (lid & ~3);
+        float r0 = quad[0], r1 = quad[1];
+        for (int u = 1; u < 4; ++u) {
+            r0 = ${"fmax(r0, quad[2 * u])" if op == "max" else "r0 + quad[2 * u]"};
+            r1 = ${"fmax(r1, quad[2 * u + 1])" if op == "max" else "r1 + quad[2 * u + 1]"};
+        }
+        ${v0} = r0;
+        ${v1} = r1;
+    }
+% endif
+</%def>
+
+% if dropout:
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u
+#define PHILOX_W1 0xBB67AE85u
+
+uint4 philox4x32_10(uint4 ctr, uint2 key)
+{
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) {
+            key.x += PHILOX_W0;
+            key.y += PHILOX_W1;
+        }
+        uint hi0 = mul_hi(PHILOX_M0, ctr.x), lo0 = PHILOX_M0 * ctr.x;
+        uint hi1 = mul_hi(PHILOX_M1, ctr.z), lo1 = PHILOX_M1 * ctr.z;
+        ctr = (uint4)(hi1 ^ ctr.y ^ key.x, lo1, hi0 ^ ctr.w ^ key.y, lo0);
+    }
+    return ctr;
+}
+
+// Whether element ``i`` of the flattened (B, L, S) weights is kept (the dropout family's rule).
+bool kept_element(ulong i, uint seed0, uint seed1, uint stream0, uint stream1, uint threshold)
+{
+    const uint4 r = philox4x32_10((uint4)((uint)(i >> 2), (uint)(i >> 34), stream0, stream1),
+                                  (uint2)(seed0, seed1));
+    const uint words[4] = {r.x, r.y, r.z, r.w};
+    return (words[i & 3] >> 8) >= threshold;
+}
+% endif
+
+// The base-2 score x of query row ``row`` and key ``key`` with the mask and causal applied,
+// -inf where the key takes no part (or lies outside).
+inline float masked_score(float x, ${index_t} row, ${index_t} key, ${index_t} L, ${index_t} S,
+                          int causal, __global const ${mask_t} *mb, ${index_t} mask_stride_l,
+                          ${index_t} mask_stride_s)
+{
+    if (key >= S || row >= L || (causal && key > row))
+        return -INFINITY;
+% if mask == "bool":
+    if (!mb[row * mask_stride_l + key * mask_stride_s])
+        return -INFINITY;
+% elif mask == "float":
+    x += mb[row * mask_stride_l + key * mask_stride_s] * LOG2E;
+% endif
+    return x;
+}
+
+## Rows [first, first + count) of a (rows x width) row-major operand at ``base`` into local
+## rows of ``pitch`` floats (a multiple of 4), zeros past ``limit`` rows and ``width`` columns;
+## consecutive items take consecutive float4s of a row (coalesced).
+<%def name="stage(dst, base, first, count, limit, width, pitch, nthreads)">
+    for (int e = lid; e < ${count * (pitch // 4)}; e += ${nthreads}) {
+        const int r = e / ${pitch // 4};
+        const int c = (e - r * ${pitch // 4}) * 4;
+        const ${index_t} row = ${first} + r;
+        float4 x = (float4)(0.0f);
+        if (row < ${limit} && c < ${width}) {
+            __global const float *p = ${base} + row * ${width} + c;
+            if (c + 3 < ${width}) {
+                x = vload4(0, p);
+            } else {
+                x.x = p[0];
+                if (c + 1 < ${width}) x.y = p[1];
+                if (c + 2 < ${width}) x.z = p[2];
+            }
+        }
+        *(__local float4 *)(${dst} + r * ${pitch} + c) = x;
+    }
+</%def>
+
+## An A fragment (float4 a0..a3, permuted K) of rows lo = ``row`` and hi = ``row`` + 8, K
+## offsets ``col`` (= 8 kk + 2t) and ``col`` + 1, of a (limit x width) row-major operand in
+## global memory, zeros outside.
+<%def name="global_a(base, row, col, limit, width)">(float4)(
+        ${row} < ${limit} && ${col} < ${width} ? ${base}[(${row}) * ${width} + ${col}] : 0.0f,
+        ${row} + 8 < ${limit} && ${col} < ${width} ? ${base}[(${row} + 8) * ${width} + ${col}] : 0.0f,
+        ${row} < ${limit} && ${col} + 1 < ${width} ? ${base}[(${row}) * ${width} + ${col} + 1] : 0.0f,
+        ${row} + 8 < ${limit} && ${col} + 1 < ${width} ? ${base}[(${row} + 8) * ${width} + ${col} + 1] : 0.0f)</%def>
+
+## B fragment values (b0, b1) of a local tile: "rows" where the tile's rows are the mma's n (the
+## K offsets 2t and 2t + 1 adjacent in row n0 + g: one 8-byte load), "cols" where its rows are
+## K (rows k0 + 2t and k0 + 2t + 1, column n0 + g).
+<%def name="b_rows(tile, pitch, n0, k0)">*(__local const float2 *)(${tile} + (${n0} + g) * ${pitch} + ${k0} + 2 * t)</%def>
+<%def name="b_cols(tile, pitch, k0, n0)">(float2)(${tile}[(${k0} + 2 * t) * ${pitch} + ${n0} + g], ${tile}[(${k0} + 2 * t + 1) * ${pitch} + ${n0} + g])</%def>
+
+## Store an accumulator row pair: values (c.x, c.y) of row lo at columns col, col + 1 and (c.z,
+## c.w) of row hi there, times ``factor`` (plus ``extra_lo`` / ``extra_hi``), inside (limit x width).
+<%def name="store_pair(dst, c, row_lo, col, limit, width, factor, extra_lo='0.0f', extra_hi='0.0f')">
+        if (${row_lo} < ${limit}) {
+            __global float *out_row = ${dst} + (${row_lo}) * ${width};
+            if (${col} < ${width}) out_row[${col}] = ${c}.x * ${factor} + ${extra_lo};
+            if (${col} + 1 < ${width}) out_row[${col} + 1] = ${c}.y * ${factor} + ${extra_lo};
+        }
+        if (${row_lo} + 8 < ${limit}) {
+            __global float *out_row = ${dst} + (${row_lo} + 8) * ${width};
+            if (${col} < ${width}) out_row[${col}] = ${c}.z * ${factor} + ${extra_hi};
+            if (${col} + 1 < ${width}) out_row[${col} + 1] = ${c}.w * ${factor} + ${extra_hi};
+        }
+</%def>
+
+## The emulated mma's scratch: 12 words per item.
+<%def name="scratch(nthreads)">
+% if emulate:
+    __local uint mma_scratch[${nthreads * 12}];
+% endif
+</%def>
+
+<%def name="item_ids()">
+    const int lid = get_local_id(0);
+    const int lane = lid % 32;
+    const int warp = lid / 32;
+    const int g = lane / 4, t = lane % 4;
+</%def>
+
+__kernel __attribute__((reqd_work_group_size(${32 * warps}, 1, 1)))
+void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float scale2,
+                           __global const ${index_t} *table,
+                           __global const float *q, const ${index_t} q_off,
+                           __global const float *k, const ${index_t} k_off,
+                           __global const float *v, const ${index_t} v_off,
+                           __global const ${mask_t} *mask, const ${index_t} mask_off,
+                           const ${index_t} mask_stride_l, const ${index_t} mask_stride_s,
+                           const int causal,
+                           __global float *o, const ${index_t} o_off,
+                           __global float *lse,
+                           const uint seed0, const uint seed1, const uint stream0,
+                           const uint stream1, const uint threshold, const float keep_scale)
+{
+    __local float k_tile[${block_n * F_KLD}] __attribute__((aligned(16)));
+    __local float v_tile[${block_n * F_VLD}] __attribute__((aligned(16)));
+    ${scratch(32 * warps)}
+% if emulate:
+    __local float exchange[${2 * 32 * warps}];
+% endif
+    ${item_ids()}
+    const ${index_t} b = get_group_id(1);
+    const ${index_t} row0 = (${index_t})get_group_id(0) * ${16 * warps};
+    // The item's rows: lo (g) and hi (g + 8) of its warp's 16.
+    const ${index_t} r_lo = row0 + warp * 16 + g;
+    __global const ${index_t} *offsets = table + 4 * b;
+    __global const float *qb = q + q_off + offsets[0];
+    __global const float *kb = k + k_off + offsets[1];
+    __global const float *vb = v + v_off + offsets[2];
+    __global const ${mask_t} *mb = mask + mask_off + offsets[3];
+
+% if q_split:
+    // q (scaled to base-2 scores) as A fragments, split once for the whole walk.
+    uint4 q_big[${KS}], q_small[${KS}];
+    ${UNROLL}
+    for (int kk = 0; kk < ${KS}; ++kk) {
+        const int col = 8 * kk + 2 * t;
+        const float4 a = ${global_a("qb", "r_lo", "col", "L", "DK")} * scale2;
+        q_big[kk] = tf32_big4(a);
+        q_small[kk] = tf32_small4(a, q_big[kk]);
+    }
+% else:
+    // q (scaled to base-2 scores) as A fragments, split where used (half the registers).
+    float4 q_frag[${KS}];
+    ${UNROLL}
+    for (int kk = 0; kk < ${KS}; ++kk) {
+        const int col = 8 * kk + 2 * t;
+        q_frag[kk] = ${global_a("qb", "r_lo", "col", "L", "DK")} * scale2;
+    }
+% endif
+    float4 acc[${VS}];
+    ${UNROLL}
+    for (int i = 0; i < ${VS}; ++i) acc[i] = (float4)(0.0f);
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+    // A NaN score that the running maximum skips (fmax ignores NaN) still reaches the output.
+    float nan_lo = 0.0f, nan_hi = 0.0f;
+    // Causal: the block's last row sees keys up to itself.
+    const ${index_t} n_end = causal ? min(S, row0 + ${16 * warps}) : S;
+
+    for (${index_t} n0 = 0; n0 < n_end; n0 += ${block_n}) {
+        // Every warp is done with the previous step's tiles.
+        barrier(CLK_LOCAL_MEM_FENCE);
+        ${stage("k_tile", "kb", "n0", block_n, "S", "DK", F_KLD, 32 * warps)}
+        ${stage("v_tile", "vb", "n0", block_n, "S", "DV", F_VLD, 32 * warps)}
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        // S = (q * scale2) K^T: 16 rows by block_n keys, 8 keys per accumulator tile.
+        float4 s[${NB}];
+        ${UNROLL}
+        for (int j = 0; j < ${NB}; ++j) s[j] = (float4)(0.0f);
+        ${UNROLL}
+        for (int kk = 0; kk < ${KS}; ++kk) {
+% if not q_split:
+            const uint4 q_big_kk = tf32_big4(q_frag[kk]);
+            const uint4 q_small_kk = tf32_small4(q_frag[kk], q_big_kk);
+% else:
+            const uint4 q_big_kk = q_big[kk], q_small_kk = q_small[kk];
+% endif
+            ${UNROLL}
+            for (int j = 0; j < ${NB}; ++j)
+                MMA3_SPLIT_B(s[j], q_big_kk, q_small_kk, ${b_rows("k_tile", F_KLD, "8 * j", "8 * kk")});
+        }
+
+        float max_lo = -INFINITY, max_hi = -INFINITY;
+        ${UNROLL}
+        for (int j = 0; j < ${NB}; ++j) {
+            const ${index_t} key = n0 + 8 * j + 2 * t;
+            float4 x = s[j];
+            x.x = masked_score(x.x, r_lo, key, L, S, causal, mb, mask_stride_l, mask_stride_s);
+            x.y = masked_score(x.y, r_lo, key + 1, L, S, causal, mb, mask_stride_l, mask_stride_s);
+            x.z = masked_score(x.z, r_lo + 8, key, L, S, causal, mb, mask_stride_l, mask_stride_s);
+            x.w = masked_score(x.w, r_lo + 8, key + 1, L, S, causal, mb, mask_stride_l, mask_stride_s);
+            if (isnan(x.x)) nan_lo = x.x;
+            if (isnan(x.y)) nan_lo = x.y;
+            if (isnan(x.z)) nan_hi = x.z;
+            if (isnan(x.w)) nan_hi = x.w;
+            max_lo = fmax(max_lo, fmax(x.x, x.y));
+            max_hi = fmax(max_hi, fmax(x.z, x.w));
+            s[j] = x;
+        }
+        ${quad_reduce("max_lo", "max_hi", "max")}
+        const float new_lo = fmax(m_lo, max_lo), new_hi = fmax(m_hi, max_hi);
+        // Nothing of the row takes part yet: subtract 0, so that the weights (and alpha, for
+        // m = -inf) come out 0 rather than exp2(-inf + inf) = NaN.
+        const float use_lo = new_lo == -INFINITY ? 0.0f : new_lo;
+        const float use_hi = new_hi == -INFINITY ? 0.0f : new_hi;
+        const float alpha_lo = exp2(m_lo - use_lo), alpha_hi = exp2(m_hi - use_hi);
+        m_lo = new_lo;
+        m_hi = new_hi;
+        l_lo *= alpha_lo;
+        l_hi *= alpha_hi;
+        ${UNROLL}
+        for (int i = 0; i < ${VS}; ++i) acc[i] *= (float4)(alpha_lo, alpha_lo, alpha_hi, alpha_hi);
+        ${UNROLL}
+        for (int j = 0; j < ${NB}; ++j) {
+            float4 p = exp2(s[j] - (float4)(use_lo, use_lo, use_hi, use_hi));
+            l_lo += p.x + p.y;
+            l_hi += p.z + p.w;
+% if dropout:
+            const ${index_t} key = n0 + 8 * j + 2 * t;
+            const ulong e_lo = ((ulong)b * (ulong)L + (ulong)r_lo) * (ulong)S + (ulong)key;
+            const ulong e_hi = e_lo + 8 * (ulong)S;
+            if (!(key < S && r_lo < L && kept_element(e_lo, seed0, seed1, stream0, stream1, threshold))) p.x = 0.0f;
+            if (!(key + 1 < S && r_lo < L && kept_element(e_lo + 1, seed0, seed1, stream0, stream1, threshold))) p.y = 0.0f;
+            if (!(key < S && r_lo + 8 < L && kept_element(e_hi, seed0, seed1, stream0, stream1, threshold))) p.z = 0.0f;
+            if (!(key + 1 < S && r_lo + 8 < L && kept_element(e_hi + 1, seed0, seed1, stream0, stream1, threshold))) p.w = 0.0f;
+% endif
+            s[j] = p;
+        }
+
+        // O += P V: each accumulator tile of P (8 keys) is an A fragment; V's rows (keys) read
+        // permuted as its columns are.
+        ${UNROLL}
+        for (int j = 0; j < ${NB}; ++j) {
+            const float4 pa = AS_A(s[j]);
+            const uint4 p_big = tf32_big4(pa), p_small = tf32_small4(pa, p_big);
+            ${UNROLL}
+            for (int i = 0; i < ${VS}; ++i)
+                MMA3_SPLIT_B(acc[i], p_big, p_small, ${b_cols("v_tile", F_VLD, "8 * j", "8 * i")});
+        }
+    }
+
+    ${quad_reduce("l_lo", "l_hi", "sum")}
+    ${quad_reduce("nan_lo", "nan_hi", "sum")}
+% if dropout:
+    const float norm_lo = l_lo > 0.0f ? keep_scale / l_lo : 0.0f;
+    const float norm_hi = l_hi > 0.0f ? keep_scale / l_hi : 0.0f;
+% else:
+    const float norm_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
+    const float norm_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+% endif
+    __global float *ob = o + o_off + (${index_t})b * L * DV;
+    ${UNROLL}
+    for (int i = 0; i < ${VS}; ++i) {
+        const int col = 8 * i + 2 * t;
+        const float4 y = acc[i] * (float4)(norm_lo, norm_lo, norm_hi, norm_hi);
+        ${store_pair("ob", "y", "r_lo", "col", "L", "DV", "1.0f", "nan_lo", "nan_hi")}
+    }
+    if (t == 0) {
+        if (r_lo < L)
+            lse[(${index_t})b * L + r_lo] = l_lo > 0.0f ? m_lo + log2(l_lo)
+                : (l_lo == 0.0f ? INFINITY : l_lo) + nan_lo;
+        if (r_lo + 8 < L)
+            lse[(${index_t})b * L + r_lo + 8] = l_hi > 0.0f ? m_hi + log2(l_hi)
+                : (l_hi == 0.0f ? INFINITY : l_hi) + nan_hi;
+    }
+}
+
+__kernel void attention_delta(const ${index_t} rows,
+                              __global const float *o, const ${index_t} o_off,
+                              __global const float *dout, const ${index_t} dout_off,
+                              __global float *delta)
+{
+    for (${index_t} r = get_global_id(0); r < rows; r += get_global_size(0)) {
+        __global const float *orow = o + o_off + r * DV;
+        __global const float *grow = dout + dout_off + r * DV;
+        float total = 0.0f;
+        for (int e = 0; e < DV; ++e) total = mad(orow[e], grow[e], total);
+        delta[r] = total;
+    }
+}
+
+## The weight of score ``x`` (query row ``row``, key ``key``; the row's lse and delta) and with
+## dP value ``dp``: ``x`` becomes pv (the weight as dropped and scaled, for dV) and ``dp`` becomes
+## dS = p (dP' - delta) (dP' dropped and scaled).
+<%def name="weight_and_ds(x, dp, row, key, row_lse, row_delta)">
+            {
+                float p = 0.0f;
+                if (${key} < S && ${row} < L && !(causal && ${key} > ${row})) {
+                    const float xs = masked_score(${x}, ${row}, ${key}, L, S, causal, mb,
+                                                  mask_stride_l, mask_stride_s);
+                    p = exp2(xs - ${row_lse});
+                }
+                float dpv = ${dp};
+% if dropout:
+                const bool kept = ${key} < S && ${row} < L && kept_element(
+                    ((ulong)b * (ulong)L + (ulong)(${row})) * (ulong)S + (ulong)(${key}),
+                    seed0, seed1, stream0, stream1, threshold);
+                const float pv = kept ? p * keep_scale : 0.0f;
+                dpv = kept ? dpv * keep_scale : 0.0f;
+% else:
+                const float pv = p;
+% endif
+                ${x} = pv;
+                ${dp} = p * (dpv - ${row_delta});
+            }
+</%def>
+
+__kernel __attribute__((reqd_work_group_size(${32 * kv_warps}, 1, 1)))
+void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const float scale2,
+                               __global const ${index_t} *table,
+                               __global const float *q, const ${index_t} q_off,
+                               __global const float *k, const ${index_t} k_off,
+                               __global const float *v, const ${index_t} v_off,
+                               __global const ${mask_t} *mask, const ${index_t} mask_off,
+                               const ${index_t} mask_stride_l, const ${index_t} mask_stride_s,
+                               const int causal, const float scale,
+                               __global const float *dout, const ${index_t} dout_off,
+                               __global const float *lse, __global const float *delta,
+                               __global float *dk, __global float *dv,
+                               const uint seed0, const uint seed1, const uint stream0,
+                               const uint stream1, const uint threshold, const float keep_scale)
+{
+    // The step's query rows and output gradient rows: read along rows (B of S^T, dP^T) and down
+    // columns (B of dK, dV).
+    __local float q_tile[${q_step * B_QLD}] __attribute__((aligned(16)));
+    __local float g_tile[${q_step * B_GLD}] __attribute__((aligned(16)));
+    __local float lse_tile[${q_step}], delta_tile[${q_step}];
+    ${scratch(32 * kv_warps)}
+    ${item_ids()}
+    const ${index_t} b = get_group_id(1);
+    const ${index_t} kv0 = (${index_t})get_group_id(0) * ${16 * kv_warps};
+    // The item's keys: lo (g) and hi (g + 8) of its warp's 16.
+    const ${index_t} k_lo = kv0 + warp * 16 + g;
+    __global const ${index_t} *offsets = table + 4 * b;
+    __global const float *qb = q + q_off + offsets[0];
+    __global const float *kb = k + k_off + offsets[1];
+    __global const float *vb = v + v_off + offsets[2];
+    __global const ${mask_t} *mb = mask + mask_off + offsets[3];
+    __global const float *gb = dout + dout_off + (${index_t})b * L * DV;
+
+    float4 dk_acc[${KS}], dv_acc[${VS}];
+    ${UNROLL}
+    for (int kk = 0; kk < ${KS}; ++kk) dk_acc[kk] = (float4)(0.0f);
+    ${UNROLL}
+    for (int kk = 0; kk < ${VS}; ++kk) dv_acc[kk] = (float4)(0.0f);
+% if frags:
+    // k (scaled to base-2 scores) and v of the warp's keys as A fragments, in registers.
+    float4 k_frag[${KS}], v_frag[${VS}];
+    ${UNROLL}
+    for (int kk = 0; kk < ${KS}; ++kk) {
+        const int col = 8 * kk + 2 * t;
+        k_frag[kk] = ${global_a("kb", "k_lo", "col", "S", "DK")} * scale2;
+    }
+    ${UNROLL}
+    for (int kk = 0; kk < ${VS}; ++kk) {
+        const int col = 8 * kk + 2 * t;
+        v_frag[kk] = ${global_a("vb", "k_lo", "col", "S", "DV")};
+    }
+% endif
+    // Causal: query rows before the group's first key see none of its keys.
+    const ${index_t} i_begin = causal ? kv0 : 0;
+
+    for (${index_t} i0 = i_begin; i0 < L; i0 += ${q_step}) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        ${stage("q_tile", "qb", "i0", q_step, "L", "DK", B_QLD, 32 * kv_warps)}
+        ${stage("g_tile", "gb", "i0", q_step, "L", "DV", B_GLD, 32 * kv_warps)}
+        for (int e = lid; e < ${q_step}; e += ${32 * kv_warps}) {
+            const ${index_t} row = i0 + e;
+            lse_tile[e] = row < L ? lse[(${index_t})b * L + row] : INFINITY;
+            delta_tile[e] = row < L ? delta[(${index_t})b * L + row] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        // S^T = (k * scale2) Q^T and dP^T = V dO^T: 16 keys by q_step rows.
+        float4 st[${QB}], dpt[${QB}];
+        ${UNROLL}
+        for (int j = 0; j < ${QB}; ++j) st[j] = dpt[j] = (float4)(0.0f);
+        ${UNROLL}
+        for (int kk = 0; kk < ${KS}; ++kk) {
+% if frags:
+            const float4 a = k_frag[kk];
+% else:
+            const int col = 8 * kk + 2 * t;
+            const float4 a = ${global_a("kb", "k_lo", "col", "S", "DK")} * scale2;
+% endif
+            const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
+            ${UNROLL}
+            for (int j = 0; j < ${QB}; ++j)
+                MMA3_SPLIT_B(st[j], a_big, a_small, ${b_rows("q_tile", B_QLD, "8 * j", "8 * kk")});
+        }
+        ${UNROLL}
+        for (int kk = 0; kk < ${VS}; ++kk) {
+% if frags:
+            const float4 a = v_frag[kk];
+% else:
+            const int col = 8 * kk + 2 * t;
+            const float4 a = ${global_a("vb", "k_lo", "col", "S", "DV")};
+% endif
+            const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
+            ${UNROLL}
+            for (int j = 0; j < ${QB}; ++j)
+                MMA3_SPLIT_B(dpt[j], a_big, a_small, ${b_rows("g_tile", B_GLD, "8 * j", "8 * kk")});
+        }
+        // Element (key, row) of accumulator j: x (lo, 2t), y (lo, 2t + 1), z (hi, 2t),
+        // w (hi, 2t + 1), rows 8 j + ... of the step.
+        ${UNROLL}
+        for (int j = 0; j < ${QB}; ++j) {
+            const int r = 8 * j + 2 * t;
+            const ${index_t} row = i0 + r;
+            ${weight_and_ds("st[j].x", "dpt[j].x", "row", "k_lo", "lse_tile[r]", "delta_tile[r]")}
+            ${weight_and_ds("st[j].y", "dpt[j].y", "row + 1", "k_lo", "lse_tile[r + 1]", "delta_tile[r + 1]")}
+            ${weight_and_ds("st[j].z", "dpt[j].z", "row", "k_lo + 8", "lse_tile[r]", "delta_tile[r]")}
+            ${weight_and_ds("st[j].w", "dpt[j].w", "row + 1", "k_lo + 8", "lse_tile[r + 1]", "delta_tile[r + 1]")}
+        }
+        // dV += P^T dO and dK += dS^T Q: the accumulator tiles (8 rows each) as A fragments,
+        // dO's and q's rows read permuted as their columns are.
+        ${UNROLL}
+        for (int j = 0; j < ${QB}; ++j) {
+            const float4 pa = AS_A(st[j]);
+            const uint4 p_big = tf32_big4(pa), p_small = tf32_small4(pa, p_big);
+            ${UNROLL}
+            for (int i = 0; i < ${VS}; ++i)
+                MMA3_SPLIT_B(dv_acc[i], p_big, p_small, ${b_cols("g_tile", B_GLD, "8 * j", "8 * i")});
+            const float4 da = AS_A(dpt[j]);
+            const uint4 d_big = tf32_big4(da), d_small = tf32_small4(da, d_big);
+            ${UNROLL}
+            for (int i = 0; i < ${KS}; ++i)
+                MMA3_SPLIT_B(dk_acc[i], d_big, d_small, ${b_cols("q_tile", B_QLD, "8 * j", "8 * i")});
+        }
+    }
+    __global float *dkb = dk + (${index_t})b * S * DK;
+    __global float *dvb = dv + (${index_t})b * S * DV;
+    ${UNROLL}
+    for (int i = 0; i < ${KS}; ++i) {
+        const int col = 8 * i + 2 * t;
+        ${store_pair("dkb", "dk_acc[i]", "k_lo", "col", "S", "DK", "scale")}
+    }
+    ${UNROLL}
+    for (int i = 0; i < ${VS}; ++i) {
+        const int col = 8 * i + 2 * t;
+        ${store_pair("dvb", "dv_acc[i]", "k_lo", "col", "S", "DV", "1.0f")}
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(${32 * q_warps}, 1, 1)))
+void attention_mma_backward_q(const ${index_t} L, const ${index_t} S, const float scale2,
+                              __global const ${index_t} *table,
+                              __global const float *q, const ${index_t} q_off,
+                              __global const float *k, const ${index_t} k_off,
+                              __global const float *v, const ${index_t} v_off,
+                              __global const ${mask_t} *mask, const ${index_t} mask_off,
+                              const ${index_t} mask_stride_l, const ${index_t} mask_stride_s,
+                              const int causal, const float scale,
+                              __global const float *dout, const ${index_t} dout_off,
+                              __global const float *lse, __global const float *delta,
+                              __global float *dq,
+                              const uint seed0, const uint seed1, const uint stream0,
+                              const uint stream1, const uint threshold, const float keep_scale)
+{
+    // The step's keys (read along rows for S, down columns for dQ) and values (along rows).
+    __local float k_tile[${k_step * Q_KLD}] __attribute__((aligned(16)));
+    __local float v_tile[${k_step * Q_VLD}] __attribute__((aligned(16)));
+    ${scratch(32 * q_warps)}
+    ${item_ids()}
+    const ${index_t} b = get_group_id(1);
+    const ${index_t} row0 = (${index_t})get_group_id(0) * ${16 * q_warps};
+    const ${index_t} r_lo = row0 + warp * 16 + g;
+    __global const ${index_t} *offsets = table + 4 * b;
+    __global const float *qb = q + q_off + offsets[0];
+    __global const float *kb = k + k_off + offsets[1];
+    __global const float *vb = v + v_off + offsets[2];
+    __global const ${mask_t} *mb = mask + mask_off + offsets[3];
+    __global const float *gb = dout + dout_off + (${index_t})b * L * DV;
+
+    float4 dq_acc[${KS}];
+    ${UNROLL}
+    for (int kk = 0; kk < ${KS}; ++kk) dq_acc[kk] = (float4)(0.0f);
+% if frags:
+    // q (scaled to base-2 scores) and dO of the warp's rows as A fragments, in registers.
+    float4 q_frag[${KS}], g_frag[${VS}];
+    ${UNROLL}
+    for (int kk = 0; kk < ${KS}; ++kk) {
+        const int col = 8 * kk + 2 * t;
+        q_frag[kk] = ${global_a("qb", "r_lo", "col", "L", "DK")} * scale2;
+    }
+    ${UNROLL}
+    for (int kk = 0; kk < ${VS}; ++kk) {
+        const int col = 8 * kk + 2 * t;
+        g_frag[kk] = ${global_a("gb", "r_lo", "col", "L", "DV")};
+    }
+% endif
+    const float lse_lo = r_lo < L ? lse[(${index_t})b * L + r_lo] : INFINITY;
+    const float lse_hi = r_lo + 8 < L ? lse[(${index_t})b * L + r_lo + 8] : INFINITY;
+    const float delta_lo = r_lo < L ? delta[(${index_t})b * L + r_lo] : 0.0f;
+    const float delta_hi = r_lo + 8 < L ? delta[(${index_t})b * L + r_lo + 8] : 0.0f;
+    const ${index_t} n_end = causal ? min(S, row0 + ${16 * q_warps}) : S;
+
+    for (${index_t} n0 = 0; n0 < n_end; n0 += ${k_step}) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        ${stage("k_tile", "kb", "n0", k_step, "S", "DK", Q_KLD, 32 * q_warps)}
+        ${stage("v_tile", "vb", "n0", k_step, "S", "DV", Q_VLD, 32 * q_warps)}
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        float4 s[${KB}], dp[${KB}];
+        ${UNROLL}
+        for (int j = 0; j < ${KB}; ++j) s[j] = dp[j] = (float4)(0.0f);
+        ${UNROLL}
+        for (int kk = 0; kk < ${KS}; ++kk) {
+% if frags:
+            const float4 a = q_frag[kk];
+% else:
+            const int col = 8 * kk + 2 * t;
+            const float4 a = ${global_a("qb", "r_lo", "col", "L", "DK")} * scale2;
+% endif
+            const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
+            ${UNROLL}
+            for (int j = 0; j < ${KB}; ++j)
+                MMA3_SPLIT_B(s[j], a_big, a_small, ${b_rows("k_tile", Q_KLD, "8 * j", "8 * kk")});
+        }
+        ${UNROLL}
+        for (int kk = 0; kk < ${VS}; ++kk) {
+% if frags:
+            const float4 a = g_frag[kk];
+% else:
+            const int col = 8 * kk + 2 * t;
+            const float4 a = ${global_a("gb", "r_lo", "col", "L", "DV")};
+% endif
+            const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
+            ${UNROLL}
+            for (int j = 0; j < ${KB}; ++j)
+                MMA3_SPLIT_B(dp[j], a_big, a_small, ${b_rows("v_tile", Q_VLD, "8 * j", "8 * kk")});
+        }
+        ${UNROLL}
+        for (int j = 0; j < ${KB}; ++j) {
+            const ${index_t} key = n0 + 8 * j + 2 * t;
+            ${weight_and_ds("s[j].x", "dp[j].x", "r_lo", "key", "lse_lo", "delta_lo")}
+            ${weight_and_ds("s[j].y", "dp[j].y", "r_lo", "key + 1", "lse_lo", "delta_lo")}
+            ${weight_and_ds("s[j].z", "dp[j].z", "r_lo + 8", "key", "lse_hi", "delta_hi")}
+            ${weight_and_ds("s[j].w", "dp[j].w", "r_lo + 8", "key + 1", "lse_hi", "delta_hi")}
+        }
+        // dQ += dS K: dS's accumulator tiles (8 keys each) as A fragments, k's rows permuted.
+        ${UNROLL}
+        for (int j = 0; j < ${KB}; ++j) {
+            const float4 da = AS_A(dp[j]);
+            const uint4 d_big = tf32_big4(da), d_small = tf32_small4(da, d_big);
+            ${UNROLL}
+            for (int i = 0; i < ${KS}; ++i)
+                MMA3_SPLIT_B(dq_acc[i], d_big, d_small, ${b_cols("k_tile", Q_KLD, "8 * j", "8 * i")});
+        }
+    }
+    __global float *dqb = dq + (${index_t})b * L * DK;
+    ${UNROLL}
+    for (int i = 0; i < ${KS}; ++i) {
+        const int col = 8 * i + 2 * t;
+        ${store_pair("dqb", "dq_acc[i]", "r_lo", "col", "L", "DK", "scale")}
+    }
+}

@@ -1,0 +1,218 @@
+"""The attention family's mma solver (kernels/attention_mma.cl.mako: mma.sync TF32 with the
+3xTF32 split) forced, against PyTorch on the CPU in float64 at fp32 tolerances (the split must
+give fp32 accuracy: with the small parts dropped, TF32 alone, the error metric is ~1e-4
+against 2e-6): outputs and the gradients of q, k, v, every output poisoned; odd sizes (not
+multiples of the blocks), head dims not multiples of 8, masks, causal with L != S, GQA, dropout
+against the host mask.
+
+On an NVIDIA GPU of compute capability 8.0 or later the PTX kernels run with the shipped
+values; elsewhere DLPRIM_TF32_EMULATE runs the same fragments through local memory, with small
+blocks (2 warps, 16 keys or rows per step) that PoCL builds quickly."""
+import numpy as np
+import pytest
+
+import dlprim_py as dp
+from dlprim_py import program, solver
+from dlprim_py.errors import UnsupportedError
+from dlprim_py.ops import attention as A
+from dlprim_py.ops.gemm import mma_device_problem
+
+from conftest import assert_close, random
+from test_attention import TOL, _check, _poisoned_empty
+from test_gemm_tf32 import fake_context
+
+torch = pytest.importorskip("torch")
+F = dp.functional
+
+# Emulated: 2 warps per group (32 query rows or keys), 16 keys or rows per step.
+SMALL = {"solver": "mma", "warps": 2, "block_n": 16, "kv_warps": 2, "q_step": 16,
+         "q_warps": 2, "k_step": 16}
+
+
+def real_mma(ctx):
+    return mma_device_problem(ctx.info) is None
+
+
+@pytest.fixture
+def mma(ctx, monkeypatch, tuning_rules):
+    """The mma solver forced, every output, workspace and gradient poisoned; emulated with
+    SMALL blocks where the device has no mma.sync."""
+    monkeypatch.setattr(A, "_empty", _poisoned_empty)
+    monkeypatch.setenv("DLPRIM_ATTENTION_ALGO", "mma")
+    if not real_mma(ctx):
+        monkeypatch.setenv("DLPRIM_TF32_EMULATE", "1")
+        tuning_rules("attention", [{"when": {}, "params": SMALL}])
+    dp.config.reload()
+
+
+def _plans():
+    """The params of the plans built within the block (a spy on AttentionPlan)."""
+    import unittest.mock
+    built = []
+    original = A.AttentionPlan.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append((self.solver, self.params))
+    return built, unittest.mock.patch.object(A.AttentionPlan, "__init__", spy)
+
+
+@pytest.mark.parametrize("qs, ks, vs, kw", [
+    ((2, 3, 37, 16), (2, 3, 45, 16), (2, 3, 45, 16), {"is_causal": True}),
+    ((1, 2, 45, 16), (1, 2, 29, 16), (1, 2, 29, 16), {"is_causal": True}),     # L > S
+    ((2, 6, 20, 16), (2, 2, 33, 16), (2, 3, 33, 16), {"enable_gqa": True, "scale": 0.3}),
+    ((1, 3, 9, 16), (2, 3, 11, 16), (2, 3, 11, 16), {}),                    # q broadcast
+    ((19, 12), (23, 12), (23, 7), {"scale": 1.7}),                          # 2-d, E % 8 != 0
+    ((1, 2, 37, 64), (1, 2, 35, 64), (1, 2, 35, 64), {"is_causal": True}),  # head dim 64
+])
+def test_matches_torch(ctx, rng, mma, qs, ks, vs, kw):
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, qs, ks, vs, **kw)
+    assert built and all(name == "mma" for name, _ in built)
+    assert all(params["emulate"] == int(not real_mma(ctx)) for _, params in built)
+    assert all(params["q_split"] and params["frags"] for _, params in built)
+
+
+def test_large_head_dims(ctx, rng, mma):
+    """Head dims past 64 (96 and 72, neither a multiple of 16): q's fragments split at each
+    step in the forward, the backward's own fragments read again at each step."""
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, (1, 2, 37, 96), (1, 2, 35, 96), (1, 2, 35, 72), is_causal=True)
+    params = built[-1][1]
+    assert not params["q_split"] and not params["frags"]
+
+
+def test_larger_values(ctx, rng, mma):
+    """Operands of several units (scores up to ~30, weights far from uniform): the small parts
+    of the split carry the digits TF32 drops."""
+    q, k, v = random(rng, (1, 2, 40, 16), -4, 4), random(rng, (1, 2, 40, 16), -2, 2), \
+        random(rng, (1, 2, 40, 16), -3, 3)
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+    g = random(rng, tuple(ref.shape))
+    ref.backward(torch.tensor(g, dtype=torch.float64))
+    ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in (q, k, v)]
+    out = F.scaled_dot_product_attention(*ours)
+    assert_close(out.numpy(), ref.detach().numpy(), tol=TOL)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    for t, r in zip(ours, (tq, tk, tv)):
+        assert_close(t.grad.numpy(), r.grad.numpy(), tol=TOL)
+
+
+def test_float_mask_with_a_fully_masked_row_and_dropout(ctx, rng, mma):
+    """A float mask (a row all -inf gives zeros) with dropout against the host's keep-mask, in
+    one program (both are template parameters: one build on PoCL)."""
+    p, seed, stream = 0.3, 1234, 7
+    shape_q, shape_k = (2, 3, 37, 16), (1, 3, 45, 16)
+    mask = random(rng, (37, 45), -2.0, 2.0)
+    mask[4] = -np.inf
+    mask[5, :40] = -np.inf
+    q, k, v = random(rng, shape_q), random(rng, shape_k), random(rng, shape_k)
+    g = random(rng, shape_q)
+    keep = A.attention_dropout_mask((2, 3), 37, 45, p, seed, stream)
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
+    # Row 4 takes no key: its weights are 0 (the softmax of a row of 0s, zeroed, keeps the
+    # reference's gradient finite).
+    empty = np.isneginf(mask).all(axis=-1, keepdims=True)
+    bias = torch.tensor(np.where(empty, 0.0, mask), dtype=torch.float64)
+    scores = tq @ tk.transpose(-1, -2) / 4.0 + bias
+    weights = torch.softmax(scores, dim=-1) * torch.tensor(~empty) * torch.tensor(keep) / (1 - p)
+    ref = weights @ tv
+    ref.backward(torch.tensor(g, dtype=torch.float64))
+    ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in (q, k, v)]
+    out = F.scaled_dot_product_attention(*ours, attn_mask=dp.Tensor.from_numpy(ctx, mask),
+                                         dropout_p=p, seed=seed, stream=stream)
+    assert_close(out.numpy(), ref.detach().numpy(), tol=TOL)
+    assert np.all(out.numpy()[:, :, 4] == 0)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    for t, r in zip(ours, (tq, tk, tv)):
+        assert_close(t.grad.numpy(), r.grad.numpy(), tol=TOL)
+
+
+def test_bool_mask_broadcast(ctx, rng, mma):
+    mask = rng.uniform(0, 1, (2, 1, 37, 45)) > 0.3
+    mask[0, 0, 3] = False           # a row with no key
+    _check(ctx, rng, (2, 3, 37, 16), (2, 3, 45, 16), (2, 3, 45, 16), mask=mask)
+
+
+def test_repeated_call_builds_nothing(ctx, rng, mma):
+    q, k, v = (dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 37, 16)), requires_grad=True)
+               for _ in range(3))
+    g = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 37, 16)))
+
+    def run():
+        for t in (q, k, v):
+            t.grad = None
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+    run()
+    before = dict(program.stats)
+    run()
+    run()
+    ctx.synchronize()
+    assert dict(program.stats) == before
+
+
+def test_ptx_matches_emulation(ctx, rng, mma, tuning_rules):
+    """On a GPU with mma.sync: the PTX kernels against the emulated ones (the same fragments),
+    to the last bits but for the hardware's own order of the 8 products of an mma."""
+    if not real_mma(ctx):
+        pytest.skip("the device has no mma.sync")
+    q, k, v = (dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 70, 64)), requires_grad=True)
+               for _ in range(3))
+    g = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 70, 64)))
+    results = []
+    for emulate in (0, 1):
+        tuning_rules("attention", [{"when": {}, "params": dict(SMALL, emulate=emulate)}])
+        for t in (q, k, v):
+            t.grad = None
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(g)
+        results.append([out.numpy()] + [t.grad.numpy() for t in (q, k, v)])
+    for ptx, emulated in zip(*results):
+        assert_close(ptx, emulated, tol=TOL)
+
+
+def test_refused_past_its_head_dims(ctx, rng, mma):
+    q = dp.Tensor.from_numpy(ctx, random(rng, (2, 5, 136)))
+    with pytest.raises(UnsupportedError, match="mma does not apply"):
+        F.scaled_dot_product_attention(q, q, q)
+
+
+def test_refused_without_mma_sync(monkeypatch):
+    """Without DLPRIM_TF32_EMULATE the solver needs compute capability 8.0: refused (with the
+    reason) on a Turing GPU and off NVIDIA, where the family falls back to the tiled solver."""
+    monkeypatch.delenv("DLPRIM_TF32_EMULATE", raising=False)
+    dp.config.reload()
+    problem = A.AttentionProblem(64, 64, 512, 512, "none", False, False)
+    mma = A.FAMILY.solvers["mma"]
+    turing = fake_context(architecture="nvidia:sm_75")
+    assert "8.0" in mma.refusal(turing, problem)
+    assert solver.select(turing, "attention", problem).name == "tiled"
+    other = fake_context(vendor="amd", architecture="amd:gfx90a")
+    assert "NVIDIA" in mma.refusal(other, problem)
+    wide = A.AttentionProblem(160, 64, 512, 512, "none", False, False)
+    assert "128" in mma.refusal(fake_context(), wide)
+
+
+def test_chosen_first_on_nvidia_gpus():
+    """The NVIDIA rule names mma first: an H200 gets it for fp32 attention (TF32 off: the
+    split is fp32-accurate), masks, causal and dropout alike, with the rule's values."""
+    ctx = fake_context()
+    for problem in (A.AttentionProblem(64, 64, 1024, 1024, "none", False, False),
+                    A.AttentionProblem(64, 64, 2048, 2048, "none", True, False),
+                    A.AttentionProblem(64, 64, 512, 512, "bool", False, True)):
+        assert solver.select(ctx, "attention", problem).name == "mma"
+        params = solver.tunables(ctx, "attention", problem, "mma")
+        assert params["warps"] == 4 and params["block_n"] == 64
+
+
+def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, warps=3, emulate=1)}])
+    q = dp.Tensor.from_numpy(ctx, random(rng, (1, 2, 9, 16)))
+    with pytest.raises(UnsupportedError, match="warps must be 1, 2, 4 or 8"):
+        F.scaled_dot_product_attention(q, q, q)
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, block_n=12, emulate=1)}])
+    with pytest.raises(UnsupportedError, match="multiple of 8"):
+        F.scaled_dot_product_attention(q, q, q)
