@@ -472,7 +472,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
         key = entry = None
     if entry is not None:
         conv, y_shape, y_bytes, plans = entry
-        y = output(ctx, y_shape, y_bytes)
+        y = output(ctx, y_shape, y_bytes) if conv.dtype is float32 else \
+            Tensor.empty(ctx, y_shape, conv.dtype)
         # No closure: conv.forward is called with the operands only when there is no plan.
         operands = (x, weight, y, bias)
         run_planned_on(ctx, None, operands, conv.forward, plans, operands)
