@@ -13,6 +13,8 @@
 ##   conv16_col2im          dx = alpha * (float32 sum of dcol over the taps that read each input
 ##                          element) + beta * dx, rounded once (dcol: float32)
 ##   conv16_bias_grad       db[k] = alpha * (float32 sum of dy over n, oh, ow) + beta * db[k]
+##   conv16_store_scaled    dw = alpha * acc + beta * dw, rounded once (acc: a float32 filter
+##                          gradient summed over parts of the batch)
 ## The copies move bit patterns (ushort), whatever the 16-bit type: no conversion, no
 ## cl_khr_fp16 (NVIDIA's OpenCL has none). Conversions: float16 through the core vload_half /
 ## vstore_half_rte on `half *` buffers, bfloat16 with integer operations (memory_access's
@@ -176,5 +178,18 @@ void conv16_bias_grad(${common.geometry_params()},
         if (beta != 0.0f)
             v += beta * load16(db, db_off + k);
         store16(db, db_off + k, v);
+    }
+}
+
+// dst[i] = alpha * src[i] + beta * dst[i] for i < count, rounded once: a filter gradient
+// summed over parts of the batch in float32 (src), stored.
+__kernel void conv16_store_scaled(int count, __global const float *src, int src_off,
+    __global ${storage} *dst, int dst_off, float alpha, float beta)
+{
+    for (int i = get_global_id(0); i < count; i += get_global_size(0)) {
+        float v = alpha * src[src_off + i];
+        if (beta != 0.0f)
+            v += beta * load16(dst, dst_off + i);
+        store16(dst, dst_off + i, v);
     }
 }

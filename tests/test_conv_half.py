@@ -253,8 +253,9 @@ def test_nn_module_and_conv1d(ctx, rng, dtype):
 
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=IDS)
 def test_batch_in_parts(ctx, rng, mode_params, dtype, monkeypatch):
-    """A workspace limit below the whole batch's columns: forward and data gradient run on
-    parts of the batch (the same results)."""
+    """A workspace limit below the whole batch's columns: forward, data gradient and filter
+    gradient run on parts of the batch (the filter gradient summed over them in float32, with
+    alpha and beta applied once)."""
     mode_params("small")
     monkeypatch.setenv("DLPRIM_WORKSPACE_LIMIT", "0.01")
     dp.config.reload()
@@ -275,6 +276,14 @@ def test_batch_in_parts(ctx, rng, mode_params, dtype, monkeypatch):
     Y = torch.from_numpy(y.numpy().astype(np.float64))
     check(dx.numpy(), torch.nn.grad.conv2d_input(X.shape, W, Y, padding=1),
           torch.nn.grad.conv2d_input(X.shape, W.abs(), Y.abs(), padding=1), dtype)
+    algo = selection.ALGORITHMS["im2col_gemm16"]
+    assert algo.filter_chunk(conv.problem) < 5
+    w1 = random(rng, (8, 8, 3, 3))
+    dw = tensor16(ctx, w1, dtype)
+    conv.backward_filter(y, x, dw, alpha=2.0, beta=-1.0, algo="im2col_gemm16")
+    check(dw.numpy(), 2 * torch.nn.grad.conv2d_weight(X, W.shape, Y, padding=1)
+          - torch.from_numpy(rounded(w1, dtype)),
+          2 * torch.nn.grad.conv2d_weight(X.abs(), W.shape, Y.abs(), padding=1) + 1, dtype)
 
 
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=IDS)

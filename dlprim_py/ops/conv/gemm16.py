@@ -18,6 +18,11 @@ the GEMM's epilogue.
                    dw_g = alpha * rows_g [K/g x NP] @ col_g^T + beta * dw_g: the batch is the
                    GEMM's K, summed in float32 inside it, rounded once
 
+Forward and data gradient take parts of the batch where the whole one's workspace passes the
+limit (``algorithms.batch_chunk``). So does the filter gradient, on its own: the GEMM of each
+part adds into a float32 [K][GK/g] accumulator (beta 1 after the first), which
+conv16_store_scaled rounds into dw at the end, so the batch is still summed in float32.
+
 The forward's permutation adds beta * y after the activation, as the convolution's epilogue
 does (the GEMM's adds it before); y is then rounded twice (beta = 0: once). One GEMM over all
 images keeps the tiles full on small maps (7 x 7: 49 columns per image).
@@ -41,7 +46,7 @@ from ... import program
 from ...errors import ShapeError, UnsupportedError
 from ...dtypes import as_dtype
 from ..pointwise import launch_size
-from .algorithms import NO_EPILOGUE, Algorithm, launch
+from .algorithms import NO_EPILOGUE, Algorithm, _images, launch, workspace_limit
 
 HALF_DTYPES = ("float16", "bfloat16")
 _I32, _F32 = np.int32, np.float32
@@ -86,6 +91,28 @@ class Gemm16(Algorithm):
             return False
         return self.workspace_size(ctx, p, direction) <= ctx.info.max_alloc_size
 
+    @staticmethod
+    def _filter_bytes(p, images, parts):
+        """Workspace bytes of a filter gradient over ``images`` per part (``parts`` > 1: with
+        the float32 accumulator)."""
+        ld = _round_up(images * p.ho * p.wo, _ALIGN)
+        acc = 4 * p.k * p.cg * p.r * p.s if parts > 1 else 0
+        return _round_up(2 * p.k * ld, 16) + _round_up(2 * p.c * p.r * p.s * ld, 16) + acc
+
+    def filter_chunk(self, problem):
+        """Images per part of a filter gradient: the whole batch where its column matrices
+        fit the workspace limit (``algorithms.workspace_limit``), else equal parts that do
+        (one image at least)."""
+        p = problem
+        limit = workspace_limit(p, "backward_filter")
+        if p.n == 1 or self._filter_bytes(p, p.n, 1) <= limit:
+            return p.n
+        per_image = self._filter_bytes(p, 2, 2) - self._filter_bytes(p, 1, 2)
+        fixed = self._filter_bytes(p, 1, 2) - per_image
+        chunk = max(1, min(p.n, int((limit - fixed) // max(per_image, 1))))
+        runs = -(-p.n // chunk)
+        return -(-p.n // runs)
+
     def _parts(self, problem, direction):
         """Workspace layout: ((16-bit elements of col or rows, 16-bit elements of rows or 0,
         float32 elements of acc or dcol))."""
@@ -97,6 +124,10 @@ class Gemm16(Algorithm):
             return taps * ld, p.k * ld, 0
         if direction == "backward_data":
             return p.k * ld, 0, taps * ld
+        chunk = self.filter_chunk(p)
+        if chunk < p.n:
+            ld = _round_up(chunk * p.ho * p.wo, _ALIGN)
+            return p.k * ld, taps * ld, p.k * p.cg * p.r * p.s
         return p.k * ld, taps * ld, 0
 
     def _offsets(self, problem, direction, workspace):
@@ -185,12 +216,42 @@ class Gemm16(Algorithm):
                     _F32(ep.alpha), _F32(ep.beta)])
             return
         dy, x, dw = src, other, dst
+        chunk = self.filter_chunk(p)
+        if chunk < p.n:
+            self._run_filter_in_parts(ctx, built, p, chunk, dy, x, dw, ep, buf,
+                                      (first, second, wide))
+            return
         self._launch_rows(ctx, built, p, geometry, dy, buf, first, ld)
         self._launch_im2col(ctx, built, p, geometry, x, buf, second, ld)
         for g in range(p.groups):
             self._gemm(ctx, p, kg, gk, pixels, buf, first + g * kg * ld, ld,
                        buf, second + g * gk * ld, ld, dw.buffer, dw.offset_elements + g * kg * gk,
                        gk, trans_b=True, alpha=ep.alpha, beta=ep.beta)
+
+    def _run_filter_in_parts(self, ctx, built, p, chunk, dy, x, dw, ep, buf, offsets):
+        """The filter gradient ``chunk`` images at a time: each part's GEMMs add into the
+        float32 accumulator, rounded into dw once at the end."""
+        from dataclasses import replace
+        first, second, wide = offsets
+        kg, gk = p.kg, p.cg * p.r * p.s
+        for start in range(0, p.n, chunk):
+            count = min(chunk, p.n - start)
+            part = replace(p, n=count)
+            pixels, ld, _ = self._sizes(part)
+            geometry = part.geometry_args()
+            self._launch_rows(ctx, built, part, geometry, _images(dy, start, count), buf, first,
+                              ld)
+            self._launch_im2col(ctx, built, part, geometry, _images(x, start, count), buf,
+                                second, ld)
+            for g in range(p.groups):
+                self._gemm(ctx, part, kg, gk, pixels, buf, first + g * kg * ld, ld,
+                           buf, second + g * gk * ld, ld, buf, wide + g * kg * gk, gk,
+                           trans_b=True, beta=0.0 if start == 0 else 1.0, c_dtype=np.float32)
+        count = p.k * gk
+        gsize, lsize = launch_size(ctx, count)
+        launch(ctx, built, "conv16_store_scaled", gsize, lsize,
+               [_I32(count), buf, _I32(wide), dw.buffer, _I32(dw.offset_elements),
+                _F32(ep.alpha), _F32(ep.beta)])
 
     @staticmethod
     def _launch_im2col(ctx, built, p, geometry, x, buf, off, ld):
