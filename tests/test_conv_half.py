@@ -380,3 +380,15 @@ def test_bad_input(ctx, rng, dtype):
         f32.forward(dp.Tensor.from_numpy(ctx, random(rng, (1, 4, 5, 5))),
                     dp.Tensor.from_numpy(ctx, random(rng, (2, 4, 1, 1))),
                     dp.Tensor.empty(ctx, f32.problem.y_shape), algo="gemm16")
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=IDS)
+def test_find_mode_times_the_16bit_algorithms(ctx, dtype):
+    """Find mode's measurement runs both 16-bit algorithms of a 1x1 problem on 16-bit scratch
+    tensors, in every direction."""
+    conv = Convolution(ctx, TensorDesc((2, 8, 6, 6), dtype), TensorDesc((8, 8, 1, 1), dtype),
+                       ConvolutionDesc(0), prebuild=False)
+    for direction in ("forward", "backward_data", "backward_filter"):
+        winner, times = selection.measure(ctx, conv.problem, direction)
+        assert set(times) == {"gemm16", "im2col_gemm16"} and winner in times
+        assert all(t > 0 for t in times.values())
