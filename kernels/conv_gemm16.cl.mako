@@ -104,10 +104,11 @@ __kernel void conv16_rows_to_output(${common.geometry_params()},
         int at = y_off + img * ysN + k * ysC + oh * ysH + ow * ysW;
         // y_old is read only when beta != 0 (an unwritten y is fine otherwise); without it the
         // value is copied as it is, bits and all.
+        int from = acc_off + k * LD + img * HoWo + p;
         if (beta != 0.0f)
-            store16(y, at, load16(acc, acc_off + k * LD + img * HoWo + p) + beta * load16(y, at));
+            store16(y, at, load16(acc, from) + beta * load16(y, at));
         else
-            ((__global ushort *)y)[at] = ((__global const ushort *)acc)[acc_off + k * LD + img * HoWo + p];
+            ((__global ushort *)y)[at] = ((__global const ushort *)acc)[from];
     }
 }
 

@@ -85,7 +85,8 @@ GEOMETRIES = {
 
 def make(ctx, rng, dtype, geometry):
     n, c, h, w, k, r, s, pad, stride, dil, groups = GEOMETRIES[geometry]
-    conv = Convolution(ctx, TensorDesc((n, c, h, w), dtype), TensorDesc((k, c // groups, r, s), dtype),
+    conv = Convolution(ctx, TensorDesc((n, c, h, w), dtype),
+                       TensorDesc((k, c // groups, r, s), dtype),
                        ConvolutionDesc(pad, stride, dil, groups), prebuild=False)
     x = tensor16(ctx, random(rng, (n, c, h, w)), dtype)
     wt = tensor16(ctx, random(rng, (k, c // groups, r, s)), dtype)
@@ -117,6 +118,9 @@ def test_every_direction(ctx, rng, mode_params, dtype, mode, geometry, algo):
     conv.forward(x, wt, y, bias=bias, algo=algo)
     check(y.numpy(), F.conv2d(X, W, B, **args), F.conv2d(X.abs(), W.abs(), B.abs(), **args),
           dtype)
+    y = poisoned(ctx, p.y_shape, dtype)    # without a bias: the groups in one batch
+    conv.forward(x, wt, y, algo=algo)
+    check(y.numpy(), F.conv2d(X, W, **args), F.conv2d(X.abs(), W.abs(), **args), dtype)
 
     dy = tensor16(ctx, random(rng, p.y_shape), dtype)
     DY = f64(dy)

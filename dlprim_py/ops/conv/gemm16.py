@@ -5,8 +5,9 @@ once. Every direction, groups, stride, padding, dilation; the forward's bias and
 the GEMM's epilogue.
 
 "im2col_gemm16" (any geometry), with NP = N * Ho * Wo, GK = C * R * S, LD = NP rounded up to 8
-(column matrices' rows on 16-byte boundaries), one GEMM per group g over the whole batch
-(kernels/conv_gemm16.cl.mako moves the data):
+(column matrices' rows on 16-byte boundaries), a GEMM per group g over the whole batch, the
+groups one strided batch (one GEMM each where a forward adds a bias: the GEMM's bias is the
+same for every batch entry) (kernels/conv_gemm16.cl.mako moves the data):
 
   forward          col [GK][LD] = im2col(x)                                        16-bit
                    acc [K][LD]  = act(alpha * w_g [K/g x GK/g] @ col_g + bias)      16-bit
@@ -160,6 +161,24 @@ class Gemm16(Algorithm):
         GemmPlan(ctx, M, N, K, *args, dtype=dtype, c_dtype=dtype if c_dtype is None else c_dtype,
                  **kwargs).enqueue()
 
+    def _group_gemms(self, ctx, problem, M, N, K, a, b, c, bias=None, **kwargs):
+        """The groups' GEMMs on the column matrices: ``a``, ``b``, ``c`` are (buffer, offset,
+        leading dimension, offset step from one group to the next). One strided batch over the
+        groups, or one GEMM per group with a bias (the GEMM's bias is the same for every
+        batch entry; a group's is the bias's next M values)."""
+        if bias is None or problem.groups == 1:
+            batch = problem.groups
+            self._gemm(ctx, problem, M, N, K, *a[:3], *b[:3], *c[:3], batch=batch,
+                       stride_a=a[3] if batch > 1 else 0, stride_b=b[3] if batch > 1 else 0,
+                       stride_c=c[3] if batch > 1 else 0,
+                       bias_buf=None if bias is None else bias.buffer,
+                       bias_off=0 if bias is None else bias.offset_elements, **kwargs)
+            return
+        for g in range(problem.groups):
+            self._gemm(ctx, problem, M, N, K, a[0], a[1] + g * a[3], a[2], b[0], b[1] + g * b[3],
+                       b[2], c[0], c[1] + g * c[3], c[2], bias_buf=bias.buffer,
+                       bias_off=bias.offset_elements + g * M, **kwargs)
+
     def _check_epilogue(self, epilogue, ep):
         if (epilogue.has_scale or epilogue.has_residual or epilogue.chain
                 or epilogue.affine_per_position):
@@ -186,18 +205,14 @@ class Gemm16(Algorithm):
         geometry = p.geometry_args()
         buf = workspace.buffer
         first, second, wide = self._offsets(p, direction, workspace)
-        kg, cg, gk = p.kg, p.cg, p.cg * p.r * p.s
+        kg, gk = p.kg, p.cg * p.r * p.s
         if direction == "forward":
             x, w, y = src, other, dst
             self._launch_im2col(ctx, built, p, geometry, x, buf, first, ld)
-            bias = ep.shift
-            for g in range(p.groups):
-                self._gemm(ctx, p, kg, pixels, gk, w.buffer, w.offset_elements + g * kg * gk, gk,
-                           buf, first + g * gk * ld, ld, buf, second + g * kg * ld, ld,
-                           alpha=ep.alpha, activation=epilogue.activation,
-                           bias_buf=None if bias is None else bias.buffer,
-                           bias_off=0 if bias is None else bias.offset_elements + g * kg,
-                           bias_per="m")
+            self._group_gemms(ctx, p, kg, pixels, gk, (w.buffer, w.offset_elements, gk, kg * gk),
+                              (buf, first, ld, gk * ld), (buf, second, ld, kg * ld),
+                              bias=ep.shift, alpha=ep.alpha, activation=epilogue.activation,
+                              bias_per="m")
             gsize, lsize = launch_size(ctx, math.prod(y.shape))
             launch(ctx, built, "conv16_rows_to_output", gsize, lsize,
                    [*geometry, buf, _I32(second), _I32(ld), y.buffer, _I32(y.offset_elements),
@@ -206,10 +221,9 @@ class Gemm16(Algorithm):
         if direction == "backward_data":
             dy, w, dx = src, other, dst
             self._launch_rows(ctx, built, p, geometry, dy, buf, first, ld)
-            for g in range(p.groups):
-                self._gemm(ctx, p, gk, pixels, kg, w.buffer, w.offset_elements + g * kg * gk, gk,
-                           buf, first + g * kg * ld, ld, buf, wide + g * gk * ld, ld,
-                           trans_a=True, c_dtype=np.float32)
+            self._group_gemms(ctx, p, gk, pixels, kg, (w.buffer, w.offset_elements, gk, kg * gk),
+                              (buf, first, ld, kg * ld), (buf, wide, ld, gk * ld), trans_a=True,
+                              c_dtype=np.float32)
             gsize, lsize = launch_size(ctx, math.prod(dx.shape))
             launch(ctx, built, "conv16_col2im", gsize, lsize,
                    [*geometry, buf, _I32(wide), _I32(ld), dx.buffer, _I32(dx.offset_elements),
@@ -223,10 +237,9 @@ class Gemm16(Algorithm):
             return
         self._launch_rows(ctx, built, p, geometry, dy, buf, first, ld)
         self._launch_im2col(ctx, built, p, geometry, x, buf, second, ld)
-        for g in range(p.groups):
-            self._gemm(ctx, p, kg, gk, pixels, buf, first + g * kg * ld, ld,
-                       buf, second + g * gk * ld, ld, dw.buffer, dw.offset_elements + g * kg * gk,
-                       gk, trans_b=True, alpha=ep.alpha, beta=ep.beta)
+        self._group_gemms(ctx, p, kg, gk, pixels, (buf, first, ld, kg * ld),
+                          (buf, second, ld, gk * ld), (dw.buffer, dw.offset_elements, gk, kg * gk),
+                          trans_b=True, alpha=ep.alpha, beta=ep.beta)
 
     def _run_filter_in_parts(self, ctx, built, p, chunk, dy, x, dw, ep, buf, offsets):
         """The filter gradient ``chunk`` images at a time: each part's GEMMs add into the
@@ -243,10 +256,9 @@ class Gemm16(Algorithm):
                               ld)
             self._launch_im2col(ctx, built, part, geometry, _images(x, start, count), buf,
                                 second, ld)
-            for g in range(p.groups):
-                self._gemm(ctx, part, kg, gk, pixels, buf, first + g * kg * ld, ld,
-                           buf, second + g * gk * ld, ld, buf, wide + g * kg * gk, gk,
-                           trans_b=True, beta=0.0 if start == 0 else 1.0, c_dtype=np.float32)
+            self._group_gemms(ctx, part, kg, gk, pixels, (buf, first, ld, kg * ld),
+                              (buf, second, ld, gk * ld), (buf, wide, gk, kg * gk), trans_b=True,
+                              beta=0.0 if start == 0 else 1.0, c_dtype=np.float32)
         count = p.k * gk
         gsize, lsize = launch_size(ctx, count)
         launch(ctx, built, "conv16_store_scaled", gsize, lsize,
