@@ -256,11 +256,12 @@ def test_nn_module_and_conv1d(ctx, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=IDS)
-def test_batch_in_parts(ctx, rng, mode_params, dtype, monkeypatch):
+@pytest.mark.parametrize("mode", ["small", "emulated"])
+def test_batch_in_parts(ctx, rng, mode_params, dtype, mode, monkeypatch):
     """A workspace limit below the whole batch's columns: forward, data gradient and filter
     gradient run on parts of the batch (the filter gradient summed over them in float32, with
     alpha and beta applied once)."""
-    mode_params("small")
+    mode_params(mode)
     monkeypatch.setenv("DLPRIM_WORKSPACE_LIMIT", "0.01")
     dp.config.reload()
     conv = Convolution(ctx, TensorDesc((5, 8, 12, 12), dtype), TensorDesc((8, 8, 3, 3), dtype),

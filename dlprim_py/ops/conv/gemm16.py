@@ -1,8 +1,8 @@
 """float16 / bfloat16 convolution (NCHW) on the GEMM engine's 16-bit GEMMs (``ops/gemm.py``:
 the m16n8k16 tensor-core kernel "mma" on NVIDIA GPUs of compute capability 8.0 and later, the
 portable "small" kernel elsewhere), products summed in float32, each result rounded to 16 bits
-once. Every direction, groups, stride, padding, dilation; the forward's bias and activation in
-the GEMM's epilogue.
+once (im2col_gemm16's forward with beta != 0: twice, below). Every direction, groups, stride,
+padding, dilation; the forward's bias and activation in the GEMM's epilogue.
 
 "im2col_gemm16" (any geometry), with NP = N * Ho * Wo, GK = C * R * S, LD = NP rounded up to 8
 (column matrices' rows on 16-byte boundaries), a GEMM per group g over the whole batch, the
