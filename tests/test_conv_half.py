@@ -292,11 +292,19 @@ def test_batch_in_parts(ctx, rng, mode_params, dtype, mode, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=IDS)
-def test_engine_choice_on_gpu(ctx, rng, dtype):
+def test_engine_choice_on_gpu(ctx, rng, dtype, monkeypatch):
     """On an NVIDIA GPU of compute capability 8.0+ the engine's own choice (the real m16n8k16
     kernel) on a ResNet-like layer, every direction."""
     if not has_mma(ctx):
         pytest.skip("the tensor-core kernel needs an NVIDIA GPU of compute capability 8.0+")
+    from dlprim_py.ops import gemm as gemm_ops
+    ran = []
+
+    class Recorded(gemm_ops.GemmPlan):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            ran.append(self.algorithm)
+    monkeypatch.setattr(gemm_ops, "GemmPlan", Recorded)
     conv = Convolution(ctx, TensorDesc((4, 64, 28, 28), dtype), TensorDesc((64, 64, 3, 3), dtype),
                        ConvolutionDesc(1), prebuild=False)
     x = tensor16(ctx, random(rng, (4, 64, 28, 28)), dtype)
@@ -316,6 +324,7 @@ def test_engine_choice_on_gpu(ctx, rng, dtype):
     conv.backward_filter(dy, x, dw)
     check(dw.numpy(), torch.nn.grad.conv2d_weight(X, W.shape, DY, padding=1),
           torch.nn.grad.conv2d_weight(X.abs(), W.shape, DY.abs(), padding=1), dtype)
+    assert ran == ["mma"] * 3, ran   # one GEMM per direction, on the tensor cores
 
 
 # ---- choosing and refusing ------------------------------------------------------------------
