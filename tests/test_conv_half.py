@@ -406,3 +406,41 @@ def test_find_mode_times_the_16bit_algorithms(ctx, dtype):
         winner, times = selection.measure(ctx, conv.problem, direction)
         assert set(times) == {"gemm16", "im2col_gemm16"} and winner in times
         assert all(t > 0 for t in times.values())
+
+
+def at_offset(ctx, values, dtype, offset):
+    """``values`` as a view ``offset`` elements into a larger 16-bit buffer (rows off 16-byte
+    boundaries: the tensor-core kernel's element-wise copies)."""
+    flat = np.concatenate([random(np.random.default_rng(offset), (offset,)), values.ravel()])
+    return tensor16(ctx, flat, dtype)[offset:].reshape(values.shape)
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=IDS)
+@pytest.mark.parametrize("algo", ["gemm16", "im2col_gemm16"])
+def test_tensors_at_odd_offsets(ctx, rng, mode_params, dtype, algo):
+    """Every operand a view at an odd element offset of its buffer, in every direction, on the
+    emulated tensor-core GEMM."""
+    mode_params("emulated")
+    n, c, h, w, k = 2, 6, 5, 7, 10
+    x0, w0, b0 = random(rng, (n, c, h, w)), random(rng, (k, c, 1, 1)), random(rng, (k,))
+    dy0 = random(rng, (n, k, h, w))
+    x, wt, b, dy = (at_offset(ctx, v, dtype, off)
+                    for v, off in ((x0, 3), (w0, 5), (b0, 1), (dy0, 7)))
+    conv = Convolution(ctx, TensorDesc(x.shape, dtype), TensorDesc(wt.shape, dtype),
+                       ConvolutionDesc(0), prebuild=False)
+    X, W, B, DY = (torch.from_numpy(rounded(v, dtype)) for v in (x0, w0, b0, dy0))
+    F = torch.nn.functional
+    y = at_offset(ctx, np.full((n, k, h, w), np.nan, np.float32), dtype, 9)
+    conv.forward(x, wt, y, bias=b, algo=algo)
+    check(y.numpy(), F.conv2d(X, W, B), F.conv2d(X.abs(), W.abs(), B.abs()), dtype)
+    dx = at_offset(ctx, np.full((n, c, h, w), np.nan, np.float32), dtype, 11)
+    conv.backward_data(dy, wt, dx, algo=algo)
+    check(dx.numpy(), torch.nn.grad.conv2d_input(X.shape, W, DY),
+          torch.nn.grad.conv2d_input(X.shape, W.abs(), DY.abs()), dtype)
+    dw = at_offset(ctx, np.full((k, c, 1, 1), np.nan, np.float32), dtype, 13)
+    conv.backward_filter(dy, x, dw, algo=algo)
+    check(dw.numpy(), torch.nn.grad.conv2d_weight(X, W.shape, DY),
+          torch.nn.grad.conv2d_weight(X.abs(), W.shape, DY.abs()), dtype)
+    db = at_offset(ctx, np.full((k,), np.nan, np.float32), dtype, 3)
+    conv.backward_bias(dy, db)
+    check(db.numpy(), DY.sum((0, 2, 3)), DY.abs().sum((0, 2, 3)), dtype)
