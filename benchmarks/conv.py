@@ -2,6 +2,7 @@
 forward, backward-data and backward-filter, against the vendor library in the same run.
 
     python benchmarks/conv.py [--batch 64] [--models resnet50 mobilenet_v2] [--find] [--tf32]
+                              [--dtype float32 | float16 | bfloat16]
                               [--directions forward backward_data backward_filter]
                               [--algo NAME]
                               [--output benchmarks/results/conv-X.json]
@@ -13,6 +14,11 @@ TF32_TOLERANCE).
 ``--tf32``: TF32 allowed on both sides (our ``ctx.allow_tf32``, so that the choice takes the
 TF32 algorithms where the device has tensor cores; torch's cudnn and cuda.matmul
 ``allow_tf32``, PyTorch's default for convolutions).
+
+``--dtype float16`` / ``bfloat16``: every tensor of that type on both sides (ours: the 16-bit
+GEMM algorithms "gemm16" / "im2col_gemm16", m16n8k16 tensor cores on NVIDIA GPUs of compute
+capability 8.0 and later; cuDNN's fp16 / bf16 convolutions), float32 sums. The reference is
+float64 of the 16-bit values; the tolerance HALF_TOLERANCE of the type (its output rounding).
 
 Baseline: with a CUDA device in PyTorch, cuDNN through torch (TF32 off, cudnn.benchmark on so
 that cuDNN picks its fastest algorithm), timed with CUDA events, median after a warm-up; the
@@ -96,17 +102,26 @@ def distinct(layers):
 TF32_TOLERANCE = 3e-3
 
 
+# 16-bit results (float32 sums) are off the float64 reference by their rounding: a relative
+# half-unit of 2^-11 (float16) or 2^-8 (bfloat16) per element, well under these in the metric;
+# a missing or wrong term (K >= 27) gives 2e-2 or more.
+HALF_TOLERANCE = {"float16": 2e-3, "bfloat16": 1e-2}
+
+
 def bench_layer(ctx, layer, batch, directions, device, rng, repeat, tolerance=1e-5,
-                forced=None):
+                dtype="float32", forced=None):
     name, c, k, h, r, stride, pad, groups = layer
     x = rng.uniform(-1, 1, (batch, c, h, h)).astype(np.float32)
     w = rng.uniform(-1, 1, (k, c // groups, r, r)).astype(np.float32)
-    conv = dp.Convolution(ctx, dp.TensorDesc(x.shape), dp.TensorDesc(w.shape),
+    conv = dp.Convolution(ctx, dp.TensorDesc(x.shape, dtype), dp.TensorDesc(w.shape, dtype),
                           dp.ConvolutionDesc(pad, stride, 1, groups))
     yshape = conv.output_desc.shape
     dy = rng.uniform(-1, 1, yshape).astype(np.float32)
-    X, W, DY = (dp.Tensor.from_numpy(ctx, a) for a in (x, w, dy))
-    tx, tw, tdy = (torch.tensor(a, device=device) for a in (x, w, dy))
+    X, W, DY = (dp.Tensor.from_numpy(ctx, a, dtype=dtype) for a in (x, w, dy))
+    # Both sides take the same (16-bit rounded) values; the float64 reference too.
+    tx, tw, tdy = (torch.tensor(t.numpy(), device=device) for t in (X, W, DY))
+    if dtype != "float32":
+        tx, tw, tdy = (t.to(getattr(torch, dtype)) for t in (tx, tw, tdy))
     kw = dict(stride=stride, padding=pad, groups=groups)
     results = []
     for direction in directions:
@@ -117,14 +132,14 @@ def bench_layer(ctx, layer, batch, directions, device, rng, repeat, tolerance=1e
         else:
             algo = selection.choose(ctx, conv.problem, direction)
         if direction == "forward":
-            out = dp.Tensor.full(ctx, yshape, np.nan)
+            out = dp.Tensor.full(ctx, yshape, np.nan, dtype)
             run = lambda: conv.forward(X, W, out, algo=algo)  # noqa: E731
             ref = lambda: F.conv2d(tx.double(), tw.double(), **kw)  # noqa: E731
             base = lambda: F.conv2d(tx, tw, **kw)  # noqa: E731
         else:
             mask = [direction == "backward_data", direction == "backward_filter", False]
             shape = x.shape if mask[0] else w.shape
-            out = dp.Tensor.full(ctx, shape, np.nan)
+            out = dp.Tensor.full(ctx, shape, np.nan, dtype)
             if mask[0]:
                 run = lambda: conv.backward_data(DY, W, out, algo=algo)  # noqa: E731
             else:
@@ -154,7 +169,7 @@ def bench_layer(ctx, layer, batch, directions, device, rng, repeat, tolerance=1e
         theirs = TorchBaseline(torch, device.type).median(base, repeat=repeat)
         flops = 2.0 * batch * k * yshape[2] * yshape[3] * (c // groups) * r * r
         results.append(dict(layer=name, C=c, K=k, H=h, R=r, stride=stride, pad=pad, groups=groups,
-                            direction=direction, algo=algo, error=err, ok=err < tolerance,
+                            direction=direction, dtype=dtype, algo=algo, error=err, ok=err < tolerance,
                             ours_ms=ours * 1e3, baseline_ms=theirs * 1e3,
                             speed_vs_baseline=theirs / ours, ours_tflops=flops / ours * 1e-12))
         print(f"{name:28s} {direction:16s} {algo:14s} ours {ours * 1e3:8.3f} ms  "
@@ -181,11 +196,12 @@ def make_report(args, ctx, device, results, started):
     report = dict(
         benchmark="conv", batch=args.batch, find_mode=args.find, commit=commit,
         device=ctx.info.name, platform=ctx.info.platform_name, driver=ctx.info.driver_version,
-        tf32=args.tf32,
-        baseline=("cuDNN via torch %s (CUDA %s), TF32 %s, cudnn.benchmark on" % (
-            torch.__version__, torch.version.cuda, "on" if args.tf32 else "off"))
+        tf32=args.tf32, dtype=args.dtype,
+        baseline=("cuDNN via torch %s (CUDA %s), %s, TF32 %s, cudnn.benchmark on" % (
+            torch.__version__, torch.version.cuda, args.dtype, "on" if args.tf32 else "off"))
         if device.type == "cuda" else
-        f"torch {torch.__version__} CPU float32 ({platform.processor() or platform.machine()})",
+        f"torch {torch.__version__} CPU {args.dtype} "
+        f"({platform.processor() or platform.machine()})",
         baseline_device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         all_checked=all(r.get("ok") for r in results), seconds=time.perf_counter() - started,
         marker_vs_host_clock_s=CHECKED_MARKERS[:1], geomean_speed_vs_baseline=summary,
@@ -216,6 +232,8 @@ def main():
                         help="TF32 allowed for us (ctx.allow_tf32) and for cuDNN / cuBLAS")
     parser.add_argument("--algo", default=None,
                         help="run this algorithm, on the layers and directions it applies to")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                        help="every tensor of this type on both sides (16-bit: float32 sums)")
     args = parser.parse_args()
     if args.find:
         os.environ["DLPRIM_FIND_MODE"] = "find"
@@ -238,9 +256,10 @@ def main():
             todo = todo[:args.limit]
         for layer in todo:
             try:
+                tolerance = HALF_TOLERANCE.get(args.dtype,
+                                               TF32_TOLERANCE if args.tf32 else 1e-5)
                 for row in bench_layer(ctx, layer, args.batch, args.directions, device, rng,
-                                       args.repeat,
-                                       TF32_TOLERANCE if args.tf32 else 1e-5, args.algo):
+                                       args.repeat, tolerance, args.dtype, args.algo):
                     row["model"] = model
                     results.append(row)
             except Exception as e:  # keep the rest of the run; the failure is recorded

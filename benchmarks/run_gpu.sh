@@ -16,7 +16,10 @@
 # batch 1, the host-bound case) and gemm-tf32 (benchmarks/gemm_tf32.py: the TF32 GEMM against
 # cuBLAS TF32), tf32-tests (tests/test_gemm_tf32.py and tests/test_conv_tf32.py on the tensor
 # cores), conv-tf32 (benchmarks/conv.py --tf32 on ResNet-50's layers, cuDNN TF32 beside) and
-# onnx-tf32 (ResNet-50 at batch 64 with TF32 on both sides) (default: conv fusion ops bench). COMMIT is recorded in the JSON files (the copy on a lent
+# onnx-tf32 (ResNet-50 at batch 64 with TF32 on both sides), half-tests
+# (tests/test_gemm_half.py and tests/test_conv_half.py on the tensor cores) and conv-fp16 /
+# conv-bf16 (benchmarks/conv.py --dtype on ResNet-50's layers, cuDNN's 16-bit convolutions
+# beside) (default: conv fusion ops bench). COMMIT is recorded in the JSON files (the copy on a lent
 # machine may have no git metadata).
 # Each step is bounded so that the whole run fits one call of the lent GPU machine. ARCHIVE=FILE
 # packs the output folder into FILE after every step.
@@ -87,6 +90,12 @@ for s in $steps; do
               --time-limit 120 --commit "$commit" --output "$out/conv-h200-tf32.json" ;;
     onnx-tf32) step onnx-tf32 90 python3 benchmarks/onnx.py --models resnet50 --batch 64 \
               --tf32 --commit "$commit" --json "$out/onnx-resnet50-tf32.json" ;;
+    half-tests) step half-tests 240 python3 -m pytest tests/test_gemm_half.py \
+              tests/test_conv_half.py -q -p no:cacheprovider ;;
+    conv-fp16) step conv-fp16 150 python3 benchmarks/conv.py --dtype float16 --models resnet50 \
+              --time-limit 120 --commit "$commit" --output "$out/conv-h200-fp16.json" ;;
+    conv-bf16) step conv-bf16 150 python3 benchmarks/conv.py --dtype bfloat16 --models resnet50 \
+              --time-limit 120 --commit "$commit" --output "$out/conv-h200-bf16.json" ;;
     *) echo "unknown step $s"; exit 2 ;;
     esac
 done

@@ -13,7 +13,8 @@ import pyopencl as cl
 from . import autograd
 from .errors import DTypeError, ShapeError, UnsupportedError
 from .launch import command_enqueued
-from .dtypes import bfloat16, bool_, float16, float32, int32, int64, to_bfloat16_bits
+from .dtypes import (FLOAT16_TYPES, bfloat16, bool_, float16, float32, int32, int64,
+                     to_bfloat16_bits)
 from .ops import arithmetic, indexing, linear, masks, pointwise, reduce, scan, tensor_ops
 from .ops.gemm import gemm
 from .tensor import Tensor, _checked
@@ -138,6 +139,8 @@ def matmul(self, other):
         raise UnsupportedError(f"@ multiplies two matrices, got {self.shape} @ {other.shape}; "
                                f"use dlprim_py.gemm_batched for batches")
     if autograd.needs_grad(self, other):
+        if self.dtype in FLOAT16_TYPES and other.dtype == self.dtype:
+            return linear.matmul16(self, other)
         return linear.linear(self, tensor_ops.transpose(other, 0, 1))
     return gemm(self, other)
 

@@ -182,8 +182,8 @@ def test_ops_without_16bit_support_raise(ctx, dtype):
             t + t
     with pytest.raises(dp.DlprimError):
         dp.functional.softmax(t, dim=1)
-    with pytest.raises(dp.DlprimError):
-        dp.functional.conv2d(t.reshape(1, 1, 4, 4), t.reshape(1, 1, 4, 4))
+    with pytest.raises(dp.DTypeError):
+        dp.functional.conv_transpose2d(t.reshape(1, 1, 4, 4), t.reshape(1, 1, 4, 4))
 
 
 # ---- GEMM ---------------------------------------------------------------------------------
@@ -334,9 +334,8 @@ def test_bad_input(ctx, rng):
     with pytest.raises(dp.UnsupportedError, match="32-bit operands"):
         GemmPlan(ctx, 8, 8, 8, h.buffer, 0, 8, h.buffer, 0, 8, f.buffer, 0, 8, dtype=dp.float16,
                  params=dict(EMULATED16, ab_bits=32))
-    with pytest.raises(dp.UnsupportedError, match="gradients"):
-        dp.functional.linear(dp.Tensor.from_numpy(ctx, a, dtype=dp.float16).requires_grad_(),
-                             h)
+    with pytest.raises(dp.DTypeError, match="input's dtype"):
+        dp.functional.linear(h.requires_grad_(), f)
     with pytest.raises(dp.UnsupportedError, match="epilogue order"):
         GemmPlan(ctx, 8, 8, 8, h.buffer, 0, 8, h.buffer, 0, 8, f.buffer, 0, 8,
                  dtype=dp.float16, order="conv")
@@ -348,6 +347,92 @@ def test_bad_input(ctx, rng):
     with pytest.raises(dp.ShapeError):
         GemmPlan(ctx, 8, 8, 9, h.buffer, 0, 9, h.buffer, 0, 8, f.buffer, 0, 8,
                  dtype=dp.float16)
+
+
+# ---- gradients ------------------------------------------------------------------------------
+
+@pytest.fixture
+def gemm16_mode(monkeypatch):
+    """``set(mode)``: 16-bit GEMMs planned from now on in this test take that mode's parameters
+    (float32 ones the engine's); returns the list of the 16-bit problems planned, to show
+    that they were planned here (not replayed from another test's plans)."""
+    planned = []
+
+    def set_mode(mode):
+        original = gemm_ops.select_params
+
+        def select(ctx, M, N, K, batch=1, algorithm=None, tf32=False, dtype="float32",
+                   c_dtype="float32"):
+            if dtype == "float32":
+                return original(ctx, M, N, K, batch, algorithm, tf32, dtype, c_dtype)
+            planned.append((M, N, K))
+            return dict(MODES[mode])
+        monkeypatch.setattr(gemm_ops, "select_params", select)
+        return planned
+    return set_mode
+
+
+def linear_refs(x, w, b, g):
+    """float64 y, dx, dw, db of linear and the scales of their bounds (module docstring)."""
+    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    y = x2 @ w.T + b
+    return ((y.reshape(g.shape), (np.abs(x2) @ np.abs(w).T + np.abs(b)).max()),
+            ((g2 @ w).reshape(x.shape), (np.abs(g2) @ np.abs(w)).max()),
+            (g2.T @ x2, (np.abs(g2).T @ np.abs(x2)).max()),
+            (g2.sum(0), np.abs(g2).sum(0).max()))
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("mode", ["small", "emulated", "mma"])
+def test_linear_gradients(ctx, rng, gemm16_mode, dtype, mode):
+    """F.linear on 16-bit operands (a 3-d input, ragged sizes): 16-bit gradients to input,
+    weight and bias, each a GEMM on the transposes in place, summed in float32."""
+    params_of(ctx, mode)
+    planned = gemm16_mode(mode)
+    sizes = {"small": (3, 7, 45, 37), "emulated": (2, 9, 43, 35), "mma": (4, 33, 130, 72)}
+    lead, rows, inf, outf = sizes[mode]
+    x0, w0, b0 = random(rng, (lead, rows, inf)), random(rng, (outf, inf)), random(rng, (outf,))
+    g0 = random(rng, (lead, rows, outf))
+    x = dp.Tensor.from_numpy(ctx, x0, dtype=dtype).requires_grad_()
+    w = dp.Tensor.from_numpy(ctx, w0, dtype=dtype).requires_grad_()
+    b = dp.Tensor.from_numpy(ctx, b0, dtype=dtype).requires_grad_()
+    y = dp.functional.linear(x, w, b)
+    y.backward(dp.Tensor.from_numpy(ctx, g0, dtype=dtype))
+    refs = linear_refs(*(rounded(v, dtype) for v in (x0, w0, b0, g0)))
+    for got, (ref, scale) in zip((y, x.grad, w.grad, b.grad), refs):
+        assert got.dtype is dtype
+        check_product(got.numpy(), ref, scale, dtype)
+    if mode != "mma":
+        # The forward and the three gradients' GEMMs were planned with this mode's parameters.
+        assert len(planned) == 4
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=["float16", "bfloat16"])
+def test_matmul_gradients_and_a_float32_gradient(ctx, rng, gemm16_mode, dtype):
+    """``a @ b`` with gradients on 16-bit matrices (da = g b^T, db = a^T g, no transposed
+    copy); a float32 gradient given for a 16-bit output is rounded to its type first; an empty
+    batch gives zero weight and bias gradients."""
+    planned = gemm16_mode("emulated")
+    a0, b0, g0 = random(rng, (19, 26)), random(rng, (26, 11)), random(rng, (19, 11))
+    a = dp.Tensor.from_numpy(ctx, a0, dtype=dtype).requires_grad_()
+    b = dp.Tensor.from_numpy(ctx, b0, dtype=dtype).requires_grad_()
+    out = a @ b
+    assert out.dtype is dtype
+    out.backward(dp.Tensor.from_numpy(ctx, g0))      # float32
+    a64, b64, g64 = (rounded(v, dtype) for v in (a0, b0, g0))
+    check_product(out.numpy(), a64 @ b64, (np.abs(a64) @ np.abs(b64)).max(), dtype)
+    assert a.grad.dtype is dtype and b.grad.dtype is dtype
+    check_product(a.grad.numpy(), g64 @ b64.T, (np.abs(g64) @ np.abs(b64).T).max(), dtype)
+    check_product(b.grad.numpy(), a64.T @ g64, (np.abs(a64).T @ np.abs(g64)).max(), dtype)
+    assert len(planned) == 3
+
+    x = dp.Tensor.from_numpy(ctx, np.zeros((0, 5), np.float32), dtype=dtype).requires_grad_()
+    w = dp.Tensor.from_numpy(ctx, random(rng, (3, 5)), dtype=dtype).requires_grad_()
+    bias = dp.Tensor.from_numpy(ctx, random(rng, (3,)), dtype=dtype).requires_grad_()
+    y = dp.functional.linear(x, w, bias)
+    y.backward(dp.Tensor.empty(ctx, (0, 3), dtype))
+    assert w.grad.dtype is dtype and w.grad.numpy().tolist() == [[0.0] * 5] * 3
+    assert bias.grad.numpy().tolist() == [0.0] * 3
 
 
 # ---- choosing -----------------------------------------------------------------------------

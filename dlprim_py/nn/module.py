@@ -317,6 +317,45 @@ class Module:
         """``train(False)``."""
         return self.train(False)
 
+    def _cast_floating(self, dtype):
+        """Every floating point parameter and buffer (float32, float16, bfloat16) converted to
+        ``dtype`` in place of the old (parameters stay the same objects, so an optimizer
+        holding them keeps them; their gradients are converted too); returns self."""
+        from ..dtypes import FLOAT16_TYPES, as_dtype, float32
+        dtype = as_dtype(dtype)
+        floating = (float32,) + FLOAT16_TYPES
+
+        def converted(t):
+            with autograd.no_grad():
+                return t.detach().to(dtype)
+
+        for module in self.modules():
+            for p in module._parameters.values():
+                if p is None or p.dtype not in floating or p.dtype == dtype:
+                    continue
+                new = converted(p)
+                p.buffer, p.handle, p.dtype, p.offset = new.buffer, new.handle, new.dtype, \
+                    new.offset
+                if p.grad is not None:
+                    p.grad = converted(p.grad)
+            for name, b in module._buffers.items():
+                if b is not None and b.dtype in floating and b.dtype != dtype:
+                    module._buffers[name] = converted(b)
+            module._state_loaded()
+        return self
+
+    def half(self):
+        """Floating point parameters and buffers to float16 (torch's ``Module.half``)."""
+        return self._cast_floating("float16")
+
+    def bfloat16(self):
+        """Floating point parameters and buffers to bfloat16 (torch's ``Module.bfloat16``)."""
+        return self._cast_floating("bfloat16")
+
+    def float(self):
+        """Floating point parameters and buffers to float32 (torch's ``Module.float``)."""
+        return self._cast_floating("float32")
+
     def to(self, ctx):
         """Move every parameter and buffer to the Context ``ctx`` (through the host), as torch's
         ``.to(device)``; returns self. Parameters stay the same objects (an optimizer holding

@@ -43,7 +43,7 @@ take them: "mma" (m16n8k16 mma.sync on .f16 / .bf16 fragments, NVIDIA compute ca
 and later, TF32 switch not needed; its rules and parameters carry ``"ab_bits": 16``) and
 "small" (any device: the values converted to float32 as they are read). Neither needs
 cl_khr_fp16. The "gemm" epilogue order only, no folded operand; the other solvers refuse them.
-Convolution on 16-bit tensors comes later.
+16-bit convolutions (``ops/conv/gemm16.py``) and linear gradients are GEMMs of this kind.
 """
 import math
 from dataclasses import dataclass

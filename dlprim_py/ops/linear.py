@@ -4,8 +4,9 @@ dx = dy @ weight, dweight = dy^T @ x, dbias = dy^T @ ones.
 
 x: (..., in_features), weight: (out_features, in_features), bias: (out_features,) or None;
 float32, dense row-major; every operand may sit at any element offset in its buffer. float16
-and bfloat16 (all operands of one type; the output of that type, sums in float32, see
-``ops/gemm.py``) run forward only: their gradients come later (UnsupportedError).
+and bfloat16: all operands of one type, the output and the gradients of that type (as torch),
+every sum in float32 (``ops/gemm.py``'s 16-bit GEMMs, which take every transpose, so the
+backward moves no data): a 16-bit result is rounded once, at the end.
 """
 import math
 
@@ -19,11 +20,13 @@ from ..tensor import Tensor, output
 from .gemm import enqueue_gemm
 
 
-def _ones(ctx, length):
-    """A device vector of ``length`` ones, kept per context (the bias gradient's GEMM operand)."""
-    ones = ctx.memo.get("linear.ones")
+def _ones(ctx, length, dtype=float32):
+    """A device vector of ``length`` ones of ``dtype``, kept per context (the bias gradient's
+    GEMM operand)."""
+    key = "linear.ones" if dtype == float32 else ("linear.ones", dtype_name(dtype))
+    ones = ctx.memo.get(key)
     if ones is None or ones.size < length:
-        ones = ctx.memo["linear.ones"] = Tensor.full(ctx, (max(length, 1024),), 1.0, float32)
+        ones = ctx.memo[key] = Tensor.full(ctx, (max(length, 1024),), 1.0, dtype)
     return ones
 
 
@@ -85,11 +88,6 @@ def linear(input, weight, bias=None):
                  in_features, PlanCache(4))
     out_shape, nbytes, rows, out_features, in_features, plans = entry
     half = input.dtype in FLOAT16_TYPES
-    if half and autograd.grad_enabled() and (
-            input.requires_grad or weight.requires_grad
-            or (bias is not None and bias.requires_grad)):
-        raise UnsupportedError(f"linear: gradients of {dtype_name(input.dtype)} operands are not "
-                               f"supported yet; run under dp.no_grad() or in float32")
     out = output(ctx, out_shape, nbytes) if not half else \
         Tensor.empty(ctx, out_shape, input.dtype)
     if rows:
@@ -120,34 +118,46 @@ def _forward(ctx, rows, out_features, in_features, input, weight, out, bias):
                  checked=True, dtype=input.dtype, c_dtype=input.dtype)
 
 
+def _grad_of(g, dtype):
+    """The incoming gradient in the operands' type (a float32 gradient of a 16-bit output is
+    rounded to it once, as torch's autograd casts a gradient to its tensor's type)."""
+    return g if g.dtype == dtype else g.to(dtype)
+
+
 def _backward(ctx, input, weight, bias, rows, out_features, in_features):
+    dtype = input.dtype
+    # 16-bit operands: 16-bit gradients, each GEMM summing in float32 and rounding once.
+    types = dict(dtype=dtype, c_dtype=dtype) if dtype in FLOAT16_TYPES else {}
+
     def backward(g):
+        g = _grad_of(g, dtype)
         dx = dweight = dbias = None
         if input.requires_grad:
-            dx = Tensor.empty(ctx, input.shape, float32)
+            dx = Tensor.empty(ctx, input.shape, dtype)
             if rows:
                 enqueue_gemm(ctx, rows, in_features, out_features,
                              g.buffer, g.offset_elements, out_features,
                              weight.buffer, weight.offset_elements, in_features,
-                             dx.buffer, dx.offset_elements, in_features, checked=True)
+                             dx.buffer, dx.offset_elements, in_features, checked=True, **types)
         if weight.requires_grad:
-            dweight = Tensor.empty(ctx, weight.shape, float32)
+            dweight = Tensor.empty(ctx, weight.shape, dtype)
             if rows:
                 enqueue_gemm(ctx, out_features, in_features, rows,
                              g.buffer, g.offset_elements, out_features,
                              input.buffer, input.offset_elements, in_features,
                              dweight.buffer, dweight.offset_elements, in_features, trans_a=True,
-                             checked=True)
+                             checked=True, **types)
             else:
                 dweight.fill_(0.0)
         if bias is not None and bias.requires_grad:
-            dbias = Tensor.empty(ctx, bias.shape, float32)
+            dbias = Tensor.empty(ctx, bias.shape, dtype)
             if rows:
-                ones = _ones(ctx, rows)
+                ones = _ones(ctx, rows, dtype)
                 enqueue_gemm(ctx, out_features, 1, rows,
                              g.buffer, g.offset_elements, out_features,
                              ones.buffer, ones.offset_elements, 1,
-                             dbias.buffer, dbias.offset_elements, 1, trans_a=True, checked=True)
+                             dbias.buffer, dbias.offset_elements, 1, trans_a=True, checked=True,
+                             **types)
             else:
                 dbias.fill_(0.0)
         return dx, dweight, dbias
@@ -155,7 +165,27 @@ def _backward(ctx, input, weight, bias, rows, out_features, in_features):
     return backward
 
 
-__all__ = ["linear"]
+def matmul16(a, b):
+    """``a @ b`` of two 16-bit matrices with gradients: ``dp.gemm`` forward (a result of their
+    type), and the gradients as GEMMs on the transposes in place, da = g @ b^T and
+    db = a^T @ g, of the operands' type (the float32 ``@`` goes through ``linear`` on a
+    transposed copy instead)."""
+    from .gemm import gemm
+    out = gemm(a, b)
+    if not autograd.needs_grad(a, b):
+        return out
+    dtype = a.dtype
+
+    def backward(g):
+        g = _grad_of(g, dtype)
+        da = gemm(g, b, trans_b=True) if a.requires_grad else None
+        db = gemm(a, g, trans_a=True) if b.requires_grad else None
+        return da, db
+
+    return autograd.record(out, (a, b), backward, "matmul")
+
+
+__all__ = ["linear", "matmul16"]
 
 
 def bilinear(input1, input2, weight, bias=None):

@@ -158,6 +158,9 @@ class Algorithm:
     directions = ("forward", "backward_data", "backward_filter")
     # True: a TF32 algorithm, applicable only to TF32 tasks (selection.ConvTask.tf32).
     tf32 = False
+    # The problem dtypes (ConvProblem.dtype) the algorithm computes; the solver layer and a
+    # forced algorithm check it before ``applies`` (selection.dtype_applies).
+    dtypes = ("float32",)
 
     def applies(self, ctx, problem, direction):
         raise NotImplementedError

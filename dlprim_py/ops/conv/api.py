@@ -6,20 +6,23 @@ import pyopencl as cl
 from ... import autograd, config, logcmd
 from ...activation import as_activation
 from ...context import PlanCache, check_same_context
+from ...dtypes import FLOAT16_TYPES, float32
+from ...dtypes import name as dtype_name
 from ...errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ...tensor import Tensor, TensorDesc, output
 
 from ...launch import run_planned, run_planned_on
 from .algorithms import Epilogue, EpilogueArgs, backward_bias, batch_chunk, run_in_chunks
+from .gemm16 import backward_bias16
 from .problem import DIRECTIONS, ConvolutionDesc, ConvProblem, make_problem, pair
 from . import selection
 
 
-def _check_tensor(t, shape, what):
+def _check_tensor(t, shape, what, dtype=np.float32):
     if not isinstance(t, Tensor):
         raise not_a_tensor(what, t)
-    if t.dtype != np.float32:
-        raise DTypeError(f"{what} must be float32, got {t.dtype}")
+    if t.dtype != dtype:
+        raise DTypeError(f"{what} must be {dtype_name(dtype)}, got {dtype_name(t.dtype)}")
     if tuple(t.shape) != tuple(shape):
         raise ShapeError(f"{what} must have shape {tuple(shape)}, got {t.shape}")
 
@@ -30,7 +33,9 @@ class Convolution:
 
     ``input_desc``: (N, C, H, W) for layout "NCHW", (N, H, W, C) for "NHWC";
     ``weight_desc``: (K, C/groups, R, S) for "NCHW", (K, R, S, C/groups) for "NHWC";
-    ``output_desc``: (N, K, Ho, Wo) or (N, Ho, Wo, K). float32. Every method writes
+    ``output_desc``: (N, K, Ho, Wo) or (N, Ho, Wo, K). float32, or float16 / bfloat16 (one type
+    for every tensor; layout NCHW; the "gemm16" and "im2col_gemm16" algorithms, 16-bit GEMMs
+    with float32 sums, ``ops/conv/gemm16.py``). Every method writes
     ``dst = alpha * result + beta * dst`` (``dst`` is not read when beta is 0).
     Algorithms: "gemm" (1x1), "winograd" (3x3 stride 1), "winograd_f4x4" (3x3 stride 1,
     forward and backward data), "depthwise_tiled" (depthwise forward, NCHW, dilation 1),
@@ -52,7 +57,8 @@ class Convolution:
             if not isinstance(d, TensorDesc):
                 raise ShapeError(f"{what} must be a TensorDesc, got {type(d).__name__}")
         if input_desc.dtype != weight_desc.dtype:
-            raise DTypeError(f"input is {input_desc.dtype} but weights are {weight_desc.dtype}")
+            raise DTypeError(f"input is {dtype_name(input_desc.dtype)} but weights are "
+                             f"{dtype_name(weight_desc.dtype)}")
         self.ctx = ctx
         self.conv_desc = conv_desc
         self.layout = layout
@@ -61,6 +67,8 @@ class Convolution:
         self.input_desc = input_desc
         self.weight_desc = weight_desc
         self.output_desc = TensorDesc(self.problem.y_shape, input_desc.dtype)
+        # The tensors' dtype: float32, or float16 / bfloat16 (the 16-bit GEMM algorithms).
+        self.dtype = input_desc.dtype
         self._chosen = {}
         self._resolved = {}
         # A call replays the launches recorded by the first call with the same scalars,
@@ -117,7 +125,8 @@ class Convolution:
             raise UnsupportedError(f"algorithm {algo!r} does not apply to "
                                    f"{self.problem.key(direction)}: {why}; applicable: "
                                    f"{', '.join(self.algorithms(direction))}")
-        if not algorithm.applies(self.ctx, self.problem, direction):
+        if not (selection.dtype_applies(algorithm, self.problem)
+                and algorithm.applies(self.ctx, self.problem, direction)):
             raise UnsupportedError(f"algorithm {algo!r} does not apply to "
                                    f"{self.problem.key(direction)}; applicable: "
                                    f"{', '.join(self.algorithms(direction))}")
@@ -219,9 +228,9 @@ class Convolution:
         computes the chain's scale and shift itself (per output position, layout NCHW, for
         links with per_position), reading the parameters' contents on every run."""
         p = self.problem
-        _check_tensor(x, p.x_shape, "x")
-        _check_tensor(w, p.w_shape, "w")
-        _check_tensor(y, p.y_shape, "y")
+        _check_tensor(x, p.x_shape, "x", self.dtype)
+        _check_tensor(w, p.w_shape, "w", self.dtype)
+        _check_tensor(y, p.y_shape, "y", self.dtype)
         if bias is not None and shift is not None:
             raise ShapeError("give either bias or shift, not both (bias is the shift)")
         if bias is not None:
@@ -232,9 +241,9 @@ class Convolution:
             raise UnsupportedError("scale/shift per output position need layout NCHW")
         for t, what in ((scale, "scale"), (shift, "bias/shift")):
             if t is not None:
-                _check_tensor(t, affine_shape, what)
+                _check_tensor(t, affine_shape, what, self.dtype)
         if residual is not None:
-            _check_tensor(residual, p.y_shape, "residual")
+            _check_tensor(residual, p.y_shape, "residual", self.dtype)
         chain = tuple((str(kind), bool(per)) for kind, per in chain)
         if chain and (scale is not None or shift is not None):
             raise ShapeError("give either a chain or scale/shift, not both")
@@ -251,28 +260,31 @@ class Convolution:
     def backward_data(self, dy, w, dx, alpha=1.0, beta=0.0, algo=None, workspace=None):
         """dx = alpha * dL/dx + beta * dx, from dy (shaped like y) and w."""
         p = self.problem
-        _check_tensor(dy, p.y_shape, "dy")
-        _check_tensor(w, p.w_shape, "w")
-        _check_tensor(dx, p.x_shape, "dx")
+        _check_tensor(dy, p.y_shape, "dy", self.dtype)
+        _check_tensor(w, p.w_shape, "w", self.dtype)
+        _check_tensor(dx, p.x_shape, "dx", self.dtype)
         return self._run("backward_data", algo, dy, w, dx, EpilogueArgs(alpha=alpha, beta=beta),
                          workspace=workspace)
 
     def backward_filter(self, dy, x, dw, alpha=1.0, beta=0.0, algo=None, workspace=None):
         """dw = alpha * dL/dw + beta * dw, from dy and x."""
         p = self.problem
-        _check_tensor(dy, p.y_shape, "dy")
-        _check_tensor(x, p.x_shape, "x")
-        _check_tensor(dw, p.w_shape, "dw")
+        _check_tensor(dy, p.y_shape, "dy", self.dtype)
+        _check_tensor(x, p.x_shape, "x", self.dtype)
+        _check_tensor(dw, p.w_shape, "dw", self.dtype)
         return self._run("backward_filter", algo, dy, x, dw,
                          EpilogueArgs(alpha=alpha, beta=beta), workspace=workspace)
 
     def backward_bias(self, dy, db, alpha=1.0, beta=0.0):
         """db[k] = alpha * sum_{n, oh, ow} dy + beta * db[k]; db has shape (K,)."""
         p = self.problem
-        _check_tensor(dy, p.y_shape, "dy")
-        _check_tensor(db, (p.k,), "db")
+        _check_tensor(dy, p.y_shape, "dy", self.dtype)
+        _check_tensor(db, (p.k,), "db", self.dtype)
         check_same_context(dy, db)
-        backward_bias(self.ctx, p, dy, db, alpha, beta)
+        if self.dtype in FLOAT16_TYPES:
+            backward_bias16(self.ctx, p, dy, db, alpha, beta)
+        else:
+            backward_bias(self.ctx, p, dy, db, alpha, beta)
         return db
 
 
@@ -297,15 +309,15 @@ class PreparedRun:
                                      self.epilogue, self.workspace, prepared=True)
 
 
-def _plan(ctx, input_shape, weight_shape, conv_desc, layout="NCHW"):
+def _plan(ctx, input_shape, weight_shape, conv_desc, layout="NCHW", dtype=float32):
     # The switches too: an operator keeps the algorithms it chose.
     key = ("conv2d", tuple(input_shape), tuple(weight_shape), conv_desc.padding,
            conv_desc.stride, conv_desc.dilation, conv_desc.groups, layout,
-           config.forced_algorithm("conv"), config.find_mode())
+           config.forced_algorithm("conv"), config.find_mode(), dtype_name(dtype))
     conv = ctx.plans.get(key)
     if conv is None:
-        conv = ctx.plans.put(key, Convolution(ctx, TensorDesc(input_shape),
-                                              TensorDesc(weight_shape), conv_desc, layout))
+        conv = ctx.plans.put(key, Convolution(ctx, TensorDesc(input_shape, dtype),
+                                              TensorDesc(weight_shape, dtype), conv_desc, layout))
     return conv
 
 
@@ -378,6 +390,18 @@ def _check_input(x, what):
         raise not_a_tensor(what, x)
 
 
+def _check_dtypes(name, x, weight, bias):
+    """float32, or float16 / bfloat16 (the 16-bit GEMM algorithms), one type for the input,
+    the weight and the bias (DTypeError otherwise, as torch refuses mixed types)."""
+    if x.dtype != float32 and x.dtype not in FLOAT16_TYPES:
+        raise DTypeError(f"{name}: input must be float32, float16 or bfloat16, got "
+                         f"{dtype_name(x.dtype)}")
+    for t, what in ((weight, "weight"), (bias, "bias")):
+        if t is not None and isinstance(t, Tensor) and t.dtype != x.dtype:
+            raise DTypeError(f"{name}: {what} must have the input's dtype {dtype_name(x.dtype)}, "
+                             f"got {dtype_name(t.dtype)}")
+
+
 def _check_layout(layout):
     if layout not in ("NCHW", "NHWC"):
         raise UnsupportedError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
@@ -403,14 +427,16 @@ def _bias_grad(ctx, g, channels, layout="NCHW"):
 def _empty_batch(ctx, x, weight, bias, output_shape, channels, name):
     """The result of a convolution over an empty batch (N = 0), as torch gives it: an empty
     output, and zero gradients for the weight and bias. ``output_shape`` has N = 0."""
+    dtype = x.dtype
     if bias is not None:
-        _check_tensor(bias, (channels,), "bias")
-    y = Tensor.empty(ctx, output_shape)
+        _check_tensor(bias, (channels,), "bias", dtype)
+    y = Tensor.empty(ctx, output_shape, dtype)
 
     def backward(g):
-        return (Tensor.empty(ctx, x.shape) if x.requires_grad else None,
-                Tensor.zeros(ctx, weight.shape) if weight.requires_grad else None,
-                Tensor.zeros(ctx, bias.shape) if bias is not None and bias.requires_grad else None)
+        return (Tensor.empty(ctx, x.shape, dtype) if x.requires_grad else None,
+                Tensor.zeros(ctx, weight.shape, dtype) if weight.requires_grad else None,
+                Tensor.zeros(ctx, bias.shape, dtype)
+                if bias is not None and bias.requires_grad else None)
 
     return autograd.record(y, (x, weight, bias), backward, name)
 
@@ -446,7 +472,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
         key = entry = None
     if entry is not None:
         conv, y_shape, y_bytes, plans = entry
-        y = output(ctx, y_shape, y_bytes)
+        y = output(ctx, y_shape, y_bytes) if conv.dtype is float32 else \
+            Tensor.empty(ctx, y_shape, conv.dtype)
         # No closure: conv.forward is called with the operands only when there is no plan.
         operands = (x, weight, y, bias)
         run_planned_on(ctx, None, operands, conv.forward, plans, operands)
@@ -459,6 +486,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
     _check_layout(layout)
     _check_input(x, "input")
     _check_input(weight, "weight")
+    _check_dtypes("conv2d", x, weight, bias)
+    if x.dtype != float32 and layout != "NCHW":
+        raise UnsupportedError(f"conv2d: {dtype_name(x.dtype)} tensors are computed in layout "
+                               f"NCHW only, got {layout}")
     wdims, xdims = (("(K, C/groups, R, S)", "(N, C, H, W) or (C, H, W)") if layout == "NCHW"
                     else ("(K, R, S, C/groups)", "(N, H, W, C) or (H, W, C)"))
     if weight.ndim != 4:
@@ -481,11 +512,12 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, l
                            stride, dilation, groups)
     if x.shape[0] == 0:
         # The geometry is checked on a batch of one; no kernel runs.
-        shape = _plan(ctx, (1,) + x.shape[1:], weight.shape, desc, layout).output_desc.shape
+        shape = _plan(ctx, (1,) + x.shape[1:], weight.shape, desc, layout,
+                      x.dtype).output_desc.shape
         return _empty_batch(ctx, x, weight, bias, (0,) + shape[1:],
                             shape[1] if layout == "NCHW" else shape[3], "conv2d")
-    conv = _plan(ctx, x.shape, weight.shape, desc, layout)
-    y = Tensor.empty(ctx, conv.output_desc.shape)
+    conv = _plan(ctx, x.shape, weight.shape, desc, layout, x.dtype)
+    y = Tensor.empty(ctx, conv.output_desc.shape, x.dtype)
     conv.forward(x, weight, y, bias=bias)
     if key is not None:
         # The call's own replay plans (by how its buffers alias) live in its entry: a repeated
@@ -505,11 +537,17 @@ def _conv2d_backward(conv, key, x, weight, bias):
     """The backward of F.conv2d: the data, filter and bias gradients that the inputs need,
     replayed as one plan per forward key and gradient shape."""
     ctx = conv.ctx
+    dtype = conv.dtype
 
     def backward(g):
-        gx = Tensor.empty(ctx, x.shape) if x.requires_grad else None
-        gw = Tensor.empty(ctx, weight.shape) if weight.requires_grad else None
-        gb = Tensor.empty(ctx, bias.shape) if bias is not None and bias.requires_grad else None
+        if g.dtype != dtype:
+            # A gradient of another type is rounded to the output's once (torch's autograd
+            # casts it to its tensor's type).
+            g = g.to(dtype)
+        gx = Tensor.empty(ctx, x.shape, dtype) if x.requires_grad else None
+        gw = Tensor.empty(ctx, weight.shape, dtype) if weight.requires_grad else None
+        gb = Tensor.empty(ctx, bias.shape, dtype) \
+            if bias is not None and bias.requires_grad else None
 
         def run():
             if gx is not None:
@@ -541,6 +579,10 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     _check_layout(layout)
     _check_input(x, "input")
     _check_input(weight, "weight")
+    for t in (x, weight, bias):
+        if t is not None and isinstance(t, Tensor) and t.dtype != float32:
+            raise DTypeError(f"conv_transpose2d: float32 tensors only, got "
+                             f"{dtype_name(t.dtype)} (16-bit tensors: conv2d)")
     wdims, xdims = (("(Cin, Cout/groups, R, S)", "(N, C, H, W)") if layout == "NCHW"
                     else ("(Cin, R, S, Cout/groups)", "(N, H, W, C)"))
     if weight.ndim != 4:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...dtypes import FLOAT16_TYPES, as_dtype
+from ...dtypes import name as dtype_name
 from ...errors import DTypeError, ShapeError, UnsupportedError
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -164,9 +166,10 @@ def make_problem(input_shape, weight_shape, conv_desc, layout="NCHW", dtype=np.f
     """
     if layout not in LAYOUTS:
         raise UnsupportedError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    dtype = np.dtype(dtype)
-    if dtype != np.float32:
-        raise DTypeError(f"convolution supports float32, got {dtype}")
+    dtype = as_dtype(dtype)
+    if dtype != np.float32 and dtype not in FLOAT16_TYPES:
+        raise DTypeError(f"convolution supports float32, float16 and bfloat16, got "
+                         f"{dtype_name(dtype)}")
     input_shape, weight_shape = tuple(input_shape), tuple(weight_shape)
     if len(input_shape) != 4:
         raise ShapeError(f"convolution input must have rank 4 ({layout}), got shape {input_shape}")
@@ -194,7 +197,7 @@ def make_problem(input_shape, weight_shape, conv_desc, layout="NCHW", dtype=np.f
         raise ShapeError(f"kernel {r}x{s} (dilation {dh}x{dw}) is larger than the padded input "
                          f"{h + 2 * ph}x{w + 2 * pw}")
     problem = ConvProblem(n, c, h, w, k, r, s, ph, pw, *conv_desc.stride, dh, dw, g, layout,
-                          str(dtype))
+                          dtype_name(dtype))
     largest = max(n * c * h * w, n * k * problem.ho * problem.wo, k * cg * r * s)
     if largest > _INT32_LIMIT:
         raise UnsupportedError(f"tensors of more than 2^31-1 elements are not supported ({largest})")

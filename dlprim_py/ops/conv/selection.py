@@ -33,6 +33,7 @@ from .algorithms import (Direct, DirectPhased, DirectSmall, EpilogueArgs, Implic
                          Recording, _gemm_dims, batch_chunk, implicit_gemm_variants,
                          run_in_chunks)
 from .depthwise import Depthwise, DepthwiseRows, DepthwiseTiled
+from .gemm16 import Gemm16
 from .gemm1x1 import Gemm1x1
 from .problem import ConvProblem
 from .winograd import Winograd
@@ -45,7 +46,16 @@ ALGORITHMS = {a.name: a for a in (Gemm1x1(tf32=True), Gemm1x1(), Gemm1x1(per_ima
                                   Depthwise(),
                                   ImplicitGemm(), *implicit_gemm_variants(),
                                   Im2colGemm(tf32=True), Im2colGemm(),
-                                  DirectSmall(), DirectPhased(), Direct())}
+                                  DirectSmall(), DirectPhased(), Direct(),
+                                  # float16 / bfloat16 problems only (Algorithm.dtypes).
+                                  Gemm16(direct=True), Gemm16())}
+
+
+def dtype_applies(algo, problem):
+    """Whether ``algo`` computes tensors of the problem's dtype: the float32 algorithms
+    float32 ones, the 16-bit GEMM algorithms ("gemm16", "im2col_gemm16") float16 and bfloat16
+    ones."""
+    return problem.dtype in algo.dtypes
 
 
 def tf32_refusal(ctx):
@@ -96,7 +106,7 @@ class _ConvFamily(solver.Family):
     only to TF32 tasks."""
 
     def applies(self, algo, ctx, task):
-        if algo.tf32 and not task.tf32:
+        if (algo.tf32 and not task.tf32) or not dtype_applies(algo, task.problem):
             return False
         return algo.applies(ctx, task.problem, task.direction)
 
@@ -151,11 +161,14 @@ def find(ctx, problem, direction):
     return solver.find(ctx, FAMILY, task(ctx, problem, direction))
 
 
-def _scratch(ctx, shape):
+def _scratch(ctx, shape, dtype="float32"):
     """A tensor of ``shape`` holding random values in [-0.5, 0.5): random, not constant, data
     (some devices run faster on zeros), tiled on the device from one host block of at most
-    2^20 values so that a large problem's set-up stays a few device copies."""
+    2^20 values so that a large problem's set-up stays a few device copies; a 16-bit
+    ``dtype``: those values converted."""
     from ...tensor import Tensor
+    if dtype != "float32":
+        return _scratch(ctx, shape).to(dtype)
     block = ctx.memo.get("conv_find_block")
     if block is None:
         values = np.random.default_rng(0).random(1 << 20, dtype=np.float32) - 0.5
@@ -181,8 +194,8 @@ def measure(ctx, problem, direction, names=None):
     candidates = [n for n in names
                   if n not in ("direct", "direct_phased") or _tiny_gemm(problem, direction)]
     candidates = candidates or ["direct"]
-    x, w, y = (_scratch(ctx, shape) for shape in (problem.x_shape, problem.w_shape,
-                                                  problem.y_shape))
+    x, w, y = (_scratch(ctx, shape, problem.dtype)
+               for shape in (problem.x_shape, problem.w_shape, problem.y_shape))
     operands = {"forward": (x, w, y), "backward_data": (y, w, x), "backward_filter": (y, x, w)}
     src, other, dst = operands[direction]
     times = {}
