@@ -89,14 +89,15 @@ def to_bfloat16_bits(values):
     u = f.view(np.uint32)
     rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
     bits = np.where(np.isnan(f), (u >> np.uint32(16)) | np.uint32(0x40), rounded)
-    return bits.astype(np.uint16).view(bfloat16)
+    # ascontiguousarray makes a 0-d array 1-d: the input's shape back.
+    return bits.astype(np.uint16).view(bfloat16).reshape(np.shape(values))
 
 
 def bfloat16_to_float32(values):
     """A bfloat16 array (the library's dtype, ml_dtypes', or its uint16 bits) as float32,
     exactly."""
     bits = np.ascontiguousarray(values).view(np.uint16)
-    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(np.shape(values))
 
 
 def check_dtype(tensor, allowed, what="tensor"):
