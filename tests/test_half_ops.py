@@ -285,3 +285,55 @@ def test_bad_input(ctx):
             call()
     with pytest.raises(dp.DTypeError, match="Tensor"):
         F.relu(np.ones(3, np.float16))
+
+
+# ---- softmax -------------------------------------------------------------------------------
+
+SOFTMAX_CASES = [((5, 37), 1, None, None), ((3, 7, 5), 1, None, None),
+                 ((3, 7, 5), 1, "column", None), ((2, 3000), 1, "row", 0),
+                 ((2, 3000), -1, "row", None), ((4, 64), -1, None, None), ((9,), 0, None, None)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape,dim,variant,cached", SOFTMAX_CASES, ids=lambda v: str(v))
+def test_softmax(ctx, rng, dtype, log, shape, dim, variant, cached):
+    """Every solver (row cached and streaming, column) on 16-bit storage: computed in float32,
+    rounded once; the backward from the stored 16-bit output, as torch's."""
+    x, x_ref = t16(ctx, rng.uniform(-6, 6, shape), dtype, True)
+    poison(ctx, 4 * x.size + 64)
+    fn = F.log_softmax if log else F.softmax
+    out = fn(x, dim, variant=variant, cached=cached)
+    ref = (torch.log_softmax if log else torch.softmax)(x_ref, dim)
+    check_elementwise(out, ref, dtype, 1.0, floor=1e-3)
+    g, _ = t16(ctx, rng.uniform(-1, 1, shape), dtype)
+    poison(ctx, 4 * x.size + 64)
+    out.backward(g)
+    assert x.grad.dtype == x.dtype
+    # The reference from the stored (rounded) output, as the kernel and torch's 16-bit
+    # backward take it: then one rounding of a float32 value.
+    y = torch.tensor(values(out))
+    g = torch.tensor(values(g))
+    if log:
+        want = g - torch.exp(y) * g.sum(dim, keepdim=True)
+    else:
+        want = y * (g - (g * y).sum(dim, keepdim=True))
+    check_elementwise(x.grad, want, dtype, 1.0, floor=1e-3)
+
+
+def test_softmax_dtype_argument_casts_first(ctx, rng):
+    """torch's ``dtype=``: a float16 input cast to float32 first, the gradient back in
+    float16."""
+    x, x_ref = t16(ctx, rng.uniform(-3, 3, (4, 9)), dp.float16, True)
+    out = F.softmax(x, 1, dtype=np.float32)
+    assert out.dtype == np.float32
+    ref = torch.softmax(x_ref, 1)
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-7)
+    F.sum(F.mul(out, out)).backward()
+    torch.sum(ref * ref).backward()
+    assert x.grad.dtype == np.float16
+    check_elementwise(x.grad, x_ref.grad, dp.float16, 1, floor=1e-3)
+    with pytest.raises(dp.DTypeError):
+        F.softmax(x, 1, dtype=np.int32)
+    with pytest.raises(dp.DTypeError):
+        F.log_softmax(dp.Tensor.from_numpy(ctx, np.ones((2, 3), np.int32)), 1)
