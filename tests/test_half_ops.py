@@ -337,3 +337,45 @@ def test_softmax_dtype_argument_casts_first(ctx, rng):
         F.softmax(x, 1, dtype=np.int32)
     with pytest.raises(dp.DTypeError):
         F.log_softmax(dp.Tensor.from_numpy(ctx, np.ones((2, 3), np.int32)), 1)
+
+
+# ---- pooling -------------------------------------------------------------------------------
+
+POOLS = [("max_pool2d", (3,), dict(stride=2, padding=1), (2, 3, 9, 11)),
+         ("max_pool2d", (2,), dict(ceil_mode=True), (3, 7, 5)),
+         ("avg_pool2d", (3,), dict(stride=2, padding=1), (2, 3, 9, 11)),
+         ("avg_pool2d", (3,), dict(stride=2, padding=1, count_include_pad=False), (1, 2, 7, 6)),
+         ("adaptive_avg_pool2d", ((3, 2),), {}, (2, 3, 9, 11)),
+         ("adaptive_avg_pool2d", (1,), {}, (2, 5, 13, 7)),          # the plane solver
+         ("adaptive_max_pool2d", (1,), {}, (2, 5, 13, 7)),
+         ("adaptive_max_pool2d", ((4, 3),), {}, (2, 3, 9, 11)),
+         ("max_pool1d", (2,), {}, (2, 3, 9)),
+         ("avg_pool3d", (2,), {}, (2, 3, 5, 6, 7))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("name,args,kwargs,shape", POOLS,
+                         ids=[f"{p[0]}-{k}" for k, p in enumerate(POOLS)])
+def test_pooling(ctx, rng, dtype, name, args, kwargs, shape):
+    """Max pooling picks a stored value (exact); averages sum in float32 and round once; the
+    backward sums the windows' gradients in float32 and rounds once."""
+    x, x_ref = t16(ctx, rng.uniform(-2, 2, shape), dtype, True)
+    poison(ctx, 4 * x.size + 64)
+    out = getattr(F, name)(x, *args, **kwargs)
+    ref = getattr(TF, name)(x_ref, *args, **kwargs)
+    if "max" in name:
+        np.testing.assert_array_equal(values(out), ref.detach().numpy())
+    else:
+        check_normwise(out, ref, dtype, 1)
+    backward_both(ctx, out, ref, dtype, rng)
+    assert x.grad.dtype == x.dtype
+    check_normwise(x.grad, x_ref.grad, dtype, 1)
+
+
+def test_pool_operator_refuses_mixed_types(ctx):
+    pool = dp.ops.pool.Pool(ctx, "max", kernel_size=2)
+    x = dp.Tensor.from_numpy(ctx, np.ones((1, 1, 4, 4), np.float32), dtype=dp.float16)
+    with pytest.raises(dp.DTypeError, match="one dtype"):
+        pool.forward(x, dp.Tensor.empty(ctx, (1, 1, 2, 2)))
+    with pytest.raises(dp.DTypeError, match="float16"):
+        pool.forward(dp.Tensor.empty(ctx, (1, 1, 4, 4), np.int32), dp.Tensor.empty(ctx, (1, 1, 2, 2)))
