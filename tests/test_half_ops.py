@@ -70,10 +70,12 @@ def check_elementwise(out, ref, dtype, ulps=1.0, floor=1e-6):
                            f"{got[bad][0]} vs {want[bad][0]}")
 
 
-def check_normwise(out, ref, dtype, ulps=4.0):
-    """The largest error within ``ulps`` units in the last place of the largest reference
-    magnitude (sums and normalizations: float32 accumulation of rounded 16-bit terms)."""
+def check_normwise(out, ref, dtype, ulps=4.0, tol_dtype=None):
+    """The largest error within ``ulps`` units in the last place (of ``tol_dtype``, default
+    ``dtype``, the output's type) of the largest reference magnitude (sums and
+    normalizations: float32 accumulation of rounded 16-bit terms)."""
     assert out.dtype == np.dtype(dtype) or out.dtype is dtype, (out.dtype, dtype)
+    dtype = tol_dtype or dtype
     got = values(out)
     want = ref.detach().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
     assert got.shape == want.shape
@@ -379,3 +381,98 @@ def test_pool_operator_refuses_mixed_types(ctx):
         pool.forward(x, dp.Tensor.empty(ctx, (1, 1, 2, 2)))
     with pytest.raises(dp.DTypeError, match="float16"):
         pool.forward(dp.Tensor.empty(ctx, (1, 1, 4, 4), np.int32), dp.Tensor.empty(ctx, (1, 1, 2, 2)))
+
+
+# ---- normalization -------------------------------------------------------------------------
+
+def _norm_case(name, x, w, b):
+    """(ours, torch's) calls of a normalization with its affine operands."""
+    if name == "layer_norm":
+        return (lambda: F.layer_norm(x[0], x[0].shape[-1:], w[0], b[0]),
+                lambda: TF.layer_norm(x[1], x[1].shape[-1:], w[1], b[1]))
+    if name == "rms_norm":
+        return (lambda: F.rms_norm(x[0], x[0].shape[-1:], w[0]),
+                lambda: TF.rms_norm(x[1], x[1].shape[-1:], w[1]))
+    if name == "group_norm":
+        return (lambda: F.group_norm(x[0], 2, w[0], b[0]),
+                lambda: TF.group_norm(x[1], 2, w[1], b[1]))
+    if name == "instance_norm":
+        return (lambda: F.instance_norm(x[0], weight=w[0], bias=b[0]),
+                lambda: TF.instance_norm(x[1], weight=w[1], bias=b[1]))
+    raise AssertionError(name)
+
+
+NORMS = [("layer_norm", (3, 5, 37)), ("rms_norm", (3, 5, 37)), ("rms_norm", (7, 300)),
+         ("group_norm", (3, 6, 5, 7)), ("instance_norm", (2, 4, 5, 3))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("affine", ["same", "float32"])
+@pytest.mark.parametrize("name,shape", NORMS, ids=[f"{n}-{s}" for n, s in NORMS])
+def test_row_norms(ctx, rng, dtype, affine, name, shape):
+    """layer_norm, rms_norm, group_norm and instance_norm of 16-bit inputs with weights of the
+    input's type or float32: the result in the input's type, each gradient in its tensor's."""
+    wdt = dtype if affine == "same" else dp.float32
+    channels = shape[-1] if name in ("layer_norm", "rms_norm") else shape[1]
+    x = t16(ctx, rng.uniform(-2, 3, shape), dtype, True)
+    w = t16(ctx, rng.uniform(0.5, 1.5, (channels,)), wdt, True)
+    b = t16(ctx, rng.uniform(-1, 1, (channels,)), wdt, True)
+    ours, theirs = _norm_case(name, x, w, b)
+    poison(ctx, 4 * x[0].size + 64)
+    out = ours()
+    ref = theirs()
+    check_normwise(out, ref, dtype, 2)
+    backward_both(ctx, out, ref, dtype, rng)
+    assert x[0].grad.dtype == dtype
+    check_normwise(x[0].grad, x[1].grad, dtype, 4)
+    for t in (w, b) if name != "rms_norm" else (w,):
+        assert t[0].grad.dtype == wdt
+        # float32 weights' gradients are float32 sums of rounded 16-bit terms.
+        check_normwise(t[0].grad, t[1].grad, wdt, 2, tol_dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("stats", ["same", "float32"])
+def test_batch_norm(ctx, rng, dtype, stats):
+    """Training (batch statistics, running statistics updated in place in their own type) and
+    inference, forward and backward."""
+    sdt = dtype if stats == "same" else dp.float32
+    x = t16(ctx, rng.uniform(-2, 3, (4, 3, 5, 5)), dtype, True)
+    w = t16(ctx, rng.uniform(0.5, 1.5, (3,)), dtype, True)
+    b = t16(ctx, rng.uniform(-1, 1, (3,)), dtype, True)
+    rm = dp.Tensor.from_numpy(ctx, np.zeros(3, np.float32), dtype=sdt)
+    rv = dp.Tensor.from_numpy(ctx, np.ones(3, np.float32), dtype=sdt)
+    rm_ref, rv_ref = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    poison(ctx, 4 * x[0].size + 64)
+    out = F.batch_norm(x[0], rm, rv, w[0], b[0], training=True)
+    ref = TF.batch_norm(x[1], rm_ref, rv_ref, w[1], b[1], training=True)
+    check_normwise(out, ref, dtype, 2)
+    assert rm.dtype == np.dtype(sdt) or rm.dtype is sdt
+    # float32 statistics of rounded 16-bit values: within the input type's unit.
+    check_normwise(rm, rm_ref, sdt, 1, tol_dtype=dtype)
+    check_normwise(rv, rv_ref, sdt, 1, tol_dtype=dtype)
+    backward_both(ctx, out, ref, dtype, rng)
+    for t in (x, w, b):
+        assert t[0].grad.dtype == dtype
+        check_normwise(t[0].grad, t[1].grad, dtype, 4)
+    # Inference with the (rounded) running statistics as they are stored.
+    out = F.batch_norm(x[0], rm, rv, w[0], b[0], training=False)
+    ref = TF.batch_norm(x[1], torch.tensor(values(rm)), torch.tensor(values(rv)), w[1], b[1],
+                        training=False)
+    check_normwise(out, ref, dtype, 2)
+
+
+def test_norm_refusals(ctx):
+    h = dp.Tensor.from_numpy(ctx, np.ones((2, 3, 4), np.float32), dtype=dp.float16)
+    bf = dp.Tensor.from_numpy(ctx, np.ones((4,), np.float32), dtype=dp.bfloat16)
+    i = dp.Tensor.from_numpy(ctx, np.ones((2, 3, 4), np.int32))
+    with pytest.raises(dp.DTypeError):
+        F.layer_norm(h, (4,), bf)           # a bfloat16 weight for a float16 input
+    with pytest.raises(dp.DTypeError):
+        F.rms_norm(h, (4,), bf)
+    with pytest.raises(dp.DTypeError):
+        F.rms_norm(i, (4,))
+    with pytest.raises(dp.DTypeError):
+        F.layer_norm(i, (4,))
+    with pytest.raises(dp.DTypeError):
+        F.batch_norm(h, None, None, training=True, weight=bf[:3])

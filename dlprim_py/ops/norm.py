@@ -20,6 +20,13 @@ scalar loads, or as a work item per channel for (N, C) inputs (DLPRIM_NORM_ALGO 
 groups_scalar, columns; rules and chunk tunables in tuning_db/norm.json); layer and group norm
 ("rownorm") run a work group per row, or, for group norm with few long rows, the batch-norm
 kernels on the rows (DLPRIM_ROWNORM_ALGO = rows, split; rules in tuning_db/rownorm.json).
+
+float16 / bfloat16 inputs (16-bit storage, torch's result type): ``rms_norm`` loads and stores
+them in its kernels (statistics in float32); ``batch_norm``, ``layer_norm``, ``group_norm`` and
+``instance_norm`` convert the 16-bit operands to float32 copies, run their float32 kernels and
+round the result once (``_through_float32``): the same values as converting in the kernels,
+at the cost of the copies' passes and memory. Weights, biases and running statistics may be
+float32 or the input's type; each gradient comes back in its tensor's type.
 """
 import math
 import weakref
@@ -30,7 +37,7 @@ import numpy as np
 from .. import autograd, config, logcmd, program, solver, tuning
 from ..activation import as_activation
 from ..context import PlanCache, check_same_context
-from ..dtypes import float32
+from ..dtypes import float32, is_float16_type, name as dtype_name
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor, output
 from ..launch import bind, run_planned_on
@@ -101,6 +108,23 @@ def _check_float(what, t, required=True):
         raise not_a_tensor(what, t)
     if t.dtype != float32:
         raise DTypeError(f"{what} must be float32, got {t.dtype}")
+
+
+def _through_float32(name, fn, input, *others):
+    """``fn(input, *others)`` for a float16 / bfloat16 ``input``: the 16-bit tensors among
+    them (``others``: optional tensors, float32 or the input's type) converted to float32 with
+    their gradients (``masks.cast``), the float32 result rounded to the input's type once."""
+    from .masks import cast
+    for k, t in enumerate(others):
+        if t is not None and (not isinstance(t, Tensor) or
+                              (t.dtype != float32 and t.dtype != input.dtype)):
+            what = f"{name}: operand {k + 1}"
+            if not isinstance(t, Tensor):
+                raise not_a_tensor(what, t)
+            raise DTypeError(f"{what} must be float32 or the input's {dtype_name(input.dtype)}, "
+                             f"got {dtype_name(t.dtype)}")
+    wide = [None if t is None else cast(t, float32) for t in others]
+    return cast(fn(cast(input, float32), *wide), input.dtype)
 
 
 def _check_size(what, t, size):
@@ -528,6 +552,9 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     # A call with the arguments of an earlier one (whose checks passed) takes that call's entry
     # from the plan cache: its output size, channel count and replay plans (by how the buffers
     # alias). The numbers' types are in the key: True == 1, but only 1 passes the checks.
+    if isinstance(input, Tensor) and is_float16_type(input.dtype):
+        return _batch_norm16(input, running_mean, running_var, weight, bias, training, momentum,
+                             eps)
     params = (input, weight, bias, running_mean, running_var)
     try:
         # The input's fields flat, the optional tensors' in a tuple each (or None).
@@ -580,6 +607,27 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return autograd.record(y, (input, weight, bias),
                            _batch_norm_backward(ctx, key, params, training, eps, mean, invstd),
                            "batch_norm")
+
+
+def _batch_norm16(input, running_mean, running_var, weight, bias, training, momentum, eps):
+    """batch_norm of a 16-bit input through float32 (``_through_float32``); 16-bit running
+    statistics are updated in place, rounded once."""
+    from .masks import cast
+    running = []
+    for what, t in (("running_mean", running_mean), ("running_var", running_var)):
+        if t is not None and isinstance(t, Tensor) and is_float16_type(t.dtype) \
+                and t.dtype != input.dtype:
+            raise DTypeError(f"batch_norm: {what} must be float32 or the input's "
+                             f"{dtype_name(input.dtype)}, got {dtype_name(t.dtype)}")
+        running.append(cast(t, float32) if isinstance(t, Tensor) and t.dtype != float32 else t)
+    y = _through_float32("batch_norm", lambda x, w, b: batch_norm(
+        x, running[0], running[1], w, b, training, momentum, eps), input, weight, bias)
+    if training:
+        from .pointwise import convert
+        for t, wide in zip((running_mean, running_var), running):
+            if t is not None and wide is not t:
+                t.copy_(convert(wide, t.dtype))
+    return y
 
 
 def _batch_norm_backward(ctx, key, params, training, eps, mean, invstd):
@@ -788,6 +836,9 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """torch.nn.functional.layer_norm: normalize over the trailing ``normalized_shape``
     dimensions; weight and bias (optional) have that shape."""
+    if isinstance(input, Tensor) and is_float16_type(input.dtype):
+        return _through_float32("layer_norm", lambda x, w, b: layer_norm(
+            x, normalized_shape, w, b, eps), input, weight, bias)
     _check_float("input", input)
     if isinstance(normalized_shape, (int, np.integer)):
         normalized_shape = (int(normalized_shape),)
@@ -809,6 +860,9 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """torch.nn.functional.group_norm on (N, C, ...): statistics per sample and group of
     C / num_groups channels; weight and bias (optional) are per channel."""
+    if isinstance(input, Tensor) and is_float16_type(input.dtype):
+        return _through_float32("group_norm", lambda x, w, b: group_norm(
+            x, num_groups, w, b, eps), input, weight, bias)
     _check_float("input", input)
     if input.ndim < 2:
         raise ShapeError(f"group_norm expects an (N, C, ...) input, got shape {input.shape}")
@@ -926,10 +980,20 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """torch.nn.functional.rms_norm: input / sqrt(mean(input^2) + eps) over the trailing
     ``normalized_shape`` dimensions, times ``weight`` (that shape, optional); ``eps`` None is
-    float32's machine epsilon, as torch's. Gradients to input and weight."""
+    float32's machine epsilon, as torch's. Gradients to input and weight.
+
+    float32, float16 or bfloat16 input (the result in its type); the weight float32 or the
+    input's type. 16-bit tensors are loaded into float32 in the kernels, the statistics and
+    the weight's gradient accumulate in float32, and results are rounded once."""
     from .loss import unit_weight
+    from .pointwise import convert, is_floating
     from .reduce import ReduceKernel
-    _check_float("input", input)
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("input", input)
+    if not is_floating(input.dtype):
+        raise DTypeError(f"input must be float32, float16 or bfloat16, got "
+                         f"{dtype_name(input.dtype)}")
+    dt = input.dtype
     if isinstance(normalized_shape, (int, np.integer)):
         normalized_shape = (int(normalized_shape),)
     normalized_shape = tuple(normalized_shape)
@@ -937,7 +1001,12 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     if k == 0 or k > input.ndim or input.shape[input.ndim - k:] != normalized_shape:
         raise ShapeError(f"rms_norm: normalized_shape {normalized_shape} must be the trailing "
                          f"dimensions of the input shape {input.shape}")
-    _check_float("weight", weight, required=False)
+    if weight is not None:
+        if not isinstance(weight, Tensor):
+            raise not_a_tensor("weight", weight)
+        if weight.dtype != float32 and weight.dtype != dt:
+            raise DTypeError(f"weight must be float32 or the input's {dtype_name(dt)}, got "
+                             f"{dtype_name(weight.dtype)}")
     if weight is not None and weight.shape != normalized_shape:
         raise ShapeError(f"rms_norm: weight must have shape {normalized_shape}, got {weight.shape}")
     ctx = check_same_context(input, weight)
@@ -946,15 +1015,18 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     rows = input.size // D if D else 0
     x = _view(input, (rows, D))
     w = _view(weight, (1, D)) if weight is not None else unit_weight(ctx)
+    wdt = w.dtype
+    # Kernels keyed by their operand types (a 16-bit input, a float32 or 16-bit weight).
+    types = () if dt == float32 and wdt == float32 else (dt, wdt)
     rstd = Tensor.empty(ctx, (rows, 1), float32)
-    y = Tensor.empty(ctx, input.shape, float32)
+    y = Tensor.empty(ctx, input.shape, dt)
     if rows and D:
-        _compose_kernel("rms", lambda: ReduceKernel(
-            "rms_norm_rstd", [("x", float32)], [("r", float32)], "r = x * x;", "sum",
+        _compose_kernel(("rms", dt), lambda: ReduceKernel(
+            "rms_norm_rstd", [("x", dt)], [("r", float32)], "r = x * x;", "sum",
             finalize="acc_r = rsqrt(acc_r / (float)reduce_size + eps);",
             scalars=[("eps", float32)]))([x], [rstd], [eps])
-        _compose_kernel("rms_apply", lambda: PointwiseKernel(
-            "rms_norm_apply", [("x", float32), ("r", float32), ("w", float32)], [("y", float32)],
+        _compose_kernel(("rms_apply",) + types, lambda: PointwiseKernel(
+            "rms_norm_apply", [("x", dt), ("r", float32), ("w", wdt)], [("y", dt)],
             "y = x * r * w;"))([x, rstd, w], [_view(y, (rows, D))])
     if not autograd.needs_grad(input, weight):
         return y
@@ -962,29 +1034,35 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     w_source = w.detach()
 
     def backward(g):
+        if g.dtype != dt:
+            g = convert(g, dt)     # the kernels read the gradient as the input's type
         g2 = _view(g, (rows, D))
-        dx = Tensor.empty(ctx, input.shape, float32)
+        dx = Tensor.empty(ctx, input.shape, dt)
         dweight = Tensor.empty(ctx, normalized_shape, float32) if weight is not None else None
         if not (rows and D):
             for t in (dx, dweight):
                 if t is not None:
                     t.fill_(0.0)
-            return dx, dweight
+            return dx, (None if dweight is None else
+                        dweight if wdt == float32 else convert(dweight, wdt))
         dots = Tensor.empty(ctx, (rows, 1), float32)
-        _compose_kernel("rms_dot", lambda: ReduceKernel(
-            "rms_norm_dot", [("g", float32), ("w", float32), ("x", float32)], [("s", float32)],
+        _compose_kernel(("rms_dot",) + types, lambda: ReduceKernel(
+            "rms_norm_dot", [("g", dt), ("w", wdt), ("x", dt)], [("s", float32)],
             "s = g * w * x;", "sum"))([g2, w_source, source], [dots])
-        _compose_kernel("rms_dx", lambda: PointwiseKernel(
-            "rms_norm_dx", [("g", float32), ("w", float32), ("x", float32), ("r", float32),
-                            ("s", float32)], [("dx", float32)],
+        _compose_kernel(("rms_dx",) + types, lambda: PointwiseKernel(
+            "rms_norm_dx", [("g", dt), ("w", wdt), ("x", dt), ("r", float32),
+                            ("s", float32)], [("dx", dt)],
             "dx = r * (g * w - x * r * r * s / (float)size);",
             scalars=[("size", float32)]))([g2, w_source, source, rstd, dots],
                                           [_view(dx, (rows, D))], [float(D)])
         if dweight is not None:
-            _compose_kernel("rms_dw", lambda: ReduceKernel(
-                "rms_norm_dw", [("g", float32), ("x", float32), ("r", float32)],
+            # Summed in float32, rounded to the weight's type once.
+            _compose_kernel(("rms_dw", dt), lambda: ReduceKernel(
+                "rms_norm_dw", [("g", dt), ("x", dt), ("r", float32)],
                 [("dw", float32)], "dw = g * x * r;", "sum"))([g2, source, rstd],
                                                                [_view(dweight, (1, D))])
+            if wdt != float32:
+                dweight = convert(dweight, wdt)
         return dx, dweight
 
     return autograd.record(y, (input, weight), backward, "rms_norm")
@@ -999,6 +1077,13 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     ``use_input_stats=False`` the running statistics normalize instead (as batch norm in
     evaluation). Gradients to input, weight and bias."""
     from .reduce import ReduceKernel
+    if isinstance(input, Tensor) and is_float16_type(input.dtype):
+        if running_mean is not None or running_var is not None:
+            raise UnsupportedError(f"instance_norm: running statistics with a "
+                                   f"{dtype_name(input.dtype)} input are not supported; "
+                                   f"pass the input as float32")
+        return _through_float32("instance_norm", lambda x, w, b: instance_norm(
+            x, None, None, w, b, use_input_stats, momentum, eps), input, weight, bias)
     _check_float("input", input)
     if input.ndim < 2:
         raise ShapeError(f"instance_norm expects an (N, C, ...) input, got shape {input.shape}")
