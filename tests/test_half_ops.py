@@ -402,8 +402,10 @@ def _norm_case(name, x, w, b):
     raise AssertionError(name)
 
 
-NORMS = [("layer_norm", (3, 5, 37)), ("rms_norm", (3, 5, 37)), ("rms_norm", (7, 300)),
-         ("group_norm", (3, 6, 5, 7)), ("instance_norm", (2, 4, 5, 3))]
+NORMS = [("layer_norm", (3, 5, 37)), ("layer_norm", (2, 1000)), ("rms_norm", (3, 5, 37)),
+         ("rms_norm", (7, 300)), ("group_norm", (3, 6, 5, 7)),
+         ("group_norm", (1, 4, 40, 40)),     # few long rows: float32 would take "split"
+         ("instance_norm", (2, 4, 5, 3))]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
@@ -462,6 +464,16 @@ def test_batch_norm(ctx, rng, dtype, stats):
     check_normwise(out, ref, dtype, 2)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_layer_norm_without_affine(ctx, rng, dtype):
+    x = t16(ctx, rng.uniform(-2, 3, (4, 3, 33)), dtype, True)
+    out = F.layer_norm(x[0], (3, 33))
+    ref = TF.layer_norm(x[1], (3, 33))
+    check_normwise(out, ref, dtype, 2)
+    backward_both(ctx, out, ref, dtype, rng)
+    check_normwise(x[0].grad, x[1].grad, dtype, 4)
+
+
 def test_norm_refusals(ctx):
     h = dp.Tensor.from_numpy(ctx, np.ones((2, 3, 4), np.float32), dtype=dp.float16)
     bf = dp.Tensor.from_numpy(ctx, np.ones((4,), np.float32), dtype=dp.bfloat16)
@@ -476,3 +488,6 @@ def test_norm_refusals(ctx):
         F.layer_norm(i, (4,))
     with pytest.raises(dp.DTypeError):
         F.batch_norm(h, None, None, training=True, weight=bf[:3])
+    with pytest.raises(dp.DTypeError, match="one dtype"):
+        F.group_norm(h, 3, dp.Tensor.from_numpy(ctx, np.ones(3, np.float32), dtype=dp.float16),
+                     dp.Tensor.from_numpy(ctx, np.ones(3, np.float32)))

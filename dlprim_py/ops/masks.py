@@ -25,7 +25,7 @@ from ..context import check_same_context
 from .. import program
 from ..dtypes import (as_dtype, bfloat16, bfloat16_to_float32, bool_, cl_name, float16, float32,
                       int32, int64, to_bfloat16_bits)
-from ..errors import DTypeError, ShapeError, not_a_tensor
+from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..launch import launch
 from ..tensor import Tensor, _checked, allocate
 from .pointwise import PointwiseKernel, broadcast_shapes, template_type
@@ -93,6 +93,15 @@ def _scalar_value(name, value, dtype):
         return np.float32(v)
     with np.errstate(over="ignore"):
         return np.float32(v)
+
+
+def _check_fp16(name, tensors):
+    """For the indexing operators (where, masked_fill, ...), whose kernels still compute in the
+    tensors' own type: float16 there needs cl_khr_fp16."""
+    for t in tensors:
+        if t.dtype == float16 and not t.ctx.info.has_fp16:
+            raise UnsupportedError(f"{name}: float16 needs the cl_khr_fp16 extension, which "
+                                   f"{t.ctx.info.name} lacks")
 
 
 def _rounded_to(value, dtype):

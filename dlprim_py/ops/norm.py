@@ -21,12 +21,13 @@ groups_scalar, columns; rules and chunk tunables in tuning_db/norm.json); layer 
 ("rownorm") run a work group per row, or, for group norm with few long rows, the batch-norm
 kernels on the rows (DLPRIM_ROWNORM_ALGO = rows, split; rules in tuning_db/rownorm.json).
 
-float16 / bfloat16 inputs (16-bit storage, torch's result type): ``rms_norm`` loads and stores
-them in its kernels (statistics in float32); ``batch_norm``, ``layer_norm``, ``group_norm`` and
-``instance_norm`` convert the 16-bit operands to float32 copies, run their float32 kernels and
-round the result once (``_through_float32``): the same values as converting in the kernels,
-at the cost of the copies' passes and memory. Weights, biases and running statistics may be
-float32 or the input's type; each gradient comes back in its tensor's type.
+float16 / bfloat16 inputs (16-bit storage, torch's result type): ``layer_norm``, ``group_norm``
+(the "rows" solver, whatever the rules would choose for float32) and ``rms_norm`` load and store
+them in their kernels, statistics and the weight gradients' sums in float32; ``batch_norm``
+and ``instance_norm`` convert the 16-bit operands to float32 copies, run their float32 kernels
+and round the result once (``_through_float32``): the same values as converting in the
+kernels, at the cost of the copies' passes and memory. Weights, biases and running statistics
+may be float32 or the input's type; each gradient comes back in its tensor's type.
 """
 import math
 import weakref
@@ -82,6 +83,23 @@ def _build_program(ctx, part, mode, activation, vector, derivative):
     return program.build(ctx, "norm", dict(
         part=part, group_size=group_size(ctx), mode=mode, activation=code, vector=vector,
         derivative=desc.derivative_code("z", "a") if backward else ""))
+
+
+def _row_program16(ctx, dtype, wdtype):
+    """The "other" part of norm.cl.mako with row_norm_forward / row_norm_backward on 16-bit
+    storage (``dtype``: the data's, ``wdtype``: the weight's and bias's, float32 or dtype)."""
+    from .pointwise import template_type
+    memo = _plain_programs.get(ctx)
+    if memo is None:
+        memo = _plain_programs[ctx] = {}
+    key = ("other16", dtype, wdtype)
+    built = memo.get(key)
+    if built is None:
+        built = memo[key] = program.build(ctx, "norm", dict(
+            part="other", group_size=group_size(ctx), mode="stats", activation="v_act",
+            vector=1, derivative="", dtype=template_type(dtype),
+            wdtype="float" if wdtype == float32 else template_type(wdtype)))
+    return built
 
 
 def vector_width(S, *tensors, algorithm=None):
@@ -685,10 +703,11 @@ class RowNormProblem:
 
 
 class _Rows:
-    """row_norm_forward / row_norm_backward: a work group per row."""
+    """row_norm_forward / row_norm_backward: a work group per row (on float32, or on 16-bit
+    ``dtype`` data with ``wdtype`` weights)."""
 
-    def __init__(self, ctx):
-        prog = _program(ctx)
+    def __init__(self, ctx, dtype=float32, wdtype=float32):
+        prog = _program(ctx) if dtype == float32 else _row_program16(ctx, dtype, wdtype)
         self.ctx = ctx
         self.group = group_size(ctx)
         self.forward_kernel = bind(prog.kernel("row_norm_forward"))
@@ -801,17 +820,31 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
     w[(r % G) * Cg + d // S]. ``grad_view`` = (N, C, S) for the weight gradients.
     ``splittable``: the input is group norm's (N, C, ...), which the "split" algorithm takes."""
     ctx = x.ctx
-    y = Tensor.empty(ctx, x.shape, float32)
+    dtype = x.dtype
+    y = Tensor.empty(ctx, x.shape, dtype)
     save_mean = Tensor.empty(ctx, (max(rows, 1),), float32)
     save_rstd = Tensor.empty(ctx, (max(rows, 1),), float32)
-    rows_solver = _prepared_rows(ctx, rows, D, splittable) if rows and D else None
+    if is_float16_type(dtype):
+        # 16-bit storage: the rows solver (a work group per row) loads and stores it.
+        wdtype = next((t.dtype for t in (weight, bias) if t is not None), float32)
+        key = ("rownorm.prepared16", dtype, wdtype)
+        rows_solver = ctx.plans.get(key) or ctx.plans.put(key, _Rows(ctx, dtype, wdtype))
+        rows_solver = rows_solver if rows and D else None
+    else:
+        rows_solver = _prepared_rows(ctx, rows, D, splittable) if rows and D else None
     if rows_solver is not None:
         rows_solver.forward(x, y, rows, D, G, Cg, S, weight, bias, eps, save_mean, save_rstd)
 
     def backward(g):
-        dx = Tensor.empty(ctx, x.shape, float32)
+        if g.dtype != dtype:
+            from .pointwise import convert
+            g = convert(g, dtype)     # the kernels read the gradient as the input's type
+        dx = Tensor.empty(ctx, x.shape, dtype)
         if rows_solver is not None:
             rows_solver.backward(x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd)
+        if is_float16_type(dtype):
+            return (dx,) + _affine_grads16(x, g, weight, bias, grad_view, G, Cg, save_mean,
+                                           save_rstd)
         dweight = dbias = None
         if weight is not None or bias is not None:
             N, C, S_ = grad_view
@@ -833,13 +866,64 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
     return autograd.record(y, (x, weight, bias), backward, name)
 
 
+def _affine_grads16(x, g, weight, bias, grad_view, G, Cg, save_mean, save_rstd):
+    """Layer / group norm's weight and bias gradients for 16-bit ``x`` and ``g``: sums over
+    the batch and positions of g * xhat and g, in float32 (a reduce kernel reading the 16-bit
+    tensors), each rounded once to its tensor's type."""
+    from .pointwise import convert
+    from .reduce import ReduceKernel
+    if weight is None and bias is None:
+        return None, None
+    ctx = x.ctx
+    N, C, S = grad_view
+    dt = x.dtype
+    sums = Tensor.empty(ctx, (2, 1, G, Cg, 1), float32)
+    dweight, dbias = _view(sums, (1, G, Cg, 1)), Tensor(ctx, sums.buffer, (1, G, Cg, 1), float32,
+                                                        offset=sums.offset + 4 * C)
+    if N * S:
+        # x and g as (N, G, Cg, S): row n * G + group holds the statistics of (n, group).
+        stats = (N, G, 1, 1)
+        _compose_kernel(("affine_grads16", dt), lambda: ReduceKernel(
+            "norm_affine_grads", [("x", dt), ("g", dt), ("m", float32), ("r", float32)],
+            [("dw", float32), ("db", float32)], "dw = g * (x - m) * r; db = g;", "sum"))(
+            [_view(x, (N, G, Cg, S)), _view(g, (N, G, Cg, S)), _view(save_mean, stats),
+             _view(save_rstd, stats)], [dweight, dbias], axes=(0, 3))
+    else:
+        sums.fill_(0.0)
+    out = []
+    for t, total in ((weight, dweight), (bias, dbias)):
+        if t is None:
+            out.append(None)
+            continue
+        total = _view(total, t.shape)
+        out.append(total if t.dtype == float32 else convert(total, t.dtype))
+    return tuple(out)
+
+
+def _check_affine16(name, input, *tensors):
+    """DTypeError unless each tensor is None, float32 or the 16-bit input's type."""
+    for what, t in tensors:
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            raise not_a_tensor(what, t)
+        if t.dtype != float32 and t.dtype != input.dtype:
+            raise DTypeError(f"{name}: {what} must be float32 or the input's "
+                             f"{dtype_name(input.dtype)}, got {dtype_name(t.dtype)}")
+    weight, bias = (t for _, t in tensors)
+    if weight is not None and bias is not None and weight.dtype != bias.dtype:
+        raise DTypeError(f"{name}: weight and bias must have one dtype, got "
+                         f"{dtype_name(weight.dtype)} and {dtype_name(bias.dtype)}")
+
+
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """torch.nn.functional.layer_norm: normalize over the trailing ``normalized_shape``
     dimensions; weight and bias (optional) have that shape."""
-    if isinstance(input, Tensor) and is_float16_type(input.dtype):
-        return _through_float32("layer_norm", lambda x, w, b: layer_norm(
-            x, normalized_shape, w, b, eps), input, weight, bias)
-    _check_float("input", input)
+    storage16 = isinstance(input, Tensor) and is_float16_type(input.dtype)
+    if storage16:
+        _check_affine16("layer_norm", input, ("weight", weight), ("bias", bias))
+    else:
+        _check_float("input", input)
     if isinstance(normalized_shape, (int, np.integer)):
         normalized_shape = (int(normalized_shape),)
     normalized_shape = tuple(normalized_shape)
@@ -848,7 +932,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         raise ShapeError(f"layer_norm: normalized_shape {normalized_shape} must be the trailing "
                          f"dimensions of the input shape {input.shape}")
     for what, t in (("weight", weight), ("bias", bias)):
-        _check_float(what, t, required=False)
+        if not storage16:
+            _check_float(what, t, required=False)
         if t is not None and t.shape != normalized_shape:
             raise ShapeError(f"layer_norm: {what} must have shape {normalized_shape}, got {t.shape}")
     check_same_context(input, weight, bias)
@@ -860,17 +945,19 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """torch.nn.functional.group_norm on (N, C, ...): statistics per sample and group of
     C / num_groups channels; weight and bias (optional) are per channel."""
-    if isinstance(input, Tensor) and is_float16_type(input.dtype):
-        return _through_float32("group_norm", lambda x, w, b: group_norm(
-            x, num_groups, w, b, eps), input, weight, bias)
-    _check_float("input", input)
+    storage16 = isinstance(input, Tensor) and is_float16_type(input.dtype)
+    if storage16:
+        _check_affine16("group_norm", input, ("weight", weight), ("bias", bias))
+    else:
+        _check_float("input", input)
     if input.ndim < 2:
         raise ShapeError(f"group_norm expects an (N, C, ...) input, got shape {input.shape}")
     N, C = input.shape[:2]
     if not isinstance(num_groups, (int, np.integer)) or num_groups <= 0 or C % num_groups:
         raise ShapeError(f"group_norm: {C} channels do not split into {num_groups} groups")
     for what, t in (("weight", weight), ("bias", bias)):
-        _check_float(what, t, required=False)
+        if not storage16:
+            _check_float(what, t, required=False)
         _check_size(what, t, C)
     check_same_context(input, weight, bias)
     S = math.prod(input.shape[2:])
