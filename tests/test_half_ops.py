@@ -212,6 +212,28 @@ def test_activation_repeated_call_builds_nothing(ctx, rng, dtype):
     assert dict(program.stats) == before
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", [(1027,), (6, 16), (5, 9, 3)], ids=str)
+def test_pointwise_solvers_forced(ctx, rng, dtype, shape):
+    """The scalar and the vector solvers (vload_halfN / vstore_halfN_rte, bfloat16 as ushortN)
+    give the same, correctly rounded results, tails included."""
+    from dlprim_py.ops.pointwise import PointwiseKernel
+    k = PointwiseKernel("half_scale_add", [("a", dtype), ("b", np.float32)], [("y", dtype)],
+                        "y = a * 1.5f + b;")
+    a, a_ref = t16(ctx, rng.uniform(-2, 2, shape), dtype)
+    b_np = rng.uniform(-2, 2, shape[-1:]).astype(np.float32)
+    b = dp.Tensor.from_numpy(ctx, b_np)
+    want = a_ref * 1.5 + torch.tensor(b_np.astype(np.float64))
+    results = []
+    for algorithm in ("scalar", "vector"):
+        y = dp.Tensor.empty(ctx, shape, dtype)
+        y.fill_(np.nan)
+        k([a, b], [y], algorithm=algorithm)
+        check_elementwise(y, want, dtype, 0.5 + 1e-3)
+        results.append(y.bits() if dtype is dp.bfloat16 else y.numpy().view(np.uint16))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
 def test_float32_kernels_keep_their_source(ctx):
     """The 16-bit path adds nothing to a float32 kernel's source: no bfloat16 helpers, no
     vload_half."""
