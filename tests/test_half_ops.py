@@ -496,6 +496,23 @@ def test_layer_norm_without_affine(ctx, rng, dtype):
     check_normwise(x[0].grad, x[1].grad, dtype, 4)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("stats", ["same", "float32"])
+def test_instance_norm_running_statistics(ctx, rng, dtype, stats):
+    sdt = dtype if stats == "same" else dp.float32
+    x = t16(ctx, rng.uniform(-2, 3, (3, 4, 6, 5)), dtype, True)
+    rm = dp.Tensor.from_numpy(ctx, np.zeros(4, np.float32), dtype=sdt)
+    rv = dp.Tensor.from_numpy(ctx, np.ones(4, np.float32), dtype=sdt)
+    rm_ref, rv_ref = torch.zeros(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
+    out = F.instance_norm(x[0], rm, rv, momentum=0.2)
+    ref = TF.instance_norm(x[1], rm_ref, rv_ref, momentum=0.2)
+    check_normwise(out, ref, dtype, 2)
+    check_normwise(rm, rm_ref, sdt, 1, tol_dtype=dtype)
+    check_normwise(rv, rv_ref, sdt, 1, tol_dtype=dtype)
+    backward_both(ctx, out, ref, dtype, rng)
+    check_normwise(x[0].grad, x[1].grad, dtype, 4)
+
+
 def test_norm_refusals(ctx):
     h = dp.Tensor.from_numpy(ctx, np.ones((2, 3, 4), np.float32), dtype=dp.float16)
     bf = dp.Tensor.from_numpy(ctx, np.ones((4,), np.float32), dtype=dp.bfloat16)

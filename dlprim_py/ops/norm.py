@@ -22,11 +22,11 @@ groups_scalar, columns; rules and chunk tunables in tuning_db/norm.json); layer 
 kernels on the rows (DLPRIM_ROWNORM_ALGO = rows, split; rules in tuning_db/rownorm.json).
 
 float16 / bfloat16 inputs (16-bit storage, torch's result type): ``layer_norm``, ``group_norm``
-(the "rows" solver, whatever the rules would choose for float32) and ``rms_norm`` load and store
-them in their kernels, statistics and the weight gradients' sums in float32; ``batch_norm``
-and ``instance_norm`` convert the 16-bit operands to float32 copies, run their float32 kernels
-and round the result once (``_through_float32``): the same values as converting in the
-kernels, at the cost of the copies' passes and memory. Weights, biases and running statistics
+(the "rows" solver, whatever the rules would choose for float32), ``instance_norm`` and
+``rms_norm`` load and store them in their kernels, statistics and the weight gradients' sums
+in float32; ``batch_norm`` converts the 16-bit operands to float32 copies, runs its float32
+kernels and rounds the result once (``_through_float32``): the same values as converting in
+the kernels, at the cost of the copies' passes and memory. Weights, biases and running statistics
 may be float32 or the input's type; each gradient comes back in its tensor's type.
 """
 import math
@@ -910,10 +910,10 @@ def _check_affine16(name, input, *tensors):
         if t.dtype != float32 and t.dtype != input.dtype:
             raise DTypeError(f"{name}: {what} must be float32 or the input's "
                              f"{dtype_name(input.dtype)}, got {dtype_name(t.dtype)}")
-    weight, bias = (t for _, t in tensors)
-    if weight is not None and bias is not None and weight.dtype != bias.dtype:
-        raise DTypeError(f"{name}: weight and bias must have one dtype, got "
-                         f"{dtype_name(weight.dtype)} and {dtype_name(bias.dtype)}")
+    (first_name, first), (second_name, second) = tensors
+    if first is not None and second is not None and first.dtype != second.dtype:
+        raise DTypeError(f"{name}: {first_name} and {second_name} must have one dtype, got "
+                         f"{dtype_name(first.dtype)} and {dtype_name(second.dtype)}")
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -1164,21 +1164,22 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     ``use_input_stats=False`` the running statistics normalize instead (as batch norm in
     evaluation). Gradients to input, weight and bias."""
     from .reduce import ReduceKernel
-    if isinstance(input, Tensor) and is_float16_type(input.dtype):
-        if running_mean is not None or running_var is not None:
-            raise UnsupportedError(f"instance_norm: running statistics with a "
-                                   f"{dtype_name(input.dtype)} input are not supported; "
-                                   f"pass the input as float32")
-        return _through_float32("instance_norm", lambda x, w, b: instance_norm(
-            x, None, None, w, b, use_input_stats, momentum, eps), input, weight, bias)
-    _check_float("input", input)
+    storage16 = isinstance(input, Tensor) and is_float16_type(input.dtype)
+    if storage16:
+        # Group norm's 16-bit kernels; the running statistics' sums read the input as it is.
+        _check_affine16("instance_norm", input, ("weight", weight), ("bias", bias))
+        _check_affine16("instance_norm", input, ("running_mean", running_mean),
+                        ("running_var", running_var))
+    else:
+        _check_float("input", input)
     if input.ndim < 2:
         raise ShapeError(f"instance_norm expects an (N, C, ...) input, got shape {input.shape}")
     N, C = input.shape[:2]
     S = math.prod(input.shape[2:])
     for what, t in (("running_mean", running_mean), ("running_var", running_var),
                     ("weight", weight), ("bias", bias)):
-        _check_float(what, t, required=False)
+        if not storage16:
+            _check_float(what, t, required=False)
         _check_size(what, t, C)
     if (running_mean is None) != (running_var is None):
         raise ShapeError("instance_norm: running_mean and running_var go together; got one")
@@ -1197,26 +1198,33 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     y = group_norm(input, C, weight, bias, eps)
     if running_mean is not None and N:
         x = _view(input, (N, C, S))
+        dt = input.dtype
         means = Tensor.empty(ctx, (N, C, 1), float32)
         variances = Tensor.empty(ctx, (N, C, 1), float32)
-        _compose_kernel("instance_mean", lambda: ReduceKernel(
-            "instance_mean", [("x", float32)], [("m", float32)], "m = x;", "sum",
+        # Keyed by the input's type (a 16-bit input is read as it is, summed in float32).
+        _compose_kernel(("instance_mean", dt), lambda: ReduceKernel(
+            "instance_mean", [("x", dt)], [("m", float32)], "m = x;", "sum",
             finalize="acc_m = acc_m / (float)reduce_size;"))([x], [means])
-        _compose_kernel("instance_var", lambda: ReduceKernel(
-            "instance_var", [("x", float32), ("m", float32)], [("v", float32)],
+        _compose_kernel(("instance_var", dt), lambda: ReduceKernel(
+            "instance_var", [("x", dt), ("m", float32)], [("v", float32)],
             "float d = x - m; v = d * d;", "sum",
             finalize="acc_v = acc_v / (float)(reduce_size - 1);"))([x, means], [variances])
         # The batch's average folded into the running values: each instance adds its share.
         new_mean = Tensor.empty(ctx, (1, C), float32)
         new_var = Tensor.empty(ctx, (1, C), float32)
-        _compose_kernel("instance_running", lambda: ReduceKernel(
-            "instance_running", [("m", float32), ("v", float32), ("rm", float32), ("rv", float32)],
+        rdt = running_mean.dtype
+        _compose_kernel(("instance_running", rdt), lambda: ReduceKernel(
+            "instance_running", [("m", float32), ("v", float32), ("rm", rdt), ("rv", rdt)],
             [("nm", float32), ("nv", float32)],
             "nm = (momentum * m + (1.0f - momentum) * rm) / batch;"
             "nv = (momentum * v + (1.0f - momentum) * rv) / batch;", "sum",
             scalars=[("momentum", float32), ("batch", float32)]))(
             [_view(means, (N, C)), _view(variances, (N, C)), _view(running_mean, (1, C)),
              _view(running_var, (1, C))], [new_mean, new_var], [float(momentum), float(N)])
+        if rdt != float32:
+            # Updated in their own type, rounded once.
+            from .pointwise import convert
+            new_mean, new_var = convert(new_mean, rdt), convert(new_var, rdt)
         running_mean.copy_(_view(new_mean, (C,)))
         running_var.copy_(_view(new_var, (C,)))
     return y
