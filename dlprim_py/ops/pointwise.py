@@ -22,7 +22,7 @@ import numpy as np
 from .. import config, program, solver, tuning
 from .. import launch as _launch
 from ..context import check_same_context
-from ..dtypes import as_dtype, bfloat16, cl_name, float16, float32, is_float16_type, name as dtype_name
+from ..dtypes import as_dtype, bfloat16, cl_name, float32, is_float16_type, name as dtype_name
 from ..errors import DTypeError, ShapeError
 from ..launch import (BoundKernel, WorkSize, current, enqueue_bound, enqueue_kernel,
                       native_handle)

@@ -8,8 +8,8 @@ The functional names below allocate outputs and record the backward on the autog
 torch's semantics.
 
 Layout: ``(N, C, *spatial)`` (or ``(C, *spatial)``, taken as N = 1), float32, or float16 /
-bfloat16 storage (loaded into float32, rounded once on store, no cl_khr_fp16 needed); the kernels see
-every rank as D x H x W planes. Sizes are run-time kernel arguments, so one compile serves every
+bfloat16 storage (loaded into float32, rounded once on store, no cl_khr_fp16 needed); the
+kernels see every rank as D x H x W planes. Sizes are run-time kernel arguments, so one compile serves every
 shape and rank of a (method, window kind) pair. Two forward solvers of the "pool" family
 (``dlprim_py.solver``, ``DLPRIM_POOL_ALGO`` forces one): a work item per output ("window"), and
 for windows covering the whole plane (global pooling) work items sharing a plane ("plane"); the
