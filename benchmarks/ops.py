@@ -1,6 +1,6 @@
 """Memory-bound operators: dlprim_py against PyTorch on the same machine, in the same run.
 
-    python benchmarks/ops.py [--quick] [--suites copy,pointwise,reductions,softmax,bn]
+    python benchmarks/ops.py [--quick] [--suites copy,pointwise,reductions,softmax,bn,half]
                              [--output benchmarks/results/ops-X.json]
 
 Each suite is a function ``suite(ctx, baseline, quick) -> list of rows``; a row holds the
@@ -22,6 +22,11 @@ than for PyTorch's C++ (relu at 256 MiB on an H200: 2.6 us per call of the span 
 for PyTorch's). Baseline device: CUDA when the OpenCL device is NVIDIA's and torch sees CUDA,
 else the CPU. The copy suite measures the device's copy bandwidth (clEnqueueCopyBuffer and a
 generated copy kernel) as the ceiling for the others.
+
+The half suite (``--suites half``) times float16 and bfloat16 storage (computed in float32
+inside) against PyTorch on the same 16-bit dtype: activations, a broadcast add, a row sum,
+softmax, layer_norm and rms_norm, each checked against float64 of the 16-bit inputs with the
+16-bit types' tolerance (HALF_TOLERANCE) first.
 """
 import argparse
 import json
@@ -45,6 +50,8 @@ from dlprim_py.ops.softmax import softmax_backward  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
 
 TOLERANCE = 1e-5
+# The error metric's bound for 16-bit results: one rounding to 11 or 8 significant bits.
+HALF_TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2}
 REPEAT_IN_SPAN = 10
 LARGE = 1 << 26          # elements: 256 MiB of float32
 QUICK = 1 << 16
@@ -123,14 +130,14 @@ def time_ours(ctx, run, quick, calls=REPEAT_IN_SPAN):
     return timing.median / calls
 
 
-def row(ctx, baseline, op, shape, nbytes, ours, theirs, check, quick, note=""):
-    """Check ``ours`` first (``check()`` -> error), then time both; one result row. A result of
-    the wrong shape is a failed check, not the end of the suite."""
+def row(ctx, baseline, op, shape, nbytes, ours, theirs, check, quick, note="", tolerance=TOLERANCE):
+    """Check ``ours`` first (``check()`` -> error, at most ``tolerance``), then time both; one
+    result row. A result of the wrong shape is a failed check, not the end of the suite."""
     try:
         error = check()
     except dp.DlprimError as e:
         error, note = math.inf, f"{note} {e}".strip()
-    ok = error <= TOLERANCE
+    ok = error <= tolerance
     ours_s = time_ours(ctx, ours, quick) if ok else math.nan
     theirs_s = baseline.time(theirs) if theirs is not None else math.nan
     return {
@@ -337,7 +344,48 @@ def bn(ctx, baseline, quick=False):
     return [result]
 
 
-SUITES = {"copy": copy, "pointwise": pointwise, "reductions": reductions, "softmax": softmax, "bn": bn}
+def half(ctx, baseline, quick=False):
+    """float16 and bfloat16 storage against PyTorch on the same dtype (2 bytes per element):
+    gelu, silu, a broadcast add, a row sum, softmax rows, layer_norm and rms_norm."""
+    torch = baseline.torch
+    tf = torch.nn.functional
+    n = _n(quick)
+    cols = 1024
+    shape = (n // cols, cols)
+    rng = np.random.default_rng(5)
+    a, bias = _data(rng, shape), _data(rng, (cols,))
+    w = _data(rng, (cols,), 0.5, 1.5)
+    rows = []
+    for dtype, torch_dtype in ((dp.float16, torch.float16), (dp.bfloat16, torch.bfloat16)):
+        tag = dp.dtypes.name(dtype)
+        x, bb, ww = (dp.Tensor.from_numpy(ctx, v, dtype=dtype) for v in (a, bias, w))
+        # The 16-bit values themselves, for PyTorch and for the float64 reference.
+        tx, tb, tw = (baseline.tensor(t.numpy(), torch_dtype) for t in (x, bb, ww))
+        dx, db, dw = (baseline.tensor(t.numpy(), torch.float64) for t in (x, bb, ww))
+        cases = [
+            ("gelu", lambda: F.gelu(x), lambda: tf.gelu(tx), lambda: tf.gelu(dx), 4 * n),
+            ("silu", lambda: F.silu(x), lambda: tf.silu(tx), lambda: tf.silu(dx), 4 * n),
+            ("add bias broadcast", lambda: F.add(x, bb), lambda: tx + tb, lambda: dx + db,
+             4 * n + 2 * cols),
+            ("sum rows (dim=-1)", lambda: F.sum(x, -1), lambda: torch.sum(tx, -1),
+             lambda: torch.sum(dx, -1), 2 * n + 2 * shape[0]),
+            ("softmax rows", lambda: F.softmax(x, -1), lambda: torch.softmax(tx, -1),
+             lambda: torch.softmax(dx, -1), 4 * n),
+            ("layer_norm", lambda: F.layer_norm(x, (cols,), ww, bb),
+             lambda: tf.layer_norm(tx, (cols,), tw, tb),
+             lambda: tf.layer_norm(dx, (cols,), dw, db), 4 * n),
+            ("rms_norm", lambda: F.rms_norm(x, (cols,), ww), lambda: tf.rms_norm(tx, (cols,), tw),
+             lambda: tf.rms_norm(dx, (cols,), dw), 4 * n),
+        ]
+        for name, ours, theirs, reference, nbytes in cases:
+            rows.append(row(ctx, baseline, f"{name} {tag}", shape, nbytes, ours, theirs,
+                            lambda o=ours, r=reference: error_metric(o().numpy(), r().cpu().numpy()),
+                            quick, tolerance=HALF_TOLERANCE[tag]))
+    return rows
+
+
+SUITES = {"copy": copy, "pointwise": pointwise, "reductions": reductions, "softmax": softmax, "bn": bn,
+          "half": half}
 
 
 def run(ctx, suites=tuple(SUITES), quick=False, log=print):

@@ -8,9 +8,10 @@ indices) are designed in so that operators add them without changing their inter
 bfloat16 (the top 16 bits of a float32: 8 exponent bits, 7 mantissa bits) has no numpy type;
 the library's ``bfloat16`` is a numpy dtype of its own, a structured dtype of one unsigned
 16-bit field named "bfloat16" (its bit pattern), distinct from every numpy number type. It is
-storage: casts (``Tensor.to``), GEMM and linear layers take it (and float16) without
-cl_khr_fp16, converting to float32 in the kernels; an operator that does not take it raises
-DTypeError (``cl_name`` refuses it, so no generic kernel reads its bits as integers). Host
+storage: casts (``Tensor.to``), GEMM, linear layers and the pointwise, activation, reduction,
+softmax, normalization and pooling operators take it (and float16) without cl_khr_fp16,
+converting to float32 in the kernels; an operator that does not take it raises DTypeError
+(``cl_name`` refuses it, so no generic kernel reads its bits as integers). Host
 conversions: ``to_bfloat16_bits`` (float32 -> bfloat16, rounded to nearest even, NaN kept a
 NaN) and ``bfloat16_to_float32`` (exact); ml_dtypes' bfloat16 arrays are read where that
 package is installed (it is not needed).
@@ -77,8 +78,9 @@ def is_float16_type(dtype):
 def unsupported_16bit(what, dtype):
     """The message of the DTypeError an operator that does not take 16-bit inputs raises."""
     return (f"{what} does not take {name(dtype)} tensors yet; 16-bit tensors are storage for "
-            f"casts (Tensor.to, .float()), GEMM (dp.gemm, matmul) and linear layers; convert "
-            f"with .float() first")
+            f"casts (Tensor.to, .float()), GEMM (dp.gemm, matmul), linear layers, convolution and "
+            f"the pointwise, activation, reduction, softmax, normalization and pooling operators; "
+            f"convert with .float() first")
 
 
 def to_bfloat16_bits(values):
@@ -89,14 +91,15 @@ def to_bfloat16_bits(values):
     u = f.view(np.uint32)
     rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
     bits = np.where(np.isnan(f), (u >> np.uint32(16)) | np.uint32(0x40), rounded)
-    return bits.astype(np.uint16).view(bfloat16)
+    # ascontiguousarray makes a 0-d array 1-d: the input's shape back.
+    return bits.astype(np.uint16).view(bfloat16).reshape(np.shape(values))
 
 
 def bfloat16_to_float32(values):
     """A bfloat16 array (the library's dtype, ml_dtypes', or its uint16 bits) as float32,
     exactly."""
     bits = np.ascontiguousarray(values).view(np.uint16)
-    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(np.shape(values))
 
 
 def check_dtype(tensor, allowed, what="tensor"):

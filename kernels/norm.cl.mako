@@ -50,6 +50,33 @@
 ##                weight, bias and invstd operands to the "grad" sums, which reduce
 ##                dz = dy * act'(z) with z = (x - mean) * invstd * weight + bias recomputed per
 ##                element, and channel_apply_batch_grad's data gradient from dz.
+##   dtype        optional, "float" (the default), "half" or "bfloat16": the storage type of x,
+##                y, dy and dx in row_norm_forward / row_norm_backward (16-bit: loaded into
+##                float through vload_half or bfloat16's bits, no cl_khr_fp16 needed; stored
+##                rounded to nearest even; statistics float)
+##   wdtype       optional, likewise for their weight and bias ("float" or dtype)
+<%
+    dtype = context.get("dtype", "float")
+    wdtype = context.get("wdtype", "float")
+    storage = {"float": "float", "half": "half", "bfloat16": "ushort"}
+    xs, ws = storage[dtype], storage[wdtype]
+    def ld(ty, p, i):
+        if ty == "half":
+            return f"vload_half({i}, {p})"
+        if ty == "bfloat16":
+            return f"bf16_to_float({p}[{i}])"
+        return f"{p}[{i}]"
+    def st(ty, p, i, v):
+        if ty == "half":
+            return f"vstore_half_rte({v}, {i}, {p})"
+        if ty == "bfloat16":
+            return f"{p}[{i}] = float_to_bf16({v})"
+        return f"{p}[{i}] = {v}"
+%>\
+<%namespace name="access" file="memory_access.cl.mako"/>\
+% if "bfloat16" in (dtype, wdtype):
+${access.bfloat16_conversions()}
+% endif
 #define GROUP_SIZE ${group_size}
 #define VECTOR ${vector}
 % if vector == 4:
@@ -602,21 +629,21 @@ __kernel void group_norm_coef(int N, int C, int G
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 void row_norm_forward(int D, int G, int Cg, int S, float eps
-    , __global const float* restrict x, long x_off
-    , __global const float* restrict weight, long weight_off
-    , __global const float* restrict bias, long bias_off
-    , __global float* restrict y, long y_off
+    , __global const ${xs}* restrict x, long x_off
+    , __global const ${ws}* restrict weight, long weight_off
+    , __global const ${ws}* restrict bias, long bias_off
+    , __global ${xs}* restrict y, long y_off
     , __global float* restrict save_mean, __global float* restrict save_rstd)
 {
     __local float2 scratch[GROUP_SIZE];
     const int lid = get_local_id(0);
     const int row = get_group_id(0);
-    __global const float* src = x + x_off + (long)row * D;
-    __global float* dst = y + y_off + (long)row * D;
-    const float shift = stats_shift(src[0]);
+    __global const ${xs}* src = x + x_off + (long)row * D;
+    __global ${xs}* dst = y + y_off + (long)row * D;
+    const float shift = stats_shift(${ld(dtype, "src", "0")});
     float2 acc = (float2)(0.0f, 0.0f);
     for (int d = lid; d < D; d += GROUP_SIZE) {
-        const float v = src[d] - shift;
+        const float v = ${ld(dtype, "src", "d")} - shift;
         acc += (float2)(v, v * v);
     }
     const float2 total = group_sum2(acc, scratch);
@@ -631,12 +658,12 @@ void row_norm_forward(int D, int G, int Cg, int S, float eps
     int cg = lid / S, s = lid % S;
     const int step_c = GROUP_SIZE / S, step_s = GROUP_SIZE % S;
     for (int d = lid; d < D; d += GROUP_SIZE) {
-        float value = (src[d] - mean) * rstd;
+        float value = (${ld(dtype, "src", "d")} - mean) * rstd;
         if (weight)
-            value *= weight[weight_off + w_base + cg];
+            value *= ${ld(wdtype, "weight", "weight_off + w_base + cg")};
         if (bias)
-            value += bias[bias_off + w_base + cg];
-        dst[d] = value;
+            value += ${ld(wdtype, "bias", "bias_off + w_base + cg")};
+        ${st(dtype, "dst", "d", "value")};
         cg += step_c;
         s += step_s;
         if (s >= S) {
@@ -649,11 +676,11 @@ void row_norm_forward(int D, int G, int Cg, int S, float eps
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, xhat = (x - mean) * rstd.
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 void row_norm_backward(int D, int G, int Cg, int S
-    , __global const float* restrict x, long x_off
-    , __global const float* restrict dy, long dy_off
-    , __global const float* restrict weight, long weight_off
+    , __global const ${xs}* restrict x, long x_off
+    , __global const ${xs}* restrict dy, long dy_off
+    , __global const ${ws}* restrict weight, long weight_off
     , __global const float* restrict save_mean, __global const float* restrict save_rstd
-    , __global float* restrict dx, long dx_off)
+    , __global ${xs}* restrict dx, long dx_off)
 {
     __local float2 scratch[GROUP_SIZE];
     const int lid = get_local_id(0);
@@ -665,10 +692,10 @@ void row_norm_backward(int D, int G, int Cg, int S
     float2 acc = (float2)(0.0f, 0.0f);
     int cg = lid / S, s = lid % S;
     for (int d = lid; d < D; d += GROUP_SIZE) {
-        float g = dy[dy_off + base + d];
+        float g = ${ld(dtype, "dy", "dy_off + base + d")};
         if (weight)
-            g *= weight[weight_off + w_base + cg];
-        acc += (float2)(g, g * (x[x_off + base + d] - mean) * rstd);
+            g *= ${ld(wdtype, "weight", "weight_off + w_base + cg")};
+        acc += (float2)(g, g * (${ld(dtype, "x", "x_off + base + d")} - mean) * rstd);
         cg += step_c;
         s += step_s;
         if (s >= S) {
@@ -681,11 +708,11 @@ void row_norm_backward(int D, int G, int Cg, int S
     cg = lid / S;
     s = lid % S;
     for (int d = lid; d < D; d += GROUP_SIZE) {
-        float g = dy[dy_off + base + d];
+        float g = ${ld(dtype, "dy", "dy_off + base + d")};
         if (weight)
-            g *= weight[weight_off + w_base + cg];
-        const float xhat = (x[x_off + base + d] - mean) * rstd;
-        dx[dx_off + base + d] = rstd * (g - mean_g - xhat * mean_gx);
+            g *= ${ld(wdtype, "weight", "weight_off + w_base + cg")};
+        const float xhat = (${ld(dtype, "x", "x_off + base + d")} - mean) * rstd;
+        ${st(dtype, "dx", "dx_off + base + d", "rstd * (g - mean_g - xhat * mean_gx)")};
         cg += step_c;
         s += step_s;
         if (s >= S) {

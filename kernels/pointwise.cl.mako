@@ -35,14 +35,22 @@
 ##   vector         elements per group (1, 2, 4, 8 or 16); 1 (the default) is the scalar variant
 ##   vector_inputs  with vector > 1 (else optional): one bool per input, True where the input is contiguous along
 ##                  the innermost dimension (read VECTOR-wide), False where it has stride 0 there
-##   inputs         list of (name, OpenCL C type) read before the statement
-##   outputs        list of (name, OpenCL C type) the statement assigns
+##   inputs         list of (name, type) read before the statement: an OpenCL C type, or "half" /
+##                  "bfloat16" for 16-bit floating point storage (see below)
+##   outputs        list of (name, type) the statement assigns, types as for inputs
 ##   scalars        list of (name, OpenCL C type) passed by value
 ##   statement      C statement(s) that assign every output from inputs and scalars; it may use
 ##                  i, the output element's index (so <out>_buf[<out>_off + i] is its old value)
 ##   index_t        "int" when every index (including base + unroll * global size) fits in 31 bits,
 ##                  else "long" (integer division is several times cheaper in 32 bits on GPUs)
 ##   preamble       extra C code placed before the kernel (helper functions), may be ""
+##
+## 16-bit storage: an operand of type "half" (float16) or "bfloat16" lives in a `half *` or
+## `ushort *` (bfloat16's bits) buffer and is a float in the statement: loaded through the core
+## vload_half / vload_halfN (legal without cl_khr_fp16, which NVIDIA's OpenCL lacks) or by
+## shifting bfloat16's bits into a float's, and stored rounded to nearest even (vstore_half_rte /
+## float_to_bf16 of memory_access.cl.mako). So every statement computes in float32 and rounds
+## once, as torch's CUDA kernels do for these types (their "opmath" type), on every device.
 ## Operand names must not collide with the kernel's own: i, total, tail, tail_index, step, lane_step, base,
 ## rest, coord, size<k>, group_at<u>, or <operand>_buf/_off/_stride<k>/_index/_vec/<u>.
 <%
@@ -57,10 +65,40 @@
     wide = dict(zip([nm for nm, ty in inputs], vector_inputs)) if vector > 1 else {}
     def vty(ty):
         return ty if vector == 1 else f"{ty}{vector}"
+    # 16-bit storage: the buffer's element type, and the statement's (float).
+    storage16 = {"half": "half", "bfloat16": "ushort"}
+    def buf_ty(ty):
+        return storage16.get(ty, ty)
+    def val_ty(ty):
+        return "float" if ty in storage16 else ty
+    def load(nm, ty, index):
+        if ty == "half":
+            return f"vload_half({index}, {nm}_buf)"
+        if ty == "bfloat16":
+            return f"bf16_to_float({nm}_buf[{index}])"
+        return f"{nm}_buf[{index}]"
+    def load_wide(nm, ty, index):
+        # VECTOR elements from index on; 16-bit loads need only the element's alignment.
+        if ty == "half":
+            return f"vload_half{vector}(0, {nm}_buf + {index})"
+        if ty == "bfloat16":
+            return f"as_float{vector}(convert_uint{vector}(vload{vector}(0, {nm}_buf + {index})) << 16)"
+        return f"*(__global const {vty(ty)}*)({nm}_buf + {index})"
+    def store(nm, ty, index, value):
+        if ty == "half":
+            return f"vstore_half_rte({value}, {index}, {nm}_buf);"
+        if ty == "bfloat16":
+            return f"{nm}_buf[{index}] = float_to_bf16({value});"
+        return f"{nm}_buf[{index}] = {value};"
+    any_bfloat16 = any(ty == "bfloat16" for nm, ty in list(inputs) + list(outputs))
 %>
+<%namespace name="access" file="memory_access.cl.mako"/>\
 #if defined(cl_khr_fp16)
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
 #endif
+% if any_bfloat16:
+${access.bfloat16_conversions()}
+% endif
 ${preamble}
 
 ## The element at index `index` (an expression) with its inputs already in scalar variables
@@ -68,7 +106,7 @@ ${preamble}
 <%def name="element(index)">
             const ${index_t} i = ${index};
     % for nm, ty in outputs:
-            ${ty} ${nm};
+            ${val_ty(ty)} ${nm};
     % endfor
             { ${statement} }
 </%def>
@@ -79,13 +117,13 @@ __kernel void ${name}(
     , ${index_t} size${k}
 % endfor
 % for nm, ty in inputs:
-    , __global const ${ty}* restrict ${nm}_buf, ${index_t} ${nm}_off
+    , __global const ${buf_ty(ty)}* restrict ${nm}_buf, ${index_t} ${nm}_off
   % for k in dims:
     , ${index_t} ${nm}_stride${k}
   % endfor
 % endfor
 % for nm, ty in outputs:
-    , __global ${ty}* restrict ${nm}_buf, ${index_t} ${nm}_off
+    , __global ${buf_ty(ty)}* restrict ${nm}_buf, ${index_t} ${nm}_off
 % endfor
 % for nm, ty in scalars:
     , ${ty} ${nm}
@@ -113,7 +151,7 @@ __kernel void ${name}(
 % for u in lanes:
         const ${index_t} group_at${u} = base + ${u} * lane_step;
     % for nm, ty in inputs:
-        ${vty(ty) if wide.get(nm) else ty} ${nm}${u} = (${vty(ty) if wide.get(nm) else ty})(0);
+        ${vty(val_ty(ty)) if wide.get(nm) else val_ty(ty)} ${nm}${u} = (${vty(val_ty(ty)) if wide.get(nm) else val_ty(ty)})(0);
     % endfor
         if (group_at${u} < total) {
     % if ndim == 1:
@@ -141,9 +179,9 @@ __kernel void ${name}(
     % endif
     % for nm, ty in inputs:
         % if wide.get(nm):
-            ${nm}${u} = *(__global const ${vty(ty)}*)(${nm}_buf + ${nm}_index);
+            ${nm}${u} = ${load_wide(nm, ty, f"{nm}_index")};
         % else:
-            ${nm}${u} = ${nm}_buf[${nm}_index];
+            ${nm}${u} = ${load(nm, ty, f"{nm}_index")};
         % endif
     % endfor
         }
@@ -152,20 +190,20 @@ __kernel void ${name}(
         if (group_at${u} < total) {
     % if vector == 1:
         % for nm, ty in inputs:
-            ${ty} ${nm} = ${nm}${u};
+            ${val_ty(ty)} ${nm} = ${nm}${u};
         % endfor
             ${element(f"group_at{u}")}
         % for nm, ty in outputs:
-            ${nm}_buf[${nm}_off + group_at${u}] = ${nm};
+            ${store(nm, ty, f"{nm}_off + group_at{u}", nm)}
         % endfor
     % else:
         % for nm, ty in outputs:
-            ${vty(ty)} ${nm}_vec;
+            ${vty(val_ty(ty))} ${nm}_vec;
         % endfor
         % for lane in range(vector):
             {
             % for nm, ty in inputs:
-            ${ty} ${nm} = ${nm}${u}${f".s{lane:x}" if wide[nm] else ""};
+            ${val_ty(ty)} ${nm} = ${nm}${u}${f".s{lane:x}" if wide[nm] else ""};
             % endfor
             ${element(f"group_at{u} * {vector} + {lane}")}
             % for nm, ty in outputs:
@@ -174,7 +212,19 @@ __kernel void ${name}(
             }
         % endfor
         % for nm, ty in outputs:
+            % if ty == "half":
+            vstore_half${vector}_rte(${nm}_vec, 0, ${nm}_buf + ${nm}_off + group_at${u} * ${vector});
+            % elif ty == "bfloat16":
+            {
+                ushort${vector} bits;
+                % for lane in range(vector):
+                bits.s${f"{lane:x}"} = float_to_bf16(${nm}_vec.s${f"{lane:x}"});
+                % endfor
+                vstore${vector}(bits, 0, ${nm}_buf + ${nm}_off + group_at${u} * ${vector});
+            }
+            % else:
             *(__global ${vty(ty)}*)(${nm}_buf + ${nm}_off + group_at${u} * ${vector}) = ${nm}_vec;
+            % endif
         % endfor
     % endif
         }
@@ -185,11 +235,11 @@ __kernel void ${name}(
     if (get_global_id(0) < tail) {
         const ${index_t} tail_index = total * ${vector} + get_global_id(0);
     % for nm, ty in inputs:
-        ${ty} ${nm} = ${nm}_buf[${nm}_off${" + tail_index" if wide[nm] else ""}];
+        ${val_ty(ty)} ${nm} = ${load(nm, ty, nm + "_off" + (" + tail_index" if wide[nm] else ""))};
     % endfor
         ${element("tail_index")}
     % for nm, ty in outputs:
-        ${nm}_buf[${nm}_off + tail_index] = ${nm};
+        ${store(nm, ty, nm + "_off + tail_index", nm)}
     % endfor
     }
 % endif

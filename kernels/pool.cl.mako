@@ -22,6 +22,38 @@
 ##   save_indices  max only: write the argmax of each window (needed for backward)
 ##   index_t       "int" when every element index fits in 31 bits, else "long"
 ##   group_size    work-group size of pool_plane_forward (a power of two)
+##   dtype         optional, "float" (the default), "half" or "bfloat16": the storage type of
+##                 x, y, dy and dx; 16-bit values are loaded into float (vload_half, or
+##                 bfloat16's bits shifted: no cl_khr_fp16 needed), every sum and comparison is
+##                 float, and results are stored rounded to nearest even
+<%
+    dtype = context.get("dtype", "float")
+    storage = {"float": "float", "half": "half", "bfloat16": "ushort"}[dtype]
+    def ld(p, i):
+        if dtype == "half":
+            return f"vload_half({i}, {p})"
+        if dtype == "bfloat16":
+            return f"bf16_to_float({p}[{i}])"
+        return f"{p}[{i}]"
+    # A store is written as store_open(p, i) + value + store_close(p, i), so that a value
+    # spanning lines keeps its text.
+    def store_open(p, i):
+        if dtype == "half":
+            return "vstore_half_rte("
+        if dtype == "bfloat16":
+            return f"{p}[{i}] = float_to_bf16("
+        return f"{p}[{i}] = "
+    def store_close(p, i):
+        if dtype == "half":
+            return f", {i}, {p});"
+        if dtype == "bfloat16":
+            return ");"
+        return ";"
+%>\
+<%namespace name="access" file="memory_access.cl.mako"/>\
+% if dtype == "bfloat16":
+${access.bfloat16_conversions()}
+% endif
 #define I ${index_t}
 #define GROUP_SIZE ${group_size}
 
@@ -66,7 +98,7 @@ inline float avg_divisor(int d_start, int h_start, int w_start, int D, int H, in
 % endif
 
 __kernel void pool_forward(POOL_ARGS,
-    __global const float* restrict x, I x_off, __global float* restrict y, I y_off
+    __global const ${storage}* restrict x, I x_off, __global ${storage}* restrict y, I y_off
 % if save_indices:
     , __global long* restrict indices, I indices_off
 % endif
@@ -79,7 +111,7 @@ __kernel void pool_forward(POOL_ARGS,
         r /= OH;
         const int od = (int)(r % OD);
         const I plane = r / OD;
-        __global const float* src = x + x_off + plane * D * H * W;
+        __global const ${storage}* src = x + x_off + plane * D * H * W;
         ${window_bounds("d", "D", "OD")}
         ${window_bounds("h", "H", "OH")}
         ${window_bounds("w", "W", "OW")}
@@ -105,7 +137,7 @@ __kernel void pool_forward(POOL_ARGS,
                 for (int iw = w_start; iw < w_end; ++iw) {
     % endif
                     const int e = (id * H + ih) * W + iw;
-                    const float v = src[e];
+                    const float v = ${ld("src", "e")};
                     // torch's rule: the first maximum wins, a NaN wins over any number.
                     if (best_index < 0 || v > best || isnan(v)) {
                         best = v;
@@ -114,7 +146,7 @@ __kernel void pool_forward(POOL_ARGS,
                 }
             }
         }
-        y[y_off + i] = best;
+        ${store_open("y", "y_off + i")}best${store_close("y", "y_off + i")}
     % if save_indices:
         indices[indices_off + i] = best_index;
     % endif
@@ -127,16 +159,16 @@ __kernel void pool_forward(POOL_ARGS,
         for (int id = d_lo; id < d_hi; ++id)
             for (int ih = h_lo; ih < h_hi; ++ih)
                 for (int iw = w_lo; iw < w_hi; ++iw)
-                    sum += src[(id * H + ih) * W + iw];
-        y[y_off + i] = sum / avg_divisor(d_start, h_start, w_start, D, H, W, kernel_d, kernel_h,
+                    sum += ${ld("src", "(id * H + ih) * W + iw")};
+        ${store_open("y", "y_off + i")}sum / avg_divisor(d_start, h_start, w_start, D, H, W, kernel_d, kernel_h,
                                          kernel_w, pad_d, pad_h, pad_w, count_include_pad,
-                                         divisor_override);
+                                         divisor_override)${store_close("y", "y_off + i")}
     % else:
         for (int id = d_start; id < d_end; ++id)
             for (int ih = h_start; ih < h_end; ++ih)
                 for (int iw = w_start; iw < w_end; ++iw)
-                    sum += src[(id * H + ih) * W + iw];
-        y[y_off + i] = sum / (float)((d_end - d_start) * (h_end - h_start) * (w_end - w_start));
+                    sum += ${ld("src", "(id * H + ih) * W + iw")};
+        ${store_open("y", "y_off + i")}sum / (float)((d_end - d_start) * (h_end - h_start) * (w_end - w_start))${store_close("y", "y_off + i")}
     % endif
 % endif
     }
@@ -165,7 +197,7 @@ __kernel void pool_forward(POOL_ARGS,
 
 // total counts input elements here.
 __kernel void pool_backward(POOL_ARGS,
-    __global const float* restrict dy, I dy_off, __global float* restrict dx, I dx_off
+    __global const ${storage}* restrict dy, I dy_off, __global ${storage}* restrict dx, I dx_off
 % if method == "max":
     , __global const long* restrict indices, I indices_off
 % endif
@@ -186,19 +218,19 @@ __kernel void pool_backward(POOL_ARGS,
                 const I o = out_plane + (od * OH + oh) * OW + ow;
 % if method == "max":
                 if (indices[indices_off + o] == (id * H + ih) * W + iw)
-                    sum += dy[dy_off + o];
+                    sum += ${ld("dy", "dy_off + o")};
 % elif window == "regular":
-                sum += dy[dy_off + o] / avg_divisor(od * stride_d - pad_d, oh * stride_h - pad_h,
+                sum += ${ld("dy", "dy_off + o")} / avg_divisor(od * stride_d - pad_d, oh * stride_h - pad_h,
                     ow * stride_w - pad_w, D, H, W, kernel_d, kernel_h, kernel_w, pad_d, pad_h,
                     pad_w, count_include_pad, divisor_override);
 % else:
-                sum += dy[dy_off + o]
+                sum += ${ld("dy", "dy_off + o")}
                     / (float)((d_end - d_start) * (h_end - h_start) * (w_end - w_start));
 % endif
             }
           }
         }
-        dx[dx_off + i] = sum;
+        ${store_open("dx", "dx_off + i")}sum${store_close("dx", "dx_off + i")}
     }
 }
 
@@ -219,7 +251,7 @@ inline int wins(float v, int i, float best, int best_i)
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 void pool_plane_forward(I planes, int plane_size, int plane_threads, float divisor,
-    __global const float* restrict x, I x_off, __global float* restrict y, I y_off
+    __global const ${storage}* restrict x, I x_off, __global ${storage}* restrict y, I y_off
 % if save_indices:
     , __global long* restrict indices, I indices_off
 % endif
@@ -239,16 +271,16 @@ void pool_plane_forward(I planes, int plane_size, int plane_threads, float divis
     float acc = 0.0f;
 % endif
     if (plane < planes) {
-        __global const float* src = x + x_off + plane * plane_size;
+        __global const ${storage}* src = x + x_off + plane * plane_size;
         for (int e = lane; e < plane_size; e += plane_threads) {
 % if method == "max":
-            const float v = src[e];
+            const float v = ${ld("src", "e")};
             if (wins(v, e, acc, acc_i)) {
                 acc = v;
                 acc_i = e;
             }
 % else:
-            acc += src[e];
+            acc += ${ld("src", "e")};
 % endif
         }
     }
@@ -272,12 +304,12 @@ void pool_plane_forward(I planes, int plane_size, int plane_threads, float divis
     }
     if (lane == 0 && plane < planes) {
 % if method == "max":
-        y[y_off + plane] = values[lid];
+        ${store_open("y", "y_off + plane")}values[lid]${store_close("y", "y_off + plane")}
     % if save_indices:
         indices[indices_off + plane] = where[lid];
     % endif
 % else:
-        y[y_off + plane] = values[lid] / divisor;
+        ${store_open("y", "y_off + plane")}values[lid] / divisor${store_close("y", "y_off + plane")}
 % endif
     }
 }

@@ -40,7 +40,10 @@
 ##   kept_ndim     number of kept dimensions (>= 1)
 ##   red_ndim      number of reduced dimensions (>= 1)
 ##   index_t       "int" when every index fits in 31 bits, else "long"
-##   inputs        list of (name, OpenCL C type), loaded per element before the map statement
+##   inputs        list of (name, type), loaded per element before the map statement: an OpenCL
+##                 C type, or "half" / "bfloat16" for 16-bit floating point storage, which the
+##                 statements see as float (loaded through vload_half / vload_half4, or
+##                 bfloat16's bits shifted into a float's: no cl_khr_fp16 needed)
 ##   accumulators  list of (name, accumulator C type, identity C expression, output C type):
 ##                 each is also an output, converted to its output type when written (an
 ##                 index accumulator can be `index_t` for an int64 output); INDEX_MAX is the
@@ -68,10 +71,33 @@
 <%
     kdims = range(kept_ndim)
     rdims = range(red_ndim)
+    # 16-bit storage: the buffer's element type, and the statements' (float).
+    storage16 = {"half": "half", "bfloat16": "ushort"}
+    def buf_ty(ty):
+        return storage16.get(ty, ty)
+    def val_ty(ty):
+        return "float" if ty in storage16 else ty
+    def load(nm, ty, index):
+        if ty == "half":
+            return f"vload_half({index}, {nm}_buf)"
+        if ty == "bfloat16":
+            return f"bf16_to_float({nm}_buf[{index}])"
+        return f"{nm}_buf[{index}]"
+    def load_wide(nm, ty, index):
+        if ty == "half":
+            return f"vload_half{vector}(0, {nm}_buf + {index})"
+        if ty == "bfloat16":
+            return f"as_float{vector}(convert_uint{vector}(vload{vector}(0, {nm}_buf + {index})) << 16)"
+        return f"*((__global const {ty}{vector}*)({nm}_buf + {index}))"
+    any_bfloat16 = any(ty == "bfloat16" for nm, ty in inputs)
 %>
+<%namespace name="access" file="memory_access.cl.mako"/>\
 #if defined(cl_khr_fp16)
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
 #endif
+% if any_bfloat16:
+${access.bfloat16_conversions()}
+% endif
 #define INDEX_MAX ${"INT_MAX" if index_t == "int" else "LONG_MAX"}
 ${preamble}
 
@@ -80,13 +106,13 @@ ${preamble}
             const bool valid${j} = ridx${j} < chunk_end;
 % if vector > 1:
     % for nm, ty in inputs:
-            const ${ty}${vector} ${nm}${j} = valid${j}
-                ? *((__global const ${ty}${vector}*)(${nm}_buf + ${nm}_base + ridx${j}))
-                : (${ty}${vector})((${ty})0);
+            const ${val_ty(ty)}${vector} ${nm}${j} = valid${j}
+                ? ${load_wide(nm, ty, f"{nm}_base + ridx{j}")}
+                : (${val_ty(ty)}${vector})((${val_ty(ty)})0);
     % endfor
 % elif red_ndim == 1:
     % for nm, ty in inputs:
-            const ${ty} ${nm}${j} = valid${j} ? ${nm}_buf[${nm}_base + ridx${j} * ${nm}_rstride0] : (${ty})0;
+            const ${val_ty(ty)} ${nm}${j} = valid${j} ? ${load(nm, ty, f"{nm}_base + ridx{j} * {nm}_rstride0")} : (${val_ty(ty)})0;
     % endfor
 % else:
             ${index_t} rest${j} = ridx${j};
@@ -107,7 +133,7 @@ ${preamble}
             }
     % endfor
     % for nm, ty in inputs:
-            const ${ty} ${nm}${j} = valid${j} ? ${nm}_buf[${nm}_index${j}] : (${ty})0;
+            const ${val_ty(ty)} ${nm}${j} = valid${j} ? ${load(nm, ty, f"{nm}_index{j}")} : (${val_ty(ty)})0;
     % endfor
 % endif
 </%def>
@@ -120,7 +146,7 @@ ${preamble}
                 {
                 const ${index_t} ridx = ridx${j} + ${c};
     % for nm, ty in inputs:
-                ${ty} ${nm} = ${nm}${j}${".s%d" % c if vector > 1 else ""};
+                ${val_ty(ty)} ${nm} = ${nm}${j}${".s%d" % c if vector > 1 else ""};
     % endfor
     % for nm, ty, ident, out_ty in accumulators:
                 ${ty} acc_${nm} = acc${j}_${nm};
@@ -222,7 +248,7 @@ void ${name}(
     , ${index_t} rsize${k}
 % endfor
 % for nm, ty in inputs:
-    , __global const ${ty}* restrict ${nm}_buf, ${index_t} ${nm}_off
+    , __global const ${buf_ty(ty)}* restrict ${nm}_buf, ${index_t} ${nm}_off
   % for k in kdims:
     , ${index_t} ${nm}_kstride${k}
   % endfor

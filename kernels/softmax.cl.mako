@@ -55,10 +55,37 @@
 ##               offsets multiples of 4), else 1
 ##   backward_hold    with cached_backward > 0 and backward_vector 4: "both" keeps y and dy in
 ##               registers, "dy" keeps dy and reads y twice; else "both"
+##   dtype       optional, "float" (the default), "half" or "bfloat16": the storage type of x, y,
+##               dy and dx (16-bit: computed in float, stored rounded to nearest even; only with
+##               vector and backward_vector 1 and no prefetch)
 <%
     row = variant == "row"
+    # 16-bit storage (scalar accesses only: vector, backward_vector 1, no prefetch): x, y, dy
+    # and dx in half (vload_half / vstore_half_rte, no cl_khr_fp16 needed) or bfloat16's bits
+    # (ushort), every value in float.
+    dtype = context.get("dtype", "float")
+    storage = {"float": "float", "half": "half", "bfloat16": "ushort"}[dtype]
+    assert dtype == "float" or (vector == 1 and backward_vector == 1 and not prefetch)
+    def ld(p, i):
+        if dtype == "half":
+            return f"vload_half({i}, {p})"
+        if dtype == "bfloat16":
+            return f"bf16_to_float({p}[{i}])"
+        return f"{p}[{i}]"
+    def st(p, i, v, opening=""):
+        # `opening`: text before v (a parenthesis v's expression closes).
+        if dtype == "half":
+            return f"vstore_half_rte({opening}{v}, {i}, {p})"
+        if dtype == "bfloat16":
+            return f"{p}[{i}] = float_to_bf16({opening}{v})"
+        return f"{p}[{i}] = {opening}{v}"
+    def backward_value_text(yv, dyv):
+        return f"{dyv} - exp({yv}) * total" if log else f"{yv} * ({dyv} - total)"
 %>
 <%namespace name="access" file="memory_access.cl.mako"/>
+% if dtype == "bfloat16":
+${access.bfloat16_conversions()}
+% endif
 ${access.vector_access(*(hints or (None, None)))}
 ${access.vector_access(*(backward_hints or (None, None)), suffix="_once")}
 % if prefetch:
@@ -167,8 +194,8 @@ __kernel
 __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 % endif
 void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
-                     __global const float* restrict x, ${index_t} x_off,
-                     __global float* restrict y, ${index_t} y_off)
+                     __global const ${storage}* restrict x, ${index_t} x_off,
+                     __global ${storage}* restrict y, ${index_t} y_off)
 {
 % if row and cached and vector > 1:
     // ROW_ITEMS items per row, GROUP_SIZE / ROW_ITEMS rows per group at once; each item holds
@@ -293,8 +320,8 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
     for (${index_t} r = get_group_id(0); r < rows; r += get_num_groups(0)) {
         const ${index_t} o = r / inner;
         const ${index_t} base = o * size * inner + (r - o * inner);
-        __global const float *xr = x + x_off + base;
-        __global float *yr = y + y_off + base;
+        __global const ${storage} *xr = x + x_off + base;
+        __global ${storage} *yr = y + y_off + base;
     % if cached:
         // All loads are issued before any is used; then one exp per element: the item's own
         // (max, sum) with exp(v - m_item) kept in place of v (softmax), one tree merging the
@@ -304,7 +331,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         #pragma unroll
         for (int j = 0; j < CACHED; ++j) {
             ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
-            v[j] = k < size ? xr[k * inner] : -INFINITY;
+            v[j] = k < size ? ${ld("xr", "k * inner")} : -INFINITY;
         }
         #pragma unroll
         for (int j = 0; j < CACHED; ++j) {
@@ -347,9 +374,9 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
             if (k < size) {
         % if log:
-                yr[k * inner] = (v[j] - m) - log_s;
+                ${st("yr", "k * inner", "(v[j] - m) - log_s")};
         % else:
-                yr[k * inner] = v[j] * scale;
+                ${st("yr", "k * inner", "v[j] * scale")};
         % endif
             }
         }
@@ -379,7 +406,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         }
         % else:
         for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
-            online_add(&m, &s, xr[k * inner]);
+            online_add(&m, &s, ${ld("xr", "k * inner")});
         }
         % endif
         tree_m[lid] = m;
@@ -425,12 +452,12 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         % elif log:
         const float log_s = log(s);
         for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
-            yr[k * inner] = (xr[k * inner] - m) - log_s;
+            ${st("yr", "k * inner", ld("xr", "k * inner") + " - m) - log_s", "(")};
         }
         % else:
         const float scale = 1.0f / s;
         for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
-            yr[k * inner] = exp(xr[k * inner] - m) * scale;
+            ${st("yr", "k * inner", "exp(" + ld("xr", "k * inner") + " - m) * scale")};
         }
         % endif
     % endif
@@ -439,22 +466,22 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
     for (${index_t} r = get_global_id(0); r < rows; r += get_global_size(0)) {
         const ${index_t} o = r / inner;
         const ${index_t} base = o * size * inner + (r - o * inner);
-        __global const float *xr = x + x_off + base;
-        __global float *yr = y + y_off + base;
+        __global const ${storage} *xr = x + x_off + base;
+        __global ${storage} *yr = y + y_off + base;
         float m = -INFINITY, s = 0.0f;
         for (${index_t} k = 0; k < size; ++k) {
-            online_add(&m, &s, xr[k * inner]);
+            online_add(&m, &s, ${ld("xr", "k * inner")});
         }
         s = row_sum(m, s);
     % if log:
         const float log_s = log(s);
         for (${index_t} k = 0; k < size; ++k) {
-            yr[k * inner] = (xr[k * inner] - m) - log_s;
+            ${st("yr", "k * inner", ld("xr", "k * inner") + " - m) - log_s", "(")};
         }
     % else:
         const float scale = 1.0f / s;
         for (${index_t} k = 0; k < size; ++k) {
-            yr[k * inner] = exp(xr[k * inner] - m) * scale;
+            ${st("yr", "k * inner", "exp(" + ld("xr", "k * inner") + " - m) * scale")};
         }
     % endif
     }
@@ -481,9 +508,9 @@ __kernel
 __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 % endif
 void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
-                      __global const float* restrict y, ${index_t} y_off,
-                      __global const float* restrict dy, ${index_t} dy_off,
-                      __global float* restrict dx, ${index_t} dx_off)
+                      __global const ${storage}* restrict y, ${index_t} y_off,
+                      __global const ${storage}* restrict dy, ${index_t} dy_off,
+                      __global ${storage}* restrict dx, ${index_t} dx_off)
 {
 % if row:
     __local float tree_s[GROUP_SIZE];
@@ -494,9 +521,9 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
 % endif
         const ${index_t} o = r / inner;
         const ${index_t} base = o * size * inner + (r - o * inner);
-        __global const float *yr = y + y_off + base;
-        __global const float *dyr = dy + dy_off + base;
-        __global float *dxr = dx + dx_off + base;
+        __global const ${storage} *yr = y + y_off + base;
+        __global const ${storage} *dyr = dy + dy_off + base;
+        __global ${storage} *dxr = dx + dx_off + base;
 % if row and backward_vector > 1:
         // 16-byte accesses: item lid takes the vectors at (lid + j * GROUP_SIZE) * 4.
         float total = 0.0f;
@@ -555,33 +582,33 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
         #pragma unroll
         for (int j = 0; j < CACHED_BACKWARD; ++j) {
             ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
-            yv[j] = k < size ? yr[k * inner] : 0.0f;
-            dyv[j] = k < size ? dyr[k * inner] : 0.0f;
+            yv[j] = k < size ? ${ld("yr", "k * inner")} : 0.0f;
+            dyv[j] = k < size ? ${ld("dyr", "k * inner")} : 0.0f;
             total += ${backward_term("yv[j]", "dyv[j]")};
         }
         total = group_fold(tree_s, total, false);
         #pragma unroll
         for (int j = 0; j < CACHED_BACKWARD; ++j) {
             ${index_t} k = lid + (${index_t})j * GROUP_SIZE;
-            if (k < size) dxr[k * inner] = ${backward_value("yv[j]", "dyv[j]")};
+            if (k < size) ${st("dxr", "k * inner", backward_value_text("yv[j]", "dyv[j]"))};
         }
     % else:
         float total = 0.0f;
         for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
-            total += ${backward_term("yr[k * inner]", "dyr[k * inner]")};
+            total += ${backward_term(ld("yr", "k * inner"), ld("dyr", "k * inner"))};
         }
         total = group_fold(tree_s, total, false);
         for (${index_t} k = lid; k < size; k += GROUP_SIZE) {
-            dxr[k * inner] = ${backward_value("yr[k * inner]", "dyr[k * inner]")};
+            ${st("dxr", "k * inner", backward_value_text(ld("yr", "k * inner"), ld("dyr", "k * inner")))};
         }
     % endif
 % else:
         float total = 0.0f;
         for (${index_t} k = 0; k < size; ++k) {
-            total += ${backward_term("yr[k * inner]", "dyr[k * inner]")};
+            total += ${backward_term(ld("yr", "k * inner"), ld("dyr", "k * inner"))};
         }
         for (${index_t} k = 0; k < size; ++k) {
-            dxr[k * inner] = ${backward_value("yr[k * inner]", "dyr[k * inner]")};
+            ${st("dxr", "k * inner", backward_value_text(ld("yr", "k * inner"), ld("dyr", "k * inner")))};
         }
 % endif
     }

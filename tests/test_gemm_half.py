@@ -175,13 +175,15 @@ def test_ml_dtypes_arrays_are_read_where_installed(ctx):
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=["float16", "bfloat16"])
 def test_ops_without_16bit_support_raise(ctx, dtype):
     t = dp.Tensor.from_numpy(ctx, np.ones((4, 4), np.float32), dtype=dtype)
-    if dtype is dp.bfloat16:
-        with pytest.raises(dp.DTypeError, match="bfloat16"):
-            dp.functional.relu(t)
-        with pytest.raises(dp.DTypeError, match="bfloat16"):
-            t + t
+    # Pointwise, activation, reduction, softmax, normalization and pooling operators take
+    # 16-bit storage (tests/test_half_ops.py); these do not yet.
+    name = "bfloat16" if dtype is dp.bfloat16 else "float16"
+    with pytest.raises(dp.DTypeError, match=name):
+        dp.functional.norm(t)
+    with pytest.raises(dp.DTypeError, match=name):
+        dp.functional.glu(t)
     with pytest.raises(dp.DlprimError):
-        dp.functional.softmax(t, dim=1)
+        dp.functional.cumsum(t, 1)
     with pytest.raises(dp.DTypeError):
         dp.functional.conv_transpose2d(t.reshape(1, 1, 4, 4), t.reshape(1, 1, 4, 4))
 

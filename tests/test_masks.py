@@ -228,23 +228,21 @@ def test_comparison_refusals(ctx, rng):
     assert (x == None) is False and (x != "x") is True  # noqa: E711
 
 
-def test_float16_comparisons_need_the_extension(ctx):
-    if ctx.info.has_fp16:
-        h = t_(ctx, np.array([0.1, np.nan, 2.0], np.float16))
-        check_mask(h == 0.1, np.array([True, False, False]))     # the number rounds to half
-        check_mask(h < t_(ctx, np.array([1.0, 1.0, 3.0], np.float32)), np.array([True, False, True]))
-        np.testing.assert_array_equal(h.float().numpy(), h.numpy().astype(np.float32))
-        return
-    h = dp.Tensor.empty(ctx, (3,), dp.float16)
-    with pytest.raises(dp.UnsupportedError, match="cl_khr_fp16"):
-        h == 0.5
-    with pytest.raises(dp.UnsupportedError, match="cl_khr_fp16"):
-        F.logical_not(h)
-    # Casts need no extension (vload_half / vstore_half_rte): tests/test_gemm_half.py.
-    h.fill_(0.5)
-    assert h.float().numpy().tolist() == [0.5, 0.5, 0.5]
-    with pytest.raises(dp.UnsupportedError, match="cl_khr_fp16"):
-        h.any()
+@pytest.mark.parametrize("dtype", [dp.float16, dp.bfloat16])
+def test_16bit_comparisons_on_any_device(ctx, dtype):
+    """16-bit tensors compare as floats (no cl_khr_fp16 needed); a number rounds to the
+    tensor's type first, as in torch."""
+    h = dp.Tensor.from_numpy(ctx, np.array([0.1, np.nan, 2.0], np.float32), dtype=dtype)
+    check_mask(h == 0.1, np.array([True, False, False]))     # the number rounds to 16 bits
+    check_mask(0.1 == h, np.array([True, False, False]))
+    check_mask(h != 0.1, np.array([False, True, True]))
+    check_mask(h < t_(ctx, np.array([1.0, 1.0, 3.0], np.float32)), np.array([True, False, True]))
+    check_mask(h >= h, np.array([True, False, True]))
+    check_mask(F.logical_not(h), np.array([False, False, False]))
+    check_mask(h.any(), np.array(True))
+    z = dp.Tensor.from_numpy(ctx, np.array([0.0, -0.0, 1.0], np.float32), dtype=dtype)
+    check_mask(F.logical_not(z), np.array([True, True, False]))
+    check_mask(z.all(), np.array(False))
 
 
 def test_operands_of_two_contexts_are_refused(ctx, rng):

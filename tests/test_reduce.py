@@ -349,7 +349,9 @@ def test_reductions_bad_input(ctx):
     with pytest.raises(dp.ShapeError, match="more than once"):
         F.mean(x, (1, -1))
     with pytest.raises(dp.DTypeError, match="float32"):
-        F.sum(dp.Tensor.empty(ctx, (3,), np.float16))
+        F.argmax(dp.Tensor.empty(ctx, (3,), np.float16))
+    with pytest.raises(dp.DTypeError, match="float16"):
+        F.mean(dp.Tensor.empty(ctx, (3,), np.int32))
     with pytest.raises(dp.DTypeError, match="Tensor"):
         F.amax(np.zeros(3, np.float32))
     with pytest.raises(dp.ShapeError, match="dim must be an int"):

@@ -16,9 +16,10 @@ import numpy as np
 from .. import autograd, config, logcmd
 from ..activation import Activation, ActivationDesc, as_activation, from_torch_name, number
 from ..context import check_same_context
+from ..dtypes import is_float16_type, name as dtype_name
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor, output_like
-from .pointwise import PointwiseKernel
+from .pointwise import PointwiseKernel, is_floating
 
 _f32 = np.float32
 _F32_DTYPE = np.dtype(np.float32)
@@ -39,35 +40,50 @@ def _ident(desc):
     return f"{desc.mode.value}_{digits}"
 
 
-def forward_kernel(desc, accumulate):
-    """y = scale_alpha * act(x) [+ scale_beta * y]: the pointwise kernel for ``desc``."""
+def forward_kernel(desc, accumulate, dtype=_F32_DTYPE):
+    """y = scale_alpha * act(x) [+ scale_beta * y]: the pointwise kernel for ``desc``, on
+    tensors of ``dtype`` (float16 / bfloat16: computed in float32, without ``accumulate``)."""
     def make():
         # The pointwise template keeps outputs in `<name>_buf` at `<name>_off + i` (dense), so the
         # old value of y is read from there when beta != 0.
         old = " + scale_beta * y_buf[y_off + i]" if accumulate else ""
         return PointwiseKernel(f"act_fwd_{_ident(desc)}{'_acc' if accumulate else ''}",
-                               [("x", _f32)], [("y", _f32)],
+                               [("x", dtype)], [("y", dtype)],
                                f"y = scale_alpha * {desc.forward_code('x')}{old};",
                                scalars=[("scale_alpha", _f32), ("scale_beta", _f32)])
-    return _memo(("fwd", desc.key, accumulate), make)
+    assert not (accumulate and dtype != _F32_DTYPE)
+    key = ("fwd", desc.key, accumulate) if dtype == _F32_DTYPE else ("fwd", desc.key, dtype)
+    return _memo(key, make)
 
 
-def backward_kernel(desc, accumulate):
-    """dx = scale_alpha * dy * act'(x) [+ scale_beta * dx] for ``desc``."""
+def backward_kernel(desc, accumulate, dtype=_F32_DTYPE):
+    """dx = scale_alpha * dy * act'(x) [+ scale_beta * dx] for ``desc``, on tensors of
+    ``dtype`` as ``forward_kernel``."""
     def make():
         old = " + scale_beta * dx_buf[dx_off + i]" if accumulate else ""
+        if dtype == _F32_DTYPE:
+            derivative = desc.derivative_code('x', 'y')
+        else:
+            # A derivative written in y (sigmoid's y (1 - y)) takes y again from x in float32:
+            # the stored 16-bit y would cost the gradient its precision (1 - y cancels).
+            derivative = desc.derivative_code('x', f"({desc.forward_code('x')})")
         return PointwiseKernel(f"act_bwd_{_ident(desc)}{'_acc' if accumulate else ''}",
-                               [("x", _f32), ("y", _f32), ("dy", _f32)], [("dx", _f32)],
-                               f"dx = scale_alpha * dy * {desc.derivative_code('x', 'y')}{old};",
+                               [("x", dtype), ("y", dtype), ("dy", dtype)], [("dx", dtype)],
+                               f"dx = scale_alpha * dy * {derivative}{old};",
                                scalars=[("scale_alpha", _f32), ("scale_beta", _f32)])
-    return _memo(("bwd", desc.key, accumulate), make)
+    assert not (accumulate and dtype != _F32_DTYPE)
+    key = ("bwd", desc.key, accumulate) if dtype == _F32_DTYPE else ("bwd", desc.key, dtype)
+    return _memo(key, make)
 
 
-def _check(t, what, shape=None):
+def _check(t, what, shape=None, storage16=False):
+    """DTypeError unless ``t`` is a float32 tensor (or, with ``storage16``, a float16 or
+    bfloat16 one), ShapeError unless it has ``shape`` where given."""
     if not isinstance(t, Tensor):
         raise not_a_tensor(what, t)
-    if t.dtype != np.float32:
-        raise DTypeError(f"{what} must be float32, got {t.dtype}")
+    if t.dtype != np.float32 and not (storage16 and is_floating(t.dtype)):
+        allowed = "float32, float16 or bfloat16" if storage16 else "float32"
+        raise DTypeError(f"{what} must be {allowed}, got {dtype_name(t.dtype)}")
     if shape is not None and t.shape != shape:
         raise ShapeError(f"{what} must have shape {shape}, got {t.shape}")
 
@@ -136,7 +152,10 @@ def apply(desc, x, inplace=False, name=None, kernels=None):
     name = name or desc.mode.value
     if x.__class__ is not Tensor or x.dtype is not _F32_DTYPE:
         # The usual float32 tensor passes without building the message.
-        _check(x, f"{name}: input")
+        _check(x, f"{name}: input", storage16=True)
+        if is_float16_type(x.dtype):
+            # 16-bit storage: its own kernels, computing in float32.
+            kernels = (forward_kernel(desc, False, x.dtype), backward_kernel(desc, False, x.dtype))
     grad = x.requires_grad and autograd.grad_enabled()
     if inplace and grad:
         raise UnsupportedError(f"{name}: inplace=True on a tensor that requires grad; "
@@ -159,7 +178,7 @@ def apply(desc, x, inplace=False, name=None, kernels=None):
 def _backward(desc, kernel, source, result):
     """The backward of ``apply``: dy * act'(x) from the forward's input and result."""
     def backward(g):
-        dx = Tensor.empty(g.ctx, g.shape)
+        dx = Tensor.empty(g.ctx, g.shape, g.dtype)
         _log_activ(desc, g.shape, False)
         kernel([source, result, g], [dx], _UNSCALED)
         return (dx,)
@@ -237,23 +256,25 @@ def softplus(x, beta=1.0, threshold=20.0):
     beta, threshold = number(beta, "softplus: beta"), number(threshold, "softplus: threshold")
     if beta == 1.0 and threshold == 20.0:
         return _torch_apply("softplus", x, False)
-    _check(x, "softplus: input")
+    _check(x, "softplus: input", storage16=True)
     if beta == 0:
         raise ShapeError("softplus: beta must be non-zero")
-    fwd = _memo("softplus_fwd", lambda: PointwiseKernel(
-        "softplus_fwd", [("x", _f32)], [("y", _f32)],
+    dt = x.dtype
+    tag = "" if dt == _F32_DTYPE else dtype_name(dt)
+    fwd = _memo(("softplus_fwd", tag), lambda: PointwiseKernel(
+        "softplus_fwd", [("x", dt)], [("y", dt)],
         "y = (x * beta > threshold) ? x : log1p(exp(x * beta)) / beta;",
         scalars=[("beta", _f32), ("threshold", _f32)]))
-    bwd = _memo("softplus_bwd", lambda: PointwiseKernel(
-        "softplus_bwd", [("x", _f32), ("dy", _f32)], [("dx", _f32)],
+    bwd = _memo(("softplus_bwd", tag), lambda: PointwiseKernel(
+        "softplus_bwd", [("x", dt), ("dy", dt)], [("dx", dt)],
         "dx = (x * beta > threshold) ? dy : dy / (1.0f + exp(-x * beta));",
         scalars=[("beta", _f32), ("threshold", _f32)]))
-    y = Tensor.empty(x.ctx, x.shape)
+    y = Tensor.empty(x.ctx, x.shape, dt)
     fwd([x], [y], [beta, threshold])
     source = x.detach()
 
     def backward(g):
-        dx = Tensor.empty(g.ctx, g.shape)
+        dx = Tensor.empty(g.ctx, g.shape, g.dtype)
         bwd([source, g], [dx], [beta, threshold])
         return (dx,)
 
@@ -291,14 +312,15 @@ def abs(x):  # noqa: A001 - torch's name
 # Each is one pointwise kernel forward and one backward; their parameters (lambd, alpha, the
 # threshold, ...) are scalar arguments, so one compile serves every value.
 
-def _pointwise_pair(name, forward_statement, backward_statement, scalars=()):
-    """The memoized (forward, backward) kernels of an activation: forward ``y`` from ``x``,
-    backward ``dx`` from ``x``, ``y`` and ``dy``."""
+def _pointwise_pair(name, forward_statement, backward_statement, scalars=(), dtype=_F32_DTYPE):
+    """The memoized (forward, backward) kernels of an activation on tensors of ``dtype``:
+    forward ``y`` from ``x``, backward ``dx`` from ``x``, ``y`` and ``dy``."""
     names = [(n, _f32) for n in scalars]
-    return (_memo((name, "fwd"), lambda: PointwiseKernel(
-                f"{name}_fwd", [("x", _f32)], [("y", _f32)], forward_statement, scalars=names)),
-            _memo((name, "bwd"), lambda: PointwiseKernel(
-                f"{name}_bwd", [("x", _f32), ("y", _f32), ("dy", _f32)], [("dx", _f32)],
+    tag = () if dtype == _F32_DTYPE else (dtype_name(dtype),)
+    return (_memo((name, "fwd") + tag, lambda: PointwiseKernel(
+                f"{name}_fwd", [("x", dtype)], [("y", dtype)], forward_statement, scalars=names)),
+            _memo((name, "bwd") + tag, lambda: PointwiseKernel(
+                f"{name}_bwd", [("x", dtype), ("y", dtype), ("dy", dtype)], [("dx", dtype)],
                 backward_statement, scalars=names)))
 
 
@@ -331,10 +353,10 @@ _PARAMETRIC = {
 def _parametric(name, x, values=(), inplace=False):
     """``name`` of _PARAMETRIC applied to ``x`` with its scalar ``values``, backward on the
     tape; ``inplace`` writes the result into ``x``."""
-    _check(x, f"{name}: input")
+    _check(x, f"{name}: input", storage16=True)
     forward_statement, backward_statement, scalars = _PARAMETRIC[name]
     forward, backward_kernel_ = _pointwise_pair(name, forward_statement, backward_statement,
-                                                scalars)
+                                                scalars, x.dtype)
     grad = autograd.needs_grad(x)
     if inplace and grad:
         raise UnsupportedError(f"{name}: inplace=True on a tensor that requires grad; "
@@ -348,7 +370,7 @@ def _parametric(name, x, values=(), inplace=False):
     source, result = x.detach(), y.detach()
 
     def backward(g):
-        dx = Tensor.empty(g.ctx, g.shape)
+        dx = Tensor.empty(g.ctx, g.shape, g.dtype)
         backward_kernel_([source, result, g], [dx], values)
         return (dx,)
 

@@ -7,14 +7,18 @@ from .. import autograd
 from ..errors import UnsupportedError
 from ..tensor import Tensor
 from . import reduce
-from .pointwise import PointwiseKernel, binary
+from .pointwise import PointwiseKernel, binary, convert
 
 
-def reduce_to_shape(grad, shape):
-    """Sum ``grad`` over the dimensions that broadcasting expanded, back to ``shape``."""
-    if grad.shape == tuple(shape):
-        return grad
-    return reduce.sum_to_shape(grad, shape)
+def reduce_to_shape(grad, shape, dtype=None):
+    """Sum ``grad`` over the dimensions that broadcasting expanded, back to ``shape``, and
+    convert it to ``dtype`` where given (an operand's gradient has its type: a float16 operand
+    of a float32 result gets a float16 gradient, as in torch)."""
+    if grad.shape != tuple(shape):
+        grad = reduce.sum_to_shape(grad, shape)
+    if dtype is not None and grad.dtype != dtype:
+        grad = convert(grad, dtype)
+    return grad
 
 
 def _is_tensor(x):
@@ -35,8 +39,8 @@ def add(a, b, *, alpha=1):
     if not autograd.needs_grad(a, b):
         return out
     return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], lambda g: (
-        reduce_to_shape(g, a.shape) if _is_tensor(a) else None,
-        reduce_to_shape(g, b.shape) if _is_tensor(b) else None), "add")
+        reduce_to_shape(g, a.shape, a.dtype) if _is_tensor(a) else None,
+        reduce_to_shape(g, b.shape, b.dtype) if _is_tensor(b) else None), "add")
 
 
 def sub(a, b, *, alpha=1):
@@ -47,8 +51,8 @@ def sub(a, b, *, alpha=1):
     if not autograd.needs_grad(a, b):
         return out
     return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], lambda g: (
-        reduce_to_shape(g, a.shape) if _is_tensor(a) else None,
-        reduce_to_shape(binary("mul", g, -1.0), b.shape) if _is_tensor(b) else None), "sub")
+        reduce_to_shape(g, a.shape, a.dtype) if _is_tensor(a) else None,
+        reduce_to_shape(binary("mul", g, -1.0), b.shape, b.dtype) if _is_tensor(b) else None), "sub")
 
 
 def mul(a, b):
@@ -57,8 +61,8 @@ def mul(a, b):
     if not autograd.needs_grad(a, b):
         return out
     return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], lambda g: (
-        reduce_to_shape(binary("mul", g, b), a.shape) if _is_tensor(a) else None,
-        reduce_to_shape(binary("mul", g, a), b.shape) if _is_tensor(b) else None), "mul")
+        reduce_to_shape(binary("mul", g, b), a.shape, a.dtype) if _is_tensor(a) else None,
+        reduce_to_shape(binary("mul", g, a), b.shape, b.dtype) if _is_tensor(b) else None), "mul")
 
 
 _ROUNDING_MODES = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}
@@ -79,7 +83,7 @@ def div(a, b, *, rounding_mode=None):
         return out
     if rounding_mode is not None:
         def zeros(x):
-            return Tensor.zeros(x.ctx, x.shape) if _is_tensor(x) else None
+            return Tensor.zeros(x.ctx, x.shape, x.dtype) if _is_tensor(x) else None
 
         return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)],
                                lambda g: (zeros(a), zeros(b)), "div")
@@ -87,11 +91,12 @@ def div(a, b, *, rounding_mode=None):
     result = out.detach()
 
     def backward(g):
-        ga = reduce_to_shape(binary("div", g, b), a.shape) if _is_tensor(a) else None
+        ga = reduce_to_shape(binary("div", g, b), a.shape, a.dtype) if _is_tensor(a) else None
         gb = None
         if _is_tensor(b):
             # d(a/b)/db = -(a/b)/b
-            gb = reduce_to_shape(binary("mul", binary("div", result, b), binary("mul", g, -1.0)), b.shape)
+            gb = reduce_to_shape(binary("mul", binary("div", result, b), binary("mul", g, -1.0)),
+                                 b.shape, b.dtype)
         return ga, gb
 
     return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], backward, "div")
@@ -117,17 +122,18 @@ def _extremum(op, a, b):
     ta_source, tb_source = ta.detach(), tb.detach()
 
     def backward(g):
-        k = _extremum_gradient_kernels.get(op)
+        key = (op, g.dtype, ta_source.dtype, tb_source.dtype)
+        k = _extremum_gradient_kernels.get(key)
         if k is None:
             stmt_a, stmt_b = _EXTREMUM_GRADIENT[op]
-            k = _extremum_gradient_kernels[op] = PointwiseKernel(
-                f"{op}_backward", [("g", g.dtype), ("a", g.dtype), ("b", g.dtype)],
+            k = _extremum_gradient_kernels[key] = PointwiseKernel(
+                f"{op}_backward", [("g", g.dtype), ("a", ta_source.dtype), ("b", tb_source.dtype)],
                 [("da", g.dtype), ("db", g.dtype)], stmt_a + stmt_b)
         da = Tensor.empty(g.ctx, g.shape, g.dtype)
         db = Tensor.empty(g.ctx, g.shape, g.dtype)
         k([g, ta_source, tb_source], [da, db])
-        return (reduce_to_shape(da, a.shape) if _is_tensor(a) else None,
-                reduce_to_shape(db, b.shape) if _is_tensor(b) else None)
+        return (reduce_to_shape(da, a.shape, a.dtype) if _is_tensor(a) else None,
+                reduce_to_shape(db, b.shape, b.dtype) if _is_tensor(b) else None)
 
     return autograd.record(out, [x if _is_tensor(x) else None for x in (a, b)], backward, op)
 

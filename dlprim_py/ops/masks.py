@@ -23,11 +23,12 @@ import numpy as np
 from .. import autograd
 from ..context import check_same_context
 from .. import program
-from ..dtypes import as_dtype, bfloat16, bool_, cl_name, float16, float32, int32, int64
+from ..dtypes import (as_dtype, bfloat16, bfloat16_to_float32, bool_, cl_name, float16, float32,
+                      int32, int64, to_bfloat16_bits)
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..launch import launch
 from ..tensor import Tensor, _checked, allocate
-from .pointwise import PointwiseKernel, broadcast_shapes
+from .pointwise import PointwiseKernel, broadcast_shapes, template_type
 
 COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 # On the operands' truth values (0 or 1).
@@ -69,7 +70,7 @@ def _compute_type(tensor_dtype, kind):
     the number is passed as)."""
     if kind == 2 or _KIND[tensor_dtype] == 2:
         compute = tensor_dtype if _KIND[tensor_dtype] == 2 else float32
-        return compute, float32      # a float16 comparison converts the number in the kernel
+        return compute, float32      # a 16-bit comparison's number is rounded on the host
     return int64, int64
 
 
@@ -95,10 +96,23 @@ def _scalar_value(name, value, dtype):
 
 
 def _check_fp16(name, tensors):
+    """For the indexing operators (where, masked_fill, ...), whose kernels still compute in the
+    tensors' own type: float16 there needs cl_khr_fp16."""
     for t in tensors:
         if t.dtype == float16 and not t.ctx.info.has_fp16:
             raise UnsupportedError(f"{name}: float16 needs the cl_khr_fp16 extension, which "
                                    f"{t.ctx.info.name} lacks")
+
+
+def _rounded_to(value, dtype):
+    """A float32 number rounded to the 16-bit ``dtype`` and back (exactly): a 16-bit tensor
+    compares with a number in its own type, as torch's, and the kernel compares floats."""
+    if dtype == float16:
+        with np.errstate(over="ignore"):
+            return np.float32(np.float16(value))
+    if dtype is bfloat16:
+        return np.float32(bfloat16_to_float32(to_bfloat16_bits([value]))[0])
+    return value
 
 
 def _output(name, out, shape, tensors):
@@ -122,14 +136,20 @@ _kernels = {}
 
 
 def _tag(dtype):
-    return "s" if dtype is None else cl_name(dtype)
+    return "s" if dtype is None else template_type(dtype)
+
+
+def _c_type(dtype):
+    """The C type operands of ``dtype`` are in a pointwise statement: float for the 16-bit
+    storage types (loaded into float, no cl_khr_fp16 needed)."""
+    return "float" if dtype in _FLOATS16 else cl_name(dtype)
 
 
 def _comparison_kernel(op, a, b, compute, scalar):
     key = (op, a, b, compute)
     kernel = _kernels.get(key)
     if kernel is None:
-        c = cl_name(compute)
+        c = _c_type(compute)
         inputs = [(n, t) for n, t in (("a", a), ("b", b)) if t is not None]
         scalars = [(n, scalar) for n, t in (("a", a), ("b", b)) if t is None]
         kernel = _kernels[key] = PointwiseKernel(
@@ -141,7 +161,7 @@ def _comparison_kernel(op, a, b, compute, scalar):
 def _truth(name, dtype):
     """C code for the truth value (0 or 1) of operand ``name`` of ``dtype`` (None: a number,
     passed as its truth value already)."""
-    return name if dtype is None else f"({name} != ({cl_name(dtype)})0)"
+    return name if dtype is None else f"({name} != ({_c_type(dtype)})0)"
 
 
 def _logical_kernel(op, a, b):
@@ -169,7 +189,6 @@ def _binary(name, a, b, out):
     tensors = [x for x in (a, b) if isinstance(x, Tensor)]
     if len(tensors) == 2:
         check_same_context(*tensors)
-    _check_fp16(name, tensors)
     shape = tensors[0].shape if len(tensors) == 1 else broadcast_shapes(a.shape, b.shape)
     return tensors, _output(name, out, shape, tensors)
 
@@ -182,7 +201,7 @@ _common_calls = {}
 def compare(op, a, b, out=None):
     """``a <op> b`` elementwise as a bool tensor (``op``: "eq", "ne", "lt", "le", "gt", "ge");
     see the module's docstring for the operands. No gradient is recorded."""
-    if out is None and a.__class__ is Tensor and a.dtype is not float16:
+    if out is None and a.__class__ is Tensor and a.dtype not in _FLOATS16:
         # The common calls first: a tensor with one of its shape and dtype, or with a Python
         # number (the kernel's call checks the contexts).
         if b.__class__ is Tensor and b.shape == a.shape and b.dtype == a.dtype:
@@ -209,9 +228,11 @@ def compare(op, a, b, out=None):
     t, number = (a, b) if isinstance(a, Tensor) else (b, a)
     compute, passed = _compute_type(t.dtype, scalar_kind(number))
     value = _scalar_value(op, number, passed)
+    if compute in _FLOATS16:
+        value = _rounded_to(value, compute)
     dtypes = (t.dtype, None) if t is a else (None, t.dtype)
     kernel = _comparison_kernel(op, *dtypes, compute, passed)
-    if t is a and number.__class__ in (int, float):
+    if t is a and number.__class__ in (int, float) and compute not in _FLOATS16:
         _common_calls[op, a.dtype, number.__class__] = (kernel, passed)
     kernel(tensors, [out], [value])
     return out
@@ -274,7 +295,6 @@ def logical_not(x, out=None):
     """torch.logical_not: True where ``x`` is zero (any dtype; NaN is nonzero)."""
     if not isinstance(x, Tensor):
         raise not_a_tensor("logical_not: input", x)
-    _check_fp16("logical_not", [x])
     out = _output("logical_not", out, x.shape, [x])
     _logical_kernel("logical_not", x.dtype, None)([x], [out])
     return out

@@ -20,6 +20,14 @@ scalar loads, or as a work item per channel for (N, C) inputs (DLPRIM_NORM_ALGO 
 groups_scalar, columns; rules and chunk tunables in tuning_db/norm.json); layer and group norm
 ("rownorm") run a work group per row, or, for group norm with few long rows, the batch-norm
 kernels on the rows (DLPRIM_ROWNORM_ALGO = rows, split; rules in tuning_db/rownorm.json).
+
+float16 / bfloat16 inputs (16-bit storage, torch's result type): ``layer_norm``, ``group_norm``
+(the "rows" solver, whatever the rules would choose for float32), ``instance_norm`` and
+``rms_norm`` load and store them in their kernels, statistics and the weight gradients' sums
+in float32; ``batch_norm`` converts the 16-bit operands to float32 copies, runs its float32
+kernels and rounds the result once (``_through_float32``): the same values as converting in
+the kernels, at the cost of the copies' passes and memory. Weights, biases and running statistics
+may be float32 or the input's type; each gradient comes back in its tensor's type.
 """
 import math
 import weakref
@@ -30,7 +38,7 @@ import numpy as np
 from .. import autograd, config, logcmd, program, solver, tuning
 from ..activation import as_activation
 from ..context import PlanCache, check_same_context
-from ..dtypes import float32
+from ..dtypes import float32, is_float16_type, name as dtype_name
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor, output
 from ..launch import bind, run_planned_on
@@ -77,6 +85,23 @@ def _build_program(ctx, part, mode, activation, vector, derivative):
         derivative=desc.derivative_code("z", "a") if backward else ""))
 
 
+def _row_program16(ctx, dtype, wdtype):
+    """The "other" part of norm.cl.mako with row_norm_forward / row_norm_backward on 16-bit
+    storage (``dtype``: the data's, ``wdtype``: the weight's and bias's, float32 or dtype)."""
+    from .pointwise import template_type
+    memo = _plain_programs.get(ctx)
+    if memo is None:
+        memo = _plain_programs[ctx] = {}
+    key = ("other16", dtype, wdtype)
+    built = memo.get(key)
+    if built is None:
+        built = memo[key] = program.build(ctx, "norm", dict(
+            part="other", group_size=group_size(ctx), mode="stats", activation="v_act",
+            vector=1, derivative="", dtype=template_type(dtype),
+            wdtype="float" if wdtype == float32 else template_type(wdtype)))
+    return built
+
+
 def vector_width(S, *tensors, algorithm=None):
     """4 (float4 loads) when rows of S elements and every tensor's offset allow it, else 1.
     The algorithm "groups_scalar" forces 1."""
@@ -101,6 +126,23 @@ def _check_float(what, t, required=True):
         raise not_a_tensor(what, t)
     if t.dtype != float32:
         raise DTypeError(f"{what} must be float32, got {t.dtype}")
+
+
+def _through_float32(name, fn, input, *others):
+    """``fn(input, *others)`` for a float16 / bfloat16 ``input``: the 16-bit tensors among
+    them (``others``: optional tensors, float32 or the input's type) converted to float32 with
+    their gradients (``masks.cast``), the float32 result rounded to the input's type once."""
+    from .masks import cast
+    for k, t in enumerate(others):
+        if t is not None and (not isinstance(t, Tensor) or
+                              (t.dtype != float32 and t.dtype != input.dtype)):
+            what = f"{name}: operand {k + 1}"
+            if not isinstance(t, Tensor):
+                raise not_a_tensor(what, t)
+            raise DTypeError(f"{what} must be float32 or the input's {dtype_name(input.dtype)}, "
+                             f"got {dtype_name(t.dtype)}")
+    wide = [None if t is None else cast(t, float32) for t in others]
+    return cast(fn(cast(input, float32), *wide), input.dtype)
 
 
 def _check_size(what, t, size):
@@ -528,6 +570,9 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     # A call with the arguments of an earlier one (whose checks passed) takes that call's entry
     # from the plan cache: its output size, channel count and replay plans (by how the buffers
     # alias). The numbers' types are in the key: True == 1, but only 1 passes the checks.
+    if isinstance(input, Tensor) and is_float16_type(input.dtype):
+        return _batch_norm16(input, running_mean, running_var, weight, bias, training, momentum,
+                             eps)
     params = (input, weight, bias, running_mean, running_var)
     try:
         # The input's fields flat, the optional tensors' in a tuple each (or None).
@@ -580,6 +625,27 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return autograd.record(y, (input, weight, bias),
                            _batch_norm_backward(ctx, key, params, training, eps, mean, invstd),
                            "batch_norm")
+
+
+def _batch_norm16(input, running_mean, running_var, weight, bias, training, momentum, eps):
+    """batch_norm of a 16-bit input through float32 (``_through_float32``); 16-bit running
+    statistics are updated in place, rounded once."""
+    from .masks import cast
+    running = []
+    for what, t in (("running_mean", running_mean), ("running_var", running_var)):
+        if t is not None and isinstance(t, Tensor) and is_float16_type(t.dtype) \
+                and t.dtype != input.dtype:
+            raise DTypeError(f"batch_norm: {what} must be float32 or the input's "
+                             f"{dtype_name(input.dtype)}, got {dtype_name(t.dtype)}")
+        running.append(cast(t, float32) if isinstance(t, Tensor) and t.dtype != float32 else t)
+    y = _through_float32("batch_norm", lambda x, w, b: batch_norm(
+        x, running[0], running[1], w, b, training, momentum, eps), input, weight, bias)
+    if training:
+        from .pointwise import convert
+        for t, wide in zip((running_mean, running_var), running):
+            if t is not None and wide is not t:
+                t.copy_(convert(wide, t.dtype))
+    return y
 
 
 def _batch_norm_backward(ctx, key, params, training, eps, mean, invstd):
@@ -637,10 +703,11 @@ class RowNormProblem:
 
 
 class _Rows:
-    """row_norm_forward / row_norm_backward: a work group per row."""
+    """row_norm_forward / row_norm_backward: a work group per row (on float32, or on 16-bit
+    ``dtype`` data with ``wdtype`` weights)."""
 
-    def __init__(self, ctx):
-        prog = _program(ctx)
+    def __init__(self, ctx, dtype=float32, wdtype=float32):
+        prog = _program(ctx) if dtype == float32 else _row_program16(ctx, dtype, wdtype)
         self.ctx = ctx
         self.group = group_size(ctx)
         self.forward_kernel = bind(prog.kernel("row_norm_forward"))
@@ -753,17 +820,31 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
     w[(r % G) * Cg + d // S]. ``grad_view`` = (N, C, S) for the weight gradients.
     ``splittable``: the input is group norm's (N, C, ...), which the "split" algorithm takes."""
     ctx = x.ctx
-    y = Tensor.empty(ctx, x.shape, float32)
+    dtype = x.dtype
+    y = Tensor.empty(ctx, x.shape, dtype)
     save_mean = Tensor.empty(ctx, (max(rows, 1),), float32)
     save_rstd = Tensor.empty(ctx, (max(rows, 1),), float32)
-    rows_solver = _prepared_rows(ctx, rows, D, splittable) if rows and D else None
+    if is_float16_type(dtype):
+        # 16-bit storage: the rows solver (a work group per row) loads and stores it.
+        wdtype = next((t.dtype for t in (weight, bias) if t is not None), float32)
+        key = ("rownorm.prepared16", dtype, wdtype)
+        rows_solver = ctx.plans.get(key) or ctx.plans.put(key, _Rows(ctx, dtype, wdtype))
+        rows_solver = rows_solver if rows and D else None
+    else:
+        rows_solver = _prepared_rows(ctx, rows, D, splittable) if rows and D else None
     if rows_solver is not None:
         rows_solver.forward(x, y, rows, D, G, Cg, S, weight, bias, eps, save_mean, save_rstd)
 
     def backward(g):
-        dx = Tensor.empty(ctx, x.shape, float32)
+        if g.dtype != dtype:
+            from .pointwise import convert
+            g = convert(g, dtype)     # the kernels read the gradient as the input's type
+        dx = Tensor.empty(ctx, x.shape, dtype)
         if rows_solver is not None:
             rows_solver.backward(x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd)
+        if is_float16_type(dtype):
+            return (dx,) + _affine_grads16(x, g, weight, bias, grad_view, G, Cg, save_mean,
+                                           save_rstd)
         dweight = dbias = None
         if weight is not None or bias is not None:
             N, C, S_ = grad_view
@@ -785,10 +866,64 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
     return autograd.record(y, (x, weight, bias), backward, name)
 
 
+def _affine_grads16(x, g, weight, bias, grad_view, G, Cg, save_mean, save_rstd):
+    """Layer / group norm's weight and bias gradients for 16-bit ``x`` and ``g``: sums over
+    the batch and positions of g * xhat and g, in float32 (a reduce kernel reading the 16-bit
+    tensors), each rounded once to its tensor's type."""
+    from .pointwise import convert
+    from .reduce import ReduceKernel
+    if weight is None and bias is None:
+        return None, None
+    ctx = x.ctx
+    N, C, S = grad_view
+    dt = x.dtype
+    sums = Tensor.empty(ctx, (2, 1, G, Cg, 1), float32)
+    dweight, dbias = _view(sums, (1, G, Cg, 1)), Tensor(ctx, sums.buffer, (1, G, Cg, 1), float32,
+                                                        offset=sums.offset + 4 * C)
+    if N * S:
+        # x and g as (N, G, Cg, S): row n * G + group holds the statistics of (n, group).
+        stats = (N, G, 1, 1)
+        _compose_kernel(("affine_grads16", dt), lambda: ReduceKernel(
+            "norm_affine_grads", [("x", dt), ("g", dt), ("m", float32), ("r", float32)],
+            [("dw", float32), ("db", float32)], "dw = g * (x - m) * r; db = g;", "sum"))(
+            [_view(x, (N, G, Cg, S)), _view(g, (N, G, Cg, S)), _view(save_mean, stats),
+             _view(save_rstd, stats)], [dweight, dbias], axes=(0, 3))
+    else:
+        sums.fill_(0.0)
+    out = []
+    for t, total in ((weight, dweight), (bias, dbias)):
+        if t is None:
+            out.append(None)
+            continue
+        total = _view(total, t.shape)
+        out.append(total if t.dtype == float32 else convert(total, t.dtype))
+    return tuple(out)
+
+
+def _check_affine16(name, input, *tensors):
+    """DTypeError unless each tensor is None, float32 or the 16-bit input's type."""
+    for what, t in tensors:
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            raise not_a_tensor(what, t)
+        if t.dtype != float32 and t.dtype != input.dtype:
+            raise DTypeError(f"{name}: {what} must be float32 or the input's "
+                             f"{dtype_name(input.dtype)}, got {dtype_name(t.dtype)}")
+    (first_name, first), (second_name, second) = tensors
+    if first is not None and second is not None and first.dtype != second.dtype:
+        raise DTypeError(f"{name}: {first_name} and {second_name} must have one dtype, got "
+                         f"{dtype_name(first.dtype)} and {dtype_name(second.dtype)}")
+
+
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """torch.nn.functional.layer_norm: normalize over the trailing ``normalized_shape``
     dimensions; weight and bias (optional) have that shape."""
-    _check_float("input", input)
+    storage16 = isinstance(input, Tensor) and is_float16_type(input.dtype)
+    if storage16:
+        _check_affine16("layer_norm", input, ("weight", weight), ("bias", bias))
+    else:
+        _check_float("input", input)
     if isinstance(normalized_shape, (int, np.integer)):
         normalized_shape = (int(normalized_shape),)
     normalized_shape = tuple(normalized_shape)
@@ -797,7 +932,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         raise ShapeError(f"layer_norm: normalized_shape {normalized_shape} must be the trailing "
                          f"dimensions of the input shape {input.shape}")
     for what, t in (("weight", weight), ("bias", bias)):
-        _check_float(what, t, required=False)
+        if not storage16:
+            _check_float(what, t, required=False)
         if t is not None and t.shape != normalized_shape:
             raise ShapeError(f"layer_norm: {what} must have shape {normalized_shape}, got {t.shape}")
     check_same_context(input, weight, bias)
@@ -809,14 +945,19 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """torch.nn.functional.group_norm on (N, C, ...): statistics per sample and group of
     C / num_groups channels; weight and bias (optional) are per channel."""
-    _check_float("input", input)
+    storage16 = isinstance(input, Tensor) and is_float16_type(input.dtype)
+    if storage16:
+        _check_affine16("group_norm", input, ("weight", weight), ("bias", bias))
+    else:
+        _check_float("input", input)
     if input.ndim < 2:
         raise ShapeError(f"group_norm expects an (N, C, ...) input, got shape {input.shape}")
     N, C = input.shape[:2]
     if not isinstance(num_groups, (int, np.integer)) or num_groups <= 0 or C % num_groups:
         raise ShapeError(f"group_norm: {C} channels do not split into {num_groups} groups")
     for what, t in (("weight", weight), ("bias", bias)):
-        _check_float(what, t, required=False)
+        if not storage16:
+            _check_float(what, t, required=False)
         _check_size(what, t, C)
     check_same_context(input, weight, bias)
     S = math.prod(input.shape[2:])
@@ -926,10 +1067,20 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """torch.nn.functional.rms_norm: input / sqrt(mean(input^2) + eps) over the trailing
     ``normalized_shape`` dimensions, times ``weight`` (that shape, optional); ``eps`` None is
-    float32's machine epsilon, as torch's. Gradients to input and weight."""
+    float32's machine epsilon, as torch's. Gradients to input and weight.
+
+    float32, float16 or bfloat16 input (the result in its type); the weight float32 or the
+    input's type. 16-bit tensors are loaded into float32 in the kernels, the statistics and
+    the weight's gradient accumulate in float32, and results are rounded once."""
     from .loss import unit_weight
+    from .pointwise import convert, is_floating
     from .reduce import ReduceKernel
-    _check_float("input", input)
+    if not isinstance(input, Tensor):
+        raise not_a_tensor("input", input)
+    if not is_floating(input.dtype):
+        raise DTypeError(f"input must be float32, float16 or bfloat16, got "
+                         f"{dtype_name(input.dtype)}")
+    dt = input.dtype
     if isinstance(normalized_shape, (int, np.integer)):
         normalized_shape = (int(normalized_shape),)
     normalized_shape = tuple(normalized_shape)
@@ -937,7 +1088,12 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     if k == 0 or k > input.ndim or input.shape[input.ndim - k:] != normalized_shape:
         raise ShapeError(f"rms_norm: normalized_shape {normalized_shape} must be the trailing "
                          f"dimensions of the input shape {input.shape}")
-    _check_float("weight", weight, required=False)
+    if weight is not None:
+        if not isinstance(weight, Tensor):
+            raise not_a_tensor("weight", weight)
+        if weight.dtype != float32 and weight.dtype != dt:
+            raise DTypeError(f"weight must be float32 or the input's {dtype_name(dt)}, got "
+                             f"{dtype_name(weight.dtype)}")
     if weight is not None and weight.shape != normalized_shape:
         raise ShapeError(f"rms_norm: weight must have shape {normalized_shape}, got {weight.shape}")
     ctx = check_same_context(input, weight)
@@ -946,15 +1102,18 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     rows = input.size // D if D else 0
     x = _view(input, (rows, D))
     w = _view(weight, (1, D)) if weight is not None else unit_weight(ctx)
+    wdt = w.dtype
+    # Kernels keyed by their operand types (a 16-bit input, a float32 or 16-bit weight).
+    types = () if dt == float32 and wdt == float32 else (dt, wdt)
     rstd = Tensor.empty(ctx, (rows, 1), float32)
-    y = Tensor.empty(ctx, input.shape, float32)
+    y = Tensor.empty(ctx, input.shape, dt)
     if rows and D:
-        _compose_kernel("rms", lambda: ReduceKernel(
-            "rms_norm_rstd", [("x", float32)], [("r", float32)], "r = x * x;", "sum",
+        _compose_kernel(("rms", dt), lambda: ReduceKernel(
+            "rms_norm_rstd", [("x", dt)], [("r", float32)], "r = x * x;", "sum",
             finalize="acc_r = rsqrt(acc_r / (float)reduce_size + eps);",
             scalars=[("eps", float32)]))([x], [rstd], [eps])
-        _compose_kernel("rms_apply", lambda: PointwiseKernel(
-            "rms_norm_apply", [("x", float32), ("r", float32), ("w", float32)], [("y", float32)],
+        _compose_kernel(("rms_apply",) + types, lambda: PointwiseKernel(
+            "rms_norm_apply", [("x", dt), ("r", float32), ("w", wdt)], [("y", dt)],
             "y = x * r * w;"))([x, rstd, w], [_view(y, (rows, D))])
     if not autograd.needs_grad(input, weight):
         return y
@@ -962,29 +1121,35 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     w_source = w.detach()
 
     def backward(g):
+        if g.dtype != dt:
+            g = convert(g, dt)     # the kernels read the gradient as the input's type
         g2 = _view(g, (rows, D))
-        dx = Tensor.empty(ctx, input.shape, float32)
+        dx = Tensor.empty(ctx, input.shape, dt)
         dweight = Tensor.empty(ctx, normalized_shape, float32) if weight is not None else None
         if not (rows and D):
             for t in (dx, dweight):
                 if t is not None:
                     t.fill_(0.0)
-            return dx, dweight
+            return dx, (None if dweight is None else
+                        dweight if wdt == float32 else convert(dweight, wdt))
         dots = Tensor.empty(ctx, (rows, 1), float32)
-        _compose_kernel("rms_dot", lambda: ReduceKernel(
-            "rms_norm_dot", [("g", float32), ("w", float32), ("x", float32)], [("s", float32)],
+        _compose_kernel(("rms_dot",) + types, lambda: ReduceKernel(
+            "rms_norm_dot", [("g", dt), ("w", wdt), ("x", dt)], [("s", float32)],
             "s = g * w * x;", "sum"))([g2, w_source, source], [dots])
-        _compose_kernel("rms_dx", lambda: PointwiseKernel(
-            "rms_norm_dx", [("g", float32), ("w", float32), ("x", float32), ("r", float32),
-                            ("s", float32)], [("dx", float32)],
+        _compose_kernel(("rms_dx",) + types, lambda: PointwiseKernel(
+            "rms_norm_dx", [("g", dt), ("w", wdt), ("x", dt), ("r", float32),
+                            ("s", float32)], [("dx", dt)],
             "dx = r * (g * w - x * r * r * s / (float)size);",
             scalars=[("size", float32)]))([g2, w_source, source, rstd, dots],
                                           [_view(dx, (rows, D))], [float(D)])
         if dweight is not None:
-            _compose_kernel("rms_dw", lambda: ReduceKernel(
-                "rms_norm_dw", [("g", float32), ("x", float32), ("r", float32)],
+            # Summed in float32, rounded to the weight's type once.
+            _compose_kernel(("rms_dw", dt), lambda: ReduceKernel(
+                "rms_norm_dw", [("g", dt), ("x", dt), ("r", float32)],
                 [("dw", float32)], "dw = g * x * r;", "sum"))([g2, source, rstd],
                                                                [_view(dweight, (1, D))])
+            if wdt != float32:
+                dweight = convert(dweight, wdt)
         return dx, dweight
 
     return autograd.record(y, (input, weight), backward, "rms_norm")
@@ -999,14 +1164,22 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     ``use_input_stats=False`` the running statistics normalize instead (as batch norm in
     evaluation). Gradients to input, weight and bias."""
     from .reduce import ReduceKernel
-    _check_float("input", input)
+    storage16 = isinstance(input, Tensor) and is_float16_type(input.dtype)
+    if storage16:
+        # Group norm's 16-bit kernels; the running statistics' sums read the input as it is.
+        _check_affine16("instance_norm", input, ("weight", weight), ("bias", bias))
+        _check_affine16("instance_norm", input, ("running_mean", running_mean),
+                        ("running_var", running_var))
+    else:
+        _check_float("input", input)
     if input.ndim < 2:
         raise ShapeError(f"instance_norm expects an (N, C, ...) input, got shape {input.shape}")
     N, C = input.shape[:2]
     S = math.prod(input.shape[2:])
     for what, t in (("running_mean", running_mean), ("running_var", running_var),
                     ("weight", weight), ("bias", bias)):
-        _check_float(what, t, required=False)
+        if not storage16:
+            _check_float(what, t, required=False)
         _check_size(what, t, C)
     if (running_mean is None) != (running_var is None):
         raise ShapeError("instance_norm: running_mean and running_var go together; got one")
@@ -1025,26 +1198,33 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     y = group_norm(input, C, weight, bias, eps)
     if running_mean is not None and N:
         x = _view(input, (N, C, S))
+        dt = input.dtype
         means = Tensor.empty(ctx, (N, C, 1), float32)
         variances = Tensor.empty(ctx, (N, C, 1), float32)
-        _compose_kernel("instance_mean", lambda: ReduceKernel(
-            "instance_mean", [("x", float32)], [("m", float32)], "m = x;", "sum",
+        # Keyed by the input's type (a 16-bit input is read as it is, summed in float32).
+        _compose_kernel(("instance_mean", dt), lambda: ReduceKernel(
+            "instance_mean", [("x", dt)], [("m", float32)], "m = x;", "sum",
             finalize="acc_m = acc_m / (float)reduce_size;"))([x], [means])
-        _compose_kernel("instance_var", lambda: ReduceKernel(
-            "instance_var", [("x", float32), ("m", float32)], [("v", float32)],
+        _compose_kernel(("instance_var", dt), lambda: ReduceKernel(
+            "instance_var", [("x", dt), ("m", float32)], [("v", float32)],
             "float d = x - m; v = d * d;", "sum",
             finalize="acc_v = acc_v / (float)(reduce_size - 1);"))([x, means], [variances])
         # The batch's average folded into the running values: each instance adds its share.
         new_mean = Tensor.empty(ctx, (1, C), float32)
         new_var = Tensor.empty(ctx, (1, C), float32)
-        _compose_kernel("instance_running", lambda: ReduceKernel(
-            "instance_running", [("m", float32), ("v", float32), ("rm", float32), ("rv", float32)],
+        rdt = running_mean.dtype
+        _compose_kernel(("instance_running", rdt), lambda: ReduceKernel(
+            "instance_running", [("m", float32), ("v", float32), ("rm", rdt), ("rv", rdt)],
             [("nm", float32), ("nv", float32)],
             "nm = (momentum * m + (1.0f - momentum) * rm) / batch;"
             "nv = (momentum * v + (1.0f - momentum) * rv) / batch;", "sum",
             scalars=[("momentum", float32), ("batch", float32)]))(
             [_view(means, (N, C)), _view(variances, (N, C)), _view(running_mean, (1, C)),
              _view(running_var, (1, C))], [new_mean, new_var], [float(momentum), float(N)])
+        if rdt != float32:
+            # Updated in their own type, rounded once.
+            from .pointwise import convert
+            new_mean, new_var = convert(new_mean, rdt), convert(new_var, rdt)
         running_mean.copy_(_view(new_mean, (C,)))
         running_var.copy_(_view(new_var, (C,)))
     return y

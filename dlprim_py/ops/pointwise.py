@@ -22,8 +22,8 @@ import numpy as np
 from .. import config, program, solver, tuning
 from .. import launch as _launch
 from ..context import check_same_context
-from ..dtypes import as_dtype, cl_name
-from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..dtypes import as_dtype, bfloat16, cl_name, float32, is_float16_type, name as dtype_name
+from ..errors import DTypeError, ShapeError
 from ..launch import (BoundKernel, WorkSize, current, enqueue_bound, enqueue_kernel,
                       native_handle)
 from ..tensor import Tensor, output_like
@@ -227,8 +227,8 @@ class PointwiseKernel:
             name=self.name, ndim=ndim, unroll=unroll,
             index_t=index_t, vector=vector, vector_inputs=list(vector_inputs),
             statement=self.statement, preamble=self.preamble,
-            inputs=[(n, cl_name(t)) for n, t in self.inputs],
-            outputs=[(n, cl_name(t)) for n, t in self.outputs],
+            inputs=[(n, template_type(t)) for n, t in self.inputs],
+            outputs=[(n, template_type(t)) for n, t in self.outputs],
             scalars=[(n, _scalar_cl_name(t)) for n, t in self.scalars],
         )
         # Only where they differ from the template's defaults.
@@ -423,6 +423,31 @@ def _launches(ctx):
             Launch(**rule["vector_launch_nd"]))
 
 
+def template_type(dtype):
+    """An operand's type for ``kernels/pointwise.cl.mako``: its OpenCL C name, or "half" /
+    "bfloat16" for the 16-bit floating point storage types, which the template loads into and
+    stores from float (no cl_khr_fp16 needed, one rounding per store)."""
+    return "bfloat16" if dtype is bfloat16 else cl_name(dtype)
+
+
+def is_floating(dtype):
+    """Whether ``dtype`` is one of the floating point types operators compute on (float32,
+    float16, bfloat16)."""
+    return dtype == float32 or is_float16_type(dtype)
+
+
+def promote_floats(a, b):
+    """torch's promotion of two floating point dtypes: the same type stays; float32 with a
+    16-bit type is float32, and float16 with bfloat16 (neither holds the other) float32."""
+    return a if a == b else float32
+
+
+def compute_dtype(dtype):
+    """The type a kernel computes a ``dtype`` operand in, and passes its scalars as: float32
+    for the 16-bit storage types."""
+    return float32 if is_float16_type(dtype) else dtype
+
+
 def _scalar_cl_name(dtype):
     return {np.dtype(np.float32): "float", np.dtype(np.int32): "int", np.dtype(np.int64): "long",
             np.dtype(np.uint32): "uint"}[np.dtype(dtype)]
@@ -467,16 +492,23 @@ _BINARY = {
 }
 
 
-def _binary_kernel(op, dtype, a_scalar, b_scalar):
-    cache_key = (op, dtype, a_scalar, b_scalar)
+def _binary_kernel(op, dtype, a_scalar, b_scalar, a_dtype=None, b_dtype=None):
+    """The kernel of ``op`` with a ``dtype`` result; an operand is a tensor of ``a_dtype`` /
+    ``b_dtype`` (default ``dtype``), or a scalar (passed in the type the kernel computes in)."""
+    a_dtype = dtype if a_dtype is None else a_dtype
+    b_dtype = dtype if b_dtype is None else b_dtype
+    cache_key = (op, dtype, a_scalar, b_scalar, a_dtype, b_dtype)
     k = _binary_kernels.get(cache_key)
     if k is None:
-        inputs = [(n, dtype) for n, is_scalar in (("a", a_scalar), ("b", b_scalar)) if not is_scalar]
-        scalars = [(n, dtype) for n, is_scalar in (("a", a_scalar), ("b", b_scalar)) if is_scalar]
+        inputs = [(n, t) for n, t, is_scalar in (("a", a_dtype, a_scalar), ("b", b_dtype, b_scalar))
+                  if not is_scalar]
+        scalars = [(n, compute_dtype(dtype)) for n, is_scalar in (("a", a_scalar), ("b", b_scalar))
+                   if is_scalar]
         k = _binary_kernels[cache_key] = PointwiseKernel(
             f"{op}_{'s' if a_scalar else 't'}{'s' if b_scalar else 't'}", inputs, [("y", dtype)],
             _BINARY[op], scalars=scalars)
-        if dtype == np.float32 and not (a_scalar or b_scalar):
+        if dtype == np.float32 and a_dtype == dtype and b_dtype == dtype \
+                and not (a_scalar or b_scalar):
             _float32_tensors[op] = k
     return k
 
@@ -489,7 +521,12 @@ _FLOAT32 = np.dtype(np.float32)
 
 def binary(op, a, b):
     """``op`` ("add", "sub", "mul", "div", "maximum", "minimum") of two tensors (numpy
-    broadcasting) or a tensor and a Python number. No gradient is recorded."""
+    broadcasting) or a tensor and a Python number. No gradient is recorded.
+
+    Floating point tensors only: float32, float16, bfloat16, promoted as torch does (one type
+    stays; float32 with a 16-bit type, or float16 with bfloat16, gives float32); a number takes
+    the tensor's type. 16-bit operands compute in float32 and the result is rounded once (to
+    nearest even), on any device (no cl_khr_fp16 needed)."""
     if a.__class__ is Tensor and a.dtype is _FLOAT32:
         # The common cases first: float32 tensors of one shape, or one with a number (the
         # kernel's call checks the context; the dtype says no float16 rules apply).
@@ -507,27 +544,40 @@ def binary(op, a, b):
     if a_scalar and b_scalar:
         raise DTypeError(f"{op}: at least one operand must be a Tensor")
     ref = b if a_scalar else a
-    if not (a_scalar or b_scalar) and a.dtype != b.dtype:
-        raise DTypeError(f"{op}: operands have different dtypes {a.dtype} and {b.dtype}")
     for x in (a, b):
         if not isinstance(x, Tensor) and not isinstance(x, (int, float, np.number)):
             hint = "; make a tensor with dp.Tensor.from_numpy(array)" \
                 if type(x).__module__ == "numpy" else ""
             raise DTypeError(f"{op}: operands must be Tensors or numbers, got "
                              f"{type(x).__name__}{hint}")
-    if ref.dtype.kind != "f":
-        raise DTypeError(f"{op}: only floating point tensors are supported, got {ref.dtype}")
-    if ref.dtype == np.float16:
-        if not ref.ctx.info.has_fp16:
-            raise UnsupportedError(f"{op}: float16 needs the cl_khr_fp16 extension, which "
-                                   f"{ref.ctx.info.name} lacks")
-        if a_scalar or b_scalar:
-            raise UnsupportedError(f"{op}: a float16 tensor with a Python number is not "
-                                   f"supported; pass the number as a 0-d float16 tensor")
+        if isinstance(x, Tensor) and not is_floating(x.dtype):
+            raise DTypeError(f"{op}: only floating point tensors (float32, float16, bfloat16) "
+                             f"are supported, got {dtype_name(x.dtype)}")
+    dtype = ref.dtype if a_scalar or b_scalar else promote_floats(a.dtype, b.dtype)
     shapes = [x.shape for x in (a, b) if isinstance(x, Tensor)]
     check_same_context(*(x for x in (a, b) if isinstance(x, Tensor)))
-    out = Tensor.empty(ref.ctx, broadcast_shapes(*shapes), ref.dtype)
-    kernel = _binary_kernel(op, ref.dtype, a_scalar, b_scalar)
+    out = Tensor.empty(ref.ctx, broadcast_shapes(*shapes), dtype)
+    kernel = _binary_kernel(op, dtype, a_scalar, b_scalar,
+                            None if a_scalar else a.dtype, None if b_scalar else b.dtype)
     kernel([x for x in (a, b) if isinstance(x, Tensor)], [out],
            [x for x in (a, b) if not isinstance(x, Tensor)])
+    return out
+
+
+_convert_kernels = {}
+
+
+def convert(x, dtype):
+    """``x`` as a new dense tensor of the floating point ``dtype`` (float32, float16,
+    bfloat16), rounded to nearest even where it narrows; no gradient. The reductions and
+    normalizations of 16-bit tensors accumulate in float32 and round their results with it."""
+    dtype = as_dtype(dtype)
+    key = (x.dtype, dtype)
+    kernel = _convert_kernels.get(key)
+    if kernel is None:
+        kernel = _convert_kernels[key] = PointwiseKernel(
+            f"convert_{template_type(x.dtype)}_{template_type(dtype)}", [("x", x.dtype)],
+            [("y", dtype)], "y = x;")
+    out = Tensor.empty(x.ctx, x.shape, dtype)
+    kernel([x], [out])
     return out

@@ -7,8 +7,9 @@ enqueues, forward and backward, on caller-owned tensors (MIOpen's pooling descri
 The functional names below allocate outputs and record the backward on the autograd tape, with
 torch's semantics.
 
-Layout: ``(N, C, *spatial)`` (or ``(C, *spatial)``, taken as N = 1), float32; the kernels see
-every rank as D x H x W planes. Sizes are run-time kernel arguments, so one compile serves every
+Layout: ``(N, C, *spatial)`` (or ``(C, *spatial)``, taken as N = 1), float32, or float16 /
+bfloat16 storage (loaded into float32, rounded once on store, no cl_khr_fp16 needed); the
+kernels see every rank as D x H x W planes. Sizes are run-time kernel arguments, so one compile serves every
 shape and rank of a (method, window kind) pair. Two forward solvers of the "pool" family
 (``dlprim_py.solver``, ``DLPRIM_POOL_ALGO`` forces one): a work item per output ("window"), and
 for windows covering the whole plane (global pooling) work items sharing a plane ("plane"); the
@@ -21,7 +22,7 @@ import numpy as np
 
 from .. import autograd, config, logcmd, program, solver, tuning
 from ..context import check_same_context
-from ..dtypes import float32, int64
+from ..dtypes import float32, int64, is_float16_type, name as dtype_name
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from ..launch import bind, run_planned_on
@@ -222,12 +223,16 @@ class Pool:
         flags["F"] = int(forward_only)
         logcmd.log_command("pool", flags)
 
-    def _kernel(self, name, index_t, save_indices, window=None):
-        key = (name, index_t, save_indices, window)
+    def _kernel(self, name, index_t, save_indices, window=None, dtype=float32):
+        key = (name, index_t, save_indices, window, dtype)
         kernel = self._kernels.get(key)
         if kernel is None:
             params = dict(method=self.method, window=window or self._window,
                           save_indices=save_indices, index_t=index_t, group_size=group_size(self.ctx))
+            if is_float16_type(dtype):
+                # 16-bit storage, computed in float32 (kernels/pool.cl.mako).
+                from .pointwise import template_type
+                params["dtype"] = template_type(dtype)
             kernel = self._kernels[key] = bind(program.kernel(self.ctx, "pool", name, params))
         return kernel
 
@@ -259,7 +264,8 @@ class Pool:
             plane_threads *= 2
         divisor = float(self.divisor_override or plane_size)
         # The plane kernel lives in the adaptive build, whatever the window kind.
-        kernel = self._kernel("pool_plane_forward", index_t, indices is not None, "adaptive")
+        kernel = self._kernel("pool_plane_forward", index_t, indices is not None, "adaptive",
+                              x.dtype)
         args = [index_np(planes), np.int32(plane_size), np.int32(plane_threads),
                 np.float32(divisor), x.buffer, index_np(x.offset_elements), y.buffer,
                 index_np(y.offset_elements)]
@@ -284,8 +290,12 @@ class Pool:
         for t, what in ((x, x_what), (y, y_what)):
             if not isinstance(t, Tensor):
                 raise not_a_tensor(what, t)
-            if t.dtype != float32:
-                raise DTypeError(f"{what} must be float32, got {t.dtype}")
+            if t.dtype != float32 and not is_float16_type(t.dtype):
+                raise DTypeError(f"{what} must be float32, float16 or bfloat16, got "
+                                 f"{dtype_name(t.dtype)}")
+        if x.dtype != y.dtype:
+            raise DTypeError(f"{x_what} and {y_what} must have one dtype, got "
+                             f"{dtype_name(x.dtype)} and {dtype_name(y.dtype)}")
         check_same_context(x, y, indices)
         expected = self.output_shape(x.shape)
         if y.shape != expected:
@@ -310,7 +320,7 @@ class Pool:
         if self.algorithm(x.shape) == "plane":
             self._forward_plane(x, y, indices, index_t, index_np)
             return
-        kernel = self._kernel("pool_forward", index_t, indices is not None)
+        kernel = self._kernel("pool_forward", index_t, indices is not None, dtype=x.dtype)
         args = self._common_args(y.size, x.shape, y.shape, index_np)
         args += [x.buffer, index_np(x.offset_elements), y.buffer, index_np(y.offset_elements)]
         if indices is not None:
@@ -331,7 +341,7 @@ class Pool:
             # No window reads anything (adaptive output size 0).
             dx.fill_(0.0)
             return
-        kernel = self._kernel("pool_backward", index_t, False)
+        kernel = self._kernel("pool_backward", index_t, False, dtype=dx.dtype)
         args = self._common_args(dx.size, dx.shape, dy.shape, index_np)
         args += [dy.buffer, index_np(dy.offset_elements), dx.buffer, index_np(dx.offset_elements)]
         if indices is not None:
@@ -383,6 +393,10 @@ def _run(op, x, return_indices=False):
 
 def _backward(ctx, op, key, x, indices):
     def backward(g):
+        if g.dtype != x.dtype:
+            # A gradient given in another type: the kernels read dy as x's.
+            from .pointwise import convert
+            g = convert(g, x.dtype)
         dx = Tensor.empty(ctx, x.shape, x.dtype)
         run_planned_on(ctx, ("backward", key, g.shape, g.dtype, g.offset), (g, dx, indices),
                        lambda: op.backward(g, dx, indices))

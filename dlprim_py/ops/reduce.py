@@ -41,12 +41,12 @@ import numpy as np
 
 from .. import autograd, config, program, solver, tuning
 from ..context import check_same_context
-from ..dtypes import as_dtype, bool_, cl_name
+from ..dtypes import as_dtype, bool_, cl_name, float32, is_float16_type, name as dtype_name
 from ..errors import DTypeError, DlprimError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from ..launch import BoundKernel, current
 from .pointwise import (PointwiseKernel, _scalar_cl_name, binary, broadcast_shapes,
-                        broadcast_strides, merge_contiguous)
+                        broadcast_strides, convert, is_floating, merge_contiguous, template_type)
 
 _INT32_LIMIT = 2 ** 31 - 1
 
@@ -214,7 +214,8 @@ class ReduceKernel:
         params = dict(
             name=self.name, variant=variant, group_size=group_size, vector=vector,
             unroll=unroll, kept_ndim=kept_ndim, red_ndim=red_ndim, index_t=index_t,
-            inputs=[(n, cl_name(t)) for n, t in self.inputs], accumulators=self._accumulators(index_t),
+            inputs=[(n, template_type(t)) for n, t in self.inputs],
+            accumulators=self._accumulators(index_t),
             scalars=[(n, _scalar_cl_name(t)) for n, t in self.scalars],
             map_statement=self.map_statement, combine=self.combine, fold=self.fold,
             finalize=self.finalize, apply_finalize=apply_finalize, preamble=self.preamble,
@@ -610,9 +611,12 @@ def _kernel(key, factory):
     return k
 
 
-def _sum_kernel():
-    return _kernel("sum", lambda: ReduceKernel("reduce_sum", [("x", np.float32)], [("y", np.float32)],
-                                               "y = x;", "sum"))
+def _sum_kernel(dtype=float32):
+    """The sum of a floating point input into float32 (a 16-bit input's result is rounded to
+    its type afterwards, ``_reduce``)."""
+    key = "sum" if dtype == float32 else ("sum", dtype)
+    return _kernel(key, lambda: ReduceKernel("reduce_sum", [("x", dtype)], [("y", np.float32)],
+                                             "y = x;", "sum"))
 
 
 def _view(t, shape):
@@ -620,11 +624,16 @@ def _view(t, shape):
     return Tensor(t.ctx, t.buffer, shape, t.dtype, offset=t.offset)
 
 
-def _check_float(x, name):
+def _check_float(x, name, storage16=False):
+    """DTypeError unless ``x`` is a float32 tensor, or with ``storage16`` a float16 / bfloat16
+    one (read in float32, the result accumulated in float32 and rounded to its type once)."""
     if not isinstance(x, Tensor):
         raise not_a_tensor(f"{name}: input", x)
-    if x.dtype != np.float32:
-        raise DTypeError(f"{name}: only float32 tensors are supported, got {x.dtype}")
+    if x.dtype != np.float32 and not (storage16 and is_floating(x.dtype)):
+        if storage16:
+            raise DTypeError(f"{name}: only float32, float16 and bfloat16 tensors are "
+                             f"supported, got {dtype_name(x.dtype)}")
+        raise DTypeError(f"{name}: only float32 tensors are supported, got {dtype_name(x.dtype)}")
 
 
 _shape_memo = {}
@@ -673,8 +682,11 @@ def _reduce(kernel, x, dim, keepdim, name, extra_inputs=(), scalars=()):
     out = Tensor.empty(x.ctx, result, kernel.outputs[0][1])
     if x.size == 0:
         out.fill_(_EMPTY_VALUES[name])
-        return out, keep_dims
-    kernel([x, *extra_inputs], [_view(out, keep_dims)], scalars)
+    else:
+        kernel([x, *extra_inputs], [_view(out, keep_dims)], scalars)
+    if is_float16_type(x.dtype) and out.dtype == float32:
+        # Accumulated in float32, rounded to the input's type once (torch's result type).
+        out = convert(out, x.dtype)
     return out, keep_dims
 
 
@@ -684,10 +696,16 @@ _expand_kernel = None
 def expand(g, shape):
     """``g`` broadcast to ``shape`` (a new dense tensor), off the tape."""
     global _expand_kernel
-    if _expand_kernel is None:
-        _expand_kernel = PointwiseKernel("expand", [("g", np.float32)], [("y", np.float32)], "y = g;")
+    if g.dtype != float32:
+        kernel = _kernel(("expand", g.dtype), lambda: PointwiseKernel(
+            "expand", [("g", g.dtype)], [("y", g.dtype)], "y = g;"))
+    else:
+        if _expand_kernel is None:
+            _expand_kernel = PointwiseKernel("expand", [("g", np.float32)], [("y", np.float32)],
+                                             "y = g;")
+        kernel = _expand_kernel
     out = Tensor.empty(g.ctx, shape, g.dtype)
-    _expand_kernel([g], [out])
+    kernel([g], [out])
     return out
 
 
@@ -697,6 +715,14 @@ def sum_to_shape(grad, shape):
     shape = tuple(shape)
     if broadcast_shapes(shape, grad.shape) != grad.shape:
         raise ShapeError(f"sum_to_shape: {shape} does not broadcast to {grad.shape}")
+    if is_float16_type(grad.dtype):
+        # Summed in float32, rounded to the gradient's type once.
+        out = Tensor.empty(grad.ctx, shape, float32)
+        if grad.size == 0:
+            out.fill_(0)
+        elif out.size:
+            _sum_kernel(grad.dtype)([grad], [out])
+        return convert(out, grad.dtype)
     out = Tensor.empty(grad.ctx, shape, grad.dtype)
     if grad.size == 0:
         out.fill_(0)
@@ -720,25 +746,26 @@ def sum(x, dim=None, keepdim=False):  # noqa: A001 - torch's name
     with its gradient; bool, int32 and int64 to int64 (a mask's count of True elements)."""
     if isinstance(x, Tensor) and x.dtype in _INTEGER_SUMS:
         return _reduce(_integer_sum_kernel(x.dtype), x, dim, keepdim, "sum")[0]
-    if isinstance(x, Tensor) and x.dtype != np.float32:
-        raise DTypeError(f"sum: float32, bool, int32 and int64 tensors are supported, got "
-                         f"{x.dtype}")
-    _check_float(x, "sum")
-    out, keep_dims = _reduce(_sum_kernel(), x, dim, keepdim, "sum")
+    if isinstance(x, Tensor) and not is_floating(x.dtype):
+        raise DTypeError(f"sum: float32, float16, bfloat16, bool, int32 and int64 tensors are "
+                         f"supported, got {dtype_name(x.dtype)}")
+    _check_float(x, "sum", storage16=True)
+    out, keep_dims = _reduce(_sum_kernel(x.dtype), x, dim, keepdim, "sum")
     shape = x.shape
     return autograd.record(out, (x,), lambda g: (expand(_view(g, keep_dims), shape),), "sum")
 
 
 def mean(x, dim=None, keepdim=False):
     """torch.mean over ``dim``; NaN for an empty reduction."""
-    _check_float(x, "mean")
-    kernel = _kernel("mean", lambda: ReduceKernel(
-        "reduce_mean", [("x", np.float32)], [("y", np.float32)], "y = x;", "sum",
+    _check_float(x, "mean", storage16=True)
+    dtype = x.dtype
+    kernel = _kernel("mean" if dtype == float32 else ("mean", dtype), lambda: ReduceKernel(
+        "reduce_mean", [("x", dtype)], [("y", np.float32)], "y = x;", "sum",
         finalize="acc_y = acc_y / (float)reduce_size;"))
     axes, keep_dims, _ = _shapes(x, dim, keepdim, "mean")
     count = math.prod(x.shape[k] for k in axes)
     if count == 0:
-        out = Tensor.full(x.ctx, _shapes(x, dim, keepdim, "mean")[2], np.nan)
+        out = Tensor.full(x.ctx, _shapes(x, dim, keepdim, "mean")[2], np.nan, dtype)
     else:
         out, keep_dims = _reduce(kernel, x, dim, keepdim, "mean")
     shape = x.shape
@@ -752,21 +779,20 @@ def mean(x, dim=None, keepdim=False):
 # any and all: the elements' truth values (nonzero, NaN included) folded by | or &.
 _TRUTH_FOLDS = {"any": ("acc_y = acc_y | y;", "0"), "all": ("acc_y = acc_y & y;", "1")}
 _TRUTH_DTYPES = (np.dtype(np.bool_), np.dtype(np.int32), np.dtype(np.int64),
-                 np.dtype(np.float32), np.dtype(np.float16))
+                 np.dtype(np.float32), np.dtype(np.float16), as_dtype("bfloat16"))
 
 
 def _truth_reduce(x, dim, keepdim, kind):
     if not isinstance(x, Tensor):
         raise not_a_tensor(f"{kind}: input", x)
     if x.dtype not in _TRUTH_DTYPES:
-        raise DTypeError(f"{kind}: unsupported dtype {x.dtype}")
-    if x.dtype == np.float16 and not x.ctx.info.has_fp16:
-        raise UnsupportedError(f"{kind}: float16 needs the cl_khr_fp16 extension, which "
-                               f"{x.ctx.info.name} lacks")
+        raise DTypeError(f"{kind}: unsupported dtype {dtype_name(x.dtype)}")
     combine, identity = _TRUTH_FOLDS[kind]
+    # A 16-bit input is a float in the kernel (no cl_khr_fp16 needed).
+    zero = "float" if is_float16_type(x.dtype) else cl_name(x.dtype)
     kernel = _kernel((kind, x.dtype), lambda: ReduceKernel(
-        f"reduce_{kind}_{x.dtype.name}", [("x", x.dtype)], [("y", bool_)],
-        f"y = (x != ({cl_name(x.dtype)})0);", combine, {"y": identity}))
+        f"reduce_{kind}_{template_type(x.dtype)}", [("x", x.dtype)], [("y", bool_)],
+        f"y = (x != ({zero})0);", combine, {"y": identity}))
     return _reduce(kernel, x, dim, keepdim, kind)[0]
 
 
@@ -784,23 +810,27 @@ def all_(x, dim=None, keepdim=False):
     return _truth_reduce(x, dim, keepdim, "all")
 
 
-def _extremum_kernel(kind):
-    return _kernel(kind, lambda: ReduceKernel(f"reduce_{kind}", [("x", np.float32)], [("y", np.float32)],
-                                              "y = x;", kind))
+def _extremum_kernel(kind, dtype=float32):
+    # The extreme of 16-bit values is one of them: float32's result converts back exactly.
+    return _kernel(kind if dtype == float32 else (kind, dtype), lambda: ReduceKernel(
+        f"reduce_{kind}", [("x", dtype)], [("y", np.float32)], "y = x;", kind))
 
 
 def _extremum_backward(x, out, keep_dims, g):
-    """torch's gradient of amax/amin: shared evenly among the elements equal to the result."""
-    count_kernel = _kernel("count_equal", lambda: ReduceKernel(
-        "reduce_count_equal", [("x", np.float32), ("m", np.float32)], [("n", np.float32)],
+    """torch's gradient of amax/amin: shared evenly among the elements equal to the result
+    (``x``, ``out``, ``g`` of one floating point type, the gradient of that type)."""
+    dt = x.dtype
+    suffix = "" if dt == float32 else f"_{dtype_name(dt)}"
+    count_kernel = _kernel("count_equal" + suffix, lambda: ReduceKernel(
+        "reduce_count_equal", [("x", dt), ("m", dt)], [("n", np.float32)],
         "n = (x == m) ? 1.0f : 0.0f;", "sum"))
-    spread_kernel = _kernel("spread_equal", lambda: PointwiseKernel(
-        "spread_equal", [("x", np.float32), ("m", np.float32), ("g", np.float32), ("n", np.float32)],
-        [("dx", np.float32)], "dx = (x == m) ? g / n : 0.0f;"))
+    spread_kernel = _kernel("spread_equal" + suffix, lambda: PointwiseKernel(
+        "spread_equal", [("x", dt), ("m", dt), ("g", dt), ("n", np.float32)],
+        [("dx", dt)], "dx = (x == m) ? g / n : 0.0f;"))
     m = _view(out, keep_dims)
     n = Tensor.empty(x.ctx, keep_dims)
     count_kernel([x, m], [n])
-    dx = Tensor.empty(x.ctx, x.shape)
+    dx = Tensor.empty(x.ctx, x.shape, dt)
     spread_kernel([x, m, _view(g, keep_dims), n], [dx])
     return dx
 
@@ -817,10 +847,10 @@ def amin(x, dim=None, keepdim=False):
 
 def _extremum(x, dim, keepdim, kind):
     name = "a" + kind
-    _check_float(x, name)
+    _check_float(x, name, storage16=True)
     if isinstance(dim, (tuple, list)) and len(dim) == 0:
         dim = None
-    out, keep_dims = _reduce(_extremum_kernel(kind), x, dim, keepdim, name)
+    out, keep_dims = _reduce(_extremum_kernel(kind, x.dtype), x, dim, keepdim, name)
     # Detached views: the closure must not hold out, whose grad_fn holds the closure.
     source, result = x.detach(), out.detach()
     return autograd.record(out, (x,), lambda g: (_extremum_backward(source, result, keep_dims, g),),

@@ -27,9 +27,11 @@ import numpy as np
 
 from .. import autograd, config, logcmd, program, solver, tuning
 from ..context import check_same_context
+from ..dtypes import as_dtype, float32, is_float16_type, name as dtype_name
 from ..errors import DTypeError, DlprimError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from ..launch import BoundKernel
+from .pointwise import is_floating, template_type
 
 _CACHE_STEPS = (1, 2, 4, 8, 16, 32)
 
@@ -79,12 +81,17 @@ class SoftmaxPlan:
     """The kernels for one (solver, log, group size, cached, index width): both directions."""
 
     def __init__(self, ctx, log, size, inner, total, variant=None, cached=None, aligned=True,
-                 options=None):
+                 options=None, dtype=float32):
         """``variant`` forces a solver; ``options`` (for measurements and tests) overrides the
-        device's choices (``_choices``)."""
+        device's choices (``_choices``). ``dtype``: the tensors' type; float16 and bfloat16
+        are storage (computed in float32) with scalar accesses: no vectors, no prefetch."""
         problem = SoftmaxProblem(size, inner, bool(aligned))
         variant = solver.select(ctx, "softmax", problem, forced=variant).name
         widest = solver.tunables(ctx, "softmax", problem, variant).get("vector", 1)
+        storage16 = is_float16_type(dtype)
+        if storage16:
+            widest = 1
+            options = {"prefetch": 0, **(options or {})}
         if widest not in (1, 2, 4):
             raise DlprimError(f"softmax tuning: vector must be 1, 2 or 4 (a divisor of "
                               f"ALIGNMENT), got {widest!r}")
@@ -136,6 +143,8 @@ class SoftmaxPlan:
                       prefetch=prefetch, async_ptx=ctx.info.vendor == "nvidia" and prefetch > 0,
                       recompute=bool(choice["recompute"]) and not log,
                       hints=choice["hints"], backward_hints=choice["backward_hints"])
+        if storage16:
+            params["dtype"] = template_type(dtype)
         self.params = params
         self.groups_per_unit = choice["groups_per_unit"]
         built = program.build(ctx, "softmax", params)
@@ -216,8 +225,9 @@ def _choices(ctx, variant, vector, cached, row_items, group_size, backward_hold,
 def _geometry(x, dim, name):
     if not isinstance(x, Tensor):
         raise not_a_tensor(f"{name}: input", x)
-    if x.dtype != np.float32:
-        raise DTypeError(f"{name}: only float32 is supported, got {x.dtype}")
+    if not is_floating(x.dtype):
+        raise DTypeError(f"{name}: only float32, float16 and bfloat16 are supported, got "
+                         f"{dtype_name(x.dtype)}")
     if dim is None:
         raise ShapeError(f"{name}: dim is required (an int)")
     if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
@@ -231,15 +241,15 @@ def _geometry(x, dim, name):
     return math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
 
 
-def _plan(ctx, log, size, inner, total, variant, cached, aligned=True):
+def _plan(ctx, log, size, inner, total, variant, cached, aligned=True, dtype=float32):
     # The forced solver and the tuning databases' generation: the plan's solver and vector
     # width follow from them.
     key = ("softmax_plan", log, variant, cached, size, inner, total >= 2 ** 30, aligned,
-           config.switches().forced.get("softmax"), tuning.generation)
+           config.switches().forced.get("softmax"), tuning.generation, dtype)
     plan = ctx.plans.get(key)
     if plan is None:
         plan = ctx.plans.put(key, SoftmaxPlan(ctx, log, size, inner, total, variant, cached,
-                                              aligned))
+                                              aligned, dtype=dtype))
     return plan
 
 
@@ -264,59 +274,78 @@ def _log_softmax_call(outer, size, inner, log, forward):
 
 def _softmax(x, dim, log, variant, cached, name):
     outer, size, inner = _geometry(x, dim, name)
-    y = Tensor.empty(x.ctx, x.shape)
+    dtype = x.dtype
+    y = Tensor.empty(x.ctx, x.shape, dtype)
     if x.size == 0:
         return y
-    plan = _plan(x.ctx, log, size, inner, x.size, variant, cached, _aligned(x))
+    plan = _plan(x.ctx, log, size, inner, x.size, variant, cached, _aligned(x), dtype)
     _log_softmax_call(outer, size, inner, log, True)
     plan.forward(x, y, outer, size, inner)
     saved = y.detach()
 
     def backward(g):
-        dx = Tensor.empty(g.ctx, g.shape)
+        if g.dtype != dtype:
+            # The kernels read dy as y's type (a gradient given in another type).
+            from .pointwise import convert
+            g = convert(g, dtype)
+        dx = Tensor.empty(g.ctx, g.shape, dtype)
         _log_softmax_call(outer, size, inner, log, False)
         # y and dx start at offset 0; a gradient at an unaligned offset takes the plan
         # without vector accesses.
         backward_plan = plan if _aligned(g) else _plan(g.ctx, log, size, inner, g.size, variant,
-                                                       cached, False)
+                                                       cached, False, dtype)
         backward_plan.backward(saved, g, dx, outer, size, inner)
         return (dx,)
 
     return autograd.record(y, (x,), backward, name)
 
 
-def _check_result_dtype(dtype, name):
-    """torch's ``dtype`` argument (the input cast to it first): float32, the only one here."""
-    if dtype is not None and np.dtype(dtype) != np.float32:
-        raise DTypeError(f"{name}: dtype must be float32 (or None), got {np.dtype(dtype)}")
+def _cast_to_result_dtype(x, dtype, name):
+    """torch's ``dtype`` argument: the input cast to it first (with its gradient), a floating
+    point type (float32, float16, bfloat16)."""
+    if dtype is None:
+        return x
+    try:
+        dt = as_dtype(dtype)
+    except DTypeError:
+        dt = None
+    if dt is None or not is_floating(dt):
+        raise DTypeError(f"{name}: dtype must be float32, float16, bfloat16 (or None), got "
+                         f"{dtype!r}")
+    if isinstance(x, Tensor) and is_floating(x.dtype) and x.dtype != dt:
+        from .masks import cast
+        return cast(x, dt)
+    return x
 
 
 def softmax(x, dim=None, *, dtype=None, variant=None, cached=None):
-    """torch.nn.functional.softmax over ``dim``: float32 in, same shape out, max-subtracted.
-    ``dtype``: None or float32 (torch casts the input to it first)."""
-    _check_result_dtype(dtype, "softmax")
+    """torch.nn.functional.softmax over ``dim``: float32, float16 or bfloat16 in, the same
+    type and shape out, max-subtracted; 16-bit inputs are computed in float32 and rounded once.
+    ``dtype``: None or a floating point type the input is cast to first (as torch's)."""
+    x = _cast_to_result_dtype(x, dtype, "softmax")
     return _softmax(x, dim, False, variant, cached, "softmax")
 
 
 def log_softmax(x, dim=None, *, dtype=None, variant=None, cached=None):
-    """torch.nn.functional.log_softmax over ``dim``: x - max - log(sum(exp(x - max))).
-    ``dtype``: None or float32 (torch casts the input to it first)."""
-    _check_result_dtype(dtype, "log_softmax")
+    """torch.nn.functional.log_softmax over ``dim``: x - max - log(sum(exp(x - max))), with
+    ``softmax``'s types. ``dtype``: None or a floating point type the input is cast to first."""
+    x = _cast_to_result_dtype(x, dtype, "log_softmax")
     return _softmax(x, dim, True, variant, cached, "log_softmax")
 
 
 def softmax_backward(y, dy, dim, log=False, dx=None):
     """The backward on given tensors: dx from the forward's output ``y`` and its gradient ``dy``
-    (float32, one shape); writes into ``dx`` when given. Returns dx."""
+    (one shape and floating point type: float32, float16 or bfloat16); writes into ``dx`` when
+    given. Returns dx."""
     outer, size, inner = _geometry(y, dim, "softmax_backward")
     check_same_context(y, dy, dx)
     for t, what in ((dy, "dy"), (dx, "dx")):
-        if t is not None and (t.shape != y.shape or t.dtype != np.float32):
-            raise ShapeError(f"softmax_backward: {what} must be float32 of shape {y.shape}, "
-                             f"got {t.dtype} {t.shape}")
-    dx = dx if dx is not None else Tensor.empty(y.ctx, y.shape)
+        if t is not None and (t.shape != y.shape or t.dtype != y.dtype):
+            raise ShapeError(f"softmax_backward: {what} must be {dtype_name(y.dtype)} of shape "
+                             f"{y.shape}, got {dtype_name(t.dtype)} {t.shape}")
+    dx = dx if dx is not None else Tensor.empty(y.ctx, y.shape, y.dtype)
     _log_softmax_call(outer, size, inner, log, False)
     if y.size:
-        _plan(y.ctx, log, size, inner, y.size, None, None, _aligned(y, dy, dx)).backward(
+        _plan(y.ctx, log, size, inner, y.size, None, None, _aligned(y, dy, dx), y.dtype).backward(
             y, dy, dx, outer, size, inner)
     return dx
