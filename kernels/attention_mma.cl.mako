@@ -54,6 +54,9 @@
 ##   stages        1: each step's tiles loaded between two barriers; 2: two buffers of them, the
 ##                 next step's copied (cp.async on NVIDIA; plain copies emulated) while this
 ##                 step computes, one barrier per step
+##   round         (PTX path) "cvt": TF32 parts rounded by cvt.rna.tf32.f32; "int": the same
+##                 rounding in integer operations (as gemm_mma.cl.mako's ROUND; the emulation
+##                 always rounds so)
 ##   mask, dropout, index_t  as attention.cl.mako
 ##   emulate       0: mma.sync, cvt.rna.tf32.f32 and shfl.sync as PTX (NVIDIA, compute
 ##                 capability 8.0+). 1: the same mma, fragment for fragment, computed by the
@@ -97,7 +100,7 @@
 ${access.async_copies(not emulate)}
 % endif
 
-% if emulate:
+% if emulate or round == "int":
 // TF32 of x as cvt.rna.tf32.f32 rounds it (to nearest, ties away from zero, on the 13 dropped
 // mantissa bits), in integer arithmetic, kept as the float bit pattern; a NaN stays a NaN.
 inline uint to_tf32(float x)
@@ -105,6 +108,8 @@ inline uint to_tf32(float x)
     const uint u = as_uint(x);
     return isnan(x) ? u : (u + 0x1000u) & 0xffffe000u;
 }
+% endif
+% if emulate:
 
 // The three m16n8k8 mma of a 3xTF32 product of a warp (gemm_mma.cl.mako's emulation of one,
 // done for the three at once: a third of the barriers, which PoCL builds faster): every item
@@ -150,12 +155,14 @@ inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_sm
 }
 #define MMA_AT , mma_scratch + warp * 384, lane
 % else:
+%   if round != "int":
 inline uint to_tf32(float x)
 {
     uint r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return r;
 }
+%   endif
 
 // D = A (16 x 8, row) * B (8 x 8, col) + C on the warp's tensor cores (gemm_mma.cl.mako's
 // statement).

@@ -247,3 +247,9 @@ def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
     tuning_rules("attention", [{"when": {}, "params": dict(SMALL, block_n=12, emulate=1)}])
     with pytest.raises(UnsupportedError, match="multiple of 8"):
         F.scaled_dot_product_attention(q, q, q)
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, stages=3, emulate=1)}])
+    with pytest.raises(UnsupportedError, match="stages must be 1 or 2"):
+        F.scaled_dot_product_attention(q, q, q)
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, round="rz", emulate=1)}])
+    with pytest.raises(UnsupportedError, match="round must be"):
+        F.scaled_dot_product_attention(q, q, q)

@@ -376,6 +376,10 @@ class AttentionPlan:
         stages = tuned.get("stages", 1)
         if stages not in (1, 2):
             raise UnsupportedError(f"attention mma solver: stages must be 1 or 2, got {stages!r}")
+        rounding = tuned.get("round", "cvt")
+        if rounding not in ("cvt", "int"):
+            raise UnsupportedError(f"attention mma solver: round must be 'cvt' or 'int', got "
+                                   f"{rounding!r}")
         fw, fn = _fit_mma(ctx, problem, "forward", tuned["warps"], tuned["block_n"], emulate,
                           stages)
         kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate, stages)
@@ -386,7 +390,7 @@ class AttentionPlan:
         self.params = dict(dk=problem.dk, dv=problem.dv, warps=fw, block_n=fn, kv_warps=kw,
                            q_step=ks, q_warps=qw, k_step=qs, mask=problem.mask,
                            dropout=problem.dropout, index_t=index_t, emulate=emulate,
-                           stages=stages, q_split=bool(tuned.get("q_split", small)),
+                           stages=stages, round=rounding, q_split=bool(tuned.get("q_split", small)),
                            frags=bool(tuned.get("frags", small)))
         built = program.build(ctx, "attention_mma", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_mma_forward", fresh=True))
