@@ -60,6 +60,11 @@ MMA_SET = [
      "k_step": 32, "stages": 2},
     {"solver": "mma", "warps": 4, "block_n": 32, "kv_warps": 4, "q_step": 16, "q_warps": 4,
      "k_step": 16, "stages": 2},
+    # The forward's keys and values split once when staged (32 keys per step then fit).
+    {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
+     "k_step": 32, "presplit": True},
+    {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
+     "k_step": 32, "presplit": True, "round": "int"},
     # The TF32 parts rounded in integer operations instead of cvt.rna.tf32.f32.
     {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
      "k_step": 32, "round": "int"},

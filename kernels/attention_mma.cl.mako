@@ -54,6 +54,9 @@
 ##   stages        1: each step's tiles loaded between two barriers; 2: two buffers of them, the
 ##                 next step's copied (cp.async on NVIDIA; plain copies emulated) while this
 ##                 step computes, one barrier per step
+##   presplit      forward (with stages 1): the step's keys and values split into their TF32
+##                 parts once, when staged (two tiles each), instead of by every warp that
+##                 reads them (a quarter of the conversions with 4 warps, twice the local reads)
 ##   round         (PTX path) "cvt": TF32 parts rounded by cvt.rna.tf32.f32; "int": the same
 ##                 rounding in integer operations (as gemm_mma.cl.mako's ROUND; the emulation
 ##                 always rounds so)
@@ -312,8 +315,9 @@ inline float masked_score(float x, ${index_t} row, ${index_t} key, ${index_t} L,
 
 ## Rows [first, first + count) of a (rows x width) row-major operand at ``base`` into local
 ## rows of ``pitch`` floats (a multiple of 4), zeros past ``limit`` rows and ``width`` columns;
-## consecutive items take consecutive float4s of a row (coalesced).
-<%def name="stage(dst, base, first, count, limit, width, pitch, nthreads)">
+## consecutive items take consecutive float4s of a row (coalesced). ``split``: into
+## ``dst``_big_tile and ``dst``_small_tile, the values' TF32 parts.
+<%def name="stage(dst, base, first, count, limit, width, pitch, nthreads, split=False)">
     for (int e = lid; e < ${count * (pitch // 4)}; e += ${nthreads}) {
         const int r = e / ${pitch // 4};
         const int c = (e - r * ${pitch // 4}) * 4;
@@ -329,7 +333,15 @@ inline float masked_score(float x, ${index_t} row, ${index_t} key, ${index_t} L,
                 if (c + 2 < ${width}) x.z = p[2];
             }
         }
+% if split:
+        {
+            const uint4 big = tf32_big4(x);
+            *(__local uint4 *)(${dst}_big_tile + r * ${pitch} + c) = big;
+            *(__local uint4 *)(${dst}_small_tile + r * ${pitch} + c) = tf32_small4(x, big);
+        }
+% else:
         *(__local float4 *)(${dst} + r * ${pitch} + c) = x;
+% endif
     }
 </%def>
 
@@ -487,8 +499,16 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
                            const uint seed0, const uint seed1, const uint stream0,
                            const uint stream1, const uint threshold, const float keep_scale)
 {
+% if presplit:
+    // The step's keys and values split once, as the TF32 bit patterns of their parts.
+    __local uint k_big_tile[${block_n * F_KLD}] __attribute__((aligned(16)));
+    __local uint k_small_tile[${block_n * F_KLD}] __attribute__((aligned(16)));
+    __local uint v_big_tile[${block_n * F_VLD}] __attribute__((aligned(16)));
+    __local uint v_small_tile[${block_n * F_VLD}] __attribute__((aligned(16)));
+% else:
     __local float k_tile[${stages * block_n * F_KLD}] __attribute__((aligned(16)));
     __local float v_tile[${stages * block_n * F_VLD}] __attribute__((aligned(16)));
+% endif
     ${scratch(32 * warps)}
 % if emulate:
     __local float exchange[${2 * 32 * warps}];
@@ -533,9 +553,19 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
     const ${index_t} n_end = causal ? min(S, row0 + ${16 * warps}) : S;
 
 <% fwd_tiles = [("k", "kb", "S", dk, F_KLD, block_n), ("v", "vb", "S", dv, F_VLD, block_n)] %>
+% if not presplit:
     ${walk_prologue(fwd_tiles, "0", "n_end", 32 * warps)}
+% endif
     for (${index_t} n0 = 0; n0 < n_end; n0 += ${block_n}) {
+% if presplit:
+        // Every warp is done with the previous step's tiles.
+        barrier(CLK_LOCAL_MEM_FENCE);
+        ${stage("k", "kb", "n0", block_n, "S", dk, F_KLD, 32 * warps, split=True)}
+        ${stage("v", "vb", "n0", block_n, "S", dv, F_VLD, 32 * warps, split=True)}
+        barrier(CLK_LOCAL_MEM_FENCE);
+% else:
         ${walk_step(fwd_tiles, "n0", block_n, "n_end", 32 * warps)}
+% endif
 
         // S = (q * scale2) K^T: 16 rows by block_n keys, 8 keys per accumulator tile.
         float4 s[${NB}];
@@ -551,7 +581,15 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
 % endif
             ${UNROLL}
             for (int j = 0; j < ${NB}; ++j)
+% if presplit:
+            {
+                const int at = (8 * j + g) * ${F_KLD} + 8 * kk + 2 * t;
+                s[j] = mma3(s[j], q_big_kk, q_small_kk, *(__local const uint2 *)(k_big_tile + at),
+                            *(__local const uint2 *)(k_small_tile + at) MMA_AT);
+            }
+% else:
                 MMA3_SPLIT_B(s[j], q_big_kk, q_small_kk, ${b_rows("k_at", F_KLD, "8 * j", "8 * kk")});
+% endif
         }
 
         float max_lo = -INFINITY, max_hi = -INFINITY;
@@ -609,7 +647,16 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
             const uint4 p_big = tf32_big4(pa), p_small = tf32_small4(pa, p_big);
             ${UNROLL}
             for (int i = 0; i < ${VS}; ++i)
+% if presplit:
+            {
+                const int at = (8 * j + 2 * t) * ${F_VLD} + 8 * i + g;
+                acc[i] = mma3(acc[i], p_big, p_small,
+                              (uint2)(v_big_tile[at], v_big_tile[at + ${F_VLD}]),
+                              (uint2)(v_small_tile[at], v_small_tile[at + ${F_VLD}]) MMA_AT);
+            }
+% else:
                 MMA3_SPLIT_B(acc[i], p_big, p_small, ${b_cols("v_at", F_VLD, "8 * j", "8 * i")});
+% endif
         }
     }
 

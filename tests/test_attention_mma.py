@@ -115,6 +115,21 @@ def test_two_stages(ctx, rng, mma, tuning_rules):
         assert_close(t.grad.numpy(), r.grad.numpy(), tol=TOL)
 
 
+def test_presplit(ctx, rng, mma, tuning_rules):
+    """presplit: the forward's staged keys and values split into their TF32 parts once, two
+    tiles each; a float mask, causal-like rows with no key, several steps."""
+    params = dict(SMALL, presplit=True) if not real_mma(ctx) else \
+        {"solver": "mma", "presplit": True}
+    tuning_rules("attention", [{"when": {}, "params": params}])
+    mask = random(rng, (37, 45), -2.0, 2.0)
+    mask[4] = -np.inf
+    built, spy = _plans()
+    with spy:
+        out = _check(ctx, rng, (2, 3, 37, 16), (1, 3, 45, 16), (1, 3, 45, 12), mask=mask)
+    assert built[-1][1]["presplit"]
+    assert np.all(out.numpy()[:, :, 4] == 0)
+
+
 def test_larger_values(ctx, rng, mma):
     """Operands of several units (scores up to ~30, weights far from uniform): the small parts
     of the split carry the digits TF32 drops."""
@@ -249,6 +264,10 @@ def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
         F.scaled_dot_product_attention(q, q, q)
     tuning_rules("attention", [{"when": {}, "params": dict(SMALL, stages=3, emulate=1)}])
     with pytest.raises(UnsupportedError, match="stages must be 1 or 2"):
+        F.scaled_dot_product_attention(q, q, q)
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, presplit=True, stages=2,
+                                                            emulate=1)}])
+    with pytest.raises(UnsupportedError, match="stages must be 1"):
         F.scaled_dot_product_attention(q, q, q)
     tuning_rules("attention", [{"when": {}, "params": dict(SMALL, round="rz", emulate=1)}])
     with pytest.raises(UnsupportedError, match="round must be"):

@@ -233,7 +233,8 @@ def _mma_ld(width, k_contiguous):
 
 def _mma_local(kernel, dk, dv, warps, step, emulate, stages=1):
     """Bytes of local memory of an mma kernel ("forward", "kv" or "q") of ``warps`` warps
-    staging ``step`` keys (or query rows) per step in ``stages`` buffers."""
+    staging ``step`` keys (or query rows) per step in ``stages`` buffers (the forward's split
+    tiles, ``presplit``, count as two)."""
     dkp, dvp = -(-dk // 8) * 8, -(-dv // 8) * 8
     extra = 48 * 32 * warps if emulate else 0
     if kernel == "forward":
@@ -380,8 +381,12 @@ class AttentionPlan:
         if rounding not in ("cvt", "int"):
             raise UnsupportedError(f"attention mma solver: round must be 'cvt' or 'int', got "
                                    f"{rounding!r}")
+        presplit = bool(tuned.get("presplit", False))
+        if presplit and stages != 1:
+            raise UnsupportedError("attention mma solver: presplit tiles are staged through "
+                                   "registers: stages must be 1")
         fw, fn = _fit_mma(ctx, problem, "forward", tuned["warps"], tuned["block_n"], emulate,
-                          stages)
+                          2 if presplit else stages)
         kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate, stages)
         qw, qs = _fit_mma(ctx, problem, "q", tuned["q_warps"], tuned["k_step"], emulate, stages)
         # Registers: at head dims up to 64 the warps' own fragments stay in them (q split in
@@ -390,7 +395,7 @@ class AttentionPlan:
         self.params = dict(dk=problem.dk, dv=problem.dv, warps=fw, block_n=fn, kv_warps=kw,
                            q_step=ks, q_warps=qw, k_step=qs, mask=problem.mask,
                            dropout=problem.dropout, index_t=index_t, emulate=emulate,
-                           stages=stages, round=rounding, q_split=bool(tuned.get("q_split", small)),
+                           stages=stages, round=rounding, presplit=presplit, q_split=bool(tuned.get("q_split", small)),
                            frags=bool(tuned.get("frags", small)))
         built = program.build(ctx, "attention_mma", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_mma_forward", fresh=True))
