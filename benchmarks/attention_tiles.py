@@ -54,6 +54,20 @@ MMA_SET = [
      "k_step": 32},
     {"solver": "mma", "warps": 2, "block_n": 64, "kv_warps": 2, "q_step": 32, "q_warps": 2,
      "k_step": 32},
+    # Two buffers of tiles, the next step's cp.async copies in flight during this step (the
+    # local memory then halves the forward's 64 keys per step to 32 at head dim 64).
+    {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
+     "k_step": 32, "stages": 2},
+    {"solver": "mma", "warps": 4, "block_n": 32, "kv_warps": 4, "q_step": 16, "q_warps": 4,
+     "k_step": 16, "stages": 2},
+    # The forward's keys and values split once when staged (32 keys per step then fit).
+    {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
+     "k_step": 32, "presplit": True},
+    {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
+     "k_step": 32, "presplit": True, "round": "int"},
+    # The TF32 parts rounded in integer operations instead of cvt.rna.tf32.f32.
+    {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
+     "k_step": 32, "round": "int"},
     # Fewer registers: q split at each step, the backward's own fragments read at each step.
     {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
      "k_step": 32, "q_split": False, "frags": False},

@@ -51,6 +51,15 @@
 ##   frags         backward: the A fragments of the group's own rows (k and v in dK/dV, q and
 ##                 dO in dQ) kept in registers; else read again (through the caches) at each
 ##                 step, for large head dims, where the accumulators take the registers
+##   stages        1: each step's tiles loaded between two barriers; 2: two buffers of them, the
+##                 next step's copied (cp.async on NVIDIA; plain copies emulated) while this
+##                 step computes, one barrier per step
+##   presplit      forward (with stages 1): the step's keys and values split into their TF32
+##                 parts once, when staged (two tiles each), instead of by every warp that
+##                 reads them (a quarter of the conversions with 4 warps, twice the local reads)
+##   round         (PTX path) "cvt": TF32 parts rounded by cvt.rna.tf32.f32; "int": the same
+##                 rounding in integer operations (as gemm_mma.cl.mako's ROUND; the emulation
+##                 always rounds so)
 ##   mask, dropout, index_t  as attention.cl.mako
 ##   emulate       0: mma.sync, cvt.rna.tf32.f32 and shfl.sync as PTX (NVIDIA, compute
 ##                 capability 8.0+). 1: the same mma, fragment for fragment, computed by the
@@ -58,6 +67,7 @@
 ##                 rounding in integer arithmetic, quad reductions through local memory: any
 ##                 OpenCL device runs it, which checks this file's addressing where no tensor
 ##                 core is.
+<%namespace name="access" file="memory_access.cl.mako"/>
 <%
     DKP = -(-dk // 8) * 8
     DVP = -(-dv // 8) * 8
@@ -89,7 +99,11 @@
 #define DV ${dv}
 #define LOG2E 1.4426950408889634f
 
-% if emulate:
+% if stages == 2:
+${access.async_copies(not emulate)}
+% endif
+
+% if emulate or round == "int":
 // TF32 of x as cvt.rna.tf32.f32 rounds it (to nearest, ties away from zero, on the 13 dropped
 // mantissa bits), in integer arithmetic, kept as the float bit pattern; a NaN stays a NaN.
 inline uint to_tf32(float x)
@@ -97,6 +111,8 @@ inline uint to_tf32(float x)
     const uint u = as_uint(x);
     return isnan(x) ? u : (u + 0x1000u) & 0xffffe000u;
 }
+% endif
+% if emulate:
 
 // The three m16n8k8 mma of a 3xTF32 product of a warp (gemm_mma.cl.mako's emulation of one,
 // done for the three at once: a third of the barriers, which PoCL builds faster): every item
@@ -142,12 +158,14 @@ inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_sm
 }
 #define MMA_AT , mma_scratch + warp * 384, lane
 % else:
+%   if round != "int":
 inline uint to_tf32(float x)
 {
     uint r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return r;
 }
+%   endif
 
 // D = A (16 x 8, row) * B (8 x 8, col) + C on the warp's tensor cores (gemm_mma.cl.mako's
 // statement).
@@ -297,8 +315,9 @@ inline float masked_score(float x, ${index_t} row, ${index_t} key, ${index_t} L,
 
 ## Rows [first, first + count) of a (rows x width) row-major operand at ``base`` into local
 ## rows of ``pitch`` floats (a multiple of 4), zeros past ``limit`` rows and ``width`` columns;
-## consecutive items take consecutive float4s of a row (coalesced).
-<%def name="stage(dst, base, first, count, limit, width, pitch, nthreads)">
+## consecutive items take consecutive float4s of a row (coalesced). ``split``: into
+## ``dst``_big_tile and ``dst``_small_tile, the values' TF32 parts.
+<%def name="stage(dst, base, first, count, limit, width, pitch, nthreads, split=False)">
     for (int e = lid; e < ${count * (pitch // 4)}; e += ${nthreads}) {
         const int r = e / ${pitch // 4};
         const int c = (e - r * ${pitch // 4}) * 4;
@@ -314,8 +333,112 @@ inline float masked_score(float x, ${index_t} row, ${index_t} key, ${index_t} L,
                 if (c + 2 < ${width}) x.z = p[2];
             }
         }
+% if split:
+        {
+            const uint4 big = tf32_big4(x);
+            *(__local uint4 *)(${dst}_big_tile + r * ${pitch} + c) = big;
+            *(__local uint4 *)(${dst}_small_tile + r * ${pitch} + c) = tf32_small4(x, big);
+        }
+% else:
         *(__local float4 *)(${dst} + r * ${pitch} + c) = x;
+% endif
     }
+</%def>
+
+## With stages == 2: rows [first, first + count) of a (rows x width) operand at ``base`` into
+## ``dst`` (rows of ``pitch`` floats) by async copies (cp.async on NVIDIA), zeros past ``limit``
+## rows and ``width`` columns (up to the width rounded to 8); 16-byte copies where ``vec``
+## (the operand's rows start on 16-byte boundaries).
+<%def name="copy_tile(dst, base, first, count, limit, width, pitch, nthreads, vec)">
+<% wp4 = -(-width // 8) * 2 %>
+        for (int e = lid; e < ${count * wp4}; e += ${nthreads}) {
+            const int r = e / ${wp4};
+            const int c = (e - r * ${wp4}) * 4;
+            const ${index_t} row = ${first} + r;
+            __local float *d = ${dst} + r * ${pitch} + c;
+            __global const float *src = ${base} + row * ${width} + c;
+            if (${vec} && row < ${limit} && c + 3 < ${width}) {
+                copy16(d, src);
+            } else {
+                for (int u = 0; u < 4; ++u) {
+                    const bool ok = row < ${limit} && c + u < ${width};
+                    copy4_masked(d + u, ok ? src + u : ${base}, ok);
+                }
+            }
+        }
+</%def>
+
+## The kv kernel's lse and delta of the step's query rows from ``first`` into buffer ``buf``.
+<%def name="row_stats(buf, first, nthreads)">
+        for (int e = lid; e < ${q_step}; e += ${nthreads}) {
+            const ${index_t} row = ${first} + e;
+            lse_tile[(${buf}) * ${q_step} + e] = row < L ? lse[(${index_t})b * L + row] : INFINITY;
+            delta_tile[(${buf}) * ${q_step} + e] = row < L ? delta[(${index_t})b * L + row] : 0.0f;
+        }
+</%def>
+
+## A walk over steps of ``step`` rows (keys or query rows) from ``start`` to ``end``: the tiles
+## (name, base, limit, width, pitch, count: ``name``_tile of ``stages`` buffers, read through
+## ``name``_at) staged at each step. stages 1: loads between two barriers. stages 2: the next
+## step's async copies (cp.async on NVIDIA) in flight while this step computes.
+<%def name="walk_prologue(tiles, start, end, nthreads, stats=False)">
+% if stages == 2:
+%   for (name, base, limit, width, pitch, count) in tiles:
+    const bool ${name}_vec = ${int(width % 4 == 0)} && ((ulong)${base} & 15) == 0;
+%   endfor
+    if (${start} < ${end}) {
+%   for (name, base, limit, width, pitch, count) in tiles:
+        ${copy_tile(name + "_tile", base, start, count, limit, width, pitch, nthreads, name + "_vec")}
+%   endfor
+%   if stats:
+        ${row_stats("0", start, nthreads)}
+%   endif
+    }
+    COPY_COMMIT();
+    int buf = 0;
+% endif
+</%def>
+<%def name="walk_step(tiles, first, step, end, nthreads, stats=False)">
+% if stages == 2:
+        COPY_WAIT(0);
+        // Publishes this step's tiles, and tells that every warp is done with the previous
+        // step's buffer, which the copies issued next refill.
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (${first} + ${step} < ${end}) {
+%   for (name, base, limit, width, pitch, count) in tiles:
+            ${copy_tile("%s_tile + (buf ^ 1) * %d" % (name, count * pitch), base, "%s + %d" % (first, step), count, limit, width, pitch, nthreads, name + "_vec")}
+%   endfor
+%   if stats:
+            ${row_stats("buf ^ 1", "%s + %d" % (first, step), nthreads)}
+%   endif
+        }
+        COPY_COMMIT();
+%   for (name, base, limit, width, pitch, count) in tiles:
+        __local const float *${name}_at = ${name}_tile + buf * ${count * pitch};
+%   endfor
+%   if stats:
+        __local const float *lse_at = lse_tile + buf * ${q_step};
+        __local const float *delta_at = delta_tile + buf * ${q_step};
+%   endif
+        buf ^= 1;
+% else:
+        // Every warp is done with the previous step's tiles.
+        barrier(CLK_LOCAL_MEM_FENCE);
+%   for (name, base, limit, width, pitch, count) in tiles:
+        ${stage(name + "_tile", base, first, count, limit, width, pitch, nthreads)}
+%   endfor
+%   if stats:
+        ${row_stats("0", first, nthreads)}
+%   endif
+        barrier(CLK_LOCAL_MEM_FENCE);
+%   for (name, base, limit, width, pitch, count) in tiles:
+        __local const float *${name}_at = ${name}_tile;
+%   endfor
+%   if stats:
+        __local const float *lse_at = lse_tile;
+        __local const float *delta_at = delta_tile;
+%   endif
+% endif
 </%def>
 
 ## An A fragment (float4 a0..a3, permuted K) of rows lo = ``row`` and hi = ``row`` + 8, K
@@ -376,8 +499,16 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
                            const uint seed0, const uint seed1, const uint stream0,
                            const uint stream1, const uint threshold, const float keep_scale)
 {
-    __local float k_tile[${block_n * F_KLD}] __attribute__((aligned(16)));
-    __local float v_tile[${block_n * F_VLD}] __attribute__((aligned(16)));
+% if presplit:
+    // The step's keys and values split once, as the TF32 bit patterns of their parts.
+    __local uint k_big_tile[${block_n * F_KLD}] __attribute__((aligned(16)));
+    __local uint k_small_tile[${block_n * F_KLD}] __attribute__((aligned(16)));
+    __local uint v_big_tile[${block_n * F_VLD}] __attribute__((aligned(16)));
+    __local uint v_small_tile[${block_n * F_VLD}] __attribute__((aligned(16)));
+% else:
+    __local float k_tile[${stages * block_n * F_KLD}] __attribute__((aligned(16)));
+    __local float v_tile[${stages * block_n * F_VLD}] __attribute__((aligned(16)));
+% endif
     ${scratch(32 * warps)}
 % if emulate:
     __local float exchange[${2 * 32 * warps}];
@@ -421,12 +552,20 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
     // Causal: the block's last row sees keys up to itself.
     const ${index_t} n_end = causal ? min(S, row0 + ${16 * warps}) : S;
 
+<% fwd_tiles = [("k", "kb", "S", dk, F_KLD, block_n), ("v", "vb", "S", dv, F_VLD, block_n)] %>
+% if not presplit:
+    ${walk_prologue(fwd_tiles, "0", "n_end", 32 * warps)}
+% endif
     for (${index_t} n0 = 0; n0 < n_end; n0 += ${block_n}) {
+% if presplit:
         // Every warp is done with the previous step's tiles.
         barrier(CLK_LOCAL_MEM_FENCE);
-        ${stage("k_tile", "kb", "n0", block_n, "S", "DK", F_KLD, 32 * warps)}
-        ${stage("v_tile", "vb", "n0", block_n, "S", "DV", F_VLD, 32 * warps)}
+        ${stage("k", "kb", "n0", block_n, "S", dk, F_KLD, 32 * warps, split=True)}
+        ${stage("v", "vb", "n0", block_n, "S", dv, F_VLD, 32 * warps, split=True)}
         barrier(CLK_LOCAL_MEM_FENCE);
+% else:
+        ${walk_step(fwd_tiles, "n0", block_n, "n_end", 32 * warps)}
+% endif
 
         // S = (q * scale2) K^T: 16 rows by block_n keys, 8 keys per accumulator tile.
         float4 s[${NB}];
@@ -442,7 +581,15 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
 % endif
             ${UNROLL}
             for (int j = 0; j < ${NB}; ++j)
-                MMA3_SPLIT_B(s[j], q_big_kk, q_small_kk, ${b_rows("k_tile", F_KLD, "8 * j", "8 * kk")});
+% if presplit:
+            {
+                const int at = (8 * j + g) * ${F_KLD} + 8 * kk + 2 * t;
+                s[j] = mma3(s[j], q_big_kk, q_small_kk, *(__local const uint2 *)(k_big_tile + at),
+                            *(__local const uint2 *)(k_small_tile + at) MMA_AT);
+            }
+% else:
+                MMA3_SPLIT_B(s[j], q_big_kk, q_small_kk, ${b_rows("k_at", F_KLD, "8 * j", "8 * kk")});
+% endif
         }
 
         float max_lo = -INFINITY, max_hi = -INFINITY;
@@ -500,7 +647,16 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
             const uint4 p_big = tf32_big4(pa), p_small = tf32_small4(pa, p_big);
             ${UNROLL}
             for (int i = 0; i < ${VS}; ++i)
-                MMA3_SPLIT_B(acc[i], p_big, p_small, ${b_cols("v_tile", F_VLD, "8 * j", "8 * i")});
+% if presplit:
+            {
+                const int at = (8 * j + 2 * t) * ${F_VLD} + 8 * i + g;
+                acc[i] = mma3(acc[i], p_big, p_small,
+                              (uint2)(v_big_tile[at], v_big_tile[at + ${F_VLD}]),
+                              (uint2)(v_small_tile[at], v_small_tile[at + ${F_VLD}]) MMA_AT);
+            }
+% else:
+                MMA3_SPLIT_B(acc[i], p_big, p_small, ${b_cols("v_at", F_VLD, "8 * j", "8 * i")});
+% endif
         }
     }
 
@@ -587,9 +743,9 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
 {
     // The step's query rows and output gradient rows: read along rows (B of S^T, dP^T) and down
     // columns (B of dK, dV).
-    __local float q_tile[${q_step * B_QLD}] __attribute__((aligned(16)));
-    __local float g_tile[${q_step * B_GLD}] __attribute__((aligned(16)));
-    __local float lse_tile[${q_step}], delta_tile[${q_step}];
+    __local float q_tile[${stages * q_step * B_QLD}] __attribute__((aligned(16)));
+    __local float g_tile[${stages * q_step * B_GLD}] __attribute__((aligned(16)));
+    __local float lse_tile[${stages * q_step}], delta_tile[${stages * q_step}];
     ${scratch(32 * kv_warps)}
     ${item_ids()}
     const ${index_t} b = get_group_id(1);
@@ -625,16 +781,10 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
     // Causal: query rows before the group's first key see none of its keys.
     const ${index_t} i_begin = causal ? kv0 : 0;
 
+<% kv_tiles = [("q", "qb", "L", dk, B_QLD, q_step), ("g", "gb", "L", dv, B_GLD, q_step)] %>
+    ${walk_prologue(kv_tiles, "i_begin", "L", 32 * kv_warps, stats=True)}
     for (${index_t} i0 = i_begin; i0 < L; i0 += ${q_step}) {
-        barrier(CLK_LOCAL_MEM_FENCE);
-        ${stage("q_tile", "qb", "i0", q_step, "L", "DK", B_QLD, 32 * kv_warps)}
-        ${stage("g_tile", "gb", "i0", q_step, "L", "DV", B_GLD, 32 * kv_warps)}
-        for (int e = lid; e < ${q_step}; e += ${32 * kv_warps}) {
-            const ${index_t} row = i0 + e;
-            lse_tile[e] = row < L ? lse[(${index_t})b * L + row] : INFINITY;
-            delta_tile[e] = row < L ? delta[(${index_t})b * L + row] : 0.0f;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
+        ${walk_step(kv_tiles, "i0", q_step, "L", 32 * kv_warps, stats=True)}
 
         // S^T = (k * scale2) Q^T and dP^T = V dO^T: 16 keys by q_step rows.
         float4 st[${QB}], dpt[${QB}];
@@ -651,7 +801,7 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
             const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
             ${UNROLL}
             for (int j = 0; j < ${QB}; ++j)
-                MMA3_SPLIT_B(st[j], a_big, a_small, ${b_rows("q_tile", B_QLD, "8 * j", "8 * kk")});
+                MMA3_SPLIT_B(st[j], a_big, a_small, ${b_rows("q_at", B_QLD, "8 * j", "8 * kk")});
         }
         ${UNROLL}
         for (int kk = 0; kk < ${VS}; ++kk) {
@@ -664,7 +814,7 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
             const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
             ${UNROLL}
             for (int j = 0; j < ${QB}; ++j)
-                MMA3_SPLIT_B(dpt[j], a_big, a_small, ${b_rows("g_tile", B_GLD, "8 * j", "8 * kk")});
+                MMA3_SPLIT_B(dpt[j], a_big, a_small, ${b_rows("g_at", B_GLD, "8 * j", "8 * kk")});
         }
         // Element (key, row) of accumulator j: x (lo, 2t), y (lo, 2t + 1), z (hi, 2t),
         // w (hi, 2t + 1), rows 8 j + ... of the step.
@@ -672,10 +822,10 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
         for (int j = 0; j < ${QB}; ++j) {
             const int r = 8 * j + 2 * t;
             const ${index_t} row = i0 + r;
-            ${weight_and_ds("st[j].x", "dpt[j].x", "row", "k_lo", "lse_tile[r]", "delta_tile[r]")}
-            ${weight_and_ds("st[j].y", "dpt[j].y", "row + 1", "k_lo", "lse_tile[r + 1]", "delta_tile[r + 1]")}
-            ${weight_and_ds("st[j].z", "dpt[j].z", "row", "k_lo + 8", "lse_tile[r]", "delta_tile[r]")}
-            ${weight_and_ds("st[j].w", "dpt[j].w", "row + 1", "k_lo + 8", "lse_tile[r + 1]", "delta_tile[r + 1]")}
+            ${weight_and_ds("st[j].x", "dpt[j].x", "row", "k_lo", "lse_at[r]", "delta_at[r]")}
+            ${weight_and_ds("st[j].y", "dpt[j].y", "row + 1", "k_lo", "lse_at[r + 1]", "delta_at[r + 1]")}
+            ${weight_and_ds("st[j].z", "dpt[j].z", "row", "k_lo + 8", "lse_at[r]", "delta_at[r]")}
+            ${weight_and_ds("st[j].w", "dpt[j].w", "row + 1", "k_lo + 8", "lse_at[r + 1]", "delta_at[r + 1]")}
         }
         // dV += P^T dO and dK += dS^T Q: the accumulator tiles (8 rows each) as A fragments,
         // dO's and q's rows read permuted as their columns are.
@@ -685,12 +835,12 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
             const uint4 p_big = tf32_big4(pa), p_small = tf32_small4(pa, p_big);
             ${UNROLL}
             for (int i = 0; i < ${VS}; ++i)
-                MMA3_SPLIT_B(dv_acc[i], p_big, p_small, ${b_cols("g_tile", B_GLD, "8 * j", "8 * i")});
+                MMA3_SPLIT_B(dv_acc[i], p_big, p_small, ${b_cols("g_at", B_GLD, "8 * j", "8 * i")});
             const float4 da = AS_A(dpt[j]);
             const uint4 d_big = tf32_big4(da), d_small = tf32_small4(da, d_big);
             ${UNROLL}
             for (int i = 0; i < ${KS}; ++i)
-                MMA3_SPLIT_B(dk_acc[i], d_big, d_small, ${b_cols("q_tile", B_QLD, "8 * j", "8 * i")});
+                MMA3_SPLIT_B(dk_acc[i], d_big, d_small, ${b_cols("q_at", B_QLD, "8 * j", "8 * i")});
         }
     }
     __global float *dkb = dk + (${index_t})b * S * DK;
@@ -723,8 +873,8 @@ void attention_mma_backward_q(const ${index_t} L, const ${index_t} S, const floa
                               const uint stream1, const uint threshold, const float keep_scale)
 {
     // The step's keys (read along rows for S, down columns for dQ) and values (along rows).
-    __local float k_tile[${k_step * Q_KLD}] __attribute__((aligned(16)));
-    __local float v_tile[${k_step * Q_VLD}] __attribute__((aligned(16)));
+    __local float k_tile[${stages * k_step * Q_KLD}] __attribute__((aligned(16)));
+    __local float v_tile[${stages * k_step * Q_VLD}] __attribute__((aligned(16)));
     ${scratch(32 * q_warps)}
     ${item_ids()}
     const ${index_t} b = get_group_id(1);
@@ -760,11 +910,10 @@ void attention_mma_backward_q(const ${index_t} L, const ${index_t} S, const floa
     const float delta_hi = r_lo + 8 < L ? delta[(${index_t})b * L + r_lo + 8] : 0.0f;
     const ${index_t} n_end = causal ? min(S, row0 + ${16 * q_warps}) : S;
 
+<% q_tiles = [("k", "kb", "S", dk, Q_KLD, k_step), ("v", "vb", "S", dv, Q_VLD, k_step)] %>
+    ${walk_prologue(q_tiles, "0", "n_end", 32 * q_warps)}
     for (${index_t} n0 = 0; n0 < n_end; n0 += ${k_step}) {
-        barrier(CLK_LOCAL_MEM_FENCE);
-        ${stage("k_tile", "kb", "n0", k_step, "S", "DK", Q_KLD, 32 * q_warps)}
-        ${stage("v_tile", "vb", "n0", k_step, "S", "DV", Q_VLD, 32 * q_warps)}
-        barrier(CLK_LOCAL_MEM_FENCE);
+        ${walk_step(q_tiles, "n0", k_step, "n_end", 32 * q_warps)}
 
         float4 s[${KB}], dp[${KB}];
         ${UNROLL}
@@ -780,7 +929,7 @@ void attention_mma_backward_q(const ${index_t} L, const ${index_t} S, const floa
             const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
             ${UNROLL}
             for (int j = 0; j < ${KB}; ++j)
-                MMA3_SPLIT_B(s[j], a_big, a_small, ${b_rows("k_tile", Q_KLD, "8 * j", "8 * kk")});
+                MMA3_SPLIT_B(s[j], a_big, a_small, ${b_rows("k_at", Q_KLD, "8 * j", "8 * kk")});
         }
         ${UNROLL}
         for (int kk = 0; kk < ${VS}; ++kk) {
@@ -793,7 +942,7 @@ void attention_mma_backward_q(const ${index_t} L, const ${index_t} S, const floa
             const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
             ${UNROLL}
             for (int j = 0; j < ${KB}; ++j)
-                MMA3_SPLIT_B(dp[j], a_big, a_small, ${b_rows("v_tile", Q_VLD, "8 * j", "8 * kk")});
+                MMA3_SPLIT_B(dp[j], a_big, a_small, ${b_rows("v_at", Q_VLD, "8 * j", "8 * kk")});
         }
         ${UNROLL}
         for (int j = 0; j < ${KB}; ++j) {
@@ -810,7 +959,7 @@ void attention_mma_backward_q(const ${index_t} L, const ${index_t} S, const floa
             const uint4 d_big = tf32_big4(da), d_small = tf32_small4(da, d_big);
             ${UNROLL}
             for (int i = 0; i < ${KS}; ++i)
-                MMA3_SPLIT_B(dq_acc[i], d_big, d_small, ${b_cols("k_tile", Q_KLD, "8 * j", "8 * i")});
+                MMA3_SPLIT_B(dq_acc[i], d_big, d_small, ${b_cols("k_at", Q_KLD, "8 * j", "8 * i")});
         }
     }
     __global float *dqb = dq + (${index_t})b * L * DK;

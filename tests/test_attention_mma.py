@@ -84,6 +84,52 @@ def test_large_head_dims(ctx, rng, mma):
     assert not params["q_split"] and not params["frags"]
 
 
+def test_two_stages(ctx, rng, mma, tuning_rules):
+    """stages 2: each step's tiles in one of two buffers, the next step's copied (cp.async on
+    NVIDIA) while this one computes: several steps with a partial last one, causal with L < S;
+    then operands at odd offsets in their buffers (element copies instead of 16-byte ones)."""
+    small = dict(SMALL, stages=2)
+    if real_mma(ctx):
+        small = {"solver": "mma", "stages": 2}
+    tuning_rules("attention", [{"when": {}, "params": small}])
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, (2, 3, 37, 16), (2, 3, 45, 16), (2, 3, 45, 16), is_causal=True)
+    assert built[-1][1]["stages"] == 2
+    shapes = ((1, 2, 21, 16), (1, 2, 30, 16), (1, 2, 30, 16))
+    arrays = [random(rng, s) for s in shapes]
+    g = random(rng, shapes[0])
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in arrays)
+    ref = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+    ref.backward(torch.tensor(g, dtype=torch.float64))
+    # Each operand one element into its buffer.
+    pools = [dp.Tensor.from_numpy(ctx, np.concatenate([[7.0], a.ravel()]).astype(np.float32))
+             for a in arrays]
+    views = [dp.Tensor(ctx, p.buffer, a.shape, offset=p.offset + 4, requires_grad=True)
+             for p, a in zip(pools, arrays)]
+    assert all(v.offset_elements % 4 for v in views)
+    out = F.scaled_dot_product_attention(*views)
+    assert_close(out.numpy(), ref.detach().numpy(), tol=TOL)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    for t, r in zip(views, (tq, tk, tv)):
+        assert_close(t.grad.numpy(), r.grad.numpy(), tol=TOL)
+
+
+def test_presplit(ctx, rng, mma, tuning_rules):
+    """presplit: the forward's staged keys and values split into their TF32 parts once, two
+    tiles each; a float mask, causal-like rows with no key, several steps."""
+    params = dict(SMALL, presplit=True) if not real_mma(ctx) else \
+        {"solver": "mma", "presplit": True}
+    tuning_rules("attention", [{"when": {}, "params": params}])
+    mask = random(rng, (37, 45), -2.0, 2.0)
+    mask[4] = -np.inf
+    built, spy = _plans()
+    with spy:
+        out = _check(ctx, rng, (2, 3, 37, 16), (1, 3, 45, 16), (1, 3, 45, 12), mask=mask)
+    assert built[-1][1]["presplit"]
+    assert np.all(out.numpy()[:, :, 4] == 0)
+
+
 def test_larger_values(ctx, rng, mma):
     """Operands of several units (scores up to ~30, weights far from uniform): the small parts
     of the split carry the digits TF32 drops."""
@@ -215,4 +261,14 @@ def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
         F.scaled_dot_product_attention(q, q, q)
     tuning_rules("attention", [{"when": {}, "params": dict(SMALL, block_n=12, emulate=1)}])
     with pytest.raises(UnsupportedError, match="multiple of 8"):
+        F.scaled_dot_product_attention(q, q, q)
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, stages=3, emulate=1)}])
+    with pytest.raises(UnsupportedError, match="stages must be 1 or 2"):
+        F.scaled_dot_product_attention(q, q, q)
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, presplit=True, stages=2,
+                                                            emulate=1)}])
+    with pytest.raises(UnsupportedError, match="stages must be 1"):
+        F.scaled_dot_product_attention(q, q, q)
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, round="rz", emulate=1)}])
+    with pytest.raises(UnsupportedError, match="round must be"):
         F.scaled_dot_product_attention(q, q, q)

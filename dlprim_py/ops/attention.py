@@ -107,8 +107,8 @@ MMA_MAX_HEAD_DIM = 128
 
 # The mma solver's tuning values where no rule gives them: forward groups of 4 warps (64 query
 # rows) by 64 keys per step; dK/dV groups of 4 warps (64 keys) by 32 query rows per step; dQ
-# groups of 4 warps (64 rows) by 32 keys per step. ``q_split`` and ``frags`` (the kernel's
-# header) default to head dims up to 64.
+# groups of 4 warps (64 rows) by 32 keys per step; one buffer of tiles (``stages`` 1).
+# ``q_split`` and ``frags`` (the kernel's header) default to head dims up to 64.
 DEFAULT_MMA = {"warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
                "k_step": 32}
 
@@ -231,20 +231,22 @@ def _mma_ld(width, k_contiguous):
     return ld if (ld // 8) % 2 == 1 else width + 16
 
 
-def _mma_local(kernel, dk, dv, warps, step, emulate):
+def _mma_local(kernel, dk, dv, warps, step, emulate, stages=1):
     """Bytes of local memory of an mma kernel ("forward", "kv" or "q") of ``warps`` warps
-    staging ``step`` keys (or query rows) per step."""
+    staging ``step`` keys (or query rows) per step in ``stages`` buffers (the forward's split
+    tiles, ``presplit``, count as two)."""
     dkp, dvp = -(-dk // 8) * 8, -(-dv // 8) * 8
     extra = 48 * 32 * warps if emulate else 0
     if kernel == "forward":
-        return 4 * step * (_mma_ld(dkp, True) + _mma_ld(dvp, False)) + extra \
+        return 4 * stages * step * (_mma_ld(dkp, True) + _mma_ld(dvp, False)) + extra \
             + (8 * 32 * warps if emulate else 0)
     if kernel == "kv":
-        return 4 * step * (_mma_ld(dkp, False) + _mma_ld(dvp, False)) + 8 * step + extra
-    return 4 * step * (_mma_ld(dkp, False) + _mma_ld(dvp, True)) + extra
+        return stages * (4 * step * (_mma_ld(dkp, False) + _mma_ld(dvp, False)) + 8 * step) \
+            + extra
+    return 4 * stages * step * (_mma_ld(dkp, False) + _mma_ld(dvp, True)) + extra
 
 
-def _fit_mma(ctx, problem, kernel, warps, step, emulate):
+def _fit_mma(ctx, problem, kernel, warps, step, emulate, stages):
     """(warps, step) of an mma kernel from the tuning values: the step halved (down to 8) until
     the kernel's local memory fits the device."""
     warps, step = int(warps), int(step)
@@ -255,9 +257,10 @@ def _fit_mma(ctx, problem, kernel, warps, step, emulate):
         raise UnsupportedError(f"attention mma solver ({kernel}): the step must be a multiple "
                                f"of 8, got {step}")
     limit = ctx.info.local_mem_size
-    while _mma_local(kernel, problem.dk, problem.dv, warps, step, emulate) > limit and step > 8:
+    while _mma_local(kernel, problem.dk, problem.dv, warps, step, emulate, stages) > limit \
+            and step > 8:
         step //= 2
-    if _mma_local(kernel, problem.dk, problem.dv, warps, step, emulate) > limit:
+    if _mma_local(kernel, problem.dk, problem.dv, warps, step, emulate, stages) > limit:
         raise UnsupportedError(f"scaled_dot_product_attention: head dims ({problem.dk}, "
                                f"{problem.dv}) do not fit the device's local memory (mma)")
     return warps, step
@@ -371,16 +374,28 @@ class AttentionPlan:
         # Emulated where the device has no mma.sync (DLPRIM_TF32_EMULATE), or when a rule
         # asks for it ("emulate": 1, to compare the two on a GPU).
         emulate = int(bool(tuned.get("emulate", 0)) or mma_device_problem(ctx.info) is not None)
-        fw, fn = _fit_mma(ctx, problem, "forward", tuned["warps"], tuned["block_n"], emulate)
-        kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate)
-        qw, qs = _fit_mma(ctx, problem, "q", tuned["q_warps"], tuned["k_step"], emulate)
+        stages = tuned.get("stages", 1)
+        if stages not in (1, 2):
+            raise UnsupportedError(f"attention mma solver: stages must be 1 or 2, got {stages!r}")
+        rounding = tuned.get("round", "cvt")
+        if rounding not in ("cvt", "int"):
+            raise UnsupportedError(f"attention mma solver: round must be 'cvt' or 'int', got "
+                                   f"{rounding!r}")
+        presplit = bool(tuned.get("presplit", False))
+        if presplit and stages != 1:
+            raise UnsupportedError("attention mma solver: presplit tiles are staged through "
+                                   "registers: stages must be 1")
+        fw, fn = _fit_mma(ctx, problem, "forward", tuned["warps"], tuned["block_n"], emulate,
+                          2 if presplit else stages)
+        kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate, stages)
+        qw, qs = _fit_mma(ctx, problem, "q", tuned["q_warps"], tuned["k_step"], emulate, stages)
         # Registers: at head dims up to 64 the warps' own fragments stay in them (q split in
         # the forward); past 64 they would crowd out the accumulators.
         small = max(problem.dk, problem.dv) <= 64
         self.params = dict(dk=problem.dk, dv=problem.dv, warps=fw, block_n=fn, kv_warps=kw,
                            q_step=ks, q_warps=qw, k_step=qs, mask=problem.mask,
                            dropout=problem.dropout, index_t=index_t, emulate=emulate,
-                           q_split=bool(tuned.get("q_split", small)),
+                           stages=stages, round=rounding, presplit=presplit, q_split=bool(tuned.get("q_split", small)),
                            frags=bool(tuned.get("frags", small)))
         built = program.build(ctx, "attention_mma", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_mma_forward", fresh=True))
