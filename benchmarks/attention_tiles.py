@@ -9,6 +9,7 @@ Each configuration is put ahead of the shipped rules as a user tuning rule, chec
 torch's float32 result on the same device (max abs error of the output and the gradients), then
 timed through the public call with the device drained: forward (no tape) and forward + backward,
 median of 10 after 3 warm-ups, torch with TF32 off. One JSON line per case; $OUT/probe.json.
+The user rule is removed at the end.
 """
 import json
 import os
@@ -137,6 +138,9 @@ for seq in SEQS:
                 row = dict(seq=seq, causal=causal, cfg=cfg, error=repr(e)[:300])
             results.append(row)
             print(json.dumps(row), flush=True)
+# The probe's rules must not outlive it: later runs with this cache would read them.
+os.remove(tuning.user_path("attention"))
+tuning.forget()
 out = os.environ.get("OUT")
 if out:
     with open(os.path.join(out, "probe.json"), "w") as f:
