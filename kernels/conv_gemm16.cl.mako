@@ -13,8 +13,8 @@
 ##   conv16_col2im          dx = alpha * (float32 sum of dcol over the taps that read each input
 ##                          element) + beta * dx, rounded once (dcol: float32)
 ##   conv16_bias_grad       db[k] = alpha * (float32 sum of dy over n, oh, ow) + beta * db[k]
-##   conv16_store_scaled    dw = alpha * acc + beta * dw, rounded once (acc: a float32 filter
-##                          gradient summed over parts of the batch)
+##   conv16_store_scaled    dw = alpha * (sum of acc's parts) + beta * dw, rounded once (acc:
+##                          float32 filter gradients of parts of the batch or of the pixels)
 ## The copies move bit patterns (ushort), whatever the 16-bit type: no conversion, no
 ## cl_khr_fp16 (NVIDIA's OpenCL has none). Conversions: float16 through the core vload_half /
 ## vstore_half_rte on `half *` buffers, bfloat16 with integer operations (memory_access's
@@ -182,13 +182,17 @@ void conv16_bias_grad(${common.geometry_params()},
     }
 }
 
-// dst[i] = alpha * src[i] + beta * dst[i] for i < count, rounded once: a filter gradient
-// summed over parts of the batch in float32 (src), stored.
-__kernel void conv16_store_scaled(int count, __global const float *src, int src_off,
+// dst[i] = alpha * (the sum over s < parts of src[s * count + i]) + beta * dst[i] for
+// i < count, rounded once: a filter gradient summed in float32 over parts of the batch
+// (one src) or over chunks of its pixels (parts src), stored.
+__kernel void conv16_store_scaled(int count, int parts, __global const float *src, int src_off,
     __global ${storage} *dst, int dst_off, float alpha, float beta)
 {
     for (int i = get_global_id(0); i < count; i += get_global_size(0)) {
-        float v = alpha * src[src_off + i];
+        float sum = 0.0f;
+        for (int s = 0; s < parts; ++s)
+            sum += src[src_off + s * count + i];
+        float v = alpha * sum;
         if (beta != 0.0f)
             v += beta * load16(dst, dst_off + i);
         store16(dst, dst_off + i, v);

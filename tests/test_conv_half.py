@@ -444,3 +444,48 @@ def test_tensors_at_odd_offsets(ctx, rng, mode_params, dtype, algo):
     db = at_offset(ctx, np.full((k,), np.nan, np.float32), dtype, 3)
     conv.backward_bias(dy, db)
     check(db.numpy(), DY.sum((0, 2, 3)), DY.abs().sum((0, 2, 3)), dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=IDS)
+@pytest.mark.parametrize("mode", ["small", "emulated"])
+@pytest.mark.parametrize("algo", ["im2col_gemm16", "gemm16"])
+def test_filter_gradient_split_along_pixels(ctx, rng, mode_params, dtype, mode, algo,
+                                            monkeypatch):
+    """A filter gradient whose K (the batch's pixels) is split into chunks (as on a GPU for
+    few output tiles): whole chunks as one GEMM batch, the rest on its own, the float32 slots
+    added and rounded once with alpha and beta, against float64."""
+    from dlprim_py.ops.conv.gemm16 import Gemm16
+    mode_params(mode)
+    monkeypatch.setattr(Gemm16, "_filter_splits", staticmethod(lambda ctx, p: 3))
+    r, pad = (3, 1) if algo == "im2col_gemm16" else (1, 0)
+    conv = Convolution(ctx, TensorDesc((3, 5, 9, 9), dtype), TensorDesc((6, 5, r, r), dtype),
+                       ConvolutionDesc(pad), prebuild=False)
+    x0, y0, w1 = random(rng, (3, 5, 9, 9)), random(rng, (3, 6, 9, 9)), random(rng, (6, 5, r, r))
+    x, y, dw = tensor16(ctx, x0, dtype), tensor16(ctx, y0, dtype), tensor16(ctx, w1, dtype)
+    conv.backward_filter(y, x, dw, alpha=2.0, beta=-1.0, algo=algo)   # 243 pixels: 88 + 88 + 67
+    X, Y = (torch.from_numpy(rounded(a, dtype)) for a in (x0, y0))
+    check(dw.numpy(), 2 * torch.nn.grad.conv2d_weight(X, (6, 5, r, r), Y, padding=pad)
+          - torch.from_numpy(rounded(w1, dtype)),
+          2 * torch.nn.grad.conv2d_weight(X.abs(), (6, 5, r, r), Y.abs(), padding=pad) + 1,
+          dtype)
+
+
+def test_filter_split_rule():
+    """GPUs split a filter gradient's pixels where its GEMM has fewer 128 x 128 output tiles
+    than compute units (about two work-groups per unit, chunks of 1024+, partial sums within 64 MiB);
+    CPUs and grouped convolutions do not."""
+    import types
+    from dlprim_py.ops.conv.gemm16 import Gemm16
+    from dlprim_py.ops.conv.problem import make_problem
+    gpu = types.SimpleNamespace(info=types.SimpleNamespace(is_gpu=True, compute_units=132))
+    cpu = types.SimpleNamespace(info=types.SimpleNamespace(is_gpu=False, compute_units=2))
+
+    def splits(ctx, c, k, h, r, groups=1):
+        p = make_problem((64, c, h, h), (k, c // groups, r, r),
+                         ConvolutionDesc(padding=r // 2, groups=groups), dtype="float16")
+        return Gemm16._filter_splits(ctx, p)
+    assert splits(gpu, 64, 64, 56, 1) == 196          # one tile: chunks of 1024 pixels
+    assert splits(gpu, 256, 256, 14, 3) == 8          # 36 tiles
+    assert splits(gpu, 512, 512, 7, 3) == 1           # 144 tiles fill the device
+    assert splits(cpu, 64, 64, 56, 1) == 1
+    assert splits(gpu, 64, 64, 56, 3, groups=2) == 1

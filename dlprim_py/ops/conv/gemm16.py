@@ -23,6 +23,10 @@ Forward and data gradient take parts of the batch where the whole one's workspac
 limit (``algorithms.batch_chunk``). So does the filter gradient, on its own: the GEMM of each
 part adds into a float32 [K][GK/g] accumulator (beta 1 after the first), which
 conv16_store_scaled rounds into dw at the end, so the batch is still summed in float32.
+A filter gradient whose GEMM has few output tiles and a long K (batch x pixels: 200704 for a
+56 x 56 layer at batch 64, one 128 x 128 tile for 64 channels) splits K into chunks, one GEMM
+batch entry each writing float32 partial sums (``_filter_splits``; the 16-bit mma kernel has
+no split of its own), which conv16_store_scaled adds and rounds once.
 
 The forward's permutation adds beta * y after the activation, as the convolution's epilogue
 does (the GEMM's adds it before); y is then rounded twice (beta = 0: once). One GEMM over all
@@ -54,6 +58,10 @@ _I32, _F32 = np.int32, np.float32
 # Column matrices' rows start on 16-byte boundaries (8 16-bit values): the tensor-core
 # kernel's 16-byte copies need it.
 _ALIGN = 8
+# A split filter gradient's chunks of K: at least this many pixels each, the float32 partial
+# sums of all chunks within _SPLIT_BYTES.
+_MIN_CHUNK = 1024
+_SPLIT_BYTES = 64 << 20
 
 
 def _round_up(value, multiple):
@@ -114,7 +122,24 @@ class Gemm16(Algorithm):
         runs = -(-p.n // chunk)
         return -(-p.n // runs)
 
-    def _parts(self, problem, direction):
+    @staticmethod
+    def _filter_splits(ctx, problem):
+        """Chunks of K (the pixels of the whole batch) that an unchunked filter gradient's GEMM
+        is split into (1: none): on a GPU, for one group whose 128 x 128 output tiles are
+        fewer than its compute units, enough work-groups for about two per compute unit, each chunk at least ``_MIN_CHUNK`` long,
+        the float32 partial sums within ``_SPLIT_BYTES``."""
+        p = problem
+        pixels = p.n * p.ho * p.wo
+        if not ctx.info.is_gpu or p.groups != 1 or pixels < 2 * _MIN_CHUNK:
+            return 1
+        tiles = -(-p.k // 128) * -(-(p.c * p.r * p.s) // 128)
+        if tiles >= ctx.info.compute_units:
+            return 1
+        wanted = -(-2 * ctx.info.compute_units // tiles)
+        by_bytes = _SPLIT_BYTES // (4 * p.k * p.c * p.r * p.s)
+        return max(1, min(wanted, pixels // _MIN_CHUNK, by_bytes))
+
+    def _parts(self, problem, direction, ctx=None):
         """Workspace layout: ((16-bit elements of col or rows, 16-bit elements of rows or 0,
         float32 elements of acc or dcol))."""
         p = problem
@@ -129,20 +154,21 @@ class Gemm16(Algorithm):
         if chunk < p.n:
             ld = _round_up(chunk * p.ho * p.wo, _ALIGN)
             return p.k * ld, taps * ld, p.k * p.cg * p.r * p.s
-        return p.k * ld, taps * ld, 0
+        splits = 1 if ctx is None else self._filter_splits(ctx, p)
+        return p.k * ld, taps * ld, (p.k * taps if splits > 1 else 0) * splits
 
     def _offsets(self, problem, direction, workspace):
         """Element offsets (16-bit, 16-bit, float32) of the workspace's parts, each part on a
         16-byte boundary (the workspace's own offset is one: a context scratch or a new
         buffer)."""
-        first, second, wide = self._parts(problem, direction)
+        first, second, wide = self._parts(problem, direction)   # the offsets need no ctx
         base = workspace.offset
         at_second = base + _round_up(2 * first, 16)
         at_wide = at_second + _round_up(2 * second, 16)
         return base // 2, at_second // 2, at_wide // 4
 
     def workspace_size(self, ctx, problem, direction):
-        first, second, wide = self._parts(problem, direction)
+        first, second, wide = self._parts(problem, direction, ctx)
         if not (first or second or wide):
             return 0
         return _round_up(2 * first, 16) + _round_up(2 * second, 16) + 4 * wide
@@ -237,9 +263,34 @@ class Gemm16(Algorithm):
             return
         self._launch_rows(ctx, built, p, geometry, dy, buf, first, ld)
         self._launch_im2col(ctx, built, p, geometry, x, buf, second, ld)
+        splits = self._filter_splits(ctx, p)
+        if splits > 1:
+            self._run_filter_split(ctx, built, p, splits, dw, ep, buf, first, second, wide, ld)
+            return
         self._group_gemms(ctx, p, kg, gk, pixels, (buf, first, ld, kg * ld),
                           (buf, second, ld, gk * ld), (dw.buffer, dw.offset_elements, gk, kg * gk),
                           trans_b=True, alpha=ep.alpha, beta=ep.beta)
+
+    def _run_filter_split(self, ctx, built, p, splits, dw, ep, buf, first, second, wide, ld):
+        """One group's filter gradient with K (the pixels) in chunks of kc (a multiple of
+        _ALIGN, so that every chunk's operands stay on 16-byte boundaries): the whole chunks as
+        one strided GEMM batch into float32 slots [chunk][K][GK] of the workspace, the rest
+        into the next slot, then conv16_store_scaled adds the slots and rounds once."""
+        pixels, _, gk = self._sizes(p)
+        kc = _round_up(-(-pixels // splits), _ALIGN)
+        whole, rest = divmod(pixels, kc)
+        slot = p.k * gk
+        self._gemm(ctx, p, p.k, gk, kc, buf, first, ld, buf, second, ld, buf, wide, gk,
+                   trans_b=True, c_dtype=np.float32, batch=whole, stride_a=kc, stride_b=kc,
+                   stride_c=slot)
+        if rest:
+            self._gemm(ctx, p, p.k, gk, rest, buf, first + whole * kc, ld, buf,
+                       second + whole * kc, ld, buf, wide + whole * slot, gk, trans_b=True,
+                       c_dtype=np.float32)
+        gsize, lsize = launch_size(ctx, slot)
+        launch(ctx, built, "conv16_store_scaled", gsize, lsize,
+               [_I32(slot), _I32(whole + (rest > 0)), buf, _I32(wide), dw.buffer,
+                _I32(dw.offset_elements), _F32(ep.alpha), _F32(ep.beta)])
 
     def _run_filter_in_parts(self, ctx, built, p, chunk, dy, x, dw, ep, buf, offsets):
         """The filter gradient ``chunk`` images at a time: each part's GEMMs add into the
@@ -262,7 +313,7 @@ class Gemm16(Algorithm):
         count = p.k * gk
         gsize, lsize = launch_size(ctx, count)
         launch(ctx, built, "conv16_store_scaled", gsize, lsize,
-               [_I32(count), buf, _I32(wide), dw.buffer, _I32(dw.offset_elements),
+               [_I32(count), _I32(1), buf, _I32(wide), dw.buffer, _I32(dw.offset_elements),
                 _F32(ep.alpha), _F32(ep.beta)])
 
     @staticmethod
