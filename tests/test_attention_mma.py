@@ -251,7 +251,8 @@ def test_chosen_first_on_nvidia_gpus():
                     A.AttentionProblem(64, 64, 512, 512, "bool", False, True)):
         assert solver.select(ctx, "attention", problem).name == "mma"
         params = solver.tunables(ctx, "attention", problem, "mma")
-        assert params["warps"] == 4 and params["block_n"] == 64
+        assert (params["warps"], params["block_n"], params["stages"]) == (4, 32, 2)
+        assert (params["q_step"], params["k_step"]) == (16, 16)
 
 
 def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
