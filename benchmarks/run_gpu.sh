@@ -17,9 +17,13 @@
 # cuBLAS TF32), tf32-tests (tests/test_gemm_tf32.py and tests/test_conv_tf32.py on the tensor
 # cores), conv-tf32 (benchmarks/conv.py --tf32 on ResNet-50's layers, cuDNN TF32 beside) and
 # onnx-tf32 (ResNet-50 at batch 64 with TF32 on both sides), half-tests
-# (tests/test_gemm_half.py and tests/test_conv_half.py on the tensor cores) and conv-fp16 /
-# conv-bf16 (benchmarks/conv.py --dtype on ResNet-50's layers, cuDNN's 16-bit convolutions
-# beside) (default: conv fusion ops bench). COMMIT is recorded in the JSON files (the copy on a lent
+# (the 16-bit GEMM, convolution and operator tests on the GPU), conv-fp16 / conv-bf16
+# (benchmarks/conv.py --dtype on ResNet-50's layers, cuDNN's 16-bit convolutions beside),
+# ops-half (the 16-bit operators against torch on the same dtype), attention-tests (the mma
+# attention's PTX kernels), attention (benchmarks/attention.py: SDPA and the transformer block,
+# with the block's device time per kernel), attention-tiles (the mma attention's tile
+# settings), cumsum-probe (look-back tile lengths) and gemm-transformer (GEMM variants on a
+# transformer block's shapes) (default: conv fusion ops bench). COMMIT is recorded in the JSON files (the copy on a lent
 # machine may have no git metadata).
 # Each step is bounded so that the whole run fits one call of the lent GPU machine. ARCHIVE=FILE
 # packs the output folder into FILE after every step.
@@ -91,7 +95,19 @@ for s in $steps; do
     onnx-tf32) step onnx-tf32 90 python3 benchmarks/onnx.py --models resnet50 --batch 64 \
               --tf32 --commit "$commit" --json "$out/onnx-resnet50-tf32.json" ;;
     half-tests) step half-tests 240 python3 -m pytest tests/test_gemm_half.py \
-              tests/test_conv_half.py -q -p no:cacheprovider ;;
+              tests/test_conv_half.py tests/test_half_ops.py -q -p no:cacheprovider ;;
+    ops-half) step ops-half 60 python3 benchmarks/ops.py --suites half --commit "$commit" \
+              --output "$out/ops-half.json" ;;
+    attention-tests) step attention-tests 150 python3 -m pytest tests/test_attention_mma.py \
+              tests/test_attention.py tests/test_attention_tiled.py -q -p no:cacheprovider ;;
+    attention) step attention 120 python3 benchmarks/attention.py --profile \
+              --commit "$commit" --json "$out/attention.json" ;;
+    attention-tiles) step attention-tiles 150 env PROBE_SET=mma PROBE_SEQS=512,2048 \
+              OUT="$out" python3 benchmarks/attention_tiles.py ;;
+    cumsum-probe) step cumsum-probe 90 python3 benchmarks/cumsum_probe.py ;;
+    gemm-transformer) step gemm-transformer 150 python3 benchmarks/gemm_probe.py --squares "" \
+              --shapes 4096x768x768,4096x3072x768,4096x768x3072,768x768x4096,768x3072x4096,3072x768x4096 \
+              --only 768 --rounds 2 --time-limit 120 --commit "$commit" --output "$out" ;;
     conv-fp16) step conv-fp16 150 python3 benchmarks/conv.py --dtype float16 --models resnet50 \
               --time-limit 120 --commit "$commit" --output "$out/conv-h200-fp16.json" ;;
     conv-bf16) step conv-bf16 150 python3 benchmarks/conv.py --dtype bfloat16 --models resnet50 \
