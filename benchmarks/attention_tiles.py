@@ -13,6 +13,7 @@ The user rule is removed at the end.
 """
 import json
 import os
+import signal
 import sys
 
 import numpy as np
@@ -86,62 +87,67 @@ SEQS = [int(s) for s in os.environ.get("PROBE_SEQS", "64" if quick else "512,102
 B, H, D = (1, 2, 64) if quick else (8, 12, 64)
 BACKWARD = int(os.environ.get("PROBE_BACKWARD", "1"))
 results = []
-for seq in SEQS:
-    rng = np.random.default_rng(0)
-    shape = (B, H, seq, D)
-    arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
-    grad = rng.standard_normal(shape).astype(np.float32)
-    for causal in (False, True):
-        tq = [torch.tensor(a, device=dev, requires_grad=True) for a in arrays]
-        tg = torch.tensor(grad, device=dev)
-        tout = torch.nn.functional.scaled_dot_product_attention(*tq, is_causal=causal)
-        tout.backward(tg)
-        tref = tout.detach().cpu().numpy()
-        tgrads = [t.grad.cpu().numpy() for t in tq]
-        sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+# A timeout (SIGTERM) unwinds too, so that the probe's rule is removed however it ends.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+try:
+    for seq in SEQS:
+        rng = np.random.default_rng(0)
+        shape = (B, H, seq, D)
+        arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+        grad = rng.standard_normal(shape).astype(np.float32)
+        for causal in (False, True):
+            tq = [torch.tensor(a, device=dev, requires_grad=True) for a in arrays]
+            tg = torch.tensor(grad, device=dev)
+            tout = torch.nn.functional.scaled_dot_product_attention(*tq, is_causal=causal)
+            tout.backward(tg)
+            tref = tout.detach().cpu().numpy()
+            tgrads = [t.grad.cpu().numpy() for t in tq]
+            sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 
-        def tfwd():
-            with torch.no_grad():
-                return torch.nn.functional.scaled_dot_product_attention(*tq, is_causal=causal)
+            def tfwd():
+                with torch.no_grad():
+                    return torch.nn.functional.scaled_dot_product_attention(*tq, is_causal=causal)
 
-        def tboth():
-            for t in tq:
-                t.grad = None
-            torch.nn.functional.scaled_dot_product_attention(*tq, is_causal=causal).backward(tg)
-        t_f = np.median(nets.wall_times(tfwd, sync, 3, 10)) * 1e3
-        t_b = np.median(nets.wall_times(tboth, sync, 3, 10)) * 1e3 if BACKWARD else 0
-        for cfg in CONFIGS:
-            set_rules([{"when": {}, "params": cfg}])
-            ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in arrays]
-            og = dp.Tensor.from_numpy(ctx, grad)
-            try:
-                out = F.scaled_dot_product_attention(*ours, is_causal=causal)
-                err = float(np.abs(out.numpy() - tref).max())
-                out.backward(og)
-                gerr = max(float(np.abs(o.grad.numpy() - t).max()) for o, t in zip(ours, tgrads))
+            def tboth():
+                for t in tq:
+                    t.grad = None
+                torch.nn.functional.scaled_dot_product_attention(*tq, is_causal=causal).backward(tg)
+            t_f = np.median(nets.wall_times(tfwd, sync, 3, 10)) * 1e3
+            t_b = np.median(nets.wall_times(tboth, sync, 3, 10)) * 1e3 if BACKWARD else 0
+            for cfg in CONFIGS:
+                set_rules([{"when": {}, "params": cfg}])
+                ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in arrays]
+                og = dp.Tensor.from_numpy(ctx, grad)
+                try:
+                    out = F.scaled_dot_product_attention(*ours, is_causal=causal)
+                    err = float(np.abs(out.numpy() - tref).max())
+                    out.backward(og)
+                    gerr = max(float(np.abs(o.grad.numpy() - t).max()) for o, t in zip(ours, tgrads))
 
-                def fwd():
-                    with dp.autograd.no_grad():
-                        return F.scaled_dot_product_attention(*ours, is_causal=causal)
+                    def fwd():
+                        with dp.autograd.no_grad():
+                            return F.scaled_dot_product_attention(*ours, is_causal=causal)
 
-                def both():
-                    for t in ours:
-                        t.grad = None
-                    F.scaled_dot_product_attention(*ours, is_causal=causal).backward(og)
-                o_f = np.median(nets.wall_times(fwd, ctx.queue.finish, 3, 10)) * 1e3
-                o_b = np.median(nets.wall_times(both, ctx.queue.finish, 3, 10)) * 1e3 \
-                    if BACKWARD else 0
-                row = dict(seq=seq, causal=causal, cfg=cfg, err=err, gerr=gerr, fwd=o_f,
-                           torch_fwd=t_f, ratio_fwd=t_f / o_f, both=o_b, torch_both=t_b,
-                           ratio_both=(t_b / o_b) if o_b else 0)
-            except Exception as e:  # noqa: BLE001
-                row = dict(seq=seq, causal=causal, cfg=cfg, error=repr(e)[:300])
-            results.append(row)
-            print(json.dumps(row), flush=True)
-# The probe's rules must not outlive it: later runs with this cache would read them.
-os.remove(tuning.user_path("attention"))
-tuning.forget()
-out = os.environ.get("OUT")
-if out:
-    with open(os.path.join(out, "probe.json"), "w") as f:
-        json.dump(results, f, indent=1)
+                    def both():
+                        for t in ours:
+                            t.grad = None
+                        F.scaled_dot_product_attention(*ours, is_causal=causal).backward(og)
+                    o_f = np.median(nets.wall_times(fwd, ctx.queue.finish, 3, 10)) * 1e3
+                    o_b = np.median(nets.wall_times(both, ctx.queue.finish, 3, 10)) * 1e3 \
+                        if BACKWARD else 0
+                    row = dict(seq=seq, causal=causal, cfg=cfg, err=err, gerr=gerr, fwd=o_f,
+                               torch_fwd=t_f, ratio_fwd=t_f / o_f, both=o_b, torch_both=t_b,
+                               ratio_both=(t_b / o_b) if o_b else 0)
+                except Exception as e:  # noqa: BLE001
+                    row = dict(seq=seq, causal=causal, cfg=cfg, error=repr(e)[:300])
+                results.append(row)
+                print(json.dumps(row), flush=True)
+finally:
+    # The probe's rules must not outlive it: later runs with this cache would read them.
+    if os.path.exists(tuning.user_path("attention")):
+        os.remove(tuning.user_path("attention"))
+    tuning.forget()
+    out = os.environ.get("OUT")
+    if out:     # the cases run so far
+        with open(os.path.join(out, "probe.json"), "w") as f:
+            json.dump(results, f, indent=1)

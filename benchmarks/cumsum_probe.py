@@ -10,6 +10,7 @@ way a measured rule would be, then the databases are forgotten and reread.
 """
 import argparse
 import os
+import signal
 import sys
 
 import numpy as np
@@ -40,21 +41,26 @@ def main():
     print(f"{'shape':>14s} {'torch ms':>9s} " + " ".join(f"{'per ' + x:>16s}" for x in
                                                         args.pers.split(",")))
     rows = {}
-    for per in (int(x) for x in args.pers.split(",")):
-        tuning.store_device_entry(tuning.user_path("cumsum"), "cumsum", ctx.info,
-                                  [{"when": {}, "params": {"solver": "lookback",
-                                                           "per_item": per}}])
+    # A timeout (SIGTERM) unwinds too: the probe's rule is removed however the run ends.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        for per in (int(x) for x in args.pers.split(",")):
+            tuning.store_device_entry(tuning.user_path("cumsum"), "cumsum", ctx.info,
+                                      [{"when": {}, "params": {"solver": "lookback",
+                                                               "per_item": per}}])
+            tuning.forget()
+            for shape, x in data.items():
+                X = dp.Tensor.from_numpy(ctx, x)
+                out = F.cumsum(X, -1, algorithm="lookback")
+                err = error_metric(out.numpy(), np.cumsum(x.astype(np.float64), -1))
+                assert err < 1e-5, (shape, per, err)
+                ms = wall_ms(lambda: F.cumsum(X, -1, algorithm="lookback"), ctx.synchronize,
+                             args.repeat)
+                rows.setdefault(shape, {})[per] = ms
+    finally:
+        if os.path.exists(tuning.user_path("cumsum")):
+            os.remove(tuning.user_path("cumsum"))
         tuning.forget()
-        for shape, x in data.items():
-            X = dp.Tensor.from_numpy(ctx, x)
-            out = F.cumsum(X, -1, algorithm="lookback")
-            err = error_metric(out.numpy(), np.cumsum(x.astype(np.float64), -1))
-            assert err < 1e-5, (shape, per, err)
-            ms = wall_ms(lambda: F.cumsum(X, -1, algorithm="lookback"), ctx.synchronize,
-                         args.repeat)
-            rows.setdefault(shape, {})[per] = ms
-    os.remove(tuning.user_path("cumsum"))
-    tuning.forget()
     for shape, x in data.items():
         XT = torch.tensor(x, device=device)
         theirs = wall_ms(lambda: torch.cumsum(XT, -1), drain_torch, args.repeat)
