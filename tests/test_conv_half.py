@@ -492,3 +492,33 @@ def test_filter_split_rule():
     assert splits(gpu, 512, 512, 7, 3) == 1           # 144 tiles fill the device
     assert splits(cpu, 64, 64, 56, 1) == 1
     assert splits(gpu, 64, 64, 56, 3, groups=2) == 1
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=IDS)
+@pytest.mark.parametrize("mode", ["small", "emulated"])
+def test_filter_gradient_in_parts_split_along_pixels(ctx, rng, mode_params, dtype, mode,
+                                                     monkeypatch):
+    """A filter gradient in parts of the batch (workspace limit), each part split along its
+    pixels into the same float32 slots (the last part shorter: fewer slots, added into the
+    first ones), against float64 with alpha and beta."""
+    from dlprim_py.ops.conv.gemm16 import Gemm16
+    mode_params(mode)
+    # Parts of 2, 2 and 1 images (288, 288, 144 pixels): chunks of 96 pixels, three slots
+    # for the whole parts, two for the last (96 + 48).
+    monkeypatch.setattr(Gemm16, "filter_chunk", lambda self, problem: 2)
+    monkeypatch.setattr(Gemm16, "_filter_splits", staticmethod(lambda ctx, p: 3))
+    written = []
+    split_gemms = Gemm16._split_gemms
+    monkeypatch.setattr(Gemm16, "_split_gemms",
+                        lambda self, *a, **k: written.append(split_gemms(self, *a, **k)) or
+                        written[-1])
+    conv = Convolution(ctx, TensorDesc((5, 8, 12, 12), dtype), TensorDesc((8, 8, 3, 3), dtype),
+                       ConvolutionDesc(1), prebuild=False)
+    x0, y0, w1 = random(rng, (5, 8, 12, 12)), random(rng, (5, 8, 12, 12)), random(rng, (8, 8, 3, 3))
+    x, y, dw = tensor16(ctx, x0, dtype), tensor16(ctx, y0, dtype), tensor16(ctx, w1, dtype)
+    conv.backward_filter(y, x, dw, alpha=2.0, beta=-1.0, algo="im2col_gemm16")
+    assert written == [3, 3, 2]
+    X, Y = (torch.from_numpy(rounded(a, dtype)) for a in (x0, y0))
+    check(dw.numpy(), 2 * torch.nn.grad.conv2d_weight(X, (8, 8, 3, 3), Y, padding=1)
+          - torch.from_numpy(rounded(w1, dtype)),
+          2 * torch.nn.grad.conv2d_weight(X.abs(), (8, 8, 3, 3), Y.abs(), padding=1) + 1, dtype)

@@ -44,6 +44,7 @@ per-position epilogues, and "gemm16"'s forward with an activation and beta != 0,
 Layout NCHW only.
 """
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -153,7 +154,10 @@ class Gemm16(Algorithm):
         chunk = self.filter_chunk(p)
         if chunk < p.n:
             ld = _round_up(chunk * p.ho * p.wo, _ALIGN)
-            return p.k * ld, taps * ld, p.k * p.cg * p.r * p.s
+            # Each part split along its pixels too where that pays: as many float32 slots
+            # (within _SPLIT_BYTES, outside the chunk's own budget).
+            splits = 1 if ctx is None else self._filter_splits(ctx, replace(p, n=chunk))
+            return p.k * ld, taps * ld, p.k * p.cg * p.r * p.s * splits
         splits = 1 if ctx is None else self._filter_splits(ctx, p)
         return p.k * ld, taps * ld, (p.k * taps if splits > 1 else 0) * splits
 
@@ -271,33 +275,53 @@ class Gemm16(Algorithm):
                           (buf, second, ld, gk * ld), (dw.buffer, dw.offset_elements, gk, kg * gk),
                           trans_b=True, alpha=ep.alpha, beta=ep.beta)
 
-    def _run_filter_split(self, ctx, built, p, splits, dw, ep, buf, first, second, wide, ld):
-        """One group's filter gradient with K (the pixels) in chunks of kc (a multiple of
-        _ALIGN, so that every chunk's operands stay on 16-byte boundaries): the whole chunks as
-        one strided GEMM batch into float32 slots [chunk][K][GK] of the workspace, the rest
-        into the next slot, then conv16_store_scaled adds the slots and rounds once."""
-        pixels, _, gk = self._sizes(p)
-        kc = _round_up(-(-pixels // splits), _ALIGN)
+    def _split_gemms(self, ctx, p, pixels, kc, buf, first, second, wide, ld, beta=0.0):
+        """One group's filter gradient over ``pixels`` columns with K in chunks of kc (a
+        multiple of _ALIGN, so that every chunk's operands stay on 16-byte boundaries): the
+        whole chunks as one strided GEMM batch into float32 slots [chunk][K][GK] of the
+        workspace at ``wide``, the rest into the next slot (``beta`` 1: added to what the slots
+        hold). Returns the slots written."""
+        gk = p.c * p.r * p.s
         whole, rest = divmod(pixels, kc)
         slot = p.k * gk
-        self._gemm(ctx, p, p.k, gk, kc, buf, first, ld, buf, second, ld, buf, wide, gk,
-                   trans_b=True, c_dtype=np.float32, batch=whole, stride_a=kc, stride_b=kc,
-                   stride_c=slot)
+        if whole:
+            self._gemm(ctx, p, p.k, gk, kc, buf, first, ld, buf, second, ld, buf, wide, gk,
+                       trans_b=True, c_dtype=np.float32, beta=beta, batch=whole,
+                       stride_a=kc, stride_b=kc, stride_c=slot)
         if rest:
             self._gemm(ctx, p, p.k, gk, rest, buf, first + whole * kc, ld, buf,
                        second + whole * kc, ld, buf, wide + whole * slot, gk, trans_b=True,
-                       c_dtype=np.float32)
-        gsize, lsize = launch_size(ctx, slot)
+                       c_dtype=np.float32, beta=beta)
+        return whole + (rest > 0)
+
+    def _store_slots(self, ctx, built, p, slots, dw, ep, buf, wide):
+        """dw = alpha * (the sum of the float32 slots at ``wide``) + beta * dw, rounded once."""
+        count = p.k * p.cg * p.r * p.s
+        gsize, lsize = launch_size(ctx, count)
         launch(ctx, built, "conv16_store_scaled", gsize, lsize,
-               [_I32(slot), _I32(whole + (rest > 0)), buf, _I32(wide), dw.buffer,
-                _I32(dw.offset_elements), _F32(ep.alpha), _F32(ep.beta)])
+               [_I32(count), _I32(slots), buf, _I32(wide), dw.buffer, _I32(dw.offset_elements),
+                _F32(ep.alpha), _F32(ep.beta)])
+
+    def _run_filter_split(self, ctx, built, p, splits, dw, ep, buf, first, second, wide, ld):
+        """One group's filter gradient with K (the pixels) in ``splits`` chunks (slots added
+        and rounded once by conv16_store_scaled)."""
+        pixels = self._sizes(p)[0]
+        kc = _round_up(-(-pixels // splits), _ALIGN)
+        slots = self._split_gemms(ctx, p, pixels, kc, buf, first, second, wide, ld)
+        self._store_slots(ctx, built, p, slots, dw, ep, buf, wide)
 
     def _run_filter_in_parts(self, ctx, built, p, chunk, dy, x, dw, ep, buf, offsets):
         """The filter gradient ``chunk`` images at a time: each part's GEMMs add into the
-        float32 accumulator, rounded into dw once at the end."""
-        from dataclasses import replace
+        float32 accumulator, rounded into dw once at the end. Where a part's GEMM would leave
+        the GPU idle (``_filter_splits`` of a whole part), each part is split along its pixels
+        the same way, into the same slots: the first part writes every slot, later (never
+        longer) parts add into the first of them."""
         first, second, wide = offsets
         kg, gk = p.kg, p.cg * p.r * p.s
+        splits = self._filter_splits(ctx, replace(p, n=chunk))
+        kc = slots = None
+        if splits > 1:
+            kc = _round_up(-(-(chunk * p.ho * p.wo) // splits), _ALIGN)
         for start in range(0, p.n, chunk):
             count = min(chunk, p.n - start)
             part = replace(p, n=count)
@@ -307,14 +331,16 @@ class Gemm16(Algorithm):
                               ld)
             self._launch_im2col(ctx, built, part, geometry, _images(x, start, count), buf,
                                 second, ld)
+            beta = 0.0 if start == 0 else 1.0
+            if kc is not None:
+                written = self._split_gemms(ctx, part, pixels, kc, buf, first, second, wide, ld,
+                                            beta)
+                slots = written if slots is None else slots
+                continue
             self._group_gemms(ctx, part, kg, gk, pixels, (buf, first, ld, kg * ld),
                               (buf, second, ld, gk * ld), (buf, wide, gk, kg * gk), trans_b=True,
-                              beta=0.0 if start == 0 else 1.0, c_dtype=np.float32)
-        count = p.k * gk
-        gsize, lsize = launch_size(ctx, count)
-        launch(ctx, built, "conv16_store_scaled", gsize, lsize,
-               [_I32(count), _I32(1), buf, _I32(wide), dw.buffer, _I32(dw.offset_elements),
-                _F32(ep.alpha), _F32(ep.beta)])
+                              beta=beta, c_dtype=np.float32)
+        self._store_slots(ctx, built, p, slots or 1, dw, ep, buf, wide)
 
     @staticmethod
     def _launch_im2col(ctx, built, p, geometry, x, buf, off, ld):
