@@ -231,3 +231,36 @@ def test_bad_argument_types_are_library_errors(ctx, rng):
             call()
     with pytest.raises(dp.DTypeError, match="value must be a number"):
         F.pad(x, (1, 1), "constant", "a")
+
+
+@pytest.mark.parametrize("dtype,shape,dims,offset,word", [
+    (np.float32, (2, 5, 3, 8), (0, 2, 1, 3), 0, "uint4"),     # a head split: rows of 8 floats
+    (np.float32, (2, 5, 3, 6), (0, 2, 1, 3), 0, "uint2"),     # rows of 6: 8-byte words
+    (np.float32, (2, 5, 3, 8), (0, 2, 1, 3), 3, None),        # odd offset: elements
+    (np.float32, (4, 3, 5), (1, 0, 2), 0, None),              # rows of 5
+    (np.int64, (3, 4, 6), (1, 0, 2), 0, "uint4"),
+    (np.float16, (3, 4, 6), (1, 0, 2), 0, "uint"),            # 6 halves: 4-byte words
+    (np.float16, (3, 2, 16), (1, 0, 2), 8, "uint4"),
+    (np.bool_, (2, 3, 32), (1, 0, 2), 0, "uint4"),
+])
+def test_permute_in_words(ctx, rng, dtype, shape, dims, offset, word):
+    """A permutation keeping the innermost dimension moves whole words of bits where sizes,
+    strides and offsets allow (checked here through the decision and the bits moved), elements
+    otherwise; every destination element is written (the output is poisoned first)."""
+    from dlprim_py.ops import tensor_ops
+    src = (rng.integers(0, 2, shape) if dtype is np.bool_ else
+           rng.standard_normal(shape)).astype(dtype)
+    backing = np.concatenate([np.zeros(offset, dtype), src.ravel()])
+    whole = dp.Tensor.from_numpy(ctx, backing)
+    x = dp.Tensor(ctx, whole.buffer, shape, dtype, offset=offset * np.dtype(dtype).itemsize)
+    out_shape = tuple(shape[d] for d in dims)
+    out = dp.Tensor.from_numpy(ctx, np.full(out_shape, 7, dtype))   # poison
+    st = tensor_ops.dense_strides(shape)
+    sizes, (src_st, dst_st) = tensor_ops.merge_dimensions(out_shape, [[st[d] for d in dims],
+                                                                      tensor_ops.dense_strides(out_shape)])
+    chosen = tensor_ops._copy_words(np.dtype(dtype).itemsize, sizes, src_st, dst_st, offset, 0)
+    assert (chosen[0] if chosen else None) == word
+    tensor_ops.strided_copy(ctx, out_shape, dtype, x.buffer, offset, [st[d] for d in dims],
+                            out.buffer, 0, tensor_ops.dense_strides(out_shape))
+    np.testing.assert_array_equal(out.numpy(), np.transpose(src, dims))
+    np.testing.assert_array_equal(F.permute(x, dims).numpy(), np.transpose(src, dims))

@@ -55,10 +55,11 @@ def _index_type(*extents):
     return ("int", np.int32) if max(extents) < _INT32_LIMIT else ("long", np.int64)
 
 
-def _kernel(ctx, name, dtype, ndim, index_t, mode="constant", batch_dims=0):
+def _kernel(ctx, name, dtype, ndim, index_t, mode="constant", batch_dims=0, cl_type=None):
     # A bound kernel: its arguments are set where they changed, and inside a recording (a
     # planned network) its launches are kept with the others, so that a replay copies too.
-    params = dict(dtype=cl_name(dtype), ndim=ndim, index_t=index_t, mode=mode,
+    # ``cl_type`` overrides the element type (a copy moving whole words of bits).
+    params = dict(dtype=cl_type or cl_name(dtype), ndim=ndim, index_t=index_t, mode=mode,
                   batch_dims=batch_dims)
     return bind(program.kernel(ctx, "tensor_ops", name, params))
 
@@ -153,7 +154,18 @@ def _copy_plan(ctx, shape, dtype, src_offset, src_strides, dst_offset, dst_strid
     if solver.select(ctx, "copy", problem, forced=algorithm).name == "tiles":
         return _transpose_tiles(ctx, dtype, index_t, index_np, sizes, src_st, dst_st,
                                 problem.pair, src_offset, dst_offset)
-    kernel = _kernel(ctx, "strided_copy", dtype, len(sizes), index_t)
+    words = _copy_words(np.dtype(dtype).itemsize, sizes, src_st, dst_st, src_offset, dst_offset)
+    if words is not None:
+        # Whole 4-, 8- or 16-byte words of bits per work item: fewer index computations per byte
+        # (a head split's permute moves rows of 64 floats) and wider accesses.
+        cl_type, per = words
+        sizes = sizes[:-1] + [sizes[-1] // per]
+        src_st = [s // per for s in src_st[:-1]] + [1]
+        dst_st = [s // per for s in dst_st[:-1]] + [1]
+        src_offset, dst_offset, total = src_offset // per, dst_offset // per, total // per
+        kernel = _kernel(ctx, "strided_copy", dtype, len(sizes), index_t, cl_type=cl_type)
+    else:
+        kernel = _kernel(ctx, "strided_copy", dtype, len(sizes), index_t)
     args = [index_np(total)] + [index_np(s) for s in sizes]
     src_slot = len(args)
     args += [None, index_np(src_offset)] + [index_np(s) for s in src_st]
@@ -161,6 +173,28 @@ def _copy_plan(ctx, shape, dtype, src_offset, src_strides, dst_offset, dst_strid
     args += [None, index_np(dst_offset)] + [index_np(s) for s in dst_st]
     gsize, lsize = launch_size(ctx, total)
     return kernel, args, (src_slot, dst_slot), gsize, lsize
+
+
+# The widest word a gather copy moves per work item, by its bytes.
+_COPY_WORDS = ((16, "uint4"), (8, "uint2"), (4, "uint"))
+
+
+def _copy_words(itemsize, sizes, src_st, dst_st, src_offset, dst_offset):
+    """(OpenCL type, elements per word) of the widest word whose copies keep the copy's meaning:
+    the innermost dimension contiguous in both tensors, and its size, both offsets and every
+    other stride multiples of the word's elements (so each word starts on its own boundary: the
+    buffers themselves are aligned to the device's base alignment). None where no word wider
+    than an element applies."""
+    if src_st[-1] != 1 or dst_st[-1] != 1:
+        return None
+    for nbytes, cl_type in _COPY_WORDS:
+        per = nbytes // itemsize
+        if per < 2 or nbytes % itemsize:
+            continue
+        if all(v % per == 0 for v in [sizes[-1], src_offset, dst_offset, *src_st[:-1],
+                                      *dst_st[:-1]]):
+            return cl_type, per
+    return None
 
 
 def _transpose_tiles(ctx, dtype, index_t, index_np, sizes, src_st, dst_st, pair, src_offset,
