@@ -66,7 +66,21 @@ VARIANTS = [
     dict(BASE, tile_m=64, tile_n=64, warps_m=2, warps_n=2, staged=1, round="int"),
     dict(BASE, tile_m=64, tile_n=128, warps_m=2, warps_n=2, round="int"),
 ]
-VARIANT_SETS = {"all": VARIANTS}
+# The large-square rule (4 warps of 64 x 64, staged slices) against tiles of 256 x 128 and
+# 128 x 256 (42.7 FLOP per byte of slice against 32), which fit 48 KiB of local memory only with
+# both slices stored M (N) contiguous (stage_mn) and 8 deep.
+RULE = dict(BASE, warps_m=2, warps_n=2, staged=1, round="int")
+WIDE = [
+    RULE,
+    dict(RULE, stage_mn=1),
+    dict(RULE, tile_k=8, stage_mn=1),
+    dict(RULE, tile_m=256, tile_k=8, warps_m=4, stage_mn=1),
+    dict(RULE, tile_m=256, tile_k=8, warps_m=4, stage_mn=1, tile_group=8),
+    dict(RULE, tile_m=256, tile_k=8, warps_m=4, stage_mn=1, round="cvt"),
+    dict(RULE, tile_n=256, tile_k=8, warps_n=4, stage_mn=1),
+    dict(RULE, tile_m=256, tile_n=64, warps_m=4, warps_n=1, stage_mn=1),
+]
+VARIANT_SETS = {"all": VARIANTS, "wide": WIDE}
 # Small-tile variants only on the small squares (their tile counts are what they are for).
 SMALL_SQUARES = ("square 1024", "square 2048")
 # TF32 keeps 10 of float32's 23 mantissa bits: each operand is off by at most 2^-11 relative

@@ -16,7 +16,8 @@
 # batch 1, the host-bound case) and gemm-tf32 (benchmarks/gemm_tf32.py: the TF32 GEMM against
 # cuBLAS TF32), tf32-tests (tests/test_gemm_tf32.py and tests/test_conv_tf32.py on the tensor
 # cores), conv-tf32 (benchmarks/conv.py --tf32 on ResNet-50's layers, cuDNN TF32 beside) and
-# onnx-tf32 (ResNet-50 at batch 64 with TF32 on both sides), half-tests
+# onnx-tf32 (ResNet-50 at batch 64 with TF32 on both sides), gemm-tf32-wide (the squares, then
+# the mma kernel's large-tile variants, benchmarks/gemm_tf32.py's "wide" set), half-tests
 # (the 16-bit GEMM, convolution and operator tests on the GPU), conv-fp16 / conv-bf16
 # (benchmarks/conv.py --dtype on ResNet-50's layers, cuDNN's 16-bit convolutions beside),
 # ops-half (the 16-bit operators against torch on the same dtype), attention-tests (the mma
@@ -88,6 +89,8 @@ for s in $steps; do
     nets-b1) step nets-b1 90 python3 benchmarks/nets.py --modes infer --infer-batches 1 \
               --commit "$commit" --json "$out/nets-b1.json" ;;
     gemm-tf32) step gemm-tf32 90 python3 benchmarks/gemm_tf32.py --json "$out/gemm-tf32.json" ;;
+    gemm-tf32-wide) step gemm-tf32-wide 150 python3 benchmarks/gemm_tf32.py --only square \
+              --variants --variant-set wide --json "$out/gemm-tf32-wide.json" ;;
     tf32-tests) step tf32-tests 240 python3 -m pytest tests/test_gemm_tf32.py \
               tests/test_conv_tf32.py -q -p no:cacheprovider ;;
     conv-tf32) step conv-tf32 150 python3 benchmarks/conv.py --tf32 --models resnet50 \

@@ -37,6 +37,10 @@ ${common.header()}
 //                 every warp that reads it). 1: slices go global -> registers -> local memory,
 //                 rounded once on the way; two stages, the next slice's loads in flight while
 //                 the current one is multiplied (STAGES must be 2, NV_ASYNC unused)
+//   STAGE_MN      (with STAGED) 1: both slices stored with M (N) contiguous, as a transposed A
+//                 (a plain B) is, whatever the operands' layout: a K-contiguous operand's values
+//                 are transposed on their way from registers. Rows of TILE_M + 4 words instead
+//                 of TILE_K + 8 (a 256-row A slice 16 deep: 16.6 KB against 24.6)
 //   SPLIT_K       (float32 operands) 1: each work-group sums only its K chunk (group id 2 =
 //                 batch * splits + split) into a workspace; gemm_splitk_reduce (rendered into
 //                 this program) adds the chunks and applies the epilogue. 0: one pass.
@@ -92,15 +96,18 @@ def local_ld(tile, k_contiguous, half):
 
 
 def layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B,
-           HALF=False):
+           HALF=False, STAGE_MN=0):
     """The derived constants of the header, as a dict: work-items, warp tile and mma tile
     counts, local row lengths, each operand's slice as (contiguous, strided) extents in its
     storage order and the copies per work-item."""
     nthreads = WARPS_M * WARPS_N * 32
     d = dict(nthreads=nthreads, wtm=TILE_M // WARPS_M, wtn=TILE_N // WARPS_N)
     d["mt_count"], d["nt_count"] = d["wtm"] // 16, d["wtn"] // 8
-    d["lda"] = local_ld(TILE_M, False, HALF) if TRANS_A else local_ld(TILE_K, True, HALF)
-    d["ldb"] = local_ld(TILE_K, True, HALF) if TRANS_B else local_ld(TILE_N, False, HALF)
+    # Local slices: A with M contiguous ([TILE_K][LDA]) where A is transposed or STAGE_MN,
+    # B with N contiguous ([TILE_K][LDB]) where B is not transposed or STAGE_MN.
+    d["a_mn"], d["b_kn"] = bool(TRANS_A or STAGE_MN), bool(not TRANS_B or STAGE_MN)
+    d["lda"] = local_ld(TILE_M, False, HALF) if d["a_mn"] else local_ld(TILE_K, True, HALF)
+    d["ldb"] = local_ld(TILE_N, False, HALF) if d["b_kn"] else local_ld(TILE_K, True, HALF)
     d["a_x"], d["a_s"] = (TILE_M, TILE_K) if TRANS_A else (TILE_K, TILE_M)
     d["b_x"], d["b_s"] = (TILE_K, TILE_N) if TRANS_B else (TILE_N, TILE_K)
     d["a_copies"] = d["a_x"] * d["a_s"] // (GVEC_A * nthreads)
@@ -153,7 +160,7 @@ def source(op, name, r):
     if HALF and (FOLD_A or FOLD_B or FOLD_C or EPILOGUE != "gemm"):
         # The host (GemmPlan) refuses these first; 16-bit operands take the plain "gemm" order.
         raise ValueError("gemm_mma: 16-bit operands take neither folds nor the conv epilogue")
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B, HALF)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B, HALF, STAGE_MN)
     nthreads, wtm, wtn, lda, ldb = L["nthreads"], L["wtm"], L["wtn"], L["lda"], L["ldb"]
     mt_count, nt_count = L["mt_count"], L["nt_count"]
     a_x, a_s, b_x, b_s, a_copies, b_copies = (L[k] for k in ("a_x", "a_s", "b_x", "b_s", "a_copies", "b_copies"))
@@ -164,8 +171,8 @@ def source(op, name, r):
 #define TILE_K ${TILE_K}
 #define LDA ${lda}
 #define LDB ${ldb}
-#define STAGE_A ${lda * (TILE_K if TRANS_A else TILE_M)}
-#define STAGE_B ${ldb * (TILE_N if TRANS_B else TILE_K)}
+#define STAGE_A ${lda * (TILE_K if L["a_mn"] else TILE_M)}
+#define STAGE_B ${ldb * (TILE_K if L["b_kn"] else TILE_N)}
 #define STAGES ${STAGES}
 // Local slices hold floats (TF32) or the 16-bit values' bits.
 #define STAGE_T ${"ushort" if HALF else "float"}
@@ -378,7 +385,7 @@ void gemm_mma(int M, int N, int K,
 <%def name="copy_slice(k, stage)">
 <%
     HALF = AB_TYPE != "float"
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B, HALF)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B, HALF, STAGE_MN)
 %>
         {
 % for name in ("a", "b"):
@@ -425,12 +432,12 @@ void gemm_mma(int M, int N, int K,
 
     // This work-item's fragments in a stage: the element (row, K offset 2t; 4t for 16-bit
     // operands) of its first mma tile, in the permuted K order of the header.
-% if TRANS_A:
+% if L["a_mn"]:
     const int a_frag = (${KPAIR} * t) * LDA + wm * ${wtm} + g;
 % else:
     const int a_frag = (wm * ${wtm} + g) * LDA + ${KPAIR} * t;
 % endif
-% if TRANS_B:
+% if not L["b_kn"]:
     const int b_frag = (wn * ${wtn} + g) * LDB + ${KPAIR} * t;
 % else:
     const int b_frag = (${KPAIR} * t) * LDB + wn * ${wtn} + g;
@@ -444,7 +451,7 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="load_slice(k)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B, False, STAGE_MN)
 %>
         {
 % for name in ("a", "b"):
@@ -476,11 +483,21 @@ void gemm_mma(int M, int N, int K,
 
 <%def name="store_slice(stage)">
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B, False, STAGE_MN)
 %>
 % for name, copies, gvec in (("a", L["a_copies"], GVEC_A), ("b", L["b_copies"], GVEC_B)):
+<%
+    # STAGE_MN with a K-contiguous global operand (A plain, B transposed): its values land
+    # transposed, each element of a copy in its own local row of K.
+    turn = STAGE_MN and ((name == "a" and not TRANS_A) or (name == "b" and TRANS_B))
+    ld = "LD" + name.upper()
+%>\
 %   for r in range(copies):
-%     if gvec == 4:
+%     if turn:
+%       for v in range(gvec):
+        ${name}_stage[(${stage}) * STAGE_${name.upper()} + (${name}_x${r} + ${v}) * ${ld} + ${name}_s${r}] = as_float(to_tf32(${name}_reg${r}${".s%d" % v if gvec > 1 else ""}));
+%       endfor
+%     elif gvec == 4:
         *(__local float4 *)(${name}_stage + (${stage}) * STAGE_${name.upper()} + ${name}_dst${r}) = (float4)(
             as_float(to_tf32(${name}_reg${r}.x)), as_float(to_tf32(${name}_reg${r}.y)),
             as_float(to_tf32(${name}_reg${r}.z)), as_float(to_tf32(${name}_reg${r}.w)));
@@ -494,7 +511,7 @@ void gemm_mma(int M, int N, int K,
 <%def name="multiply(stage)">
 <%
     HALF = AB_TYPE != "float"
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B, HALF)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B, HALF, STAGE_MN)
     lda, ldb, mt_count, nt_count = L["lda"], L["ldb"], L["mt_count"], L["nt_count"]
     # Staged slices hold TF32 bit patterns already.
     conv = "as_uint" if STAGED else "to_tf32"
@@ -506,7 +523,7 @@ void gemm_mma(int M, int N, int K,
 %   for kb in range(TILE_K // 16):
         {
 %     for mt in range(mt_count):
-%       if TRANS_A:
+%       if L["a_mn"]:
             const uint a${mt}_0 = PACK2(a_at[${kb * 16 * lda + mt * 16}], a_at[${(kb * 16 + 1) * lda + mt * 16}]);
             const uint a${mt}_1 = PACK2(a_at[${kb * 16 * lda + mt * 16 + 8}], a_at[${(kb * 16 + 1) * lda + mt * 16 + 8}]);
             const uint a${mt}_2 = PACK2(a_at[${(kb * 16 + 2) * lda + mt * 16}], a_at[${(kb * 16 + 3) * lda + mt * 16}]);
@@ -519,7 +536,7 @@ void gemm_mma(int M, int N, int K,
 %       endif
 %     endfor
 %     for nt in range(nt_count):
-%       if TRANS_B:
+%       if not L["b_kn"]:
             const uint2 b${nt}_v = *(__local const uint2 *)(b_at + ${nt * 8 * ldb + kb * 16});
             const uint b${nt}_0 = b${nt}_v.x, b${nt}_1 = b${nt}_v.y;
 %       else:
@@ -539,7 +556,7 @@ void gemm_mma(int M, int N, int K,
 % for kb in range(TILE_K // 8):
         {
 %   for mt in range(mt_count):
-%     if TRANS_A:
+%     if L["a_mn"]:
             const uint a${mt}_0 = ${conv}(a_at[${kb * 8 * lda + mt * 16}]);
             const uint a${mt}_1 = ${conv}(a_at[${kb * 8 * lda + mt * 16 + 8}]);
             const uint a${mt}_2 = ${conv}(a_at[${(kb * 8 + 1) * lda + mt * 16}]);
@@ -552,7 +569,7 @@ void gemm_mma(int M, int N, int K,
 %     endif
 %   endfor
 %   for nt in range(nt_count):
-%     if TRANS_B:
+%     if not L["b_kn"]:
             const float2 b${nt}_v = *(__local const float2 *)(b_at + ${nt * 8 * ldb + kb * 8});
             const uint b${nt}_0 = ${conv}(b${nt}_v.x), b${nt}_1 = ${conv}(b${nt}_v.y);
 %     else:
@@ -574,7 +591,7 @@ void gemm_mma(int M, int N, int K,
 
 % if STAGED:
 <%
-    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B)
+    L = layout(TRANS_A, TRANS_B, TILE_M, TILE_N, TILE_K, WARPS_M, WARPS_N, GVEC_A, GVEC_B, False, STAGE_MN)
 %>
 % for name, gvec in (("a", GVEC_A), ("b", GVEC_B)):
 %   for r in range(L[name + "_copies"]):

@@ -225,8 +225,12 @@ def mma_local_bytes(params, trans_a=None, trans_b=None):
     half = params.get("ab_bits", 32) == 16
     a_trans, a_plain = tk * _mma_ld(tm, False, half), tm * _mma_ld(tk, True, half)
     b_trans, b_plain = tn * _mma_ld(tk, True, half), tk * _mma_ld(tn, False, half)
-    a = max(a_trans, a_plain) if trans_a is None else a_trans if trans_a else a_plain
-    b = max(b_trans, b_plain) if trans_b is None else b_trans if trans_b else b_plain
+    if params.get("stage_mn"):
+        # Staged slices stored M (N) contiguous whatever the operands' layout.
+        a, b = a_trans, b_plain
+    else:
+        a = max(a_trans, a_plain) if trans_a is None else a_trans if trans_a else a_plain
+        b = max(b_trans, b_plain) if trans_b is None else b_trans if trans_b else b_plain
     threads = 32 * params["warps_m"] * params["warps_n"]
     element = 2 if half else 4
     return (element * params["stages"] * (a + b)
@@ -274,6 +278,9 @@ def _mma_problem(params, info):
         return f"staged must be 0 or 1, and staged slices take 2 stages (got {staged!r}, {stages})"
     if staged and bits == 16:
         return "staged slices (rounded to TF32 on their way) are for float32 operands only"
+    stage_mn = params.get("stage_mn", 0)
+    if stage_mn not in (0, 1) or (stage_mn and not staged):
+        return f"stage_mn must be 0 or 1, and takes staged slices (got {stage_mn!r}, staged {staged})"
     if mma_local_bytes(params) > info.local_mem_size:
         return f"{mma_local_bytes(params)} bytes of local memory > device {info.local_mem_size}"
     return None if emulate else mma_device_problem(info)
@@ -734,6 +741,9 @@ class MmaSolver(GemmSolver):
     Tunables: ``tile_m``, ``tile_n``, ``tile_k``, ``warps_m``, ``warps_n``, ``stages`` (the
     kernel header says what each means), optionally ``tile_group``, ``staged`` (1: slices go
     through registers and are rounded to TF32 once, 2 stages; float32 operands only),
+    ``stage_mn`` (1, with ``staged``: slices stored M- and N-contiguous in local memory
+    whatever the operands' layout, transposed on their way through registers: rows of
+    TILE_M + 4 words instead of a K-contiguous TILE_K + 8, which lets 256 x 128 tiles fit),
     ``round`` ("cvt": cvt.rna.tf32.f32; "int": the same rounding in integer operations) and
     ``ab_bits`` (16: parameters for 16-bit operands; 32, the default, for float32) and
     ``split_k`` (float32 operands: K in that many chunks, work-groups of their own, whose raw
@@ -802,7 +812,8 @@ class MmaSolver(GemmSolver):
                 "NV_ASYNC": config.nv_async,
                 "GROUP_M": params.get("tile_group", 1), "EMULATE": params.get("emulate", 0),
                 "CVEC": config.c_vec, "ROUND": params.get("round", "cvt"),
-                "STAGED": params.get("staged", 0), "SPLIT_K": int(config.splits > 1)}
+                "STAGED": params.get("staged", 0), "STAGE_MN": params.get("stage_mn", 0),
+                "SPLIT_K": int(config.splits > 1)}
 
     def launches(self, ctx, problem, params, config, args, workspace):
         threads = 32 * params["warps_m"] * params["warps_n"]
