@@ -37,7 +37,8 @@
 ## Template parameters:
 ##   part         which kernels to render, so that a build holds only what its variant needs:
 ##                "sums" (channel_partial_sums, channel_column_sums: mode, vector), "apply"
-##                (channel_apply: vector, activation) or "other" (the rest)
+##                (channel_apply: vector, activation), "rows4" (row_norm_forward4 /
+##                row_norm_backward4: row_per) or "other" (the rest)
 ##   group_size   work-group size of the reduction kernels (a power of two)
 ##   mode         channel_partial_sums flavour: "stats", "grad" or "grad_affine"
 ##   activation   OpenCL C expression of the activation applied by channel_apply to a float
@@ -55,9 +56,12 @@
 ##                float through vload_half or bfloat16's bits, no cl_khr_fp16 needed; stored
 ##                rounded to nearest even; statistics float)
 ##   wdtype       optional, likewise for their weight and bias ("float" or dtype)
+##   row_per      optional, part "rows4": float4s of a row per work item (rows of up to
+##                4 * row_per * group_size elements)
 <%
     dtype = context.get("dtype", "float")
     wdtype = context.get("wdtype", "float")
+    row_per = context.get("row_per", 1)
     storage = {"float": "float", "half": "half", "bfloat16": "ushort"}
     xs, ws = storage[dtype], storage[wdtype]
     def ld(ty, p, i):
@@ -524,6 +528,94 @@ __kernel void channel_apply_batch_grad(int rows, int C, int SV, int N, int S, in
 % endif
         outv[s] = (dz - c0) * c1 + xm * c3;
     }
+}
+
+% elif part == "rows4":
+// ---- layer norm on float32 rows of D = 4 * D4 elements (the "rows4" solver) ----
+// A work group of GROUP_SIZE items per row, each holding its ROW_PER float4s of the row (and of
+// dy) in registers: the row is read once, where row_norm_forward reads it twice, and a
+// group sized to the row (64 items for 768 elements) needs fewer reduction steps. Rows,
+// offsets and the weight and bias start on 16-byte boundaries (the host checks); the weight
+// and bias are per element (layer norm's).
+
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void row_norm_forward4(int D4, float eps
+    , __global const float4* restrict x, long x_off4
+    , __global const float4* restrict weight, long weight_off4
+    , __global const float4* restrict bias, long bias_off4
+    , __global float4* restrict y, long y_off4
+    , __global float* restrict save_mean, __global float* restrict save_rstd)
+{
+    __local float2 scratch[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    const int row = get_group_id(0);
+    __global const float4* src = x + x_off4 + (long)row * D4;
+    __global float4* dst = y + y_off4 + (long)row * D4;
+    const float shift = stats_shift(src[0].x);
+    float4 v[${row_per}];
+    float2 acc = (float2)(0.0f, 0.0f);
+% for i in range(row_per):
+    if (lid + ${i * group_size} < D4) {
+        v[${i}] = src[lid + ${i * group_size}];
+        const float4 c = v[${i}] - shift;
+        acc += (float2)(c.x + c.y + c.z + c.w, dot(c, c));
+    }
+% endfor
+    const float2 total = group_sum2(acc, scratch);
+    const int D = 4 * D4;
+    const float shifted_mean = total.x / D;
+    const float mean = shift + shifted_mean;
+    const float rstd = rsqrt(shifted_variance(total.y / D, shifted_mean) + eps);
+    if (lid == 0) {
+        save_mean[row] = mean;
+        save_rstd[row] = rstd;
+    }
+% for i in range(row_per):
+    if (lid + ${i * group_size} < D4) {
+        const int d = lid + ${i * group_size};
+        float4 value = (v[${i}] - mean) * rstd;
+        if (weight)
+            value *= weight[weight_off4 + d];
+        if (bias)
+            value += bias[bias_off4 + d];
+        dst[d] = value;
+    }
+% endfor
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, xhat = (x - mean) * rstd,
+// as row_norm_backward, with g and xhat kept in registers between the sums and the store.
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void row_norm_backward4(int D4
+    , __global const float4* restrict x, long x_off4
+    , __global const float4* restrict dy, long dy_off4
+    , __global const float4* restrict weight, long weight_off4
+    , __global const float* restrict save_mean, __global const float* restrict save_rstd
+    , __global float4* restrict dx, long dx_off4)
+{
+    __local float2 scratch[GROUP_SIZE];
+    const int lid = get_local_id(0);
+    const int row = get_group_id(0);
+    const long base = (long)row * D4;
+    const float mean = save_mean[row], rstd = save_rstd[row];
+    float4 g[${row_per}], xhat[${row_per}];
+    float2 acc = (float2)(0.0f, 0.0f);
+% for i in range(row_per):
+    if (lid + ${i * group_size} < D4) {
+        const int d = lid + ${i * group_size};
+        g[${i}] = dy[dy_off4 + base + d];
+        if (weight)
+            g[${i}] *= weight[weight_off4 + d];
+        xhat[${i}] = (x[x_off4 + base + d] - mean) * rstd;
+        acc += (float2)(g[${i}].x + g[${i}].y + g[${i}].z + g[${i}].w, dot(g[${i}], xhat[${i}]));
+    }
+% endfor
+    const float2 total = group_sum2(acc, scratch);
+    const float mean_g = total.x / (4 * D4), mean_gx = total.y / (4 * D4);
+% for i in range(row_per):
+    if (lid + ${i * group_size} < D4)
+        dx[dx_off4 + base + lid + ${i * group_size}] = rstd * (g[${i}] - mean_g - xhat[${i}] * mean_gx);
+% endfor
 }
 
 % else:

@@ -272,7 +272,7 @@ def test_infinity_with_a_forced_split(ctx, rng):
 def test_norm_and_rownorm_families(ctx):
     from dlprim_py import solver
     assert list(solver.family("norm").solvers) == ["groups", "groups_scalar", "columns"]
-    assert list(solver.family("rownorm").solvers) == ["rows", "split"]
+    assert list(solver.family("rownorm").solvers) == ["rows", "rows4", "split"]
     wide = norm.ChannelSumsProblem("stats", 64, 64, 1, False)
     narrow = norm.ChannelSumsProblem("stats", 64, 8, 1, False)
     planes = norm.ChannelSumsProblem("stats", 64, 64, 16, True)

@@ -126,8 +126,11 @@ def test_softmax_large_logits(ctx, rng, length, scale, log, variant, cached):
 @pytest.mark.parametrize("value", SPECIALS, ids=SPECIAL_IDS)
 @pytest.mark.parametrize("at", [0, 7], ids=["first", "inside"])
 @pytest.mark.parametrize("affine", [False, True])
-def test_layer_norm(ctx, rng, value, at, affine):
+@pytest.mark.parametrize("algo", ["rows", "rows4"])
+def test_layer_norm(ctx, rng, monkeypatch, value, at, affine, algo):
     """A row holding an infinity or NaN is NaN throughout (torch: var = inf - inf)."""
+    monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", algo)
+    dp.config.reload()
     a = random(rng, (3, 4, 5), -2, 2)
     a[1].reshape(-1)[at] = value
     w, b = (random(rng, (4, 5), 0.5, 1.5), random(rng, (4, 5))) if affine else (None, None)

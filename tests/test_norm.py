@@ -209,6 +209,73 @@ def test_layer_norm(ctx, rng, shape, normalized, affine):
         assert_close(db.grad.numpy(), tb.grad.numpy())
 
 
+@pytest.mark.parametrize("shape,normalized,affine", [
+    ((3, 5, 8), (5, 8), True),      # 40 elements: 10 float4s over a group of 32 (one each, some idle)
+    ((7, 768), (768,), True),       # 192 float4s: a group of 64, 3 each
+    ((2, 3, 516), (516,), False),   # 129 float4s: a group of 64, the last float4 of 3 alone
+    ((4, 2052), (2052,), True),     # 513 float4s: a group of 256, 3 each, most idle at the end
+    ((3, 4), (4,), True)])
+def test_layer_norm_rows4(ctx, rng, monkeypatch, shape, normalized, affine):
+    """The float4 row solver forced: forward, data and affine gradients against float64, the
+    output poisoned first (through a warm-up call on other data whose results it would keep)."""
+    from dlprim_py.ops import norm as norm_ops
+    monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", "rows4")
+    dp.config.reload()
+    D = int(np.prod(normalized))
+    assert norm_ops.row_algorithm(ctx, int(np.prod(shape)) // D, D, False, True).name == "rows4"
+    x = random(rng, shape, -1, 2)
+    w = random(rng, normalized, 0.5, 1.5) if affine else None
+    b = random(rng, normalized) if affine else None
+    F.layer_norm(_d(ctx, np.full(shape, np.nan, np.float32)), normalized)   # poison the pool
+    dx, dw, db = _d(ctx, x, True), _d(ctx, w, True), _d(ctx, b, True)
+    tx = _t(x, True)
+    tw, tb = (_t(w, True), _t(b, True)) if affine else (None, None)
+    y = F.layer_norm(dx, normalized, dw, db, eps=1e-5)
+    ref = TF.layer_norm(tx, normalized, tw, tb, eps=1e-5)
+    assert_close(y.numpy(), ref.detach().numpy())
+    grad = random(rng, shape)
+    y.backward(_d(ctx, grad))
+    ref.backward(_t(grad))
+    assert_close(dx.grad.numpy(), tx.grad.numpy())
+    if affine:
+        assert_close(dw.grad.numpy(), tw.grad.numpy())
+        assert_close(db.grad.numpy(), tb.grad.numpy())
+
+
+def test_layer_norm_rows4_alignment(ctx, rng, monkeypatch):
+    """rows4 takes rows of a multiple of 4 on 16-byte boundaries only: an input at an odd
+    offset or a row of 6 is refused when forced and served by "rows" otherwise; a gradient at
+    an odd offset runs the rows kernels inside rows4's backward."""
+    from dlprim_py.ops import norm as norm_ops
+    data = random(rng, (1 + 3 * 8,), -1, 2)
+    backing = dp.Tensor.from_numpy(ctx, data)
+    odd = dp.Tensor(ctx, backing.buffer, (3, 8), np.float32, offset=4)
+    assert norm_ops.row_algorithm(ctx, 3, 8, False, True).name in ("rows", "rows4")
+    monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", "rows4")
+    dp.config.reload()
+    with pytest.raises(dp.UnsupportedError, match="rows4 does not apply"):
+        F.layer_norm(odd, (8,))
+    with pytest.raises(dp.UnsupportedError, match="rows4 does not apply"):
+        F.layer_norm(_d(ctx, random(rng, (3, 6))), (6,))
+    monkeypatch.delenv("DLPRIM_ROWNORM_ALGO")
+    dp.config.reload()
+    ref = TF.layer_norm(_t(data[1:].reshape(3, 8)), (8,))
+    assert_close(F.layer_norm(odd, (8,)).numpy(), ref.numpy())
+    # rows4 forward, a gradient at an odd offset through the rows kernels.
+    monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", "rows4")
+    dp.config.reload()
+    x = random(rng, (5, 12), -1, 2)
+    dx = _d(ctx, x, True)
+    tx = _t(x, True)
+    y = F.layer_norm(dx, (12,))
+    ref = TF.layer_norm(tx, (12,))
+    g = random(rng, (1 + 60,))
+    g_backing = dp.Tensor.from_numpy(ctx, g)
+    y.backward(dp.Tensor(ctx, g_backing.buffer, (5, 12), np.float32, offset=4))
+    ref.backward(_t(g[1:].reshape(5, 12)))
+    assert_close(dx.grad.numpy(), tx.grad.numpy())
+
+
 @pytest.mark.parametrize("algo", ["rows", "split"])
 @pytest.mark.parametrize("shape,groups,affine", [((2, 6, 5, 3), 3, True), ((3, 6), 2, True),
                                                  ((2, 4, 7), 1, False), ((1, 5, 2, 2), 5, True),

@@ -19,7 +19,7 @@ made: the channel reductions ("norm") run as work groups per chunk of a channel 
 scalar loads, or as a work item per channel for (N, C) inputs (DLPRIM_NORM_ALGO = groups,
 groups_scalar, columns; rules and chunk tunables in tuning_db/norm.json); layer and group norm
 ("rownorm") run a work group per row, or, for group norm with few long rows, the batch-norm
-kernels on the rows (DLPRIM_ROWNORM_ALGO = rows, split; rules in tuning_db/rownorm.json).
+kernels on the rows (DLPRIM_ROWNORM_ALGO = rows, rows4, split; rules in tuning_db/rownorm.json).
 
 float16 / bfloat16 inputs (16-bit storage, torch's result type): ``layer_norm``, ``group_norm``
 (the "rows" solver, whatever the rules would choose for float32), ``instance_norm`` and
@@ -680,26 +680,29 @@ def _batch_norm_backward(ctx, key, params, training, eps, mean, invstd):
 # Layer and group norm: the solvers of the "rownorm" family. "rows" runs a work group per row;
 # "split" (group norm) cuts each row over many work groups through the batch-norm kernels, for
 # few long rows. DLPRIM_ROWNORM_ALGO forces one; otherwise tuning_db/rownorm.json's rules.
-ROW_ALGORITHMS = ("rows", "split")
+ROW_ALGORITHMS = ("rows", "rows4", "split")
 
 
 @dataclass(frozen=True)
 class RowNormProblem:
     """Statistics of ``rows`` rows of ``d`` elements; ``splittable``: group norm's (N, C, ...)
     input, which "split" takes; ``units``: the device's compute units, which the rules compare
-    the rows with (``rows_per_unit``)."""
+    the rows with (``rows_per_unit``); ``vector4``: float32 layer norm whose rows, input offset
+    and weight and bias offsets are multiples of 4 elements, which "rows4" takes."""
     rows: int
     d: int
     splittable: bool
     units: int
+    vector4: bool = False
 
     def key(self):
         return (f"rownorm rows={self.rows} d={self.d} splittable={int(self.splittable)} "
-                f"units={self.units}")
+                f"units={self.units} vector4={int(self.vector4)}")
 
     def features(self):
         return {"rows": self.rows, "d": self.d, "splittable": int(self.splittable),
-                "rows_per_unit": self.rows // max(self.units, 1)}
+                "rows_per_unit": self.rows // max(self.units, 1),
+                "vector4": int(self.vector4)}
 
 
 class _Rows:
@@ -729,6 +732,63 @@ class _Rows:
             np.int64(dx.offset_elements))
 
 
+# Float4s of a row per work item in "rows4" (registers per item: 4 * ROWS4_PER in the forward,
+# twice that in the backward); rows longer than 4 * ROWS4_PER * the largest group are the
+# "rows" solver's.
+ROWS4_PER = 4
+
+
+def rows4_group(ctx, D):
+    """Work-group size of "rows4" for rows of D elements: the smallest power of two from 32 that
+    leaves each item at most ROWS4_PER float4s, or None where the device's groups are too small."""
+    group = 32
+    while group * ROWS4_PER * 4 < D:
+        group *= 2
+    return group if group <= min(ctx.info.max_work_group_size, 1024) else None
+
+
+class _Rows4:
+    """row_norm_forward4 / row_norm_backward4 (float32 layer norm, rows of a multiple of 4
+    elements on 16-byte boundaries): a work group sized to the row, each item's float4s kept in
+    registers. A backward whose gradient or output is not on a 16-byte boundary runs the
+    "rows" kernels."""
+
+    def __init__(self, ctx, D):
+        self.ctx = ctx
+        self.group = rows4_group(ctx, D)
+        per = -(-D // (4 * self.group))
+        prog = program.build(ctx, "norm", dict(part="rows4", group_size=self.group, mode="stats",
+                                               activation="v_act", vector=4, derivative="",
+                                               row_per=per))
+        self.forward_kernel = bind(prog.kernel("row_norm_forward4"))
+        self.backward_kernel = bind(prog.kernel("row_norm_backward4"))
+        self.fallback = None
+
+    def forward(self, x, y, rows, D, G, Cg, S, weight, bias, eps, save_mean, save_rstd):
+        self.forward_kernel(
+            self.ctx.queue, (self.group * rows,), (self.group,), np.int32(D // 4),
+            np.float32(eps), x.buffer, np.int64(x.offset_elements // 4), *_buf4(weight),
+            *_buf4(bias), y.buffer, np.int64(y.offset_elements // 4), save_mean.buffer,
+            save_rstd.buffer)
+
+    def backward(self, x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd):
+        if g.offset_elements % 4 or dx.offset_elements % 4:
+            if self.fallback is None:
+                self.fallback = _Rows(self.ctx)
+            self.fallback.backward(x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd)
+            return
+        self.backward_kernel(
+            self.ctx.queue, (self.group * rows,), (self.group,), np.int32(D // 4),
+            x.buffer, np.int64(x.offset_elements // 4), g.buffer, np.int64(g.offset_elements // 4),
+            *_buf4(weight), save_mean.buffer, save_rstd.buffer, dx.buffer,
+            np.int64(dx.offset_elements // 4))
+
+
+def _buf4(t):
+    """(buffer, offset in float4s) of an optional tensor on a 16-byte boundary."""
+    return (None, np.int64(0)) if t is None else (t.buffer, np.int64(t.offset_elements // 4))
+
+
 class _Split:
     """Group norm through the batch-norm kernels on the view (1, rows, D)."""
 
@@ -746,6 +806,18 @@ class RowsSolver(solver.Solver):
         return _Rows(ctx)
 
 
+class Rows4Solver(solver.Solver):
+    """Float32 layer norm on float4s: a work group sized to the row (``rows4_group``), the row
+    read once into registers."""
+    name = "rows4"
+
+    def applies(self, ctx, problem):
+        return problem.vector4 and rows4_group(ctx, problem.d) is not None
+
+    def prepare(self, ctx, problem):
+        return _Rows4(ctx, problem.d)
+
+
 class SplitSolver(solver.Solver):
     name = "split"
 
@@ -756,24 +828,28 @@ class SplitSolver(solver.Solver):
         return _Split()
 
 
-ROW_FAMILY = solver.register(solver.Family("rownorm", [RowsSolver(), SplitSolver()],
+ROW_FAMILY = solver.register(solver.Family("rownorm", [RowsSolver(), Rows4Solver(), SplitSolver()],
                                            title="layer/group norm algorithm"))
 
 
-def row_algorithm(ctx, rows, D, splittable):
+def row_algorithm(ctx, rows, D, splittable, vector4=False):
     """The solver for ``rows`` rows of D elements (``solver.select``: DLPRIM_ROWNORM_ALGO, an
     error where it does not apply; else tuning_db/rownorm.json: "split" for group norm with too
-    few rows to fill the device and rows long enough to share, else "rows")."""
+    few rows to fill the device and rows long enough to share, "rows4" for aligned float32
+    layer norm where its rule says, else "rows")."""
     return solver.select(ctx, "rownorm", RowNormProblem(rows, D, bool(splittable),
-                                                        ctx.info.compute_units))
+                                                        ctx.info.compute_units, bool(vector4)))
 
 
-def _prepared_rows(ctx, rows, D, splittable):
-    chosen = row_algorithm(ctx, rows, D, splittable)
-    key = ("rownorm.prepared", chosen.name, ctx.info.compute_units)
+def _prepared_rows(ctx, rows, D, splittable, vector4=False):
+    chosen = row_algorithm(ctx, rows, D, splittable, vector4)
+    # "rows4" builds per row length (its registers per item are the row's).
+    key = ("rownorm.prepared", chosen.name, ctx.info.compute_units,
+           D if chosen.name == "rows4" else None)
     prepared = ctx.plans.get(key)
     if prepared is None:
-        prepared = ctx.plans.put(key, chosen.prepare(ctx, None))
+        prepared = ctx.plans.put(key, chosen.prepare(
+            ctx, RowNormProblem(rows, D, bool(splittable), ctx.info.compute_units, vector4)))
     return prepared
 
 
@@ -831,7 +907,9 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
         rows_solver = ctx.plans.get(key) or ctx.plans.put(key, _Rows(ctx, dtype, wdtype))
         rows_solver = rows_solver if rows and D else None
     else:
-        rows_solver = _prepared_rows(ctx, rows, D, splittable) if rows and D else None
+        vector4 = G == 1 and S == 1 and D % 4 == 0 and all(
+            t is None or t.offset_elements % 4 == 0 for t in (x, weight, bias))
+        rows_solver = _prepared_rows(ctx, rows, D, splittable, vector4) if rows and D else None
     if rows_solver is not None:
         rows_solver.forward(x, y, rows, D, G, Cg, S, weight, bias, eps, save_mean, save_rstd)
 
