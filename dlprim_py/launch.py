@@ -486,6 +486,21 @@ def current():
     return getattr(_state, "recording", None)
 
 
+class unrecorded:
+    """``with unrecorded():`` enqueues outside the calling thread's open recording (if any):
+    for work a plan must not replay, such as making a context's long-lived buffer on the first
+    call that needs it."""
+
+    def __enter__(self):
+        self._outer = getattr(_state, "recording", None)
+        _state.recording = None
+        return self
+
+    def __exit__(self, *exc):
+        _state.recording = self._outer
+        return False
+
+
 def command_enqueued():
     """Tell the open recording (if any) that a command other than a kernel launch (a fill, a
     copy) was enqueued: it can then not become a rebinding plan."""

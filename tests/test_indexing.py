@@ -413,6 +413,26 @@ def test_out_of_range_indices_raise_at_the_next_synchronization(ctx, rng):
         out.numpy()       # reported once
 
 
+def test_first_indexing_plan_does_not_reset_the_range_flag(rng):
+    """The context's range flag is made on the first indexing call, outside the plan that call
+    records: a replay launches the selection alone, and an error set by another call before it
+    is still raised at the next synchronization."""
+    from dlprim_py import launch
+    ctx = dp.Context()                        # no flag yet
+    x = t_(ctx, random(rng, (6, 4)))
+    idx = t_(ctx, np.array([1, 5, 0]))
+    F.embedding(idx, x)                       # records the plan, makes the flag
+    with launch.kernel_events() as events:
+        out = F.embedding(idx, x)
+    ctx.queue.finish()
+    assert len(events) == 1
+    np.testing.assert_array_equal(out.numpy(), x.numpy()[[1, 5, 0]])
+    F.gather(x, 1, t_(ctx, np.array([[0, 4, 1, 2]] * 6)))    # sets the flag
+    F.embedding(idx, x)                       # a replay: must leave it set
+    with pytest.raises(dp.ShapeError, match="out of range"):
+        out.numpy()
+
+
 def test_refusals(ctx, rng):
     x = t_(ctx, random(rng, (3, 4)))
     index = t_(ctx, np.array([[0, 1]]))

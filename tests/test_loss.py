@@ -195,6 +195,22 @@ def test_deferred_range_check_raises_once_at_the_next_sync(ctx, rng):
     assert np.isfinite(F.cross_entropy(x, good).numpy())
 
 
+def test_first_loss_plan_does_not_reset_the_range_flag(rng):
+    """The target-range flag is made outside the plan of the call that first needs it: with a
+    fresh context, a bad target in one nll_loss shape, then a replay of the first call's plan
+    (another shape) before the synchronization, still raises."""
+    ctx = dp.Context()
+    x = dp.Tensor.from_numpy(ctx, random(rng, (4, 6)))
+    y = dp.Tensor.from_numpy(ctx, random(rng, (3, 6)))
+    good = dp.Tensor.from_numpy(ctx, np.array([0, 5, 2, 1], np.int64))
+    F.nll_loss(x, good)                    # records its plan, makes the flag
+    ctx.synchronize()
+    F.nll_loss(y, dp.Tensor.from_numpy(ctx, np.array([0, 9, 2], np.int64)))   # sets the flag
+    F.nll_loss(x, good)                    # a replay: must leave it set
+    with pytest.raises(dp.ShapeError, match="target 9 is out of range"):
+        ctx.synchronize()
+
+
 def test_bad_range_check_mode(ctx, monkeypatch):
     monkeypatch.setenv("DLPRIM_RANGE_CHECK_ALGO", "pinned")
     dp.config.reload()

@@ -30,7 +30,7 @@ from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from .. import config
-from ..launch import bind, run_planned_on
+from ..launch import bind, run_planned_on, unrecorded
 from . import reduce as R
 from .arithmetic import mul, reduce_to_shape
 from .pointwise import PointwiseKernel, broadcast_shapes, launch_size
@@ -108,7 +108,10 @@ def _range_flag(ctx):
     zero while no call has seen a bad target: whoever raises on it clears it."""
     flag = ctx.memo.get("nll_range_flag")
     if flag is None:
-        flag = ctx.memo["nll_range_flag"] = Tensor.zeros(ctx, (4,), np.int64)
+        # Made outside any recording: a plan replaying its zero fill would drop an error
+        # another call had set.
+        with unrecorded():
+            flag = ctx.memo["nll_range_flag"] = Tensor.zeros(ctx, (4,), np.int64)
     return flag
 
 
@@ -537,7 +540,8 @@ def unit_weight(ctx):
     it; a fresh one per call would cost a fill)."""
     one = ctx.memo.get("unit_weight")
     if one is None:
-        one = ctx.memo["unit_weight"] = Tensor.full(ctx, (), 1.0)
+        with unrecorded():     # kept by the context: no plan may replay its fill
+            one = ctx.memo["unit_weight"] = Tensor.full(ctx, (), 1.0)
     return one
 
 
@@ -957,7 +961,8 @@ def _class_indices(ctx, classes):
     key = ("class_indices", classes)
     t = ctx.memo.get(key)
     if t is None:
-        t = ctx.memo[key] = Tensor.from_numpy(ctx, np.arange(classes, dtype=np.float32))
+        with unrecorded():     # a copy in a recording would leave its plan unplannable
+            t = ctx.memo[key] = Tensor.from_numpy(ctx, np.arange(classes, dtype=np.float32))
     return t
 
 
