@@ -413,6 +413,31 @@ def test_out_of_range_indices_raise_at_the_next_synchronization(ctx, rng):
         out.numpy()       # reported once
 
 
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_repeated_embedding_backward_replays_its_plan(ctx, rng, padding_idx):
+    """The weight gradient's launches (zero fill, index sort, sorted adds) replay on a repeated
+    backward: new indices, gradients and a poisoned pool give the right sums (duplicates
+    included), the padding row zero, and no program is built."""
+    table = random(rng, (40, 12))
+    W = t_(ctx, table)
+    W.requires_grad_(True)
+    for step in range(3):
+        idx = rng.integers(0, 40, (5, 7))
+        idx[0, :3] = 3                                  # duplicates, and the padding row
+        g = random(rng, (5, 7, 12))
+        before = dict(program.stats)
+        poison_pool(ctx)
+        W.grad = None
+        F.embedding(t_(ctx, idx), W, padding_idx=padding_idx).backward(t_(ctx, g))
+        ref = np.zeros((40, 12))
+        np.add.at(ref, idx.reshape(-1), g.reshape(-1, 12).astype(np.float64))
+        if padding_idx is not None:
+            ref[padding_idx] = 0
+        assert_close(W.grad.numpy(), ref)
+        if step:
+            assert dict(program.stats) == before
+
+
 def test_first_indexing_plan_does_not_reset_the_range_flag(rng):
     """The context's range flag is made on the first indexing call, outside the plan that call
     records: a replay launches the selection alone, and an error set by another call before it

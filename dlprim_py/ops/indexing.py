@@ -935,12 +935,24 @@ def _renorm(weight, flat, max_norm, norm_type):
 
 def _weight_grad(g_rows, index, V, E, padding_idx):
     """The weight's gradient: rows of ``g_rows`` (L, E) added at ``index`` (L,), the padding
-    row zero."""
-    grad = Tensor.zeros(g_rows.ctx, (V, E), float32)
+    row zero. Its launches (the zero fill, the index sort, the sorted adds) are one plan per
+    shape and offsets, replayed by a repeated backward: a dozen small launches whose host work
+    would otherwise take longer than the device's."""
+    ctx = g_rows.ctx
+    grad = Tensor.empty(ctx, (V, E), float32)
+    ctx.defer_check("index_range", _raise_on_flag)
+    key = ("embedding_weight_grad", g_rows.shape, g_rows.offset, index.shape, index.offset, V,
+           E, padding_idx)
+    run_planned_on(ctx, key, (g_rows, index, grad), _weight_grad_into,
+                   args=(g_rows, index, grad, E, padding_idx))
+    return grad
+
+
+def _weight_grad_into(g_rows, index, grad, E, padding_idx):
+    grad.fill_(0)
     _index_add_into(grad, 0, index, g_rows, 1)
     if padding_idx is not None:
         _checked(grad.ctx, grad.buffer, (E,), float32, grad.offset + padding_idx * E * 4).fill_(0)
-    return grad
 
 
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
