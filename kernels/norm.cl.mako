@@ -55,9 +55,22 @@
 ##                float through vload_half or bfloat16's bits, no cl_khr_fp16 needed; stored
 ##                rounded to nearest even; statistics float)
 ##   wdtype       optional, likewise for their weight and bias ("float" or dtype)
+##   row_vector   optional, 1 (the default) or, with a 16-bit dtype, 4: row_norm_forward /
+##                row_norm_backward move four elements (8 bytes) per access, converted to
+##                float4. Needs D a multiple of 4, every data offset a multiple of 4, and
+##                either S == 1 (layer norm: four consecutive weights, whose offset, plus the
+##                row's group times Cg, is a multiple of 4) or S a multiple of 4 (one weight
+##                for the four elements)
 <%
     dtype = context.get("dtype", "float")
     wdtype = context.get("wdtype", "float")
+    row_vector = context.get("row_vector", 1)
+    assert row_vector == 1 or (row_vector == 4 and dtype != "float")
+    def ld4(ty, p):
+        # Four elements from p on (aligned to four elements).
+        if ty == "float":
+            return f"*(__global const float4 *)({p})"
+        return f"load4_{ty}({p})"
     storage = {"float": "float", "half": "half", "bfloat16": "ushort"}
     xs, ws = storage[dtype], storage[wdtype]
     def ld(ty, p, i):
@@ -76,6 +89,9 @@
 <%namespace name="access" file="memory_access.cl.mako"/>\
 % if "bfloat16" in (dtype, wdtype):
 ${access.bfloat16_conversions()}
+% endif
+% if row_vector == 4:
+${access.vectors16(dtype, "_" + dtype)}
 % endif
 #define GROUP_SIZE ${group_size}
 #define VECTOR ${vector}
@@ -626,6 +642,25 @@ __kernel void group_norm_coef(int N, int C, int G
 }
 
 // ---- layer norm and group norm: one work group per row of D elements ----
+% if row_vector == 4:
+## The vector rows' weights: element d's weight is w[w_base + d / S]. With S == 1 the four
+## elements from d on have four consecutive weights; with S a multiple of 4 they share one,
+## w[w_base + cg], cg = d / S tracked in steps of four elements (S4 of them per weight)
+## without a division per step.
+<%def name="vector_weights()">\
+const int S4 = S == 1 ? 1 : S / 4;
+    int cg = lid / S4, s = lid % S4;
+    const int step_c = GROUP_SIZE / S4, step_s = GROUP_SIZE % S4;</%def>
+<%def name="weight4(w)">\
+(S == 1 ? ${ld4(wdtype, f"{w} + {w}_off + w_base + d")} : (float4)(${ld(wdtype, w, f"{w}_off + w_base + cg")}))</%def>
+<%def name="next_weights()">\
+cg += step_c;
+        s += step_s;
+        if (s >= S4) {
+            s -= S4;
+            ++cg;
+        }</%def>
+% endif
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 void row_norm_forward(int D, int G, int Cg, int S, float eps
@@ -642,10 +677,17 @@ void row_norm_forward(int D, int G, int Cg, int S, float eps
     __global ${xs}* dst = y + y_off + (long)row * D;
     const float shift = stats_shift(${ld(dtype, "src", "0")});
     float2 acc = (float2)(0.0f, 0.0f);
+% if row_vector == 4:
+    for (int d = lid * 4; d < D; d += GROUP_SIZE * 4) {
+        const float4 v = ${ld4(dtype, "src + d")} - shift;
+        acc += (float2)((v.x + v.y) + (v.z + v.w), dot(v, v));
+    }
+% else:
     for (int d = lid; d < D; d += GROUP_SIZE) {
         const float v = ${ld(dtype, "src", "d")} - shift;
         acc += (float2)(v, v * v);
     }
+% endif
     const float2 total = group_sum2(acc, scratch);
     const float shifted_mean = total.x / D;
     const float mean = shift + shifted_mean;
@@ -655,6 +697,18 @@ void row_norm_forward(int D, int G, int Cg, int S, float eps
         save_rstd[row] = rstd;
     }
     const int w_base = (row % G) * Cg;
+% if row_vector == 4:
+    ${vector_weights()}
+    for (int d = lid * 4; d < D; d += GROUP_SIZE * 4) {
+        float4 value = (${ld4(dtype, "src + d")} - mean) * rstd;
+        if (weight)
+            value *= ${weight4("weight")};
+        if (bias)
+            value += ${weight4("bias")};
+        store4_${dtype}(dst + d, value);
+        ${next_weights()}
+    }
+% else:
     int cg = lid / S, s = lid % S;
     const int step_c = GROUP_SIZE / S, step_s = GROUP_SIZE % S;
     for (int d = lid; d < D; d += GROUP_SIZE) {
@@ -671,6 +725,7 @@ void row_norm_forward(int D, int G, int Cg, int S, float eps
             ++cg;
         }
     }
+% endif
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, xhat = (x - mean) * rstd.
@@ -688,6 +743,30 @@ void row_norm_backward(int D, int G, int Cg, int S
     const long base = (long)row * D;
     const float mean = save_mean[row], rstd = save_rstd[row];
     const int w_base = (row % G) * Cg;
+% if row_vector == 4:
+    float2 acc = (float2)(0.0f, 0.0f);
+    ${vector_weights()}
+    for (int d = lid * 4; d < D; d += GROUP_SIZE * 4) {
+        float4 g = ${ld4(dtype, "dy + dy_off + base + d")};
+        if (weight)
+            g *= ${weight4("weight")};
+        const float4 xhat = (${ld4(dtype, "x + x_off + base + d")} - mean) * rstd;
+        acc += (float2)((g.x + g.y) + (g.z + g.w), dot(g, xhat));
+        ${next_weights()}
+    }
+    const float2 total = group_sum2(acc, scratch);
+    const float mean_g = total.x / D, mean_gx = total.y / D;
+    cg = lid / S4;
+    s = lid % S4;
+    for (int d = lid * 4; d < D; d += GROUP_SIZE * 4) {
+        float4 g = ${ld4(dtype, "dy + dy_off + base + d")};
+        if (weight)
+            g *= ${weight4("weight")};
+        const float4 xhat = (${ld4(dtype, "x + x_off + base + d")} - mean) * rstd;
+        store4_${dtype}(dx + dx_off + base + d, rstd * (g - mean_g - xhat * mean_gx));
+        ${next_weights()}
+    }
+% else:
     const int step_c = GROUP_SIZE / S, step_s = GROUP_SIZE % S;
     float2 acc = (float2)(0.0f, 0.0f);
     int cg = lid / S, s = lid % S;
@@ -720,6 +799,7 @@ void row_norm_backward(int D, int G, int Cg, int S
             ++cg;
         }
     }
+% endif
 }
 
 // ---- local response norm across channels (torch's local_response_norm) ----

@@ -99,25 +99,8 @@ ${access.vector_access(*(hints or (None, None)))}
 ${access.vector_access(*(backward_hints or (None, None)), suffix="_once")}
 % else:
 // Four 16-bit values per access (8 bytes: the vector paths' offsets are multiples of 4
-// elements), converted to float4 and back with one rounding to nearest even.
-inline float4 load4(__global const ${storage} *p)
-{
-    % if dtype == "half":
-    return vload_half4(0, p);
-    % else:
-    return as_float4(convert_uint4(*(__global const ushort4 *)p) << 16);
-    % endif
-}
-
-inline void store4(__global ${storage} *p, float4 v)
-{
-    % if dtype == "half":
-    vstore_half4_rte(v, 0, p);
-    % else:
-    *(__global ushort4 *)p = (ushort4)(float_to_bf16(v.x), float_to_bf16(v.y),
-                                       float_to_bf16(v.z), float_to_bf16(v.w));
-    % endif
-}
+// elements).
+${access.vectors16(dtype)}
 #define load4_once load4
 #define store4_once store4
 % endif

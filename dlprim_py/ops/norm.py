@@ -85,21 +85,37 @@ def _build_program(ctx, part, mode, activation, vector, derivative):
         derivative=desc.derivative_code("z", "a") if backward else ""))
 
 
-def _row_program16(ctx, dtype, wdtype):
+def _row_program16(ctx, dtype, wdtype, row_vector=1):
     """The "other" part of norm.cl.mako with row_norm_forward / row_norm_backward on 16-bit
-    storage (``dtype``: the data's, ``wdtype``: the weight's and bias's, float32 or dtype)."""
+    storage (``dtype``: the data's, ``wdtype``: the weight's and bias's, float32 or dtype;
+    ``row_vector`` 4: four elements per access, ``row_vector_width``)."""
     from .pointwise import template_type
     memo = _plain_programs.get(ctx)
     if memo is None:
         memo = _plain_programs[ctx] = {}
-    key = ("other16", dtype, wdtype)
+    key = ("other16", dtype, wdtype, row_vector)
     built = memo.get(key)
     if built is None:
-        built = memo[key] = program.build(ctx, "norm", dict(
-            part="other", group_size=group_size(ctx), mode="stats", activation="v_act",
-            vector=1, derivative="", dtype=template_type(dtype),
-            wdtype="float" if wdtype == float32 else template_type(wdtype)))
+        params = dict(part="other", group_size=group_size(ctx), mode="stats",
+                      activation="v_act", vector=1, derivative="", dtype=template_type(dtype),
+                      wdtype="float" if wdtype == float32 else template_type(wdtype))
+        if row_vector != 1:
+            params["row_vector"] = row_vector
+        built = memo[key] = program.build(ctx, "norm", params)
     return built
+
+
+def row_vector_width(D, G, Cg, S, data, affine):
+    """4 where the 16-bit row kernels can move four elements per access, else 1: rows of D a
+    multiple of 4, every tensor of ``data`` at an offset that is a multiple of 4, and the
+    weights of four consecutive elements either consecutive (S == 1: Cg == D, a multiple of
+    4, and each tensor of ``affine`` (None for none) at an offset that is a multiple of 4)
+    or one (S a multiple of 4). ``G``: the groups per sample (the weights' layout)."""
+    if D % 4 or any(t.offset_elements % 4 for t in data):
+        return 1
+    if S == 1:
+        return 4 if all(t is None or t.offset_elements % 4 == 0 for t in affine) else 1
+    return 4 if S % 4 == 0 else 1
 
 
 def vector_width(S, *tensors, algorithm=None):
@@ -704,10 +720,11 @@ class RowNormProblem:
 
 class _Rows:
     """row_norm_forward / row_norm_backward: a work group per row (on float32, or on 16-bit
-    ``dtype`` data with ``wdtype`` weights)."""
+    ``dtype`` data with ``wdtype`` weights, ``row_vector`` elements per access)."""
 
-    def __init__(self, ctx, dtype=float32, wdtype=float32):
-        prog = _program(ctx) if dtype == float32 else _row_program16(ctx, dtype, wdtype)
+    def __init__(self, ctx, dtype=float32, wdtype=float32, row_vector=1):
+        prog = _program(ctx) if dtype == float32 else _row_program16(ctx, dtype, wdtype,
+                                                                     row_vector)
         self.ctx = ctx
         self.group = group_size(ctx)
         self.forward_kernel = bind(prog.kernel("row_norm_forward"))
@@ -824,12 +841,18 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
     y = Tensor.empty(ctx, x.shape, dtype)
     save_mean = Tensor.empty(ctx, (max(rows, 1),), float32)
     save_rstd = Tensor.empty(ctx, (max(rows, 1),), float32)
-    if is_float16_type(dtype):
-        # 16-bit storage: the rows solver (a work group per row) loads and stores it.
+    storage16 = is_float16_type(dtype)
+    if storage16:
+        # 16-bit storage: the rows solver (a work group per row) loads and stores it, four
+        # elements per access where the layout allows (row_vector_width).
         wdtype = next((t.dtype for t in (weight, bias) if t is not None), float32)
-        key = ("rownorm.prepared16", dtype, wdtype)
-        rows_solver = ctx.plans.get(key) or ctx.plans.put(key, _Rows(ctx, dtype, wdtype))
-        rows_solver = rows_solver if rows and D else None
+
+        def rows16(*data):
+            width = row_vector_width(D, G, Cg, S, data, (weight, bias))
+            key = ("rownorm.prepared16", dtype, wdtype, width)
+            return ctx.plans.get(key) or ctx.plans.put(key, _Rows(ctx, dtype, wdtype, width))
+
+        rows_solver = rows16(x, y) if rows and D else None
     else:
         rows_solver = _prepared_rows(ctx, rows, D, splittable) if rows and D else None
     if rows_solver is not None:
@@ -841,8 +864,9 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
             g = convert(g, dtype)     # the kernels read the gradient as the input's type
         dx = Tensor.empty(ctx, x.shape, dtype)
         if rows_solver is not None:
-            rows_solver.backward(x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd)
-        if is_float16_type(dtype):
+            solver_ = rows16(x, g, dx) if storage16 else rows_solver
+            solver_.backward(x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd)
+        if storage16:
             return (dx,) + _affine_grads16(x, g, weight, bias, grad_view, G, Cg, save_mean,
                                            save_rstd)
         dweight = dbias = None
