@@ -617,6 +617,98 @@ def test_batch_norm(ctx, rng, dtype, stats):
     check_normwise(out, ref, dtype, 2)
 
 
+# (shape, x's offset, the gradient's offset, forced DLPRIM_NORM_ALGO, the training forward's
+# vector width, the backward's): four elements per access where S and the offsets allow.
+BATCH_NORM_CASES = [((4, 3, 4, 4), 0, 0, None, 4, 4),
+                    ((4, 3, 4, 4), 0, 0, "groups_scalar", 1, 1),
+                    ((3, 5, 5, 5), 0, 0, None, 1, 1),           # S = 25
+                    ((4, 3, 8), 4, 2, None, 4, 1),              # the gradient misaligned
+                    ((4, 3, 8), 2, 0, None, 1, 1),              # the input misaligned
+                    ((2, 2, 300), 0, 4, None, 4, 4),            # several items per row
+                    ((16, 6), 0, 0, None, 1, 1),                # S = 1
+                    ((9, 5), 1, 3, "columns", 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("affine", ["same", "float32", "none"])
+@pytest.mark.parametrize("shape,x_off,g_off,algo,vector,backward_vector", BATCH_NORM_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}" for c in BATCH_NORM_CASES])
+def test_batch_norm_in_kernels(ctx, rng, monkeypatch, dtype, affine, shape, x_off, g_off, algo,
+                               vector, backward_vector):
+    """16-bit batch norm in the kernels, the four-element accesses and the scalar ones (S,
+    views, forced reductions), training then inference, forward, running statistics (the
+    affine operands' type, float32 without them) and every gradient against float64."""
+    from dlprim_py.ops import norm
+    if algo is not None:
+        monkeypatch.setenv("DLPRIM_NORM_ALGO", algo)
+        dp.config.reload()
+    C = shape[1]
+    N, S = shape[0], int(np.prod(shape[2:]))
+    wdt = dtype if affine == "same" else dp.float32
+    x = t16_at(ctx, rng.uniform(-2, 3, shape), dtype, x_off, True)
+    g = t16_at(ctx, rng.uniform(-1, 1, shape), dtype, g_off)
+    if affine == "none":
+        w = b = (None, None)
+    else:
+        w = t16(ctx, rng.uniform(0.5, 1.5, (C,)), wdt, True)
+        b = t16(ctx, rng.uniform(-1, 1, (C,)), wdt, True)
+    rm = dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, C).astype(np.float32), dtype=wdt)
+    rv = dp.Tensor.from_numpy(ctx, rng.uniform(0.5, 2, C).astype(np.float32), dtype=wdt)
+    rm_ref, rv_ref = torch.tensor(values(rm)), torch.tensor(values(rv))
+    y = dp.Tensor.empty(ctx, shape, dtype)
+    for operands, want in (((x[0], y), vector), ((g[0], x[0], y), backward_vector)):
+        mode = "stats" if len(operands) == 2 else "grad"
+        sums = norm.prepared_sums(ctx, mode, N, C, S, operands[:1 + (mode == "grad")],
+                                  storage=dtype)
+        assert norm.batch_apply_geometry(ctx, sums, N, C, S, *operands)[0] == want
+    poison(ctx, 4 * x[0].size + 64)
+    out = F.batch_norm(x[0], rm, rv, w[0], b[0], training=True, momentum=0.3)
+    ref = TF.batch_norm(x[1], rm_ref, rv_ref, w[1], b[1], training=True, momentum=0.3)
+    check_normwise(out, ref, dtype, 2)
+    check_normwise(rm, rm_ref, wdt, 1, tol_dtype=dtype)
+    check_normwise(rv, rv_ref, wdt, 1, tol_dtype=dtype)
+    poison(ctx, 4 * x[0].size + 64)
+    out.backward(g[0])
+    ref.backward(g[1])
+    for t in (x, w, b) if affine != "none" else (x,):
+        check_normwise(t[0].grad, t[1].grad, t[0].dtype, 4, tol_dtype=dtype)
+        t[0].grad = None
+        t[1].grad = None
+    # Inference with the running statistics as stored.
+    poison(ctx, 4 * x[0].size + 64)
+    out = F.batch_norm(x[0], rm, rv, w[0], b[0], training=False)
+    ref = TF.batch_norm(x[1], torch.tensor(values(rm)), torch.tensor(values(rv)), w[1], b[1],
+                        training=False)
+    check_normwise(out, ref, dtype, 2)
+    poison(ctx, 4 * x[0].size + 64)
+    out.backward(g[0])
+    ref.backward(g[1])
+    for t in (x, w, b) if affine != "none" else (x,):
+        check_normwise(t[0].grad, t[1].grad, t[0].dtype, 4, tol_dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_batch_norm_mixed_operand_types(ctx, rng, dtype):
+    """A 16-bit weight with a float32 bias, and running statistics of two types (through
+    float32): the results and gradients in each tensor's type."""
+    shape = (3, 4, 2, 4)
+    x = t16(ctx, rng.uniform(-2, 3, shape), dtype, True)
+    w = t16(ctx, rng.uniform(0.5, 1.5, (4,)), dtype, True)
+    b = t16(ctx, rng.uniform(-1, 1, (4,)), dp.float32, True)
+    rm = dp.Tensor.from_numpy(ctx, np.zeros(4, np.float32), dtype=dtype)
+    rv = dp.Tensor.from_numpy(ctx, np.ones(4, np.float32))
+    rm_ref, rv_ref = torch.zeros(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
+    poison(ctx, 4 * x[0].size + 64)
+    out = F.batch_norm(x[0], rm, rv, w[0], b[0], training=True)
+    ref = TF.batch_norm(x[1], rm_ref, rv_ref, w[1], b[1], training=True)
+    check_normwise(out, ref, dtype, 2)
+    check_normwise(rm, rm_ref, dtype, 1)
+    check_normwise(rv, rv_ref, dp.float32, 1, tol_dtype=dtype)
+    backward_both(ctx, out, ref, dtype, rng)
+    for t in (x, w, b):
+        check_normwise(t[0].grad, t[1].grad, t[0].dtype, 4, tol_dtype=dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 def test_layer_norm_without_affine(ctx, rng, dtype):
     x = t16(ctx, rng.uniform(-2, 3, (4, 3, 33)), dtype, True)
