@@ -22,12 +22,14 @@ groups_scalar, columns; rules and chunk tunables in tuning_db/norm.json); layer 
 kernels on the rows (DLPRIM_ROWNORM_ALGO = rows, split; rules in tuning_db/rownorm.json).
 
 float16 / bfloat16 inputs (16-bit storage, torch's result type): ``layer_norm``, ``group_norm``
-(the "rows" solver, whatever the rules would choose for float32), ``instance_norm`` and
-``rms_norm`` load and store them in their kernels, statistics and the weight gradients' sums
-in float32; ``batch_norm`` converts the 16-bit operands to float32 copies, runs its float32
-kernels and rounds the result once (``_through_float32``): the same values as converting in
-the kernels, at the cost of the copies' passes and memory. Weights, biases and running statistics
-may be float32 or the input's type; each gradient comes back in its tensor's type.
+(the "rows" solver, whatever the rules would choose for float32), ``instance_norm``,
+``rms_norm`` and ``batch_norm`` load and store them in their kernels, statistics and the
+weight gradients' sums in float32, each result rounded once. The row kernels and batch norm's
+move four 16-bit values per access (converted to float4) where the lengths and offsets allow
+(``row_vector_width``, ``vector_width``), scalars otherwise. Weights, biases and running
+statistics may be float32 or the input's type (batch norm's running statistics of two types
+go through float32 copies, ``_batch_norm16_through_float32``); each gradient comes back in its
+tensor's type.
 """
 import math
 import weakref
