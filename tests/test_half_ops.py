@@ -406,6 +406,16 @@ def test_softmax_vector_paths(ctx, rng, dtype, log, shape, x_off, g_off, cached,
         check_elementwise(dx, want, dtype, 1.0, floor=1e-3)
 
 
+def test_softmax_16bit_refuses_float32_options(ctx):
+    """Prefetch and cache hints move float4 (inline PTX or local float4 copies): asking for
+    them on 16-bit storage is a clear error, not a silent float32 access."""
+    from dlprim_py.ops import softmax as sm
+    for options in ({"prefetch": 1}, {"hints": (".nc", ".cs")}, {"backward_hints": (".cs", ".cs")}):
+        with pytest.raises(dp.UnsupportedError, match="16-bit"):
+            sm.SoftmaxPlan(ctx, False, 1024, 1, 4096, "row", None, True, options=options,
+                           dtype=dp.float16)
+
+
 def test_softmax_dtype_argument_casts_first(ctx, rng):
     """torch's ``dtype=``: a float16 input cast to float32 first, the gradient back in
     float16."""
