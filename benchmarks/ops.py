@@ -25,7 +25,8 @@ generated copy kernel) as the ceiling for the others.
 
 The half suite (``--suites half``) times float16 and bfloat16 storage (computed in float32
 inside) against PyTorch on the same 16-bit dtype: activations, a broadcast add, a row sum,
-softmax, layer_norm and rms_norm, each checked against float64 of the 16-bit inputs with the
+softmax, layer_norm and rms_norm, softmax and layer_norm forward and backward, and training
+batch_norm forward and backward, each checked against float64 of the 16-bit inputs with the
 16-bit types' tolerance (HALF_TOLERANCE) first.
 """
 import argparse
@@ -346,7 +347,10 @@ def bn(ctx, baseline, quick=False):
 
 def half(ctx, baseline, quick=False):
     """float16 and bfloat16 storage against PyTorch on the same dtype (2 bytes per element):
-    gelu, silu, a broadcast add, a row sum, softmax rows, layer_norm and rms_norm."""
+    gelu, silu, a broadcast add, a row sum, softmax rows, layer_norm and rms_norm; softmax and
+    layer_norm (no affine) forward and backward (bytes: x and y, then y or x, dy and dx); and
+    batch_norm training forward and backward on (N, 64, 32, 32) (8 passes, as ``bn``; 8 x 8
+    planes with ``quick``)."""
     torch = baseline.torch
     tf = torch.nn.functional
     n = _n(quick)
@@ -381,6 +385,62 @@ def half(ctx, baseline, quick=False):
             rows.append(row(ctx, baseline, f"{name} {tag}", shape, nbytes, ours, theirs,
                             lambda o=ours, r=reference: error_metric(o().numpy(), r().cpu().numpy()),
                             quick, tolerance=HALF_TOLERANCE[tag]))
+        rows += _half_backward(ctx, baseline, quick, dtype, torch_dtype, tag, shape, a,
+                               _data(rng, shape, -1.0, 1.0))
+    return rows
+
+
+def _half_backward(ctx, baseline, quick, dtype, torch_dtype, tag, shape, a, g):
+    """The half suite's forward-and-backward rows: softmax and layer_norm over rows of
+    ``shape``, and training batch_norm on (N, 64, 32, 32) of the same data; each call makes
+    fresh gradients (as ``bn``), the check compares the output and the input's gradient."""
+    torch = baseline.torch
+    tf = torch.nn.functional
+    n = int(np.prod(shape))
+    channels = 64
+    side = 32 if n >= 2 * channels * 32 * 32 else 8       # 8 x 8 planes for --quick
+    bn_shape = (n // (channels * side * side), channels, side, side)
+    bn_n = int(np.prod(bn_shape))
+    rows = []
+    cases = [
+        ("softmax rows fwd+bwd", shape, lambda t: F.softmax(t, -1),
+         lambda t: torch.softmax(t, -1), 10 * n),
+        ("layer_norm fwd+bwd", shape, lambda t: F.layer_norm(t, (shape[-1],)),
+         lambda t: tf.layer_norm(t, (shape[-1],)), 10 * n),
+        ("batch_norm train fwd+bwd", bn_shape,
+         lambda t: F.batch_norm(t, None, None, training=True),
+         lambda t: tf.batch_norm(t, None, None, training=True), 16 * bn_n),
+    ]
+    for name, case_shape, ours_fn, theirs_fn, nbytes in cases:
+        count = int(np.prod(case_shape))
+        x = dp.Tensor.from_numpy(ctx, a.reshape(-1)[:count].reshape(case_shape), dtype=dtype,
+                                 requires_grad=True)
+        gx = dp.Tensor.from_numpy(ctx, g.reshape(-1)[:count].reshape(case_shape), dtype=dtype)
+        tx = baseline.tensor(x.numpy(), torch_dtype).requires_grad_(True)
+        tg = baseline.tensor(gx.numpy(), torch_dtype)
+
+        def ours(x=x, gx=gx, fn=ours_fn):
+            with dp.enable_grad():
+                x.grad = None
+                out = fn(x)
+                out.backward(gx)
+            return out
+
+        def theirs(tx=tx, tg=tg, fn=theirs_fn):
+            tx.grad = None
+            with torch.enable_grad():
+                fn(tx).backward(tg)
+
+        def check(x=x, gx=gx, ours=ours, fn=theirs_fn):
+            out = ours()
+            x64 = baseline.tensor(x.numpy(), torch.float64).requires_grad_(True)
+            ref = fn(x64)
+            ref.backward(baseline.tensor(gx.numpy(), torch.float64))
+            return max(error_metric(out.numpy(), ref.detach().cpu().numpy()),
+                       error_metric(x.grad.numpy(), x64.grad.cpu().numpy()))
+
+        rows.append(row(ctx, baseline, f"{name} {tag}", case_shape, nbytes, ours, theirs, check,
+                        quick, tolerance=HALF_TOLERANCE[tag]))
     return rows
 
 

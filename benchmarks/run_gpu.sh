@@ -97,9 +97,9 @@ for s in $steps; do
               --time-limit 120 --commit "$commit" --output "$out/conv-h200-tf32.json" ;;
     onnx-tf32) step onnx-tf32 90 python3 benchmarks/onnx.py --models resnet50 --batch 64 \
               --tf32 --commit "$commit" --json "$out/onnx-resnet50-tf32.json" ;;
-    half-tests) step half-tests 240 python3 -m pytest tests/test_gemm_half.py \
+    half-tests) step half-tests 360 python3 -m pytest tests/test_gemm_half.py \
               tests/test_conv_half.py tests/test_half_ops.py -q -p no:cacheprovider ;;
-    ops-half) step ops-half 60 python3 benchmarks/ops.py --suites half --commit "$commit" \
+    ops-half) step ops-half 120 python3 benchmarks/ops.py --suites half --commit "$commit" \
               --output "$out/ops-half.json" ;;
     attention-tests) step attention-tests 150 python3 -m pytest tests/test_attention_mma.py \
               tests/test_attention.py tests/test_attention_tiled.py -q -p no:cacheprovider ;;

@@ -23,6 +23,13 @@
 ##       defines float bf16_to_float(ushort bits) (exact) and ushort float_to_bf16(float x)
 ##       (round to nearest even on the 16 dropped bits, overflow to infinity, a NaN kept a
 ##       quiet NaN of its sign: rounding would carry a NaN's payload into the exponent)
+##   vectors16(dtype, suffix="")
+##       defines float4 load4<suffix>(__global const T *p) and void store4<suffix>(__global T *p,
+##       float4 v) for 16-bit storage ("half": T half, through vload_half4 / vstore_half4_rte;
+##       "bfloat16": T ushort, bits moved as one ushort4, which needs p 8-byte aligned, stores
+##       through float_to_bf16 of bfloat16_conversions(), defined first): four values per
+##       access, converted to float4 and back with one rounding to nearest even, no cl_khr_fp16
+##       needed
 ##   warp_reductions()
 ##       defines float warp_max(float v) and float warp_sum(float v): the max / sum over the 32
 ##       lanes of the caller's warp, returned to every lane (shfl.sync.bfly, full mask: every
@@ -62,6 +69,28 @@ inline ushort float_to_bf16(float x)
     if (isnan(x))
         return (ushort)((u >> 16) | 0x40u);
     return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+</%def>
+
+<%def name="vectors16(dtype, suffix='')">
+<% storage = {"half": "half", "bfloat16": "ushort"}[dtype] %>\
+inline float4 load4${suffix}(__global const ${storage} *p)
+{
+% if dtype == "half":
+    return vload_half4(0, p);
+% else:
+    return as_float4(convert_uint4(*(__global const ushort4 *)p) << 16);
+% endif
+}
+
+inline void store4${suffix}(__global ${storage} *p, float4 v)
+{
+% if dtype == "half":
+    vstore_half4_rte(v, 0, p);
+% else:
+    *(__global ushort4 *)p = (ushort4)(float_to_bf16(v.x), float_to_bf16(v.y),
+                                       float_to_bf16(v.z), float_to_bf16(v.w));
+% endif
 }
 </%def>
 

@@ -56,14 +56,52 @@
 ##                float through vload_half or bfloat16's bits, no cl_khr_fp16 needed; stored
 ##                rounded to nearest even; statistics float)
 ##   wdtype       optional, likewise for their weight and bias ("float" or dtype)
+##   sdtype       optional, "float" (the default) or dtype: the running mean and variance of
+##                channel_apply_inference and channel_apply_batch_stats (updated in place,
+##                computed in float and rounded once)
+##                With a 16-bit dtype the "sums" and "apply" parts read and write x, y, dy and
+##                dx (u and out) in it, VECTOR elements per access (four: 8 bytes, converted
+##                to float4), weight, bias, dweight and dbias in wdtype and the running
+##                statistics in sdtype; save_mean / save_invstd and the partials stay float.
+##                Modes "stats" and "grad" only, no activation or derivative, no channel_apply.
+##   row_vector   optional, 1 (the default) or, with a 16-bit dtype, 4: row_norm_forward /
+##                row_norm_backward move four elements (8 bytes) per access, converted to
+##                float4. Needs D a multiple of 4, every data offset a multiple of 4, and
+##                either S == 1 (layer norm: four consecutive weights, whose offset, plus the
+##                row's group times Cg, is a multiple of 4) or S a multiple of 4 (one weight
+##                for the four elements)
 ##   row_per      optional, part "rows4": float4s of a row per work item (rows of up to
 ##                4 * row_per * group_size elements)
 <%
     dtype = context.get("dtype", "float")
     wdtype = context.get("wdtype", "float")
+    sdtype = context.get("sdtype", "float")
+    row_vector = context.get("row_vector", 1)
     row_per = context.get("row_per", 1)
+    assert row_vector == 1 or (row_vector == 4 and dtype != "float")
+    assert dtype == "float" or part == "other" or (
+        mode in ("stats", "grad") and activation == "v_act" and not derivative)
+    # The batch-norm kernels' data accesses: element or vector `i` from pointer p (float: p is
+    # a floatv pointer, as these kernels had it; 16-bit: p points to the storage type).
+    def vld(p, i):
+        if dtype == "float":
+            return f"{p}[{i}]"
+        if vector == 4:
+            return f"load4_{dtype}({p} + ({i}) * 4)"
+        return ld(dtype, p, i)
+    def vst(p, i, v):
+        if dtype == "float":
+            return f"{p}[{i}] = {v}"
+        if vector == 4:
+            return f"store4_{dtype}({p} + ({i}) * 4, {v})"
+        return st(dtype, p, i, v)
+    def ld4(ty, p):
+        # Four elements from p on (aligned to four elements).
+        if ty == "float":
+            return f"*(__global const float4 *)({p})"
+        return f"load4_{ty}({p})"
     storage = {"float": "float", "half": "half", "bfloat16": "ushort"}
-    xs, ws = storage[dtype], storage[wdtype]
+    xs, ws, ss = storage[dtype], storage[wdtype], storage[sdtype]
     def ld(ty, p, i):
         if ty == "half":
             return f"vload_half({i}, {p})"
@@ -78,8 +116,11 @@
         return f"{p}[{i}] = {v}"
 %>\
 <%namespace name="access" file="memory_access.cl.mako"/>\
-% if "bfloat16" in (dtype, wdtype):
+% if "bfloat16" in (dtype, wdtype, sdtype):
 ${access.bfloat16_conversions()}
+% endif
+% if row_vector == 4 or (dtype != "float" and part != "other" and vector == 4):
+${access.vectors16(dtype, "_" + dtype)}
 % endif
 #define GROUP_SIZE ${group_size}
 #define VECTOR ${vector}
@@ -162,16 +203,23 @@ inline float2 batch_stats(float2 total, float count, float first)
 // running variance (as torch's), and the batch mean and invstd for the backward; each optional.
 inline void keep_batch_stats(int c, float mean, float var, float invstd, float count,
                              float momentum
-    , __global float* running_mean, long running_mean_off
-    , __global float* running_var, long running_var_off
+    , __global ${ss}* running_mean, long running_mean_off
+    , __global ${ss}* running_var, long running_var_off
     , __global float* save_mean, long save_mean_off
     , __global float* save_invstd, long save_invstd_off)
 {
     if (running_mean) {
+% if sdtype == "float":
         running_mean[running_mean_off + c] = (1.0f - momentum) * running_mean[running_mean_off + c]
                                              + momentum * mean;
         running_var[running_var_off + c] = (1.0f - momentum) * running_var[running_var_off + c]
                                            + momentum * var * count / (count - 1.0f);
+% else:
+        const float old_mean = ${ld(sdtype, "running_mean", "running_mean_off + c")};
+        const float old_var = ${ld(sdtype, "running_var", "running_var_off + c")};
+        ${st(sdtype, "running_mean", "running_mean_off + c", "(1.0f - momentum) * old_mean + momentum * mean")};
+        ${st(sdtype, "running_var", "running_var_off + c", "(1.0f - momentum) * old_var + momentum * var * count / (count - 1.0f)")};
+% endif
     }
     if (save_mean) {
         save_mean[save_mean_off + c] = mean;
@@ -212,9 +260,9 @@ inline floatv grad_through_activation(floatv dy, floatv xm, float gain, float be
 % if part == "sums":
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 void channel_partial_sums(int N, int C, int SV, int per_chunk
-    , __global const float* restrict x, long x_off
+    , __global const ${xs}* restrict x, long x_off
 % if mode != "stats":
-    , __global const float* restrict dy, long dy_off
+    , __global const ${xs}* restrict dy, long dy_off
 % endif
 % if mode == "grad":
     , __global const float* restrict mean, long mean_off
@@ -238,12 +286,19 @@ void channel_partial_sums(int N, int C, int SV, int per_chunk
     const long begin = (long)chunk * per_chunk;
     const long end = min(begin + per_chunk, M);
     const long plane = (long)C * SV;
+% if dtype == "float":
     __global const floatv* xv = (__global const floatv*)(x + x_off);
 % if mode != "stats":
     __global const floatv* dyv = (__global const floatv*)(dy + dy_off);
 % endif
+% else:
+    __global const ${xs}* xv = x + x_off;
+% if mode != "stats":
+    __global const ${xs}* dyv = dy + dy_off;
+% endif
+% endif
 % if mode == "stats":
-    const float shift = stats_shift(x[x_off + (long)c * SV * VECTOR]);
+    const float shift = stats_shift(${ld(dtype, "x", "x_off + (long)c * SV * VECTOR")});
 % elif mode == "grad":
     const float shift = mean[mean_off + c];
 % if derivative:
@@ -263,15 +318,15 @@ void channel_partial_sums(int N, int C, int SV, int per_chunk
     const long step_at = (long)step_n * plane + step_s;
     for (; r < end; r += GROUP_SIZE) {
 % if mode == "stats":
-        const floatv v = xv[at] - shift;
+        const floatv v = ${vld("xv", "at")} - shift;
         acc += (float2)(HSUM(v), HSUM(v * v));
 % elif mode == "grad" and derivative:
         const floatv xm = xv[at] - shift;
         const floatv g = grad_through_activation(dyv[at], xm, gain, beta);
         acc += (float2)(HSUM(g), HSUM(g * xm));
 % elif mode == "grad":
-        const floatv g = dyv[at];
-        acc += (float2)(HSUM(g), HSUM(g * (xv[at] - shift)));
+        const floatv g = ${vld("dyv", "at")};
+        acc += (float2)(HSUM(g), HSUM(g * (${vld("xv", "at")} - shift)));
 % else:
         const int row = n * G + c / Cg;
         const floatv g = dyv[at];
@@ -296,9 +351,9 @@ void channel_partial_sums(int N, int C, int SV, int per_chunk
 // consecutive channels of one row (coalesced) where a work group per channel would read a
 // column with stride C.
 __kernel void channel_column_sums(int N, int C, int per_chunk
-    , __global const float* restrict x, long x_off
+    , __global const ${xs}* restrict x, long x_off
 % if mode != "stats":
-    , __global const float* restrict dy, long dy_off
+    , __global const ${xs}* restrict dy, long dy_off
 % endif
 % if mode == "grad":
     , __global const float* restrict mean, long mean_off
@@ -320,7 +375,7 @@ __kernel void channel_column_sums(int N, int C, int per_chunk
     const int begin = chunk * per_chunk;
     const int end = min(begin + per_chunk, N);
 % if mode == "stats":
-    const float shift = stats_shift(x[x_off + c]);
+    const float shift = stats_shift(${ld(dtype, "x", "x_off + c")});
 % elif mode == "grad":
     const float shift = mean[mean_off + c];
 % if derivative:
@@ -332,15 +387,15 @@ __kernel void channel_column_sums(int N, int C, int per_chunk
     long at = (long)begin * C + c;
     for (int n = begin; n < end; ++n, at += C) {
 % if mode == "stats":
-        const float v = x[x_off + at] - shift;
+        const float v = ${ld(dtype, "x", "x_off + at")} - shift;
         acc += (float2)(v, v * v);
 % elif mode == "grad" and derivative:
         const float xm = x[x_off + at] - shift;
         const float g = grad_at(dy[dy_off + at], xm, gain, beta);
         acc += (float2)(g, g * xm);
 % elif mode == "grad":
-        const float g = dy[dy_off + at];
-        acc += (float2)(g, g * (x[x_off + at] - shift));
+        const float g = ${ld(dtype, "dy", "dy_off + at")};
+        acc += (float2)(g, g * (${ld(dtype, "x", "x_off + at")} - shift));
 % else:
         const int row = n * G + c / Cg;
         const float g = dy[dy_off + at];
@@ -359,13 +414,21 @@ inline float activate(float v_act)
 // Grid (positions of a row, rows); SV = S / VECTOR vectors per row.
 <%def name="apply_rows(with_v)">
     const long base = (long)row * SV;
+% if dtype == "float":
     __global const floatv* uv = (__global const floatv*)(u + u_off) + base;
+% else:
+    __global const ${xs}* uv = u + u_off + base * VECTOR;
+% endif
 % if with_v:
     __global const floatv* vv = v ? (__global const floatv*)(v + v_off) + base : 0;
 % endif
+% if dtype == "float":
     __global floatv* outv = (__global floatv*)(out + out_off) + base;
+% else:
+    __global ${xs}* outv = out + out_off + base * VECTOR;
+% endif
     for (int s = get_global_id(0); s < SV; s += get_global_size(0)) {
-        floatv value = (uv[s] - c0) * c1 + c4;
+        floatv value = (${vld("uv", "s")} - c0) * c1 + c4;
 % if with_v:
         if (vv)
             value += (vv[s] - c2) * c3;
@@ -377,9 +440,10 @@ inline float activate(float v_act)
         value = (floatv)(activate(value.x), activate(value.y), activate(value.z), activate(value.w));
     % endif
 % endif
-        outv[s] = value;
+        ${vst("outv", "s", "value")};
     }
 </%def>
+% if dtype == "float":
 __kernel void channel_apply(int rows, int C, int SV, __global const float* restrict coef
     , __global const float* restrict u, long u_off
     , __global const float* restrict v, long v_off
@@ -393,26 +457,27 @@ __kernel void channel_apply(int rows, int C, int SV, __global const float* restr
     const float c3 = coef[c * 5 + 3], c4 = coef[c * 5 + 4];
 ${apply_rows(True)}
 }
+% endif
 
 // Batch norm with given statistics in one pass: channel_apply with its coefficients computed
 // per row from the statistics (mean, gamma / sqrt(var + eps), beta), not read from a buffer
 // that a kernel before it wrote.
 __kernel void channel_apply_inference(int rows, int C, int SV, float eps
-    , __global const float* restrict running_mean, long running_mean_off
-    , __global const float* restrict running_var, long running_var_off
-    , __global const float* restrict weight, long weight_off
-    , __global const float* restrict bias, long bias_off
-    , __global const float* restrict u, long u_off
-    , __global float* restrict out, long out_off)
+    , __global const ${ss}* restrict running_mean, long running_mean_off
+    , __global const ${ss}* restrict running_var, long running_var_off
+    , __global const ${ws}* restrict weight, long weight_off
+    , __global const ${ws}* restrict bias, long bias_off
+    , __global const ${xs}* restrict u, long u_off
+    , __global ${xs}* restrict out, long out_off)
 {
     const int row = get_global_id(1);
     if (row >= rows)
         return;
     const int c = row % C;
-    const float gamma = weight ? weight[weight_off + c] : 1.0f;
-    const float c0 = running_mean[running_mean_off + c];
-    const float c1 = gamma * rsqrt(running_var[running_var_off + c] + eps);
-    const float c4 = bias ? bias[bias_off + c] : 0.0f;
+    const float gamma = weight ? ${ld(wdtype, "weight", "weight_off + c")} : 1.0f;
+    const float c0 = ${ld(sdtype, "running_mean", "running_mean_off + c")};
+    const float c1 = gamma * rsqrt(${ld(sdtype, "running_var", "running_var_off + c")} + eps);
+    const float c4 = bias ? ${ld(wdtype, "bias", "bias_off + c")} : 0.0f;
 ${apply_rows(False)}
 }
 // The elementwise steps of training batch norm finalize their channels' sums in each work group
@@ -448,20 +513,20 @@ inline bool channel_keeper(int C)
 // channel writes the running and saved statistics.
 __kernel void channel_apply_batch_stats(int rows, int C, int SV, int N, int S, int chunks
     , float eps, float momentum, __global const float* restrict partials
-    , __global const float* restrict weight, long weight_off
-    , __global const float* restrict bias, long bias_off
-    , __global float* restrict running_mean, long running_mean_off
-    , __global float* restrict running_var, long running_var_off
+    , __global const ${ws}* restrict weight, long weight_off
+    , __global const ${ws}* restrict bias, long bias_off
+    , __global ${ss}* restrict running_mean, long running_mean_off
+    , __global ${ss}* restrict running_var, long running_var_off
     , __global float* restrict save_mean, long save_mean_off
     , __global float* restrict save_invstd, long save_invstd_off
-    , __global const float* restrict u, long u_off
-    , __global float* restrict out, long out_off)
+    , __global const ${xs}* restrict u, long u_off
+    , __global ${xs}* restrict out, long out_off)
 {
     __local float2 scratch[APPLY_LOCAL];
     const int c = min((int)get_global_id(1), rows - 1) % C;
     const float count = (float)((long)N * S);
     const float2 stats = batch_stats(channel_totals(partials, chunks, C, c, scratch), count,
-                                     u[u_off + (long)c * S]);
+                                     ${ld(dtype, "u", "u_off + (long)c * S")});
     const float invstd = rsqrt(stats.y + eps);
     if (channel_keeper(C))
         keep_batch_stats(c, stats.x, stats.y, invstd, count, momentum, running_mean,
@@ -471,8 +536,8 @@ __kernel void channel_apply_batch_stats(int rows, int C, int SV, int N, int S, i
     if (row >= rows)
         return;
     const float c0 = stats.x;
-    const float c1 = (weight ? weight[weight_off + c] : 1.0f) * invstd;
-    const float c4 = bias ? bias[bias_off + c] : 0.0f;
+    const float c1 = (weight ? ${ld(wdtype, "weight", "weight_off + c")} : 1.0f) * invstd;
+    const float c4 = bias ? ${ld(wdtype, "bias", "bias_off + c")} : 0.0f;
 ${apply_rows(False)}
 }
 
@@ -485,13 +550,13 @@ __kernel void channel_apply_batch_grad(int rows, int C, int SV, int N, int S, in
     , int training, __global const float* restrict partials
     , __global const float* restrict mean, long mean_off
     , __global const float* restrict invstd, long invstd_off
-    , __global const float* restrict weight, long weight_off
-    , __global const float* restrict bias, long bias_off
-    , __global float* restrict dweight, long dweight_off
-    , __global float* restrict dbias, long dbias_off
-    , __global const float* restrict dy, long dy_off
-    , __global const float* restrict x, long x_off
-    , __global float* restrict out, long out_off)
+    , __global const ${ws}* restrict weight, long weight_off
+    , __global const ${ws}* restrict bias, long bias_off
+    , __global ${ws}* restrict dweight, long dweight_off
+    , __global ${ws}* restrict dbias, long dbias_off
+    , __global const ${xs}* restrict dy, long dy_off
+    , __global const ${xs}* restrict x, long x_off
+    , __global ${xs}* restrict out, long out_off)
 {
     __local float2 scratch[APPLY_LOCAL];
     const int c = min((int)get_global_id(1), rows - 1) % C;
@@ -499,15 +564,15 @@ __kernel void channel_apply_batch_grad(int rows, int C, int SV, int N, int S, in
     const float istd = invstd[invstd_off + c];
     if (channel_keeper(C)) {
         if (dweight)
-            dweight[dweight_off + c] = total.y * istd;
+            ${st(wdtype, "dweight", "dweight_off + c", "total.y * istd")};
         if (dbias)
-            dbias[dbias_off + c] = total.x;
+            ${st(wdtype, "dbias", "dbias_off + c", "total.x")};
     }
     const int row = get_global_id(1);
     if (row >= rows || !out)
         return;
     const float count = (float)((long)N * S);
-    const float gamma = weight ? weight[weight_off + c] : 1.0f;
+    const float gamma = weight ? ${ld(wdtype, "weight", "weight_off + c")} : 1.0f;
     const float c0 = training ? total.x / count : 0.0f;
     const float c1 = gamma * istd;
     const float c2 = mean[mean_off + c];
@@ -516,17 +581,23 @@ __kernel void channel_apply_batch_grad(int rows, int C, int SV, int N, int S, in
     const float beta = bias ? bias[bias_off + c] : 0.0f;
 % endif
     const long base = (long)row * SV;
+% if dtype == "float":
     __global const floatv* dyv = (__global const floatv*)(dy + dy_off) + base;
     __global const floatv* xv = (__global const floatv*)(x + x_off) + base;
     __global floatv* outv = (__global floatv*)(out + out_off) + base;
+% else:
+    __global const ${xs}* dyv = dy + dy_off + base * VECTOR;
+    __global const ${xs}* xv = x + x_off + base * VECTOR;
+    __global ${xs}* outv = out + out_off + base * VECTOR;
+% endif
     for (int s = get_global_id(0); s < SV; s += get_global_size(0)) {
-        const floatv xm = xv[s] - c2;
+        const floatv xm = ${vld("xv", "s")} - c2;
 % if derivative:
         const floatv dz = grad_through_activation(dyv[s], xm, c1, beta);
 % else:
-        const floatv dz = dyv[s];
+        const floatv dz = ${vld("dyv", "s")};
 % endif
-        outv[s] = (dz - c0) * c1 + xm * c3;
+        ${vst("outv", "s", "(dz - c0) * c1 + xm * c3")};
     }
 }
 
@@ -718,6 +789,25 @@ __kernel void group_norm_coef(int N, int C, int G
 }
 
 // ---- layer norm and group norm: one work group per row of D elements ----
+% if row_vector == 4:
+## The vector rows' weights: element d's weight is w[w_base + d / S]. With S == 1 the four
+## elements from d on have four consecutive weights; with S a multiple of 4 they share one,
+## w[w_base + cg], cg = d / S tracked in steps of four elements (S4 of them per weight)
+## without a division per step.
+<%def name="vector_weights()">\
+const int S4 = S == 1 ? 1 : S / 4;
+    int cg = lid / S4, s = lid % S4;
+    const int step_c = GROUP_SIZE / S4, step_s = GROUP_SIZE % S4;</%def>
+<%def name="weight4(w)">\
+(S == 1 ? ${ld4(wdtype, f"{w} + {w}_off + w_base + d")} : (float4)(${ld(wdtype, w, f"{w}_off + w_base + cg")}))</%def>
+<%def name="next_weights()">\
+cg += step_c;
+        s += step_s;
+        if (s >= S4) {
+            s -= S4;
+            ++cg;
+        }</%def>
+% endif
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 void row_norm_forward(int D, int G, int Cg, int S, float eps
@@ -734,10 +824,17 @@ void row_norm_forward(int D, int G, int Cg, int S, float eps
     __global ${xs}* dst = y + y_off + (long)row * D;
     const float shift = stats_shift(${ld(dtype, "src", "0")});
     float2 acc = (float2)(0.0f, 0.0f);
+% if row_vector == 4:
+    for (int d = lid * 4; d < D; d += GROUP_SIZE * 4) {
+        const float4 v = ${ld4(dtype, "src + d")} - shift;
+        acc += (float2)((v.x + v.y) + (v.z + v.w), dot(v, v));
+    }
+% else:
     for (int d = lid; d < D; d += GROUP_SIZE) {
         const float v = ${ld(dtype, "src", "d")} - shift;
         acc += (float2)(v, v * v);
     }
+% endif
     const float2 total = group_sum2(acc, scratch);
     const float shifted_mean = total.x / D;
     const float mean = shift + shifted_mean;
@@ -747,6 +844,18 @@ void row_norm_forward(int D, int G, int Cg, int S, float eps
         save_rstd[row] = rstd;
     }
     const int w_base = (row % G) * Cg;
+% if row_vector == 4:
+    ${vector_weights()}
+    for (int d = lid * 4; d < D; d += GROUP_SIZE * 4) {
+        float4 value = (${ld4(dtype, "src + d")} - mean) * rstd;
+        if (weight)
+            value *= ${weight4("weight")};
+        if (bias)
+            value += ${weight4("bias")};
+        store4_${dtype}(dst + d, value);
+        ${next_weights()}
+    }
+% else:
     int cg = lid / S, s = lid % S;
     const int step_c = GROUP_SIZE / S, step_s = GROUP_SIZE % S;
     for (int d = lid; d < D; d += GROUP_SIZE) {
@@ -763,6 +872,7 @@ void row_norm_forward(int D, int G, int Cg, int S, float eps
             ++cg;
         }
     }
+% endif
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, xhat = (x - mean) * rstd.
@@ -780,6 +890,30 @@ void row_norm_backward(int D, int G, int Cg, int S
     const long base = (long)row * D;
     const float mean = save_mean[row], rstd = save_rstd[row];
     const int w_base = (row % G) * Cg;
+% if row_vector == 4:
+    float2 acc = (float2)(0.0f, 0.0f);
+    ${vector_weights()}
+    for (int d = lid * 4; d < D; d += GROUP_SIZE * 4) {
+        float4 g = ${ld4(dtype, "dy + dy_off + base + d")};
+        if (weight)
+            g *= ${weight4("weight")};
+        const float4 xhat = (${ld4(dtype, "x + x_off + base + d")} - mean) * rstd;
+        acc += (float2)((g.x + g.y) + (g.z + g.w), dot(g, xhat));
+        ${next_weights()}
+    }
+    const float2 total = group_sum2(acc, scratch);
+    const float mean_g = total.x / D, mean_gx = total.y / D;
+    cg = lid / S4;
+    s = lid % S4;
+    for (int d = lid * 4; d < D; d += GROUP_SIZE * 4) {
+        float4 g = ${ld4(dtype, "dy + dy_off + base + d")};
+        if (weight)
+            g *= ${weight4("weight")};
+        const float4 xhat = (${ld4(dtype, "x + x_off + base + d")} - mean) * rstd;
+        store4_${dtype}(dx + dx_off + base + d, rstd * (g - mean_g - xhat * mean_gx));
+        ${next_weights()}
+    }
+% else:
     const int step_c = GROUP_SIZE / S, step_s = GROUP_SIZE % S;
     float2 acc = (float2)(0.0f, 0.0f);
     int cg = lid / S, s = lid % S;
@@ -812,6 +946,7 @@ void row_norm_backward(int D, int G, int Cg, int S
             ++cg;
         }
     }
+% endif
 }
 
 // ---- local response norm across channels (torch's local_response_norm) ----

@@ -56,16 +56,24 @@
 ##   backward_hold    with cached_backward > 0 and backward_vector 4: "both" keeps y and dy in
 ##               registers, "dy" keeps dy and reads y twice; else "both"
 ##   dtype       optional, "float" (the default), "half" or "bfloat16": the storage type of x, y,
-##               dy and dx (16-bit: computed in float, stored rounded to nearest even; only with
-##               vector and backward_vector 1 and no prefetch)
+##               dy and dx (16-bit: computed in float, stored rounded to nearest even). Vector 4
+##               then moves 4 elements (8 bytes) per access, converted to / from float4; no
+##               prefetch and no cache hints (their PTX moves float4)
 <%
     row = variant == "row"
-    # 16-bit storage (scalar accesses only: vector, backward_vector 1, no prefetch): x, y, dy
-    # and dx in half (vload_half / vstore_half_rte, no cl_khr_fp16 needed) or bfloat16's bits
-    # (ushort), every value in float.
+    # 16-bit storage: x, y, dy and dx in half (vload_half(4) / vstore_half(4)_rte, no
+    # cl_khr_fp16 needed) or bfloat16's bits (ushort, ushort4), every value in float.
     dtype = context.get("dtype", "float")
     storage = {"float": "float", "half": "half", "bfloat16": "ushort"}[dtype]
-    assert dtype == "float" or (vector == 1 and backward_vector == 1 and not prefetch)
+    assert dtype == "float" or (not prefetch and not hints and not backward_hints)
+    # The vector paths' plain accesses (the float forms as they were: float4 through a cast
+    # pointer; 16-bit: load4 / store4 below, which have no hints for 16-bit storage).
+    def plain4(p):
+        return f"*((__global const float4*)({p}))" if dtype == "float" else f"load4({p})"
+    def plain4_y(p):
+        return f"*(__global const float4 *)({p})" if dtype == "float" else f"load4({p})"
+    def plain_store4(p, v):
+        return f"*((__global float4*)({p})) = {v}" if dtype == "float" else f"store4({p}, {v})"
     def ld(p, i):
         if dtype == "half":
             return f"vload_half({i}, {p})"
@@ -86,8 +94,16 @@
 % if dtype == "bfloat16":
 ${access.bfloat16_conversions()}
 % endif
+% if dtype == "float":
 ${access.vector_access(*(hints or (None, None)))}
 ${access.vector_access(*(backward_hints or (None, None)), suffix="_once")}
+% else:
+// Four 16-bit values per access (8 bytes: the vector paths' offsets are multiples of 4
+// elements).
+${access.vectors16(dtype)}
+#define load4_once load4
+#define store4_once store4
+% endif
 % if prefetch:
 ${access.async_copies(async_ptx)}
 % endif
@@ -221,8 +237,8 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
         const ${index_t} r = first + lid / ROW_ITEMS;
         // Rows past the end load nothing and store nothing, but meet every barrier.
         const ${index_t} row_size = r < rows ? size : 0;
-        __global const float *xr = x + x_off + (r < rows ? r : 0) * size;
-        __global float *yr = y + y_off + (r < rows ? r : 0) * size;
+        __global const ${storage} *xr = x + x_off + (r < rows ? r : 0) * size;
+        __global ${storage} *yr = y + y_off + (r < rows ? r : 0) * size;
         float4 v[CACHED / 4];
         #pragma unroll
         for (int j = ${prefetch}; j < CACHED / 4; ++j) {
@@ -390,7 +406,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
-                v[j] = k < size ? *((__global const float4*)(xr + k)) : (float4)(-INFINITY);
+                v[j] = k < size ? ${plain4("xr + k")} : (float4)(-INFINITY);
             }
             #pragma unroll
             for (int j = 0; j < 4; ++j) {
@@ -435,16 +451,16 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
-                v[j] = k < size ? *((__global const float4*)(xr + k)) : (float4)(0.0f);
+                v[j] = k < size ? ${plain4("xr + k")} : (float4)(0.0f);
             }
             #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
                 if (k < size) {
         % if log:
-                    *((__global float4*)(yr + k)) = (v[j] - m) - log_s;
+                    ${plain_store4("yr + k", "(v[j] - m) - log_s")};
         % else:
-                    *((__global float4*)(yr + k)) = exp(v[j] - m) * scale;
+                    ${plain_store4("yr + k", "exp(v[j] - m) * scale")};
         % endif
                 }
             }
@@ -496,7 +512,7 @@ void softmax_forward(${index_t} rows, ${index_t} size, ${index_t} inner,
             #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 ${index_t} k = k0 + (${index_t})j * GROUP_SIZE * 4;
-                yv[j] = k < size ? *(__global const float4 *)(yr + k) : (float4)(0.0f);
+                yv[j] = k < size ? ${plain4_y("yr + k")} : (float4)(0.0f);
                 dyv[j] = k < size ? load4_once(dyr + k) : (float4)(0.0f);
             }
 </%def>
@@ -538,7 +554,7 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
         #pragma unroll
         for (int j = 0; j < CACHED_BACKWARD / 4; ++j) {
             ${index_t} k = (lid + (${index_t})j * GROUP_SIZE) * 4;
-            const float4 yj = k < size ? *(__global const float4 *)(yr + k) : (float4)(0.0f);
+            const float4 yj = k < size ? ${plain4_y("yr + k")} : (float4)(0.0f);
             dyv[j] = k < size ? load4_once(dyr + k) : (float4)(0.0f);
             total += ${backward_term4("yj", "dyv[j]")};
         % if backward_hold == "both":
@@ -553,7 +569,7 @@ void softmax_backward(${index_t} rows, ${index_t} size, ${index_t} inner,
         % if backward_hold == "both":
                 const float4 yj = yv[j];
         % else:
-                const float4 yj = *(__global const float4 *)(yr + k);
+                const float4 yj = ${plain4_y("yr + k")};
         % endif
                 store4_once(dxr + k, ${backward_value("yj", "dyv[j]")});
             }

@@ -345,6 +345,77 @@ def test_softmax(ctx, rng, dtype, log, shape, dim, variant, cached):
     check_elementwise(x.grad, want, dtype, 1.0, floor=1e-3)
 
 
+def t16_at(ctx, array, dtype, offset, requires_grad=False):
+    """``t16`` for a tensor that starts ``offset`` elements into its buffer (what a view of a
+    larger tensor gives the kernels), the elements before it random."""
+    array = np.asarray(array, np.float32)
+    head = np.linspace(-1.0, 1.0, offset, dtype=np.float32) if offset else np.zeros(0, np.float32)
+    backing = dp.Tensor.from_numpy(ctx, np.concatenate([head, array.ravel()]), dtype=dtype)
+    t = dp.Tensor(ctx, backing.buffer, array.shape, dtype, offset=offset * 2,
+                  requires_grad=requires_grad)
+    ref = torch.tensor(values(t), requires_grad=requires_grad)
+    return t, ref
+
+
+# (shape, x's offset, the gradient's offset, cached, the forward's vector width, the
+# backward's): four 16-bit values per access where the rows are whole vectors and every offset
+# a multiple of 4, scalar accesses otherwise.
+SOFTMAX_VECTOR_CASES = [((6, 256), 0, 0, None, 4, 4),      # short rows sharing a work-group
+                        ((2, 2048), 0, 0, None, 4, 4),     # 8 elements per item held
+                        ((3, 1000), 0, 0, 0, 4, 4),        # streaming (four vectors a step)
+                        ((5, 68), 4, 0, None, 4, 4),       # an aligned view
+                        ((5, 68), 0, 2, None, 4, 1),       # the gradient misaligned
+                        ((5, 68), 2, 0, None, 1, 1),       # the input misaligned
+                        ((4, 39), 0, 0, None, 1, 1),       # rows not whole vectors
+                        ((3, 1002), 0, 0, 0, 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape,x_off,g_off,cached,vector,backward_vector",
+                         SOFTMAX_VECTOR_CASES, ids=lambda v: str(v))
+def test_softmax_vector_paths(ctx, rng, dtype, log, shape, x_off, g_off, cached, vector,
+                              backward_vector):
+    """The row solver's 16-bit vector accesses (forward and backward) and their scalar
+    fallbacks, on rows and views that take each, against float64."""
+    from dlprim_py.ops import softmax as sm
+    size = shape[-1]
+    total = int(np.prod(shape))
+    for width, aligned in ((vector, x_off % 4 == 0), (backward_vector, g_off % 4 == 0)):
+        plan = sm._plan(ctx, log, size, 1, total, None, cached, aligned and x_off % 4 == 0,
+                        dtype)
+        assert plan.vector == width
+    x, x_ref = t16_at(ctx, rng.uniform(-6, 6, shape), dtype, x_off, True)
+    poison(ctx, 4 * total + 64)
+    out = (F.log_softmax if log else F.softmax)(x, -1, cached=cached)
+    ref = (torch.log_softmax if log else torch.softmax)(x_ref, -1)
+    check_elementwise(out, ref, dtype, 1.0, floor=1e-3)
+    g, _ = t16_at(ctx, rng.uniform(-1, 1, shape), dtype, g_off)
+    poison(ctx, 4 * total + 64)
+    out.backward(g)
+    y, gv = torch.tensor(values(out)), torch.tensor(values(g))
+    if log:
+        want = gv - torch.exp(y) * gv.sum(-1, keepdim=True)
+    else:
+        want = y * (gv - (gv * y).sum(-1, keepdim=True))
+    check_elementwise(x.grad, want, dtype, 1.0, floor=1e-3)
+    # The backward on given tensors, dx at an offset of its own.
+    for dx_off in (4, 3):
+        dx, _ = t16_at(ctx, np.full(shape, np.nan, np.float32), dtype, dx_off)
+        sm.softmax_backward(out, g, -1, log=log, dx=dx)
+        check_elementwise(dx, want, dtype, 1.0, floor=1e-3)
+
+
+def test_softmax_16bit_refuses_float32_options(ctx):
+    """Prefetch and cache hints move float4 (inline PTX or local float4 copies): asking for
+    them on 16-bit storage is a clear error, not a silent float32 access."""
+    from dlprim_py.ops import softmax as sm
+    for options in ({"prefetch": 1}, {"hints": (".nc", ".cs")}, {"backward_hints": (".cs", ".cs")}):
+        with pytest.raises(dp.UnsupportedError, match="16-bit"):
+            sm.SoftmaxPlan(ctx, False, 1024, 1, 4096, "row", None, True, options=options,
+                           dtype=dp.float16)
+
+
 def test_softmax_dtype_argument_casts_first(ctx, rng):
     """torch's ``dtype=``: a float16 input cast to float32 first, the gradient back in
     float16."""
@@ -455,6 +526,76 @@ def test_row_norms(ctx, rng, dtype, affine, name, shape):
         check_normwise(t[0].grad, t[1].grad, wdt, 2, tol_dtype=dtype)
 
 
+# (name, shape, x's offset, the weights' offset, the gradient's offset, the forward's
+# vector width, the backward's): four elements per access where D is a multiple of 4, every
+# data offset too, and the weights of four elements are consecutive and aligned (layer norm)
+# or one (group norm with S a multiple of 4).
+ROW_VECTOR_CASES = [("layer_norm", (3, 64), 0, 0, 0, 4, 4),
+                    ("layer_norm", (2, 3, 1028), 4, 8, 0, 4, 4),    # aligned views
+                    ("layer_norm", (4, 64), 0, 0, 6, 4, 1),         # the gradient misaligned
+                    ("layer_norm", (4, 64), 2, 0, 0, 1, 1),         # the input misaligned
+                    ("layer_norm", (4, 64), 0, 2, 0, 1, 1),         # the weights misaligned
+                    ("layer_norm", (5, 66), 0, 0, 0, 1, 1),         # D not a multiple of 4
+                    ("group_norm", (2, 4, 8, 4), 0, 1, 0, 4, 4),    # S = 32: one weight per 4
+                    ("group_norm", (3, 6, 2, 2), 4, 0, 4, 4, 4),    # S = 4
+                    ("group_norm", (2, 4, 6, 3), 0, 0, 0, 1, 1),    # S = 18
+                    ("group_norm", (2, 4, 4), 0, 0, 2, 4, 1)]       # rows of 2 vectors
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("affine", ["same", "float32", "none"])
+@pytest.mark.parametrize("name,shape,x_off,w_off,g_off,vector,backward_vector", ROW_VECTOR_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}-{c[4]}" for c in ROW_VECTOR_CASES])
+def test_row_norm_vector_paths(ctx, rng, dtype, affine, name, shape, x_off, w_off, g_off,
+                               vector, backward_vector):
+    """The 16-bit row kernels' four-element accesses and their scalar fallbacks (rows, views
+    and weight layouts that take each), forward and every gradient against float64."""
+    from dlprim_py.ops import norm
+    layer = name == "layer_norm"
+    channels = shape[-1] if layer else shape[1]
+    G = 1 if layer else 2
+    D = shape[-1] if layer else int(np.prod(shape[1:])) // G
+    S = 1 if layer else int(np.prod(shape[2:]))
+    Cg = D if layer else channels // G
+    wdt = dtype if affine == "same" else dp.float32
+    x = t16_at(ctx, rng.uniform(-2, 3, shape), dtype, x_off, True)
+    if affine == "none":
+        w = b = (None, None)
+    elif wdt == dp.float32:
+        def at(array, offset):
+            backing = dp.Tensor.from_numpy(ctx, np.concatenate(
+                [np.ones(offset, np.float32), np.asarray(array, np.float32)]))
+            t = dp.Tensor(ctx, backing.buffer, (channels,), offset=4 * offset,
+                          requires_grad=True)
+            return t, torch.tensor(t.numpy().astype(np.float64), requires_grad=True)
+        w = at(rng.uniform(0.5, 1.5, channels), w_off)
+        b = at(rng.uniform(-1, 1, channels), w_off)
+    else:
+        w = t16_at(ctx, rng.uniform(0.5, 1.5, (channels,)), wdt, w_off, True)
+        b = t16_at(ctx, rng.uniform(-1, 1, (channels,)), wdt, w_off, True)
+    g = t16_at(ctx, rng.uniform(-1, 1, shape), dtype, g_off)
+    width = norm.row_vector_width(D, G, Cg, S, (x[0],), (w[0], b[0]))
+    backward_width = norm.row_vector_width(D, G, Cg, S, (x[0], g[0]), (w[0], b[0]))
+    if affine == "none" and S == 1 and x_off % 4 == 0 and D % 4 == 0:
+        assert (width, backward_width) == (4, 4 if g_off % 4 == 0 else 1)
+    else:
+        assert (width, backward_width) == (vector, backward_vector)
+    ours, theirs = _norm_case(name, x, w, b)
+    poison(ctx, 4 * x[0].size + 64)
+    out = ours()
+    ref = theirs()
+    check_normwise(out, ref, dtype, 2)
+    poison(ctx, 4 * x[0].size + 64)
+    out.backward(g[0])
+    ref.backward(g[1])
+    assert x[0].grad.dtype == dtype
+    check_normwise(x[0].grad, x[1].grad, dtype, 4)
+    if affine != "none":
+        for t in (w, b):
+            assert t[0].grad.dtype == wdt
+            check_normwise(t[0].grad, t[1].grad, wdt, 2, tol_dtype=dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("stats", ["same", "float32"])
 def test_batch_norm(ctx, rng, dtype, stats):
@@ -484,6 +625,98 @@ def test_batch_norm(ctx, rng, dtype, stats):
     ref = TF.batch_norm(x[1], torch.tensor(values(rm)), torch.tensor(values(rv)), w[1], b[1],
                         training=False)
     check_normwise(out, ref, dtype, 2)
+
+
+# (shape, x's offset, the gradient's offset, forced DLPRIM_NORM_ALGO, the training forward's
+# vector width, the backward's): four elements per access where S and the offsets allow.
+BATCH_NORM_CASES = [((4, 3, 4, 4), 0, 0, None, 4, 4),
+                    ((4, 3, 4, 4), 0, 0, "groups_scalar", 1, 1),
+                    ((3, 5, 5, 5), 0, 0, None, 1, 1),           # S = 25
+                    ((4, 3, 8), 4, 2, None, 4, 1),              # the gradient misaligned
+                    ((4, 3, 8), 2, 0, None, 1, 1),              # the input misaligned
+                    ((2, 2, 300), 0, 4, None, 4, 4),            # several items per row
+                    ((16, 6), 0, 0, None, 1, 1),                # S = 1
+                    ((9, 5), 1, 3, "columns", 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("affine", ["same", "float32", "none"])
+@pytest.mark.parametrize("shape,x_off,g_off,algo,vector,backward_vector", BATCH_NORM_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}" for c in BATCH_NORM_CASES])
+def test_batch_norm_in_kernels(ctx, rng, monkeypatch, dtype, affine, shape, x_off, g_off, algo,
+                               vector, backward_vector):
+    """16-bit batch norm in the kernels, the four-element accesses and the scalar ones (S,
+    views, forced reductions), training then inference, forward, running statistics (the
+    affine operands' type, float32 without them) and every gradient against float64."""
+    from dlprim_py.ops import norm
+    if algo is not None:
+        monkeypatch.setenv("DLPRIM_NORM_ALGO", algo)
+        dp.config.reload()
+    C = shape[1]
+    N, S = shape[0], int(np.prod(shape[2:]))
+    wdt = dtype if affine == "same" else dp.float32
+    x = t16_at(ctx, rng.uniform(-2, 3, shape), dtype, x_off, True)
+    g = t16_at(ctx, rng.uniform(-1, 1, shape), dtype, g_off)
+    if affine == "none":
+        w = b = (None, None)
+    else:
+        w = t16(ctx, rng.uniform(0.5, 1.5, (C,)), wdt, True)
+        b = t16(ctx, rng.uniform(-1, 1, (C,)), wdt, True)
+    rm = dp.Tensor.from_numpy(ctx, rng.uniform(-1, 1, C).astype(np.float32), dtype=wdt)
+    rv = dp.Tensor.from_numpy(ctx, rng.uniform(0.5, 2, C).astype(np.float32), dtype=wdt)
+    rm_ref, rv_ref = torch.tensor(values(rm)), torch.tensor(values(rv))
+    y = dp.Tensor.empty(ctx, shape, dtype)
+    for operands, want in (((x[0], y), vector), ((g[0], x[0], y), backward_vector)):
+        mode = "stats" if len(operands) == 2 else "grad"
+        sums = norm.prepared_sums(ctx, mode, N, C, S, operands[:1 + (mode == "grad")],
+                                  storage=dtype)
+        assert norm.batch_apply_geometry(ctx, sums, N, C, S, *operands)[0] == want
+    poison(ctx, 4 * x[0].size + 64)
+    out = F.batch_norm(x[0], rm, rv, w[0], b[0], training=True, momentum=0.3)
+    ref = TF.batch_norm(x[1], rm_ref, rv_ref, w[1], b[1], training=True, momentum=0.3)
+    check_normwise(out, ref, dtype, 2)
+    check_normwise(rm, rm_ref, wdt, 1, tol_dtype=dtype)
+    check_normwise(rv, rv_ref, wdt, 1, tol_dtype=dtype)
+    poison(ctx, 4 * x[0].size + 64)
+    out.backward(g[0])
+    ref.backward(g[1])
+    for t in (x, w, b) if affine != "none" else (x,):
+        check_normwise(t[0].grad, t[1].grad, t[0].dtype, 4, tol_dtype=dtype)
+        t[0].grad = None
+        t[1].grad = None
+    # Inference with the running statistics as stored.
+    poison(ctx, 4 * x[0].size + 64)
+    out = F.batch_norm(x[0], rm, rv, w[0], b[0], training=False)
+    ref = TF.batch_norm(x[1], torch.tensor(values(rm)), torch.tensor(values(rv)), w[1], b[1],
+                        training=False)
+    check_normwise(out, ref, dtype, 2)
+    poison(ctx, 4 * x[0].size + 64)
+    out.backward(g[0])
+    ref.backward(g[1])
+    for t in (x, w, b) if affine != "none" else (x,):
+        check_normwise(t[0].grad, t[1].grad, t[0].dtype, 4, tol_dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_batch_norm_mixed_operand_types(ctx, rng, dtype):
+    """A 16-bit weight with a float32 bias, and running statistics of two types (through
+    float32): the results and gradients in each tensor's type."""
+    shape = (3, 4, 2, 4)
+    x = t16(ctx, rng.uniform(-2, 3, shape), dtype, True)
+    w = t16(ctx, rng.uniform(0.5, 1.5, (4,)), dtype, True)
+    b = t16(ctx, rng.uniform(-1, 1, (4,)), dp.float32, True)
+    rm = dp.Tensor.from_numpy(ctx, np.zeros(4, np.float32), dtype=dtype)
+    rv = dp.Tensor.from_numpy(ctx, np.ones(4, np.float32))
+    rm_ref, rv_ref = torch.zeros(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
+    poison(ctx, 4 * x[0].size + 64)
+    out = F.batch_norm(x[0], rm, rv, w[0], b[0], training=True)
+    ref = TF.batch_norm(x[1], rm_ref, rv_ref, w[1], b[1], training=True)
+    check_normwise(out, ref, dtype, 2)
+    check_normwise(rm, rm_ref, dtype, 1)
+    check_normwise(rv, rv_ref, dp.float32, 1, tol_dtype=dtype)
+    backward_both(ctx, out, ref, dtype, rng)
+    for t in (x, w, b):
+        check_normwise(t[0].grad, t[1].grad, t[0].dtype, 4, tol_dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)

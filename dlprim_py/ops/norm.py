@@ -22,12 +22,14 @@ groups_scalar, columns; rules and chunk tunables in tuning_db/norm.json); layer 
 kernels on the rows (DLPRIM_ROWNORM_ALGO = rows, rows4, split; rules in tuning_db/rownorm.json).
 
 float16 / bfloat16 inputs (16-bit storage, torch's result type): ``layer_norm``, ``group_norm``
-(the "rows" solver, whatever the rules would choose for float32), ``instance_norm`` and
-``rms_norm`` load and store them in their kernels, statistics and the weight gradients' sums
-in float32; ``batch_norm`` converts the 16-bit operands to float32 copies, runs its float32
-kernels and rounds the result once (``_through_float32``): the same values as converting in
-the kernels, at the cost of the copies' passes and memory. Weights, biases and running statistics
-may be float32 or the input's type; each gradient comes back in its tensor's type.
+(the "rows" solver, whatever the rules would choose for float32), ``instance_norm``,
+``rms_norm`` and ``batch_norm`` load and store them in their kernels, statistics and the
+weight gradients' sums in float32, each result rounded once. The row kernels and batch norm's
+move four 16-bit values per access (converted to float4) where the lengths and offsets allow
+(``row_vector_width``, ``vector_width``), scalars otherwise. Weights, biases and running
+statistics may be float32 or the input's type (batch norm's running statistics of two types
+go through float32 copies, ``_batch_norm16_through_float32``); each gradient comes back in its
+tensor's type.
 """
 import math
 import weakref
@@ -85,21 +87,59 @@ def _build_program(ctx, part, mode, activation, vector, derivative):
         derivative=desc.derivative_code("z", "a") if backward else ""))
 
 
-def _row_program16(ctx, dtype, wdtype):
+def _row_program16(ctx, dtype, wdtype, row_vector=1):
     """The "other" part of norm.cl.mako with row_norm_forward / row_norm_backward on 16-bit
-    storage (``dtype``: the data's, ``wdtype``: the weight's and bias's, float32 or dtype)."""
+    storage (``dtype``: the data's, ``wdtype``: the weight's and bias's, float32 or dtype;
+    ``row_vector`` 4: four elements per access, ``row_vector_width``)."""
     from .pointwise import template_type
     memo = _plain_programs.get(ctx)
     if memo is None:
         memo = _plain_programs[ctx] = {}
-    key = ("other16", dtype, wdtype)
+    key = ("other16", dtype, wdtype, row_vector)
     built = memo.get(key)
     if built is None:
-        built = memo[key] = program.build(ctx, "norm", dict(
-            part="other", group_size=group_size(ctx), mode="stats", activation="v_act",
-            vector=1, derivative="", dtype=template_type(dtype),
-            wdtype="float" if wdtype == float32 else template_type(wdtype)))
+        params = dict(part="other", group_size=group_size(ctx), mode="stats",
+                      activation="v_act", vector=1, derivative="", dtype=template_type(dtype),
+                      wdtype="float" if wdtype == float32 else template_type(wdtype))
+        if row_vector != 1:
+            params["row_vector"] = row_vector
+        built = memo[key] = program.build(ctx, "norm", params)
     return built
+
+
+def _bn_program16(ctx, part, mode, vector, dtype, wdtype=float32, sdtype=float32):
+    """The "sums" or "apply" part of norm.cl.mako for batch norm on 16-bit ``dtype`` data
+    (``wdtype``: weight, bias and their gradients; ``sdtype``: the running statistics; each
+    float32 or dtype), ``vector`` elements per access."""
+    from .pointwise import template_type
+    if part == "sums":
+        wdtype = sdtype = float32     # the sums read neither
+    memo = _plain_programs.get(ctx)
+    if memo is None:
+        memo = _plain_programs[ctx] = {}
+    key = ("bn16", part, mode, vector, dtype, wdtype, sdtype)
+    built = memo.get(key)
+    if built is None:
+        def name(t):
+            return "float" if t == float32 else template_type(t)
+        built = memo[key] = program.build(ctx, "norm", dict(
+            part=part, group_size=group_size(ctx), mode=mode if part == "sums" else "stats",
+            activation="v_act", vector=vector, derivative="", dtype=name(dtype),
+            wdtype=name(wdtype), sdtype=name(sdtype)))
+    return built
+
+
+def row_vector_width(D, G, Cg, S, data, affine):
+    """4 where the 16-bit row kernels can move four elements per access, else 1: rows of D a
+    multiple of 4, every tensor of ``data`` at an offset that is a multiple of 4, and the
+    weights of four consecutive elements either consecutive (S == 1: Cg == D, a multiple of
+    4, and each tensor of ``affine`` (None for none) at an offset that is a multiple of 4)
+    or one (S a multiple of 4). ``G``: the groups per sample (the weights' layout)."""
+    if D % 4 or any(t.offset_elements % 4 for t in data):
+        return 1
+    if S == 1:
+        return 4 if all(t is None or t.offset_elements % 4 == 0 for t in affine) else 1
+    return 4 if S % 4 == 0 else 1
 
 
 def vector_width(S, *tensors, algorithm=None):
@@ -182,7 +222,8 @@ class ChannelSumsProblem:
     kernels/norm.cl.mako); ``aligned``: S and the operands' offsets allow float4 loads;
     ``chunks``: a forced split of each channel (None: the solver's); ``activation``: the
     activation whose derivative the "grad" sums go through (fused training batch norm), or
-    None."""
+    None; ``storage``: x's and dy's type, float32 or a 16-bit type (read into float, four
+    elements per access where aligned)."""
     mode: str
     n: int
     c: int
@@ -190,12 +231,14 @@ class ChannelSumsProblem:
     aligned: bool
     chunks: object = None
     activation: object = None
+    storage: object = float32
 
     def key(self):
         act = "" if self.activation is None else f" act={self.activation.key}"
         split = "" if self.chunks is None else f" chunks={self.chunks}"
+        storage = "" if self.storage == float32 else f" storage={dtype_name(self.storage)}"
         return (f"norm {self.mode} n={self.n} c={self.c} s={self.s} "
-                f"aligned={int(self.aligned)}{split}{act}")
+                f"aligned={int(self.aligned)}{split}{act}{storage}")
 
     def features(self):
         return {"mode": self.mode, "n": self.n, "c": self.c, "s": self.s,
@@ -218,8 +261,11 @@ class ChannelSums:
         self.chunks = chunks
         self.scalar_loads = scalar_loads
         derivative = problem.activation is not None
-        self.kernel = bind(_program(ctx, "sums", problem.mode, problem.activation, vector,
-                                    derivative).kernel(kernel_name))
+        if problem.storage == float32:
+            built = _program(ctx, "sums", problem.mode, problem.activation, vector, derivative)
+        else:
+            built = _bn_program16(ctx, "sums", problem.mode, vector, problem.storage)
+        self.kernel = bind(built.kernel(kernel_name))
         self.global_size, self.local_size = global_size, local_size
         self.head = tuple(np.int32(v) for v in sizes) + (np.int32(per_chunk),)
 
@@ -323,11 +369,13 @@ def select_algorithm(ctx, problem, forced=None):
     return chosen
 
 
-def prepared_sums(ctx, mode, N, C, S, operands, chunks=None, algorithm=None, activation=None):
+def prepared_sums(ctx, mode, N, C, S, operands, chunks=None, algorithm=None, activation=None,
+                  storage=float32):
     """The prepared reduction (``ChannelSums``) of x seen as (N, C, S) whose float4 alignment
-    ``operands`` (x, and dy where read) decide: made once per problem and context."""
+    ``operands`` (x, and dy where read) decide: made once per problem and context.
+    ``storage``: their type (float32, float16 or bfloat16)."""
     aligned = S % 4 == 0 and all(t is None or t.offset_elements % 4 == 0 for t in operands)
-    problem = ChannelSumsProblem(mode, N, C, S, aligned, chunks, activation)
+    problem = ChannelSumsProblem(mode, N, C, S, aligned, chunks, activation, storage)
     chosen = select_algorithm(ctx, problem, algorithm)
     key = ("norm.sums", chosen.name, problem, tuning.generation)
     prepared = ctx.plans.get(key)
@@ -628,8 +676,118 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 
 
 def _batch_norm16(input, running_mean, running_var, weight, bias, training, momentum, eps):
-    """batch_norm of a 16-bit input through float32 (``_through_float32``); 16-bit running
-    statistics are updated in place, rounded once."""
+    """batch_norm of a float16 / bfloat16 input in the kernels: the 16-bit data read into
+    float (four elements per access where S and the offsets allow), float32 statistics, the
+    output and the gradients rounded once to their tensors' types. The weight and bias are
+    float32 or the input's type (one of them 16-bit and the other float32: the 16-bit one is
+    cast first), so are the running statistics, updated in place; running statistics of two
+    types take ``_batch_norm16_through_float32``."""
+    from .masks import cast
+    dt = input.dtype
+    named = (("weight", weight), ("bias", bias), ("running_mean", running_mean),
+             ("running_var", running_var))
+    for what, t in named:
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            raise not_a_tensor(f"batch_norm: {what}", t)
+        if t.dtype != float32 and t.dtype != dt:
+            raise DTypeError(f"batch_norm: {what} must be float32 or the input's "
+                             f"{dtype_name(dt)}, got {dtype_name(t.dtype)}")
+    if (running_mean is not None and running_var is not None
+            and running_mean.dtype != running_var.dtype):
+        return _batch_norm16_through_float32(input, running_mean, running_var, weight, bias,
+                                             training, momentum, eps)
+    if momentum is None:
+        raise UnsupportedError("momentum=None (cumulative average) belongs to the module's "
+                               "batch counter; pass a float")
+    for name, value in (("momentum", momentum), ("eps", eps)):
+        if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
+            raise DTypeError(f"batch_norm: {name} must be a number, got {value!r}")
+    if weight is not None and bias is not None and weight.dtype != bias.dtype:
+        # One type for both in the kernels: the 16-bit one in float32 (with its gradient).
+        weight, bias = (cast(t, float32) for t in (weight, bias))
+    N, C, S = _bn_view(input, "spatial")
+    for what, t in named:
+        _check_size(what, t, C)
+    ctx = check_same_context(input, weight, bias, running_mean, running_var)
+    wdt = next((t.dtype for t in (weight, bias) if t is not None), float32)
+    sdt = running_mean.dtype if running_mean is not None else (
+        running_var.dtype if running_var is not None else float32)
+    i32, i64 = np.int32, np.int64
+    y = Tensor.empty(ctx, input.shape, dt)
+    mean = invstd = None
+    if training:
+        if (running_mean is None) != (running_var is None):
+            raise ShapeError("give running_mean with running_var")
+        _check_count(input, N * S, "spatial")
+        mean = Tensor.empty(ctx, (C,), float32)
+        invstd = Tensor.empty(ctx, (C,), float32)
+        if N * S and C:
+            sums = prepared_sums(ctx, "stats", N, C, S, (input,), storage=dt)
+            partials = sums.run(input)
+            vector, positions, gsize, lsize = batch_apply_geometry(ctx, sums, N, C, S, input, y)
+            kernel = bind(_bn_program16(ctx, "apply", "stats", vector, dt, wdt, sdt)
+                          .kernel("channel_apply_batch_stats"))
+            kernel(ctx.queue, gsize, lsize, i32(N * C), i32(C), i32(positions), i32(N), i32(S),
+                   i32(sums.chunks), np.float32(eps), np.float32(momentum), partials.buffer,
+                   *_buf(weight), *_buf(bias), *_buf(running_mean), *_buf(running_var),
+                   *_buf(mean), *_buf(invstd), input.buffer, i64(input.offset_elements),
+                   y.buffer, i64(y.offset_elements))
+    else:
+        if running_mean is None or running_var is None:
+            raise ShapeError("batch norm inference needs running_mean and running_var")
+        if N * C and S:
+            vector = vector_width(S, input, y, algorithm=config.forced_algorithm("norm"))
+            positions = S // vector
+            local0, local1 = _apply_local_size(positions, min(256, ctx.info.max_work_group_size))
+            kernel = bind(_bn_program16(ctx, "apply", "stats", vector, dt, wdt, sdt)
+                          .kernel("channel_apply_inference"))
+            gsize = (-(-positions // local0) * local0, -(-(N * C) // local1) * local1)
+            kernel(ctx.queue, gsize, (local0, local1), i32(N * C), i32(C), i32(positions),
+                   np.float32(eps), *_buf(running_mean), *_buf(running_var), *_buf(weight),
+                   *_buf(bias), input.buffer, i64(input.offset_elements), y.buffer,
+                   i64(y.offset_elements))
+
+    def backward(g):
+        from .pointwise import convert
+        if g.dtype != dt:
+            g = convert(g, dt)     # the kernels read the gradient as the input's type
+        dx = Tensor.empty(ctx, input.shape, dt)
+        dweight = Tensor.empty(ctx, weight.shape, wdt) if weight is not None else None
+        dbias = Tensor.empty(ctx, bias.shape, wdt) if bias is not None else None
+        if N * S == 0 or C == 0:
+            # Nothing flows back from an empty batch: zero weight and bias gradients.
+            for t in (dweight, dbias):
+                if t is not None:
+                    t.fill_(0.0)
+            return dx, dweight, dbias
+        stats_mean, stats_invstd = mean, invstd
+        if not training:
+            # The running statistics' C values in float32 (the saved statistics' type).
+            stats_mean = running_mean if sdt == float32 else convert(running_mean, float32)
+            var = running_var if sdt == float32 else convert(running_var, float32)
+            stats_invstd = Tensor.empty(ctx, (C,), float32)
+            _invstd_kernel([var], [stats_invstd], [eps])
+        sums = prepared_sums(ctx, "grad", N, C, S, (input, g), storage=dt)
+        partials = sums.run(input, dy=g, mean=stats_mean)
+        vector, positions, gsize, lsize = batch_apply_geometry(ctx, sums, N, C, S, g, input, dx)
+        kernel = bind(_bn_program16(ctx, "apply", "stats", vector, dt, wdt, sdt)
+                      .kernel("channel_apply_batch_grad"))
+        kernel(ctx.queue, gsize, lsize, i32(N * C), i32(C), i32(positions), i32(N), i32(S),
+               i32(sums.chunks), i32(bool(training)), partials.buffer, *_buf(stats_mean),
+               *_buf(stats_invstd), *_buf(weight), *_buf(bias), *_buf(dweight), *_buf(dbias),
+               g.buffer, i64(g.offset_elements), input.buffer, i64(input.offset_elements),
+               *_buf(dx))
+        return dx, dweight, dbias
+
+    return autograd.record(y, (input, weight, bias), backward, "batch_norm")
+
+
+def _batch_norm16_through_float32(input, running_mean, running_var, weight, bias, training,
+                                  momentum, eps):
+    """batch_norm of a 16-bit input through float32 (``_through_float32``), for running
+    statistics of two types; 16-bit running statistics are updated in place, rounded once."""
     from .masks import cast
     running = []
     for what, t in (("running_mean", running_mean), ("running_var", running_var)):
@@ -707,10 +865,11 @@ class RowNormProblem:
 
 class _Rows:
     """row_norm_forward / row_norm_backward: a work group per row (on float32, or on 16-bit
-    ``dtype`` data with ``wdtype`` weights)."""
+    ``dtype`` data with ``wdtype`` weights, ``row_vector`` elements per access)."""
 
-    def __init__(self, ctx, dtype=float32, wdtype=float32):
-        prog = _program(ctx) if dtype == float32 else _row_program16(ctx, dtype, wdtype)
+    def __init__(self, ctx, dtype=float32, wdtype=float32, row_vector=1):
+        prog = _program(ctx) if dtype == float32 else _row_program16(ctx, dtype, wdtype,
+                                                                     row_vector)
         self.ctx = ctx
         self.group = group_size(ctx)
         self.forward_kernel = bind(prog.kernel("row_norm_forward"))
@@ -900,12 +1059,18 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
     y = Tensor.empty(ctx, x.shape, dtype)
     save_mean = Tensor.empty(ctx, (max(rows, 1),), float32)
     save_rstd = Tensor.empty(ctx, (max(rows, 1),), float32)
-    if is_float16_type(dtype):
-        # 16-bit storage: the rows solver (a work group per row) loads and stores it.
+    storage16 = is_float16_type(dtype)
+    if storage16:
+        # 16-bit storage: the rows solver (a work group per row) loads and stores it, four
+        # elements per access where the layout allows (row_vector_width).
         wdtype = next((t.dtype for t in (weight, bias) if t is not None), float32)
-        key = ("rownorm.prepared16", dtype, wdtype)
-        rows_solver = ctx.plans.get(key) or ctx.plans.put(key, _Rows(ctx, dtype, wdtype))
-        rows_solver = rows_solver if rows and D else None
+
+        def rows16(*data):
+            width = row_vector_width(D, G, Cg, S, data, (weight, bias))
+            key = ("rownorm.prepared16", dtype, wdtype, width)
+            return ctx.plans.get(key) or ctx.plans.put(key, _Rows(ctx, dtype, wdtype, width))
+
+        rows_solver = rows16(x, y) if rows and D else None
     else:
         vector4 = G == 1 and S == 1 and D % 4 == 0 and all(
             t is None or t.offset_elements % 4 == 0 for t in (x, weight, bias))
@@ -919,8 +1084,9 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
             g = convert(g, dtype)     # the kernels read the gradient as the input's type
         dx = Tensor.empty(ctx, x.shape, dtype)
         if rows_solver is not None:
-            rows_solver.backward(x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd)
-        if is_float16_type(dtype):
+            solver_ = rows16(x, g, dx) if storage16 else rows_solver
+            solver_.backward(x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd)
+        if storage16:
             return (dx,) + _affine_grads16(x, g, weight, bias, grad_view, G, Cg, save_mean,
                                            save_rstd)
         dweight = dbias = None

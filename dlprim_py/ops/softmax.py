@@ -11,7 +11,8 @@ The input is seen as (outer, size, inner) around the softmax dimension. Two solv
 
 ``DLPRIM_SOFTMAX_ALGO`` or ``variant=`` forces one; ``cached=0`` forces streaming. The row
 solver loads and stores float4 when the rows are whole vectors and aligned (its tuning value
-``vector``); then
+``vector``; on float16 / bfloat16 storage four 16-bit values per access, converted to float4,
+and a scalar fallback for odd rows or offsets); then
 forward rows held in registers take about 16 elements per item, so short rows share a
 work-group. The backward holds y and dy in registers for rows up to ``group_size * 16``, dy
 alone (reading y twice, the second time from L2) up to ``group_size * 32``.
@@ -84,14 +85,20 @@ class SoftmaxPlan:
                  options=None, dtype=float32):
         """``variant`` forces a solver; ``options`` (for measurements and tests) overrides the
         device's choices (``_choices``). ``dtype``: the tensors' type; float16 and bfloat16
-        are storage (computed in float32) with scalar accesses: no vectors, no prefetch."""
+        are storage (computed in float32), with the float32 plan's vector width (4 elements,
+        8 bytes, per access where the rows and offsets allow it) but no prefetch and no cache
+        hints (inline PTX moving float4)."""
         problem = SoftmaxProblem(size, inner, bool(aligned))
         variant = solver.select(ctx, "softmax", problem, forced=variant).name
         widest = solver.tunables(ctx, "softmax", problem, variant).get("vector", 1)
         storage16 = is_float16_type(dtype)
         if storage16:
-            widest = 1
-            options = {"prefetch": 0, **(options or {})}
+            given = {k: v for k, v in (options or {}).items()
+                     if k in ("prefetch", "hints", "backward_hints") and v}
+            if given:
+                raise UnsupportedError(f"softmax: {sorted(given)} are for float32 (16-bit "
+                                       f"storage has no prefetch or cache hints)")
+            options = {**(options or {}), "prefetch": 0, "hints": None, "backward_hints": None}
         if widest not in (1, 2, 4):
             raise DlprimError(f"softmax tuning: vector must be 1, 2 or 4 (a divisor of "
                               f"ALIGNMENT), got {widest!r}")
@@ -107,7 +114,8 @@ class SoftmaxPlan:
         elif cached not in (0,) + _CACHE_STEPS or cached * group_size < size and cached:
             raise UnsupportedError(f"softmax: cached={cached} cannot hold a row of {size} "
                                    f"with {group_size} items")
-        # 16-byte loads and stores along the row (forward): whole vectors per row, aligned.
+        # 16-byte loads and stores along the row (forward; 8 bytes on 16-bit storage): whole
+        # vectors per row, aligned.
         vector = widest if (variant == "row" and inner == 1 and size % widest == 0 and aligned
                             and widest > 1) else 1
         row_items = group_size
