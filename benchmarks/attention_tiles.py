@@ -56,6 +56,10 @@ MMA_SET = [SHIPPED_MMA] + [
                                    (2, 64, 1), (8, 32, 2))] + [
     dict(SHIPPED_MMA, m_tiles=2, q_split=True),
     dict(SHIPPED_MMA, m_tiles=2, warps=2, q_split=True),
+    # q's fragments read again (through the caches) at each step instead of kept: fewer
+    # registers, with two row tiles and with one.
+    dict(SHIPPED_MMA, m_tiles=2, q_frags=False),
+    dict(SHIPPED_MMA, q_frags=False),
     TILED,
     {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
      "k_step": 32},

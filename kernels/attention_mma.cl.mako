@@ -51,9 +51,12 @@
 ##   kv_warps, q_step        dK/dV: warps per group (16 keys each), query rows per step
 ##   q_warps, k_step         dQ: warps per group (16 query rows each), keys per step
 ##                 (block_n, q_step, k_step: multiples of 8)
-##   q_split       forward: q's fragments kept split (big and small parts) for the whole walk;
-##                 else kept as floats and split at each step (half the registers, for large
-##                 head dims)
+##   q_frags       forward: q's A fragments kept in registers for the whole walk; else read
+##                 again (through the caches) and split at each step, for two row tiles or
+##                 large head dims, where the accumulators and scores take the registers
+##   q_split       forward (with q_frags): q's fragments kept split (big and small parts) for
+##                 the whole walk; else kept as floats and split at each step (half the
+##                 registers, for large head dims)
 ##   frags         backward: the A fragments of the group's own rows (k and v in dK/dV, q and
 ##                 dO in dQ) kept in registers; else read again (through the caches) at each
 ##                 step, for large head dims, where the accumulators take the registers
@@ -554,13 +557,14 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
     __global const float *vb = v + v_off + offsets[2];
     __global const ${mask_t} *mb = mask + mask_off + offsets[3];
 
-% if q_split:
+% if q_frags and q_split:
     // q (scaled to base-2 scores) as A fragments, split once for the whole walk.
     uint4 q_big[${MT}][${KS}], q_small[${MT}][${KS}];
-% else:
+% elif q_frags:
     // q (scaled to base-2 scores) as A fragments, split where used (half the registers).
     float4 q_frag[${MT}][${KS}];
 % endif
+% if q_frags:
     ${UNROLL}
     for (int mt = 0; mt < ${MT}; ++mt) {
         const ${index_t} rows = r_lo + 16 * mt;
@@ -576,6 +580,7 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
 % endif
         }
     }
+% endif
     float4 acc[${MT}][${VS}];
     // The online softmax of each tile's rows lo and hi: running maxima and sums; a NaN score
     // that the running maximum skips (fmax ignores NaN) still reaches the output.
@@ -618,7 +623,14 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
             uint4 qa_big[${MT}], qa_small[${MT}];
             ${UNROLL}
             for (int mt = 0; mt < ${MT}; ++mt) {
-% if q_split:
+% if not q_frags:
+                // q's fragments read again (through the caches) at each step: the registers
+                // go to the accumulators.
+                const int col = 8 * kk + 2 * t;
+                const float4 qa = ${global_a("qb", "r_lo + 16 * mt", "col", "L", "DK")} * scale2;
+                qa_big[mt] = tf32_big4(qa);
+                qa_small[mt] = tf32_small4(qa, qa_big[mt]);
+% elif q_split:
                 qa_big[mt] = q_big[mt][kk];
                 qa_small[mt] = q_small[mt][kk];
 % else:

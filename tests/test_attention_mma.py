@@ -351,6 +351,7 @@ def test_two_row_tiles_dropout(ctx, rng, mma, tuning_rules):
     {"stages": 2},                   # the tiles' next step copied while this one computes
     {"presplit": True},              # k and v split once when staged, read as parts
     {"warps": 1},                    # a group of one warp (32 rows)
+    {"q_frags": False},              # q's fragments read again at each step
 ])
 def test_two_row_tiles_with(ctx, rng, mma, tuning_rules, extra):
     """m_tiles 2 with the forward's other variants, causal with L and S not multiples of
@@ -364,9 +365,28 @@ def test_two_row_tiles_with(ctx, rng, mma, tuning_rules, extra):
     assert all(params[key] == value for key, value in extra.items())
 
 
+def test_q_read_each_step(ctx, rng, mma, tuning_rules):
+    """q_frags false with one row tile per warp: q's fragments not kept, read and split at
+    each step; a float mask and GQA."""
+    params = dict(SMALL, q_frags=False) if not real_mma(ctx) else \
+        {"solver": "mma", "q_frags": False}
+    tuning_rules("attention", [{"when": {}, "params": params}])
+    mask = random(rng, (37, 45), -2.0, 2.0)
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, (2, 4, 37, 24), (2, 2, 45, 24), (2, 2, 45, 16), mask=mask,
+               enable_gqa=True)
+    params = built[-1][1]
+    assert params["m_tiles"] == 1 and not params["q_frags"] and not params["q_split"]
+
+
 def test_bad_row_tiles(ctx, rng, mma, tuning_rules):
     q = dp.Tensor.from_numpy(ctx, random(rng, (1, 2, 9, 16)))
     for bad in (3, 0, True, 2.0, "2"):
         tuning_rules("attention", [{"when": {}, "params": dict(SMALL, m_tiles=bad, emulate=1)}])
         with pytest.raises(UnsupportedError, match="m_tiles must be 1 or 2"):
             F.scaled_dot_product_attention(q, q, q)
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, q_frags=False, q_split=True,
+                                                            emulate=1)}])
+    with pytest.raises(UnsupportedError, match="q_split .* needs q_frags"):
+        F.scaled_dot_product_attention(q, q, q)

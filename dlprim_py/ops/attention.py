@@ -109,8 +109,8 @@ MMA_MAX_HEAD_DIM = 128
 # rows) by 64 keys per step; dK/dV groups of 4 warps (64 keys) by 32 query rows per step; dQ
 # groups of 4 warps (64 rows) by 32 keys per step; one buffer of tiles (``stages`` 1); a
 # forward warp owns one m16 tile of query rows (``m_tiles`` 1; 2 shares each k / v fragment
-# between two). ``q_split`` and ``frags`` (the kernel's header) default to head dims up to 64
-# (``q_split`` with one row tile per warp).
+# between two); q's fragments in registers (``q_frags``). ``q_split`` and ``frags`` (the
+# kernel's header) default to head dims up to 64 (``q_split`` with one row tile per warp).
 DEFAULT_MMA = {"warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
                "k_step": 32}
 
@@ -401,13 +401,18 @@ class AttentionPlan:
         # the forward); past 64 they would crowd out the accumulators. Two row tiles per warp
         # (m_tiles 2) already double q's fragments, the accumulators and the scores: q is split
         # at each step unless a rule asks otherwise.
+        # ``q_frags`` false: q's fragments not kept at all, read again at each step.
         small = max(problem.dk, problem.dv) <= 64
+        q_frags = bool(tuned.get("q_frags", True))
+        q_split = bool(tuned.get("q_split", small and m_tiles == 1 and q_frags))
+        if q_split and not q_frags:
+            raise UnsupportedError("attention mma solver: q_split keeps q's fragments split in "
+                                   "registers: it needs q_frags")
         self.params = dict(dk=problem.dk, dv=problem.dv, warps=fw, block_n=fn, m_tiles=m_tiles,
                            kv_warps=kw, q_step=ks, q_warps=qw, k_step=qs, mask=problem.mask,
                            dropout=problem.dropout, index_t=index_t, emulate=emulate,
-                           stages=stages, round=rounding, presplit=presplit,
-                           q_split=bool(tuned.get("q_split", small and m_tiles == 1)),
-                           frags=bool(tuned.get("frags", small)))
+                           stages=stages, round=rounding, presplit=presplit, q_frags=q_frags,
+                           q_split=q_split, frags=bool(tuned.get("frags", small)))
         built = program.build(ctx, "attention_mma", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_mma_forward", fresh=True))
         self.delta_kernel = BoundKernel(built.kernel("attention_delta", fresh=True))
