@@ -200,9 +200,11 @@ def test_repeated_call_builds_nothing(ctx, rng, mma):
     assert dict(program.stats) == before
 
 
-def test_ptx_matches_emulation(ctx, rng, mma, tuning_rules):
+@pytest.mark.parametrize("extra", [{}, {"m_tiles": 2}])
+def test_ptx_matches_emulation(ctx, rng, mma, tuning_rules, extra):
     """On a GPU with mma.sync: the PTX kernels against the emulated ones (the same fragments),
-    to the last bits but for the hardware's own order of the 8 products of an mma."""
+    to the last bits but for the hardware's own order of the 8 products of an mma; with one
+    and two row tiles per forward warp."""
     if not real_mma(ctx):
         pytest.skip("the device has no mma.sync")
     q, k, v = (dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 70, 64)), requires_grad=True)
@@ -210,7 +212,8 @@ def test_ptx_matches_emulation(ctx, rng, mma, tuning_rules):
     g = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 70, 64)))
     results = []
     for emulate in (0, 1):
-        tuning_rules("attention", [{"when": {}, "params": dict(SMALL, emulate=emulate)}])
+        tuning_rules("attention", [{"when": {}, "params": dict(SMALL, emulate=emulate,
+                                                                **extra)}])
         for t in (q, k, v):
             t.grad = None
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
