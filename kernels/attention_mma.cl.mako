@@ -24,12 +24,12 @@
 ## an mma is uniform across the work-group):
 ##   attention_mma_forward(the arguments of attention_forward)
 ##     global (ceil(L / (16 * M_TILES * WARPS)) * 32 * WARPS, B), local (32 * WARPS, 1): each
-##     warp owns M_TILES m16 tiles of query rows (q * scale2 in registers for the whole walk),
-##     the group stages BLOCK_N keys and values per step in local memory; S = Q K^T by mma, the
-##     online softmax on the accumulators (a work item holds rows g and g + 8 of each tile;
-##     their maxima and sums across the quad of items sharing them by warp shuffles, or local
-##     memory), O += P V. Each B fragment of k and v is read and split once for the warp's
-##     tiles: with 2, half the local reads and conversions per mma.
+##     warp owns M_TILES m16 tiles of query rows (q * scale2 in registers for the whole walk,
+##     or read again at each step), the group stages BLOCK_N keys and values per step in local
+##     memory; S = Q K^T by mma, the online softmax on the accumulators (a work item holds rows
+##     g and g + 8 of each tile; their maxima and sums across the quad of items sharing them by
+##     warp shuffles, or local memory), O += P V. Each B fragment of k and v is read and split
+##     once for the warp's tiles: with 2, half the local reads and conversions per mma.
 ##   attention_delta(rows, o, o_off, dout, dout_off, delta)   as attention.cl.mako's.
 ##   attention_mma_backward_kv(the arguments of attention_backward_kv)
 ##     global (ceil(S / (16 * KV_WARPS)) * 32 * KV_WARPS, B): each warp owns 16 keys (k *
@@ -567,11 +567,11 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
 % if q_frags:
     ${UNROLL}
     for (int mt = 0; mt < ${MT}; ++mt) {
-        const ${index_t} rows = r_lo + 16 * mt;
+        const ${index_t} r_mt = r_lo + 16 * mt;
         ${UNROLL}
         for (int kk = 0; kk < ${KS}; ++kk) {
             const int col = 8 * kk + 2 * t;
-            const float4 a = ${global_a("qb", "rows", "col", "L", "DK")} * scale2;
+            const float4 a = ${global_a("qb", "r_mt", "col", "L", "DK")} * scale2;
 % if q_split:
             q_big[mt][kk] = tf32_big4(a);
             q_small[mt][kk] = tf32_small4(a, q_big[mt][kk]);
@@ -649,16 +649,16 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
 
         ${UNROLL}
         for (int mt = 0; mt < ${MT}; ++mt) {
-            const ${index_t} rows = r_lo + 16 * mt;
+            const ${index_t} r_mt = r_lo + 16 * mt;
             float max_lo = -INFINITY, max_hi = -INFINITY;
             ${UNROLL}
             for (int j = 0; j < ${NB}; ++j) {
                 const ${index_t} key = n0 + 8 * j + 2 * t;
                 float4 x = s[mt][j];
-                x.x = masked_score(x.x, rows, key, L, S, causal, mb, mask_stride_l, mask_stride_s);
-                x.y = masked_score(x.y, rows, key + 1, L, S, causal, mb, mask_stride_l, mask_stride_s);
-                x.z = masked_score(x.z, rows + 8, key, L, S, causal, mb, mask_stride_l, mask_stride_s);
-                x.w = masked_score(x.w, rows + 8, key + 1, L, S, causal, mb, mask_stride_l, mask_stride_s);
+                x.x = masked_score(x.x, r_mt, key, L, S, causal, mb, mask_stride_l, mask_stride_s);
+                x.y = masked_score(x.y, r_mt, key + 1, L, S, causal, mb, mask_stride_l, mask_stride_s);
+                x.z = masked_score(x.z, r_mt + 8, key, L, S, causal, mb, mask_stride_l, mask_stride_s);
+                x.w = masked_score(x.w, r_mt + 8, key + 1, L, S, causal, mb, mask_stride_l, mask_stride_s);
                 if (isnan(x.x)) nan_lo[mt] = x.x;
                 if (isnan(x.y)) nan_lo[mt] = x.y;
                 if (isnan(x.z)) nan_hi[mt] = x.z;
@@ -688,12 +688,12 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
                 l_hi[mt] += p.z + p.w;
 % if dropout:
                 const ${index_t} key = n0 + 8 * j + 2 * t;
-                const ulong e_lo = ((ulong)b * (ulong)L + (ulong)rows) * (ulong)S + (ulong)key;
+                const ulong e_lo = ((ulong)b * (ulong)L + (ulong)r_mt) * (ulong)S + (ulong)key;
                 const ulong e_hi = e_lo + 8 * (ulong)S;
-                if (!(key < S && rows < L && kept_element(e_lo, seed0, seed1, stream0, stream1, threshold))) p.x = 0.0f;
-                if (!(key + 1 < S && rows < L && kept_element(e_lo + 1, seed0, seed1, stream0, stream1, threshold))) p.y = 0.0f;
-                if (!(key < S && rows + 8 < L && kept_element(e_hi, seed0, seed1, stream0, stream1, threshold))) p.z = 0.0f;
-                if (!(key + 1 < S && rows + 8 < L && kept_element(e_hi + 1, seed0, seed1, stream0, stream1, threshold))) p.w = 0.0f;
+                if (!(key < S && r_mt < L && kept_element(e_lo, seed0, seed1, stream0, stream1, threshold))) p.x = 0.0f;
+                if (!(key + 1 < S && r_mt < L && kept_element(e_lo + 1, seed0, seed1, stream0, stream1, threshold))) p.y = 0.0f;
+                if (!(key < S && r_mt + 8 < L && kept_element(e_hi, seed0, seed1, stream0, stream1, threshold))) p.z = 0.0f;
+                if (!(key + 1 < S && r_mt + 8 < L && kept_element(e_hi + 1, seed0, seed1, stream0, stream1, threshold))) p.w = 0.0f;
 % endif
                 s[mt][j] = p;
             }
@@ -723,7 +723,7 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
     __global float *ob = o + o_off + (${index_t})b * L * DV;
     ${UNROLL}
     for (int mt = 0; mt < ${MT}; ++mt) {
-        const ${index_t} rows = r_lo + 16 * mt;
+        const ${index_t} r_mt = r_lo + 16 * mt;
         float sum_lo = l_lo[mt], sum_hi = l_hi[mt], bad_lo = nan_lo[mt], bad_hi = nan_hi[mt];
         ${quad_reduce("sum_lo", "sum_hi", "sum")}
         ${quad_reduce("bad_lo", "bad_hi", "sum")}
@@ -738,14 +738,14 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
         for (int i = 0; i < ${VS}; ++i) {
             const int col = 8 * i + 2 * t;
             const float4 y = acc[mt][i] * (float4)(norm_lo, norm_lo, norm_hi, norm_hi);
-            ${store_pair("ob", "y", "rows", "col", "L", "DV", "1.0f", "bad_lo", "bad_hi")}
+            ${store_pair("ob", "y", "r_mt", "col", "L", "DV", "1.0f", "bad_lo", "bad_hi")}
         }
         if (t == 0) {
-            if (rows < L)
-                lse[(${index_t})b * L + rows] = sum_lo > 0.0f ? m_lo[mt] + log2(sum_lo)
+            if (r_mt < L)
+                lse[(${index_t})b * L + r_mt] = sum_lo > 0.0f ? m_lo[mt] + log2(sum_lo)
                     : (sum_lo == 0.0f ? INFINITY : sum_lo) + bad_lo;
-            if (rows + 8 < L)
-                lse[(${index_t})b * L + rows + 8] = sum_hi > 0.0f ? m_hi[mt] + log2(sum_hi)
+            if (r_mt + 8 < L)
+                lse[(${index_t})b * L + r_mt + 8] = sum_hi > 0.0f ? m_hi[mt] + log2(sum_hi)
                     : (sum_hi == 0.0f ? INFINITY : sum_hi) + bad_hi;
         }
     }
