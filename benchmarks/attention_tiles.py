@@ -42,9 +42,24 @@ def set_rules(rules):
 
 
 TILED = {"solver": "tiled", "block_m": 64, "block_n": 32, "tile_y": 8}
+SHIPPED_MMA = {"solver": "mma", "warps": 4, "block_n": 32, "kv_warps": 4, "q_step": 16,
+               "q_warps": 4, "k_step": 16, "stages": 2}
 # The mma solver (3xTF32 on tensor cores): forward warps x block_n, dK/dV kv_warps x q_step, dQ
-# q_warps x k_step (the first as shipped); the shipped tiled values to compare.
-MMA_SET = [
+# q_warps x k_step. First the NVIDIA rule as shipped, then its forward with warps owning two m16
+# tiles of query rows (m_tiles 2: each k / v B fragment read and split once for both; q split at
+# each step unless q_split) at warps x block_n x stages, the backward's values as shipped
+# (stages is both's): run first, so that a bounded run (run_gpu.sh's step) measures them.
+# Then the variants measured before and the shipped tiled values to compare.
+MMA_SET = [SHIPPED_MMA] + [
+    dict(SHIPPED_MMA, m_tiles=2, warps=warps, block_n=block_n, stages=stages)
+    for warps, block_n, stages in ((4, 32, 2), (2, 32, 2), (4, 32, 1), (4, 64, 1), (2, 32, 1),
+                                   (2, 64, 1), (8, 32, 2))] + [
+    dict(SHIPPED_MMA, m_tiles=2, q_split=True),
+    dict(SHIPPED_MMA, m_tiles=2, warps=2, q_split=True),
+    # q's fragments read again (through the caches) at each step instead of kept: fewer
+    # registers, with two row tiles and with one.
+    dict(SHIPPED_MMA, m_tiles=2, q_frags=False),
+    dict(SHIPPED_MMA, q_frags=False),
     TILED,
     {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
      "k_step": 32},
@@ -60,8 +75,6 @@ MMA_SET = [
     # local memory then halves the forward's 64 keys per step to 32 at head dim 64).
     {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
      "k_step": 32, "stages": 2},
-    {"solver": "mma", "warps": 4, "block_n": 32, "kv_warps": 4, "q_step": 16, "q_warps": 4,
-     "k_step": 16, "stages": 2},
     # The forward's keys and values split once when staged (32 keys per step then fit).
     {"solver": "mma", "warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
      "k_step": 32, "presplit": True},

@@ -23,11 +23,13 @@
 ## Kernels (sizes are run-time arguments; index_t is int or long; all control flow that reaches
 ## an mma is uniform across the work-group):
 ##   attention_mma_forward(the arguments of attention_forward)
-##     global (ceil(L / (16 * WARPS)) * 32 * WARPS, B), local (32 * WARPS, 1): each warp owns
-##     16 query rows (one m16 tile; q * scale2 split in registers for the whole walk), the group
-##     stages BLOCK_N keys and values per step in local memory; S = Q K^T by mma, the online
-##     softmax on the accumulators (a work item holds rows g and g + 8; their maxima and sums
-##     across the quad of items sharing them by warp shuffles, or local memory), O += P V.
+##     global (ceil(L / (16 * M_TILES * WARPS)) * 32 * WARPS, B), local (32 * WARPS, 1): each
+##     warp owns M_TILES m16 tiles of query rows (q * scale2 in registers for the whole walk,
+##     or read again at each step), the group stages BLOCK_N keys and values per step in local
+##     memory; S = Q K^T by mma, the online softmax on the accumulators (a work item holds rows
+##     g and g + 8 of each tile; their maxima and sums across the quad of items sharing them by
+##     warp shuffles, or local memory), O += P V. Each B fragment of k and v is read and split
+##     once for the warp's tiles: with 2, half the local reads and conversions per mma.
 ##   attention_delta(rows, o, o_off, dout, dout_off, delta)   as attention.cl.mako's.
 ##   attention_mma_backward_kv(the arguments of attention_backward_kv)
 ##     global (ceil(S / (16 * KV_WARPS)) * 32 * KV_WARPS, B): each warp owns 16 keys (k *
@@ -41,13 +43,20 @@
 ##
 ## Template parameters:
 ##   dk, dv        head dims of q/k and of v (any up to 128: padded with zeros to multiples of 8)
-##   warps, block_n          forward: warps per group (16 query rows each), keys per step
+##   warps, block_n          forward: warps per group (16 * m_tiles query rows each), keys
+##                           per step
+##   m_tiles       forward: m16 tiles of query rows per warp (1 or 2); 2 shares every k / v
+##                 B fragment and its split between two tiles, at twice the registers for the
+##                 accumulators, the scores and q (q_split then doubles q's again)
 ##   kv_warps, q_step        dK/dV: warps per group (16 keys each), query rows per step
 ##   q_warps, k_step         dQ: warps per group (16 query rows each), keys per step
 ##                 (block_n, q_step, k_step: multiples of 8)
-##   q_split       forward: q's fragments kept split (big and small parts) for the whole walk;
-##                 else kept as floats and split at each step (half the registers, for large
-##                 head dims)
+##   q_frags       forward: q's A fragments kept in registers for the whole walk; else read
+##                 again (through the caches) and split at each step, for two row tiles or
+##                 large head dims, where the accumulators and scores take the registers
+##   q_split       forward (with q_frags): q's fragments kept split (big and small parts) for
+##                 the whole walk; else kept as floats and split at each step (half the
+##                 registers, for large head dims)
 ##   frags         backward: the A fragments of the group's own rows (k and v in dK/dV, q and
 ##                 dO in dQ) kept in registers; else read again (through the caches) at each
 ##                 step, for large head dims, where the accumulators take the registers
@@ -89,6 +98,7 @@
     Q_KLD = DKP + 4
     Q_VLD = k_contiguous_ld(DVP)
     NB = block_n // 8
+    MT = m_tiles
     QB = q_step // 8
     KB = k_step // 8
     UNROLL = "" if emulate else "#pragma unroll"
@@ -485,6 +495,28 @@ inline float masked_score(float x, ${index_t} row, ${index_t} key, ${index_t} L,
     const int g = lane / 4, t = lane % 4;
 </%def>
 
+## The B fragment (b0, b1) of key tile ``j`` and K step ``kk`` of the forward's S = Q K^T
+## (``kind`` "k") or of its value rows ``j`` and columns ``i`` (``kind`` "v", for O += P V), as
+## its TF32 parts ``name``_big and ``name``_small: read from the split tiles (presplit) or read
+## and split here, once for the warp's m_tiles row tiles.
+<%def name="fwd_b(name, kind, j, kk)">
+% if presplit and kind == "k":
+                const int ${name}_at = (8 * ${j} + g) * ${F_KLD} + 8 * ${kk} + 2 * t;
+                const uint2 ${name}_big = *(__local const uint2 *)(k_big_tile + ${name}_at);
+                const uint2 ${name}_small = *(__local const uint2 *)(k_small_tile + ${name}_at);
+% elif presplit:
+                const int ${name}_at = (8 * ${j} + 2 * t) * ${F_VLD} + 8 * ${kk} + g;
+                const uint2 ${name}_big = (uint2)(v_big_tile[${name}_at],
+                                                  v_big_tile[${name}_at + ${F_VLD}]);
+                const uint2 ${name}_small = (uint2)(v_small_tile[${name}_at],
+                                                    v_small_tile[${name}_at + ${F_VLD}]);
+% else:
+                const float2 ${name}_x = ${b_rows("k_at", F_KLD, "8 * " + j, "8 * " + kk) if kind == "k" else b_cols("v_at", F_VLD, "8 * " + j, "8 * " + kk)};
+                const uint2 ${name}_big = tf32_big2(${name}_x);
+                const uint2 ${name}_small = tf32_small2(${name}_x, ${name}_big);
+% endif
+</%def>
+
 __kernel __attribute__((reqd_work_group_size(${32 * warps}, 1, 1)))
 void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float scale2,
                            __global const ${index_t} *table,
@@ -515,42 +547,53 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
 % endif
     ${item_ids()}
     const ${index_t} b = get_group_id(1);
-    const ${index_t} row0 = (${index_t})get_group_id(0) * ${16 * warps};
-    // The item's rows: lo (g) and hi (g + 8) of its warp's 16.
-    const ${index_t} r_lo = row0 + warp * 16 + g;
+    const ${index_t} row0 = (${index_t})get_group_id(0) * ${16 * MT * warps};
+    // The item's rows: lo (g) and hi (g + 8) of each of its warp's MT tiles of 16 (tile mt's
+    // at r_lo + 16 mt).
+    const ${index_t} r_lo = row0 + warp * ${16 * MT} + g;
     __global const ${index_t} *offsets = table + 4 * b;
     __global const float *qb = q + q_off + offsets[0];
     __global const float *kb = k + k_off + offsets[1];
     __global const float *vb = v + v_off + offsets[2];
     __global const ${mask_t} *mb = mask + mask_off + offsets[3];
 
-% if q_split:
+% if q_frags and q_split:
     // q (scaled to base-2 scores) as A fragments, split once for the whole walk.
-    uint4 q_big[${KS}], q_small[${KS}];
-    ${UNROLL}
-    for (int kk = 0; kk < ${KS}; ++kk) {
-        const int col = 8 * kk + 2 * t;
-        const float4 a = ${global_a("qb", "r_lo", "col", "L", "DK")} * scale2;
-        q_big[kk] = tf32_big4(a);
-        q_small[kk] = tf32_small4(a, q_big[kk]);
-    }
-% else:
+    uint4 q_big[${MT}][${KS}], q_small[${MT}][${KS}];
+% elif q_frags:
     // q (scaled to base-2 scores) as A fragments, split where used (half the registers).
-    float4 q_frag[${KS}];
+    float4 q_frag[${MT}][${KS}];
+% endif
+% if q_frags:
     ${UNROLL}
-    for (int kk = 0; kk < ${KS}; ++kk) {
-        const int col = 8 * kk + 2 * t;
-        q_frag[kk] = ${global_a("qb", "r_lo", "col", "L", "DK")} * scale2;
+    for (int mt = 0; mt < ${MT}; ++mt) {
+        const ${index_t} r_mt = r_lo + 16 * mt;
+        ${UNROLL}
+        for (int kk = 0; kk < ${KS}; ++kk) {
+            const int col = 8 * kk + 2 * t;
+            const float4 a = ${global_a("qb", "r_mt", "col", "L", "DK")} * scale2;
+% if q_split:
+            q_big[mt][kk] = tf32_big4(a);
+            q_small[mt][kk] = tf32_small4(a, q_big[mt][kk]);
+% else:
+            q_frag[mt][kk] = a;
+% endif
+        }
     }
 % endif
-    float4 acc[${VS}];
+    float4 acc[${MT}][${VS}];
+    // The online softmax of each tile's rows lo and hi: running maxima and sums; a NaN score
+    // that the running maximum skips (fmax ignores NaN) still reaches the output.
+    float m_lo[${MT}], m_hi[${MT}], l_lo[${MT}], l_hi[${MT}], nan_lo[${MT}], nan_hi[${MT}];
     ${UNROLL}
-    for (int i = 0; i < ${VS}; ++i) acc[i] = (float4)(0.0f);
-    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
-    // A NaN score that the running maximum skips (fmax ignores NaN) still reaches the output.
-    float nan_lo = 0.0f, nan_hi = 0.0f;
-    // Causal: the block's last row sees keys up to itself.
-    const ${index_t} n_end = causal ? min(S, row0 + ${16 * warps}) : S;
+    for (int mt = 0; mt < ${MT}; ++mt) {
+        ${UNROLL}
+        for (int i = 0; i < ${VS}; ++i) acc[mt][i] = (float4)(0.0f);
+        m_lo[mt] = m_hi[mt] = -INFINITY;
+        l_lo[mt] = l_hi[mt] = nan_lo[mt] = nan_hi[mt] = 0.0f;
+    }
+    // Causal: the group's last row sees keys up to itself.
+    const ${index_t} n_end = causal ? min(S, row0 + ${16 * MT * warps}) : S;
 
 <% fwd_tiles = [("k", "kb", "S", dk, F_KLD, block_n), ("v", "vb", "S", dv, F_VLD, block_n)] %>
 % if not presplit:
@@ -567,122 +610,144 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
         ${walk_step(fwd_tiles, "n0", block_n, "n_end", 32 * warps)}
 % endif
 
-        // S = (q * scale2) K^T: 16 rows by block_n keys, 8 keys per accumulator tile.
-        float4 s[${NB}];
+        // S = (q * scale2) K^T: MT tiles of 16 rows by block_n keys, 8 keys per accumulator
+        // tile; each B fragment of k read and split once for the MT tiles.
+        float4 s[${MT}][${NB}];
         ${UNROLL}
-        for (int j = 0; j < ${NB}; ++j) s[j] = (float4)(0.0f);
+        for (int mt = 0; mt < ${MT}; ++mt) {
+            ${UNROLL}
+            for (int j = 0; j < ${NB}; ++j) s[mt][j] = (float4)(0.0f);
+        }
         ${UNROLL}
         for (int kk = 0; kk < ${KS}; ++kk) {
-% if not q_split:
-            const uint4 q_big_kk = tf32_big4(q_frag[kk]);
-            const uint4 q_small_kk = tf32_small4(q_frag[kk], q_big_kk);
-% else:
-            const uint4 q_big_kk = q_big[kk], q_small_kk = q_small[kk];
-% endif
+            uint4 qa_big[${MT}], qa_small[${MT}];
             ${UNROLL}
-            for (int j = 0; j < ${NB}; ++j)
-% if presplit:
-            {
-                const int at = (8 * j + g) * ${F_KLD} + 8 * kk + 2 * t;
-                s[j] = mma3(s[j], q_big_kk, q_small_kk, *(__local const uint2 *)(k_big_tile + at),
-                            *(__local const uint2 *)(k_small_tile + at) MMA_AT);
-            }
+            for (int mt = 0; mt < ${MT}; ++mt) {
+% if not q_frags:
+                // q's fragments read again (through the caches) at each step: the registers
+                // go to the accumulators.
+                const int col = 8 * kk + 2 * t;
+                const float4 qa = ${global_a("qb", "r_lo + 16 * mt", "col", "L", "DK")} * scale2;
+                qa_big[mt] = tf32_big4(qa);
+                qa_small[mt] = tf32_small4(qa, qa_big[mt]);
+% elif q_split:
+                qa_big[mt] = q_big[mt][kk];
+                qa_small[mt] = q_small[mt][kk];
 % else:
-                MMA3_SPLIT_B(s[j], q_big_kk, q_small_kk, ${b_rows("k_at", F_KLD, "8 * j", "8 * kk")});
+                qa_big[mt] = tf32_big4(q_frag[mt][kk]);
+                qa_small[mt] = tf32_small4(q_frag[mt][kk], qa_big[mt]);
 % endif
+            }
+            ${UNROLL}
+            for (int j = 0; j < ${NB}; ++j) {
+                ${fwd_b("kf", "k", "j", "kk")}
+                ${UNROLL}
+                for (int mt = 0; mt < ${MT}; ++mt)
+                    s[mt][j] = mma3(s[mt][j], qa_big[mt], qa_small[mt], kf_big, kf_small MMA_AT);
+            }
         }
 
-        float max_lo = -INFINITY, max_hi = -INFINITY;
         ${UNROLL}
-        for (int j = 0; j < ${NB}; ++j) {
-            const ${index_t} key = n0 + 8 * j + 2 * t;
-            float4 x = s[j];
-            x.x = masked_score(x.x, r_lo, key, L, S, causal, mb, mask_stride_l, mask_stride_s);
-            x.y = masked_score(x.y, r_lo, key + 1, L, S, causal, mb, mask_stride_l, mask_stride_s);
-            x.z = masked_score(x.z, r_lo + 8, key, L, S, causal, mb, mask_stride_l, mask_stride_s);
-            x.w = masked_score(x.w, r_lo + 8, key + 1, L, S, causal, mb, mask_stride_l, mask_stride_s);
-            if (isnan(x.x)) nan_lo = x.x;
-            if (isnan(x.y)) nan_lo = x.y;
-            if (isnan(x.z)) nan_hi = x.z;
-            if (isnan(x.w)) nan_hi = x.w;
-            max_lo = fmax(max_lo, fmax(x.x, x.y));
-            max_hi = fmax(max_hi, fmax(x.z, x.w));
-            s[j] = x;
-        }
-        ${quad_reduce("max_lo", "max_hi", "max")}
-        const float new_lo = fmax(m_lo, max_lo), new_hi = fmax(m_hi, max_hi);
-        // Nothing of the row takes part yet: subtract 0, so that the weights (and alpha, for
-        // m = -inf) come out 0 rather than exp2(-inf + inf) = NaN.
-        const float use_lo = new_lo == -INFINITY ? 0.0f : new_lo;
-        const float use_hi = new_hi == -INFINITY ? 0.0f : new_hi;
-        const float alpha_lo = exp2(m_lo - use_lo), alpha_hi = exp2(m_hi - use_hi);
-        m_lo = new_lo;
-        m_hi = new_hi;
-        l_lo *= alpha_lo;
-        l_hi *= alpha_hi;
-        ${UNROLL}
-        for (int i = 0; i < ${VS}; ++i) acc[i] *= (float4)(alpha_lo, alpha_lo, alpha_hi, alpha_hi);
-        ${UNROLL}
-        for (int j = 0; j < ${NB}; ++j) {
-            float4 p = exp2(s[j] - (float4)(use_lo, use_lo, use_hi, use_hi));
-            l_lo += p.x + p.y;
-            l_hi += p.z + p.w;
+        for (int mt = 0; mt < ${MT}; ++mt) {
+            const ${index_t} r_mt = r_lo + 16 * mt;
+            float max_lo = -INFINITY, max_hi = -INFINITY;
+            ${UNROLL}
+            for (int j = 0; j < ${NB}; ++j) {
+                const ${index_t} key = n0 + 8 * j + 2 * t;
+                float4 x = s[mt][j];
+                x.x = masked_score(x.x, r_mt, key, L, S, causal, mb, mask_stride_l, mask_stride_s);
+                x.y = masked_score(x.y, r_mt, key + 1, L, S, causal, mb, mask_stride_l, mask_stride_s);
+                x.z = masked_score(x.z, r_mt + 8, key, L, S, causal, mb, mask_stride_l, mask_stride_s);
+                x.w = masked_score(x.w, r_mt + 8, key + 1, L, S, causal, mb, mask_stride_l, mask_stride_s);
+                if (isnan(x.x)) nan_lo[mt] = x.x;
+                if (isnan(x.y)) nan_lo[mt] = x.y;
+                if (isnan(x.z)) nan_hi[mt] = x.z;
+                if (isnan(x.w)) nan_hi[mt] = x.w;
+                max_lo = fmax(max_lo, fmax(x.x, x.y));
+                max_hi = fmax(max_hi, fmax(x.z, x.w));
+                s[mt][j] = x;
+            }
+            ${quad_reduce("max_lo", "max_hi", "max")}
+            const float new_lo = fmax(m_lo[mt], max_lo), new_hi = fmax(m_hi[mt], max_hi);
+            // Nothing of the row takes part yet: subtract 0, so that the weights (and alpha,
+            // for m = -inf) come out 0 rather than exp2(-inf + inf) = NaN.
+            const float use_lo = new_lo == -INFINITY ? 0.0f : new_lo;
+            const float use_hi = new_hi == -INFINITY ? 0.0f : new_hi;
+            const float alpha_lo = exp2(m_lo[mt] - use_lo), alpha_hi = exp2(m_hi[mt] - use_hi);
+            m_lo[mt] = new_lo;
+            m_hi[mt] = new_hi;
+            l_lo[mt] *= alpha_lo;
+            l_hi[mt] *= alpha_hi;
+            ${UNROLL}
+            for (int i = 0; i < ${VS}; ++i)
+                acc[mt][i] *= (float4)(alpha_lo, alpha_lo, alpha_hi, alpha_hi);
+            ${UNROLL}
+            for (int j = 0; j < ${NB}; ++j) {
+                float4 p = exp2(s[mt][j] - (float4)(use_lo, use_lo, use_hi, use_hi));
+                l_lo[mt] += p.x + p.y;
+                l_hi[mt] += p.z + p.w;
 % if dropout:
-            const ${index_t} key = n0 + 8 * j + 2 * t;
-            const ulong e_lo = ((ulong)b * (ulong)L + (ulong)r_lo) * (ulong)S + (ulong)key;
-            const ulong e_hi = e_lo + 8 * (ulong)S;
-            if (!(key < S && r_lo < L && kept_element(e_lo, seed0, seed1, stream0, stream1, threshold))) p.x = 0.0f;
-            if (!(key + 1 < S && r_lo < L && kept_element(e_lo + 1, seed0, seed1, stream0, stream1, threshold))) p.y = 0.0f;
-            if (!(key < S && r_lo + 8 < L && kept_element(e_hi, seed0, seed1, stream0, stream1, threshold))) p.z = 0.0f;
-            if (!(key + 1 < S && r_lo + 8 < L && kept_element(e_hi + 1, seed0, seed1, stream0, stream1, threshold))) p.w = 0.0f;
+                const ${index_t} key = n0 + 8 * j + 2 * t;
+                const ulong e_lo = ((ulong)b * (ulong)L + (ulong)r_mt) * (ulong)S + (ulong)key;
+                const ulong e_hi = e_lo + 8 * (ulong)S;
+                if (!(key < S && r_mt < L && kept_element(e_lo, seed0, seed1, stream0, stream1, threshold))) p.x = 0.0f;
+                if (!(key + 1 < S && r_mt < L && kept_element(e_lo + 1, seed0, seed1, stream0, stream1, threshold))) p.y = 0.0f;
+                if (!(key < S && r_mt + 8 < L && kept_element(e_hi, seed0, seed1, stream0, stream1, threshold))) p.z = 0.0f;
+                if (!(key + 1 < S && r_mt + 8 < L && kept_element(e_hi + 1, seed0, seed1, stream0, stream1, threshold))) p.w = 0.0f;
 % endif
-            s[j] = p;
+                s[mt][j] = p;
+            }
         }
 
         // O += P V: each accumulator tile of P (8 keys) is an A fragment; V's rows (keys) read
-        // permuted as its columns are.
+        // permuted as its columns are, each B fragment read and split once for the MT tiles.
         ${UNROLL}
         for (int j = 0; j < ${NB}; ++j) {
-            const float4 pa = AS_A(s[j]);
-            const uint4 p_big = tf32_big4(pa), p_small = tf32_small4(pa, p_big);
+            uint4 p_big[${MT}], p_small[${MT}];
             ${UNROLL}
-            for (int i = 0; i < ${VS}; ++i)
-% if presplit:
-            {
-                const int at = (8 * j + 2 * t) * ${F_VLD} + 8 * i + g;
-                acc[i] = mma3(acc[i], p_big, p_small,
-                              (uint2)(v_big_tile[at], v_big_tile[at + ${F_VLD}]),
-                              (uint2)(v_small_tile[at], v_small_tile[at + ${F_VLD}]) MMA_AT);
+            for (int mt = 0; mt < ${MT}; ++mt) {
+                const float4 pa = AS_A(s[mt][j]);
+                p_big[mt] = tf32_big4(pa);
+                p_small[mt] = tf32_small4(pa, p_big[mt]);
             }
-% else:
-                MMA3_SPLIT_B(acc[i], p_big, p_small, ${b_cols("v_at", F_VLD, "8 * j", "8 * i")});
-% endif
+            ${UNROLL}
+            for (int i = 0; i < ${VS}; ++i) {
+                ${fwd_b("vf", "v", "j", "i")}
+                ${UNROLL}
+                for (int mt = 0; mt < ${MT}; ++mt)
+                    acc[mt][i] = mma3(acc[mt][i], p_big[mt], p_small[mt], vf_big, vf_small MMA_AT);
+            }
         }
     }
 
-    ${quad_reduce("l_lo", "l_hi", "sum")}
-    ${quad_reduce("nan_lo", "nan_hi", "sum")}
-% if dropout:
-    const float norm_lo = l_lo > 0.0f ? keep_scale / l_lo : 0.0f;
-    const float norm_hi = l_hi > 0.0f ? keep_scale / l_hi : 0.0f;
-% else:
-    const float norm_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
-    const float norm_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
-% endif
     __global float *ob = o + o_off + (${index_t})b * L * DV;
     ${UNROLL}
-    for (int i = 0; i < ${VS}; ++i) {
-        const int col = 8 * i + 2 * t;
-        const float4 y = acc[i] * (float4)(norm_lo, norm_lo, norm_hi, norm_hi);
-        ${store_pair("ob", "y", "r_lo", "col", "L", "DV", "1.0f", "nan_lo", "nan_hi")}
-    }
-    if (t == 0) {
-        if (r_lo < L)
-            lse[(${index_t})b * L + r_lo] = l_lo > 0.0f ? m_lo + log2(l_lo)
-                : (l_lo == 0.0f ? INFINITY : l_lo) + nan_lo;
-        if (r_lo + 8 < L)
-            lse[(${index_t})b * L + r_lo + 8] = l_hi > 0.0f ? m_hi + log2(l_hi)
-                : (l_hi == 0.0f ? INFINITY : l_hi) + nan_hi;
+    for (int mt = 0; mt < ${MT}; ++mt) {
+        const ${index_t} r_mt = r_lo + 16 * mt;
+        float sum_lo = l_lo[mt], sum_hi = l_hi[mt], bad_lo = nan_lo[mt], bad_hi = nan_hi[mt];
+        ${quad_reduce("sum_lo", "sum_hi", "sum")}
+        ${quad_reduce("bad_lo", "bad_hi", "sum")}
+% if dropout:
+        const float norm_lo = sum_lo > 0.0f ? keep_scale / sum_lo : 0.0f;
+        const float norm_hi = sum_hi > 0.0f ? keep_scale / sum_hi : 0.0f;
+% else:
+        const float norm_lo = sum_lo > 0.0f ? 1.0f / sum_lo : 0.0f;
+        const float norm_hi = sum_hi > 0.0f ? 1.0f / sum_hi : 0.0f;
+% endif
+        ${UNROLL}
+        for (int i = 0; i < ${VS}; ++i) {
+            const int col = 8 * i + 2 * t;
+            const float4 y = acc[mt][i] * (float4)(norm_lo, norm_lo, norm_hi, norm_hi);
+            ${store_pair("ob", "y", "r_mt", "col", "L", "DV", "1.0f", "bad_lo", "bad_hi")}
+        }
+        if (t == 0) {
+            if (r_mt < L)
+                lse[(${index_t})b * L + r_mt] = sum_lo > 0.0f ? m_lo[mt] + log2(sum_lo)
+                    : (sum_lo == 0.0f ? INFINITY : sum_lo) + bad_lo;
+            if (r_mt + 8 < L)
+                lse[(${index_t})b * L + r_mt + 8] = sum_hi > 0.0f ? m_hi[mt] + log2(sum_hi)
+                    : (sum_hi == 0.0f ? INFINITY : sum_hi) + bad_hi;
+        }
     }
 }
 

@@ -200,9 +200,11 @@ def test_repeated_call_builds_nothing(ctx, rng, mma):
     assert dict(program.stats) == before
 
 
-def test_ptx_matches_emulation(ctx, rng, mma, tuning_rules):
+@pytest.mark.parametrize("extra", [{}, {"m_tiles": 2}])
+def test_ptx_matches_emulation(ctx, rng, mma, tuning_rules, extra):
     """On a GPU with mma.sync: the PTX kernels against the emulated ones (the same fragments),
-    to the last bits but for the hardware's own order of the 8 products of an mma."""
+    to the last bits but for the hardware's own order of the 8 products of an mma; with one
+    and two row tiles per forward warp."""
     if not real_mma(ctx):
         pytest.skip("the device has no mma.sync")
     q, k, v = (dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 70, 64)), requires_grad=True)
@@ -210,7 +212,8 @@ def test_ptx_matches_emulation(ctx, rng, mma, tuning_rules):
     g = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 70, 64)))
     results = []
     for emulate in (0, 1):
-        tuning_rules("attention", [{"when": {}, "params": dict(SMALL, emulate=emulate)}])
+        tuning_rules("attention", [{"when": {}, "params": dict(SMALL, emulate=emulate,
+                                                                **extra)}])
         for t in (q, k, v):
             t.grad = None
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -272,4 +275,121 @@ def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
         F.scaled_dot_product_attention(q, q, q)
     tuning_rules("attention", [{"when": {}, "params": dict(SMALL, round="rz", emulate=1)}])
     with pytest.raises(UnsupportedError, match="round must be"):
+        F.scaled_dot_product_attention(q, q, q)
+
+
+def _two_tiles(ctx, **extra):
+    """The rule of the m_tiles 2 tests: two m16 tiles of query rows per forward warp (SMALL's
+    blocks emulated: 2 warps, 64 rows per group), with ``extra``."""
+    if real_mma(ctx):
+        return dict({"solver": "mma", "m_tiles": 2}, **extra)
+    return dict(SMALL, m_tiles=2, **extra)
+
+
+@pytest.mark.parametrize("qs, ks, vs, kw", [
+    # Two groups of 64 rows, the second's last warp with rows in neither tile past row 69;
+    # 45 keys (three steps of 16, the last partial).
+    ((2, 3, 70, 16), (2, 3, 45, 16), (2, 3, 45, 16), {}),
+    ((2, 3, 70, 16), (2, 3, 45, 16), (2, 3, 45, 16), {"is_causal": True}),
+    ((1, 2, 45, 16), (1, 2, 29, 16), (1, 2, 29, 16), {"is_causal": True}),     # L > S
+    ((1, 2, 29, 16), (1, 2, 83, 16), (1, 2, 83, 16), {"is_causal": True}),     # L < S
+    ((2, 6, 20, 16), (2, 2, 33, 16), (2, 3, 33, 16), {"enable_gqa": True, "scale": 0.3}),
+    ((19, 12), (23, 12), (23, 7), {"scale": 1.7}),                          # 2-d, E % 8 != 0
+    ((1, 2, 75, 64), (1, 2, 35, 64), (1, 2, 35, 64), {"is_causal": True}),  # head dim 64
+])
+def test_two_row_tiles(ctx, rng, mma, tuning_rules, qs, ks, vs, kw):
+    """m_tiles 2: each forward warp owns two m16 tiles of query rows (rows g, g + 8 of each),
+    every B fragment of k and v read and split once for both; q split at each step."""
+    tuning_rules("attention", [{"when": {}, "params": _two_tiles(ctx)}])
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, qs, ks, vs, **kw)
+    assert built and all(p["m_tiles"] == 2 and not p["q_split"] for _, p in built)
+
+
+def test_two_row_tiles_masks(ctx, rng, mma, tuning_rules):
+    """m_tiles 2 with a broadcast bool mask (a row with no key, in a warp's second tile), then
+    a float mask with rows of no key in either tile."""
+    tuning_rules("attention", [{"when": {}, "params": _two_tiles(ctx)}])
+    mask = rng.uniform(0, 1, (2, 1, 70, 45)) > 0.3
+    mask[0, 0, 19] = False          # warp 0's second tile, row g = 3
+    mask[1, 0, 66] = False          # the second group
+    out = _check(ctx, rng, (2, 3, 70, 16), (2, 3, 45, 16), (2, 3, 45, 16), mask=mask)
+    assert np.all(out.numpy()[0, :, 19] == 0) and np.all(out.numpy()[1, :, 66] == 0)
+    fmask = random(rng, (70, 45), -2.0, 2.0)
+    fmask[4] = -np.inf
+    fmask[27] = -np.inf
+    out = _check(ctx, rng, (1, 3, 70, 16), (1, 3, 45, 16), (1, 3, 45, 12), mask=fmask)
+    assert np.all(out.numpy()[:, :, [4, 27]] == 0)
+
+
+def test_two_row_tiles_dropout(ctx, rng, mma, tuning_rules):
+    """m_tiles 2 with dropout against the host's keep-mask: each tile's rows draw their own
+    elements of the (B, L, S) weights; causal, L and S not multiples of the blocks."""
+    tuning_rules("attention", [{"when": {}, "params": _two_tiles(ctx)}])
+    p, seed, stream = 0.25, 99, 3
+    shape_q, shape_k = (2, 2, 70, 16), (2, 2, 53, 16)
+    q, k, v = random(rng, shape_q), random(rng, shape_k), random(rng, shape_k)
+    g = random(rng, shape_q)
+    keep = A.attention_dropout_mask((2, 2), 70, 53, p, seed, stream)
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
+    causal = torch.ones(70, 53, dtype=torch.bool).tril()
+    scores = (tq @ tk.transpose(-1, -2) / 4.0).masked_fill(~causal, -np.inf)
+    ref = torch.softmax(scores, dim=-1) * torch.tensor(keep) / (1 - p) @ tv
+    ref.backward(torch.tensor(g, dtype=torch.float64))
+    ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in (q, k, v)]
+    built, spy = _plans()
+    with spy:
+        out = F.scaled_dot_product_attention(*ours, is_causal=True, dropout_p=p, seed=seed,
+                                             stream=stream)
+    assert built[-1][1]["m_tiles"] == 2
+    assert_close(out.numpy(), ref.detach().numpy(), tol=TOL)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    for t, r in zip(ours, (tq, tk, tv)):
+        assert_close(t.grad.numpy(), r.grad.numpy(), tol=TOL)
+
+
+@pytest.mark.parametrize("extra", [
+    {"q_split": True},               # both tiles' q kept split for the whole walk
+    {"stages": 2},                   # the tiles' next step copied while this one computes
+    {"presplit": True},              # k and v split once when staged, read as parts
+    {"warps": 1},                    # a group of one warp (32 rows)
+    {"q_frags": False},              # q's fragments read again at each step
+])
+def test_two_row_tiles_with(ctx, rng, mma, tuning_rules, extra):
+    """m_tiles 2 with the forward's other variants, causal with L and S not multiples of
+    the blocks, head dims 20 and 13 (neither a multiple of 8)."""
+    tuning_rules("attention", [{"when": {}, "params": _two_tiles(ctx, **extra)}])
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, (2, 2, 70, 20), (2, 2, 45, 20), (2, 2, 45, 13), is_causal=True)
+    params = built[-1][1]
+    assert params["m_tiles"] == 2
+    assert all(params[key] == value for key, value in extra.items())
+
+
+def test_q_read_each_step(ctx, rng, mma, tuning_rules):
+    """q_frags false with one row tile per warp: q's fragments not kept, read and split at
+    each step; a float mask and GQA."""
+    params = dict(SMALL, q_frags=False) if not real_mma(ctx) else \
+        {"solver": "mma", "q_frags": False}
+    tuning_rules("attention", [{"when": {}, "params": params}])
+    mask = random(rng, (37, 45), -2.0, 2.0)
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, (2, 4, 37, 24), (2, 2, 45, 24), (2, 2, 45, 16), mask=mask,
+               enable_gqa=True)
+    params = built[-1][1]
+    assert params["m_tiles"] == 1 and not params["q_frags"] and not params["q_split"]
+
+
+def test_bad_row_tiles(ctx, rng, mma, tuning_rules):
+    q = dp.Tensor.from_numpy(ctx, random(rng, (1, 2, 9, 16)))
+    for bad in (3, 0, True, 2.0, "2"):
+        tuning_rules("attention", [{"when": {}, "params": dict(SMALL, m_tiles=bad, emulate=1)}])
+        with pytest.raises(UnsupportedError, match="m_tiles must be 1 or 2"):
+            F.scaled_dot_product_attention(q, q, q)
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, q_frags=False, q_split=True,
+                                                            emulate=1)}])
+    with pytest.raises(UnsupportedError, match="q_split .* needs q_frags"):
         F.scaled_dot_product_attention(q, q, q)

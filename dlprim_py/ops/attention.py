@@ -107,8 +107,10 @@ MMA_MAX_HEAD_DIM = 128
 
 # The mma solver's tuning values where no rule gives them: forward groups of 4 warps (64 query
 # rows) by 64 keys per step; dK/dV groups of 4 warps (64 keys) by 32 query rows per step; dQ
-# groups of 4 warps (64 rows) by 32 keys per step; one buffer of tiles (``stages`` 1).
-# ``q_split`` and ``frags`` (the kernel's header) default to head dims up to 64.
+# groups of 4 warps (64 rows) by 32 keys per step; one buffer of tiles (``stages`` 1); a
+# forward warp owns one m16 tile of query rows (``m_tiles`` 1; 2 shares each k / v fragment
+# between two); q's fragments in registers (``q_frags``). ``q_split`` and ``frags`` (the
+# kernel's header) default to head dims up to 64 (``q_split`` with one row tile per warp).
 DEFAULT_MMA = {"warps": 4, "block_n": 64, "kv_warps": 4, "q_step": 32, "q_warps": 4,
                "k_step": 32}
 
@@ -385,24 +387,39 @@ class AttentionPlan:
         if presplit and stages != 1:
             raise UnsupportedError("attention mma solver: presplit tiles are staged through "
                                    "registers: stages must be 1")
+        m_tiles = tuned.get("m_tiles", 1)
+        if isinstance(m_tiles, bool) or not isinstance(m_tiles, (int, np.integer)) \
+                or m_tiles not in (1, 2):
+            raise UnsupportedError(f"attention mma solver: m_tiles must be 1 or 2, got "
+                                   f"{m_tiles!r}")
+        m_tiles = int(m_tiles)
         fw, fn = _fit_mma(ctx, problem, "forward", tuned["warps"], tuned["block_n"], emulate,
                           2 if presplit else stages)
         kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate, stages)
         qw, qs = _fit_mma(ctx, problem, "q", tuned["q_warps"], tuned["k_step"], emulate, stages)
         # Registers: at head dims up to 64 the warps' own fragments stay in them (q split in
-        # the forward); past 64 they would crowd out the accumulators.
+        # the forward); past 64 they would crowd out the accumulators. Two row tiles per warp
+        # (m_tiles 2) already double q's fragments, the accumulators and the scores: q is split
+        # at each step unless a rule asks otherwise.
+        # ``q_frags`` false: q's fragments not kept at all, read again at each step.
         small = max(problem.dk, problem.dv) <= 64
-        self.params = dict(dk=problem.dk, dv=problem.dv, warps=fw, block_n=fn, kv_warps=kw,
-                           q_step=ks, q_warps=qw, k_step=qs, mask=problem.mask,
+        q_frags = bool(tuned.get("q_frags", True))
+        q_split = bool(tuned.get("q_split", small and m_tiles == 1 and q_frags))
+        if q_split and not q_frags:
+            raise UnsupportedError("attention mma solver: q_split keeps q's fragments split in "
+                                   "registers: it needs q_frags")
+        self.params = dict(dk=problem.dk, dv=problem.dv, warps=fw, block_n=fn, m_tiles=m_tiles,
+                           kv_warps=kw, q_step=ks, q_warps=qw, k_step=qs, mask=problem.mask,
                            dropout=problem.dropout, index_t=index_t, emulate=emulate,
-                           stages=stages, round=rounding, presplit=presplit, q_split=bool(tuned.get("q_split", small)),
-                           frags=bool(tuned.get("frags", small)))
+                           stages=stages, round=rounding, presplit=presplit, q_frags=q_frags,
+                           q_split=q_split, frags=bool(tuned.get("frags", small)))
         built = program.build(ctx, "attention_mma", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_mma_forward", fresh=True))
         self.delta_kernel = BoundKernel(built.kernel("attention_delta", fresh=True))
         self.kv_kernel = BoundKernel(built.kernel("attention_mma_backward_kv", fresh=True))
         self.q_kernel = BoundKernel(built.kernel("attention_mma_backward_q", fresh=True))
-        self.forward_size = ((math.ceil(L / (16 * fw)) * 32 * fw, batches), (32 * fw, 1))
+        self.forward_size = ((math.ceil(L / (16 * m_tiles * fw)) * 32 * fw, batches),
+                             (32 * fw, 1))
         self.keys_size = ((math.ceil(S / (16 * kw)) * 32 * kw, batches), (32 * kw, 1))
         self.q_size = ((math.ceil(L / (16 * qw)) * 32 * qw, batches), (32 * qw, 1))
 
