@@ -70,8 +70,8 @@
 ##                either S == 1 (layer norm: four consecutive weights, whose offset, plus the
 ##                row's group times Cg, is a multiple of 4) or S a multiple of 4 (one weight
 ##                for the four elements)
-##   row_per      optional, part "rows4": float4s of a row per work item (rows of up to
-##                4 * row_per * group_size elements)
+##   row_per      optional, part "rows4": 4-vectors of a row per work item (rows of up to
+##                4 * row_per * group_size elements), of dtype (float or 16-bit) and wdtype
 <%
     dtype = context.get("dtype", "float")
     wdtype = context.get("wdtype", "float")
@@ -602,32 +602,39 @@ __kernel void channel_apply_batch_grad(int rows, int C, int SV, int N, int S, in
 }
 
 % elif part == "rows4":
-// ---- layer norm on float32 rows of D = 4 * D4 elements (the "rows4" solver) ----
-// A work group of GROUP_SIZE items per row, each holding its ROW_PER float4s of the row (and of
-// dy) in registers: the row is read once, where row_norm_forward reads it twice, and a
-// group sized to the row (64 items for 768 elements) needs fewer reduction steps. Rows,
-// offsets and the weight and bias start on 16-byte boundaries (the host checks); the weight
-// and bias are per element (layer norm's).
+<%
+    def st4(ty, p, v):
+        if ty == "float":
+            return f"*(__global float4 *)({p}) = {v}"
+        return f"store4_{ty}({p}, {v})"
+%>\
+// ---- layer norm on rows of D = 4 * D4 elements (the "rows4" solver) ----
+// A work group of GROUP_SIZE items per row, each holding its ROW_PER 4-vectors of the row (and
+// of dy) in registers as float4: the row is read once, where row_norm_forward reads it twice,
+// and a group sized to the row (64 items for 768 elements) needs fewer reduction steps. Rows,
+// offsets (in elements) and the weight and bias start on 4-element boundaries (the host
+// checks); the weight and bias are per element (layer norm's). Storage: dtype (float32 or
+// 16-bit, converted to float on load and rounded once on store), the weight's wdtype.
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 void row_norm_forward4(int D4, float eps
-    , __global const float4* restrict x, long x_off4
-    , __global const float4* restrict weight, long weight_off4
-    , __global const float4* restrict bias, long bias_off4
-    , __global float4* restrict y, long y_off4
+    , __global const ${xs}* restrict x, long x_off
+    , __global const ${ws}* restrict weight, long weight_off
+    , __global const ${ws}* restrict bias, long bias_off
+    , __global ${xs}* restrict y, long y_off
     , __global float* restrict save_mean, __global float* restrict save_rstd)
 {
     __local float2 scratch[GROUP_SIZE];
     const int lid = get_local_id(0);
     const int row = get_group_id(0);
-    __global const float4* src = x + x_off4 + (long)row * D4;
-    __global float4* dst = y + y_off4 + (long)row * D4;
-    const float shift = stats_shift(src[0].x);
+    __global const ${xs}* src = x + x_off + (long)row * 4 * D4;
+    __global ${xs}* dst = y + y_off + (long)row * 4 * D4;
+    const float shift = stats_shift(${ld(dtype, "src", "0")});
     float4 v[${row_per}];
     float2 acc = (float2)(0.0f, 0.0f);
 % for i in range(row_per):
     if (lid + ${i * group_size} < D4) {
-        v[${i}] = src[lid + ${i * group_size}];
+        v[${i}] = ${ld4(dtype, f"src + 4 * (lid + {i * group_size})")};
         const float4 c = v[${i}] - shift;
         acc += (float2)(c.x + c.y + c.z + c.w, dot(c, c));
     }
@@ -643,13 +650,13 @@ void row_norm_forward4(int D4, float eps
     }
 % for i in range(row_per):
     if (lid + ${i * group_size} < D4) {
-        const int d = lid + ${i * group_size};
+        const int d = 4 * (lid + ${i * group_size});
         float4 value = (v[${i}] - mean) * rstd;
         if (weight)
-            value *= weight[weight_off4 + d];
+            value *= ${ld4(wdtype, "weight + weight_off + d")};
         if (bias)
-            value += bias[bias_off4 + d];
-        dst[d] = value;
+            value += ${ld4(wdtype, "bias + bias_off + d")};
+        ${st4(dtype, "dst + d", "value")};
     }
 % endfor
 }
@@ -658,37 +665,38 @@ void row_norm_forward4(int D4, float eps
 // as row_norm_backward, with g and xhat kept in registers between the sums and the store.
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 void row_norm_backward4(int D4
-    , __global const float4* restrict x, long x_off4
-    , __global const float4* restrict dy, long dy_off4
-    , __global const float4* restrict weight, long weight_off4
+    , __global const ${xs}* restrict x, long x_off
+    , __global const ${xs}* restrict dy, long dy_off
+    , __global const ${ws}* restrict weight, long weight_off
     , __global const float* restrict save_mean, __global const float* restrict save_rstd
-    , __global float4* restrict dx, long dx_off4)
+    , __global ${xs}* restrict dx, long dx_off)
 {
     __local float2 scratch[GROUP_SIZE];
     const int lid = get_local_id(0);
     const int row = get_group_id(0);
-    const long base = (long)row * D4;
+    const long base = (long)row * 4 * D4;
     const float mean = save_mean[row], rstd = save_rstd[row];
     float4 g[${row_per}], xhat[${row_per}];
     float2 acc = (float2)(0.0f, 0.0f);
 % for i in range(row_per):
     if (lid + ${i * group_size} < D4) {
-        const int d = lid + ${i * group_size};
-        g[${i}] = dy[dy_off4 + base + d];
+        const int d = 4 * (lid + ${i * group_size});
+        g[${i}] = ${ld4(dtype, "dy + dy_off + base + d")};
         if (weight)
-            g[${i}] *= weight[weight_off4 + d];
-        xhat[${i}] = (x[x_off4 + base + d] - mean) * rstd;
+            g[${i}] *= ${ld4(wdtype, "weight + weight_off + d")};
+        xhat[${i}] = (${ld4(dtype, "x + x_off + base + d")} - mean) * rstd;
         acc += (float2)(g[${i}].x + g[${i}].y + g[${i}].z + g[${i}].w, dot(g[${i}], xhat[${i}]));
     }
 % endfor
     const float2 total = group_sum2(acc, scratch);
     const float mean_g = total.x / (4 * D4), mean_gx = total.y / (4 * D4);
 % for i in range(row_per):
-    if (lid + ${i * group_size} < D4)
-        dx[dx_off4 + base + lid + ${i * group_size}] = rstd * (g[${i}] - mean_g - xhat[${i}] * mean_gx);
+    if (lid + ${i * group_size} < D4) {
+        const float4 value = rstd * (g[${i}] - mean_g - xhat[${i}] * mean_gx);
+        ${st4(dtype, f"dx + dx_off + base + 4 * (lid + {i * group_size})", "value")};
+    }
 % endfor
 }
-
 % else:
 // coef[c*5 + k] of channel_apply: y = (x - mean) * (gamma * invstd) + beta.
 __kernel void channel_finalize_stats(int N, int C, int S, int chunks, float eps, float momentum

@@ -542,15 +542,21 @@ ROW_VECTOR_CASES = [("layer_norm", (3, 64), 0, 0, 0, 4, 4),
                     ("group_norm", (2, 4, 4), 0, 0, 2, 4, 1)]       # rows of 2 vectors
 
 
+@pytest.mark.parametrize("algo", ["rows", None], ids=["rows", "ruled"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("affine", ["same", "float32", "none"])
 @pytest.mark.parametrize("name,shape,x_off,w_off,g_off,vector,backward_vector", ROW_VECTOR_CASES,
                          ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}-{c[4]}" for c in ROW_VECTOR_CASES])
-def test_row_norm_vector_paths(ctx, rng, dtype, affine, name, shape, x_off, w_off, g_off,
-                               vector, backward_vector):
+def test_row_norm_vector_paths(ctx, rng, monkeypatch, algo, dtype, affine, name, shape, x_off,
+                               w_off, g_off, vector, backward_vector):
     """The 16-bit row kernels' four-element accesses and their scalar fallbacks (rows, views
-    and weight layouts that take each), forward and every gradient against float64."""
+    and weight layouts that take each), forward and every gradient against float64: the
+    "rows" kernels forced, and as ruled (aligned layer norm then runs "rows4", its rows in
+    registers; a misaligned gradient its backward through the rows kernels)."""
     from dlprim_py.ops import norm
+    if algo:
+        monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", algo)
+        dp.config.reload()
     layer = name == "layer_norm"
     channels = shape[-1] if layer else shape[1]
     G = 1 if layer else 2
@@ -763,3 +769,36 @@ def test_norm_refusals(ctx):
     with pytest.raises(dp.DTypeError, match="one dtype"):
         F.group_norm(h, 3, dp.Tensor.from_numpy(ctx, np.ones(3, np.float32), dtype=dp.float16),
                      dp.Tensor.from_numpy(ctx, np.ones(3, np.float32)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("affine", ["same", "float32", "none"])
+@pytest.mark.parametrize("shape", [(3, 64), (5, 768), (2, 3, 1028), (4, 12)])
+def test_layer_norm_rows4(ctx, rng, monkeypatch, dtype, affine, shape):
+    """layer_norm of 16-bit inputs with "rows4" forced (rows held in registers as float4, one
+    rounding on store): forward and every gradient against float64, outputs poisoned."""
+    from dlprim_py.ops import norm
+    monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", "rows4")
+    dp.config.reload()
+    D = shape[-1]
+    assert norm.row_algorithm(ctx, int(np.prod(shape)) // D, D, False, True).name == "rows4"
+    wdt = dtype if affine == "same" else dp.float32
+    x = t16(ctx, rng.uniform(-2, 3, shape), dtype, True)
+    if affine == "none":
+        w = b = (None, None)
+    else:
+        w = t16(ctx, rng.uniform(0.5, 1.5, (D,)), wdt, True)
+        b = t16(ctx, rng.uniform(-1, 1, (D,)), wdt, True)
+    ours, theirs = _norm_case("layer_norm", x, w, b)
+    poison(ctx, 4 * x[0].size + 64)
+    out = ours()
+    ref = theirs()
+    assert out.dtype == dtype
+    check_normwise(out, ref, dtype, 2)
+    poison(ctx, 4 * x[0].size + 64)
+    backward_both(ctx, out, ref, dtype, rng)
+    check_normwise(x[0].grad, x[1].grad, dtype, 4)
+    if affine != "none":
+        for t in (w, b):
+            assert t[0].grad.dtype == wdt
+            check_normwise(t[0].grad, t[1].grad, wdt, 2, tol_dtype=dtype)

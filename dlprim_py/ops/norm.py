@@ -845,8 +845,8 @@ ROW_ALGORITHMS = ("rows", "rows4", "split")
 class RowNormProblem:
     """Statistics of ``rows`` rows of ``d`` elements; ``splittable``: group norm's (N, C, ...)
     input, which "split" takes; ``units``: the device's compute units, which the rules compare
-    the rows with (``rows_per_unit``); ``vector4``: float32 layer norm whose rows, input offset
-    and weight and bias offsets are multiples of 4 elements, which "rows4" takes."""
+    the rows with (``rows_per_unit``); ``vector4``: layer norm whose rows, input offset and
+    weight and bias offsets are multiples of 4 elements, which "rows4" takes."""
     rows: int
     d: int
     splittable: bool
@@ -907,18 +907,23 @@ def rows4_group(ctx, D):
 
 
 class _Rows4:
-    """row_norm_forward4 / row_norm_backward4 (float32 layer norm, rows of a multiple of 4
-    elements on 16-byte boundaries): a work group sized to the row, each item's float4s kept in
-    registers. A backward whose gradient or output is not on a 16-byte boundary runs the
-    "rows" kernels."""
+    """row_norm_forward4 / row_norm_backward4 (layer norm, rows of a multiple of 4 elements on
+    4-element boundaries; float32 or 16-bit ``dtype`` data with ``wdtype`` weights): a work
+    group sized to the row, each item's 4-vectors kept in registers. A backward whose gradient
+    is not on a 4-element boundary runs the "rows" kernels."""
 
-    def __init__(self, ctx, D):
+    def __init__(self, ctx, D, dtype=float32, wdtype=float32):
+        from .pointwise import template_type
         self.ctx = ctx
+        self.dtype, self.wdtype = dtype, wdtype
         self.group = rows4_group(ctx, D)
         per = -(-D // (4 * self.group))
-        prog = program.build(ctx, "norm", dict(part="rows4", group_size=self.group, mode="stats",
-                                               activation="v_act", vector=4, derivative="",
-                                               row_per=per))
+        params = dict(part="rows4", group_size=self.group, mode="stats", activation="v_act",
+                      vector=4, derivative="", row_per=per)
+        if dtype != float32:
+            params.update(dtype=template_type(dtype),
+                          wdtype="float" if wdtype == float32 else template_type(wdtype))
+        prog = program.build(ctx, "norm", params)
         self.forward_kernel = bind(prog.kernel("row_norm_forward4"))
         self.backward_kernel = bind(prog.kernel("row_norm_backward4"))
         self.fallback = None
@@ -926,26 +931,21 @@ class _Rows4:
     def forward(self, x, y, rows, D, G, Cg, S, weight, bias, eps, save_mean, save_rstd):
         self.forward_kernel(
             self.ctx.queue, (self.group * rows,), (self.group,), np.int32(D // 4),
-            np.float32(eps), x.buffer, np.int64(x.offset_elements // 4), *_buf4(weight),
-            *_buf4(bias), y.buffer, np.int64(y.offset_elements // 4), save_mean.buffer,
-            save_rstd.buffer)
+            np.float32(eps), x.buffer, np.int64(x.offset_elements), *_buf(weight), *_buf(bias),
+            y.buffer, np.int64(y.offset_elements), save_mean.buffer, save_rstd.buffer)
 
     def backward(self, x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd):
         if g.offset_elements % 4 or dx.offset_elements % 4:
             if self.fallback is None:
-                self.fallback = _Rows(self.ctx)
+                self.fallback = _Rows(self.ctx) if self.dtype == float32 else \
+                    _Rows(self.ctx, self.dtype, self.wdtype)
             self.fallback.backward(x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd)
             return
         self.backward_kernel(
             self.ctx.queue, (self.group * rows,), (self.group,), np.int32(D // 4),
-            x.buffer, np.int64(x.offset_elements // 4), g.buffer, np.int64(g.offset_elements // 4),
-            *_buf4(weight), save_mean.buffer, save_rstd.buffer, dx.buffer,
-            np.int64(dx.offset_elements // 4))
-
-
-def _buf4(t):
-    """(buffer, offset in float4s) of an optional tensor on a 16-byte boundary."""
-    return (None, np.int64(0)) if t is None else (t.buffer, np.int64(t.offset_elements // 4))
+            x.buffer, np.int64(x.offset_elements), g.buffer, np.int64(g.offset_elements),
+            *_buf(weight), save_mean.buffer, save_rstd.buffer, dx.buffer,
+            np.int64(dx.offset_elements))
 
 
 class _Split:
@@ -966,8 +966,8 @@ class RowsSolver(solver.Solver):
 
 
 class Rows4Solver(solver.Solver):
-    """Float32 layer norm on float4s: a work group sized to the row (``rows4_group``), the row
-    read once into registers."""
+    """Layer norm on 4-vectors (float32 or 16-bit storage): a work group sized to the row
+    (``rows4_group``), the row read once into registers."""
     name = "rows4"
 
     def applies(self, ctx, problem):
@@ -1050,6 +1050,13 @@ def _split_backward(x, g, dx, rows, D, weight, save_mean, save_rstd):
     _apply(ctx, 1, rows, D, coef, g, x, dx, scalar_loads=sums.scalar_loads)
 
 
+def _vector4(D, G, S, x, weight, bias):
+    """Whether "rows4" takes the rows: layer norm's layout (one group, a weight per element),
+    rows of a multiple of 4 and x, weight and bias at offsets that are multiples of 4."""
+    return G == 1 and S == 1 and D % 4 == 0 and all(
+        t is None or t.offset_elements % 4 == 0 for t in (x, weight, bias))
+
+
 def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittable=False):
     """Normalize ``rows`` rows of D elements; the affine weight of element d of row r is
     w[(r % G) * Cg + d // S]. ``grad_view`` = (N, C, S) for the weight gradients.
@@ -1070,10 +1077,17 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
             key = ("rownorm.prepared16", dtype, wdtype, width)
             return ctx.plans.get(key) or ctx.plans.put(key, _Rows(ctx, dtype, wdtype, width))
 
-        rows_solver = rows16(x, y) if rows and D else None
+        rows_solver = None
+        if rows and D:
+            if _vector4(D, G, S, x, weight, bias) and \
+                    row_algorithm(ctx, rows, D, splittable, True).name == "rows4":
+                key = ("rownorm.prepared16_rows4", dtype, wdtype, D)
+                rows_solver = ctx.plans.get(key) or ctx.plans.put(
+                    key, _Rows4(ctx, D, dtype, wdtype))
+            else:
+                rows_solver = rows16(x, y)
     else:
-        vector4 = G == 1 and S == 1 and D % 4 == 0 and all(
-            t is None or t.offset_elements % 4 == 0 for t in (x, weight, bias))
+        vector4 = _vector4(D, G, S, x, weight, bias)
         rows_solver = _prepared_rows(ctx, rows, D, splittable, vector4) if rows and D else None
     if rows_solver is not None:
         rows_solver.forward(x, y, rows, D, G, Cg, S, weight, bias, eps, save_mean, save_rstd)
@@ -1084,7 +1098,8 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
             g = convert(g, dtype)     # the kernels read the gradient as the input's type
         dx = Tensor.empty(ctx, x.shape, dtype)
         if rows_solver is not None:
-            solver_ = rows16(x, g, dx) if storage16 else rows_solver
+            solver_ = rows16(x, g, dx) if storage16 and not isinstance(rows_solver, _Rows4) \
+                else rows_solver
             solver_.backward(x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd)
         if storage16:
             return (dx,) + _affine_grads16(x, g, weight, bias, grad_view, G, Cg, save_mean,
