@@ -802,3 +802,48 @@ def test_layer_norm_rows4(ctx, rng, monkeypatch, dtype, affine, shape):
         for t in (w, b):
             assert t[0].grad.dtype == wdt
             check_normwise(t[0].grad, t[1].grad, wdt, 2, tol_dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_where_masked_fill_and_tests_on_16bit(ctx, rng, dtype):
+    """where, masked_fill and the non-finite tests on 16-bit storage, on any device (values
+    loaded into float and stored back exactly, a number rounded once as torch converts it):
+    results in the tensor's type against torch's, the gradients through where."""
+    tdt = torch.float16 if dtype == dp.float16 else torch.bfloat16
+    a = rng.uniform(-3, 3, (4, 5)).astype(np.float32)
+    a[0, 0], a[1, 2], a[2, 3] = np.nan, np.inf, -np.inf
+    b = rng.uniform(-3, 3, (5,)).astype(np.float32)
+    cond = rng.random((4, 5)) > 0.5
+    A = dp.Tensor.from_numpy(ctx, a, dtype=dtype)
+    B = dp.Tensor.from_numpy(ctx, b, dtype=dtype)
+    C = dp.Tensor.from_numpy(ctx, cond)
+    ta, tb = torch.tensor(a).to(tdt), torch.tensor(b).to(tdt)
+    tc = torch.tensor(cond)
+
+    def same(ours, ref):
+        assert ours.dtype == dtype
+        np.testing.assert_array_equal(values(ours), ref.double().numpy())
+
+    same(F.where(C, A, B), torch.where(tc, ta, tb))
+    same(F.where(C, A, 0.1), torch.where(tc, ta, torch.tensor(0.1, dtype=tdt)))
+    same(F.masked_fill(A, C, -0.3), ta.masked_fill(tc, -0.3))
+    same(F.masked_fill(A, C, float("-inf")), ta.masked_fill(tc, float("-inf")))
+    for name in ("isnan", "isinf", "isposinf", "isneginf", "isfinite"):
+        np.testing.assert_array_equal(getattr(F, name)(A).numpy(),
+                                      getattr(torch, name)(ta).numpy())
+    # Gradients: the chosen elements', summed over the broadcast dimension for b.
+    x = dp.Tensor.from_numpy(ctx, np.nan_to_num(a), dtype=dtype, requires_grad=True)
+    y = dp.Tensor.from_numpy(ctx, b, dtype=dtype, requires_grad=True)
+    g = rng.uniform(-1, 1, (4, 5)).astype(np.float32)
+    F.where(C, x, y).backward(dp.Tensor.from_numpy(ctx, g, dtype=dtype))
+    tx = torch.tensor(np.nan_to_num(a), dtype=torch.float64, requires_grad=True)
+    ty = torch.tensor(b, dtype=torch.float64, requires_grad=True)
+    torch.where(tc, tx, ty).backward(torch.tensor(g).to(tdt).double())
+    assert x.grad.dtype == dtype and y.grad.dtype == dtype
+    np.testing.assert_array_equal(values(x.grad), tx.grad.to(tdt).double().numpy())
+    # y's: a float32 sum over the broadcast rows of 16-bit values, rounded once.
+    np.testing.assert_allclose(values(y.grad), ty.grad.numpy(), rtol=2 * ulp(dtype), atol=1e-6)
+    # float16 with bfloat16: float32, as torch promotes them.
+    other = dp.bfloat16 if dtype == dp.float16 else dp.float16
+    mixed = F.where(C, A, dp.Tensor.from_numpy(ctx, b, dtype=other))
+    assert mixed.dtype == dp.float32

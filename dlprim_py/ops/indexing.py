@@ -33,7 +33,7 @@ from ..launch import bind, run_planned_on, unrecorded
 from ..tensor import Tensor, _checked
 from . import masks, reduce, tensor_ops
 from .arithmetic import reduce_to_shape
-from .pointwise import PointwiseKernel, broadcast_shapes, launch_size
+from .pointwise import PointwiseKernel, broadcast_shapes, compute_dtype, launch_size, template_type
 
 _INT32_LIMIT = 2 ** 31 - 1
 _SCALAR_TYPES = {float32: np.float32, float16: np.float16, int32: np.int32, int64: np.int64,
@@ -587,13 +587,17 @@ def _memo(key, factory):
 
 def _where_kernel(a, b, out):
     """y = c ? a : b for operands of dtype ``a`` / ``b`` (None: a number, passed as ``out``'s
-    scalar type)."""
+    scalar type). 16-bit operands are loaded into float and stored back, exactly (a value
+    chosen is one of them, or a number rounded once on the store, as torch converts it): no
+    cl_khr_fp16 needed."""
     def make():
         inputs = [("c", bool_)] + [(n, t) for n, t in (("a", a), ("b", b)) if t is not None]
-        scalars = [(n, _SCALAR_TYPES[out]) for n, t in (("a", a), ("b", b)) if t is None]
-        o = cl_name(out)
-        return PointwiseKernel(f"where_{masks._tag(a)}_{masks._tag(b)}_{o}", inputs,
-                               [("y", out)], f"y = c ? ({o})a : ({o})b;", scalars=scalars)
+        scalars = [(n, _SCALAR_TYPES[compute_dtype(out)]) for n, t in (("a", a), ("b", b))
+                   if t is None]
+        o = cl_name(compute_dtype(out))
+        return PointwiseKernel(f"where_{masks._tag(a)}_{masks._tag(b)}_{template_type(out)}",
+                               inputs, [("y", out)], f"y = c ? ({o})a : ({o})b;",
+                               scalars=scalars)
     return _memo(("where", a, b, out), make)
 
 
@@ -636,7 +640,6 @@ def where(condition, input=None, other=None):
     dtype = _result_dtype("where", input, other)
     tensors = [condition] + [x for x in (input, other) if isinstance(x, Tensor)]
     check_same_context(*tensors)
-    masks._check_fp16("where", tensors)
     shape = broadcast_shapes(*[t.shape for t in tensors])
     ops = []
     for x in (input, other):
@@ -644,7 +647,8 @@ def where(condition, input=None, other=None):
             ops.append(masks.cast(x, dtype) if x.dtype != dtype else x)
     kernel = _where_kernel(*[dtype if isinstance(x, Tensor) else None for x in (input, other)],
                            dtype)
-    numbers = [_SCALAR_TYPES[dtype](x) for x in (input, other) if not isinstance(x, Tensor)]
+    numbers = [_SCALAR_TYPES[compute_dtype(dtype)](x) for x in (input, other)
+               if not isinstance(x, Tensor)]
     out = Tensor.empty(condition.ctx, shape, dtype)
     kernel([condition, *ops], [out], numbers)
     grads = [x for x in (input, other) if isinstance(x, Tensor)]
@@ -689,10 +693,10 @@ def masked_fill(input, mask, value):
     if broadcast_shapes(input.shape, mask.shape) != input.shape:
         raise ShapeError(f"masked_fill: mask {mask.shape} does not broadcast to input's shape "
                          f"{input.shape}")
-    masks._check_fp16("masked_fill", [input])
     dtype = input.dtype
     out = Tensor.empty(input.ctx, input.shape, dtype)
-    _where_kernel(None, dtype, dtype)([mask, input], [out], [_SCALAR_TYPES[dtype](value)])
+    _where_kernel(None, dtype, dtype)([mask, input], [out],
+                                      [_SCALAR_TYPES[compute_dtype(dtype)](value)])
     value_grad = value_tensor is not None and autograd.needs_grad(value_tensor)
     if not (autograd.needs_grad(input) or value_grad):
         return out
@@ -719,10 +723,10 @@ _INTEGER_TESTS = "y = (test == 4);"      # integers are finite, never NaN or inf
 
 def _test(name, input):
     _tensor(input, f"{name}: input")
-    masks._check_fp16(name, [input])
     is_float = masks._KIND[input.dtype] == 2
+    # 16-bit values are tested as the floats they load into (no cl_khr_fp16 needed).
     kernel = _memo(("nonfinite_tests", input.dtype), lambda: PointwiseKernel(
-        f"nonfinite_tests_{cl_name(input.dtype)}", [("x", input.dtype)], [("y", bool_)],
+        f"nonfinite_tests_{template_type(input.dtype)}", [("x", input.dtype)], [("y", bool_)],
         _FLOAT_TESTS if is_float else _INTEGER_TESTS, scalars=[("test", int32)]))
     out = Tensor.empty(input.ctx, input.shape, bool_)
     kernel([input], [out], [scalar(np.int32, _TESTS[name])])

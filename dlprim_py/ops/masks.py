@@ -62,6 +62,8 @@ def _promote(a, b):
     ka, kb = _KIND[a], _KIND[b]
     if ka != kb:
         return a if ka > kb else b
+    if a != b and ka == 2 and a.itemsize == b.itemsize == 2:
+        return float32       # float16 with bfloat16: neither holds the other
     return a if a.itemsize >= b.itemsize else b
 
 
@@ -93,15 +95,6 @@ def _scalar_value(name, value, dtype):
         return np.float32(v)
     with np.errstate(over="ignore"):
         return np.float32(v)
-
-
-def _check_fp16(name, tensors):
-    """For the indexing operators (where, masked_fill, ...), whose kernels still compute in the
-    tensors' own type: float16 there needs cl_khr_fp16."""
-    for t in tensors:
-        if t.dtype == float16 and not t.ctx.info.has_fp16:
-            raise UnsupportedError(f"{name}: float16 needs the cl_khr_fp16 extension, which "
-                                   f"{t.ctx.info.name} lacks")
 
 
 def _rounded_to(value, dtype):
