@@ -586,17 +586,25 @@ def test_row_norm_vector_paths(ctx, rng, monkeypatch, algo, dtype, affine, name,
         assert (width, backward_width) == (4, 4 if g_off % 4 == 0 else 1)
     else:
         assert (width, backward_width) == (vector, backward_vector)
+    _check_norm(ctx, name, x, w, b, dtype, wdt,
+                lambda out, ref: (out.backward(g[0]), ref.backward(g[1])))
+
+
+def _check_norm(ctx, name, x, w, b, dtype, wdt, backward):
+    """The norm ``name`` of the 16-bit pair ``x`` with the pairs ``w`` and ``b`` ((None, None):
+    none) against float64, its outputs poisoned first: the result, then after
+    ``backward(out, ref)`` every gradient, each in its tensor's type."""
     ours, theirs = _norm_case(name, x, w, b)
     poison(ctx, 4 * x[0].size + 64)
     out = ours()
     ref = theirs()
+    assert out.dtype == dtype
     check_normwise(out, ref, dtype, 2)
     poison(ctx, 4 * x[0].size + 64)
-    out.backward(g[0])
-    ref.backward(g[1])
+    backward(out, ref)
     assert x[0].grad.dtype == dtype
     check_normwise(x[0].grad, x[1].grad, dtype, 4)
-    if affine != "none":
+    if w[0] is not None:
         for t in (w, b):
             assert t[0].grad.dtype == wdt
             check_normwise(t[0].grad, t[1].grad, wdt, 2, tol_dtype=dtype)
@@ -789,19 +797,8 @@ def test_layer_norm_rows4(ctx, rng, monkeypatch, dtype, affine, shape):
     else:
         w = t16(ctx, rng.uniform(0.5, 1.5, (D,)), wdt, True)
         b = t16(ctx, rng.uniform(-1, 1, (D,)), wdt, True)
-    ours, theirs = _norm_case("layer_norm", x, w, b)
-    poison(ctx, 4 * x[0].size + 64)
-    out = ours()
-    ref = theirs()
-    assert out.dtype == dtype
-    check_normwise(out, ref, dtype, 2)
-    poison(ctx, 4 * x[0].size + 64)
-    backward_both(ctx, out, ref, dtype, rng)
-    check_normwise(x[0].grad, x[1].grad, dtype, 4)
-    if affine != "none":
-        for t in (w, b):
-            assert t[0].grad.dtype == wdt
-            check_normwise(t[0].grad, t[1].grad, wdt, 2, tol_dtype=dtype)
+    _check_norm(ctx, "layer_norm", x, w, b, dtype, wdt,
+                lambda out, ref: backward_both(ctx, out, ref, dtype, rng))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)

@@ -189,6 +189,19 @@ def test_batch_norm_large_channel(ctx, rng):
                                                      ((2, 3, 300), (300,), True), ((5, 1), (1,), True),
                                                      ((1,), (1,), False)])
 def test_layer_norm(ctx, rng, shape, normalized, affine):
+    (dx, dw, db), (tx, tw, tb), w, grad = _layer_norm_both(ctx, rng, shape, normalized, affine)
+    # The data gradient's terms: grad * w, times 1 / sqrt(eps) for a zero variance.
+    terms = np.abs(grad * (w if affine else 1.0)).max() / np.sqrt(1e-5)
+    _close_or_zero(dx.grad.numpy(), tx.grad.numpy(), max(1.0, terms))
+    if affine:
+        _close_or_zero(dw.grad.numpy(), tw.grad.numpy())
+        assert_close(db.grad.numpy(), tb.grad.numpy())
+
+
+def _layer_norm_both(ctx, rng, shape, normalized, affine):
+    """layer_norm of random data here and in torch (float64), the outputs compared, then both
+    backwards from one random gradient: ((x, weight, bias) ours, the same torch's, the weight
+    array, the gradient array)."""
     x = random(rng, shape, -1, 2)
     w = random(rng, normalized, 0.5, 1.5) if affine else None
     b = random(rng, normalized) if affine else None
@@ -201,12 +214,7 @@ def test_layer_norm(ctx, rng, shape, normalized, affine):
     grad = random(rng, shape)
     y.backward(_d(ctx, grad))
     ref.backward(_t(grad))
-    # The data gradient's terms: grad * w, times 1 / sqrt(eps) for a zero variance.
-    terms = np.abs(grad * (w if affine else 1.0)).max() / np.sqrt(1e-5)
-    _close_or_zero(dx.grad.numpy(), tx.grad.numpy(), max(1.0, terms))
-    if affine:
-        _close_or_zero(dw.grad.numpy(), tw.grad.numpy())
-        assert_close(db.grad.numpy(), tb.grad.numpy())
+    return (dx, dw, db), (tx, tw, tb), w, grad
 
 
 @pytest.mark.parametrize("shape,normalized,affine", [
@@ -223,19 +231,8 @@ def test_layer_norm_rows4(ctx, rng, monkeypatch, shape, normalized, affine):
     dp.config.reload()
     D = int(np.prod(normalized))
     assert norm_ops.row_algorithm(ctx, int(np.prod(shape)) // D, D, False, True).name == "rows4"
-    x = random(rng, shape, -1, 2)
-    w = random(rng, normalized, 0.5, 1.5) if affine else None
-    b = random(rng, normalized) if affine else None
     F.layer_norm(_d(ctx, np.full(shape, np.nan, np.float32)), normalized)   # poison the pool
-    dx, dw, db = _d(ctx, x, True), _d(ctx, w, True), _d(ctx, b, True)
-    tx = _t(x, True)
-    tw, tb = (_t(w, True), _t(b, True)) if affine else (None, None)
-    y = F.layer_norm(dx, normalized, dw, db, eps=1e-5)
-    ref = TF.layer_norm(tx, normalized, tw, tb, eps=1e-5)
-    assert_close(y.numpy(), ref.detach().numpy())
-    grad = random(rng, shape)
-    y.backward(_d(ctx, grad))
-    ref.backward(_t(grad))
+    (dx, dw, db), (tx, tw, tb), _, _ = _layer_norm_both(ctx, rng, shape, normalized, affine)
     assert_close(dx.grad.numpy(), tx.grad.numpy())
     if affine:
         assert_close(dw.grad.numpy(), tw.grad.numpy())

@@ -639,12 +639,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     first = entry is None
     if first:
         _check_float("input", input)
-        if momentum is None:
-            raise UnsupportedError("momentum=None (cumulative average) belongs to the module's "
-                                   "batch counter; pass a float")
-        for name, value in (("momentum", momentum), ("eps", eps)):
-            if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
-                raise DTypeError(f"batch_norm: {name} must be a number, got {value!r}")
+        _check_momentum_eps(momentum, eps)
         ctx = input.ctx
         channels = _bn_view(input, "spatial")[1] if training else 0
         entry = (max(input.nbytes, 4), channels, PlanCache(4))
@@ -675,6 +670,17 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                            "batch_norm")
 
 
+def _check_momentum_eps(momentum, eps):
+    """batch_norm's momentum and eps: numbers (momentum=None, the module's cumulative average,
+    is refused)."""
+    if momentum is None:
+        raise UnsupportedError("momentum=None (cumulative average) belongs to the module's "
+                               "batch counter; pass a float")
+    for name, value in (("momentum", momentum), ("eps", eps)):
+        if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
+            raise DTypeError(f"batch_norm: {name} must be a number, got {value!r}")
+
+
 def _batch_norm16(input, running_mean, running_var, weight, bias, training, momentum, eps):
     """batch_norm of a float16 / bfloat16 input in the kernels: the 16-bit data read into
     float (four elements per access where S and the offsets allow), float32 statistics, the
@@ -698,12 +704,7 @@ def _batch_norm16(input, running_mean, running_var, weight, bias, training, mome
             and running_mean.dtype != running_var.dtype):
         return _batch_norm16_through_float32(input, running_mean, running_var, weight, bias,
                                              training, momentum, eps)
-    if momentum is None:
-        raise UnsupportedError("momentum=None (cumulative average) belongs to the module's "
-                               "batch counter; pass a float")
-    for name, value in (("momentum", momentum), ("eps", eps)):
-        if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
-            raise DTypeError(f"batch_norm: {name} must be a number, got {value!r}")
+    _check_momentum_eps(momentum, eps)
     if weight is not None and bias is not None and weight.dtype != bias.dtype:
         # One type for both in the kernels: the 16-bit one in float32 (with its gradient).
         weight, bias = (cast(t, float32) for t in (weight, bias))
