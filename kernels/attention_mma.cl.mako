@@ -32,13 +32,13 @@
 ##     once for the warp's tiles: with 2, half the local reads and conversions per mma.
 ##   attention_delta(rows, o, o_off, dout, dout_off, delta)   as attention.cl.mako's.
 ##   attention_mma_backward_kv(the arguments of attention_backward_kv)
-##     global (ceil(S / (16 * KV_WARPS)) * 32 * KV_WARPS, B): each warp owns 16 keys (k *
-##     scale2 and v as A fragments in registers), the group walks the query rows Q_STEP at a
+##     global (ceil(S / (16 * KV_TILES * KV_WARPS)) * 32 * KV_WARPS, B): each warp owns 16 *
+##     KV_TILES keys (k * scale2 and v as A fragments), the group walks the query rows Q_STEP at a
 ##     time (q, dO, lse, delta staged): S^T = K Q^T and dP^T = V dO^T by mma, P^T and dS^T on
 ##     the accumulators, dV += P^T dO and dK += dS^T Q.
 ##   attention_mma_backward_q(the arguments of attention_backward_q)
-##     global (ceil(L / (16 * Q_WARPS)) * 32 * Q_WARPS, B): each warp owns 16 query rows (q *
-##     scale2 and dO as A fragments in registers), the group walks the keys K_STEP at a time
+##     global (ceil(L / (16 * Q_TILES * Q_WARPS)) * 32 * Q_WARPS, B): each warp owns 16 *
+##     Q_TILES query rows (q * scale2 and dO as A fragments), the group walks the keys K_STEP at a time
 ##     (k, v staged): S, dP = dO V^T, dS, dQ += dS K.
 ##
 ## Template parameters:
@@ -48,8 +48,12 @@
 ##   m_tiles       forward: m16 tiles of query rows per warp (1 or 2); 2 shares every k / v
 ##                 B fragment and its split between two tiles, at twice the registers for the
 ##                 accumulators, the scores and q (q_split then doubles q's again)
-##   kv_warps, q_step        dK/dV: warps per group (16 keys each), query rows per step
-##   q_warps, k_step         dQ: warps per group (16 query rows each), keys per step
+##   kv_warps, q_step        dK/dV: warps per group (16 * kv_tiles keys each), query rows per
+##                           step
+##   q_warps, k_step         dQ: warps per group (16 * q_tiles query rows each), keys per step
+##   kv_tiles, q_tiles       dK/dV, dQ: m16 tiles of keys (query rows) per warp (1 or 2); 2
+##                 shares every staged B fragment (q and dO, k and v) and its split between two
+##                 tiles, at twice the registers for the accumulators and scores
 ##                 (block_n, q_step, k_step: multiples of 8)
 ##   q_frags       forward: q's A fragments kept in registers for the whole walk; else read
 ##                 again (through the caches) and split at each step, for two row tiles or
@@ -57,9 +61,10 @@
 ##   q_split       forward (with q_frags): q's fragments kept split (big and small parts) for
 ##                 the whole walk; else kept as floats and split at each step (half the
 ##                 registers, for large head dims)
-##   frags         backward: the A fragments of the group's own rows (k and v in dK/dV, q and
-##                 dO in dQ) kept in registers; else read again (through the caches) at each
-##                 step, for large head dims, where the accumulators take the registers
+##   frags_kv, frags_q  backward (dK/dV, dQ): the A fragments of the group's own rows (k and v
+##                 in dK/dV, q and dO in dQ) kept in registers; else read again (through the
+##                 caches) at each step, for large head dims or two tiles per warp, where the
+##                 accumulators take the registers
 ##   stages        1: each step's tiles loaded between two barriers; 2: two buffers of them, the
 ##                 next step's copied (cp.async on NVIDIA; plain copies emulated) while this
 ##                 step computes, one barrier per step
@@ -99,6 +104,8 @@
     Q_VLD = k_contiguous_ld(DVP)
     NB = block_n // 8
     MT = m_tiles
+    KT = kv_tiles
+    QT = q_tiles
     QB = q_step // 8
     KB = k_step // 8
     UNROLL = "" if emulate else "#pragma unroll"
@@ -814,9 +821,10 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
     ${scratch(32 * kv_warps)}
     ${item_ids()}
     const ${index_t} b = get_group_id(1);
-    const ${index_t} kv0 = (${index_t})get_group_id(0) * ${16 * kv_warps};
-    // The item's keys: lo (g) and hi (g + 8) of its warp's 16.
-    const ${index_t} k_lo = kv0 + warp * 16 + g;
+    const ${index_t} kv0 = (${index_t})get_group_id(0) * ${16 * KT * kv_warps};
+    // The item's keys: lo (g) and hi (g + 8) of each of its warp's KT tiles of 16 (tile mt's at
+    // k_lo + 16 mt).
+    const ${index_t} k_lo = kv0 + warp * ${16 * KT} + g;
     __global const ${index_t} *offsets = table + 4 * b;
     __global const float *qb = q + q_off + offsets[0];
     __global const float *kb = k + k_off + offsets[1];
@@ -824,101 +832,130 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
     __global const ${mask_t} *mb = mask + mask_off + offsets[3];
     __global const float *gb = dout + dout_off + (${index_t})b * L * DV;
 
-    float4 dk_acc[${KS}], dv_acc[${VS}];
+    float4 dk_acc[${KT}][${KS}], dv_acc[${KT}][${VS}];
     ${UNROLL}
-    for (int kk = 0; kk < ${KS}; ++kk) dk_acc[kk] = (float4)(0.0f);
-    ${UNROLL}
-    for (int kk = 0; kk < ${VS}; ++kk) dv_acc[kk] = (float4)(0.0f);
-% if frags:
-    // k (scaled to base-2 scores) and v of the warp's keys as A fragments, in registers.
-    float4 k_frag[${KS}], v_frag[${VS}];
-    ${UNROLL}
-    for (int kk = 0; kk < ${KS}; ++kk) {
-        const int col = 8 * kk + 2 * t;
-        k_frag[kk] = ${global_a("kb", "k_lo", "col", "S", "DK")} * scale2;
+    for (int mt = 0; mt < ${KT}; ++mt) {
+        ${UNROLL}
+        for (int kk = 0; kk < ${KS}; ++kk) dk_acc[mt][kk] = (float4)(0.0f);
+        ${UNROLL}
+        for (int kk = 0; kk < ${VS}; ++kk) dv_acc[mt][kk] = (float4)(0.0f);
     }
+% if frags_kv:
+    // k (scaled to base-2 scores) and v of the warp's keys as A fragments, in registers.
+    float4 k_frag[${KT}][${KS}], v_frag[${KT}][${VS}];
     ${UNROLL}
-    for (int kk = 0; kk < ${VS}; ++kk) {
-        const int col = 8 * kk + 2 * t;
-        v_frag[kk] = ${global_a("vb", "k_lo", "col", "S", "DV")};
+    for (int mt = 0; mt < ${KT}; ++mt) {
+        ${UNROLL}
+        for (int kk = 0; kk < ${KS}; ++kk) {
+            const int col = 8 * kk + 2 * t;
+            k_frag[mt][kk] = ${global_a("kb", "k_lo + 16 * mt", "col", "S", "DK")} * scale2;
+        }
+        ${UNROLL}
+        for (int kk = 0; kk < ${VS}; ++kk) {
+            const int col = 8 * kk + 2 * t;
+            v_frag[mt][kk] = ${global_a("vb", "k_lo + 16 * mt", "col", "S", "DV")};
+        }
     }
 % endif
     // Causal: query rows before the group's first key see none of its keys.
     const ${index_t} i_begin = causal ? kv0 : 0;
 
-<% kv_tiles = [("q", "qb", "L", dk, B_QLD, q_step), ("g", "gb", "L", dv, B_GLD, q_step)] %>
-    ${walk_prologue(kv_tiles, "i_begin", "L", 32 * kv_warps, stats=True)}
+<% kv_staged = [("q", "qb", "L", dk, B_QLD, q_step), ("g", "gb", "L", dv, B_GLD, q_step)] %>
+    ${walk_prologue(kv_staged, "i_begin", "L", 32 * kv_warps, stats=True)}
     for (${index_t} i0 = i_begin; i0 < L; i0 += ${q_step}) {
-        ${walk_step(kv_tiles, "i0", q_step, "L", 32 * kv_warps, stats=True)}
+        ${walk_step(kv_staged, "i0", q_step, "L", 32 * kv_warps, stats=True)}
 
-        // S^T = (k * scale2) Q^T and dP^T = V dO^T: 16 keys by q_step rows.
-        float4 st[${QB}], dpt[${QB}];
+        // S^T = (k * scale2) Q^T and dP^T = V dO^T: KT tiles of 16 keys by q_step rows; each
+        // B fragment of q and dO read and split once for the KT tiles.
+        float4 st[${KT}][${QB}], dpt[${KT}][${QB}];
         ${UNROLL}
-        for (int j = 0; j < ${QB}; ++j) st[j] = dpt[j] = (float4)(0.0f);
-        ${UNROLL}
-        for (int kk = 0; kk < ${KS}; ++kk) {
-% if frags:
-            const float4 a = k_frag[kk];
-% else:
-            const int col = 8 * kk + 2 * t;
-            const float4 a = ${global_a("kb", "k_lo", "col", "S", "DK")} * scale2;
-% endif
-            const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
+        for (int mt = 0; mt < ${KT}; ++mt) {
             ${UNROLL}
-            for (int j = 0; j < ${QB}; ++j)
-                MMA3_SPLIT_B(st[j], a_big, a_small, ${b_rows("q_at", B_QLD, "8 * j", "8 * kk")});
+            for (int j = 0; j < ${QB}; ++j) st[mt][j] = dpt[mt][j] = (float4)(0.0f);
         }
+<% kv_products = [("st", "k", "kb", "DK", KS, "q_at", B_QLD, " * scale2"), ("dpt", "v", "vb", "DV", VS, "g_at", B_GLD, "")] %>
+% for (acc, src, base, width, steps, tile, pitch, factor) in kv_products:
         ${UNROLL}
-        for (int kk = 0; kk < ${VS}; ++kk) {
-% if frags:
-            const float4 a = v_frag[kk];
-% else:
-            const int col = 8 * kk + 2 * t;
-            const float4 a = ${global_a("vb", "k_lo", "col", "S", "DV")};
-% endif
-            const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
+        for (int kk = 0; kk < ${steps}; ++kk) {
+            uint4 a_big[${KT}], a_small[${KT}];
             ${UNROLL}
-            for (int j = 0; j < ${QB}; ++j)
-                MMA3_SPLIT_B(dpt[j], a_big, a_small, ${b_rows("g_at", B_GLD, "8 * j", "8 * kk")});
+            for (int mt = 0; mt < ${KT}; ++mt) {
+% if frags_kv:
+                const float4 a = ${src}_frag[mt][kk];
+% else:
+                // Read again (through the caches) at each step: the registers go to the
+                // accumulators.
+                const int col = 8 * kk + 2 * t;
+                const float4 a = ${global_a(base, "k_lo + 16 * mt", "col", "S", width)}${factor};
+% endif
+                a_big[mt] = tf32_big4(a);
+                a_small[mt] = tf32_small4(a, a_big[mt]);
+            }
+            ${UNROLL}
+            for (int j = 0; j < ${QB}; ++j) {
+                const float2 bx = ${b_rows(tile, pitch, "8 * j", "8 * kk")};
+                const uint2 b_big = tf32_big2(bx), b_small = tf32_small2(bx, b_big);
+                ${UNROLL}
+                for (int mt = 0; mt < ${KT}; ++mt)
+                    ${acc}[mt][j] = mma3(${acc}[mt][j], a_big[mt], a_small[mt], b_big, b_small MMA_AT);
+            }
         }
+% endfor
         // Element (key, row) of accumulator j: x (lo, 2t), y (lo, 2t + 1), z (hi, 2t),
         // w (hi, 2t + 1), rows 8 j + ... of the step.
         ${UNROLL}
-        for (int j = 0; j < ${QB}; ++j) {
-            const int r = 8 * j + 2 * t;
-            const ${index_t} row = i0 + r;
-            ${weight_and_ds("st[j].x", "dpt[j].x", "row", "k_lo", "lse_at[r]", "delta_at[r]")}
-            ${weight_and_ds("st[j].y", "dpt[j].y", "row + 1", "k_lo", "lse_at[r + 1]", "delta_at[r + 1]")}
-            ${weight_and_ds("st[j].z", "dpt[j].z", "row", "k_lo + 8", "lse_at[r]", "delta_at[r]")}
-            ${weight_and_ds("st[j].w", "dpt[j].w", "row + 1", "k_lo + 8", "lse_at[r + 1]", "delta_at[r + 1]")}
+        for (int mt = 0; mt < ${KT}; ++mt) {
+            const ${index_t} k_mt = k_lo + 16 * mt;
+            ${UNROLL}
+            for (int j = 0; j < ${QB}; ++j) {
+                const int r = 8 * j + 2 * t;
+                const ${index_t} row = i0 + r;
+                ${weight_and_ds("st[mt][j].x", "dpt[mt][j].x", "row", "k_mt", "lse_at[r]", "delta_at[r]")}
+                ${weight_and_ds("st[mt][j].y", "dpt[mt][j].y", "row + 1", "k_mt", "lse_at[r + 1]", "delta_at[r + 1]")}
+                ${weight_and_ds("st[mt][j].z", "dpt[mt][j].z", "row", "k_mt + 8", "lse_at[r]", "delta_at[r]")}
+                ${weight_and_ds("st[mt][j].w", "dpt[mt][j].w", "row + 1", "k_mt + 8", "lse_at[r + 1]", "delta_at[r + 1]")}
+            }
         }
         // dV += P^T dO and dK += dS^T Q: the accumulator tiles (8 rows each) as A fragments,
-        // dO's and q's rows read permuted as their columns are.
+        // dO's and q's rows read permuted as their columns are, each B fragment read and split
+        // once for the KT tiles.
+<% kv_grads = [("dv_acc", "st", VS, "g_at", B_GLD), ("dk_acc", "dpt", KS, "q_at", B_QLD)] %>
+% for (acc, src, steps, tile, pitch) in kv_grads:
         ${UNROLL}
         for (int j = 0; j < ${QB}; ++j) {
-            const float4 pa = AS_A(st[j]);
-            const uint4 p_big = tf32_big4(pa), p_small = tf32_small4(pa, p_big);
+            uint4 a_big[${KT}], a_small[${KT}];
             ${UNROLL}
-            for (int i = 0; i < ${VS}; ++i)
-                MMA3_SPLIT_B(dv_acc[i], p_big, p_small, ${b_cols("g_at", B_GLD, "8 * j", "8 * i")});
-            const float4 da = AS_A(dpt[j]);
-            const uint4 d_big = tf32_big4(da), d_small = tf32_small4(da, d_big);
+            for (int mt = 0; mt < ${KT}; ++mt) {
+                const float4 a = AS_A(${src}[mt][j]);
+                a_big[mt] = tf32_big4(a);
+                a_small[mt] = tf32_small4(a, a_big[mt]);
+            }
             ${UNROLL}
-            for (int i = 0; i < ${KS}; ++i)
-                MMA3_SPLIT_B(dk_acc[i], d_big, d_small, ${b_cols("q_at", B_QLD, "8 * j", "8 * i")});
+            for (int i = 0; i < ${steps}; ++i) {
+                const float2 bx = ${b_cols(tile, pitch, "8 * j", "8 * i")};
+                const uint2 b_big = tf32_big2(bx), b_small = tf32_small2(bx, b_big);
+                ${UNROLL}
+                for (int mt = 0; mt < ${KT}; ++mt)
+                    ${acc}[mt][i] = mma3(${acc}[mt][i], a_big[mt], a_small[mt], b_big, b_small MMA_AT);
+            }
         }
+% endfor
     }
     __global float *dkb = dk + (${index_t})b * S * DK;
     __global float *dvb = dv + (${index_t})b * S * DV;
     ${UNROLL}
-    for (int i = 0; i < ${KS}; ++i) {
-        const int col = 8 * i + 2 * t;
-        ${store_pair("dkb", "dk_acc[i]", "k_lo", "col", "S", "DK", "scale")}
-    }
-    ${UNROLL}
-    for (int i = 0; i < ${VS}; ++i) {
-        const int col = 8 * i + 2 * t;
-        ${store_pair("dvb", "dv_acc[i]", "k_lo", "col", "S", "DV", "1.0f")}
+    for (int mt = 0; mt < ${KT}; ++mt) {
+        const ${index_t} k_mt = k_lo + 16 * mt;
+        ${UNROLL}
+        for (int i = 0; i < ${KS}; ++i) {
+            const int col = 8 * i + 2 * t;
+            ${store_pair("dkb", "dk_acc[mt][i]", "k_mt", "col", "S", "DK", "scale")}
+        }
+        ${UNROLL}
+        for (int i = 0; i < ${VS}; ++i) {
+            const int col = 8 * i + 2 * t;
+            ${store_pair("dvb", "dv_acc[mt][i]", "k_mt", "col", "S", "DV", "1.0f")}
+        }
     }
 }
 
@@ -943,8 +980,9 @@ void attention_mma_backward_q(const ${index_t} L, const ${index_t} S, const floa
     ${scratch(32 * q_warps)}
     ${item_ids()}
     const ${index_t} b = get_group_id(1);
-    const ${index_t} row0 = (${index_t})get_group_id(0) * ${16 * q_warps};
-    const ${index_t} r_lo = row0 + warp * 16 + g;
+    const ${index_t} row0 = (${index_t})get_group_id(0) * ${16 * QT * q_warps};
+    // The item's rows: lo (g) and hi (g + 8) of each of its warp's QT tiles of 16.
+    const ${index_t} r_lo = row0 + warp * ${16 * QT} + g;
     __global const ${index_t} *offsets = table + 4 * b;
     __global const float *qb = q + q_off + offsets[0];
     __global const float *kb = k + k_off + offsets[1];
@@ -952,85 +990,116 @@ void attention_mma_backward_q(const ${index_t} L, const ${index_t} S, const floa
     __global const ${mask_t} *mb = mask + mask_off + offsets[3];
     __global const float *gb = dout + dout_off + (${index_t})b * L * DV;
 
-    float4 dq_acc[${KS}];
-    ${UNROLL}
-    for (int kk = 0; kk < ${KS}; ++kk) dq_acc[kk] = (float4)(0.0f);
-% if frags:
+    float4 dq_acc[${QT}][${KS}];
+    float lse_lo[${QT}], lse_hi[${QT}], delta_lo[${QT}], delta_hi[${QT}];
+% if frags_q:
     // q (scaled to base-2 scores) and dO of the warp's rows as A fragments, in registers.
-    float4 q_frag[${KS}], g_frag[${VS}];
-    ${UNROLL}
-    for (int kk = 0; kk < ${KS}; ++kk) {
-        const int col = 8 * kk + 2 * t;
-        q_frag[kk] = ${global_a("qb", "r_lo", "col", "L", "DK")} * scale2;
-    }
-    ${UNROLL}
-    for (int kk = 0; kk < ${VS}; ++kk) {
-        const int col = 8 * kk + 2 * t;
-        g_frag[kk] = ${global_a("gb", "r_lo", "col", "L", "DV")};
-    }
+    float4 q_frag[${QT}][${KS}], g_frag[${QT}][${VS}];
 % endif
-    const float lse_lo = r_lo < L ? lse[(${index_t})b * L + r_lo] : INFINITY;
-    const float lse_hi = r_lo + 8 < L ? lse[(${index_t})b * L + r_lo + 8] : INFINITY;
-    const float delta_lo = r_lo < L ? delta[(${index_t})b * L + r_lo] : 0.0f;
-    const float delta_hi = r_lo + 8 < L ? delta[(${index_t})b * L + r_lo + 8] : 0.0f;
-    const ${index_t} n_end = causal ? min(S, row0 + ${16 * q_warps}) : S;
-
-<% q_tiles = [("k", "kb", "S", dk, Q_KLD, k_step), ("v", "vb", "S", dv, Q_VLD, k_step)] %>
-    ${walk_prologue(q_tiles, "0", "n_end", 32 * q_warps)}
-    for (${index_t} n0 = 0; n0 < n_end; n0 += ${k_step}) {
-        ${walk_step(q_tiles, "n0", k_step, "n_end", 32 * q_warps)}
-
-        float4 s[${KB}], dp[${KB}];
+    ${UNROLL}
+    for (int mt = 0; mt < ${QT}; ++mt) {
+        const ${index_t} r_mt = r_lo + 16 * mt;
         ${UNROLL}
-        for (int j = 0; j < ${KB}; ++j) s[j] = dp[j] = (float4)(0.0f);
+        for (int kk = 0; kk < ${KS}; ++kk) dq_acc[mt][kk] = (float4)(0.0f);
+% if frags_q:
         ${UNROLL}
         for (int kk = 0; kk < ${KS}; ++kk) {
-% if frags:
-            const float4 a = q_frag[kk];
-% else:
             const int col = 8 * kk + 2 * t;
-            const float4 a = ${global_a("qb", "r_lo", "col", "L", "DK")} * scale2;
-% endif
-            const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
-            ${UNROLL}
-            for (int j = 0; j < ${KB}; ++j)
-                MMA3_SPLIT_B(s[j], a_big, a_small, ${b_rows("k_at", Q_KLD, "8 * j", "8 * kk")});
+            q_frag[mt][kk] = ${global_a("qb", "r_mt", "col", "L", "DK")} * scale2;
         }
         ${UNROLL}
         for (int kk = 0; kk < ${VS}; ++kk) {
-% if frags:
-            const float4 a = g_frag[kk];
-% else:
             const int col = 8 * kk + 2 * t;
-            const float4 a = ${global_a("gb", "r_lo", "col", "L", "DV")};
+            g_frag[mt][kk] = ${global_a("gb", "r_mt", "col", "L", "DV")};
+        }
 % endif
-            const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
+        lse_lo[mt] = r_mt < L ? lse[(${index_t})b * L + r_mt] : INFINITY;
+        lse_hi[mt] = r_mt + 8 < L ? lse[(${index_t})b * L + r_mt + 8] : INFINITY;
+        delta_lo[mt] = r_mt < L ? delta[(${index_t})b * L + r_mt] : 0.0f;
+        delta_hi[mt] = r_mt + 8 < L ? delta[(${index_t})b * L + r_mt + 8] : 0.0f;
+    }
+    const ${index_t} n_end = causal ? min(S, row0 + ${16 * QT * q_warps}) : S;
+
+<% q_staged = [("k", "kb", "S", dk, Q_KLD, k_step), ("v", "vb", "S", dv, Q_VLD, k_step)] %>
+    ${walk_prologue(q_staged, "0", "n_end", 32 * q_warps)}
+    for (${index_t} n0 = 0; n0 < n_end; n0 += ${k_step}) {
+        ${walk_step(q_staged, "n0", k_step, "n_end", 32 * q_warps)}
+
+        // S = (q * scale2) K^T and dP = dO V^T: QT tiles of 16 rows by k_step keys; each B
+        // fragment of k and v read and split once for the QT tiles.
+        float4 s[${QT}][${KB}], dp[${QT}][${KB}];
+        ${UNROLL}
+        for (int mt = 0; mt < ${QT}; ++mt) {
             ${UNROLL}
-            for (int j = 0; j < ${KB}; ++j)
-                MMA3_SPLIT_B(dp[j], a_big, a_small, ${b_rows("v_at", Q_VLD, "8 * j", "8 * kk")});
+            for (int j = 0; j < ${KB}; ++j) s[mt][j] = dp[mt][j] = (float4)(0.0f);
         }
+<% q_products = [("s", "q", "qb", "DK", KS, "k_at", Q_KLD, " * scale2"), ("dp", "g", "gb", "DV", VS, "v_at", Q_VLD, "")] %>
+% for (acc, src, base, width, steps, tile, pitch, factor) in q_products:
+        ${UNROLL}
+        for (int kk = 0; kk < ${steps}; ++kk) {
+            uint4 a_big[${QT}], a_small[${QT}];
+            ${UNROLL}
+            for (int mt = 0; mt < ${QT}; ++mt) {
+% if frags_q:
+                const float4 a = ${src}_frag[mt][kk];
+% else:
+                const int col = 8 * kk + 2 * t;
+                const float4 a = ${global_a(base, "r_lo + 16 * mt", "col", "L", width)}${factor};
+% endif
+                a_big[mt] = tf32_big4(a);
+                a_small[mt] = tf32_small4(a, a_big[mt]);
+            }
+            ${UNROLL}
+            for (int j = 0; j < ${KB}; ++j) {
+                const float2 bx = ${b_rows(tile, pitch, "8 * j", "8 * kk")};
+                const uint2 b_big = tf32_big2(bx), b_small = tf32_small2(bx, b_big);
+                ${UNROLL}
+                for (int mt = 0; mt < ${QT}; ++mt)
+                    ${acc}[mt][j] = mma3(${acc}[mt][j], a_big[mt], a_small[mt], b_big, b_small MMA_AT);
+            }
+        }
+% endfor
+        ${UNROLL}
+        for (int mt = 0; mt < ${QT}; ++mt) {
+            const ${index_t} r_mt = r_lo + 16 * mt;
+            ${UNROLL}
+            for (int j = 0; j < ${KB}; ++j) {
+                const ${index_t} key = n0 + 8 * j + 2 * t;
+                ${weight_and_ds("s[mt][j].x", "dp[mt][j].x", "r_mt", "key", "lse_lo[mt]", "delta_lo[mt]")}
+                ${weight_and_ds("s[mt][j].y", "dp[mt][j].y", "r_mt", "key + 1", "lse_lo[mt]", "delta_lo[mt]")}
+                ${weight_and_ds("s[mt][j].z", "dp[mt][j].z", "r_mt + 8", "key", "lse_hi[mt]", "delta_hi[mt]")}
+                ${weight_and_ds("s[mt][j].w", "dp[mt][j].w", "r_mt + 8", "key + 1", "lse_hi[mt]", "delta_hi[mt]")}
+            }
+        }
+        // dQ += dS K: dS's accumulator tiles (8 keys each) as A fragments, k's rows permuted,
+        // each B fragment read and split once for the QT tiles.
         ${UNROLL}
         for (int j = 0; j < ${KB}; ++j) {
-            const ${index_t} key = n0 + 8 * j + 2 * t;
-            ${weight_and_ds("s[j].x", "dp[j].x", "r_lo", "key", "lse_lo", "delta_lo")}
-            ${weight_and_ds("s[j].y", "dp[j].y", "r_lo", "key + 1", "lse_lo", "delta_lo")}
-            ${weight_and_ds("s[j].z", "dp[j].z", "r_lo + 8", "key", "lse_hi", "delta_hi")}
-            ${weight_and_ds("s[j].w", "dp[j].w", "r_lo + 8", "key + 1", "lse_hi", "delta_hi")}
-        }
-        // dQ += dS K: dS's accumulator tiles (8 keys each) as A fragments, k's rows permuted.
-        ${UNROLL}
-        for (int j = 0; j < ${KB}; ++j) {
-            const float4 da = AS_A(dp[j]);
-            const uint4 d_big = tf32_big4(da), d_small = tf32_small4(da, d_big);
+            uint4 d_big[${QT}], d_small[${QT}];
             ${UNROLL}
-            for (int i = 0; i < ${KS}; ++i)
-                MMA3_SPLIT_B(dq_acc[i], d_big, d_small, ${b_cols("k_at", Q_KLD, "8 * j", "8 * i")});
+            for (int mt = 0; mt < ${QT}; ++mt) {
+                const float4 da = AS_A(dp[mt][j]);
+                d_big[mt] = tf32_big4(da);
+                d_small[mt] = tf32_small4(da, d_big[mt]);
+            }
+            ${UNROLL}
+            for (int i = 0; i < ${KS}; ++i) {
+                const float2 bx = ${b_cols("k_at", Q_KLD, "8 * j", "8 * i")};
+                const uint2 b_big = tf32_big2(bx), b_small = tf32_small2(bx, b_big);
+                ${UNROLL}
+                for (int mt = 0; mt < ${QT}; ++mt)
+                    dq_acc[mt][i] = mma3(dq_acc[mt][i], d_big[mt], d_small[mt], b_big, b_small MMA_AT);
+            }
         }
     }
     __global float *dqb = dq + (${index_t})b * L * DK;
     ${UNROLL}
-    for (int i = 0; i < ${KS}; ++i) {
-        const int col = 8 * i + 2 * t;
-        ${store_pair("dqb", "dq_acc[i]", "r_lo", "col", "L", "DK", "scale")}
+    for (int mt = 0; mt < ${QT}; ++mt) {
+        const ${index_t} r_mt = r_lo + 16 * mt;
+        ${UNROLL}
+        for (int i = 0; i < ${KS}; ++i) {
+            const int col = 8 * i + 2 * t;
+            ${store_pair("dqb", "dq_acc[mt][i]", "r_mt", "col", "L", "DK", "scale")}
+        }
     }
 }

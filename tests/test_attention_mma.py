@@ -71,7 +71,8 @@ def test_matches_torch(ctx, rng, mma, qs, ks, vs, kw):
         _check(ctx, rng, qs, ks, vs, **kw)
     assert built and all(name == "mma" for name, _ in built)
     assert all(params["emulate"] == int(not real_mma(ctx)) for _, params in built)
-    assert all(params["q_split"] and params["frags"] for _, params in built)
+    assert all(params["q_split"] and params["frags_kv"] and params["frags_q"]
+               for _, params in built)
 
 
 def test_large_head_dims(ctx, rng, mma):
@@ -81,7 +82,7 @@ def test_large_head_dims(ctx, rng, mma):
     with spy:
         _check(ctx, rng, (1, 2, 37, 96), (1, 2, 35, 96), (1, 2, 35, 72), is_causal=True)
     params = built[-1][1]
-    assert not params["q_split"] and not params["frags"]
+    assert not params["q_split"] and not params["frags_kv"] and not params["frags_q"]
 
 
 def test_two_stages(ctx, rng, mma, tuning_rules):
@@ -201,11 +202,11 @@ def test_repeated_call_builds_nothing(ctx, rng, mma):
     assert dict(program.stats) == before
 
 
-@pytest.mark.parametrize("extra", [{}, {"m_tiles": 2}])
+@pytest.mark.parametrize("extra", [{}, {"m_tiles": 2, "kv_tiles": 2, "q_tiles": 2}])
 def test_ptx_matches_emulation(ctx, rng, mma, tuning_rules, extra):
     """On a GPU with mma.sync: the PTX kernels against the emulated ones (the same fragments),
     to the last bits but for the hardware's own order of the 8 products of an mma; with one
-    and two row tiles per forward warp."""
+    and two m16 tiles per warp in each kernel."""
     if not real_mma(ctx):
         pytest.skip("the device has no mma.sync")
     q, k, v = (dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 70, 64)), requires_grad=True)
@@ -388,11 +389,88 @@ def test_q_read_each_step(ctx, rng, mma, tuning_rules):
 
 def test_bad_row_tiles(ctx, rng, mma, tuning_rules):
     q = dp.Tensor.from_numpy(ctx, random(rng, (1, 2, 9, 16)))
-    for bad in (3, 0, True, 2.0, "2"):
-        tuning_rules("attention", [{"when": {}, "params": dict(SMALL, m_tiles=bad, emulate=1)}])
-        with pytest.raises(UnsupportedError, match="m_tiles must be 1 or 2"):
-            F.scaled_dot_product_attention(q, q, q)
+    for name in ("m_tiles", "kv_tiles", "q_tiles"):
+        for bad in (3, 0, True, 2.0, "2"):
+            tuning_rules("attention", [{"when": {}, "params": dict(SMALL, emulate=1,
+                                                                    **{name: bad})}])
+            with pytest.raises(UnsupportedError, match=f"{name} must be 1 or 2"):
+                F.scaled_dot_product_attention(q, q, q)
     tuning_rules("attention", [{"when": {}, "params": dict(SMALL, q_frags=False, q_split=True,
                                                             emulate=1)}])
     with pytest.raises(UnsupportedError, match="q_split .* needs q_frags"):
         F.scaled_dot_product_attention(q, q, q)
+
+
+def _backward_tiles(ctx, **extra):
+    """Two m16 tiles per warp in both backward kernels (32 keys per dK/dV warp, 32 query rows
+    per dQ warp; SMALL's 2 warps emulated: 64 per group), with ``extra``."""
+    base = {"solver": "mma"} if real_mma(ctx) else SMALL
+    return dict(base, **dict({"kv_tiles": 2, "q_tiles": 2}, **extra))
+
+
+@pytest.mark.parametrize("qs, ks, vs, kw", [
+    # Two groups of 64 keys (the second's warps partly past key 69) and of 64 query rows.
+    ((2, 3, 70, 16), (2, 3, 70, 16), (2, 3, 70, 16), {}),
+    ((2, 3, 70, 16), (2, 3, 45, 16), (2, 3, 45, 16), {"is_causal": True}),
+    ((1, 2, 45, 16), (1, 2, 29, 16), (1, 2, 29, 16), {"is_causal": True}),     # L > S
+    ((1, 2, 29, 16), (1, 2, 83, 16), (1, 2, 83, 16), {"is_causal": True}),     # L < S
+    ((2, 6, 20, 16), (2, 2, 33, 16), (2, 3, 33, 16), {"enable_gqa": True, "scale": 0.3}),
+    ((19, 12), (23, 12), (23, 7), {"scale": 1.7}),                          # 2-d, E % 8 != 0
+    ((1, 2, 75, 64), (1, 2, 71, 64), (1, 2, 71, 64), {"is_causal": True}),  # head dim 64
+])
+def test_backward_two_tiles(ctx, rng, mma, tuning_rules, qs, ks, vs, kw):
+    """kv_tiles / q_tiles 2: each dK/dV warp owns two m16 tiles of keys and each dQ warp two
+    of query rows, every staged B fragment (q and dO; k and v) read and split once for both;
+    the warps' own fragments read again at each step."""
+    tuning_rules("attention", [{"when": {}, "params": _backward_tiles(ctx)}])
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, qs, ks, vs, **kw)
+    assert built and all(p["kv_tiles"] == 2 and p["q_tiles"] == 2 and not p["frags_kv"]
+                         and not p["frags_q"] for _, p in built)
+
+
+def test_backward_two_tiles_masks_dropout(ctx, rng, mma, tuning_rules):
+    """Two tiles per backward warp with a bool mask (a row with no key, keys no row sees in
+    a warp's second tile), then dropout against the host's keep-mask."""
+    tuning_rules("attention", [{"when": {}, "params": _backward_tiles(ctx)}])
+    mask = rng.uniform(0, 1, (2, 1, 70, 45)) > 0.3
+    mask[0, 0, 19] = False          # dQ warp 0's second tile, row g = 3
+    mask[1, 0, :, 20] = False       # dK/dV warp 0's second tile, key g = 4
+    out = _check(ctx, rng, (2, 3, 70, 16), (2, 3, 45, 16), (2, 3, 45, 16), mask=mask)
+    assert np.all(out.numpy()[0, :, 19] == 0)
+    p, seed, stream = 0.25, 7, 1
+    shape_q, shape_k = (2, 2, 70, 16), (2, 2, 53, 16)
+    q, k, v = random(rng, shape_q), random(rng, shape_k), random(rng, shape_k)
+    g = random(rng, shape_q)
+    keep = A.attention_dropout_mask((2, 2), 70, 53, p, seed, stream)
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
+    ref = torch.softmax(tq @ tk.transpose(-1, -2) / 4.0, dim=-1) * torch.tensor(keep) / (1 - p) @ tv
+    ref.backward(torch.tensor(g, dtype=torch.float64))
+    ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in (q, k, v)]
+    out = F.scaled_dot_product_attention(*ours, dropout_p=p, seed=seed, stream=stream)
+    assert_close(out.numpy(), ref.detach().numpy(), tol=TOL)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    for t, r in zip(ours, (tq, tk, tv)):
+        assert_close(t.grad.numpy(), r.grad.numpy(), tol=TOL)
+
+
+@pytest.mark.parametrize("extra", [
+    {"frags": True},                 # the warps' own fragments of both tiles in registers
+    {"stages": 2},                   # the tiles' next step copied while this one computes
+    {"kv_tiles": 1},                 # two tiles in dQ only (dK/dV keeps its fragments)
+    {"q_tiles": 1, "kv_warps": 1},   # two tiles in dK/dV only, a group of one warp
+])
+def test_backward_two_tiles_with(ctx, rng, mma, tuning_rules, extra):
+    """Two tiles per backward warp with the other variants, causal with L and S not
+    multiples of the blocks, head dims 20 and 13 (neither a multiple of 8)."""
+    tuning_rules("attention", [{"when": {}, "params": _backward_tiles(ctx, **extra)}])
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, (2, 2, 70, 20), (2, 2, 45, 20), (2, 2, 45, 13), is_causal=True)
+    params = built[-1][1]
+    assert params["kv_tiles"] == extra.get("kv_tiles", 2)
+    assert params["q_tiles"] == extra.get("q_tiles", 2)
+    frags = extra.get("frags")
+    assert params["frags_kv"] == (params["kv_tiles"] == 1 if frags is None else frags)
+    assert params["frags_q"] == (params["q_tiles"] == 1 if frags is None else frags)

@@ -268,6 +268,15 @@ def _fit_mma(ctx, problem, kernel, warps, step, emulate, stages):
     return warps, step
 
 
+def _tiles_per_warp(tuned, name):
+    """m16 tiles per warp of an mma kernel (``m_tiles`` forward, ``kv_tiles`` dK/dV,
+    ``q_tiles`` dQ): 1, or 2 sharing each staged B fragment and its TF32 split."""
+    tiles = tuned.get(name, 1)
+    if isinstance(tiles, bool) or not isinstance(tiles, (int, np.integer)) or tiles not in (1, 2):
+        raise UnsupportedError(f"attention mma solver: {name} must be 1 or 2, got {tiles!r}")
+    return int(tiles)
+
+
 class AttentionPlan:
     """The built kernels of one problem (all four from one program: kernels/attention.cl.mako
     for the rows solver, kernels/attention_tiled.cl.mako for the tiled one,
@@ -387,12 +396,8 @@ class AttentionPlan:
         if presplit and stages != 1:
             raise UnsupportedError("attention mma solver: presplit tiles are staged through "
                                    "registers: stages must be 1")
-        m_tiles = tuned.get("m_tiles", 1)
-        if isinstance(m_tiles, bool) or not isinstance(m_tiles, (int, np.integer)) \
-                or m_tiles not in (1, 2):
-            raise UnsupportedError(f"attention mma solver: m_tiles must be 1 or 2, got "
-                                   f"{m_tiles!r}")
-        m_tiles = int(m_tiles)
+        m_tiles, kv_tiles, q_tiles = (_tiles_per_warp(tuned, name)
+                                      for name in ("m_tiles", "kv_tiles", "q_tiles"))
         fw, fn = _fit_mma(ctx, problem, "forward", tuned["warps"], tuned["block_n"], emulate,
                           2 if presplit else stages)
         kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate, stages)
@@ -401,8 +406,14 @@ class AttentionPlan:
         # the forward); past 64 they would crowd out the accumulators. Two row tiles per warp
         # (m_tiles 2) already double q's fragments, the accumulators and the scores: q is split
         # at each step unless a rule asks otherwise.
-        # ``q_frags`` false: q's fragments not kept at all, read again at each step.
+        # ``q_frags`` false: q's fragments not kept at all, read again at each step. The
+        # backward's own fragments likewise stay in registers with one tile per warp
+        # (``frags``); two tiles (kv_tiles, q_tiles 2) double the accumulators and read them
+        # again at each step unless a rule asks otherwise.
         small = max(problem.dk, problem.dv) <= 64
+        frags = tuned.get("frags")
+        frags_kv = bool(small and kv_tiles == 1 if frags is None else frags)
+        frags_q = bool(small and q_tiles == 1 if frags is None else frags)
         q_frags = bool(tuned.get("q_frags", True))
         q_split = bool(tuned.get("q_split", small and m_tiles == 1 and q_frags))
         if q_split and not q_frags:
@@ -412,7 +423,8 @@ class AttentionPlan:
                            kv_warps=kw, q_step=ks, q_warps=qw, k_step=qs, mask=problem.mask,
                            dropout=problem.dropout, index_t=index_t, emulate=emulate,
                            stages=stages, round=rounding, presplit=presplit, q_frags=q_frags,
-                           q_split=q_split, frags=bool(tuned.get("frags", small)))
+                           q_split=q_split, kv_tiles=kv_tiles, q_tiles=q_tiles,
+                           frags_kv=frags_kv, frags_q=frags_q)
         built = program.build(ctx, "attention_mma", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_mma_forward", fresh=True))
         self.delta_kernel = BoundKernel(built.kernel("attention_delta", fresh=True))
@@ -420,8 +432,9 @@ class AttentionPlan:
         self.q_kernel = BoundKernel(built.kernel("attention_mma_backward_q", fresh=True))
         self.forward_size = ((math.ceil(L / (16 * m_tiles * fw)) * 32 * fw, batches),
                              (32 * fw, 1))
-        self.keys_size = ((math.ceil(S / (16 * kw)) * 32 * kw, batches), (32 * kw, 1))
-        self.q_size = ((math.ceil(L / (16 * qw)) * 32 * qw, batches), (32 * qw, 1))
+        self.keys_size = ((math.ceil(S / (16 * kv_tiles * kw)) * 32 * kw, batches),
+                          (32 * kw, 1))
+        self.q_size = ((math.ceil(L / (16 * q_tiles * qw)) * 32 * qw, batches), (32 * qw, 1))
 
 
 def _empty(ctx, shape, dtype=float32):
