@@ -75,6 +75,9 @@
 ##                 accumulator; "split": the two small terms into a zeroed one, added after
 ##                 the big product (a walk into one accumulator then waits for one mma and an
 ##                 add per product instead of three mma)
+##   small         "rna": the small TF32 parts rounded (cvt.rna, or round's integer form);
+##                 "trunc": left unrounded, the tensor core truncating them (one conversion per
+##                 value, not two; CUTLASS's FastF32 rounds its small parts so)
 ##   round         (PTX path) "cvt": TF32 parts rounded by cvt.rna.tf32.f32; "int": the same
 ##                 rounding in integer operations (as gemm_mma.cl.mako's ROUND; the emulation
 ##                 always rounds so)
@@ -177,10 +180,11 @@ inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_sm
 % endif
         for (int k = 0; k < 8; ++k) {
             const int hi = k / 4;
-            const float a_g = as_float(x[(g * 4 + k % 4) * 12 + a_part + 2 * hi]);
-            const float a_g8 = as_float(x[(g * 4 + k % 4) * 12 + a_part + 1 + 2 * hi]);
-            const float b_0 = as_float(x[((2 * t) * 4 + k % 4) * 12 + b_part + 4 + hi]);
-            const float b_1 = as_float(x[((2 * t + 1) * 4 + k % 4) * 12 + b_part + 4 + hi]);
+            // The tensor core reads each operand's top 19 bits (TF32), truncating it.
+            const float a_g = as_float(x[(g * 4 + k % 4) * 12 + a_part + 2 * hi] & 0xffffe000u);
+            const float a_g8 = as_float(x[(g * 4 + k % 4) * 12 + a_part + 1 + 2 * hi] & 0xffffe000u);
+            const float b_0 = as_float(x[((2 * t) * 4 + k % 4) * 12 + b_part + 4 + hi] & 0xffffe000u);
+            const float b_1 = as_float(x[((2 * t + 1) * 4 + k % 4) * 12 + b_part + 4 + hi] & 0xffffe000u);
             c.x = fma(a_g, b_0, c.x);
             c.y = fma(a_g, b_1, c.y);
             c.z = fma(a_g8, b_0, c.z);
@@ -238,15 +242,21 @@ inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_sm
 }
 % endif
 
-// The big (TF32) part of each value, and the small part: the TF32 of what big leaves (x - big
-// is exact in fp32).
+// The big (TF32) part of each value, and the small part: what big leaves (x - big is exact in
+// fp32), rounded to TF32 (small "rna"), or left as it is (small "trunc": the tensor core reads
+// a TF32 operand's top 19 bits, truncating it, as CUTLASS's FastF32 takes its small parts:
+// one conversion per value instead of two, at an error of 2^-10 of the small part).
 inline uint4 tf32_big4(float4 x)
 {
     return (uint4)(to_tf32(x.x), to_tf32(x.y), to_tf32(x.z), to_tf32(x.w));
 }
 inline uint4 tf32_small4(float4 x, uint4 big)
 {
+% if small == "trunc":
+    return as_uint4(x - as_float4(big));
+% else:
     return tf32_big4(x - as_float4(big));
+% endif
 }
 inline uint2 tf32_big2(float2 x)
 {
@@ -254,7 +264,11 @@ inline uint2 tf32_big2(float2 x)
 }
 inline uint2 tf32_small2(float2 x, uint2 big)
 {
+% if small == "trunc":
+    return as_uint2(x - as_float2(big));
+% else:
     return tf32_big2(x - as_float2(big));
+% endif
 }
 
 // ``c`` += A * B for A fragment values ``a`` (float4 a0..a3) split here, B values ``b`` (float2).

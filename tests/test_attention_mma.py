@@ -203,7 +203,7 @@ def test_repeated_call_builds_nothing(ctx, rng, mma):
 
 
 @pytest.mark.parametrize("extra", [{}, {"m_tiles": 2, "kv_tiles": 2, "q_tiles": 2},
-                                   {"chain": "split"}])
+                                   {"chain": "split"}, {"small": "trunc"}])
 def test_ptx_matches_emulation(ctx, rng, mma, tuning_rules, extra):
     """On a GPU with mma.sync: the PTX kernels against the emulated ones (the same fragments),
     to the last bits but for the hardware's own order of the 8 products of an mma; with one
@@ -278,6 +278,9 @@ def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
         F.scaled_dot_product_attention(q, q, q)
     tuning_rules("attention", [{"when": {}, "params": dict(SMALL, round="rz", emulate=1)}])
     with pytest.raises(UnsupportedError, match="round must be"):
+        F.scaled_dot_product_attention(q, q, q)
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, small="rz", emulate=1)}])
+    with pytest.raises(UnsupportedError, match="small must be"):
         F.scaled_dot_product_attention(q, q, q)
     tuning_rules("attention", [{"when": {}, "params": dict(SMALL, chain="tree", emulate=1)}])
     with pytest.raises(UnsupportedError, match="chain must be"):
@@ -495,3 +498,22 @@ def test_split_chain(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tiles):
     with spy:
         _check(ctx, rng, qs, ks, vs, **kw)
     assert built and all(p["chain"] == "split" for _, p in built)
+
+
+@pytest.mark.parametrize("qs, ks, vs, kw", [
+    ((2, 3, 37, 16), (2, 3, 45, 16), (2, 3, 45, 16), {"is_causal": True}),
+    ((2, 6, 20, 16), (2, 2, 33, 16), (2, 3, 33, 16), {"enable_gqa": True, "scale": 0.3}),
+    ((19, 12), (23, 12), (23, 7), {"scale": 1.7}),                          # 2-d, E % 8 != 0
+    ((1, 2, 75, 64), (1, 2, 71, 64), (1, 2, 71, 64), {}),                   # head dim 64
+])
+@pytest.mark.parametrize("tiles", [{}, {"m_tiles": 2, "kv_tiles": 2, "q_tiles": 2}])
+def test_truncated_small_parts(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tiles):
+    """small "trunc": the small TF32 parts left unrounded for the tensor core to truncate (the
+    emulation truncates every operand as the tensor core does): still fp32-accurate, in
+    every kernel, with one and two tiles per warp."""
+    base = {"solver": "mma"} if real_mma(ctx) else SMALL
+    tuning_rules("attention", [{"when": {}, "params": dict(base, small="trunc", **tiles)}])
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, qs, ks, vs, **kw)
+    assert built and all(p["small"] == "trunc" for _, p in built)

@@ -396,6 +396,10 @@ class AttentionPlan:
         if chain not in ("serial", "split"):
             raise UnsupportedError(f"attention mma solver: chain must be 'serial' or 'split', "
                                    f"got {chain!r}")
+        small_parts = tuned.get("small", "rna")
+        if small_parts not in ("rna", "trunc"):
+            raise UnsupportedError(f"attention mma solver: small must be 'rna' or 'trunc', "
+                                   f"got {small_parts!r}")
         presplit = bool(tuned.get("presplit", False))
         if presplit and stages != 1:
             raise UnsupportedError("attention mma solver: presplit tiles are staged through "
@@ -426,7 +430,7 @@ class AttentionPlan:
         self.params = dict(dk=problem.dk, dv=problem.dv, warps=fw, block_n=fn, m_tiles=m_tiles,
                            kv_warps=kw, q_step=ks, q_warps=qw, k_step=qs, mask=problem.mask,
                            dropout=problem.dropout, index_t=index_t, emulate=emulate,
-                           stages=stages, round=rounding, chain=chain, presplit=presplit, q_frags=q_frags,
+                           stages=stages, round=rounding, chain=chain, small=small_parts, presplit=presplit, q_frags=q_frags,
                            q_split=q_split, kv_tiles=kv_tiles, q_tiles=q_tiles,
                            frags_kv=frags_kv, frags_q=frags_q)
         built = program.build(ctx, "attention_mma", self.params)
