@@ -88,11 +88,12 @@ def _build_program(ctx, part, mode, activation, vector, derivative):
         derivative=desc.derivative_code("z", "a") if backward else ""))
 
 
-def _row_program16(ctx, dtype, wdtype, row_vector=1, rms=False):
+def _row_program(ctx, dtype, wdtype, row_vector=1, rms=False):
     """The "other" part of norm.cl.mako with row_norm_forward / row_norm_backward on 16-bit
     storage (``dtype``: the data's, ``wdtype``: the weight's and bias's, float32 or dtype;
-    ``row_vector`` 4: four elements per access, ``row_vector_width``). ``rms``: rms_norm's
-    uncentred row kernels (alone in their build), on float32 storage too."""
+    ``row_vector`` 4: four elements per access, ``row_vector_width``), or with ``rms``
+    rms_norm's uncentred row kernels (alone in their build) on float32 or 16-bit storage.
+    Layer and group norm's float32 kernels are ``_program(ctx)``'s."""
     from .pointwise import template_type
     memo = _plain_programs.get(ctx)
     if memo is None:
@@ -884,7 +885,7 @@ class _Rows:
 
     def __init__(self, ctx, dtype=float32, wdtype=float32, row_vector=1, rms=False):
         prog = _program(ctx) if dtype == float32 and not rms else \
-            _row_program16(ctx, dtype, wdtype, row_vector, rms)
+            _row_program(ctx, dtype, wdtype, row_vector, rms)
         self.ctx = ctx
         self.group = group_size(ctx)
         self.forward_kernel = bind(prog.kernel("row_norm_forward"))
