@@ -375,6 +375,21 @@ def test_rms_norm_rows(ctx, rng, monkeypatch, algo, affine, shape, normalized, x
         assert_close(dw.grad.numpy(), tw.grad.numpy())
 
 
+@pytest.mark.parametrize("algo", ["rows", "rows4"])
+def test_rms_norm_non_finite(ctx, rng, monkeypatch, algo):
+    """Rows holding an infinity or a NaN give torch's values (x * rsqrt(inf): 0 for the finite
+    elements, NaN for the infinite one; NaN everywhere in a row with a NaN), the other rows
+    theirs."""
+    monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", algo)
+    dp.config.reload()
+    x = random(rng, (4, 8), -1, 2)
+    x[0, 3], x[1, 0], x[2, 7] = np.inf, np.nan, -np.inf
+    y = F.rms_norm(_d(ctx, x), (8,))
+    ref = TF.rms_norm(_t(x), (8,), eps=float(np.finfo(np.float32).eps)).numpy()
+    assert np.array_equal(np.isnan(y.numpy()), np.isnan(ref))
+    assert_close(y.numpy(), ref)
+
+
 def test_rms_norm_split_does_not_apply(ctx, rng, monkeypatch):
     """"split" is group norm's (the batch-norm kernels' centred sums): forced, rms_norm refuses
     it as layer_norm does."""
