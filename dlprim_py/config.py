@@ -29,7 +29,7 @@ DLPRIM_GEMM_ALGO   force one GEMM solver: tiled, splitk, small, subgroup (where 
 DLPRIM_NORM_ALGO   force one batch-norm reduction algorithm: groups, groups_scalar, columns
 DLPRIM_COPY_ALGO   force one strided-copy solver (permute, cat, narrow): gather, tiles (transpositions)
 DLPRIM_POOL_ALGO   force one pooling solver: window, plane (global windows; an error elsewhere)
-DLPRIM_ROWNORM_ALGO force one layer/group norm algorithm: rows, rows4 (layer norm on aligned rows of a multiple of 4), split (group norm)
+DLPRIM_ROWNORM_ALGO force one layer/group/rms norm algorithm: rows, rows4 (layer and rms norm on aligned rows of a multiple of 4), split (group norm)
 DLPRIM_FUSION_ALGO force one fused solver of FusionPlan.compile: pointwise_chain, conv_chain,
                    horizontal_convs, batchnorm_train_forward, batchnorm_train_backward
 DLPRIM_REDUCE_ALGO force one reduction solver: group, item

@@ -72,8 +72,16 @@
 ##                for the four elements)
 ##   row_per      optional, part "rows4": 4-vectors of a row per work item (rows of up to
 ##                4 * row_per * group_size elements), of dtype (float or 16-bit) and wdtype
+##   rms          optional, False (the default) or True: the row kernels of rms_norm (parts
+##                "other" and "rows4"): the rows uncentred, rstd = rsqrt(mean(x^2) + eps),
+##                y = x * rstd * w, dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * w and
+##                xhat = x * rstd; save_mean is written 0, so that layer norm's weight-gradient
+##                sums ("grad_affine", (x - mean) * rstd) serve rms_norm as they are. The
+##                kernels keep layer norm's names and arguments (bias is passed NULL); an rms
+##                build of part "other" holds the row kernels alone.
 <%
     dtype = context.get("dtype", "float")
+    rms = context.get("rms", False)
     wdtype = context.get("wdtype", "float")
     sdtype = context.get("sdtype", "float")
     row_vector = context.get("row_vector", 1)
@@ -81,6 +89,7 @@
     assert row_vector == 1 or (row_vector == 4 and dtype != "float")
     assert dtype == "float" or part == "other" or (
         mode in ("stats", "grad") and activation == "v_act" and not derivative)
+    assert not rms or part in ("other", "rows4")
     # The batch-norm kernels' data accesses: element or vector `i` from pointer p (float: p is
     # a floatv pointer, as these kernels had it; 16-bit: p points to the storage type).
     def vld(p, i):
@@ -147,6 +156,24 @@ inline float2 group_sum2(float2 value, __local float2* scratch)
     barrier(CLK_LOCAL_MEM_FENCE);
     return total;
 }
+% if rms:
+
+// One value over the work group (rms_norm's rows have no mean to sum): every item gets the total.
+inline float group_sum1(float value, __local float* scratch)
+{
+    const int lid = get_local_id(0);
+    scratch[lid] = value;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int width = GROUP_SIZE / 2; width > 0; width >>= 1) {
+        if (lid < width)
+            scratch[lid] += scratch[lid + width];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    float total = scratch[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+% endif
 
 // Non-finite inputs give torch's statistics: the mean of values holding +-inf is +-inf (NaN
 // with both, or with a NaN), the variance NaN (inf - inf), and so every output of the channel
@@ -615,6 +642,10 @@ __kernel void channel_apply_batch_grad(int rows, int C, int SV, int N, int S, in
 // offsets (in elements) and the weight and bias start on 4-element boundaries (the host
 // checks); the weight and bias are per element (layer norm's). Storage: dtype (float32 or
 // 16-bit, converted to float on load and rounded once on store), the weight's wdtype.
+% if rms:
+// rms: the rows uncentred (rms_norm), the sum of squares alone, no shift (no cancellation to
+// guard against) and no bias.
+% endif
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 void row_norm_forward4(int D4, float eps
@@ -624,11 +655,40 @@ void row_norm_forward4(int D4, float eps
     , __global ${xs}* restrict y, long y_off
     , __global float* restrict save_mean, __global float* restrict save_rstd)
 {
+% if rms:
+    __local float scratch[GROUP_SIZE];
+% else:
     __local float2 scratch[GROUP_SIZE];
+% endif
     const int lid = get_local_id(0);
     const int row = get_group_id(0);
     __global const ${xs}* src = x + x_off + (long)row * 4 * D4;
     __global ${xs}* dst = y + y_off + (long)row * 4 * D4;
+% if rms:
+    float4 v[${row_per}];
+    float acc = 0.0f;
+% for i in range(row_per):
+    if (lid + ${i * group_size} < D4) {
+        v[${i}] = ${ld4(dtype, f"src + 4 * (lid + {i * group_size})")};
+        acc += dot(v[${i}], v[${i}]);
+    }
+% endfor
+    const float total = group_sum1(acc, scratch);
+    const float rstd = rsqrt(total / (4 * D4) + eps);
+    if (lid == 0) {
+        save_mean[row] = 0.0f;
+        save_rstd[row] = rstd;
+    }
+% for i in range(row_per):
+    if (lid + ${i * group_size} < D4) {
+        const int d = 4 * (lid + ${i * group_size});
+        float4 value = v[${i}] * rstd;
+        if (weight)
+            value *= ${ld4(wdtype, "weight + weight_off + d")};
+        ${st4(dtype, "dst + d", "value")};
+    }
+% endfor
+% else:
     const float shift = stats_shift(${ld(dtype, "src", "0")});
     float4 v[${row_per}];
     float2 acc = (float2)(0.0f, 0.0f);
@@ -659,6 +719,7 @@ void row_norm_forward4(int D4, float eps
         ${st4(dtype, "dst + d", "value")};
     }
 % endfor
+% endif
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, xhat = (x - mean) * rstd,
@@ -671,10 +732,37 @@ void row_norm_backward4(int D4
     , __global const float* restrict save_mean, __global const float* restrict save_rstd
     , __global ${xs}* restrict dx, long dx_off)
 {
+% if rms:
+    __local float scratch[GROUP_SIZE];
+% else:
     __local float2 scratch[GROUP_SIZE];
+% endif
     const int lid = get_local_id(0);
     const int row = get_group_id(0);
     const long base = (long)row * 4 * D4;
+% if rms:
+    // Uncentred: xhat = x * rstd, and no mean(g) term (the mean is no function of x).
+    const float rstd = save_rstd[row];
+    float4 g[${row_per}], xhat[${row_per}];
+    float acc = 0.0f;
+% for i in range(row_per):
+    if (lid + ${i * group_size} < D4) {
+        const int d = 4 * (lid + ${i * group_size});
+        g[${i}] = ${ld4(dtype, "dy + dy_off + base + d")};
+        if (weight)
+            g[${i}] *= ${ld4(wdtype, "weight + weight_off + d")};
+        xhat[${i}] = ${ld4(dtype, "x + x_off + base + d")} * rstd;
+        acc += dot(g[${i}], xhat[${i}]);
+    }
+% endfor
+    const float mean_gx = group_sum1(acc, scratch) / (4 * D4);
+% for i in range(row_per):
+    if (lid + ${i * group_size} < D4) {
+        const float4 value = rstd * (g[${i}] - xhat[${i}] * mean_gx);
+        ${st4(dtype, f"dx + dx_off + base + 4 * (lid + {i * group_size})", "value")};
+    }
+% endfor
+% else:
     const float mean = save_mean[row], rstd = save_rstd[row];
     float4 g[${row_per}], xhat[${row_per}];
     float2 acc = (float2)(0.0f, 0.0f);
@@ -696,8 +784,11 @@ void row_norm_backward4(int D4
         ${st4(dtype, f"dx + dx_off + base + 4 * (lid + {i * group_size})", "value")};
     }
 % endfor
+% endif
 }
 % else:
+## The batch-norm finalizers and group norm's "split" coefficients: not in an rms build.
+% if not rms:
 // coef[c*5 + k] of channel_apply: y = (x - mean) * (gamma * invstd) + beta.
 __kernel void channel_finalize_stats(int N, int C, int S, int chunks, float eps, float momentum
     , __global const float* restrict x, long x_off, __global const float* restrict partials
@@ -796,6 +887,7 @@ __kernel void group_norm_coef(int N, int C, int G
     coef[i * 5 + 4] = bias ? bias[bias_off + c] : 0.0f;
 }
 
+% endif
 // ---- layer norm and group norm: one work group per row of D elements ----
 % if row_vector == 4:
 ## The vector rows' weights: element d's weight is w[w_base + d / S]. With S == 1 the four
@@ -825,11 +917,32 @@ void row_norm_forward(int D, int G, int Cg, int S, float eps
     , __global ${xs}* restrict y, long y_off
     , __global float* restrict save_mean, __global float* restrict save_rstd)
 {
+% if rms:
+    __local float scratch[GROUP_SIZE];
+% else:
     __local float2 scratch[GROUP_SIZE];
+% endif
     const int lid = get_local_id(0);
     const int row = get_group_id(0);
     __global const ${xs}* src = x + x_off + (long)row * D;
     __global ${xs}* dst = y + y_off + (long)row * D;
+% if rms:
+    // Uncentred (rms_norm): the sum of squares alone, the mean 0 (x - 0.0f folds to x).
+    float acc = 0.0f;
+% if row_vector == 4:
+    for (int d = lid * 4; d < D; d += GROUP_SIZE * 4) {
+        const float4 v = ${ld4(dtype, "src + d")};
+        acc += dot(v, v);
+    }
+% else:
+    for (int d = lid; d < D; d += GROUP_SIZE) {
+        const float v = ${ld(dtype, "src", "d")};
+        acc += v * v;
+    }
+% endif
+    const float mean = 0.0f;
+    const float rstd = rsqrt(group_sum1(acc, scratch) / D + eps);
+% else:
     const float shift = stats_shift(${ld(dtype, "src", "0")});
     float2 acc = (float2)(0.0f, 0.0f);
 % if row_vector == 4:
@@ -847,6 +960,7 @@ void row_norm_forward(int D, int G, int Cg, int S, float eps
     const float shifted_mean = total.x / D;
     const float mean = shift + shifted_mean;
     const float rstd = rsqrt(shifted_variance(total.y / D, shifted_mean) + eps);
+% endif
     if (lid == 0) {
         save_mean[row] = mean;
         save_rstd[row] = rstd;
@@ -892,25 +1006,46 @@ void row_norm_backward(int D, int G, int Cg, int S
     , __global const float* restrict save_mean, __global const float* restrict save_rstd
     , __global ${xs}* restrict dx, long dx_off)
 {
+% if rms:
+    __local float scratch[GROUP_SIZE];
+% else:
     __local float2 scratch[GROUP_SIZE];
+% endif
     const int lid = get_local_id(0);
     const int row = get_group_id(0);
     const long base = (long)row * D;
+% if rms:
+    // Uncentred (rms_norm): xhat = x * rstd and no mean(g) term; "- 0.0f" folds away.
+    const float mean = 0.0f, rstd = save_rstd[row];
+% else:
     const float mean = save_mean[row], rstd = save_rstd[row];
+% endif
     const int w_base = (row % G) * Cg;
 % if row_vector == 4:
+% if rms:
+    float acc = 0.0f;
+% else:
     float2 acc = (float2)(0.0f, 0.0f);
+% endif
     ${vector_weights()}
     for (int d = lid * 4; d < D; d += GROUP_SIZE * 4) {
         float4 g = ${ld4(dtype, "dy + dy_off + base + d")};
         if (weight)
             g *= ${weight4("weight")};
         const float4 xhat = (${ld4(dtype, "x + x_off + base + d")} - mean) * rstd;
+% if rms:
+        acc += dot(g, xhat);
+% else:
         acc += (float2)((g.x + g.y) + (g.z + g.w), dot(g, xhat));
+% endif
         ${next_weights()}
     }
+% if rms:
+    const float mean_g = 0.0f, mean_gx = group_sum1(acc, scratch) / D;
+% else:
     const float2 total = group_sum2(acc, scratch);
     const float mean_g = total.x / D, mean_gx = total.y / D;
+% endif
     cg = lid / S4;
     s = lid % S4;
     for (int d = lid * 4; d < D; d += GROUP_SIZE * 4) {
@@ -923,13 +1058,21 @@ void row_norm_backward(int D, int G, int Cg, int S
     }
 % else:
     const int step_c = GROUP_SIZE / S, step_s = GROUP_SIZE % S;
+% if rms:
+    float acc = 0.0f;
+% else:
     float2 acc = (float2)(0.0f, 0.0f);
+% endif
     int cg = lid / S, s = lid % S;
     for (int d = lid; d < D; d += GROUP_SIZE) {
         float g = ${ld(dtype, "dy", "dy_off + base + d")};
         if (weight)
             g *= ${ld(wdtype, "weight", "weight_off + w_base + cg")};
+% if rms:
+        acc += g * ${ld(dtype, "x", "x_off + base + d")} * rstd;
+% else:
         acc += (float2)(g, g * (${ld(dtype, "x", "x_off + base + d")} - mean) * rstd);
+% endif
         cg += step_c;
         s += step_s;
         if (s >= S) {
@@ -937,8 +1080,12 @@ void row_norm_backward(int D, int G, int Cg, int S
             ++cg;
         }
     }
+% if rms:
+    const float mean_g = 0.0f, mean_gx = group_sum1(acc, scratch) / D;
+% else:
     const float2 total = group_sum2(acc, scratch);
     const float mean_g = total.x / D, mean_gx = total.y / D;
+% endif
     cg = lid / S;
     s = lid % S;
     for (int d = lid; d < D; d += GROUP_SIZE) {
@@ -957,6 +1104,7 @@ void row_norm_backward(int D, int G, int Cg, int S
 % endif
 }
 
+% if not rms:
 // ---- local response norm across channels (torch's local_response_norm) ----
 // scale = k + alpha / size * sum of x^2 over channels [c - size/2, c + (size-1)/2]; y = x * scale^-beta
 
@@ -1000,4 +1148,5 @@ __kernel void lrn_backward(long total, int C, int S, int size, float alpha, floa
                          - 2.0f * alpha * beta / size * x[x_off + i] * sum;
     }
 }
+% endif
 % endif

@@ -36,6 +36,7 @@ def _cases(ctx, rng):
     running_mean = dp.Tensor.from_numpy(ctx, random(rng, (8,)))
     running_var = dp.Tensor.from_numpy(ctx, random(rng, (8,), 0.5, 1.5))
     x2, w2, b2 = t(4, 16), t(10, 16), t(10)
+    gamma16 = t(16)
     x5 = t(1, 2, 3, 4, 4)
     target = dp.Tensor.from_numpy(ctx, np.array([1, 0, 9, 3], np.int64))
     a, b, bias4 = t(3, 5), t(5, 4), t(4)
@@ -78,6 +79,8 @@ def _cases(ctx, rng):
                                                          beta, training=False)),
         "group_layer_norm": lambda: backward(F.layer_norm(F.group_norm(x4, 2, gamma, beta),
                                                           (6,))),
+        "rms_norm": lambda: (backward(F.rms_norm(x2, (16,), gamma16)),
+                             backward(F.rms_norm(x4, (6, 6)))),
         "interpolate": lambda: backward(F.interpolate(x4, scale_factor=2, mode="bilinear",
                                                       align_corners=False)),
         "interpolate_modes": lambda: (
@@ -113,8 +116,8 @@ CASES = ("add", "sub_div_max", "relu", "gelu_silu", "relu6_hardswish", "softmax"
          "sum_all", "amax_argmax", "cross_entropy", "mse", "bce_logits", "dropout", "tensor_ops",
          "pad_narrow", "flatten", "max_pool", "avg_pool", "adaptive_avg_pool", "conv3x3",
          "conv1x1", "conv_stride2", "conv_depthwise", "conv_transpose", "batch_norm_train",
-         "batch_norm_eval", "group_layer_norm", "interpolate", "interpolate_modes", "resize",
-         "linear", "gemm", "gemm_batched",
+         "batch_norm_eval", "group_layer_norm", "rms_norm", "interpolate", "interpolate_modes",
+         "resize", "linear", "gemm", "gemm_batched",
          "masks")
 
 

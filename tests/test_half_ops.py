@@ -605,7 +605,7 @@ def _check_norm(ctx, name, x, w, b, dtype, wdt, backward):
     assert x[0].grad.dtype == dtype
     check_normwise(x[0].grad, x[1].grad, dtype, 4)
     if w[0] is not None:
-        for t in (w, b):
+        for t in (w, b) if name != "rms_norm" else (w,):
             assert t[0].grad.dtype == wdt
             check_normwise(t[0].grad, t[1].grad, wdt, 2, tol_dtype=dtype)
 
@@ -799,6 +799,84 @@ def test_layer_norm_rows4(ctx, rng, monkeypatch, dtype, affine, shape):
         b = t16(ctx, rng.uniform(-1, 1, (D,)), wdt, True)
     _check_norm(ctx, "layer_norm", x, w, b, dtype, wdt,
                 lambda out, ref: backward_both(ctx, out, ref, dtype, rng))
+
+
+def _weight_at(ctx, array, wdt, offset):
+    """The pair of a weight of ``array`` in ``wdt`` (float32 or 16-bit) starting ``offset``
+    elements into its buffer, and its float64 torch tensor."""
+    if wdt != dp.float32:
+        return t16_at(ctx, array, wdt, offset, True)
+    backing = dp.Tensor.from_numpy(ctx, np.concatenate(
+        [np.ones(offset, np.float32), np.asarray(array, np.float32)]))
+    t = dp.Tensor(ctx, backing.buffer, np.shape(array), offset=4 * offset, requires_grad=True)
+    return t, torch.tensor(t.numpy().astype(np.float64), requires_grad=True)
+
+
+# (shape, x's offset, the weight's offset, the gradient's offset), in elements.
+RMS_CASES = [((3, 64), 0, 0, 0),
+             ((5, 768), 0, 0, 0),          # rows4: a group of 64, 3 float4s each
+             ((2, 3, 1028), 4, 8, 0),      # aligned views
+             ((4, 12), 0, 0, 6),           # the gradient misaligned
+             ((4, 64), 2, 0, 0),           # the input misaligned
+             ((4, 64), 0, 2, 0),           # the weight misaligned
+             ((5, 66), 0, 0, 0),           # rows not a multiple of 4
+             ((3, 5, 37), 1, 3, 5)]        # every operand misaligned
+
+
+@pytest.mark.parametrize("algo", ["rows", "rows4", None], ids=["rows", "rows4", "ruled"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("affine", ["same", "float32", "none"])
+@pytest.mark.parametrize("shape,x_off,w_off,g_off", RMS_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}" for c in RMS_CASES])
+def test_rms_norm_rows(ctx, rng, monkeypatch, algo, dtype, affine, shape, x_off, w_off, g_off):
+    """rms_norm of 16-bit inputs on the row kernels' uncentred variant, each algorithm forced
+    and as ruled, four elements per access and scalar: forward and every gradient against
+    float64, outputs poisoned. Rows that "rows4" cannot take (a length or an offset not a
+    multiple of 4) run the rows kernels, as 16-bit layer_norm's do, even with rows4 forced."""
+    from dlprim_py.ops import norm
+    if algo:
+        monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", algo)
+        dp.config.reload()
+    D = shape[-1]
+    wdt = dtype if affine == "same" else dp.float32
+    aligned = D % 4 == 0 and x_off % 4 == 0 and (affine == "none" or w_off % 4 == 0)
+    if aligned:
+        chosen = norm.row_algorithm(ctx, int(np.prod(shape)) // D, D, False, True, rms=True)
+        assert chosen.name == (algo or chosen.name)
+    x = t16_at(ctx, rng.uniform(-1, 2, shape), dtype, x_off, True)
+    w = (None, None) if affine == "none" else _weight_at(ctx, rng.uniform(0.5, 1.5, (D,)), wdt,
+                                                         w_off)
+    g = t16_at(ctx, rng.uniform(-1, 1, shape), dtype, g_off)
+    _check_norm(ctx, "rms_norm", x, w, (None, None), dtype, wdt,
+                lambda out, ref: (out.backward(g[0]), ref.backward(g[1])))
+
+
+@pytest.mark.parametrize("algo", ["rows", "rows4"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_rms_norm_repeated_calls_build_nothing(ctx, rng, monkeypatch, algo, dtype):
+    """After a first call, 16-bit rms_norm forward and backward (weights of the input's type,
+    float32, none) render, build and create nothing, with each algorithm forced."""
+    from dlprim_py import program
+    monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", algo)
+    dp.config.reload()
+    x = t16(ctx, rng.uniform(-1, 2, (6, 32)), dtype, True)[0]
+    weights = [t16(ctx, rng.uniform(0.5, 1.5, (32,)), wdt, True)[0]
+               for wdt in (dtype, dp.float32)] + [None]
+    g = t16(ctx, rng.uniform(-1, 1, (6, 32)), dtype)[0]
+
+    def run():
+        for w in weights:
+            F.rms_norm(x, (32,), w).backward(g)
+        x.grad = None
+        for w in weights[:2]:
+            w.grad = None
+
+    run()
+    before = dict(program.stats)
+    run()
+    run()
+    ctx.synchronize()
+    assert dict(program.stats) == before
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)

@@ -299,6 +299,148 @@ def test_group_norm(ctx, rng, monkeypatch, shape, groups, affine, algo):
         assert_close(db.grad.numpy(), tb.grad.numpy())
 
 
+def _at(ctx, array, offset, grad=False):
+    """A float32 tensor of ``array`` that starts ``offset`` elements into its buffer (what a
+    view of a larger tensor gives the kernels), the elements before it random."""
+    head = np.linspace(-1.0, 1.0, offset, dtype=np.float32)
+    backing = dp.Tensor.from_numpy(ctx, np.concatenate([head, array.ravel()]))
+    return dp.Tensor(ctx, backing.buffer, array.shape, np.float32, offset=4 * offset,
+                     requires_grad=grad)
+
+
+def _poison_rms(ctx, shape, normalized):
+    """rms_norm forward and backward on NaN data, its outputs and gradients freed to the pool
+    that the next call of that shape draws its own from: an element it does not write fails."""
+    nan = np.full(shape, np.nan, np.float32)
+    x = _d(ctx, nan, True)
+    w = _d(ctx, np.full(normalized, np.nan, np.float32), True)
+    F.rms_norm(x, normalized, w).backward(_d(ctx, nan))
+    ctx.synchronize()
+
+
+# (shape, normalized_shape, x's offset, the weight's offset, the gradient's offset), offsets
+# in elements: "rows4" takes rows of a multiple of 4 with x and the weight on 4-element
+# boundaries; a misaligned gradient runs the rows kernels inside its backward.
+RMS_ROW_CASES = [((3, 5, 8), (5, 8), 0, 0, 0),       # 40 elements: 10 float4s over 32 items
+                 ((7, 768), (768,), 0, 0, 0),        # a group of 64, 3 float4s each
+                 ((2, 3, 516), (516,), 4, 8, 0),     # aligned views; 129 float4s
+                 ((4, 2052), (2052,), 0, 0, 0),      # 513 float4s: a group of 256
+                 ((3, 4), (4,), 0, 0, 0),
+                 ((5, 12), (12,), 0, 0, 3),          # the gradient misaligned
+                 ((4, 64), (64,), 1, 0, 0),          # the input misaligned
+                 ((4, 64), (64,), 0, 2, 0),          # the weight misaligned
+                 ((5, 7), (7,), 0, 0, 0),            # rows of 7
+                 ((2, 3, 37), (37,), 3, 1, 5),       # rows of 37, every operand misaligned
+                 ((1, 300), (300,), 0, 0, 0)]        # one row
+
+
+@pytest.mark.parametrize("algo", ["rows", "rows4", None], ids=["rows", "rows4", "ruled"])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("shape,normalized,x_off,w_off,g_off", RMS_ROW_CASES,
+                         ids=[f"{c[0]}-{c[2]}-{c[3]}-{c[4]}" for c in RMS_ROW_CASES])
+def test_rms_norm_rows(ctx, rng, monkeypatch, algo, affine, shape, normalized, x_off, w_off,
+                       g_off):
+    """rms_norm on the row kernels' uncentred variant, each algorithm forced and as ruled:
+    forward, data and weight gradients against float64 on poisoned outputs; "rows4" forced on
+    rows it cannot take (a length or an offset not a multiple of 4) is refused."""
+    D = int(np.prod(normalized))
+    rows = int(np.prod(shape)) // D
+    aligned = D % 4 == 0 and x_off % 4 == 0 and (not affine or w_off % 4 == 0)
+    if algo:
+        monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", algo)
+        dp.config.reload()
+    x = random(rng, shape, -1, 2)      # the mean away from 0: centring would show
+    w = random(rng, normalized, 0.5, 1.5) if affine else None
+    grad = random(rng, shape)
+    dx = _at(ctx, x, x_off, True)
+    dw = _at(ctx, w, w_off, True) if affine else None
+    if algo == "rows4" and not aligned:
+        with pytest.raises(dp.UnsupportedError, match="rows4 does not apply"):
+            F.rms_norm(dx, normalized, dw)
+        return
+    chosen = norm.row_algorithm(ctx, rows, D, False, aligned, rms=True).name
+    assert chosen == (algo or chosen) and (aligned or chosen == "rows")
+    _poison_rms(ctx, shape, normalized)
+    eps = 1e-5 if affine else None          # None: float32's machine epsilon, as torch's
+    tx = _t(x, True)
+    tw = _t(w, True) if affine else None
+    y = F.rms_norm(dx, normalized, dw, eps=eps)
+    ref = TF.rms_norm(tx, normalized, tw, eps=eps or float(np.finfo(np.float32).eps))
+    assert_close(y.numpy(), ref.detach().numpy())
+    y.backward(_at(ctx, grad, g_off))
+    ref.backward(_t(grad))
+    assert_close(dx.grad.numpy(), tx.grad.numpy())
+    if affine:
+        assert dw.grad.dtype == np.float32
+        assert_close(dw.grad.numpy(), tw.grad.numpy())
+
+
+@pytest.mark.parametrize("algo", ["rows", "rows4"])
+def test_rms_norm_non_finite(ctx, rng, monkeypatch, algo):
+    """Rows holding an infinity or a NaN give torch's values (x * rsqrt(inf): 0 for the finite
+    elements, NaN for the infinite one; NaN everywhere in a row with a NaN), the other rows
+    theirs."""
+    monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", algo)
+    dp.config.reload()
+    x = random(rng, (4, 8), -1, 2)
+    x[0, 3], x[1, 0], x[2, 7] = np.inf, np.nan, -np.inf
+    y = F.rms_norm(_d(ctx, x), (8,))
+    ref = TF.rms_norm(_t(x), (8,), eps=float(np.finfo(np.float32).eps)).numpy()
+    assert np.array_equal(np.isnan(y.numpy()), np.isnan(ref))
+    assert_close(y.numpy(), ref)
+
+
+def test_rms_norm_split_does_not_apply(ctx, rng, monkeypatch):
+    """"split" is group norm's (the batch-norm kernels' centred sums): forced, rms_norm refuses
+    it as layer_norm does."""
+    x = _d(ctx, random(rng, (6, 4096)))
+    assert norm.row_algorithm(ctx, 6, 4096, False, True, rms=True).name in ("rows", "rows4")
+    monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", "split")
+    dp.config.reload()
+    with pytest.raises(dp.UnsupportedError, match="DLPRIM_ROWNORM_ALGO=split does not apply"):
+        F.rms_norm(x, (4096,))
+    with pytest.raises(dp.UnsupportedError, match="DLPRIM_ROWNORM_ALGO=split does not apply"):
+        F.layer_norm(x, (4096,))
+
+
+def test_rms_norm_rules_name_rms(ctx, rng, tuning_rules):
+    """The rules see rms_norm's rows as feature "rms": a rule for it alone sends rms_norm to
+    "rows" while layer_norm of the same rows keeps "rows4", and both stay torch's."""
+    tuning_rules("rownorm", [{"when": {"rms": 1, "d": 44}, "params": {"solver": "rows"}}])
+    assert norm.row_algorithm(ctx, 6, 44, False, True, rms=True).name == "rows"
+    assert norm.row_algorithm(ctx, 6, 44, False, True).name == "rows4"
+    x = random(rng, (6, 44), -1, 2)
+    w = random(rng, (44,), 0.5, 1.5)
+    assert_close(F.rms_norm(_d(ctx, x), (44,), _d(ctx, w)).numpy(),
+                 TF.rms_norm(_t(x), (44,), _t(w), eps=float(np.finfo(np.float32).eps)).numpy())
+    assert_close(F.layer_norm(_d(ctx, x), (44,), _d(ctx, w)).numpy(),
+                 TF.layer_norm(_t(x), (44,), _t(w)).numpy())
+
+
+@pytest.mark.parametrize("algo", ["rows", "rows4"])
+def test_rms_norm_repeated_calls_build_nothing(ctx, rng, monkeypatch, algo):
+    """After a first call (which builds), rms_norm forward and backward with each algorithm
+    forced render, build and create nothing, with and without a weight."""
+    from dlprim_py import program
+    monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", algo)
+    dp.config.reload()
+    x = _d(ctx, random(rng, (5, 2, 24)), True)
+    w = _d(ctx, random(rng, (2, 24)), True)
+
+    def run():
+        for weight in (w, None):
+            y = F.rms_norm(x, (2, 24), weight)
+            y.backward(dp.Tensor.full(ctx, y.shape, 0.5))
+        x.grad = w.grad = None
+
+    run()
+    before = dict(program.stats)
+    run()
+    run()
+    ctx.synchronize()
+    assert dict(program.stats) == before
+
+
 def test_repeated_calls_switch_optional_operands(ctx, rng):
     """A kernel keeps its arguments between calls: an affine call, a plain one (NULL weight and
     bias), then the affine one again on other data must each match the reference."""

@@ -17,9 +17,10 @@ run-time arguments, so a compile serves every shape. Layout: NC* (channels secon
 Algorithms are the solvers of two families (``dlprim_py.solver``), chosen when a call's plan is
 made: the channel reductions ("norm") run as work groups per chunk of a channel with float4 or
 scalar loads, or as a work item per channel for (N, C) inputs (DLPRIM_NORM_ALGO = groups,
-groups_scalar, columns; rules and chunk tunables in tuning_db/norm.json); layer and group norm
-("rownorm") run a work group per row, or, for group norm with few long rows, the batch-norm
-kernels on the rows (DLPRIM_ROWNORM_ALGO = rows, rows4, split; rules in tuning_db/rownorm.json).
+groups_scalar, columns; rules and chunk tunables in tuning_db/norm.json); layer, group and rms
+norm ("rownorm") run a work group per row, or, for group norm with few long rows, the
+batch-norm kernels on the rows (DLPRIM_ROWNORM_ALGO = rows, rows4, split; rules in
+tuning_db/rownorm.json). rms_norm is the row kernels' uncentred variant ("rows" and "rows4").
 
 float16 / bfloat16 inputs (16-bit storage, torch's result type): ``layer_norm``, ``group_norm``
 (the "rows" solver, whatever the rules would choose for float32), ``instance_norm``,
@@ -87,22 +88,28 @@ def _build_program(ctx, part, mode, activation, vector, derivative):
         derivative=desc.derivative_code("z", "a") if backward else ""))
 
 
-def _row_program16(ctx, dtype, wdtype, row_vector=1):
+def _row_program(ctx, dtype, wdtype, row_vector=1, rms=False):
     """The "other" part of norm.cl.mako with row_norm_forward / row_norm_backward on 16-bit
     storage (``dtype``: the data's, ``wdtype``: the weight's and bias's, float32 or dtype;
-    ``row_vector`` 4: four elements per access, ``row_vector_width``)."""
+    ``row_vector`` 4: four elements per access, ``row_vector_width``), or with ``rms``
+    rms_norm's uncentred row kernels (alone in their build) on float32 or 16-bit storage.
+    Layer and group norm's float32 kernels are ``_program(ctx)``'s."""
     from .pointwise import template_type
     memo = _plain_programs.get(ctx)
     if memo is None:
         memo = _plain_programs[ctx] = {}
-    key = ("other16", dtype, wdtype, row_vector)
+    key = ("other16", dtype, wdtype, row_vector, rms)
     built = memo.get(key)
     if built is None:
         params = dict(part="other", group_size=group_size(ctx), mode="stats",
-                      activation="v_act", vector=1, derivative="", dtype=template_type(dtype),
-                      wdtype="float" if wdtype == float32 else template_type(wdtype))
+                      activation="v_act", vector=1, derivative="")
+        if dtype != float32:
+            params.update(dtype=template_type(dtype),
+                          wdtype="float" if wdtype == float32 else template_type(wdtype))
         if row_vector != 1:
             params["row_vector"] = row_vector
+        if rms:
+            params["rms"] = True
         built = memo[key] = program.build(ctx, "norm", params)
     return built
 
@@ -836,9 +843,13 @@ def _batch_norm_backward(ctx, key, params, training, eps, mean, invstd):
 
 # ---- layer norm and group norm --------------------------------------------------------------
 
-# Layer and group norm: the solvers of the "rownorm" family. "rows" runs a work group per row;
-# "split" (group norm) cuts each row over many work groups through the batch-norm kernels, for
-# few long rows. DLPRIM_ROWNORM_ALGO forces one; otherwise tuning_db/rownorm.json's rules.
+# Layer, group and rms norm: the solvers of the "rownorm" family. "rows" runs a work group per
+# row; "rows4" a group sized to the row, its 4-vectors in registers; "split" (group norm) cuts
+# each row over many work groups through the batch-norm kernels, for few long rows.
+# DLPRIM_ROWNORM_ALGO forces one; otherwise tuning_db/rownorm.json's rules. rms_norm runs the
+# row kernels' uncentred variant (template parameter rms) in "rows" and "rows4"; "split" is
+# group norm's alone (its batch-norm kernels sum centred statistics and rms_norm's rows are
+# never a group norm's), so a forced "split" does not apply to rms_norm, as to layer_norm.
 ROW_ALGORITHMS = ("rows", "rows4", "split")
 
 
@@ -847,30 +858,34 @@ class RowNormProblem:
     """Statistics of ``rows`` rows of ``d`` elements; ``splittable``: group norm's (N, C, ...)
     input, which "split" takes; ``units``: the device's compute units, which the rules compare
     the rows with (``rows_per_unit``); ``vector4``: layer norm whose rows, input offset and
-    weight and bias offsets are multiples of 4 elements, which "rows4" takes."""
+    weight and bias offsets are multiples of 4 elements, which "rows4" takes; ``rms``:
+    rms_norm's uncentred rows (feature "rms", which a rule may name)."""
     rows: int
     d: int
     splittable: bool
     units: int
     vector4: bool = False
+    rms: bool = False
 
     def key(self):
         return (f"rownorm rows={self.rows} d={self.d} splittable={int(self.splittable)} "
-                f"units={self.units} vector4={int(self.vector4)}")
+                f"units={self.units} vector4={int(self.vector4)}"
+                + (" rms=1" if self.rms else ""))
 
     def features(self):
         return {"rows": self.rows, "d": self.d, "splittable": int(self.splittable),
                 "rows_per_unit": self.rows // max(self.units, 1),
-                "vector4": int(self.vector4)}
+                "vector4": int(self.vector4), "rms": int(self.rms)}
 
 
 class _Rows:
     """row_norm_forward / row_norm_backward: a work group per row (on float32, or on 16-bit
-    ``dtype`` data with ``wdtype`` weights, ``row_vector`` elements per access)."""
+    ``dtype`` data with ``wdtype`` weights, ``row_vector`` elements per access; ``rms``: the
+    uncentred kernels of rms_norm)."""
 
-    def __init__(self, ctx, dtype=float32, wdtype=float32, row_vector=1):
-        prog = _program(ctx) if dtype == float32 else _row_program16(ctx, dtype, wdtype,
-                                                                     row_vector)
+    def __init__(self, ctx, dtype=float32, wdtype=float32, row_vector=1, rms=False):
+        prog = _program(ctx) if dtype == float32 and not rms else \
+            _row_program(ctx, dtype, wdtype, row_vector, rms)
         self.ctx = ctx
         self.group = group_size(ctx)
         self.forward_kernel = bind(prog.kernel("row_norm_forward"))
@@ -911,12 +926,13 @@ class _Rows4:
     """row_norm_forward4 / row_norm_backward4 (layer norm, rows of a multiple of 4 elements on
     4-element boundaries; float32 or 16-bit ``dtype`` data with ``wdtype`` weights): a work
     group sized to the row, each item's 4-vectors kept in registers. A backward whose gradient
-    is not on a 4-element boundary runs the "rows" kernels."""
+    is not on a 4-element boundary runs the "rows" kernels. ``rms``: rms_norm's uncentred
+    kernels."""
 
-    def __init__(self, ctx, D, dtype=float32, wdtype=float32):
+    def __init__(self, ctx, D, dtype=float32, wdtype=float32, rms=False):
         from .pointwise import template_type
         self.ctx = ctx
-        self.dtype, self.wdtype = dtype, wdtype
+        self.dtype, self.wdtype, self.rms = dtype, wdtype, rms
         self.group = rows4_group(ctx, D)
         per = -(-D // (4 * self.group))
         params = dict(part="rows4", group_size=self.group, mode="stats", activation="v_act",
@@ -924,6 +940,8 @@ class _Rows4:
         if dtype != float32:
             params.update(dtype=template_type(dtype),
                           wdtype="float" if wdtype == float32 else template_type(wdtype))
+        if rms:
+            params["rms"] = True
         prog = program.build(ctx, "norm", params)
         self.forward_kernel = bind(prog.kernel("row_norm_forward4"))
         self.backward_kernel = bind(prog.kernel("row_norm_backward4"))
@@ -938,8 +956,7 @@ class _Rows4:
     def backward(self, x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd):
         if g.offset_elements % 4 or dx.offset_elements % 4:
             if self.fallback is None:
-                self.fallback = _Rows(self.ctx) if self.dtype == float32 else \
-                    _Rows(self.ctx, self.dtype, self.wdtype)
+                self.fallback = _Rows(self.ctx, self.dtype, self.wdtype, rms=self.rms)
             self.fallback.backward(x, g, dx, rows, D, G, Cg, S, weight, save_mean, save_rstd)
             return
         self.backward_kernel(
@@ -963,7 +980,7 @@ class RowsSolver(solver.Solver):
     name = "rows"
 
     def prepare(self, ctx, problem):
-        return _Rows(ctx)
+        return _Rows(ctx, rms=problem.rms)
 
 
 class Rows4Solver(solver.Solver):
@@ -975,14 +992,14 @@ class Rows4Solver(solver.Solver):
         return problem.vector4 and rows4_group(ctx, problem.d) is not None
 
     def prepare(self, ctx, problem):
-        return _Rows4(ctx, problem.d)
+        return _Rows4(ctx, problem.d, rms=problem.rms)
 
 
 class SplitSolver(solver.Solver):
     name = "split"
 
     def applies(self, ctx, problem):
-        return problem.splittable
+        return problem.splittable and not problem.rms
 
     def prepare(self, ctx, problem):
         return _Split()
@@ -992,24 +1009,26 @@ ROW_FAMILY = solver.register(solver.Family("rownorm", [RowsSolver(), Rows4Solver
                                            title="layer/group norm algorithm"))
 
 
-def row_algorithm(ctx, rows, D, splittable, vector4=False):
+def row_algorithm(ctx, rows, D, splittable, vector4=False, rms=False):
     """The solver for ``rows`` rows of D elements (``solver.select``: DLPRIM_ROWNORM_ALGO, an
     error where it does not apply; else tuning_db/rownorm.json: "split" for group norm with too
-    few rows to fill the device and rows long enough to share, "rows4" for aligned float32
-    layer norm where its rule says, else "rows")."""
+    few rows to fill the device and rows long enough to share, "rows4" for aligned layer
+    and rms norm where its rule says, else "rows"). ``rms``: rms_norm's rows."""
     return solver.select(ctx, "rownorm", RowNormProblem(rows, D, bool(splittable),
-                                                        ctx.info.compute_units, bool(vector4)))
+                                                        ctx.info.compute_units, bool(vector4),
+                                                        bool(rms)))
 
 
-def _prepared_rows(ctx, rows, D, splittable, vector4=False):
-    chosen = row_algorithm(ctx, rows, D, splittable, vector4)
+def _prepared_rows(ctx, rows, D, splittable, vector4=False, rms=False):
+    chosen = row_algorithm(ctx, rows, D, splittable, vector4, rms)
     # "rows4" builds per row length (its registers per item are the row's).
     key = ("rownorm.prepared", chosen.name, ctx.info.compute_units,
-           D if chosen.name == "rows4" else None)
+           D if chosen.name == "rows4" else None, bool(rms))
     prepared = ctx.plans.get(key)
     if prepared is None:
         prepared = ctx.plans.put(key, chosen.prepare(
-            ctx, RowNormProblem(rows, D, bool(splittable), ctx.info.compute_units, vector4)))
+            ctx, RowNormProblem(rows, D, bool(splittable), ctx.info.compute_units, vector4,
+                                bool(rms))))
     return prepared
 
 
@@ -1058,10 +1077,13 @@ def _vector4(D, G, S, x, weight, bias):
         t is None or t.offset_elements % 4 == 0 for t in (x, weight, bias))
 
 
-def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittable=False):
+def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittable=False,
+              rms=False):
     """Normalize ``rows`` rows of D elements; the affine weight of element d of row r is
     w[(r % G) * Cg + d // S]. ``grad_view`` = (N, C, S) for the weight gradients.
-    ``splittable``: the input is group norm's (N, C, ...), which the "split" algorithm takes."""
+    ``splittable``: the input is group norm's (N, C, ...), which the "split" algorithm takes.
+    ``rms``: rms_norm's rows (uncentred, no bias; the kernels save a mean of 0, so the weight
+    gradient's sums of g * (x - mean) * rstd below serve as they are)."""
     ctx = x.ctx
     dtype = x.dtype
     y = Tensor.empty(ctx, x.shape, dtype)
@@ -1075,21 +1097,23 @@ def _row_norm(x, rows, D, G, Cg, S, weight, bias, eps, grad_view, name, splittab
 
         def rows16(*data):
             width = row_vector_width(D, G, Cg, S, data, (weight, bias))
-            key = ("rownorm.prepared16", dtype, wdtype, width)
-            return ctx.plans.get(key) or ctx.plans.put(key, _Rows(ctx, dtype, wdtype, width))
+            key = ("rownorm.prepared16", dtype, wdtype, width, rms)
+            return ctx.plans.get(key) or ctx.plans.put(key, _Rows(ctx, dtype, wdtype, width,
+                                                                  rms))
 
         rows_solver = None
         if rows and D:
             if _vector4(D, G, S, x, weight, bias) and \
-                    row_algorithm(ctx, rows, D, splittable, True).name == "rows4":
-                key = ("rownorm.prepared16_rows4", dtype, wdtype, D)
+                    row_algorithm(ctx, rows, D, splittable, True, rms).name == "rows4":
+                key = ("rownorm.prepared16_rows4", dtype, wdtype, D, rms)
                 rows_solver = ctx.plans.get(key) or ctx.plans.put(
-                    key, _Rows4(ctx, D, dtype, wdtype))
+                    key, _Rows4(ctx, D, dtype, wdtype, rms))
             else:
                 rows_solver = rows16(x, y)
     else:
         vector4 = _vector4(D, G, S, x, weight, bias)
-        rows_solver = _prepared_rows(ctx, rows, D, splittable, vector4) if rows and D else None
+        rows_solver = _prepared_rows(ctx, rows, D, splittable, vector4, rms) \
+            if rows and D else None
     if rows_solver is not None:
         rows_solver.forward(x, y, rows, D, G, Cg, S, weight, bias, eps, save_mean, save_rstd)
 
@@ -1271,7 +1295,7 @@ def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
     return autograd.record(y, (input,), backward, "local_response_norm")
 
 
-# ---- normalize, rms_norm, instance_norm: compositions over the reduce and pointwise kernels ----
+# ---- normalize, rms_norm (the row kernels, uncentred), instance_norm (compositions) ----
 
 _compose_kernels = {}
 
@@ -1330,11 +1354,11 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     float32's machine epsilon, as torch's. Gradients to input and weight.
 
     float32, float16 or bfloat16 input (the result in its type); the weight float32 or the
-    input's type. 16-bit tensors are loaded into float32 in the kernels, the statistics and
-    the weight's gradient accumulate in float32, and results are rounded once."""
-    from .loss import unit_weight
-    from .pointwise import convert, is_floating
-    from .reduce import ReduceKernel
+    input's type. Runs on layer norm's row kernels, uncentred (the "rownorm" solvers "rows"
+    and "rows4", chosen by the same rules and DLPRIM_ROWNORM_ALGO): 16-bit tensors are loaded
+    into float32 in the kernels, the statistics and the weight's gradient accumulate in
+    float32, and results are rounded once."""
+    from .pointwise import is_floating
     if not isinstance(input, Tensor):
         raise not_a_tensor("input", input)
     if not is_floating(input.dtype):
@@ -1356,63 +1380,12 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
                              f"{dtype_name(weight.dtype)}")
     if weight is not None and weight.shape != normalized_shape:
         raise ShapeError(f"rms_norm: weight must have shape {normalized_shape}, got {weight.shape}")
-    ctx = check_same_context(input, weight)
+    check_same_context(input, weight)
     eps = float(np.finfo(np.float32).eps) if eps is None else float(eps)
     D = math.prod(normalized_shape)
     rows = input.size // D if D else 0
-    x = _view(input, (rows, D))
-    w = _view(weight, (1, D)) if weight is not None else unit_weight(ctx)
-    wdt = w.dtype
-    # Kernels keyed by their operand types (a 16-bit input, a float32 or 16-bit weight).
-    types = () if dt == float32 and wdt == float32 else (dt, wdt)
-    rstd = Tensor.empty(ctx, (rows, 1), float32)
-    y = Tensor.empty(ctx, input.shape, dt)
-    if rows and D:
-        _compose_kernel(("rms", dt), lambda: ReduceKernel(
-            "rms_norm_rstd", [("x", dt)], [("r", float32)], "r = x * x;", "sum",
-            finalize="acc_r = rsqrt(acc_r / (float)reduce_size + eps);",
-            scalars=[("eps", float32)]))([x], [rstd], [eps])
-        _compose_kernel(("rms_apply",) + types, lambda: PointwiseKernel(
-            "rms_norm_apply", [("x", dt), ("r", float32), ("w", wdt)], [("y", dt)],
-            "y = x * r * w;"))([x, rstd, w], [_view(y, (rows, D))])
-    if not autograd.needs_grad(input, weight):
-        return y
-    source = x.detach()
-    w_source = w.detach()
-
-    def backward(g):
-        if g.dtype != dt:
-            g = convert(g, dt)     # the kernels read the gradient as the input's type
-        g2 = _view(g, (rows, D))
-        dx = Tensor.empty(ctx, input.shape, dt)
-        dweight = Tensor.empty(ctx, normalized_shape, float32) if weight is not None else None
-        if not (rows and D):
-            for t in (dx, dweight):
-                if t is not None:
-                    t.fill_(0.0)
-            return dx, (None if dweight is None else
-                        dweight if wdt == float32 else convert(dweight, wdt))
-        dots = Tensor.empty(ctx, (rows, 1), float32)
-        _compose_kernel(("rms_dot",) + types, lambda: ReduceKernel(
-            "rms_norm_dot", [("g", dt), ("w", wdt), ("x", dt)], [("s", float32)],
-            "s = g * w * x;", "sum"))([g2, w_source, source], [dots])
-        _compose_kernel(("rms_dx",) + types, lambda: PointwiseKernel(
-            "rms_norm_dx", [("g", dt), ("w", wdt), ("x", dt), ("r", float32),
-                            ("s", float32)], [("dx", dt)],
-            "dx = r * (g * w - x * r * r * s / (float)size);",
-            scalars=[("size", float32)]))([g2, w_source, source, rstd, dots],
-                                          [_view(dx, (rows, D))], [float(D)])
-        if dweight is not None:
-            # Summed in float32, rounded to the weight's type once.
-            _compose_kernel(("rms_dw", dt), lambda: ReduceKernel(
-                "rms_norm_dw", [("g", dt), ("x", dt), ("r", float32)],
-                [("dw", float32)], "dw = g * x * r;", "sum"))([g2, source, rstd],
-                                                               [_view(dweight, (1, D))])
-            if wdt != float32:
-                dweight = convert(dweight, wdt)
-        return dx, dweight
-
-    return autograd.record(y, (input, weight), backward, "rms_norm")
+    return _row_norm(input, rows, D, 1, D, 1, weight, None, eps, (rows, D, 1), "rms_norm",
+                     rms=True)
 
 
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
