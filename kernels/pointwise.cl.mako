@@ -21,9 +21,9 @@
 ## the last `tail` (< VECTOR) elements after the groups are handled one per work item.
 ## A 16-bit operand's group moves as one aligned access of VECTOR / 2 32-bit words (16 bytes for
 ## VECTOR 8), not through vload_halfN / vloadN: those assume only the element's 2-byte alignment,
-## so a compiler may split them into one 2-byte access per element (NVIDIA's does: four times the
-## load and store instructions of float32 for half the bytes, and partial-sector stores). The
-## words are converted in registers: float16 by the core vload_halfN / vstore_halfN_rte on a
+## so a compiler that cannot prove more splits them into one 2-byte access per element (PTX's
+## vector accesses need the whole vector's alignment): four times float32's load and store
+## instructions for half its bytes, and stores of parts of a sector. The words are converted in registers: float16 by the core vload_halfN / vstore_halfN_rte on a
 ## private copy (the device's conversion instructions, no cl_khr_fp16), bfloat16 by shifting or
 ## masking each word's halves into floats and packing float_to_bf16's roundings back.
 ##
@@ -165,8 +165,7 @@ inline void store_bfloat16_x${vector}(__global ushort *p, float${vector} v)
     *(__global ${words_ty} *)p = w;
 }
 % endif
-</%def>
-
+</%def>\
 ## The element at index `index` (an expression) with its inputs already in scalar variables
 ## `<name>` declared by the caller: runs the statement and leaves the outputs in `<name>`.
 <%def name="element(index)">

@@ -169,9 +169,10 @@ class PointwiseKernel:
 
     Two variants of the same kernel: "vector" moves VECTOR consecutive elements of each operand
     as one access (16 bytes for float; VECTOR16 elements, 16 bytes too, where every operand is
-    16 bits wide, with VECTOR elements where a layout keeps only those aligned), and applies
-    where every operand is contiguous or broadcast along the innermost dimension with offsets and
-    strides that keep those accesses aligned; "scalar" applies everywhere. These are the "pointwise" family's solvers
+    16 bits wide, or VECTOR where a layout keeps only those aligned), and applies where every
+    operand is contiguous or broadcast along the innermost dimension with offsets and strides
+    that keep those accesses aligned; "scalar" applies everywhere. These are the "pointwise"
+    family's solvers
     (``dlprim_py.solver``): a call's plan takes the one the rules of ``tuning_db/pointwise.json``
     choose ("vector" where it applies), or the one ``algorithm`` or DLPRIM_POINTWISE_ALGO
     forces. The launches below are class attributes so that a subclass can measure others.
