@@ -486,18 +486,30 @@ def format_span(r):
 def nvidia_build_report(ctx, table, out_dir):
     """NVIDIA's compiler report (registers, spills) and the PTX of the default launch of copy,
     relu, hardswish, gelu, sigmoid and add over 2^26 elements (one step, no grid-stride loop),
-    built with -cl-nv-verbose."""
+    and of gelu and silu forward and backward on float16 and bfloat16 (their widest access:
+    the PTX should load and store 16-byte words, ld.global.v4.u32 / st.global.v4.u32, and use
+    no local memory), built with -cl-nv-verbose."""
     if ctx.info.vendor != "nvidia":
         return
     from dlprim_py import program
     f32 = np.float32
-    kernels = [(name, activation_statement(name)[:3]) for name in ("relu", "hardswish", "gelu", "sigmoid")]
-    kernels += [("copy", ("y = x;", [("x", f32)], [])), ("add", ("y = a + b;", [("a", f32), ("b", f32)], []))]
-    for name, (statement, inputs, scalars) in kernels:
-        k = PointwiseKernel(f"report_{name}", inputs, [("y", f32)], statement, scalars=scalars)
-        _, vector, launch, _ = k.launches(ctx)
-        params = k.template_params(1, "int", vector, launch.unroll, (True,) * len(inputs),
-                                   launch.interleave, grid_stride=False)
+    kernels = [(name, activation_statement(name)[:3] + ([("y", f32)],))
+               for name in ("relu", "hardswish", "gelu", "sigmoid")]
+    kernels += [("copy", ("y = x;", [("x", f32)], [], [("y", f32)])),
+                ("add", ("y = a + b;", [("a", f32), ("b", f32)], [], [("y", f32)]))]
+    for name in ("gelu", "silu"):
+        desc = from_torch_name(name)
+        for tag, dtype in (("f16", dp.float16), ("bf16", dp.bfloat16)):
+            for way, make in (("fwd", activation_ops.forward_kernel),
+                              ("bwd", activation_ops.backward_kernel)):
+                k = make(desc, False, dtype)
+                kernels.append((f"{name}_{way}_{tag}", (k.statement, k.inputs, k.scalars,
+                                                        k.outputs)))
+    for name, (statement, inputs, scalars, outputs) in kernels:
+        k = PointwiseKernel(f"report_{name}", inputs, outputs, statement, scalars=scalars)
+        _, _, launch, _ = k.launches(ctx)
+        params = k.template_params(1, "int", k.vector_widths(ctx)[0], launch.unroll,
+                                   (True,) * len(inputs), launch.interleave, grid_stride=False)
         source = program.render("pointwise", **params)
         built = cl.Program(ctx.cl_context, source).build(options=["-cl-nv-verbose"])
         log = built.get_build_info(ctx.device, cl.program_build_info.LOG)

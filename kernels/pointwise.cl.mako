@@ -19,6 +19,13 @@
 ## innermost size a multiple of VECTOR unless NDIM == 1). The other inputs have stride 0 along
 ## the innermost dimension: one scalar load serves the group's VECTOR elements. When NDIM == 1
 ## the last `tail` (< VECTOR) elements after the groups are handled one per work item.
+## A 16-bit operand's group moves as one aligned access of VECTOR / 2 32-bit words (16 bytes for
+## VECTOR 8), not through vload_halfN / vloadN: those assume only the element's 2-byte alignment,
+## so a compiler that cannot prove more splits them into one 2-byte access per element (PTX's
+## vector accesses need the whole vector's alignment): four times float32's load and store
+## instructions for half its bytes, and stores of parts of a sector. The words are converted in registers: float16 by the core vload_halfN / vstore_halfN_rte on a
+## private copy (the device's conversion instructions, no cl_khr_fp16), bfloat16 by shifting or
+## masking each word's halves into floats and packing float_to_bf16's roundings back.
 ##
 ## The index space has NDIM dimensions (after the caller merged every pair of dimensions that is
 ## contiguous for all operands), counted in groups: size<NDIM-1> is the innermost size over
@@ -32,7 +39,8 @@
 ##   interleave     optional, "grid" (the default) or "block": where a work item's UNROLL groups lie
 ##   grid_stride    optional, True (the default): loop over the index space; False: one step, the
 ##                  global size times UNROLL covers every group
-##   vector         elements per group (1, 2, 4, 8 or 16); 1 (the default) is the scalar variant
+##   vector         elements per group (1, 2, 4, 8 or 16; at most 8 with 16-bit operands); 1 (the
+##                  default) is the scalar variant
 ##   vector_inputs  with vector > 1 (else optional): one bool per input, True where the input is contiguous along
 ##                  the innermost dimension (read VECTOR-wide), False where it has stride 0 there
 ##   inputs         list of (name, type) read before the statement: an OpenCL C type, or "half" /
@@ -78,11 +86,9 @@
             return f"bf16_to_float({nm}_buf[{index}])"
         return f"{nm}_buf[{index}]"
     def load_wide(nm, ty, index):
-        # VECTOR elements from index on; 16-bit loads need only the element's alignment.
-        if ty == "half":
-            return f"vload_half{vector}(0, {nm}_buf + {index})"
-        if ty == "bfloat16":
-            return f"as_float{vector}(convert_uint{vector}(vload{vector}(0, {nm}_buf + {index})) << 16)"
+        # VECTOR elements from index on, aligned to the whole access (the caller's guarantee).
+        if ty in storage16:
+            return f"load_{ty}_x{vector}({nm}_buf + {index})"
         return f"*(__global const {vty(ty)}*)({nm}_buf + {index})"
     def store(nm, ty, index, value):
         if ty == "half":
@@ -91,6 +97,17 @@
             return f"{nm}_buf[{index}] = float_to_bf16({value});"
         return f"{nm}_buf[{index}] = {value};"
     any_bfloat16 = any(ty == "bfloat16" for nm, ty in list(inputs) + list(outputs))
+    # The 16-bit types moved VECTOR-wide: the wide inputs' and (with VECTOR > 1) every output's.
+    wide16 = sorted({ty for nm, ty in inputs if wide.get(nm) and ty in storage16} |
+                    ({ty for nm, ty in outputs if ty in storage16} if vector > 1 else set()))
+    # 16 16-bit elements per access (32 bytes) are not offered: PoCL 3.0 (LLVM 14, AVX2) built
+    # such a kernel without error and without the kernel in it.
+    assert vector <= 8 or not wide16, "16-bit operands move at most 8 elements per access"
+    # A group of a 16-bit operand as 32-bit words.
+    words_ty = "uint" if vector == 2 else f"uint{vector // 2}"
+    words = range(vector // 2)
+    def word(w):
+        return "w" if vector == 2 else f"w.s{w:x}"
 %>
 <%namespace name="access" file="memory_access.cl.mako"/>\
 #if defined(cl_khr_fp16)
@@ -99,8 +116,56 @@
 % if any_bfloat16:
 ${access.bfloat16_conversions()}
 % endif
+% for ty in wide16:
+${wide16_access(ty)}
+% endfor
 ${preamble}
 
+## VECTOR consecutive 16-bit values at p (aligned to 2 * VECTOR bytes) as float${vector}, and back
+## rounded to nearest even; `ty` "half" or "bfloat16".
+<%def name="wide16_access(ty)">
+% if ty == "half":
+inline float${vector} load_half_x${vector}(__global const half *p)
+{
+    const ${words_ty} w = *(__global const ${words_ty} *)p;
+    return vload_half${vector}(0, (__private const half *)&w);
+}
+
+inline void store_half_x${vector}(__global half *p, float${vector} v)
+{
+    ${words_ty} w;
+    vstore_half${vector}_rte(v, 0, (__private half *)&w);
+    *(__global ${words_ty} *)p = w;
+}
+% else:
+inline float${vector} load_bfloat16_x${vector}(__global const ushort *p)
+{
+    // Element 2k is word k's low half on a little-endian device, its high half otherwise.
+    const ${words_ty} w = *(__global const ${words_ty} *)p;
+#if defined(__ENDIAN_LITTLE__)
+    const ${words_ty} even = w << 16, odd = w & 0xffff0000u;
+#else
+    const ${words_ty} even = w & 0xffff0000u, odd = w << 16;
+#endif
+    return as_float${vector}((uint${vector})(${", ".join(f"{h}{'' if vector == 2 else f'.s{k:x}'}" for k in words for h in ("even", "odd"))}));
+}
+
+inline void store_bfloat16_x${vector}(__global ushort *p, float${vector} v)
+{
+    ${words_ty} w;
+#if defined(__ENDIAN_LITTLE__)
+    % for k in words:
+    ${word(k)} = (uint)float_to_bf16(v.s${f"{2 * k:x}"}) | ((uint)float_to_bf16(v.s${f"{2 * k + 1:x}"}) << 16);
+    % endfor
+#else
+    % for k in words:
+    ${word(k)} = ((uint)float_to_bf16(v.s${f"{2 * k:x}"}) << 16) | (uint)float_to_bf16(v.s${f"{2 * k + 1:x}"});
+    % endfor
+#endif
+    *(__global ${words_ty} *)p = w;
+}
+% endif
+</%def>\
 ## The element at index `index` (an expression) with its inputs already in scalar variables
 ## `<name>` declared by the caller: runs the statement and leaves the outputs in `<name>`.
 <%def name="element(index)">
@@ -212,16 +277,8 @@ __kernel void ${name}(
             }
         % endfor
         % for nm, ty in outputs:
-            % if ty == "half":
-            vstore_half${vector}_rte(${nm}_vec, 0, ${nm}_buf + ${nm}_off + group_at${u} * ${vector});
-            % elif ty == "bfloat16":
-            {
-                ushort${vector} bits;
-                % for lane in range(vector):
-                bits.s${f"{lane:x}"} = float_to_bf16(${nm}_vec.s${f"{lane:x}"});
-                % endfor
-                vstore${vector}(bits, 0, ${nm}_buf + ${nm}_off + group_at${u} * ${vector});
-            }
+            % if ty in storage16:
+            store_${ty}_x${vector}(${nm}_buf + ${nm}_off + group_at${u} * ${vector}, ${nm}_vec);
             % else:
             *(__global ${vty(ty)}*)(${nm}_buf + ${nm}_off + group_at${u} * ${vector}) = ${nm}_vec;
             % endif

@@ -168,9 +168,11 @@ class PointwiseKernel:
     assigns every output, e.g. ``"y = max(x, (float)0);"``.
 
     Two variants of the same kernel: "vector" moves VECTOR consecutive elements of each operand
-    as one access (16 bytes for float), and applies where every operand is contiguous or
-    broadcast along the innermost dimension with offsets and strides that keep those accesses
-    aligned; "scalar" applies everywhere. These are the "pointwise" family's solvers
+    as one access (16 bytes for float; VECTOR16 elements, 16 bytes too, where every operand is
+    16 bits wide, or VECTOR where a layout keeps only those aligned), and applies where every
+    operand is contiguous or broadcast along the innermost dimension with offsets and strides
+    that keep those accesses aligned; "scalar" applies everywhere. These are the "pointwise"
+    family's solvers
     (``dlprim_py.solver``): a call's plan takes the one the rules of ``tuning_db/pointwise.json``
     choose ("vector" where it applies), or the one ``algorithm`` or DLPRIM_POINTWISE_ALGO
     forces. The launches below are class attributes so that a subclass can measure others.
@@ -181,6 +183,10 @@ class PointwiseKernel:
     # subclass may fix them to measure others.
     SCALAR_LAUNCH = None
     VECTOR = None
+    # Elements per access (2, 4 or 8) of a kernel whose operands are all 16 bits wide (float16,
+    # bfloat16): None takes the rule's "vector16" (as many bytes per access as VECTOR float32
+    # elements).
+    VECTOR16 = None
     VECTOR_LAUNCH = None
     VECTOR_LAUNCH_ND = None
     # None: 32-bit index arithmetic wherever every index fits; "long" forces 64-bit.
@@ -195,6 +201,8 @@ class PointwiseKernel:
         self.preamble = preamble
         self._operand_count = len(self.inputs) + len(self.outputs)
         self._input_count = len(self.inputs)
+        # Every operand 16 bits wide: the vector variant may move more elements per access.
+        self._narrow = all(t.itemsize == 2 for _, t in self.inputs + self.outputs)
         # ctx -> {(ndim, index_t, vector, unroll, vector_inputs): kernel}: a call looks its kernel
         # up without re-keying the program cache (whose key freezes every template parameter).
         self._kernels = weakref.WeakKeyDictionary()
@@ -206,6 +214,17 @@ class PointwiseKernel:
         return tuple(shipped[k] if mine is None else mine
                      for k, mine in enumerate((self.SCALAR_LAUNCH, self.VECTOR,
                                                self.VECTOR_LAUNCH, self.VECTOR_LAUNCH_ND)))
+
+    def vector_widths(self, ctx):
+        """The vector variant's elements per access on ``ctx``, widest first: the rule's
+        "vector16" (or VECTOR16) and then VECTOR for a kernel whose operands are all 16 bits
+        wide, VECTOR alone for others. A call takes the first whose alignment its operands'
+        layout keeps."""
+        vector = self.launches(ctx)[1]
+        if not self._narrow:
+            return (vector,)
+        wide = _launches(ctx)[4] if self.VECTOR16 is None else self.VECTOR16
+        return tuple(dict.fromkeys(v for v in (wide, vector) if v > 1)) or (vector,)
 
     def _kernel(self, ctx, ndim, index_t, vector=1, unroll=None, vector_inputs=(), interleave="grid",
                 grid_stride=True):
@@ -357,10 +376,13 @@ class PointwiseKernel:
         in_strides = [broadcast_strides(t.shape, out_shape) for t in inputs]
         sizes, strides = merge_dimensions(out_shape, in_strides + [broadcast_strides(out_shape, out_shape)])
         strides = strides[:len(inputs)]
-        scalar_launch, vector_width, vector_launch, vector_launch_nd = self.launches(ctx)
-        problem = PointwiseProblem(total, len(sizes),
-                                   self.vector_layout(sizes, strides, inputs, outputs,
-                                                      vector_width))
+        scalar_launch, _, vector_launch, vector_launch_nd = self.launches(ctx)
+        vector_width, layout = 1, None
+        for vector_width in self.vector_widths(ctx):
+            layout = self.vector_layout(sizes, strides, inputs, outputs, vector_width)
+            if layout is not None:
+                break
+        problem = PointwiseProblem(total, len(sizes), layout)
         if algorithm == "vector" and problem.vector_inputs is None:
             algorithm = "scalar"   # the keyword's contract: vector where it applies
         chosen = solver.select(ctx, "pointwise", problem, forced=algorithm).name
@@ -417,10 +439,10 @@ _EMPTY = object()
 
 def _launches(ctx):
     """The device's rule of ``tuning_db/pointwise_launch.json``: (scalar launch, vector width,
-    vector launch in one dimension, in more)."""
+    vector launch in one dimension, in more, vector width of all-16-bit kernels)."""
     rule = solver.device_params(ctx, "pointwise_launch")
     return (Launch(**rule["scalar"]), rule["vector"], Launch(**rule["vector_launch"]),
-            Launch(**rule["vector_launch_nd"]))
+            Launch(**rule["vector_launch_nd"]), rule.get("vector16", rule["vector"]))
 
 
 def template_type(dtype):
