@@ -25,9 +25,9 @@
 ##       quiet NaN of its sign: rounding would carry a NaN's payload into the exponent)
 ##   vectors16(dtype, suffix="")
 ##       defines float4 load4<suffix>(__global const T *p) and void store4<suffix>(__global T *p,
-##       float4 v) for 16-bit storage ("half": T half, through vload_half4 / vstore_half4_rte;
-##       "bfloat16": T ushort, bits moved as one ushort4, which needs p 8-byte aligned, stores
-##       through float_to_bf16 of bfloat16_conversions(), defined first): four values per
+##       float4 v) for 16-bit storage, p 8-byte aligned, moved as one 8-byte word ("half": T
+##       half, converted by vload_half4 / vstore_half4_rte on a private copy; "bfloat16": T
+##       ushort, stores through float_to_bf16 of bfloat16_conversions(), defined first): four values per
 ##       access, converted to float4 and back with one rounding to nearest even, no cl_khr_fp16
 ##       needed
 ##   warp_reductions()
@@ -77,7 +77,12 @@ inline ushort float_to_bf16(float x)
 inline float4 load4${suffix}(__global const ${storage} *p)
 {
 % if dtype == "half":
-    return vload_half4(0, p);
+    // One aligned 8-byte load, converted from a private copy: vload_half4 on the global
+    // pointer may only assume 2-byte alignment (four 2-byte loads on NVIDIA). A union, so
+    // that the word and the halves are one object to the compiler.
+    union { uint2 w; half h[4]; } u;
+    u.w = *(__global const uint2 *)p;
+    return vload_half4(0, u.h);
 % else:
     return as_float4(convert_uint4(*(__global const ushort4 *)p) << 16);
 % endif
@@ -86,7 +91,11 @@ inline float4 load4${suffix}(__global const ${storage} *p)
 inline void store4${suffix}(__global ${storage} *p, float4 v)
 {
 % if dtype == "half":
-    vstore_half4_rte(v, 0, p);
+    // Through a union: a store as half and a load as uint2 of one object are otherwise
+    // unordered under C's aliasing rules (PoCL then stores stale words).
+    union { uint2 w; half h[4]; } u;
+    vstore_half4_rte(v, 0, u.h);
+    *(__global uint2 *)p = u.w;
 % else:
     *(__global ushort4 *)p = (ushort4)(float_to_bf16(v.x), float_to_bf16(v.y),
                                        float_to_bf16(v.z), float_to_bf16(v.w));

@@ -127,15 +127,19 @@ ${preamble}
 % if ty == "half":
 inline float${vector} load_half_x${vector}(__global const half *p)
 {
-    const ${words_ty} w = *(__global const ${words_ty} *)p;
-    return vload_half${vector}(0, (__private const half *)&w);
+    // Through a union: the word and its halves are one object to the compiler (a store as
+    // half and a load as words of one private object are otherwise unordered under C's
+    // aliasing rules).
+    union { ${words_ty} w; half h[${vector}]; } u;
+    u.w = *(__global const ${words_ty} *)p;
+    return vload_half${vector}(0, u.h);
 }
 
 inline void store_half_x${vector}(__global half *p, float${vector} v)
 {
-    ${words_ty} w;
-    vstore_half${vector}_rte(v, 0, (__private half *)&w);
-    *(__global ${words_ty} *)p = w;
+    union { ${words_ty} w; half h[${vector}]; } u;
+    vstore_half${vector}_rte(v, 0, u.h);
+    *(__global ${words_ty} *)p = u.w;
 }
 % else:
 inline float${vector} load_bfloat16_x${vector}(__global const ushort *p)

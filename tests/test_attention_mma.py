@@ -252,13 +252,23 @@ def test_chosen_first_on_nvidia_gpus():
     """The NVIDIA rule names mma first: an H200 gets it for fp32 attention (TF32 off: the
     split is fp32-accurate), masks, causal and dropout alike, with the rule's values."""
     ctx = fake_context()
-    for problem in (A.AttentionProblem(64, 64, 1024, 1024, "none", False, False),
+    for problem in (A.AttentionProblem(64, 64, 512, 512, "none", False, False),
                     A.AttentionProblem(64, 64, 2048, 2048, "none", True, False),
+                    A.AttentionProblem(96, 96, 2048, 2048, "none", False, False),
                     A.AttentionProblem(64, 64, 512, 512, "bool", False, True)):
         assert solver.select(ctx, "attention", problem).name == "mma"
         params = solver.tunables(ctx, "attention", problem, "mma")
         assert (params["warps"], params["block_n"], params["stages"]) == (4, 32, 2)
         assert (params["q_step"], params["k_step"]) == (16, 16)
+        assert params["small"] == "trunc" and params.get("m_tiles", 1) == 1
+    # Long rows without mask, causality or dropout at head dims up to 64: two tiles per warp
+    # in every kernel.
+    for L in (1024, 4096):
+        problem = A.AttentionProblem(64, 64, L, L, "none", False, False)
+        params = solver.tunables(ctx, "attention", problem, "mma")
+        assert (params["warps"], params["m_tiles"], params["kv_tiles"], params["q_tiles"]) == \
+            (8, 2, 2, 2)
+        assert (params["q_step"], params["k_step"], params["small"]) == (32, 32, "trunc")
 
 
 def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
