@@ -349,6 +349,18 @@ class Context:
                               f"create one Context per thread, or hand this one over with "
                               f"ctx.use_in_this_thread()")
 
+    def kept_tensor(self, key, make, fits=None):
+        """The tensor this context keeps under ``key`` in its memo (a flag, a vector of ones,
+        a constant operand), made by ``make()`` the first time, or again when ``fits(kept)``
+        is false, outside any open recording: the plan of the call that happened to make it
+        must not replay its fill or copy on every later call."""
+        kept = self.memo.get(key)
+        if kept is None or (fits is not None and not fits(kept)):
+            from .launch import unrecorded     # launch imports this module
+            with unrecorded():
+                kept = self.memo[key] = make()
+        return kept
+
     def defer_check(self, name, check):
         """Run ``check(self)`` (which reads device results and raises on a bad one) at the next
         synchronizing call; one pending check per ``name``."""

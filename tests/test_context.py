@@ -230,3 +230,24 @@ def test_plan_cache_hits_drop_nothing():
     assert len(cache) == held
     survivors = [i for i in range(8) if cache.get(i) is not None]
     assert len(survivors) == held
+
+
+def test_kept_tensor_is_made_once_outside_any_recording():
+    """ctx.kept_tensor: made by its factory once (again only when ``fits`` refuses the kept
+    one), and never into an open recording, so that no plan replays its fill."""
+    from dlprim_py import launch
+    ctx = dp.Context()
+    made = []
+
+    def make(size):
+        made.append(size)
+        return dp.Tensor.full(ctx, (size,), 2.0)
+
+    with launch.Recording() as recording:
+        first = ctx.kept_tensor("test.kept", lambda: make(8))
+    assert recording.steps == [] and made == [8]
+    np.testing.assert_array_equal(first.numpy(), np.full(8, 2.0, np.float32))
+    assert ctx.kept_tensor("test.kept", lambda: make(8)) is first
+    assert ctx.kept_tensor("test.kept", lambda: make(4), fits=lambda t: t.size >= 4) is first
+    larger = ctx.kept_tensor("test.kept", lambda: make(16), fits=lambda t: t.size >= 16)
+    assert larger is not first and made == [8, 16] and larger.size == 16

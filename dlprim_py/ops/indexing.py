@@ -29,7 +29,7 @@ from .. import autograd, config, program, solver, tuning
 from ..context import check_same_context, default_context, Context
 from ..dtypes import as_dtype, bool_, cl_name, float16, float32, int32, int64
 from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError, not_a_tensor
-from ..launch import bind, run_planned_on, unrecorded
+from ..launch import bind, run_planned_on
 from ..tensor import Tensor, _checked
 from . import masks, reduce, tensor_ops
 from .arithmetic import reduce_to_shape
@@ -88,12 +88,9 @@ def _run(ctx, name, dtype, total, extent, *args):
 def range_flag(ctx):
     """The context's int64[3] flag (set, bad index, size) that the kernels write on an index
     out of range; checked at the next synchronizing call."""
-    flag = ctx.memo.get("index_range_flag")
-    if flag is None:
-        # Made outside any recording: a plan recorded by the first indexing call would
-        # otherwise zero the flag on every replay, dropping an error another call had set.
-        with unrecorded():
-            flag = ctx.memo["index_range_flag"] = Tensor.zeros(ctx, (3,), int64)
+    # Kept outside any recording: a plan recorded by the first indexing call would otherwise
+    # zero the flag on every replay, dropping an error another call had set.
+    flag = ctx.kept_tensor("index_range_flag", lambda: Tensor.zeros(ctx, (3,), int64))
     ctx.defer_check("index_range", _raise_on_flag)
     return flag.buffer
 

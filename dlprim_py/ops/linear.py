@@ -15,7 +15,7 @@ from ..context import PlanCache, check_same_context
 from ..dtypes import FLOAT16_TYPES, bfloat16, float16, float32
 from ..dtypes import name as dtype_name
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
-from ..launch import run_planned_on, unrecorded
+from ..launch import run_planned_on
 from ..tensor import Tensor, output
 from .gemm import enqueue_gemm
 
@@ -24,11 +24,8 @@ def _ones(ctx, length, dtype=float32):
     """A device vector of ``length`` ones of ``dtype``, kept per context (the bias gradient's
     GEMM operand)."""
     key = "linear.ones" if dtype == float32 else ("linear.ones", dtype_name(dtype))
-    ones = ctx.memo.get(key)
-    if ones is None or ones.size < length:
-        with unrecorded():     # kept by the context: no plan may replay its fill
-            ones = ctx.memo[key] = Tensor.full(ctx, (max(length, 1024),), 1.0, dtype)
-    return ones
+    return ctx.kept_tensor(key, lambda: Tensor.full(ctx, (max(length, 1024),), 1.0, dtype),
+                           fits=lambda ones: ones.size >= length)
 
 
 def _check(input, weight, bias):

@@ -30,7 +30,7 @@ from ..context import check_same_context
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..tensor import Tensor
 from .. import config
-from ..launch import bind, run_planned_on, unrecorded
+from ..launch import bind, run_planned_on
 from . import reduce as R
 from .arithmetic import mul, reduce_to_shape
 from .pointwise import PointwiseKernel, broadcast_shapes, launch_size
@@ -106,13 +106,9 @@ def _enqueue(ctx, built, name, gsize, lsize, args):
 def _range_flag(ctx):
     """The context's target-range flag (4 int64: set, offending value, classes, ignore_index),
     zero while no call has seen a bad target: whoever raises on it clears it."""
-    flag = ctx.memo.get("nll_range_flag")
-    if flag is None:
-        # Made outside any recording: a plan replaying its zero fill would drop an error
-        # another call had set.
-        with unrecorded():
-            flag = ctx.memo["nll_range_flag"] = Tensor.zeros(ctx, (4,), np.int64)
-    return flag
+    # Kept outside any recording: a plan replaying its zero fill would drop an error another
+    # call had set.
+    return ctx.kept_tensor("nll_range_flag", lambda: Tensor.zeros(ctx, (4,), np.int64))
 
 
 def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
@@ -538,11 +534,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean
 def unit_weight(ctx):
     """A 0-d 1.0 kept per context: the weight operand of a call without one (nothing writes
     it; a fresh one per call would cost a fill)."""
-    one = ctx.memo.get("unit_weight")
-    if one is None:
-        with unrecorded():     # kept by the context: no plan may replay its fill
-            one = ctx.memo["unit_weight"] = Tensor.full(ctx, (), 1.0)
-    return one
+    return ctx.kept_tensor("unit_weight", lambda: Tensor.full(ctx, (), 1.0))
 
 
 def _elementwise_loss(name, operands, forward, backward, grads, reduction, params=(),
@@ -958,12 +950,8 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6,
 def _class_indices(ctx, classes):
     """0, 1, ..., classes - 1 as float32 (C,), kept per context: the class of an element as an
     operand that broadcasts (exact below 2^24 classes)."""
-    key = ("class_indices", classes)
-    t = ctx.memo.get(key)
-    if t is None:
-        with unrecorded():     # a copy in a recording would leave its plan unplannable
-            t = ctx.memo[key] = Tensor.from_numpy(ctx, np.arange(classes, dtype=np.float32))
-    return t
+    return ctx.kept_tensor(("class_indices", classes), lambda: Tensor.from_numpy(
+        ctx, np.arange(classes, dtype=np.float32)))
 
 
 def _class_geometry(name, input, target, target_like_input=False):
