@@ -205,7 +205,12 @@ def find(ctx, fam, problem):
     if name in fam.solvers and fam.applies(fam.solvers[name], ctx, problem):
         return name
     names = fam.applicable(ctx, problem)
-    times = fam.measure(ctx, problem, names)
+    # Measured outside any open recording: find runs where a call first needs the choice,
+    # which may be inside the recording of that call's plan, and the candidates' trial runs
+    # must not become launches the plan replays on every call.
+    from .launch import unrecorded
+    with unrecorded():
+        times = fam.measure(ctx, problem, names)
     fastest = min(times.values())
     # Within FIND_TIE of the best, the better-ranked solver wins, so noise does not flip a
     # choice between equals.

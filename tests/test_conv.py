@@ -310,6 +310,25 @@ def test_find_mode_and_find_db(ctx, rng, monkeypatch, tmp_path):
     ctx.memo.pop("conv_find", None)
 
 
+def test_find_inside_a_recording_adds_no_launches(ctx, rng, monkeypatch, tmp_path):
+    """Find mode measures where a call first needs the choice, which may be inside the
+    recording of that call's plan (a backward's directions are chosen there): the candidates'
+    trial runs must stay out of it, or every replay of the plan would run them all."""
+    from dlprim_py import launch
+    from dlprim_py.ops.conv import selection
+    monkeypatch.setattr(finddb, "path_for", lambda c: tmp_path / "finddb.json")
+    monkeypatch.delenv("DLPRIM_NO_CACHE", raising=False)
+    ctx.memo.pop("conv_finddb", None)
+    monkeypatch.setenv("DLPRIM_FIND_MODE", "find")
+    dp.config.reload()
+    conv = make_conv(ctx, CONFIGS["3x3"], "NCHW")
+    with launch.Recording() as recording:
+        name = selection.find(ctx, conv.problem, "backward_data")
+    assert name in conv.algorithms("backward_data")
+    assert recording.steps == [] and not recording.opaque
+    ctx.memo.pop("conv_finddb", None)
+
+
 def test_bad_input(ctx):
     desc = dp.ConvolutionDesc(1, 1, 1, 1)
     T = dp.TensorDesc
