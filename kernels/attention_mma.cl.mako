@@ -61,6 +61,11 @@
 ##   q_split       forward (with q_frags): q's fragments kept split (big and small parts) for
 ##                 the whole walk; else kept as floats and split at each step (half the
 ##                 registers, for large head dims)
+##   fused_dq      dK/dV (q_step a multiple of 16): dQ computed there too (the kernel takes dq,
+##                 zeroed, and dq_on): each step's dS tiles through local memory, dQ += dS K
+##                 over the group's keys (staged once), added to dq by atomics (red.global.add
+##                 on NVIDIA: the sum's order, so its last bits, vary from run to run); the dQ
+##                 kernel, which computes S and dP again, is then not run
 ##   frags_kv, frags_q  backward (dK/dV, dQ): the A fragments of the group's own rows (k and v
 ##                 in dK/dV, q and dO in dQ) kept in registers; else read again (through the
 ##                 caches) at each step, for large head dims or two tiles per warp, where the
@@ -107,6 +112,10 @@
     # dK/dV: q and dO read both ways; dQ: k both ways, v along its rows.
     B_QLD = DKP + 4
     B_GLD = DVP + 4
+    # fused_dq: the group's keys (k staged once, rows of DKP + 4: b_cols reads meet distinct
+    # banks) and the step's dS (rows of NK + 4 keys).
+    NK = 16 * kv_tiles * kv_warps
+    DS_LD = NK + 4
     Q_KLD = DKP + 4
     Q_VLD = k_contiguous_ld(DVP)
     NB = block_n // 8
@@ -299,6 +308,24 @@ inline float quad_sum(float x)
     x += other;
     asm volatile("shfl.sync.bfly.b32 %0, %1, 2, 0x1f, 0xffffffff;" : "=f"(other) : "f"(x));
     return x + other;
+}
+% endif
+
+% if fused_dq:
+// *p += v, atomically: red.global.add.f32 on NVIDIA, a compare-and-swap loop elsewhere (its
+// first guess 0, so that no plain read of a value other items add to is made).
+inline void atomic_add_float(__global float *p, float v)
+{
+%   if emulate:
+    uint seen = 0, expected;
+    do {
+        expected = seen;
+        seen = atomic_cmpxchg((volatile __global uint *)p, expected,
+                              as_uint(as_float(expected) + v));
+    } while (seen != expected);
+%   else:
+    asm volatile("red.global.add.f32 [%0], %1;" :: "l"((ulong)p), "f"(v) : "memory");
+%   endif
 }
 % endif
 
@@ -853,6 +880,9 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
                                __global const float *dout, const ${index_t} dout_off,
                                __global const float *lse, __global const float *delta,
                                __global float *dk, __global float *dv,
+% if fused_dq:
+                               __global float *dq, const int dq_on,
+% endif
                                const uint seed0, const uint seed1, const uint stream0,
                                const uint stream1, const uint threshold, const float keep_scale)
 {
@@ -861,6 +891,10 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
     __local float q_tile[${stages * q_step * B_QLD}] __attribute__((aligned(16)));
     __local float g_tile[${stages * q_step * B_GLD}] __attribute__((aligned(16)));
     __local float lse_tile[${stages * q_step}], delta_tile[${stages * q_step}];
+% if fused_dq:
+    __local float k_grp[${NK * B_QLD}] __attribute__((aligned(16)));
+    __local float ds_tile[${q_step * DS_LD}] __attribute__((aligned(16)));
+% endif
     ${scratch(32 * kv_warps)}
     ${item_ids()}
     const ${index_t} b = get_group_id(1);
@@ -902,6 +936,11 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
 % endif
     // Causal: query rows before the group's first key see none of its keys.
     const ${index_t} i_begin = causal ? kv0 : 0;
+% if fused_dq:
+    // The group's keys (unscaled: dQ's scale is applied as it is added), for every step's
+    // dQ += dS K; the walk's first barrier publishes them.
+    ${stage("k_grp", "kb", "kv0", NK, "S", dk, B_QLD, 32 * kv_warps)}
+% endif
 
 <% kv_staged = [("q", "qb", "L", dk, B_QLD, q_step), ("g", "gb", "L", dv, B_GLD, q_step)] %>
     ${walk_prologue(kv_staged, "i_begin", "L", 32 * kv_warps, stats=True)}
@@ -959,6 +998,56 @@ void attention_mma_backward_kv(const ${index_t} L, const ${index_t} S, const flo
                 ${weight_and_ds("st[mt][j].w", "dpt[mt][j].w", "row + 1", "k_mt + 8", "lse_at[r + 1]", "delta_at[r + 1]")}
             }
         }
+% if fused_dq:
+        if (dq_on) {
+            // dQ += dS K over the group's keys for the step's rows: each warp's dS^T tiles
+            // (keys by rows) go to local memory as dS (rows by keys); the group's warps then
+            // share the (q_step x DKP) product, its 16 x 8 tiles dealt round them, and add it
+            // to dq by atomics (the other groups add their keys' share).
+            ${UNROLL}
+            for (int mt = 0; mt < ${KT}; ++mt) {
+                const int kl = warp * ${16 * KT} + 16 * mt + g;
+                ${UNROLL}
+                for (int j = 0; j < ${QB}; ++j) {
+                    const int r = 8 * j + 2 * t;
+                    ds_tile[r * ${DS_LD} + kl] = dpt[mt][j].x;
+                    ds_tile[(r + 1) * ${DS_LD} + kl] = dpt[mt][j].y;
+                    ds_tile[r * ${DS_LD} + kl + 8] = dpt[mt][j].z;
+                    ds_tile[(r + 1) * ${DS_LD} + kl + 8] = dpt[mt][j].w;
+                }
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+<% units = (q_step // 16) * KS %>
+            for (int round = 0; round < ${-(-units // kv_warps)}; ++round) {
+                // Every warp takes a tile each round (uniform: the emulated mma holds
+                // barriers); a warp past the last tile computes one it does not store.
+                const int unit_raw = round * ${kv_warps} + warp;
+                const int unit = unit_raw < ${units} ? unit_raw : ${units - 1};
+                const int m0 = (unit / ${KS}) * 16, n0 = (unit % ${KS}) * 8;
+                float4 acc = (float4)(0.0f);
+                ${UNROLL}
+                for (int kk = 0; kk < ${NK // 8}; ++kk) {
+                    __local const float *lo = ds_tile + (m0 + g) * ${DS_LD} + 8 * kk + 2 * t;
+                    const float2 x_lo = *(__local const float2 *)lo;
+                    const float2 x_hi = *(__local const float2 *)(lo + ${8 * DS_LD});
+                    const float4 a = (float4)(x_lo.x, x_hi.x, x_lo.y, x_hi.y);
+                    const uint4 a_big = tf32_big4(a), a_small = tf32_small4(a, a_big);
+                    const float2 bx = ${b_cols("k_grp", B_QLD, "8 * kk", "n0")};
+                    const uint2 b_big = tf32_big2(bx), b_small = tf32_small2(bx, b_big);
+                    acc = mma3(acc, a_big, a_small, b_big, b_small MMA_AT);
+                }
+                if (unit_raw < ${units}) {
+                    const ${index_t} row = i0 + m0 + g;
+                    const int col = n0 + 2 * t;
+                    __global float *dqb = dq + ((${index_t})b * L + row) * DK + col;
+                    if (row < L && col < DK) atomic_add_float(dqb, acc.x * scale);
+                    if (row < L && col + 1 < DK) atomic_add_float(dqb + 1, acc.y * scale);
+                    if (row + 8 < L && col < DK) atomic_add_float(dqb + 8 * DK, acc.z * scale);
+                    if (row + 8 < L && col + 1 < DK) atomic_add_float(dqb + 8 * DK + 1, acc.w * scale);
+                }
+            }
+        }
+% endif
         // dV += P^T dO and dK += dS^T Q: the accumulator tiles (8 rows each) as A fragments,
         // dO's and q's rows read permuted as their columns are, each B fragment read and split
         // once for the KT tiles.

@@ -203,7 +203,8 @@ def test_repeated_call_builds_nothing(ctx, rng, mma):
 
 
 @pytest.mark.parametrize("extra", [{}, {"m_tiles": 2, "kv_tiles": 2, "q_tiles": 2},
-                                   {"chain": "split"}, {"small": "trunc"}])
+                                   {"chain": "split"}, {"small": "trunc"},
+                                   {"fused_dq": True, "kv_tiles": 2}])
 def test_ptx_matches_emulation(ctx, rng, mma, tuning_rules, extra):
     """On a GPU with mma.sync: the PTX kernels against the emulated ones (the same fragments),
     to the last bits but for the hardware's own order of the 8 products of an mma; with one
@@ -527,3 +528,61 @@ def test_truncated_small_parts(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tile
     with spy:
         _check(ctx, rng, qs, ks, vs, **kw)
     assert built and all(p["small"] == "trunc" for _, p in built)
+
+
+@pytest.mark.parametrize("qs, ks, vs, kw", [
+    ((2, 3, 37, 16), (2, 3, 45, 16), (2, 3, 45, 16), {"is_causal": True}),
+    ((1, 2, 45, 16), (1, 2, 29, 16), (1, 2, 29, 16), {"is_causal": True}),     # L > S
+    ((2, 6, 20, 16), (2, 2, 33, 16), (2, 3, 33, 16), {"enable_gqa": True, "scale": 0.3}),
+    ((1, 3, 9, 16), (2, 3, 11, 16), (2, 3, 11, 16), {}),                    # q broadcast
+    ((19, 12), (23, 12), (23, 7), {"scale": 1.7}),                          # 2-d, E % 8 != 0
+    ((1, 2, 37, 64), (1, 2, 70, 64), (1, 2, 70, 64), {"is_causal": True}),  # head dim 64
+])
+@pytest.mark.parametrize("tiles", [{}, {"kv_tiles": 2}])
+def test_fused_dq(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tiles):
+    """fused_dq: dQ computed in the dK/dV kernel (each step's dS through local memory, dQ +=
+    dS K over the group's keys, added to a zeroed dq by atomics), the dQ kernel not run."""
+    base = {"solver": "mma"} if real_mma(ctx) else SMALL
+    tuning_rules("attention", [{"when": {}, "params": dict(base, fused_dq=True, **tiles)}])
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, qs, ks, vs, **kw)
+    assert built and all(p["fused_dq"] for _, p in built)
+
+
+def test_fused_dq_masks_dropout_and_partial_gradients(ctx, rng, mma, tuning_rules):
+    """fused_dq with a bool mask and with dropout against the host's keep-mask; then only q,
+    and only k and v, asking for gradients (the dQ kernel, and dK/dV without dQ)."""
+    base = {"solver": "mma"} if real_mma(ctx) else SMALL
+    tuning_rules("attention", [{"when": {}, "params": dict(base, fused_dq=True)}])
+    mask = rng.uniform(0, 1, (2, 1, 37, 45)) > 0.3
+    mask[0, 0, 5] = False
+    _check(ctx, rng, (2, 3, 37, 16), (2, 3, 45, 16), (2, 3, 45, 16), mask=mask)
+    p, seed, stream = 0.25, 5, 2
+    shape_q, shape_k = (2, 2, 37, 16), (2, 2, 45, 16)
+    q, k, v = random(rng, shape_q), random(rng, shape_k), random(rng, shape_k)
+    g = random(rng, shape_q)
+    keep = A.attention_dropout_mask((2, 2), 37, 45, p, seed, stream)
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
+    ref = torch.softmax(tq @ tk.transpose(-1, -2) / 4.0, dim=-1) * torch.tensor(keep) / (1 - p) @ tv
+    ref.backward(torch.tensor(g, dtype=torch.float64))
+    for wanted in ((True, True, True), (True, False, False), (False, True, True)):
+        ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=w) for a, w in zip((q, k, v), wanted)]
+        out = F.scaled_dot_product_attention(*ours, dropout_p=p, seed=seed, stream=stream)
+        assert_close(out.numpy(), ref.detach().numpy(), tol=TOL)
+        out.backward(dp.Tensor.from_numpy(ctx, g))
+        for t, r, w in zip(ours, (tq, tk, tv), wanted):
+            if w:
+                assert_close(t.grad.numpy(), r.grad.numpy(), tol=TOL)
+            else:
+                assert t.grad is None
+
+
+def test_fused_dq_needs_whole_row_tiles(ctx, rng, mma, tuning_rules):
+    """fused_dq with steps of 8 query rows (less than an m16 tile): dQ keeps its kernel."""
+    base = {"solver": "mma"} if real_mma(ctx) else SMALL
+    tuning_rules("attention", [{"when": {}, "params": dict(base, fused_dq=True, q_step=8)}])
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, (1, 2, 21, 16), (1, 2, 30, 16), (1, 2, 30, 16))
+    assert built and not built[-1][1]["fused_dq"] and built[-1][1]["q_step"] == 8

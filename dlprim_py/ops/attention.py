@@ -233,12 +233,15 @@ def _mma_ld(width, k_contiguous):
     return ld if (ld // 8) % 2 == 1 else width + 16
 
 
-def _mma_local(kernel, dk, dv, warps, step, emulate, stages=1):
+def _mma_local(kernel, dk, dv, warps, step, emulate, stages=1, fused_keys=0):
     """Bytes of local memory of an mma kernel ("forward", "kv" or "q") of ``warps`` warps
     staging ``step`` keys (or query rows) per step in ``stages`` buffers (the forward's split
-    tiles, ``presplit``, count as two)."""
+    tiles, ``presplit``, count as two); ``fused_keys``: the dK/dV kernel's keys per group where
+    it computes dQ too (their k and a step's dS staged)."""
     dkp, dvp = -(-dk // 8) * 8, -(-dv // 8) * 8
     extra = 48 * 32 * warps if emulate else 0
+    if fused_keys:
+        extra += 4 * fused_keys * (dkp + 4) + 4 * step * (fused_keys + 4)
     if kernel == "forward":
         return 4 * stages * step * (_mma_ld(dkp, True) + _mma_ld(dvp, False)) + extra \
             + (8 * 32 * warps if emulate else 0)
@@ -248,7 +251,7 @@ def _mma_local(kernel, dk, dv, warps, step, emulate, stages=1):
     return 4 * stages * step * (_mma_ld(dkp, False) + _mma_ld(dvp, True)) + extra
 
 
-def _fit_mma(ctx, problem, kernel, warps, step, emulate, stages):
+def _fit_mma(ctx, problem, kernel, warps, step, emulate, stages, fused_keys=0):
     """(warps, step) of an mma kernel from the tuning values: the step halved (down to 8) until
     the kernel's local memory fits the device."""
     warps, step = int(warps), int(step)
@@ -259,10 +262,11 @@ def _fit_mma(ctx, problem, kernel, warps, step, emulate, stages):
         raise UnsupportedError(f"attention mma solver ({kernel}): the step must be a multiple "
                                f"of 8, got {step}")
     limit = ctx.info.local_mem_size
-    while _mma_local(kernel, problem.dk, problem.dv, warps, step, emulate, stages) > limit \
-            and step > 8:
+    while _mma_local(kernel, problem.dk, problem.dv, warps, step, emulate, stages,
+                     fused_keys) > limit and step > 8:
         step //= 2
-    if _mma_local(kernel, problem.dk, problem.dv, warps, step, emulate, stages) > limit:
+    if _mma_local(kernel, problem.dk, problem.dv, warps, step, emulate, stages,
+                  fused_keys) > limit:
         raise UnsupportedError(f"scaled_dot_product_attention: head dims ({problem.dk}, "
                                f"{problem.dv}) do not fit the device's local memory (mma)")
     return warps, step
@@ -408,7 +412,16 @@ class AttentionPlan:
                                       for name in ("m_tiles", "kv_tiles", "q_tiles"))
         fw, fn = _fit_mma(ctx, problem, "forward", tuned["warps"], tuned["block_n"], emulate,
                           2 if presplit else stages)
-        kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate, stages)
+        # fused_dq: dQ computed in the dK/dV kernel (atomics), the dQ kernel not run. It takes
+        # steps of whole m16 tiles: where the local memory leaves 8 rows, dQ has its kernel.
+        fused_dq = bool(tuned.get("fused_dq", False))
+        fused_keys = 16 * kv_tiles * int(tuned["kv_warps"]) if fused_dq else 0
+        kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate, stages,
+                          fused_keys)
+        if fused_dq and ks % 16:
+            fused_dq = False
+            kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate,
+                              stages)
         qw, qs = _fit_mma(ctx, problem, "q", tuned["q_warps"], tuned["k_step"], emulate, stages)
         # Registers: at head dims up to 64 the warps' own fragments stay in them (q split in
         # the forward); past 64 they would crowd out the accumulators. Two row tiles per warp
@@ -432,6 +445,7 @@ class AttentionPlan:
                            dropout=problem.dropout, index_t=index_t, emulate=emulate,
                            stages=stages, round=rounding, chain=chain, small=small_parts, presplit=presplit, q_frags=q_frags,
                            q_split=q_split, kv_tiles=kv_tiles, q_tiles=q_tiles,
+                           fused_dq=fused_dq,
                            frags_kv=frags_kv, frags_q=frags_q)
         built = program.build(ctx, "attention_mma", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_mma_forward", fresh=True))
@@ -712,21 +726,32 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                           index(saved.offset_elements), g.buffer, index(g.offset_elements),
                           delta.buffer)
         dq = dk = dv = None
+        kv_grads = key.requires_grad or value.requires_grad
+        # The mma solver's fused_dq: dQ added by the dK/dV kernel into a zeroed dq.
+        fused = plan.params.get("fused_dq", False)
+        fuse_dq = fused and query.requires_grad and kv_grads
         if query.requires_grad:
             dq = _empty(ctx, batch + (L, E), float32)
-            plan.q_kernel(ctx.queue, *plan.q_size, *common, *strides, np.float32(scale),
-                          g.buffer, index(g.offset_elements), lse.buffer, delta.buffer,
-                          dq.buffer, *drop)
-            dq = _reduce_to(dq, query.shape, None)
-        if key.requires_grad or value.requires_grad:
+            if fuse_dq:
+                if dq.size:
+                    dq.fill_(0.0)
+            else:
+                plan.q_kernel(ctx.queue, *plan.q_size, *common, *strides, np.float32(scale),
+                              g.buffer, index(g.offset_elements), lse.buffer, delta.buffer,
+                              dq.buffer, *drop)
+        if kv_grads:
             dk = _empty(ctx, batch + (S, E), float32)
             dv = _empty(ctx, batch + (S, Ev), float32)
             if S:
+                dq_args = ((dq.buffer if fuse_dq else dk.buffer, np.int32(fuse_dq))
+                           if fused else ())
                 plan.kv_kernel(ctx.queue, *plan.keys_size, *common, *strides, np.float32(scale),
                                g.buffer, index(g.offset_elements), lse.buffer, delta.buffer,
-                               dk.buffer, dv.buffer, *drop)
+                               dk.buffer, dv.buffer, *dq_args, *drop)
             dk = _reduce_to(dk, key.shape, k_group) if key.requires_grad else None
             dv = _reduce_to(dv, value.shape, v_group) if value.requires_grad else None
+        if dq is not None:
+            dq = _reduce_to(dq, query.shape, None)
         return dq, dk, dv
 
     return autograd.record(out, (query, key, value), backward, "scaled_dot_product_attention")
