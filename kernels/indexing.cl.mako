@@ -19,8 +19,6 @@
 ##   gather_last4(total4, L, D, x, x_off, idx, idx_off, y, y_off, flag)
 ##     gather_dim for I = 1, a dense index and L % 4 == 0: four outputs per item (total4 of
 ##     them), the index read as long4.
-##   gather_last8(total8, L, D, x, x_off, idx, idx_off, y, y_off, flag)
-##     gather_last4 for L % 8 == 0: eight outputs per item, the index read as two long4.
 ##   select_rows4(total4, L, I4, D, x, x_off, idx, idx_off, y, y_off, flag)
 ##     index_select / embedding's gather_dim (index strides (0, 1, 0)) for I = 4 * I4: a
 ##     4-vector of a row per item.
@@ -108,32 +106,6 @@ __kernel void gather_last4(index_t total4, index_t L, long D,
         if (v.z >= 0 && v.z < D) out.z = row[v.z]; else report(flag, v.z, D);
         if (v.w >= 0 && v.w < D) out.w = row[v.w]; else report(flag, v.w, D);
         vstore4(out, 0, y + y_off + g);
-    }
-}
-
-// gather_last4 with eight outputs per item (L % 8 == 0): eight reads of x in flight per item.
-__kernel void gather_last8(index_t total8, index_t L, long D,
-                           __global const ${T}* x, index_t x_off,
-                           __global const long* idx, index_t idx_off,
-                           __global ${T}* y, index_t y_off, __global long* flag)
-{
-    for (index_t g8 = get_global_id(0); g8 < total8; g8 += get_global_size(0)) {
-        const index_t g = 8 * g8;
-        const index_t o = g / L;
-        // Two 4-vectors rather than 8-wide ones, which some compilers (PoCL's) mishandle.
-        const long4 v = vload4(0, idx + idx_off + g), w = vload4(1, idx + idx_off + g);
-        __global const ${T}* row = x + x_off + o * (index_t)D;
-        ${T}4 out = (${T}4)(0), out2 = (${T}4)(0);
-        if (v.x >= 0 && v.x < D) out.x = row[v.x]; else report(flag, v.x, D);
-        if (v.y >= 0 && v.y < D) out.y = row[v.y]; else report(flag, v.y, D);
-        if (v.z >= 0 && v.z < D) out.z = row[v.z]; else report(flag, v.z, D);
-        if (v.w >= 0 && v.w < D) out.w = row[v.w]; else report(flag, v.w, D);
-        if (w.x >= 0 && w.x < D) out2.x = row[w.x]; else report(flag, w.x, D);
-        if (w.y >= 0 && w.y < D) out2.y = row[w.y]; else report(flag, w.y, D);
-        if (w.z >= 0 && w.z < D) out2.z = row[w.z]; else report(flag, w.z, D);
-        if (w.w >= 0 && w.w < D) out2.w = row[w.w]; else report(flag, w.w, D);
-        vstore4(out, 0, y + y_off + g);
-        vstore4(out2, 1, y + y_off + g);
     }
 }
 

@@ -60,9 +60,8 @@ def index_add_algo(request, monkeypatch):
 
 @pytest.mark.parametrize("shape,dim,index_shape", [
     ((3, 5, 4), 1, (3, 7, 4)), ((3, 5, 4), -1, (2, 5, 6)), ((6, 4), 0, (9, 3)), ((5,), 0, (8,)),
-    # along the last dimension, rows of a multiple of 8 (eight outputs per work item) or of 4
-    # (four)
-    ((3, 5, 9), -1, (2, 5, 8)), ((2, 9), 1, (2, 12)), ((3, 40), 1, (3, 24))])
+    # along the last dimension, rows of a multiple of 4 (four outputs per work item)
+    ((3, 5, 9), -1, (2, 5, 8)), ((2, 9), 1, (2, 12))])
 def test_gather_and_its_gradient(ctx, rng, shape, dim, index_shape):
     x = random(rng, shape)
     index = rng.integers(0, shape[dim], index_shape)     # duplicates, a smaller index
@@ -79,15 +78,9 @@ def test_gather_other_dtypes_and_method(ctx, rng):
     index = rng.integers(0, 6, (4, 3))
     out = t_(ctx, x).gather(1, t_(ctx, index))
     np.testing.assert_array_equal(out.numpy(), np.take_along_axis(x, index, 1))
-    for cols in (12, 16):                   # four, eight per work item
-        index = rng.integers(0, 6, (4, cols))
-        out = t_(ctx, x).gather(1, t_(ctx, index))
-        np.testing.assert_array_equal(out.numpy(), np.take_along_axis(x, index, 1))
-    # An index that starts one element into its buffer (its long8 read unaligned).
-    pool = np.concatenate([[0], rng.integers(0, 6, 4 * 16)])
-    index = dp.Tensor(ctx, t_(ctx, pool).buffer, (4, 16), dp.int64, offset=8)
-    out = t_(ctx, x).gather(1, index)
-    np.testing.assert_array_equal(out.numpy(), np.take_along_axis(x, pool[1:].reshape(4, 16), 1))
+    index = rng.integers(0, 6, (4, 8))      # four per work item
+    out = t_(ctx, x).gather(1, t_(ctx, index))
+    np.testing.assert_array_equal(out.numpy(), np.take_along_axis(x, index, 1))
 
 
 @pytest.mark.parametrize("dim", [0, -1])
@@ -413,8 +406,7 @@ def test_one_hot(ctx, rng):
 def test_out_of_range_indices_raise_at_the_next_synchronization(ctx, rng):
     x = t_(ctx, random(rng, (3, 4)))
     bad = t_(ctx, np.array([[0, 4, 1, -1]] * 3))
-    bad8 = t_(ctx, np.array([[0, 1, 2, 3, 0, 1, 2, 3]] * 2 + [[0, 1, 2, 3, 0, 1, 9, 3]]))
-    calls = [lambda: F.gather(x, 1, bad), lambda: F.gather(x, 1, bad8), lambda: F.index_select(x, 0, t_(ctx, np.array([3]))),
+    calls = [lambda: F.gather(x, 1, bad), lambda: F.index_select(x, 0, t_(ctx, np.array([3]))),
              lambda: F.embedding(t_(ctx, np.array([7])), x),
              lambda: F.scatter_add(x, 1, bad, x), lambda: F.scatter(x, 1, bad, x),
              lambda: F.index_add(x, 0, t_(ctx, np.array([0, -2, 1])), t_(ctx, random(rng, (3, 4)))),

@@ -168,10 +168,6 @@ def _check_index_shape(name, input, dim, index, src=None):
                                  f"in dimension {d}")
 
 
-# Outputs per item of a gather along the last dimension where the index rows allow (8 or 4).
-GATHER_LAST_WIDTH = 8
-
-
 def _gather_into(y, x, dim, index):
     """y (index's shape, dense) = x gathered along ``dim`` (x fits index outside ``dim``)."""
     O, L, I = _split(_as_1d(index).shape, dim)
@@ -179,10 +175,8 @@ def _gather_into(y, x, dim, index):
     ctx = x.ctx
     extent = max(O * L * I, x.offset_elements + x.size, index.offset_elements + index.size)
     if I == 1 and L % 4 == 0:
-        # Along the last dimension: eight or four outputs per item (kernels/indexing.cl.mako),
-        # their reads of x in flight together.
-        width = GATHER_LAST_WIDTH if L % GATHER_LAST_WIDTH == 0 else 4
-        _run(ctx, f"gather_last{width}", x.dtype, O * L // width, extent, O * L // width, L,
+        # Along the last dimension: four outputs per item (kernels/indexing.cl.mako).
+        _run(ctx, "gather_last4", x.dtype, O * L // 4, extent, O * L // 4, L,
              scalar(np.int64, D), x.buffer, x.offset_elements, index.buffer,
              index.offset_elements, y.buffer, y.offset_elements, range_flag(ctx))
         return
