@@ -262,14 +262,16 @@ def test_chosen_first_on_nvidia_gpus():
         assert (params["warps"], params["block_n"], params["stages"]) == (4, 32, 2)
         assert (params["q_step"], params["k_step"]) == (16, 16)
         assert params["small"] == "trunc" and params.get("m_tiles", 1) == 1
+        assert params["fused_dq"]
     # Long rows without mask, causality or dropout at head dims up to 64: two tiles per warp
     # in every kernel.
     for L in (1024, 4096):
         problem = A.AttentionProblem(64, 64, L, L, "none", False, False)
         params = solver.tunables(ctx, "attention", problem, "mma")
         assert (params["warps"], params["m_tiles"], params["kv_tiles"], params["q_tiles"]) == \
-            (8, 2, 2, 2)
-        assert (params["q_step"], params["k_step"], params["small"]) == (32, 32, "trunc")
+            (8, 2, 1, 2)
+        assert (params["q_step"], params["k_step"], params["small"]) == (16, 32, "trunc")
+        assert params["fused_dq"]
 
 
 def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
@@ -538,7 +540,7 @@ def test_truncated_small_parts(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tile
     ((19, 12), (23, 12), (23, 7), {"scale": 1.7}),                          # 2-d, E % 8 != 0
     ((1, 2, 37, 64), (1, 2, 70, 64), (1, 2, 70, 64), {"is_causal": True}),  # head dim 64
 ])
-@pytest.mark.parametrize("tiles", [{}, {"kv_tiles": 2}])
+@pytest.mark.parametrize("tiles", [{}, {"kv_tiles": 2, "kv_warps": 2}])
 def test_fused_dq(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tiles):
     """fused_dq: dQ computed in the dK/dV kernel (each step's dS through local memory, dQ +=
     dS K over the group's keys, added to a zeroed dq by atomics), the dQ kernel not run."""
