@@ -1,7 +1,7 @@
 """Every environment variable the library reads, in one place.
 
 The call switches (DLPRIM_LOG_CMD, DLPRIM_FIND_MODE, DLPRIM_*_ALGO, DLPRIM_CHECK_NUMERICS,
-DLPRIM_WORKSPACE_LIMIT, DLPRIM_TF32_EMULATE) are read once, at the first
+DLPRIM_WORKSPACE_LIMIT, DLPRIM_TF32_EMULATE, DLPRIM_DETERMINISTIC) are read once, at the first
 call that needs one, and again on ``dlprim_py.config.reload()``; the others where they are used.
 
 DLPRIM_DEVICE      device to use: "P:D" (platform:device indices) or a piece of the device name
@@ -24,6 +24,9 @@ DLPRIM_TF32_EMULATE "1": the convolution's TF32 algorithms (gemm_tf32, winograd_
                    portable OpenCL (slow: for testing their addressing and rounding anywhere);
                    TF32 must still be allowed (dlprim_py.backends). Likewise the attention
                    family's "mma" solver (3xTF32, fp32-accurate: no TF32 permission needed)
+DLPRIM_DETERMINISTIC "1": no algorithm whose result's last bits vary from run to run (sums in
+                   the order atomics land: the attention backward's fused dQ on NVIDIA); the
+                   same inputs then give the same bits on every run
 DLPRIM_CONV3D_ALGO force one 3-D convolution solver: vol2col_gemm, direct
 DLPRIM_GEMM_ALGO   force one GEMM solver: tiled, splitk, small, subgroup (where it applies)
 DLPRIM_NORM_ALGO   force one batch-norm reduction algorithm: groups, groups_scalar, columns
@@ -56,7 +59,7 @@ _snapshot = None
 
 class _Switches:
     __slots__ = ("log_cmd", "find_mode", "forced", "check_numerics", "workspace_limit",
-                 "tf32_emulate")
+                 "tf32_emulate", "deterministic")
 
     def __init__(self, environ):
         self.log_cmd = _truthy(environ.get("DLPRIM_LOG_CMD", ""))
@@ -64,6 +67,7 @@ class _Switches:
         self.find_mode = environ.get("DLPRIM_FIND_MODE", "immediate").strip().lower() or "immediate"
         self.workspace_limit = _mebibytes(environ, "DLPRIM_WORKSPACE_LIMIT")
         self.tf32_emulate = _truthy(environ.get("DLPRIM_TF32_EMULATE", ""))
+        self.deterministic = _truthy(environ.get("DLPRIM_DETERMINISTIC", ""))
         # DLPRIM_<FAMILY>_ALGO -> {"family": value}
         self.forced = {name[len("DLPRIM_"):-len("_ALGO")].lower(): value
                        for name, value in environ.items()

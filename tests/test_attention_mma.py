@@ -588,3 +588,17 @@ def test_fused_dq_needs_whole_row_tiles(ctx, rng, mma, tuning_rules):
     with spy:
         _check(ctx, rng, (1, 2, 21, 16), (1, 2, 30, 16), (1, 2, 30, 16))
     assert built and not built[-1][1]["fused_dq"] and built[-1][1]["q_step"] == 8
+
+
+def test_deterministic_switch_keeps_the_dq_kernel(ctx, rng, mma, tuning_rules, monkeypatch):
+    """DLPRIM_DETERMINISTIC=1: a rule's fused_dq (atomics, run-to-run last bits) is not used;
+    the dQ kernel runs."""
+    base = {"solver": "mma"} if real_mma(ctx) else SMALL
+    tuning_rules("attention", [{"when": {}, "params": dict(base, fused_dq=True)}])
+    monkeypatch.setenv("DLPRIM_DETERMINISTIC", "1")
+    dp.config.reload()
+    built, spy = _plans()
+    with spy:
+        out = _check(ctx, rng, (2, 3, 37, 16), (2, 3, 45, 16), (2, 3, 45, 16), is_causal=True)
+    assert built and not any(p["fused_dq"] for _, p in built)
+    assert out.shape == (2, 3, 37, 16)

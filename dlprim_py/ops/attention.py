@@ -413,8 +413,9 @@ class AttentionPlan:
         fw, fn = _fit_mma(ctx, problem, "forward", tuned["warps"], tuned["block_n"], emulate,
                           2 if presplit else stages)
         # fused_dq: dQ computed in the dK/dV kernel (atomics), the dQ kernel not run. It takes
-        # steps of whole m16 tiles: where the local memory leaves 8 rows, dQ has its kernel.
-        fused_dq = bool(tuned.get("fused_dq", False))
+        # steps of whole m16 tiles: where the local memory leaves 8 rows, dQ has its kernel;
+        # DLPRIM_DETERMINISTIC keeps the dQ kernel (atomics land in no fixed order).
+        fused_dq = bool(tuned.get("fused_dq", False)) and not config.switches().deterministic
         fused_keys = 16 * kv_tiles * int(tuned["kv_warps"]) if fused_dq else 0
         kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate, stages,
                           fused_keys)
@@ -624,7 +625,8 @@ def _call(ctx, query, key, value, attn_mask, is_causal, enable_gqa, dropout, alg
         attn_mask is not None and attn_mask.offset_elements + attn_mask.size >= 2 ** 30)
     key_ = ("attention", query.shape, key.shape, value.shape,
             None if attn_mask is None else (attn_mask.shape, attn_mask.dtype), bool(is_causal),
-            bool(enable_gqa), dropout, wide, forced, tuning.generation)
+            bool(enable_gqa), dropout, wide, forced, config.switches().deterministic,
+            tuning.generation)
     call = ctx.plans.get(key_)
     if call is None:
         call = ctx.plans.put(key_, _Call(ctx, query, key, value, attn_mask, is_causal,
