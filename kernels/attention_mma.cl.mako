@@ -76,10 +76,6 @@
 ##   presplit      forward (with stages 1): the step's keys and values split into their TF32
 ##                 parts once, when staged (two tiles each), instead of by every warp that
 ##                 reads them (a quarter of the conversions with 4 warps, twice the local reads)
-##   chain         "serial": the three mma of a 3xTF32 product accumulate in turn into the
-##                 accumulator; "split": the two small terms into a zeroed one, added after
-##                 the big product (a walk into one accumulator then waits for one mma and an
-##                 add per product instead of three mma)
 ##   small         "rna": the small TF32 parts rounded (cvt.rna, or round's integer form);
 ##                 "trunc": left unrounded, the tensor core truncating them (one conversion per
 ##                 value, not two; CUTLASS's FastF32 rounds its small parts so)
@@ -171,22 +167,9 @@ inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_sm
     mine[11] = b_small.y;
     barrier(CLK_LOCAL_MEM_FENCE);
     const int g = lane / 4, t = lane % 4;
-% if chain == "split":
-    // The small terms summed from zero, added after the big product (the PTX path's order).
-    const float4 c_in = c;
-% endif
     // (A part, B part) of each product: small = 6 words on.
     for (int term = 0; term < 3; ++term) {
         const int a_part = term == 0 ? 6 : 0, b_part = term == 1 ? 6 : 0;
-% if chain == "split":
-        float4 small_terms;
-        if (term == 0)
-            c = (float4)(0.0f);
-        if (term == 2) {
-            small_terms = c;
-            c = c_in;
-        }
-% endif
         for (int k = 0; k < 8; ++k) {
             const int hi = k / 4;
             // The tensor core reads each operand's top 19 bits (TF32), truncating it.
@@ -199,10 +182,6 @@ inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_sm
             c.z = fma(a_g8, b_0, c.z);
             c.w = fma(a_g8, b_1, c.w);
         }
-% if chain == "split":
-        if (term == 2)
-            c += small_terms;
-% endif
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     return c;
@@ -234,20 +213,14 @@ inline float4 mma_tf32(float4 c, uint4 a, uint2 b)
 }
 #define MMA_AT
 
-// c + a * b in 3xTF32: the two small cross terms first, then the big product. chain "split":
-// the small terms summed from zero and added after the big product, so that a walk of
-// products into one accumulator waits for one mma and an add per step, not three mma.
+// c + a * b in 3xTF32: the two small cross terms first, then the big product. (Summing the
+// small terms apart and adding them after the big mma, to shorten an accumulator's chain of
+// dependent mma, ran 5-15% slower on an H200: the kernels do not wait on mma latency.)
 inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_small)
 {
-% if chain == "split":
-    float4 small_terms = mma_tf32((float4)(0.0f), a_small, b_big);
-    small_terms = mma_tf32(small_terms, a_big, b_small);
-    return mma_tf32(c, a_big, b_big) + small_terms;
-% else:
     c = mma_tf32(c, a_small, b_big);
     c = mma_tf32(c, a_big, b_small);
     return mma_tf32(c, a_big, b_big);
-% endif
 }
 % endif
 

@@ -203,7 +203,7 @@ def test_repeated_call_builds_nothing(ctx, rng, mma):
 
 
 @pytest.mark.parametrize("extra", [{}, {"m_tiles": 2, "kv_tiles": 2, "q_tiles": 2},
-                                   {"chain": "split"}, {"small": "trunc"},
+                                   {"small": "trunc"},
                                    {"fused_dq": True, "kv_tiles": 2}])
 def test_ptx_matches_emulation(ctx, rng, mma, tuning_rules, extra):
     """On a GPU with mma.sync: the PTX kernels against the emulated ones (the same fragments),
@@ -294,9 +294,6 @@ def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
         F.scaled_dot_product_attention(q, q, q)
     tuning_rules("attention", [{"when": {}, "params": dict(SMALL, small="rz", emulate=1)}])
     with pytest.raises(UnsupportedError, match="small must be"):
-        F.scaled_dot_product_attention(q, q, q)
-    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, chain="tree", emulate=1)}])
-    with pytest.raises(UnsupportedError, match="chain must be"):
         F.scaled_dot_product_attention(q, q, q)
 
 
@@ -494,23 +491,6 @@ def test_backward_two_tiles_with(ctx, rng, mma, tuning_rules, extra):
     frags = extra.get("frags")
     assert params["frags_kv"] == (params["kv_tiles"] == 1 if frags is None else frags)
     assert params["frags_q"] == (params["q_tiles"] == 1 if frags is None else frags)
-
-
-@pytest.mark.parametrize("qs, ks, vs, kw", [
-    ((2, 3, 37, 16), (2, 3, 45, 16), (2, 3, 45, 16), {"is_causal": True}),
-    ((2, 6, 20, 16), (2, 2, 33, 16), (2, 3, 33, 16), {"enable_gqa": True, "scale": 0.3}),
-    ((19, 12), (23, 12), (23, 7), {"scale": 1.7}),                          # 2-d, E % 8 != 0
-])
-@pytest.mark.parametrize("tiles", [{}, {"m_tiles": 2, "kv_tiles": 2, "q_tiles": 2}])
-def test_split_chain(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tiles):
-    """chain "split": each 3xTF32 product's two small terms summed from zero and added after
-    the big one, in every kernel, with one and two tiles per warp."""
-    base = {"solver": "mma"} if real_mma(ctx) else SMALL
-    tuning_rules("attention", [{"when": {}, "params": dict(base, chain="split", **tiles)}])
-    built, spy = _plans()
-    with spy:
-        _check(ctx, rng, qs, ks, vs, **kw)
-    assert built and all(p["chain"] == "split" for _, p in built)
 
 
 @pytest.mark.parametrize("qs, ks, vs, kw", [

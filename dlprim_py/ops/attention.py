@@ -396,10 +396,6 @@ class AttentionPlan:
         if rounding not in ("cvt", "int"):
             raise UnsupportedError(f"attention mma solver: round must be 'cvt' or 'int', got "
                                    f"{rounding!r}")
-        chain = tuned.get("chain", "serial")
-        if chain not in ("serial", "split"):
-            raise UnsupportedError(f"attention mma solver: chain must be 'serial' or 'split', "
-                                   f"got {chain!r}")
         small_parts = tuned.get("small", "rna")
         if small_parts not in ("rna", "trunc"):
             raise UnsupportedError(f"attention mma solver: small must be 'rna' or 'trunc', "
@@ -444,9 +440,9 @@ class AttentionPlan:
         self.params = dict(dk=problem.dk, dv=problem.dv, warps=fw, block_n=fn, m_tiles=m_tiles,
                            kv_warps=kw, q_step=ks, q_warps=qw, k_step=qs, mask=problem.mask,
                            dropout=problem.dropout, index_t=index_t, emulate=emulate,
-                           stages=stages, round=rounding, chain=chain, small=small_parts, presplit=presplit, q_frags=q_frags,
-                           q_split=q_split, kv_tiles=kv_tiles, q_tiles=q_tiles,
-                           fused_dq=fused_dq,
+                           stages=stages, round=rounding, small=small_parts,
+                           presplit=presplit, q_frags=q_frags, q_split=q_split,
+                           kv_tiles=kv_tiles, q_tiles=q_tiles, fused_dq=fused_dq,
                            frags_kv=frags_kv, frags_q=frags_q)
         built = program.build(ctx, "attention_mma", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_mma_forward", fresh=True))
