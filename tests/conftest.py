@@ -63,6 +63,18 @@ def random(rng, shape, low=-1.0, high=1.0, dtype=np.float32):
     return rng.uniform(low, high, size=shape).astype(dtype)
 
 
+def assert_repeats_build_nothing(ctx, run):
+    """``run()`` once, then twice more: the repeats render, build and create nothing
+    (``program.stats`` unchanged once the device has drained)."""
+    from dlprim_py import program
+    run()
+    before = dict(program.stats)
+    run()
+    run()
+    ctx.synchronize()
+    assert dict(program.stats) == before
+
+
 def assert_close(out, ref, tol=None, dtype=np.float32):
     """Fail on any NaN/Inf where the reference is finite, or an error metric above ``tol``."""
     out = np.asarray(out)

@@ -8,10 +8,9 @@ import torch
 import torch.nn.functional as TF
 
 import dlprim_py as dp
-from dlprim_py import program
 from dlprim_py.bench.ops import poison_pool
 
-from conftest import assert_close, random
+from conftest import assert_close, assert_repeats_build_nothing, random
 
 F = dp.functional
 
@@ -146,9 +145,4 @@ def test_repeated_calls_build_nothing(ctx, rng):
             y.backward(dp.Tensor.full(ctx, y.shape, 0.5))
         x.grad = w.grad = None
 
-    run()
-    before = dict(program.stats)
-    run()
-    run()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, run)

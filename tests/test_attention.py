@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 
 import dlprim_py as dp
-from dlprim_py import program
 from dlprim_py.errors import DTypeError, ShapeError, UnsupportedError
 from dlprim_py.ops import attention as A
 from dlprim_py.tensor import Tensor
 
-from conftest import assert_close, random
+from conftest import assert_close, assert_repeats_build_nothing, random
 
 torch = pytest.importorskip("torch")
 F = dp.functional
@@ -160,12 +159,7 @@ def test_repeated_call_builds_nothing(ctx, rng):
         for t in (q, k, v):
             t.grad = None
         F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
-    run()
-    before = dict(program.stats)
-    run()
-    run()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, run)
 
 
 def test_rows_per_item_without_lanes(ctx, rng, poison, tuning_rules):

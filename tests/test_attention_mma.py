@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import dlprim_py as dp
-from dlprim_py import program, solver
+from dlprim_py import solver
 from dlprim_py.errors import UnsupportedError
 from dlprim_py.ops import attention as A
 from dlprim_py.ops.gemm import mma_device_problem
 
-from conftest import assert_close, random
+from conftest import assert_close, assert_repeats_build_nothing, random
 from test_attention import TOL, _check, _poisoned_empty
 from test_gemm_tf32 import fake_context
 
@@ -194,12 +194,7 @@ def test_repeated_call_builds_nothing(ctx, rng, mma):
         for t in (q, k, v):
             t.grad = None
         F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
-    run()
-    before = dict(program.stats)
-    run()
-    run()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, run)
 
 
 @pytest.mark.parametrize("extra", [{}, {"m_tiles": 2, "kv_tiles": 2, "q_tiles": 2},

@@ -5,11 +5,10 @@ import numpy as np
 import pytest
 
 import dlprim_py as dp
-from dlprim_py import program
 from dlprim_py.errors import UnsupportedError
 from dlprim_py.ops import attention as A
 
-from conftest import assert_close, random
+from conftest import assert_close, assert_repeats_build_nothing, random
 from test_attention import TOL, _check, _dropout_reference, _poisoned_empty
 
 torch = pytest.importorskip("torch")
@@ -105,12 +104,7 @@ def test_repeated_call_builds_nothing(ctx, rng, tiled):
         for t in (q, k, v):
             t.grad = None
         F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
-    run()
-    before = dict(program.stats)
-    run()
-    run()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, run)
 
 
 def test_refused_past_its_head_dims(ctx, rng, tiled):

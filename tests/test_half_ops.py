@@ -17,6 +17,8 @@ import torch.nn.functional as TF
 import dlprim_py as dp
 from dlprim_py import program
 
+from conftest import assert_repeats_build_nothing
+
 F = dp.functional
 
 DTYPES = [dp.float16, dp.bfloat16]
@@ -856,7 +858,6 @@ def test_rms_norm_rows(ctx, rng, monkeypatch, algo, dtype, affine, shape, x_off,
 def test_rms_norm_repeated_calls_build_nothing(ctx, rng, monkeypatch, algo, dtype):
     """After a first call, 16-bit rms_norm forward and backward (weights of the input's type,
     float32, none) render, build and create nothing, with each algorithm forced."""
-    from dlprim_py import program
     monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", algo)
     dp.config.reload()
     x = t16(ctx, rng.uniform(-1, 2, (6, 32)), dtype, True)[0]
@@ -871,12 +872,7 @@ def test_rms_norm_repeated_calls_build_nothing(ctx, rng, monkeypatch, algo, dtyp
         for w in weights[:2]:
             w.grad = None
 
-    run()
-    before = dict(program.stats)
-    run()
-    run()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, run)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)

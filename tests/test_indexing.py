@@ -11,7 +11,7 @@ import dlprim_py as dp
 import dlprim_py.functional as F
 from dlprim_py import program
 
-from conftest import assert_close, random
+from conftest import assert_close, assert_repeats_build_nothing, random
 
 TF = torch.nn.functional
 
@@ -517,12 +517,7 @@ def test_repeated_calls_build_nothing(ctx, rng, index_add_algo):
         dp.arange(7, ctx=ctx), dp.linspace(0, 1, 5, ctx=ctx)
         x.grad = w.grad = None
 
-    run()
-    before = dict(program.stats)
-    run()
-    run()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, run)
 
 
 def test_a_user_rule_chooses_the_index_add_solver(ctx, rng, tuning_rules):

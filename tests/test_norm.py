@@ -8,7 +8,7 @@ import torch
 import dlprim_py as dp
 import dlprim_py.functional as F
 from dlprim_py.ops import norm
-from conftest import assert_close, poisoned, random
+from conftest import assert_close, assert_repeats_build_nothing, poisoned, random
 
 TF = torch.nn.functional
 
@@ -421,7 +421,6 @@ def test_rms_norm_rules_name_rms(ctx, rng, tuning_rules):
 def test_rms_norm_repeated_calls_build_nothing(ctx, rng, monkeypatch, algo):
     """After a first call (which builds), rms_norm forward and backward with each algorithm
     forced render, build and create nothing, with and without a weight."""
-    from dlprim_py import program
     monkeypatch.setenv("DLPRIM_ROWNORM_ALGO", algo)
     dp.config.reload()
     x = _d(ctx, random(rng, (5, 2, 24)), True)
@@ -433,12 +432,7 @@ def test_rms_norm_repeated_calls_build_nothing(ctx, rng, monkeypatch, algo):
             y.backward(dp.Tensor.full(ctx, y.shape, 0.5))
         x.grad = w.grad = None
 
-    run()
-    before = dict(program.stats)
-    run()
-    run()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, run)
 
 
 def test_repeated_calls_switch_optional_operands(ctx, rng):

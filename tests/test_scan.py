@@ -9,9 +9,8 @@ import torch
 
 import dlprim_py as dp
 import dlprim_py.functional as F
-from dlprim_py import program
 
-from conftest import assert_close, random
+from conftest import assert_close, assert_repeats_build_nothing, random
 from test_indexing import backward_check, poison_pool, ref, t_
 
 
@@ -282,12 +281,7 @@ def test_repeated_calls_build_nothing(ctx, rng):
         y.backward()
         x.grad = None
 
-    run()
-    before = dict(program.stats)
-    run()
-    run()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, run)
 
 
 def test_lookback_long_rows_repeated(ctx, rng):
