@@ -18,7 +18,7 @@ from dlprim_py.ops import attention as A
 from dlprim_py.ops.gemm import mma_device_problem
 
 from conftest import assert_close, assert_repeats_build_nothing, random
-from test_attention import TOL, _check, _poisoned_empty
+from test_attention import TOL, _check, _dropout_reference, _poisoned_empty
 from test_gemm_tf32 import fake_context
 
 torch = pytest.importorskip("torch")
@@ -31,6 +31,12 @@ SMALL = {"solver": "mma", "warps": 2, "block_n": 16, "kv_warps": 2, "q_step": 16
 
 def real_mma(ctx):
     return mma_device_problem(ctx.info) is None
+
+
+def _mma_rule(ctx, **params):
+    """A rule forcing the mma solver with ``params``: over the shipped values on a GPU with
+    mma.sync, over SMALL's emulated blocks elsewhere."""
+    return dict({"solver": "mma"} if real_mma(ctx) else SMALL, **params)
 
 
 @pytest.fixture
@@ -387,9 +393,7 @@ def test_two_row_tiles_with(ctx, rng, mma, tuning_rules, extra):
 def test_q_read_each_step(ctx, rng, mma, tuning_rules):
     """q_frags false with one row tile per warp: q's fragments not kept, read and split at
     each step; a float mask and GQA."""
-    params = dict(SMALL, q_frags=False) if not real_mma(ctx) else \
-        {"solver": "mma", "q_frags": False}
-    tuning_rules("attention", [{"when": {}, "params": params}])
+    tuning_rules("attention", [{"when": {}, "params": _mma_rule(ctx, q_frags=False)}])
     mask = random(rng, (37, 45), -2.0, 2.0)
     built, spy = _plans()
     with spy:
@@ -416,8 +420,7 @@ def test_bad_row_tiles(ctx, rng, mma, tuning_rules):
 def _backward_tiles(ctx, **extra):
     """Two m16 tiles per warp in both backward kernels (32 keys per dK/dV warp, 32 query rows
     per dQ warp; SMALL's 2 warps emulated: 64 per group), with ``extra``."""
-    base = {"solver": "mma"} if real_mma(ctx) else SMALL
-    return dict(base, **dict({"kv_tiles": 2, "q_tiles": 2}, **extra))
+    return _mma_rule(ctx, **dict({"kv_tiles": 2, "q_tiles": 2}, **extra))
 
 
 @pytest.mark.parametrize("qs, ks, vs, kw", [
@@ -456,15 +459,13 @@ def test_backward_two_tiles_masks_dropout(ctx, rng, mma, tuning_rules):
     q, k, v = random(rng, shape_q), random(rng, shape_k), random(rng, shape_k)
     g = random(rng, shape_q)
     keep = A.attention_dropout_mask((2, 2), 70, 53, p, seed, stream)
-    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
-    ref = torch.softmax(tq @ tk.transpose(-1, -2) / 4.0, dim=-1) * torch.tensor(keep) / (1 - p) @ tv
-    ref.backward(torch.tensor(g, dtype=torch.float64))
+    ref = _dropout_reference(q, k, v, keep, p, g)
     ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in (q, k, v)]
     out = F.scaled_dot_product_attention(*ours, dropout_p=p, seed=seed, stream=stream)
-    assert_close(out.numpy(), ref.detach().numpy(), tol=TOL)
+    assert_close(out.numpy(), ref[0], tol=TOL)
     out.backward(dp.Tensor.from_numpy(ctx, g))
-    for t, r in zip(ours, (tq, tk, tv)):
-        assert_close(t.grad.numpy(), r.grad.numpy(), tol=TOL)
+    for t, r in zip(ours, ref[1:]):
+        assert_close(t.grad.numpy(), r, tol=TOL)
 
 
 @pytest.mark.parametrize("extra", [
@@ -499,8 +500,7 @@ def test_truncated_small_parts(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tile
     """small "trunc": the small TF32 parts left unrounded for the tensor core to truncate (the
     emulation truncates every operand as the tensor core does): still fp32-accurate, in
     every kernel, with one and two tiles per warp."""
-    base = {"solver": "mma"} if real_mma(ctx) else SMALL
-    tuning_rules("attention", [{"when": {}, "params": dict(base, small="trunc", **tiles)}])
+    tuning_rules("attention", [{"when": {}, "params": _mma_rule(ctx, small="trunc", **tiles)}])
     built, spy = _plans()
     with spy:
         _check(ctx, rng, qs, ks, vs, **kw)
@@ -519,8 +519,7 @@ def test_truncated_small_parts(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tile
 def test_fused_dq(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tiles):
     """fused_dq: dQ computed in the dK/dV kernel (each step's dS through local memory, dQ +=
     dS K over the group's keys, added to a zeroed dq by atomics), the dQ kernel not run."""
-    base = {"solver": "mma"} if real_mma(ctx) else SMALL
-    tuning_rules("attention", [{"when": {}, "params": dict(base, fused_dq=True, **tiles)}])
+    tuning_rules("attention", [{"when": {}, "params": _mma_rule(ctx, fused_dq=True, **tiles)}])
     built, spy = _plans()
     with spy:
         _check(ctx, rng, qs, ks, vs, **kw)
@@ -530,8 +529,7 @@ def test_fused_dq(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tiles):
 def test_fused_dq_masks_dropout_and_partial_gradients(ctx, rng, mma, tuning_rules):
     """fused_dq with a bool mask and with dropout against the host's keep-mask; then only q,
     and only k and v, asking for gradients (the dQ kernel, and dK/dV without dQ)."""
-    base = {"solver": "mma"} if real_mma(ctx) else SMALL
-    tuning_rules("attention", [{"when": {}, "params": dict(base, fused_dq=True)}])
+    tuning_rules("attention", [{"when": {}, "params": _mma_rule(ctx, fused_dq=True)}])
     mask = rng.uniform(0, 1, (2, 1, 37, 45)) > 0.3
     mask[0, 0, 5] = False
     _check(ctx, rng, (2, 3, 37, 16), (2, 3, 45, 16), (2, 3, 45, 16), mask=mask)
@@ -540,25 +538,22 @@ def test_fused_dq_masks_dropout_and_partial_gradients(ctx, rng, mma, tuning_rule
     q, k, v = random(rng, shape_q), random(rng, shape_k), random(rng, shape_k)
     g = random(rng, shape_q)
     keep = A.attention_dropout_mask((2, 2), 37, 45, p, seed, stream)
-    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
-    ref = torch.softmax(tq @ tk.transpose(-1, -2) / 4.0, dim=-1) * torch.tensor(keep) / (1 - p) @ tv
-    ref.backward(torch.tensor(g, dtype=torch.float64))
+    ref = _dropout_reference(q, k, v, keep, p, g)
     for wanted in ((True, True, True), (True, False, False), (False, True, True)):
         ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=w) for a, w in zip((q, k, v), wanted)]
         out = F.scaled_dot_product_attention(*ours, dropout_p=p, seed=seed, stream=stream)
-        assert_close(out.numpy(), ref.detach().numpy(), tol=TOL)
+        assert_close(out.numpy(), ref[0], tol=TOL)
         out.backward(dp.Tensor.from_numpy(ctx, g))
-        for t, r, w in zip(ours, (tq, tk, tv), wanted):
+        for t, r, w in zip(ours, ref[1:], wanted):
             if w:
-                assert_close(t.grad.numpy(), r.grad.numpy(), tol=TOL)
+                assert_close(t.grad.numpy(), r, tol=TOL)
             else:
                 assert t.grad is None
 
 
 def test_fused_dq_needs_whole_row_tiles(ctx, rng, mma, tuning_rules):
     """fused_dq with steps of 8 query rows (less than an m16 tile): dQ keeps its kernel."""
-    base = {"solver": "mma"} if real_mma(ctx) else SMALL
-    tuning_rules("attention", [{"when": {}, "params": dict(base, fused_dq=True, q_step=8)}])
+    tuning_rules("attention", [{"when": {}, "params": _mma_rule(ctx, fused_dq=True, q_step=8)}])
     built, spy = _plans()
     with spy:
         _check(ctx, rng, (1, 2, 21, 16), (1, 2, 30, 16), (1, 2, 30, 16))
@@ -568,8 +563,7 @@ def test_fused_dq_needs_whole_row_tiles(ctx, rng, mma, tuning_rules):
 def test_deterministic_switch_keeps_the_dq_kernel(ctx, rng, mma, tuning_rules, monkeypatch):
     """DLPRIM_DETERMINISTIC=1: a rule's fused_dq (atomics, run-to-run last bits) is not used;
     the dQ kernel runs."""
-    base = {"solver": "mma"} if real_mma(ctx) else SMALL
-    tuning_rules("attention", [{"when": {}, "params": dict(base, fused_dq=True)}])
+    tuning_rules("attention", [{"when": {}, "params": _mma_rule(ctx, fused_dq=True)}])
     monkeypatch.setenv("DLPRIM_DETERMINISTIC", "1")
     dp.config.reload()
     built, spy = _plans()
