@@ -98,7 +98,7 @@ def _row_program(ctx, dtype, wdtype, row_vector=1, rms=False):
     memo = _plain_programs.get(ctx)
     if memo is None:
         memo = _plain_programs[ctx] = {}
-    key = ("other16", dtype, wdtype, row_vector, rms)
+    key = ("rows_other", dtype, wdtype, row_vector, rms)
     built = memo.get(key)
     if built is None:
         params = dict(part="other", group_size=group_size(ctx), mode="stats",
