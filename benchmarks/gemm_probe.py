@@ -3,7 +3,12 @@
 register cap) serve 4096^3 and the other shapes of benchmarks/gemm.py best on this device.
 
     python benchmarks/gemm_probe.py [--output DIR] [--rounds 3] [--only TEXT] [--quick]
-        [--shapes MxNxK,...] [--dump-ptx DIR]
+        [--shapes MxNxK[:tn],...] [--dump-ptx DIR]
+
+A shape may name its operands' form after a colon, one letter for A and one for B (n: stored
+as multiplied, t: stored transposed; ``768x768x4096:tn`` is A^T B, a linear layer's weight
+gradient): the variants, the baseline (torch.mm on the transposed views) and a new rule's
+shape (``"trans_a": true``) are for that form.
 
 Every variant runs once on a NaN-filled C and is compared with a float64 reference of the
 whole product (PyTorch on CUDA when there, else numpy on sampled rows); a variant with an
@@ -179,10 +184,14 @@ class Baseline:
         self.name = (f"cuBLAS (torch {self.torch.__version__}, TF32 off)" if self.torch
                      else "none (no CUDA)")
 
-    def prepare(self, a, b):
+    def prepare(self, a, b, trans_a=False, trans_b=False):
         torch = self.torch
         self.ta = torch.from_numpy(a).cuda()
         self.tb = torch.from_numpy(b).cuda()
+        if trans_a:
+            self.ta = self.ta.t()
+        if trans_b:
+            self.tb = self.tb.t()
         self.out = torch.mm(self.ta, self.tb)
         ref = torch.mm(self.ta.double(), self.tb.double()).cpu().numpy()
         return ref
@@ -205,23 +214,25 @@ def error_of(out, ref, rows=None):
                  / (math.sqrt(got.size) * np.abs(ref).max()))
 
 
-def probe_shape(ctx, logs, baseline, name, M, N, K, specs, rounds, rng, log):
+def probe_shape(ctx, logs, baseline, name, M, N, K, specs, rounds, rng, log, trans_a=False,
+                trans_b=False):
     flops = 2.0 * M * N * K
-    a = rng.uniform(-1, 1, (M, K)).astype(np.float32)
-    b = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+    a = rng.uniform(-1, 1, (K, M) if trans_a else (M, K)).astype(np.float32)
+    b = rng.uniform(-1, 1, (N, K) if trans_b else (K, N)).astype(np.float32)
+    op_a, op_b = (a.T if trans_a else a), (b.T if trans_b else b)
     rows = None
     if baseline.torch is not None:
-        ref = baseline.prepare(a, b)
+        ref = baseline.prepare(a, b, trans_a, trans_b)
     else:
         rows = np.unique(np.concatenate([[0, M - 1], rng.integers(0, M, 16)]))
         ref = np.zeros((M, N))
-        ref[rows] = a[rows].astype(np.float64) @ b.astype(np.float64)
+        ref[rows] = op_a[rows].astype(np.float64) @ op_b.astype(np.float64)
     mf = cl.mem_flags
     a_buf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
     b_buf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b)
     c_buf = cl.Buffer(ctx.cl_context, mf.READ_WRITE, M * N * 4)
     out = np.empty((M, N), np.float32)
-    chosen = select_params(ctx, M, N, K)
+    chosen = select_params(ctx, M, N, K, trans_a=trans_a, trans_b=trans_b)
     variants, seen = [], set()
     for spec in specs:
         params = parse_variant(spec, chosen)
@@ -234,7 +245,8 @@ def probe_shape(ctx, logs, baseline, name, M, N, K, specs, rounds, rng, log):
         seen.add(key)
         started = time.perf_counter()
         try:
-            plan = GemmPlan(ctx, M, N, K, a_buf, 0, K, b_buf, 0, N, c_buf, 0, N, params=params)
+            plan = GemmPlan(ctx, M, N, K, a_buf, 0, a.shape[1], b_buf, 0, b.shape[1], c_buf, 0, N,
+                            trans_a=trans_a, trans_b=trans_b, params=params)
         except dp.DlprimError as e:
             log(f"  {spec:28s} failed to build: {str(e).splitlines()[0]}")
             continue
@@ -271,7 +283,8 @@ def probe_shape(ctx, logs, baseline, name, M, N, K, specs, rounds, rng, log):
     for buf in (a_buf, b_buf, c_buf):
         buf.release()
     base = float(np.median(base_ms)) if base_ms else None
-    result = {"name": name, "m": M, "n": N, "k": K, "baseline_ms": base,
+    result = {"name": name, "m": M, "n": N, "k": K, "trans_a": trans_a, "trans_b": trans_b,
+              "baseline_ms": base,
               "baseline_rounds_ms": base_ms, "database_choice": short(chosen), "variants": []}
     for v in variants:
         v.pop("plan", None)
@@ -334,7 +347,9 @@ def write_rules(ctx, results, path, prefix, rounds, rng, log, margin=0.01):
             if not edges <= 1e-5:
                 log(f"{r['name']}: {v['short']} fails the edge check (error {edges:.1e})")
                 continue
-            new.append({"shape": {"m": r["m"], "n": r["n"], "k": r["k"]}, "params": params,
+            shape = {"m": r["m"], "n": r["n"], "k": r["k"]}
+            shape.update({flag: True for flag in ("trans_a", "trans_b") if r.get(flag)})
+            new.append({"shape": shape, "params": params,
                         "ms": round(v["ms"], 5), "gflops": round(v["tflops"] * 1e3, 1),
                         "why": f"benchmarks/gemm_probe.py, median of {rounds} rounds: "
                                f"{v['ms']:.4f} ms against {current['ms']:.4f} ms for the rule "
@@ -413,13 +428,20 @@ def main(argv=None):
     square = args.square or SQUARE_4096
     others = args.others or (QUICK_OTHERS if args.quick else OTHERS)
     squares = [int(x) for x in args.squares.split(",") if x.strip()]
-    order = [s for s in benchmark_shapes(args.batch, squares) if s[0] == "square 4096"]
+    order = [(*s, False, False) for s in benchmark_shapes(args.batch, squares)
+             if s[0] == "square 4096"]
     for text in (x for x in args.shapes.split(",") if x.strip()):
-        M, N, K = (int(v) for v in text.lower().split("x"))
-        order.append((f"{M}x{N}x{K}", M, N, K, "extra"))
-    order += [s for s in benchmark_shapes(args.batch, squares) if s[0] != "square 4096"]
+        size, _, form = text.strip().lower().partition(":")
+        M, N, K = (int(v) for v in size.split("x"))
+        form = form or "nn"
+        if len(form) != 2 or set(form) - {"n", "t"}:
+            raise SystemExit(f"--shapes {text!r}: the form after ':' is two letters of n and t")
+        name = f"{M}x{N}x{K}" + (f" {form}" if form != "nn" else "")
+        order.append((name, M, N, K, "extra", form[0] == "t", form[1] == "t"))
+    order += [(*s, False, False) for s in benchmark_shapes(args.batch, squares)
+              if s[0] != "square 4096"]
     results = []
-    for name, M, N, K, group in order:
+    for name, M, N, K, group, trans_a, trans_b in order:
         if args.only is not None and args.only not in name:
             continue
         if time.perf_counter() - started > args.time_limit:
@@ -427,7 +449,7 @@ def main(argv=None):
             break
         specs = square if name == "square 4096" else others
         result = probe_shape(ctx, logs, baseline, name, M, N, K, specs, args.rounds, rng,
-                             lambda s: print(s, flush=True))
+                             lambda s: print(s, flush=True), trans_a, trans_b)
         results.append(result)
         print_table([result], lambda s: print(s, flush=True))
     print_table(results, print)

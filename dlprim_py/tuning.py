@@ -20,8 +20,11 @@ that report every extension named, so that a vendor's entry can give a kernel wr
 extension to the devices that have it and fall through to the next rule elsewhere), or a
 *measured rule* ``{"shape": {"m": 4096, "n": 4096,
 "k": 4096}, "params": {...}}``. The first condition rule that holds wins; otherwise the measured
-rule nearest to the problem (distance in log2 of each shape feature) wins. Choosing is a few
-comparisons over a short list: no search and no timing on the hot path.
+rule nearest to the problem (distance in log2 of each shape feature) wins. A feature a family
+gives as a bool is a yes/no property (a GEMM's ``trans_a``): a measured shape names it
+(``"trans_a": true``) or was measured with it off, and a mismatch counts as much as a factor
+of two in one size, so that a rule measured on the same form wins among equal shapes.
+Choosing is a few comparisons over a short list: no search and no timing on the hot path.
 
 An entry may also hold ``ranks``, the order in which a family's solvers are preferred when no
 rule names one (``dlprim_py.solver``): ``{"<solver>": [{"when": {...}, "rank": 1}, {"rank": 50}]}``,
@@ -227,9 +230,16 @@ def _condition_holds(when, features, extensions=frozenset()):
 
 
 def _distance(shape, features):
+    """How far a measured rule's ``shape`` is from a problem's ``features``: the squared log2
+    ratios of the sizes, plus one (a factor of two in one size) for each yes/no feature (a
+    bool, such as a GEMM's transposes) on which they differ. A shape that leaves a yes/no
+    feature out was measured with it off."""
     total = 0.0
+    for name, value in features.items():
+        if isinstance(value, bool):
+            total += float(bool(shape.get(name, False)) != value)
     for name, value in shape.items():
-        if name in features:
+        if name in features and not isinstance(features[name], bool):
             total += (math.log2(max(features[name], 1)) - math.log2(max(value, 1))) ** 2
     return total
 

@@ -288,6 +288,31 @@ def test_tuning_lookup_order(tmp_path):
     assert where == "default" and params["solver"] in ("tiled", "small")
 
 
+def test_measured_rules_for_a_transposed_form():
+    """A measured rule may name the operands' form: among rules of the same shape the one
+    measured on the problem's form wins; a shape without the flags was measured on A x B; a
+    mismatched form counts as much as a factor of two in one size."""
+    rules = [{"shape": {"m": 768, "n": 768, "k": 4096}, "params": {"id": "nn"}},
+             {"shape": {"m": 768, "n": 768, "k": 4096, "trans_a": True}, "params": {"id": "tn"}},
+             {"shape": {"m": 768, "n": 768, "k": 4096, "trans_b": True}, "params": {"id": "nt"}}]
+    form = {(False, False): "nn", (True, False): "tn", (False, True): "nt"}
+    for (ta, tb), name in form.items():
+        for order in (rules, rules[::-1]):
+            assert tuning.choose(order, gemm_ops.features(768, 768, 4096, trans_a=ta,
+                                                          trans_b=tb)) == {"id": name}
+    # Both transposed: each rule is one mismatch away but "nn" two; the first of equals wins.
+    assert tuning.choose(rules, gemm_ops.features(768, 768, 4096, trans_a=True,
+                                                  trans_b=True)) == {"id": "tn"}
+    # A size four times off outweighs the form: the nearer shape wins.
+    near = [{"shape": {"m": 768, "n": 768, "k": 4096}, "params": {"id": "near"}},
+            {"shape": {"m": 3072, "n": 768, "k": 4096, "trans_a": True}, "params": {"id": "far"}}]
+    assert tuning.choose(near, gemm_ops.features(768, 768, 4096, trans_a=True)) == {"id": "near"}
+    # Condition rules may test the form too.
+    when = [{"when": {"trans_a": 1}, "params": {"id": "cond"}}] + rules
+    assert tuning.choose(when, gemm_ops.features(7, 7, 7, trans_a=True)) == {"id": "cond"}
+    assert tuning.choose(when, gemm_ops.features(768, 768, 4096)) == {"id": "nn"}
+
+
 def test_tuner_writes_verified_entry(ctx, tmp_path, monkeypatch):
     monkeypatch.setattr("dlprim_py.tune.gemm_candidates",
                         lambda info, space="quick": [dict(TILED_SINGLE), dict(SMALL)])

@@ -238,7 +238,10 @@ def test_problem_and_family():
     problem = GemmProblem(3, 4, 5, 2)
     assert problem.key() == "gemm-m3-n4-k5-b2"
     assert problem.features() == {"m": 3, "n": 4, "k": 5, "mn": 12, "mnk": 60, "batch": 2,
-                                  "tf32": 0, "ab16": 0}
+                                  "tf32": 0, "ab16": 0, "trans_a": False, "trans_b": False}
+    transposed = GemmProblem(3, 4, 5, 2, trans_a=True)
+    assert transposed.key() == "gemm-m3-n4-k5-b2-ta" and transposed != problem
+    assert transposed.features()["trans_a"] is True
     assert problem == GemmProblem(3, 4, 5, 2) and hash(problem) == hash(GemmProblem(3, 4, 5, 2))
     with pytest.raises(dataclasses.FrozenInstanceError):
         problem.m = 4

@@ -370,19 +370,23 @@ def _fold_args(fold, strided=True):
     return fold.args(strided)
 
 
-def features(M, N, K, batch=1, tf32=False, ab16=False):
+def features(M, N, K, batch=1, tf32=False, ab16=False, trans_a=False, trans_b=False):
     """The shape features tuning rules are written in (``tf32``: 1 where TF32 is allowed;
-    ``ab16``: 1 for 16-bit operands, float16 or bfloat16)."""
+    ``ab16``: 1 for 16-bit operands, float16 or bfloat16; ``trans_a``/``trans_b``: bools, the
+    operands' transposes, which a measured rule's shape may name: see ``tuning``)."""
     return {"m": M, "n": N, "k": K, "mn": M * N, "mnk": M * N * K, "batch": batch,
-            "tf32": int(bool(tf32)), "ab16": int(bool(ab16))}
+            "tf32": int(bool(tf32)), "ab16": int(bool(ab16)),
+            "trans_a": bool(trans_a), "trans_b": bool(trans_b)}
 
 
 @dataclass(frozen=True)
 class GemmProblem:
     """What the choice of a GEMM solver and its parameters depends on: the sizes (op(A) M x K,
-    op(B) K x N, ``batch`` products) and whether TF32 is allowed (``tf32``: the "mma" solver
-    applies only then). Where the operands lie (transposes, offsets, folds) and the epilogue
-    do not change the choice; a plan derives its ``GemmConfig`` from them.
+    op(B) K x N, ``batch`` products), whether TF32 is allowed (``tf32``: the "mma" solver
+    applies only then) and the transposes (``trans_a``, ``trans_b``: the same sizes read
+    along other strides may run best with other tiles, so a measured rule may be for one form).
+    Offsets, folds and the epilogue do not change the choice; a plan derives its
+    ``GemmConfig`` from them and the layout.
     ``dtype``: the operands' storage ("float32", "float16", "bfloat16"; TF32 is for float32
     only); ``c_dtype``: C's and the bias's ("float32" or ``dtype``)."""
     m: int
@@ -392,6 +396,8 @@ class GemmProblem:
     tf32: bool = False
     dtype: str = "float32"
     c_dtype: str = "float32"
+    trans_a: bool = False
+    trans_b: bool = False
 
     @property
     def ab16(self):
@@ -403,11 +409,13 @@ class GemmProblem:
 
     def key(self):
         types = "" if not self.ab16 else f"-{self.dtype}-c{self.c_dtype}"
+        form = ("-ta" if self.trans_a else "") + ("-tb" if self.trans_b else "")
         return (f"gemm-m{self.m}-n{self.n}-k{self.k}-b{self.batch}"
-                f"{'-tf32' if self.tf32 else ''}{types}")
+                f"{'-tf32' if self.tf32 else ''}{types}{form}")
 
     def features(self):
-        return features(self.m, self.n, self.k, self.batch, self.tf32, self.ab16)
+        return features(self.m, self.n, self.k, self.batch, self.tf32, self.ab16,
+                        self.trans_a, self.trans_b)
 
 
 @dataclass(frozen=True)
@@ -866,9 +874,10 @@ def _argument_solver(ctx, problem, name):
 
 
 def select_params(ctx, M, N, K, batch=1, algorithm=None, tf32=False, dtype="float32",
-                  c_dtype="float32"):
+                  c_dtype="float32", trans_a=False, trans_b=False):
     """Solver parameters for a problem (``{"solver": name, ...}``; ``tf32``: whether TF32 is
-    allowed, which the "mma" solver needs): the solver ``algorithm``
+    allowed, which the "mma" solver needs; ``trans_a``/``trans_b``: the operands' form, which
+    measured rules may be for): the solver ``algorithm``
     names, else the solver layer's choice (``solver.select``: forced by ``DLPRIM_GEMM_ALGO``,
     else tuned). A forced solver takes its parameters from the first rule that gives them
     (``GemmSolver.forced``), a tuned one from the rule that chose it (``tuning_db/gemm.json``),
@@ -876,11 +885,13 @@ def select_params(ctx, M, N, K, batch=1, algorithm=None, tf32=False, dtype="floa
     per context."""
     forced = algorithm or config.forced_algorithm("gemm")
     tf32 = bool(tf32) and dtype == "float32"
-    key = ("gemm.select", M, N, K, batch, forced, tf32, dtype, c_dtype, tuning.generation)
+    trans_a, trans_b = bool(trans_a), bool(trans_b)
+    key = ("gemm.select", M, N, K, batch, forced, tf32, dtype, c_dtype, trans_a, trans_b,
+           tuning.generation)
     found = ctx.plans.get(key)
     if found is not None:
         return dict(found)
-    problem = GemmProblem(M, N, K, batch, tf32, dtype, c_dtype)
+    problem = GemmProblem(M, N, K, batch, tf32, dtype, c_dtype, trans_a, trans_b)
     if algorithm is not None:
         chosen = _argument_solver(ctx, problem, algorithm)
     else:
@@ -1176,12 +1187,13 @@ class GemmPlan:
         act_code = act.forward_code("x") if act is not None else ""
 
         allow_tf32 = bool(allow_tf32) and not half
-        problem = GemmProblem(M, N, K, batch, allow_tf32, dtype_name(dtype), dtype_name(c_dtype))
+        problem = GemmProblem(M, N, K, batch, allow_tf32, dtype_name(dtype), dtype_name(c_dtype),
+                              bool(trans_a), bool(trans_b))
         layout = GemmLayout(bool(trans_a), bool(trans_b), a_off, lda, stride_a, b_off, ldb,
                             stride_b, c_off, ldc, stride_c, fold_a, fold_b, fold_c)
         if params is None:
             params = select_params(ctx, M, N, K, batch, algorithm, allow_tf32, problem.dtype,
-                                   problem.c_dtype)
+                                   problem.c_dtype, problem.trans_a, problem.trans_b)
         params = solver_params(params)
         chosen = FAMILY.solvers.get(params.get("solver"))
         if chosen is not None:
