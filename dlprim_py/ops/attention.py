@@ -42,10 +42,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import autograd, config, program, solver, tuning
-from ..context import check_same_context
+from ..context import PlanCache, check_same_context
 from ..dtypes import bool_, float32
 from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
-from ..launch import BoundKernel
+from ..launch import BoundKernel, run_planned_on
 from ..tensor import Tensor
 from . import dropout as _dropout
 from .pointwise import broadcast_shapes
@@ -602,6 +602,8 @@ class _Call:
         self.problem = AttentionProblem(self.E, self.Ev, self.L, self.S, mask_kind,
                                         bool(is_causal), dropout)
         self.plan = None
+        # The replay plans of calls without dropout, by the operands' offsets and the scale.
+        self.plans = PlanCache(8)
         if self.batches * self.L * self.Ev:
             largest = max(int(table.max(initial=0)) + max(t.size for t in (query, key, value)),
                           self.batches * max(self.L, self.S) * max(self.E, self.Ev))
@@ -639,10 +641,44 @@ def _common_args(plan, problem, scale2, q, k, v, mask):
             index(0 if mask is None else mask.offset_elements))
 
 
+def _backward(call, scale, scale2, drop, fuse_dq, saved, g, query, key, value, attn_mask, lse,
+              delta, dq, dk, dv):
+    """The backward's launches: delta (rowsum of dO * O), dQ unless the dK/dV kernel adds it
+    (``fuse_dq``), and dK/dV where ``dk`` is asked for."""
+    plan, problem = call.plan, call.problem
+    queue, index = query.ctx.queue, plan.index
+    common = _common_args(plan, problem, scale2, query, key, value, attn_mask)
+    strides = call.mask_args
+    plan.delta_kernel(queue, *plan.delta_size, index(call.batches * call.L), saved.buffer,
+                      index(saved.offset_elements), g.buffer, index(g.offset_elements),
+                      delta.buffer)
+    if dq is not None and not fuse_dq:
+        plan.q_kernel(queue, *plan.q_size, *common, *strides, np.float32(scale),
+                      g.buffer, index(g.offset_elements), lse.buffer, delta.buffer,
+                      dq.buffer, *drop)
+    if dk is not None and call.S:
+        dq_args = ((dq.buffer if fuse_dq else dk.buffer, np.int32(fuse_dq))
+                   if plan.params.get("fused_dq", False) else ())
+        plan.kv_kernel(queue, *plan.keys_size, *common, *strides, np.float32(scale),
+                       g.buffer, index(g.offset_elements), lse.buffer, delta.buffer,
+                       dk.buffer, dv.buffer, *dq_args, *drop)
+
+
 def _dropout_args(seed, stream, p):
     keep_scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
     return (np.uint32(seed & _MASK32), np.uint32(seed >> 32), np.uint32(stream & _MASK32),
             np.uint32(stream >> 32), np.uint32(_dropout._threshold(p)), np.float32(keep_scale))
+
+
+_NO_DROPOUT = _dropout_args(0, 0, 0.0)
+
+
+def _forward(call, scale2, drop, query, key, value, attn_mask, out, lse):
+    plan = call.plan
+    plan.forward_kernel(query.ctx.queue, *plan.forward_size,
+                        *_common_args(plan, call.problem, scale2, query, key, value, attn_mask),
+                        *call.mask_args, out.buffer, plan.index(out.offset_elements), lse.buffer,
+                        *drop)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -705,47 +741,51 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if out.size:
             out.fill_(0.0)
         return out
-    plan, problem = call.plan, call.problem
-    index = plan.index
+    plan = call.plan
     lse = _empty(ctx, (call.batches * L,), float32)
     scale2 = scale * math.log2(math.e)
-    common = _common_args(plan, problem, scale2, query, key, value, attn_mask)
-    strides = call.mask_args
-    drop = _dropout_args(seed, stream, dropout_p)
-    plan.forward_kernel(ctx.queue, *plan.forward_size, *common, *strides, out.buffer,
-                        index(out.offset_elements), lse.buffer, *drop)
+    if dropout_p == 0.0:
+        # Without dropout a repeated call launches the same arguments but for the operands'
+        # buffers: replayed from the call's plan, which sets only the buffers that changed
+        # (about twenty scalar arguments per launch are host time otherwise).
+        operands = (query, key, value, attn_mask, out, lse)
+        run_planned_on(ctx, (query.offset, key.offset, value.offset,
+                             None if attn_mask is None else attn_mask.offset, scale),
+                       operands, _forward, call.plans, (call, scale2, _NO_DROPOUT) + operands)
+    else:
+        _forward(call, scale2, _dropout_args(seed, stream, dropout_p), query, key, value,
+                 attn_mask, out, lse)
+    if not autograd.needs_grad(query, key, value):
+        return out
+    drop = _dropout_args(seed, stream, dropout_p) if dropout_p else _NO_DROPOUT
     saved = out.detach()
     k_group, v_group = call.k_group, call.v_group
 
     def backward(g):
-        B = call.batches
-        delta = _empty(ctx, (B * L,), float32)
-        plan.delta_kernel(ctx.queue, *plan.delta_size, index(B * L), saved.buffer,
-                          index(saved.offset_elements), g.buffer, index(g.offset_elements),
-                          delta.buffer)
         dq = dk = dv = None
         kv_grads = key.requires_grad or value.requires_grad
         # The mma solver's fused_dq: dQ added by the dK/dV kernel into a zeroed dq.
-        fused = plan.params.get("fused_dq", False)
-        fuse_dq = fused and query.requires_grad and kv_grads
+        fuse_dq = plan.params.get("fused_dq", False) and query.requires_grad and kv_grads
         if query.requires_grad:
             dq = _empty(ctx, batch + (L, E), float32)
-            if fuse_dq:
-                if dq.size:
-                    dq.fill_(0.0)
-            else:
-                plan.q_kernel(ctx.queue, *plan.q_size, *common, *strides, np.float32(scale),
-                              g.buffer, index(g.offset_elements), lse.buffer, delta.buffer,
-                              dq.buffer, *drop)
+            if fuse_dq and dq.size:
+                dq.fill_(0.0)   # a fill is no kernel: outside the replayed plan
         if kv_grads:
             dk = _empty(ctx, batch + (S, E), float32)
             dv = _empty(ctx, batch + (S, Ev), float32)
-            if S:
-                dq_args = ((dq.buffer if fuse_dq else dk.buffer, np.int32(fuse_dq))
-                           if fused else ())
-                plan.kv_kernel(ctx.queue, *plan.keys_size, *common, *strides, np.float32(scale),
-                               g.buffer, index(g.offset_elements), lse.buffer, delta.buffer,
-                               dk.buffer, dv.buffer, *dq_args, *drop)
+        delta = _empty(ctx, (call.batches * L,), float32)
+        operands = (saved, g, query, key, value, attn_mask, lse, delta, dq, dk, dv)
+        if dropout_p == 0.0:
+            # As the forward: replayed, by the offsets, the scale and which gradients are
+            # asked for (the None operands).
+            run_planned_on(ctx, ("backward", saved.offset, g.offset, query.offset, key.offset,
+                                 value.offset, None if attn_mask is None else attn_mask.offset,
+                                 scale, fuse_dq),
+                           operands, _backward, call.plans,
+                           (call, scale, scale2, drop, fuse_dq) + operands)
+        else:
+            _backward(call, scale, scale2, drop, fuse_dq, *operands)
+        if kv_grads:
             dk = _reduce_to(dk, key.shape, k_group) if key.requires_grad else None
             dv = _reduce_to(dv, value.shape, v_group) if value.requires_grad else None
         if dq is not None:
