@@ -255,7 +255,7 @@ def test_chosen_first_on_nvidia_gpus():
     split is fp32-accurate), masks, causal and dropout alike, with the rule's values."""
     ctx = fake_context()
     for problem in (A.AttentionProblem(64, 64, 512, 512, "none", False, False),
-                    A.AttentionProblem(64, 64, 2048, 2048, "none", True, False),
+                    A.AttentionProblem(64, 64, 1024, 1024, "none", True, False),
                     A.AttentionProblem(96, 96, 2048, 2048, "none", False, False),
                     A.AttentionProblem(64, 64, 512, 512, "bool", False, True)):
         assert solver.select(ctx, "attention", problem).name == "mma"
@@ -273,6 +273,12 @@ def test_chosen_first_on_nvidia_gpus():
             (8, 2, 1, 2)
         assert (params["q_step"], params["k_step"], params["small"]) == (16, 32, "trunc")
         assert params["fused_dq"]
+    # Causal rows from 2048: two forward tiles per warp, 32-deep backward steps.
+    for L in (2048, 8192):
+        problem = A.AttentionProblem(64, 64, L, L, "none", True, False)
+        params = solver.tunables(ctx, "attention", problem, "mma")
+        assert (params["warps"], params["m_tiles"], params["k_step"]) == (8, 2, 32)
+        assert (params["q_step"], params["small"], params["fused_dq"]) == (16, "trunc", True)
 
 
 def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
