@@ -89,7 +89,9 @@ __kernel void gather_dim(index_t total, index_t L, index_t I, long D,
 // gather_dim where the gathered dimension is the last (I = 1) and rows of the index hold a
 // multiple of 4: four outputs per item, the index read as one long4 and the four reads of x
 // issued together (the dependent index-then-value loads of gather_dim leave one read of x in
-// flight per item), the outputs written as one 4-vector.
+// flight per item), the outputs written as one 4-vector. The host passes idx_off and y_off
+// multiples of 4, so that both are whole aligned vectors: vload4 / vstore4 assume only the
+// element's alignment, and NVIDIA's compiler then issues four scalar accesses.
 __kernel void gather_last4(index_t total4, index_t L, long D,
                            __global const ${T}* x, index_t x_off,
                            __global const long* idx, index_t idx_off,
@@ -98,20 +100,20 @@ __kernel void gather_last4(index_t total4, index_t L, long D,
     for (index_t g4 = get_global_id(0); g4 < total4; g4 += get_global_size(0)) {
         const index_t g = 4 * g4;
         const index_t o = g / L;
-        const long4 v = vload4(0, idx + idx_off + g);
+        const long4 v = *(__global const long4*)(idx + idx_off + g);
         __global const ${T}* row = x + x_off + o * (index_t)D;
         ${T}4 out = (${T}4)(0);
         if (v.x >= 0 && v.x < D) out.x = row[v.x]; else report(flag, v.x, D);
         if (v.y >= 0 && v.y < D) out.y = row[v.y]; else report(flag, v.y, D);
         if (v.z >= 0 && v.z < D) out.z = row[v.z]; else report(flag, v.z, D);
         if (v.w >= 0 && v.w < D) out.w = row[v.w]; else report(flag, v.w, D);
-        vstore4(out, 0, y + y_off + g);
+        *(__global ${T}4*)(y + y_off + g) = out;
     }
 }
 
 // index_select / embedding (gather_dim with index strides (0, 1, 0)) where the rows copied
 // hold a multiple of 4 elements (I = 4 * I4): a 4-vector per item, a quarter of the items and
-// of their index reads.
+// of their index reads. x_off and y_off are multiples of 4 (aligned vectors, as gather_last4).
 __kernel void select_rows4(index_t total4, index_t L, index_t I4, long D,
                            __global const ${T}* x, index_t x_off,
                            __global const long* idx, index_t idx_off,
@@ -125,10 +127,11 @@ __kernel void select_rows4(index_t total4, index_t L, index_t I4, long D,
         const long v = idx[idx_off + l];
         ${T}4 out = (${T}4)(0);
         if (v >= 0 && v < D)
-            out = vload4(0, x + x_off + ((o * (index_t)D + (index_t)v) * I4 + i4) * 4);
+            out = *(__global const ${T}4*)(x + x_off
+                                           + ((o * (index_t)D + (index_t)v) * I4 + i4) * 4);
         else
             report(flag, v, D);
-        vstore4(out, 0, y + y_off + 4 * g4);
+        *(__global ${T}4*)(y + y_off + 4 * g4) = out;
     }
 }
 

@@ -135,6 +135,33 @@ def test_index_select_and_its_gradient(ctx, rng, index_add_algo, shape, dim):
     backward_check(ctx, rng, out, out_ref, [(X, XR)])
 
 
+def _at_offset(ctx, array, offset):
+    """``array`` as a tensor ``offset`` elements into a larger buffer (a view), the elements
+    before it garbage."""
+    flat = np.concatenate([np.full(offset, 7, array.dtype), array.reshape(-1)])
+    base = dp.Tensor.from_numpy(ctx, flat)
+    return dp.Tensor(ctx, base.buffer, array.shape, base.dtype,
+                     offset=base.offset + offset * array.dtype.itemsize)
+
+
+@pytest.mark.parametrize("offset", [0, 1, 2, 4])
+def test_vector_paths_at_any_offset(ctx, rng, offset):
+    """gather along the last dimension and index_select / embedding of rows of a multiple of 4
+    move aligned 4-vectors: operands at offsets that are not whole vectors take the scalar
+    kernel, with the same results."""
+    x = random(rng, (6, 12))
+    index = rng.integers(0, 12, (6, 8))
+    poison_pool(ctx)
+    out = F.gather(_at_offset(ctx, x, offset), 1, _at_offset(ctx, index, offset))
+    np.testing.assert_array_equal(out.numpy(), np.take_along_axis(x, index, 1))
+    rows = rng.integers(0, 6, 9)
+    poison_pool(ctx)
+    out = F.index_select(_at_offset(ctx, x, offset), 0, _at_offset(ctx, rows, offset))
+    np.testing.assert_array_equal(out.numpy(), x[rows])
+    out = F.embedding(_at_offset(ctx, rows, offset), _at_offset(ctx, x, offset))
+    np.testing.assert_array_equal(out.numpy(), x[rows])
+
+
 def test_index_select_int32_index(ctx, rng):
     x = random(rng, (6, 3))
     index = np.array([5, 0, 0, 2], np.int32)

@@ -174,8 +174,9 @@ def _gather_into(y, x, dim, index):
     D = _as_1d(x).shape[dim]
     ctx = x.ctx
     extent = max(O * L * I, x.offset_elements + x.size, index.offset_elements + index.size)
-    if I == 1 and L % 4 == 0:
-        # Along the last dimension: four outputs per item (kernels/indexing.cl.mako).
+    if I == 1 and L % 4 == 0 and index.offset_elements % 4 == 0 and y.offset_elements % 4 == 0:
+        # Along the last dimension: four outputs per item, the index and the output read and
+        # written as aligned vectors (kernels/indexing.cl.mako).
         _run(ctx, "gather_last4", x.dtype, O * L // 4, extent, O * L // 4, L,
              scalar(np.int64, D), x.buffer, x.offset_elements, index.buffer,
              index.offset_elements, y.buffer, y.offset_elements, range_flag(ctx))
@@ -459,8 +460,8 @@ def _select_into(input, dim, index, out):
     ctx = input.ctx
     extent = max(O * max(L, D) * I, input.offset_elements + input.size,
                  index.offset_elements + index.size)
-    if I % 4 == 0:
-        # Rows of a multiple of 4: a 4-vector per work item (kernels/indexing.cl.mako).
+    if I % 4 == 0 and input.offset_elements % 4 == 0 and out.offset_elements % 4 == 0:
+        # Rows of a multiple of 4: an aligned 4-vector per work item (kernels/indexing.cl.mako).
         _run(ctx, "select_rows4", input.dtype, O * L * I // 4, extent, O * L * I // 4, L,
              I // 4, scalar(np.int64, D), input.buffer, input.offset_elements, index.buffer,
              index.offset_elements, out.buffer, out.offset_elements, range_flag(ctx))
