@@ -57,8 +57,9 @@ def test_choices_match_the_table(table, device):
             (device, M, N, K, batch, algorithm)
 
 
-# "mma" (TF32) applies to no problem of the table (TF32 off): test_gemm_tf32.py forces it.
-@pytest.mark.parametrize("algorithm", [a for a in gemm_ops.ALGORITHMS if a != "mma"])
+# "mma" (TF32) applies to no problem of the table (TF32 off): test_gemm_tf32.py forces it;
+# "gemv" to none either (no vector): test_gemm_gemv.py does.
+@pytest.mark.parametrize("algorithm", [a for a in gemm_ops.ALGORITHMS if a not in ("mma", "gemv")])
 def test_forcing_through_the_environment_matches_the_table(table, monkeypatch, algorithm):
     monkeypatch.setenv("DLPRIM_GEMM_ALGO", algorithm)
     dp.config.reload()
@@ -111,6 +112,10 @@ def test_every_solver_forced(ctx, rng, monkeypatch, algorithm):
         with pytest.raises(dp.UnsupportedError, match="DLPRIM_GEMM_ALGO=mma does not apply"):
             gemm_ops.select_params(ctx, 37, 45, 29)
         pytest.skip("TF32 off: test_gemm_tf32.py runs the mma solver")
+    if algorithm == "gemv":
+        with pytest.raises(dp.UnsupportedError, match="DLPRIM_GEMM_ALGO=gemv does not apply"):
+            gemm_ops.select_params(ctx, 37, 45, 29)
+        pytest.skip("matrix-vector products only: test_gemm_gemv.py runs the gemv solver")
     for M, N, K in ((37, 45, 29), (64, 64, 64)):
         a, b = random(rng, (M, K)), random(rng, (K, N))
         A, B = dp.Tensor.from_numpy(ctx, a), dp.Tensor.from_numpy(ctx, b)
@@ -158,8 +163,16 @@ def test_unknown_or_inapplicable_forced_solver(table, monkeypatch):
     assert gemm_ops.params_problem(tiled, ctx.info) is None
     assert "splitk solver splits it" in gemm_ops.params_problem(dict(tiled, split_k=3), ctx.info)
     assert "split_k >= 2" in gemm_ops.params_problem(dict(tiled, solver="splitk"), ctx.info)
-    assert "unknown solver 'gemv'" in gemm_ops.params_problem(dict(tiled, solver="gemv"),
-                                                              ctx.info)
+    assert "unknown solver 'winograd'" in gemm_ops.params_problem(
+        dict(tiled, solver="winograd"), ctx.info)
+    assert "lack ['lanes', 'group']" in gemm_ops.params_problem(dict(tiled, solver="gemv"),
+                                                               ctx.info)
+    gemv = dict(gemm_ops.DEFAULT_GEMV)
+    assert gemm_ops.params_problem(gemv, ctx.info) is None
+    assert "power of two" in gemm_ops.params_problem(dict(gemv, group=6), ctx.info)
+    assert "positive int" in gemm_ops.params_problem(dict(gemv, lanes=0), ctx.info)
+    assert "> device maximum" in gemm_ops.params_problem(dict(gemv, lanes=512, group=8),
+                                                         ctx.info)
 
 
 def test_solver_form_of_parameters():

@@ -60,16 +60,18 @@ from ..launch import BoundKernel, Recording, alias_pattern, buffer_arguments, en
 from ..tensor import Tensor, allocate
 
 # The solvers' names: the values of DLPRIM_GEMM_ALGO and of the rules' "solver".
-ALGORITHMS = ("tiled", "splitk", "small", "subgroup", "mma")
+ALGORITHMS = ("tiled", "splitk", "small", "subgroup", "mma", "gemv")
 _INT32_MAX = 2 ** 31 - 1
 _TILED_KEYS = ("tile_m", "tile_n", "tile_k", "wpt_m", "wpt_n", "vec", "pad", "double_buffer")
 _SMALL_KEYS = ("small_m", "small_n")
+_GEMV_KEYS = ("lanes", "group")
 _SUBGROUP_KEYS = ("sg_size", "wpt_m", "wpt_n", "sg_groups")
 _MMA_KEYS = ("tile_m", "tile_n", "tile_k", "warps_m", "warps_n", "stages")
 # The extensions the subgroup kernel is written in.
 SUBGROUP_EXTENSIONS = ("cl_intel_subgroups", "cl_intel_required_subgroup_size")
 # Parameters that run on any OpenCL device, for forced solvers no database rule names.
 DEFAULT_SMALL = {"solver": "small", "small_m": 8, "small_n": 16}
+DEFAULT_GEMV = {"solver": "gemv", "lanes": 32, "group": 8}
 DEFAULT_TILED = {"solver": "tiled", "tile_m": 32, "tile_n": 32, "tile_k": 16, "wpt_m": 4,
                  "wpt_n": 4, "vec": 4, "pad": 4, "double_buffer": 1, "split_k": 1,
                  "global_vec": 1}
@@ -449,13 +451,16 @@ class GemmConfig:
 
     ``global_vec``: width of the tiled kernel's global loads (the rule's, 1 where a row of A or
     B does not start on a vector boundary; the mma kernel's copies of A); ``global_vec_b``:
-    the mma kernel's copies of B (0: as ``global_vec``); ``c_vec``: width of its stores of C (``vec`` where
+    the mma kernel's copies of B (0: as ``global_vec``); the gemv kernel's reads of its matrix;
+    ``gemv_a``: the gemv kernel's matrix is op(A) (N == 1; else op(B)^T, M == 1);
+    ``c_vec``: width of its stores of C (``vec`` where
     every row of C starts on one, else 1); ``nv_async``: pipelined slices copied with
     cp.async; ``reqd_size``: the kernel declares its work-group size; ``block_a``/``block_b``:
     the subgroup kernel reads rows of A/B with block reads; ``splits``/``k_chunk``: the K
     chunks a split-K GEMM runs (splits 1: one pass); ``options``: build options."""
     global_vec: int = 1
     global_vec_b: int = 0
+    gemv_a: int = 0
     c_vec: int = 1
     nv_async: int = 0
     reqd_size: int = 1
@@ -572,6 +577,97 @@ class SmallSolver(GemmSolver):
                  (sn, sm, 1), [*args.ab, *args.c, *args.out, *args.folds, *args.chain])]
 
 
+class GemvSolver(GemmSolver):
+    """A matrix-vector product, M == 1 or N == 1 (kernels/gemm_gemv.cl.mako): each work-item
+    reads its share of the matrix once, LANES work-items per output along a contiguous row, or
+    VEC outputs per work-item along contiguous columns; split along K (gemm_splitk_reduce adds
+    the chunks) where the outputs alone leave the device idle, unless ``split_k`` says."""
+    name = "gemv"
+    template = "gemm_gemv"
+    takes_16bit = True
+    keys = _GEMV_KEYS
+    defaults = DEFAULT_GEMV
+    rule_solvers = ("gemv",)
+    # Work-items a split aims for per compute unit, and the least K a chunk walks per work-item
+    # (per lane along rows, per k step along columns) so that a split is worth its reduction.
+    ITEMS_PER_UNIT = 1024
+    MIN_STEPS = 8
+
+    def refusal(self, ctx, problem):
+        if problem.m != 1 and problem.n != 1:
+            return f"a matrix-vector product needs M == 1 or N == 1 (got {problem.m} x {problem.n})"
+        return self.dtype_refusal(problem)
+
+    def params_problem(self, params, info):
+        missing = self.missing(params)
+        if missing:
+            return missing
+        lanes, group, split = params["lanes"], params["group"], params.get("split_k", 0)
+        for name, value in (("lanes", lanes), ("group", group), ("split_k", split)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0 \
+                    or (value == 0 and name != "split_k"):
+                return f"gemv {name} must be a positive int (split_k 0: chosen), got {value!r}"
+        if group & (group - 1):
+            return f"gemv group must be a power of two, got {group}"
+        if lanes * group > info.max_work_group_size:
+            return f"work-group of {lanes * group} > device maximum"
+        return None
+
+    def configure(self, ctx, problem, params, layout):
+        w_is_a = problem.n == 1
+        rows = (not layout.trans_a) if w_is_a else layout.trans_b
+        if w_is_a:
+            w, x = (layout.a_off, layout.lda, layout.stride_a), (layout.b_off, layout.stride_b)
+            x_unit = layout.trans_b or layout.ldb == 1
+        else:
+            w, x = (layout.b_off, layout.ldb, layout.stride_b), (layout.a_off, layout.stride_a)
+            x_unit = not layout.trans_a or layout.lda == 1
+        # float4 reads of W need its rows (along a contiguous row: x too) on 16-byte
+        # boundaries; 16-bit storage and folds read element by element.
+        vec = 4 if (not problem.ab16 and all(f is None for f in layout.folds)
+                    and not any(v % 4 for v in w)
+                    and (not rows or (x_unit and not any(v % 4 for v in x)))) else 1
+        outputs = problem.n if not w_is_a else problem.m
+        lanes, group = params["lanes"], params["group"]
+        if rows:
+            per_split = _round_up(outputs, group) * lanes
+            min_chunk = lanes * vec * self.MIN_STEPS
+        else:
+            per_split = _round_up(math.ceil(outputs / vec), lanes) * group
+            min_chunk = group * self.MIN_STEPS
+        split = params.get("split_k", 0)
+        if not split:
+            target = self.ITEMS_PER_UNIT * max(1, ctx.info.compute_units)
+            split = max(1, min(math.ceil(target / (per_split * problem.batch)),
+                               problem.k // min_chunk))
+        # Chunks of a multiple of 4 keep the float4 reads along rows aligned.
+        k_chunk = _round_up(math.ceil(problem.k / split), 4)
+        return GemmConfig(global_vec=vec, gemv_a=int(w_is_a), splits=math.ceil(problem.k / k_chunk),
+                          k_chunk=k_chunk)
+
+    def template_params(self, params, config):
+        return {"W_IS_A": config.gemv_a, "LANES": params["lanes"], "GROUP": params["group"],
+                "VEC": config.global_vec, "SPLIT_K": int(config.splits > 1)}
+
+    def launches(self, ctx, problem, params, config, args, workspace):
+        lanes, group = params["lanes"], params["group"]
+        w_is_a = bool(config.gemv_a)
+        rows = (not problem.trans_a) if w_is_a else problem.trans_b
+        outputs = problem.m if w_is_a else problem.n
+        depth = problem.batch * config.splits
+        if rows:
+            grid = (lanes, _round_up(outputs, group), depth)
+        else:
+            grid = (_round_up(math.ceil(outputs / config.global_vec), lanes), group, depth)
+        local = (lanes, group, 1)
+        if config.splits < 2:
+            return [("gemm_gemv", grid, local,
+                     [*args.ab, *args.c, *args.out, *args.folds, np.int32(1),
+                      np.int32(problem.k), *args.chain])]
+        return _split_launches(ctx, "gemm_gemv", grid, None, problem, config, args, workspace,
+                               local)
+
+
 class TiledSolver(GemmSolver):
     """The tiled kernel in one pass over K."""
     name = "tiled"
@@ -660,14 +756,15 @@ def _split_workspace(problem, config):
     return 4 * problem.batch * config.splits * problem.m * problem.n
 
 
-def _split_launches(ctx, kernel, grid, threads, problem, config, args, workspace):
+def _split_launches(ctx, kernel, grid, threads, problem, config, args, workspace, local=None):
     """A GEMM split along K: ``kernel`` writes raw partial sums into the workspace
     ([batch * splits][M][N], dense: unit alpha, no beta, no fold of C), then
-    gemm_splitk_reduce (in the same program) adds them with the epilogue."""
+    gemm_splitk_reduce (in the same program) adds them with the epilogue. ``local``: the
+    kernel's work-group when not (threads, 1, 1)."""
     M, N, batch = problem.m, problem.n, problem.batch
     i32, i64, f32 = np.int32, np.int64, np.float32
     group = min(64, ctx.info.max_work_group_size)
-    return [(kernel, grid, (threads, 1, 1),
+    return [(kernel, grid, local or (threads, 1, 1),
              [*args.ab, workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0), *args.out,
               *args.folds[:10], *_fold_args(None, False), i32(config.splits),
               i32(config.k_chunk), *args.chain]),
@@ -849,7 +946,8 @@ def _bits_match(params, problem):
 
 
 FAMILY = solver.register(_GemmFamily(
-    "gemm", (TiledSolver(), SplitKSolver(), SmallSolver(), SubgroupSolver(), MmaSolver()),
+    "gemm", (TiledSolver(), SplitKSolver(), SmallSolver(), SubgroupSolver(), MmaSolver(),
+             GemvSolver()),
     title="GEMM algorithm"))
 # Rules written before the solver layer name the kernel (solver_params reads them).
 tuning.upgrade_params("gemm", solver_params)

@@ -1,0 +1,191 @@
+## gemm_gemv: a GEMM with M == 1 or N == 1, a matrix-vector product (the "gemv" solver of
+## ops/gemm.py). The tiled kernels give such a product one row or column of output per tile, so
+## most of each tile's work is thrown away and few work-groups run; here every work-item reads
+## its share of the matrix once, which is what bounds a matrix-vector product (its bytes).
+<%namespace name="common" file="gemm_common.cl.mako"/>
+${common.header()}
+// gemm_gemv only. The product is a vector of `outputs` values y[i] = sum_k W(i, k) x[k]:
+//   W_IS_A   1: N == 1, W = op(A), x = op(B)'s column, y down C's column (outputs = M);
+//            0: M == 1, W = op(B)^T, x = op(A)'s row, y along C's row (outputs = N)
+//   LANES, GROUP  the work-group, LANES x GROUP work-items (GROUP a power of two). Where W's
+//            rows (k) are contiguous, each output has LANES work-items walking its row
+//            LANES (x VEC) elements apart, summed across the lanes in local memory; GROUP
+//            outputs per work-group. Where W's columns (i) are contiguous, each work-item
+//            holds VEC consecutive outputs and walks k GROUP apart (coalesced along i), the
+//            GROUP partial sums added in local memory
+//   VEC      4: W read as aligned float4 (and x too where W's rows are contiguous): the host
+//            checks that offsets, leading dimensions, batch strides and K chunks are
+//            multiples of 4, that x is contiguous there (its stride 1), float32 operands and
+//            no fold; 1: element by element (any layout, folds, 16-bit storage)
+//   SPLIT_K  1: each work-group sums one K chunk (group id 2 = batch * splits + split) into
+//            the workspace ([batch * splits][M][N]); gemm_splitk_reduce adds the chunks and
+//            applies the epilogue, as for gemm_tiled. 0: the epilogue is applied here
+<%
+    # Which of W's dimensions is contiguous: k (rows) or i (columns).
+    ROWS = (W_IS_A and not TRANS_A) or (not W_IS_A and TRANS_B)
+    fold = common.attr.fold
+    if W_IS_A:
+        w_base, x_base = "A", "B"
+        # W(i, k) = op(A)[i, k]; x[k] = op(B)[k, 0].
+        w_at = (lambda i, k: f"(long)({i}) * lda + {fold(FOLD_A, 'a', k)}") if ROWS else \
+               (lambda i, k: f"(long)({k}) * lda + ({i})")
+        x_at = (lambda k: fold(FOLD_B, "b", k)) if TRANS_B else (lambda k: f"(long)({k}) * ldb")
+    else:
+        w_base, x_base = "B", "A"
+        # W(i, k) = op(B)[k, i]; x[k] = op(A)[0, k].
+        w_at = (lambda i, k: f"(long)({i}) * ldb + {fold(FOLD_B, 'b', k)}") if ROWS else \
+               (lambda i, k: f"(long)({k}) * ldb + {fold(FOLD_B, 'b', i)}")
+        x_at = (lambda k: f"(long)({k}) * lda") if TRANS_A else (lambda k: fold(FOLD_A, "a", k))
+    # Output i in C: (row, column, element offset).
+    if W_IS_A:
+        out_rc = lambda i: (i, "0", f"(long)({i}) * ldc")
+    else:
+        out_rc = lambda i: ("0", i, fold(FOLD_C, "c", i))
+    assert VEC == 1 or (AB_TYPE == "float" and not (FOLD_A or FOLD_B or FOLD_C))
+%>
+
+__kernel __attribute__((reqd_work_group_size(${LANES}, ${GROUP}, 1)))
+void gemm_gemv(int M, int N, int K,
+               __global const AB_T *restrict A, long a_off, int lda, long stride_a,
+               __global const AB_T *restrict B, long b_off, int ldb, long stride_b,
+               __global C_T *C, long c_off, int ldc, long stride_c,
+               float alpha, float beta,
+               __global const C_T *restrict bias, long bias_off,
+               __global const float *restrict scale, long scale_off,
+               __global const float *restrict R, long r_off, float residual_alpha,
+               int fa_p, long fa_img, int fa_w, int fa_row, int fa_col,
+               int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
+               int fc_p, long fc_img,
+               int splits, int k_chunk
+               ${common.chain_params()})
+{
+    const int outputs = ${"M" if W_IS_A else "N"};
+% if SPLIT_K:
+    const int split = get_group_id(2) % splits;
+    const int batch = get_group_id(2) / splits;
+    const int k0 = split * k_chunk;
+    const int k1 = min(K, k0 + k_chunk);
+% else:
+    const int batch = get_group_id(2);
+    const int k0 = 0;
+    const int k1 = K;
+% endif
+    A += a_off + batch * stride_a;
+    B += b_off + batch * stride_b;
+% if not SPLIT_K:
+    C += c_off + batch * stride_c;
+    R += r_off + batch * stride_c;
+% endif
+    __global const AB_T *W = ${w_base};
+    __global const AB_T *X = ${x_base};
+% if ROWS:
+    // W's rows contiguous: LANES work-items per output, GROUP outputs per work-group.
+    __local float part[${GROUP}][${LANES}];
+    const int lane = get_local_id(0);
+    const int slot = get_local_id(1);
+    const int i = get_group_id(1) * ${GROUP} + slot;
+    float sum = 0.0f;
+    if (i < outputs) {
+%   if VEC == 4:
+        __global const float *w = W + ${w_at("i", "0")};
+        // k0 and the row starts are multiples of 4 (the host checks): aligned float4 reads.
+        const int kv = k0 + ((k1 - k0) & ~3);
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int k = k0 + 4 * lane; k < kv; k += 4 * ${LANES}) {
+            const float4 a = *(__global const float4 *)(w + k);
+            const float4 b = *(__global const float4 *)(X + k);
+            s0 = fma(a.x, b.x, s0);
+            s1 = fma(a.y, b.y, s1);
+            s2 = fma(a.z, b.z, s2);
+            s3 = fma(a.w, b.w, s3);
+        }
+        for (int k = kv + lane; k < k1; k += ${LANES})
+            s0 = fma(w[k], X[k], s0);
+        sum = (s0 + s1) + (s2 + s3);
+%   else:
+        for (int k = k0 + lane; k < k1; k += ${LANES})
+            sum = fma(LOAD_AB(W, ${w_at("i", "k")}), LOAD_AB(X, ${x_at("k")}), sum);
+%   endif
+    }
+    part[slot][lane] = sum;
+    barrier(CLK_LOCAL_MEM_FENCE);
+%   if LANES & (LANES - 1):
+    // LANES not a power of two: the first lane adds the others.
+    if (lane == 0)
+        for (int l = 1; l < ${LANES}; ++l)
+            sum += part[slot][l];
+%   else:
+    for (int s = ${LANES // 2}; s > 0; s >>= 1) {
+        if (lane < s)
+            part[slot][lane] += part[slot][lane + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    sum = part[slot][0];
+%   endif
+    if (lane == 0 && i < outputs) {
+<%      row, col, index = out_rc("i") %>
+        ${store("sum", row, col, index, "i")}
+    }
+% else:
+    // W's columns contiguous: VEC outputs per work-item, GROUP work-items down k.
+    __local float part[${GROUP}][${LANES * VEC}];
+    const int lx = get_local_id(0);
+    const int ky = get_local_id(1);
+    const int i0 = (get_group_id(0) * ${LANES} + lx) * ${VEC};
+    float acc[${VEC}];
+%   for e in range(VEC):
+    acc[${e}] = 0.0f;
+%   endfor
+%   if VEC == 4:
+    if (i0 + 4 <= outputs) {
+        for (int k = k0 + ky; k < k1; k += ${GROUP}) {
+            const float4 a = *(__global const float4 *)(W + ${w_at("i0", "k")});
+            const float b = X[${x_at("k")}];
+            acc[0] = fma(a.x, b, acc[0]);
+            acc[1] = fma(a.y, b, acc[1]);
+            acc[2] = fma(a.z, b, acc[2]);
+            acc[3] = fma(a.w, b, acc[3]);
+        }
+    } else
+%   endif
+    if (i0 < outputs) {
+        for (int k = k0 + ky; k < k1; k += ${GROUP}) {
+            const float b = LOAD_AB(X, ${x_at("k")});
+%   for e in range(VEC):
+            if (i0 + ${e} < outputs)
+                acc[${e}] = fma(LOAD_AB(W, ${w_at(f"i0 + {e}", "k")}), b, acc[${e}]);
+%   endfor
+        }
+    }
+%   for e in range(VEC):
+    part[ky][lx * ${VEC} + ${e}] = acc[${e}];
+%   endfor
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = ${GROUP // 2}; s > 0; s >>= 1) {
+        if (ky < s)
+            for (int e = 0; e < ${VEC}; ++e)
+                part[ky][lx * ${VEC} + e] += part[ky + s][lx * ${VEC} + e];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (ky == 0) {
+%   for e in range(VEC):
+        if (i0 + ${e} < outputs) {
+            const float sum = part[0][lx * ${VEC} + ${e}];
+<%          row, col, index = out_rc(f"(i0 + {e})") %>
+            ${store("sum", row, col, index, f"(i0 + {e})")}
+        }
+%   endfor
+    }
+% endif
+}
+
+<%def name="store(value, row, col, index, i)">
+% if SPLIT_K:
+            // Raw partial sums: [batch * splits][M][N], dense; output i is element i.
+            C[(long)get_group_id(2) * M * N + ${i}] = ${value};
+% else:
+            ${common.epilogue(value, row, col, index)}
+% endif
+</%def>
+
+<%include file="gemm_splitk.cl.mako"/>
