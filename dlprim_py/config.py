@@ -28,7 +28,8 @@ DLPRIM_DETERMINISTIC "1": no algorithm whose result's last bits vary from run to
                    the order atomics land: the attention backward's fused dQ on NVIDIA); the
                    same inputs then give the same bits on every run
 DLPRIM_CONV3D_ALGO force one 3-D convolution solver: vol2col_gemm, direct
-DLPRIM_GEMM_ALGO   force one GEMM solver: tiled, splitk, small, subgroup (where it applies)
+DLPRIM_GEMM_ALGO   force one GEMM solver: tiled, splitk, small, subgroup, mma, gemv (where it
+                   applies: gemv to M == 1 or N == 1)
 DLPRIM_NORM_ALGO   force one batch-norm reduction algorithm: groups, groups_scalar, columns
 DLPRIM_COPY_ALGO   force one strided-copy solver (permute, cat, narrow): gather, tiles (transpositions)
 DLPRIM_POOL_ALGO   force one pooling solver: window, plane (global windows; an error elsewhere)

@@ -1569,6 +1569,9 @@ def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, bias=N
     where c is given, else a's (as torch.matmul), or float32. On NVIDIA GPUs of compute
     capability 8.0 and later the "mma" solver runs it on tensor cores (m16n8k16 mma.sync),
     elsewhere "small" converts the values as it reads them; neither needs cl_khr_fp16.
+
+    A matrix-vector product (M or N is 1) takes the "gemv" solver, which reads the matrix once
+    with every work-item busy, as a bandwidth-bound product needs.
     """
     return _gemm_tensors(a, b, c, alpha, beta, trans_a, trans_b, bias, activation, bias_per,
                          False, algorithm, out_dtype)
