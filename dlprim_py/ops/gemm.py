@@ -638,8 +638,7 @@ class GemvSolver(GemmSolver):
         split = params.get("split_k", 0)
         if not split:
             target = self.ITEMS_PER_UNIT * max(1, ctx.info.compute_units)
-            split = max(1, min(math.ceil(target / (per_split * problem.batch)),
-                               problem.k // min_chunk))
+            split = max(1, min(target // (per_split * problem.batch), problem.k // min_chunk))
         # Chunks of a multiple of 4 keep the float4 reads along rows aligned.
         k_chunk = _round_up(math.ceil(problem.k / split), 4)
         return GemmConfig(global_vec=vec, gemv_a=int(w_is_a), splits=math.ceil(problem.k / k_chunk),
