@@ -566,6 +566,20 @@ def test_fused_dq_needs_whole_row_tiles(ctx, rng, mma, tuning_rules):
     assert built and not built[-1][1]["fused_dq"] and built[-1][1]["q_step"] == 8
 
 
+def test_fused_dq_where_the_keys_do_not_fit(ctx, rng, mma, tuning_rules, monkeypatch):
+    """Where the group's keys and a step's dS do not fit beside the dK/dV kernel's tiles even
+    at 8-row steps (head dims 128 / 80 in an H200's 48 KiB), dQ keeps its kernel: such a call
+    once raised instead. The local memory of fused_dq is made too large here."""
+    tuning_rules("attention", [{"when": {}, "params": _mma_rule(ctx, fused_dq=True)}])
+    local = A._mma_local
+    monkeypatch.setattr(A, "_mma_local", lambda *args: 1 << 40 if args[7:] and args[7]
+                        else local(*args))
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, (1, 2, 13, 16), (1, 2, 17, 16), (1, 2, 17, 16))
+    assert built and not built[-1][1]["fused_dq"]
+
+
 def test_deterministic_switch_keeps_the_dq_kernel(ctx, rng, mma, tuning_rules, monkeypatch):
     """DLPRIM_DETERMINISTIC=1: a rule's fused_dq (atomics, run-to-run last bits) is not used;
     the dQ kernel runs."""

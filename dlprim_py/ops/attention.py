@@ -409,14 +409,19 @@ class AttentionPlan:
         fw, fn = _fit_mma(ctx, problem, "forward", tuned["warps"], tuned["block_n"], emulate,
                           2 if presplit else stages)
         # fused_dq: dQ computed in the dK/dV kernel (atomics), the dQ kernel not run. It takes
-        # steps of whole m16 tiles: where the local memory leaves 8 rows, dQ has its kernel;
+        # steps of whole m16 tiles and the group's keys staged beside the tiles: where the
+        # local memory leaves 8 rows, or no room at all (large head dims), dQ has its kernel;
         # DLPRIM_DETERMINISTIC keeps the dQ kernel (atomics land in no fixed order).
         fused_dq = bool(tuned.get("fused_dq", False)) and not config.switches().deterministic
-        fused_keys = 16 * kv_tiles * int(tuned["kv_warps"]) if fused_dq else 0
-        kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate, stages,
-                          fused_keys)
-        if fused_dq and ks % 16:
-            fused_dq = False
+        if fused_dq:
+            fused_keys = 16 * kv_tiles * int(tuned["kv_warps"])
+            try:
+                kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"],
+                                  emulate, stages, fused_keys)
+                fused_dq = ks % 16 == 0
+            except UnsupportedError:
+                fused_dq = False
+        if not fused_dq:
             kw, ks = _fit_mma(ctx, problem, "kv", tuned["kv_warps"], tuned["q_step"], emulate,
                               stages)
         qw, qs = _fit_mma(ctx, problem, "q", tuned["q_warps"], tuned["k_step"], emulate, stages)
