@@ -4,19 +4,20 @@
 ## its share of the matrix once, which is what bounds a matrix-vector product (its bytes).
 <%namespace name="common" file="gemm_common.cl.mako"/>
 ${common.header()}
-// gemm_gemv only. The product is a vector of `outputs` values y[i] = sum_k W(i, k) x[k]:
-//   W_IS_A   1: N == 1, W = op(A), x = op(B)'s column, y down C's column (outputs = M);
-//            0: M == 1, W = op(B)^T, x = op(A)'s row, y along C's row (outputs = N)
+// gemm_gemv only. The product is NV vectors of `outputs` values, y_v[i] = sum_k W(i, k) x_v[k]:
+//   W_IS_A   1: W = op(A), x_v = op(B)'s column v, y_v C's column v (outputs = M, NV = N);
+//            0: W = op(B)^T, x_v = op(A)'s row v, y_v C's row v (outputs = N, NV = M)
+//   NV       the vectors (1 to 8), each element of W read once for all of them
 //   LANES, GROUP  the work-group, LANES x GROUP work-items (GROUP a power of two). Where W's
 //            rows (k) are contiguous, each output has LANES work-items walking its row
 //            LANES (x VEC) elements apart, summed across the lanes in local memory; GROUP
 //            outputs per work-group. Where W's columns (i) are contiguous, each work-item
 //            holds VEC consecutive outputs and walks k GROUP apart (coalesced along i), the
 //            GROUP partial sums added in local memory
-//   VEC      4: W read as aligned float4 (and x too where W's rows are contiguous): the host
-//            checks that offsets, leading dimensions, batch strides and K chunks are
-//            multiples of 4, that x is contiguous there (its stride 1), float32 operands and
-//            no fold; 1: element by element (any layout, folds, 16-bit storage)
+//   VEC      4: W read as aligned float4 (and the x_v too where W's rows are contiguous): the
+//            host checks that offsets, leading dimensions, batch strides and K chunks are
+//            multiples of 4, that each x_v is contiguous there, float32 operands and no fold;
+//            1: element by element (any layout, folds, 16-bit storage)
 //   SPLIT_K  1: each work-group sums one K chunk (group id 2 = batch * splits + split) into
 //            the workspace ([batch * splits][M][N]); gemm_splitk_reduce adds the chunks and
 //            applies the epilogue, as for gemm_tiled. 0: the epilogue is applied here
@@ -26,21 +27,29 @@ ${common.header()}
     fold = common.attr.fold
     if W_IS_A:
         w_base, x_base = "A", "B"
-        # W(i, k) = op(A)[i, k]; x[k] = op(B)[k, 0].
+        # W(i, k) = op(A)[i, k]; x_v[k] = op(B)[k, v].
         w_at = (lambda i, k: f"(long)({i}) * lda + {fold(FOLD_A, 'a', k)}") if ROWS else \
                (lambda i, k: f"(long)({k}) * lda + ({i})")
-        x_at = (lambda k: fold(FOLD_B, "b", k)) if TRANS_B else (lambda k: f"(long)({k}) * ldb")
+        x_at = (lambda v, k: f"(long)({v}) * ldb + {fold(FOLD_B, 'b', k)}") if TRANS_B else \
+               (lambda v, k: f"(long)({k}) * ldb + {fold(FOLD_B, 'b', v)}")
+        # x_v's start where it is contiguous along k (VEC 4 along rows: TRANS_B, or one
+        # vector of unit stride).
+        x_row = (lambda v: f"(long)({v}) * ldb") if TRANS_B else (lambda v: "0")
     else:
         w_base, x_base = "B", "A"
-        # W(i, k) = op(B)[k, i]; x[k] = op(A)[0, k].
+        # W(i, k) = op(B)[k, i]; x_v[k] = op(A)[v, k].
         w_at = (lambda i, k: f"(long)({i}) * ldb + {fold(FOLD_B, 'b', k)}") if ROWS else \
                (lambda i, k: f"(long)({k}) * ldb + {fold(FOLD_B, 'b', i)}")
-        x_at = (lambda k: f"(long)({k}) * lda") if TRANS_A else (lambda k: fold(FOLD_A, "a", k))
-    # Output i in C: (row, column, element offset).
+        x_at = (lambda v, k: f"(long)({k}) * lda + ({v})") if TRANS_A else \
+               (lambda v, k: f"(long)({v}) * lda + {fold(FOLD_A, 'a', k)}")
+        x_row = (lambda v: "0") if TRANS_A else (lambda v: f"(long)({v}) * lda")
+    # Output i of vector v in C: (row, column, element offset), and in a split's workspace.
     if W_IS_A:
-        out_rc = lambda i: (i, "0", f"(long)({i}) * ldc")
+        out_rc = lambda i, v: (i, v, f"(long)({i}) * ldc + {fold(FOLD_C, 'c', v)}")
+        plane_at = lambda i, v: f"(long)({i}) * N + ({v})"
     else:
-        out_rc = lambda i: ("0", i, fold(FOLD_C, "c", i))
+        out_rc = lambda i, v: (v, i, f"(long)({v}) * ldc + {fold(FOLD_C, 'c', i)}")
+        plane_at = lambda i, v: f"(long)({v}) * N + ({i})"
     assert VEC == 1 or (AB_TYPE == "float" and not (FOLD_A or FOLD_B or FOLD_C))
 %>
 
@@ -79,52 +88,66 @@ void gemm_gemv(int M, int N, int K,
     __global const AB_T *W = ${w_base};
     __global const AB_T *X = ${x_base};
 % if ROWS:
-    // W's rows contiguous: LANES work-items per output, GROUP outputs per work-group.
-    __local float part[${GROUP}][${LANES}];
+    // W's rows contiguous: LANES work-items per output, GROUP outputs per work-group. The
+    // loops over the vectors are left to the compiler (constant trip counts): one copy of the
+    // epilogue, not one per vector.
+    __local float part[${GROUP}][${NV}][${LANES}];
     const int lane = get_local_id(0);
     const int slot = get_local_id(1);
     const int i = get_group_id(1) * ${GROUP} + slot;
-    float sum = 0.0f;
+    float sum[${NV}];
+    for (int v = 0; v < ${NV}; ++v)
+        sum[v] = 0.0f;
     if (i < outputs) {
 %   if VEC == 4:
         __global const float *w = W + ${w_at("i", "0")};
         // k0 and the row starts are multiples of 4 (the host checks): aligned float4 reads.
         const int kv = k0 + ((k1 - k0) & ~3);
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
         for (int k = k0 + 4 * lane; k < kv; k += 4 * ${LANES}) {
             const float4 a = *(__global const float4 *)(w + k);
-            const float4 b = *(__global const float4 *)(X + k);
-            s0 = fma(a.x, b.x, s0);
-            s1 = fma(a.y, b.y, s1);
-            s2 = fma(a.z, b.z, s2);
-            s3 = fma(a.w, b.w, s3);
+            for (int v = 0; v < ${NV}; ++v) {
+                const float4 b = *(__global const float4 *)(X + ${x_row("v")} + k);
+                sum[v] = fma(a.x, b.x, fma(a.y, b.y, fma(a.z, b.z, fma(a.w, b.w, sum[v]))));
+            }
         }
-        for (int k = kv + lane; k < k1; k += ${LANES})
-            s0 = fma(w[k], X[k], s0);
-        sum = (s0 + s1) + (s2 + s3);
+        for (int k = kv + lane; k < k1; k += ${LANES}) {
+            const float a = w[k];
+            for (int v = 0; v < ${NV}; ++v)
+                sum[v] = fma(a, X[${x_row("v")} + k], sum[v]);
+        }
 %   else:
-        for (int k = k0 + lane; k < k1; k += ${LANES})
-            sum = fma(LOAD_AB(W, ${w_at("i", "k")}), LOAD_AB(X, ${x_at("k")}), sum);
+        for (int k = k0 + lane; k < k1; k += ${LANES}) {
+            const float a = LOAD_AB(W, ${w_at("i", "k")});
+            for (int v = 0; v < ${NV}; ++v)
+                sum[v] = fma(a, LOAD_AB(X, ${x_at("v", "k")}), sum[v]);
+        }
 %   endif
     }
-    part[slot][lane] = sum;
+    for (int v = 0; v < ${NV}; ++v)
+        part[slot][v][lane] = sum[v];
     barrier(CLK_LOCAL_MEM_FENCE);
 %   if LANES & (LANES - 1):
     // LANES not a power of two: the first lane adds the others.
     if (lane == 0)
         for (int l = 1; l < ${LANES}; ++l)
-            sum += part[slot][l];
+            for (int v = 0; v < ${NV}; ++v)
+                sum[v] += part[slot][v][l];
 %   else:
     for (int s = ${LANES // 2}; s > 0; s >>= 1) {
         if (lane < s)
-            part[slot][lane] += part[slot][lane + s];
+            for (int v = 0; v < ${NV}; ++v)
+                part[slot][v][lane] += part[slot][v][lane + s];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    sum = part[slot][0];
+    for (int v = 0; v < ${NV}; ++v)
+        sum[v] = part[slot][v][0];
 %   endif
     if (lane == 0 && i < outputs) {
-<%      row, col, index = out_rc("i") %>
-        ${store("sum", row, col, index, "i")}
+        for (int v = 0; v < ${NV}; ++v) {
+            const float value = sum[v];
+<%          row, col, index = out_rc("i", "v") %>
+            ${store("value", row, col, index, plane_at("i", "v"))}
+        }
     }
 % else:
     // W's columns contiguous: VEC outputs per work-item, GROUP work-items down k.
@@ -132,57 +155,63 @@ void gemm_gemv(int M, int N, int K,
     const int lx = get_local_id(0);
     const int ky = get_local_id(1);
     const int i0 = (get_group_id(0) * ${LANES} + lx) * ${VEC};
-    float acc[${VEC}];
-%   for e in range(VEC):
-    acc[${e}] = 0.0f;
-%   endfor
+    float acc[${VEC}][${NV}];
+    for (int e = 0; e < ${VEC}; ++e)
+        for (int v = 0; v < ${NV}; ++v)
+            acc[e][v] = 0.0f;
 %   if VEC == 4:
     if (i0 + 4 <= outputs) {
         for (int k = k0 + ky; k < k1; k += ${GROUP}) {
             const float4 a = *(__global const float4 *)(W + ${w_at("i0", "k")});
-            const float b = X[${x_at("k")}];
-            acc[0] = fma(a.x, b, acc[0]);
-            acc[1] = fma(a.y, b, acc[1]);
-            acc[2] = fma(a.z, b, acc[2]);
-            acc[3] = fma(a.w, b, acc[3]);
+            for (int v = 0; v < ${NV}; ++v) {
+                const float b = X[${x_at("v", "k")}];
+                acc[0][v] = fma(a.x, b, acc[0][v]);
+                acc[1][v] = fma(a.y, b, acc[1][v]);
+                acc[2][v] = fma(a.z, b, acc[2][v]);
+                acc[3][v] = fma(a.w, b, acc[3][v]);
+            }
         }
     } else
 %   endif
     if (i0 < outputs) {
-        for (int k = k0 + ky; k < k1; k += ${GROUP}) {
-            const float b = LOAD_AB(X, ${x_at("k")});
-%   for e in range(VEC):
-            if (i0 + ${e} < outputs)
-                acc[${e}] = fma(LOAD_AB(W, ${w_at(f"i0 + {e}", "k")}), b, acc[${e}]);
-%   endfor
-        }
-    }
-%   for e in range(VEC):
-    part[ky][lx * ${VEC} + ${e}] = acc[${e}];
-%   endfor
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = ${GROUP // 2}; s > 0; s >>= 1) {
-        if (ky < s)
+        for (int k = k0 + ky; k < k1; k += ${GROUP})
             for (int e = 0; e < ${VEC}; ++e)
-                part[ky][lx * ${VEC} + e] += part[ky + s][lx * ${VEC} + e];
-        barrier(CLK_LOCAL_MEM_FENCE);
+                if (i0 + e < outputs) {
+                    const float a = LOAD_AB(W, ${w_at("i0 + e", "k")});
+                    for (int v = 0; v < ${NV}; ++v)
+                        acc[e][v] = fma(a, LOAD_AB(X, ${x_at("v", "k")}), acc[e][v]);
+                }
     }
-    if (ky == 0) {
-%   for e in range(VEC):
-        if (i0 + ${e} < outputs) {
-            const float sum = part[0][lx * ${VEC} + ${e}];
-<%          row, col, index = out_rc(f"(i0 + {e})") %>
-            ${store("sum", row, col, index, f"(i0 + {e})")}
+    // The GROUP partial sums of each vector in turn through the same local rows.
+    for (int v = 0; v < ${NV}; ++v) {
+        if (v)
+            barrier(CLK_LOCAL_MEM_FENCE);
+        for (int e = 0; e < ${VEC}; ++e)
+            part[ky][lx * ${VEC} + e] = acc[e][v];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = ${GROUP // 2}; s > 0; s >>= 1) {
+            if (ky < s)
+                for (int e = 0; e < ${VEC}; ++e)
+                    part[ky][lx * ${VEC} + e] += part[ky + s][lx * ${VEC} + e];
+            barrier(CLK_LOCAL_MEM_FENCE);
         }
-%   endfor
+        if (ky == 0)
+            for (int e = 0; e < ${VEC}; ++e) {
+                const int i = i0 + e;
+                if (i < outputs) {
+                    const float value = part[0][lx * ${VEC} + e];
+<%                  row, col, index = out_rc("i", "v") %>
+                    ${store("value", row, col, index, plane_at("i", "v"))}
+                }
+            }
     }
 % endif
 }
 
-<%def name="store(value, row, col, index, i)">
+<%def name="store(value, row, col, index, plane)">
 % if SPLIT_K:
-            // Raw partial sums: [batch * splits][M][N], dense; output i is element i.
-            C[(long)get_group_id(2) * M * N + ${i}] = ${value};
+            // Raw partial sums: [batch * splits][M][N], dense.
+            C[(long)get_group_id(2) * M * N + ${plane}] = ${value};
 % else:
             ${common.epilogue(value, row, col, index)}
 % endif

@@ -1,4 +1,4 @@
-"""The GEMM family's "gemv" solver (kernels/gemm_gemv.cl.mako): products with M == 1 or N == 1,
+"""The GEMM family's "gemv" solver (kernels/gemm_gemv.cl.mako): products with M or N at most 8,
 every transpose (the matrix's rows or its columns contiguous), the epilogue, splits along K,
 float4 and element reads, batches, 16-bit storage and folded operands, each against numpy in
 float64 on poisoned outputs; and that the shipped rules give matrix-vector products to it."""
@@ -52,13 +52,22 @@ def _run(ctx, rng, M, N, K, trans_a, trans_b, params, a_off=0, alpha=1.0, beta=0
 @pytest.mark.parametrize("trans_a", [False, True])
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("M, N, K", [(1, 37, 53), (45, 1, 61), (1, 64, 256), (128, 1, 512),
-                                     (1, 1, 77), (1, 131, 1003)])
+                                     (1, 1, 77), (3, 64, 256), (40, 8, 96),
+                                     (8, 37, 53), (7, 4, 33)])
 def test_every_form(ctx, rng, M, N, K, trans_a, trans_b):
     plan = _run(ctx, rng, M, N, K, trans_a, trans_b, GEMV)
-    # The matrix read as float4 wherever its layout allows: offsets 0 here, so where its
-    # leading dimension is a multiple of 4 (a dense vector is contiguous either way).
-    ld = (M if trans_a else K) if N == 1 else (K if trans_b else N)
-    assert plan.config.global_vec == (4 if ld % 4 == 0 else 1), (M, N, K, trans_a, trans_b)
+    # The matrix (op(A) where N <= M) read as float4 wherever its layout allows: offsets 0
+    # here, so where its leading dimension is a multiple of 4 and, along its rows, each
+    # vector is contiguous too (a row of the other operand, or a dense single vector).
+    w_is_a = N <= M
+    vectors = N if w_is_a else M
+    rows = not trans_a if w_is_a else trans_b
+    ld = (M if trans_a else K) if w_is_a else (K if trans_b else N)
+    x_ld = (N if trans_b else K) if w_is_a else (M if trans_a else K)
+    x_rows = (trans_b if w_is_a else not trans_a) or vectors == 1
+    vec = ld % 4 == 0 and (not rows or (x_rows and (vectors == 1 or x_ld % 4 == 0)))
+    assert plan.config.global_vec == (4 if vec else 1), (M, N, K, trans_a, trans_b)
+    assert plan.config.gemv_vectors == vectors
 
 
 @pytest.mark.parametrize("params", [
@@ -157,16 +166,19 @@ def test_repeats_build_nothing(ctx, rng):
 
 
 def test_rules_give_vectors_to_gemv():
-    """Every shipped entry (the H200's, each vendor's, the default) gives M == 1 or N == 1 to
-    gemv, and nothing else; forced, gemv is refused for a matrix product."""
+    """Every shipped entry (the H200's, each vendor's, the default) gives M or N of 1, and of
+    at most 8 in a product of at least 262144 multiply-adds, to gemv, and nothing else;
+    forced, gemv is refused past 8 vectors."""
     table = os.path.join(os.path.dirname(__file__), "data", "gemm_selection.json")
     with open(table, encoding="utf-8") as f:
         devices = json.load(f)["devices"]
     for fields in devices.values():
         info = types.SimpleNamespace(**dict(fields, extensions=frozenset(fields["extensions"])))
         fake = types.SimpleNamespace(info=info, memo={}, plans=PlanCache())
-        for M, N, K in ((1, 4096, 4096), (4096, 1, 4096), (1, 7, 3), (1, 1, 100000)):
+        for M, N, K in ((1, 4096, 4096), (4096, 1, 4096), (1, 7, 3), (1, 1, 100000),
+                        (8, 4096, 4096), (4096, 3, 4096), (2, 512, 256)):
             assert gemm_ops.select_params(fake, M, N, K)["solver"] == "gemv", (fields, M, N)
-        assert gemm_ops.select_params(fake, 2, 4096, 4096)["solver"] != "gemv"
-        with pytest.raises(dp.UnsupportedError, match="needs M == 1 or N == 1"):
-            gemm_ops.select_params(fake, 2, 2, 2, algorithm="gemv")
+        for M, N, K in ((9, 4096, 4096), (4, 4, 4), (8, 64, 64)):
+            assert gemm_ops.select_params(fake, M, N, K)["solver"] != "gemv", (fields, M, N)
+        with pytest.raises(dp.UnsupportedError, match="needs M or N at most 8"):
+            gemm_ops.select_params(fake, 9, 9, 2, algorithm="gemv")

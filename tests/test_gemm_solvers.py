@@ -58,7 +58,7 @@ def test_choices_match_the_table(table, device):
 
 
 # "mma" (TF32) applies to no problem of the table (TF32 off): test_gemm_tf32.py forces it;
-# "gemv" to none either (no vector): test_gemm_gemv.py does.
+# "gemv" is forced in no row of the table: test_gemm_gemv.py forces it.
 @pytest.mark.parametrize("algorithm", [a for a in gemm_ops.ALGORITHMS if a not in ("mma", "gemv")])
 def test_forcing_through_the_environment_matches_the_table(table, monkeypatch, algorithm):
     monkeypatch.setenv("DLPRIM_GEMM_ALGO", algorithm)

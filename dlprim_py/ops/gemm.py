@@ -452,7 +452,8 @@ class GemmConfig:
     ``global_vec``: width of the tiled kernel's global loads (the rule's, 1 where a row of A or
     B does not start on a vector boundary; the mma kernel's copies of A); ``global_vec_b``:
     the mma kernel's copies of B (0: as ``global_vec``); the gemv kernel's reads of its matrix;
-    ``gemv_a``: the gemv kernel's matrix is op(A) (N == 1; else op(B)^T, M == 1);
+    ``gemv_a``: the gemv kernel's matrix is op(A) (its vectors op(B)'s ``gemv_vectors``
+    columns; else op(B)^T, the vectors op(A)'s rows);
     ``c_vec``: width of its stores of C (``vec`` where
     every row of C starts on one, else 1); ``nv_async``: pipelined slices copied with
     cp.async; ``reqd_size``: the kernel declares its work-group size; ``block_a``/``block_b``:
@@ -461,6 +462,7 @@ class GemmConfig:
     global_vec: int = 1
     global_vec_b: int = 0
     gemv_a: int = 0
+    gemv_vectors: int = 1
     c_vec: int = 1
     nv_async: int = 0
     reqd_size: int = 1
@@ -578,10 +580,11 @@ class SmallSolver(GemmSolver):
 
 
 class GemvSolver(GemmSolver):
-    """A matrix-vector product, M == 1 or N == 1 (kernels/gemm_gemv.cl.mako): each work-item
-    reads its share of the matrix once, LANES work-items per output along a contiguous row, or
-    VEC outputs per work-item along contiguous columns; split along K (gemm_splitk_reduce adds
-    the chunks) where the outputs alone leave the device idle, unless ``split_k`` says."""
+    """Matrix-vector products: M or N at most ``MAX_VECTORS`` (kernels/gemm_gemv.cl.mako), the
+    matrix op(A) (N the vectors) or op(B)^T (M the vectors, where N > M) read once for all of
+    them: LANES work-items per output along a contiguous row, or VEC outputs per work-item
+    along contiguous columns; split along K (gemm_splitk_reduce adds the chunks) where the
+    outputs alone leave the device idle, unless ``split_k`` says."""
     name = "gemv"
     template = "gemm_gemv"
     takes_16bit = True
@@ -592,11 +595,19 @@ class GemvSolver(GemmSolver):
     # (per lane along rows, per k step along columns) so that a split is worth its reduction.
     ITEMS_PER_UNIT = 1024
     MIN_STEPS = 8
+    # The most vectors one pass reads the matrix for (each work-item holds a sum per vector).
+    MAX_VECTORS = 8
 
     def refusal(self, ctx, problem):
-        if problem.m != 1 and problem.n != 1:
-            return f"a matrix-vector product needs M == 1 or N == 1 (got {problem.m} x {problem.n})"
+        if min(problem.m, problem.n) > self.MAX_VECTORS:
+            return (f"a matrix-vector product needs M or N at most {self.MAX_VECTORS} "
+                    f"(got {problem.m} x {problem.n})")
         return self.dtype_refusal(problem)
+
+    @staticmethod
+    def matrix_is_a(problem):
+        """Whether the matrix is op(A) (the vectors op(B)'s N columns) rather than op(B)^T."""
+        return problem.n <= problem.m
 
     def params_problem(self, params, info):
         missing = self.missing(params)
@@ -614,14 +625,19 @@ class GemvSolver(GemmSolver):
         return None
 
     def configure(self, ctx, problem, params, layout):
-        w_is_a = problem.n == 1
+        w_is_a = self.matrix_is_a(problem)
+        vectors = problem.n if w_is_a else problem.m
         rows = (not layout.trans_a) if w_is_a else layout.trans_b
+        # Each vector contiguous along K (with float4 reads along rows): its own row of B^T or
+        # A, or the single column of a dense vector.
         if w_is_a:
-            w, x = (layout.a_off, layout.lda, layout.stride_a), (layout.b_off, layout.stride_b)
-            x_unit = layout.trans_b or layout.ldb == 1
+            w = (layout.a_off, layout.lda, layout.stride_a)
+            x = (layout.b_off, layout.stride_b) + ((layout.ldb,) if vectors > 1 else ())
+            x_unit = layout.trans_b or (vectors == 1 and layout.ldb == 1)
         else:
-            w, x = (layout.b_off, layout.ldb, layout.stride_b), (layout.a_off, layout.stride_a)
-            x_unit = not layout.trans_a or layout.lda == 1
+            w = (layout.b_off, layout.ldb, layout.stride_b)
+            x = (layout.a_off, layout.stride_a) + ((layout.lda,) if vectors > 1 else ())
+            x_unit = not layout.trans_a or (vectors == 1 and layout.lda == 1)
         # float4 reads of W need its rows (along a contiguous row: x too) on 16-byte
         # boundaries; 16-bit storage and folds read element by element.
         vec = 4 if (not problem.ab16 and all(f is None for f in layout.folds)
@@ -641,12 +657,13 @@ class GemvSolver(GemmSolver):
             split = max(1, min(target // (per_split * problem.batch), problem.k // min_chunk))
         # Chunks of a multiple of 4 keep the float4 reads along rows aligned.
         k_chunk = _round_up(math.ceil(problem.k / split), 4)
-        return GemmConfig(global_vec=vec, gemv_a=int(w_is_a), splits=math.ceil(problem.k / k_chunk),
-                          k_chunk=k_chunk)
+        return GemmConfig(global_vec=vec, gemv_a=int(w_is_a), gemv_vectors=vectors,
+                          splits=math.ceil(problem.k / k_chunk), k_chunk=k_chunk)
 
     def template_params(self, params, config):
-        return {"W_IS_A": config.gemv_a, "LANES": params["lanes"], "GROUP": params["group"],
-                "VEC": config.global_vec, "SPLIT_K": int(config.splits > 1)}
+        return {"W_IS_A": config.gemv_a, "NV": config.gemv_vectors, "LANES": params["lanes"],
+                "GROUP": params["group"], "VEC": config.global_vec,
+                "SPLIT_K": int(config.splits > 1)}
 
     def launches(self, ctx, problem, params, config, args, workspace):
         lanes, group = params["lanes"], params["group"]
