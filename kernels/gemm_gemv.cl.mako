@@ -14,10 +14,12 @@ ${common.header()}
 //            outputs per work-group. Where W's columns (i) are contiguous, each work-item
 //            holds VEC consecutive outputs and walks k GROUP apart (coalesced along i), the
 //            GROUP partial sums added in local memory
-//   VEC      4: W read as aligned float4 (and the x_v too where W's rows are contiguous): the
-//            host checks that offsets, leading dimensions, batch strides and K chunks are
-//            multiples of 4, that each x_v is contiguous there, float32 operands and no fold;
-//            1: element by element (any layout, folds, 16-bit storage)
+//   VEC      4: W read as aligned float4: the host checks that its offset, leading dimension
+//            and batch stride and the K chunks are multiples of 4, float32 operands and no
+//            fold; 1: element by element (any layout, folds, 16-bit storage)
+//   XVEC     with VEC 4 along W's rows: 4 where each x_v is contiguous along k and aligned as
+//            W (its own row of B^T or A, or one dense vector), read as float4 too; 1: the x_v
+//            read element by element (the columns of a K x NV matrix)
 //   SPLIT_K  1: each work-group sums one K chunk (group id 2 = batch * splits + split) into
 //            the workspace ([batch * splits][M][N]); gemm_splitk_reduce adds the chunks and
 //            applies the epilogue, as for gemm_tiled. 0: the epilogue is applied here
@@ -106,14 +108,19 @@ void gemm_gemv(int M, int N, int K,
         for (int k = k0 + 4 * lane; k < kv; k += 4 * ${LANES}) {
             const float4 a = *(__global const float4 *)(w + k);
             for (int v = 0; v < ${NV}; ++v) {
+%     if XVEC == 4:
                 const float4 b = *(__global const float4 *)(X + ${x_row("v")} + k);
+%     else:
+                const float4 b = (float4)(X[${x_at("v", "k")}], X[${x_at("v", "k + 1")}],
+                                          X[${x_at("v", "k + 2")}], X[${x_at("v", "k + 3")}]);
+%     endif
                 sum[v] = fma(a.x, b.x, fma(a.y, b.y, fma(a.z, b.z, fma(a.w, b.w, sum[v]))));
             }
         }
         for (int k = kv + lane; k < k1; k += ${LANES}) {
             const float a = w[k];
             for (int v = 0; v < ${NV}; ++v)
-                sum[v] = fma(a, X[${x_row("v")} + k], sum[v]);
+                sum[v] = fma(a, X[${x_at("v", "k")}], sum[v]);
         }
 %   else:
         for (int k = k0 + lane; k < k1; k += ${LANES}) {

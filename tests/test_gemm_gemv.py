@@ -57,16 +57,18 @@ def _run(ctx, rng, M, N, K, trans_a, trans_b, params, a_off=0, alpha=1.0, beta=0
 def test_every_form(ctx, rng, M, N, K, trans_a, trans_b):
     plan = _run(ctx, rng, M, N, K, trans_a, trans_b, GEMV)
     # The matrix (op(A) where N <= M) read as float4 wherever its layout allows: offsets 0
-    # here, so where its leading dimension is a multiple of 4 and, along its rows, each
-    # vector is contiguous too (a row of the other operand, or a dense single vector).
+    # here, so where its leading dimension is a multiple of 4; along its rows the vectors too
+    # where each is contiguous (a row of the other operand, or a dense single vector).
     w_is_a = N <= M
     vectors = N if w_is_a else M
     rows = not trans_a if w_is_a else trans_b
     ld = (M if trans_a else K) if w_is_a else (K if trans_b else N)
     x_ld = (N if trans_b else K) if w_is_a else (M if trans_a else K)
     x_rows = (trans_b if w_is_a else not trans_a) or vectors == 1
-    vec = ld % 4 == 0 and (not rows or (x_rows and (vectors == 1 or x_ld % 4 == 0)))
-    assert plan.config.global_vec == (4 if vec else 1), (M, N, K, trans_a, trans_b)
+    vec = ld % 4 == 0
+    x_vec = vec and rows and x_rows and (vectors == 1 or x_ld % 4 == 0)
+    assert (plan.config.global_vec, plan.config.global_vec_b) == (4 if vec else 1,
+                                                                  4 if x_vec else 1)
     assert plan.config.gemv_vectors == vectors
 
 
@@ -92,7 +94,8 @@ def test_epilogue_and_unaligned_operands(ctx, rng, M, N, trans_a, trans_b):
             _run(ctx, rng, M, N, 96, trans_a, trans_b, params, alpha=0.7, beta=0.3,
                  bias_per=bias_per, activation="relu")
     plan = _run(ctx, rng, M, N, 96, trans_a, trans_b, GEMV, a_off=1)
-    assert plan.config.global_vec == 1
+    # A misaligned: read element by element, as the matrix (N == 1) or as the vector.
+    assert (plan.config.global_vec, plan.config.global_vec_b) == ((1, 1) if N == 1 else (4, 1))
     plan = _run(ctx, rng, M, N, 96, trans_a, trans_b, GEMV, a_off=4)
     assert plan.config.global_vec == 4
 

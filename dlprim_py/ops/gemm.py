@@ -451,7 +451,8 @@ class GemmConfig:
 
     ``global_vec``: width of the tiled kernel's global loads (the rule's, 1 where a row of A or
     B does not start on a vector boundary; the mma kernel's copies of A); ``global_vec_b``:
-    the mma kernel's copies of B (0: as ``global_vec``); the gemv kernel's reads of its matrix;
+    the mma kernel's copies of B (0: as ``global_vec``); the gemv kernel's reads of its matrix
+    (``global_vec``) and of its vectors (``global_vec_b``);
     ``gemv_a``: the gemv kernel's matrix is op(A) (its vectors op(B)'s ``gemv_vectors``
     columns; else op(B)^T, the vectors op(A)'s rows);
     ``c_vec``: width of its stores of C (``vec`` where
@@ -641,8 +642,8 @@ class GemvSolver(GemmSolver):
         # float4 reads of W need its rows (along a contiguous row: x too) on 16-byte
         # boundaries; 16-bit storage and folds read element by element.
         vec = 4 if (not problem.ab16 and all(f is None for f in layout.folds)
-                    and not any(v % 4 for v in w)
-                    and (not rows or (x_unit and not any(v % 4 for v in x)))) else 1
+                    and not any(v % 4 for v in w)) else 1
+        x_vec = 4 if vec == 4 and rows and x_unit and not any(v % 4 for v in x) else 1
         outputs = problem.n if not w_is_a else problem.m
         lanes, group = params["lanes"], params["group"]
         if rows:
@@ -657,12 +658,13 @@ class GemvSolver(GemmSolver):
             split = max(1, min(target // (per_split * problem.batch), problem.k // min_chunk))
         # Chunks of a multiple of 4 keep the float4 reads along rows aligned.
         k_chunk = _round_up(math.ceil(problem.k / split), 4)
-        return GemmConfig(global_vec=vec, gemv_a=int(w_is_a), gemv_vectors=vectors,
+        return GemmConfig(global_vec=vec, global_vec_b=x_vec, gemv_a=int(w_is_a),
+                          gemv_vectors=vectors,
                           splits=math.ceil(problem.k / k_chunk), k_chunk=k_chunk)
 
     def template_params(self, params, config):
         return {"W_IS_A": config.gemv_a, "NV": config.gemv_vectors, "LANES": params["lanes"],
-                "GROUP": params["group"], "VEC": config.global_vec,
+                "GROUP": params["group"], "VEC": config.global_vec, "XVEC": config.global_vec_b,
                 "SPLIT_K": int(config.splits > 1)}
 
     def launches(self, ctx, problem, params, config, args, workspace):
