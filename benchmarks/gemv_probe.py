@@ -5,8 +5,7 @@
 For each shape and form: the public call (``dp.gemm``, wall clock with the device drained,
 against ``torch.mm`` on the same transposed views timed the same way), then kernel times (the
 plan's launches between profiling markers, median of 40) of the tuned choice (the "gemv"
-solver, and the same with its float4 loop over K unrolled 4 times) and of the tiled and split
-kernels forced, against ``torch.mm`` between CUDA events.
+solver) and of the tiled and split kernels forced, against ``torch.mm`` between CUDA events.
 Every result is checked against float64 first. Without CUDA the baseline columns are empty.
 """
 import argparse
@@ -90,14 +89,9 @@ def main(argv=None):
         err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
         C = dp.Tensor.empty(ctx, (M, N))
         kernels = {}
-        for name, algorithm in (("tuned", None), ("unroll4", None), ("tiled", "tiled"),
-                                ("splitk", "splitk")):
+        for name, algorithm in (("tuned", None), ("tiled", "tiled"), ("splitk", "splitk")):
             params = G.select_params(ctx, M, N, K, algorithm=algorithm, trans_a=bool(ta),
                                      trans_b=bool(tb))
-            if name == "unroll4":
-                if params.get("solver") != "gemv":
-                    continue
-                params = dict(params, unroll=4)
             plan = G.GemmPlan(ctx, M, N, K, A.buffer, 0, a.shape[1], B.buffer, 0, b.shape[1],
                               C.buffer, 0, N, trans_a=bool(ta), trans_b=bool(tb), params=params)
             kernels[name] = time_enqueued(ctx, plan.enqueue, warmup=5, repeat=40).median
@@ -118,8 +112,7 @@ def main(argv=None):
                  f"{row['cublas_kernel_ms'] / row['kernel_ms']['tuned']:.2f}x"
                  if torch is not None else "")
         print(f"{M:5d} x {N:5d} x {K:5d} t{ta}{tb} {solver:6s} public {row['public_ms']:.4f} ms "
-              f"{ratio}; kernels ms tuned {row['kernel_ms']['tuned']:.4f} unroll 4 "
-              f"{row['kernel_ms'].get('unroll4', float('nan')):.4f} tiled "
+              f"{ratio}; kernels ms tuned {row['kernel_ms']['tuned']:.4f} tiled "
               f"{row['kernel_ms']['tiled']:.4f} splitk {row['kernel_ms']['splitk']:.4f}"
               + (f" cuBLAS {row['cublas_kernel_ms']:.4f}" if torch is not None else "")
               + f"; error {err:.1e}", flush=True)

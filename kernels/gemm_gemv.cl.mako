@@ -20,8 +20,6 @@ ${common.header()}
 //   XVEC     with VEC 4 along W's rows: 4 where each x_v is contiguous along k and aligned as
 //            W (its own row of B^T or A, or one dense vector), read as float4 too; 1: the x_v
 //            read element by element (the columns of a K x NV matrix)
-//   UNROLL   > 1: the float4 loop over k unrolled that many times (more reads in flight per
-//            work-item); 1: as the compiler sees fit
 //   SPLIT_K  1: each work-group sums one K chunk (group id 2 = batch * splits + split) into
 //            the workspace ([batch * splits][M][N]); gemm_splitk_reduce adds the chunks and
 //            applies the epilogue, as for gemm_tiled. 0: the epilogue is applied here
@@ -107,7 +105,6 @@ void gemm_gemv(int M, int N, int K,
         __global const float *w = W + ${w_at("i", "0")};
         // k0 and the row starts are multiples of 4 (the host checks): aligned float4 reads.
         const int kv = k0 + ((k1 - k0) & ~3);
-${unroll()}
         for (int k = k0 + 4 * lane; k < kv; k += 4 * ${LANES}) {
             const float4 a = *(__global const float4 *)(w + k);
             for (int v = 0; v < ${NV}; ++v) {
@@ -171,7 +168,6 @@ ${unroll()}
             acc[e][v] = 0.0f;
 %   if VEC == 4:
     if (i0 + 4 <= outputs) {
-${unroll()}
         for (int k = k0 + ky; k < k1; k += ${GROUP}) {
             const float4 a = *(__global const float4 *)(W + ${w_at("i0", "k")});
             for (int v = 0; v < ${NV}; ++v) {
@@ -218,12 +214,6 @@ ${unroll()}
     }
 % endif
 }
-
-<%def name="unroll()">
-% if UNROLL > 1:
-        #pragma unroll ${UNROLL}
-% endif
-</%def>
 
 <%def name="store(value, row, col, index, plane)">
 % if SPLIT_K:

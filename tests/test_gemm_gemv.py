@@ -76,8 +76,7 @@ def test_every_form(ctx, rng, M, N, K, trans_a, trans_b):
     dict(GEMV, split_k=3),                      # split along K, reduced by gemm_splitk_reduce
     {"solver": "gemv", "lanes": 5, "group": 2},  # lanes not a power of two
     {"solver": "gemv", "lanes": 64, "group": 1},
-    {"solver": "gemv", "lanes": 1, "group": 16, "split_k": 7},
-    dict(GEMV, unroll=4)])
+    {"solver": "gemv", "lanes": 1, "group": 16, "split_k": 7}])
 @pytest.mark.parametrize("M, N, trans_a, trans_b", [(1, 70, False, True), (1, 70, False, False),
                                                     (66, 1, False, False), (66, 1, True, False)])
 def test_shapes_of_the_work(ctx, rng, params, M, N, trans_a, trans_b):
@@ -90,7 +89,7 @@ def test_shapes_of_the_work(ctx, rng, params, M, N, trans_a, trans_b):
 def test_epilogue_and_unaligned_operands(ctx, rng, M, N, trans_a, trans_b):
     """alpha, beta, a bias along either dimension and an activation, through one pass and
     through a split; an operand at an offset that is not a whole float4 reads elements."""
-    for params in (GEMV, dict(GEMV, split_k=4), dict(GEMV, unroll=4)):
+    for params in (GEMV, dict(GEMV, split_k=4)):
         for bias_per in ("n", "m"):
             _run(ctx, rng, M, N, 96, trans_a, trans_b, params, alpha=0.7, beta=0.3,
                  bias_per=bias_per, activation="relu")

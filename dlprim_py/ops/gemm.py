@@ -585,8 +585,7 @@ class GemvSolver(GemmSolver):
     matrix op(A) (N the vectors) or op(B)^T (M the vectors, where N > M) read once for all of
     them: LANES work-items per output along a contiguous row, or VEC outputs per work-item
     along contiguous columns; split along K (gemm_splitk_reduce adds the chunks) where the
-    outputs alone leave the device idle, unless ``split_k`` says. ``unroll``: the float4 loop
-    over K unrolled that many times (optional, 1)."""
+    outputs alone leave the device idle, unless ``split_k`` says."""
     name = "gemv"
     template = "gemm_gemv"
     takes_16bit = True
@@ -616,8 +615,7 @@ class GemvSolver(GemmSolver):
         if missing:
             return missing
         lanes, group, split = params["lanes"], params["group"], params.get("split_k", 0)
-        for name, value in (("lanes", lanes), ("group", group), ("split_k", split),
-                            ("unroll", params.get("unroll", 1))):
+        for name, value in (("lanes", lanes), ("group", group), ("split_k", split)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0 \
                     or (value == 0 and name != "split_k"):
                 return f"gemv {name} must be a positive int (split_k 0: chosen), got {value!r}"
@@ -667,7 +665,6 @@ class GemvSolver(GemmSolver):
     def template_params(self, params, config):
         return {"W_IS_A": config.gemv_a, "NV": config.gemv_vectors, "LANES": params["lanes"],
                 "GROUP": params["group"], "VEC": config.global_vec, "XVEC": config.global_vec_b,
-                "UNROLL": params.get("unroll", 1),
                 "SPLIT_K": int(config.splits > 1)}
 
     def launches(self, ctx, problem, params, config, args, workspace):
