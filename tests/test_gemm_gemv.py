@@ -169,19 +169,26 @@ def test_repeats_build_nothing(ctx, rng):
 
 
 def test_rules_give_vectors_to_gemv():
-    """Every shipped entry (the H200's, each vendor's, the default) gives M or N of 1, and of
-    at most 8 in a product of at least 262144 multiply-adds, to gemv, and nothing else;
-    forced, gemv is refused past 8 vectors."""
+    """Every shipped entry (the H200's, each vendor's, the default) gives M or N of 1 to gemv,
+    and of at most 8 in a product of at least 262144 multiply-adds where the vectors are
+    contiguous along K or the matrix's columns are; nothing else. Forced, gemv is refused past
+    8 vectors."""
     table = os.path.join(os.path.dirname(__file__), "data", "gemm_selection.json")
     with open(table, encoding="utf-8") as f:
         devices = json.load(f)["devices"]
     for fields in devices.values():
         info = types.SimpleNamespace(**dict(fields, extensions=frozenset(fields["extensions"])))
         fake = types.SimpleNamespace(info=info, memo={}, plans=PlanCache())
-        for M, N, K in ((1, 4096, 4096), (4096, 1, 4096), (1, 7, 3), (1, 1, 100000),
-                        (8, 4096, 4096), (4096, 3, 4096), (2, 512, 256)):
-            assert gemm_ops.select_params(fake, M, N, K)["solver"] == "gemv", (fields, M, N)
-        for M, N, K in ((9, 4096, 4096), (4, 4, 4), (8, 64, 64)):
-            assert gemm_ops.select_params(fake, M, N, K)["solver"] != "gemv", (fields, M, N)
+        def solver(M, N, K, ta=False, tb=False):
+            return gemm_ops.select_params(fake, M, N, K, trans_a=ta, trans_b=tb)["solver"]
+        for ta in (False, True):
+            for tb in (False, True):
+                for M, N, K in ((1, 4096, 4096), (4096, 1, 4096), (1, 7, 3), (1, 1, 100000)):
+                    assert solver(M, N, K, ta, tb) == "gemv", (fields, M, N, ta, tb)
+                # A few vectors: where they are contiguous along K or the matrix's columns are.
+                assert (solver(8, 4096, 4096, ta, tb) == "gemv") == (not ta or not tb)
+                assert (solver(4096, 3, 4096, ta, tb) == "gemv") == (ta or tb)
+                for M, N, K in ((9, 4096, 4096), (4, 4, 4), (8, 64, 64)):
+                    assert solver(M, N, K, ta, tb) != "gemv", (fields, M, N, ta, tb)
         with pytest.raises(dp.UnsupportedError, match="needs M or N at most 8"):
             gemm_ops.select_params(fake, 9, 9, 2, algorithm="gemv")
