@@ -639,8 +639,9 @@ class GemvSolver(GemmSolver):
             w = (layout.b_off, layout.ldb, layout.stride_b)
             x = (layout.a_off, layout.stride_a) + ((layout.lda,) if vectors > 1 else ())
             x_unit = not layout.trans_a or (vectors == 1 and layout.lda == 1)
-        # float4 reads of W need its rows (along a contiguous row: x too) on 16-byte
-        # boundaries; 16-bit storage and folds read element by element.
+        # float4 reads of W need its offset, leading dimension and batch stride in whole
+        # float4s (16-bit storage and folds read element by element); along W's rows the
+        # vectors are read as float4 too where each is contiguous and aligned so.
         vec = 4 if (not problem.ab16 and all(f is None for f in layout.folds)
                     and not any(v % 4 for v in w)) else 1
         x_vec = 4 if vec == 4 and rows and x_unit and not any(v % 4 for v in x) else 1
