@@ -111,9 +111,13 @@ def test_empty_keys_and_rows(ctx, rng):
 
 
 def _dropout_reference(q, k, v, keep, p, g, causal=False):
-    """Attention with the weights dropped by ``keep`` (numpy bool), float64, and its gradients."""
+    """Attention with the weights dropped by ``keep`` (numpy bool), float64, and its gradients;
+    ``causal``: query row l sees keys 0..l (top-left aligned, as torch)."""
     tq, tk, tv = _t64(q), _t64(k), _t64(v)
     scores = tq @ tk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        L, S = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(L, S, dtype=torch.bool).triu(1), -math.inf)
     weights = torch.softmax(scores, dim=-1) * torch.tensor(keep) / (1 - p)
     out = weights @ tv
     out.backward(torch.tensor(g, dtype=torch.float64))
@@ -139,6 +143,24 @@ def test_dropout_uses_the_dropout_generator_forward_and_backward(ctx, rng, poiso
     assert np.array_equal(again.numpy(), out.numpy())
     other = F.scaled_dot_product_attention(*ours, dropout_p=p, seed=seed, stream=stream + 1)
     assert not np.array_equal(other.numpy(), out.numpy())
+
+
+@pytest.mark.parametrize("L, S", [(19, 26), (26, 19)])
+def test_dropout_with_causality(ctx, rng, poison, L, S):
+    """Dropout over causal weights (query row l sees keys 0..l), L < S and L > S: forward and
+    the three gradients against the float64 reference with the same keep-mask."""
+    p, seed, stream = 0.2, 99, 3
+    q, k, v = random(rng, (2, 2, L, 16)), random(rng, (2, 2, S, 16)), random(rng, (2, 2, S, 16))
+    g = random(rng, (2, 2, L, 16))
+    keep = A.attention_dropout_mask((2, 2), L, S, p, seed, stream)
+    ref = _dropout_reference(q, k, v, keep, p, g, causal=True)
+    ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in (q, k, v)]
+    out = F.scaled_dot_product_attention(*ours, dropout_p=p, is_causal=True, seed=seed,
+                                         stream=stream)
+    assert_close(out.numpy(), ref[0], tol=TOL)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    for t, r in zip(ours, ref[1:]):
+        assert_close(t.grad.numpy(), r, tol=TOL)
 
 
 def test_dropout_follows_manual_seed(ctx, rng):
