@@ -12,15 +12,17 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import dlprim_py as dp  # noqa: E402
+from dlprim_py.bench import nets  # noqa: E402
 from dlprim_py.ops import gemm as G  # noqa: E402
 from dlprim_py.timing import time_enqueued  # noqa: E402
+
+from gemm import cuda_mm_median  # noqa: E402
 
 # (M, N, K, trans_a, trans_b): one or a few tokens through a linear layer (x W^T), the other
 # forms, a bias gradient's W^T x, a classifier at batch 8.
@@ -31,33 +33,9 @@ SHAPES = [(1, 4096, 4096, 0, 1), (1, 11008, 4096, 0, 1), (1, 4096, 4096, 0, 0),
           (8, 1000, 2048, 0, 1)]
 
 
-def walls(call, drain, n=60):
-    """Median seconds of ``call(); drain()`` after a warm-up."""
-    for _ in range(5):
-        call()
-    drain()
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        call()
-        drain()
-        samples.append(time.perf_counter() - t0)
-    return float(np.median(samples))
-
-
-def cuda_events(torch, call, n=40):
-    for _ in range(5):
-        call()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(n):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        call()
-        e1.record()
-        e1.synchronize()
-        samples.append(e0.elapsed_time(e1) * 1e-3)
-    return float(np.median(samples))
+def walls(call, drain):
+    """Median seconds of ``call(); drain()`` over 60 calls after 5 untimed ones."""
+    return float(np.median(nets.wall_times(call, drain, 5, 60)))
 
 
 def main(argv=None):
@@ -106,7 +84,8 @@ def main(argv=None):
             opa, opb = (ta_.t() if ta else ta_), (tb_.t() if tb else tb_)
             row["torch_public_ms"] = walls(lambda: torch.mm(opa, opb),
                                            torch.cuda.synchronize) * 1e3
-            row["cublas_kernel_ms"] = cuda_events(torch, lambda: torch.mm(opa, opb)) * 1e3
+            row["cublas_kernel_ms"] = cuda_mm_median(torch, opa, opb,
+                                                     torch.empty((M, N), device="cuda"), 40) * 1e3
         rows.append(row)
         ratio = (f"{row['torch_public_ms'] / row['public_ms']:.2f}x, kernel "
                  f"{row['cublas_kernel_ms'] / row['kernel_ms']['tuned']:.2f}x"

@@ -34,8 +34,8 @@ ${common.header()}
                (lambda i, k: f"(long)({k}) * lda + ({i})")
         x_at = (lambda v, k: f"(long)({v}) * ldb + {fold(FOLD_B, 'b', k)}") if TRANS_B else \
                (lambda v, k: f"(long)({k}) * ldb + {fold(FOLD_B, 'b', v)}")
-        # x_v's start where it is contiguous along k (VEC 4 along rows: TRANS_B, or one
-        # vector of unit stride).
+        # x_v's start where it is contiguous along k (XVEC 4: TRANS_B, or one vector of unit
+        # stride).
         x_row = (lambda v: f"(long)({v}) * ldb") if TRANS_B else (lambda v: "0")
     else:
         w_base, x_base = "B", "A"

@@ -13,6 +13,8 @@ torch = pytest.importorskip("torch")
 import dlprim_py as dp  # noqa: E402
 from dlprim_py import nn  # noqa: E402
 
+from conftest import assert_repeats_build_nothing  # noqa: E402
+
 
 def to_torch(array):
     t = torch.from_numpy(np.array(array))
@@ -304,7 +306,6 @@ def test_repeated_training_step_builds_nothing_and_leaves_no_cycle(ctx, rng, mom
     later ones render, build and create nothing, and free everything by reference counting."""
     import gc
 
-    from dlprim_py import program
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, ctx=ctx),
                           nn.BatchNorm2d(4, momentum=momentum, ctx=ctx), nn.ReLU(),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3, ctx=ctx))
@@ -316,12 +317,7 @@ def test_repeated_training_step_builds_nothing_and_leaves_no_cycle(ctx, rng, mom
         model.zero_grad()
         criterion(model(x), target).backward()
 
-    step()
-    before = dict(program.stats)
-    step()
-    step()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, step)
     # Until nothing is left: a collection can free objects (through weak references'
     # callbacks) whose own cycles only the next one finds, e.g. an earlier test's kernel
     # objects, whose PyOpenCL invokers are reference cycles.

@@ -749,6 +749,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     plan = call.plan
     lse = _empty(ctx, (call.batches * L,), float32)
     scale2 = scale * math.log2(math.e)
+    drop = _dropout_args(seed, stream, dropout_p) if dropout_p else _NO_DROPOUT
     if dropout_p == 0.0:
         # Without dropout a repeated call launches the same arguments but for the operands'
         # buffers: replayed from the call's plan, which sets only the buffers that changed
@@ -756,13 +757,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         operands = (query, key, value, attn_mask, out, lse)
         run_planned_on(ctx, (query.offset, key.offset, value.offset,
                              None if attn_mask is None else attn_mask.offset, scale),
-                       operands, _forward, call.plans, (call, scale2, _NO_DROPOUT) + operands)
+                       operands, _forward, call.plans, (call, scale2, drop) + operands)
     else:
-        _forward(call, scale2, _dropout_args(seed, stream, dropout_p), query, key, value,
-                 attn_mask, out, lse)
+        _forward(call, scale2, drop, query, key, value, attn_mask, out, lse)
     if not autograd.needs_grad(query, key, value):
         return out
-    drop = _dropout_args(seed, stream, dropout_p) if dropout_p else _NO_DROPOUT
     saved = out.detach()
     k_group, v_group = call.k_group, call.v_group
 

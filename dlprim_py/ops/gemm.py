@@ -606,9 +606,13 @@ class GemvSolver(GemmSolver):
         return self.dtype_refusal(problem)
 
     @staticmethod
-    def matrix_is_a(problem):
-        """Whether the matrix is op(A) (the vectors op(B)'s N columns) rather than op(B)^T."""
-        return problem.n <= problem.m
+    def form(problem):
+        """(the matrix is op(A), the vectors, the outputs per vector, the matrix's rows are
+        contiguous): op(A) with op(B)'s N columns as vectors where N <= M, else op(B)^T with
+        op(A)'s M rows."""
+        if problem.n <= problem.m:
+            return True, problem.n, problem.m, not problem.trans_a
+        return False, problem.m, problem.n, problem.trans_b
 
     def params_problem(self, params, info):
         missing = self.missing(params)
@@ -626,26 +630,23 @@ class GemvSolver(GemmSolver):
         return None
 
     def configure(self, ctx, problem, params, layout):
-        w_is_a = self.matrix_is_a(problem)
-        vectors = problem.n if w_is_a else problem.m
-        rows = (not layout.trans_a) if w_is_a else layout.trans_b
+        w_is_a, vectors, outputs, rows = self.form(problem)
         # Each vector contiguous along K (with float4 reads along rows): its own row of B^T or
         # A, or the single column of a dense vector.
         if w_is_a:
             w = (layout.a_off, layout.lda, layout.stride_a)
             x = (layout.b_off, layout.stride_b) + ((layout.ldb,) if vectors > 1 else ())
-            x_unit = layout.trans_b or (vectors == 1 and layout.ldb == 1)
+            x_unit = problem.trans_b or (vectors == 1 and layout.ldb == 1)
         else:
             w = (layout.b_off, layout.ldb, layout.stride_b)
             x = (layout.a_off, layout.stride_a) + ((layout.lda,) if vectors > 1 else ())
-            x_unit = not layout.trans_a or (vectors == 1 and layout.lda == 1)
+            x_unit = not problem.trans_a or (vectors == 1 and layout.lda == 1)
         # float4 reads of W need its offset, leading dimension and batch stride in whole
         # float4s (16-bit storage and folds read element by element); along W's rows the
         # vectors are read as float4 too where each is contiguous and aligned so.
         vec = 4 if (not problem.ab16 and all(f is None for f in layout.folds)
                     and not any(v % 4 for v in w)) else 1
         x_vec = 4 if vec == 4 and rows and x_unit and not any(v % 4 for v in x) else 1
-        outputs = problem.n if not w_is_a else problem.m
         lanes, group = params["lanes"], params["group"]
         if rows:
             per_split = _round_up(outputs, group) * lanes
@@ -670,9 +671,7 @@ class GemvSolver(GemmSolver):
 
     def launches(self, ctx, problem, params, config, args, workspace):
         lanes, group = params["lanes"], params["group"]
-        w_is_a = bool(config.gemv_a)
-        rows = (not problem.trans_a) if w_is_a else problem.trans_b
-        outputs = problem.m if w_is_a else problem.n
+        _, _, outputs, rows = self.form(problem)
         depth = problem.batch * config.splits
         if rows:
             grid = (lanes, _round_up(outputs, group), depth)
