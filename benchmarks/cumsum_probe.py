@@ -1,9 +1,10 @@
-"""Look-back tile length probe: cumsum's "lookback" solver with each per_item (elements per work
-item of a tile, kernels/scan.cl.mako's LPER) on a long row and on rows of 4096, public call, wall
-clock with the device drained, PyTorch's cumsum beside in the same run; each result checked
-against float64 first.
+"""Tile length probe: cumsum's tiled solvers ("lookback", "reduce_scan") with each per_item
+(elements per work item of a tile, kernels/scan.cl.mako's LPER) on long rows and on rows of
+4096, public call, wall clock with the device drained, PyTorch's cumsum beside in the same run;
+each result checked against float64 first.
 
-    python benchmarks/cumsum_probe.py [--pers 8,16,32] [--repeat 50]
+    python benchmarks/cumsum_probe.py [--solvers lookback,reduce_scan] [--pers 8,16,32]
+                                      [--repeat 50]
 
 Each per_item is given as a device rule in the user tuning database (DLPRIM_CACHE_DIR), the
 way a measured rule would be, then the databases are forgotten and reread.
@@ -23,11 +24,12 @@ from dlprim_py import tuning  # noqa: E402
 from dlprim_py.bench.dispatch import wall_ms  # noqa: E402
 from dlprim_py.bench.harness import error_metric  # noqa: E402
 
-SHAPES = [(1 << 24,), (1 << 22,), (4096, 4096), (64, 65536)]
+SHAPES = [(1 << 24,), (1 << 26,), (1 << 22,), (4096, 4096), (64, 65536)]
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--solvers", default="lookback,reduce_scan")
     p.add_argument("--pers", default="8,16,32")
     p.add_argument("--repeat", type=int, default=50)
     args = p.parse_args()
@@ -38,25 +40,27 @@ def main():
     rng = np.random.default_rng(0)
     data = {s: rng.uniform(-1, 1, s).astype(np.float32) for s in SHAPES}
     print(f"{ctx.info.name}; torch {torch.__version__} on {device}")
-    print(f"{'shape':>14s} {'torch ms':>9s} " + " ".join(f"{'per ' + x:>16s}" for x in
-                                                        args.pers.split(",")))
+    variants = [(name, int(per)) for name in args.solvers.split(",")
+                for per in args.pers.split(",")]
+    print(f"{'shape':>14s} {'torch ms':>9s} " + " ".join(
+        f"{name[:6] + ' ' + str(per):>16s}" for name, per in variants))
     rows = {}
     # A timeout (SIGTERM) unwinds too: the probe's rule is removed however the run ends.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        for per in (int(x) for x in args.pers.split(",")):
+        for name, per in variants:
             tuning.store_device_entry(tuning.user_path("cumsum"), "cumsum", ctx.info,
-                                      [{"when": {}, "params": {"solver": "lookback",
+                                      [{"when": {}, "params": {"solver": name,
                                                                "per_item": per}}])
             tuning.forget()
             for shape, x in data.items():
                 X = dp.Tensor.from_numpy(ctx, x)
-                out = F.cumsum(X, -1, algorithm="lookback")
+                out = F.cumsum(X, -1, algorithm=name)
                 err = error_metric(out.numpy(), np.cumsum(x.astype(np.float64), -1))
-                assert err < 1e-5, (shape, per, err)
-                ms = wall_ms(lambda: F.cumsum(X, -1, algorithm="lookback"), ctx.synchronize,
+                assert err < 1e-5, (shape, name, per, err)
+                ms = wall_ms(lambda: F.cumsum(X, -1, algorithm=name), ctx.synchronize,
                              args.repeat)
-                rows.setdefault(shape, {})[per] = ms
+                rows.setdefault(shape, {})[name, per] = ms
     finally:
         if os.path.exists(tuning.user_path("cumsum")):
             os.remove(tuning.user_path("cumsum"))

@@ -5,11 +5,13 @@
 ``DLPRIM_CUMSUM_ALGO`` or ``algorithm=`` forces one): "lookback", a single pass (decoupled
 look-back: each work-group scans a tile of 4096 elements in local memory and takes its prefix
 from its predecessors' published totals, so each element is read once and written once; it
-needs an in-order queue, since launches share one status buffer), and "chunks", work-group
+needs an in-order queue, since launches share one status buffer), "reduce_scan", the same
+tiles in two passes (each tile's total, then each tile scanned from the sum of the totals
+before it: a second read of the row, but no tile waits for another), and "chunks", work-group
 chunks in local memory with a second pass adding each chunk's prefix where a row has several
 (the chunk totals are scanned the same way, recursively). The tuning rules
-(``tuning_db/cumsum.json``) take "lookback" for long rows and "chunks" for rows of a few chunks,
-where its extra pass is small. Any other dimension is scanned by one work item per column.
+(``tuning_db/cumsum.json``) take a tiled solver for long rows on GPUs and "chunks" for rows of
+a few chunks, where its extra pass is small. Any other dimension is scanned by one work item per column.
 Integer and bool inputs sum to int64, as torch's; ``dtype`` converts the input first.
 
 ``topk`` is the "topk" family (``DLPRIM_TOPK_ALGO`` or ``algorithm=`` forces one): "radix", a
@@ -112,14 +114,21 @@ class LookbackSolver(solver.Solver):
         return not ctx.queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
 
 
+class ReduceScanSolver(solver.Solver):
+    """Two passes: each tile's total, then each tile scanned from the sum of the totals
+    before it. Each element is read twice where "lookback" reads it once, but no tile waits
+    for another; any queue."""
+    name = "reduce_scan"
+
+
 class ChunksSolver(solver.Solver):
     """A work-group scan per chunk, then the chunk totals scanned and added: about four passes
     over a long row, two launches more than "lookback"; any queue."""
     name = "chunks"
 
 
-FAMILY = solver.register(solver.Family("cumsum", (LookbackSolver(), ChunksSolver()),
-                                       title="cumsum algorithm"))
+FAMILY = solver.register(solver.Family(
+    "cumsum", (LookbackSolver(), ReduceScanSolver(), ChunksSolver()), title="cumsum algorithm"))
 CUMSUM_ALGORITHMS = tuple(FAMILY.solvers)
 
 
@@ -147,24 +156,25 @@ def _status(ctx, tiles):
     return found[0]
 
 
-def _lookback_local_bytes(group, itemsize, per=_LOOKBACK_PER):
-    """Local memory of scan_lookback (kernels/scan.cl.mako): the padded tile, the items' sums,
-    the look-back window's values and flags, and a few words."""
+def _tile_local_bytes(group, itemsize, per=_LOOKBACK_PER):
+    """Local memory of scan_lookback and scan_tiles (kernels/scan.cl.mako), the larger: the
+    padded tile, the items' sums, the look-back window's values and flags or the totals
+    before the tile, and a few words."""
     tile = group * per
-    return (tile + tile // 32 + group + 32 + 1) * itemsize + 32 * 4 + 16
+    return (tile + tile // 32 + group + max(group, 33)) * itemsize + 32 * 4 + 16
 
 
-def lookback_per(ctx, rows, N):
-    """Elements per work item of a look-back tile for rows of N: the "per_item" of the first
-    cumsum rule naming "lookback" that holds and gives one (``tuning_db/cumsum.json``), else
-    ``_LOOKBACK_PER``. Longer tiles mean fewer tiles, so a shorter chain of look-backs along
-    a long row."""
-    key = ("cumsum.lookback_per", rows, N, tuning.generation)
+def tile_per(ctx, rows, N, name="lookback"):
+    """Elements per work item of a tile of the "lookback" or "reduce_scan" solver for rows of
+    N: the "per_item" of the first cumsum rule naming that solver that holds and gives one
+    (``tuning_db/cumsum.json``), else ``_LOOKBACK_PER``. Longer tiles mean fewer tiles: a
+    shorter chain of look-backs along a long row, fewer totals to add."""
+    key = ("cumsum.tile_per", rows, N, name, tuning.generation)
     per = ctx.plans.get(key)
     if per is None:
         params = tuning.merged_params(
             ctx.info, "cumsum", {"rows": rows, "n": N, "gpu": int(ctx.info.is_gpu)},
-            lambda p: p.get("solver") == "lookback" and "per_item" in p)
+            lambda p: p.get("solver") == name and "per_item" in p)
         per = params.get("per_item", _LOOKBACK_PER)
         if per not in _LOOKBACK_PERS:
             raise DlprimError(f"cumsum rule: per_item must be one of {_LOOKBACK_PERS}, got "
@@ -173,29 +183,36 @@ def lookback_per(ctx, rows, N):
     return per
 
 
-def _lookback_group(ctx, itemsize, per=_LOOKBACK_PER):
-    """Work-items per look-back group: up to 256, halved while the tile of ``itemsize``-byte
-    sums does not fit the device's local memory (int64 tiles on a 32 KiB device)."""
+def _tile_group(ctx, itemsize, per=_LOOKBACK_PER):
+    """Work-items per tile group: up to 256, halved while the tile of ``itemsize``-byte sums
+    does not fit the device's local memory (int64 tiles on a 32 KiB device)."""
     group = group_size(ctx, 256)
-    while group > 32 and _lookback_local_bytes(group, itemsize, per) > ctx.info.local_mem_size:
+    while group > 32 and _tile_local_bytes(group, itemsize, per) > ctx.info.local_mem_size:
         group //= 2
     return group
 
 
-def _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
-    """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x, one pass."""
-    per = lookback_per(ctx, rows, N)
-    group = _lookback_group(ctx, np.dtype(acc).itemsize, per)
+def _tiling(ctx, rows, N, x_off, y_off, acc, name):
+    """(per, group, chunks per row, tiles, index type, its numpy type, vec) of a tiled scan."""
+    per = tile_per(ctx, rows, N, name)
+    group = _tile_group(ctx, np.dtype(acc).itemsize, per)
     tile = group * per
     chunks = -(-N // tile)
     tiles = rows * chunks
-    if tiles >= _INT32_LIMIT // 8:
-        raise ShapeError(f"cumsum: {tiles} look-back tiles are more than the status buffer "
-                         f"indexes")
     index_t, ix = _index_type(max(rows * N + max(x_off, y_off), tiles * tile))
     # 4-vectors where every row starts on a 4-element boundary of both buffers.
     vec = int(x_off % 4 == 0 and y_off % 4 == 0 and (N % 4 == 0 or rows == 1))
-    kernel = _kernel(ctx, "scan_lookback", index_t, part="lookback", acc=cl_name(acc),
+    return per, group, chunks, tiles, index_t, ix, vec
+
+
+def _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
+    """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x, one pass."""
+    per, group, chunks, tiles, index_t, ix, vec = _tiling(ctx, rows, N, x_off, y_off, acc,
+                                                          "lookback")
+    if tiles >= _INT32_LIMIT // 8:
+        raise ShapeError(f"cumsum: {tiles} look-back tiles are more than the status buffer "
+                         f"indexes")
+    kernel = _kernel(ctx, "scan_lookback", index_t, part="tiles", acc=cl_name(acc),
                      group=group, vec=vec, ptx_fence=int(ctx.info.vendor == "nvidia"),
                      lper=per)
     kernel(ctx.queue, (tiles * group,), (group,),
@@ -203,11 +220,40 @@ def _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
                        _flag(reverse))))
 
 
+# Tiles per row up to which each "reduce_scan" group adds the totals before its tile itself
+# (at most this many reads spread over the group); longer rows get their totals scanned first.
+_ADDED_TOTALS = 2048
+
+
+def _scan_reduce(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
+    """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x, by tile totals
+    and a second pass."""
+    per, group, chunks, tiles, index_t, ix, vec = _tiling(ctx, rows, N, x_off, y_off, acc,
+                                                          "reduce_scan")
+    params = dict(part="tiles", acc=cl_name(acc), group=group, vec=vec, lper=per)
+    totals = Tensor.empty(ctx, (tiles,), acc)
+    _kernel(ctx, "scan_tile_totals", index_t, **params)(
+        ctx.queue, (tiles * group,), (group,),
+        *_args(ix, (N, chunks, x, x_off, totals.buffer, _flag(reverse))))
+    scanned = chunks > _ADDED_TOTALS
+    if scanned:
+        # Totals in scan order already: scanned forwards, in place.
+        _scan_rows(ctx, totals.buffer, 0, totals.buffer, 0, rows, chunks, 0, acc, acc)
+    _kernel(ctx, "scan_tiles", index_t, **params)(
+        ctx.queue, (tiles * group,), (group,),
+        *_args(ix, (N, chunks, tiles, x, x_off, y, y_off, totals.buffer, _flag(scanned),
+                    _flag(reverse))))
+
+
 def _scan_rows(ctx, x, x_off, y, y_off, rows, N, reverse, src, acc, algorithm=None):
     """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x (into y's), by
     the "cumsum" family's choice (``algorithm`` forces one)."""
-    if _cumsum_algorithm(ctx, rows, N, algorithm) == "lookback":
+    name = _cumsum_algorithm(ctx, rows, N, algorithm)
+    if name == "lookback":
         _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc)
+        return
+    if name == "reduce_scan":
+        _scan_reduce(ctx, x, x_off, y, y_off, rows, N, reverse, acc)
         return
     _scan_chunks(ctx, x, x_off, y, y_off, rows, N, reverse, src, acc)
 
@@ -263,8 +309,8 @@ def cumsum(input, dim, *, dtype=None, algorithm=None):
     """torch.cumsum: the running sums of ``input`` along ``dim``. float32 stays float32;
     bool, int32 and int64 sum to int64 (torch's rule); ``dtype`` (float32 or int64) converts
     the input to it first. The gradient (float32) is the reversed running sum of the output's.
-    ``algorithm``: a "cumsum" solver ("lookback", "chunks") for scans along rows (also
-    ``DLPRIM_CUMSUM_ALGO``); an error where it does not apply.
+    ``algorithm``: a "cumsum" solver ("lookback", "reduce_scan", "chunks") for scans along
+    rows (also ``DLPRIM_CUMSUM_ALGO``); an error where it does not apply.
     """
     if not isinstance(input, Tensor):
         raise not_a_tensor("cumsum: input", input)
