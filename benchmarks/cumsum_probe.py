@@ -1,10 +1,13 @@
-"""Tile length probe: cumsum's tiled solvers ("lookback", "reduce_scan") with each per_item
-(elements per work item of a tile, kernels/scan.cl.mako's LPER) on long rows and on rows of
-4096, public call, wall clock with the device drained, PyTorch's cumsum beside in the same run;
-each result checked against float64 first.
+"""Tile probe: cumsum's tiled solvers ("lookback", "reduce_scan") with each set of tile
+parameters (``tile_params`` in dlprim_py/ops/scan.py: per_item, elements per work item of a
+tile; direct, read into registers; shfl, the group's scan by warp shuffles) on long rows and on
+rows of 4096, public call, wall clock with the device drained, PyTorch's cumsum beside in the
+same run; each result checked against float64 first.
 
-    python benchmarks/cumsum_probe.py [--solvers lookback,reduce_scan] [--pers 8,16,32]
+    python benchmarks/cumsum_probe.py [--variants lookback:32,reduce_scan:16:direct:shfl]
                                       [--repeat 50]
+
+A variant is solver:per_item, then optionally ":direct" and ":shfl".
 
 Each per_item is given as a device rule in the user tuning database (DLPRIM_CACHE_DIR), the
 way a measured rule would be, then the databases are forgotten and reread.
@@ -23,14 +26,15 @@ import dlprim_py.functional as F  # noqa: E402
 from dlprim_py import tuning  # noqa: E402
 from dlprim_py.bench.dispatch import wall_ms  # noqa: E402
 from dlprim_py.bench.harness import error_metric  # noqa: E402
+from dlprim_py.timing import time_enqueued  # noqa: E402
 
 SHAPES = [(1 << 24,), (1 << 26,), (1 << 22,), (4096, 4096), (64, 65536)]
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--solvers", default="lookback,reduce_scan")
-    p.add_argument("--pers", default="8,16,32")
+    p.add_argument("--variants", default="lookback:16,lookback:32,reduce_scan:16,"
+                                          "reduce_scan:32")
     p.add_argument("--repeat", type=int, default=50)
     args = p.parse_args()
     import torch
@@ -40,27 +44,32 @@ def main():
     rng = np.random.default_rng(0)
     data = {s: rng.uniform(-1, 1, s).astype(np.float32) for s in SHAPES}
     print(f"{ctx.info.name}; torch {torch.__version__} on {device}")
-    variants = [(name, int(per)) for name in args.solvers.split(",")
-                for per in args.pers.split(",")]
+    variants = [v.split(":") for v in args.variants.split(",")]
+    print("variants: " + ", ".join(f"{i} {':'.join(v)}" for i, v in enumerate(variants)))
     print(f"{'shape':>14s} {'torch ms':>9s} " + " ".join(
-        f"{name[:6] + ' ' + str(per):>16s}" for name, per in variants))
+        f"{'variant ' + str(i):>16s}" for i in range(len(variants))))
     rows = {}
     # A timeout (SIGTERM) unwinds too: the probe's rule is removed however the run ends.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        for name, per in variants:
+        for i, (name, per, *flags) in enumerate(variants):
+            rule = {"solver": name, "per_item": int(per), "direct": "direct" in flags,
+                    "shfl": "shfl" in flags}
             tuning.store_device_entry(tuning.user_path("cumsum"), "cumsum", ctx.info,
-                                      [{"when": {}, "params": {"solver": name,
-                                                               "per_item": per}}])
+                                      [{"when": {}, "params": rule}])
             tuning.forget()
             for shape, x in data.items():
                 X = dp.Tensor.from_numpy(ctx, x)
                 out = F.cumsum(X, -1, algorithm=name)
                 err = error_metric(out.numpy(), np.cumsum(x.astype(np.float64), -1))
-                assert err < 1e-5, (shape, name, per, err)
+                assert err < 1e-5, (shape, rule, err)
                 ms = wall_ms(lambda: F.cumsum(X, -1, algorithm=name), ctx.synchronize,
                              args.repeat)
-                rows.setdefault(shape, {})[name, per] = ms
+                call = lambda: F.cumsum(X, -1, algorithm=name)  # noqa: E731
+                # Device time: markers around a call queued behind another (the device busy
+                # while the host enqueues it).
+                kernel = time_enqueued(ctx, call, repeat=args.repeat, prime=call).median * 1e3
+                rows.setdefault(shape, {})[i] = (ms, kernel)
     finally:
         if os.path.exists(tuning.user_path("cumsum")):
             os.remove(tuning.user_path("cumsum"))
@@ -69,7 +78,9 @@ def main():
         XT = torch.tensor(x, device=device)
         theirs = wall_ms(lambda: torch.cumsum(XT, -1), drain_torch, args.repeat)
         print(f"{str(shape):>14s} {theirs:9.3f} " + " ".join(
-            f"{ms:6.3f} ({theirs / ms:4.2f}x)" for ms in rows[shape].values()))
+            f"{ms:6.3f} ({theirs / ms:4.2f}x)" for ms, _ in rows[shape].values()))
+        print(f"{'device ms':>24s} " + " ".join(
+            f"{kernel:16.3f}" for _, kernel in rows[shape].values()))
 
 
 if __name__ == "__main__":

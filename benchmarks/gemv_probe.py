@@ -67,7 +67,8 @@ def main(argv=None):
         err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
         C = dp.Tensor.empty(ctx, (M, N))
         kernels = {}
-        for name, algorithm in (("tuned", None), ("tiled", "tiled"), ("splitk", "splitk")):
+        for name, algorithm in (("tuned", None), ("gemv", "gemv"), ("tiled", "tiled"),
+                                ("splitk", "splitk")):
             params = G.select_params(ctx, M, N, K, algorithm=algorithm, trans_a=bool(ta),
                                      trans_b=bool(tb))
             plan = G.GemmPlan(ctx, M, N, K, A.buffer, 0, a.shape[1], B.buffer, 0, b.shape[1],
@@ -91,7 +92,8 @@ def main(argv=None):
                  f"{row['cublas_kernel_ms'] / row['kernel_ms']['tuned']:.2f}x"
                  if torch is not None else "")
         print(f"{M:5d} x {N:5d} x {K:5d} t{ta}{tb} {solver:6s} public {row['public_ms']:.4f} ms "
-              f"{ratio}; kernels ms tuned {row['kernel_ms']['tuned']:.4f} tiled "
+              f"{ratio}; kernels ms tuned {row['kernel_ms']['tuned']:.4f} gemv "
+              f"{row['kernel_ms']['gemv']:.4f} tiled "
               f"{row['kernel_ms']['tiled']:.4f} splitk {row['kernel_ms']['splitk']:.4f}"
               + (f" cuBLAS {row['cublas_kernel_ms']:.4f}" if torch is not None else "")
               + f"; error {err:.1e}", flush=True)

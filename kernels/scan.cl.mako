@@ -202,9 +202,64 @@ inline ACC get_value(volatile __global int* at)
 % endif
 }
 
+% if direct:
+// Item lid's LPER consecutive elements of the tile at ``first`` of a row (from its end with
+// ``reverse``), into registers, zeros past N: straight from global memory, no exchange through
+// local memory (each load instruction of a warp covers lines that its next ones finish, so
+// the caches deliver whole lines). 4-vectors where the tile is whole and read forwards and
+// ``vec`` (the host passes it only where every row starts on a 4-element boundary of both
+// buffers).
+inline void load_own(ACC* vals, __global const ACC* x, index_t x_row, index_t first, index_t N,
+                     int reverse, int lid)
+{
+    const index_t at = first + (index_t)lid * LPER;
+% if vec:
+    if (!reverse && first + TILE <= N) {
+        __global const ACC4* xv = (__global const ACC4*)(x + x_row + at);
+        #pragma unroll
+        for (int j = 0; j < LPER / 4; ++j) {
+            const ACC4 a = xv[j];
+            vals[4 * j] = a.x;
+            vals[4 * j + 1] = a.y;
+            vals[4 * j + 2] = a.z;
+            vals[4 * j + 3] = a.w;
+        }
+        return;
+    }
+% endif
+    #pragma unroll
+    for (int m = 0; m < LPER; ++m) {
+        const index_t p = at + m;
+        vals[m] = p < N ? x[x_row + (reverse ? N - 1 - p : p)] : (ACC)0;
+    }
+}
+
+// The elements of load_own from registers back to y (those before N only).
+inline void store_own(const ACC* vals, __global ACC* y, index_t y_row, index_t first, index_t N,
+                      int reverse, int lid)
+{
+    const index_t at = first + (index_t)lid * LPER;
+% if vec:
+    if (!reverse && first + TILE <= N) {
+        __global ACC4* yv = (__global ACC4*)(y + y_row + at);
+        #pragma unroll
+        for (int j = 0; j < LPER / 4; ++j)
+            yv[j] = (ACC4)(vals[4 * j], vals[4 * j + 1], vals[4 * j + 2], vals[4 * j + 3]);
+        return;
+    }
+% endif
+    #pragma unroll
+    for (int m = 0; m < LPER; ++m) {
+        const index_t p = at + m;
+        if (p < N)
+            y[y_row + (reverse ? N - 1 - p : p)] = vals[m];
+    }
+}
+% else:
 // Elements [first, first + TILE) of a row (from its end with ``reverse``) into buf, zeros
-// past N. A whole tile read forwards goes as 4-vectors where ``vec`` (the host passes it only
-// where every row starts on a 4-element boundary of both buffers).
+// past N, coalesced: item lid's LPER consecutive elements are then read from local memory.
+// A whole tile read forwards goes as 4-vectors where ``vec`` (the host passes it only where
+// every row starts on a 4-element boundary of both buffers).
 inline void load_tile(__local ACC* buf, __global const ACC* x, index_t x_row, index_t first,
                       index_t N, int reverse, int lid)
 {
@@ -246,22 +301,123 @@ inline void store_tile(__local const ACC* buf, __global ACC* y, index_t y_row, i
             y[y_row + (reverse ? N - 1 - p : p)] = buf[AT(e)];
     }
 }
+% endif
 
-// Each item's running sums over its LPER neighbours in buf, starting from ``run``.
-inline void scan_own(__local ACC* buf, ACC run, int lid)
+% if shfl:
+// The inclusive scan of v over a warp's 32 lanes (NVIDIA: the group's items are its warps in
+// order).
+inline ACC warp_scan(ACC v, int lane)
 {
-    for (int m = 0; m < LPER; ++m) {
-        run += buf[AT(lid * LPER + m)];
-        buf[AT(lid * LPER + m)] = run;
+    for (int d = 1; d < 32; d <<= 1) {
+% if acc == "long":
+        int2 w = as_int2(v), o;
+        asm volatile("shfl.sync.up.b32 %0, %1, %2, 0, 0xffffffff;" : "=r"(o.x) : "r"(w.x), "r"(d));
+        asm volatile("shfl.sync.up.b32 %0, %1, %2, 0, 0xffffffff;" : "=r"(o.y) : "r"(w.y), "r"(d));
+        const ACC other = as_long(o);
+% else:
+        int o;
+        asm volatile("shfl.sync.up.b32 %0, %1, %2, 0, 0xffffffff;" : "=r"(o) : "r"(as_int(v)), "r"(d));
+        const ACC other = as_${acc}(o);
+% endif
+        if (lane >= d)
+            v += other;
     }
+    return v;
 }
+% endif
+
+// Over the group: the sum of ``own`` of the items before lid (returned), the sum of every
+// item's ``own`` (*total) and of every item's ``extra`` (*extra_total). ``sums``, ``extras``:
+// GROUP entries of local memory (GROUP / 32 with shfl), free again on return.
+inline ACC group_scan(ACC own, ACC extra, __local ACC* sums, __local ACC* extras, int lid,
+                      ACC* total, ACC* extra_total)
+{
+% if shfl:
+    const int lane = lid & 31, warp = lid >> 5;
+    const ACC inclusive = warp_scan(own, lane);
+    const ACC extra_inclusive = warp_scan(extra, lane);
+    if (lane == 31) {
+        sums[warp] = inclusive;
+        extras[warp] = extra_inclusive;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ACC before = inclusive - own, all = (ACC)0, extra_all = (ACC)0;
+    for (int w = 0; w < GROUP / 32; ++w) {
+        const ACC s = sums[w];
+        before += w < warp ? s : (ACC)0;
+        all += s;
+        extra_all += extras[w];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+% else:
+    sums[lid] = own;
+    extras[lid] = extra;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // Hillis-Steele over both (only extra's last entry, the sum, is used).
+    for (int offset = 1; offset < GROUP; offset <<= 1) {
+        const ACC add = lid >= offset ? sums[lid - offset] : (ACC)0;
+        const ACC add_extra = lid >= offset ? extras[lid - offset] : (ACC)0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        sums[lid] += add;
+        extras[lid] += add_extra;
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const ACC before = sums[lid] - own, all = sums[GROUP - 1], extra_all = extras[GROUP - 1];
+    barrier(CLK_LOCAL_MEM_FENCE);
+% endif
+    *total = all;
+    *extra_total = extra_all;
+    return before;
+}
+
+<%def name="tile_in(x_row)">\
+% if direct:
+    ACC vals[LPER];
+    load_own(vals, x, ${x_row}, first, N, reverse, lid);
+    ACC own = (ACC)0;
+    #pragma unroll
+    for (int m = 0; m < LPER; ++m)
+        own += vals[m];
+% else:
+    load_tile(buf, x, ${x_row}, first, N, reverse, lid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ACC own = (ACC)0;
+    for (int m = 0; m < LPER; ++m)
+        own += buf[AT(lid * LPER + m)];
+% endif
+</%def>\
+<%def name="tile_out(start, y_row)">\
+    {
+        ACC run = ${start};
+% if direct:
+        #pragma unroll
+        for (int m = 0; m < LPER; ++m) {
+            run += vals[m];
+            vals[m] = run;
+        }
+        store_own(vals, y, ${y_row}, first, N, reverse, lid);
+% else:
+        for (int m = 0; m < LPER; ++m) {
+            run += buf[AT(lid * LPER + m)];
+            buf[AT(lid * LPER + m)] = run;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        store_tile(buf, y, ${y_row}, first, N, reverse, lid);
+% endif
+    }
+</%def>\
+<%def name="tile_buffer()">\
+% if not direct:
+    __local ACC buf[TILE + TILE / 32];
+% endif
+</%def>\
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, index_t x_off,
                    __global ACC* y, index_t y_off, volatile __global int* status, int reverse)
 {
-    __local ACC buf[TILE + TILE / 32];
-    __local ACC sums[GROUP];
+${tile_buffer()}\
+    __local ACC sums[GROUP], extras[GROUP];
     __local ACC window_value[WINDOW];
     __local int window_flag[WINDOW];
     __local int l_tile, l_look, l_done;
@@ -278,20 +434,9 @@ void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, 
     const index_t c = tile % chunks;
     const index_t first = c * TILE;
     const index_t x_row = x_off + row * N, y_row = y_off + row * N;
-    load_tile(buf, x, x_row, first, N, reverse, lid);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ACC own = (ACC)0;
-    for (int m = 0; m < LPER; ++m)
-        own += buf[AT(lid * LPER + m)];
-    sums[lid] = own;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int offset = 1; offset < GROUP; offset <<= 1) {
-        const ACC add = lid >= offset ? sums[lid - offset] : (ACC)0;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        sums[lid] += add;
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const ACC total = sums[GROUP - 1];
+${tile_in("x_row")}\
+    ACC total, unused;
+    const ACC before = group_scan(own, (ACC)0, sums, extras, lid, &total, &unused);
     if (lid == 0) {
         if (c == 0) {
             put_value(prefixes + tile * WORDS, total);
@@ -349,9 +494,7 @@ void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, 
         DEVICE_FENCE();
         atomic_xchg(flags + tile, FLAG_PREFIX);
     }
-    scan_own(buf, prefix + sums[lid] - own, lid);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    store_tile(buf, y, y_row, first, N, reverse, lid);
+${tile_out("prefix + before", "y_row")}\
     // The last group to finish sets the status back to zero for the next launch: every other
     // group has made its last access to it before counting itself finished.
     if (lid == 0) {
@@ -405,49 +548,31 @@ void scan_tile_totals(index_t N, index_t chunks, __global const ACC* x, index_t 
         totals[tile] = sums[0];
 }
 
-// Pass two of "reduce_scan": each tile scanned in local memory, starting from the sum of the
-// totals of the tiles before it in its row. Tiles run last first: pass one read those last, so
+// Pass two of "reduce_scan": each tile scanned, starting from the sum of the totals of the
+// tiles before it in its row. Tiles run last first: pass one read those last, so
 // they are the likeliest to be in cache still.
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void scan_tiles(index_t N, index_t chunks, index_t tiles, __global const ACC* x, index_t x_off,
                 __global ACC* y, index_t y_off, __global const ACC* totals, int scanned,
                 int reverse)
 {
-    __local ACC buf[TILE + TILE / 32];
-    __local ACC sums[GROUP];
-    __local ACC before[GROUP];
+${tile_buffer()}\
+    __local ACC sums[GROUP], extras[GROUP];
     const int lid = get_local_id(0);
     const index_t tile = tiles - 1 - (index_t)get_group_id(0);
     const index_t row = tile / chunks;
     const index_t c = tile % chunks;
     const index_t first = c * TILE;
-    load_tile(buf, x, x_off + row * N, first, N, reverse, lid);
+${tile_in("x_off + row * N")}\
     ACC b = (ACC)0;
     if (scanned)
         b = lid == 0 && c > 0 ? totals[row * chunks + c - 1] : (ACC)0;
     else
         for (index_t t = lid; t < c; t += GROUP)
             b += totals[row * chunks + t];
-    before[lid] = b;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ACC own = (ACC)0;
-    for (int m = 0; m < LPER; ++m)
-        own += buf[AT(lid * LPER + m)];
-    sums[lid] = own;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    // Hillis-Steele over the items' sums, and over the totals before the tile in the same
-    // steps (only its last entry, their sum, is used).
-    for (int offset = 1; offset < GROUP; offset <<= 1) {
-        const ACC add = lid >= offset ? sums[lid - offset] : (ACC)0;
-        const ACC add_before = lid >= offset ? before[lid - offset] : (ACC)0;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        sums[lid] += add;
-        before[lid] += add_before;
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    scan_own(buf, before[GROUP - 1] + sums[lid] - own, lid);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    store_tile(buf, y, y_off + row * N, first, N, reverse, lid);
+    ACC total, prefix;
+    const ACC before = group_scan(own, b, sums, extras, lid, &total, &prefix);
+${tile_out("prefix + before", "y_off + row * N")}\
 }
 % elif part == "select":
 #define KEY ${key}

@@ -299,22 +299,39 @@ def test_lookback_long_rows_repeated(ctx, rng):
 
 
 @pytest.mark.parametrize("name", ["lookback", "reduce_scan"])
-@pytest.mark.parametrize("per", [8, 32])
-def test_tile_lengths(ctx, rng, tuning_rules, per, name):
-    """A rule's per_item sets the tile of a tiled solver (elements per work item): rows across
-    tile boundaries of that length scan right, and a value the kernel cannot take is refused."""
+@pytest.mark.parametrize("per, direct, shfl", [(8, False, False), (32, False, False),
+                                               (8, True, False), (32, True, False),
+                                               (16, True, True), (16, False, True)])
+def test_tile_params(ctx, rng, tuning_rules, name, per, direct, shfl):
+    """A rule's tile parameters (elements per work item, read straight into registers or
+    through local memory, the group's scan by warp shuffles): rows across tile boundaries of
+    that length, forwards and reversed (the gradient), float32 and int64, scan right; values
+    the kernel cannot take are refused."""
     from dlprim_py.ops import scan
-    tuning_rules("cumsum", [{"when": {}, "params": {"solver": name, "per_item": per}}])
-    assert scan.tile_per(ctx, 1, 5000, name) == per
-    T = scan._tile_group(ctx, 4, per) * per
+    if shfl and ctx.info.vendor != "nvidia":
+        pytest.skip("warp shuffles are PTX: NVIDIA only")
+    rule = {"solver": name, "per_item": per, "direct": direct, "shfl": shfl}
+    tuning_rules("cumsum", [{"when": {}, "params": rule}])
+    assert scan.tile_params(ctx, 1, 5000, name) == (per, direct, shfl)
+    T = scan._tile_group(ctx, 4, scan.tile_params(ctx, 1, 5000, name)) * per
     for shape in ((T - 1,), (T + 1,), (3 * T + 5,), (2, T + 3)):
         x = random(rng, shape)
         poison_pool(ctx, _POISON)
         out = F.cumsum(t_(ctx, x), -1, algorithm=name)
         assert_close(out.numpy(), np.cumsum(x.astype(np.float64), -1))
+    g = random(rng, (2, 2 * T + 5))
+    X, XR = t_(ctx, g, True), ref(g, True)
+    backward_check(ctx, rng, F.cumsum(X, 1, algorithm=name), torch.cumsum(XR, 1), [(X, XR)])
+    ints = rng.integers(-2 ** 40, 2 ** 40, (2, 2 * T + 1))
+    np.testing.assert_array_equal(F.cumsum(t_(ctx, ints), 1, algorithm=name).numpy(),
+                                  np.cumsum(ints, 1))
     tuning_rules("cumsum", [{"when": {}, "params": {"solver": name, "per_item": 12}}])
     with pytest.raises(dp.DlprimError, match="per_item"):
         F.cumsum(t_(ctx, random(rng, (100,))), -1, algorithm=name)
+    if ctx.info.vendor != "nvidia":
+        tuning_rules("cumsum", [{"when": {}, "params": {"solver": name, "shfl": True}}])
+        with pytest.raises(dp.DlprimError, match="shfl"):
+            F.cumsum(t_(ctx, random(rng, (100,))), -1, algorithm=name)
 
 
 def test_reduce_scan_with_scanned_totals(ctx, rng, monkeypatch):

@@ -56,7 +56,7 @@ class SortResult(NamedTuple):
 
 # Every template parameter of kernels/scan.cl.mako (Mako asks for all of them whatever the
 # part), with the value of a part that does not use it.
-_UNUSED = dict(src="", acc="", key="", vec=0, ptx_fence=0, lper=16)
+_UNUSED = dict(src="", acc="", key="", vec=0, ptx_fence=0, lper=16, direct=0, shfl=0)
 
 
 def _kernel(ctx, name, index_t, **params):
@@ -156,65 +156,80 @@ def _status(ctx, tiles):
     return found[0]
 
 
-def _tile_local_bytes(group, itemsize, per=_LOOKBACK_PER):
+def _tile_local_bytes(group, itemsize, per=_LOOKBACK_PER, direct=False):
     """Local memory of scan_lookback and scan_tiles (kernels/scan.cl.mako), the larger: the
-    padded tile, the items' sums, the look-back window's values and flags or the totals
-    before the tile, and a few words."""
-    tile = group * per
-    return (tile + tile // 32 + group + max(group, 33)) * itemsize + 32 * 4 + 16
+    padded tile (unless ``direct``), the items' sums and extras, the look-back window's values
+    and flags, and a few words."""
+    tile = 0 if direct else group * per
+    return (tile + tile // 32 + 2 * group + 33) * itemsize + 32 * 4 + 16
 
 
-def tile_per(ctx, rows, N, name="lookback"):
-    """Elements per work item of a tile of the "lookback" or "reduce_scan" solver for rows of
-    N: the "per_item" of the first cumsum rule naming that solver that holds and gives one
-    (``tuning_db/cumsum.json``), else ``_LOOKBACK_PER``. Longer tiles mean fewer tiles: a
-    shorter chain of look-backs along a long row, fewer totals to add."""
-    key = ("cumsum.tile_per", rows, N, name, tuning.generation)
-    per = ctx.plans.get(key)
-    if per is None:
+class TileParams(NamedTuple):
+    """How a tiled cumsum solver scans: ``per`` elements per work item; ``direct``: each
+    item's elements read into registers (else through local memory, coalesced); ``shfl``: the
+    group's scan by warp shuffles (PTX, NVIDIA)."""
+    per: int
+    direct: bool
+    shfl: bool
+
+
+def tile_params(ctx, rows, N, name="lookback"):
+    """The TileParams of the "lookback" or "reduce_scan" solver for rows of N: from the first
+    cumsum rule naming that solver that holds (``tuning_db/cumsum.json``), else
+    ``_LOOKBACK_PER`` through local memory. Longer tiles mean fewer tiles: a shorter chain of
+    look-backs along a long row, fewer totals to add."""
+    key = ("cumsum.tile_params", rows, N, name, tuning.generation)
+    found = ctx.plans.get(key)
+    if found is None:
         params = tuning.merged_params(
             ctx.info, "cumsum", {"rows": rows, "n": N, "gpu": int(ctx.info.is_gpu)},
-            lambda p: p.get("solver") == name and "per_item" in p)
+            lambda p: p.get("solver") == name)
         per = params.get("per_item", _LOOKBACK_PER)
         if per not in _LOOKBACK_PERS:
             raise DlprimError(f"cumsum rule: per_item must be one of {_LOOKBACK_PERS}, got "
                               f"{per!r}")
-        ctx.plans.put(key, per)
-    return per
+        shfl = bool(params.get("shfl", False))
+        if shfl and ctx.info.vendor != "nvidia":
+            raise DlprimError("cumsum rule: shfl is PTX, for NVIDIA devices only")
+        found = ctx.plans.put(key, TileParams(per, bool(params.get("direct", False)), shfl))
+    return found
 
 
-def _tile_group(ctx, itemsize, per=_LOOKBACK_PER):
+def _tile_group(ctx, itemsize, tiling):
     """Work-items per tile group: up to 256, halved while the tile of ``itemsize``-byte sums
     does not fit the device's local memory (int64 tiles on a 32 KiB device)."""
     group = group_size(ctx, 256)
-    while group > 32 and _tile_local_bytes(group, itemsize, per) > ctx.info.local_mem_size:
+    while group > 32 and _tile_local_bytes(group, itemsize, tiling.per, tiling.direct) > \
+            ctx.info.local_mem_size:
         group //= 2
     return group
 
 
 def _tiling(ctx, rows, N, x_off, y_off, acc, name):
-    """(per, group, chunks per row, tiles, index type, its numpy type, vec) of a tiled scan."""
-    per = tile_per(ctx, rows, N, name)
-    group = _tile_group(ctx, np.dtype(acc).itemsize, per)
-    tile = group * per
+    """(kernel parameters, group, chunks per row, tiles, index type, its numpy type) of a
+    tiled scan."""
+    tiling = tile_params(ctx, rows, N, name)
+    group = _tile_group(ctx, np.dtype(acc).itemsize, tiling)
+    tile = group * tiling.per
     chunks = -(-N // tile)
     tiles = rows * chunks
     index_t, ix = _index_type(max(rows * N + max(x_off, y_off), tiles * tile))
     # 4-vectors where every row starts on a 4-element boundary of both buffers.
     vec = int(x_off % 4 == 0 and y_off % 4 == 0 and (N % 4 == 0 or rows == 1))
-    return per, group, chunks, tiles, index_t, ix, vec
+    params = dict(part="tiles", acc=cl_name(acc), group=group, vec=vec, lper=tiling.per,
+                  direct=int(tiling.direct), shfl=int(tiling.shfl))
+    return params, group, chunks, tiles, index_t, ix
 
 
 def _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
     """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x, one pass."""
-    per, group, chunks, tiles, index_t, ix, vec = _tiling(ctx, rows, N, x_off, y_off, acc,
-                                                          "lookback")
+    params, group, chunks, tiles, index_t, ix = _tiling(ctx, rows, N, x_off, y_off, acc,
+                                                        "lookback")
     if tiles >= _INT32_LIMIT // 8:
         raise ShapeError(f"cumsum: {tiles} look-back tiles are more than the status buffer "
                          f"indexes")
-    kernel = _kernel(ctx, "scan_lookback", index_t, part="tiles", acc=cl_name(acc),
-                     group=group, vec=vec, ptx_fence=int(ctx.info.vendor == "nvidia"),
-                     lper=per)
+    kernel = _kernel(ctx, "scan_lookback", index_t, ptx_fence=int(ctx.info.vendor == "nvidia"),
+                     **params)
     kernel(ctx.queue, (tiles * group,), (group,),
            *_args(ix, (N, chunks, _flag(tiles), x, x_off, y, y_off, _status(ctx, tiles),
                        _flag(reverse))))
@@ -228,9 +243,8 @@ _ADDED_TOTALS = 2048
 def _scan_reduce(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
     """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x, by tile totals
     and a second pass."""
-    per, group, chunks, tiles, index_t, ix, vec = _tiling(ctx, rows, N, x_off, y_off, acc,
-                                                          "reduce_scan")
-    params = dict(part="tiles", acc=cl_name(acc), group=group, vec=vec, lper=per)
+    params, group, chunks, tiles, index_t, ix = _tiling(ctx, rows, N, x_off, y_off, acc,
+                                                        "reduce_scan")
     totals = Tensor.empty(ctx, (tiles,), acc)
     _kernel(ctx, "scan_tile_totals", index_t, **params)(
         ctx.queue, (tiles * group,), (group,),
