@@ -1,13 +1,13 @@
 """Tile probe: cumsum's tiled solvers ("lookback", "reduce_scan") with each set of tile
 parameters (``tile_params`` in dlprim_py/ops/scan.py: per_item, elements per work item of a
-tile; direct, read into registers; shfl, the group's scan by warp shuffles) on long rows and on
+tile; shfl, the group's scan by warp shuffles) on long rows and on
 rows of 4096, public call, wall clock with the device drained, PyTorch's cumsum beside in the
 same run; each result checked against float64 first.
 
-    python benchmarks/cumsum_probe.py [--variants lookback:32,reduce_scan:16:direct:shfl]
+    python benchmarks/cumsum_probe.py [--variants lookback:32,reduce_scan:16:shfl]
                                       [--repeat 50]
 
-A variant is solver:per_item, then optionally ":direct" and ":shfl".
+A variant is solver:per_item, then optionally ":shfl".
 
 Each per_item is given as a device rule in the user tuning database (DLPRIM_CACHE_DIR), the
 way a measured rule would be, then the databases are forgotten and reread.
@@ -53,8 +53,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         for i, (name, per, *flags) in enumerate(variants):
-            rule = {"solver": name, "per_item": int(per), "direct": "direct" in flags,
-                    "shfl": "shfl" in flags}
+            rule = {"solver": name, "per_item": int(per), "shfl": "shfl" in flags}
             tuning.store_device_entry(tuning.user_path("cumsum"), "cumsum", ctx.info,
                                       [{"when": {}, "params": rule}])
             tuning.forget()

@@ -202,62 +202,9 @@ inline ACC get_value(volatile __global int* at)
 % endif
 }
 
-% if direct:
-// Item lid's LPER consecutive elements of the tile at ``first`` of a row (from its end with
-// ``reverse``), into registers, zeros past N: straight from global memory, no exchange through
-// local memory (each load instruction of a warp covers lines that its next ones finish, so
-// the caches deliver whole lines). 4-vectors where the tile is whole and read forwards and
-// ``vec`` (the host passes it only where every row starts on a 4-element boundary of both
-// buffers).
-inline void load_own(ACC* vals, __global const ACC* x, index_t x_row, index_t first, index_t N,
-                     int reverse, int lid)
-{
-    const index_t at = first + (index_t)lid * LPER;
-% if vec:
-    if (!reverse && first + TILE <= N) {
-        __global const ACC4* xv = (__global const ACC4*)(x + x_row + at);
-        #pragma unroll
-        for (int j = 0; j < LPER / 4; ++j) {
-            const ACC4 a = xv[j];
-            vals[4 * j] = a.x;
-            vals[4 * j + 1] = a.y;
-            vals[4 * j + 2] = a.z;
-            vals[4 * j + 3] = a.w;
-        }
-        return;
-    }
-% endif
-    #pragma unroll
-    for (int m = 0; m < LPER; ++m) {
-        const index_t p = at + m;
-        vals[m] = p < N ? x[x_row + (reverse ? N - 1 - p : p)] : (ACC)0;
-    }
-}
-
-// The elements of load_own from registers back to y (those before N only).
-inline void store_own(const ACC* vals, __global ACC* y, index_t y_row, index_t first, index_t N,
-                      int reverse, int lid)
-{
-    const index_t at = first + (index_t)lid * LPER;
-% if vec:
-    if (!reverse && first + TILE <= N) {
-        __global ACC4* yv = (__global ACC4*)(y + y_row + at);
-        #pragma unroll
-        for (int j = 0; j < LPER / 4; ++j)
-            yv[j] = (ACC4)(vals[4 * j], vals[4 * j + 1], vals[4 * j + 2], vals[4 * j + 3]);
-        return;
-    }
-% endif
-    #pragma unroll
-    for (int m = 0; m < LPER; ++m) {
-        const index_t p = at + m;
-        if (p < N)
-            y[y_row + (reverse ? N - 1 - p : p)] = vals[m];
-    }
-}
-% else:
 // Elements [first, first + TILE) of a row (from its end with ``reverse``) into buf, zeros
-// past N, coalesced: item lid's LPER consecutive elements are then read from local memory.
+// past N, coalesced: item lid's LPER consecutive elements are then read from local memory
+// (on the H200 faster than each item reading its own straight into registers).
 // A whole tile read forwards goes as 4-vectors where ``vec`` (the host passes it only where
 // every row starts on a 4-element boundary of both buffers).
 inline void load_tile(__local ACC* buf, __global const ACC* x, index_t x_row, index_t first,
@@ -301,7 +248,6 @@ inline void store_tile(__local const ACC* buf, __global ACC* y, index_t y_row, i
             y[y_row + (reverse ? N - 1 - p : p)] = buf[AT(e)];
     }
 }
-% endif
 
 % if shfl:
 // The inclusive scan of v over a warp's 32 lanes (NVIDIA: the group's items are its warps in
@@ -371,56 +317,33 @@ inline ACC group_scan(ACC own, ACC extra, __local ACC* sums, __local ACC* extras
 }
 
 <%def name="tile_in(x_row)">\
-% if direct:
-    ACC vals[LPER];
-    load_own(vals, x, ${x_row}, first, N, reverse, lid);
-    ACC own = (ACC)0;
-    #pragma unroll
-    for (int m = 0; m < LPER; ++m)
-        own += vals[m];
-% else:
     load_tile(buf, x, ${x_row}, first, N, reverse, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
     ACC own = (ACC)0;
     for (int m = 0; m < LPER; ++m)
         own += buf[AT(lid * LPER + m)];
-% endif
 </%def>\
 <%def name="tile_out(start, y_row)">\
     {
         ACC run = ${start};
-% if direct:
-        #pragma unroll
-        for (int m = 0; m < LPER; ++m) {
-            run += vals[m];
-            vals[m] = run;
-        }
-        store_own(vals, y, ${y_row}, first, N, reverse, lid);
-% else:
         for (int m = 0; m < LPER; ++m) {
             run += buf[AT(lid * LPER + m)];
             buf[AT(lid * LPER + m)] = run;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         store_tile(buf, y, ${y_row}, first, N, reverse, lid);
-% endif
     }
-</%def>\
-<%def name="tile_buffer()">\
-% if not direct:
-    __local ACC buf[TILE + TILE / 32];
-% endif
 </%def>\
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, index_t x_off,
                    __global ACC* y, index_t y_off, volatile __global int* status, int reverse)
 {
-${tile_buffer()}\
+    __local ACC buf[TILE + TILE / 32];
     __local ACC sums[GROUP], extras[GROUP];
     __local ACC window_value[WINDOW];
     __local int window_flag[WINDOW];
-    __local int l_tile, l_look, l_done;
+    __local int l_tile, l_look, l_done, l_last;
     __local ACC l_prefix;
     volatile __global int* flags = status + 2;
     volatile __global int* totals = flags + tiles;
@@ -497,12 +420,13 @@ ${tile_in("x_row")}\
 ${tile_out("prefix + before", "y_row")}\
     // The last group to finish sets the status back to zero for the next launch: every other
     // group has made its last access to it before counting itself finished.
+    // (A flag of its own: items may still be reading l_done for the look-back's last test.)
     if (lid == 0) {
         DEVICE_FENCE();
-        l_done = atomic_inc(status + 1) == tiles - 1;
+        l_last = atomic_inc(status + 1) == tiles - 1;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (l_done) {
+    if (l_last) {
         for (int t = lid; t < tiles; t += GROUP)
             atomic_xchg(flags + t, 0);
         if (lid == 0) {
@@ -556,7 +480,7 @@ void scan_tiles(index_t N, index_t chunks, index_t tiles, __global const ACC* x,
                 __global ACC* y, index_t y_off, __global const ACC* totals, int scanned,
                 int reverse)
 {
-${tile_buffer()}\
+    __local ACC buf[TILE + TILE / 32];
     __local ACC sums[GROUP], extras[GROUP];
     const int lid = get_local_id(0);
     const index_t tile = tiles - 1 - (index_t)get_group_id(0);

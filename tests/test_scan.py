@@ -299,20 +299,17 @@ def test_lookback_long_rows_repeated(ctx, rng):
 
 
 @pytest.mark.parametrize("name", ["lookback", "reduce_scan"])
-@pytest.mark.parametrize("per, direct, shfl", [(8, False, False), (32, False, False),
-                                               (8, True, False), (32, True, False),
-                                               (16, True, True), (16, False, True)])
-def test_tile_params(ctx, rng, tuning_rules, name, per, direct, shfl):
-    """A rule's tile parameters (elements per work item, read straight into registers or
-    through local memory, the group's scan by warp shuffles): rows across tile boundaries of
-    that length, forwards and reversed (the gradient), float32 and int64, scan right; values
-    the kernel cannot take are refused."""
+@pytest.mark.parametrize("per, shfl", [(8, False), (32, False), (8, True), (32, True)])
+def test_tile_params(ctx, rng, tuning_rules, name, per, shfl):
+    """A rule's tile parameters (elements per work item, the group's scan by warp shuffles):
+    rows across tile boundaries of that length, forwards and reversed (the gradient), float32
+    and int64, scan right; values the kernel cannot take are refused."""
     from dlprim_py.ops import scan
     if shfl and ctx.info.vendor != "nvidia":
         pytest.skip("warp shuffles are PTX: NVIDIA only")
-    rule = {"solver": name, "per_item": per, "direct": direct, "shfl": shfl}
+    rule = {"solver": name, "per_item": per, "shfl": shfl}
     tuning_rules("cumsum", [{"when": {}, "params": rule}])
-    assert scan.tile_params(ctx, 1, 5000, name) == (per, direct, shfl)
+    assert scan.tile_params(ctx, 1, 5000, name) == (per, shfl)
     T = scan._tile_group(ctx, 4, scan.tile_params(ctx, 1, 5000, name)) * per
     for shape in ((T - 1,), (T + 1,), (3 * T + 5,), (2, T + 3)):
         x = random(rng, shape)

@@ -56,7 +56,7 @@ class SortResult(NamedTuple):
 
 # Every template parameter of kernels/scan.cl.mako (Mako asks for all of them whatever the
 # part), with the value of a part that does not use it.
-_UNUSED = dict(src="", acc="", key="", vec=0, ptx_fence=0, lper=16, direct=0, shfl=0)
+_UNUSED = dict(src="", acc="", key="", vec=0, ptx_fence=0, lper=16, shfl=0)
 
 
 def _kernel(ctx, name, index_t, **params):
@@ -156,27 +156,25 @@ def _status(ctx, tiles):
     return found[0]
 
 
-def _tile_local_bytes(group, itemsize, per=_LOOKBACK_PER, direct=False):
+def _tile_local_bytes(group, itemsize, per=_LOOKBACK_PER):
     """Local memory of scan_lookback and scan_tiles (kernels/scan.cl.mako), the larger: the
-    padded tile (unless ``direct``), the items' sums and extras, the look-back window's values
-    and flags, and a few words."""
-    tile = 0 if direct else group * per
+    padded tile, the items' sums and extras, the look-back window's values and flags, and a
+    few words."""
+    tile = group * per
     return (tile + tile // 32 + 2 * group + 33) * itemsize + 32 * 4 + 16
 
 
 class TileParams(NamedTuple):
-    """How a tiled cumsum solver scans: ``per`` elements per work item; ``direct``: each
-    item's elements read into registers (else through local memory, coalesced); ``shfl``: the
-    group's scan by warp shuffles (PTX, NVIDIA)."""
+    """How a tiled cumsum solver scans: ``per`` elements per work item; ``shfl``: the group's
+    scan by warp shuffles (PTX, NVIDIA), else through local memory."""
     per: int
-    direct: bool
     shfl: bool
 
 
 def tile_params(ctx, rows, N, name="lookback"):
     """The TileParams of the "lookback" or "reduce_scan" solver for rows of N: from the first
     cumsum rule naming that solver that holds (``tuning_db/cumsum.json``), else
-    ``_LOOKBACK_PER`` through local memory. Longer tiles mean fewer tiles: a shorter chain of
+    ``_LOOKBACK_PER`` without shuffles. Longer tiles mean fewer tiles: a shorter chain of
     look-backs along a long row, fewer totals to add."""
     key = ("cumsum.tile_params", rows, N, name, tuning.generation)
     found = ctx.plans.get(key)
@@ -191,7 +189,7 @@ def tile_params(ctx, rows, N, name="lookback"):
         shfl = bool(params.get("shfl", False))
         if shfl and ctx.info.vendor != "nvidia":
             raise DlprimError("cumsum rule: shfl is PTX, for NVIDIA devices only")
-        found = ctx.plans.put(key, TileParams(per, bool(params.get("direct", False)), shfl))
+        found = ctx.plans.put(key, TileParams(per, shfl))
     return found
 
 
@@ -199,7 +197,7 @@ def _tile_group(ctx, itemsize, tiling):
     """Work-items per tile group: up to 256, halved while the tile of ``itemsize``-byte sums
     does not fit the device's local memory (int64 tiles on a 32 KiB device)."""
     group = group_size(ctx, 256)
-    while group > 32 and _tile_local_bytes(group, itemsize, tiling.per, tiling.direct) > \
+    while group > 32 and _tile_local_bytes(group, itemsize, tiling.per) > \
             ctx.info.local_mem_size:
         group //= 2
     return group
@@ -217,7 +215,7 @@ def _tiling(ctx, rows, N, x_off, y_off, acc, name):
     # 4-vectors where every row starts on a 4-element boundary of both buffers.
     vec = int(x_off % 4 == 0 and y_off % 4 == 0 and (N % 4 == 0 or rows == 1))
     params = dict(part="tiles", acc=cl_name(acc), group=group, vec=vec, lper=tiling.per,
-                  direct=int(tiling.direct), shfl=int(tiling.shfl))
+                  shfl=int(tiling.shfl))
     return params, group, chunks, tiles, index_t, ix
 
 
