@@ -1,13 +1,11 @@
-"""Tile probe: cumsum's tiled solvers ("lookback", "reduce_scan") with each set of tile
-parameters (``tile_params`` in dlprim_py/ops/scan.py: per_item, elements per work item of a
-tile; shfl, the group's scan by warp shuffles) on long rows and on
-rows of 4096, public call, wall clock with the device drained, PyTorch's cumsum beside in the
-same run; each result checked against float64 first.
+"""Tile probe: cumsum's "lookback" solver with each per_item (elements per work item of a tile,
+kernels/scan.cl.mako's LPER) on long rows and on rows of 4096, public call, wall clock with the
+device drained, PyTorch's cumsum beside in the same run, and the device time of a call queued
+behind another; each result checked against float64 first.
 
-    python benchmarks/cumsum_probe.py [--variants lookback:32,reduce_scan:16:shfl]
-                                      [--repeat 50]
+    python benchmarks/cumsum_probe.py [--variants lookback:16,lookback:32] [--repeat 50]
 
-A variant is solver:per_item, then optionally ":shfl".
+A variant is solver:per_item (a solver of the "cumsum" family that takes per_item).
 
 Each per_item is given as a device rule in the user tuning database (DLPRIM_CACHE_DIR), the
 way a measured rule would be, then the databases are forgotten and reread.
@@ -33,8 +31,7 @@ SHAPES = [(1 << 24,), (1 << 26,), (1 << 22,), (4096, 4096), (64, 65536)]
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variants", default="lookback:16,lookback:32,reduce_scan:16,"
-                                          "reduce_scan:32")
+    p.add_argument("--variants", default="lookback:8,lookback:16,lookback:32")
     p.add_argument("--repeat", type=int, default=50)
     args = p.parse_args()
     import torch
@@ -52,8 +49,8 @@ def main():
     # A timeout (SIGTERM) unwinds too: the probe's rule is removed however the run ends.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        for i, (name, per, *flags) in enumerate(variants):
-            rule = {"solver": name, "per_item": int(per), "shfl": "shfl" in flags}
+        for i, (name, per) in enumerate(variants):
+            rule = {"solver": name, "per_item": int(per)}
             tuning.store_device_entry(tuning.user_path("cumsum"), "cumsum", ctx.info,
                                       [{"when": {}, "params": rule}])
             tuning.forget()

@@ -17,18 +17,8 @@
 ##   scan_columns(total, N, I, x, x_off, y, y_off, reverse)
 ##     I > 1: one work item per (o, i) column walking its N elements (coalesced across i).
 ##
-## part == "tiles" (template parameters acc: the element type; vec: 1 where whole tiles may be
-## read and written as 4-vectors; lper: elements per work item, a multiple of 4): the scans of
-## long rows by tiles of TILE = GROUP * LPER elements, each scanned by a work-group in local
-## memory; the two solvers differ in how a tile learns the sum of the tiles before it.
-##   scan_tile_totals(N, chunks, x, x_off, totals, reverse)
-##   scan_tiles(N, chunks, tiles, x, x_off, y, y_off, totals, scanned, reverse)
-##     "reduce_scan", two passes: the first writes each tile's total; the second scans each
-##     tile from the sum of the totals before it in its row, which the group adds itself
-##     (``scanned`` 0) or, where a row has many tiles and the host has scanned the totals in
-##     between (``scanned`` 1), reads. Each element is read twice and written once; the second
-##     pass runs the tiles last first, so that the first pass's last reads, the likeliest still
-##     in cache, are read again first.
+## part == "lookback" (template parameters acc: the element type; vec: 1 where whole tiles may be
+## read and written as 4-vectors; lper: elements per work item, a multiple of 4):
 ##   scan_lookback(N, chunks, tiles, x, x_off, y, y_off, status, reverse)
 ##     The single-pass scan (decoupled look-back): one work-group per tile of TILE = GROUP * LPER
 ##     elements of a row, ``tiles`` = rows * chunks of them. A group takes its tile from a
@@ -156,7 +146,7 @@ __kernel void scan_columns(index_t total, index_t N, index_t I, __global const $
         }
     }
 }
-% elif part == "tiles":
+% elif part == "lookback":
 #define LPER ${lper}
 #define TILE (GROUP * LPER)
 #define ACC ${acc}
@@ -202,148 +192,15 @@ inline ACC get_value(volatile __global int* at)
 % endif
 }
 
-// Elements [first, first + TILE) of a row (from its end with ``reverse``) into buf, zeros
-// past N, coalesced: item lid's LPER consecutive elements are then read from local memory
-// (on the H200 faster than each item reading its own straight into registers).
-// A whole tile read forwards goes as 4-vectors where ``vec`` (the host passes it only where
-// every row starts on a 4-element boundary of both buffers).
-inline void load_tile(__local ACC* buf, __global const ACC* x, index_t x_row, index_t first,
-                      index_t N, int reverse, int lid)
-{
-% if vec:
-    if (!reverse && first + TILE <= N) {
-        __global const ACC4* xv = (__global const ACC4*)(x + x_row + first);
-        for (int v = lid; v < TILE / 4; v += GROUP) {
-            const ACC4 a = xv[v];
-            buf[AT(4 * v)] = a.x;
-            buf[AT(4 * v) + 1] = a.y;
-            buf[AT(4 * v) + 2] = a.z;
-            buf[AT(4 * v) + 3] = a.w;
-        }
-        return;
-    }
-% endif
-    for (int e = lid; e < TILE; e += GROUP) {
-        const index_t p = first + e;
-        buf[AT(e)] = p < N ? x[x_row + (reverse ? N - 1 - p : p)] : (ACC)0;
-    }
-}
-
-// The tile of load_tile from buf back to y (elements before N only).
-inline void store_tile(__local const ACC* buf, __global ACC* y, index_t y_row, index_t first,
-                       index_t N, int reverse, int lid)
-{
-% if vec:
-    if (!reverse && first + TILE <= N) {
-        __global ACC4* yv = (__global ACC4*)(y + y_row + first);
-        for (int v = lid; v < TILE / 4; v += GROUP)
-            yv[v] = (ACC4)(buf[AT(4 * v)], buf[AT(4 * v) + 1], buf[AT(4 * v) + 2],
-                           buf[AT(4 * v) + 3]);
-        return;
-    }
-% endif
-    for (int e = lid; e < TILE; e += GROUP) {
-        const index_t p = first + e;
-        if (p < N)
-            y[y_row + (reverse ? N - 1 - p : p)] = buf[AT(e)];
-    }
-}
-
-% if shfl:
-// The inclusive scan of v over a warp's 32 lanes (NVIDIA: the group's items are its warps in
-// order).
-inline ACC warp_scan(ACC v, int lane)
-{
-    for (int d = 1; d < 32; d <<= 1) {
-% if acc == "long":
-        int2 w = as_int2(v), o;
-        asm volatile("shfl.sync.up.b32 %0, %1, %2, 0, 0xffffffff;" : "=r"(o.x) : "r"(w.x), "r"(d));
-        asm volatile("shfl.sync.up.b32 %0, %1, %2, 0, 0xffffffff;" : "=r"(o.y) : "r"(w.y), "r"(d));
-        const ACC other = as_long(o);
-% else:
-        int o;
-        asm volatile("shfl.sync.up.b32 %0, %1, %2, 0, 0xffffffff;" : "=r"(o) : "r"(as_int(v)), "r"(d));
-        const ACC other = as_${acc}(o);
-% endif
-        if (lane >= d)
-            v += other;
-    }
-    return v;
-}
-% endif
-
-// Over the group: the sum of ``own`` of the items before lid (returned), the sum of every
-// item's ``own`` (*total) and of every item's ``extra`` (*extra_total). ``sums``, ``extras``:
-// GROUP entries of local memory (GROUP / 32 with shfl), free again on return.
-inline ACC group_scan(ACC own, ACC extra, __local ACC* sums, __local ACC* extras, int lid,
-                      ACC* total, ACC* extra_total)
-{
-% if shfl:
-    const int lane = lid & 31, warp = lid >> 5;
-    const ACC inclusive = warp_scan(own, lane);
-    const ACC extra_inclusive = warp_scan(extra, lane);
-    if (lane == 31) {
-        sums[warp] = inclusive;
-        extras[warp] = extra_inclusive;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ACC before = inclusive - own, all = (ACC)0, extra_all = (ACC)0;
-    for (int w = 0; w < GROUP / 32; ++w) {
-        const ACC s = sums[w];
-        before += w < warp ? s : (ACC)0;
-        all += s;
-        extra_all += extras[w];
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-% else:
-    sums[lid] = own;
-    extras[lid] = extra;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    // Hillis-Steele over both (only extra's last entry, the sum, is used).
-    for (int offset = 1; offset < GROUP; offset <<= 1) {
-        const ACC add = lid >= offset ? sums[lid - offset] : (ACC)0;
-        const ACC add_extra = lid >= offset ? extras[lid - offset] : (ACC)0;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        sums[lid] += add;
-        extras[lid] += add_extra;
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const ACC before = sums[lid] - own, all = sums[GROUP - 1], extra_all = extras[GROUP - 1];
-    barrier(CLK_LOCAL_MEM_FENCE);
-% endif
-    *total = all;
-    *extra_total = extra_all;
-    return before;
-}
-
-<%def name="tile_in(x_row)">\
-    load_tile(buf, x, ${x_row}, first, N, reverse, lid);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ACC own = (ACC)0;
-    for (int m = 0; m < LPER; ++m)
-        own += buf[AT(lid * LPER + m)];
-</%def>\
-<%def name="tile_out(start, y_row)">\
-    {
-        ACC run = ${start};
-        for (int m = 0; m < LPER; ++m) {
-            run += buf[AT(lid * LPER + m)];
-            buf[AT(lid * LPER + m)] = run;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        store_tile(buf, y, ${y_row}, first, N, reverse, lid);
-    }
-</%def>\
-
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, index_t x_off,
                    __global ACC* y, index_t y_off, volatile __global int* status, int reverse)
 {
     __local ACC buf[TILE + TILE / 32];
-    __local ACC sums[GROUP], extras[GROUP];
+    __local ACC sums[GROUP];
     __local ACC window_value[WINDOW];
     __local int window_flag[WINDOW];
-    __local int l_tile, l_look, l_done, l_last;
+    __local int l_tile, l_look, l_done;
     __local ACC l_prefix;
     volatile __global int* flags = status + 2;
     volatile __global int* totals = flags + tiles;
@@ -357,9 +214,38 @@ void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, 
     const index_t c = tile % chunks;
     const index_t first = c * TILE;
     const index_t x_row = x_off + row * N, y_row = y_off + row * N;
-${tile_in("x_row")}\
-    ACC total, unused;
-    const ACC before = group_scan(own, (ACC)0, sums, extras, lid, &total, &unused);
+% if vec:
+    // A whole tile read forwards: 4-vectors (the host passes vec only where every row starts
+    // on a 4-element boundary of both buffers).
+    const int whole = !reverse && first + TILE <= N;
+    if (whole) {
+        __global const ACC4* xv = (__global const ACC4*)(x + x_row + first);
+        for (int v = lid; v < TILE / 4; v += GROUP) {
+            const ACC4 a = xv[v];
+            buf[AT(4 * v)] = a.x;
+            buf[AT(4 * v) + 1] = a.y;
+            buf[AT(4 * v) + 2] = a.z;
+            buf[AT(4 * v) + 3] = a.w;
+        }
+    } else
+% endif
+    for (int e = lid; e < TILE; e += GROUP) {
+        const index_t p = first + e;
+        buf[AT(e)] = p < N ? x[x_row + (reverse ? N - 1 - p : p)] : (ACC)0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ACC own = (ACC)0;
+    for (int m = 0; m < LPER; ++m)
+        own += buf[AT(lid * LPER + m)];
+    sums[lid] = own;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int offset = 1; offset < GROUP; offset <<= 1) {
+        const ACC add = lid >= offset ? sums[lid - offset] : (ACC)0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        sums[lid] += add;
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const ACC total = sums[GROUP - 1];
     if (lid == 0) {
         if (c == 0) {
             put_value(prefixes + tile * WORDS, total);
@@ -417,16 +303,33 @@ ${tile_in("x_row")}\
         DEVICE_FENCE();
         atomic_xchg(flags + tile, FLAG_PREFIX);
     }
-${tile_out("prefix + before", "y_row")}\
-    // The last group to finish sets the status back to zero for the next launch: every other
-    // group has made its last access to it before counting itself finished.
-    // (A flag of its own: items may still be reading l_done for the look-back's last test.)
-    if (lid == 0) {
-        DEVICE_FENCE();
-        l_last = atomic_inc(status + 1) == tiles - 1;
+    ACC run = prefix + sums[lid] - own;
+    for (int m = 0; m < LPER; ++m) {
+        run += buf[AT(lid * LPER + m)];
+        buf[AT(lid * LPER + m)] = run;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (l_last) {
+% if vec:
+    if (whole) {
+        __global ACC4* yv = (__global ACC4*)(y + y_row + first);
+        for (int v = lid; v < TILE / 4; v += GROUP)
+            yv[v] = (ACC4)(buf[AT(4 * v)], buf[AT(4 * v) + 1], buf[AT(4 * v) + 2],
+                           buf[AT(4 * v) + 3]);
+    } else
+% endif
+    for (int e = lid; e < TILE; e += GROUP) {
+        const index_t p = first + e;
+        if (p < N)
+            y[y_row + (reverse ? N - 1 - p : p)] = buf[AT(e)];
+    }
+    // The last group to finish sets the status back to zero for the next launch: every other
+    // group has made its last access to it before counting itself finished.
+    if (lid == 0) {
+        DEVICE_FENCE();
+        l_done = atomic_inc(status + 1) == tiles - 1;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (l_done) {
         for (int t = lid; t < tiles; t += GROUP)
             atomic_xchg(flags + t, 0);
         if (lid == 0) {
@@ -434,69 +337,6 @@ ${tile_out("prefix + before", "y_row")}\
             atomic_xchg(status + 1, 0);
         }
     }
-}
-
-// Pass one of "reduce_scan": totals[tile] = the sum of the tile's elements (any order).
-__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
-void scan_tile_totals(index_t N, index_t chunks, __global const ACC* x, index_t x_off,
-                      __global ACC* totals, int reverse)
-{
-    __local ACC sums[GROUP];
-    const int lid = get_local_id(0);
-    const index_t tile = get_group_id(0);
-    const index_t first = (tile % chunks) * TILE;
-    const index_t x_row = x_off + (tile / chunks) * N;
-    ACC s = (ACC)0;
-% if vec:
-    if (!reverse && first + TILE <= N) {
-        __global const ACC4* xv = (__global const ACC4*)(x + x_row + first);
-        for (int v = lid; v < TILE / 4; v += GROUP) {
-            const ACC4 a = xv[v];
-            s += (a.x + a.y) + (a.z + a.w);
-        }
-    } else
-% endif
-    for (int e = lid; e < TILE; e += GROUP) {
-        const index_t p = first + e;
-        if (p < N)
-            s += x[x_row + (reverse ? N - 1 - p : p)];
-    }
-    sums[lid] = s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int step = GROUP / 2; step > 0; step >>= 1) {
-        if (lid < step)
-            sums[lid] += sums[lid + step];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (lid == 0)
-        totals[tile] = sums[0];
-}
-
-// Pass two of "reduce_scan": each tile scanned, starting from the sum of the totals of the
-// tiles before it in its row. Tiles run last first: pass one read those last, so
-// they are the likeliest to be in cache still.
-__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
-void scan_tiles(index_t N, index_t chunks, index_t tiles, __global const ACC* x, index_t x_off,
-                __global ACC* y, index_t y_off, __global const ACC* totals, int scanned,
-                int reverse)
-{
-    __local ACC buf[TILE + TILE / 32];
-    __local ACC sums[GROUP], extras[GROUP];
-    const int lid = get_local_id(0);
-    const index_t tile = tiles - 1 - (index_t)get_group_id(0);
-    const index_t row = tile / chunks;
-    const index_t c = tile % chunks;
-    const index_t first = c * TILE;
-${tile_in("x_off + row * N")}\
-    ACC b = (ACC)0;
-    if (scanned)
-        b = lid == 0 && c > 0 ? totals[row * chunks + c - 1] : (ACC)0;
-    else
-        for (index_t t = lid; t < c; t += GROUP)
-            b += totals[row * chunks + t];
-    ACC total, prefix;
-    const ACC before = group_scan(own, b, sums, extras, lid, &total, &prefix);
-${tile_out("prefix + before", "y_off + row * N")}\
 }
 % elif part == "select":
 #define KEY ${key}

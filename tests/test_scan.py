@@ -69,7 +69,7 @@ def _tile(ctx):
     return scan.group_size(ctx, 256) * scan._LOOKBACK_PER
 
 
-@pytest.mark.parametrize("algorithm", ["lookback", "reduce_scan", "chunks"])
+@pytest.mark.parametrize("algorithm", ["lookback", "chunks"])
 def test_cumsum_algorithms_forced(ctx, rng, algorithm):
     """Each algorithm on its own against float64: one element, tile multiples and one either
     side (look-back tiles and chunks), several tiles, several rows, every dimension of a 3-d
@@ -101,7 +101,7 @@ def test_cumsum_algorithms_forced(ctx, rng, algorithm):
     backward_check(ctx, rng, out, torch.cumsum(XR, 1), [(X, XR)])
 
 
-@pytest.mark.parametrize("algorithm", ["lookback", "reduce_scan", "chunks"])
+@pytest.mark.parametrize("algorithm", ["lookback", "chunks"])
 def test_cumsum_algorithms_integers(ctx, rng, algorithm, monkeypatch):
     """int64 sums (int32 and bool inputs converted), exact; through DLPRIM_CUMSUM_ALGO."""
     monkeypatch.setenv("DLPRIM_CUMSUM_ALGO", algorithm)
@@ -112,6 +112,28 @@ def test_cumsum_algorithms_integers(ctx, rng, algorithm, monkeypatch):
         poison_pool(ctx, _POISON)
         got = t_(ctx, array).cumsum(1)
         np.testing.assert_array_equal(got.numpy(), np.cumsum(array.astype(np.int64), 1))
+
+
+def test_repeated_cumsum_replays_on_new_buffers(ctx, rng):
+    """A repeated cumsum replays its first call's launches: on other inputs of the same shape
+    and offset (each result right, including after a call of another shape that reallocates
+    the look-back status buffer), and an input at another offset is a call of its own."""
+    T = _tile(ctx)
+    for algorithm in ("lookback", "chunks"):
+        xs = [random(rng, (2, 3 * T + 1)) for _ in range(3)]
+        for x in xs:
+            assert_close(F.cumsum(t_(ctx, x), 1, algorithm=algorithm).numpy(),
+                         np.cumsum(x.astype(np.float64), 1))
+        big = random(rng, (1100 * T,))   # more tiles than the first status buffer holds
+        assert_close(F.cumsum(t_(ctx, big), 0, algorithm=algorithm).numpy(),
+                     np.cumsum(big.astype(np.float64)))
+        for x in xs:
+            assert_close(F.cumsum(t_(ctx, x), 1, algorithm=algorithm).numpy(),
+                         np.cumsum(x.astype(np.float64), 1))
+        long = random(rng, (T + 7,))
+        for offset in (0, 4, 0):
+            out = F.cumsum(_offset(ctx, long, offset), 0, algorithm=algorithm)
+            assert_close(out.numpy(), np.cumsum(long.astype(np.float64)))
 
 
 def test_lookback_launches_in_a_row(ctx, rng):
@@ -127,7 +149,7 @@ def test_lookback_launches_in_a_row(ctx, rng):
 def test_cumsum_algorithm_choice_and_refusals(ctx, rng, monkeypatch):
     from dlprim_py import solver
     from dlprim_py.ops import scan
-    assert set(solver.family("cumsum").solvers) == {"lookback", "reduce_scan", "chunks"}
+    assert set(solver.family("cumsum").solvers) == {"lookback", "chunks"}
     # The rules: look-back for long rows on GPUs, chunks for rows of two chunks and on CPUs.
     long_choice = scan._cumsum_algorithm(ctx, 1, 1 << 24, None)
     assert long_choice == ("lookback" if ctx.info.is_gpu else "chunks")
@@ -276,7 +298,6 @@ def test_repeated_calls_build_nothing(ctx, rng):
             F.topk(x, 3).values.sum() + F.topk(x, 100).values.sum() + \
             F.cumsum(x, 1, algorithm="lookback").sum() + \
             F.cumsum(x, 1, algorithm="chunks").sum() + \
-            F.cumsum(x, 1, algorithm="reduce_scan").sum() + \
             F.topk(x, 3, algorithm="radix").values.sum() + \
             F.topk(x, 3, algorithm="bitonic").values.sum()
         y.backward()
@@ -298,55 +319,19 @@ def test_lookback_long_rows_repeated(ctx, rng):
             assert_close(F.cumsum(X, 0, algorithm="lookback").numpy(), want)
 
 
-@pytest.mark.parametrize("name", ["lookback", "reduce_scan"])
-@pytest.mark.parametrize("per, shfl", [(8, False), (32, False), (8, True), (32, True)])
-def test_tile_params(ctx, rng, tuning_rules, name, per, shfl):
-    """A rule's tile parameters (elements per work item, the group's scan by warp shuffles):
-    rows across tile boundaries of that length, forwards and reversed (the gradient), float32
-    and int64, scan right; values the kernel cannot take are refused."""
+@pytest.mark.parametrize("per", [8, 32])
+def test_lookback_tile_lengths(ctx, rng, tuning_rules, per):
+    """A rule's per_item sets the look-back tile (elements per work item): rows across tile
+    boundaries of that length scan right, and a value the kernel cannot take is refused."""
     from dlprim_py.ops import scan
-    if shfl and ctx.info.vendor != "nvidia":
-        pytest.skip("warp shuffles are PTX: NVIDIA only")
-    rule = {"solver": name, "per_item": per, "shfl": shfl}
-    tuning_rules("cumsum", [{"when": {}, "params": rule}])
-    assert scan.tile_params(ctx, 1, 5000, name) == (per, shfl)
-    T = scan._tile_group(ctx, 4, scan.tile_params(ctx, 1, 5000, name)) * per
+    tuning_rules("cumsum", [{"when": {}, "params": {"solver": "lookback", "per_item": per}}])
+    assert scan.lookback_per(ctx, 1, 5000) == per
+    T = scan._lookback_group(ctx, 4, per) * per
     for shape in ((T - 1,), (T + 1,), (3 * T + 5,), (2, T + 3)):
         x = random(rng, shape)
         poison_pool(ctx, _POISON)
-        out = F.cumsum(t_(ctx, x), -1, algorithm=name)
+        out = F.cumsum(t_(ctx, x), -1, algorithm="lookback")
         assert_close(out.numpy(), np.cumsum(x.astype(np.float64), -1))
-    g = random(rng, (2, 2 * T + 5))
-    X, XR = t_(ctx, g, True), ref(g, True)
-    backward_check(ctx, rng, F.cumsum(X, 1, algorithm=name), torch.cumsum(XR, 1), [(X, XR)])
-    ints = rng.integers(-2 ** 40, 2 ** 40, (2, 2 * T + 1))
-    np.testing.assert_array_equal(F.cumsum(t_(ctx, ints), 1, algorithm=name).numpy(),
-                                  np.cumsum(ints, 1))
-    tuning_rules("cumsum", [{"when": {}, "params": {"solver": name, "per_item": 12}}])
+    tuning_rules("cumsum", [{"when": {}, "params": {"solver": "lookback", "per_item": 12}}])
     with pytest.raises(dp.DlprimError, match="per_item"):
-        F.cumsum(t_(ctx, random(rng, (100,))), -1, algorithm=name)
-    if ctx.info.vendor != "nvidia":
-        tuning_rules("cumsum", [{"when": {}, "params": {"solver": name, "shfl": True}}])
-        with pytest.raises(dp.DlprimError, match="shfl"):
-            F.cumsum(t_(ctx, random(rng, (100,))), -1, algorithm=name)
-
-
-def test_reduce_scan_with_scanned_totals(ctx, rng, monkeypatch):
-    """Rows of more tiles than a "reduce_scan" group adds up itself: the totals are scanned in
-    between and each tile reads its prefix (rows of one, a few and many tiles; forwards, and
-    backwards through the gradient; int64)."""
-    from dlprim_py.ops import scan
-    monkeypatch.setattr(scan, "_ADDED_TOTALS", 2)
-    T = _tile(ctx)
-    for shape in ((T - 3,), (2 * T + 1,), (3, 5 * T + 7)):
-        x = random(rng, shape)
-        poison_pool(ctx, _POISON)
-        out = F.cumsum(t_(ctx, x), -1, algorithm="reduce_scan")
-        assert_close(out.numpy(), np.cumsum(x.astype(np.float64), -1))
-    g = random(rng, (2, 4 * T + 1))
-    X, XR = t_(ctx, g, True), ref(g, True)
-    backward_check(ctx, rng, F.cumsum(X, 1, algorithm="reduce_scan"), torch.cumsum(XR, 1),
-                   [(X, XR)])
-    ints = rng.integers(-2 ** 40, 2 ** 40, (2, 3 * T + 1))
-    np.testing.assert_array_equal(
-        F.cumsum(t_(ctx, ints), 1, algorithm="reduce_scan").numpy(), np.cumsum(ints, 1))
+        F.cumsum(t_(ctx, random(rng, (100,))), -1, algorithm="lookback")

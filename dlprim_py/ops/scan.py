@@ -5,13 +5,11 @@
 ``DLPRIM_CUMSUM_ALGO`` or ``algorithm=`` forces one): "lookback", a single pass (decoupled
 look-back: each work-group scans a tile of 4096 elements in local memory and takes its prefix
 from its predecessors' published totals, so each element is read once and written once; it
-needs an in-order queue, since launches share one status buffer), "reduce_scan", the same
-tiles in two passes (each tile's total, then each tile scanned from the sum of the totals
-before it: a second read of the row, but no tile waits for another), and "chunks", work-group
+needs an in-order queue, since launches share one status buffer), and "chunks", work-group
 chunks in local memory with a second pass adding each chunk's prefix where a row has several
 (the chunk totals are scanned the same way, recursively). The tuning rules
-(``tuning_db/cumsum.json``) take a tiled solver for long rows on GPUs and "chunks" for rows of
-a few chunks, where its extra pass is small. Any other dimension is scanned by one work item per column.
+(``tuning_db/cumsum.json``) take "lookback" for long rows and "chunks" for rows of a few chunks,
+where its extra pass is small. Any other dimension is scanned by one work item per column.
 Integer and bool inputs sum to int64, as torch's; ``dtype`` converts the input first.
 
 ``topk`` is the "topk" family (``DLPRIM_TOPK_ALGO`` or ``algorithm=`` forces one): "radix", a
@@ -37,7 +35,7 @@ import pyopencl as cl
 from .. import autograd, config, program, solver, tuning
 from ..dtypes import as_dtype, bool_, cl_name, float32, int32, int64
 from ..errors import DlprimError, DTypeError, ShapeError, not_a_tensor
-from ..launch import bind
+from ..launch import bind, run_planned_on
 from ..tensor import Tensor
 from . import masks, tensor_ops
 from .pointwise import group_size, launch_size
@@ -56,7 +54,7 @@ class SortResult(NamedTuple):
 
 # Every template parameter of kernels/scan.cl.mako (Mako asks for all of them whatever the
 # part), with the value of a part that does not use it.
-_UNUSED = dict(src="", acc="", key="", vec=0, ptx_fence=0, lper=16, shfl=0)
+_UNUSED = dict(src="", acc="", key="", vec=0, ptx_fence=0, lper=16)
 
 
 def _kernel(ctx, name, index_t, **params):
@@ -114,21 +112,14 @@ class LookbackSolver(solver.Solver):
         return not ctx.queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
 
 
-class ReduceScanSolver(solver.Solver):
-    """Two passes: each tile's total, then each tile scanned from the sum of the totals
-    before it. Each element is read twice where "lookback" reads it once, but no tile waits
-    for another; any queue."""
-    name = "reduce_scan"
-
-
 class ChunksSolver(solver.Solver):
     """A work-group scan per chunk, then the chunk totals scanned and added: about four passes
     over a long row, two launches more than "lookback"; any queue."""
     name = "chunks"
 
 
-FAMILY = solver.register(solver.Family(
-    "cumsum", (LookbackSolver(), ReduceScanSolver(), ChunksSolver()), title="cumsum algorithm"))
+FAMILY = solver.register(solver.Family("cumsum", (LookbackSolver(), ChunksSolver()),
+                                       title="cumsum algorithm"))
 CUMSUM_ALGORITHMS = tuple(FAMILY.solvers)
 
 
@@ -156,116 +147,67 @@ def _status(ctx, tiles):
     return found[0]
 
 
-def _tile_local_bytes(group, itemsize, per=_LOOKBACK_PER):
-    """Local memory of scan_lookback and scan_tiles (kernels/scan.cl.mako), the larger: the
-    padded tile, the items' sums and extras, the look-back window's values and flags, and a
-    few words."""
+def _lookback_local_bytes(group, itemsize, per=_LOOKBACK_PER):
+    """Local memory of scan_lookback (kernels/scan.cl.mako): the padded tile, the items' sums,
+    the look-back window's values and flags, and a few words."""
     tile = group * per
-    return (tile + tile // 32 + 2 * group + 33) * itemsize + 32 * 4 + 16
+    return (tile + tile // 32 + group + 32 + 1) * itemsize + 32 * 4 + 16
 
 
-class TileParams(NamedTuple):
-    """How a tiled cumsum solver scans: ``per`` elements per work item; ``shfl``: the group's
-    scan by warp shuffles (PTX, NVIDIA), else through local memory."""
-    per: int
-    shfl: bool
-
-
-def tile_params(ctx, rows, N, name="lookback"):
-    """The TileParams of the "lookback" or "reduce_scan" solver for rows of N: from the first
-    cumsum rule naming that solver that holds (``tuning_db/cumsum.json``), else
-    ``_LOOKBACK_PER`` without shuffles. Longer tiles mean fewer tiles: a shorter chain of
-    look-backs along a long row, fewer totals to add."""
-    key = ("cumsum.tile_params", rows, N, name, tuning.generation)
-    found = ctx.plans.get(key)
-    if found is None:
+def lookback_per(ctx, rows, N):
+    """Elements per work item of a look-back tile for rows of N: the "per_item" of the first
+    cumsum rule naming "lookback" that holds and gives one (``tuning_db/cumsum.json``), else
+    ``_LOOKBACK_PER``. Longer tiles mean fewer tiles, so a shorter chain of look-backs along
+    a long row."""
+    key = ("cumsum.lookback_per", rows, N, tuning.generation)
+    per = ctx.plans.get(key)
+    if per is None:
         params = tuning.merged_params(
             ctx.info, "cumsum", {"rows": rows, "n": N, "gpu": int(ctx.info.is_gpu)},
-            lambda p: p.get("solver") == name)
+            lambda p: p.get("solver") == "lookback" and "per_item" in p)
         per = params.get("per_item", _LOOKBACK_PER)
         if per not in _LOOKBACK_PERS:
             raise DlprimError(f"cumsum rule: per_item must be one of {_LOOKBACK_PERS}, got "
                               f"{per!r}")
-        shfl = bool(params.get("shfl", False))
-        if shfl and ctx.info.vendor != "nvidia":
-            raise DlprimError("cumsum rule: shfl is PTX, for NVIDIA devices only")
-        found = ctx.plans.put(key, TileParams(per, shfl))
-    return found
+        ctx.plans.put(key, per)
+    return per
 
 
-def _tile_group(ctx, itemsize, tiling):
-    """Work-items per tile group: up to 256, halved while the tile of ``itemsize``-byte sums
-    does not fit the device's local memory (int64 tiles on a 32 KiB device)."""
+def _lookback_group(ctx, itemsize, per=_LOOKBACK_PER):
+    """Work-items per look-back group: up to 256, halved while the tile of ``itemsize``-byte
+    sums does not fit the device's local memory (int64 tiles on a 32 KiB device)."""
     group = group_size(ctx, 256)
-    while group > 32 and _tile_local_bytes(group, itemsize, tiling.per) > \
-            ctx.info.local_mem_size:
+    while group > 32 and _lookback_local_bytes(group, itemsize, per) > ctx.info.local_mem_size:
         group //= 2
     return group
 
 
-def _tiling(ctx, rows, N, x_off, y_off, acc, name):
-    """(kernel parameters, group, chunks per row, tiles, index type, its numpy type) of a
-    tiled scan."""
-    tiling = tile_params(ctx, rows, N, name)
-    group = _tile_group(ctx, np.dtype(acc).itemsize, tiling)
-    tile = group * tiling.per
-    chunks = -(-N // tile)
-    tiles = rows * chunks
-    index_t, ix = _index_type(max(rows * N + max(x_off, y_off), tiles * tile))
-    # 4-vectors where every row starts on a 4-element boundary of both buffers.
-    vec = int(x_off % 4 == 0 and y_off % 4 == 0 and (N % 4 == 0 or rows == 1))
-    params = dict(part="tiles", acc=cl_name(acc), group=group, vec=vec, lper=tiling.per,
-                  shfl=int(tiling.shfl))
-    return params, group, chunks, tiles, index_t, ix
-
-
 def _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
     """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x, one pass."""
-    params, group, chunks, tiles, index_t, ix = _tiling(ctx, rows, N, x_off, y_off, acc,
-                                                        "lookback")
+    per = lookback_per(ctx, rows, N)
+    group = _lookback_group(ctx, np.dtype(acc).itemsize, per)
+    tile = group * per
+    chunks = -(-N // tile)
+    tiles = rows * chunks
     if tiles >= _INT32_LIMIT // 8:
         raise ShapeError(f"cumsum: {tiles} look-back tiles are more than the status buffer "
                          f"indexes")
-    kernel = _kernel(ctx, "scan_lookback", index_t, ptx_fence=int(ctx.info.vendor == "nvidia"),
-                     **params)
+    index_t, ix = _index_type(max(rows * N + max(x_off, y_off), tiles * tile))
+    # 4-vectors where every row starts on a 4-element boundary of both buffers.
+    vec = int(x_off % 4 == 0 and y_off % 4 == 0 and (N % 4 == 0 or rows == 1))
+    kernel = _kernel(ctx, "scan_lookback", index_t, part="lookback", acc=cl_name(acc),
+                     group=group, vec=vec, ptx_fence=int(ctx.info.vendor == "nvidia"),
+                     lper=per)
     kernel(ctx.queue, (tiles * group,), (group,),
            *_args(ix, (N, chunks, _flag(tiles), x, x_off, y, y_off, _status(ctx, tiles),
                        _flag(reverse))))
 
 
-# Tiles per row up to which each "reduce_scan" group adds the totals before its tile itself
-# (at most this many reads spread over the group); longer rows get their totals scanned first.
-_ADDED_TOTALS = 2048
-
-
-def _scan_reduce(ctx, x, x_off, y, y_off, rows, N, reverse, acc):
-    """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x, by tile totals
-    and a second pass."""
-    params, group, chunks, tiles, index_t, ix = _tiling(ctx, rows, N, x_off, y_off, acc,
-                                                        "reduce_scan")
-    totals = Tensor.empty(ctx, (tiles,), acc)
-    _kernel(ctx, "scan_tile_totals", index_t, **params)(
-        ctx.queue, (tiles * group,), (group,),
-        *_args(ix, (N, chunks, x, x_off, totals.buffer, _flag(reverse))))
-    scanned = chunks > _ADDED_TOTALS
-    if scanned:
-        # Totals in scan order already: scanned forwards, in place.
-        _scan_rows(ctx, totals.buffer, 0, totals.buffer, 0, rows, chunks, 0, acc, acc)
-    _kernel(ctx, "scan_tiles", index_t, **params)(
-        ctx.queue, (tiles * group,), (group,),
-        *_args(ix, (N, chunks, tiles, x, x_off, y, y_off, totals.buffer, _flag(scanned),
-                    _flag(reverse))))
-
-
 def _scan_rows(ctx, x, x_off, y, y_off, rows, N, reverse, src, acc, algorithm=None):
     """y = the inclusive scan of ``rows`` dense rows of N elements of buffer x (into y's), by
     the "cumsum" family's choice (``algorithm`` forces one)."""
-    name = _cumsum_algorithm(ctx, rows, N, algorithm)
-    if name == "lookback":
+    if _cumsum_algorithm(ctx, rows, N, algorithm) == "lookback":
         _scan_lookback(ctx, x, x_off, y, y_off, rows, N, reverse, acc)
-        return
-    if name == "reduce_scan":
-        _scan_reduce(ctx, x, x_off, y, y_off, rows, N, reverse, acc)
         return
     _scan_chunks(ctx, x, x_off, y, y_off, rows, N, reverse, src, acc)
 
@@ -294,11 +236,23 @@ def _scan_chunks(ctx, x, x_off, y, y_off, rows, N, reverse, src, acc):
 
 def _cumsum(x, dim, reverse, algorithm=None):
     """The inclusive scan of dense ``x`` along ``dim`` (from the end with ``reverse``);
-    ``algorithm``: a "cumsum" solver forced for scans along the last dimension."""
+    ``algorithm``: a "cumsum" solver forced for scans along the last dimension. A repeated
+    call replays the first one's launches on its own buffers (``run_planned_on``): the
+    choices and arguments made in Python cost more host time than the launch itself."""
     acc = float32 if x.dtype == float32 else int64
     out = Tensor.empty(x.ctx, x.shape, acc)
-    if not x.size:
-        return out
+    if x.size:
+        # Everything the launches depend on but the buffers (the solver's choice and its tile
+        # follow the switches and the tuning databases).
+        key = ("cumsum", x.shape, x.dtype, x.offset, dim, reverse, algorithm,
+               config.switches().forced.get("cumsum"), tuning.generation)
+        run_planned_on(x.ctx, key, (x, out), _cumsum_into, None,
+                       (x, dim, reverse, algorithm, acc, out))
+    return out
+
+
+def _cumsum_into(x, dim, reverse, algorithm, acc, out):
+    """out = the inclusive scan of dense ``x`` (not empty) along ``dim``."""
     shape = x.shape if x.ndim else (1,)
     O, N, I = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
     ctx = x.ctx
@@ -314,15 +268,14 @@ def _cumsum(x, dim, reverse, algorithm=None):
             ctx.queue, gsize, lsize,
             *_args(ix, (O * I, N, I, x.buffer, x.offset_elements, out.buffer,
                         out.offset_elements, _flag(reverse))))
-    return out
 
 
 def cumsum(input, dim, *, dtype=None, algorithm=None):
     """torch.cumsum: the running sums of ``input`` along ``dim``. float32 stays float32;
     bool, int32 and int64 sum to int64 (torch's rule); ``dtype`` (float32 or int64) converts
     the input to it first. The gradient (float32) is the reversed running sum of the output's.
-    ``algorithm``: a "cumsum" solver ("lookback", "reduce_scan", "chunks") for scans along
-    rows (also ``DLPRIM_CUMSUM_ALGO``); an error where it does not apply.
+    ``algorithm``: a "cumsum" solver ("lookback", "chunks") for scans along rows (also
+    ``DLPRIM_CUMSUM_ALGO``); an error where it does not apply.
     """
     if not isinstance(input, Tensor):
         raise not_a_tensor("cumsum: input", input)
