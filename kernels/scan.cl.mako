@@ -31,8 +31,9 @@
 ##     and writes its tile out: each element is read once and written once.
 ##     ``status`` (ints, zero before the first launch): [0] the ticket counter, [1] the count of
 ##     finished groups, then per tile a flag, then the totals, then the inclusive prefixes
-##     (WORDS ints each). Every access to it is atomic; a value is written before its flag,
-##     behind a global fence, and read after it, and a total and a prefix have words of their
+##     (WORDS ints each). Every write to it is atomic (reads too, but for NVIDIA's look-back:
+##     acquire / relaxed loads at GPU scope); a value is written before its flag, behind a
+##     global fence, and read after it, and a total and a prefix have words of their
 ##     own, so a reader never pairs a flag with another value. The group that finishes last
 ##     sets the flags and counters back to zero for the next launch (launches on one in-order
 ##     queue: the host keeps one status buffer per context).
@@ -183,12 +184,42 @@ inline void put_value(volatile __global int* at, ACC v)
 % endif
 }
 
+% if ptx_fence:
+// NVIDIA: the look-back reads flags by acquire loads (the reads of the value behind a flag are
+// ordered after it, no fence needed) and values by relaxed loads at GPU scope (served by L2,
+// never a stale L1 line): plain loads, where an atomic read-modify-write per poll would queue
+// at each flag's address behind every other group's polls.
+inline int read_flag(volatile __global int* at)
+{
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"((ulong)at) : "memory");
+    return v;
+}
+
+inline int read_word(volatile __global int* at)
+{
+    int v;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"((ulong)at) : "memory");
+    return v;
+}
+% else:
+// A flag read with an atomic, then a fence before the value behind it is read.
+inline int read_flag(volatile __global int* at)
+{
+    const int v = atomic_or(at, 0);
+    DEVICE_FENCE();
+    return v;
+}
+
+#define read_word(at) atomic_or((at), 0)
+% endif
+
 inline ACC get_value(volatile __global int* at)
 {
 % if acc == "long":
-    return as_long((int2)(atomic_or(at, 0), atomic_or(at + 1, 0)));
+    return as_long((int2)(read_word(at), read_word(at + 1)));
 % else:
-    return as_${acc}(atomic_or(at, 0));
+    return as_${acc}(read_word(at));
 % endif
 }
 
@@ -272,8 +303,7 @@ void scan_lookback(index_t N, index_t chunks, int tiles, __global const ACC* x, 
             int f = 0;
             ACC v = (ACC)0;
             if (t >= tile - c) {
-                f = atomic_or(flags + t, 0);
-                DEVICE_FENCE();
+                f = read_flag(flags + t);
                 if (f == FLAG_PREFIX)
                     v = get_value(prefixes + t * WORDS);
                 else if (f == FLAG_AGG)
