@@ -8,9 +8,8 @@ import torch
 import torch.nn.functional as TF
 
 import dlprim_py as dp
-from dlprim_py import program
 
-from conftest import random
+from conftest import assert_repeats_build_nothing, random
 from test_activation_extra import check
 
 F = dp.functional
@@ -114,8 +113,4 @@ def test_repeated_calls_build_nothing(ctx, rng):
             y.backward(dp.Tensor.full(ctx, y.shape, 0.5))
         a.grad = b.grad = w.grad = None
 
-    run()
-    before = dict(program.stats)
-    run()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, run)

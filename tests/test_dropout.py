@@ -7,7 +7,7 @@ import pytest
 import dlprim_py as dp
 from dlprim_py.ops import dropout as D
 
-from conftest import assert_close, poisoned, random
+from conftest import assert_close, assert_repeats_build_nothing, poisoned, random
 
 F = dp.functional
 
@@ -178,7 +178,6 @@ def test_channel_and_alpha_dropout_keep_rate_and_bad_input(ctx):
 
 
 def test_channel_and_alpha_dropout_repeated_calls_build_nothing(ctx, rng):
-    from dlprim_py import program
     g = dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 4, 5)))
 
     def run():
@@ -186,10 +185,4 @@ def test_channel_and_alpha_dropout_repeated_calls_build_nothing(ctx, rng):
         (F.dropout2d(x, 0.3) + F.feature_alpha_dropout(x, 0.3, True)
          + F.alpha_dropout(x, 0.2, True)).backward(g)
 
-    run()
-    ctx.synchronize()
-    before = dict(program.stats)
-    run()
-    run()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, run)

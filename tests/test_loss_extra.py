@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as TF
 
 import dlprim_py as dp
-from dlprim_py import program
 
-from conftest import assert_close, random
+from conftest import assert_close, assert_repeats_build_nothing, random
 from test_activation_extra import check
 
 F = dp.functional
@@ -185,11 +184,7 @@ def test_repeated_calls_build_nothing(ctx, rng):
                 y.backward(dp.Tensor.full(ctx, y.shape, 0.5))
         a.grad = None
 
-    run()
-    before = dict(program.stats)
-    run()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, run)
 
 
 def _with_targets(ours, theirs, target, *extra):
@@ -320,11 +315,7 @@ def test_margin_losses_build_nothing_when_repeated(ctx, rng):
                 y.backward(dp.Tensor.full(ctx, y.shape, 0.5))
         x.grad = None
 
-    run()
-    before = dict(program.stats)
-    run()
-    ctx.synchronize()
-    assert dict(program.stats) == before
+    assert_repeats_build_nothing(ctx, run)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
