@@ -490,6 +490,41 @@ def test_first_indexing_plan_does_not_reset_the_range_flag(rng):
         out.numpy()
 
 
+def test_repeated_gather_replays_its_launch(ctx, rng):
+    """A gather that repeats an earlier call's shapes, dtypes, offsets and dim replays that
+    call's launch: on other data, each result right, with the gradient; an index out of range
+    in a replayed call still raises at the next synchronization; an input larger than the index
+    (narrowed first) and a new offset are calls of their own."""
+    from dlprim_py import launch
+    for _ in range(3):
+        x = random(rng, (5, 12))
+        index = rng.integers(0, 12, (5, 8))
+        X, XR = t_(ctx, x, True), ref(x, True)
+        out = F.gather(X, -1, t_(ctx, index))
+        np.testing.assert_array_equal(out.numpy(), np.take_along_axis(x, index, -1))
+        backward_check(ctx, rng, out, torch.gather(XR, -1, torch.from_numpy(index)), [(X, XR)])
+    X = t_(ctx, random(rng, (5, 12)))
+    I = t_(ctx, rng.integers(0, 12, (5, 8)))
+    F.gather(X, -1, I)
+    with launch.kernel_events() as events:
+        F.gather(X, -1, I)
+    ctx.queue.finish()
+    assert len(events) == 1
+    bad = rng.integers(0, 12, (5, 8))
+    bad[2, 3] = 12
+    out = F.gather(X, -1, t_(ctx, bad))
+    with pytest.raises(dp.ShapeError, match="out of range"):
+        out.numpy()
+    wide = random(rng, (7, 12))
+    np.testing.assert_array_equal(F.gather(t_(ctx, wide), 1, I).numpy(),
+                                  np.take_along_axis(wide[:5], I.numpy(), 1))
+    whole = random(rng, (5 * 12 + 3,))
+    base = t_(ctx, whole)
+    shifted = dp.Tensor(ctx, base.buffer, (5, 12), dtype=base.dtype, offset=base.offset + 4 * 3)
+    np.testing.assert_array_equal(F.gather(shifted, 1, I).numpy(),
+                                  np.take_along_axis(whole[3:].reshape(5, 12), I.numpy(), 1))
+
+
 def test_refusals(ctx, rng):
     x = t_(ctx, random(rng, (3, 4)))
     index = t_(ctx, np.array([[0, 1]]))

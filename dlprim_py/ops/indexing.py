@@ -193,6 +193,20 @@ def gather(input, dim, index, *, sparse_grad=False):
     output has its shape. Any dtype; the gradient (float) is the scatter_add of the output's
     gradient into zeros, deterministic with duplicate indices.
     """
+    key = None
+    if input.__class__ is Tensor and index.__class__ is Tensor and not sparse_grad:
+        # A call whose arguments match an earlier checked call's replays its launch (as
+        # index_select's, below): the checks and the launch's arguments cost more host time
+        # than the kernel of a small gather.
+        key = ("gather", input.shape, input.dtype, input.offset, index.shape, index.dtype,
+               index.offset, dim, dim.__class__)
+        checked = input.ctx.plans.get(key)
+        if checked is not None:
+            ctx, dim, x = input.ctx, checked, input
+            out = Tensor.empty(ctx, index.shape, input.dtype)
+            ctx.defer_check("index_range", _raise_on_flag)
+            run_planned_on(ctx, key, (x, index, out), _gather_into, None, (out, x, dim, index))
+            return _gather_result(out, x, dim, index)
     _tensor(input, "gather: input")
     index = _index(index, "gather: index")
     check_same_context(input, index)
@@ -207,6 +221,14 @@ def gather(input, dim, index, *, sparse_grad=False):
             raise ShapeError(f"gather: index into an empty dimension {dim} of input "
                              f"{input.shape}")
         _gather_into(out, x, dim, index)
+        if key is not None and x is input:
+            # Covered by the key (shapes, dtypes, offsets, dim): later calls skip the checks.
+            input.ctx.plans.put(key, dim)
+    return _gather_result(out, x, dim, index)
+
+
+def _gather_result(out, x, dim, index):
+    """gather's result, with its gradient recorded where ``x`` needs one."""
     if not autograd.needs_grad(x):
         return out
     shape = x.shape
