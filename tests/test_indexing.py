@@ -503,6 +503,16 @@ def test_repeated_gather_replays_its_launch(ctx, rng):
         out = F.gather(X, -1, t_(ctx, index))
         np.testing.assert_array_equal(out.numpy(), np.take_along_axis(x, index, -1))
         backward_check(ctx, rng, out, torch.gather(XR, -1, torch.from_numpy(index)), [(X, XR)])
+    # The first call of a shape records the plan: its repeats build and create nothing.
+    Y = t_(ctx, random(rng, (3, 7)), True)
+    J = t_(ctx, rng.integers(0, 7, (3, 5)))
+    G = t_(ctx, np.ones((3, 5), np.float32))
+
+    def run():
+        F.gather(Y, 1, J).backward(G)
+        Y.grad = None
+
+    assert_repeats_build_nothing(ctx, run)
     X = t_(ctx, random(rng, (5, 12)))
     I = t_(ctx, rng.integers(0, 12, (5, 8)))
     F.gather(X, -1, I)

@@ -220,10 +220,13 @@ def gather(input, dim, index, *, sparse_grad=False):
         if _as_1d(input).shape[dim] == 0:
             raise ShapeError(f"gather: index into an empty dimension {dim} of input "
                              f"{input.shape}")
-        _gather_into(out, x, dim, index)
         if key is not None and x is input:
-            # Covered by the key (shapes, dtypes, offsets, dim): later calls skip the checks.
+            # Covered by the key (shapes, dtypes, offsets, dim): this call records the plan
+            # that later calls replay, skipping the checks.
+            run_planned_on(x.ctx, key, (x, index, out), _gather_into, None, (out, x, dim, index))
             input.ctx.plans.put(key, dim)
+        else:
+            _gather_into(out, x, dim, index)
     return _gather_result(out, x, dim, index)
 
 
