@@ -114,17 +114,20 @@ def test_cumsum_algorithms_integers(ctx, rng, algorithm, monkeypatch):
         np.testing.assert_array_equal(got.numpy(), np.cumsum(array.astype(np.int64), 1))
 
 
-def test_repeated_cumsum_replays_on_new_buffers(ctx, rng):
+def test_repeated_cumsum_replays_on_new_buffers(rng, monkeypatch):
     """A repeated cumsum replays its first call's launches: on other inputs of the same shape
-    and offset (each result right, including after a call of another shape that reallocates
-    the look-back status buffer), and an input at another offset is a call of its own."""
+    and offset (each result right, including after a call of more tiles that reallocates the
+    look-back status buffer), and an input at another offset is a call of its own."""
+    from dlprim_py.ops import scan
+    monkeypatch.setattr(scan, "_STATUS_TILES", 4)
+    ctx = dp.Context()                        # its first status buffer holds 4 tiles here
     T = _tile(ctx)
     for algorithm in ("lookback", "chunks"):
         xs = [random(rng, (2, 3 * T + 1)) for _ in range(3)]
         for x in xs:
             assert_close(F.cumsum(t_(ctx, x), 1, algorithm=algorithm).numpy(),
                          np.cumsum(x.astype(np.float64), 1))
-        big = random(rng, (1100 * T,))   # more tiles than the first status buffer holds
+        big = random(rng, (20 * T,))           # more tiles than the first status buffer holds
         assert_close(F.cumsum(t_(ctx, big), 0, algorithm=algorithm).numpy(),
                      np.cumsum(big.astype(np.float64)))
         for x in xs:
@@ -134,6 +137,7 @@ def test_repeated_cumsum_replays_on_new_buffers(ctx, rng):
         for offset in (0, 4, 0):
             out = F.cumsum(_offset(ctx, long, offset), 0, algorithm=algorithm)
             assert_close(out.numpy(), np.cumsum(long.astype(np.float64)))
+    assert ctx.plans.get(("scan.status",))[1] >= 20
 
 
 def test_lookback_launches_in_a_row(ctx, rng):

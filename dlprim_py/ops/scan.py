@@ -133,13 +133,17 @@ def _cumsum_algorithm(ctx, rows, N, forced):
     return name
 
 
+# Tiles the first look-back status buffer of a context holds (it grows as calls need).
+_STATUS_TILES = 1024
+
+
 def _status(ctx, tiles):
     """The look-back status buffer of ``ctx`` (ints, zero between launches: the kernel's last
     group sets it back), for at least ``tiles`` tiles. Made from zeroed host memory, not by an
     enqueued fill, so a recording open around the call stays a plan."""
     found = ctx.plans.get(("scan.status",))
     if found is None or found[1] < tiles:
-        capacity = max(tiles, 2 * found[1] if found else 1024)
+        capacity = max(tiles, 2 * found[1] if found else _STATUS_TILES)
         words = np.zeros(2 + capacity * 5, np.int32)   # counters, flags, 2-word totals, prefixes
         buffer = cl.Buffer(ctx.cl_context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
                            hostbuf=words)
