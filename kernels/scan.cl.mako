@@ -18,7 +18,8 @@
 ##     I > 1: one work item per (o, i) column walking its N elements (coalesced across i).
 ##
 ## part == "lookback" (template parameters acc: the element type; vec: 1 where whole tiles may be
-## read and written as 4-vectors; lper: elements per work item, a multiple of 4):
+## read and written as 4-vectors; lper: elements per work item, a multiple of 4; ptx_fence: 1 on
+## NVIDIA, where the device-wide fence and the look-back's flag and value reads are PTX):
 ##   scan_lookback(N, chunks, tiles, x, x_off, y, y_off, status, reverse)
 ##     The single-pass scan (decoupled look-back): one work-group per tile of TILE = GROUP * LPER
 ##     elements of a row, ``tiles`` = rows * chunks of them. A group takes its tile from a
