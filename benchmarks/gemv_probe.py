@@ -1,12 +1,15 @@
 """Matrix-vector products (M or N at most 8) through dp's GEMM against cuBLAS, in one run.
 
-    python benchmarks/gemv_probe.py [--json FILE] [--quick]
+    python benchmarks/gemv_probe.py [--json FILE] [--quick] [--lanes]
 
 For each shape and form: the public call (``dp.gemm``, wall clock with the device drained,
 against ``torch.mm`` on the same transposed views timed the same way), then kernel times (the
 plan's launches between profiling markers, median of 40) of the tuned choice (the "gemv"
 solver) and of the tiled and split kernels forced, against ``torch.mm`` between CUDA events.
-Every result is checked against float64 first. Without CUDA the baseline columns are empty.
+``--lanes`` (a tuning aid for the gemv rules of tuning_db/gemm.json): also the gemv kernel at
+every lanes x group setting (K split as the solver chooses), each checked against float64,
+the five fastest printed. Every result is checked against float64 first. Without CUDA the
+baseline columns are empty.
 """
 import argparse
 import json
@@ -33,6 +36,29 @@ SHAPES = [(1, 4096, 4096, 0, 1), (1, 11008, 4096, 0, 1), (1, 4096, 4096, 0, 0),
           (8, 1000, 2048, 0, 1)]
 
 
+# The gemv settings --lanes times: work-items per output row (lanes) x outputs per group.
+LANES_SWEEP = [(lanes, group) for lanes in (8, 16, 32, 64) for group in (2, 4, 8, 16)]
+
+
+def sweep_lanes(ctx, M, N, K, ta, tb, A, B, C, ref):
+    """Kernel ms of the gemv solver at each LANES_SWEEP setting that makes a work-group of 64
+    items up to the device's largest, each result checked against ``ref`` first."""
+    base = G.select_params(ctx, M, N, K, algorithm="gemv", trans_a=bool(ta), trans_b=bool(tb))
+    times = {}
+    for lanes, group in LANES_SWEEP:
+        if not 64 <= lanes * group <= ctx.info.max_work_group_size:
+            continue
+        plan = G.GemmPlan(ctx, M, N, K, A.buffer, 0, A.shape[1], B.buffer, 0, B.shape[1],
+                          C.buffer, 0, N, trans_a=bool(ta), trans_b=bool(tb),
+                          params=dict(base, lanes=lanes, group=group))
+        plan.enqueue()
+        err = float(np.linalg.norm(C.numpy() - ref) / np.linalg.norm(ref))
+        assert err < 1e-5, (M, N, K, ta, tb, lanes, group, err)
+        times[f"{lanes}x{group} split {plan.splits}"] = \
+            time_enqueued(ctx, plan.enqueue, warmup=5, repeat=40).median * 1e3
+    return times
+
+
 def walls(call, drain):
     """Median seconds of ``call(); drain()`` over 60 calls after 5 untimed ones."""
     return float(np.median(nets.wall_times(call, drain, 5, 60)))
@@ -43,6 +69,8 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--quick", action="store_true", help="small shapes: checks the script on PoCL")
+    p.add_argument("--lanes", action="store_true",
+                   help="also time the gemv kernel at every lanes x group setting")
     args = p.parse_args(argv)
     shapes = [(m, max(1, n // 64), max(1, k // 64), ta, tb) for m, n, k, ta, tb in SHAPES] \
         if args.quick else SHAPES
@@ -97,6 +125,11 @@ def main(argv=None):
               f"{row['kernel_ms']['tiled']:.4f} splitk {row['kernel_ms']['splitk']:.4f}"
               + (f" cuBLAS {row['cublas_kernel_ms']:.4f}" if torch is not None else "")
               + f"; error {err:.1e}", flush=True)
+        if args.lanes:
+            row["lanes_ms"] = sweep_lanes(ctx, M, N, K, ta, tb, A, B, C, ref)
+            best = sorted(row["lanes_ms"].items(), key=lambda kv: kv[1])[:5]
+            print("      lanes x group, fastest: "
+                  + ", ".join(f"{name} {ms:.4f}" for name, ms in best), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": ctx.info.name, "driver": ctx.info.driver_version,
