@@ -3,9 +3,7 @@ kernels/scan.cl.mako's LPER) on long rows and on rows of 4096, public call, wall
 device drained, PyTorch's cumsum beside in the same run, and the device time of a call queued
 behind another; each result checked against float64 first.
 
-    python benchmarks/cumsum_probe.py [--variants lookback:16,lookback:32] [--repeat 50]
-
-A variant is solver:per_item (a solver of the "cumsum" family that takes per_item).
+    python benchmarks/cumsum_probe.py [--pers 8,16,32] [--repeat 50]
 
 Each per_item is given as a device rule in the user tuning database (DLPRIM_CACHE_DIR), the
 way a measured rule would be, then the databases are forgotten and reread.
@@ -31,7 +29,7 @@ SHAPES = [(1 << 24,), (1 << 26,), (1 << 22,), (4096, 4096), (64, 65536)]
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variants", default="lookback:8,lookback:16,lookback:32")
+    p.add_argument("--pers", default="8,16,32")
     p.add_argument("--repeat", type=int, default=50)
     args = p.parse_args()
     import torch
@@ -41,31 +39,27 @@ def main():
     rng = np.random.default_rng(0)
     data = {s: rng.uniform(-1, 1, s).astype(np.float32) for s in SHAPES}
     print(f"{ctx.info.name}; torch {torch.__version__} on {device}")
-    variants = [v.split(":") for v in args.variants.split(",")]
-    print("variants: " + ", ".join(f"{i} {':'.join(v)}" for i, v in enumerate(variants)))
-    print(f"{'shape':>14s} {'torch ms':>9s} " + " ".join(
-        f"{'variant ' + str(i):>16s}" for i in range(len(variants))))
+    pers = [int(x) for x in args.pers.split(",")]
+    print(f"{'shape':>14s} {'torch ms':>9s} " + " ".join(f"{'per ' + str(x):>16s}" for x in pers))
     rows = {}
     # A timeout (SIGTERM) unwinds too: the probe's rule is removed however the run ends.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        for i, (name, per) in enumerate(variants):
-            rule = {"solver": name, "per_item": int(per)}
+        for per in pers:
             tuning.store_device_entry(tuning.user_path("cumsum"), "cumsum", ctx.info,
-                                      [{"when": {}, "params": rule}])
+                                      [{"when": {}, "params": {"solver": "lookback",
+                                                               "per_item": per}}])
             tuning.forget()
             for shape, x in data.items():
                 X = dp.Tensor.from_numpy(ctx, x)
-                out = F.cumsum(X, -1, algorithm=name)
-                err = error_metric(out.numpy(), np.cumsum(x.astype(np.float64), -1))
-                assert err < 1e-5, (shape, rule, err)
-                ms = wall_ms(lambda: F.cumsum(X, -1, algorithm=name), ctx.synchronize,
-                             args.repeat)
-                call = lambda: F.cumsum(X, -1, algorithm=name)  # noqa: E731
+                call = lambda: F.cumsum(X, -1, algorithm="lookback")  # noqa: E731
+                err = error_metric(call().numpy(), np.cumsum(x.astype(np.float64), -1))
+                assert err < 1e-5, (shape, per, err)
+                ms = wall_ms(call, ctx.synchronize, args.repeat)
                 # Device time: markers around a call queued behind another (the device busy
                 # while the host enqueues it).
                 kernel = time_enqueued(ctx, call, repeat=args.repeat, prime=call).median * 1e3
-                rows.setdefault(shape, {})[i] = (ms, kernel)
+                rows.setdefault(shape, {})[per] = (ms, kernel)
     finally:
         if os.path.exists(tuning.user_path("cumsum")):
             os.remove(tuning.user_path("cumsum"))
