@@ -81,7 +81,11 @@
 ##                 value, not two; CUTLASS's FastF32 rounds its small parts so)
 ##   round         (PTX path) "cvt": TF32 parts rounded by cvt.rna.tf32.f32; "int": the same
 ##                 rounding in integer operations (as gemm_mma.cl.mako's ROUND; the emulation
-##                 always rounds so)
+##                 always rounds so). "fast" (with small "trunc"; the emulation too): the
+##                 integer rounding without its NaN test, two operations per value instead of
+##                 four: a NaN whose payload lies in the 13 dropped bits (or sets them all)
+##                 loses its NaN-ness in the big part, but the small part, x - big, is then a NaN
+##                 and goes to the tensor core as it is, so the product is NaN all the same
 ##   mask, dropout, index_t  as attention.cl.mako
 ##   emulate       0: mma.sync, cvt.rna.tf32.f32 and shfl.sync as PTX (NVIDIA, compute
 ##                 capability 8.0+). 1: the same mma, fragment for fragment, computed by the
@@ -132,7 +136,15 @@
 ${access.async_copies(not emulate)}
 % endif
 
-% if emulate or round == "int":
+% if round == "fast":
+// TF32 of x as cvt.rna.tf32.f32 rounds a number (to nearest, ties away from zero, on the 13
+// dropped mantissa bits), in two integer operations. Only for big parts whose small part
+// (x - big, a NaN whenever x is one) reaches the tensor core unrounded (small "trunc").
+inline uint to_tf32(float x)
+{
+    return (as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+% elif emulate or round == "int":
 // TF32 of x as cvt.rna.tf32.f32 rounds it (to nearest, ties away from zero, on the 13 dropped
 // mantissa bits), in integer arithmetic, kept as the float bit pattern; a NaN stays a NaN.
 inline uint to_tf32(float x)
@@ -188,7 +200,7 @@ inline float4 mma3(float4 c, uint4 a_big, uint4 a_small, uint2 b_big, uint2 b_sm
 }
 #define MMA_AT , mma_scratch + warp * 384, lane
 % else:
-%   if round != "int":
+%   if round == "cvt":
 inline uint to_tf32(float x)
 {
     uint r;

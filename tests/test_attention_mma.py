@@ -204,7 +204,7 @@ def test_repeated_call_builds_nothing(ctx, rng, mma):
 
 
 @pytest.mark.parametrize("extra", [{}, {"m_tiles": 2, "kv_tiles": 2, "q_tiles": 2},
-                                   {"small": "trunc"},
+                                   {"small": "trunc"}, {"small": "trunc", "round": "fast"},
                                    {"fused_dq": True, "kv_tiles": 2}])
 def test_ptx_matches_emulation(ctx, rng, mma, tuning_rules, extra):
     """On a GPU with mma.sync: the PTX kernels against the emulated ones (the same fragments),
@@ -263,7 +263,7 @@ def test_chosen_first_on_nvidia_gpus():
         assert (params["warps"], params["block_n"], params["stages"]) == (4, 32, 2)
         assert (params["q_step"], params["k_step"]) == (16, 16)
         assert params["small"] == "trunc" and params.get("m_tiles", 1) == 1
-        assert params["fused_dq"]
+        assert params["fused_dq"] and params["round"] == "fast"
     # Long rows without mask, causality or dropout at head dims up to 64: two tiles per warp
     # in every kernel.
     for L in (1024, 4096):
@@ -272,13 +272,14 @@ def test_chosen_first_on_nvidia_gpus():
         assert (params["warps"], params["m_tiles"], params["kv_tiles"], params["q_tiles"]) == \
             (8, 2, 1, 2)
         assert (params["q_step"], params["k_step"], params["small"]) == (16, 32, "trunc")
-        assert params["fused_dq"]
+        assert params["fused_dq"] and params["round"] == "fast"
     # Causal rows from 2048: two forward tiles per warp, 32-deep backward steps.
     for L in (2048, 8192):
         problem = A.AttentionProblem(64, 64, L, L, "none", True, False)
         params = solver.tunables(ctx, "attention", problem, "mma")
         assert (params["warps"], params["m_tiles"], params["k_step"]) == (8, 2, 32)
         assert (params["q_step"], params["small"], params["fused_dq"]) == (16, "trunc", True)
+        assert params["round"] == "fast"
 
 
 def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
@@ -301,6 +302,9 @@ def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
         F.scaled_dot_product_attention(q, q, q)
     tuning_rules("attention", [{"when": {}, "params": dict(SMALL, small="rz", emulate=1)}])
     with pytest.raises(UnsupportedError, match="small must be"):
+        F.scaled_dot_product_attention(q, q, q)
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, round="fast", emulate=1)}])
+    with pytest.raises(UnsupportedError, match="round 'fast' needs small 'trunc'"):
         F.scaled_dot_product_attention(q, q, q)
 
 
@@ -511,6 +515,49 @@ def test_truncated_small_parts(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tile
     with spy:
         _check(ctx, rng, qs, ks, vs, **kw)
     assert built and all(p["small"] == "trunc" for _, p in built)
+
+
+@pytest.mark.parametrize("qs, ks, vs, kw", [
+    ((2, 3, 37, 16), (2, 3, 45, 16), (2, 3, 45, 16), {"is_causal": True}),
+    ((19, 12), (23, 12), (23, 7), {"scale": 1.7}),                          # 2-d, E % 8 != 0
+    ((1, 2, 75, 64), (1, 2, 71, 64), (1, 2, 71, 64), {}),                   # head dim 64
+])
+@pytest.mark.parametrize("tiles", [{}, {"m_tiles": 2, "kv_tiles": 2, "q_tiles": 2},
+                                   {"fused_dq": True}])
+def test_fast_rounding(ctx, rng, mma, tuning_rules, qs, ks, vs, kw, tiles):
+    """round "fast" (big parts rounded without a NaN test; small parts truncated): still
+    fp32-accurate in every kernel, with one and two tiles per warp and with dQ fused."""
+    tuning_rules("attention", [{"when": {}, "params": _mma_rule(ctx, small="trunc",
+                                                                round="fast", **tiles)}])
+    built, spy = _plans()
+    with spy:
+        _check(ctx, rng, qs, ks, vs, **kw)
+    assert built and all(p["round"] == "fast" for _, p in built)
+
+
+@pytest.mark.parametrize("bits", [0x7FC00000, 0x7F800001, 0x7FFFFFFF, 0xFF800FFF, 0xFFFFFFFF])
+def test_fast_rounding_keeps_nans(ctx, rng, mma, tuning_rules, bits):
+    """A NaN in q, k or v (whatever its payload: the fast rounding may turn it into an infinity
+    or a zero in the big part) still reaches the rows torch makes NaN, and only those, forward
+    and backward."""
+    tuning_rules("attention", [{"when": {}, "params": _mma_rule(ctx, small="trunc",
+                                                                round="fast")}])
+    nan = np.array([bits], dtype=np.uint32).view(np.float32)[0]
+    shape = (1, 2, 21, 16)
+    for which in range(3):
+        arrays = [random(rng, shape) for _ in range(3)]
+        arrays[which][0, 1, 5, 3] = nan
+        tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in arrays)
+        g = random(rng, shape)
+        expect = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+        expect.backward(torch.tensor(g, dtype=torch.float64))
+        q, k, v = (dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in arrays)
+        out = F.scaled_dot_product_attention(q, k, v)
+        out.backward(dp.Tensor.from_numpy(ctx, g))
+        for ours, theirs in zip([out] + [t.grad for t in (q, k, v)],
+                                [expect] + [t.grad for t in (tq, tk, tv)]):
+            theirs = theirs.detach().numpy()
+            np.testing.assert_array_equal(np.isnan(ours.numpy()), np.isnan(theirs))
 
 
 @pytest.mark.parametrize("qs, ks, vs, kw", [

@@ -393,13 +393,16 @@ class AttentionPlan:
         if stages not in (1, 2):
             raise UnsupportedError(f"attention mma solver: stages must be 1 or 2, got {stages!r}")
         rounding = tuned.get("round", "cvt")
-        if rounding not in ("cvt", "int"):
-            raise UnsupportedError(f"attention mma solver: round must be 'cvt' or 'int', got "
-                                   f"{rounding!r}")
+        if rounding not in ("cvt", "int", "fast"):
+            raise UnsupportedError(f"attention mma solver: round must be 'cvt', 'int' or "
+                                   f"'fast', got {rounding!r}")
         small_parts = tuned.get("small", "rna")
         if small_parts not in ("rna", "trunc"):
             raise UnsupportedError(f"attention mma solver: small must be 'rna' or 'trunc', "
                                    f"got {small_parts!r}")
+        if rounding == "fast" and small_parts != "trunc":
+            # The fast rounding leaves NaNs to the small parts, which a rounding could lose.
+            raise UnsupportedError("attention mma solver: round 'fast' needs small 'trunc'")
         presplit = bool(tuned.get("presplit", False))
         if presplit and stages != 1:
             raise UnsupportedError("attention mma solver: presplit tiles are staged through "
