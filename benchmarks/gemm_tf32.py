@@ -131,7 +131,8 @@ def mma_ceiling(ctx):
         return []
     rows = []
     for warps_per_cu in (4, 8, 16, 32):
-        for chains in (4, 8):
+        # One chain: every mma waits for the previous one's accumulators (its latency).
+        for chains in (1, 2, 4, 8):
             probe = peak.MmaProbe(types.SimpleNamespace(ctx=ctx),
                                   ctx.info.compute_units * warps_per_cu, chains)
             probe.calibrate(0.005)
@@ -139,6 +140,22 @@ def mma_ceiling(ctx):
             seconds = time_enqueued(ctx, probe.run, repeat=10).median
             rows.append({"warps_per_cu": warps_per_cu, "chains": chains, "error": error,
                          "tflops": probe.flops / seconds / 1e12 if error <= 1e-6 else 0.0})
+    return rows
+
+
+def read_bandwidth(ctx):
+    """Read bandwidth (``bench.peak.ReadProbe``, checked, device time) from a buffer the L2
+    cache holds (8 MiB, 64 passes) and from memory (1 GiB, one pass): what the mma kernel's
+    tiles are fed from. A C tile of TM x TN over K reads (TM + TN) K floats of A and B for
+    2 TM TN K flops: 128 x 128 tiles need 1 byte per 32 flops from L2."""
+    rows = []
+    items = ctx.info.compute_units * 2048
+    for name, floats, passes in (("L2", 2 << 20, 64), ("memory", 256 << 20, 1)):
+        probe = peak.ReadProbe(types.SimpleNamespace(ctx=ctx), floats, passes, items)
+        error = probe.verify()
+        seconds = time_enqueued(ctx, probe.run, repeat=10).median
+        rows.append({"source": name, "bytes": probe.bytes, "error": error,
+                     "tb_per_s": probe.bytes / seconds / 1e12 if error == 0 else 0.0})
     return rows
 
 
@@ -173,6 +190,11 @@ def main():
               f"({best['warps_per_cu']} warps per compute unit, {best['chains']} chains); "
               + ", ".join(f"{r['warps_per_cu']}w x{r['chains']}: {r['tflops']:.0f}"
                           for r in ceiling))
+    if ctx.info.is_gpu:
+        results["read_bandwidth"] = read_bandwidth(ctx)
+        print("read bandwidth: " + ", ".join(
+            f"{r['source']} {r['tb_per_s']:.2f} TB/s" for r in results["read_bandwidth"])
+            + " (128 x 128 tiles: 1 byte per 32 flops)")
     header = (f"{'case':24} {'M':>7} {'N':>5} {'K':>5} {'solver':>7} {'err/bound':>9} "
               f"{'ours TF/s':>9} {'kernel':>8} {'torch':>8} {'ratio':>6} {'fp32':>7}")
     print(header)

@@ -9,6 +9,11 @@
 ##   Work: 8 * CHAINS * UNROLL * trips flops per work item (a float4 multiply-add counts 8).
 ## copy_float4: dst[i] = src[i] over n4 float4 elements; offsets are in float4 elements (the
 ##   host checks that tensor offsets are multiples of 4 floats so that loads stay 16-byte wide).
+## read_float4: every work item reads `passes` passes over its share (a stride of the global
+##   size) of src's n4 float4 elements, four loads in flight, and writes their sum to y[i]. A src
+##   that the L2 cache holds after the first pass gives the L2-to-compute-unit read bandwidth (what
+##   a GEMM's tiles are fed from); one far larger than the cache, the memory's. The host fills src
+##   with ones: each y[i] is then the exact count of floats the item read.
 ## launch_probe: one work item increments counter[off]; K launches leave K there, which proves
 ##   every launch ran.
 ## tf32_mma_peak (only rendered with mma=1, NVIDIA compute capability 8.0+): every warp issues
@@ -81,6 +86,26 @@ __kernel void copy_float4(__global const float4* restrict src, long src_off,
     long i = get_global_id(0);
     if (i < n4)
         dst[dst_off + i] = src[src_off + i];
+}
+
+__kernel void read_float4(__global const float4* restrict src, long n4, int passes,
+                          __global float* restrict y)
+{
+    const long gid = get_global_id(0), size = get_global_size(0);
+    float4 a0 = (float4)(0.0f), a1 = a0, a2 = a0, a3 = a0;
+    for (int p = 0; p < passes; ++p) {
+        long i = gid;
+        for (; i + 3 * size < n4; i += 4 * size) {
+            a0 += src[i];
+            a1 += src[i + size];
+            a2 += src[i + 2 * size];
+            a3 += src[i + 3 * size];
+        }
+        for (; i < n4; i += size)
+            a0 += src[i];
+    }
+    const float4 t = (a0 + a1) + (a2 + a3);
+    y[gid] = (t.x + t.y) + (t.z + t.w);
 }
 
 __kernel void launch_probe(__global int* counter, int off)

@@ -378,6 +378,18 @@ def test_peak_cases_on_tiny_sizes(small_bench):
     assert row.params["queued_to_start_us"] >= 0
 
 
+@pytest.mark.parametrize("floats, passes, items", [(4000, 3, 64), (1001 * 4, 1, 128), (40, 2, 64)])
+def test_read_probe_counts_what_every_item_read(small_bench, floats, passes, items):
+    """The read probe's sums are the exact counts of floats each item read: shares of unequal
+    length (n4 not a multiple of the items, or fewer float4s than items) and several passes;
+    a pass the kernel did not make fails the check."""
+    probe = peak.ReadProbe(small_bench, floats, passes, items)
+    assert probe.bytes == 4.0 * floats * passes
+    assert probe.verify() == 0.0
+    probe.passes += 1   # the kernel still makes the old count of passes
+    assert probe.verify() == math.inf
+
+
 def test_launch_probe_counts_every_launch(small_bench):
     probe = peak.LaunchProbe(small_bench, 7)
     assert probe.verify() == 0.0

@@ -189,6 +189,43 @@ class CopyProbe:
         return 0.0 if np.array_equal(out, self.src_host) else math.inf
 
 
+class ReadProbe:
+    """``passes`` passes of every work item over its share of ``floats`` float32 ones (float4
+    loads, the global size's stride): with ``floats`` well inside the L2 cache, the cache's read
+    bandwidth; far beyond it, the memory's. Bytes read per second."""
+
+    def __init__(self, bench, floats, passes, items):
+        ctx = bench.ctx
+        self.ctx = ctx
+        self.floats = max(4, floats // 4 * 4)
+        self.passes = int(passes)
+        self.src = Tensor.from_numpy(ctx, np.ones(self.floats, np.float32))
+        self.local = _local_size(ctx)
+        group = self.local[0] if self.local else 64
+        self.items = max(group, items // group * group)
+        self.y = Tensor.empty(ctx, (self.items,))
+        if self.src.offset_elements or self.y.offset_elements:
+            raise ShapeError("the read probe needs tensors of their own (offset 0)")
+        self.kernel = program.kernel(ctx, "peak", "read_float4", PARAMS, fresh=True)
+        self.kernel.set_args(self.src.buffer, np.int64(self.floats // 4), np.int32(self.passes),
+                             self.y.buffer)
+
+    @property
+    def bytes(self):
+        return 4.0 * self.floats * self.passes
+
+    def run(self):
+        cl.enqueue_nd_range_kernel(self.ctx.queue, self.kernel, (self.items,), self.local)
+
+    def verify(self):
+        self.y.fill_(np.nan)
+        self.run()
+        n4, items = self.floats // 4, self.items
+        # Item i reads the float4s i, i + items, ...: ceil((n4 - i) / items) of them per pass.
+        counts = 4.0 * self.passes * np.maximum(0, -(-(n4 - np.arange(items)) // items))
+        return 0.0 if np.array_equal(self.y.numpy().astype(np.float64), counts) else math.inf
+
+
 class LaunchProbe:
     """``launches`` back-to-back launches of a kernel that increments one counter."""
 
