@@ -8,8 +8,9 @@
 Each configuration is put ahead of the shipped rules as a user tuning rule, checked against
 torch's float32 result on the same device (max abs error of the output and the gradients), then
 timed through the public call with the device drained: forward (no tape) and forward + backward,
-median of 10 after 3 warm-ups, torch with TF32 off. One JSON line per case; $OUT/probe.json.
-The user rule is removed at the end.
+median of 10 after 3 warm-ups, torch with TF32 off; then the same calls' device time (markers,
+the device kept busy by a forward before each: the column that tells settings apart). One JSON
+line per case; $OUT/probe.json. The user rule is removed at the end.
 """
 import json
 import os
@@ -23,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import dlprim_py as dp
 from dlprim_py import tuning
 from dlprim_py.bench import nets
+from dlprim_py.timing import time_enqueued
 
 F = dp.functional
 import torch  # noqa: E402
@@ -148,9 +150,15 @@ try:
                     o_f = np.median(nets.wall_times(fwd, ctx.queue.finish, 3, 10)) * 1e3
                     o_b = np.median(nets.wall_times(both, ctx.queue.finish, 3, 10)) * 1e3 \
                         if BACKWARD else 0
+                    # Device time (markers, the device kept busy by a call before each): much
+                    # less noisy than the wall clock, for telling settings apart.
+                    d_f = time_enqueued(ctx, fwd, repeat=20, prime=fwd).median * 1e3
+                    d_b = time_enqueued(ctx, both, repeat=10, prime=fwd).median * 1e3 \
+                        if BACKWARD else 0
                     row = dict(seq=seq, causal=causal, cfg=cfg, err=err, gerr=gerr, fwd=o_f,
                                torch_fwd=t_f, ratio_fwd=t_f / o_f, both=o_b, torch_both=t_b,
-                               ratio_both=(t_b / o_b) if o_b else 0)
+                               ratio_both=(t_b / o_b) if o_b else 0, device_fwd=d_f,
+                               device_both=d_b)
                 except Exception as e:  # noqa: BLE001
                     row = dict(seq=seq, causal=causal, cfg=cfg, error=repr(e)[:300])
                 results.append(row)
