@@ -260,8 +260,8 @@ def test_chosen_first_on_nvidia_gpus():
                     A.AttentionProblem(64, 64, 512, 512, "bool", False, True)):
         assert solver.select(ctx, "attention", problem).name == "mma"
         params = solver.tunables(ctx, "attention", problem, "mma")
-        assert (params["warps"], params["block_n"], params["stages"]) == (4, 32, 2)
-        assert (params["q_step"], params["k_step"]) == (16, 16)
+        assert (params["warps"], params["block_n"], params["stages"]) == (4, 16, 2)
+        assert (params["q_step"], params["k_step"], params["q_split"]) == (16, 16, False)
         assert params["small"] == "trunc" and params.get("m_tiles", 1) == 1
         assert params["fused_dq"] and params["round"] == "fast"
     # Long rows without mask, causality or dropout at head dims up to 64: two tiles per warp
