@@ -16,7 +16,9 @@ weight's gradient), against the same block in PyTorch eager with the same weight
 Every case is checked first (ours against PyTorch float32 on the same device, and both against
 a float64 reference on the CPU for the attention), then timed with the host clock around the
 public call with the device drained (``ctx.queue.finish()`` / ``torch.cuda.synchronize()``):
-median after a warm-up, PyTorch in the same process with TF32 off. Ratio = torch time / ours.
+median after a warm-up, PyTorch in the same process with TF32 off, the two sides timed in three
+alternating rounds (a clock ramp at the start of the run falls on both). Ratio = torch time /
+ours.
 """
 import argparse
 import json
@@ -96,8 +98,8 @@ def attention_case(ctx, torch, torch_device, batch, heads, seq, head_dim, causal
     drain = ctx.queue.finish
     torch_drain = (lambda: torch.cuda.synchronize()) if str(torch_device).startswith("cuda") \
         else (lambda: None)
-    ours_t = nets.wall_times(call, drain, warmup, repeat)
-    theirs_t = nets.wall_times(torch_call, torch_drain, warmup, repeat)
+    ours_t, theirs_t = nets.paired_wall_times(call, drain, torch_call, torch_drain, warmup,
+                                              repeat)
     flops = 4 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
     flops *= 3.5 if backward else 1.0     # backward: 5 GEMM-sized products against 2
     return {"case": "sdpa", "shape": list(shape), "causal": causal, "backward": backward,
@@ -230,8 +232,8 @@ def block_case(ctx, torch, torch_device, batch, seq, d_model, heads, train, warm
     drain = ctx.queue.finish
     torch_drain = (lambda: torch.cuda.synchronize()) if str(torch_device).startswith("cuda") \
         else (lambda: None)
-    ours_t = nets.wall_times(call, drain, warmup, repeat)
-    theirs_t = nets.wall_times(torch_call, torch_drain, warmup, repeat)
+    ours_t, theirs_t = nets.paired_wall_times(call, drain, torch_call, torch_drain, warmup,
+                                              repeat)
     if profile:
         _print_kernel_profile(ctx, call, f"block {'train' if train else 'infer'}")
     return {"case": "block", "shape": [batch, seq, d_model, heads], "train": train, "ok": ok,

@@ -700,6 +700,18 @@ def wall_times(call, drain, warmup=3, repeat=10, budget_s=None):
     return np.asarray(samples)
 
 
+def paired_wall_times(ours, ours_drain, theirs, theirs_drain, warmup=3, repeat=10, rounds=3):
+    """``wall_times`` of two calls taken in alternating rounds (ours, theirs, ours, ...), each
+    round ``repeat`` calls after ``warmup``: a drift of the device's clocks or of the host during
+    the measurement then falls on both sides rather than on whichever ran first. Returns the two
+    arrays of ``rounds * repeat`` samples."""
+    mine, other = [], []
+    for _ in range(rounds):
+        mine.append(wall_times(ours, ours_drain, warmup, repeat))
+        other.append(wall_times(theirs, theirs_drain, warmup, repeat))
+    return np.concatenate(mine), np.concatenate(other)
+
+
 def _summary_ms(samples):
     return {"median_ms": float(np.median(samples)) * 1e3,
             "p20_ms": float(np.percentile(samples, 20)) * 1e3,
