@@ -304,7 +304,8 @@ def test_bad_tuning_values(ctx, rng, mma, tuning_rules):
     tuning_rules("attention", [{"when": {}, "params": dict(SMALL, small="rz", emulate=1)}])
     with pytest.raises(UnsupportedError, match="small must be"):
         F.scaled_dot_product_attention(q, q, q)
-    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, round="fast", emulate=1)}])
+    tuning_rules("attention", [{"when": {}, "params": dict(SMALL, round="fast", small="rna",
+                                                            emulate=1)}])
     with pytest.raises(UnsupportedError, match="round 'fast' needs small 'trunc'"):
         F.scaled_dot_product_attention(q, q, q)
 
