@@ -80,16 +80,7 @@ WIDE = [
     dict(RULE, tile_n=256, tile_k=8, warps_n=4, stage_mn=1),
     dict(RULE, tile_m=256, tile_n=64, warps_m=4, warps_n=1, stage_mn=1),
 ]
-# The loop without branches around the next slice's loads and stores (interleave), so that the
-# compiler may place the rounding and stores among the mma.
-LOOP = [
-    dict(RULE, stage_mn=1),
-    dict(RULE, stage_mn=1, interleave=1),
-    dict(RULE, interleave=1),
-    dict(RULE, stage_mn=1, interleave=1, tile_group=8),
-    dict(RULE, stage_mn=1),
-]
-VARIANT_SETS = {"all": VARIANTS, "wide": WIDE, "loop": LOOP}
+VARIANT_SETS = {"all": VARIANTS, "wide": WIDE}
 # Small-tile variants only on the small squares (their tile counts are what they are for).
 SMALL_SQUARES = ("square 1024", "square 2048")
 # TF32 keeps 10 of float32's 23 mantissa bits: each operand is off by at most 2^-11 relative

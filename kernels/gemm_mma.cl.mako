@@ -37,11 +37,6 @@ ${common.header()}
 //                 every warp that reads it). 1: slices go global -> registers -> local memory,
 //                 rounded once on the way; two stages, the next slice's loads in flight while
 //                 the current one is multiplied (STAGES must be 2, NV_ASYNC unused)
-//   INTERLEAVE    (with STAGED) 1: the main loop's body one block without branches around
-//                 the next slice's loads and stores (the last step reloads its own slice into
-//                 the idle stage), so that the compiler may schedule the rounding and stores
-//                 among the mma instead of after the last of them. 0: loads and stores behind
-//                 `if (more)`.
 //   STAGE_MN      (with STAGED) 1: both slices stored with M (N) contiguous, as a transposed A
 //                 (a plain B) is, whatever the operands' layout: a K-contiguous operand's values
 //                 are transposed on their way from registers. Rows of TILE_M + 4 words instead
@@ -611,14 +606,6 @@ void gemm_mma(int M, int N, int K,
     barrier(CLK_LOCAL_MEM_FENCE);
     int stage = 0;
     for (int k = k_begin; k < K; k += TILE_K) {
-% if INTERLEAVE:
-        // The last step loads its own slice again (addresses known to be valid) into the idle
-        // stage, which nothing reads after the loop.
-        const int k_next = k + TILE_K < K ? k + TILE_K : k;
-        ${load_slice("k_next")}
-        ${multiply("stage")}
-        ${store_slice("(stage ^ 1)")}
-% else:
         const bool more = k + TILE_K < K;
         if (more) {
             ${load_slice("(k + TILE_K)")}
@@ -627,7 +614,6 @@ void gemm_mma(int M, int N, int K,
         if (more) {
             ${store_slice("(stage ^ 1)")}
         }
-% endif
         barrier(CLK_LOCAL_MEM_FENCE);
         stage ^= 1;
     }

@@ -190,9 +190,7 @@ def test_mma_parameter_checks():
                         ({"emulate": 2}, "emulate must"), ({"round": "rz"}, "round must"),
                         ({"staged": 1, "stages": 3}, "staged slices take 2 stages"),
                         ({"stage_mn": 1}, "takes staged slices"),
-                        ({"stage_mn": 2, "staged": 1}, "stage_mn must be"),
-                        ({"interleave": 1}, "takes staged slices"),
-                        ({"interleave": 2, "staged": 1}, "interleave must be")):
+                        ({"stage_mn": 2, "staged": 1}, "stage_mn must be")):
         assert why in gemm_ops.params_problem(dict(good, **change), info), change
     assert "lack" in gemm_ops.params_problem({"solver": "mma"}, info)
     # 256 x 128 tiles 16 deep fit 48 KiB only with both slices M (N) contiguous.
@@ -311,15 +309,14 @@ def test_emulated_mma_strides_batches_epilogue(ctx, rng):
     assert_close(c, tf32_round(a) @ tf32_round(b))
 
 
-@pytest.mark.parametrize("ta,tb,stage_mn,interleave", [
-    (False, False, 0, 0), (True, True, 0, 0), (False, False, 1, 0), (True, False, 1, 0),
-    (False, True, 1, 0), (True, True, 1, 0), (False, False, 0, 1), (True, False, 1, 1)])
-def test_emulated_mma_staged_slices(ctx, rng, ta, tb, stage_mn, interleave):
+@pytest.mark.parametrize("ta,tb,stage_mn", [(False, False, 0), (True, True, 0),
+                                             (False, False, 1), (True, False, 1),
+                                             (False, True, 1), (True, True, 1)])
+def test_emulated_mma_staged_slices(ctx, rng, ta, tb, stage_mn):
     """Slices rounded once on their way through registers (staged), ragged and whole tiles,
     with the float2 stores of C (even leading dimension) and without (odd); with stage_mn
-    both slices stored M (N) contiguous, a K-contiguous operand transposed on its way; with
-    interleave the loop without branches (its last step reloading its own slice)."""
-    params = dict(EMULATED, staged=1, stage_mn=stage_mn, interleave=interleave)
+    both slices stored M (N) contiguous, a K-contiguous operand transposed on its way."""
+    params = dict(EMULATED, staged=1, stage_mn=stage_mn)
     for M, N, K, pad in ((37, 45, 29, 0), (64, 32, 48, 0), (64, 32, 48, 1)):
         c, a, b, _, _ = _run(ctx, rng, M, N, K, ta, tb, params, pad=pad)
         assert_close(c, tf32_round(a) @ tf32_round(b))
@@ -335,11 +332,9 @@ FOLDED_SHAPES = ((2, 12, 20, 5, 7, 1), (3, 16, 40, 4, 4, 1), (2, 16, 24, 7, 9, 2
 @pytest.mark.parametrize("params,shapes", [
     (EMULATED, FOLDED_SHAPES), (dict(EMULATED, staged=1), FOLDED_SHAPES),
     (dict(EMULATED, staged=1, stage_mn=1), FOLDED_SHAPES),
-    (dict(EMULATED, staged=1, stage_mn=1, interleave=1), FOLDED_SHAPES[:2]),
     (dict(EMULATED, tile_m=16, tile_n=64, warps_m=1), FOLDED_SHAPES[1:2]),
     (dict(EMULATED, tile_m=16, tile_n=8, tile_k=64, warps_m=1), FOLDED_SHAPES[2:])],
-    ids=["copies", "staged", "staged-mn", "staged-interleaved", "n-column-per-copy",
-         "k-column-per-copy"])
+    ids=["copies", "staged", "staged-mn", "n-column-per-copy", "k-column-per-copy"])
 def test_emulated_mma_folded_operands(ctx, rng, params, shapes):
     """Folded operands, as a 1x1 convolution folds its NCHW tensors: forward (B folded along
     N, densely or strided; C folded), data gradient (trans_a, B and C folded) and filter
@@ -391,9 +386,7 @@ def test_mma_kernel_against_float64(ctx, rng, ta, tb, tf32_off, monkeypatch):
                      round="int"),
                 dict(gemm_ops.DEFAULT_MMA, warps_n=2, staged=1, round="int", tile_group=4),
                 dict(gemm_ops.DEFAULT_MMA, tile_m=256, tile_k=8, warps_m=4, warps_n=2,
-                     staged=1, stage_mn=1, round="int"),
-                dict(gemm_ops.DEFAULT_MMA, warps_n=2, staged=1, stage_mn=1, round="int",
-                     interleave=1))
+                     staged=1, stage_mn=1, round="int"))
     for M, N, K in ((300, 260, 70), (128, 128, 64), (1000, 64, 333), (77, 513, 1031)):
         for params in variants:
             c, a, b, _, _ = _run(ctx, rng, M, N, K, ta, tb, dict(params))

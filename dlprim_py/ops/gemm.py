@@ -283,9 +283,6 @@ def _mma_problem(params, info):
     stage_mn = params.get("stage_mn", 0)
     if stage_mn not in (0, 1) or (stage_mn and not staged):
         return f"stage_mn must be 0 or 1, and takes staged slices (got {stage_mn!r}, staged {staged})"
-    interleave = params.get("interleave", 0)
-    if interleave not in (0, 1) or (interleave and not staged):
-        return f"interleave must be 0 or 1, and takes staged slices (got {interleave!r}, staged {staged})"
     if mma_local_bytes(params) > info.local_mem_size:
         return f"{mma_local_bytes(params)} bytes of local memory > device {info.local_mem_size}"
     return None if emulate else mma_device_problem(info)
@@ -870,8 +867,6 @@ class MmaSolver(GemmSolver):
     ``stage_mn`` (1, with ``staged``: slices stored M- and N-contiguous in local memory
     whatever the operands' layout, transposed on their way through registers: rows of
     TILE_M + 4 words instead of a K-contiguous TILE_K + 8, which lets 256 x 128 tiles fit),
-    ``interleave`` (1, with ``staged``: the main loop without branches around the next slice's
-    loads and stores, so that the compiler may schedule them among the mma),
     ``round`` ("cvt": cvt.rna.tf32.f32; "int": the same rounding in integer operations) and
     ``ab_bits`` (16: parameters for 16-bit operands; 32, the default, for float32) and
     ``split_k`` (float32 operands: K in that many chunks, work-groups of their own, whose raw
@@ -941,7 +936,6 @@ class MmaSolver(GemmSolver):
                 "GROUP_M": params.get("tile_group", 1), "EMULATE": params.get("emulate", 0),
                 "CVEC": config.c_vec, "ROUND": params.get("round", "cvt"),
                 "STAGED": params.get("staged", 0), "STAGE_MN": params.get("stage_mn", 0),
-                "INTERLEAVE": params.get("interleave", 0),
                 "SPLIT_K": int(config.splits > 1)}
 
     def launches(self, ctx, problem, params, config, args, workspace):
