@@ -109,7 +109,7 @@ HALF_TOLERANCE = {"float16": 2e-3, "bfloat16": 1e-2}
 
 
 def bench_layer(ctx, layer, batch, directions, device, rng, repeat, tolerance=1e-5,
-                dtype="float32", forced=None):
+                dtype="float32", forced=None, tf32=False):
     name, c, k, h, r, stride, pad, groups = layer
     x = rng.uniform(-1, 1, (batch, c, h, h)).astype(np.float32)
     w = rng.uniform(-1, 1, (k, c // groups, r, r)).astype(np.float32)
@@ -166,7 +166,8 @@ def bench_layer(ctx, layer, batch, directions, device, rng, repeat, tolerance=1e
             print(f"timing check: markers {ours * 1e3:.3f} ms, host clock {wall * 1e3:.3f} ms "
                   f"per call", flush=True)
             CHECKED_MARKERS.append((ours, wall))
-        theirs = TorchBaseline(torch, device.type).median(base, repeat=repeat)
+        # TF32 as the run asks (the baseline's constructor sets torch's switches).
+        theirs = TorchBaseline(torch, device.type, tf32=tf32).median(base, repeat=repeat)
         flops = 2.0 * batch * k * yshape[2] * yshape[3] * (c // groups) * r * r
         results.append(dict(layer=name, C=c, K=k, H=h, R=r, stride=stride, pad=pad, groups=groups,
                             direction=direction, dtype=dtype, algo=algo, error=err, ok=err < tolerance,
@@ -259,7 +260,8 @@ def main():
                 tolerance = HALF_TOLERANCE.get(args.dtype,
                                                TF32_TOLERANCE if args.tf32 else 1e-5)
                 for row in bench_layer(ctx, layer, args.batch, args.directions, device, rng,
-                                       args.repeat, tolerance, args.dtype, args.algo):
+                                       args.repeat, tolerance, args.dtype, args.algo,
+                                       tf32=args.tf32):
                     row["model"] = model
                     results.append(row)
             except Exception as e:  # keep the rest of the run; the failure is recorded

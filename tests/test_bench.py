@@ -390,6 +390,22 @@ def test_read_probe_counts_what_every_item_read(small_bench, floats, passes, ite
     assert probe.verify() == math.inf
 
 
+def test_torch_baseline_sets_tf32_as_asked():
+    """The CUDA baseline sets torch's TF32 switches as asked, both of them (a TF32 comparison
+    whose baseline silently computed in FP32 once overstated the library's convolutions)."""
+    torch = pytest.importorskip("torch")
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        for tf32 in (True, False):
+            baseline = TorchBaseline(torch, "cuda", tf32=tf32)
+            assert torch.backends.cuda.matmul.allow_tf32 is tf32
+            assert torch.backends.cudnn.allow_tf32 is tf32
+            assert baseline.tf32 is tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    assert TorchBaseline(torch, "cpu").tf32 is False
+
+
 def test_launch_probe_counts_every_launch(small_bench):
     probe = peak.LaunchProbe(small_bench, 7)
     assert probe.verify() == 0.0

@@ -36,21 +36,24 @@ def baseline_device(torch, ctx):
 
 
 class TorchBaseline:
-    """Times callables that run PyTorch work on ``device``."""
+    """Times callables that run PyTorch work on ``device``; ``tf32`` sets torch's TF32 switches
+    (cuBLAS and cuDNN) for a comparison with TF32 allowed on both sides (off by default: FP32
+    as the library computes by default)."""
 
-    def __init__(self, torch, device):
+    def __init__(self, torch, device, tf32=False):
         self.torch = torch
         self.device = device
+        self.tf32 = bool(tf32)
         if device == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = self.tf32
+            torch.backends.cudnn.allow_tf32 = self.tf32
             # cuDNN benchmarks its algorithms on the first call of each shape (the warm-up),
             # as the library's find mode does.
             torch.backends.cudnn.benchmark = True
 
     def describe(self):
         t = self.torch
-        info = {"version": t.__version__, "device": self.device, "tf32": False,
+        info = {"version": t.__version__, "device": self.device, "tf32": self.tf32,
                 "threads": t.get_num_threads()}
         if self.device == "cuda":
             info["cuda_device"] = t.cuda.get_device_name(0)
