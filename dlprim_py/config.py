@@ -8,6 +8,10 @@ DLPRIM_DEVICE      device to use: "P:D" (platform:device indices) or a piece of 
 DLPRIM_CACHE_DIR   where compiled program binaries and find results are kept
 DLPRIM_NO_CACHE    "1": never read or write the on-disk program cache
 DLPRIM_DEBUG       "1": print each program build (and cache hits) to stderr
+DLPRIM_BUILD_OPTIONS OpenCL build options added to every program build (they enter the program
+                   cache's key), e.g. "-cl-opt-disable": kernels compile several times faster
+                   and run slower, which suits a test suite of small problems on a CPU device
+                   (tests/conftest.py sets that there unless the variable is set)
 DLPRIM_BUILD_THREADS how many programs a planner that meets several at once (dp.onnx's, per
                    input shape) builds concurrently (default: the host's cores, 8 at most);
                    "1": one at a time, as they are met
@@ -115,6 +119,12 @@ def cache_dir():
         return path
     import platformdirs
     return platformdirs.user_cache_dir("dlprim_py")
+
+
+def build_options():
+    """The options of DLPRIM_BUILD_OPTIONS, split as a shell splits them (a tuple)."""
+    import shlex
+    return tuple(shlex.split(os.environ.get("DLPRIM_BUILD_OPTIONS", "")))
 
 
 def no_cache():

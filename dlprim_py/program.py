@@ -270,7 +270,7 @@ def build(ctx, template, params=None, options=()):
     Memoized per context on (template, params, options); program binaries are cached on disk.
     """
     params = dict(params or {})
-    options = tuple(options)
+    options = tuple(options) + config.build_options()
     key = (template, _freeze(params), options)
     built = ctx.programs.get(key)
     if built is None:

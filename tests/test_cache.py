@@ -171,3 +171,14 @@ def test_damaged_tuning_file_is_ignored(ctx, cache, rng, case):
         assert tuning.read_db(user, "gemm")["devices"][fresh.info.name]["rules"] == []
     finally:
         tuning.forget("gemm")
+
+
+def test_build_options_of_the_environment(ctx, cache, monkeypatch):
+    """DLPRIM_BUILD_OPTIONS enters every build() and its keys: the memory cache, and the disk
+    cache, whose entry for other options is another file; the program still computes the same."""
+    for options in ("", "-cl-opt-disable", "-cl-opt-disable -cl-mad-enable"):
+        monkeypatch.setenv("DLPRIM_BUILD_OPTIONS", options)
+        built = program.build(ctx, "pointwise", TIMES)
+        assert built.options == tuple(options.split())
+        np.testing.assert_array_equal(_run(ctx, built), EXPECTED["times"])
+    assert len(_entries(cache)) == 3
