@@ -1,8 +1,9 @@
 """Every environment variable the library reads, in one place.
 
 The call switches (DLPRIM_LOG_CMD, DLPRIM_FIND_MODE, DLPRIM_*_ALGO, DLPRIM_CHECK_NUMERICS,
-DLPRIM_WORKSPACE_LIMIT, DLPRIM_TF32_EMULATE, DLPRIM_DETERMINISTIC) are read once, at the first
-call that needs one, and again on ``dlprim_py.config.reload()``; the others where they are used.
+DLPRIM_WORKSPACE_LIMIT, DLPRIM_TF32_EMULATE, DLPRIM_DETERMINISTIC, DLPRIM_BUILD_OPTIONS) are
+read once, at the first call that needs one, and again on ``dlprim_py.config.reload()``; the
+others where they are used.
 
 DLPRIM_DEVICE      device to use: "P:D" (platform:device indices) or a piece of the device name
 DLPRIM_CACHE_DIR   where compiled program binaries and find results are kept
@@ -11,7 +12,8 @@ DLPRIM_DEBUG       "1": print each program build (and cache hits) to stderr
 DLPRIM_BUILD_OPTIONS OpenCL build options added to every program build (they enter the program
                    cache's key), e.g. "-cl-opt-disable": kernels compile several times faster
                    and run slower, which suits a test suite of small problems on a CPU device
-                   (tests/conftest.py sets that there unless the variable is set)
+                   (tests/conftest.py sets that there unless the variable is set). Read with the
+                   call switches: set it before the first call, or call reload() after
 DLPRIM_BUILD_THREADS how many programs a planner that meets several at once (dp.onnx's, per
                    input shape) builds concurrently (default: the host's cores, 8 at most);
                    "1": one at a time, as they are met
@@ -53,6 +55,7 @@ DLPRIM_TOPK_ALGO   force one topk solver: radix (k up to 1024), bitonic
 DLPRIM_ATTENTION_ALGO force one scaled_dot_product_attention solver: rows, tiled (head dims up to 128)
 """
 import os
+import shlex
 
 # The switches a call consults (logging, find mode, forced algorithms) are read once, into this
 # snapshot, the first time one is needed, and again on reload(): a call does no environment
@@ -64,7 +67,7 @@ _snapshot = None
 
 class _Switches:
     __slots__ = ("log_cmd", "find_mode", "forced", "check_numerics", "workspace_limit",
-                 "tf32_emulate", "deterministic")
+                 "tf32_emulate", "deterministic", "build_options")
 
     def __init__(self, environ):
         self.log_cmd = _truthy(environ.get("DLPRIM_LOG_CMD", ""))
@@ -73,6 +76,8 @@ class _Switches:
         self.workspace_limit = _mebibytes(environ, "DLPRIM_WORKSPACE_LIMIT")
         self.tf32_emulate = _truthy(environ.get("DLPRIM_TF32_EMULATE", ""))
         self.deterministic = _truthy(environ.get("DLPRIM_DETERMINISTIC", ""))
+        # Every kernel lookup passes through program.build, on the call path too.
+        self.build_options = tuple(shlex.split(environ.get("DLPRIM_BUILD_OPTIONS", "")))
         # DLPRIM_<FAMILY>_ALGO -> {"family": value}
         self.forced = {name[len("DLPRIM_"):-len("_ALGO")].lower(): value
                        for name, value in environ.items()
@@ -122,9 +127,9 @@ def cache_dir():
 
 
 def build_options():
-    """The options of DLPRIM_BUILD_OPTIONS, split as a shell splits them (a tuple)."""
-    import shlex
-    return tuple(shlex.split(os.environ.get("DLPRIM_BUILD_OPTIONS", "")))
+    """The options of DLPRIM_BUILD_OPTIONS (read with the call switches), split as a shell
+    splits them (a tuple)."""
+    return switches().build_options
 
 
 def no_cache():

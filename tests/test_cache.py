@@ -178,6 +178,7 @@ def test_build_options_of_the_environment(ctx, cache, monkeypatch):
     cache, whose entry for other options is another file; the program still computes the same."""
     for options in ("", "-cl-opt-disable", "-cl-opt-disable -cl-mad-enable"):
         monkeypatch.setenv("DLPRIM_BUILD_OPTIONS", options)
+        dp.config.reload()
         built = program.build(ctx, "pointwise", TIMES)
         assert built.options == tuple(options.split())
         np.testing.assert_array_equal(_run(ctx, built), EXPECTED["times"])
