@@ -9,8 +9,9 @@ import pytest
 # On a CPU device (PoCL in CI) the suite builds several hundred programs from source for small
 # problems: without LLVM's optimizations they compile about four times faster (a cold suite in
 # well under half the time) and still run its problems quickly. The library reads the variable
-# at each build; set to anything, empty included, it is left as it is. On a GPU the kernels
-# build with the vendor compiler's optimizations.
+# with its call switches (the autouse fixture below reloads them for every test); set to
+# anything, empty included, it is left as it is. On a GPU the kernels build with the vendor
+# compiler's optimizations.
 if "DLPRIM_BUILD_OPTIONS" not in os.environ:
     import pyopencl as _cl
     from dlprim_py.context import find_device
