@@ -56,6 +56,7 @@
 ##                CPUs compile the rolled loops faster)
 ##   dropout      whether the attention weights are dropped
 ##   index_t      "int" or "long"
+<%namespace name="attention" file="attention_common.cl.mako"/>
 <%
     DK4 = (dk + 3) // 4
     DV4 = (dv + 3) // 4
@@ -415,19 +416,7 @@ void attention_forward(${common_args()},
 #undef GROUP
 #define GROUP (${block_m} * LANES)
 
-__kernel void attention_delta(const ${index_t} rows,
-                              __global const float *o, const ${index_t} o_off,
-                              __global const float *dout, const ${index_t} dout_off,
-                              __global float *delta)
-{
-    for (${index_t} r = get_global_id(0); r < rows; r += get_global_size(0)) {
-        __global const float *orow = o + o_off + r * DV;
-        __global const float *grow = dout + dout_off + r * DV;
-        float total = 0.0f;
-        for (int e = 0; e < DV; ++e) total = mad(orow[e], grow[e], total);
-        delta[r] = total;
-    }
-}
+${attention.delta_kernel(index_t, dv)}
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void attention_backward_q(${common_args()}, const float scale,

@@ -94,6 +94,7 @@
 ##                 OpenCL device runs it, which checks this file's addressing where no tensor
 ##                 core is.
 <%namespace name="access" file="memory_access.cl.mako"/>
+<%namespace name="attention" file="attention_common.cl.mako"/>
 <%
     DKP = -(-dk // 8) * 8
     DVP = -(-dv // 8) * 8
@@ -813,19 +814,7 @@ void attention_mma_forward(const ${index_t} L, const ${index_t} S, const float s
     }
 }
 
-__kernel void attention_delta(const ${index_t} rows,
-                              __global const float *o, const ${index_t} o_off,
-                              __global const float *dout, const ${index_t} dout_off,
-                              __global float *delta)
-{
-    for (${index_t} r = get_global_id(0); r < rows; r += get_global_size(0)) {
-        __global const float *orow = o + o_off + r * DV;
-        __global const float *grow = dout + dout_off + r * DV;
-        float total = 0.0f;
-        for (int e = 0; e < DV; ++e) total = mad(orow[e], grow[e], total);
-        delta[r] = total;
-    }
-}
+${attention.delta_kernel(index_t, dv)}
 
 ## The weight of score ``x`` (query row ``row``, key ``key``; the row's lse and delta) and with
 ## dP value ``dp``: ``x`` becomes pv (the weight as dropped and scaled, for dV) and ``dp`` becomes

@@ -46,6 +46,7 @@
 ##   shuffle      "ptx" (NVIDIA warp shuffles across a row's items) or "local" (any device)
 ##   prefetch     load each step's tiles into registers during the previous step (their global
 ##                latency hidden behind its products), storing them to local memory at its start
+<%namespace name="attention" file="attention_common.cl.mako"/>
 <%
     TX = tile_x
     DK4 = (dk + 3) // 4
@@ -437,19 +438,7 @@ void attention_tiled_forward(const ${index_t} L, const ${index_t} S, const float
     }
 }
 
-__kernel void attention_delta(const ${index_t} rows,
-                              __global const float *o, const ${index_t} o_off,
-                              __global const float *dout, const ${index_t} dout_off,
-                              __global float *delta)
-{
-    for (${index_t} r = get_global_id(0); r < rows; r += get_global_size(0)) {
-        __global const float *orow = o + o_off + r * DV;
-        __global const float *grow = dout + dout_off + r * DV;
-        float total = 0.0f;
-        for (int e = 0; e < DV; ++e) total = mad(orow[e], grow[e], total);
-        delta[r] = total;
-    }
-}
+${attention.delta_kernel(index_t, dv)}
 
 ## ``out[i][j] += a_tile[a_row(i)] . b_tile[b_row(j)]`` over n4 float4s: the A rows are the
 ## item's own (ty: shared by a row of items, broadcast), the B rows tx + j * TILE_X (distinct).

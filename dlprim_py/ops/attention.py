@@ -332,9 +332,7 @@ class AttentionPlan:
         self.keys_size = ((math.ceil(S / kv_block) * kv_block * lanes, batches),
                           (kv_block * lanes, 1))
         self.q_size = self.rows_size
-        rows = batches * L
-        group = min(64, limit)
-        self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
+        self.delta_size = _delta_size(batches * L)
 
     def _tiled(self, ctx, problem, table, batches, index_t):
         limit = ctx.info.max_work_group_size
@@ -345,9 +343,7 @@ class AttentionPlan:
         self.solver = "tiled"
         self.index = np.int32 if index_t == "int" else np.int64
         self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
-        rows = batches * L
-        group = min(64, limit)
-        self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
+        self.delta_size = _delta_size(batches * L)
         tiled = solver.tunables(ctx, "attention", problem, "tiled")
         tile_x = int(tiled.get("tile_x", 16))
         if tile_x not in (8, 16):
@@ -382,9 +378,7 @@ class AttentionPlan:
         self.solver = "mma"
         self.index = np.int32 if index_t == "int" else np.int64
         self.table = Tensor.from_numpy(ctx, table.astype(self.index).reshape(-1))
-        rows = batches * L
-        group = min(64, ctx.info.max_work_group_size)
-        self.delta_size = ((min(math.ceil(rows / group), 4096) * group,), (group,))
+        self.delta_size = _delta_size(batches * L)
         tuned = dict(DEFAULT_MMA, **solver.tunables(ctx, "attention", problem, "mma"))
         # Emulated where the device has no mma.sync (DLPRIM_TF32_EMULATE), or when a rule
         # asks for it ("emulate": 1, to compare the two on a GPU).
@@ -462,6 +456,12 @@ class AttentionPlan:
         self.keys_size = ((math.ceil(S / (16 * kv_tiles * kw)) * 32 * kw, batches),
                           (32 * kw, 1))
         self.q_size = ((math.ceil(L / (16 * q_tiles * qw)) * 32 * qw, batches), (32 * qw, 1))
+
+
+def _delta_size(rows):
+    """attention_delta's (global, local) sizes: work-groups of 64 items, 4 rows each (16 items
+    a row), at most 16384 groups walking the rows."""
+    return ((min(math.ceil(rows / 4), 16384) * 64,), (64,))
 
 
 def _empty(ctx, shape, dtype=float32):
