@@ -2,27 +2,24 @@
 ## kernels' splits) adds its chunks' raw partial sums and applies the epilogue. Rendered into
 ## the splitting kernel's program by its include, with its template parameters:
 ##   gemm_splitk_reduce  a second launch, one work-item per C element;
-##   last_group_fold()   (SPLIT_FOLD 1, 2) the same sums in the splitting kernel itself, by the
+##   last_group_fold()   (SPLIT_FOLD 1) the same sums in the splitting kernel itself, by the
 ##                       work-group of each tile that finishes its chunk last: one launch.
 ## Both add the chunks in the same order (split_sum), so the two give the same bits.
 <%namespace name="common" file="gemm_common.cl.mako"/>
 
-<%def name="split_sum(partial, plane, load=None)">
-<%
-    at = (lambda x: f"{load}(&{x})") if load else (lambda x: x)
-%>
+<%def name="split_sum(partial, plane)">
     // Four independent sums: their loads are in flight together (long splits of filter
     // gradients run into the hundreds). The same order in both forms of the fold.
     float sum0 = 0.0f, sum1 = 0.0f, sum2 = 0.0f, sum3 = 0.0f;
     int s = 0;
     for (; s + 4 <= splits; s += 4) {
-        sum0 += ${at(f"{partial}[s * {plane}]")};
-        sum1 += ${at(f"{partial}[(s + 1) * {plane}]")};
-        sum2 += ${at(f"{partial}[(s + 2) * {plane}]")};
-        sum3 += ${at(f"{partial}[(s + 3) * {plane}]")};
+        sum0 += ${f"{partial}[s * {plane}]"};
+        sum1 += ${f"{partial}[(s + 1) * {plane}]"};
+        sum2 += ${f"{partial}[(s + 2) * {plane}]"};
+        sum3 += ${f"{partial}[(s + 3) * {plane}]"};
     }
     for (; s < splits; ++s)
-        sum0 += ${at(f"{partial}[s * {plane}]")};
+        sum0 += ${f"{partial}[s * {plane}]"};
     const float sum = (sum0 + sum1) + (sum2 + sum3);
 </%def>
 
@@ -30,11 +27,7 @@
 ## In scope: M, N, splits, batch, lid, m0, n0, the kernel's epilogue parameters (bias, scale,
 ## R, r_off, residual_alpha, chain), ``part``: this work-group's partial tile's workspace plane
 ## ([batch * splits][M][N]); the kernel parameters of split_fold_params(). C's own arguments
-## come from there: the kernel's C arguments name the workspace. SPLIT_FOLD 2 (NVIDIA):
-## the device-wide fence is PTX's membar.gl (mem_fence(CLK_GLOBAL_MEM_FENCE) compiles to a
-## work-group fence there) and the other groups' partial sums are read with ld.global.cg (from
-## L2, where their stores went, past the compute unit's own cache); 1: mem_fence and volatile
-## loads.
+## come from there: the kernel's C arguments name the workspace.
 <%def name="split_fold_params()">
 % if SPLIT_FOLD:
     , __global float *c_final, long cf_off, int cf_ld, long cf_stride, float cf_alpha,
@@ -42,46 +35,13 @@
 % endif
 </%def>
 
-<%def name="split_fold_helpers()">
-% if SPLIT_FOLD == 2:
-#define SPLIT_FENCE() asm volatile("membar.gl;" ::: "memory")
-inline float split_load(__global const float *p)
-{
-    float x;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(x) : "l"(p));
-    return x;
-}
-inline float4 split_load4(__global const float *p)
-{
-    float4 x;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w) : "l"(p));
-    return x;
-}
-% elif SPLIT_FOLD:
-#define SPLIT_FENCE() mem_fence(CLK_GLOBAL_MEM_FENCE)
-inline float split_load(__global const float *p) { return *(volatile __global const float *)p; }
-inline float4 split_load4(__global const float *p)
-{
-    return *(volatile __global const float4 *)p;
-}
-% endif
-</%def>
-
-## nthreads, tile_m, tile_n: Python ints.
 <%def name="last_group_fold(nthreads, tile_m, tile_n)">
-<%
-    # Whole float4s per work-item where the tile divides so: every sum loaded before any is
-    # stored (C may alias nothing here, but the compiler cannot know).
-    per_item = tile_m * tile_n // (4 * nthreads) if (tile_m * tile_n) % (4 * nthreads) == 0 \
-        and tile_n % 4 == 0 else 0
-%>
     // At the kernel's outermost scope, where OpenCL C wants a __local declaration.
     __local int is_last;
     {
         // Release: this group's partial sums reach global memory before it counts itself done
         // for its tile (every split of a tile has the same group ids 0 and 1).
-        SPLIT_FENCE();
+        ${DEVICE_FENCE}
         barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
         if (lid == 0) {
             volatile __global int *done = tile_done
@@ -95,9 +55,9 @@ inline float4 split_load4(__global const float *p)
         barrier(CLK_LOCAL_MEM_FENCE);
         if (!is_last)
             return;
-        // Acquire: the other groups' partial sums (split_load reads past cached copies).
-        SPLIT_FENCE();
-        __global const float *first = part - (long)(get_group_id(2) % splits) * M * N;
+        // Acquire: the other groups' partial sums, read past any cached copy (volatile).
+        ${DEVICE_FENCE}
+        __global const volatile float *first = part - (long)(get_group_id(2) % splits) * M * N;
         __global const float *r_base = R + r_off + batch * cf_stride;
         {
             // The epilogue's names for C's own arguments.
@@ -107,56 +67,12 @@ inline float4 split_load4(__global const float *p)
             const int fc_p = cf_fold_p;
             const long fc_img = cf_fold_img;
             const long plane = (long)M * N;
-% if per_item:
-            if ((N & 3) == 0 && m0 + ${tile_m} <= M && n0 + ${tile_n} <= N) {
-                // A whole tile, rows on 16-byte boundaries: float4 loads, every one of them
-                // issued before the sums are stored; the sums in split_sum's order.
-                float4 sum0[${per_item}], sum1[${per_item}], sum2[${per_item}], sum3[${per_item}];
-                for (int v = 0; v < ${per_item}; ++v)
-                    sum0[v] = sum1[v] = sum2[v] = sum3[v] = (float4)(0.0f);
-                int s = 0;
-                for (; s + 4 <= splits; s += 4) {
-                    #pragma unroll
-                    for (int v = 0; v < ${per_item}; ++v) {
-                        const int e = 4 * (lid + v * ${nthreads});
-                        __global const float *p = first + s * plane
-                            + (long)(m0 + e / ${tile_n}) * N + n0 + e % ${tile_n};
-                        sum0[v] += split_load4(p);
-                        sum1[v] += split_load4(p + plane);
-                        sum2[v] += split_load4(p + 2 * plane);
-                        sum3[v] += split_load4(p + 3 * plane);
-                    }
-                }
-                for (; s < splits; ++s) {
-                    #pragma unroll
-                    for (int v = 0; v < ${per_item}; ++v) {
-                        const int e = 4 * (lid + v * ${nthreads});
-                        sum0[v] += split_load4(first + s * plane
-                            + (long)(m0 + e / ${tile_n}) * N + n0 + e % ${tile_n});
-                    }
-                }
-                #pragma unroll
-                for (int v = 0; v < ${per_item}; ++v) {
-                    const int e = 4 * (lid + v * ${nthreads});
-                    const int row = m0 + e / ${tile_n};
-                    const float4 sums = (sum0[v] + sum1[v]) + (sum2[v] + sum3[v]);
-% for c, comp in enumerate("xyzw"):
-                    {
-                        const int col = n0 + e % ${tile_n} + ${c};
-                        const float sum = sums.${comp};
-                        ${common.epilogue("sum", "row", "col", f"(long)row * cf_ld + {common.attr.fold(FOLD_C, 'c', 'col')}")}
-                    }
-% endfor
-                }
-                return;
-            }
-% endif
-            for (int e = lid; e < ${tile_m * tile_n}; e += ${nthreads}) {
-                const int row = m0 + e / ${tile_n};
-                const int col = n0 + e % ${tile_n};
+            for (int e = lid; e < (${tile_m}) * (${tile_n}); e += ${nthreads}) {
+                const int row = m0 + e / (${tile_n});
+                const int col = n0 + e % (${tile_n});
                 if (row < M && col < N) {
-                    __global const float *partial = first + (long)row * N + col;
-${split_sum("partial", "plane", "split_load")}
+                    __global const volatile float *partial = first + (long)row * N + col;
+${split_sum("partial", "plane")}
                     ${common.epilogue("sum", "row", "col", f"(long)row * cf_ld + {common.attr.fold(FOLD_C, 'c', 'col')}")}
                 }
             }

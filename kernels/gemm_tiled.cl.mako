@@ -28,8 +28,8 @@ ${common.header()}
 //                 finishes last adds the chunks (gemm_splitk.cl.mako's last_group_fold, in
 //                 gemm_splitk_reduce's order) and applies the epilogue to C, whose arguments
 //                 follow the chain's; tile_done counts the finished chunks per tile (zero
-//                 before a launch, and again after it). 2: the same with NVIDIA's fence and
-//                 loads (gemm_splitk.cl.mako says which)
+//                 before a launch, and again after it). DEVICE_FENCE: the C statement that
+//                 orders a work-item's global writes for every work-group of the device
 //   LANES_N       0: work-item lid computes row block lid / TN_THREADS, column block
 //                 lid % TN_THREADS. > 0: work-items come in runs of 32 (one NVIDIA warp), each
 //                 run a LANES_N (along N) by 32 / LANES_N (along M) patch of the work-item
@@ -195,9 +195,6 @@ ${access.async_copies(bool(NV_ASYNC))}
                 }
 </%def>
 
-% if SPLIT_K and SPLIT_FOLD:
-${splitk.split_fold_helpers()}
-% endif
 // Work-item (tm, tn) (from lid as LANES_N says) owns rows
 // (j * TM_THREADS + tm) * VEC + v and columns (j * TN_THREADS + tn) * VEC + v of the tile.
 % if REQD_SIZE:
@@ -638,7 +635,7 @@ void gemm_tiled(int M, int N, int K,
 %   endfor
 % endif
 % if SPLIT_K and SPLIT_FOLD:
-${splitk.last_group_fold(TILE_M // WPT_M * (TILE_N // WPT_N), TILE_M, TILE_N)}
+${splitk.last_group_fold("NTHREADS", "TILE_M", "TILE_N")}
 % endif
 }
 

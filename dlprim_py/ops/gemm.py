@@ -460,8 +460,8 @@ class GemmConfig:
     cp.async; ``reqd_size``: the kernel declares its work-group size; ``block_a``/``block_b``:
     the subgroup kernel reads rows of A/B with block reads; ``splits``/``k_chunk``: the K
     chunks a split-K GEMM runs (splits 1: one pass); ``split_fold``: the tiled kernel's
-    work-group that finishes a tile last adds its chunks (no second launch; ``_split_fold``;
-    2 with NVIDIA's PTX fence and loads); ``options``: build options."""
+    work-group that finishes a tile last adds its chunks (no second launch; ``_split_fold``),
+    behind ``fence``, the device-wide fence statement; ``options``: build options."""
     global_vec: int = 1
     global_vec_b: int = 0
     gemv_a: int = 0
@@ -474,6 +474,7 @@ class GemmConfig:
     splits: int = 1
     k_chunk: int = 0
     split_fold: int = 0
+    fence: str = ""
     options: tuple = ()
 
 
@@ -746,7 +747,8 @@ class TiledSolver(GemmSolver):
                 "LANES_N": params.get("lanes_n", 0), "GROUP_M": params.get("tile_group", 1),
                 "PIPELINE": params.get("pipeline", 0),
                 "NV_ASYNC": int(bool(params.get("pipeline", 0) and config.nv_async)),
-                "REQD_SIZE": config.reqd_size, "SPLIT_FOLD": config.split_fold}
+                "REQD_SIZE": config.reqd_size, "SPLIT_FOLD": config.split_fold,
+                "DEVICE_FENCE": config.fence}
 
     def launches(self, ctx, problem, params, config, args, workspace):
         M, N, batch = problem.m, problem.n, problem.batch
@@ -771,7 +773,7 @@ def _split_config(problem, tile_k, split_k):
 
 
 def _split_fold(ctx, params, splits):
-    """GemmConfig's split_fold for a tiled plan of ``splits`` chunks: the plan's
+    """GemmConfig's split_fold and fence for a tiled plan of ``splits`` chunks: the plan's
     ``split_fold`` parameter (True / False) where given, else the device's rule
     (``tuning_db/gemm_split_fold.json``: where a device-wide fence is known to hold, the
     work-group that finishes a tile last adds its chunks, one launch instead of two)."""
@@ -785,8 +787,10 @@ def _split_fold(ctx, params, splits):
         raise UnsupportedError(f"GEMM parameter split_fold must be True or False, got {fold!r}")
     if not fold:
         return {}
-    # 2: NVIDIA's own fence and loads (PTX; kernels/gemm_splitk.cl.mako says why).
-    return {"split_fold": 2 if ctx.info.vendor == "nvidia" else 1}
+    # NVIDIA compiles mem_fence(CLK_GLOBAL_MEM_FENCE) to a work-group fence (membar.cta).
+    fence = ('asm volatile("membar.gl;" ::: "memory");' if ctx.info.vendor == "nvidia"
+             else "mem_fence(CLK_GLOBAL_MEM_FENCE);")
+    return {"split_fold": 1, "fence": fence}
 
 
 def _split_workspace(problem, config):
