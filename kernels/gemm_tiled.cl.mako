@@ -4,7 +4,6 @@
 <%namespace name="common" file="gemm_common.cl.mako"/>
 <%namespace name="links" file="fusion_fold.cl.mako"/>
 <%namespace name="access" file="memory_access.cl.mako"/>
-<%namespace name="splitk" file="gemm_splitk.cl.mako"/>
 ${common.header()}
 // gemm_tiled (and gemm_splitk_reduce) only:
 //   TILE_M, TILE_N  the C tile one work-group computes
@@ -24,12 +23,6 @@ ${common.header()}
 //   SPLIT_K       1: each work-group sums only its K chunk (group id 2 = batch * splits +
 //                 split) and writes the raw sum to a workspace; gemm_splitk_reduce adds the
 //                 chunks and applies the epilogue. 0: the epilogue is applied directly.
-//   SPLIT_FOLD    (with SPLIT_K) 1: no second launch: the work-group of each tile that
-//                 finishes last adds the chunks (gemm_splitk.cl.mako's last_group_fold, in
-//                 gemm_splitk_reduce's order) and applies the epilogue to C, whose arguments
-//                 follow the chain's; tile_done counts the finished chunks per tile (zero
-//                 before a launch, and again after it). DEVICE_FENCE: the C statement that
-//                 orders a work-item's global writes for every work-group of the device
 //   LANES_N       0: work-item lid computes row block lid / TN_THREADS, column block
 //                 lid % TN_THREADS. > 0: work-items come in runs of 32 (one NVIDIA warp), each
 //                 run a LANES_N (along N) by 32 / LANES_N (along M) patch of the work-item
@@ -214,8 +207,7 @@ void gemm_tiled(int M, int N, int K,
                 int fb_p, long fb_img, int fb_w, int fb_row, int fb_col,
                 int fc_p, long fc_img,
                 int splits, int k_chunk
-                ${common.chain_params()}
-                ${splitk.split_fold_params()})
+                ${common.chain_params()})
 {
     __local float a_stage[STAGES * STAGE_A] __attribute__((aligned(16)));
     __local float b_stage[STAGES * STAGE_B] __attribute__((aligned(16)));
@@ -554,9 +546,6 @@ void gemm_tiled(int M, int N, int K,
 % if SPLIT_K:
     // Raw partial sums: workspace C is [batch * splits][M][N], dense.
     C += (long)get_group_id(2) * M * N;
-%   if SPLIT_FOLD:
-    __global float *part = C;
-%   endif
 % else:
     C += c_off + batch * stride_c;
     R += r_off + batch * stride_c;
@@ -633,9 +622,6 @@ void gemm_tiled(int M, int N, int K,
         }
     }
 %   endfor
-% endif
-% if SPLIT_K and SPLIT_FOLD:
-${splitk.last_group_fold("NTHREADS", "TILE_M", "TILE_N")}
 % endif
 }
 

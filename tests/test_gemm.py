@@ -29,9 +29,6 @@ def tiled(tm, tn, tk, wm, wn, vec, pad, db, gvec, split=1):
 TILED = tiled(32, 32, 16, 4, 4, 4, 4, 1, 4)
 TILED_SINGLE = dict(tiled(16, 16, 8, 2, 2, 2, 0, 0, 1), lanes_n=8, tile_group=2)
 SPLIT = dict(TILED, solver="splitk", split_k=3)
-# The split's chunks added by gemm_splitk_reduce, a second launch (SPLIT takes the device's
-# rule: on PoCL and NVIDIA the work-group that finishes a tile last adds them in the kernel).
-SPLIT_LAUNCH = dict(SPLIT, split_fold=False)
 SMALL = {"solver": "small", "small_m": 8, "small_n": 16}
 
 
@@ -84,8 +81,8 @@ SHAPES = [(1, 1, 1), (3, 5, 1), (37, 45, 29), (33, 1, 70), (1, 50, 33), (70, 9, 
           (64, 64, 64)]
 
 
-@pytest.mark.parametrize("params", [TILED, TILED_SINGLE, SPLIT, SPLIT_LAUNCH, SMALL],
-                         ids=["tiled", "tiled-single-stage", "splitk", "splitk-launch", "small"])
+@pytest.mark.parametrize("params", [TILED, TILED_SINGLE, SPLIT, SMALL],
+                         ids=["tiled", "tiled-single-stage", "splitk", "small"])
 def test_variants_random_shapes(ctx, rng, params):
     # (64, 64, 64) takes the vector-load path of TILED and SPLIT; the odd shapes the scalar one.
     for M, N, K in SHAPES if params is not TILED_SINGLE else SHAPES[:-1]:
@@ -236,8 +233,7 @@ def test_gemm_batched(ctx, rng):
     assert_close(out.numpy(), reference(a, np.broadcast_to(shared, (batch, K, N)), False, False))
 
 
-@pytest.mark.parametrize("params", [TILED, SMALL, SPLIT, SPLIT_LAUNCH],
-                         ids=["tiled", "small", "splitk", "splitk-launch"])
+@pytest.mark.parametrize("params", [TILED, SMALL, SPLIT], ids=["tiled", "small", "splitk"])
 def test_batched_kernel_level(ctx, rng, params):
     batch, M, N, K = 4, 20, 12, 36
     a, b = operands(rng, M, N, K, False, False, batch=batch)
@@ -248,44 +244,6 @@ def test_batched_kernel_level(ctx, rng, params):
     plan.enqueue()
     plan.enqueue()  # a plan enqueues again with the arguments bound once
     assert_close(C.numpy(), reference(a, b, False, False))
-
-
-def test_split_fold_in_the_kernel_matches_the_second_launch(ctx, rng):
-    # Batched, ragged tiles, alpha, beta, a bias and an activation: the fold in the kernel adds
-    # the chunks in gemm_splitk_reduce's order, so the bits are the same; enqueued three times,
-    # so that a tile's count of finished chunks must have gone back to zero after each launch.
-    batch, M, N, K = 3, 37, 45, 127
-    a, b = operands(rng, M, N, K, True, False, batch=batch)
-    c, bias = random(rng, (batch, M, N)), random(rng, (N,))
-    A, B = dp.Tensor.from_numpy(ctx, a), dp.Tensor.from_numpy(ctx, b)
-    Bias = dp.Tensor.from_numpy(ctx, bias)
-    outs = {}
-    for fold in (True, False):
-        C = dp.Tensor.from_numpy(ctx, c)
-        plan = GemmPlan(ctx, M, N, K, A.buffer, 0, M, B.buffer, 0, N, C.buffer, 0, N,
-                        batch=batch, stride_a=M * K, stride_b=K * N, stride_c=M * N,
-                        trans_a=True, alpha=0.5, beta=-1.25, bias_buf=Bias.buffer,
-                        activation="relu", params=dict(SPLIT, split_k=4, split_fold=fold))
-        assert plan.algorithm == "splitk" and plan.splits == 4
-        assert plan.config.split_fold == int(fold)
-        # One launch with the fold, the tiled kernel and gemm_splitk_reduce without.
-        assert len(plan._launches) == (1 if fold else 2)
-        for _ in range(3):
-            plan.enqueue()
-        outs[fold] = C.numpy()
-    # beta reads C: the third launch saw the second's output, in both forms alike.
-    np.testing.assert_array_equal(outs[True], outs[False])
-    expect = c.astype(np.float64)
-    for _ in range(3):
-        expect = np.maximum(reference(a, b, True, False, 0.5, -1.25, expect.astype(np.float32),
-                                      bias), 0)
-    assert_close(outs[True], expect)
-
-
-def test_split_fold_parameter_is_checked(ctx, rng):
-    a, b = operands(rng, 8, 8, 64, False, False)
-    with pytest.raises(dp.UnsupportedError, match="split_fold"):
-        run_params(ctx, dict(SPLIT, split_fold=1), a, b, 8, 8, 64)
 
 
 def test_forced_algorithm_from_environment(ctx, monkeypatch):

@@ -459,9 +459,7 @@ class GemmConfig:
     every row of C starts on one, else 1); ``nv_async``: pipelined slices copied with
     cp.async; ``reqd_size``: the kernel declares its work-group size; ``block_a``/``block_b``:
     the subgroup kernel reads rows of A/B with block reads; ``splits``/``k_chunk``: the K
-    chunks a split-K GEMM runs (splits 1: one pass); ``split_fold``: the tiled kernel's
-    work-group that finishes a tile last adds its chunks (no second launch; ``_split_fold``),
-    behind ``fence``, the device-wide fence statement; ``options``: build options."""
+    chunks a split-K GEMM runs (splits 1: one pass); ``options``: build options."""
     global_vec: int = 1
     global_vec_b: int = 0
     gemv_a: int = 0
@@ -473,8 +471,6 @@ class GemmConfig:
     block_b: int = 0
     splits: int = 1
     k_chunk: int = 0
-    split_fold: int = 0
-    fence: str = ""
     options: tuple = ()
 
 
@@ -733,10 +729,9 @@ class TiledSolver(GemmSolver):
         # NVIDIA's compiler ignores the cap for a kernel that declares its work-group size
         # (reqd_size 0 may also be forced, to test the kernel without the declaration).
         reqd_size = 0 if options else int(params.get("reqd_size", 1))
-        split = _split_config(problem, params["tile_k"], params.get("split_k", 1))
         return GemmConfig(global_vec=gvec, c_vec=vec if c_aligned else 1, nv_async=nv_async,
                           reqd_size=reqd_size, options=options,
-                          **split, **_split_fold(ctx, params, split["splits"]))
+                          **_split_config(problem, params["tile_k"], params.get("split_k", 1)))
 
     def template_params(self, params, config):
         return {"TILE_M": params["tile_m"], "TILE_N": params["tile_n"],
@@ -747,8 +742,7 @@ class TiledSolver(GemmSolver):
                 "LANES_N": params.get("lanes_n", 0), "GROUP_M": params.get("tile_group", 1),
                 "PIPELINE": params.get("pipeline", 0),
                 "NV_ASYNC": int(bool(params.get("pipeline", 0) and config.nv_async)),
-                "REQD_SIZE": config.reqd_size, "SPLIT_FOLD": config.split_fold,
-                "DEVICE_FENCE": config.fence}
+                "REQD_SIZE": config.reqd_size}
 
     def launches(self, ctx, problem, params, config, args, workspace):
         M, N, batch = problem.m, problem.n, problem.batch
@@ -772,27 +766,6 @@ def _split_config(problem, tile_k, split_k):
     return {"splits": math.ceil(problem.k / k_chunk), "k_chunk": k_chunk}
 
 
-def _split_fold(ctx, params, splits):
-    """GemmConfig's split_fold and fence for a tiled plan of ``splits`` chunks: the plan's
-    ``split_fold`` parameter (True / False) where given, else the device's rule
-    (``tuning_db/gemm_split_fold.json``: where a device-wide fence is known to hold, the
-    work-group that finishes a tile last adds its chunks, one launch instead of two)."""
-    if splits < 2:
-        return {}
-    fold = params.get("split_fold")
-    if fold is None:
-        rule, _ = tuning.lookup(ctx.info, "gemm_split_fold", {"gpu": int(ctx.info.is_gpu)})
-        fold = rule["fold"] == "last_group"
-    elif not isinstance(fold, bool):
-        raise UnsupportedError(f"GEMM parameter split_fold must be True or False, got {fold!r}")
-    if not fold:
-        return {}
-    # NVIDIA compiles mem_fence(CLK_GLOBAL_MEM_FENCE) to a work-group fence (membar.cta).
-    fence = ('asm volatile("membar.gl;" ::: "memory");' if ctx.info.vendor == "nvidia"
-             else "mem_fence(CLK_GLOBAL_MEM_FENCE);")
-    return {"split_fold": 1, "fence": fence}
-
-
 def _split_workspace(problem, config):
     """Bytes of a split plan's partial sums: ``batch * splits`` M x N floats (none in one
     pass)."""
@@ -809,17 +782,10 @@ def _split_launches(ctx, kernel, grid, threads, problem, config, args, workspace
     M, N, batch = problem.m, problem.n, problem.batch
     i32, i64, f32 = np.int32, np.int64, np.float32
     group = min(64, ctx.info.max_work_group_size)
-    first = [*args.ab, workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0), *args.out,
-             *args.folds[:10], *_fold_args(None, False), i32(config.splits),
-             i32(config.k_chunk), *args.chain]
-    if config.split_fold:
-        # One launch: C's own arguments and a count of finished chunks per tile, zero now and
-        # again after every launch (the last work-group of a tile resets its count).
-        tiles = grid[0] // (local or (threads, 1, 1))[0] * grid[1] * batch
-        done = Tensor.zeros(ctx, (tiles,), np.int32)
-        return [(kernel, grid, local or (threads, 1, 1),
-                 [*first, *args.c, *_fold_args(args.fold_c, False), done.buffer])]
-    return [(kernel, grid, local or (threads, 1, 1), first),
+    return [(kernel, grid, local or (threads, 1, 1),
+             [*args.ab, workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0), *args.out,
+              *args.folds[:10], *_fold_args(None, False), i32(config.splits),
+              i32(config.k_chunk), *args.chain]),
             ("gemm_splitk_reduce", (_round_up(N, group), M, batch), (group, 1, 1),
              [i32(M), i32(N), i32(config.splits), workspace, *args.c, *args.out,
               *_fold_args(args.fold_c, False), *args.chain])]
