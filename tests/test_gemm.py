@@ -246,6 +246,25 @@ def test_batched_kernel_level(ctx, rng, params):
     assert_close(C.numpy(), reference(a, b, False, False))
 
 
+@pytest.mark.parametrize("N,reduce", [(44, "gemm_splitk_reduce4"), (45, "gemm_splitk_reduce")])
+def test_split_reduce_four_columns_an_item(ctx, rng, N, reduce):
+    # N a multiple of 4: the chunks are added four columns an item (float4 loads); batched,
+    # ragged rows, alpha, beta, a bias and an activation in both kernels.
+    batch, M, K = 2, 37, 127
+    a, b = operands(rng, M, N, K, False, True, batch=batch)
+    c, bias = random(rng, (batch, M, N)), random(rng, (N,))
+    A, B, C = (dp.Tensor.from_numpy(ctx, x) for x in (a, b, c))
+    plan = GemmPlan(ctx, M, N, K, A.buffer, 0, K, B.buffer, 0, K, C.buffer, 0, N, batch=batch,
+                    stride_a=M * K, stride_b=N * K, stride_c=M * N, trans_b=True, alpha=0.5,
+                    beta=-1.25, bias_buf=dp.Tensor.from_numpy(ctx, bias).buffer,
+                    activation="relu", params=dict(SPLIT, split_k=4))
+    assert plan.splits == 4
+    assert [k.kernel.function_name for k, *_ in plan._launches] == ["gemm_tiled", reduce]
+    plan.enqueue()
+    expect = np.maximum(reference(a, b, False, True, 0.5, -1.25, c, bias), 0)
+    assert_close(C.numpy(), expect)
+
+
 def test_forced_algorithm_from_environment(ctx, monkeypatch):
     monkeypatch.setenv("DLPRIM_GEMM_ALGO", "small")
     dp.config.reload()

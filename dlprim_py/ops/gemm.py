@@ -777,18 +777,22 @@ def _split_workspace(problem, config):
 def _split_launches(ctx, kernel, grid, threads, problem, config, args, workspace, local=None):
     """A GEMM split along K: ``kernel`` writes raw partial sums into the workspace
     ([batch * splits][M][N], dense: unit alpha, no beta, no fold of C), then
-    gemm_splitk_reduce (in the same program) adds them with the epilogue. ``local``: the
+    gemm_splitk_reduce (gemm_splitk_reduce4 where N is a multiple of 4; both in the same
+    program) adds them with the epilogue. ``local``: the
     kernel's work-group when not (threads, 1, 1)."""
     M, N, batch = problem.m, problem.n, problem.batch
     i32, i64, f32 = np.int32, np.int64, np.float32
     group = min(64, ctx.info.max_work_group_size)
+    # Four columns an item where the rows of the (dense) workspace hold whole float4s.
+    reduce = (("gemm_splitk_reduce4", (_round_up(N // 4, group), M, batch), (group, 1, 1))
+              if N % 4 == 0 else
+              ("gemm_splitk_reduce", (_round_up(N, group), M, batch), (group, 1, 1)))
     return [(kernel, grid, local or (threads, 1, 1),
              [*args.ab, workspace, i64(0), i32(N), i64(0), f32(1.0), f32(0.0), *args.out,
               *args.folds[:10], *_fold_args(None, False), i32(config.splits),
               i32(config.k_chunk), *args.chain]),
-            ("gemm_splitk_reduce", (_round_up(N, group), M, batch), (group, 1, 1),
-             [i32(M), i32(N), i32(config.splits), workspace, *args.c, *args.out,
-              *_fold_args(args.fold_c, False), *args.chain])]
+            (*reduce, [i32(M), i32(N), i32(config.splits), workspace, *args.c, *args.out,
+                       *_fold_args(args.fold_c, False), *args.chain])]
 
 
 class SplitKSolver(TiledSolver):
