@@ -203,7 +203,21 @@ inline float2 sum_chunks_from(__global const float* partials, int first, int ste
                               int C, int c)
 {
     float2 total = (float2)(0.0f, 0.0f), lost = (float2)(0.0f, 0.0f);
-    for (int j = first; j < chunks; j += step) {
+    int j = first;
+    // Eight partials loaded before any is added (the compensated sum's chain kept each load
+    // waiting: 12 us for 768 channels of 128 chunks on the H200), then added in order.
+    for (; j + 7 * step < chunks; j += 8 * step) {
+        float2 part[8];
+        for (int u = 0; u < 8; ++u)
+            part[u] = vload2((long)(j + u * step) * C + c, partials);
+        for (int u = 0; u < 8; ++u) {
+            const float2 term = part[u] - lost;
+            const float2 next = total + term;
+            lost = select((float2)(0.0f, 0.0f), (next - total) - term, isfinite(next));
+            total = next;
+        }
+    }
+    for (; j < chunks; j += step) {
         const float2 term = vload2((long)j * C + c, partials) - lost;
         const float2 next = total + term;
         lost = select((float2)(0.0f, 0.0f), (next - total) - term, isfinite(next));
