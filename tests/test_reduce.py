@@ -9,7 +9,7 @@ import dlprim_py as dp
 from dlprim_py.ops import reduce as R
 from dlprim_py.ops.reduce import ReduceKernel
 
-from conftest import assert_close, poisoned, random
+from conftest import assert_close, assert_repeats_build_nothing, poisoned, random
 
 F = dp.functional
 
@@ -304,6 +304,77 @@ def test_large_sum_and_norm_are_accurate(ctx):
 
 
 # ---- sum_to_shape, maximum, minimum ------------------------------------------------------
+
+# Rows x columns: one chunk; several chunks of a 4-wide and a ragged last block; rows not on
+# 16-byte boundaries (element by element); chunks that the rows' length forces (up to 2048
+# rows a chunk), past 16 of them (lanes of the fold adding two each).
+COLUMN_CASES = [(2, 1, 0), (5, 3, 1), (70, 33, 0), (300, 64, 4), (1000, 130, 0), (513, 68, 2),
+                (5000, 7, 3), (20000, 5, 0), (40000, 3, 1)]
+
+
+def _column_case(ctx, rng, R_, C, off):
+    """(x viewed as R x C at element offset ``off`` in a larger buffer, its float64 column sums,
+    an output of C elements inside a poisoned buffer and that buffer)."""
+    a = random(rng, R_ * C + off + 3, -1, 2)
+    big = dp.Tensor.from_numpy(ctx, a)
+    x = dp.Tensor(ctx, big.buffer, (R_, C), offset=4 * off)
+    out_big = poisoned(ctx, (C + 2,))
+    out = dp.Tensor(ctx, out_big.buffer, (C,), offset=4)
+    return x, a[off:off + R_ * C].reshape(R_, C).astype(np.float64).sum(axis=0), out, out_big
+
+
+@pytest.mark.parametrize("mode", ["last_group", "launch"])
+@pytest.mark.parametrize("R_,C,off", COLUMN_CASES)
+def test_column_sums(ctx, rng, monkeypatch, mode, R_, C, off):
+    """column_sums against float64 with each way of adding the chunks forced: every output
+    written, nothing beside it; called again on other data (a block's count of finished chunks
+    must be back at zero), building nothing."""
+    monkeypatch.setenv("DLPRIM_REDUCE_PARTIALS_ALGO", mode)
+    dp.config.reload()
+    x, ref, out, out_big = _column_case(ctx, rng, R_, C, off)
+    R.column_sums(x, out, R_, C)
+    assert_close(out.numpy(), ref)
+    assert np.isnan(out_big.numpy()[[0, C + 1]]).all(), "wrote outside the output"
+    y, ref2, _, _ = _column_case(ctx, rng, R_, C, off)
+    out.fill_(np.nan)
+    assert_repeats_build_nothing(ctx, lambda: R.column_sums(y, out, R_, C))
+    assert_close(out.numpy(), ref2)
+
+
+def test_column_sums_modes_give_the_same_bits(ctx, rng, monkeypatch):
+    x, _, out, _ = _column_case(ctx, rng, 3000, 200, 0)
+    results = []
+    for mode in ("last_group", "launch"):
+        monkeypatch.setenv("DLPRIM_REDUCE_PARTIALS_ALGO", mode)
+        dp.config.reload()
+        R.column_sums(x, out, 3000, 200)
+        results.append(out.numpy())
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("grad_shape, shape", [((6, 5, 40), (40,)), ((6, 5, 40), (1, 5, 40)),
+                                               ((130, 9), (9,))])
+def test_sum_to_shape_over_leading_dims_takes_the_column_sums(ctx, rng, monkeypatch,
+                                                              grad_shape, shape):
+    """A gradient summed over its leading dimensions (a bias gradient) runs column_sums, and
+    the generic kernels where a reduce solver is forced: the same values."""
+    g = random(rng, grad_shape)
+    lead = len(grad_shape) - len([s for s in shape if s != 1] or [0])
+    ref = g.astype(np.float64).reshape(-1, int(np.prod(shape))).sum(axis=0).reshape(shape)
+    calls = []
+    monkeypatch.setattr(R, "column_sums", lambda *a: (calls.append(a), R_column_sums(*a))[1])
+    out = R.sum_to_shape(dp.Tensor.from_numpy(ctx, g), shape)
+    assert out.shape == shape and len(calls) == 1 and lead >= 1
+    assert_close(out.numpy(), ref)
+    monkeypatch.setenv("DLPRIM_REDUCE_ALGO", "item")
+    dp.config.reload()
+    out = R.sum_to_shape(dp.Tensor.from_numpy(ctx, g), shape)
+    assert len(calls) == 1
+    assert_close(out.numpy(), ref)
+
+
+R_column_sums = R.column_sums
+
 
 @pytest.mark.parametrize("grad_shape, shape", [((4, 5, 6), (5, 1)), ((4, 5, 6), (4, 1, 6)),
                                                ((3, 4), ()), ((3, 4), (3, 4)), ((7,), (1,))])

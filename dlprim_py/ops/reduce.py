@@ -31,7 +31,11 @@ The functional reductions (``sum``, ``mean``, ``amax``, ``amin``, ``argmax``, ``
 ``norm``, ``any``, ``all``) take torch's arguments (``dim`` an int, a sequence of ints or None;
 ``keepdim``) and record their backward on the tape. ``sum`` of a bool, int32 or int64 tensor is
 int64 (a mask's count of True), ``any`` and ``all`` of any dtype are bool, as torch's.
-``sum_to_shape`` folds a broadcast gradient back to the shape of an operand.
+``sum_to_shape`` folds a broadcast gradient back to the shape of an operand; a float32 one
+summed over its leading dimensions (a linear layer's bias gradient) takes ``column_sums``
+(kernels/reduce_columns.cl.mako: work-groups of 64 columns by a chunk of rows, float4 loads,
+the chunks added by the last work-group of each block or a second launch, as the
+"reduce_partials" family says; one launch where the generic kernels took two).
 """
 import math
 from dataclasses import dataclass
@@ -93,8 +97,9 @@ class ItemSolver(solver.Solver):
 
 @dataclass(frozen=True)
 class PartialsProblem:
-    """How a reduction of everything to one value combines its ``chunks`` partial results, with
-    work-groups of ``group_size`` items folding runs of at most ``set_chunk``."""
+    """How a reduction of everything to one value (or ``column_sums``) combines its ``chunks``
+    partial results, with work-groups of ``group_size`` items folding runs of at most
+    ``set_chunk``."""
     chunks: int
     group_size: int
     set_chunk: int
@@ -711,10 +716,17 @@ def expand(g, shape):
 
 def sum_to_shape(grad, shape):
     """Sum ``grad`` over the dimensions that broadcasting expanded to reach ``grad.shape``,
-    giving a dense tensor of ``shape`` (which must broadcast to ``grad.shape``)."""
+    giving a dense tensor of ``shape`` (which must broadcast to ``grad.shape``). A float32
+    gradient summed over its leading dimensions only (a linear layer's bias gradient) takes the
+    column sums (``column_sums``) unless a reduce solver is forced."""
     shape = tuple(shape)
     if broadcast_shapes(shape, grad.shape) != grad.shape:
         raise ShapeError(f"sum_to_shape: {shape} does not broadcast to {grad.shape}")
+    columns = _leading_sum(grad, shape)
+    if columns is not None:
+        out = Tensor.empty(grad.ctx, shape, grad.dtype)
+        column_sums(grad, out, *columns)
+        return out
     if is_float16_type(grad.dtype):
         # Summed in float32, rounded to the gradient's type once.
         out = Tensor.empty(grad.ctx, shape, float32)
@@ -730,6 +742,114 @@ def sum_to_shape(grad, shape):
     if out.size:
         _sum_kernel()([grad], [out])
     return out
+
+
+def _leading_sum(grad, shape):
+    """(R, C) where summing ``grad`` to ``shape`` is the column sums of its (R, C) view: float32,
+    ``shape`` (less leading ones) its trailing dimensions, at least two rows, no reduce solver
+    forced and a device that runs work-groups of 256; else None."""
+    if grad.dtype != float32 or grad.size == 0:
+        return None
+    trailing = shape
+    while trailing and trailing[0] == 1:
+        trailing = trailing[1:]
+    k = len(trailing)
+    if k == 0 or grad.shape[len(grad.shape) - k:] != trailing:
+        return None
+    C = math.prod(trailing)
+    R = grad.size // C
+    if R < 2 or R > _COLUMN_ROWS_LIMIT or config.switches().forced.get("reduce") \
+            or grad.ctx.info.max_work_group_size < 256:
+        return None
+    return R, C
+
+
+# Rows column_sums takes: at most 1024 chunks (64 per lane of the fold) of at most 2048 rows
+# (64 per lane and set).
+_COLUMN_ROWS_LIMIT = 1024 * 2048
+
+
+def column_sums(x, out, R, C):
+    """out[c] = sum over r of x[r, c] for ``x`` seen as R x C (row-major, dense) and ``out`` of
+    C elements, float32, through kernels/reduce_columns.cl.mako: work-groups of 64 columns by a
+    chunk of rows, about ``COLUMN_GROUPS_PER_UNIT`` per compute unit; their partial sums added
+    by the group that finishes last or by a second launch, as the reduce_partials family says
+    for this device. A repeated call on the same sizes builds and plans nothing."""
+    ctx = x.ctx
+    vec = 4 if C % 4 == 0 and x.offset_elements % 4 == 0 else 1
+    forced_partials = config.switches().forced.get("reduce_partials")
+    key = ("column_sums", R, C, vec, forced_partials, tuning.generation)
+    plan = ctx.plans.get(key)
+    if plan is None:
+        plan = ctx.plans.put(key, _ColumnSums(ctx, R, C, vec))
+    plan.enqueue(x, out)
+
+
+# Work-groups of column_sums per compute unit on a GPU (one on a CPU): 4 keeps 1024 items per
+# H200 compute unit, each with two 16-byte loads in flight.
+COLUMN_GROUPS_PER_UNIT = 4
+
+
+class _ColumnSums:
+    """column_sums's launch for one (R, C, vector) problem: kernels with the sizes bound, the
+    chunk partials, the count of finished chunks per block (last group) or the fold launch."""
+
+    def __init__(self, ctx, R, C, vec):
+        self.ctx = ctx
+        blocks = -(-C // 64)
+        per_unit = COLUMN_GROUPS_PER_UNIT if ctx.info.is_gpu else 1
+        chunks = max(1, min(-(-ctx.info.compute_units * per_unit // blocks), -(-R // 64)))
+        # Sums no longer than LONGEST_FOLD: rows per lane and set, chunks per lane of the fold.
+        chunks = max(chunks, -(-R // (32 * LONGEST_FOLD)))
+        chunk_rows = -(-R // chunks)
+        chunks = -(-R // chunk_rows)
+        if chunks > 16 * LONGEST_FOLD:
+            raise DlprimError(f"column_sums: {R} rows need {chunks} chunks, more than "
+                              f"{16 * LONGEST_FOLD}")
+        last_group = chunks > 1 and solver.select(
+            ctx, "reduce_partials", PartialsProblem(chunks, 256, LONGEST_FOLD)).name == "last_group"
+        built = program.build(ctx, "reduce_columns",
+                              {"VEC": vec, "LAST_GROUP": int(last_group),
+                               "FENCE": _device_fence(ctx) if last_group else ""})
+        self.kernel = BoundKernel(built.kernel("column_sums", fresh=True))
+        i32 = np.int32
+        self.partials = Tensor.empty(ctx, (chunks, C), float32) if chunks > 1 else None
+        scratch = self.partials.buffer if chunks > 1 else None
+        args = [i32(R), i32(C), i32(chunk_rows), i32(chunks), None, None, scratch, None, None]
+        self.done = None
+        if last_group:
+            # Zero between launches: the last group of each block sets its count back.
+            self.done = Tensor.zeros(ctx, (blocks,), np.int32)
+            args.append(self.done.buffer)
+        for k, value in enumerate(args):
+            if k not in (4, 5, 7, 8):       # the operands: set per call
+                self.kernel.set(k, value)   # (partials None: a null pointer, never read)
+        self.size = ((blocks * 256, chunks), (256, 1))
+        self.fold = None
+        if chunks > 1 and not last_group:
+            self.fold = BoundKernel(built.kernel("column_sums_fold", fresh=True))
+            for k, value in enumerate([i32(C), i32(chunks), scratch]):
+                self.fold.set(k, value)
+
+    def enqueue(self, x, out):
+        kernel = self.kernel
+        kernel.set(4, x.buffer)
+        kernel.set(5, x.offset_elements, np.int64)
+        kernel.set(7, out.buffer)
+        kernel.set(8, out.offset_elements, np.int64)
+        buffers = None
+        if current() is not None:
+            # What a recording needs to replay this launch on other buffers.
+            buffers = [(4, x.buffer), (7, out.buffer)] + \
+                ([(6, self.partials.buffer)] if self.partials is not None else []) + \
+                ([(9, self.done.buffer)] if self.done is not None else [])
+        kernel.enqueue(self.ctx.queue, *self.size, buffers)
+        if self.fold is not None:
+            fold = self.fold
+            fold.set(3, out.buffer)
+            fold.set(4, out.offset_elements, np.int64)
+            fold.enqueue(self.ctx.queue, (self.size[0][0],), (256,),
+                         [(2, self.partials.buffer), (3, out.buffer)] if buffers else None)
 
 
 # The dtypes whose sum is int64, as torch's (bool counts its True elements).
