@@ -119,7 +119,9 @@ def test_backward_filter(ctx, rng, monkeypatch, kernel, tuning_rules):
     T = lambda a: dp.Tensor.from_numpy(ctx, a)  # noqa: E731
     for case in cases_for(kernel):
         conv, x, w, dy, (_, _, dw_ref) = make(ctx, rng, case)
-        assert conv.algorithms("backward_filter")[0] == "gemm"
+        # Offered; first or not as the device's rules rank it (the H200's put implicit_gemm
+        # first for these filter gradients).
+        assert "gemm" in conv.algorithms("backward_filter")
         dw = poisoned(ctx, w.shape)
         conv.backward_filter(T(dy), T(x), dw, algo="gemm")
         assert_close(dw.numpy(), dw_ref)
