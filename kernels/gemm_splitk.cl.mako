@@ -4,7 +4,7 @@
 ## program by its include, with its template parameters.
 <%namespace name="common" file="gemm_common.cl.mako"/>
 
-// Adds the split-K partial sums of gemm_tiled and applies the epilogue; one work-item per C
+// Adds the split-K partial sums of the splitting kernel and applies the epilogue; one work-item per C
 // element, columns fastest. Global size (N rounded up, M, batch).
 __kernel void gemm_splitk_reduce(int M, int N, int splits,
                                  __global const float *restrict partial,
