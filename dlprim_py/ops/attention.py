@@ -335,7 +335,6 @@ class AttentionPlan:
         self.delta_size = _delta_size(batches * L)
 
     def _tiled(self, ctx, problem, table, batches, index_t):
-        limit = ctx.info.max_work_group_size
         # NVIDIA: the items sharing a row are neighbours in a warp and take the row's maximum
         # with warp shuffles (inline PTX); elsewhere through local memory, with barriers.
         shuffle = "ptx" if ctx.info.vendor == "nvidia" else "local"
