@@ -199,6 +199,15 @@ inline float shifted_variance(float mean_square, float shifted_mean)
 // summation: a long channel is cut into up to a few thousand chunks, and their sum must not lose
 // what the trees kept. Once the sum is infinite there is nothing to compensate: inf - inf would
 // make the compensation, and every later sum, NaN where torch's mean is that infinity.
+// One compensated step: x added to *total, the rounding lost kept in *lost.
+inline void add_compensated(float2 *total, float2 *lost, float2 x)
+{
+    const float2 term = x - *lost;
+    const float2 next = *total + term;
+    *lost = select((float2)(0.0f, 0.0f), (next - *total) - term, isfinite(next));
+    *total = next;
+}
+
 inline float2 sum_chunks_from(__global const float* partials, int first, int step, int chunks,
                               int C, int c)
 {
@@ -210,19 +219,11 @@ inline float2 sum_chunks_from(__global const float* partials, int first, int ste
         float2 part[8];
         for (int u = 0; u < 8; ++u)
             part[u] = vload2((long)(j + u * step) * C + c, partials);
-        for (int u = 0; u < 8; ++u) {
-            const float2 term = part[u] - lost;
-            const float2 next = total + term;
-            lost = select((float2)(0.0f, 0.0f), (next - total) - term, isfinite(next));
-            total = next;
-        }
+        for (int u = 0; u < 8; ++u)
+            add_compensated(&total, &lost, part[u]);
     }
-    for (; j < chunks; j += step) {
-        const float2 term = vload2((long)j * C + c, partials) - lost;
-        const float2 next = total + term;
-        lost = select((float2)(0.0f, 0.0f), (next - total) - term, isfinite(next));
-        total = next;
-    }
+    for (; j < chunks; j += step)
+        add_compensated(&total, &lost, vload2((long)j * C + c, partials));
     return total;
 }
 
