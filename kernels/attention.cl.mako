@@ -56,6 +56,8 @@
 ##                CPUs compile the rolled loops faster)
 ##   dropout      whether the attention weights are dropped
 ##   index_t      "int" or "long"
+##   delta_group  attention_delta's work-group size: 64, or the device's largest power of two
+##                below it
 <%namespace name="attention" file="attention_common.cl.mako"/>
 <%
     DK4 = (dk + 3) // 4
@@ -416,7 +418,7 @@ void attention_forward(${common_args()},
 #undef GROUP
 #define GROUP (${block_m} * LANES)
 
-${attention.delta_kernel(index_t, dv)}
+${attention.delta_kernel(index_t, dv, delta_group)}
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void attention_backward_q(${common_args()}, const float scale,

@@ -211,6 +211,26 @@ def test_rows_per_item_without_lanes(ctx, rng, poison, tuning_rules):
     _check(ctx, rng, (2, 3, 19, 16), (2, 3, 21, 16), (2, 3, 21, 16), mask=mask)
 
 
+@pytest.mark.parametrize("group", [8, 32])
+def test_delta_in_small_work_groups(ctx, rng, poison, tuning_rules, monkeypatch, group):
+    """attention_delta in the work-groups of a device that runs fewer than 64 items (8: one row
+    of 8 lanes a group; 32: two rows of 16), rows whose head dim no lane count divides."""
+    tuning_rules("attention", [{"when": {}, "params": {
+        "solver": "rows", "block_m": 8, "block_n": 8, "kv_block": 8, "q_tile": 8,
+        "lanes": 1, "rows": 1, "unroll": False}}])
+    monkeypatch.setattr(A, "_delta_group", lambda ctx: group)
+    sizes = []
+    original = A.AttentionPlan.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        sizes.append(self.delta_size)
+    monkeypatch.setattr(A.AttentionPlan, "__init__", spy)
+    _check(ctx, rng, (2, 3, 19, 12), (2, 3, 21, 12), (2, 3, 21, 20), is_causal=True)
+    # 114 rows: one a group of 8 (8 lanes), two a group of 32 (16 lanes each).
+    assert sizes and sizes[-1] == {8: ((114 * 8,), (8,)), 32: ((57 * 32,), (32,))}[group]
+
+
 def test_forced_solver(ctx, rng, monkeypatch):
     q = dp.Tensor.from_numpy(ctx, random(rng, (2, 9, 16)))
     monkeypatch.setenv("DLPRIM_ATTENTION_ALGO", "rows")

@@ -315,7 +315,8 @@ class AttentionPlan:
         self.params = dict(dk=problem.dk, dv=problem.dv, block_m=block_m, block_n=block_n,
                            kv_block=kv_block, q_tile=q_tile, mask=problem.mask,
                            dropout=problem.dropout, index_t=index_t, lanes=lanes, rows=rows,
-                           shuffle=shuffle, unroll=bool(params.get("unroll", True)))
+                           shuffle=shuffle, unroll=bool(params.get("unroll", True)),
+                           delta_group=_delta_group(ctx))
         built = program.build(ctx, "attention", self.params)
         self.forward_kernel = BoundKernel(built.kernel("attention_forward", fresh=True))
         self.delta_kernel = BoundKernel(built.kernel("attention_delta", fresh=True))
@@ -332,7 +333,7 @@ class AttentionPlan:
         self.keys_size = ((math.ceil(S / kv_block) * kv_block * lanes, batches),
                           (kv_block * lanes, 1))
         self.q_size = self.rows_size
-        self.delta_size = _delta_size(batches * L)
+        self.delta_size = _delta_size(batches * L, self.params["delta_group"])
 
     def _tiled(self, ctx, problem, table, batches, index_t):
         # NVIDIA: the items sharing a row are neighbours in a warp and take the row's maximum
@@ -457,10 +458,17 @@ class AttentionPlan:
         self.q_size = ((math.ceil(L / (16 * q_tiles * qw)) * 32 * qw, batches), (32 * qw, 1))
 
 
-def _delta_size(rows):
-    """attention_delta's (global, local) sizes: work-groups of 64 items, 4 rows each (16 items
-    a row), at most 16384 groups walking the rows."""
-    return ((min(math.ceil(rows / 4), 16384) * 64,), (64,))
+def _delta_group(ctx):
+    """attention_delta's work-group size in the portable solver: 64, or the largest power of
+    two the device runs below it (the tiled and mma solvers need larger groups anyway)."""
+    return min(64, 1 << (int(ctx.info.max_work_group_size).bit_length() - 1))
+
+
+def _delta_size(rows, group=64):
+    """attention_delta's (global, local) sizes: work-groups of ``group`` items, 16 items a row
+    (fewer in groups under 16), at most 16384 groups walking the rows."""
+    per_group = group // min(16, group)
+    return ((min(math.ceil(rows / per_group), 16384) * group,), (group,))
 
 
 def _empty(ctx, shape, dtype=float32):
