@@ -308,7 +308,7 @@ def test_large_sum_and_norm_are_accurate(ctx):
 # Rows x columns: one chunk; several chunks of a 4-wide and a ragged last block; rows not on
 # 16-byte boundaries (element by element); chunks that the rows' length forces (up to 2048
 # rows a chunk), past 16 of them (lanes of the fold adding two each).
-COLUMN_CASES = [(2, 1, 0), (5, 3, 1), (70, 33, 0), (300, 64, 4), (1000, 130, 0), (513, 68, 2),
+COLUMN_CASES = [(2, 2, 0), (5, 3, 1), (70, 33, 0), (300, 64, 4), (1000, 130, 0), (513, 68, 2),
                 (5000, 7, 3), (20000, 5, 0), (40000, 3, 1)]
 
 
@@ -323,48 +323,82 @@ def _column_case(ctx, rng, R_, C, off):
     return x, a[off:off + R_ * C].reshape(R_, C).astype(np.float64).sum(axis=0), out, out_big
 
 
+def _columns(ctx, x, out, kernel="sum"):
+    """``kernel`` (sum, amax or the squares' root) over the rows of x into out, the columns
+    solver forced."""
+    k = {"sum": R._sum_kernel, "amax": lambda: R._extremum_kernel("max"),
+         "norm2": lambda: R.ReduceKernel("columns_norm2", [("x", np.float32)],
+                                         [("y", np.float32)], "y = x * x;", "sum",
+                                         finalize="acc_y = sqrt(acc_y) + (float)reduce_size;")}[kernel]()
+    k([x], [out], variant="columns")
+    return k
+
+
 @pytest.mark.parametrize("mode", ["last_group", "launch"])
 @pytest.mark.parametrize("R_,C,off", COLUMN_CASES)
-def test_column_sums(ctx, rng, monkeypatch, mode, R_, C, off):
-    """column_sums against float64 with each way of adding the chunks forced: every output
-    written, nothing beside it; called again on other data (a block's count of finished chunks
-    must be back at zero), building nothing."""
+def test_columns_solver(ctx, rng, monkeypatch, mode, R_, C, off):
+    """The columns solver against float64 with each way of combining the chunks forced: every
+    output written, nothing beside it; called again on other data (a block's count of finished
+    chunks must be back at zero), building nothing."""
     monkeypatch.setenv("DLPRIM_REDUCE_PARTIALS_ALGO", mode)
     dp.config.reload()
     x, ref, out, out_big = _column_case(ctx, rng, R_, C, off)
-    R.column_sums(x, out, R_, C)
+    k = _columns(ctx, x, out)
+    assert k.describe([x], [out], variant="columns")[0] == "columns"
     assert_close(out.numpy(), ref)
     assert np.isnan(out_big.numpy()[[0, C + 1]]).all(), "wrote outside the output"
     y, ref2, _, _ = _column_case(ctx, rng, R_, C, off)
     out.fill_(np.nan)
-    assert_repeats_build_nothing(ctx, lambda: R.column_sums(y, out, R_, C))
+    assert_repeats_build_nothing(ctx, lambda: _columns(ctx, y, out))
     assert_close(out.numpy(), ref2)
 
 
-def test_column_sums_modes_give_the_same_bits(ctx, rng, monkeypatch):
+@pytest.mark.parametrize("mode", ["last_group", "launch"])
+@pytest.mark.parametrize("R_,C,off", [(5, 3, 1), (1000, 130, 0), (40000, 3, 1)])
+def test_columns_solver_statements(ctx, rng, monkeypatch, mode, R_, C, off):
+    """The kernel's own statements in the columns form: a max (its identity, not zero, in the
+    ragged block; a NaN that wins) and a map with a finalize that reads reduce_size."""
+    monkeypatch.setenv("DLPRIM_REDUCE_PARTIALS_ALGO", mode)
+    dp.config.reload()
+    x, _, out, out_big = _column_case(ctx, rng, R_, C, off)
+    a = x.numpy().astype(np.float64)
+    _columns(ctx, x, out, "amax")
+    assert np.array_equal(out.numpy(), a.max(axis=0))
+    _columns(ctx, x, out, "norm2")
+    assert_close(out.numpy(), np.sqrt((a * a).sum(axis=0)) + R_)
+    assert np.isnan(out_big.numpy()[[0, C + 1]]).all(), "wrote outside the output"
+    b = -np.abs(random(rng, (R_, C))) - 1         # every value below the zeros past C
+    b[R_ // 2, C - 1] = np.nan
+    y = dp.Tensor.from_numpy(ctx, b)
+    _columns(ctx, y, out, "amax")
+    assert np.array_equal(out.numpy(), b.max(axis=0), equal_nan=True)
+
+
+def test_columns_modes_give_the_same_bits(ctx, rng, monkeypatch):
     x, _, out, _ = _column_case(ctx, rng, 3000, 200, 0)
     results = []
     for mode in ("last_group", "launch"):
         monkeypatch.setenv("DLPRIM_REDUCE_PARTIALS_ALGO", mode)
         dp.config.reload()
-        R.column_sums(x, out, 3000, 200)
+        _columns(ctx, x, out)
         results.append(out.numpy())
     np.testing.assert_array_equal(results[0], results[1])
 
 
 @pytest.mark.parametrize("grad_shape, shape", [((6, 5, 40), (40,)), ((6, 5, 40), (1, 5, 40)),
                                                ((130, 9), (9,))])
-def test_sum_to_shape_over_leading_dims_takes_the_column_sums(ctx, rng, monkeypatch,
-                                                              grad_shape, shape):
-    """A gradient summed over its leading dimensions (a bias gradient) runs column_sums, and
-    the generic kernels where a reduce solver is forced: the same values."""
+def test_sum_to_shape_over_leading_dims_takes_the_columns_solver(ctx, rng, monkeypatch,
+                                                                 grad_shape, shape):
+    """A gradient summed over its leading dimensions (a bias gradient) is the columns solver's
+    by the shipped rules, and the item solver's where that is forced: the same values."""
     g = random(rng, grad_shape)
-    lead = len(grad_shape) - len([s for s in shape if s != 1] or [0])
     ref = g.astype(np.float64).reshape(-1, int(np.prod(shape))).sum(axis=0).reshape(shape)
     calls = []
-    monkeypatch.setattr(R, "column_sums", lambda *a: (calls.append(a), R_column_sums(*a))[1])
+    enqueue = R._ColumnsLaunch.enqueue
+    monkeypatch.setattr(R._ColumnsLaunch, "enqueue",
+                        lambda self, *a: (calls.append(a), enqueue(self, *a))[1])
     out = R.sum_to_shape(dp.Tensor.from_numpy(ctx, g), shape)
-    assert out.shape == shape and len(calls) == 1 and lead >= 1
+    assert out.shape == shape and len(calls) == 1
     assert_close(out.numpy(), ref)
     monkeypatch.setenv("DLPRIM_REDUCE_ALGO", "item")
     dp.config.reload()
@@ -373,7 +407,73 @@ def test_sum_to_shape_over_leading_dims_takes_the_column_sums(ctx, rng, monkeypa
     assert_close(out.numpy(), ref)
 
 
-R_column_sums = R.column_sums
+@pytest.mark.parametrize("shape, dim", [((50, 40), 0), ((3, 50, 40), (0, 1)), ((50, 40), None)])
+def test_functional_reductions_over_leading_dims_take_the_columns_solver(ctx, rng, monkeypatch,
+                                                                        shape, dim):
+    """sum, mean, amax, amin and norm over the leading dimensions of a float32 tensor: the
+    columns solver (one launch each; dim None keeps nothing, so not there), their values and
+    gradients against torch."""
+    calls = []
+    enqueue = R._ColumnsLaunch.enqueue
+    monkeypatch.setattr(R._ColumnsLaunch, "enqueue",
+                        lambda self, *a: (calls.append(a), enqueue(self, *a))[1])
+    a = random(rng, shape)
+    for ours, theirs in ((F.sum, torch.sum), (F.mean, torch.mean), (F.amax, torch.amax),
+                         (F.amin, torch.amin), (lambda x, d: F.norm(x, 2, d),
+                                                lambda t, d: torch.linalg.vector_norm(t, 2, d))):
+        x = dp.Tensor.from_numpy(ctx, a, requires_grad=True)
+        t = _torch(a, True)
+        y = ours(x, dim)
+        ref = theirs(t, dim) if dim is not None else theirs(t, tuple(range(len(shape))))
+        assert_close(y.numpy(), ref.detach().numpy())
+        g = random(rng, y.shape)
+        y.backward(dp.Tensor.from_numpy(ctx, g))
+        ref.backward(torch.tensor(g.astype(np.float64)))
+        assert_close(x.grad.numpy(), t.grad.numpy())
+    assert len(calls) == (0 if dim is None else 5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "float16"])
+def test_partials_pass_takes_the_columns_solver(ctx, rng, monkeypatch, dtype):
+    """Long rows cut into chunks: the chunks' partials (chunks x outputs, row-major) are the
+    columns solver's problem, whose finalize sees the whole reduction's size (a mean), and
+    whose kernel is the partials kernel's (a 16-bit input's partials are float32)."""
+    calls = []
+    enqueue = R._ColumnsLaunch.enqueue
+    monkeypatch.setattr(R._ColumnsLaunch, "enqueue",
+                        lambda self, *a: (calls.append(a), enqueue(self, *a))[1])
+    a = random(rng, (3, 600000))
+    x = dp.Tensor.from_numpy(ctx, a, dtype=None if dtype is np.float32 else dp.float16)
+    ref = x.numpy().astype(np.float64)
+    for ours, theirs in ((F.mean, np.mean), (F.sum, np.sum), (F.amax, np.max)):
+        got = ours(x, 1).numpy().astype(np.float64)
+        assert_close(got, theirs(ref, axis=1), tol=1e-6 if dtype is np.float32 else 2e-3)
+    assert len(calls) == 3
+
+
+def test_columns_solver_refuses_what_it_does_not_apply_to(ctx, rng):
+    """Forced where it does not apply: kept leading dimensions, two inputs, an index
+    accumulator, an int64 one, a single row; the generic solvers still serve them."""
+    x = dp.Tensor.from_numpy(ctx, random(rng, (40, 30)))
+    one = dp.Tensor.from_numpy(ctx, random(rng, (1, 30)))
+    with pytest.raises(dp.UnsupportedError, match="columns does not apply"):
+        R._sum_kernel()([x], [dp.Tensor.empty(ctx, (40, 1))], variant="columns")
+    weighted = R.ReduceKernel("weighted", [("x", np.float32), ("w", np.float32)],
+                              [("y", np.float32)], "y = x * w;", "sum")
+    with pytest.raises(dp.UnsupportedError, match="columns does not apply"):
+        weighted([x, x], [dp.Tensor.empty(ctx, (30,))], variant="columns")
+    with pytest.raises(dp.UnsupportedError, match="columns does not apply"):
+        R._arg_kernel("argmax")([x], [dp.Tensor.empty(ctx, (30,)),
+                                      dp.Tensor.empty(ctx, (30,), np.int64)], variant="columns")
+    ints = dp.Tensor.from_numpy(ctx, rng.integers(0, 9, (40, 30)).astype(np.int32))
+    with pytest.raises(dp.UnsupportedError, match="columns does not apply"):
+        R._integer_sum_kernel(ints.dtype)([ints], [dp.Tensor.empty(ctx, (30,), np.int64)],
+                                          variant="columns")
+    with pytest.raises(dp.UnsupportedError, match="columns does not apply"):
+        R._sum_kernel()([one], [dp.Tensor.empty(ctx, (30,))], variant="columns")
+    b = ints.numpy()
+    assert np.array_equal(F.sum(ints, 0).numpy(), b.sum(axis=0))
+    assert np.array_equal(F.argmax(x, 0).numpy(), x.numpy().argmax(axis=0))
 
 
 @pytest.mark.parametrize("grad_shape, shape", [((4, 5, 6), (5, 1)), ((4, 5, 6), (4, 1, 6)),

@@ -29,7 +29,8 @@ def _offset(ctx, data, offset):
 
 
 def test_every_family_is_registered():
-    for name, solvers in (("reduce", {"group", "item"}), ("reduce_partials", {"last_group", "launch"}),
+    for name, solvers in (("reduce", {"group", "item", "columns"}),
+                          ("reduce_partials", {"last_group", "launch"}),
                           ("softmax", {"row", "column"}), ("pool", {"window", "plane"}),
                           ("dropout", {"vector", "scalar"}), ("pointwise", {"scalar", "vector"}),
                           ("copy", {"gather", "tiles"})):

@@ -6,10 +6,15 @@ values over the reduced dimensions: ``y = sum(x * x)`` over some axes is one ker
 temporary. Sizes and strides are run-time arguments, so one compile serves every shape with the
 same number of (merged) kept and reduced dimensions, variant and index width.
 
-Two solvers of the "reduce" family (``dlprim_py.solver``, ``DLPRIM_REDUCE_ALGO`` or
+Three solvers of the "reduce" family (``dlprim_py.solver``, ``DLPRIM_REDUCE_ALGO`` or
 ``variant=`` forces one): "group", the items of a work-group walking the reduced dimensions
-(chosen where the innermost reduced run is contiguous), and "item", a work item per output
-walking them (coalesced across outputs). Their tuning values are data, read when a plan is built:
+(chosen where the innermost reduced run is contiguous), "item", a work item per output
+walking them (coalesced across outputs), and "columns", for one float32 input reduced over
+its leading dimensions with the trailing ones kept, by a kernel of one float32 accumulator
+(``sum(x, 0)``, ``mean``, ``amax``, a bias gradient: kernels/reduce_columns.cl.mako,
+work-groups of 64 columns by a chunk of rows, float4 loads, the chunks combined by the last
+work-group of each block or by a second launch, as the "reduce_partials" family says; one
+launch where "item" takes two). Their tuning values are data, read when a plan is built:
 the rules of ``tuning_db/reduce.json`` (device -> architecture -> vendor -> default, each with
 the measurement behind it) that name the solver. Each work item keeps ``unroll`` independent
 accumulator sets and loads that many elements before folding any, so several loads per item are
@@ -31,11 +36,8 @@ The functional reductions (``sum``, ``mean``, ``amax``, ``amin``, ``argmax``, ``
 ``norm``, ``any``, ``all``) take torch's arguments (``dim`` an int, a sequence of ints or None;
 ``keepdim``) and record their backward on the tape. ``sum`` of a bool, int32 or int64 tensor is
 int64 (a mask's count of True), ``any`` and ``all`` of any dtype are bool, as torch's.
-``sum_to_shape`` folds a broadcast gradient back to the shape of an operand; a float32 one
-summed over its leading dimensions (a linear layer's bias gradient) takes ``column_sums``
-(kernels/reduce_columns.cl.mako: work-groups of 64 columns by a chunk of rows, float4 loads,
-the chunks added by the last work-group of each block or a second launch, as the
-"reduce_partials" family says; one launch where the generic kernels took two).
+``sum_to_shape`` folds a broadcast gradient back to the shape of an operand (a linear
+layer's bias gradient: the columns solver's problem).
 """
 import math
 from dataclasses import dataclass
@@ -70,17 +72,18 @@ class ReduceProblem:
     red_sizes: tuple
     strides: tuple
     exact_fold: bool = False
+    columns: bool = False
 
     def key(self):
         strides = ";".join(f"{','.join(map(str, k))}/{','.join(map(str, r))}" for k, r in self.strides)
         return (f"reduce-k{'x'.join(map(str, self.kept_sizes))}-r{'x'.join(map(str, self.red_sizes))}"
-                f"-s{strides}-e{int(self.exact_fold)}")
+                f"-s{strides}-e{int(self.exact_fold)}-c{int(self.columns)}")
 
     def features(self):
         return {"kept_size": math.prod(self.kept_sizes), "reduce_size": math.prod(self.red_sizes),
                 "reduced_dims": len(self.red_sizes),
                 "inner_contiguous": int(bool(self.red_sizes) and self.strides[0][1][-1] == 1),
-                "exact_fold": int(self.exact_fold)}
+                "exact_fold": int(self.exact_fold), "columns": int(self.columns)}
 
 
 class GroupSolver(solver.Solver):
@@ -95,9 +98,26 @@ class ItemSolver(solver.Solver):
     name = "item"
 
 
+# Rows the columns solver takes: at most 1024 chunks (64 per lane of the fold) of at most 2048
+# rows (64 per lane and set).
+COLUMN_ROWS_LIMIT = 1024 * 2048
+
+
+class ColumnsSolver(solver.Solver):
+    """One float32 input reduced over its leading dimensions, the trailing ones kept (a bias
+    gradient): work-groups of 64 columns by a chunk of rows, float4 loads, the chunks combined
+    by the last work-group of each block or by a second launch
+    (kernels/reduce_columns.cl.mako)."""
+    name = "columns"
+
+    def applies(self, ctx, problem):
+        return (problem.columns and ctx.info.max_work_group_size >= 256
+                and 2 <= problem.red_sizes[0] <= COLUMN_ROWS_LIMIT)
+
+
 @dataclass(frozen=True)
 class PartialsProblem:
-    """How a reduction of everything to one value (or ``column_sums``) combines its ``chunks``
+    """How a reduction of everything to one value (or the columns solver) combines its ``chunks``
     partial results, with work-groups of ``group_size`` items folding runs of at most
     ``set_chunk``."""
     chunks: int
@@ -136,7 +156,7 @@ class _NamedFamily(solver.Family):
                                    f"got {name!r}") from None
 
 
-FAMILY = solver.register(_NamedFamily("reduce", (GroupSolver(), ItemSolver()),
+FAMILY = solver.register(_NamedFamily("reduce", (GroupSolver(), ItemSolver(), ColumnsSolver()),
                                       title="reduce variant"))
 PARTIALS_FAMILY = solver.register(_NamedFamily("reduce_partials",
                                                (LastGroupSolver(), LaunchSolver()),
@@ -208,6 +228,11 @@ class ReduceKernel:
         self.vector_unroll = vector_unroll
         self.max_segment = max_segment
         self.exact_fold = bool(exact_fold)
+        # The columns solver's kernel takes one float32 input into one float32 accumulator.
+        self.columns_form = (len(self.inputs) == 1 and len(self.outputs) == 1
+                             and self.inputs[0][1] == float32 and self.outputs[0][1] == float32
+                             and not self.scalars and not self.index_accumulators
+                             and not self.exact_fold)
         self._partials_kernel = None
 
     def _accumulators(self, index_t):
@@ -301,6 +326,8 @@ class ReduceKernel:
         if plan is None:
             return None
         aligned = all(t.offset_elements % plan.vector == 0 for t in inputs)
+        if plan.variant == "columns":
+            return ctx.plans.put(key, _ColumnsLaunch(self, ctx, plan, aligned, reduce_size))
         return ctx.plans.put(key, _Launch(self, ctx, plan, aligned, largest, reduce_size))
 
     def describe(self, inputs, outputs, axes=None, variant=None):
@@ -383,7 +410,11 @@ class _Launch:
             partials_kernel = reduce_kernel.partials_kernel()
             sub_plan = _plan(ctx, (plan.chunks, kept_total), (True, False),
                              [[kept_total, 1]] * len(self.partials), None, partials_kernel)
-            self.sub_launch = _Launch(partials_kernel, ctx, sub_plan, True, units, reduce_size)
+            # The partials are (chunks, kept_total), row-major: the columns solver's problem
+            # where the partials kernel has its form.
+            self.sub_launch = (_ColumnsLaunch(partials_kernel, ctx, sub_plan, True, reduce_size)
+                               if sub_plan.variant == "columns" else
+                               _Launch(partials_kernel, ctx, sub_plan, True, units, reduce_size))
 
     def enqueue(self, inputs, outputs, scalars):
         # Only what changed is set: offsets and scalars by value, buffers by handle (pooled
@@ -473,9 +504,10 @@ def _plan(ctx, full, reduced, operand_strides, variant, kernel):
         return None
     kept_sizes, kept_strides = merge_contiguous([full[k] for k in kept], [[st[k] for k in kept] for st in operand_strides])
     red_sizes, red_strides = merge_contiguous([full[k] for k in red], [[st[k] for k in red] for st in operand_strides])
-    problem = ReduceProblem(tuple(kept_sizes), tuple(red_sizes),
-                            tuple((tuple(k), tuple(r)) for k, r in zip(kept_strides, red_strides)),
-                            kernel.exact_fold)
+    strides = tuple((tuple(k), tuple(r)) for k, r in zip(kept_strides, red_strides))
+    problem = ReduceProblem(tuple(kept_sizes), tuple(red_sizes), strides, kernel.exact_fold,
+                            kernel.columns_form and len(kept_sizes) == 1 and len(red_sizes) == 1
+                            and strides == (((1,), (kept_sizes[0],)),))
     # A forced partials mode is checked here even where the problem has one chunk.
     forced_partials = config.switches().forced.get("reduce_partials")
     if forced_partials:
@@ -489,7 +521,8 @@ def _plan(ctx, full, reduced, operand_strides, variant, kernel):
            tuning.generation)
     plan = ctx.plans.get(key)
     if plan is None:
-        plan = ctx.plans.put(key, _make_plan(ctx, problem, chosen.name, params))
+        make = _make_columns_plan if chosen.name == "columns" else _make_plan
+        plan = ctx.plans.put(key, make(ctx, problem, chosen.name, params))
     return plan
 
 
@@ -568,6 +601,23 @@ def _make_plan(ctx, problem, variant, params):
     strides = list(zip(kept_strides, red_strides))
     return _Plan(kept_sizes, red_sizes, strides, variant, chunks, chunk_len, unroll, segment, vector,
                  last_group, group_size, max(tuned_group, group_size))
+
+
+def _make_columns_plan(ctx, problem, variant, params):
+    """The columns solver's cut of R rows by C columns: about ``groups_per_cu`` work-groups per
+    compute unit on a GPU (one on a CPU), each of 64 columns by a chunk of rows; no sequential
+    fold longer than LONGEST_FOLD (rows per lane and set, chunks per lane of the fold)."""
+    (C,), (R,) = problem.kept_sizes, problem.red_sizes
+    blocks = -(-C // 64)
+    per_unit = _tunable(params, "groups_per_cu", variant) if ctx.info.is_gpu else 1
+    chunks = max(1, min(-(-ctx.info.compute_units * per_unit // blocks), -(-R // 64)))
+    chunks = max(chunks, -(-R // (32 * LONGEST_FOLD)))
+    chunk_rows = -(-R // chunks)
+    chunks = -(-R // chunk_rows)
+    last_group = chunks > 1 and solver.select(
+        ctx, "reduce_partials", PartialsProblem(chunks, 256, LONGEST_FOLD)).name == "last_group"
+    return _Plan(problem.kept_sizes, problem.red_sizes, problem.strides, variant, chunks,
+                 chunk_rows, 1, 1, 4 if C % 4 == 0 else 1, last_group)
 
 
 def _device_fence(ctx):
@@ -717,16 +767,11 @@ def expand(g, shape):
 def sum_to_shape(grad, shape):
     """Sum ``grad`` over the dimensions that broadcasting expanded to reach ``grad.shape``,
     giving a dense tensor of ``shape`` (which must broadcast to ``grad.shape``). A float32
-    gradient summed over its leading dimensions only (a linear layer's bias gradient) takes the
-    column sums (``column_sums``) unless a reduce solver is forced."""
+    gradient summed over its leading dimensions only (a linear layer's bias gradient) is the
+    columns solver's problem."""
     shape = tuple(shape)
     if broadcast_shapes(shape, grad.shape) != grad.shape:
         raise ShapeError(f"sum_to_shape: {shape} does not broadcast to {grad.shape}")
-    columns = _leading_sum(grad, shape)
-    if columns is not None:
-        out = Tensor.empty(grad.ctx, shape, grad.dtype)
-        column_sums(grad, out, *columns)
-        return out
     if is_float16_type(grad.dtype):
         # Summed in float32, rounded to the gradient's type once.
         out = Tensor.empty(grad.ctx, shape, float32)
@@ -744,80 +789,33 @@ def sum_to_shape(grad, shape):
     return out
 
 
-def _leading_sum(grad, shape):
-    """(R, C) where summing ``grad`` to ``shape`` is the column sums of its (R, C) view: float32,
-    ``shape`` (less leading ones) its trailing dimensions, at least two rows, no reduce solver
-    forced and a device that runs work-groups of 256; else None."""
-    if grad.dtype != float32 or grad.size == 0:
-        return None
-    trailing = shape
-    while trailing and trailing[0] == 1:
-        trailing = trailing[1:]
-    k = len(trailing)
-    if k == 0 or grad.shape[len(grad.shape) - k:] != trailing:
-        return None
-    C = math.prod(trailing)
-    R = grad.size // C
-    if R < 2 or R > _COLUMN_ROWS_LIMIT or config.switches().forced.get("reduce") \
-            or grad.ctx.info.max_work_group_size < 256:
-        return None
-    return R, C
+class _ColumnsLaunch:
+    """The columns solver's launch of a ReduceKernel for one problem: its kernels with the
+    sizes bound, the chunk partials, the count of finished chunks per block (last group) or the
+    fold launch. A call sets only the buffers and offsets. ``reduce_size``: what the finalize
+    statement sees (the rows, or the whole reduction whose partials they are)."""
 
-
-# Rows column_sums takes: at most 1024 chunks (64 per lane of the fold) of at most 2048 rows
-# (64 per lane and set).
-_COLUMN_ROWS_LIMIT = 1024 * 2048
-
-
-def column_sums(x, out, R, C):
-    """out[c] = sum over r of x[r, c] for ``x`` seen as R x C (row-major, dense) and ``out`` of
-    C elements, float32, through kernels/reduce_columns.cl.mako: work-groups of 64 columns by a
-    chunk of rows, about ``COLUMN_GROUPS_PER_UNIT`` per compute unit; their partial sums added
-    by the group that finishes last or by a second launch, as the reduce_partials family says
-    for this device. A repeated call on the same sizes builds and plans nothing."""
-    ctx = x.ctx
-    vec = 4 if C % 4 == 0 and x.offset_elements % 4 == 0 else 1
-    forced_partials = config.switches().forced.get("reduce_partials")
-    key = ("column_sums", R, C, vec, forced_partials, tuning.generation)
-    plan = ctx.plans.get(key)
-    if plan is None:
-        plan = ctx.plans.put(key, _ColumnSums(ctx, R, C, vec))
-    plan.enqueue(x, out)
-
-
-# Work-groups of column_sums per compute unit on a GPU (one on a CPU): 4 keeps 1024 items per
-# H200 compute unit, each with two 16-byte loads in flight.
-COLUMN_GROUPS_PER_UNIT = 4
-
-
-class _ColumnSums:
-    """column_sums's launch for one (R, C, vector) problem: kernels with the sizes bound, the
-    chunk partials, the count of finished chunks per block (last group) or the fold launch."""
-
-    def __init__(self, ctx, R, C, vec):
+    def __init__(self, reduce_kernel, ctx, plan, aligned, reduce_size):
         self.ctx = ctx
-        blocks = -(-C // 64)
-        per_unit = COLUMN_GROUPS_PER_UNIT if ctx.info.is_gpu else 1
-        chunks = max(1, min(-(-ctx.info.compute_units * per_unit // blocks), -(-R // 64)))
-        # Sums no longer than LONGEST_FOLD: rows per lane and set, chunks per lane of the fold.
-        chunks = max(chunks, -(-R // (32 * LONGEST_FOLD)))
-        chunk_rows = -(-R // chunks)
-        chunks = -(-R // chunk_rows)
-        if chunks > 16 * LONGEST_FOLD:
-            raise DlprimError(f"column_sums: {R} rows need {chunks} chunks, more than "
-                              f"{16 * LONGEST_FOLD}")
-        last_group = chunks > 1 and solver.select(
-            ctx, "reduce_partials", PartialsProblem(chunks, 256, LONGEST_FOLD)).name == "last_group"
-        built = program.build(ctx, "reduce_columns",
-                              {"VEC": vec, "LAST_GROUP": int(last_group),
-                               "FENCE": _device_fence(ctx) if last_group else ""})
-        self.kernel = BoundKernel(built.kernel("column_sums", fresh=True))
+        (C,), (R,) = plan.kept_sizes, plan.red_sizes
+        chunks, blocks = plan.chunks, -(-C // 64)
+        (x_name, _), (y_name, _) = reduce_kernel.inputs[0], reduce_kernel.outputs[0]
+        built = program.build(ctx, "reduce_columns", {
+            "name": reduce_kernel.name, "VEC": plan.vector if aligned else 1,
+            "LAST_GROUP": int(plan.last_group),
+            "FENCE": _device_fence(ctx) if plan.last_group else "",
+            "input": x_name, "output": y_name, "identity": reduce_kernel.identity[y_name],
+            "map_statement": reduce_kernel.map_statement, "fold": reduce_kernel.fold,
+            "combine": reduce_kernel.combine, "finalize": reduce_kernel.finalize,
+            "preamble": reduce_kernel.preamble})
+        self.kernel = BoundKernel(built.kernel(f"{reduce_kernel.name}_columns", fresh=True))
         i32 = np.int32
         self.partials = Tensor.empty(ctx, (chunks, C), float32) if chunks > 1 else None
         scratch = self.partials.buffer if chunks > 1 else None
-        args = [i32(R), i32(C), i32(chunk_rows), i32(chunks), None, None, scratch, None, None]
+        args = [i32(R), i32(C), i32(plan.chunk_len), i32(chunks), None, None, scratch, None, None,
+                np.int64(reduce_size)]
         self.done = None
-        if last_group:
+        if plan.last_group:
             # Zero between launches: the last group of each block sets its count back.
             self.done = Tensor.zeros(ctx, (blocks,), np.int32)
             args.append(self.done.buffer)
@@ -826,12 +824,15 @@ class _ColumnSums:
                 self.kernel.set(k, value)   # (partials None: a null pointer, never read)
         self.size = ((blocks * 256, chunks), (256, 1))
         self.fold = None
-        if chunks > 1 and not last_group:
-            self.fold = BoundKernel(built.kernel("column_sums_fold", fresh=True))
-            for k, value in enumerate([i32(C), i32(chunks), scratch]):
-                self.fold.set(k, value)
+        if chunks > 1 and not plan.last_group:
+            self.fold = BoundKernel(built.kernel(f"{reduce_kernel.name}_columns_fold", fresh=True))
+            for k, value in enumerate([i32(C), i32(chunks), scratch, None, None,
+                                       np.int64(reduce_size)]):
+                if value is not None:
+                    self.fold.set(k, value)
 
-    def enqueue(self, x, out):
+    def enqueue(self, inputs, outputs, scalars):
+        (x,), (out,) = inputs, outputs
         kernel = self.kernel
         kernel.set(4, x.buffer)
         kernel.set(5, x.offset_elements, np.int64)
@@ -842,7 +843,7 @@ class _ColumnSums:
             # What a recording needs to replay this launch on other buffers.
             buffers = [(4, x.buffer), (7, out.buffer)] + \
                 ([(6, self.partials.buffer)] if self.partials is not None else []) + \
-                ([(9, self.done.buffer)] if self.done is not None else [])
+                ([(10, self.done.buffer)] if self.done is not None else [])
         kernel.enqueue(self.ctx.queue, *self.size, buffers)
         if self.fold is not None:
             fold = self.fold
