@@ -44,15 +44,18 @@ from dlprim_py.timing import time_enqueued  # noqa: E402
 
 K = {"tf32": 8, "f16": 16, "bf16": 16}
 TILES = [("tf32", 8), ("tf32", 32), ("f16", 8), ("f16", 32), ("bf16", 32)]
+SWIZZLES = [("tf32", 32), ("f16", 32)]
+# (width in bytes, bits of the XOR, the descriptor's swizzle code)
+SWIZZLE_MODES = [(32, 1, 3), (64, 2, 2), (128, 3, 1)]
 PEAKS = [("tf32", 64), ("tf32", 128), ("tf32", 256), ("f16", 128), ("f16", 256), ("bf16", 256)]
 PEAK_UNROLL = 8
 OPTIONS = ["-cl-nv-arch sm_90a", "-cl-nv-arch=sm_90a", "-cl-nv-arch sm_90a -cl-nv-verbose"]
 LOCAL_KIB = [32, 48, 64, 96, 160, 227]
 
 
-def source(hide, warpgroups=1, tiles=TILES, peaks=PEAKS):
+def source(hide, warpgroups=1, tiles=TILES, peaks=PEAKS, swizzles=SWIZZLES):
     return program.render("wgmma_probe", hide=hide, tiles=list(tiles), peaks=list(peaks),
-                          warpgroups=warpgroups, unroll=PEAK_UNROLL)
+                          swizzles=list(swizzles), warpgroups=warpgroups, unroll=PEAK_UNROLL)
 
 
 def ptx_of(prg):
@@ -133,7 +136,7 @@ def sm90a_program(ctx, out, results, warpgroups=1):
 def probe_options(ctx, out):
     rows = []
     for option in OPTIONS:
-        prg, log = try_build(ctx, source(False, 1, TILES[:1], []), option.split())
+        prg, log = try_build(ctx, source(False, 1, TILES[:1], [], []), option.split())
         row = {"option": option, "ok": prg is not None, "log": log[:2000]}
         if prg is not None:
             row["header"] = header(ptx_of(prg))
@@ -200,6 +203,55 @@ def run_tiles(ctx, prg, rng):
                                                                   rtol=0, atol=1e-5 * scale))
             rows.append({"dtype": dt, "n": n, "layout": name, "rel_error": err,
                          "right": err <= 1e-5, "permuted": permuted and err > 1e-5})
+    return rows
+
+
+def swizzled(bits_of, width, bits):
+    """``bits_of`` (rows x KW values of ``width`` bytes a row) placed as the swizzle kernel
+    places them: the flat array of local memory it writes."""
+    rows, kw = bits_of.shape
+    size = width // kw
+    out = np.zeros(rows * width // size, bits_of.dtype)
+    for r in range(rows):
+        for k in range(kw):
+            o = r * width + k * size
+            o ^= ((o >> 7) & ((1 << bits) - 1)) << 4
+            out[o // size] = bits_of[r, k]
+    return out
+
+
+def run_swizzles(ctx, prg, rng):
+    """Each swizzle mode with the stride offset of an 8-row atom (and 1024 bytes), the leading
+    offset 16 bytes (unused by K-major swizzled layouts whose rows hold the whole K)."""
+    rows = []
+    mf = cl.mem_flags
+    for dt, n in SWIZZLES:
+        size = 4 if dt == "tf32" else 2
+        kernel = getattr(prg, f"wgmma_swizzle_{dt}_n{n}")
+        for width, bits, code in SWIZZLE_MODES:
+            kw = width // size
+            abits, a = operand(rng, dt, 64, kw)
+            bbits, b = operand(rng, dt, n, kw)
+            ref = a @ b.T
+            abuf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=abits)
+            bbuf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=bbits)
+            dbuf = cl.Buffer(ctx.cl_context, mf.READ_WRITE, 64 * n * 4)
+            for sbo in sorted({8 * width, 1024}):
+                d = np.full((64, n), np.nan, np.float32)
+                cl.enqueue_copy(ctx.queue, dbuf, d)
+                kernel.set_args(abuf, bbuf, dbuf, *(np.int32(v) for v in
+                                                    (width, bits, code, 16, sbo)))
+                row = {"dtype": dt, "n": n, "width": width, "sbo": sbo}
+                try:
+                    cl.enqueue_nd_range_kernel(ctx.queue, kernel, (128,), (128,))
+                    cl.enqueue_copy(ctx.queue, d, dbuf)
+                    ctx.queue.finish()
+                except cl.Error as e:
+                    rows.append(dict(row, error=str(e)))
+                    continue
+                scale = float(np.abs(ref).max())
+                err = float(np.abs(d - ref).max() / scale) if np.isfinite(d).all() else math.inf
+                rows.append(dict(row, rel_error=err, right=err <= 1e-5))
     return rows
 
 
@@ -366,7 +418,7 @@ def main():
               f"binary: {'built' if results.get('retarget', {}).get('ok') else 'refused'}")
         if not results.get("retarget", {}).get("ok"):
             print(results.get("retarget", {}).get("log", "")[:1500])
-        plain, _ = try_build(ctx, source(True, 1, [], []))
+        plain, _ = try_build(ctx, source(True, 1, [], [], []))
         if plain is not None:
             results["local"] = run_local(ctx, plain)
             print("local memory at launch: " + ", ".join(
@@ -379,6 +431,11 @@ def main():
                       + (f"error {r['error']}" if "error" in r else
                          f"rel err {r['rel_error']:.2e} {'RIGHT' if r['right'] else ''}"
                          f"{'permuted' if r['permuted'] else ''}"))
+            results["swizzles"] = run_swizzles(ctx, prg, rng)
+            for r in results["swizzles"]:
+                print(f"swizzle {r['dtype']:4} n{r['n']:<3} {r['width']:3} B sbo {r['sbo']:4} "
+                      + (f"error {r['error']}" if "error" in r else
+                         f"rel err {r['rel_error']:.2e} {'RIGHT' if r['right'] else ''}"))
             programs = {1: prg}
             for wg in (2, 3):
                 more = sm90a_program(ctx, args.out, results, wg)

@@ -21,6 +21,14 @@
 ##     registers in the accumulator layout of mma.m16n8 repeated: warp w holds rows
 ##     16w .. 16w + 15, lane l rows 16w + l / 4 (values 4j, 4j + 1) and + 8 (4j + 2, 4j + 3),
 ##     columns 8j + 2 (l % 4) + {0, 1}.
+##   wgmma_swizzle_<dt>_n<N>(a, b, d, width, bits, layout, lbo, sbo)
+##     local (128): D (64 x N) = A (64 x KW) times B^T (B: N x KW), both K contiguous, KW the
+##     elements in `width` bytes (32, 64 or 128: the swizzle's width). Rows of `width` bytes
+##     one after another (8 rows: one swizzle atom), each 16-byte chunk moved as the swizzle
+##     moves it: byte offset o to o ^ (((o >> 7) & (2^bits - 1)) << 4) (bits 1, 2, 3 for 32,
+##     64, 128 bytes), from a base aligned to 1024 bytes. KW / K wgmma products accumulate,
+##     the descriptors' start advanced by K values (32 bytes) each; `layout` is the
+##     descriptor's swizzle code (1: 128 bytes, 2: 64, 3: 32), lbo and sbo its offsets.
 ##   wgmma_peak_<dt>_n<N>(y, trips)
 ##     local (WARPGROUPS * 128): every warpgroup issues UNROLL wgmma m64nNkK products per trip
 ##     into one accumulator tile from operands of 1.0 in local memory; each accumulator ends at
@@ -33,6 +41,7 @@
 ## Template parameters:
 ##   hide        True: sm_90a / PTX 8.0 instructions as "//@ " comments (see above)
 ##   tiles       list of (dt, N) for wgmma_tile kernels
+##   swizzles    list of (dt, N) for wgmma_swizzle kernels
 ##   peaks       list of (dt, N) for wgmma_peak kernels
 ##   warpgroups  warpgroups per work-group of the peak kernels
 ##   unroll      products per trip of the peak kernels
@@ -105,6 +114,55 @@ void wgmma_tile_${dt}_n${n}(__global const ${st} *a, __global const ${st} *b, __
 % endfor
     WGMMA_FENCE();
     ${mma(dt, n, "acc", "da", "db", "scale_d")}
+    WGMMA_COMMIT();
+    WGMMA_WAIT0();
+    ${keep("acc", n)}
+    const int warp = t / 32, lane = t % 32;
+    const int row = 16 * warp + lane / 4, col = 2 * (lane % 4);
+% for j in range(n // 8):
+    d[row * ${n} + ${8 * j} + col] = acc${4 * j};
+    d[row * ${n} + ${8 * j} + col + 1] = acc${4 * j + 1};
+    d[(row + 8) * ${n} + ${8 * j} + col] = acc${4 * j + 2};
+    d[(row + 8) * ${n} + ${8 * j} + col + 1] = acc${4 * j + 3};
+% endfor
+}
+
+% endfor
+% for dt, n in swizzles:
+<% kk = K[dt]; st = STORE[dt]; size = 4 if dt == "tf32" else 2 %>
+__kernel __attribute__((reqd_work_group_size(128, 1, 1)))
+void wgmma_swizzle_${dt}_n${n}(__global const ${st} *a, __global const ${st} *b,
+                               __global float *d, int width, int bits, int layout, int lbo,
+                               int sbo)
+{
+    __local ${st} sa[64 * ${128 // size}] __attribute__((aligned(1024)));
+    __local ${st} sb[${n} * ${128 // size}] __attribute__((aligned(1024)));
+    const int t = get_local_id(0);
+    const int kw = width / ${size}, mask = (1 << bits) - 1;
+    for (int i = t; i < 64 * kw; i += 128) {
+        int o = (i / kw) * width + (i % kw) * ${size};
+        o ^= ((o >> 7) & mask) << 4;
+        sa[o / ${size}] = a[i];
+    }
+    for (int i = t; i < ${n} * kw; i += 128) {
+        int o = (i / kw) * width + (i % kw) * ${size};
+        o ^= ((o >> 7) & mask) << 4;
+        sb[o / ${size}] = b[i];
+    }
+    PROXY_FENCE();
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const ulong swizzle = (ulong)layout << 62;
+    const int scale_d = 1;
+% for i in range(n // 2):
+    float acc${i} = 0.0f;
+% endfor
+    WGMMA_FENCE();
+    for (int step = 0; step < kw / ${kk}; ++step) {
+        // K values a step: 32 bytes further into each row.
+        const ulong da = descriptor((__local const char *)sa + 32 * step, lbo, sbo) | swizzle;
+        const ulong db = descriptor((__local const char *)sb + 32 * step, lbo, sbo) | swizzle;
+        ${mma(dt, n, "acc", "da", "db", "scale_d")}
+    }
     WGMMA_COMMIT();
     WGMMA_WAIT0();
     ${keep("acc", n)}

@@ -36,6 +36,8 @@ def test_every_kernel_is_rendered():
         assert f"m64n{n}k{probe.K[dt]}.f32.{dt}.{dt}" in text
     for dt, n in probe.PEAKS:
         assert f"void wgmma_peak_{dt}_n{n}(" in text
+    for dt, n in probe.SWIZZLES:
+        assert f"void wgmma_swizzle_{dt}_n{n}(" in text
     assert text.count(".f32.f16.f16 ") and ", 1, 1, 0, 0;" in text     # 16-bit: transposes
     assert "reqd_work_group_size(384, 1, 1)" in probe.source(False, 3)
 
@@ -88,8 +90,32 @@ def test_layouts_place_every_element_once_in_a_dense_block(rows):
                 assert sorted(at.values()) == list(range(count * k))
 
 
+@pytest.mark.parametrize("width, bits, code", probe.SWIZZLE_MODES)
+@pytest.mark.parametrize("size", [4, 2])
+def test_swizzle_moves_chunks_within_their_atom(width, bits, code, size):
+    """The swizzled placement the kernel writes: every value once, each 16-byte chunk whole
+    and inside its row's 8-row atom, the first row of an atom in place, and rows of one atom
+    whose chunks do move."""
+    rows, kw = 16, width // size
+    values = np.arange(rows * kw, dtype=np.uint32).reshape(rows, kw)
+    out = probe.swizzled(values, width, bits)
+    assert sorted(out.tolist()) == list(range(rows * kw))
+    per = 16 // size
+    where = {int(v): i for i, v in enumerate(out)}
+    for r in range(rows):
+        for k in range(0, kw, per):
+            at = where[int(values[r, k])]
+            assert at % per == 0 and [where[int(values[r, k + j])] for j in range(per)] == \
+                list(range(at, at + per))
+            assert at * size // (8 * width) == r // 8
+        if r % 8 == 0:
+            assert [where[int(v)] for v in values[r]] == list(range(r * kw, (r + 1) * kw))
+    assert not np.array_equal(out, values.reshape(-1))
+    assert code in (1, 2, 3) and 16 << bits == width
+
+
 def test_local_probe_kernel_runs(ctx):
-    prg = program.build_source(ctx, probe.source(True, 1, [], []))
+    prg = program.build_source(ctx, probe.source(True, 1, [], [], []))
     rows = probe.run_local(ctx, prg.program)
     small = [r for r in rows if r["kib"] * 1024 <= ctx.info.local_mem_size]
     assert small and all(r["ok"] for r in small)
