@@ -45,6 +45,8 @@ from dlprim_py.timing import time_enqueued  # noqa: E402
 K = {"tf32": 8, "f16": 16, "bf16": 16}
 TILES = [("tf32", 8), ("tf32", 32), ("f16", 8), ("f16", 32), ("bf16", 32)]
 SWIZZLES = [("tf32", 32), ("f16", 32)]
+# wgmma GEMM kernels: (BN, stages, wgmma groups left in flight), each within 48 KiB
+GEMMS = [(128, 3, 0), (128, 3, 1), (128, 2, 0), (256, 2, 0)]
 # (width in bytes, bits of the XOR, the descriptor's swizzle code)
 SWIZZLE_MODES = [(32, 1, 3), (64, 2, 2), (128, 3, 1)]
 PEAKS = [("tf32", 64), ("tf32", 128), ("tf32", 256), ("f16", 128), ("f16", 256), ("bf16", 256)]
@@ -53,9 +55,11 @@ OPTIONS = ["-cl-nv-arch sm_90a", "-cl-nv-arch=sm_90a", "-cl-nv-arch sm_90a -cl-n
 LOCAL_KIB = [32, 48, 64, 96, 160, 227]
 
 
-def source(hide, warpgroups=1, tiles=TILES, peaks=PEAKS, swizzles=SWIZZLES):
+def source(hide, warpgroups=1, tiles=TILES, peaks=PEAKS, swizzles=SWIZZLES, gemms=GEMMS,
+           emulate=False):
     return program.render("wgmma_probe", hide=hide, tiles=list(tiles), peaks=list(peaks),
-                          swizzles=list(swizzles), warpgroups=warpgroups, unroll=PEAK_UNROLL)
+                          swizzles=list(swizzles), warpgroups=warpgroups, unroll=PEAK_UNROLL,
+                          gemms=list(gemms), emulate=emulate)
 
 
 def ptx_of(prg):
@@ -136,7 +140,7 @@ def sm90a_program(ctx, out, results, warpgroups=1):
 def probe_options(ctx, out):
     rows = []
     for option in OPTIONS:
-        prg, log = try_build(ctx, source(False, 1, TILES[:1], [], []), option.split())
+        prg, log = try_build(ctx, source(False, 1, TILES[:1], [], [], []), option.split())
         row = {"option": option, "ok": prg is not None, "log": log[:2000]}
         if prg is not None:
             row["header"] = header(ptx_of(prg))
@@ -184,7 +188,7 @@ def run_tiles(ctx, prg, rng):
         abuf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=abits)
         bbuf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=bbits)
         dbuf = cl.Buffer(ctx.cl_context, mf.READ_WRITE, 64 * n * 4)
-        kernel = getattr(prg, f"wgmma_tile_{dt}_n{n}")
+        kernel = cl.Kernel(prg, f"wgmma_tile_{dt}_n{n}")
         for name, la, lb in layouts(64, n):
             d = np.full((64, n), np.nan, np.float32)
             cl.enqueue_copy(ctx.queue, dbuf, d)
@@ -227,7 +231,7 @@ def run_swizzles(ctx, prg, rng):
     mf = cl.mem_flags
     for dt, n in SWIZZLES:
         size = 4 if dt == "tf32" else 2
-        kernel = getattr(prg, f"wgmma_swizzle_{dt}_n{n}")
+        kernel = cl.Kernel(prg, f"wgmma_swizzle_{dt}_n{n}")
         for width, bits, code in SWIZZLE_MODES:
             kw = width // size
             abits, a = operand(rng, dt, 64, kw)
@@ -255,6 +259,55 @@ def run_swizzles(ctx, prg, rng):
     return rows
 
 
+# -- GEMM ------------------------------------------------------------------------------
+
+# TF32 keeps 10 mantissa bits; the tensor cores read the top 19 bits of float32 (truncation):
+# about 2^-10 relative per operand, 2^-9 per product, sqrt(K) for random signs; the check
+# allows 3e-3 * sqrt(K) * max|a| * max|b|, as benchmarks/gemm_tf32.py.
+GEMM_BOUND = 3e-3
+
+
+def gemm_case(ctx, prg, variant, M, N, K, rng, sbo, layout, repeat=5):
+    """One wgmma GEMM kernel on M x N x K: its error on 64 sampled rows against float64 (and
+    the bound), and with ``repeat`` its TFLOP/s (OpenCL events, median); every element of C
+    must be written (C starts as NaN)."""
+    bn, stages, wait = variant
+    a = rng.standard_normal((M, K), dtype=np.float32)
+    b = rng.standard_normal((N, K), dtype=np.float32)
+    mf = cl.mem_flags
+    abuf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+    bbuf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b)
+    c = np.full((M, N), np.nan, np.float32)
+    cbuf = cl.Buffer(ctx.cl_context, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=c)
+    kernel = cl.Kernel(prg, f"wgmma_gemm_n{bn}_s{stages}_w{wait}")
+    kernel.set_args(abuf, bbuf, cbuf, *(np.int32(v) for v in (M, N, K, sbo, layout)))
+
+    def run():
+        cl.enqueue_nd_range_kernel(ctx.queue, kernel, (M // 128 * 256, N // bn), (256, 1))
+    run()
+    cl.enqueue_copy(ctx.queue, c, cbuf)
+    ctx.queue.finish()
+    rows = rng.choice(M, size=min(64, M), replace=False)
+    ref = a[rows].astype(np.float64) @ b.astype(np.float64).T
+    bound = GEMM_BOUND * math.sqrt(K) * float(np.abs(a).max()) * float(np.abs(b).max())
+    err = float(np.abs(c[rows] - ref).max()) if np.isfinite(c).all() else math.inf
+    out = {"variant": f"n{bn} s{stages} w{wait}", "M": M, "N": N, "K": K,
+           "err_over_bound": err / bound}
+    if repeat and err <= bound:
+        seconds = time_enqueued(ctx, run, repeat=repeat).median
+        out["tflops"] = 2.0 * M * N * K / seconds / 1e12
+    return out
+
+
+def gemm_layout(swizzles):
+    """(sbo, layout code) of the 64-byte swizzle that the tile check found right for tf32, or
+    None."""
+    for r in swizzles:
+        if r["dtype"] == "tf32" and r["width"] == 64 and r.get("right"):
+            return r["sbo"], 2
+    return None
+
+
 # -- peaks -------------------------------------------------------------------------------
 
 class WgmmaPeak:
@@ -262,7 +315,7 @@ class WgmmaPeak:
 
     def __init__(self, ctx, prg, dt, n, warpgroups, groups):
         self.ctx, self.dt, self.n = ctx, dt, n
-        self.kernel = getattr(prg, f"wgmma_peak_{dt}_n{n}")
+        self.kernel = cl.Kernel(prg, f"wgmma_peak_{dt}_n{n}")
         self.local = 128 * warpgroups
         self.items = self.local * groups
         self.y = cl.Buffer(ctx.cl_context, cl.mem_flags.READ_WRITE, self.items * 4)
@@ -340,8 +393,8 @@ def cublas_rates():
         return {}
     torch.backends.cuda.matmul.allow_tf32 = True
     rates = {}
-    s = 8192
-    for name, dtype in (("tf32", torch.float32), ("f16", torch.float16), ("bf16", torch.bfloat16)):
+    for s, name, dtype in ((4096, "tf32 4096", torch.float32), (8192, "tf32", torch.float32),
+                           (8192, "f16", torch.float16), (8192, "bf16", torch.bfloat16)):
         a = torch.randn(s, s, device="cuda", dtype=dtype)
         b = torch.randn(s, s, device="cuda", dtype=dtype)
         c = torch.empty(s, s, device="cuda", dtype=dtype)
@@ -418,7 +471,7 @@ def main():
               f"binary: {'built' if results.get('retarget', {}).get('ok') else 'refused'}")
         if not results.get("retarget", {}).get("ok"):
             print(results.get("retarget", {}).get("log", "")[:1500])
-        plain, _ = try_build(ctx, source(True, 1, [], [], []))
+        plain, _ = try_build(ctx, source(True, 1, [], [], [], []))
         if plain is not None:
             results["local"] = run_local(ctx, plain)
             print("local memory at launch: " + ", ".join(
@@ -436,6 +489,17 @@ def main():
                 print(f"swizzle {r['dtype']:4} n{r['n']:<3} {r['width']:3} B sbo {r['sbo']:4} "
                       + (f"error {r['error']}" if "error" in r else
                          f"rel err {r['rel_error']:.2e} {'RIGHT' if r['right'] else ''}"))
+            layout = gemm_layout(results["swizzles"])
+            results["gemm"] = []
+            if layout is None:
+                print("gemm: no 64-byte swizzled tf32 layout checked right; not run")
+            for size in ((4096, 8192) if layout else ()):
+                for variant in GEMMS:
+                    row = gemm_case(ctx, prg, variant, size, size, size, rng, *layout)
+                    results["gemm"].append(row)
+                    print(f"gemm {row['variant']:12} {size}^3: err/bound "
+                          f"{row['err_over_bound']:.3f} "
+                          + (f"{row['tflops']:.1f} TFLOP/s" if "tflops" in row else "WRONG"))
             programs = {1: prg}
             for wg in (2, 3):
                 more = sm90a_program(ctx, args.out, results, wg)

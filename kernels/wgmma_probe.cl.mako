@@ -17,7 +17,8 @@
 ##     (f16, bf16: 16-bit values as ushort). The operands go to local memory as 8-row core
 ##     matrices of 16 bytes a row (no swizzle): core (i, j) (rows 8i.., 16-byte column j) at
 ##     byte i * core_mn + j * core_k; the descriptors carry lbo and sbo as given, so the host
-##     can try the layouts and learn which reading of the two fields is right. D leaves the
+##     can try the layouts and learn which reading of the two fields is right (A and B lie in
+##     16 KiB, so that a wrong reading stays inside local memory). D leaves the
 ##     registers in the accumulator layout of mma.m16n8 repeated: warp w holds rows
 ##     16w .. 16w + 15, lane l rows 16w + l / 4 (values 4j, 4j + 1) and + 8 (4j + 2, 4j + 3),
 ##     columns 8j + 2 (l % 4) + {0, 1}.
@@ -34,6 +35,17 @@
 ##     into one accumulator tile from operands of 1.0 in local memory; each accumulator ends at
 ##     K * UNROLL * trips, and y gets the sum of a work-item's accumulators (the host checks).
 ##     Work: 2 * 64 * N * K * UNROLL * trips flops per warpgroup.
+##   wgmma_gemm_n<BN>_s<S>_w<W>(a, b, c, M, N, K, sbo, layout)
+##     local (256), global (M / 128 * 256, N / BN): C (M x N, row-major) = A (M x K, row-major)
+##     times B^T (B: N x K, row-major), TF32 products of float32 operands (the tensor cores
+##     read the top 19 bits), M a multiple of 128, N of BN, K of 16. A work-group's two
+##     warpgroups compute a 128 x BN tile, warpgroup g rows 64g .. 64g + 63, by wgmma
+##     m64n<BN>k8 from local memory. Slices 16 deep (64-byte rows, the 64-byte swizzle: the
+##     layout of wgmma_swizzle at width 64, `sbo` and `layout` its descriptor's stride offset
+##     and swizzle code) come in by 16-byte async copies (cp.async) S stages deep; W = 0: every
+##     slice's products are waited for before the next slice (the copies S - 1 slices ahead),
+##     W = 1: one slice's products stay in flight (the copies S - 2 slices ahead). One barrier
+##     a slice. Work-groups walk the tiles GROUP_M tile rows at a time (L2 reuse).
 ##   local_probe(y, buf, n)
 ##     a __local argument of n floats: written, read back reversed, y = each item's sum; how
 ##     much local memory one work-group can be given at launch.
@@ -45,6 +57,10 @@
 ##   peaks       list of (dt, N) for wgmma_peak kernels
 ##   warpgroups  warpgroups per work-group of the peak kernels
 ##   unroll      products per trip of the peak kernels
+##   gemms       list of (BN, S, W) for wgmma_gemm kernels
+##   emulate     True: every wgmma of the GEMM kernels computed by the work-items from local
+##               memory as the hardware reads it (64-byte swizzle, the stride offset given),
+##               cp.async as plain copies: the GEMM's addressing checked on any OpenCL device
 <%
     H = "//@ " if hide else ""
     K = {"tf32": 8, "f16": 16, "bf16": 16}
@@ -66,13 +82,25 @@
                 f'                 : "l"({da}), "l"({db}), "r"({scale}));')
 
     def keep(acc, n):
+        if emulate:
+            return ""
         return "\n    ".join(f'asm volatile("" : "+f"({acc}{i}) :: "memory");' for i in range(n // 2))
 %>
+<%namespace name="access" file="memory_access.cl.mako"/>
+% if emulate:
+#define WGMMA_FENCE()
+#define WGMMA_COMMIT()
+#define WGMMA_WAIT0()
+#define WGMMA_WAIT(pending)
+#define PROXY_FENCE()
+% else:
 #define WGMMA_FENCE() asm volatile("${H}wgmma.fence.sync.aligned;" ::: "memory")
 #define WGMMA_COMMIT() asm volatile("${H}wgmma.commit_group.sync.aligned;" ::: "memory")
 #define WGMMA_WAIT0() asm volatile("${H}wgmma.wait_group.sync.aligned 0;" ::: "memory")
+#define WGMMA_WAIT(pending) asm volatile("${H}wgmma.wait_group.sync.aligned " #pending ";" ::: "memory")
 // Local memory written by ordinary stores, read next by the tensor cores' async proxy.
 #define PROXY_FENCE() asm volatile("${H}fence.proxy.async.shared::cta;" ::: "memory")
+% endif
 
 // A shared-memory matrix descriptor: start address, leading and stride byte offsets (each
 // stored >> 4), no swizzle, base offset 0.
@@ -97,8 +125,10 @@ void wgmma_tile_${dt}_n${n}(__global const ${st} *a, __global const ${st} *b, __
                             int a_core_k, int a_core_mn, int a_lbo, int a_sbo,
                             int b_core_k, int b_core_mn, int b_lbo, int b_sbo)
 {
-    __local ${st} sa[64 * ${kk}] __attribute__((aligned(128)));
-    __local ${st} sb[${n} * ${kk}] __attribute__((aligned(128)));
+    // A at 0, B 8 KiB further, in 16 KiB: a layout read with the wrong offsets stays inside
+    // the work-group's local memory (its products are wrong, the launch is not).
+    __local ${st} pool[${16384 // (4 if dt == "tf32" else 2)}] __attribute__((aligned(1024)));
+    __local ${st} *sa = pool, *sb = pool + ${8192 // (4 if dt == "tf32" else 2)};
     const int t = get_local_id(0);
     const int per = ${4 if dt == "tf32" else 8}, bytes = ${4 if dt == "tf32" else 2};
     for (int i = t; i < 64 * ${kk}; i += 128)
@@ -212,6 +242,137 @@ void wgmma_peak_${dt}_n${n}(__global float *y, int trips)
     total += acc${i};
 % endfor
     y[get_global_id(0)] = total;
+}
+
+% endfor
+% if gemms:
+${access.async_copies(not emulate)}
+
+// The 64-byte swizzle of a byte offset from a 1024-byte aligned base: its 16-byte chunk index
+// (bits 4-5) XOR bits 7-8.
+inline int swizzle64(int o)
+{
+    return o ^ (((o >> 7) & 3) << 4);
+}
+
+// Element (row r, K value k) of a slice operand read as wgmma reads it: from the descriptor's
+// start (`start` bytes past the stage's 1024-byte aligned base), 8-row atoms `sbo` bytes apart,
+// rows of 64 bytes, the address swizzled.
+inline float slice_at(__local const uint *stage, int start, int sbo, int r, int k)
+{
+    return as_float(stage[swizzle64(start + (r / 8) * sbo + (r % 8) * 64 + 4 * k) / 4]);
+}
+
+// One 16-byte copy of slice row `row`, chunk `chunk` (4 floats) from `src` into its swizzled
+// place in the operand's tile at `tile` (1024-byte aligned).
+inline void copy_chunk(__local uint *tile, int row, int chunk, __global const float *src)
+{
+    copy16((__local float *)tile + swizzle64(row * 64 + chunk * 16) / 4, src);
+}
+% endif
+
+% for bn, stages, wait in gemms:
+<%
+    depth = stages - 1 - wait          # slices in flight ahead of the one multiplied
+    stage_words = (128 + bn) * 16      # A then B, rows of 16 words
+    a_chunks, b_chunks = 128 * 4 // 256, bn * 4 // 256
+    assert depth >= 1 and stages * stage_words * 4 <= 49152
+%>
+% if (bn, stages, wait) == [g for g in gemms if g[0] == bn][0]:
+// Slice `s` (K values 16 s .. 16 s + 15) of the A rows m0.. and B rows n0.. into `stage`: chunk
+// q = t + 256 j is row q / 4, 16-byte chunk q % 4 (four items a 64-byte row: coalesced reads).
+inline void load_slice_n${bn}(__local uint *stage, __global const float *a,
+                              __global const float *b, int m0, int n0, int K, int s, int t)
+{
+    const int k = 16 * s + 4 * (t % 4);
+% for j in range(a_chunks):
+    copy_chunk(stage, (t + ${256 * j}) / 4, t % 4, a + (long)(m0 + (t + ${256 * j}) / 4) * K + k);
+% endfor
+% for j in range(b_chunks):
+    copy_chunk(stage + 128 * 16, (t + ${256 * j}) / 4, t % 4,
+               b + (long)(n0 + (t + ${256 * j}) / 4) * K + k);
+% endfor
+}
+
+% endif
+__kernel __attribute__((reqd_work_group_size(256, 1, 1)))
+void wgmma_gemm_n${bn}_s${stages}_w${wait}(__global const float *restrict a,
+                                           __global const float *restrict b,
+                                           __global float *restrict c, int M, int N, int K,
+                                           int sbo, int layout)
+{
+    __local uint smem[${stages * stage_words}] __attribute__((aligned(1024)));
+    const int t = get_local_id(0);
+    const int wg = t / 128, warp = (t % 128) / 32, lane = t % 32;
+    // Tiles walked GROUP_M tile rows at a time down M, then along N.
+    const int tiles_m = M / 128, tiles_n = N / ${bn};
+    const int id = get_group_id(0) + get_group_id(1) * get_num_groups(0);
+    const int group = id / (8 * tiles_n), first = group * 8;
+    const int rows_here = min(tiles_m - first, 8);
+    const int tm = first + (id % (8 * tiles_n)) % rows_here;
+    const int tn = (id % (8 * tiles_n)) / rows_here;
+    const int m0 = tm * 128, n0 = tn * ${bn};
+    const int slices = K / 16;
+    const ulong swizzle = (ulong)layout << 62;
+% for i in range(bn // 2):
+    float acc${i} = 0.0f;
+% endfor
+% for s0 in range(depth):
+    if (${s0} < slices)
+        load_slice_n${bn}(smem + ${s0 * stage_words}, a, b, m0, n0, K, ${s0}, t);
+    COPY_COMMIT();
+% endfor
+    for (int s = 0; s < slices; ++s) {
+        COPY_WAIT(${depth - 1});
+        PROXY_FENCE();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        // The stage the copies go to was last read by slice s - ${stages - depth}, whose
+        // products every warpgroup waited for before this barrier.
+        if (s + ${depth} < slices)
+            load_slice_n${bn}(smem + (s + ${depth}) % ${stages} * ${stage_words}, a, b, m0, n0, K,
+                              s + ${depth}, t);
+        COPY_COMMIT();
+        __local uint *stage = smem + (s % ${stages}) * ${stage_words};
+        WGMMA_FENCE();
+% for ks in range(2):
+        {
+            const int a_start = wg * 64 * 64 + ${32 * ks}, b_start = 128 * 64 + ${32 * ks};
+% if emulate:
+            // acc (row, col) += sum over 8 K values: rows 16 warp + lane / 4 (+ 8), columns
+            // 8 j + 2 (lane % 4) (+ 1), as the hardware's accumulator layout.
+            const int r = 16 * warp + lane / 4, col = 2 * (lane % 4);
+            for (int k = 0; k < 8; ++k) {
+                const float a0 = slice_at(stage, a_start, sbo, r, k);
+                const float a1 = slice_at(stage, a_start, sbo, r + 8, k);
+% for j in range(bn // 8):
+                {
+                    const float b0 = slice_at(stage, b_start, sbo, ${8 * j} + col, k);
+                    const float b1 = slice_at(stage, b_start, sbo, ${8 * j} + col + 1, k);
+                    acc${4 * j} = fma(a0, b0, acc${4 * j});
+                    acc${4 * j + 1} = fma(a0, b1, acc${4 * j + 1});
+                    acc${4 * j + 2} = fma(a1, b0, acc${4 * j + 2});
+                    acc${4 * j + 3} = fma(a1, b1, acc${4 * j + 3});
+                }
+% endfor
+            }
+% else:
+            const ulong da = descriptor((__local const char *)stage + a_start, 16, sbo) | swizzle;
+            const ulong db = descriptor((__local const char *)stage + b_start, 16, sbo) | swizzle;
+            const int scale_d = 1;
+            ${mma("tf32", bn, "acc", "da", "db", "scale_d")}
+% endif
+        }
+% endfor
+        WGMMA_COMMIT();
+        WGMMA_WAIT(${wait});
+    }
+    WGMMA_WAIT0();
+    ${keep("acc", bn)}
+    const int row = m0 + 64 * wg + 16 * warp + lane / 4, col = n0 + 2 * (lane % 4);
+% for j in range(bn // 8):
+    *(__global float2 *)(c + (long)row * N + col + ${8 * j}) = (float2)(acc${4 * j}, acc${4 * j + 1});
+    *(__global float2 *)(c + (long)(row + 8) * N + col + ${8 * j}) = (float2)(acc${4 * j + 2}, acc${4 * j + 3});
+% endfor
 }
 
 % endfor

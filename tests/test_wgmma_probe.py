@@ -115,7 +115,27 @@ def test_swizzle_moves_chunks_within_their_atom(width, bits, code, size):
 
 
 def test_local_probe_kernel_runs(ctx):
-    prg = program.build_source(ctx, probe.source(True, 1, [], [], []))
+    prg = program.build_source(ctx, probe.source(True, 1, [], [], [], []))
     rows = probe.run_local(ctx, prg.program)
     small = [r for r in rows if r["kib"] * 1024 <= ctx.info.local_mem_size]
     assert small and all(r["ok"] for r in small)
+
+
+@pytest.fixture(scope="module")
+def emulated(ctx):
+    """The GEMM kernels with every wgmma computed by the work-items (and plain copies)."""
+    return program.build_source(ctx, probe.source(False, 1, [], [], [], probe.GEMMS,
+                                                  emulate=True)).program
+
+
+@pytest.mark.parametrize("variant", probe.GEMMS)
+def test_emulated_gemm_addresses_its_tiles_and_stages(ctx, emulated, variant):
+    """Each GEMM kernel, its wgmma emulated from local memory as the hardware reads it: right
+    against float64 on tiles walked in groups (3 x 4 and 3 x 2 tiles), more slices than stages,
+    every element written; with a stride offset that is not the layout's, wrong."""
+    rng = np.random.default_rng(3)
+    M, N, K = 384, 512, 80
+    right = probe.gemm_case(ctx, emulated, variant, M, N, K, rng, 512, 2, repeat=0)
+    assert right["err_over_bound"] < 1e-3
+    wrong = probe.gemm_case(ctx, emulated, variant, M, N, K, rng, 256, 2, repeat=0)
+    assert wrong["err_over_bound"] > 1
