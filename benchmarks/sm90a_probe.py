@@ -45,8 +45,9 @@ from dlprim_py.timing import time_enqueued  # noqa: E402
 K = {"tf32": 8, "f16": 16, "bf16": 16}
 TILES = [("tf32", 8), ("tf32", 32), ("f16", 8), ("f16", 32), ("bf16", 32)]
 SWIZZLES = [("tf32", 32), ("f16", 32)]
-# wgmma GEMM kernels: (BN, stages, wgmma groups left in flight), each within 48 KiB
-GEMMS = [(128, 3, 0), (128, 3, 1), (128, 2, 0), (256, 2, 0)]
+# wgmma GEMM kernels: (data type, BN, stages, wgmma groups left in flight), each within 48 KiB
+GEMMS = [("tf32", 128, 3, 0), ("tf32", 128, 3, 1), ("tf32", 128, 2, 0), ("tf32", 256, 2, 0),
+         ("f16", 128, 3, 0), ("f16", 256, 2, 0), ("bf16", 128, 3, 0)]
 # (width in bytes, bits of the XOR, the descriptor's swizzle code)
 SWIZZLE_MODES = [(32, 1, 3), (64, 2, 2), (128, 3, 1)]
 PEAKS = [("tf32", 64), ("tf32", 128), ("tf32", 256), ("f16", 128), ("f16", 256), ("bf16", 256)]
@@ -271,15 +272,15 @@ def gemm_case(ctx, prg, variant, M, N, K, rng, sbo, layout, repeat=5):
     """One wgmma GEMM kernel on M x N x K: its error on 64 sampled rows against float64 (and
     the bound), and with ``repeat`` its TFLOP/s (OpenCL events, median); every element of C
     must be written (C starts as NaN)."""
-    bn, stages, wait = variant
-    a = rng.standard_normal((M, K), dtype=np.float32)
-    b = rng.standard_normal((N, K), dtype=np.float32)
+    dt, bn, stages, wait = variant
+    abits, a = operand(rng, dt, M, K)
+    bbits, b = operand(rng, dt, N, K)
     mf = cl.mem_flags
-    abuf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
-    bbuf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b)
+    abuf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=abits)
+    bbuf = cl.Buffer(ctx.cl_context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=bbits)
     c = np.full((M, N), np.nan, np.float32)
     cbuf = cl.Buffer(ctx.cl_context, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=c)
-    kernel = cl.Kernel(prg, f"wgmma_gemm_n{bn}_s{stages}_w{wait}")
+    kernel = cl.Kernel(prg, f"wgmma_gemm_{dt}_n{bn}_s{stages}_w{wait}")
     kernel.set_args(abuf, bbuf, cbuf, *(np.int32(v) for v in (M, N, K, sbo, layout)))
 
     def run():
@@ -288,10 +289,10 @@ def gemm_case(ctx, prg, variant, M, N, K, rng, sbo, layout, repeat=5):
     cl.enqueue_copy(ctx.queue, c, cbuf)
     ctx.queue.finish()
     rows = rng.choice(M, size=min(64, M), replace=False)
-    ref = a[rows].astype(np.float64) @ b.astype(np.float64).T
+    ref = a[rows] @ b.T
     bound = GEMM_BOUND * math.sqrt(K) * float(np.abs(a).max()) * float(np.abs(b).max())
     err = float(np.abs(c[rows] - ref).max()) if np.isfinite(c).all() else math.inf
-    out = {"variant": f"n{bn} s{stages} w{wait}", "M": M, "N": N, "K": K,
+    out = {"variant": f"{dt} n{bn} s{stages} w{wait}", "dtype": dt, "M": M, "N": N, "K": K,
            "err_over_bound": err / bound}
     if repeat and err <= bound:
         seconds = time_enqueued(ctx, run, repeat=repeat).median
@@ -299,11 +300,12 @@ def gemm_case(ctx, prg, variant, M, N, K, rng, sbo, layout, repeat=5):
     return out
 
 
-def gemm_layout(swizzles):
-    """(sbo, layout code) of the 64-byte swizzle that the tile check found right for tf32, or
-    None."""
+def gemm_layout(swizzles, dt):
+    """(sbo, layout code) of the 64-byte swizzle that the tile check found right for ``dt``
+    (tf32, or f16 for the 16-bit types: the layout is in bytes), or None."""
+    want = "tf32" if dt == "tf32" else "f16"
     for r in swizzles:
-        if r["dtype"] == "tf32" and r["width"] == 64 and r.get("right"):
+        if r["dtype"] == want and r["width"] == 64 and r.get("right"):
             return r["sbo"], 2
     return None
 
@@ -394,7 +396,8 @@ def cublas_rates():
     torch.backends.cuda.matmul.allow_tf32 = True
     rates = {}
     for s, name, dtype in ((4096, "tf32 4096", torch.float32), (8192, "tf32", torch.float32),
-                           (8192, "f16", torch.float16), (8192, "bf16", torch.bfloat16)):
+                           (4096, "f16 4096", torch.float16), (8192, "f16", torch.float16),
+                           (4096, "bf16 4096", torch.bfloat16), (8192, "bf16", torch.bfloat16)):
         a = torch.randn(s, s, device="cuda", dtype=dtype)
         b = torch.randn(s, s, device="cuda", dtype=dtype)
         c = torch.empty(s, s, device="cuda", dtype=dtype)
@@ -489,12 +492,13 @@ def main():
                 print(f"swizzle {r['dtype']:4} n{r['n']:<3} {r['width']:3} B sbo {r['sbo']:4} "
                       + (f"error {r['error']}" if "error" in r else
                          f"rel err {r['rel_error']:.2e} {'RIGHT' if r['right'] else ''}"))
-            layout = gemm_layout(results["swizzles"])
             results["gemm"] = []
-            if layout is None:
-                print("gemm: no 64-byte swizzled tf32 layout checked right; not run")
-            for size in ((4096, 8192) if layout else ()):
+            for size in (4096, 8192):
                 for variant in GEMMS:
+                    layout = gemm_layout(results["swizzles"], variant[0])
+                    if layout is None:
+                        print(f"gemm {variant}: no 64-byte swizzled layout checked right")
+                        continue
                     row = gemm_case(ctx, prg, variant, size, size, size, rng, *layout)
                     results["gemm"].append(row)
                     print(f"gemm {row['variant']:12} {size}^3: err/bound "

@@ -35,12 +35,14 @@
 ##     into one accumulator tile from operands of 1.0 in local memory; each accumulator ends at
 ##     K * UNROLL * trips, and y gets the sum of a work-item's accumulators (the host checks).
 ##     Work: 2 * 64 * N * K * UNROLL * trips flops per warpgroup.
-##   wgmma_gemm_n<BN>_s<S>_w<W>(a, b, c, M, N, K, sbo, layout)
-##     local (256), global (M / 128 * 256, N / BN): C (M x N, row-major) = A (M x K, row-major)
-##     times B^T (B: N x K, row-major), TF32 products of float32 operands (the tensor cores
-##     read the top 19 bits), M a multiple of 128, N of BN, K of 16. A work-group's two
-##     warpgroups compute a 128 x BN tile, warpgroup g rows 64g .. 64g + 63, by wgmma
-##     m64n<BN>k8 from local memory. Slices 16 deep (64-byte rows, the 64-byte swizzle: the
+##   wgmma_gemm_<dt>_n<BN>_s<S>_w<W>(a, b, c, M, N, K, sbo, layout)
+##     local (256), global (M / 128 * 256, N / BN): C (M x N, row-major, float) = A (M x K,
+##     row-major) times B^T (B: N x K, row-major): TF32 products of float32 operands (the
+##     tensor cores read the top 19 bits), or of 16-bit ones (f16, bf16: ushort), float32
+##     accumulators; M a multiple of 128, N of BN, K of a slice (16 or 32 values). A
+##     work-group's two warpgroups compute a 128 x BN tile, warpgroup g rows 64g .. 64g + 63,
+##     by wgmma m64n<BN>k<8|16> from local memory, two a slice. Slices of 64-byte rows (16
+##     TF32 or 32 16-bit values deep) in the 64-byte swizzle (the
 ##     layout of wgmma_swizzle at width 64, `sbo` and `layout` its descriptor's stride offset
 ##     and swizzle code) come in by 16-byte async copies (cp.async) S stages deep; W = 0: every
 ##     slice's products are waited for before the next slice (the copies S - 1 slices ahead),
@@ -57,7 +59,7 @@
 ##   peaks       list of (dt, N) for wgmma_peak kernels
 ##   warpgroups  warpgroups per work-group of the peak kernels
 ##   unroll      products per trip of the peak kernels
-##   gemms       list of (BN, S, W) for wgmma_gemm kernels
+##   gemms       list of (dt, BN, S, W) for wgmma_gemm kernels
 ##   emulate     True: every wgmma of the GEMM kernels computed by the work-items from local
 ##               memory as the hardware reads it (64-byte swizzle, the stride offset given),
 ##               cp.async as plain copies: the GEMM's addressing checked on any OpenCL device
@@ -255,36 +257,54 @@ inline int swizzle64(int o)
     return o ^ (((o >> 7) & 3) << 4);
 }
 
-// Element (row r, K value k) of a slice operand read as wgmma reads it: from the descriptor's
-// start (`start` bytes past the stage's 1024-byte aligned base), 8-row atoms `sbo` bytes apart,
-// rows of 64 bytes, the address swizzled.
-inline float slice_at(__local const uint *stage, int start, int sbo, int r, int k)
+// One 16-byte copy of slice row `row`, chunk `chunk` from `src` into its swizzled place in the
+// operand's tile at `tile` (1024-byte aligned).
+inline void copy_chunk(__local uint *tile, int row, int chunk, __global const void *src)
 {
+    copy16((__local float *)tile + swizzle64(row * 64 + chunk * 16) / 4,
+           (__global const float *)src);
+}
+
+% for dt in (sorted({g[0] for g in gemms}) if emulate else []):
+// Element (row r, K value k) of a slice operand of ${dt} values read as wgmma reads it: from
+// the descriptor's start (`start` bytes past the stage's 1024-byte aligned base), 8-row atoms
+// `sbo` bytes apart, rows of 64 bytes, the address swizzled.
+inline float slice_at_${dt}(__local const uint *stage, int start, int sbo, int r, int k)
+{
+% if dt == "tf32":
     return as_float(stage[swizzle64(start + (r / 8) * sbo + (r % 8) * 64 + 4 * k) / 4]);
-}
-
-// One 16-byte copy of slice row `row`, chunk `chunk` (4 floats) from `src` into its swizzled
-// place in the operand's tile at `tile` (1024-byte aligned).
-inline void copy_chunk(__local uint *tile, int row, int chunk, __global const float *src)
-{
-    copy16((__local float *)tile + swizzle64(row * 64 + chunk * 16) / 4, src);
-}
+% else:
+    const int o = swizzle64(start + (r / 8) * sbo + (r % 8) * 64 + 2 * k);
+    const uint bits = (stage[o / 4] >> (16 * ((o / 2) % 2))) & 0xFFFFu;
+% if dt == "bf16":
+    return as_float(bits << 16);
+% else:
+    return vload_half(0, (__private const half *)&bits + 0);
 % endif
+% endif
+}
 
-% for bn, stages, wait in gemms:
+% endfor
+% endif
+% for dt, bn, stages, wait in gemms:
 <%
+    size = 4 if dt == "tf32" else 2  # bytes a value
+    ks = 64 // size                    # K values a slice (rows of 64 bytes)
+    kk = K[dt]                         # K values a wgmma (32 bytes)
+    et = "float" if dt == "tf32" else "ushort"
     depth = stages - 1 - wait          # slices in flight ahead of the one multiplied
     stage_words = (128 + bn) * 16      # A then B, rows of 16 words
     a_chunks, b_chunks = 128 * 4 // 256, bn * 4 // 256
     assert depth >= 1 and stages * stage_words * 4 <= 49152
 %>
-% if (bn, stages, wait) == [g for g in gemms if g[0] == bn][0]:
-// Slice `s` (K values 16 s .. 16 s + 15) of the A rows m0.. and B rows n0.. into `stage`: chunk
-// q = t + 256 j is row q / 4, 16-byte chunk q % 4 (four items a 64-byte row: coalesced reads).
-inline void load_slice_n${bn}(__local uint *stage, __global const float *a,
-                              __global const float *b, int m0, int n0, int K, int s, int t)
+% if (dt, bn, stages, wait) == [g for g in gemms if g[:2] == (dt, bn)][0]:
+// Slice `s` (K values ${ks} s .. ${ks} s + ${ks - 1}) of the A rows m0.. and B rows n0.. into
+// `stage`: chunk q = t + 256 j is row q / 4, 16-byte chunk q % 4 (four items a 64-byte row:
+// coalesced reads).
+inline void load_slice_${dt}_n${bn}(__local uint *stage, __global const ${et} *a,
+                              __global const ${et} *b, int m0, int n0, int K, int s, int t)
 {
-    const int k = 16 * s + 4 * (t % 4);
+    const int k = ${ks} * s + ${16 // size} * (t % 4);
 % for j in range(a_chunks):
     copy_chunk(stage, (t + ${256 * j}) / 4, t % 4, a + (long)(m0 + (t + ${256 * j}) / 4) * K + k);
 % endfor
@@ -296,10 +316,10 @@ inline void load_slice_n${bn}(__local uint *stage, __global const float *a,
 
 % endif
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
-void wgmma_gemm_n${bn}_s${stages}_w${wait}(__global const float *restrict a,
-                                           __global const float *restrict b,
-                                           __global float *restrict c, int M, int N, int K,
-                                           int sbo, int layout)
+void wgmma_gemm_${dt}_n${bn}_s${stages}_w${wait}(__global const ${et} *restrict a,
+                                                 __global const ${et} *restrict b,
+                                                 __global float *restrict c, int M, int N,
+                                                 int K, int sbo, int layout)
 {
     __local uint smem[${stages * stage_words}] __attribute__((aligned(1024)));
     const int t = get_local_id(0);
@@ -312,14 +332,14 @@ void wgmma_gemm_n${bn}_s${stages}_w${wait}(__global const float *restrict a,
     const int tm = first + (id % (8 * tiles_n)) % rows_here;
     const int tn = (id % (8 * tiles_n)) / rows_here;
     const int m0 = tm * 128, n0 = tn * ${bn};
-    const int slices = K / 16;
+    const int slices = K / ${ks};
     const ulong swizzle = (ulong)layout << 62;
 % for i in range(bn // 2):
     float acc${i} = 0.0f;
 % endfor
 % for s0 in range(depth):
     if (${s0} < slices)
-        load_slice_n${bn}(smem + ${s0 * stage_words}, a, b, m0, n0, K, ${s0}, t);
+        load_slice_${dt}_n${bn}(smem + ${s0 * stage_words}, a, b, m0, n0, K, ${s0}, t);
     COPY_COMMIT();
 % endfor
     for (int s = 0; s < slices; ++s) {
@@ -329,25 +349,25 @@ void wgmma_gemm_n${bn}_s${stages}_w${wait}(__global const float *restrict a,
         // The stage the copies go to was last read by slice s - ${stages - depth}, whose
         // products every warpgroup waited for before this barrier.
         if (s + ${depth} < slices)
-            load_slice_n${bn}(smem + (s + ${depth}) % ${stages} * ${stage_words}, a, b, m0, n0, K,
-                              s + ${depth}, t);
+            load_slice_${dt}_n${bn}(smem + (s + ${depth}) % ${stages} * ${stage_words}, a, b,
+                                    m0, n0, K, s + ${depth}, t);
         COPY_COMMIT();
         __local uint *stage = smem + (s % ${stages}) * ${stage_words};
         WGMMA_FENCE();
-% for ks in range(2):
+% for step in range(2):
         {
-            const int a_start = wg * 64 * 64 + ${32 * ks}, b_start = 128 * 64 + ${32 * ks};
+            const int a_start = wg * 64 * 64 + ${32 * step}, b_start = 128 * 64 + ${32 * step};
 % if emulate:
-            // acc (row, col) += sum over 8 K values: rows 16 warp + lane / 4 (+ 8), columns
+            // acc (row, col) += sum over ${kk} K values: rows 16 warp + lane / 4 (+ 8), columns
             // 8 j + 2 (lane % 4) (+ 1), as the hardware's accumulator layout.
             const int r = 16 * warp + lane / 4, col = 2 * (lane % 4);
-            for (int k = 0; k < 8; ++k) {
-                const float a0 = slice_at(stage, a_start, sbo, r, k);
-                const float a1 = slice_at(stage, a_start, sbo, r + 8, k);
+            for (int k = 0; k < ${kk}; ++k) {
+                const float a0 = slice_at_${dt}(stage, a_start, sbo, r, k);
+                const float a1 = slice_at_${dt}(stage, a_start, sbo, r + 8, k);
 % for j in range(bn // 8):
                 {
-                    const float b0 = slice_at(stage, b_start, sbo, ${8 * j} + col, k);
-                    const float b1 = slice_at(stage, b_start, sbo, ${8 * j} + col + 1, k);
+                    const float b0 = slice_at_${dt}(stage, b_start, sbo, ${8 * j} + col, k);
+                    const float b1 = slice_at_${dt}(stage, b_start, sbo, ${8 * j} + col + 1, k);
                     acc${4 * j} = fma(a0, b0, acc${4 * j});
                     acc${4 * j + 1} = fma(a0, b1, acc${4 * j + 1});
                     acc${4 * j + 2} = fma(a1, b0, acc${4 * j + 2});
@@ -359,7 +379,7 @@ void wgmma_gemm_n${bn}_s${stages}_w${wait}(__global const float *restrict a,
             const ulong da = descriptor((__local const char *)stage + a_start, 16, sbo) | swizzle;
             const ulong db = descriptor((__local const char *)stage + b_start, 16, sbo) | swizzle;
             const int scale_d = 1;
-            ${mma("tf32", bn, "acc", "da", "db", "scale_d")}
+            ${mma(dt, bn, "acc", "da", "db", "scale_d")}
 % endif
         }
 % endfor

@@ -38,6 +38,9 @@ def test_every_kernel_is_rendered():
         assert f"void wgmma_peak_{dt}_n{n}(" in text
     for dt, n in probe.SWIZZLES:
         assert f"void wgmma_swizzle_{dt}_n{n}(" in text
+    for dt, bn, stages, wait in probe.GEMMS:
+        assert f"void wgmma_gemm_{dt}_n{bn}_s{stages}_w{wait}(" in text
+        assert f"m64n{bn}k{probe.K[dt]}.f32.{dt}.{dt}" in text
     assert text.count(".f32.f16.f16 ") and ", 1, 1, 0, 0;" in text     # 16-bit: transposes
     assert "reqd_work_group_size(384, 1, 1)" in probe.source(False, 3)
 
@@ -134,7 +137,7 @@ def test_emulated_gemm_addresses_its_tiles_and_stages(ctx, emulated, variant):
     against float64 on tiles walked in groups (3 x 4 and 3 x 2 tiles), more slices than stages,
     every element written; with a stride offset that is not the layout's, wrong."""
     rng = np.random.default_rng(3)
-    M, N, K = 384, 512, 80
+    M, N, K = 384, 512, 160
     right = probe.gemm_case(ctx, emulated, variant, M, N, K, rng, 512, 2, repeat=0)
     assert right["err_over_bound"] < 1e-3
     wrong = probe.gemm_case(ctx, emulated, variant, M, N, K, rng, 256, 2, repeat=0)
