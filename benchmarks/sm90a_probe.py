@@ -460,6 +460,13 @@ def main():
                "local_mem_size": info.local_mem_size}
     print(f"device: {info.name} ({info.architecture}), driver {info.driver_version}, "
           f"local memory {info.local_mem_size} bytes")
+
+    def save():
+        # After every step: a later step that hangs or kills the process keeps the earlier ones.
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        sys.stdout.flush()
     if info.vendor != "nvidia" or info.architecture != "nvidia:sm_90":
         print("this probe needs an NVIDIA device of compute capability 9.0 (wgmma)")
         results["skipped"] = "not an NVIDIA sm_90 device"
@@ -469,7 +476,9 @@ def main():
         for row in results["options"]:
             print(f"option {row['option']!r}: {'built' if row['ok'] else 'refused'} "
                   f"{row.get('header', '')} {'' if row['ok'] else row['log'][:200]!r}")
+        save()
         prg = sm90a_program(ctx, args.out, results)
+        save()
         print(f"compiler's PTX header: {results.get('ptx', {}).get('header')}; retargeted "
               f"binary: {'built' if results.get('retarget', {}).get('ok') else 'refused'}")
         if not results.get("retarget", {}).get("ok"):
@@ -487,7 +496,9 @@ def main():
                       + (f"error {r['error']}" if "error" in r else
                          f"rel err {r['rel_error']:.2e} {'RIGHT' if r['right'] else ''}"
                          f"{'permuted' if r['permuted'] else ''}"))
+            save()
             results["swizzles"] = run_swizzles(ctx, prg, rng)
+            save()
             for r in results["swizzles"]:
                 print(f"swizzle {r['dtype']:4} n{r['n']:<3} {r['width']:3} B sbo {r['sbo']:4} "
                       + (f"error {r['error']}" if "error" in r else
@@ -499,8 +510,15 @@ def main():
                     if layout is None:
                         print(f"gemm {variant}: no 64-byte swizzled layout checked right")
                         continue
-                    row = gemm_case(ctx, prg, variant, size, size, size, rng, *layout)
+                    try:
+                        row = gemm_case(ctx, prg, variant, size, size, size, rng, *layout)
+                    except cl.Error as e:
+                        results["gemm"].append({"variant": str(variant), "M": size,
+                                                "error": str(e)})
+                        print(f"gemm {variant} {size}^3: {e}")
+                        continue
                     results["gemm"].append(row)
+                    save()
                     print(f"gemm {row['variant']:12} {size}^3: err/bound "
                           f"{row['err_over_bound']:.3f} "
                           + (f"{row['tflops']:.1f} TFLOP/s" if "tflops" in row else "WRONG"))
@@ -510,6 +528,7 @@ def main():
                 if more is not None:
                     programs[wg] = more
             results["peaks"] = run_peaks(ctx, programs)
+            save()
             results["mma_sync_ceiling"] = mma_sync_ceiling(ctx)
             results["cublas"] = cublas_rates()
             print(f"mma.sync TF32 ceiling {results['mma_sync_ceiling']:.1f} TFLOP/s; cuBLAS "
@@ -521,9 +540,7 @@ def main():
                       + (f"- | {r['error'][:60]} |" if "error" in r else
                          f"{r['tflops']:.1f} | {r['rel_error']:.1e} |"))
         results["seconds"] = time.perf_counter() - started
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    save()
 
 
 if __name__ == "__main__":
