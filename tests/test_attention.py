@@ -110,18 +110,23 @@ def test_empty_keys_and_rows(ctx, rng):
     assert out.shape == (2, 0, 8)
 
 
-def _dropout_reference(q, k, v, keep, p, g, causal=False):
-    """Attention with the weights dropped by ``keep`` (numpy bool), float64, and its gradients;
-    ``causal``: query row l sees keys 0..l (top-left aligned, as torch)."""
+def _dropout_reference(q, k, v, keep, p, g, causal=False, mask=None):
+    """Attention with the weights dropped by ``keep`` (numpy bool), float64, and its gradients
+    (and the float ``mask``'s, added to the scores, where given); ``causal``: query row l sees
+    keys 0..l (top-left aligned, as torch)."""
     tq, tk, tv = _t64(q), _t64(k), _t64(v)
     scores = tq @ tk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    tm = None if mask is None else _t64(mask)
+    if tm is not None:
+        scores = scores + tm
     if causal:
         L, S = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(L, S, dtype=torch.bool).triu(1), -math.inf)
     weights = torch.softmax(scores, dim=-1) * torch.tensor(keep) / (1 - p)
     out = weights @ tv
     out.backward(torch.tensor(g, dtype=torch.float64))
-    return out.detach().numpy(), tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy()
+    grads = (tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy())
+    return (out.detach().numpy(),) + grads + (() if tm is None else (tm.grad.numpy(),))
 
 
 def test_dropout_uses_the_dropout_generator_forward_and_backward(ctx, rng, poison):
@@ -143,6 +148,50 @@ def test_dropout_uses_the_dropout_generator_forward_and_backward(ctx, rng, poiso
     assert np.array_equal(again.numpy(), out.numpy())
     other = F.scaled_dot_product_attention(*ours, dropout_p=p, seed=seed, stream=stream + 1)
     assert not np.array_equal(other.numpy(), out.numpy())
+
+
+@pytest.mark.parametrize("algorithm", ["rows", "tiled"])
+@pytest.mark.parametrize("qs, ks, ms, kw", [
+    ((2, 3, 19, 16), (2, 3, 26, 16), (19, 26), {}),
+    ((2, 4, 9, 16), (2, 2, 13, 16), (2, 1, 9, 13), {"enable_gqa": True, "scale": 0.4}),
+    ((3, 9, 12), (1, 13, 12), (3, 9, 13), {})])
+def test_float_mask_gradient(ctx, rng, poison, algorithm, qs, ks, ms, kw):
+    """A float attn_mask that requires grad gets the scores' gradient summed to its shape
+    (broadcast over batches and heads, grouped heads), every solver's q, k, v gradients
+    unchanged beside it; only the mask asking for one works too."""
+    q, k, v, m = random(rng, qs), random(rng, ks), random(rng, ks), random(rng, ms)
+    refs = [_t64(a) for a in (q, k, v, m)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*refs[:3], attn_mask=refs[3], **kw)
+    g = random(rng, tuple(ref.shape))
+    ref.backward(torch.tensor(g, dtype=torch.float64))
+    ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in (q, k, v, m)]
+    out = F.scaled_dot_product_attention(*ours[:3], attn_mask=ours[3], algorithm=algorithm, **kw)
+    assert_close(out.numpy(), ref.detach().numpy(), tol=TOL)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    for mine, theirs in zip(ours, refs):
+        assert mine.grad.shape == mine.shape
+        assert_close(mine.grad.numpy(), theirs.grad.numpy(), tol=TOL)
+    alone = [dp.Tensor.from_numpy(ctx, a) for a in (q, k, v)] + \
+        [dp.Tensor.from_numpy(ctx, m, requires_grad=True)]
+    F.scaled_dot_product_attention(*alone[:3], attn_mask=alone[3], algorithm=algorithm,
+                                   **kw).backward(dp.Tensor.from_numpy(ctx, g))
+    assert_close(alone[3].grad.numpy(), refs[3].grad.numpy(), tol=TOL)
+
+
+def test_float_mask_gradient_with_dropout(ctx, rng, poison):
+    """The mask's gradient under dropout: the forward's keep-mask (same seed and stream)."""
+    p, seed, stream = 0.3, 99, 4
+    q, k, v = random(rng, (2, 3, 19, 16)), random(rng, (2, 3, 26, 16)), random(rng, (2, 3, 26, 16))
+    m, g = random(rng, (3, 19, 26)), random(rng, (2, 3, 19, 16))
+    keep = A.attention_dropout_mask((2, 3), 19, 26, p, seed, stream)
+    ref = _dropout_reference(q, k, v, keep, p, g, mask=m)
+    ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in (q, k, v, m)]
+    out = F.scaled_dot_product_attention(*ours[:3], attn_mask=ours[3], dropout_p=p, seed=seed,
+                                         stream=stream)
+    assert_close(out.numpy(), ref[0], tol=TOL)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    for t, r in zip(ours, ref[1:]):
+        assert_close(t.grad.numpy(), r, tol=TOL)
 
 
 @pytest.mark.parametrize("L, S", [(19, 26), (26, 19)])
@@ -278,23 +327,26 @@ def test_bad_inputs(ctx, rng):
 
 
 def _mha_case(ctx, rng, L, S, N, E, H, self_attention=True, separate=False, key_padding=None,
-              attn_mask=None, need_weights=False, average=True, is_causal=False):
+              attn_mask=None, need_weights=False, average=True, is_causal=False, bias_kv=False,
+              zero_attn=False, mask_grad=False):
     """F.multi_head_attention_forward against torch's in float64: output, weights, and the
-    gradients of the input and the weights."""
+    gradients of the input and the weights (and with ``mask_grad`` of the float masks)."""
     x = random(rng, (L, N, E))
     kx = x if self_attention else random(rng, (S, N, E))
     vx = x if self_attention else random(rng, (S, N, E))
     weights = {"in_w": random(rng, (3 * E, E)), "in_b": random(rng, (3 * E,)),
                "out_w": random(rng, (E, E)), "out_b": random(rng, (E,)),
-               "q_w": random(rng, (E, E)), "k_w": random(rng, (E, E)), "v_w": random(rng, (E, E))}
+               "q_w": random(rng, (E, E)), "k_w": random(rng, (E, E)), "v_w": random(rng, (E, E)),
+               "bias_k": random(rng, (1, 1, E)), "bias_v": random(rng, (1, 1, E))}
 
     def arguments(make, make_mask):
         q = make(x)
         k = q if self_attention else make(kx)
         v = q if self_attention else make(vx)
         w = {name: make(a) for name, a in weights.items()}
-        return (q, k, v, E, H, None if separate else w["in_w"], w["in_b"], None, None, False, 0.0,
-                w["out_w"], w["out_b"]), dict(
+        bias_k, bias_v = (w["bias_k"], w["bias_v"]) if bias_kv else (None, None)
+        return (q, k, v, E, H, None if separate else w["in_w"], w["in_b"], bias_k, bias_v,
+                zero_attn, 0.0, w["out_w"], w["out_b"]), dict(
             training=True, need_weights=need_weights, use_separate_proj_weight=separate,
             key_padding_mask=None if key_padding is None else make_mask(key_padding),
             attn_mask=None if attn_mask is None else make_mask(attn_mask),
@@ -303,11 +355,18 @@ def _mha_case(ctx, rng, L, S, N, E, H, self_attention=True, separate=False, key_
             v_proj_weight=w["v_w"] if separate else None,
             average_attn_weights=average, is_causal=is_causal), w, q
 
-    args, kw, theirs, tq = arguments(_t64, lambda m: _t64(m).detach() if m.dtype != np.bool_
-                                     else torch.tensor(m))
-    ref, ref_w = torch.nn.functional.multi_head_attention_forward(*args, **kw)
+    def ours_mask(m):
+        return dp.Tensor.from_numpy(ctx, m, requires_grad=mask_grad and m.dtype != np.bool_)
+
+    def their_mask(m):
+        if m.dtype == np.bool_:
+            return torch.tensor(m)
+        return _t64(m) if mask_grad else _t64(m).detach()
+
+    args, their_kw, theirs, tq = arguments(_t64, their_mask)
+    ref, ref_w = torch.nn.functional.multi_head_attention_forward(*args, **their_kw)
     args, kw, ours, oq = arguments(lambda a: dp.Tensor.from_numpy(ctx, a, requires_grad=True),
-                                   lambda m: dp.Tensor.from_numpy(ctx, m))
+                                   ours_mask)
     out, out_w = F.multi_head_attention_forward(*args, **kw)
     assert_close(out.numpy(), ref.detach().numpy(), tol=TOL)
     if need_weights:
@@ -317,10 +376,14 @@ def _mha_case(ctx, rng, L, S, N, E, H, self_attention=True, separate=False, key_
     g = random(rng, tuple(ref.shape))
     ref.backward(torch.tensor(g, dtype=torch.float64))
     out.backward(dp.Tensor.from_numpy(ctx, g))
-    names = (["q_w", "k_w", "v_w"] if separate else ["in_w"]) + ["in_b", "out_w", "out_b"]
+    names = (["q_w", "k_w", "v_w"] if separate else ["in_w"]) + ["in_b", "out_w", "out_b"] + \
+        (["bias_k", "bias_v"] if bias_kv else [])
     for name in names:
         assert_close(ours[name].grad.numpy(), theirs[name].grad.numpy(), tol=TOL)
     assert_close(oq.grad.numpy(), tq.grad.numpy(), tol=TOL)
+    for name in ("attn_mask", "key_padding_mask"):
+        if mask_grad and kw[name] is not None and kw[name].dtype != dp.bool:
+            assert_close(kw[name].grad.numpy(), their_kw[name].grad.numpy(), tol=TOL)
 
 
 def test_mha_self_attention_packed(ctx, rng):
@@ -347,6 +410,32 @@ def test_mha_causal_hint(ctx, rng):
               average=False)
 
 
+@pytest.mark.parametrize("bias_kv, zero_attn", [(True, False), (False, True), (True, True)])
+def test_mha_appended_keys(ctx, rng, bias_kv, zero_attn):
+    """bias_k / bias_v and add_zero_attn: keys appended to every sequence, the float, bool and
+    key padding masks widened to allow them, the causal hint replacing the mask as in torch;
+    the weights and the gradients of bias_k and bias_v as torch's."""
+    key_padding = rng.uniform(0, 1, (2, 11)) > 0.7
+    _mha_case(ctx, rng, 9, 11, 2, 32, 2, self_attention=False, key_padding=key_padding,
+              attn_mask=random(rng, (9, 11)), bias_kv=bias_kv, zero_attn=zero_attn)
+    _mha_case(ctx, rng, 9, 11, 2, 32, 2, self_attention=False,
+              attn_mask=rng.uniform(0, 1, (4, 9, 11)) > 0.8, need_weights=True, average=False,
+              bias_kv=bias_kv, zero_attn=zero_attn)
+    causal = np.triu(np.ones((9, 9), bool), 1)
+    _mha_case(ctx, rng, 9, 9, 2, 32, 2, attn_mask=causal, is_causal=True, bias_kv=bias_kv,
+              zero_attn=zero_attn)
+
+
+def test_mha_float_mask_gradients(ctx, rng):
+    """Float attn_mask and key_padding_mask that require grad: their gradients as torch's,
+    beside a bool mask folded off the tape, with appended keys (the masks' added column)."""
+    _mha_case(ctx, rng, 9, 11, 2, 32, 2, self_attention=False,
+              key_padding=random(rng, (2, 11)), attn_mask=random(rng, (9, 11)), mask_grad=True)
+    _mha_case(ctx, rng, 9, 11, 2, 32, 2, self_attention=False,
+              key_padding=rng.uniform(0, 1, (2, 11)) > 0.8, attn_mask=random(rng, (4, 9, 11)),
+              mask_grad=True, bias_kv=True, zero_attn=True)
+
+
 def test_mha_bad_inputs(ctx, rng):
     x = dp.Tensor.from_numpy(ctx, random(rng, (5, 2, 8)))
     w = dp.Tensor.from_numpy(ctx, random(rng, (24, 8)))
@@ -356,10 +445,12 @@ def test_mha_bad_inputs(ctx, rng):
         mha(x, x, x, 16, 2, w, None, None, None, False, 0.0, o, None)
     with pytest.raises(ShapeError, match="divisible"):
         mha(x, x, x, 8, 3, w, None, None, None, False, 0.0, o, None)
-    with pytest.raises(UnsupportedError, match="bias_k"):
+    with pytest.raises(ShapeError, match="together"):
         mha(x, x, x, 8, 2, w, None, o, None, False, 0.0, o, None)
-    with pytest.raises(UnsupportedError, match="add_zero_attn"):
-        mha(x, x, x, 8, 2, w, None, None, None, True, 0.0, o, None)
+    with pytest.raises(ShapeError, match=r"bias_k must be float32 \(1, 1, 8\)"):
+        mha(x, x, x, 8, 2, w, None, o, o, False, 0.0, o, None)
+    with pytest.raises(UnsupportedError, match="static_k"):
+        mha(x, x, x, 8, 2, w, None, None, None, False, 0.0, o, None, static_k=o)
     with pytest.raises(ShapeError, match="attn_mask must be"):
         mha(x, x, x, 8, 2, w, None, None, None, False, 0.0, o, None, attn_mask=o)
     with pytest.raises(ShapeError, match="needs attn_mask"):

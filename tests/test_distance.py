@@ -30,7 +30,7 @@ def test_cosine_similarity_of_a_zero_vector(ctx, rng):
           lambda x, y: TF.cosine_similarity(x, y, 1, eps=1e-3), [a, b])
 
 
-@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, 0.5, INF])
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, 0.5, INF, -1.0, -2.5, -INF])
 @pytest.mark.parametrize("shapes,keepdim", [(((4, 5), (4, 5)), False), (((3, 4, 5), (5,)), True),
                                             (((6,), (6,)), False)])
 def test_pairwise_distance(ctx, rng, p, shapes, keepdim):
@@ -85,7 +85,13 @@ def test_bad_arguments(ctx, rng):
     with pytest.raises(dp.ShapeError, match="dim"):
         F.cosine_similarity(a, a, 2)
     with pytest.raises(dp.ShapeError, match="p must be"):
-        F.pairwise_distance(a, a, -1.0)
+        F.pdist(a, -1.0)
+    with pytest.raises(dp.ShapeError, match="p must be"):
+        F.pairwise_distance(a, a, float("nan"))
+    empty = dp.Tensor.zeros(ctx, (4, 0))
+    with pytest.raises(dp.ShapeError, match="no identity"):
+        F.pairwise_distance(empty, empty, -1.0)
+    assert F.pairwise_distance(empty, empty, 2.0).numpy().tolist() == [0.0] * 4
     with pytest.raises(dp.ShapeError, match=r"\(N, M\)"):
         F.pdist(dp.Tensor.from_numpy(ctx, random(rng, (2, 3, 4))))
     with pytest.raises(dp.ShapeError, match="weight"):

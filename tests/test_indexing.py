@@ -162,6 +162,27 @@ def test_vector_paths_at_any_offset(ctx, rng, offset):
     np.testing.assert_array_equal(out.numpy(), x[rows])
 
 
+def test_gather_scatter_take_int32_indices(ctx, rng):
+    """int32 indices, as torch takes them: gather (twice: the int64 replay is not taken by an
+    int32 index), scatter, scatter_add, with gather's gradient."""
+    x, src = random(rng, (10, 5)), random(rng, (5, 5))
+    # No index repeated in a column: scatter's result is then defined.
+    index = np.stack([rng.permutation(10)[:5] for _ in range(5)], 1).astype(np.int32)
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    ti, ts = torch.tensor(index), torch.tensor(src, dtype=torch.float64)
+    for _ in range(2):
+        ours = t_(ctx, x, grad=True)
+        out = F.gather(ours, 0, t_(ctx, index))
+        ref = torch.gather(tx, 0, ti)
+        np.testing.assert_array_equal(out.numpy(), ref.detach().numpy().astype(np.float32))
+    tx.grad = None
+    backward_check(ctx, rng, out, ref, [(ours, tx)])
+    assert_close(F.scatter(t_(ctx, x), 0, t_(ctx, index), t_(ctx, src)).numpy(),
+                 torch.scatter(tx.detach(), 0, ti, ts).numpy())
+    assert_close(F.scatter_add(t_(ctx, x), 0, t_(ctx, index), t_(ctx, src)).numpy(),
+                 torch.scatter_add(tx.detach(), 0, ti, ts).numpy())
+
+
 def test_index_select_int32_index(ctx, rng):
     x = random(rng, (6, 3))
     index = np.array([5, 0, 0, 2], np.int32)
@@ -334,6 +355,22 @@ def test_arange_linspace(ctx):
         dp.arange(5, 0, 1, ctx=ctx)
     with pytest.raises(dp.ShapeError, match="steps"):
         dp.linspace(0, 1, -1, ctx=ctx)
+
+
+def test_arange_takes_bools_and_linspace_0d_tensors(ctx):
+    """As torch: True and False count as 1 and 0 in arange; linspace's start and end may be
+    0-d tensors (read back), a longer tensor is refused."""
+    for args in ((True, True), (True, 5, True), (False, 3)):
+        got, want = dp.arange(*args, ctx=ctx), torch.arange(*args)
+        assert got.dtype == np.int64 and got.numpy().tolist() == want.tolist(), args
+    start = dp.Tensor.from_numpy(ctx, np.array(-3, np.int64))
+    end = dp.Tensor.from_numpy(ctx, np.array(4.5, np.float32))
+    np.testing.assert_allclose(F.linspace(start, end, 7, ctx=ctx).numpy(),
+                               torch.linspace(torch.tensor(-3), torch.tensor(4.5), 7).numpy(),
+                               rtol=1e-6)
+    np.testing.assert_allclose(F.linspace(0.5, end, 3, ctx=ctx).numpy(), [0.5, 2.5, 4.5])
+    with pytest.raises(dp.ShapeError, match="0-d tensor"):
+        F.linspace(dp.Tensor.from_numpy(ctx, np.zeros(2, np.float32)), 1, 3, ctx=ctx)
 
 
 # ---- embedding / embedding_bag / one_hot ------------------------------------------------------
@@ -539,7 +576,7 @@ def test_refusals(ctx, rng):
     x = t_(ctx, random(rng, (3, 4)))
     index = t_(ctx, np.array([[0, 1]]))
     with pytest.raises(dp.DTypeError, match="int64"):
-        F.gather(x, 1, t_(ctx, np.array([[0, 1]], np.int32)))
+        F.gather(x, 1, t_(ctx, np.array([[0, 1]], np.float32)))
     with pytest.raises(dp.ShapeError, match="dimensions"):
         F.gather(x, 1, t_(ctx, np.array([0, 1])))
     with pytest.raises(dp.ShapeError, match="larger"):

@@ -38,6 +38,29 @@ def test_linear(ctx, rng, x_shape, out_features, with_bias):
         assert_close(b.grad.numpy(), tb.grad.numpy())
 
 
+@pytest.mark.parametrize("x_shape, w_shape", [((3, 0), (4, 0)), ((2, 3, 5), (0, 5)),
+                                              ((0, 5), (4, 5)), ((0, 0), (2, 0))])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_empty_weight(ctx, rng, x_shape, w_shape, with_bias):
+    """No input or no output features: the bias broadcast (or zeros), zero gradients for the
+    input and the weight, the summed output gradient for the bias; torch's values and shapes."""
+    x, w, b = random(rng, x_shape), random(rng, w_shape), random(rng, w_shape[:1])
+    ours = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in (x, w, b)]
+    theirs = [torch.tensor(a.astype(np.float64), requires_grad=True) for a in (x, w, b)]
+    y = F.linear(ours[0], ours[1], ours[2] if with_bias else None)
+    r = torch.nn.functional.linear(theirs[0], theirs[1], theirs[2] if with_bias else None)
+    assert y.shape == tuple(r.shape)
+    assert_close(y.numpy(), r.detach().numpy())
+    g = random(rng, y.shape)
+    y.backward(dp.Tensor.from_numpy(ctx, g))
+    r.backward(torch.tensor(g.astype(np.float64)))
+    for mine, ref in zip(ours if with_bias else ours[:2], theirs):
+        assert mine.grad.shape == mine.shape
+        assert_close(mine.grad.numpy(), ref.grad.numpy())
+    if not with_bias:
+        assert ours[2].grad is None
+
+
 def test_bad_input(ctx, rng):
     x = dp.Tensor.from_numpy(ctx, random(rng, (4, 6)))
     w = dp.Tensor.from_numpy(ctx, random(rng, (3, 6)))

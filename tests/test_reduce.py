@@ -101,6 +101,8 @@ REDUCTIONS = {
     "norm1": (lambda x, d, k: F.norm(x, 1, d, k), lambda t, d, k: torch.linalg.vector_norm(t, 1, d, k)),
     "norm3": (lambda x, d, k: F.norm(x, 3, d, k), lambda t, d, k: torch.linalg.vector_norm(t, 3, d, k)),
     "norminf": (lambda x, d, k: F.norm(x, float("inf"), d, k), lambda t, d, k: torch.linalg.vector_norm(t, float("inf"), d, k)),
+    # a negative order: (sum |x|^p)^(1/p), its gradient by torch's formula
+    "norm-1.5": (lambda x, d, k: F.norm(x, -1.5, d, k), lambda t, d, k: torch.linalg.vector_norm(t, -1.5, d, k)),
 }
 
 
@@ -530,7 +532,7 @@ def test_reductions_bad_input(ctx):
     with pytest.raises(dp.ShapeError, match="empty"):
         F.amax(dp.Tensor.zeros(ctx, (0, 3)), 0)
     with pytest.raises(dp.UnsupportedError, match="p must"):
-        F.norm(x, -2)
+        F.norm(x, float("nan"))
     with pytest.raises(dp.UnsupportedError, match="p must"):
         F.norm(x, "nuc")
     with pytest.raises(dp.ShapeError, match="broadcast"):
@@ -626,17 +628,19 @@ def test_short_rows_share_a_group(ctx, rng):
 
 
 def test_arg_and_infinity_norm_of_empty_tensors_follow_torch(ctx):
-    """Only a reduction over an empty dimension is refused; non-empty rows of an empty
+    """Only a reduction over an empty dimension is refused (argmax, the infinity norms and the
+    norms of negative order, which have no identity); non-empty rows of an empty
     tensor give an empty result (once refused for any empty input)."""
     empty = dp.Tensor.zeros(ctx, (0, 3))
     for dim, keepdim, shape in ((1, False, (0,)), (-1, True, (0, 1))):
         index = F.argmax(empty, dim, keepdim)
         assert index.shape == shape and index.dtype == np.int64
         assert F.argmin(empty, dim, keepdim).shape == shape
-        for p in (np.inf, -np.inf):
+        for p in (np.inf, -np.inf, -1.0):
             assert F.norm(empty, p, dim, keepdim).shape == shape
     for call in (lambda: F.argmax(empty, 0), lambda: F.argmax(empty),
-                 lambda: F.norm(empty, np.inf, 0), lambda: F.norm(empty, -np.inf)):
+                 lambda: F.norm(empty, np.inf, 0), lambda: F.norm(empty, -np.inf),
+                 lambda: F.norm(empty, -0.5, 0)):
         with pytest.raises(dp.ShapeError, match="empty dimension"):
             call()
 

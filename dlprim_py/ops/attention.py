@@ -707,7 +707,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         float32 (..., L, E), (..., S, E) and (..., S, Ev); the batch dimensions broadcast.
     attn_mask : Tensor, optional
         bool (True: the key takes part) or float32 (added to the scores), broadcastable to
-        (..., L, S). A float mask that requires grad is refused (UnsupportedError).
+        (..., L, S). A float mask that requires grad gets its gradient (the scores'), computed
+        in the backward from the attention weights made explicit: (..., L, S) floats in memory
+        there, unlike the fused gradients of query, key and value.
     dropout_p : float
         Probability of dropping an attention weight (applied whenever it is nonzero, as torch).
     is_causal : bool
@@ -741,9 +743,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if scale is not None and (isinstance(scale, bool)
                               or not isinstance(scale, (int, float, np.floating))):
         raise ShapeError(f"scaled_dot_product_attention: scale must be a number, got {scale!r}")
-    if attn_mask is not None and autograd.needs_grad(attn_mask):
-        raise UnsupportedError("scaled_dot_product_attention: the gradient of attn_mask is not "
-                               "computed; pass attn_mask.detach() (or a bool mask)")
+    mask_grad = attn_mask is not None and autograd.needs_grad(attn_mask)
     ctx = query.ctx
     dropout_p = float(dropout_p)
     call = _call(ctx, query, key, value, attn_mask, is_causal, enable_gqa, dropout_p > 0.0,
@@ -770,13 +770,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                        operands, _forward, call.plans, (call, scale2, drop) + operands)
     else:
         _forward(call, scale2, drop, query, key, value, attn_mask, out, lse)
-    if not autograd.needs_grad(query, key, value):
+    if not (mask_grad or autograd.needs_grad(query, key, value)):
         return out
     saved = out.detach()
     k_group, v_group = call.k_group, call.v_group
 
     def backward(g):
-        dq = dk = dv = None
+        dq = dk = dv = dmask = None
+        if mask_grad:
+            dmask = _mask_gradient(call, query, key, value, attn_mask, g, scale, dropout_p,
+                                   seed, stream)
+        if not (query.requires_grad or key.requires_grad or value.requires_grad):
+            return dq, dk, dv, dmask
         kv_grads = key.requires_grad or value.requires_grad
         # The mma solver's fused_dq: dQ added by the dK/dV kernel into a zeroed dq.
         fuse_dq = plan.params.get("fused_dq", False) and query.requires_grad and kv_grads
@@ -804,9 +809,47 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             dv = _reduce_to(dv, value.shape, v_group) if value.requires_grad else None
         if dq is not None:
             dq = _reduce_to(dq, query.shape, None)
-        return dq, dk, dv
+        return dq, dk, dv, dmask
 
-    return autograd.record(out, (query, key, value), backward, "scaled_dot_product_attention")
+    return autograd.record(out, (query, key, value, attn_mask if mask_grad else None), backward,
+                           "scaled_dot_product_attention")
+
+
+def _mask_gradient(call, query, key, value, attn_mask, g, scale, dropout_p, seed, stream):
+    """The gradient of a float ``attn_mask``: dS = P (dP - rowsum(P dP)) summed to the mask's
+    shape, with P = softmax(scale q k^T + mask) (0 in a row where no key takes part, as the
+    fused kernel's output there), dP = g v^T under the forward's dropout mask (the same seed
+    and stream). Explicit (..., L, S) tensors, off the tape."""
+    from .arithmetic import add, mul, sub
+    from .dropout import dropout
+    from .gemm import gemm_batched
+    from .indexing import isnan, where
+    from .reduce import expand, sum as reduce_sum, sum_to_shape
+    from .softmax import softmax
+    batch, L, S = call.batch, call.L, call.S
+    count = call.batches
+
+    def full(t, rows, group):
+        """``t`` broadcast to batch + (rows, features), heads repeated by ``group`` (GQA)."""
+        t = t.detach()
+        if group:
+            lead = t.shape[:-3] + (t.shape[-3], 1)
+            t = expand(t.reshape(lead + t.shape[-2:]), lead[:-1] + (group,) + t.shape[-2:])
+            t = t.reshape(t.shape[:-4] + (t.shape[-4] * group,) + t.shape[-2:])
+        shape = batch + (rows, t.shape[-1])
+        return (t if t.shape == shape else expand(t, shape)).reshape(count, rows, shape[-1])
+
+    with autograd.no_grad():
+        q, k, v = full(query, L, None), full(key, S, call.k_group), full(value, S, call.v_group)
+        scores = gemm_batched(q, k, alpha=scale, trans_b=True).reshape(batch + (L, S))
+        weights = softmax(add(scores, attn_mask.detach()), dim=-1)
+        weights = where(isnan(weights), 0.0, weights)
+        dweights = gemm_batched(g.detach().reshape(count, L, g.shape[-1]), v,
+                                trans_b=True).reshape(batch + (L, S))
+        if dropout_p:
+            dweights = dropout(dweights, dropout_p, seed=seed, stream=stream)
+        rows = reduce_sum(mul(weights, dweights), -1, keepdim=True)
+        return sum_to_shape(mul(weights, sub(dweights, rows)), attn_mask.shape)
 
 
 def _reduce_to(grad, shape, group):
@@ -877,19 +920,26 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
         The packed (3E, E) projection and its (3E,) bias; with ``use_separate_proj_weight``,
         ``q_proj_weight`` (E, E), ``k_proj_weight`` (E, kdim), ``v_proj_weight`` (E, vdim)
         instead (the bias stays packed).
-    bias_k, bias_v, add_zero_attn, static_k, static_v
-        Not supported: must be None / False (UnsupportedError).
+    bias_k, bias_v : Tensor or None
+        (1, 1, E) (or (E,)) each, both or neither: a learned key and value appended to every sequence
+        (after the projections), the masks given a column that allows them; gradients to both.
+    add_zero_attn : bool
+        Append a key and a value of zeros (after bias_k / bias_v), allowed by the masks.
+    static_k, static_v
+        Not supported: must be None (UnsupportedError).
     dropout_p : float
         Dropout on the attention weights when ``training``.
     out_proj_weight, out_proj_bias : Tensor
         The output projection (E, E) and its bias.
     key_padding_mask : Tensor, optional
-        (N, S) (or (S,) unbatched): bool, True = the key is ignored, or float, added.
+        (N, S) (or (S,) unbatched): bool, True = the key is ignored, or float, added (a float
+        mask that requires grad gets its gradient, as attn_mask's).
     need_weights : bool
         Also return the attention weights (computed explicitly, off the tape: they carry no
         gradient), averaged over heads when ``average_attn_weights``.
     attn_mask : Tensor, optional
-        (L, S) or (N * num_heads, L, S): bool, True = not allowed, or float, added.
+        (L, S) or (N * num_heads, L, S): bool, True = not allowed, or float, added; a float
+        mask that requires grad gets its gradient (scaled_dot_product_attention's).
     is_causal : bool
         A hint that ``attn_mask`` is the causal mask (required with it, as torch); without a
         key padding mask and weights, the fused kernel's causal mode replaces the mask.
@@ -900,20 +950,20 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
         The output (L, N, E) (or (L, E)) and the weights (N, L, S) / (N, H, L, S) or None.
         A query row with no key allowed gives zeros (the fused kernel's convention).
     """
-    from .tensor_ops import narrow, permute, split
+    from .tensor_ops import cat, narrow, permute, split
     from .linear import linear
+    from .arithmetic import add
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
             raise not_a_tensor(f"multi_head_attention_forward: {name}", t)
         if t.dtype != float32:
             raise DTypeError(f"multi_head_attention_forward: {name} must be float32, got {t.dtype}")
-    for name, given in (("bias_k", bias_k), ("bias_v", bias_v), ("static_k", static_k),
-                        ("static_v", static_v)):
+    for name, given in (("static_k", static_k), ("static_v", static_v)):
         if given is not None:
             raise UnsupportedError(f"multi_head_attention_forward: {name} is not supported "
                                    f"(pass None)")
-    if add_zero_attn:
-        raise UnsupportedError("multi_head_attention_forward: add_zero_attn=True is not supported")
+    if (bias_k is None) != (bias_v is None):
+        raise _mha_error("bias_k and bias_v must be given together (or both None)")
     batched = query.ndim == 3
     if query.ndim not in (2, 3) or key.ndim != query.ndim or value.ndim != query.ndim:
         raise _mha_error(f"query, key and value must all be 3-d (L, N, E) or all 2-d (L, E), got "
@@ -964,6 +1014,22 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.shape[-1] != E:
             raise _mha_error(f"the {name} projection gives {t.shape[-1]} features, expected {E}")
+    # Keys appended to every sequence, each allowed by the masks (a column added below):
+    # bias_k / bias_v, then zeros with add_zero_attn.
+    extra = int(bias_k is not None) + int(bool(add_zero_attn))
+    if bias_k is not None:
+        for name, t in (("bias_k", bias_k), ("bias_v", bias_v)):
+            if not isinstance(t, Tensor):
+                raise not_a_tensor(f"multi_head_attention_forward: {name}", t)
+            # torch repeats it to (1, N, E): (E,), (1, E) and (1, 1, E) all do.
+            if t.dtype != float32 or t.shape not in ((E,), (1, E), (1, 1, E)):
+                raise _mha_error(f"{name} must be float32 (1, 1, {E}) (or ({E},)), got "
+                                 f"{t.dtype} {t.shape}")
+        ctx = query.ctx
+        k, v = (cat([t, add(Tensor.zeros(ctx, (1, N, E)), b.reshape(1, 1, E))], 0)
+                for t, b in ((k, bias_k), (v, bias_v)))
+    if add_zero_attn:
+        k, v = (cat([t, Tensor.zeros(t.ctx, (1, N, E))], 0) for t in (k, v))
     # (rows, N, E) -> (N, H, rows, hd)
     q, k, v = (permute(t.reshape(t.shape[0], N, H, hd), (1, 2, 0, 3)) for t in (q, k, v))
 
@@ -993,13 +1059,22 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
             raise _mha_error(f"key_padding_mask must be ({N}, {S}), got "
                              f"{key_padding_mask.shape}")
         masks.append(key_padding_mask.reshape(N, 1, 1, S))
+    if extra:
+        # The appended keys: allowed (False / 0 in a column of their own).
+        masks = [cat([m, Tensor.zeros(m.ctx, m.shape[:3] + (extra,), m.dtype)], 3)
+                 for m in masks]
+    # As torch: the hint replaces the mask where no key padding mask or weights need it (the
+    # appended keys then fall under the causal rule, as in torch's scaled_dot_product_attention).
     causal = bool(is_causal) and key_padding_mask is None and not need_weights
     mask = None
     if masks and not causal:
-        if any(autograd.needs_grad(m) for m in masks):
-            raise UnsupportedError("multi_head_attention_forward: the gradient of a float mask "
-                                   "is not computed; pass it detached")
-        mask = _additive_mask(masks)
+        # Float masks that ask for a gradient are added on the tape (scaled_dot_product_attention
+        # gives the mask its gradient); the others are folded into one additive mask off it.
+        rest = [m for m in masks if not autograd.needs_grad(m)]
+        mask = _additive_mask(rest) if rest else None
+        for m in masks:
+            if autograd.needs_grad(m):
+                mask = m if mask is None else add(mask, m)
     p = float(dropout_p) if training else 0.0
     seed, stream = _random_state(p, None, None)
     attn = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,

@@ -33,21 +33,24 @@ def _memo(key, factory):
     return k
 
 
-def _norm_order(p, name):
+def _norm_order(p, name, negative=False):
+    """``p`` as a float: >= 0 or inf, or with ``negative`` any number but NaN (-inf too)."""
     if not isinstance(p, (int, float, np.number)) or isinstance(p, bool):
         raise DTypeError(f"{name}: p must be a number, got {p!r}")
     p = float(p)
-    if not p >= 0:
+    if math.isnan(p) or (p < 0 and not negative):
         raise ShapeError(f"{name}: p must be >= 0 (or inf), got {p}")
     return p
 
 
 def _distance_kernel(p):
-    """||a - b + eps||_p over the reduced dimensions, for p (a scalar) finite or infinite."""
+    """||a - b + eps||_p over the reduced dimensions, for p (a scalar) finite or infinite (a
+    negative p: (sum d^p)^(1/p), 0 where a difference is 0; -inf: the smallest |difference|)."""
     if math.isinf(p):
-        return _memo("dist_inf", lambda: ReduceKernel(
-            "distance_inf", [("a", _f32), ("b", _f32)], [("y", _f32)], "y = fabs(a - b + eps);",
-            "max", scalars=[("eps", _f32), ("p", _f32)]))
+        kind = "max" if p > 0 else "min"
+        return _memo(f"dist_{kind}", lambda: ReduceKernel(
+            f"distance_{kind}", [("a", _f32), ("b", _f32)], [("y", _f32)],
+            "y = fabs(a - b + eps);", kind, scalars=[("eps", _f32), ("p", _f32)]))
     # p = 0 counts the non-zero differences; 1 and 2 avoid pow.
     return _memo("dist", lambda: ReduceKernel(
         "distance_p", [("a", _f32), ("b", _f32)], [("y", _f32)],
@@ -74,12 +77,14 @@ _DISTANCE_GRADIENT = (
 
 def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
     """torch.nn.functional.pairwise_distance: ||x1 - x2 + eps||_p over the last dimension of
-    the broadcast operands (``keepdim`` keeps it as size 1). Gradients to both. At p = inf the
-    gradient goes to every largest difference (torch's norm shares it among them)."""
+    the broadcast operands (``keepdim`` keeps it as size 1), p any number (negative ones and
+    -inf as torch's vector norm: refused over an empty dimension, which has no identity for
+    them). Gradients to both. At p = inf (-inf) the gradient goes to every largest (smallest)
+    difference (torch's norm shares it among them)."""
     _check_float(x1, "pairwise_distance: x1")
     _check_float(x2, "pairwise_distance: x2")
     ctx = check_same_context(x1, x2)
-    p = _norm_order(p, "pairwise_distance")
+    p = _norm_order(p, "pairwise_distance", negative=True)
     eps = float(eps)
     shape = broadcast_shapes(x1.shape, x2.shape)
     if not shape:
@@ -89,6 +94,9 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
     if math.prod(kept):
         if shape[-1]:
             _distance_kernel(p)([x1, x2], [_view(out, kept)], [eps, p], axes=(len(shape) - 1,))
+        elif p < 0:
+            raise ShapeError(f"pairwise_distance: the {p} norm over an empty last dimension has "
+                             f"no identity")
         else:
             out.fill_(0.0)
     source1, source2, result = x1.detach(), x2.detach(), out.detach()

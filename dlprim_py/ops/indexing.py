@@ -189,12 +189,13 @@ def _gather_into(y, x, dim, index):
 def gather(input, dim, index, *, sparse_grad=False):
     """torch.gather: ``out[i][j][k] = input[i][index[i][j][k]][k]`` along ``dim`` (here 1).
 
-    ``index``: int64, as many dimensions as ``input``, no larger than it outside ``dim``; the
-    output has its shape. Any dtype; the gradient (float) is the scatter_add of the output's
-    gradient into zeros, deterministic with duplicate indices.
+    ``index``: int64 (or int32, as torch takes it), as many dimensions as ``input``, no larger
+    than it outside ``dim``; the output has its shape. Any dtype; the gradient (float) is the
+    scatter_add of the output's gradient into zeros, deterministic with duplicate indices.
     """
     key = None
-    if input.__class__ is Tensor and index.__class__ is Tensor and not sparse_grad:
+    if input.__class__ is Tensor and index.__class__ is Tensor and not sparse_grad \
+            and index.dtype == int64:
         # A call whose arguments match an earlier checked call's replays its launch (as
         # index_select's, below): the checks and the launch's arguments cost more host time
         # than the kernel of a small gather.
@@ -208,7 +209,7 @@ def gather(input, dim, index, *, sparse_grad=False):
             run_planned_on(ctx, key, (x, index, out), _gather_into, None, (out, x, dim, index))
             return _gather_result(out, x, dim, index)
     _tensor(input, "gather: input")
-    index = _index(index, "gather: index")
+    index = _index(index, "gather: index", allow_int32=True)
     check_same_context(input, index)
     if sparse_grad:
         raise UnsupportedError("gather: sparse_grad=True is not supported (dense gradients only)")
@@ -284,7 +285,7 @@ def _write_back(out, region, shape):
 
 def _prepare_scatter(name, input, dim, index, src):
     _tensor(input, f"{name}: input")
-    index = _index(index, f"{name}: index")
+    index = _index(index, f"{name}: index", allow_int32=True)
     dim = _dim(dim, input.ndim, name)
     if isinstance(src, Tensor):
         check_same_context(input, index, src)
@@ -862,13 +863,24 @@ def _factory_context(ctx):
     return ctx
 
 
+def _host_number(value, what):
+    """``value``, or the number a 0-d (or one-element) tensor holds, read back to the host."""
+    if not isinstance(value, Tensor):
+        return value
+    if value.size != 1 or value.ndim > 1:
+        raise ShapeError(f"{what} must be a number or a 0-d tensor, got a tensor of shape "
+                         f"{value.shape}")
+    return value.item()
+
+
 def arange(start, end=None, step=1, *, dtype=None, ctx=None, requires_grad=False):
     """torch.arange: ``start, start + step, ...`` up to ``end`` (excluded); ``arange(n)`` is
     ``0 .. n-1``. ``dtype`` defaults to int64 when every argument is an int, else float32;
     ``ctx`` defaults to ``dlprim_py.default_context()``. Floating point values are computed as
-    ``start + i * step`` in float32."""
+    ``start + i * step`` in float32. A bool counts as the int it is (torch reads True as 1)."""
     if end is None:
         start, end = 0, start
+    start, end, step = (int(v) if masks.scalar_kind(v) == 0 else v for v in (start, end, step))
     for name, v in (("start", start), ("end", end), ("step", step)):
         if masks.scalar_kind(v) not in (1, 2) or not math.isfinite(v):
             raise DTypeError(f"arange: {name} must be a finite number, got {v!r}")
@@ -899,7 +911,10 @@ def arange(start, end=None, step=1, *, dtype=None, ctx=None, requires_grad=False
 def linspace(start, end, steps, *, dtype=None, ctx=None, requires_grad=False):
     """torch.linspace: ``steps`` values evenly spaced from ``start`` to ``end`` (both
     included), computed in float32 as torch does (from the start for the first half, from the
-    end for the second); an integer ``dtype`` truncates them."""
+    end for the second); an integer ``dtype`` truncates them. ``start`` and ``end`` may be
+    0-d tensors, as torch's (their values are read back to the host)."""
+    start, end = (_host_number(v, f"linspace: {name}") for name, v in (("start", start),
+                                                                        ("end", end)))
     for name, v in (("start", start), ("end", end)):
         if masks.scalar_kind(v) not in (1, 2) or not math.isfinite(v):
             raise DTypeError(f"linspace: {name} must be a finite number, got {v!r}")

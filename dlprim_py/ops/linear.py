@@ -51,16 +51,17 @@ def _check(input, weight, bias):
                                f"{out_features} outputs is not supported; pass ({out_features},)")
     if bias is not None and bias.shape != (out_features,):
         raise ShapeError(f"linear: bias must have shape ({out_features},), got {bias.shape}")
-    if in_features == 0 or out_features == 0:
-        raise UnsupportedError(f"linear: empty weight {weight.shape}")
     return out_features, in_features
 
 
 def linear(input, weight, bias=None):
     """y = input @ weight^T + bias over the last dimension of ``input`` (any leading shape).
 
-    Limitations (UnsupportedError), all accepted by torch: a 1-d weight, a bias that broadcasts
-    (shape () or (1,)) instead of (out_features,), and an empty weight."""
+    An empty weight (no input or no output features) gives the bias broadcast, or zeros, as
+    torch's; its gradients are zeros (and the bias's, the output gradient summed).
+
+    Limitations (UnsupportedError), both accepted by torch: a 1-d weight, and a bias that
+    broadcasts (shape () or (1,)) instead of (out_features,)."""
     # A call with the operands' layout of an earlier one (whose checks passed) takes that
     # call's entry from the plan cache: its output shape and sizes, and its replay plans (by
     # how the buffers alias), as conv2d does.
@@ -74,6 +75,8 @@ def linear(input, weight, bias=None):
     first = entry is None
     if first:
         out_features, in_features = _check(input, weight, bias)
+        if not in_features or not out_features:
+            return _empty_weight(input, weight, bias, out_features)
         ctx = input.ctx
         rows = math.prod(input.shape[:-1])
         out_shape = input.shape[:-1] + (out_features,)
@@ -100,6 +103,32 @@ def linear(input, weight, bias=None):
     return autograd.record(out, (input, weight, bias),
                            _backward(ctx, input, weight, bias, rows, out_features, in_features),
                            "linear")
+
+
+def _empty_weight(input, weight, bias, out_features):
+    """linear with a weight of no input or no output features (checked): the bias broadcast
+    (or zeros); zero gradients for the input and the weight, the output gradient summed over
+    its rows for the bias."""
+    from .reduce import expand
+    ctx, dtype = input.ctx, input.dtype
+    shape = input.shape[:-1] + (out_features,)
+    if bias is not None and math.prod(shape):
+        out = expand(bias.detach(), shape)
+    else:
+        out = Tensor.zeros(ctx, shape, dtype)
+    if not autograd.needs_grad(input, weight, bias):
+        return out
+
+    def backward(g):
+        dx = Tensor.zeros(ctx, input.shape, dtype) if input.requires_grad else None
+        dweight = Tensor.zeros(ctx, weight.shape, dtype) if weight.requires_grad else None
+        dbias = None
+        if bias is not None and bias.requires_grad:
+            dbias = sum_to_shape(_grad_of(g, dtype), bias.shape) if g.size else \
+                Tensor.zeros(ctx, bias.shape, dtype)
+        return dx, dweight, dbias
+
+    return autograd.record(out, (input, weight, bias), backward, "linear")
 
 
 def _forward(ctx, rows, out_features, in_features, input, weight, out, bias):

@@ -1036,15 +1036,17 @@ def _arg(x, dim, keepdim, name):
 
 def norm(x, p="fro", dim=None, keepdim=False):
     """torch.norm / torch.linalg.vector_norm: the p-norm over ``dim`` for p in "fro" (= 2), any
-    finite p > 0, inf, -inf or 0 (the count of non-zeros)."""
+    finite p (a negative one: (sum |x|^p)^(1/p), 0 where an element is 0), inf, -inf or 0 (the
+    count of non-zeros). Over an empty dimension the norms of negative order and -inf have no
+    identity and are refused, as torch's."""
     _check_float(x, "norm")
     if p == "fro":
         p = 2.0
     if isinstance(p, str) or not isinstance(p, (int, float, np.number)) or isinstance(p, bool):
         raise UnsupportedError(f"norm: p must be 'fro' or a number, got {p!r}")
     p = float(p)
-    if math.isnan(p) or (p < 0 and p != -math.inf):
-        raise UnsupportedError(f"norm: p must be >= 0, inf or -inf, got {p}")
+    if math.isnan(p):
+        raise UnsupportedError(f"norm: p must be a number, got {p}")
     if p == math.inf or p == -math.inf:
         kind = "max" if p > 0 else "min"
         kernel = _kernel(f"norm_{kind}", lambda: ReduceKernel(
@@ -1068,7 +1070,7 @@ def norm(x, p="fro", dim=None, keepdim=False):
             "reduce_normp", [("x", np.float32)], [("y", np.float32)], "y = pow(fabs(x), p);", "sum",
             finalize="acc_y = pow(acc_y, 1.0f / p);", scalars=[("p", np.float32)]))
         scalars = (p,)
-    if p in (math.inf, -math.inf) and math.prod(
+    if (p < 0 or p == math.inf) and math.prod(
             x.shape[k] for k in _shapes(x, dim, keepdim, "norm")[0]) == 0:
         raise ShapeError(f"norm: the {p} norm over an empty dimension of a {x.shape} tensor "
                          f"(dim={dim!r}) has no identity")
