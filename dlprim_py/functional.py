@@ -20,7 +20,8 @@ from .ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits,  
                        margin_ranking_loss,
                        mse_loss, multi_margin_loss, multilabel_margin_loss,
                        multilabel_soft_margin_loss, nll_loss, poisson_nll_loss, smooth_l1_loss,
-                       soft_margin_loss, triplet_margin_loss)
+                       soft_margin_loss, triplet_margin_loss,
+                       triplet_margin_with_distance_loss)
 from .ops.distance import cosine_similarity, pairwise_distance, pdist  # noqa: F401
 from .ops.dropout import (alpha_dropout, dropout, dropout1d, dropout2d, dropout3d,  # noqa: F401
                           feature_alpha_dropout)

@@ -54,11 +54,6 @@ REFUSALS = {
             'input f32[]; kwargs {lower=0, upper=1, training=True}',
         ]),
     ],
-    'nn.functional.scaled_dot_product_attention': [
-        ('UnsupportedError', 'the gradient of a float attn_mask is not computed: a mask that requires grad is refused (a detached float mask or a bool mask is taken)', [
-            'input f32[4,4,3,8]; args (f32[4,4,6,8], f32[4,4,6,8]); kwargs {attn_mask=f32[3,6], is_causal=False, dropout_p=0}',
-        ]),
-    ],
     'nn.functional.batch_norm': [
         ('ShapeError', 'an empty 1-d input is refused: batch norm needs (N, C, ...)', [
             'input f32[0]; args (f32[0], f32[0], None, None); kwargs {training=True}',
@@ -83,11 +78,6 @@ REFUSALS = {
     ],
     'norm.nuc': [
         ('UnsupportedError', 'the nuclear norm is not implemented', [
-            '*',
-        ]),
-    ],
-    'nn.functional.multi_head_attention_forward': [
-        ('ShapeError', 'multi_head_attention_forward: bias_k must be float32 (1, 1, 2), got float32 (2,)', [
             '*',
         ]),
     ],

@@ -314,6 +314,9 @@ class _Converter:
             if id(value) not in self.ours:
                 self._convert(value)
             return self.ours[id(value)]
+        if isinstance(value, torch.nn.PairwiseDistance):
+            # A sample's distance module (triplet_margin_with_distance_loss): the library's.
+            return dp.nn.PairwiseDistance(value.norm, value.eps, value.keepdim, ctx=self.ctx)
         if isinstance(value, torch.dtype):
             return np.dtype(_TORCH_TO_NUMPY.get(value, np.float64))
         if isinstance(value, torch.Size):

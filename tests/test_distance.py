@@ -1,5 +1,5 @@
-"""cosine_similarity, pairwise_distance, pdist, bilinear, cosine_embedding_loss and
-triplet_margin_loss against torch CPU float64: values and gradients on seeded data,
+"""cosine_similarity, pairwise_distance, pdist, bilinear, cosine_embedding_loss,
+triplet_margin_loss and triplet_margin_with_distance_loss against torch CPU float64: values and gradients on seeded data,
 broadcasting, every reduction, outputs from a NaN-poisoned pool, bad arguments, and repeated
 calls that build nothing."""
 import numpy as np
@@ -75,6 +75,48 @@ def test_triplet_margin_loss(ctx, rng, reduction, p, swap, shape):
                                                           reduction=reduction),
           lambda a, b, c: TF.triplet_margin_loss(a, b, c, 0.5, p, swap=swap, reduction=reduction),
           [random(rng, shape) for _ in range(3)])
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("distance, swap, shape", [
+    (None, False, (6, 5)), ("cosine", True, (6, 5)), ("l1", False, (2, 3, 5)),
+    ("module", True, (6, 5))])
+def test_triplet_margin_with_distance_loss(ctx, rng, reduction, distance, swap, shape):
+    """The default distance (pairwise_distance), a composed one (1 - cosine similarity, whose
+    gradients come through the tape), an L1 one over a 3-d input and the distance module; swap
+    and every reduction; the module form too."""
+    ours_fn, theirs_fn = {
+        None: (None, None),
+        "cosine": (lambda x, y: F.sub(1.0, F.cosine_similarity(x, y)),
+                   lambda x, y: 1.0 - TF.cosine_similarity(x, y)),
+        "l1": (lambda x, y: F.sum(F.abs(F.sub(x, y)), -1),
+               lambda x, y: (x - y).abs().sum(-1)),
+        "module": (dp.nn.PairwiseDistance(p=1.5), torch.nn.PairwiseDistance(p=1.5)),
+    }[distance]
+    check(ctx, rng, lambda a, b, c: F.triplet_margin_with_distance_loss(
+              a, b, c, distance_function=ours_fn, margin=0.7, swap=swap, reduction=reduction),
+          lambda a, b, c: TF.triplet_margin_with_distance_loss(
+              a, b, c, distance_function=theirs_fn, margin=0.7, swap=swap, reduction=reduction),
+          [random(rng, shape) for _ in range(3)])
+    module = dp.nn.TripletMarginWithDistanceLoss(distance_function=ours_fn, margin=0.7,
+                                                  swap=swap, reduction=reduction)
+    args = [dp.Tensor.from_numpy(ctx, random(rng, shape)) for _ in range(3)]
+    np.testing.assert_array_equal(
+        module(*args).numpy(),
+        F.triplet_margin_with_distance_loss(*args, distance_function=ours_fn, margin=0.7,
+                                            swap=swap, reduction=reduction).numpy())
+
+
+def test_triplet_margin_with_distance_loss_refusals(ctx, rng):
+    a = dp.Tensor.from_numpy(ctx, random(rng, (4, 5)))
+    with pytest.raises(dp.ShapeError, match="margin must be > 0"):
+        F.triplet_margin_with_distance_loss(a, a, a, margin=0.0)
+    with pytest.raises(dp.ShapeError, match="one rank"):
+        F.triplet_margin_with_distance_loss(a, a, dp.Tensor.from_numpy(ctx, random(rng, (5,))))
+    with pytest.raises(dp.DTypeError, match="callable"):
+        F.triplet_margin_with_distance_loss(a, a, a, distance_function=3)
+    with pytest.raises(dp.DTypeError, match="float32 tensors"):
+        F.triplet_margin_with_distance_loss(a, a, a, distance_function=lambda x, y: 1.0)
 
 
 def test_bad_arguments(ctx, rng):

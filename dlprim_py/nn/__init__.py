@@ -32,7 +32,7 @@ from .loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropy
                    GaussianNLLLoss, HingeEmbeddingLoss, HuberLoss, KLDivLoss, L1Loss,
                    MarginRankingLoss, MSELoss, MultiLabelMarginLoss, MultiLabelSoftMarginLoss,
                    MultiMarginLoss, NLLLoss, PoissonNLLLoss, SmoothL1Loss, SoftMarginLoss,
-                   TripletMarginLoss)
+                   TripletMarginLoss, TripletMarginWithDistanceLoss)
 from .module import Module, Parameter, StateDictError
 from .normalization import (GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, LayerNorm,
                             RMSNorm)
@@ -54,5 +54,6 @@ __all__ = [
     "HuberLoss", "KLDivLoss", "BCELoss", "PoissonNLLLoss", "GaussianNLLLoss",
     "HingeEmbeddingLoss", "MarginRankingLoss", "CosineEmbeddingLoss", "SoftMarginLoss",
     "MultiLabelSoftMarginLoss", "MultiLabelMarginLoss", "MultiMarginLoss", "TripletMarginLoss",
+    "TripletMarginWithDistanceLoss",
     "CosineSimilarity", "PairwiseDistance",
 ]

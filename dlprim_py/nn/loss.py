@@ -2,7 +2,8 @@
 ``BCEWithLogitsLoss``, ``L1Loss``, ``SmoothL1Loss``, ``HuberLoss``, ``KLDivLoss``, ``BCELoss``,
 ``PoissonNLLLoss``, ``GaussianNLLLoss``, ``HingeEmbeddingLoss``, ``MarginRankingLoss``,
 ``CosineEmbeddingLoss``, ``SoftMarginLoss``, ``MultiLabelSoftMarginLoss``,
-``MultiLabelMarginLoss``, ``MultiMarginLoss`` and ``TripletMarginLoss``, each over its
+``MultiLabelMarginLoss``, ``MultiMarginLoss``, ``TripletMarginLoss`` and
+``TripletMarginWithDistanceLoss``, each over its
 ``functional`` function. Class weights and ``pos_weight`` are buffers (in ``state_dict`` as
 torch keeps them); they may be given as dp.Tensors or numpy arrays (copied to ``ctx``)."""
 import numpy as np
@@ -216,3 +217,15 @@ class TripletMarginLoss(_Loss):
     def forward(self, anchor, positive, negative):
         return F.triplet_margin_loss(anchor, positive, negative, self.margin, self.p, self.eps,
                                      self.swap, reduction=self.reduction)
+
+
+class TripletMarginWithDistanceLoss(_Loss):
+    def __init__(self, *, distance_function=None, margin=1.0, swap=False, reduction="mean",
+                 ctx=None):
+        super().__init__(reduction, ctx=ctx)
+        self.distance_function, self.margin, self.swap = distance_function, margin, swap
+
+    def forward(self, anchor, positive, negative):
+        return F.triplet_margin_with_distance_loss(
+            anchor, positive, negative, distance_function=self.distance_function,
+            margin=self.margin, swap=self.swap, reduction=self.reduction)

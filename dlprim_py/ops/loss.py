@@ -945,6 +945,44 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6,
         reduction, [("margin", margin)])
 
 
+def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_function=None,
+                                      margin=1.0, swap=False, reduction="mean"):
+    """torch.nn.functional.triplet_margin_with_distance_loss: max(d(a, p) - d(a, n) +
+    ``margin``, 0) with d = ``distance_function`` (a callable on two tensors giving a tensor
+    of distances, default ``pairwise_distance``: any function of the library's operators, whose
+    gradients flow through the tape); ``swap`` takes min(d(a, n), d(p, n)). The three inputs
+    have one rank. Gradients to all three."""
+    from .arithmetic import minimum
+    from .distance import pairwise_distance
+    _check_reduction(reduction, "triplet_margin_with_distance_loss")
+    for what, t in (("anchor", anchor), ("positive", positive), ("negative", negative)):
+        _check_float(t, f"triplet_margin_with_distance_loss: {what}")
+    if not anchor.ndim == positive.ndim == negative.ndim:
+        raise ShapeError(f"triplet_margin_with_distance_loss: anchor, positive and negative "
+                         f"must have one rank, got {anchor.shape}, {positive.shape} and "
+                         f"{negative.shape}")
+    margin = _param(margin, "triplet_margin_with_distance_loss: margin")
+    if margin <= 0:
+        raise ShapeError(f"triplet_margin_with_distance_loss: margin must be > 0, got {margin}")
+    if distance_function is None:
+        distance_function = pairwise_distance
+    elif not callable(distance_function):
+        raise DTypeError(f"triplet_margin_with_distance_loss: distance_function must be "
+                         f"callable, got {distance_function!r}")
+    to_positive = distance_function(anchor, positive)
+    to_negative = distance_function(anchor, negative)
+    if swap:
+        to_negative = minimum(to_negative, distance_function(positive, negative))
+    for what, t in (("d(anchor, positive)", to_positive), ("d(anchor, negative)", to_negative)):
+        if not isinstance(t, Tensor) or t.dtype != _f32:
+            raise DTypeError(f"triplet_margin_with_distance_loss: distance_function must give "
+                             f"float32 tensors, got {what} = {t!r}")
+    return _elementwise_loss(
+        "triplet_margin_loss", [to_positive, to_negative], "y = fmax(margin + in0 - in1, 0.0f);",
+        "float s = margin + in0 - in1 >= 0.0f ? g * scale : 0.0f; d0 = s; d1 = -s;", (0, 1),
+        reduction, [("margin", margin)])
+
+
 # ---- multi-class margin losses ------------------------------------------------------------
 
 def _class_indices(ctx, classes):
