@@ -1035,10 +1035,10 @@ def _arg(x, dim, keepdim, name):
 
 
 def norm(x, p="fro", dim=None, keepdim=False):
-    """torch.norm / torch.linalg.vector_norm: the p-norm over ``dim`` for p in "fro" (= 2), any
-    finite p (a negative one: (sum |x|^p)^(1/p), 0 where an element is 0), inf, -inf or 0 (the
-    count of non-zeros). Over an empty dimension the norms of negative order and -inf have no
-    identity and are refused, as torch's."""
+    """torch.norm / torch.linalg.vector_norm: the p-norm over ``dim`` for p in "fro" (= 2),
+    any finite p (a negative one: ``(sum |x|^p)^(1/p)``, 0 where an element is 0), inf, -inf
+    or 0 (the count of non-zeros). Over an empty dimension the norms of negative order and
+    -inf have no identity and are refused, as torch's."""
     _check_float(x, "norm")
     if p == "fro":
         p = 2.0
