@@ -24,6 +24,7 @@ from .ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits,  
                        triplet_margin_with_distance_loss)
 from .ops.distance import cosine_similarity, pairwise_distance, pdist  # noqa: F401
 from .ops.grid_sample import affine_grid, grid_sample  # noqa: F401
+from .ops.ctc_loss import ctc_loss  # noqa: F401
 from .ops.dropout import (alpha_dropout, dropout, dropout1d, dropout2d, dropout3d,  # noqa: F401
                           feature_alpha_dropout)
 from .ops.tensor_ops import (cat, channel_shuffle, flatten, narrow, pad, permute,  # noqa: F401

@@ -318,8 +318,6 @@ def test_bad_inputs(ctx, rng):
         sdpa(q, k, v, attn_mask=t(5, 6), is_causal=True)
     with pytest.raises(ShapeError, match="dropout_p"):
         sdpa(q, k, v, dropout_p=1.5)
-    with pytest.raises(UnsupportedError, match="attn_mask"):
-        sdpa(q, k, v, attn_mask=t(5, 6, grad=True))
     with pytest.raises(UnsupportedError, match="head dims up to"):
         sdpa(t(1, 2, 300), t(1, 2, 300), t(1, 2, 4))
     with pytest.raises(ShapeError, match="seed"):

@@ -28,7 +28,7 @@ from .dropout import Dropout
 from .flatten import Flatten
 from .distance import CosineSimilarity, PairwiseDistance
 from .linear import Bilinear, Identity, Linear
-from .loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropyLoss,
+from .loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropyLoss, CTCLoss,
                    GaussianNLLLoss, HingeEmbeddingLoss, HuberLoss, KLDivLoss, L1Loss,
                    MarginRankingLoss, MSELoss, MultiLabelMarginLoss, MultiLabelSoftMarginLoss,
                    MultiMarginLoss, NLLLoss, PoissonNLLLoss, SmoothL1Loss, SoftMarginLoss,
@@ -54,6 +54,6 @@ __all__ = [
     "HuberLoss", "KLDivLoss", "BCELoss", "PoissonNLLLoss", "GaussianNLLLoss",
     "HingeEmbeddingLoss", "MarginRankingLoss", "CosineEmbeddingLoss", "SoftMarginLoss",
     "MultiLabelSoftMarginLoss", "MultiLabelMarginLoss", "MultiMarginLoss", "TripletMarginLoss",
-    "TripletMarginWithDistanceLoss",
+    "TripletMarginWithDistanceLoss", "CTCLoss",
     "CosineSimilarity", "PairwiseDistance",
 ]

@@ -2,8 +2,8 @@
 ``BCEWithLogitsLoss``, ``L1Loss``, ``SmoothL1Loss``, ``HuberLoss``, ``KLDivLoss``, ``BCELoss``,
 ``PoissonNLLLoss``, ``GaussianNLLLoss``, ``HingeEmbeddingLoss``, ``MarginRankingLoss``,
 ``CosineEmbeddingLoss``, ``SoftMarginLoss``, ``MultiLabelSoftMarginLoss``,
-``MultiLabelMarginLoss``, ``MultiMarginLoss``, ``TripletMarginLoss`` and
-``TripletMarginWithDistanceLoss``, each over its
+``MultiLabelMarginLoss``, ``MultiMarginLoss``, ``TripletMarginLoss``,
+``TripletMarginWithDistanceLoss`` and ``CTCLoss``, each over its
 ``functional`` function. Class weights and ``pos_weight`` are buffers (in ``state_dict`` as
 torch keeps them); they may be given as dp.Tensors or numpy arrays (copied to ``ctx``)."""
 import numpy as np
@@ -229,3 +229,13 @@ class TripletMarginWithDistanceLoss(_Loss):
         return F.triplet_margin_with_distance_loss(
             anchor, positive, negative, distance_function=self.distance_function,
             margin=self.margin, swap=self.swap, reduction=self.reduction)
+
+
+class CTCLoss(_Loss):
+    def __init__(self, blank=0, reduction="mean", zero_infinity=False, *, ctx=None):
+        super().__init__(reduction, ctx=ctx)
+        self.blank, self.zero_infinity = blank, zero_infinity
+
+    def forward(self, log_probs, targets, input_lengths, target_lengths):
+        return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank,
+                          self.reduction, self.zero_infinity)
