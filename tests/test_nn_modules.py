@@ -374,3 +374,62 @@ def test_fifty_training_steps_stay_with_torch(ctx, rng):
     for key, value in theirs.state_dict().items():
         np.testing.assert_allclose(ours.state_dict()[key], value.numpy(), rtol=1e-3, atol=1e-4,
                                    err_msg=key)
+
+
+# ---- MultiheadAttention -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, self_attention, masks", [
+    ({}, True, False),
+    ({"batch_first": True}, True, True),
+    ({"kdim": 6, "vdim": 10, "batch_first": True}, False, True),
+    ({"add_bias_kv": True, "add_zero_attn": True}, False, True),
+    ({"bias": False}, False, False)])
+def test_multihead_attention(ctx, rng, kwargs, self_attention, masks):
+    """Against torch.nn.MultiheadAttention with ours' weights (state dicts both ways): output,
+    averaged weights, the gradients of the inputs and of every parameter."""
+    E, H, L, S, N = 16, 4, 5, 7, 3
+    ours, theirs = twin(ctx, "MultiheadAttention", E, H, **kwargs)
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+    first = kwargs.get("batch_first", False)
+
+    def shape(rows, features):
+        return (N, rows, features) if first else (rows, N, features)
+    q = rng.standard_normal(shape(L, E)).astype(np.float32)
+    k = q if self_attention else rng.standard_normal(shape(S, kwargs.get("kdim", E))).astype(
+        np.float32)
+    v = q if self_attention else rng.standard_normal(shape(S, kwargs.get("vdim", E))).astype(
+        np.float32)
+    S_ = L if self_attention else S
+    attn = rng.standard_normal((L, S_)).astype(np.float32) if masks else None
+    padding = (rng.uniform(0, 1, (N, S_)) > 0.7) if masks else None
+    if padding is not None:
+        padding[:, 0] = False
+    mine = [dp.Tensor.from_numpy(ctx, a, requires_grad=True) for a in (q, k, v)]
+    ref = [to_torch(a).requires_grad_(True) for a in (q, k, v)]
+    if self_attention:
+        mine, ref = [mine[0]] * 3, [ref[0]] * 3
+    extra = dict(attn_mask=None if attn is None else dp.Tensor.from_numpy(ctx, attn),
+                 key_padding_mask=None if padding is None else dp.Tensor.from_numpy(ctx, padding))
+    extra_ref = dict(attn_mask=None if attn is None else to_torch(attn),
+                     key_padding_mask=None if padding is None else torch.tensor(padding))
+    out, weights = ours(*mine, **extra)
+    ref_out, ref_weights = theirs(*ref, **extra_ref)
+    check_close(out.numpy(), ref_out, "output")
+    check_close(weights.numpy(), ref_weights, "weights")
+    g = rng.standard_normal(tuple(ref_out.shape)).astype(np.float32)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    ref_out.backward(to_torch(g))
+    for a, b, name in zip(mine, ref, "qkv"):
+        check_close(a.grad.numpy(), b.grad, f"gradient of {name}")
+    theirs_params = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        check_close(p.grad.numpy(), theirs_params[name].grad, f"gradient of {name}")
+
+
+def test_multihead_attention_bad_arguments(ctx):
+    with pytest.raises(dp.ShapeError, match="divisible"):
+        nn.MultiheadAttention(10, 3, ctx=ctx)
+    with pytest.raises(dp.ShapeError, match="positive int"):
+        nn.MultiheadAttention(0, 1, ctx=ctx)
+    with pytest.raises(dp.ShapeError, match="probability"):
+        nn.MultiheadAttention(8, 2, dropout=1.5, ctx=ctx)
