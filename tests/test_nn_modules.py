@@ -433,3 +433,74 @@ def test_multihead_attention_bad_arguments(ctx):
         nn.MultiheadAttention(0, 1, ctx=ctx)
     with pytest.raises(dp.ShapeError, match="probability"):
         nn.MultiheadAttention(8, 2, dropout=1.5, ctx=ctx)
+
+
+# ---- Transformer layers -----------------------------------------------------------------------
+
+def _transformer_twins(ctx, kind, layers, **kwargs):
+    """(ours, torch's float64) encoder or decoder of ``layers`` layers, torch's weights ours."""
+    ours_layer = getattr(nn, f"Transformer{kind}Layer")(16, 4, ctx=ctx, **kwargs)
+    theirs_layer = getattr(torch.nn, f"Transformer{kind}Layer")(16, 4, **kwargs)
+    norm = nn.LayerNorm(16, ctx=ctx)
+    extra = {"enable_nested_tensor": False} if kind == "Encoder" else {}
+    ours = getattr(nn, f"Transformer{kind}")(ours_layer, layers, norm=norm)
+    theirs = getattr(torch.nn, f"Transformer{kind}")(theirs_layer, layers,
+                                                     norm=torch.nn.LayerNorm(16), **extra)
+    theirs = theirs.double()
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+    theirs.load_state_dict({k: to_torch(v) for k, v in ours.state_dict().items()})
+    return ours, theirs
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"dim_feedforward": 24, "dropout": 0.0},
+    {"dim_feedforward": 24, "dropout": 0.0, "norm_first": True, "activation": "gelu",
+     "batch_first": True}])
+def test_transformer_encoder_and_decoder(ctx, rng, kwargs):
+    """Two-layer encoder and decoder (copies of one layer, a final norm) against torch's with
+    the same weights: outputs and every parameter's gradient, causal and padding masks."""
+    first = kwargs.get("batch_first", False)
+    L, S, N = 5, 6, 3
+
+    def data(rows):
+        return rng.standard_normal((N, rows, 16) if first else (rows, N, 16)).astype(np.float32)
+    causal = np.triu(np.full((L, L), -np.inf, np.float32), 1)
+    padding = np.zeros((N, S), bool)
+    padding[1, -2:] = True
+    for kind in ("Encoder", "Decoder"):
+        ours, theirs = _transformer_twins(ctx, kind, 2, **kwargs)
+        x = data(L)
+        mine = [dp.Tensor.from_numpy(ctx, x, requires_grad=True)]
+        ref = [to_torch(x).requires_grad_(True)]
+        if kind == "Encoder":
+            out = ours(mine[0], mask=dp.Tensor.from_numpy(ctx, causal))
+            ref_out = theirs(ref[0], mask=to_torch(causal))
+        else:
+            memory = data(S)
+            mine.append(dp.Tensor.from_numpy(ctx, memory, requires_grad=True))
+            ref.append(to_torch(memory).requires_grad_(True))
+            out = ours(mine[0], mine[1], tgt_mask=dp.Tensor.from_numpy(ctx, causal),
+                       memory_key_padding_mask=dp.Tensor.from_numpy(ctx, padding))
+            ref_out = theirs(ref[0], ref[1], tgt_mask=to_torch(causal),
+                             memory_key_padding_mask=torch.tensor(padding))
+        check_close(out.numpy(), ref_out, f"{kind} output")
+        g = rng.standard_normal(tuple(ref_out.shape)).astype(np.float32)
+        out.backward(dp.Tensor.from_numpy(ctx, g))
+        ref_out.backward(to_torch(g))
+        for a, b in zip(mine, ref):
+            check_close(a.grad.numpy(), b.grad, f"{kind} input gradient")
+        theirs_params = dict(theirs.named_parameters())
+        for name, p in ours.named_parameters():
+            check_close(p.grad.numpy(), theirs_params[name].grad, f"gradient of {name}")
+
+
+def test_transformer_layers_copy_their_weights(ctx):
+    layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=12, ctx=ctx)
+    encoder = nn.TransformerEncoder(layer, 3)
+    want = layer.linear1.weight.numpy()
+    for copy in encoder.layers:
+        assert copy is not layer and np.array_equal(copy.linear1.weight.numpy(), want)
+    with pytest.raises(dp.ShapeError, match="relu/gelu"):
+        nn.TransformerEncoderLayer(8, 2, activation="tanh", ctx=ctx)
+    with pytest.raises(dp.ShapeError, match="num_layers"):
+        nn.TransformerEncoder(layer, 0)

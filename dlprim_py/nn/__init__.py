@@ -28,6 +28,8 @@ from .dropout import Dropout
 from .flatten import Flatten
 from .distance import CosineSimilarity, PairwiseDistance
 from .attention import MultiheadAttention
+from .transformer import (TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
+                          TransformerEncoderLayer)
 from .linear import Bilinear, Identity, Linear
 from .loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropyLoss, CTCLoss,
                    GaussianNLLLoss, HingeEmbeddingLoss, HuberLoss, KLDivLoss, L1Loss,
@@ -56,5 +58,6 @@ __all__ = [
     "HingeEmbeddingLoss", "MarginRankingLoss", "CosineEmbeddingLoss", "SoftMarginLoss",
     "MultiLabelSoftMarginLoss", "MultiLabelMarginLoss", "MultiMarginLoss", "TripletMarginLoss",
     "TripletMarginWithDistanceLoss", "CTCLoss", "MultiheadAttention",
+    "TransformerEncoderLayer", "TransformerEncoder", "TransformerDecoderLayer", "TransformerDecoder",
     "CosineSimilarity", "PairwiseDistance",
 ]

@@ -1,0 +1,189 @@
+"""Transformer layers (torch.nn's): ``TransformerEncoderLayer``, ``TransformerEncoder``,
+``TransformerDecoderLayer`` and ``TransformerDecoder``, composed of the library's modules under
+torch's submodule names (state dicts load both ways): ``MultiheadAttention`` (the fused
+attention kernels), ``Linear``, ``LayerNorm``, ``Dropout``.
+
+torch's encoder may take a "fast path" of nested tensors in evaluation mode, which gives zeros
+at padded positions; these layers always compute the plain form (torch's path with
+``enable_nested_tensor=False``, accepted and ignored here)."""
+from .. import functional as F
+from ..errors import ShapeError
+from .attention import MultiheadAttention
+from .container import ModuleList
+from .dropout import Dropout
+from .linear import Linear
+from .module import Module, module_context
+from .normalization import LayerNorm
+
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+def _activation(activation):
+    if isinstance(activation, str):
+        try:
+            return _ACTIVATIONS[activation]
+        except KeyError:
+            raise ShapeError(f"activation should be relu/gelu or a callable, got "
+                             f"{activation!r}") from None
+    if not callable(activation):
+        raise ShapeError(f"activation should be relu/gelu or a callable, got {activation!r}")
+    return activation
+
+
+def _copies(layer, count):
+    """``count`` layers like ``layer``: made with its arguments, its weights copied (torch
+    deep-copies the layer)."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ShapeError(f"num_layers must be a positive int, got {count!r}")
+    layers = []
+    state = layer.state_dict()
+    for _ in range(count):
+        copy = type(layer)(*layer._arguments[0], **layer._arguments[1])
+        copy.load_state_dict(state)
+        copy.train(layer.training)
+        layers.append(copy)
+    return ModuleList(layers)
+
+
+class TransformerEncoderLayer(Module):
+    """Self-attention then a feed-forward block, each with a residual connection, dropout and
+    layer norm (after each block, or before with ``norm_first``); torch's arguments and
+    submodules (self_attn, linear1, dropout, linear2, norm1, norm2, dropout1, dropout2).
+    ``forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False)``."""
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
+                 layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, *,
+                 ctx=None):
+        super().__init__()
+        ctx = module_context(ctx)
+        self._arguments = ((d_model, nhead, dim_feedforward, dropout, activation,
+                            layer_norm_eps, batch_first, norm_first, bias), {"ctx": ctx})
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                            batch_first=batch_first, ctx=ctx)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, ctx=ctx)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, ctx=ctx)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx)
+        self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
+        self.activation = _activation(activation)
+
+    def _sa_block(self, x, mask, padding, is_causal):
+        x = self.self_attn(x, x, x, attn_mask=mask, key_padding_mask=padding,
+                           need_weights=False, is_causal=is_causal)[0]
+        return self.dropout1(x)
+
+    def _ff_block(self, x):
+        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        x = src
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            return x + self._ff_block(self.norm2(x))
+        x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
+        return self.norm2(x + self._ff_block(x))
+
+
+class TransformerEncoder(Module):
+    """``num_layers`` copies of ``encoder_layer`` (its weights at construction, as torch's deep
+    copy), then ``norm`` where given. ``forward(src, mask=None, src_key_padding_mask=None,
+    is_causal=None)``."""
+
+    def __init__(self, encoder_layer, num_layers, norm=None, enable_nested_tensor=True,
+                 mask_check=True):
+        super().__init__()
+        self.layers = _copies(encoder_layer, num_layers)
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+        x = src
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
+                      is_causal=bool(is_causal))
+        return self.norm(x) if self.norm is not None else x
+
+
+class TransformerDecoderLayer(Module):
+    """Self-attention, attention over the encoder's ``memory``, then a feed-forward block, each
+    with a residual connection, dropout and layer norm (``norm_first`` as the encoder's);
+    torch's submodules (self_attn, multihead_attn, linear1, dropout, linear2, norm1..3,
+    dropout1..3). ``forward(tgt, memory, tgt_mask=None, memory_mask=None,
+    tgt_key_padding_mask=None, memory_key_padding_mask=None, tgt_is_causal=False,
+    memory_is_causal=False)``."""
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
+                 layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, *,
+                 ctx=None):
+        super().__init__()
+        ctx = module_context(ctx)
+        self._arguments = ((d_model, nhead, dim_feedforward, dropout, activation,
+                            layer_norm_eps, batch_first, norm_first, bias), {"ctx": ctx})
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                            batch_first=batch_first, ctx=ctx)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                                 batch_first=batch_first, ctx=ctx)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, ctx=ctx)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, ctx=ctx)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx)
+        self.dropout1, self.dropout2, self.dropout3 = (Dropout(dropout), Dropout(dropout),
+                                                       Dropout(dropout))
+        self.activation = _activation(activation)
+
+    def _sa_block(self, x, mask, padding, is_causal):
+        x = self.self_attn(x, x, x, attn_mask=mask, key_padding_mask=padding,
+                           need_weights=False, is_causal=is_causal)[0]
+        return self.dropout1(x)
+
+    def _mha_block(self, x, memory, mask, padding, is_causal):
+        x = self.multihead_attn(x, memory, memory, attn_mask=mask, key_padding_mask=padding,
+                                need_weights=False, is_causal=is_causal)[0]
+        return self.dropout2(x)
+
+    def _ff_block(self, x):
+        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+            x = x + self._mha_block(self.norm2(x), memory, memory_mask,
+                                    memory_key_padding_mask, memory_is_causal)
+            return x + self._ff_block(self.norm3(x))
+        x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+        x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask,
+                                           memory_is_causal))
+        return self.norm3(x + self._ff_block(x))
+
+
+class TransformerDecoder(Module):
+    """``num_layers`` copies of ``decoder_layer``, then ``norm`` where given.
+    ``forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+    memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False)``."""
+
+    def __init__(self, decoder_layer, num_layers, norm=None):
+        super().__init__()
+        self.layers = _copies(decoder_layer, num_layers)
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False):
+        x = tgt
+        for layer in self.layers:
+            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                      tgt_key_padding_mask=tgt_key_padding_mask,
+                      memory_key_padding_mask=memory_key_padding_mask,
+                      tgt_is_causal=bool(tgt_is_causal), memory_is_causal=memory_is_causal)
+        return self.norm(x) if self.norm is not None else x
+
+
+__all__ = ["TransformerEncoderLayer", "TransformerEncoder", "TransformerDecoderLayer",
+           "TransformerDecoder"]
