@@ -504,3 +504,47 @@ def test_transformer_layers_copy_their_weights(ctx):
         nn.TransformerEncoderLayer(8, 2, activation="tanh", ctx=ctx)
     with pytest.raises(dp.ShapeError, match="num_layers"):
         nn.TransformerEncoder(layer, 0)
+
+
+# ---- Embedding, EmbeddingBag -------------------------------------------------------------------
+
+@pytest.mark.parametrize("padding_idx", [None, 2, -1])
+def test_embedding(ctx, rng, padding_idx):
+    """Against torch's with the same table: rows and the table's gradient (none to the padding
+    row); torch's initialisation (N(0, 1), the padding row zero)."""
+    ours, theirs = twin(ctx, "Embedding", 9, 5, padding_idx=padding_idx)
+    if padding_idx is not None:
+        assert not ours.weight.numpy()[padding_idx].any()
+    index = rng.integers(0, 9, (4, 6))
+    index[0, :3] = 2
+    out = ours(dp.Tensor.from_numpy(ctx, index))
+    ref = theirs(torch.tensor(index))
+    check_close(out.numpy(), ref, "rows")
+    g = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    ref.backward(to_torch(g))
+    check_close(ours.weight.grad.numpy(), theirs.weight.grad, "table gradient")
+    big = nn.Embedding(2000, 50, ctx=ctx).weight.numpy()
+    assert abs(big.mean()) < 0.02 and abs(big.std() - 1.0) < 0.02
+
+
+def test_embedding_from_pretrained_and_bag(ctx, rng):
+    table = rng.standard_normal((7, 4)).astype(np.float32)
+    frozen = nn.Embedding.from_pretrained(dp.Tensor.from_numpy(ctx, table))
+    assert not frozen.weight.requires_grad
+    np.testing.assert_array_equal(frozen(dp.Tensor.from_numpy(ctx, np.array([3, 1]))).numpy(),
+                                  table[[3, 1]])
+    for mode in ("sum", "mean", "max"):
+        ours, theirs = twin(ctx, "EmbeddingBag", 9, 5, mode=mode)
+        index, offsets = rng.integers(0, 9, 10), np.array([0, 3, 3, 7])
+        out = ours(dp.Tensor.from_numpy(ctx, index), dp.Tensor.from_numpy(ctx, offsets))
+        ref = theirs(torch.tensor(index), torch.tensor(offsets))
+        check_close(out.numpy(), ref, f"bags ({mode})")
+        g = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
+        out.backward(dp.Tensor.from_numpy(ctx, g))
+        ref.backward(to_torch(g))
+        check_close(ours.weight.grad.numpy(), theirs.weight.grad, f"table gradient ({mode})")
+    with pytest.raises(dp.ShapeError, match="padding_idx"):
+        nn.Embedding(5, 3, padding_idx=5, ctx=ctx)
+    with pytest.raises(dp.ShapeError, match="positive int"):
+        nn.Embedding(0, 3, ctx=ctx)

@@ -28,6 +28,7 @@ from .dropout import Dropout
 from .flatten import Flatten
 from .distance import CosineSimilarity, PairwiseDistance
 from .attention import MultiheadAttention
+from .embedding import Embedding, EmbeddingBag
 from .transformer import (TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
                           TransformerEncoderLayer)
 from .linear import Bilinear, Identity, Linear
@@ -59,5 +60,6 @@ __all__ = [
     "MultiLabelSoftMarginLoss", "MultiLabelMarginLoss", "MultiMarginLoss", "TripletMarginLoss",
     "TripletMarginWithDistanceLoss", "CTCLoss", "MultiheadAttention",
     "TransformerEncoderLayer", "TransformerEncoder", "TransformerDecoderLayer", "TransformerDecoder",
+    "Embedding", "EmbeddingBag",
     "CosineSimilarity", "PairwiseDistance",
 ]
