@@ -548,3 +548,32 @@ def test_embedding_from_pretrained_and_bag(ctx, rng):
         nn.Embedding(5, 3, padding_idx=5, ctx=ctx)
     with pytest.raises(dp.ShapeError, match="positive int"):
         nn.Embedding(0, 3, ctx=ctx)
+
+
+def test_transformer(ctx, rng):
+    """nn.Transformer against torch's with the same weights: the encoder-decoder output under
+    the causal target mask (generate_square_subsequent_mask) and every parameter's gradient;
+    torch's xavier initialisation of every matrix."""
+    kwargs = dict(d_model=16, nhead=4, num_encoder_layers=2, num_decoder_layers=1,
+                  dim_feedforward=24, dropout=0.0, batch_first=True)
+    ours = nn.Transformer(**kwargs, ctx=ctx)
+    theirs = torch.nn.Transformer(**kwargs).double()
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+    theirs.load_state_dict({k: to_torch(v) for k, v in ours.state_dict().items()})
+    w = ours.encoder.layers[0].linear1.weight.numpy()
+    bound = math.sqrt(6.0 / (w.shape[0] + w.shape[1]))
+    assert np.abs(w).max() <= bound and np.abs(w).max() > 0.8 * bound
+    src = rng.standard_normal((2, 6, 16)).astype(np.float32)
+    tgt = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    mask = nn.Transformer.generate_square_subsequent_mask(5, ctx=ctx)
+    np.testing.assert_array_equal(mask.numpy(),
+                                  torch.nn.Transformer.generate_square_subsequent_mask(5).numpy())
+    out = ours(dp.Tensor.from_numpy(ctx, src), dp.Tensor.from_numpy(ctx, tgt), tgt_mask=mask)
+    ref = theirs(to_torch(src), to_torch(tgt), tgt_mask=to_torch(mask.numpy()))
+    check_close(out.numpy(), ref, "output")
+    g = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
+    out.backward(dp.Tensor.from_numpy(ctx, g))
+    ref.backward(to_torch(g))
+    theirs_params = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        check_close(p.grad.numpy(), theirs_params[name].grad, f"gradient of {name}")

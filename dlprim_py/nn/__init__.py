@@ -29,8 +29,8 @@ from .flatten import Flatten
 from .distance import CosineSimilarity, PairwiseDistance
 from .attention import MultiheadAttention
 from .embedding import Embedding, EmbeddingBag
-from .transformer import (TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
-                          TransformerEncoderLayer)
+from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
+                          TransformerEncoder, TransformerEncoderLayer)
 from .linear import Bilinear, Identity, Linear
 from .loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropyLoss, CTCLoss,
                    GaussianNLLLoss, HingeEmbeddingLoss, HuberLoss, KLDivLoss, L1Loss,
@@ -60,6 +60,7 @@ __all__ = [
     "MultiLabelSoftMarginLoss", "MultiLabelMarginLoss", "MultiMarginLoss", "TripletMarginLoss",
     "TripletMarginWithDistanceLoss", "CTCLoss", "MultiheadAttention",
     "TransformerEncoderLayer", "TransformerEncoder", "TransformerDecoderLayer", "TransformerDecoder",
+    "Transformer",
     "Embedding", "EmbeddingBag",
     "CosineSimilarity", "PairwiseDistance",
 ]

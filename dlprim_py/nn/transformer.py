@@ -1,19 +1,23 @@
 """Transformer layers (torch.nn's): ``TransformerEncoderLayer``, ``TransformerEncoder``,
-``TransformerDecoderLayer`` and ``TransformerDecoder``, composed of the library's modules under
+``TransformerDecoderLayer``, ``TransformerDecoder`` and ``Transformer``, composed of the library's modules under
 torch's submodule names (state dicts load both ways): ``MultiheadAttention`` (the fused
 attention kernels), ``Linear``, ``LayerNorm``, ``Dropout``.
 
 torch's encoder may take a "fast path" of nested tensors in evaluation mode, which gives zeros
 at padded positions; these layers always compute the plain form (torch's path with
 ``enable_nested_tensor=False``, accepted and ignored here)."""
+import numpy as np
+
 from .. import functional as F
 from ..errors import ShapeError
+from ..tensor import Tensor
 from .attention import MultiheadAttention
 from .container import ModuleList
 from .dropout import Dropout
 from .linear import Linear
 from .module import Module, module_context
 from .normalization import LayerNorm
+from . import init
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
@@ -185,5 +189,59 @@ class TransformerDecoder(Module):
         return self.norm(x) if self.norm is not None else x
 
 
+
+
+class Transformer(Module):
+    """torch.nn.Transformer: an encoder of ``num_encoder_layers`` layers and a decoder of
+    ``num_decoder_layers``, each with a final layer norm (or ``custom_encoder`` /
+    ``custom_decoder``); every weight matrix initialised xavier_uniform_, as torch's.
+    ``forward(src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
+    src_key_padding_mask=None, tgt_key_padding_mask=None, memory_key_padding_mask=None,
+    src_is_causal=None, tgt_is_causal=None, memory_is_causal=False)``."""
+
+    def __init__(self, d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6,
+                 dim_feedforward=2048, dropout=0.1, activation="relu", custom_encoder=None,
+                 custom_decoder=None, layer_norm_eps=1e-5, batch_first=False, norm_first=False,
+                 bias=True, *, ctx=None):
+        super().__init__()
+        ctx = module_context(ctx)
+        arguments = (d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                     batch_first, norm_first, bias)
+        if custom_encoder is not None:
+            self.encoder = custom_encoder
+        else:
+            self.encoder = TransformerEncoder(
+                TransformerEncoderLayer(*arguments, ctx=ctx), num_encoder_layers,
+                LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx))
+        if custom_decoder is not None:
+            self.decoder = custom_decoder
+        else:
+            self.decoder = TransformerDecoder(
+                TransformerDecoderLayer(*arguments, ctx=ctx), num_decoder_layers,
+                LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx))
+        self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
+        for p in self.parameters():
+            if p.ndim > 1:
+                init.xavier_uniform_(p)
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
+                src_key_padding_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
+                memory_is_causal=False):
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask,
+                              is_causal=src_is_causal)
+        return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                            tgt_key_padding_mask=tgt_key_padding_mask,
+                            memory_key_padding_mask=memory_key_padding_mask,
+                            tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz, *, ctx=None):
+        """The (sz, sz) float mask of a causal sequence: 0 on and below the diagonal, -inf
+        above."""
+        mask = np.triu(np.full((sz, sz), -np.inf, np.float32), 1)
+        return Tensor.from_numpy(module_context(ctx), mask)
+
+
 __all__ = ["TransformerEncoderLayer", "TransformerEncoder", "TransformerDecoderLayer",
-           "TransformerDecoder"]
+           "TransformerDecoder", "Transformer"]
