@@ -1009,7 +1009,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     supported.
     """
     key = None
-    if input.__class__ is Tensor and weight.__class__ is Tensor and max_norm is None and \
+    # The weight may be a module's Parameter (a Tensor subclass without fields of its own).
+    if input.__class__ is Tensor and isinstance(weight, Tensor) and max_norm is None and \
             not scale_grad_by_freq and not sparse:
         key = ("embedding", input.shape, input.dtype, input.offset, weight.shape, weight.dtype,
                weight.offset, padding_idx, padding_idx.__class__)
