@@ -5,7 +5,7 @@ from .. import functional as F
 from ..errors import ShapeError
 from ..tensor import Tensor
 from . import init
-from .linear import Linear
+from .linear import Linear, _positive
 from .module import Module, Parameter, module_context
 
 
@@ -29,10 +29,8 @@ class MultiheadAttention(Module):
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, *, ctx=None):
         super().__init__()
         ctx = module_context(ctx)
-        for what, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ShapeError(f"MultiheadAttention: {what} must be a positive int, got "
-                                 f"{value!r}")
+        _positive(embed_dim, "MultiheadAttention: embed_dim")
+        _positive(num_heads, "MultiheadAttention: num_heads")
         if embed_dim % num_heads:
             raise ShapeError(f"MultiheadAttention: embed_dim {embed_dim} must be divisible by "
                              f"num_heads {num_heads}")

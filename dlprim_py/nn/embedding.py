@@ -5,13 +5,13 @@ from .. import functional as F
 from ..errors import ShapeError
 from ..tensor import Tensor
 from . import init
+from .linear import _positive
 from .module import Module, Parameter, module_context
 
 
 def _table(ctx, num_embeddings, embedding_dim, padding_idx, weight, what):
-    for name, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ShapeError(f"{what}: {name} must be a positive int, got {value!r}")
+    _positive(num_embeddings, f"{what}: num_embeddings")
+    _positive(embedding_dim, f"{what}: embedding_dim")
     if padding_idx is not None:
         if not -num_embeddings <= padding_idx < num_embeddings:
             raise ShapeError(f"{what}: padding_idx must be within num_embeddings, got "

@@ -14,7 +14,7 @@ from ..tensor import Tensor
 from .attention import MultiheadAttention
 from .container import ModuleList
 from .dropout import Dropout
-from .linear import Linear
+from .linear import Linear, _positive
 from .module import Module, module_context
 from .normalization import LayerNorm
 from . import init
@@ -37,8 +37,7 @@ def _activation(activation):
 def _copies(layer, count):
     """``count`` layers like ``layer``: made with its arguments, its weights copied (torch
     deep-copies the layer)."""
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise ShapeError(f"num_layers must be a positive int, got {count!r}")
+    _positive(count, "num_layers")
     layers = []
     state = layer.state_dict()
     for _ in range(count):
@@ -49,28 +48,35 @@ def _copies(layer, count):
     return ModuleList(layers)
 
 
-class TransformerEncoderLayer(Module):
-    """Self-attention then a feed-forward block, each with a residual connection, dropout and
-    layer norm (after each block, or before with ``norm_first``); torch's arguments and
-    submodules (self_attn, linear1, dropout, linear2, norm1, norm2, dropout1, dropout2).
-    ``forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False)``."""
+class _Layer(Module):
+    """What the encoder and decoder layers share, registered in torch's order: self-attention
+    (``cross``: then attention over the memory, ``multihead_attn``), the feed-forward block
+    (linear1, dropout, linear2), ``blocks`` layer norms and as many dropouts after the blocks,
+    the activation; and the self-attention and feed-forward blocks themselves."""
 
-    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
-                 layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, *,
-                 ctx=None):
+    def __init__(self, arguments, ctx, cross):
         super().__init__()
+        (d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+         norm_first, bias) = arguments
         ctx = module_context(ctx)
-        self._arguments = ((d_model, nhead, dim_feedforward, dropout, activation,
-                            layer_norm_eps, batch_first, norm_first, bias), {"ctx": ctx})
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                            batch_first=batch_first, ctx=ctx)
+        self._arguments = (arguments, {"ctx": ctx})
+
+        def attention():
+            return MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                      batch_first=batch_first, ctx=ctx)
+        self.self_attn = attention()
+        if cross:
+            self.multihead_attn = attention()
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias, ctx=ctx)
         self.dropout = Dropout(dropout)
         self.linear2 = Linear(dim_feedforward, d_model, bias=bias, ctx=ctx)
         self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx)
-        self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
+        blocks = 3 if cross else 2
+        for k in range(1, blocks + 1):
+            setattr(self, f"norm{k}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx))
+        for k in range(1, blocks + 1):
+            setattr(self, f"dropout{k}", Dropout(dropout))
+        self._ff_dropout = f"dropout{blocks}"
         self.activation = _activation(activation)
 
     def _sa_block(self, x, mask, padding, is_causal):
@@ -79,7 +85,21 @@ class TransformerEncoderLayer(Module):
         return self.dropout1(x)
 
     def _ff_block(self, x):
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+        ff = self.linear2(self.dropout(self.activation(self.linear1(x))))
+        return getattr(self, self._ff_dropout)(ff)
+
+
+class TransformerEncoderLayer(_Layer):
+    """Self-attention then a feed-forward block, each with a residual connection, dropout and
+    layer norm (after each block, or before with ``norm_first``); torch's arguments and
+    submodules (self_attn, linear1, dropout, linear2, norm1, norm2, dropout1, dropout2).
+    ``forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False)``."""
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
+                 layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, *,
+                 ctx=None):
+        super().__init__((d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                          batch_first, norm_first, bias), ctx, cross=False)
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         x = src
@@ -110,7 +130,7 @@ class TransformerEncoder(Module):
         return self.norm(x) if self.norm is not None else x
 
 
-class TransformerDecoderLayer(Module):
+class TransformerDecoderLayer(_Layer):
     """Self-attention, attention over the encoder's ``memory``, then a feed-forward block, each
     with a residual connection, dropout and layer norm (``norm_first`` as the encoder's);
     torch's submodules (self_attn, multihead_attn, linear1, dropout, linear2, norm1..3,
@@ -121,37 +141,13 @@ class TransformerDecoderLayer(Module):
     def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
                  layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, *,
                  ctx=None):
-        super().__init__()
-        ctx = module_context(ctx)
-        self._arguments = ((d_model, nhead, dim_feedforward, dropout, activation,
-                            layer_norm_eps, batch_first, norm_first, bias), {"ctx": ctx})
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                            batch_first=batch_first, ctx=ctx)
-        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                                 batch_first=batch_first, ctx=ctx)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, ctx=ctx)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, ctx=ctx)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx)
-        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, ctx=ctx)
-        self.dropout1, self.dropout2, self.dropout3 = (Dropout(dropout), Dropout(dropout),
-                                                       Dropout(dropout))
-        self.activation = _activation(activation)
-
-    def _sa_block(self, x, mask, padding, is_causal):
-        x = self.self_attn(x, x, x, attn_mask=mask, key_padding_mask=padding,
-                           need_weights=False, is_causal=is_causal)[0]
-        return self.dropout1(x)
+        super().__init__((d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                          batch_first, norm_first, bias), ctx, cross=True)
 
     def _mha_block(self, x, memory, mask, padding, is_causal):
         x = self.multihead_attn(x, memory, memory, attn_mask=mask, key_padding_mask=padding,
                                 need_weights=False, is_causal=is_causal)[0]
         return self.dropout2(x)
-
-    def _ff_block(self, x):
-        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):

@@ -48,7 +48,7 @@ from ..errors import DTypeError, ShapeError, UnsupportedError, not_a_tensor
 from ..launch import BoundKernel, run_planned_on
 from ..tensor import Tensor
 from . import dropout as _dropout
-from .pointwise import broadcast_shapes
+from .pointwise import broadcast_shapes, group_size
 
 # The largest head dim the kernels take: a row of q (and of the output or a gradient) lives in
 # each work item's registers.
@@ -461,7 +461,7 @@ class AttentionPlan:
 def _delta_group(ctx):
     """attention_delta's work-group size in the portable solver: 64, or the largest power of
     two the device runs below it (the tiled and mma solvers need larger groups anyway)."""
-    return min(64, 1 << (int(ctx.info.max_work_group_size).bit_length() - 1))
+    return group_size(ctx, 64)
 
 
 def _delta_size(rows, group=64):

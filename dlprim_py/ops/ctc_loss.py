@@ -16,12 +16,9 @@ from ..dtypes import float32, int32, int64
 from ..errors import DTypeError, ShapeError, not_a_tensor
 from ..launch import bind
 from ..tensor import Tensor
+from .pointwise import group_size
 
 _REDUCTIONS = ("none", "mean", "sum")
-
-
-def _group(ctx):
-    return min(256, 1 << (int(ctx.info.max_work_group_size).bit_length() - 1))
 
 
 def _host_lengths(value, what, count):
@@ -104,7 +101,7 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reducti
                              else np.zeros(1, np.int64))
     meta = [Tensor.from_numpy(ctx, a) for a in (offsets, lengths, inputs)]
     states = int(2 * lengths.max() + 1) if N else 1
-    group = _group(ctx)
+    group = group_size(ctx)
     built = program.build(ctx, "ctc_loss", {"GROUP": group})
     alpha = Tensor.empty(ctx, (max(N * T * states, 1),))
     nll = Tensor.empty(ctx, (max(N, 1),))

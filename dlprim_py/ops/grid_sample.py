@@ -90,14 +90,14 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
 
     def backward(g):
         input_grad = input.requires_grad
-        grid_grad = grid.requires_grad
+        # The kernel writes the grid's gradient wherever it is not zero by definition (nearest,
+        # or nothing sampled).
+        want_grid = grid.requires_grad and mode != "nearest" and bool(C and total)
         gx = Tensor.zeros(ctx, input.shape) if input_grad else None
         ggrid = None
-        if grid_grad:
-            ggrid = Tensor.zeros(ctx, grid.shape) if mode == "nearest" or not C or not total \
-                else Tensor.empty(ctx, grid.shape)
-        if total and C and (input_grad or (grid_grad and mode != "nearest")):
-            want_grid = grid_grad and mode != "nearest"
+        if grid.requires_grad:
+            ggrid = (Tensor.empty if want_grid else Tensor.zeros)(ctx, grid.shape)
+        if total and C and (input_grad or want_grid):
             kernel = bind(_kernels(ctx, dims, mode, padding_mode, align, input_grad,
                                    want_grid).kernel("grid_sample_backward"))
             gsize, lsize = launch_size(ctx, total)

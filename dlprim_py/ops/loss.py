@@ -923,7 +923,6 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6,
     """torch.nn.functional.triplet_margin_loss: max(d(a, p) - d(a, n) + ``margin``, 0) with d
     ``pairwise_distance`` (``p``, ``eps``); ``swap`` takes min(d(a, n), d(p, n)) for the
     negative distance. Inputs (N, D) or (D), of one rank. Gradients to all three."""
-    from .arithmetic import minimum
     from .distance import pairwise_distance
     reduction = legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction, "triplet_margin_loss")
@@ -935,10 +934,22 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6,
     margin = _param(margin, "triplet_margin_loss: margin")
     if margin <= 0:
         raise ShapeError(f"triplet_margin_loss: margin must be > 0, got {margin}")
-    to_positive = pairwise_distance(anchor, positive, p, eps)
-    to_negative = pairwise_distance(anchor, negative, p, eps)
+    return _triplet(lambda a, b: pairwise_distance(a, b, p, eps), anchor, positive, negative,
+                    margin, swap, reduction)
+
+
+def _triplet(distance, anchor, positive, negative, margin, swap, reduction):
+    """max(d(a, p) - d(a, n) + ``margin``, 0) with d = ``distance``, reduced; ``swap`` takes
+    min(d(a, n), d(p, n)). Both triplet losses' form."""
+    from .arithmetic import minimum
+    to_positive = distance(anchor, positive)
+    to_negative = distance(anchor, negative)
     if swap:
-        to_negative = minimum(to_negative, pairwise_distance(positive, negative, p, eps))
+        to_negative = minimum(to_negative, distance(positive, negative))
+    for what, t in (("d(anchor, positive)", to_positive), ("d(anchor, negative)", to_negative)):
+        if not isinstance(t, Tensor) or t.dtype != _f32:
+            raise DTypeError(f"triplet_margin_with_distance_loss: distance_function must give "
+                             f"float32 tensors, got {what} = {t!r}")
     return _elementwise_loss(
         "triplet_margin_loss", [to_positive, to_negative], "y = fmax(margin + in0 - in1, 0.0f);",
         "float s = margin + in0 - in1 >= 0.0f ? g * scale : 0.0f; d0 = s; d1 = -s;", (0, 1),
@@ -952,7 +963,6 @@ def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_fu
     of distances, default ``pairwise_distance``: any function of the library's operators, whose
     gradients flow through the tape); ``swap`` takes min(d(a, n), d(p, n)). The three inputs
     have one rank. Gradients to all three."""
-    from .arithmetic import minimum
     from .distance import pairwise_distance
     _check_reduction(reduction, "triplet_margin_with_distance_loss")
     for what, t in (("anchor", anchor), ("positive", positive), ("negative", negative)):
@@ -969,18 +979,7 @@ def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_fu
     elif not callable(distance_function):
         raise DTypeError(f"triplet_margin_with_distance_loss: distance_function must be "
                          f"callable, got {distance_function!r}")
-    to_positive = distance_function(anchor, positive)
-    to_negative = distance_function(anchor, negative)
-    if swap:
-        to_negative = minimum(to_negative, distance_function(positive, negative))
-    for what, t in (("d(anchor, positive)", to_positive), ("d(anchor, negative)", to_negative)):
-        if not isinstance(t, Tensor) or t.dtype != _f32:
-            raise DTypeError(f"triplet_margin_with_distance_loss: distance_function must give "
-                             f"float32 tensors, got {what} = {t!r}")
-    return _elementwise_loss(
-        "triplet_margin_loss", [to_positive, to_negative], "y = fmax(margin + in0 - in1, 0.0f);",
-        "float s = margin + in0 - in1 >= 0.0f ? g * scale : 0.0f; d0 = s; d1 = -s;", (0, 1),
-        reduction, [("margin", margin)])
+    return _triplet(distance_function, anchor, positive, negative, margin, swap, reduction)
 
 
 # ---- multi-class margin losses ------------------------------------------------------------

@@ -326,9 +326,7 @@ class ReduceKernel:
         if plan is None:
             return None
         aligned = all(t.offset_elements % plan.vector == 0 for t in inputs)
-        if plan.variant == "columns":
-            return ctx.plans.put(key, _ColumnsLaunch(self, ctx, plan, aligned, reduce_size))
-        return ctx.plans.put(key, _Launch(self, ctx, plan, aligned, largest, reduce_size))
+        return ctx.plans.put(key, _launch(self, ctx, plan, aligned, largest, reduce_size))
 
     def describe(self, inputs, outputs, axes=None, variant=None):
         """(solver, segment, vector, chunks, partials) that a call with these tensors runs, for
@@ -412,9 +410,7 @@ class _Launch:
                              [[kept_total, 1]] * len(self.partials), None, partials_kernel)
             # The partials are (chunks, kept_total), row-major: the columns solver's problem
             # where the partials kernel has its form.
-            self.sub_launch = (_ColumnsLaunch(partials_kernel, ctx, sub_plan, True, reduce_size)
-                               if sub_plan.variant == "columns" else
-                               _Launch(partials_kernel, ctx, sub_plan, True, units, reduce_size))
+            self.sub_launch = _launch(partials_kernel, ctx, sub_plan, True, units, reduce_size)
 
     def enqueue(self, inputs, outputs, scalars):
         # Only what changed is set: offsets and scalars by value, buffers by handle (pooled
@@ -443,6 +439,13 @@ class _Launch:
         kernel.enqueue(self.ctx.queue, self.global_size, self.local_size, buffers)
         if self.sub_launch is not None:
             self.sub_launch.enqueue(self.partials, outputs, scalars)
+
+
+def _launch(reduce_kernel, ctx, plan, aligned, largest, reduce_size):
+    """The launch that runs ``plan``: the columns solver's, or the generic kernels'."""
+    if plan.variant == "columns":
+        return _ColumnsLaunch(reduce_kernel, ctx, plan, aligned, reduce_size)
+    return _Launch(reduce_kernel, ctx, plan, aligned, largest, reduce_size)
 
 
 def _pow2_floor(n):
