@@ -298,21 +298,8 @@ inline float quad_sum(float x)
 % endif
 
 % if fused_dq:
-// *p += v, atomically: red.global.add.f32 on NVIDIA, a compare-and-swap loop elsewhere (its
-// first guess 0, so that no plain read of a value other items add to is made).
-inline void atomic_add_float(__global float *p, float v)
-{
-%   if emulate:
-    uint seen = 0, expected;
-    do {
-        expected = seen;
-        seen = atomic_cmpxchg((volatile __global uint *)p, expected,
-                              as_uint(as_float(expected) + v));
-    } while (seen != expected);
-%   else:
-    asm volatile("red.global.add.f32 [%0], %1;" :: "l"((ulong)p), "f"(v) : "memory");
-%   endif
-}
+// *p += v, atomically: red.global.add.f32 on NVIDIA, a compare-and-swap loop elsewhere.
+${access.atomic_add_float(not emulate)}
 % endif
 
 ## In place: ``v0`` and ``v1`` (an item's values of rows g and g + 8) reduced ("max" or "sum")

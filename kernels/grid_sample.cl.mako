@@ -30,18 +30,10 @@
     sizes = {"x": "W", "y": "H", "z": "D"}
 %>
 
-// A float added to global memory atomically (compare-and-swap on its bits). The first guess
-// of the old value is 0 (the gradient starts zeroed) rather than a plain read, which would race
-// with the other items' swaps.
-inline void atomic_add_float(__global float *p, float v)
-{
-    uint seen = 0u, expected;
-    do {
-        expected = seen;
-        seen = atomic_cmpxchg((volatile __global uint *)p, expected,
-                              as_uint(as_float(expected) + v));
-    } while (seen != expected);
-}
+<%namespace name="access" file="memory_access.cl.mako"/>
+// A float added to global memory atomically: the compare-and-swap form on every device (the
+// input's gradient starts zeroed, the first guess of the loop).
+${access.atomic_add_float(False)}
 
 // A coordinate from [-1, 1] to the input's index space; *g: its derivative.
 inline float unnormalize(float c, int size, float *g)

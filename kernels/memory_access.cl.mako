@@ -11,6 +11,11 @@
 ##       (read-only path, fetch 256 bytes into L2 per miss) or ".cs" (evict first: data used
 ##       once); None gives plain OpenCL accesses. Streaming data through with evict-first
 ##       accesses leaves L2 to the data that is read again.
+##   atomic_add_float(ptx)
+##       defines void atomic_add_float(__global float *p, float v): *p += v atomically, in no
+##       fixed order among the items that add to p; red.global.add.f32 when ptx is True
+##       (NVIDIA), else a compare-and-swap loop whose first guess of the old value is 0 (so that
+##       no plain read races with the other items' swaps)
 ##   async_copies(ptx)
 ##       defines copy4 / copy8 / copy16(__local float *dst, __global const float *src): 4, 8
 ##       and 16-byte copies from global to local memory (aligned to their size) that hold no
@@ -121,6 +126,22 @@ inline float warp_sum(float v)
 {
     for (int mask = 16; mask > 0; mask >>= 1) v += warp_shuffle_xor(v, mask);
     return v;
+}
+</%def>
+
+<%def name="atomic_add_float(ptx)">
+inline void atomic_add_float(__global float *p, float v)
+{
+% if ptx:
+    asm volatile("red.global.add.f32 [%0], %1;" :: "l"((ulong)p), "f"(v) : "memory");
+% else:
+    uint seen = 0u, expected;
+    do {
+        expected = seen;
+        seen = atomic_cmpxchg((volatile __global uint *)p, expected,
+                              as_uint(as_float(expected) + v));
+    } while (seen != expected);
+% endif
 }
 </%def>
 
